@@ -1,0 +1,278 @@
+"""Service wiring: the aiohttp app (webhook intake, health, metrics), the group-commit writer and the worker."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import aiohttp
+from aiohttp import web
+from gidgethub import routing
+
+from bot.config import Settings
+from bot.core.intake import Delivery, Rejection, admit, is_self_event
+from bot.metrics import Metrics
+from bot.worker import Worker
+from state.db import Database
+from state.deliveries import DeliveryStore, InsertResult
+
+if TYPE_CHECKING:
+    from bot.gitea import GiteaClient
+
+log = logging.getLogger("foreman.app")
+
+SERVICE_KEY: web.AppKey[Service] = web.AppKey("service")
+_MAX_BATCH = 256
+
+
+class GroupCommitWriter:
+    """One task stores whatever deliveries are waiting in a single transaction, then answers them all.
+
+    A request is acknowledged only after its row is committed, so a 202 always means "stored".
+    """
+
+    def __init__(self, store: DeliveryStore) -> None:
+        self._store = store
+        self._queue: asyncio.Queue[tuple[Delivery, bool, asyncio.Future[InsertResult]]] = asyncio.Queue()
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name="group-commit-writer")
+
+    def alive(self) -> bool:
+        return self._task is not None and not self._task.done()
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        while not self._queue.empty():
+            _, _, future = self._queue.get_nowait()
+            if not future.done():
+                future.set_exception(RuntimeError("service is shutting down"))
+
+    async def submit(self, delivery: Delivery, is_self: bool) -> InsertResult:
+        future: asyncio.Future[InsertResult] = asyncio.get_running_loop().create_future()
+        await self._queue.put((delivery, is_self, future))
+        return await future
+
+    async def _run(self) -> None:
+        while True:
+            batch = [await self._queue.get()]
+            while len(batch) < _MAX_BATCH and not self._queue.empty():
+                batch.append(self._queue.get_nowait())
+            try:
+                results = await self._store.insert_batch([(d, s) for d, s, _ in batch])
+            except Exception as exc:
+                log.exception("storing %d deliveries failed", len(batch))
+                for _, _, future in batch:
+                    if not future.done():
+                        future.set_exception(exc)
+                continue
+            for (_, _, future), result in zip(batch, results, strict=True):
+                if not future.done():
+                    future.set_result(result)
+
+
+@dataclass
+class GiteaStatus:
+    reachable: bool | None = None
+    detail: str = "not probed yet"
+    login: str | None = None
+    checked_at: float | None = None
+
+
+@dataclass
+class Service:
+    """Everything one running instance owns; started and stopped as a unit."""
+
+    settings: Settings
+    router: routing.Router
+    db: Database
+    metrics: Metrics = field(default_factory=Metrics)
+    gitea_status: GiteaStatus = field(default_factory=GiteaStatus)
+    http: aiohttp.ClientSession | None = None
+    gitea: GiteaClient | None = None
+    extra_deps: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.store = DeliveryStore(self.db)
+        self.writer = GroupCommitWriter(self.store)
+        self.bot_login: str | None = self.settings.gitea.bot_login
+        self.worker = Worker(
+            self.store, self.router, self.settings.worker, self.metrics, deps=self._deps()
+        )
+        self._probe_task: asyncio.Task[None] | None = None
+
+    def _deps(self) -> dict[str, Any]:
+        return {"settings": self.settings, "db": self.db, "service": self, **self.extra_deps}
+
+    async def start(self) -> None:
+        token = self.settings.gitea_token()
+        if token:
+            from bot.gitea import GiteaClient
+
+            self.http = aiohttp.ClientSession()
+            self.gitea = GiteaClient(
+                self.http,
+                base_url=f"{self.settings.gitea.url}/api/v1",
+                token=token,
+                owner=self.settings.repository.owner,
+                repo=self.settings.repository.name,
+                timeout_s=self.settings.gitea.timeout_s,
+            )
+            self.worker.deps["gitea"] = self.gitea
+            self._probe_task = asyncio.create_task(self._probe_loop(), name="gitea-probe")
+        else:
+            self.gitea_status = GiteaStatus(False, "no gitea.token configured: Gitea API calls are off")
+            log.warning("gitea: %s", self.gitea_status.detail)
+        self.writer.start()
+        self.worker.start()
+
+    async def stop(self) -> None:
+        await self.worker.stop(self.settings.server.shutdown_grace_s)
+        await self.writer.stop()
+        if self._probe_task is not None:
+            self._probe_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._probe_task
+        if self.http is not None:
+            await self.http.close()
+        await self.db.close()
+
+    async def probe_gitea(self) -> GiteaStatus:
+        """Ask Gitea who we are; learn the bot's login from it. Unreachable is reported, never fatal."""
+        assert self.gitea is not None
+        before = self.gitea_status.reachable
+        try:
+            user = await self.gitea.get_own_user()
+        except Exception as exc:
+            status = GiteaStatus(False, f"unreachable at {self.settings.gitea.url}: {type(exc).__name__}: {exc}")
+        else:
+            login = user.login
+            if self.bot_login and login.lower() != self.bot_login.lower():
+                log.warning("gitea.bot_login is %s but the token belongs to %s; using %s", self.bot_login, login, login)
+            self.bot_login = login
+            status = GiteaStatus(True, "ok", login=login)
+        status.checked_at = time.time()
+        self.gitea_status = status
+        self.metrics.gitea_reachable.set(1 if status.reachable else 0)
+        if status.reachable != before:
+            (log.info if status.reachable else log.warning)("gitea: %s", status.detail)
+        return status
+
+    async def _probe_loop(self) -> None:
+        while True:
+            await self.probe_gitea()
+            await asyncio.sleep(self.settings.gitea.probe_interval_s)
+
+    # --- HTTP ------------------------------------------------------------------------------------------
+    async def handle_webhook(self, request: web.Request) -> web.Response:
+        started = time.perf_counter()
+        try:
+            return await self._intake(request)
+        finally:
+            self.metrics.intake_seconds.observe(time.perf_counter() - started)
+
+    async def _read_body(self, request: web.Request) -> bytes | Rejection:
+        limit = self.settings.webhook.max_body_bytes
+        declared = request.content_length
+        if declared is not None and declared > limit:
+            return Rejection(413, "payload_too_large", f"Content-Length {declared} is over the limit {limit}")
+        chunks: list[bytes] = []
+        size = 0
+        async for chunk in request.content.iter_chunked(65536):
+            size += len(chunk)
+            if size > limit:
+                return Rejection(413, "payload_too_large", f"body is over the limit of {limit} bytes")
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    async def _intake(self, request: web.Request) -> web.Response:
+        body = await self._read_body(request)
+        if isinstance(body, Rejection):
+            verdict: Delivery | Rejection = body
+        else:
+            verdict = admit(
+                request.headers,
+                body,
+                secrets=self.settings.webhook_secrets(),
+                max_body_bytes=self.settings.webhook.max_body_bytes,
+            )
+        if isinstance(verdict, Rejection):
+            event = request.headers.get("X-Gitea-Event", "unknown")[:64]
+            self.metrics.deliveries.labels(event, f"rejected_{verdict.status}").inc()
+            log.info("webhook refused %d %s: %s", verdict.status, verdict.error, verdict.message)
+            return web.json_response(verdict.body(), status=verdict.status)
+        is_self = is_self_event(verdict, self.bot_login)
+        try:
+            result = await self.writer.submit(verdict, is_self)
+        except Exception:
+            self.metrics.deliveries.labels(verdict.event, "store_error").inc()
+            return web.json_response(
+                {"error": "storage_unavailable", "message": "the delivery could not be stored; it was not accepted"},
+                status=503,
+            )
+        self.metrics.deliveries.labels(verdict.event, result.outcome).inc()
+        if result.outcome == "duplicate":
+            return web.json_response({"delivery": verdict.delivery_id, "status": "duplicate"}, status=200)
+        if result.outcome == "queued":
+            self.worker.wakeup.set()
+        return web.json_response({"delivery": verdict.delivery_id, "status": result.outcome}, status=202)
+
+    async def handle_healthz(self, request: web.Request) -> web.Response:
+        return web.json_response({"status": "ok"})
+
+    async def handle_readyz(self, request: web.Request) -> web.Response:
+        checks: dict[str, Any] = {}
+        ready = True
+        try:
+            await asyncio.wait_for(self.db.check_writable(), timeout=2.0)
+            checks["database"] = {"ok": True}
+        except Exception as exc:
+            ready = False
+            checks["database"] = {"ok": False, "detail": f"{type(exc).__name__}: {exc}"}
+        worker_ok = self.worker.alive() and self.writer.alive()
+        ready = ready and worker_ok
+        checks["worker"] = {"ok": worker_ok}
+        status = self.gitea_status
+        checks["gitea"] = {"ok": bool(status.reachable), "detail": status.detail, "login": status.login}
+        return web.json_response({"ready": ready, "checks": checks}, status=200 if ready else 503)
+
+    async def handle_metrics(self, request: web.Request) -> web.Response:
+        for name, count in (await self.store.counts()).items():
+            self.metrics.inbox_depth.labels(name).set(count)
+        return web.Response(body=self.metrics.render(), content_type="text/plain", charset="utf-8")
+
+    def make_app(self) -> web.Application:
+        # The body limit is enforced by _read_body with a JSON error; aiohttp's own cap sits above it.
+        app = web.Application(client_max_size=self.settings.webhook.max_body_bytes + 1024)
+        app[SERVICE_KEY] = self
+        app.router.add_post(self.settings.webhook.path, self.handle_webhook)
+        app.router.add_get("/healthz", self.handle_healthz)
+        app.router.add_get("/readyz", self.handle_readyz)
+        app.router.add_get("/metrics", self.handle_metrics)
+
+        async def on_startup(_: web.Application) -> None:
+            await self.start()
+
+        async def on_shutdown(_: web.Application) -> None:
+            await self.stop()
+
+        app.on_startup.append(on_startup)
+        app.on_cleanup.append(on_shutdown)
+        return app
+
+
+async def open_service(settings: Settings, router: routing.Router, **extra: Any) -> Service:
+    db = await Database.open(
+        settings.database.path,
+        synchronous=settings.database.synchronous,
+        busy_timeout_ms=settings.database.busy_timeout_ms,
+    )
+    return Service(settings=settings, router=router, db=db, extra_deps=extra)

@@ -1,0 +1,228 @@
+"""The `foreman` command line: serve, check-config, deliveries, replay, state parse."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import getpass
+import json
+import logging
+import signal
+import sys
+from collections.abc import Awaitable, Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+from bot import logs
+from bot.config import ConfigError, Settings, ensure_webhook_secret, load_settings
+from state.db import Database
+from state.deliveries import STATUSES, DeliveryStore
+
+log = logging.getLogger("foreman.cli")
+
+EXIT_OK, EXIT_REFUSED, EXIT_USAGE = 0, 1, 2
+
+
+def _emit(doc: Any, *, as_json: bool, text: str | None = None) -> None:
+    if as_json:
+        print(json.dumps(doc, indent=2, sort_keys=True, default=str))
+    else:
+        print(text if text is not None else json.dumps(doc, indent=2, sort_keys=True, default=str))
+
+
+# --- serve ---------------------------------------------------------------------------------------------
+async def _serve(settings: Settings) -> int:
+    from bot.app import open_service
+    from handlers import build_router
+
+    settings, secret_path = ensure_webhook_secret(settings)
+    if secret_path is not None:
+        log.warning(
+            "no webhook secret configured: using the generated one stored in %s (mode 0600); "
+            "paste its contents into the Gitea webhook's Secret field",
+            secret_path.resolve(),
+        )
+    service = await open_service(settings, build_router())
+    app = service.make_app()
+    runner = web.AppRunner(app, handle_signals=False, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, settings.server.host, settings.server.port)
+    await site.start()
+    port = runner.addresses[0][1] if runner.addresses else settings.server.port
+    log.info(
+        "listening on http://%s:%s%s (database %s)",
+        settings.server.host,
+        port,
+        settings.webhook.path,
+        settings.database.path,
+    )
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    log.info("shutting down: finishing in-flight deliveries (grace %.1fs)", settings.server.shutdown_grace_s)
+    await runner.cleanup()
+    log.info("stopped")
+    return EXIT_OK
+
+
+# --- inbox inspection ----------------------------------------------------------------------------------
+async def _with_store(settings: Settings, work: Callable[[DeliveryStore], Awaitable[int]]) -> int:
+    db = await Database.open(settings.database.path, busy_timeout_ms=settings.database.busy_timeout_ms)
+    try:
+        return await work(DeliveryStore(db))
+    finally:
+        await db.close()
+
+
+def _cmd_deliveries(settings: Settings, args: argparse.Namespace) -> int:
+    async def work(store: DeliveryStore) -> int:
+        rows = await store.list(status=args.status, limit=args.limit)
+        docs = [row.summary() for row in rows]
+        lines = [
+            f"{d['id']:>6} {d['status']:<12} {d['event']}/{d['action'] or '-'} {d['delivery']}"
+            f" attempts={d['attempts']}" + (f" error={d['last_error']}" if d["last_error"] else "")
+            for d in docs
+        ]
+        _emit(docs, as_json=args.json, text="\n".join(lines) if lines else "(no deliveries)")
+        return EXIT_OK
+
+    return asyncio.run(_with_store(settings, work))
+
+
+def _cmd_replay(settings: Settings, args: argparse.Namespace) -> int:
+    async def work(store: DeliveryStore) -> int:
+        try:
+            row = await store.replay(args.id, requested_by=getpass.getuser(), force=args.force)
+        except (LookupError, ValueError) as exc:
+            _emit(
+                {
+                    "error": "invalid_state" if isinstance(exc, ValueError) else "not_found",
+                    "message": str(exc),
+                    "remediate": "list deliveries with `foreman deliveries --status failed` and pick one",
+                    "exact_next_action": "run foreman deliveries --status failed",
+                },
+                as_json=True,
+            )
+            return EXIT_REFUSED
+        _emit(row.summary(), as_json=args.json, text=f"delivery {row.pk} ({row.delivery_id}) queued again")
+        return EXIT_OK
+
+    return asyncio.run(_with_store(settings, work))
+
+
+# --- check-config --------------------------------------------------------------------------------------
+async def _check_gitea(settings: Settings) -> dict[str, Any]:
+    import aiohttp
+
+    from bot.gitea import GiteaClient
+
+    token = settings.gitea_token()
+    if not token:
+        return {"ok": False, "detail": "no gitea.token configured; Gitea API calls are off"}
+    async with aiohttp.ClientSession() as session:
+        client = GiteaClient(
+            session,
+            base_url=f"{settings.gitea.url}/api/v1",
+            token=token,
+            owner=settings.repository.owner,
+            repo=settings.repository.name,
+            timeout_s=min(5.0, settings.gitea.timeout_s),
+            max_attempts=1,
+        )
+        try:
+            user = await client.get_own_user()
+        except Exception as exc:
+            return {"ok": False, "detail": f"unreachable or refused: {type(exc).__name__}: {exc}"}
+        return {"ok": True, "login": user.login}
+
+
+def _cmd_check_config(settings: Settings, args: argparse.Namespace) -> int:
+    doc: dict[str, Any] = {
+        "config": "ok",
+        "webhook": {
+            "path": settings.webhook.path,
+            "secrets": (
+                f"{len(settings.webhook.secrets)} configured"
+                if settings.webhook.secrets is not None
+                else "none configured: one is generated under var/ on first start"
+            ),
+        },
+        "database": str(settings.database.path),
+        "gitea": asyncio.run(_check_gitea(settings)),
+    }
+    _emit(doc, as_json=args.json)
+    return EXIT_OK
+
+
+# --- state parse ---------------------------------------------------------------------------------------
+def _cmd_state_parse(settings: Settings | None, args: argparse.Namespace) -> int:
+    from bot.core.canonical import state_parse_report
+
+    if args.file in (None, "-"):
+        text = sys.stdin.read()
+    else:
+        try:
+            text = Path(args.file).read_text(encoding="utf-8")
+        except OSError as exc:
+            print(json.dumps({"error": "invalid_input", "message": f"cannot read {args.file}: {exc.strerror}"}))
+            return EXIT_USAGE
+    code, doc = state_parse_report(text)
+    print(json.dumps(doc, indent=2, sort_keys=True))
+    return int(code)
+
+
+# --- parser --------------------------------------------------------------------------------------------
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="foreman", description=__doc__)
+    parser.add_argument("--config", type=Path, help="TOML config (default: $FOREMAN_CONFIG or config/foreman.toml)")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    def add(name: str, help_text: str) -> argparse.ArgumentParser:
+        cmd = sub.add_parser(name, help=help_text)
+        cmd.add_argument("--config", type=Path, default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+        return cmd
+
+    add("serve", "run the webhook service")
+    check = add("check-config", "validate the config and, if reachable, the Gitea credentials")
+    check.add_argument("--json", action="store_true")
+    deliveries = add("deliveries", "list stored webhook deliveries")
+    deliveries.add_argument("--status", choices=STATUSES)
+    deliveries.add_argument("--limit", type=int, default=50)
+    deliveries.add_argument("--json", action="store_true")
+    replay = add("replay", "queue a stored delivery again")
+    replay.add_argument("id", help="row id or Gitea delivery id")
+    replay.add_argument("--force", action="store_true", help="also replay done or ignored deliveries")
+    replay.add_argument("--json", action="store_true")
+    state = add("state", "Canonical Issue State tools")
+    state_sub = state.add_subparsers(dest="state_command", required=True)
+    parse = state_sub.add_parser("parse", help="parse Canonical Issue State block(s) to JSON")
+    parse.add_argument("file", nargs="?", help="a file, or - for standard input (default)")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command == "state":
+        return _cmd_state_parse(None, args)
+    try:
+        settings = load_settings(args.config)
+    except ConfigError as exc:
+        print(
+            json.dumps({"error": "invalid_config", "key": exc.key, "message": exc.message}, sort_keys=True),
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
+    logs.configure(json_lines=settings.server.log_json, level=settings.server.log_level)
+    if args.command == "serve":
+        return asyncio.run(_serve(settings))
+    commands: dict[str, Callable[[Settings, argparse.Namespace], int]] = {
+        "check-config": _cmd_check_config,
+        "deliveries": _cmd_deliveries,
+        "replay": _cmd_replay,
+    }
+    return commands[args.command](settings, args)

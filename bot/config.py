@@ -1,0 +1,251 @@
+"""Configuration: TOML file, FOREMAN_<SECTION>__<KEY> environment overrides, `<key>_file` secrets."""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets as secrets_mod
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
+
+DEFAULT_CONFIG_PATH = Path("config/foreman.toml")
+ENV_PREFIX = "FOREMAN_"
+GENERATED_SECRET_NAME = "webhook-secret"  # noqa: S105 (a file name)
+
+Role = Literal["controller", "author", "reviewer", "merger"]
+
+
+class ConfigError(Exception):
+    """A configuration problem, naming the offending key (dotted, e.g. ``webhook.secrets``)."""
+
+    def __init__(self, key: str, message: str) -> None:
+        super().__init__(f"{key}: {message}")
+        self.key = key
+        self.message = message
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ServerConfig(_Section):
+    host: str = "127.0.0.1"
+    port: int = Field(default=8080, ge=0, le=65535)
+    log_json: bool = False
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    shutdown_grace_s: float = Field(default=10.0, ge=0)
+
+
+class WebhookConfig(_Section):
+    path: str = "/webhook"
+    # None means "not configured": the embedded default then generates one under var/.
+    # An explicit empty list is a refusal to start.
+    secrets: list[SecretStr] | None = None
+    secrets_file: Path | None = None
+    max_body_bytes: int = Field(default=5 * 1024 * 1024, gt=0)
+
+    @field_validator("path")
+    @classmethod
+    def _path_is_absolute(cls, value: str) -> str:
+        if not value.startswith("/"):
+            raise ValueError("must start with '/'")
+        return value
+
+
+class DatabaseConfig(_Section):
+    path: Path = Path("var/foreman.db")
+    synchronous: Literal["FULL", "NORMAL"] = "FULL"
+    busy_timeout_ms: int = Field(default=5000, ge=0)
+
+
+class GiteaConfig(_Section):
+    url: str = "http://127.0.0.1:3000"
+    token: SecretStr | None = None
+    token_file: Path | None = None
+    bot_login: str = "foreman-bot"
+    timeout_s: float = Field(default=10.0, gt=0)
+    probe_interval_s: float = Field(default=30.0, gt=0)
+
+    @field_validator("url")
+    @classmethod
+    def _url_has_scheme(cls, value: str) -> str:
+        if not value.startswith(("http://", "https://")):
+            raise ValueError("must be an http:// or https:// URL, without /api/v1")
+        return value.rstrip("/")
+
+
+class RepositoryConfig(_Section):
+    owner: str = "org"
+    name: str = "repo"
+    checkout_root: Path = Path("var/checkouts")
+
+
+class WorkerConfig(_Section):
+    concurrency: int = Field(default=2, ge=1, le=64)
+    max_attempts: int = Field(default=5, ge=1)
+    backoff_base_s: float = Field(default=2.0, gt=0)
+    backoff_max_s: float = Field(default=300.0, gt=0)
+    poll_interval_s: float = Field(default=0.5, gt=0)
+    # A claim whose heartbeat is older than this belongs to a dead process and is taken back.
+    claim_ttl_s: float = Field(default=30.0, gt=0)
+
+
+class McpConfig(_Section):
+    tokens: dict[str, str] = Field(default_factory=dict)
+
+
+class Settings(_Section):
+    """The whole validated configuration."""
+
+    server: ServerConfig = ServerConfig()
+    webhook: WebhookConfig = WebhookConfig()
+    database: DatabaseConfig = DatabaseConfig()
+    gitea: GiteaConfig = GiteaConfig()
+    repository: RepositoryConfig = RepositoryConfig()
+    worker: WorkerConfig = WorkerConfig()
+    roster: dict[str, list[Role]] = Field(default_factory=dict)
+    mcp: McpConfig = McpConfig()
+    grants: dict[str, Any] = Field(default_factory=dict)
+
+    def webhook_secrets(self) -> list[bytes]:
+        """The configured webhook secrets as bytes (after load_settings resolved files)."""
+        return [s.get_secret_value().encode() for s in self.webhook.secrets or []]
+
+    def gitea_token(self) -> str | None:
+        return self.gitea.token.get_secret_value() if self.gitea.token else None
+
+
+def _loc_to_key(loc: tuple[int | str, ...]) -> str:
+    return ".".join(str(part) for part in loc) or "<root>"
+
+
+def _parse_env_value(raw: str) -> Any:
+    """Env values are strings; lists, tables, numbers and booleans may be given as JSON."""
+    stripped = raw.strip()
+    if stripped[:1] in ("[", "{") or stripped in ("true", "false"):
+        try:
+            return json.loads(stripped)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"not valid JSON: {exc.msg}") from exc
+    return raw
+
+
+def apply_env_overrides(data: dict[str, Any], environ: Mapping[str, str]) -> dict[str, Any]:
+    """Overlay FOREMAN_<SECTION>__<KEY>=value onto the file's data (FOREMAN_CONFIG is not a key)."""
+    merged: dict[str, Any] = {k: dict(v) if isinstance(v, dict) else v for k, v in data.items()}
+    for name, raw in sorted(environ.items()):
+        if not name.startswith(ENV_PREFIX) or "__" not in name:
+            continue
+        parts = [p.lower() for p in name[len(ENV_PREFIX) :].split("__")]
+        if any(not p for p in parts):
+            raise ConfigError(name, "empty section or key in environment override")
+        try:
+            value = _parse_env_value(raw)
+        except ValueError as exc:
+            raise ConfigError(".".join(parts), f"from {name}: {exc}") from exc
+        node = merged
+        for part in parts[:-1]:
+            child = node.get(part)
+            if not isinstance(child, dict):
+                child = {}
+                node[part] = child
+            node = child
+        node[parts[-1]] = value
+    return merged
+
+
+def _read_secret_file(key: str, path: Path) -> str:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(key, f"cannot read {path}: {exc.strerror}") from exc
+    return text.strip()
+
+
+def _resolve_secret_files(settings: Settings) -> Settings:
+    webhook = settings.webhook
+    if webhook.secrets_file is not None:
+        if webhook.secrets is not None:
+            raise ConfigError("webhook.secrets_file", "give webhook.secrets or webhook.secrets_file, not both")
+        lines = _read_secret_file("webhook.secrets_file", webhook.secrets_file).splitlines()
+        found = [SecretStr(line.strip()) for line in lines if line.strip()]
+        webhook = webhook.model_copy(update={"secrets": found})
+    gitea = settings.gitea
+    if gitea.token_file is not None:
+        if gitea.token is not None:
+            raise ConfigError("gitea.token_file", "give gitea.token or gitea.token_file, not both")
+        gitea = gitea.model_copy(
+            update={"token": SecretStr(_read_secret_file("gitea.token_file", gitea.token_file))}
+        )
+    return settings.model_copy(update={"webhook": webhook, "gitea": gitea})
+
+
+def _check_secrets(settings: Settings) -> None:
+    found = settings.webhook.secrets
+    if found is None:
+        return
+    if not found:
+        raise ConfigError(
+            "webhook.secrets",
+            "is an empty list: the service refuses to accept unsigned webhooks. "
+            "Remove the key to have a secret generated, or list at least one secret.",
+        )
+    for index, secret in enumerate(found):
+        if len(secret.get_secret_value()) < 16:
+            raise ConfigError(f"webhook.secrets.{index}", "is shorter than 16 characters")
+
+
+def load_settings(
+    path: Path | None = None,
+    *,
+    environ: Mapping[str, str] | None = None,
+) -> Settings:
+    """Read, overlay and validate the configuration; raise ConfigError naming the key on any problem."""
+    env = os.environ if environ is None else environ
+    config_path = path or (Path(env["FOREMAN_CONFIG"]) if env.get("FOREMAN_CONFIG") else DEFAULT_CONFIG_PATH)
+    data: dict[str, Any] = {}
+    if config_path.exists():
+        try:
+            data = tomllib.loads(config_path.read_text(encoding="utf-8"))
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(str(config_path), f"is not valid TOML: {exc}") from exc
+        except OSError as exc:
+            raise ConfigError(str(config_path), f"cannot be read: {exc.strerror}") from exc
+    elif path is not None:
+        raise ConfigError("--config", f"{config_path} does not exist")
+    data = apply_env_overrides(data, env)
+    try:
+        settings = Settings.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        raise ConfigError(_loc_to_key(first["loc"]), first["msg"]) from None
+    settings = _resolve_secret_files(settings)
+    _check_secrets(settings)
+    return settings
+
+
+def ensure_webhook_secret(settings: Settings) -> tuple[Settings, Path | None]:
+    """Embedded default: with no secret configured, generate one under the database's folder (0600).
+
+    Returns the settings with the secret filled in, and the file's path when one was used (else None).
+    """
+    if settings.webhook.secrets is not None:
+        return settings, None
+    secret_path = settings.database.path.parent / GENERATED_SECRET_NAME
+    secret_path.parent.mkdir(parents=True, exist_ok=True)
+    if secret_path.exists():
+        value = secret_path.read_text(encoding="utf-8").strip()
+        if not value:
+            raise ConfigError("webhook.secrets", f"the generated secret file {secret_path} is empty")
+    else:
+        value = secrets_mod.token_hex(32)
+        fd = os.open(secret_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(value + "\n")
+    os.chmod(secret_path, 0o600)
+    webhook = settings.webhook.model_copy(update={"secrets": [SecretStr(value)]})
+    return settings.model_copy(update={"webhook": webhook}), secret_path

@@ -1,0 +1,644 @@
+"""Canonical Issue State: find, parse and render the hand-over block posted in issue comments.
+
+The block, as the seed documents show it (Markdown source; the rendered page shows the same lines
+with the heading marks and the fence lines gone)::
+
+    ## Canonical Issue State
+
+    STATE: ready
+    WHO_IS_NEXT: controller
+    NEXT_ACTION: ...
+    NEXT_PROMPT:
+    ```text
+    ...several lines...
+    ```
+    WHAT_HAPPENED: ...
+    WHY: ...
+    RELATED_PRS: none
+    BLOCKERS: none
+    VALIDATION: ...
+    LAST_UPDATED_BY: ...
+
+Reading rules (``parse_comment``):
+
+* A block starts at a heading line whose text is "Canonical Issue State" (any case, optional trailing
+  colon): an ATX heading of level 1-6, a setext heading, a bare line (the rendered form) or a bold line.
+  Headings inside a quotation (``>``), a code fence or a multi-line HTML comment do not start a block.
+* After the heading come ``KEY: value`` lines (``KEY`` is ``[A-Z][A-Z0-9_]*``), blank lines allowed
+  between them. Every key except NEXT_PROMPT is one line. NEXT_PROMPT is either a code fence (any
+  fence length and info string; the first non-blank line after ``NEXT_PROMPT:``) whose content is
+  kept verbatim, or unfenced text running up to the next ``KEY:`` line or heading.
+* The block ends at the first other non-blank line (prose, a quotation, a fence, ``<details>``).
+* All ten keys are required; the seed spells "nothing" as ``none`` rather than leaving a key out.
+  Single-line values must not be empty; NEXT_PROMPT may be empty. Unknown keys are kept, in order.
+* Line endings are normalized (CRLF and lone CR), trailing whitespace is ignored on every line, and
+  NEXT_PROMPT loses leading and trailing blank lines.
+* Several blocks in one comment: the last one counts, even if it is invalid (no fallback to an
+  earlier one).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from bot.core.vocabulary import ROLES, STATES, is_role, is_state
+
+HEADING_TEXT = "Canonical Issue State"
+
+FIELD_KEYS: tuple[str, ...] = (
+    "STATE",
+    "WHO_IS_NEXT",
+    "NEXT_ACTION",
+    "NEXT_PROMPT",
+    "WHAT_HAPPENED",
+    "WHY",
+    "RELATED_PRS",
+    "BLOCKERS",
+    "VALIDATION",
+    "LAST_UPDATED_BY",
+)
+REQUIRED_KEYS: tuple[str, ...] = FIELD_KEYS
+# Keys whose value is free text on one line and must not be empty.
+_TEXT_KEYS: tuple[str, ...] = (
+    "NEXT_ACTION",
+    "WHAT_HAPPENED",
+    "WHY",
+    "BLOCKERS",
+    "VALIDATION",
+    "LAST_UPDATED_BY",
+)
+RELATED_PRS_NONE: frozenset[str] = frozenset({"none", "-"})  # compared case-insensitively
+_MAX_PR_NUMBER = 2**63 - 1  # Gitea ids are int64
+
+ParseErrorCode = Literal[
+    "missing_key",
+    "duplicate_key",
+    "unknown_state",
+    "unknown_role",
+    "bad_related_prs",
+    "empty_value",
+    "unclosed_fence",
+]
+
+_KEY_RE = re.compile(r"[A-Z][A-Z0-9_]*")
+_KEY_LINE = re.compile(r" {0,3}([A-Z][A-Z0-9_]*):(.*)")
+_ATX = re.compile(r" {0,3}#{1,6}(?:[ \t]|$)")
+_ATX_PREFIX = re.compile(r"#{1,6}(?:[ \t]+|$)")
+_ATX_CLOSING = re.compile(r"(?:^|[ \t]+)#+$")
+_SETEXT_UNDERLINE = re.compile(r" {0,3}(?:=+|-+)")
+_FENCE_OPEN = re.compile(r"( {0,3})(`{3,}|~{3,})(.*)")
+_HTML_COMMENT_OPEN = re.compile(r" {0,3}<!--")
+_PR_ITEM = re.compile(r"#?([0-9]+)")
+_PR_SEPARATOR = re.compile(r"[,\s]+")
+
+
+# --------------------------------------------------------------------------- records
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CanonicalState:
+    """One valid Canonical Issue State. Construction validates, so every instance renders and parses back.
+
+    Single-line fields hold stripped text without line breaks (non-empty, except values in ``extra``).
+    ``next_prompt`` may span lines; it has no trailing whitespace on any line, no leading or trailing
+    blank line, and may be empty. ``related_prs`` holds distinct positive PR numbers in the order given.
+    ``extra`` keeps unknown ``KEY: value`` lines in their order.
+    """
+
+    state: str
+    who_is_next: str
+    next_action: str
+    next_prompt: str
+    what_happened: str
+    why: str
+    related_prs: tuple[int, ...]
+    blockers: str
+    validation: str
+    last_updated_by: str
+    extra: tuple[tuple[str, str], ...] = field(default=())
+
+    def __post_init__(self) -> None:
+        if not is_state(self.state):
+            raise ValueError(f"STATE {self.state!r} is not one of {_allowed_states()}")
+        if not is_role(self.who_is_next):
+            raise ValueError(f"WHO_IS_NEXT {self.who_is_next!r} is not one of {_allowed_roles()}")
+        for key in _TEXT_KEYS:
+            value = getattr(self, key.lower())
+            _check_line(key, value)
+            if not value:
+                raise ValueError(f"{key} must not be empty (write `none` when there is nothing to say)")
+        _check_prompt(self.next_prompt)
+        seen_prs: set[int] = set()
+        for number in self.related_prs:
+            # bool is an int subclass; True would render as #1 and parse back as 1.
+            if type(number) is not int or not 0 < number <= _MAX_PR_NUMBER or number in seen_prs:
+                raise ValueError(f"RELATED_PRS needs distinct positive PR numbers, got {self.related_prs!r}")
+            seen_prs.add(number)
+        seen_keys: set[str] = set()
+        for key, value in self.extra:
+            if not _KEY_RE.fullmatch(key) or key in FIELD_KEYS or key in seen_keys:
+                raise ValueError(f"extra key {key!r} must be a new, distinct [A-Z][A-Z0-9_]* key")
+            seen_keys.add(key)
+            _check_line(key, value)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-able form; field names in snake_case, ``extra`` as an ordered object."""
+        return {
+            "state": self.state,
+            "who_is_next": self.who_is_next,
+            "next_action": self.next_action,
+            "next_prompt": self.next_prompt,
+            "what_happened": self.what_happened,
+            "why": self.why,
+            "related_prs": list(self.related_prs),
+            "blockers": self.blockers,
+            "validation": self.validation,
+            "last_updated_by": self.last_updated_by,
+            "extra": dict(self.extra),
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> CanonicalState:
+        """Inverse of ``to_dict``; ``extra`` is optional. ValueError on unknown or missing fields."""
+        names = {key.lower() for key in FIELD_KEYS}
+        unknown = sorted(set(data) - names - {"extra"})
+        missing = sorted(names - set(data))
+        if unknown or missing:
+            raise ValueError(f"canonical state fields: unknown {unknown}, missing {missing}")
+        related = data["related_prs"]
+        if not isinstance(related, list | tuple):
+            raise ValueError("related_prs must be a list of PR numbers")
+        extra = data.get("extra", {})
+        if not isinstance(extra, Mapping):
+            raise ValueError("extra must be an object of KEY: value")
+        return cls(
+            **{name: data[name] for name in names if name != "related_prs"},
+            related_prs=tuple(related),
+            extra=tuple((str(k), v) for k, v in extra.items()),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class ParseError:
+    """A structured reason a block is not valid. ``line`` is 1-based in the original comment."""
+
+    code: ParseErrorCode
+    line: int
+    key: str | None
+    message: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"code": self.code, "line": self.line, "key": self.key, "message": self.message}
+
+
+@dataclass(frozen=True, slots=True)
+class BlockResult:
+    """One block found in a comment: where it is and either its state or its errors (never both)."""
+
+    start_line: int  # the heading line, 1-based
+    end_line: int  # the last line that belongs to the block, 1-based
+    state: CanonicalState | None
+    errors: tuple[ParseError, ...]
+
+    @property
+    def ok(self) -> bool:
+        return self.state is not None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "start_line": self.start_line,
+            "end_line": self.end_line,
+            "valid": self.ok,
+            "state": None if self.state is None else self.state.to_dict(),
+            "errors": [error.to_dict() for error in self.errors],
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class ParseResult:
+    """Every block of a comment, in order. The last block counts."""
+
+    blocks: tuple[BlockResult, ...]
+
+    @property
+    def block_count(self) -> int:
+        return len(self.blocks)
+
+    @property
+    def current_block(self) -> BlockResult | None:
+        """The block that counts (the last one), valid or not; None when the comment has none."""
+        return self.blocks[-1] if self.blocks else None
+
+    @property
+    def current(self) -> CanonicalState | None:
+        """The state of the block that counts; None if there is no block or the last one is invalid."""
+        block = self.current_block
+        return None if block is None else block.state
+
+    @property
+    def errors(self) -> tuple[ParseError, ...]:
+        """The errors of every block, in line order (an earlier invalid block is still reported)."""
+        return tuple(error for block in self.blocks for error in block.errors)
+
+    def to_dict(self) -> dict[str, Any]:
+        current = self.current
+        return {
+            "block_count": self.block_count,
+            "current_index": self.block_count - 1 if self.blocks else None,
+            "current": None if current is None else current.to_dict(),
+            "blocks": [block.to_dict() for block in self.blocks],
+            "errors": [error.to_dict() for error in self.errors],
+        }
+
+
+# --------------------------------------------------------------------------- rendering
+
+
+def render(state: CanonicalState) -> str:
+    """The block as Markdown source, the seed's form: ``##`` heading, NEXT_PROMPT in a ``text`` fence.
+
+    Deterministic; the fence is one backtick longer than the longest backtick run in the prompt
+    (at least three), so no prompt line can close it. Unknown keys follow the ten known ones.
+    """
+    fence = "`" * max(3, _longest_run(state.next_prompt, "`") + 1)
+    related = ", ".join(f"#{number}" for number in state.related_prs) if state.related_prs else "none"
+    lines = [
+        f"## {HEADING_TEXT}",
+        "",
+        f"STATE: {state.state}",
+        f"WHO_IS_NEXT: {state.who_is_next}",
+        f"NEXT_ACTION: {state.next_action}",
+        "NEXT_PROMPT:",
+        f"{fence}text",
+        *([state.next_prompt] if state.next_prompt else []),
+        fence,
+        f"WHAT_HAPPENED: {state.what_happened}",
+        f"WHY: {state.why}",
+        f"RELATED_PRS: {related}",
+        f"BLOCKERS: {state.blockers}",
+        f"VALIDATION: {state.validation}",
+        f"LAST_UPDATED_BY: {state.last_updated_by}",
+        *(f"{key}: {value}" if value else f"{key}:" for key, value in state.extra),
+    ]
+    return "\n".join(lines) + "\n"
+
+
+# --------------------------------------------------------------------------- parsing
+
+
+def parse_comment(body: str) -> ParseResult:
+    """Find and parse every Canonical Issue State block in a comment body. Never raises on any text."""
+    text = body.removeprefix("\ufeff").replace("\r\n", "\n").replace("\r", "\n")
+    lines = [line.rstrip() for line in text.split("\n")]
+    blocks: list[BlockResult] = []
+    i = 0
+    while i < len(lines):
+        line = lines[i]
+        fence = _fence_open(line)
+        if fence is not None:
+            i = _fence_end(lines, i, fence) + 1
+        elif _HTML_COMMENT_OPEN.match(line) and "-->" not in line[line.index("<!--") + 4 :]:
+            i += 1
+            while i < len(lines) and "-->" not in lines[i]:
+                i += 1
+            i += 1
+        elif _heading_kind(line) is not None:
+            block, i = _parse_block(lines, i)
+            blocks.append(block)
+        else:
+            i += 1
+    return ParseResult(tuple(blocks))
+
+
+def state_parse_report(text: str) -> tuple[int, dict[str, Any]]:
+    """What ``foreman state parse`` prints: (exit code, one JSON-able document).
+
+    Exit 0 when the block that counts (the last) is valid, else 1. The document is
+    ``ParseResult.to_dict()`` plus ``summary``; a text without any block gets a ``no_block`` error
+    (``line`` null, since no line is at fault).
+    """
+    result = parse_comment(text)
+    doc = result.to_dict()
+    block = result.current_block
+    if block is None:
+        doc["errors"].append(
+            {
+                "code": "no_block",
+                "line": None,
+                "key": None,
+                "message": f"no '{HEADING_TEXT}' heading outside quotations and code fences",
+            }
+        )
+        summary = "no Canonical Issue State block found"
+    else:
+        which = f"the last of {result.block_count} blocks" if result.block_count > 1 else "the only block"
+        verdict = "valid" if block.ok else f"invalid ({len(block.errors)} errors)"
+        summary = f"{which} counts: lines {block.start_line}-{block.end_line}, {verdict}"
+    doc["summary"] = summary
+    return (0 if result.current is not None else 1), doc
+
+
+@dataclass(frozen=True, slots=True)
+class _Fence:
+    indent: int
+    char: str
+    length: int
+
+
+def _fence_open(line: str) -> _Fence | None:
+    match = _FENCE_OPEN.fullmatch(line)
+    if match is None:
+        return None
+    marks = match.group(2)
+    if marks[0] == "`" and "`" in match.group(3):  # CommonMark: a backtick fence's info has no backtick
+        return None
+    return _Fence(len(match.group(1)), marks[0], len(marks))
+
+
+def _closes(line: str, fence: _Fence) -> bool:
+    body = line.lstrip(" ")
+    return (
+        len(line) - len(body) <= 3
+        and len(body) >= fence.length
+        and body == fence.char * len(body)
+    )
+
+
+def _fence_end(lines: list[str], opener: int, fence: _Fence) -> int:
+    """Index of the closing fence line, or ``len(lines)`` when the fence is never closed."""
+    j = opener + 1
+    while j < len(lines) and not _closes(lines[j], fence):
+        j += 1
+    return j
+
+
+def _heading_kind(line: str) -> Literal["atx", "plain"] | None:
+    """Whether the line is a Canonical Issue State heading, and of which kind."""
+    body = line.lstrip(" ")
+    if len(line) - len(body) > 3:
+        return None
+    kind: Literal["atx", "plain"] = "plain"
+    atx = _ATX_PREFIX.match(body)
+    if atx is not None:
+        kind = "atx"
+        body = _ATX_CLOSING.sub("", body[atx.end() :])
+    for mark in ("**", "__"):
+        if len(body) > 4 and body.startswith(mark) and body.endswith(mark):
+            body = body[2:-2]
+            break
+    body = body.strip().removesuffix(":").rstrip()
+    return kind if body.casefold() == HEADING_TEXT.casefold() else None
+
+
+def _parse_block(lines: list[str], heading: int) -> tuple[BlockResult, int]:
+    """Parse the block whose heading is ``lines[heading]``; return it and the index to resume at."""
+    i = heading + 1
+    if (
+        _heading_kind(lines[heading]) == "plain"
+        and i < len(lines)
+        and _SETEXT_UNDERLINE.fullmatch(lines[i])
+    ):
+        i += 1
+    last = heading  # the last non-blank line that belongs to the block
+    values: dict[str, tuple[str, int]] = {}
+    order: list[str] = []
+    errors: list[ParseError] = []
+    stop: int | None = None  # the non-key line that ended the block, if any
+    while i < len(lines):
+        line = lines[i]
+        if not line:
+            i += 1
+            continue
+        match = _KEY_LINE.fullmatch(line)
+        if match is None:
+            stop = i
+            break
+        key, inline = match.group(1), match.group(2).strip()
+        line_no = i + 1
+        if key == "NEXT_PROMPT":
+            value, i, last, prompt_errors = _read_prompt(lines, i, inline)
+            errors.extend(prompt_errors)
+        else:
+            value, last, i = inline, i, i + 1
+        if key in values:
+            errors.append(
+                ParseError(
+                    "duplicate_key",
+                    line_no,
+                    key,
+                    f"{key} appears again (first on line {values[key][1]}); a block states each key once",
+                )
+            )
+            continue
+        values[key] = (value, line_no)
+        order.append(key)
+
+    start_no, end_no = heading + 1, last + 1
+    for key in REQUIRED_KEYS:
+        if key not in values:
+            where = (
+                f"the block ended at line {stop + 1}, which is not a KEY: value line "
+                "(only NEXT_PROMPT may span several lines)"
+                if stop is not None
+                else "the block ended at the end of the comment"
+            )
+            errors.append(
+                ParseError("missing_key", start_no, key, f"required key {key} is missing; {where}")
+            )
+    errors.extend(_check_values(values))
+    errors.sort(key=lambda error: error.line)
+    resume = stop if stop is not None else i
+    if errors:
+        return BlockResult(start_no, end_no, None, tuple(errors)), resume
+    related = _parse_related_prs(values["RELATED_PRS"][0])
+    assert isinstance(related, tuple)  # _check_values reported anything else
+    state = CanonicalState(
+        state=values["STATE"][0],
+        who_is_next=values["WHO_IS_NEXT"][0],
+        next_action=values["NEXT_ACTION"][0],
+        next_prompt=values["NEXT_PROMPT"][0],
+        what_happened=values["WHAT_HAPPENED"][0],
+        why=values["WHY"][0],
+        related_prs=related,
+        blockers=values["BLOCKERS"][0],
+        validation=values["VALIDATION"][0],
+        last_updated_by=values["LAST_UPDATED_BY"][0],
+        extra=tuple((key, values[key][0]) for key in order if key not in FIELD_KEYS),
+    )
+    return BlockResult(start_no, end_no, state, ()), resume
+
+
+def _read_prompt(lines: list[str], at: int, inline: str) -> tuple[str, int, int, list[ParseError]]:
+    """Read NEXT_PROMPT starting at its key line; return (value, resume index, last line, errors)."""
+    if not inline:
+        k = at + 1
+        while k < len(lines) and not lines[k]:
+            k += 1
+        fence = _fence_open(lines[k]) if k < len(lines) else None
+        if fence is not None:
+            end = _fence_end(lines, k, fence)
+            content = [_dedent(line, fence.indent) for line in lines[k + 1 : end]]
+            if end == len(lines):
+                error = ParseError(
+                    "unclosed_fence",
+                    k + 1,
+                    "NEXT_PROMPT",
+                    f"the NEXT_PROMPT fence {fence.char * fence.length} is never closed, "
+                    "so it runs to the end of the comment",
+                )
+                return _trim_blank(content), end, end - 1, [error]
+            return _trim_blank(content), end + 1, end, []
+    content = [inline] if inline else []
+    errors: list[ParseError] = []
+    last = at
+    j = at + 1
+    while j < len(lines):
+        line = lines[j]
+        if _KEY_LINE.fullmatch(line) or _ATX.match(line) or _heading_kind(line) is not None:
+            break
+        fence = _fence_open(line)
+        if fence is None:
+            content.append(line)
+            if line:
+                last = j
+            j += 1
+            continue
+        end = _fence_end(lines, j, fence)
+        content.extend(lines[j : end + 1])
+        if end == len(lines):
+            errors.append(
+                ParseError(
+                    "unclosed_fence",
+                    j + 1,
+                    "NEXT_PROMPT",
+                    f"a fence {fence.char * fence.length} inside NEXT_PROMPT is never closed",
+                )
+            )
+            return _trim_blank(content), end, end - 1, errors
+        last = end
+        j = end + 1
+    return _trim_blank(content), j, last, errors
+
+
+def _check_values(values: Mapping[str, tuple[str, int]]) -> list[ParseError]:
+    errors: list[ParseError] = []
+    for key in ("STATE", "WHO_IS_NEXT", "RELATED_PRS", *_TEXT_KEYS):
+        if key in values and not values[key][0]:
+            errors.append(
+                ParseError(
+                    "empty_value",
+                    values[key][1],
+                    key,
+                    f"{key} has no value (write `none` when there is nothing to say)",
+                )
+            )
+    if "STATE" in values and values["STATE"][0]:
+        value, line_no = values["STATE"]
+        if not is_state(value):
+            errors.append(
+                ParseError(
+                    "unknown_state",
+                    line_no,
+                    "STATE",
+                    f"STATE {value!r} is not one of {_allowed_states()}{_case_hint(value, _allowed_states())}",
+                )
+            )
+    if "WHO_IS_NEXT" in values and values["WHO_IS_NEXT"][0]:
+        value, line_no = values["WHO_IS_NEXT"]
+        if not is_role(value):
+            errors.append(
+                ParseError(
+                    "unknown_role",
+                    line_no,
+                    "WHO_IS_NEXT",
+                    f"WHO_IS_NEXT {value!r} is not one of {_allowed_roles()}"
+                    f"{_case_hint(value, _allowed_roles())}",
+                )
+            )
+    if "RELATED_PRS" in values and values["RELATED_PRS"][0]:
+        value, line_no = values["RELATED_PRS"]
+        parsed = _parse_related_prs(value)
+        if isinstance(parsed, str):
+            errors.append(ParseError("bad_related_prs", line_no, "RELATED_PRS", parsed))
+    return errors
+
+
+def _parse_related_prs(value: str) -> tuple[int, ...] | str:
+    """PR numbers (``#12, #13``, ``12 13``, ``#12,#13``) or ``none``/``-``; a str is the error message."""
+    if value.casefold() in RELATED_PRS_NONE:
+        return ()
+    numbers: list[int] = []
+    for item in _PR_SEPARATOR.split(value):
+        if not item:
+            continue
+        match = _PR_ITEM.fullmatch(item)
+        if match is None:
+            return (
+                f"RELATED_PRS item {item!r} is not a PR number; write `#12, #13` "
+                "(PRs of this repository) or `none`"
+            )
+        number = int(match.group(1))
+        if not 0 < number <= _MAX_PR_NUMBER:
+            return f"RELATED_PRS item {item!r} is not a valid PR number"
+        if number in numbers:
+            return f"RELATED_PRS lists #{number} twice"
+        numbers.append(number)
+    return tuple(numbers)
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _check_line(key: str, value: str) -> None:
+    if not isinstance(value, str) or "\n" in value or "\r" in value or value != value.strip():
+        raise ValueError(f"{key} must be one stripped line of text, got {value!r}")
+
+
+def _check_prompt(value: str) -> None:
+    if not isinstance(value, str) or "\r" in value:
+        raise ValueError("NEXT_PROMPT must be text with \\n line breaks")
+    lines = value.split("\n")
+    if any(line != line.rstrip() for line in lines) or (value and (not lines[0] or not lines[-1])):
+        raise ValueError(
+            "NEXT_PROMPT lines carry no trailing whitespace and the prompt has no leading or trailing blank line"
+        )
+
+
+def _trim_blank(content: list[str]) -> str:
+    start, end = 0, len(content)
+    while start < end and not content[start]:
+        start += 1
+    while end > start and not content[end - 1]:
+        end -= 1
+    return "\n".join(content[start:end])
+
+
+def _dedent(line: str, indent: int) -> str:
+    body = line.lstrip(" ")
+    return line[min(indent, len(line) - len(body)) :]
+
+
+def _longest_run(text: str, char: str) -> int:
+    longest = current = 0
+    for c in text:
+        current = current + 1 if c == char else 0
+        longest = max(longest, current)
+    return longest
+
+
+def _allowed_states() -> str:
+    return ", ".join(row.state for row in STATES)
+
+
+def _allowed_roles() -> str:
+    return ", ".join(row.role for row in ROLES)
+
+
+def _case_hint(value: str, allowed: str) -> str:
+    for candidate in allowed.split(", "):
+        if candidate.casefold() == value.casefold():
+            return f" (values are case-sensitive: did you mean {candidate!r}?)"
+    return ""

@@ -1,0 +1,59 @@
+"""The structured refusal every part of the service returns: DESIGN.md section 3, "Error envelope"."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+ErrorKind = Literal[
+    "not_authorized",
+    "tracing_gap",
+    "invalid_state",
+    "stale_pin",
+    "invalid_input",
+    "not_found",
+    "conflict",
+    "unavailable",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class Envelope:
+    """A refusal with a typed reason and a next action the caller can take with its own tools.
+
+    ``missing`` is only allowed (and required to be non-empty) for ``tracing_gap``.
+    """
+
+    error: ErrorKind
+    message: str
+    remediate: str
+    exact_next_action: str
+    missing: tuple[str, ...] = field(default=())
+    details: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.error == "tracing_gap" and not self.missing:
+            raise ValueError("a tracing_gap envelope must name what is missing")
+        if self.error != "tracing_gap" and self.missing:
+            raise ValueError("only a tracing_gap envelope carries missing[]")
+        if not self.message or not self.remediate or not self.exact_next_action:
+            raise ValueError("an envelope needs a message, a remediation and an exact next action")
+
+    def to_dict(self) -> dict[str, Any]:
+        # Key order follows seed 001's envelopes: error, message, missing (tracing_gap only), remediate.
+        out: dict[str, Any] = {"error": self.error, "message": self.message}
+        if self.error == "tracing_gap":
+            out["missing"] = list(self.missing)
+        out["remediate"] = self.remediate
+        out["exact_next_action"] = self.exact_next_action
+        if self.details:
+            out["details"] = dict(self.details)
+        return out
+
+
+class EnvelopeError(Exception):
+    """Raised at the edges to carry an Envelope up to whoever renders it (CLI, HTTP, MCP)."""
+
+    def __init__(self, envelope: Envelope) -> None:
+        super().__init__(envelope.message)
+        self.envelope = envelope

@@ -1,0 +1,205 @@
+"""Drains the inbox: claims a delivery, runs every matching handler in isolation, settles it exactly once."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import random
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+from gidgethub import routing, sansio
+
+from bot.config import WorkerConfig
+from bot.logs import delivery_var
+from bot.metrics import Metrics
+from state.db import utcnow
+from state.deliveries import DeliveryStore, StoredDelivery
+
+log = logging.getLogger("foreman.worker")
+
+
+@dataclass
+class HandlerContext:
+    """What a handler gets besides the event: dependencies arrive here, never as imported globals."""
+
+    delivery: StoredDelivery
+    log: logging.LoggerAdapter[logging.Logger]
+    deps: dict[str, Any] = field(default_factory=dict)
+
+
+Handler = Callable[[sansio.Event, HandlerContext], Awaitable[None]]
+
+
+def handler_name(callback: Callable[..., Any]) -> str:
+    return f"{callback.__module__}.{callback.__qualname__}"
+
+
+def backoff_delay(attempt: int, *, base_s: float, max_s: float, rng: random.Random | None = None) -> float:
+    """Exponential backoff with full jitter: uniform in [0, min(max, base * 2**(attempt-1))], at least base/2."""
+    ceiling = min(max_s, base_s * (2 ** max(0, attempt - 1)))
+    return max(base_s / 2, (rng or random).uniform(0, ceiling))
+
+
+class Worker:
+    """Several concurrent loops over one inbox. Each delivery is settled once: done, retried or failed."""
+
+    def __init__(
+        self,
+        store: DeliveryStore,
+        router: routing.Router,
+        config: WorkerConfig,
+        metrics: Metrics,
+        *,
+        deps: dict[str, Any] | None = None,
+    ) -> None:
+        self.store = store
+        self.router = router
+        self.config = config
+        self.metrics = metrics
+        self.deps = deps if deps is not None else {}
+        self.worker_id = f"worker-{uuid.uuid4().hex[:12]}"
+        self.wakeup = asyncio.Event()
+        self.last_tick = time.monotonic()
+        self._stopping = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._inflight: dict[int, asyncio.Task[None]] = {}
+
+    # --- lifecycle -------------------------------------------------------------------------------------
+    def start(self) -> None:
+        self._tasks = [
+            asyncio.create_task(self._loop(i), name=f"{self.worker_id}-{i}") for i in range(self.config.concurrency)
+        ]
+        self._tasks.append(asyncio.create_task(self._reaper(), name=f"{self.worker_id}-reaper"))
+
+    def alive(self) -> bool:
+        return bool(self._tasks) and not any(t.done() for t in self._tasks) and not self._stopping.is_set()
+
+    async def stop(self, grace_s: float) -> None:
+        """Stop claiming; let in-flight deliveries finish within grace_s, then abandon them safely."""
+        self._stopping.set()
+        self.wakeup.set()
+        inflight = list(self._inflight.values())
+        if inflight:
+            log.info("waiting up to %.1fs for %d in-flight deliveries", grace_s, len(inflight))
+            await asyncio.wait(inflight, timeout=grace_s)
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks = []
+
+    # --- loops -----------------------------------------------------------------------------------------
+    async def _loop(self, index: int) -> None:
+        while not self._stopping.is_set():
+            self.last_tick = time.monotonic()
+            try:
+                claimed = await self.store.claim_next(self.worker_id)
+            except Exception:
+                log.exception("claiming a delivery failed; retrying")
+                claimed = None
+            if claimed is None:
+                self.wakeup.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self.wakeup.wait(), timeout=self.config.poll_interval_s)
+                continue
+            task = asyncio.create_task(self._process(claimed))
+            self._inflight[claimed.pk] = task
+            try:
+                await asyncio.shield(task)
+            except asyncio.CancelledError:
+                # Shutdown past its grace: abandon the delivery so the next start runs it again.
+                task.cancel()
+                with contextlib.suppress(BaseException):
+                    await task
+                with contextlib.suppress(Exception):
+                    await self.store.abandon(claimed.pk, self.worker_id)
+                raise
+            finally:
+                self._inflight.pop(claimed.pk, None)
+
+    async def _reaper(self) -> None:
+        """Take back claims of dead processes (their heartbeat stopped) so their deliveries resume."""
+        while not self._stopping.is_set():
+            try:
+                reclaimed = await self.store.reclaim_stale(ttl_s=self.config.claim_ttl_s)
+                if reclaimed:
+                    log.warning("resumed %d deliveries abandoned by a dead worker", reclaimed)
+                    self.wakeup.set()
+                counts = await self.store.counts()
+                for status, count in counts.items():
+                    self.metrics.inbox_depth.labels(status).set(count)
+            except Exception:
+                log.exception("reaper pass failed")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stopping.wait(), timeout=max(0.05, self.config.claim_ttl_s / 3))
+
+    async def _heartbeat(self, pk: int) -> None:
+        while True:
+            await asyncio.sleep(max(0.05, self.config.claim_ttl_s / 3))
+            await self.store.heartbeat(pk, self.worker_id)
+
+    # --- one delivery ----------------------------------------------------------------------------------
+    async def _process(self, delivery: StoredDelivery) -> None:
+        token = delivery_var.set(delivery.delivery_id)
+        started = time.perf_counter()
+        heartbeat = asyncio.create_task(self._heartbeat(delivery.pk))
+        try:
+            errors = await self.run_handlers(delivery)
+            await self._settle(delivery, errors)
+        finally:
+            heartbeat.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await heartbeat
+            self.metrics.processing_seconds.labels(delivery.event).observe(time.perf_counter() - started)
+            delivery_var.reset(token)
+
+    async def run_handlers(self, delivery: StoredDelivery) -> dict[str, str]:
+        """Run every matching handler not yet done for this delivery; one failure never stops the others."""
+        event = sansio.Event(json.loads(delivery.body), event=delivery.event, delivery_id=delivery.delivery_id)
+        already = await self.store.done_handlers(delivery.pk)
+        adapter = logging.LoggerAdapter(log, {"delivery": delivery.delivery_id, "event": delivery.event})
+        context = HandlerContext(delivery=delivery, log=adapter, deps=self.deps)
+        errors: dict[str, str] = {}
+        for callback in sorted(self.router.fetch(event), key=handler_name):
+            name = handler_name(callback)
+            if name in already:
+                continue
+            try:
+                await callback(event, context)
+            except Exception as exc:
+                message = f"{type(exc).__name__}: {exc}"[:2000]
+                errors[name] = message
+                self.metrics.handler_errors.labels(name).inc()
+                adapter.exception("handler %s failed", name)
+                await self.store.record_handler(delivery.pk, name, error=message)
+            else:
+                await self.store.record_handler(delivery.pk, name, error=None)
+        return errors
+
+    async def _settle(self, delivery: StoredDelivery, errors: dict[str, str]) -> None:
+        if not errors:
+            await self.store.finish(delivery.pk, self.worker_id)
+            self.metrics.deliveries.labels(delivery.event, "done").inc()
+            return
+        summary = "; ".join(f"{name}: {message}" for name, message in sorted(errors.items()))
+        if delivery.attempts >= self.config.max_attempts:
+            await self.store.park_failed(delivery.pk, self.worker_id, error=summary)
+            self.metrics.deliveries.labels(delivery.event, "failed").inc()
+            log.error("delivery parked as failed after %d attempts: %s", delivery.attempts, summary)
+            return
+        delay = backoff_delay(
+            delivery.attempts, base_s=self.config.backoff_base_s, max_s=self.config.backoff_max_s
+        )
+        await self.store.retry_later(
+            delivery.pk, self.worker_id, error=summary, next_attempt_at=utcnow() + timedelta(seconds=delay)
+        )
+        self.metrics.deliveries.labels(delivery.event, "retry").inc()
+        log.warning("delivery will retry in %.1fs (attempt %d): %s", delay, delivery.attempts, summary)

@@ -1,0 +1,13 @@
+"""Feature handlers: one module per feature, each owning a gidgethub Router; composed here."""
+
+from __future__ import annotations
+
+from gidgethub import routing
+
+# Feature routers are listed here as features land; the worker isolates each handler's failure.
+FEATURE_ROUTERS: tuple[routing.Router, ...] = ()
+
+
+def build_router(*extra: routing.Router) -> routing.Router:
+    """The app's router: every feature router, plus any given (tests add their own)."""
+    return routing.Router(*FEATURE_ROUTERS, *extra)

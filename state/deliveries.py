@@ -1,0 +1,300 @@
+"""The durable inbox: every admitted webhook delivery, its processing claim, handler results and replays."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any, Literal
+
+from bot.core.intake import Delivery
+from state.db import Database, from_db_time, to_db_time, utcnow
+
+DeliveryStatus = Literal["queued", "processing", "done", "failed", "ignored_self"]
+STATUSES: tuple[DeliveryStatus, ...] = ("queued", "processing", "done", "failed", "ignored_self")
+InsertOutcome = Literal["queued", "ignored_self", "duplicate"]
+
+
+@dataclass(frozen=True, slots=True)
+class InsertResult:
+    outcome: InsertOutcome
+    pk: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class StoredDelivery:
+    """One row of the inbox, as the worker and the CLI see it."""
+
+    pk: int
+    delivery_id: str
+    event: str
+    event_type: str | None
+    action: str | None
+    sender_login: str | None
+    body: bytes
+    received_at: str
+    status: DeliveryStatus
+    attempts: int
+    next_attempt_at: str | None
+    last_error: str | None
+    finished_at: str | None
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "id": self.pk,
+            "delivery": self.delivery_id,
+            "event": self.event,
+            "event_type": self.event_type,
+            "action": self.action,
+            "sender": self.sender_login,
+            "received_at": self.received_at,
+            "status": self.status,
+            "attempts": self.attempts,
+            "next_attempt_at": self.next_attempt_at,
+            "last_error": self.last_error,
+            "finished_at": self.finished_at,
+        }
+
+
+_COLUMNS = (
+    "id, delivery_id, event, event_type, action, sender_login, body, received_at, status, attempts, "
+    "next_attempt_at, last_error, finished_at"
+)
+
+
+def _row(row: sqlite3.Row) -> StoredDelivery:
+    return StoredDelivery(
+        pk=row["id"],
+        delivery_id=row["delivery_id"],
+        event=row["event"],
+        event_type=row["event_type"],
+        action=row["action"],
+        sender_login=row["sender_login"],
+        body=bytes(row["body"]),
+        received_at=row["received_at"],
+        status=row["status"],
+        attempts=row["attempts"],
+        next_attempt_at=row["next_attempt_at"],
+        last_error=row["last_error"],
+        finished_at=row["finished_at"],
+    )
+
+
+class DeliveryStore:
+    """Inbox operations. Every state change is a conditional write, so two workers can never both win."""
+
+    def __init__(self, db: Database) -> None:
+        self._db = db
+
+    async def insert_batch(
+        self, batch: Sequence[tuple[Delivery, bool]], *, now: datetime | None = None
+    ) -> list[InsertResult]:
+        """Store admitted deliveries in ONE transaction (group commit); (delivery, is_self) pairs.
+
+        A delivery whose id or raw-body hash is already stored is a duplicate and changes nothing.
+        """
+        received = to_db_time(now or utcnow())
+        results: list[InsertResult] = []
+        async with self._db.transaction() as conn:
+            for delivery, is_self in batch:
+                status: InsertOutcome = "ignored_self" if is_self else "queued"
+                cursor = await conn.execute(
+                    "INSERT INTO deliveries (delivery_id, body_sha256, event, event_type, action, sender_login,"
+                    " headers_json, body, received_at, status, finished_at)"
+                    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
+                    (
+                        delivery.delivery_id,
+                        delivery.body_sha256,
+                        delivery.event,
+                        delivery.event_type,
+                        delivery.action,
+                        delivery.sender_login,
+                        json.dumps(delivery.headers, sort_keys=True),
+                        delivery.body,
+                        received,
+                        status,
+                        received if is_self else None,
+                    ),
+                )
+                if cursor.rowcount == 1:
+                    results.append(InsertResult(status, cursor.lastrowid))
+                else:
+                    results.append(InsertResult("duplicate", None))
+                await cursor.close()
+        return results
+
+    async def claim_next(self, worker_id: str, *, now: datetime | None = None) -> StoredDelivery | None:
+        """Take the oldest due queued delivery for this worker (conditional update: one winner)."""
+        moment = to_db_time(now or utcnow())
+        while True:
+            async with self._db.reader.execute(
+                "SELECT id, version FROM deliveries WHERE status = 'queued'"
+                " AND (next_attempt_at IS NULL OR next_attempt_at <= ?) ORDER BY id LIMIT 1",
+                (moment,),
+            ) as cur:
+                found = await cur.fetchone()
+            if found is None:
+                return None
+            async with self._db.transaction() as conn:
+                cursor = await conn.execute(
+                    "UPDATE deliveries SET status = 'processing', claimed_by = ?, heartbeat_at = ?,"
+                    " attempts = attempts + 1, version = version + 1"
+                    " WHERE id = ? AND version = ? AND status = 'queued'",
+                    (worker_id, moment, found["id"], found["version"]),
+                )
+                won = cursor.rowcount == 1
+                await cursor.close()
+            if won:
+                claimed = await self.get(found["id"])
+                assert claimed is not None
+                return claimed
+            # Someone else took it between the read and the write: look again.
+
+    async def heartbeat(self, pk: int, worker_id: str) -> bool:
+        async with self._db.transaction() as conn:
+            cursor = await conn.execute(
+                "UPDATE deliveries SET heartbeat_at = ? WHERE id = ? AND claimed_by = ? AND status = 'processing'",
+                (to_db_time(utcnow()), pk, worker_id),
+            )
+            return cursor.rowcount == 1
+
+    async def reclaim_stale(self, *, ttl_s: float, now: datetime | None = None) -> int:
+        """Give back deliveries whose claim stopped heartbeating (their process died): they run again."""
+        moment = now or utcnow()
+        cutoff = to_db_time(moment - timedelta(seconds=ttl_s))
+        async with self._db.transaction() as conn:
+            cursor = await conn.execute(
+                "UPDATE deliveries SET status = 'queued', claimed_by = NULL, heartbeat_at = NULL,"
+                " version = version + 1, last_error = COALESCE(last_error, 'claim expired: worker died')"
+                " WHERE status = 'processing' AND heartbeat_at < ?",
+                (cutoff,),
+            )
+            return cursor.rowcount
+
+    async def done_handlers(self, pk: int) -> set[str]:
+        async with self._db.reader.execute(
+            "SELECT handler FROM delivery_handlers WHERE delivery_pk = ? AND status = 'done'", (pk,)
+        ) as cur:
+            return {row[0] for row in await cur.fetchall()}
+
+    async def record_handler(self, pk: int, handler: str, *, error: str | None) -> None:
+        status = "error" if error else "done"
+        async with self._db.transaction() as conn:
+            await conn.execute(
+                "INSERT INTO delivery_handlers (delivery_pk, handler, status, attempts, last_error, updated_at)"
+                " VALUES (?, ?, ?, 1, ?, ?)"
+                " ON CONFLICT (delivery_pk, handler) DO UPDATE SET status = excluded.status,"
+                " attempts = delivery_handlers.attempts + 1, last_error = excluded.last_error,"
+                " updated_at = excluded.updated_at",
+                (pk, handler, status, error, to_db_time(utcnow())),
+            )
+
+    async def handler_results(self, pk: int) -> list[dict[str, Any]]:
+        async with self._db.reader.execute(
+            "SELECT handler, status, attempts, last_error FROM delivery_handlers"
+            " WHERE delivery_pk = ? ORDER BY handler",
+            (pk,),
+        ) as cur:
+            return [dict(row) for row in await cur.fetchall()]
+
+    async def _settle(self, pk: int, worker_id: str, assignments: str, params: tuple[Any, ...]) -> bool:
+        async with self._db.transaction() as conn:
+            cursor = await conn.execute(
+                f"UPDATE deliveries SET {assignments}, claimed_by = NULL, heartbeat_at = NULL,"  # noqa: S608
+                " version = version + 1 WHERE id = ? AND claimed_by = ? AND status = 'processing'",
+                (*params, pk, worker_id),
+            )
+            return cursor.rowcount == 1
+
+    async def finish(self, pk: int, worker_id: str) -> bool:
+        return await self._settle(
+            pk, worker_id, "status = 'done', finished_at = ?, last_error = NULL", (to_db_time(utcnow()),)
+        )
+
+    async def retry_later(self, pk: int, worker_id: str, *, error: str, next_attempt_at: datetime) -> bool:
+        return await self._settle(
+            pk,
+            worker_id,
+            "status = 'queued', last_error = ?, next_attempt_at = ?",
+            (error, to_db_time(next_attempt_at)),
+        )
+
+    async def park_failed(self, pk: int, worker_id: str, *, error: str) -> bool:
+        return await self._settle(
+            pk, worker_id, "status = 'failed', last_error = ?, finished_at = ?", (error, to_db_time(utcnow()))
+        )
+
+    async def abandon(self, pk: int, worker_id: str) -> bool:
+        """Shutdown mid-delivery: put it back untouched (the attempt does not count)."""
+        return await self._settle(pk, worker_id, "status = 'queued', attempts = attempts - 1", ())
+
+    async def get(self, key: int | str) -> StoredDelivery | None:
+        """By row id (int, or a string of digits) or by Gitea delivery id."""
+        if isinstance(key, int) or key.isdigit():
+            sql, param = f"SELECT {_COLUMNS} FROM deliveries WHERE id = ?", int(key)  # noqa: S608
+            async with self._db.reader.execute(sql, (param,)) as cur:
+                row = await cur.fetchone()
+            if row is not None or isinstance(key, int):
+                return _row(row) if row is not None else None
+        async with self._db.reader.execute(
+            f"SELECT {_COLUMNS} FROM deliveries WHERE delivery_id = ?", (str(key),)  # noqa: S608
+        ) as cur:
+            row = await cur.fetchone()
+        return _row(row) if row is not None else None
+
+    async def list(self, *, status: str | None = None, limit: int = 100) -> list[StoredDelivery]:
+        if status is not None and status not in STATUSES:
+            raise ValueError(f"unknown status {status!r}; one of {', '.join(STATUSES)}")
+        where = "WHERE status = ?" if status else ""
+        params: tuple[Any, ...] = (status, limit) if status else (limit,)
+        async with self._db.reader.execute(
+            f"SELECT {_COLUMNS} FROM deliveries {where} ORDER BY id DESC LIMIT ?", params  # noqa: S608
+        ) as cur:
+            return [_row(row) for row in await cur.fetchall()]
+
+    async def counts(self) -> dict[str, int]:
+        async with self._db.reader.execute("SELECT status, COUNT(*) FROM deliveries GROUP BY status") as cur:
+            found = {row[0]: row[1] for row in await cur.fetchall()}
+        return {status: found.get(status, 0) for status in STATUSES}
+
+    async def replay(self, key: int | str, *, requested_by: str, force: bool = False) -> StoredDelivery:
+        """Queue a stored delivery again (failed ones; done or ignored ones only with force). Recorded."""
+        found = await self.get(key)
+        if found is None:
+            raise LookupError(f"no stored delivery {key!r}")
+        allowed: tuple[str, ...] = ("failed", "done", "ignored_self") if force else ("failed",)
+        if found.status not in allowed:
+            raise ValueError(
+                f"delivery {found.pk} is {found.status}; only failed deliveries are replayed"
+                + ("" if force else " (use --force for done or ignored ones)")
+            )
+        async with self._db.transaction() as conn:
+            cursor = await conn.execute(
+                "UPDATE deliveries SET status = 'queued', attempts = 0, next_attempt_at = NULL,"
+                " finished_at = NULL, version = version + 1 WHERE id = ? AND status = ?",
+                (found.pk, found.status),
+            )
+            if cursor.rowcount != 1:
+                raise ValueError(f"delivery {found.pk} changed while replaying; try again")
+            if force:
+                # A forced replay runs every handler again, on purpose.
+                await conn.execute("DELETE FROM delivery_handlers WHERE delivery_pk = ?", (found.pk,))
+            await conn.execute(
+                "INSERT INTO delivery_replays (delivery_pk, from_status, requested_at, requested_by)"
+                " VALUES (?, ?, ?, ?)",
+                (found.pk, found.status, to_db_time(utcnow()), requested_by),
+            )
+        replayed = await self.get(found.pk)
+        assert replayed is not None
+        return replayed
+
+    async def oldest_due_age_s(self, *, now: datetime | None = None) -> float:
+        async with self._db.reader.execute(
+            "SELECT MIN(received_at) FROM deliveries WHERE status IN ('queued', 'processing')"
+        ) as cur:
+            row = await cur.fetchone()
+        if row is None or row[0] is None:
+            return 0.0
+        return max(0.0, ((now or utcnow()) - from_db_time(row[0])).total_seconds())

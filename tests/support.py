@@ -1,0 +1,80 @@
+"""Test harness shared by every test module: settings, signed requests, an in-process service."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import uuid
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from pydantic import SecretStr
+
+from bot.config import Settings
+
+SECRET = "test-secret-0123456789abcdef"
+
+
+def make_settings(tmp_path: Path, **sections: Mapping[str, Any]) -> Settings:
+    """Settings for a test: database under tmp_path, a known secret, fast worker timings."""
+    data: dict[str, Any] = {
+        "webhook": {"secrets": [SECRET]},
+        "database": {"path": str(tmp_path / "foreman.db"), "synchronous": "NORMAL"},
+        "gitea": {"bot_login": "foreman-bot"},
+        "worker": {"backoff_base_s": 0.05, "backoff_max_s": 0.2, "poll_interval_s": 0.05, "claim_ttl_s": 1.0},
+        "server": {"shutdown_grace_s": 2.0},
+    }
+    for name, values in sections.items():
+        data[name] = {**data.get(name, {}), **values}
+    settings = Settings.model_validate(data)
+    secrets = settings.webhook.secrets or [SecretStr(SECRET)]
+    return settings.model_copy(update={"webhook": settings.webhook.model_copy(update={"secrets": secrets})})
+
+
+def sign(body: bytes, secret: str = SECRET) -> str:
+    return hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
+
+
+def payload(action: str = "opened", *, sender: str = "alice", number: int = 1, **extra: Any) -> bytes:
+    """A Gitea-shaped issues payload, pretty-printed like Gitea (2-space indent, no trailing newline)."""
+    doc = {
+        "action": action,
+        "number": number,
+        "issue": {"id": 1000 + number, "number": number, "title": f"issue {number}", "labels": [], "state": "open"},
+        "repository": {"id": 1, "name": "repo", "full_name": "org/repo", "owner": {"login": "org"}},
+        "sender": {"id": 7, "login": sender, "username": sender},
+        "commit_id": "",
+        **extra,
+    }
+    return json.dumps(doc, indent=2).encode()
+
+
+def webhook_headers(
+    body: bytes,
+    *,
+    event: str = "issues",
+    event_type: str | None = None,
+    delivery: str | None = None,
+    secret: str = SECRET,
+    style: str = "gitea",
+) -> dict[str, str]:
+    """Headers as Gitea sends them; style 'github' sends only the X-GitHub-*/X-Hub-* copies."""
+    delivery = delivery or str(uuid.uuid4())
+    digest = sign(body, secret)
+    if style == "github":
+        return {
+            "Content-Type": "application/json",
+            "X-GitHub-Event": event,
+            "X-GitHub-Event-Type": event_type or event,
+            "X-GitHub-Delivery": delivery,
+            "X-Hub-Signature-256": f"sha256={digest}",
+        }
+    return {
+        "Content-Type": "application/json",
+        "X-Gitea-Event": event,
+        "X-Gitea-Event-Type": event_type or event,
+        "X-Gitea-Delivery": delivery,
+        "X-Gitea-Signature": digest,
+    }

@@ -1,0 +1,327 @@
+"""Webhook intake over real loopback HTTP: signatures, headers, limits, storage before ack, de-duplication."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiohttp.test_utils import TestClient, TestServer
+from gidgethub import routing, sansio
+
+from bot.app import Service, open_service
+from bot.config import Settings
+from bot.worker import HandlerContext
+from handlers import build_router
+from tests.conftest import SHARED
+from tests.support import SECRET, make_settings, payload, sign, webhook_headers
+
+PAYLOADS = SHARED / "gitea" / "payloads"
+# HMAC test vectors published with go-playground/webhooks (see shared/gitea/payloads/README.md).
+GO_PLAYGROUND_SECRET = "IsWishesWereHorsesWedAllBeEatingSteak!"
+GO_PLAYGROUND_SIGNATURES = {
+    "issues-opened--go-playground.json": "98c44fd0ae42ca4208eac6f81e59b436837740abc8693bf828366b32d33b1cbc",
+    "issues-assigned--go-playground.json": "7d2adaf2fb3dc3769294c737ff48da003b7c3660b4f917b85c2c25dabd34a13c",
+    "issues-label_updated--go-playground.json": "3611415860ed5904c87dd589a7c5fa7e87d2a72b0b2a92ea149ba9691ba8c785",
+    "issue_comment-created--go-playground.json": "690180a8c853460cba88f9b09911a531d449e9f63ed6b1ff0a0def3b972ca744",
+    "issue_comment-created-on-pr--go-playground.json": (
+        "8b38bf221adbaef2ce01cfa810c6d9cb977414fec306895973aea61e10e8d5a8"
+    ),
+    "pull_request-opened--go-playground.json": "65c18a212efc7bde0f336acaec87f596fe20e80b2a0e7e51a790dd38393ff771",
+    "pull_request-label_updated--go-playground.json": (
+        "c52fa035b8d9ac4d94449349b16bac5892bc59faa72be19ff39f33b6bc24315a"
+    ),
+    "push--go-playground.json": "60fe446c74fa0cb9474f98cc557db79e10c7aaf22cf324ad65239600b9e4d915",
+}
+# Coarse event header per payload file, as a v1.26 delivery would carry it (payloads README).
+PAYLOAD_EVENTS = {
+    "issues": ("issues", "issues"),
+    "issue_comment": ("issue_comment", "issue_comment"),
+    "pull_request": ("pull_request", "pull_request"),
+    "push": ("push", "push"),
+}
+
+Started = Callable[..., Awaitable[tuple[Service, TestClient[Any, Any]]]]
+
+
+@pytest.fixture
+async def start(tmp_path: Path) -> AsyncIterator[Started]:
+    """Start a real service on loopback; returns (service, client). Everything is closed afterwards."""
+    clients: list[TestClient[Any, Any]] = []
+
+    async def _start(
+        settings: Settings | None = None, router: routing.Router | None = None
+    ) -> tuple[Service, TestClient[Any, Any]]:
+        service = await open_service(settings or make_settings(tmp_path), router or build_router())
+        client: TestClient[Any, Any] = TestClient(TestServer(service.make_app()))
+        await client.start_server()
+        clients.append(client)
+        return service, client
+
+    yield _start
+    for client in clients:
+        await client.close()
+
+
+async def _post(client: TestClient[Any, Any], body: bytes, headers: dict[str, str]) -> tuple[int, Any]:
+    resp = await client.post("/webhook", data=body, headers=headers)
+    return resp.status, await resp.json()
+
+
+async def _stored(service: Service) -> list[Any]:
+    return await service.store.list(limit=1000)
+
+
+async def test_gitea_signature_is_accepted_and_stored_byte_for_byte(start: Started) -> None:
+    """Issue 2.3: X-Gitea-Signature (hex, no prefix) verifies; the raw body is stored before the 202."""
+    service, client = await start()
+    body = payload()
+    headers = webhook_headers(body, delivery="d-1")
+    status, doc = await _post(client, body, headers)
+    assert (status, doc) == (202, {"delivery": "d-1", "status": "queued"})
+    [row] = await _stored(service)
+    assert row.body == body
+    assert (row.event, row.action, row.sender_login) == ("issues", "opened", "alice")
+
+
+async def test_hub_signature_256_and_github_headers_are_accepted(start: Started) -> None:
+    """Issue 2.3: X-Hub-Signature-256 (sha256=) and the X-GitHub-* header copies work alone."""
+    service, client = await start()
+    body = payload()
+    status, doc = await _post(client, body, webhook_headers(body, style="github", delivery="gh-1"))
+    assert (status, doc["status"]) == (202, "queued")
+    assert (await service.store.get("gh-1")) is not None
+
+
+async def test_any_of_several_secrets_verifies_for_rotation(tmp_path: Path, start: Started) -> None:
+    """Issue 2.3: several configured secrets allow rotation; each one verifies."""
+    other = "the-new-secret-after-rotation"
+    _, client = await start(make_settings(tmp_path, webhook={"secrets": [SECRET, other]}))
+    for secret in (SECRET, other):
+        body = payload(number=len(secret))
+        status, _ = await _post(client, body, webhook_headers(body, secret=secret))
+        assert status == 202
+
+
+@pytest.mark.parametrize(
+    "mutate",
+    [
+        pytest.param(lambda h, b: h.pop("X-Gitea-Signature"), id="missing"),
+        pytest.param(lambda h, b: h.__setitem__("X-Gitea-Signature", sign(b, "wrong-secret-xxxxxxxx")), id="wrong"),
+        pytest.param(lambda h, b: h.__setitem__("X-Gitea-Signature", ""), id="empty-secret-gitea"),
+        pytest.param(
+            lambda h, b: (h.pop("X-Gitea-Signature"), h.__setitem__("X-Hub-Signature-256", "sha256=")),
+            id="empty-secret-hub",
+        ),
+        pytest.param(
+            lambda h, b: (h.pop("X-Gitea-Signature"), h.__setitem__("X-Hub-Signature-256", sign(b))),
+            id="hub-without-prefix",
+        ),
+        pytest.param(lambda h, b: h.__setitem__("X-Gitea-Signature", sign(b)[:-2]), id="truncated"),
+    ],
+)
+async def test_bad_or_missing_signature_is_401_and_nothing_is_stored(start: Started, mutate: Any) -> None:
+    """Issue 2.3: bad or missing signature answers 401 with a JSON error; nothing is stored."""
+    service, client = await start()
+    body = payload()
+    headers = webhook_headers(body)
+    mutate(headers, body)
+    status, doc = await _post(client, body, headers)
+    assert status == 401
+    assert doc["error"] == "bad_signature" and "secret" in doc["message"]
+    assert await _stored(service) == []
+
+
+async def test_reserialized_body_does_not_verify(start: Started) -> None:
+    """FACTS 1: the HMAC covers the raw bytes; the same JSON re-serialised must not verify."""
+    service, client = await start()
+    body = payload()
+    headers = webhook_headers(body)
+    compact = json.dumps(json.loads(body)).encode()
+    assert compact != body
+    status, _ = await _post(client, compact, headers)
+    assert status == 401
+    assert await _stored(service) == []
+
+
+@pytest.mark.parametrize("missing", ["X-Gitea-Event", "X-Gitea-Delivery"])
+async def test_missing_event_or_delivery_header_is_400(start: Started, missing: str) -> None:
+    """Issue 2.3: a missing event or delivery header (and no X-GitHub-* copy) answers 400 naming it."""
+    service, client = await start()
+    body = payload()
+    headers = webhook_headers(body)
+    headers.pop(missing)
+    status, doc = await _post(client, body, headers)
+    assert status == 400
+    assert doc["error"] == "missing_header" and missing in doc["message"]
+    assert await _stored(service) == []
+
+
+@pytest.mark.parametrize("body", [b'{"action": "opened",', b"[1, 2, 3]", b"\xff\xfe not utf-8"])
+async def test_malformed_json_is_400(start: Started, body: bytes) -> None:
+    """Issue 2.3: a correctly signed body that is not a JSON object answers 400; nothing is stored."""
+    service, client = await start()
+    status, doc = await _post(client, body, webhook_headers(body))
+    assert status == 400 and doc["error"] == "malformed_json"
+    assert await _stored(service) == []
+
+
+async def test_form_content_type_is_415(start: Started) -> None:
+    """Issue 2.3: Gitea 'form' hooks sign the JSON, not the form body: refuse with 415 and say how to fix."""
+    service, client = await start()
+    body = b"payload=" + payload()
+    headers = webhook_headers(body)
+    headers["Content-Type"] = "application/x-www-form-urlencoded"
+    status, doc = await _post(client, body, headers)
+    assert status == 415 and "application/json" in doc["message"]
+    assert await _stored(service) == []
+
+
+async def test_body_over_the_limit_is_413_with_and_without_content_length(tmp_path: Path, start: Started) -> None:
+    """Issue 2.3: a body over webhook.max_body_bytes answers 413, declared or streamed (chunked)."""
+    service, client = await start(make_settings(tmp_path, webhook={"max_body_bytes": 1000}))
+    body = payload(filler="x" * 2000)
+    status, doc = await _post(client, body, webhook_headers(body))
+    assert status == 413 and doc["error"] == "payload_too_large"
+
+    async def chunks() -> AsyncIterator[bytes]:
+        for start_at in range(0, len(body), 100):
+            yield body[start_at : start_at + 100]
+
+    resp = await client.post("/webhook", data=chunks(), headers=webhook_headers(body))
+    assert resp.status == 413
+    assert await _stored(service) == []
+    small = payload()
+    assert len(small) < 1000
+    status, _ = await _post(client, small, webhook_headers(small))
+    assert status == 202
+
+
+async def test_same_delivery_id_twice_is_a_duplicate(start: Started) -> None:
+    """Issue 2.3: de-duplication on the delivery id: the second answer is 200 duplicate, one row stored."""
+    service, client = await start()
+    body = payload()
+    headers = webhook_headers(body, delivery="same-id")
+    assert (await _post(client, body, headers))[0] == 202
+    status, doc = await _post(client, body, headers)
+    assert (status, doc["status"]) == (200, "duplicate")
+    assert len(await _stored(service)) == 1
+
+
+async def test_same_body_under_a_new_delivery_id_is_a_duplicate(start: Started) -> None:
+    """Issue 2.3 / FACTS 4: Gitea's manual Replay resends the same body under a NEW uuid: duplicate."""
+    service, client = await start()
+    body = payload()
+    assert (await _post(client, body, webhook_headers(body, delivery="first")))[0] == 202
+    status, doc = await _post(client, body, webhook_headers(body, delivery="replayed"))
+    assert (status, doc["status"]) == (200, "duplicate")
+    rows = await _stored(service)
+    assert [r.delivery_id for r in rows] == ["first"]
+
+
+async def test_concurrent_identical_deliveries_store_exactly_one(start: Started) -> None:
+    """Issue 2.3: racing copies of one delivery (Gitea sends concurrently) end with one row, one 202."""
+    import asyncio
+
+    service, client = await start()
+    body = payload()
+    headers = webhook_headers(body, delivery="racer")
+    results = await asyncio.gather(*(_post(client, body, headers) for _ in range(12)))
+    assert sorted(status for status, _ in results) == [200] * 11 + [202]
+    assert len(await _stored(service)) == 1
+
+
+async def test_events_sent_by_the_bot_itself_are_recorded_as_ignored_self(start: Started) -> None:
+    """Issue 2.3 / FACTS 3: the bot's own changes come back as webhooks; recorded as ignored_self, not run."""
+    ran: list[str] = []
+    router = routing.Router()
+
+    @router.register("issues")
+    async def record(event: sansio.Event, ctx: HandlerContext) -> None:
+        ran.append(event.delivery_id)
+
+    service, client = await start(router=build_router(router))
+    body = payload(sender="Foreman-Bot")
+    status, doc = await _post(client, body, webhook_headers(body, delivery="mine"))
+    assert (status, doc["status"]) == (202, "ignored_self")
+    other = payload(sender="alice", number=2)
+    await _post(client, other, webhook_headers(other, delivery="theirs"))
+    await _wait_status(service, "theirs", "done")
+    row = await service.store.get("mine")
+    assert row is not None and row.status == "ignored_self"
+    assert ran == ["theirs"]
+
+
+async def _wait_status(service: Service, delivery: str, status: str, timeout: float = 10.0) -> None:
+    import asyncio
+
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while loop.time() < deadline:
+        row = await service.store.get(delivery)
+        if row is not None and row.status == status:
+            return
+        await asyncio.sleep(0.02)
+    row = await service.store.get(delivery)
+    raise AssertionError(f"{delivery} never reached {status}: {row}")
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in PAYLOADS.glob("*.json")) or ["<none found>"])
+async def test_every_real_payload_sample_is_accepted(tmp_path: Path, start: Started, name: str) -> None:
+    """Guide: the service must accept every payload in shared/gitea/payloads, bytes unchanged.
+
+    The go-playground files are checked against their published signatures (test vectors)."""
+    path = PAYLOADS / name
+    assert path.is_file(), f"payload sample missing: {path}"
+    body = path.read_bytes()
+    settings = make_settings(tmp_path, webhook={"secrets": [GO_PLAYGROUND_SECRET]})
+    service, client = await start(settings)
+    event = name.split("-", 1)[0]
+    headers = webhook_headers(body, event=PAYLOAD_EVENTS[event][0], secret=GO_PLAYGROUND_SECRET)
+    if name in GO_PLAYGROUND_SIGNATURES:
+        assert headers["X-Gitea-Signature"] == GO_PLAYGROUND_SIGNATURES[name]
+    status, doc = await _post(client, body, headers)
+    assert (status, doc["status"]) == (202, "queued")
+    await _wait_status(service, doc["delivery"], "done")
+    [row] = await _stored(service)
+    assert row.body == body
+
+
+async def test_healthz_readyz_and_metrics_without_gitea(start: Started) -> None:
+    """Issue 2.2/2.8: with no Gitea configured the service runs and /readyz says so; metrics count outcomes."""
+    service, client = await start()
+    assert (await client.get("/healthz")).status == 200
+    resp = await client.get("/readyz")
+    doc = await resp.json()
+    assert resp.status == 200 and doc["ready"] is True
+    assert doc["checks"]["gitea"]["ok"] is False and "token" in doc["checks"]["gitea"]["detail"]
+    body = payload()
+    await _post(client, body, webhook_headers(body, delivery="m-1"))
+    await _wait_status(service, "m-1", "done")
+    await _post(client, body, webhook_headers(body))
+    await _post(client, body, {**webhook_headers(body), "X-Gitea-Signature": "00"})
+    text = await (await client.get("/metrics")).text()
+    assert 'foreman_deliveries_total{event="issues",outcome="queued"} 1.0' in text
+    assert 'foreman_deliveries_total{event="issues",outcome="duplicate"} 1.0' in text
+    assert 'foreman_deliveries_total{event="issues",outcome="rejected_401"} 1.0' in text
+    assert "foreman_inbox_depth" in text and "foreman_processing_seconds_bucket" in text
+
+
+async def test_readyz_is_503_when_the_database_cannot_be_written(tmp_path: Path, start: Started) -> None:
+    """DESIGN 3: /readyz is 503 when the database is not writable (another writer holds the lock)."""
+    import sqlite3
+
+    settings = make_settings(tmp_path, database={"busy_timeout_ms": 50})
+    _, client = await start(settings)
+    blocker = sqlite3.connect(settings.database.path, isolation_level=None)
+    try:
+        blocker.execute("BEGIN EXCLUSIVE")
+        resp = await client.get("/readyz")
+        doc = await resp.json()
+        assert resp.status == 503 and doc["checks"]["database"]["ok"] is False
+    finally:
+        blocker.execute("ROLLBACK")
+        blocker.close()
+    assert (await client.get("/readyz")).status == 200
