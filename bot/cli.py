@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from aiohttp import web
+from gidgethub import routing
 
 from bot import logs
 from bot.config import ConfigError, Settings, ensure_webhook_secret, load_settings
@@ -33,7 +34,8 @@ def _emit(doc: Any, *, as_json: bool, text: str | None = None) -> None:
 
 
 # --- serve ---------------------------------------------------------------------------------------------
-async def _serve(settings: Settings) -> int:
+async def serve(settings: Settings, router: routing.Router | None = None) -> int:
+    """Run the service until SIGTERM/SIGINT, then shut down gracefully."""
     from bot.app import open_service
     from handlers import build_router
 
@@ -44,7 +46,7 @@ async def _serve(settings: Settings) -> int:
             "paste its contents into the Gitea webhook's Secret field",
             secret_path.resolve(),
         )
-    service = await open_service(settings, build_router())
+    service = await open_service(settings, router or build_router())
     app = service.make_app()
     runner = web.AppRunner(app, handle_signals=False, access_log=None)
     await runner.setup()
@@ -219,7 +221,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_USAGE
     logs.configure(json_lines=settings.server.log_json, level=settings.server.log_level)
     if args.command == "serve":
-        return asyncio.run(_serve(settings))
+        return asyncio.run(serve(settings))
     commands: dict[str, Callable[[Settings, argparse.Namespace], int]] = {
         "check-config": _cmd_check_config,
         "deliveries": _cmd_deliveries,

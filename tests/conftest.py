@@ -16,3 +16,6 @@ def shared_dir() -> Path:
     """The read-only ../shared folder (seeds, Gitea facts, swagger, payloads). Missing is a failure, not a skip."""
     assert SHARED.is_dir(), f"../shared not found at {SHARED}; set FOREMAN_SHARED"
     return SHARED
+
+
+from tests.support import start  # noqa: E402, F401  (fixture shared by the service tests)

@@ -2,17 +2,23 @@
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import hmac
 import json
 import uuid
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+import pytest
+from aiohttp.test_utils import TestClient, TestServer
+from gidgethub import routing
 from pydantic import SecretStr
 
+from bot.app import Service, open_service
 from bot.config import Settings
+from handlers import build_router
 
 SECRET = "test-secret-0123456789abcdef"
 
@@ -78,3 +84,37 @@ def webhook_headers(
         "X-Gitea-Delivery": delivery,
         "X-Gitea-Signature": digest,
     }
+
+
+Started = Callable[..., Awaitable[tuple[Service, TestClient[Any, Any]]]]
+
+
+@pytest.fixture
+async def start(tmp_path: Path) -> AsyncIterator[Started]:
+    """Start a real service on loopback; returns (service, client). Everything is closed afterwards."""
+    clients: list[TestClient[Any, Any]] = []
+
+    async def _start(
+        settings: Settings | None = None, router: routing.Router | None = None
+    ) -> tuple[Service, TestClient[Any, Any]]:
+        service = await open_service(settings or make_settings(tmp_path), router or build_router())
+        client: TestClient[Any, Any] = TestClient(TestServer(service.make_app()))
+        await client.start_server()
+        clients.append(client)
+        return service, client
+
+    yield _start
+    for client in clients:
+        await client.close()
+
+
+async def wait_status(service: Service, delivery: str, status: str, timeout: float = 10.0) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while loop.time() < deadline:
+        row = await service.store.get(delivery)
+        if row is not None and row.status == status:
+            return
+        await asyncio.sleep(0.02)
+    row = await service.store.get(delivery)
+    raise AssertionError(f"{delivery} never reached {status}: {row}")

@@ -3,20 +3,19 @@
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from aiohttp.test_utils import TestClient, TestServer
+from aiohttp.test_utils import TestClient
 from gidgethub import routing, sansio
 
-from bot.app import Service, open_service
-from bot.config import Settings
+from bot.app import Service
 from bot.worker import HandlerContext
 from handlers import build_router
 from tests.conftest import SHARED
-from tests.support import SECRET, make_settings, payload, sign, webhook_headers
+from tests.support import SECRET, Started, make_settings, payload, sign, wait_status, webhook_headers
 
 PAYLOADS = SHARED / "gitea" / "payloads"
 # HMAC test vectors published with go-playground/webhooks (see shared/gitea/payloads/README.md).
@@ -42,28 +41,6 @@ PAYLOAD_EVENTS = {
     "pull_request": ("pull_request", "pull_request"),
     "push": ("push", "push"),
 }
-
-Started = Callable[..., Awaitable[tuple[Service, TestClient[Any, Any]]]]
-
-
-@pytest.fixture
-async def start(tmp_path: Path) -> AsyncIterator[Started]:
-    """Start a real service on loopback; returns (service, client). Everything is closed afterwards."""
-    clients: list[TestClient[Any, Any]] = []
-
-    async def _start(
-        settings: Settings | None = None, router: routing.Router | None = None
-    ) -> tuple[Service, TestClient[Any, Any]]:
-        service = await open_service(settings or make_settings(tmp_path), router or build_router())
-        client: TestClient[Any, Any] = TestClient(TestServer(service.make_app()))
-        await client.start_server()
-        clients.append(client)
-        return service, client
-
-    yield _start
-    for client in clients:
-        await client.close()
-
 
 async def _post(client: TestClient[Any, Any], body: bytes, headers: dict[str, str]) -> tuple[int, Any]:
     resp = await client.post("/webhook", data=body, headers=headers)
@@ -248,24 +225,10 @@ async def test_events_sent_by_the_bot_itself_are_recorded_as_ignored_self(start:
     assert (status, doc["status"]) == (202, "ignored_self")
     other = payload(sender="alice", number=2)
     await _post(client, other, webhook_headers(other, delivery="theirs"))
-    await _wait_status(service, "theirs", "done")
+    await wait_status(service, "theirs", "done")
     row = await service.store.get("mine")
     assert row is not None and row.status == "ignored_self"
     assert ran == ["theirs"]
-
-
-async def _wait_status(service: Service, delivery: str, status: str, timeout: float = 10.0) -> None:
-    import asyncio
-
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while loop.time() < deadline:
-        row = await service.store.get(delivery)
-        if row is not None and row.status == status:
-            return
-        await asyncio.sleep(0.02)
-    row = await service.store.get(delivery)
-    raise AssertionError(f"{delivery} never reached {status}: {row}")
 
 
 @pytest.mark.parametrize("name", sorted(p.name for p in PAYLOADS.glob("*.json")) or ["<none found>"])
@@ -284,7 +247,7 @@ async def test_every_real_payload_sample_is_accepted(tmp_path: Path, start: Star
         assert headers["X-Gitea-Signature"] == GO_PLAYGROUND_SIGNATURES[name]
     status, doc = await _post(client, body, headers)
     assert (status, doc["status"]) == (202, "queued")
-    await _wait_status(service, doc["delivery"], "done")
+    await wait_status(service, doc["delivery"], "done")
     [row] = await _stored(service)
     assert row.body == body
 
@@ -299,7 +262,7 @@ async def test_healthz_readyz_and_metrics_without_gitea(start: Started) -> None:
     assert doc["checks"]["gitea"]["ok"] is False and "token" in doc["checks"]["gitea"]["detail"]
     body = payload()
     await _post(client, body, webhook_headers(body, delivery="m-1"))
-    await _wait_status(service, "m-1", "done")
+    await wait_status(service, "m-1", "done")
     await _post(client, body, webhook_headers(body))
     await _post(client, body, {**webhook_headers(body), "X-Gitea-Signature": "00"})
     text = await (await client.get("/metrics")).text()

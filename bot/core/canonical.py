@@ -121,9 +121,9 @@ class CanonicalState:
     extra: tuple[tuple[str, str], ...] = field(default=())
 
     def __post_init__(self) -> None:
-        if not is_state(self.state):
+        if not isinstance(self.state, str) or not is_state(self.state):
             raise ValueError(f"STATE {self.state!r} is not one of {_allowed_states()}")
-        if not is_role(self.who_is_next):
+        if not isinstance(self.who_is_next, str) or not is_role(self.who_is_next):
             raise ValueError(f"WHO_IS_NEXT {self.who_is_next!r} is not one of {_allowed_roles()}")
         for key in _TEXT_KEYS:
             value = getattr(self, key.lower())
@@ -385,6 +385,7 @@ def _heading_kind(line: str) -> Literal["atx", "plain"] | None:
     if atx is not None:
         kind = "atx"
         body = _ATX_CLOSING.sub("", body[atx.end() :])
+    body = body.strip().removesuffix(":")
     for mark in ("**", "__"):
         if len(body) > 4 and body.startswith(mark) and body.endswith(mark):
             body = body[2:-2]

@@ -1,0 +1,50 @@
+"""A real `foreman serve` process with two test handlers, for crash-and-resume tests (run as a script).
+
+`fast` appends "fast <delivery>" to $CRASH_LOG. `slow` appends "slow-start <delivery>", then waits until
+$CRASH_GATE exists, then appends "slow-end <delivery>".
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+from pathlib import Path
+
+from gidgethub import routing, sansio
+
+from bot import logs
+from bot.cli import serve
+from bot.config import load_settings
+from bot.worker import HandlerContext
+from handlers import build_router
+
+LOG = Path(os.environ["CRASH_LOG"])
+GATE = Path(os.environ["CRASH_GATE"])
+router = routing.Router()
+
+
+def _append(line: str) -> None:
+    with LOG.open("a", encoding="utf-8") as handle:
+        handle.write(line + "\n")
+        handle.flush()
+        os.fsync(handle.fileno())
+
+
+@router.register("issues")
+async def fast(event: sansio.Event, ctx: HandlerContext) -> None:
+    _append(f"fast {event.delivery_id}")
+
+
+@router.register("issues")
+async def slow(event: sansio.Event, ctx: HandlerContext) -> None:
+    _append(f"slow-start {event.delivery_id}")
+    while not GATE.exists():
+        await asyncio.sleep(0.02)
+    _append(f"slow-end {event.delivery_id}")
+
+
+if __name__ == "__main__":
+    settings = load_settings(Path(sys.argv[1]))
+    logs.configure(json_lines=True, level="INFO")
+    raise SystemExit(asyncio.run(serve(settings, build_router(router))))

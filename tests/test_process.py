@@ -1,0 +1,239 @@
+"""Real `foreman serve` processes: crash-and-resume (SIGKILL), graceful shutdown, embedded default start."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import socket
+import sqlite3
+import stat
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from tests.conftest import REPO_ROOT
+from tests.support import SECRET, payload, webhook_headers
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class ServeProcess:
+    """One service subprocess (tests/crash_service.py or `python -m bot serve`) and its files."""
+
+    def __init__(self, workdir: Path, *, module: str = "tests.crash_service", config: Path | None = None) -> None:
+        self.workdir = workdir
+        self.module = module
+        self.port = _free_port()
+        self.db = workdir / "foreman.db"
+        self.log = workdir / "handlers.log"
+        self.gate = workdir / "gate"
+        self.stderr = workdir / "stderr.log"
+        self.config = config or self._write_config()
+        self.proc: asyncio.subprocess.Process | None = None
+
+    def _write_config(self) -> Path:
+        path = self.workdir / "foreman.toml"
+        path.write_text(
+            f"""
+[server]
+port = {self.port}
+shutdown_grace_s = 1.0
+[webhook]
+secrets = ["{SECRET}"]
+[database]
+path = "{self.db}"
+[worker]
+poll_interval_s = 0.05
+claim_ttl_s = 0.6
+backoff_base_s = 0.05
+""",
+            encoding="utf-8",
+        )
+        return path
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    async def start(self, *args: str, env: dict[str, str] | None = None) -> None:
+        argv = [sys.executable, "-m", self.module, *(args or (str(self.config),))]
+        full_env = {
+            **os.environ,
+            "PYTHONPATH": str(REPO_ROOT),
+            "CRASH_LOG": str(self.log),
+            "CRASH_GATE": str(self.gate),
+            **(env or {}),
+        }
+        with self.stderr.open("ab") as err:
+            self.proc = await asyncio.create_subprocess_exec(
+                *argv, cwd=self.workdir, env=full_env, stdout=asyncio.subprocess.DEVNULL, stderr=err
+            )
+        await self.wait_healthy()
+
+    async def wait_healthy(self, timeout: float = 20.0) -> None:
+        deadline = asyncio.get_running_loop().time() + timeout
+        async with aiohttp.ClientSession() as session:
+            while asyncio.get_running_loop().time() < deadline:
+                assert self.proc is not None
+                if self.proc.returncode is not None:
+                    raise AssertionError(f"service exited {self.proc.returncode}: {self.stderr.read_text()}")
+                try:
+                    async with session.get(f"{self.url}/healthz") as resp:
+                        if resp.status == 200:
+                            return
+                except aiohttp.ClientError:
+                    pass
+                await asyncio.sleep(0.05)
+        raise AssertionError(f"service never became healthy: {self.stderr.read_text()}")
+
+    async def post(self, body: bytes, delivery: str) -> int:
+        async with aiohttp.ClientSession() as session:
+            async with session.post(
+                f"{self.url}/webhook", data=body, headers=webhook_headers(body, delivery=delivery)
+            ) as resp:
+                return resp.status
+
+    async def kill(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGKILL)
+        await self.proc.wait()
+
+    async def terminate(self) -> int:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGTERM)
+        return await asyncio.wait_for(self.proc.wait(), timeout=20)
+
+    def lines(self) -> list[str]:
+        return self.log.read_text().splitlines() if self.log.exists() else []
+
+    def status(self, delivery: str) -> tuple[str, int] | None:
+        with sqlite3.connect(self.db) as conn:
+            row = conn.execute("SELECT status, attempts FROM deliveries WHERE delivery_id = ?", (delivery,)).fetchone()
+        return (row[0], row[1]) if row else None
+
+    async def wait_for(self, predicate: object, what: str, timeout: float = 20.0) -> None:
+        deadline = asyncio.get_running_loop().time() + timeout
+        while asyncio.get_running_loop().time() < deadline:
+            if predicate():  # type: ignore[operator]
+                return
+            await asyncio.sleep(0.05)
+        raise AssertionError(f"timed out waiting for {what}; log={self.lines()}; stderr={self.stderr.read_text()}")
+
+
+@pytest.fixture
+async def proc(tmp_path: Path) -> AsyncIterator[ServeProcess]:
+    service = ServeProcess(tmp_path)
+    yield service
+    if service.proc is not None and service.proc.returncode is None:
+        await service.kill()
+
+
+async def test_a_delivery_killed_mid_handler_resumes_after_restart_without_rerunning_finished_handlers(
+    proc: ServeProcess,
+) -> None:
+    """Issue 2.4: a process SIGKILLed mid-delivery resumes it on restart; the finished sibling is not rerun."""
+    await proc.start()
+    assert await proc.post(payload(), "crash-1") == 202
+    await proc.wait_for(lambda: "slow-start crash-1" in proc.lines(), "the slow handler to start")
+    await proc.kill()
+    assert proc.status("crash-1") == ("processing", 1)
+    proc.gate.touch()
+    await proc.start()
+    await proc.wait_for(lambda: proc.status("crash-1") == ("done", 2), "the delivery to finish after restart")
+    lines = proc.lines()
+    assert lines.count("fast crash-1") == 1
+    assert lines.count("slow-start crash-1") == 2
+    assert lines.count("slow-end crash-1") == 1
+    assert await proc.terminate() == 0
+
+
+async def test_every_acknowledged_delivery_survives_a_kill_right_after_the_202(proc: ServeProcess) -> None:
+    """Issue 2.3: a delivery is stored before the 202, so killing the process right after loses none."""
+    proc.gate.touch()
+    await proc.start()
+    ids = [f"ack-{i}" for i in range(25)]
+    statuses = await asyncio.gather(*(proc.post(payload(number=i + 1), d) for i, d in enumerate(ids)))
+    assert set(statuses) == {202}
+    await proc.kill()
+    stored = [proc.status(d) for d in ids]
+    assert all(s is not None for s in stored), stored
+    await proc.start()
+    await proc.wait_for(lambda: all((proc.status(d) or ("",))[0] == "done" for d in ids), "every delivery done")
+    lines = proc.lines()
+    assert all(f"slow-end {d}" in lines for d in ids)
+
+
+async def test_sigterm_lets_in_flight_work_finish_within_the_grace(proc: ServeProcess) -> None:
+    """Issue 2.8: graceful shutdown finishes in-flight work when it ends within the grace period."""
+    await proc.start()
+    await proc.post(payload(), "grace-1")
+    await proc.wait_for(lambda: "slow-start grace-1" in proc.lines(), "the slow handler to start")
+    assert proc.proc is not None
+    proc.proc.send_signal(signal.SIGTERM)
+    await asyncio.sleep(0.2)
+    proc.gate.touch()
+    assert await asyncio.wait_for(proc.proc.wait(), timeout=20) == 0
+    assert proc.status("grace-1") == ("done", 1)
+
+
+async def test_sigterm_past_the_grace_puts_the_delivery_back_for_the_next_start(proc: ServeProcess) -> None:
+    """Issue 2.8: work that outlives the grace period is safely abandoned (queued again, attempt not counted)."""
+    await proc.start()
+    await proc.post(payload(), "abandon-1")
+    await proc.wait_for(lambda: "slow-start abandon-1" in proc.lines(), "the slow handler to start")
+    assert await proc.terminate() == 0
+    assert proc.status("abandon-1") == ("queued", 0)
+    proc.gate.touch()
+    await proc.start()
+    await proc.wait_for(lambda: proc.status("abandon-1") == ("done", 1), "the delivery to run on the next start")
+
+
+async def test_embedded_default_starts_with_a_generated_secret_and_no_gitea(tmp_path: Path) -> None:
+    """Issue 2.2: no config edits needed: a secret is generated under var/ (0600), reused, and /readyz
+    reports that Gitea is not reachable instead of crashing."""
+    service = ServeProcess(tmp_path, module="bot", config=tmp_path / "unused.toml")
+    env = {"FOREMAN_SERVER__PORT": str(service.port), "FOREMAN_CONFIG": ""}
+    await service.start("serve", env=env)
+    try:
+        secret_file = tmp_path / "var" / "webhook-secret"
+        assert secret_file.is_file()
+        assert stat.S_IMODE(secret_file.stat().st_mode) == 0o600
+        assert str(secret_file) in service.stderr.read_text()
+        async with aiohttp.ClientSession() as session:
+            async with session.get(f"{service.url}/readyz") as resp:
+                doc = await resp.json()
+        assert resp.status == 200 and doc["checks"]["gitea"]["ok"] is False
+        secret = secret_file.read_text().strip()
+        body = payload()
+        headers = webhook_headers(body, secret=secret)
+        async with aiohttp.ClientSession() as session:
+            async with session.post(f"{service.url}/webhook", data=body, headers=headers) as resp:
+                assert resp.status == 202
+    finally:
+        assert await service.terminate() == 0
+    await service.start("serve", env=env)
+    assert await service.terminate() == 0
+    assert secret_file.read_text().strip() == secret
+
+
+async def test_an_explicitly_empty_secret_list_refuses_to_start(tmp_path: Path) -> None:
+    """Issue 2.2: `secrets = []` refuses to start, exit 2, with an error naming webhook.secrets."""
+    config = tmp_path / "foreman.toml"
+    config.write_text("[webhook]\nsecrets = []\n", encoding="utf-8")
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "bot", "serve", "--config", str(config),
+        cwd=tmp_path, stderr=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.DEVNULL,
+    )
+    _, err = await asyncio.wait_for(process.communicate(), timeout=20)
+    assert process.returncode == 2
+    doc = json.loads(err.decode().strip().splitlines()[-1])
+    assert doc["key"] == "webhook.secrets" and "empty" in doc["message"]

@@ -1,0 +1,149 @@
+"""The worker: handler isolation, retries with backoff, parking as failed, replay, racing claims."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from gidgethub import routing, sansio
+
+from bot.cli import main
+from bot.core.intake import admit
+from bot.worker import HandlerContext, backoff_delay
+from handlers import build_router
+from state.db import Database
+from state.deliveries import DeliveryStore
+from tests.support import SECRET, Started, make_settings, payload, wait_status, webhook_headers
+
+
+def _flaky_router(calls: Counter[str], *, failures: int) -> routing.Router:
+    """Two handlers on one event: `steady` always works, `flaky` fails `failures` times first."""
+    router = routing.Router()
+
+    @router.register("issues", action="opened")
+    async def steady(event: sansio.Event, ctx: HandlerContext) -> None:
+        calls["steady"] += 1
+
+    @router.register("issues")
+    async def flaky(event: sansio.Event, ctx: HandlerContext) -> None:
+        calls["flaky"] += 1
+        if calls["flaky"] <= failures:
+            raise RuntimeError(f"flaky failure {calls['flaky']}")
+
+    return router
+
+
+async def _post(client: object, body: bytes, delivery: str) -> int:
+    resp = await client.post("/webhook", data=body, headers=webhook_headers(body, delivery=delivery))  # type: ignore[attr-defined]
+    return int(resp.status)
+
+
+async def test_one_failing_handler_does_not_stop_its_sibling_and_is_retried_alone(
+    tmp_path: Path, start: Started
+) -> None:
+    """Issue 2.4: a handler failure is logged, counted and retried without stopping or repeating siblings."""
+    calls: Counter[str] = Counter()
+    settings = make_settings(tmp_path, worker={"max_attempts": 5})
+    service, client = await start(settings, build_router(_flaky_router(calls, failures=2)))
+    assert await _post(client, payload(), "d-flaky") == 202
+    await wait_status(service, "d-flaky", "done")
+    assert calls == Counter({"steady": 1, "flaky": 3})
+    row = await service.store.get("d-flaky")
+    assert row is not None and row.attempts == 3
+    results = {r["handler"].rsplit(".", 1)[-1]: r for r in await service.store.handler_results(row.pk)}
+    assert results["steady"]["attempts"] == 1 and results["steady"]["status"] == "done"
+    assert results["flaky"]["attempts"] == 3 and results["flaky"]["status"] == "done"
+    text = service.metrics.render().decode()
+    assert "foreman_handler_errors_total" in text and 'flaky"} 2.0' in text
+
+
+async def test_a_delivery_that_keeps_failing_is_parked_then_replayed(tmp_path: Path, start: Started) -> None:
+    """Issue 2.4: failed deliveries retry with backoff, park as failed with the error, and can be replayed."""
+    calls: Counter[str] = Counter()
+    settings = make_settings(tmp_path, worker={"max_attempts": 3})
+    service, client = await start(settings, build_router(_flaky_router(calls, failures=3)))
+    await _post(client, payload(), "d-park")
+    await wait_status(service, "d-park", "failed")
+    row = await service.store.get("d-park")
+    assert row is not None and row.attempts == 3
+    assert row.last_error is not None and "flaky failure 3" in row.last_error
+    assert calls == Counter({"steady": 1, "flaky": 3})
+    replayed = await service.store.replay("d-park", requested_by="test")
+    assert replayed.status == "queued"
+    service.worker.wakeup.set()
+    await wait_status(service, "d-park", "done")
+    # The fourth call succeeds; the sibling that had finished is not run again.
+    assert calls == Counter({"steady": 1, "flaky": 4})
+
+
+async def test_racing_workers_process_each_delivery_exactly_once(tmp_path: Path, start: Started) -> None:
+    """Issue 2.4: several worker loops claim concurrently; conditional claims give each delivery one run."""
+    seen: Counter[str] = Counter()
+    router = routing.Router()
+
+    @router.register("issues")
+    async def record(event: sansio.Event, ctx: HandlerContext) -> None:
+        await asyncio.sleep(random.uniform(0, 0.01))
+        seen[event.delivery_id] += 1
+
+    service, client = await start(make_settings(tmp_path, worker={"concurrency": 4}), build_router(router))
+    ids = [f"race-{i}" for i in range(40)]
+    statuses = await asyncio.gather(*(_post(client, payload(number=i + 1), d) for i, d in enumerate(ids)))
+    assert set(statuses) == {202}
+    for delivery in ids:
+        await wait_status(service, delivery, "done")
+    assert seen == Counter({d: 1 for d in ids})
+
+
+def test_backoff_grows_exponentially_with_jitter_and_is_capped() -> None:
+    """Issue 2.4: retries back off exponentially, with jitter, never past the ceiling."""
+    rng = random.Random(7)
+    for attempt in range(1, 12):
+        ceiling = min(30.0, 1.0 * 2 ** (attempt - 1))
+        delays = [backoff_delay(attempt, base_s=1.0, max_s=30.0, rng=rng) for _ in range(200)]
+        assert all(0.5 <= d <= max(0.5, ceiling) for d in delays)
+        if ceiling >= 4:
+            assert max(delays) - min(delays) > ceiling / 4, "no jitter"
+    assert backoff_delay(50, base_s=1.0, max_s=30.0, rng=rng) <= 30.0
+
+
+def _seed_failed_delivery(db_path: Path) -> None:
+    async def seed() -> None:
+        db = await Database.open(db_path, synchronous="NORMAL")
+        store = DeliveryStore(db)
+        body = payload()
+        admitted = admit(webhook_headers(body, delivery="cli-1"), body, secrets=[SECRET.encode()], max_body_bytes=10**6)
+        assert not hasattr(admitted, "status")
+        await store.insert_batch([(admitted, False)])  # type: ignore[list-item]
+        claimed = await store.claim_next("w")
+        assert claimed is not None
+        await store.park_failed(claimed.pk, "w", error="RuntimeError: boom")
+        await db.close()
+
+    asyncio.run(seed())
+
+
+def test_cli_lists_failed_deliveries_and_replays_one(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 2.4: `foreman deliveries --status failed` shows parked deliveries; `foreman replay ID` requeues."""
+    settings = make_settings(tmp_path)
+    _seed_failed_delivery(settings.database.path)
+    monkeypatch.setenv("FOREMAN_DATABASE__PATH", str(settings.database.path))
+    monkeypatch.setenv("FOREMAN_WEBHOOK__SECRETS", json.dumps([SECRET]))
+    monkeypatch.setenv("FOREMAN_CONFIG", str(tmp_path / "absent.toml"))
+    assert main(["deliveries", "--status", "failed", "--json"]) == 0
+    [row] = json.loads(capsys.readouterr().out)
+    assert (row["delivery"], row["status"], row["last_error"]) == ("cli-1", "failed", "RuntimeError: boom")
+    assert main(["replay", "cli-1", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["status"] == "queued"
+    # Replaying a queued delivery is refused with a structured envelope and exit 1.
+    assert main(["replay", "cli-1"]) == 1
+    refusal = json.loads(capsys.readouterr().out)
+    assert refusal["error"] == "invalid_state" and refusal["exact_next_action"]
+    assert main(["deliveries", "--status", "failed", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == []
