@@ -360,11 +360,7 @@ def _fence_open(line: str) -> _Fence | None:
 
 def _closes(line: str, fence: _Fence) -> bool:
     body = line.lstrip(" ")
-    return (
-        len(line) - len(body) <= 3
-        and len(body) >= fence.length
-        and body == fence.char * len(body)
-    )
+    return len(line) - len(body) <= 3 and len(body) >= fence.length and body == fence.char * len(body)
 
 
 def _fence_end(lines: list[str], opener: int, fence: _Fence) -> int:
@@ -397,11 +393,7 @@ def _heading_kind(line: str) -> Literal["atx", "plain"] | None:
 def _parse_block(lines: list[str], heading: int) -> tuple[BlockResult, int]:
     """Parse the block whose heading is ``lines[heading]``; return it and the index to resume at."""
     i = heading + 1
-    if (
-        _heading_kind(lines[heading]) == "plain"
-        and i < len(lines)
-        and _SETEXT_UNDERLINE.fullmatch(lines[i])
-    ):
+    if _heading_kind(lines[heading]) == "plain" and i < len(lines) and _SETEXT_UNDERLINE.fullmatch(lines[i]):
         i += 1
     last = heading  # the last non-blank line that belongs to the block
     values: dict[str, tuple[str, int]] = {}
@@ -446,9 +438,7 @@ def _parse_block(lines: list[str], heading: int) -> tuple[BlockResult, int]:
                 if stop is not None
                 else "the block ended at the end of the comment"
             )
-            errors.append(
-                ParseError("missing_key", start_no, key, f"required key {key} is missing; {where}")
-            )
+            errors.append(ParseError("missing_key", start_no, key, f"required key {key} is missing; {where}"))
     errors.extend(_check_values(values))
     errors.sort(key=lambda error: error.line)
     resume = stop if stop is not None else i
@@ -555,8 +545,7 @@ def _check_values(values: Mapping[str, tuple[str, int]]) -> list[ParseError]:
                     "unknown_role",
                     line_no,
                     "WHO_IS_NEXT",
-                    f"WHO_IS_NEXT {value!r} is not one of {_allowed_roles()}"
-                    f"{_case_hint(value, _allowed_roles())}",
+                    f"WHO_IS_NEXT {value!r} is not one of {_allowed_roles()}{_case_hint(value, _allowed_roles())}",
                 )
             )
     if "RELATED_PRS" in values and values["RELATED_PRS"][0]:
@@ -577,10 +566,7 @@ def _parse_related_prs(value: str) -> tuple[int, ...] | str:
             continue
         match = _PR_ITEM.fullmatch(item)
         if match is None:
-            return (
-                f"RELATED_PRS item {item!r} is not a PR number; write `#12, #13` "
-                "(PRs of this repository) or `none`"
-            )
+            return f"RELATED_PRS item {item!r} is not a PR number; write `#12, #13` (PRs of this repository) or `none`"
         number = int(match.group(1))
         if not 0 < number <= _MAX_PR_NUMBER:
             return f"RELATED_PRS item {item!r} is not a valid PR number"
