@@ -78,10 +78,12 @@ class Database:
             await self._conn.execute("BEGIN IMMEDIATE")
             try:
                 yield self._conn
+                await self._conn.execute("COMMIT")
             except BaseException:
-                await self._conn.execute("ROLLBACK")
+                # Also when COMMIT itself failed or was cancelled: never leave the write lock held.
+                if self._conn.in_transaction:
+                    await asyncio.shield(self._conn.execute("ROLLBACK"))
                 raise
-            await self._conn.execute("COMMIT")
 
     @property
     def reader(self) -> aiosqlite.Connection:

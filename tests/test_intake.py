@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -200,7 +201,6 @@ async def test_same_body_under_a_new_delivery_id_is_a_duplicate(start: Started) 
 
 async def test_concurrent_identical_deliveries_store_exactly_one(start: Started) -> None:
     """Issue 2.3: racing copies of one delivery (Gitea sends concurrently) end with one row, one 202."""
-    import asyncio
 
     service, client = await start()
     body = payload()
@@ -278,13 +278,17 @@ async def test_readyz_is_503_when_the_database_cannot_be_written(tmp_path: Path,
 
     settings = make_settings(tmp_path, database={"busy_timeout_ms": 50})
     _, client = await start(settings)
-    blocker = sqlite3.connect(settings.database.path, isolation_level=None)
+    # The blocker runs in a thread: a blocking sqlite call on the event loop would stall the service's
+    # own open transaction and deadlock the test.
+    blocker = sqlite3.connect(settings.database.path, isolation_level=None, timeout=10, check_same_thread=False)
     try:
-        blocker.execute("BEGIN EXCLUSIVE")
+        await asyncio.to_thread(blocker.execute, "BEGIN EXCLUSIVE")
+        assert blocker.in_transaction
         resp = await client.get("/readyz")
         doc = await resp.json()
         assert resp.status == 503 and doc["checks"]["database"]["ok"] is False
     finally:
-        blocker.execute("ROLLBACK")
+        if blocker.in_transaction:
+            await asyncio.to_thread(blocker.execute, "ROLLBACK")
         blocker.close()
     assert (await client.get("/readyz")).status == 200

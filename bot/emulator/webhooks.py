@@ -303,7 +303,7 @@ class WebhookSender:
             delivery.started_at = time.monotonic()
             try:
                 async with self._session.post(delivery.url, data=delivery.body, headers=delivery.headers) as resp:
-                    delivery.response_body = (await resp.content.read(1 << 20))
+                    delivery.response_body = await resp.content.read(1 << 20)
                     delivery.status = resp.status
             except (aiohttp.ClientError, TimeoutError, OSError) as exc:
                 delivery.error = f"{type(exc).__name__}: {exc}"

@@ -1,0 +1,341 @@
+"""Render emulator records as Gitea v1.26.3 API JSON (services/convert), key order as in modules/structs."""
+
+from __future__ import annotations
+
+import hashlib
+import urllib.parse
+from datetime import datetime, tzinfo
+from typing import TYPE_CHECKING, Any, Final
+
+from bot.emulator.gitrepo import CommitInfo
+from bot.emulator.model import PERM_LEVEL, EmuComment, EmuHook, EmuIssue, EmuLabel, EmuRepo, EmuUser
+
+if TYPE_CHECKING:
+    from bot.emulator.core import Emulator
+
+JSON = dict[str, Any]
+ZERO_TIME: Final = "0001-01-01T00:00:00Z"
+
+
+def rfc3339(moment: datetime) -> str:
+    """Go's ``time.Time`` JSON form for whole seconds: RFC 3339 with the zone offset, ``Z`` for UTC."""
+    text = moment.replace(microsecond=0).isoformat()
+    return text[:-6] + "Z" if text.endswith("+00:00") else text
+
+
+def unix_time(ts: int, tz: tzinfo) -> str:
+    """A Gitea ``TimeStamp`` (unix seconds) as the API shows it, in the server's zone."""
+    return rfc3339(datetime.fromtimestamp(ts, tz))
+
+
+def _opt_time(ts: int | None, tz: tzinfo) -> str | None:
+    return None if ts is None else unix_time(ts, tz)
+
+
+def user_json(emu: Emulator, user: EmuUser, viewer: EmuUser | None, *, signed: bool | None = None) -> JSON:
+    """``convert.ToUser``: e-mail only for signed-in viewers, private fields only for the user or an admin."""
+    is_signed = viewer is not None if signed is None else signed
+    authed = viewer is not None and (viewer.admin or viewer.id == user.id)
+    host = urllib.parse.urlsplit(emu.app_url).hostname or "localhost"
+    return {
+        "id": user.id,
+        "login": user.login,
+        "login_name": "",
+        "source_id": 0,
+        "full_name": user.full_name,
+        "email": user.email if is_signed else f"{user.login.lower()}@noreply.{host}",
+        "avatar_url": f"{emu.app_url}avatars/{hashlib.md5(user.email.encode()).hexdigest()}",  # noqa: S324
+        "html_url": f"{emu.app_url}{user.login}",
+        "language": "en-US" if authed else "",
+        "is_admin": user.admin if authed else False,
+        "last_login": unix_time(user.created, emu.tz) if authed else ZERO_TIME,
+        "created": unix_time(user.created, emu.tz),
+        "restricted": False,
+        "active": authed,
+        "prohibit_login": False,
+        "location": "",
+        "website": "",
+        "description": "",
+        "visibility": "public",
+        "followers_count": 0,
+        "following_count": 0,
+        "starred_repos_count": 0,
+        "username": user.login,
+    }
+
+
+def label_json(emu: Emulator, label: EmuLabel) -> JSON:
+    """``convert.ToLabel``: colour without ``#``."""
+    repo = emu.repo_by_id(label.repo_id)
+    return {
+        "id": label.id,
+        "name": label.name,
+        "exclusive": label.exclusive,
+        "is_archived": label.is_archived,
+        "color": label.color.lstrip("#"),
+        "description": label.description,
+        "url": f"{emu.app_url}api/v1/repos/{repo.full_name}/labels/{label.id}",
+    }
+
+
+def issue_labels(emu: Emulator, issue: EmuIssue) -> list[EmuLabel]:
+    """The issue's labels as Gitea loads them: ordered by name."""
+    labels = [issue.repo.labels[i] for i in issue.label_ids if i in issue.repo.labels]
+    return sorted(labels, key=lambda label: (label.name, label.id))
+
+
+def issue_html_url(emu: Emulator, issue: EmuIssue) -> str:
+    """Web URL of an issue or pull request."""
+    kind = "pulls" if issue.is_pull else "issues"
+    return f"{emu.app_url}{issue.repo.full_name}/{kind}/{issue.number}"
+
+
+def issue_json(emu: Emulator, issue: EmuIssue, viewer: EmuUser | None) -> JSON:
+    """``convert.ToAPIIssue``; ``pull_request`` is non-null exactly for pull requests."""
+    tz = emu.tz
+    html_url = issue_html_url(emu, issue)
+    assignees = [user_json(emu, u, None) for u in issue.assignees]
+    return {
+        "id": issue.id,
+        "url": f"{emu.app_url}api/v1/repos/{issue.repo.full_name}/issues/{issue.number}",
+        "html_url": html_url,
+        "number": issue.number,
+        "user": user_json(emu, issue.poster, viewer),
+        "original_author": "",
+        "original_author_id": 0,
+        "title": issue.title,
+        "body": issue.body,
+        "ref": "",
+        "assets": [],
+        "labels": [label_json(emu, label) for label in issue_labels(emu, issue)],
+        "milestone": None,
+        "assignee": assignees[0] if assignees else None,
+        "assignees": assignees or None,
+        "state": issue.state,
+        "is_locked": issue.is_locked,
+        "comments": len(issue.comments),
+        "created_at": unix_time(issue.created, tz),
+        "updated_at": unix_time(issue.updated, tz),
+        "closed_at": _opt_time(issue.closed, tz),
+        "due_date": None,
+        "time_estimate": 0,
+        "pull_request": (
+            {"merged": False, "merged_at": None, "draft": False, "html_url": html_url} if issue.is_pull else None
+        ),
+        "repository": {
+            "id": issue.repo.id,
+            "name": issue.repo.name,
+            "owner": issue.repo.owner.login,
+            "full_name": issue.repo.full_name,
+        },
+        "pin_order": 0,
+        "content_version": issue.content_version,
+    }
+
+
+def comment_json(emu: Emulator, comment: EmuComment) -> JSON:
+    """``convert.ToAPIComment``: on a PR ``issue_url`` is empty and ``pull_request_url`` set, else the reverse."""
+    issue = comment.issue
+    html_url = issue_html_url(emu, issue)
+    return {
+        "id": comment.id,
+        "html_url": f"{html_url}#issuecomment-{comment.id}",
+        "pull_request_url": html_url if issue.is_pull else "",
+        "issue_url": "" if issue.is_pull else html_url,
+        "user": user_json(emu, comment.poster, None),
+        "original_author": "",
+        "original_author_id": 0,
+        "body": comment.body,
+        "assets": [],
+        "created_at": unix_time(comment.created, emu.tz),
+        "updated_at": unix_time(comment.updated, emu.tz),
+    }
+
+
+def repo_json(emu: Emulator, repo: EmuRepo, perm: str) -> JSON:
+    """``convert.ToRepo`` seen with access ``perm``; ``clone_url`` is the ``file://`` URL of the bare repo."""
+    level = PERM_LEVEL[perm]
+    base = f"{emu.app_url}{repo.full_name}"
+    host = urllib.parse.urlsplit(emu.app_url).hostname or "localhost"
+    open_issues = sum(1 for i in repo.issues.values() if not i.is_pull and i.closed is None)
+    open_pulls = sum(1 for i in repo.issues.values() if i.is_pull and i.closed is None)
+    return {
+        "id": repo.id,
+        "owner": user_json(emu, repo.owner, None, signed=level > 0),
+        "name": repo.name,
+        "full_name": repo.full_name,
+        "description": repo.description,
+        "empty": False,
+        "private": repo.private,
+        "fork": False,
+        "template": False,
+        "mirror": False,
+        "size": 1,
+        "language": "",
+        "languages_url": f"{emu.app_url}api/v1/repos/{repo.full_name}/languages",
+        "html_url": base,
+        "url": f"{emu.app_url}api/v1/repos/{repo.full_name}",
+        "link": "",
+        "ssh_url": f"git@{host}:{repo.full_name}.git",
+        "clone_url": repo.path.resolve().as_uri(),
+        "original_url": "",
+        "website": "",
+        "stars_count": 0,
+        "forks_count": 0,
+        "watchers_count": 1,
+        "open_issues_count": open_issues,
+        "open_pr_counter": open_pulls,
+        "release_counter": 0,
+        "default_branch": repo.default_branch,
+        "archived": False,
+        "created_at": unix_time(repo.created, emu.tz),
+        "updated_at": unix_time(repo.updated, emu.tz),
+        "archived_at": "1970-01-01T00:00:00Z",
+        "permissions": {"admin": level >= PERM_LEVEL["admin"], "push": level >= 2, "pull": level >= 1},
+        "has_issues": True,
+        "has_code": True,
+        "internal_tracker": {
+            "enable_time_tracker": True,
+            "allow_only_contributors_to_track_time": True,
+            "enable_issue_dependencies": True,
+        },
+        "has_wiki": True,
+        "has_pull_requests": True,
+        "has_projects": True,
+        "projects_mode": "all",
+        "has_releases": True,
+        "has_packages": True,
+        "has_actions": True,
+        "ignore_whitespace_conflicts": False,
+        "allow_merge_commits": True,
+        "allow_rebase": True,
+        "allow_rebase_explicit": True,
+        "allow_squash_merge": True,
+        "allow_fast_forward_only_merge": True,
+        "allow_rebase_update": True,
+        "allow_manual_merge": False,
+        "autodetect_manual_merge": False,
+        "default_delete_branch_after_merge": False,
+        "default_merge_style": "merge",
+        "default_allow_maintainer_edit": False,
+        "default_target_branch": repo.default_branch,
+        "avatar_url": "",
+        "internal": False,
+        "mirror_interval": "",
+        "object_format_name": "sha1",
+        "mirror_updated": ZERO_TIME,
+        "topics": [],
+        "licenses": [],
+        "branch_count": 1,
+    }
+
+
+def _branch_info(emu: Emulator, repo: EmuRepo, name: str) -> JSON:
+    return {
+        "label": name,
+        "ref": name,
+        "sha": "",
+        "repo_id": repo.id,
+        "repo": repo_json(emu, repo, "none"),
+    }
+
+
+def pull_json(emu: Emulator, issue: EmuIssue, viewer: EmuUser | None) -> JSON:
+    """``convert.ToAPIPullRequest`` for an emulated (never merged) pull request."""
+    tz = emu.tz
+    html_url = issue_html_url(emu, issue)
+    assignees = [user_json(emu, u, None) for u in issue.assignees]
+    return {
+        "id": issue.id,
+        "url": html_url,
+        "number": issue.number,
+        "user": user_json(emu, issue.poster, viewer),
+        "title": issue.title,
+        "body": issue.body,
+        "labels": [label_json(emu, label) for label in issue_labels(emu, issue)],
+        "milestone": None,
+        "assignee": assignees[0] if assignees else None,
+        "assignees": assignees or None,
+        "requested_reviewers": None,
+        "requested_reviewers_teams": None,
+        "state": issue.state,
+        "draft": False,
+        "is_locked": issue.is_locked,
+        "comments": len(issue.comments),
+        "review_comments": 0,
+        "additions": 0,
+        "deletions": 0,
+        "changed_files": 0,
+        "html_url": html_url,
+        "diff_url": f"{html_url}.diff",
+        "patch_url": f"{html_url}.patch",
+        "mergeable": True,
+        "merged": False,
+        "merged_at": None,
+        "merge_commit_sha": None,
+        "merged_by": None,
+        "allow_maintainer_edit": False,
+        "base": _branch_info(emu, issue.repo, issue.base_branch),
+        "head": _branch_info(emu, issue.repo, issue.head_branch),
+        "merge_base": "",
+        "due_date": None,
+        "created_at": unix_time(issue.created, tz),
+        "updated_at": unix_time(issue.updated, tz),
+        "closed_at": _opt_time(issue.closed, tz),
+        "pin_order": 0,
+        "content_version": issue.content_version,
+    }
+
+
+def branch_json(emu: Emulator, repo: EmuRepo, name: str, head: CommitInfo, perm: str) -> JSON:
+    """``convert.ToBranch`` for an unprotected branch."""
+    can_push = PERM_LEVEL[perm] >= PERM_LEVEL["write"]
+
+    def payload_user(user_name: str, email: str) -> JSON:
+        known = emu.user_by_email(email)
+        return {"name": user_name, "email": email, "username": known.login if known else ""}
+
+    return {
+        "name": name,
+        "commit": {
+            "id": head.sha,
+            "message": head.message,
+            "url": f"{emu.app_url}{repo.full_name}/commit/{head.sha}",
+            "author": payload_user(head.author_name, head.author_email),
+            "committer": payload_user(head.committer_name, head.committer_email),
+            "verification": {
+                "verified": False,
+                "reason": "gpg.error.not_signed_commit",
+                "signature": "",
+                "signer": None,
+                "payload": "",
+            },
+            "timestamp": rfc3339(head.committed_at),
+            "added": None,
+            "removed": None,
+            "modified": None,
+        },
+        "protected": False,
+        "required_approvals": 0,
+        "enable_status_check": False,
+        "status_check_contexts": [],
+        "user_can_push": can_push,
+        "user_can_merge": can_push,
+        "effective_branch_protection_name": "",
+    }
+
+
+def hook_json(emu: Emulator, hook: EmuHook) -> JSON:
+    """``convert.ToHook``: the secret is never shown."""
+    return {
+        "id": hook.id,
+        "type": hook.type,
+        "name": hook.name,
+        "branch_filter": hook.branch_filter,
+        "config": {"content_type": hook.content_type, "url": hook.url, "http_method": "post"},
+        "events": sorted(hook.events),
+        "authorization_header": "",
+        "active": hook.active,
+        "updated_at": unix_time(hook.updated, emu.tz),
+        "created_at": unix_time(hook.created, emu.tz),
+    }
