@@ -120,7 +120,7 @@ class Service:
             self.http = aiohttp.ClientSession()
             self.gitea = GiteaClient(
                 self.http,
-                base_url=f"{self.settings.gitea.url}/api/v1",
+                base_url=self.settings.gitea.url,
                 token=token,
                 owner=self.settings.repository.owner,
                 repo=self.settings.repository.name,

@@ -128,7 +128,7 @@ async def _check_gitea(settings: Settings) -> dict[str, Any]:
     async with aiohttp.ClientSession() as session:
         client = GiteaClient(
             session,
-            base_url=f"{settings.gitea.url}/api/v1",
+            base_url=settings.gitea.url,
             token=token,
             owner=settings.repository.owner,
             repo=settings.repository.name,

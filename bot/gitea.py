@@ -332,7 +332,10 @@ class _RetryingAPI(gidgethub.aiohttp.GitHubAPI):
         self, method: str, url: str, headers: Mapping[str, str], body: bytes = b""
     ) -> tuple[int, Mapping[str, str], bytes]:
         path = urllib.parse.urlsplit(url).path
-        for attempt in range(1, self._max_attempts + 1):
+        # A POST is not idempotent (a comment would be posted twice when only its answer was lost), so it
+        # gets one attempt; the outbox retries it after looking for its marker.
+        attempts = 1 if method.upper() == "POST" else self._max_attempts
+        for attempt in range(1, attempts + 1):
             try:
                 async with asyncio.timeout(self._timeout_s):
                     async with self._session.request(method, url, headers=headers, data=body) as response:
@@ -340,16 +343,16 @@ class _RetryingAPI(gidgethub.aiohttp.GitHubAPI):
                         payload = await response.read()
             except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, TimeoutError) as exc:
                 problem = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-                if attempt == self._max_attempts:
+                if attempt == attempts:
                     raise GiteaUnavailable(
                         f"no answer after {attempt} attempts ({problem})", method=method, path=path
                     ) from exc
-                log.warning("gitea %s %s attempt %d/%d failed: %s", method, path, attempt, self._max_attempts, problem)
+                log.warning("gitea %s %s attempt %d/%d failed: %s", method, path, attempt, attempts, problem)
             else:
                 _LAST_HEADERS.set(response_headers)
-                if status < 500 or attempt == self._max_attempts:
+                if status < 500 or attempt == attempts:
                     return status, response_headers, payload
-                log.warning("gitea %s %s attempt %d/%d answered %d", method, path, attempt, self._max_attempts, status)
+                log.warning("gitea %s %s attempt %d/%d answered %d", method, path, attempt, attempts, status)
             await self.sleep(self.backoff(attempt))
         raise AssertionError("unreachable")  # pragma: no cover
 
@@ -378,8 +381,8 @@ class GiteaClient:
 
     ``base_url`` is the Gitea root without ``/api/v1``. Every call is bounded by ``timeout_s`` per attempt
     and retried up to ``max_attempts`` times on 5xx, timeouts and connection errors, with exponential
-    backoff and jitter from ``backoff_base_s``. Retried writes can be applied twice when an answer was
-    lost after Gitea stored the change: callers that must not duplicate mark their writes (outbox).
+    backoff and jitter from ``backoff_base_s``. POSTs are never retried here: when an answer was lost
+    after Gitea stored the change, a retry would apply it twice; the outbox retries them with markers.
     Failures raise a ``GiteaError`` subclass grouped by meaning.
     """
 
