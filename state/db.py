@@ -30,10 +30,12 @@ def from_db_time(text: str) -> datetime:
 class Database:
     """An opened SQLite database. All writes go through ``transaction()``, one at a time."""
 
-    def __init__(self, conn: aiosqlite.Connection, path: Path) -> None:
+    def __init__(self, conn: aiosqlite.Connection, path: Path, *, synchronous: str = "FULL") -> None:
         self._conn = conn
         self.path = path
         self._write_lock = asyncio.Lock()
+        self._synchronous = synchronous
+        self._current_sync = synchronous
 
     @classmethod
     async def open(cls, path: Path, *, synchronous: str = "FULL", busy_timeout_ms: int = 5000) -> Database:
@@ -46,7 +48,7 @@ class Database:
         await conn.execute(f"PRAGMA synchronous={synchronous}")
         await conn.execute(f"PRAGMA busy_timeout={int(busy_timeout_ms)}")
         await conn.execute("PRAGMA foreign_keys=ON")
-        db = cls(conn, path)
+        db = cls(conn, path, synchronous=synchronous)
         await db._migrate()
         return db
 
@@ -72,9 +74,18 @@ class Database:
                 )
 
     @asynccontextmanager
-    async def transaction(self) -> AsyncIterator[aiosqlite.Connection]:
-        """BEGIN IMMEDIATE ... COMMIT, or ROLLBACK on any exception (including cancellation)."""
+    async def transaction(self, *, durable: bool = True) -> AsyncIterator[aiosqlite.Connection]:
+        """BEGIN IMMEDIATE ... COMMIT, or ROLLBACK on any exception (including cancellation).
+
+        ``durable=False`` commits with synchronous=NORMAL: it survives a process crash but may be lost on
+        power loss. Only bookkeeping whose loss means "do it again" (worker claims, handler results) uses
+        it; an acknowledged delivery is always committed with the configured (default FULL) setting.
+        """
         async with self._write_lock:
+            wanted = self._synchronous if durable else "NORMAL"
+            if wanted != self._current_sync:
+                await self._conn.execute(f"PRAGMA synchronous={wanted}")
+                self._current_sync = wanted
             await self._conn.execute("BEGIN IMMEDIATE")
             try:
                 yield self._conn

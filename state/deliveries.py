@@ -96,64 +96,66 @@ class DeliveryStore:
         A delivery whose id or raw-body hash is already stored is a duplicate and changes nothing.
         """
         received = to_db_time(now or utcnow())
-        results: list[InsertResult] = []
+        if not batch:
+            return []
+        params: list[Any] = []
+        for delivery, is_self in batch:
+            params += (
+                delivery.delivery_id,
+                delivery.body_sha256,
+                delivery.event,
+                delivery.event_type,
+                delivery.action,
+                delivery.sender_login,
+                json.dumps(delivery.headers, sort_keys=True),
+                delivery.body,
+                received,
+                "ignored_self" if is_self else "queued",
+                received if is_self else None,
+            )
+        values = ", ".join(["(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"] * len(batch))
+        # One statement for the whole batch: two trips to aiosqlite's thread instead of two per row.
+        # Rows skipped by ON CONFLICT are not RETURNed; VALUES rows are inserted in order, so within
+        # a batch the first of two equal ids or bodies wins, as with one INSERT per row.
         async with self._db.transaction() as conn:
-            for delivery, is_self in batch:
-                status: InsertOutcome = "ignored_self" if is_self else "queued"
-                cursor = await conn.execute(
-                    "INSERT INTO deliveries (delivery_id, body_sha256, event, event_type, action, sender_login,"
-                    " headers_json, body, received_at, status, finished_at)"
-                    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
-                    (
-                        delivery.delivery_id,
-                        delivery.body_sha256,
-                        delivery.event,
-                        delivery.event_type,
-                        delivery.action,
-                        delivery.sender_login,
-                        json.dumps(delivery.headers, sort_keys=True),
-                        delivery.body,
-                        received,
-                        status,
-                        received if is_self else None,
-                    ),
-                )
-                if cursor.rowcount == 1:
-                    results.append(InsertResult(status, cursor.lastrowid))
-                else:
-                    results.append(InsertResult("duplicate", None))
-                await cursor.close()
+            async with conn.execute(
+                "INSERT INTO deliveries (delivery_id, body_sha256, event, event_type, action, sender_login,"  # noqa: S608
+                f" headers_json, body, received_at, status, finished_at) VALUES {values}"
+                " ON CONFLICT DO NOTHING RETURNING id, delivery_id",
+                params,
+            ) as cursor:
+                inserted = {row[1]: row[0] for row in await cursor.fetchall()}
+        results: list[InsertResult] = []
+        for delivery, is_self in batch:
+            pk = inserted.pop(delivery.delivery_id, None)
+            if pk is None:
+                results.append(InsertResult("duplicate", None))
+            else:
+                results.append(InsertResult("ignored_self" if is_self else "queued", pk))
         return results
 
     async def claim_next(self, worker_id: str, *, now: datetime | None = None) -> StoredDelivery | None:
-        """Take the oldest due queued delivery for this worker (conditional update: one winner)."""
+        """Take the oldest due queued delivery for this worker (one conditional UPDATE: one winner)."""
         moment = to_db_time(now or utcnow())
-        while True:
-            async with self._db.reader.execute(
-                "SELECT id, version FROM deliveries WHERE status = 'queued'"
-                " AND (next_attempt_at IS NULL OR next_attempt_at <= ?) ORDER BY id LIMIT 1",
-                (moment,),
+        due = (
+            "SELECT id FROM deliveries WHERE status = 'queued'"
+            " AND (next_attempt_at IS NULL OR next_attempt_at <= ?) ORDER BY id LIMIT 1"
+        )
+        async with self._db.reader.execute(due, (moment,)) as cur:
+            if await cur.fetchone() is None:
+                return None  # idle: no write lock taken
+        async with self._db.transaction(durable=False) as conn:
+            async with conn.execute(
+                "UPDATE deliveries SET status = 'processing', claimed_by = ?, heartbeat_at = ?,"  # noqa: S608
+                " attempts = attempts + 1, version = version + 1"
+                f" WHERE id = ({due}) AND status = 'queued' RETURNING {_COLUMNS}",
+                (worker_id, moment, moment),
             ) as cur:
-                found = await cur.fetchone()
-            if found is None:
-                return None
-            async with self._db.transaction() as conn:
-                cursor = await conn.execute(
-                    "UPDATE deliveries SET status = 'processing', claimed_by = ?, heartbeat_at = ?,"
-                    " attempts = attempts + 1, version = version + 1"
-                    " WHERE id = ? AND version = ? AND status = 'queued'",
-                    (worker_id, moment, found["id"], found["version"]),
-                )
-                won = cursor.rowcount == 1
-                await cursor.close()
-            if won:
-                claimed = await self.get(found["id"])
-                assert claimed is not None
-                return claimed
-            # Someone else took it between the read and the write: look again.
+                row = await cur.fetchone()
+        return _row(row) if row is not None else None
 
     async def heartbeat(self, pk: int, worker_id: str) -> bool:
-        async with self._db.transaction() as conn:
+        async with self._db.transaction(durable=False) as conn:
             cursor = await conn.execute(
                 "UPDATE deliveries SET heartbeat_at = ? WHERE id = ? AND claimed_by = ? AND status = 'processing'",
                 (to_db_time(utcnow()), pk, worker_id),
@@ -164,7 +166,7 @@ class DeliveryStore:
         """Give back deliveries whose claim stopped heartbeating (their process died): they run again."""
         moment = now or utcnow()
         cutoff = to_db_time(moment - timedelta(seconds=ttl_s))
-        async with self._db.transaction() as conn:
+        async with self._db.transaction(durable=False) as conn:
             cursor = await conn.execute(
                 "UPDATE deliveries SET status = 'queued', claimed_by = NULL, heartbeat_at = NULL,"
                 " version = version + 1, last_error = COALESCE(last_error, 'claim expired: worker died')"
@@ -181,7 +183,7 @@ class DeliveryStore:
 
     async def record_handler(self, pk: int, handler: str, *, error: str | None) -> None:
         status = "error" if error else "done"
-        async with self._db.transaction() as conn:
+        async with self._db.transaction(durable=False) as conn:
             await conn.execute(
                 "INSERT INTO delivery_handlers (delivery_pk, handler, status, attempts, last_error, updated_at)"
                 " VALUES (?, ?, ?, 1, ?, ?)"
@@ -200,7 +202,7 @@ class DeliveryStore:
             return [dict(row) for row in await cur.fetchall()]
 
     async def _settle(self, pk: int, worker_id: str, assignments: str, params: tuple[Any, ...]) -> bool:
-        async with self._db.transaction() as conn:
+        async with self._db.transaction(durable=False) as conn:
             cursor = await conn.execute(
                 f"UPDATE deliveries SET {assignments}, claimed_by = NULL, heartbeat_at = NULL,"  # noqa: S608
                 " version = version + 1 WHERE id = ? AND claimed_by = ? AND status = 'processing'",

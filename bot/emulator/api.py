@@ -723,6 +723,12 @@ async def _middleware(
                 await asyncio.sleep(rule.delay_s)
     record.status = response.status
     record.response_json = _response_json(response)
+    if action is not None and action.kind == "alter_stored":
+        record.fault = "alter_stored"
+        written = record.response_json if isinstance(record.response_json, dict) else {}
+        stored = emu.comment(int(written["id"])) if "id" in written else None
+        if stored is not None:
+            stored.body = stored.body + action.suffix
     record.response_headers = dict(response.headers)
     if action is not None and action.kind == "drop_after_store":
         record.fault = "drop_after_store"

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-FaultKind = Literal["status", "drop_after_store", "delay"]
+FaultKind = Literal["status", "drop_after_store", "delay", "alter_stored"]
 API_PREFIX = "/api/v1"
 
 
@@ -30,6 +30,7 @@ class FaultRule:
     message: str = "injected fault"
     delay_s: float = 0.0
     after_store: bool = False
+    suffix: str = ""
     hits: int = 0
 
     def matches(self, method: str, route: str | None) -> bool:
@@ -56,6 +57,9 @@ class Faults:
     - ``drop_after_store``: the next ``times`` matching requests are fully performed (state changed,
       webhooks queued), then the connection is aborted so the client never sees the answer.
     - ``delay``: matching requests wait ``seconds`` before (or, with ``after_store``, after) the work.
+    - ``alter_stored``: the next ``times`` matching comment writes succeed and answer as usual, but the
+      stored body then gains ``suffix`` (a concurrent edit, or a server that rewrote it): read-after-write
+      must catch the difference.
     """
 
     rules: list[FaultRule] = field(default_factory=list)
@@ -76,6 +80,12 @@ class Faults:
         """Add ``seconds`` of latency to matching requests (forever unless ``times`` is given)."""
         rule = FaultRule(method.upper(), _normalise_route(route), "delay", times, delay_s=seconds)
         rule.after_store = after_store
+        return self._add(rule)
+
+    def alter_stored(self, method: str, route: str, *, suffix: str = " (altered)", times: int = 1) -> FaultRule:
+        """Perform the next ``times`` matching comment writes, then change the stored body behind the answer."""
+        rule = FaultRule(method.upper(), _normalise_route(route), "alter_stored", times)
+        rule.suffix = suffix
         return self._add(rule)
 
     def clear(self) -> None:
