@@ -19,9 +19,11 @@ from bot.metrics import Metrics
 from bot.worker import Worker
 from state.db import Database
 from state.deliveries import DeliveryStore, InsertResult
+from state.outbox import OutboxStore
 
 if TYPE_CHECKING:
     from bot.gitea import GiteaClient
+    from bot.outbox import OutboxSender
 
 log = logging.getLogger("foreman.app")
 
@@ -102,6 +104,8 @@ class Service:
 
     def __post_init__(self) -> None:
         self.store = DeliveryStore(self.db)
+        self.outbox = OutboxStore(self.db)
+        self.outbox_sender: OutboxSender | None = None
         self.writer = GroupCommitWriter(self.store)
         self.bot_login: str | None = self.settings.gitea.bot_login
         self.worker = Worker(
@@ -110,12 +114,18 @@ class Service:
         self._probe_task: asyncio.Task[None] | None = None
 
     def _deps(self) -> dict[str, Any]:
-        return {"settings": self.settings, "db": self.db, "service": self, **self.extra_deps}
+        return {"settings": self.settings, "db": self.db, "service": self, "outbox": self.outbox, **self.extra_deps}
+
+    def outbox_wakeup(self) -> None:
+        """Tell the sender that new outbox entries were committed (it also polls)."""
+        if self.outbox_sender is not None:
+            self.outbox_sender.wakeup.set()
 
     async def start(self) -> None:
         token = self.settings.gitea_token()
         if token:
             from bot.gitea import GiteaClient
+            from bot.outbox import OutboxSender
 
             self.http = aiohttp.ClientSession()
             self.gitea = GiteaClient(
@@ -127,6 +137,8 @@ class Service:
                 timeout_s=self.settings.gitea.timeout_s,
             )
             self.worker.deps["gitea"] = self.gitea
+            self.outbox_sender = OutboxSender(self.outbox, self.gitea, self.settings.outbox, self.metrics)
+            self.outbox_sender.start()
             self._probe_task = asyncio.create_task(self._probe_loop(), name="gitea-probe")
         else:
             self.gitea_status = GiteaStatus(False, "no gitea.token configured: Gitea API calls are off")
@@ -137,6 +149,8 @@ class Service:
     async def stop(self) -> None:
         await self.worker.stop(self.settings.server.shutdown_grace_s)
         await self.writer.stop()
+        if self.outbox_sender is not None:
+            await self.outbox_sender.stop()
         if self._probe_task is not None:
             self._probe_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -240,6 +254,10 @@ class Service:
         worker_ok = self.worker.alive() and self.writer.alive()
         ready = ready and worker_ok
         checks["worker"] = {"ok": worker_ok}
+        checks["outbox"] = {
+            "sender": "running" if self.outbox_sender and self.outbox_sender.alive() else "off (no Gitea token)",
+            **await self.outbox.counts(),
+        }
         status = self.gitea_status
         checks["gitea"] = {"ok": bool(status.reachable), "detail": status.detail, "login": status.login}
         return web.json_response({"ready": ready, "checks": checks}, status=200 if ready else 503)
@@ -247,6 +265,8 @@ class Service:
     async def handle_metrics(self, request: web.Request) -> web.Response:
         for name, count in (await self.store.counts()).items():
             self.metrics.inbox_depth.labels(name).set(count)
+        for name, count in (await self.outbox.counts()).items():
+            self.metrics.outbox_depth.labels(name).set(count)
         return web.Response(body=self.metrics.render(), content_type="text/plain", charset="utf-8")
 
     def make_app(self) -> web.Application:

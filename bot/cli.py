@@ -1,4 +1,4 @@
-"""The `foreman` command line: serve, check-config, deliveries, replay, state parse."""
+"""The `foreman` command line: serve, check-config, deliveries, replay, outbox, state parse."""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ from bot import logs
 from bot.config import ConfigError, Settings, ensure_webhook_secret, load_settings
 from state.db import Database
 from state.deliveries import STATUSES, DeliveryStore
+from state.outbox import OUTBOX_STATUSES
 
 log = logging.getLogger("foreman.cli")
 
@@ -72,12 +73,16 @@ async def serve(settings: Settings, router: routing.Router | None = None) -> int
 
 
 # --- inbox inspection ----------------------------------------------------------------------------------
-async def _with_store(settings: Settings, work: Callable[[DeliveryStore], Awaitable[int]]) -> int:
+async def _with_db(settings: Settings, work: Callable[[Database], Awaitable[int]]) -> int:
     db = await Database.open(settings.database.path, busy_timeout_ms=settings.database.busy_timeout_ms)
     try:
-        return await work(DeliveryStore(db))
+        return await work(db)
     finally:
         await db.close()
+
+
+async def _with_store(settings: Settings, work: Callable[[DeliveryStore], Awaitable[int]]) -> int:
+    return await _with_db(settings, lambda db: work(DeliveryStore(db)))
 
 
 def _cmd_deliveries(settings: Settings, args: argparse.Namespace) -> int:
@@ -114,6 +119,39 @@ def _cmd_replay(settings: Settings, args: argparse.Namespace) -> int:
         return EXIT_OK
 
     return asyncio.run(_with_store(settings, work))
+
+
+def _cmd_outbox(settings: Settings, args: argparse.Namespace) -> int:
+    from state.outbox import OutboxStore
+
+    async def work(db: Database) -> int:
+        store = OutboxStore(db)
+        if args.outbox_command == "retry":
+            try:
+                entry = await store.retry(args.id)
+            except (LookupError, ValueError) as exc:
+                _emit(
+                    {
+                        "error": "invalid_state" if isinstance(exc, ValueError) else "not_found",
+                        "message": str(exc),
+                        "remediate": "list parked entries with `foreman outbox --status parked` and pick one",
+                        "exact_next_action": "run foreman outbox --status parked",
+                    },
+                    as_json=True,
+                )
+                return EXIT_REFUSED
+            _emit(entry.summary(), as_json=args.json, text=f"outbox entry {entry.id} ({entry.key}) queued again")
+            return EXIT_OK
+        entries = [e.summary() for e in await store.list(status=args.status, limit=args.limit)]
+        lines = [
+            f"{e['id']:>6} {e['status']:<19} #{e['issue']} {e['kind']:<12} {e['key']} attempts={e['attempts']}"
+            + (f" error={e['last_error']}" if e["last_error"] else "")
+            for e in entries
+        ]
+        _emit(entries, as_json=args.json, text="\n".join(lines) if lines else "(no outbox entries)")
+        return EXIT_OK
+
+    return asyncio.run(_with_db(settings, work))
 
 
 # --- check-config --------------------------------------------------------------------------------------
@@ -199,6 +237,14 @@ def build_parser() -> argparse.ArgumentParser:
     replay.add_argument("id", help="row id or Gitea delivery id")
     replay.add_argument("--force", action="store_true", help="also replay done or ignored deliveries")
     replay.add_argument("--json", action="store_true")
+    outbox = add("outbox", "list intended Gitea mutations, or retry a parked one")
+    outbox.add_argument("--status", choices=OUTBOX_STATUSES)
+    outbox.add_argument("--limit", type=int, default=50)
+    outbox.add_argument("--json", action="store_true")
+    outbox_sub = outbox.add_subparsers(dest="outbox_command")
+    outbox_retry = outbox_sub.add_parser("retry", help="send a parked or verification_failed entry again")
+    outbox_retry.add_argument("id", type=int)
+    outbox_retry.add_argument("--json", action="store_true")
     state = add("state", "Canonical Issue State tools")
     state_sub = state.add_subparsers(dest="state_command", required=True)
     parse = state_sub.add_parser("parse", help="parse Canonical Issue State block(s) to JSON")
@@ -226,5 +272,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         "check-config": _cmd_check_config,
         "deliveries": _cmd_deliveries,
         "replay": _cmd_replay,
+        "outbox": _cmd_outbox,
     }
     return commands[args.command](settings, args)

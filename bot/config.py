@@ -94,6 +94,16 @@ class WorkerConfig(_Section):
     claim_ttl_s: float = Field(default=30.0, gt=0)
 
 
+class OutboxConfig(_Section):
+    concurrency: int = Field(default=4, ge=1, le=64)  # issues sent in parallel (each issue in order)
+    max_attempts: int = Field(default=8, ge=1)
+    backoff_base_s: float = Field(default=1.0, gt=0)
+    backoff_max_s: float = Field(default=300.0, gt=0)
+    poll_interval_s: float = Field(default=1.0, gt=0)
+    claim_ttl_s: float = Field(default=60.0, gt=0)
+    verify_attempts: int = Field(default=2, ge=1, le=10)
+
+
 class McpConfig(_Section):
     tokens: dict[str, str] = Field(default_factory=dict)
 
@@ -107,6 +117,7 @@ class Settings(_Section):
     gitea: GiteaConfig = GiteaConfig()
     repository: RepositoryConfig = RepositoryConfig()
     worker: WorkerConfig = WorkerConfig()
+    outbox: OutboxConfig = OutboxConfig()
     roster: dict[str, list[Role]] = Field(default_factory=dict)
     mcp: McpConfig = McpConfig()
     grants: dict[str, Any] = Field(default_factory=dict)

@@ -38,5 +38,25 @@ class Metrics:
             "foreman_gitea_reachable", "1 if the last Gitea probe succeeded", registry=self.registry
         )
 
+        self.outbox_depth = Gauge(
+            "foreman_outbox_depth", "Outbox entries by status", ["status"], registry=self.registry
+        )
+        self.outbox_send_seconds = Histogram(
+            "foreman_outbox_send_seconds",
+            "Time to send and verify one outbox entry",
+            ["kind"],
+            registry=self.registry,
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+        )
+        self.outbox_retries = Counter(
+            "foreman_outbox_retries_total", "Outbox sends retried after a failure", ["kind"], registry=self.registry
+        )
+        self.outbox_verification_failures = Counter(
+            "foreman_outbox_verification_failures_total",
+            "Outbox entries whose read-back did not match",
+            ["kind"],
+            registry=self.registry,
+        )
+
     def render(self) -> bytes:
         return generate_latest(self.registry)

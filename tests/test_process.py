@@ -29,7 +29,9 @@ def _free_port() -> int:
 class ServeProcess:
     """One service subprocess (tests/crash_service.py or `python -m bot serve`) and its files."""
 
-    def __init__(self, workdir: Path, *, module: str = "tests.crash_service", config: Path | None = None) -> None:
+    def __init__(
+        self, workdir: Path, *, module: str = "tests.crash_service", config: Path | None = None, extra: str = ""
+    ) -> None:
         self.workdir = workdir
         self.module = module
         self.port = _free_port()
@@ -37,10 +39,10 @@ class ServeProcess:
         self.log = workdir / "handlers.log"
         self.gate = workdir / "gate"
         self.stderr = workdir / "stderr.log"
-        self.config = config or self._write_config()
+        self.config = config or self._write_config(extra)
         self.proc: asyncio.subprocess.Process | None = None
 
-    def _write_config(self) -> Path:
+    def _write_config(self, extra: str = "") -> Path:
         path = self.workdir / "foreman.toml"
         path.write_text(
             f"""
@@ -55,6 +57,7 @@ path = "{self.db}"
 poll_interval_s = 0.05
 claim_ttl_s = 0.6
 backoff_base_s = 0.05
+{extra}
 """,
             encoding="utf-8",
         )
@@ -237,3 +240,58 @@ async def test_an_explicitly_empty_secret_list_refuses_to_start(tmp_path: Path) 
     assert process.returncode == 2
     doc = json.loads(err.decode().strip().splitlines()[-1])
     assert doc["key"] == "webhook.secrets" and "empty" in doc["message"]
+
+
+async def test_an_outbox_comment_posted_just_before_a_kill_is_adopted_after_restart(tmp_path: Path) -> None:
+    """Issue 4.2: the process is SIGKILLed after Gitea stored the comment but before the outbox commit;
+    after the restart the marker is found and the comment adopted: exactly one comment."""
+    from bot.core.evidence import render_evidence
+    from state.db import Database
+    from state.outbox import OutboxIntent, OutboxStore
+    from tests.gitea_fixtures import BOT, OWNER, REPO, TOKENS, live_emulator
+
+    async with live_emulator() as live:
+        live.emulator.create_issue(OWNER, REPO, title="evidence", author="alice")
+        extra = f"""
+[gitea]
+url = "{live.base_url}"
+token = "{TOKENS[BOT]}"
+bot_login = "{BOT}"
+[repository]
+owner = "{OWNER}"
+name = "{REPO}"
+[outbox]
+claim_ttl_s = 0.5
+backoff_base_s = 0.05
+poll_interval_s = 0.05
+"""
+        service = ServeProcess(tmp_path, module="bot", extra=extra)
+        body = render_evidence(key="kill-1", summary="Leased #1.", state=None, evidence={"issue": 1})
+        db = await Database.open(service.db)
+        await OutboxStore(db).add(OutboxIntent("kill-1", 1, "comment", {"body": body}))
+        await db.close()
+
+        def comments() -> list[str]:
+            return [c.body for c in live.emulator.issue(OWNER, REPO, 1).comments if c.kind == "comment"]
+
+        def outbox_row() -> tuple[str, int]:
+            with sqlite3.connect(service.db) as conn:
+                return conn.execute("SELECT status, attempts FROM outbox WHERE idempotency_key = 'kill-1'").fetchone()
+
+        comments_route = "/repos/{owner}/{repo}/issues/{index}/comments"
+        live.emulator.faults.delay("POST", comments_route, 3.0, times=1, after_store=True)
+        try:
+            await service.start("serve", "--config", str(service.config))
+            await service.wait_for(lambda: len(comments()) == 1, "Gitea to store the comment")
+            await service.kill()
+            assert outbox_row() == ("sending", 1)
+            await service.start("serve", "--config", str(service.config))
+            await service.wait_for(lambda: outbox_row()[0] == "done", "the outbox entry to be settled")
+            assert await service.terminate() == 0
+        finally:
+            if service.proc is not None and service.proc.returncode is None:
+                await service.kill()
+        assert comments() == [body]
+        with sqlite3.connect(service.db) as conn:
+            result = json.loads(conn.execute("SELECT result_json FROM outbox").fetchone()[0])
+        assert result["adopted"] is True and result["verified"] is True

@@ -1,0 +1,191 @@
+"""The outbox sender: posts each intended mutation exactly once, reads it back, and records the proof."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+from bot.config import OutboxConfig
+from bot.core.evidence import find_marker
+from bot.gitea import GiteaClient, GiteaError, GiteaUnavailable
+from bot.metrics import Metrics
+from bot.worker import backoff_delay
+from state.db import utcnow
+from state.outbox import OutboxEntry, OutboxStore
+
+log = logging.getLogger("foreman.outbox")
+
+
+class VerificationMismatch(Exception):
+    """What Gitea holds after the write differs from what was intended."""
+
+    def __init__(self, message: str, *, observed: Any, result: dict[str, Any]) -> None:
+        super().__init__(message)
+        self.observed = observed
+        self.result = result
+
+
+@dataclass(frozen=True, slots=True)
+class _Sent:
+    result: dict[str, Any]
+
+
+class OutboxSender:
+    """Sends due outbox heads: issues in parallel, one issue's entries strictly in order."""
+
+    def __init__(self, store: OutboxStore, gitea: GiteaClient, config: OutboxConfig, metrics: Metrics) -> None:
+        self.store = store
+        self.gitea = gitea
+        self.config = config
+        self.metrics = metrics
+        self.sender_id = f"outbox-{uuid.uuid4().hex[:12]}"
+        self.wakeup = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._stopping = False
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._loop(), name=self.sender_id)
+
+    def alive(self) -> bool:
+        return self._task is not None and not self._task.done()
+
+    async def stop(self) -> None:
+        self._stopping = True
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    async def _loop(self) -> None:
+        while not self._stopping:
+            try:
+                sent = await self.run_once()
+            except Exception:
+                log.exception("outbox pass failed")
+                sent = 0
+            if sent:
+                continue
+            self.wakeup.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.wakeup.wait(), timeout=self.config.poll_interval_s)
+
+    async def run_once(self) -> int:
+        """One pass: every due head (one per issue) is sent concurrently. Returns how many were handled."""
+        heads = await self.store.due_heads(claim_ttl_s=self.config.claim_ttl_s, limit=self.config.concurrency)
+        await asyncio.gather(*(self._handle(entry) for entry in heads))
+        counts = await self.store.counts()
+        for status, count in counts.items():
+            self.metrics.outbox_depth.labels(status).set(count)
+        return len(heads)
+
+    async def _handle(self, head: OutboxEntry) -> None:
+        entry = await self.store.claim(head, self.sender_id)
+        if entry is None:
+            return
+        started = time.perf_counter()
+        try:
+            sent = await self.send(entry)
+        except VerificationMismatch as exc:
+            self.metrics.outbox_verification_failures.labels(entry.kind).inc()
+            log.error("outbox %s (%s #%d) verification failed: %s", entry.key, entry.kind, entry.issue_number, exc)
+            await self.store.verification_failed(entry, error=str(exc), observed=exc.observed, result=exc.result)
+        except GiteaUnavailable as exc:
+            await self._retry_or_park(entry, f"{type(exc).__name__}: {exc}")
+        except GiteaError as exc:
+            # A 4xx will not change by retrying: park it (it holds back only its own issue).
+            log.error("outbox %s parked: %s", entry.key, exc)
+            await self.store.park(entry, error=f"{type(exc).__name__}: {exc}")
+        else:
+            await self.store.complete(entry, sent.result)
+            self.metrics.outbox_send_seconds.labels(entry.kind).observe(time.perf_counter() - started)
+
+    async def _retry_or_park(self, entry: OutboxEntry, error: str) -> None:
+        if entry.attempts >= self.config.max_attempts:
+            log.error("outbox %s parked after %d attempts: %s", entry.key, entry.attempts, error)
+            await self.store.park(entry, error=error)
+            return
+        self.metrics.outbox_retries.labels(entry.kind).inc()
+        delay = backoff_delay(entry.attempts, base_s=self.config.backoff_base_s, max_s=self.config.backoff_max_s)
+        await self.store.retry_later(entry, error=error, next_attempt_at=utcnow() + timedelta(seconds=delay))
+
+    # --- per kind: write, then read back and compare ----------------------------------------------------
+    async def send(self, entry: OutboxEntry) -> _Sent:
+        if entry.kind == "comment":
+            return await self._comment(entry)
+        if entry.kind == "edit_comment":
+            comment_id = int(entry.payload["comment_id"])
+            await self.gitea.edit_comment(comment_id, entry.payload["body"])
+            return await self._verify_comment(entry, comment_id, {"comment_id": comment_id, "adopted": False})
+        if entry.kind == "labels":
+            return await self._labels(entry)
+        return await self._assignees(entry)
+
+    async def _comment(self, entry: OutboxEntry) -> _Sent:
+        """Adopt a comment that already carries this key's marker (an earlier attempt whose answer was lost,
+        or a crash before the commit); otherwise post it. Either way, verify it by reading it back."""
+        comments = await self.gitea.list_issue_comments(entry.issue_number)
+        mine = [c for c in comments if find_marker(c.body) == entry.key]
+        if mine:
+            comment_id, adopted = mine[0].id, True
+            if len(mine) > 1:
+                log.warning("outbox %s: %d comments carry this marker; adopting the oldest", entry.key, len(mine))
+        else:
+            comment_id, adopted = (await self.gitea.create_comment(entry.issue_number, entry.payload["body"])).id, False
+        result = {"comment_id": comment_id, "adopted": adopted, "duplicates": [c.id for c in mine[1:]]}
+        return await self._verify_comment(entry, comment_id, result)
+
+    async def _verify_comment(self, entry: OutboxEntry, comment_id: int, result: dict[str, Any]) -> _Sent:
+        intended = entry.payload["body"]
+        for attempt in range(1, self.config.verify_attempts + 1):
+            observed = (await self.gitea.get_comment(comment_id)).body
+            if observed == intended:
+                return _Sent({**result, "verified": True, "verify_attempts": attempt})
+            if attempt < self.config.verify_attempts:
+                log.warning("outbox %s: comment %d differs from the intent; writing it again", entry.key, comment_id)
+                await self.gitea.edit_comment(comment_id, intended)
+        raise VerificationMismatch(
+            f"comment {comment_id} does not hold the intended body after {self.config.verify_attempts} checks",
+            observed={"intended": intended, "observed": observed},
+            result=result,
+        )
+
+    async def _labels(self, entry: OutboxEntry) -> _Sent:
+        add = set(entry.payload.get("add", []))
+        remove = set(entry.payload.get("remove", []))
+        names: set[str] = set()
+        for _ in range(self.config.verify_attempts):
+            current = {label.name: label.id for label in await self.gitea.list_issue_labels(entry.issue_number)}
+            missing = sorted(add - set(current))
+            if missing:
+                await self.gitea.add_labels(entry.issue_number, missing)
+            for name in sorted(remove & set(current)):
+                await self.gitea.remove_label(entry.issue_number, current[name])
+            names = {label.name for label in await self.gitea.list_issue_labels(entry.issue_number)}
+            if add <= names and not (remove & names):
+                return _Sent({"labels": sorted(names), "verified": True})
+        raise VerificationMismatch(
+            "the issue's labels do not match the intended change (an unknown label name is ignored by Gitea)",
+            observed={"intended_add": sorted(add), "intended_remove": sorted(remove), "observed": sorted(names)},
+            result={"labels": sorted(names)},
+        )
+
+    async def _assignees(self, entry: OutboxEntry) -> _Sent:
+        wanted = {login.lower() for login in entry.payload["assignees"]}
+        observed: set[str] = set()
+        for _ in range(self.config.verify_attempts):
+            await self.gitea.edit_issue(entry.issue_number, assignees=sorted(entry.payload["assignees"]))
+            issue = await self.gitea.get_issue(entry.issue_number)
+            observed = {user.login.lower() for user in issue.assignees}
+            if observed == wanted:
+                return _Sent({"assignees": sorted(observed), "verified": True})
+        raise VerificationMismatch(
+            "the issue's assignees do not match the intended set",
+            observed={"intended": sorted(wanted), "observed": sorted(observed)},
+            result={"assignees": sorted(observed)},
+        )

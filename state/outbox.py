@@ -1,0 +1,285 @@
+"""The outbox: every Gitea mutation the bot intends, stored in the same transaction as its cause, then sent."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any, Literal
+
+import aiosqlite
+
+from bot.core.evidence import find_marker
+from state.db import Database, to_db_time, utcnow
+
+OutboxKind = Literal["comment", "edit_comment", "labels", "assignees"]
+OutboxStatus = Literal["pending", "sending", "done", "verification_failed", "parked"]
+KINDS: tuple[OutboxKind, ...] = ("comment", "edit_comment", "labels", "assignees")
+OUTBOX_STATUSES: tuple[OutboxStatus, ...] = ("pending", "sending", "done", "verification_failed", "parked")
+
+
+
+class OutboxInputError(ValueError):
+    """An intent that cannot be sent as given (refused before it is stored)."""
+
+
+@dataclass(frozen=True, slots=True)
+class OutboxIntent:
+    """What the bot wants Gitea to hold. Payloads by kind:
+
+    - ``comment``: ``{"body": str}`` (the body must carry the marker of ``key``)
+    - ``edit_comment``: ``{"comment_id": int, "body": str}``
+    - ``labels``: ``{"add": [names], "remove": [names]}``
+    - ``assignees``: ``{"assignees": [logins]}`` (the whole set)
+    """
+
+    key: str
+    issue_number: int
+    kind: OutboxKind
+    payload: dict[str, Any]
+    delivery_id: str | None = None
+
+    def __post_init__(self) -> None:
+        problems = _validate(self)
+        if problems:
+            raise OutboxInputError(f"outbox intent {self.key!r}: {'; '.join(problems)}")
+
+
+def _names(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(v, str) and v for v in value)
+
+
+def _validate(intent: OutboxIntent) -> list[str]:
+    problems: list[str] = []
+    if isinstance(intent.issue_number, bool) or not isinstance(intent.issue_number, int) or intent.issue_number < 1:
+        problems.append("issue_number must be a positive integer")
+    payload = intent.payload
+    if intent.kind in ("comment", "edit_comment"):
+        body = payload.get("body")
+        if not isinstance(body, str) or not body.strip():
+            problems.append("body must be a non-empty string")
+        elif find_marker(body) != intent.key:
+            problems.append("body must end with the marker of its idempotency key (bot.core.evidence.marker)")
+    if intent.kind == "edit_comment":
+        cid = payload.get("comment_id")
+        if isinstance(cid, bool) or not isinstance(cid, int) or cid < 1:
+            problems.append("comment_id must be a positive integer")
+    if intent.kind == "labels":
+        add, remove = payload.get("add", []), payload.get("remove", [])
+        if not _names(add) or not _names(remove) or not (add or remove):
+            problems.append("labels needs add and/or remove as lists of label names")
+        elif set(add) & set(remove):
+            problems.append("a label cannot be both added and removed")
+    if intent.kind == "assignees" and not _names(payload.get("assignees")):
+        problems.append("assignees must be a list of logins (empty list: unassign all)")
+    if intent.kind not in KINDS:
+        problems.append(f"kind must be one of {', '.join(KINDS)}")
+    return problems
+
+
+@dataclass(frozen=True, slots=True)
+class OutboxEntry:
+    id: int
+    key: str
+    issue_number: int
+    kind: OutboxKind
+    payload: dict[str, Any]
+    status: OutboxStatus
+    attempts: int
+    next_attempt_at: str | None
+    result: dict[str, Any] | None
+    observed: Any
+    last_error: str | None
+    delivery_id: str | None
+    created_at: str
+    sent_at: str | None
+    version: int
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "key": self.key,
+            "issue": self.issue_number,
+            "kind": self.kind,
+            "status": self.status,
+            "attempts": self.attempts,
+            "next_attempt_at": self.next_attempt_at,
+            "result": self.result,
+            "observed": self.observed,
+            "last_error": self.last_error,
+            "delivery": self.delivery_id,
+            "created_at": self.created_at,
+            "sent_at": self.sent_at,
+        }
+
+
+_COLUMNS = (
+    "id, idempotency_key, issue_number, kind, payload_json, status, attempts, next_attempt_at, result_json,"
+    " observed_json, last_error, delivery_id, created_at, sent_at, version"
+)
+
+
+def _entry(row: sqlite3.Row) -> OutboxEntry:
+    return OutboxEntry(
+        id=row["id"],
+        key=row["idempotency_key"],
+        issue_number=row["issue_number"],
+        kind=row["kind"],
+        payload=json.loads(row["payload_json"]),
+        status=row["status"],
+        attempts=row["attempts"],
+        next_attempt_at=row["next_attempt_at"],
+        result=json.loads(row["result_json"]) if row["result_json"] else None,
+        observed=json.loads(row["observed_json"]) if row["observed_json"] else None,
+        last_error=row["last_error"],
+        delivery_id=row["delivery_id"],
+        created_at=row["created_at"],
+        sent_at=row["sent_at"],
+        version=row["version"],
+    )
+
+
+async def enqueue(conn: aiosqlite.Connection, intent: OutboxIntent, *, now: datetime | None = None) -> bool:
+    """Store an intent INSIDE the caller's open transaction (so it commits or rolls back with its cause).
+
+    Returns False when the idempotency key is already stored: processing the same cause twice adds nothing.
+    """
+    moment = to_db_time(now or utcnow())
+    cursor = await conn.execute(
+        "INSERT INTO outbox (idempotency_key, issue_number, kind, payload_json, status, delivery_id,"
+        " created_at, updated_at) VALUES (?, ?, ?, ?, 'pending', ?, ?, ?) ON CONFLICT DO NOTHING",
+        (
+            intent.key,
+            intent.issue_number,
+            intent.kind,
+            json.dumps(intent.payload, sort_keys=True),
+            intent.delivery_id,
+            moment,
+            moment,
+        ),
+    )
+    inserted = cursor.rowcount == 1
+    await cursor.close()
+    return inserted
+
+
+class OutboxStore:
+    """Outbox reads and conditional state changes."""
+
+    def __init__(self, db: Database) -> None:
+        self._db = db
+
+    async def add(self, intent: OutboxIntent) -> bool:
+        """Enqueue on its own (for callers with no state change of their own)."""
+        async with self._db.transaction() as conn:
+            return await enqueue(conn, intent)
+
+    async def due_heads(self, *, claim_ttl_s: float, limit: int, now: datetime | None = None) -> list[OutboxEntry]:
+        """The oldest open entry of each issue, if it is due: pending and past its backoff, or sending with
+        a claim older than ``claim_ttl_s`` (its sender died). A parked head holds back its own issue only."""
+        moment = now or utcnow()
+        stale = to_db_time(moment - timedelta(seconds=claim_ttl_s))
+        async with self._db.reader.execute(
+            f"SELECT {_COLUMNS} FROM outbox o WHERE o.id IN"  # noqa: S608
+            " (SELECT MIN(id) FROM outbox WHERE status IN ('pending', 'sending', 'verification_failed', 'parked')"
+            "  GROUP BY issue_number)"
+            " AND ((o.status = 'pending' AND (o.next_attempt_at IS NULL OR o.next_attempt_at <= ?))"
+            "   OR (o.status = 'sending' AND o.claimed_at < ?))"
+            " ORDER BY o.id LIMIT ?",
+            (to_db_time(moment), stale, limit),
+        ) as cur:
+            return [_entry(row) for row in await cur.fetchall()]
+
+    async def claim(self, entry: OutboxEntry, sender_id: str) -> OutboxEntry | None:
+        """Mark an entry as being sent (before anything reaches Gitea); None if someone else changed it."""
+        moment = to_db_time(utcnow())
+        async with self._db.transaction() as conn:
+            async with conn.execute(
+                "UPDATE outbox SET status = 'sending', attempts = attempts + 1, claimed_by = ?, claimed_at = ?,"  # noqa: S608
+                f" updated_at = ?, version = version + 1 WHERE id = ? AND version = ? RETURNING {_COLUMNS}",
+                (sender_id, moment, moment, entry.id, entry.version),
+            ) as cur:
+                row = await cur.fetchone()
+        return _entry(row) if row is not None else None
+
+    async def _settle(self, entry: OutboxEntry, assignments: str, params: tuple[Any, ...]) -> bool:
+        moment = to_db_time(utcnow())
+        async with self._db.transaction() as conn:
+            cursor = await conn.execute(
+                f"UPDATE outbox SET {assignments}, claimed_by = NULL, claimed_at = NULL, updated_at = ?,"  # noqa: S608
+                " version = version + 1 WHERE id = ? AND version = ? AND status = 'sending'",
+                (*params, moment, entry.id, entry.version),
+            )
+            return cursor.rowcount == 1
+
+    async def complete(self, entry: OutboxEntry, result: dict[str, Any]) -> bool:
+        moment = to_db_time(utcnow())
+        return await self._settle(
+            entry,
+            "status = 'done', result_json = ?, sent_at = ?, last_error = NULL",
+            (json.dumps(result, sort_keys=True), moment),
+        )
+
+    async def retry_later(self, entry: OutboxEntry, *, error: str, next_attempt_at: datetime) -> bool:
+        return await self._settle(
+            entry,
+            "status = 'pending', last_error = ?, next_attempt_at = ?",
+            (error, to_db_time(next_attempt_at)),
+        )
+
+    async def park(self, entry: OutboxEntry, *, error: str) -> bool:
+        return await self._settle(entry, "status = 'parked', last_error = ?", (error,))
+
+    async def verification_failed(
+        self, entry: OutboxEntry, *, error: str, observed: Any, result: dict[str, Any]
+    ) -> bool:
+        return await self._settle(
+            entry,
+            "status = 'verification_failed', last_error = ?, observed_json = ?, result_json = ?",
+            (error, json.dumps(observed, sort_keys=True), json.dumps(result, sort_keys=True)),
+        )
+
+    async def retry(self, entry_id: int) -> OutboxEntry:
+        """An operator's `foreman outbox retry ID`: a parked or verification_failed entry is sent again."""
+        async with self._db.transaction() as conn:
+            async with conn.execute(
+                "UPDATE outbox SET status = 'pending', attempts = 0, next_attempt_at = NULL, updated_at = ?,"  # noqa: S608
+                " version = version + 1 WHERE id = ? AND status IN ('parked', 'verification_failed')"
+                f" RETURNING {_COLUMNS}",
+                (to_db_time(utcnow()), entry_id),
+            ) as cur:
+                row = await cur.fetchone()
+        if row is None:
+            found = await self.get(entry_id)
+            if found is None:
+                raise LookupError(f"no outbox entry {entry_id}")
+            raise ValueError(f"outbox entry {entry_id} is {found.status}; only parked or verification_failed entries")
+        return _entry(row)
+
+    async def get(self, entry_id: int) -> OutboxEntry | None:
+        async with self._db.reader.execute(f"SELECT {_COLUMNS} FROM outbox WHERE id = ?", (entry_id,)) as cur:  # noqa: S608
+            row = await cur.fetchone()
+        return _entry(row) if row is not None else None
+
+    async def by_key(self, key: str) -> OutboxEntry | None:
+        async with self._db.reader.execute(
+            f"SELECT {_COLUMNS} FROM outbox WHERE idempotency_key = ?", (key,)  # noqa: S608
+        ) as cur:
+            row = await cur.fetchone()
+        return _entry(row) if row is not None else None
+
+    async def list(self, *, status: str | None = None, limit: int = 100) -> list[OutboxEntry]:
+        if status is not None and status not in OUTBOX_STATUSES:
+            raise ValueError(f"unknown status {status!r}; one of {', '.join(OUTBOX_STATUSES)}")
+        where = "WHERE status = ?" if status else ""
+        params: tuple[Any, ...] = (status, limit) if status else (limit,)
+        async with self._db.reader.execute(
+            f"SELECT {_COLUMNS} FROM outbox {where} ORDER BY id DESC LIMIT ?", params  # noqa: S608
+        ) as cur:
+            return [_entry(row) for row in await cur.fetchall()]
+
+    async def counts(self) -> dict[str, int]:
+        async with self._db.reader.execute("SELECT status, COUNT(*) FROM outbox GROUP BY status") as cur:
+            found = {row[0]: row[1] for row in await cur.fetchall()}
+        return {status: found.get(status, 0) for status in OUTBOX_STATUSES}

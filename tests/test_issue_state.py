@@ -1,0 +1,617 @@
+"""Issue state from comment and label events (issue 3, requirements 4-6): the pure rules, then real signed
+deliveries from the Gitea emulator through intake, the worker and the handlers."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiohttp.test_utils import TestClient
+
+from bot.app import Service
+from bot.core.canonical import CanonicalState, parse_comment, render
+from bot.core.vocabulary import status_labels, vocabulary_markdown
+from bot.emulator import EmuHook
+from handlers.issue_state import PermissionCache
+from state.issues import (
+    CommentRecord,
+    IssueSnapshot,
+    IssueStore,
+    current_record,
+    diff_labels,
+    effective_revisions,
+    plan_label_sync,
+)
+from tests.conftest import REPO_ROOT
+from tests.gitea_fixtures import BOT, OWNER, REPO, TOKENS, LiveEmulator, live_emulator
+from tests.support import SECRET, Started, make_settings, webhook_headers
+
+FULL_NAME = f"{OWNER}/{REPO}"
+ROSTER_AUTHOR = "author-1"
+ROSTER_TOKEN = "tok-author-1-0006"
+PERMISSION_ROUTE = "/repos/{owner}/{repo}/collaborators/{collaborator}/permission"
+
+
+def _state(state: str = "in-progress", who: str = "author", **changes: Any) -> CanonicalState:
+    base = CanonicalState(
+        state=state,
+        who_is_next=who,
+        next_action="Implement the change",
+        next_prompt="Do the work.",
+        what_happened="Allocated",
+        why="It was ready",
+        related_prs=(),
+        blockers="none",
+        validation="lease read back",
+        last_updated_by="controller-bot",
+    )
+    return replace(base, **changes)
+
+
+# --------------------------------------------------------------------------- pure rules (no SQLite)
+
+
+def _rec(
+    record_id: int,
+    comment_id: int,
+    *,
+    state: str | None = "ready",
+    action: str = "created",
+    created: int = 0,
+    updated: int | None = None,
+    trusted: bool | None = True,
+) -> CommentRecord:
+    stamp = f"2026-07-20T10:00:{created:02d}.000000Z"
+    return CommentRecord(
+        id=record_id,
+        comment_id=comment_id,
+        action=action,  # type: ignore[arg-type]
+        author="alice",
+        created_at=stamp,
+        updated_at=f"2026-07-20T10:00:{(created if updated is None else updated):02d}.000000Z",
+        trusted=trusted,
+        trust_reason="permission:write" if trusted else "permission:read",
+        state=None if state is None else _state(state),
+    )
+
+
+def test_current_state_is_the_latest_trusted_block_in_comment_order_not_arrival_order() -> None:
+    """Requirement 4: a late delivery of an older comment (recorded last) does not override a newer one."""
+    newer = _rec(1, 20, state="in-progress", created=5)
+    older = _rec(2, 10, state="ready", created=1)  # arrived second
+    chosen = current_record([newer, older])
+    assert chosen is newer
+    assert current_record([older, newer]) is newer
+
+
+def test_same_second_comments_are_ordered_by_comment_id() -> None:
+    """Requirement 4: Gitea keeps whole seconds; comment id breaks the tie, as Gitea's comment list does."""
+    first, second = _rec(2, 10, state="ready"), _rec(1, 11, state="review")
+    assert current_record([first, second]) is second
+
+
+def test_untrusted_and_invalid_blocks_never_count() -> None:
+    """Requirement 5: an untrusted block, a comment without a valid block, are recorded and skipped."""
+    trusted = _rec(1, 10, state="ready", created=1)
+    untrusted = _rec(2, 11, state="done", created=2, trusted=False)
+    invalid = _rec(3, 12, state=None, created=3)
+    no_block = _rec(4, 13, state=None, created=4, trusted=None)
+    assert current_record([trusted, untrusted, invalid, no_block]) is trusted
+    assert current_record([untrusted, invalid]) is None
+    assert current_record([]) is None
+
+
+def test_an_edit_replaces_its_comments_block_whatever_the_arrival_order() -> None:
+    """Requirement 4: the edited revision stands (later updated_at); an edit arriving first still wins."""
+    created = _rec(2, 10, state="ready", created=1)
+    edited = _rec(1, 10, state="review", action="edited", created=1, updated=9)
+    assert effective_revisions([edited, created])[10] is edited
+    assert current_record([edited, created]) is edited
+    # An edit that removed the block withdraws it: the previous comment counts again.
+    earlier = _rec(3, 5, state="blocked", created=0)
+    emptied = _rec(4, 10, state=None, action="edited", created=1, updated=12, trusted=None)
+    assert current_record([earlier, created, edited, emptied]) is earlier
+
+
+def test_an_edit_in_the_same_second_as_the_creation_still_replaces_it() -> None:
+    """Requirement 4: same updated_at (whole seconds): an edit is newer than the creation it edits."""
+    edited = _rec(1, 10, state="review", action="edited", created=1, updated=1)
+    created = _rec(2, 10, state="ready", created=1)
+    assert current_record([edited, created]) is edited
+
+
+def test_a_deleted_comment_falls_back_to_the_previous_trusted_block() -> None:
+    """Requirement 4: deleting the comment that counts falls back; a deletion beats any revision."""
+    first = _rec(1, 10, state="ready", created=1)
+    second = _rec(2, 11, state="in-progress", created=2)
+    deleted = _rec(3, 11, state=None, action="deleted", created=2, trusted=None)
+    assert current_record([first, second]) is second
+    assert current_record([first, second, deleted]) is first
+    # Deletion delivered before the creation (concurrent deliveries): the creation never counts.
+    assert current_record([deleted, first, second]) is first
+    late_edit = _rec(4, 11, state="done", action="edited", created=2, updated=30)
+    assert current_record([first, second, deleted, late_edit]) is first
+
+
+def test_label_sync_plan_mirrors_state_and_holds_on_conflict() -> None:
+    """Requirement 6: exactly one status label mirroring STATE; two status labels hold the sync."""
+    state = _state("in-progress")
+    assert plan_label_sync(None, ["status:ready"], conflict=False).status == "no_state"
+    assert plan_label_sync(state, ["bug", "status:in-progress"], conflict=False).status == "in_sync"
+    plan = plan_label_sync(state, ["bug", "status:ready"], conflict=False)
+    assert (plan.status, plan.target, plan.remove) == ("pending", "status:in-progress", ("status:ready",))
+    assert plan_label_sync(state, ["bug"], conflict=False).remove == ()
+    assert plan_label_sync(state, ["status:ready", "status:review"], conflict=False).status == "held"
+    assert plan_label_sync(state, ["status:in-progress"], conflict=True).status == "held"
+    assert diff_labels(["a", "b"], ["b", "c"]) == (("c",), ("a",))
+
+
+async def test_permission_cache_answers_from_memory_until_it_expires() -> None:
+    """Requirement 5: permissions are cached briefly, per login (case-insensitive), failures never."""
+    now = [0.0]
+    calls: list[str] = []
+
+    class Fake:
+        async def get_user_permission(self, login: str) -> str:
+            calls.append(login)
+            if login == "flaky":
+                raise RuntimeError("unreachable")
+            return "write"
+
+        async def add_labels(self, number: int, labels: Any) -> Any:
+            raise AssertionError
+
+        async def remove_label(self, number: int, label_id: int) -> None:
+            raise AssertionError
+
+        async def get_issue(self, number: int) -> Any:
+            raise AssertionError
+
+    cache = PermissionCache(ttl_s=60, clock=lambda: now[0])
+    assert await cache.permission(Fake(), "Alice") == "write"
+    now[0] = 59
+    assert await cache.permission(Fake(), "alice") == "write"
+    now[0] = 61
+    assert await cache.permission(Fake(), "alice") == "write"
+    for _ in range(2):
+        with pytest.raises(RuntimeError):
+            await cache.permission(Fake(), "flaky")
+    assert calls == ["Alice", "alice", "flaky", "flaky"]
+
+
+# --------------------------------------------------------------------------- docs
+
+
+def test_docs_carry_exactly_the_generated_vocabulary_table() -> None:
+    """Requirement 3: the doc's vocabulary table is vocabulary_markdown()'s output, character for character."""
+    doc = (REPO_ROOT / "docs" / "canonical-state.md").read_text(encoding="utf-8")
+    match = re.search(r"<!-- vocabulary:begin[^>]*-->\n(.*?)<!-- vocabulary:end -->", doc, re.S)
+    assert match is not None, "docs/canonical-state.md lacks the vocabulary markers"
+    assert match.group(1) == vocabulary_markdown()
+    example = re.search(r"<!-- example:begin[^>]*-->\n````markdown\n(.*?)````\n<!-- example:end -->", doc, re.S)
+    assert example is not None, "docs/canonical-state.md lacks the example block"
+    parsed = parse_comment(example.group(1)).current
+    assert parsed is not None and render(parsed) == example.group(1)  # the renderer's exact form
+
+
+# --------------------------------------------------------------------------- against the emulator
+
+
+class Clock:
+    """The emulator's clock: whole seconds that move only when a test says so."""
+
+    def __init__(self) -> None:
+        self.now = 1_780_000_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@dataclass
+class World:
+    """The emulator (acme/widgets) with a hook to a running foreman service."""
+
+    live: LiveEmulator
+    service: Service
+    client: TestClient[Any, Any]
+    hook: EmuHook
+    clock: Clock
+    webhook_url: str
+    settled: set[str] = field(default_factory=set)
+
+    @property
+    def store(self) -> IssueStore:
+        return IssueStore(self.service.db)
+
+    async def call(
+        self, login: str, method: str, path: str, body: Any = None, *, tick: bool = True, settle: bool = True
+    ) -> Any:
+        """One API call to the emulator as ``login``, then wait until foreman has handled every webhook."""
+        if tick:
+            self.clock.now += 1
+        token = ROSTER_TOKEN if login == ROSTER_AUTHOR else TOKENS[login]
+        async with self.live.session.request(
+            method, self.live.api(f"/repos/{FULL_NAME}{path}"), json=body, headers={"Authorization": f"token {token}"}
+        ) as resp:
+            assert resp.status < 300, f"{method} {path}: {resp.status} {await resp.text()}"
+            data = None if resp.status == 204 else await resp.json()
+        if settle:
+            await self.settle()
+        return data
+
+    async def settle(self, timeout: float = 10.0) -> None:
+        """Drain the emulator's webhooks and wait until foreman settled each (repeat: syncs send more)."""
+        emu = self.live.emulator
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while True:
+            await emu.drain_webhooks()
+            pending = [d for d in emu.deliveries if d.url == self.webhook_url and d.delivery_id not in self.settled]
+            if not pending:
+                return
+            for delivery in pending:
+                assert delivery.ok, f"delivery {delivery.event_type} answered {delivery.status}: {delivery.error}"
+                if json.loads(delivery.response_body).get("status") == "duplicate":
+                    # Same body as a stored delivery (e.g. two identical label changes in one second).
+                    self.settled.add(delivery.delivery_id)
+                    continue
+                await self.wait_settled(delivery.delivery_id, deadline)
+
+    async def wait_settled(self, delivery_id: str, deadline: float) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            row = await self.service.store.get(delivery_id)
+            if row is not None and row.status in ("done", "ignored_self"):
+                self.settled.add(delivery_id)
+                return
+            assert row is None or row.status != "failed", f"{delivery_id} failed: {row.last_error}"
+            assert loop.time() < deadline, f"{delivery_id} never settled: {row}"
+            await asyncio.sleep(0.01)
+
+    async def open_issue(self, login: str = "alice", title: str = "Bootstrap the worktree") -> int:
+        issue = await self.call(login, "POST", "/issues", {"title": title})
+        return int(issue["number"])
+
+    async def comment(self, login: str, number: int, body: str) -> int:
+        comment = await self.call(login, "POST", f"/issues/{number}/comments", {"body": body})
+        return int(comment["id"])
+
+    async def snapshot(self, number: int) -> IssueSnapshot:
+        found = await self.store.snapshot(FULL_NAME, number)
+        assert found is not None
+        return found
+
+    def labels(self, number: int) -> list[str]:
+        return self.live.emulator.label_names(OWNER, REPO, number)
+
+    def label_id(self, name: str) -> int:
+        repo = self.live.emulator.repo(OWNER, REPO)
+        return next(label.id for label in repo.labels.values() if label.name == name)
+
+    def bot_label_writes(self) -> int:
+        return sum(
+            1
+            for r in self.live.emulator.requests
+            if r.login == BOT and r.method != "GET" and "labels" in (r.route or "")
+        )
+
+
+@pytest.fixture
+async def world(tmp_path: Path, start: Started) -> AsyncIterator[World]:
+    clock = Clock()
+    async with live_emulator(clock=clock) as live:
+        emu = live.emulator
+        emu.add_user(ROSTER_AUTHOR, token=ROSTER_TOKEN)
+        for label in status_labels():
+            emu.create_label(OWNER, REPO, label, color="#00aa00")
+        settings = make_settings(
+            tmp_path,
+            gitea={"url": live.base_url, "token": TOKENS[BOT], "bot_login": BOT},
+            repository={"owner": OWNER, "name": REPO},
+            roster={ROSTER_AUTHOR: ["author"]},
+            worker={"concurrency": 4},
+        )
+        service, client = await start(settings)
+        url = str(client.make_url("/webhook"))
+        hook = emu.add_hook(OWNER, REPO, url=url, secret=SECRET, events=["issues"])
+        yield World(live, service, client, hook, clock, url)
+
+
+async def test_a_new_block_from_a_writer_becomes_the_state_and_the_label_follows(world: World) -> None:
+    """Requirements 4-6: a writer's block is recorded with its history and the status label is synced."""
+    number = await world.open_issue()
+    comment_id = await world.comment("alice", number, "Taking this.\n\n" + render(_state("in-progress")))
+    snap = await world.snapshot(number)
+    assert snap.state == _state("in-progress") and snap.state_comment_id == comment_id
+    [record] = await world.store.comment_records(FULL_NAME, number)
+    assert (record.comment_id, record.author, record.trusted, record.trust_reason) == (
+        comment_id,
+        "alice",
+        True,
+        "permission:write",
+    )
+    assert record.delivery_id in world.settled and record.superseded_by is None
+    # Label sync: the bot added the mirroring label through the API; its own webhook was ignored_self.
+    assert world.labels(number) == ["status:in-progress"]
+    assert snap.label_names == ("status:in-progress",) and snap.label_sync == "in_sync"
+    [sync] = await world.store.label_syncs(FULL_NAME, number)
+    assert (sync["outcome"], sync["target_label"], sync["state_record_id"]) == (
+        "applied",
+        "status:in-progress",
+        record.id,
+    )
+    statuses = [(await world.service.store.get(d)).status for d in world.settled]  # type: ignore[union-attr]
+    assert "ignored_self" in statuses
+
+
+async def test_an_edited_block_replaces_that_comments_state(world: World) -> None:
+    """Requirement 4: an edit re-evaluates the comment; the earlier revision is marked superseded."""
+    number = await world.open_issue()
+    comment_id = await world.comment("alice", number, render(_state("in-progress")))
+    await world.call("alice", "PATCH", f"/issues/comments/{comment_id}", {"body": render(_state("review", "reviewer"))})
+    snap = await world.snapshot(number)
+    assert snap.state == _state("review", "reviewer") and snap.state_comment_id == comment_id
+    first, second = await world.store.comment_records(FULL_NAME, number)
+    assert (first.action, second.action) == ("created", "edited")
+    assert first.superseded_by == second.id and second.superseded_by is None
+    assert world.labels(number) == ["status:review"]
+
+
+async def test_a_deleted_block_falls_back_to_the_previous_trusted_block(world: World) -> None:
+    """Requirement 4: deleting the comment that counts brings back the previous trusted state."""
+    number = await world.open_issue()
+    await world.comment("alice", number, render(_state("ready", "controller")))
+    newer = await world.comment(ROSTER_AUTHOR, number, render(_state("in-progress")))
+    snap = await world.snapshot(number)
+    assert snap.state_comment_id == newer and world.labels(number) == ["status:in-progress"]
+    await world.call("alice", "DELETE", f"/issues/comments/{newer}")
+    snap = await world.snapshot(number)
+    assert snap.state == _state("ready", "controller") and snap.state_comment_id != newer
+    records = await world.store.comment_records(FULL_NAME, number)
+    deletion = records[-1]
+    assert deletion.action == "deleted" and deletion.comment_id == newer
+    assert next(r for r in records if r.comment_id == newer and r.action == "created").superseded_by == deletion.id
+    assert records[1].trust_reason == "roster"
+    assert world.labels(number) == ["status:ready"]
+
+
+async def test_a_quoted_block_is_not_a_block(world: World) -> None:
+    """Requirement 1/4: people quote old states in replies; a quoted block changes nothing."""
+    number = await world.open_issue()
+    await world.comment("alice", number, render(_state("in-progress")))
+    quoted = "\n".join("> " + line for line in render(_state("done", "human")).splitlines())
+    await world.comment("alice", number, f"Earlier it said:\n\n{quoted}\n\nStill true?")
+    snap = await world.snapshot(number)
+    assert snap.state is not None and snap.state.state == "in-progress"
+    records = await world.store.comment_records(FULL_NAME, number)
+    assert (records[-1].block_count, records[-1].trusted, records[-1].trust_reason) == (0, None, "no_block")
+
+
+async def test_an_untrusted_authors_block_is_recorded_and_ignored(world: World) -> None:
+    """Requirement 5: a reader's block is recorded as untrusted; the permission answer is cached."""
+    number = await world.open_issue()
+    await world.comment("alice", number, render(_state("in-progress")))
+    asked_before = sum(1 for r in world.live.emulator.requests if r.route == PERMISSION_ROUTE)
+    await world.comment("bob", number, render(_state("done", "human")))
+    await world.comment("bob", number, render(_state("blocked", "human")))
+    snap = await world.snapshot(number)
+    assert snap.state is not None and snap.state.state == "in-progress"
+    bob = [r for r in await world.store.comment_records(FULL_NAME, number) if r.author == "bob"]
+    assert [(r.trusted, r.trust_reason, r.state is not None) for r in bob] == [(False, "permission:read", True)] * 2
+    asked = [r for r in world.live.emulator.requests if r.route == PERMISSION_ROUTE][asked_before:]
+    assert [r.path.rsplit("/", 2)[-2] for r in asked] == ["bob"]  # cached for the second comment
+    assert world.labels(number) == ["status:in-progress"]
+
+
+async def test_permission_check_fails_closed_and_the_delivery_is_retried(world: World) -> None:
+    """Requirement 5: Gitea unreachable for the permission check: nothing is recorded, the worker retries."""
+    number = await world.open_issue()
+    world.live.emulator.faults.fail("GET", PERMISSION_ROUTE, status=503, times=4)  # every client retry
+    comment_id = await world.comment("alice", number, render(_state("review", "reviewer")))
+    [record] = await world.store.comment_records(FULL_NAME, number)
+    assert (record.comment_id, record.trusted) == (comment_id, True)
+    row = await world.service.store.get(record.delivery_id)
+    assert row is not None and row.attempts == 2
+
+
+async def test_out_of_order_deliveries_never_let_an_older_comment_win(world: World) -> None:
+    """Requirement 4: Gitea's signed deliveries sent newest first: the newest comment's block still counts."""
+    number = await world.open_issue()
+    world.hook.url = "http://127.0.0.1:9/unreachable"  # capture the signed deliveries instead of sending them
+    older = await world.comment("alice", number, render(_state("ready", "controller")))
+    newer = await world.comment("alice", number, render(_state("pr-open", "reviewer", related_prs=(7,))))
+    await world.call("alice", "PATCH", f"/issues/comments/{newer}", {"body": render(_state("review", "reviewer"))})
+    world.hook.url = world.webhook_url
+    captured = [d for d in world.live.emulator.deliveries if d.url != world.webhook_url]
+    assert [d.action for d in captured] == ["created", "created", "edited"]
+    for delivery in reversed(captured):  # the edit first, then the newer comment, then the older one
+        resp = await world.client.post("/webhook", data=delivery.body, headers=delivery.headers)
+        assert resp.status == 202
+        deadline = asyncio.get_running_loop().time() + 10
+        await world.wait_settled(delivery.delivery_id, deadline)
+        snap = await world.snapshot(number)
+        assert snap.state_comment_id == newer and snap.state == _state("review", "reviewer")
+    await world.settle()
+    records = await world.store.comment_records(FULL_NAME, number)
+    assert [(r.comment_id, r.action) for r in records] == [(newer, "edited"), (newer, "created"), (older, "created")]
+    assert records[1].superseded_by == records[0].id
+    assert world.labels(number) == ["status:review"]
+
+
+async def test_concurrent_deliveries_converge_on_the_newest_block(world: World) -> None:
+    """Requirement 4: comments posted back to back, delivered and processed concurrently: newest wins."""
+    number = await world.open_issue()
+    states = ["ready", "in-progress", "pr-open", "review", "blocked", "done", "review", "in-progress"]
+    ids = []
+    for index, name in enumerate(states):
+        login = "alice" if index % 2 else ROSTER_AUTHOR
+        body = {"body": render(_state(name, next_action=f"Step {index}"))}
+        comment = await world.call(login, "POST", f"/issues/{number}/comments", body, tick=index % 3 == 0, settle=False)
+        ids.append(int(comment["id"]))
+    await world.settle()
+    snap = await world.snapshot(number)
+    assert snap.state_comment_id == ids[-1] and snap.state == _state("in-progress", next_action="Step 7")
+    assert len(await world.store.comment_records(FULL_NAME, number)) == len(states)
+    assert world.labels(number) == ["status:in-progress"] and snap.label_sync == "in_sync"
+
+
+async def test_a_replayed_delivery_adds_no_history(world: World) -> None:
+    """Requirement 4: a forced replay of a handled comment delivery records nothing twice."""
+    number = await world.open_issue()
+    await world.comment("alice", number, render(_state("in-progress")))
+    [record] = await world.store.comment_records(FULL_NAME, number)
+    before = await world.snapshot(number)
+    await world.service.store.replay(record.delivery_id, requested_by="test", force=True)
+    world.service.worker.wakeup.set()
+    world.settled.discard(record.delivery_id)
+    await world.wait_settled(record.delivery_id, asyncio.get_running_loop().time() + 10)
+    assert await world.store.comment_records(FULL_NAME, number) == [record]
+    after = await world.snapshot(number)
+    assert (after.state_record_id, after.label_names) == (before.state_record_id, before.label_names)
+
+
+async def test_label_changes_are_diffed_against_the_stored_set(world: World) -> None:
+    """Requirement 6: Gitea sends only the full set after a change; added/removed come from the stored set."""
+    for name in ("bug", "priority:p0"):
+        assert name in {label.name for label in world.live.emulator.repo(OWNER, REPO).labels.values()}
+    number = await world.open_issue()
+    await world.call("alice", "POST", f"/issues/{number}/labels", {"labels": ["bug", "priority:p0"]})
+    await world.call("alice", "DELETE", f"/issues/{number}/labels/{world.label_id('bug')}")
+    await world.call("alice", "POST", f"/issues/{number}/labels", {"labels": ["feature"]})
+    await world.call("alice", "DELETE", f"/issues/{number}/labels")
+    events = await world.store.issue_events(FULL_NAME, number)
+    assert [(e["action"], e["added"], e["removed"], e["sender"]) for e in events] == [
+        ("opened", [], [], "alice"),
+        ("label_updated", ["bug", "priority:p0"], [], "alice"),
+        ("label_updated", [], ["bug"], "alice"),
+        ("label_updated", ["feature"], [], "alice"),
+        ("label_cleared", [], ["feature", "priority:p0"], "alice"),
+    ]
+    assert events[0]["first_snapshot"] == 1 and all(e["applied"] == 1 for e in events)
+    assert (await world.snapshot(number)).label_names == ()
+
+
+async def test_an_older_label_snapshot_delivered_late_is_kept_but_not_applied(world: World) -> None:
+    """Requirement 4/6: label deliveries out of order: the older full set does not overwrite the newer one."""
+    number = await world.open_issue()
+    world.hook.url = "http://127.0.0.1:9/unreachable"
+    await world.call("alice", "POST", f"/issues/{number}/labels", {"labels": ["bug"]})
+    await world.call("alice", "POST", f"/issues/{number}/labels", {"labels": ["feature"]})
+    world.hook.url = world.webhook_url
+    first, second = [d for d in world.live.emulator.deliveries if d.url != world.webhook_url]
+    for delivery in (second, first):
+        assert (await world.client.post("/webhook", data=delivery.body, headers=delivery.headers)).status == 202
+        await world.wait_settled(delivery.delivery_id, asyncio.get_running_loop().time() + 10)
+    events = await world.store.issue_events(FULL_NAME, number)
+    assert [(e["added"], e["applied"]) for e in events[1:]] == [(["bug", "feature"], 1), ([], 0)]
+    assert (await world.snapshot(number)).label_names == ("bug", "feature")
+
+
+async def test_a_human_labelling_ready_makes_a_candidate(world: World) -> None:
+    """Requirement 6: status:ready by a human makes the open issue a candidate (recorded); closing ends it."""
+    number = await world.open_issue()
+    await world.call("alice", "POST", f"/issues/{number}/labels", {"labels": ["status:ready"]})
+    snap = await world.snapshot(number)
+    assert snap.candidate and snap.label_sync == "no_state"
+    events = await world.store.issue_events(FULL_NAME, number)
+    assert events[-1]["made_candidate"] == 1 and events[-1]["sender"] == "alice"
+    await world.call("alice", "PATCH", f"/issues/{number}", {"state": "closed"})
+    snap = await world.snapshot(number)
+    assert snap.is_open is False and not snap.candidate
+    assert world.labels(number) == ["status:ready"]  # no state: nothing to sync
+
+
+async def test_two_status_labels_are_a_blocker_and_sync_holds_until_resolved(world: World) -> None:
+    """Requirement 6: two status labels at once: a blocker for the controller, no guessing; then re-synced."""
+    number = await world.open_issue()
+    await world.comment("alice", number, render(_state("in-progress")))
+    assert world.labels(number) == ["status:in-progress"]
+    writes = world.bot_label_writes()
+    await world.call("alice", "POST", f"/issues/{number}/labels", {"labels": ["status:review"]})
+    snap = await world.snapshot(number)
+    assert snap.open_blockers == ("conflicting_status_labels",) and snap.label_sync == "held"
+    assert world.labels(number) == ["status:in-progress", "status:review"]  # untouched
+    assert world.bot_label_writes() == writes
+    [blocker] = await world.store.blockers(FULL_NAME, number)
+    assert blocker["detail"] == {"labels": ["status:in-progress", "status:review"]} and blocker["resolved_at"] is None
+    # Resolved by a person removing one: the blocker closes and the label follows the STATE again.
+    await world.call("alice", "DELETE", f"/issues/{number}/labels/{world.label_id('status:in-progress')}")
+    [blocker] = await world.store.blockers(FULL_NAME, number)
+    assert blocker["resolved_at"] is not None
+    assert world.labels(number) == ["status:in-progress"]
+    assert (await world.snapshot(number)).label_sync == "in_sync"
+
+
+async def test_label_sync_replaces_only_the_status_label_and_is_idempotent(world: World) -> None:
+    """Requirement 6: the status label follows the STATE; other labels stay; no change when already right."""
+    number = await world.open_issue()
+    await world.call("alice", "POST", f"/issues/{number}/labels", {"labels": ["bug", "status:ready"]})
+    assert (await world.snapshot(number)).candidate
+    await world.comment(ROSTER_AUTHOR, number, render(_state("in-progress")))
+    assert world.labels(number) == ["bug", "status:in-progress"]
+    snap = await world.snapshot(number)
+    assert snap.label_names == ("bug", "status:in-progress") and not snap.candidate and snap.label_sync == "in_sync"
+    writes = world.bot_label_writes()
+    await world.comment("alice", number, "A comment without a block.")
+    await world.comment("alice", number, render(_state("in-progress", next_action="Keep going")))
+    assert world.bot_label_writes() == writes
+
+
+async def test_without_a_gitea_client_the_label_sync_is_recorded_as_pending(tmp_path: Path, start: Started) -> None:
+    """Requirement 6: no token configured: trust comes from the roster only and the sync waits, recorded."""
+    service, client = await start(make_settings(tmp_path, roster={ROSTER_AUTHOR: ["author"]}))
+    issue = {
+        "id": 501,
+        "number": 5,
+        "labels": [{"id": 3, "name": "status:ready"}],
+        "state": "open",
+        "updated_at": "2026-07-20T21:35:15-05:00",
+        "pull_request": None,
+    }
+    repository = {"id": 1, "name": "repo", "full_name": "org/repo"}
+
+    def comment(comment_id: int, login: str, state: str) -> bytes:
+        doc = {
+            "action": "created",
+            "issue": issue,
+            "comment": {
+                "id": comment_id,
+                "user": {"login": login, "is_admin": True},  # never consulted
+                "body": render(_state(state)),
+                "created_at": "2026-07-20T21:35:15-05:00",
+                "updated_at": "2026-07-20T21:35:15-05:00",
+            },
+            "repository": repository,
+            "sender": {"login": login, "is_admin": True},
+            "is_pull": False,
+        }
+        return json.dumps(doc, indent=2).encode()
+
+    for delivery, body in (("c-1", comment(40, "stranger", "done")), ("c-2", comment(41, ROSTER_AUTHOR, "review"))):
+        resp = await client.post(
+            "/webhook", data=body, headers=webhook_headers(body, event="issue_comment", delivery=delivery)
+        )
+        assert resp.status == 202
+        deadline = asyncio.get_running_loop().time() + 10
+        while (row := await service.store.get(delivery)) is None or row.status != "done":
+            assert asyncio.get_running_loop().time() < deadline, row
+            await asyncio.sleep(0.01)
+    store = IssueStore(service.db)
+    stranger, author = await store.comment_records("org/repo", 5)
+    assert (stranger.trusted, stranger.trust_reason.split(":")[0]) == (False, "no_gitea_client")
+    assert (author.trusted, author.trust_reason) == (True, "roster")
+    snap = await store.snapshot("org/repo", 5)
+    assert snap is not None and snap.state is not None and snap.state.state == "review"
+    assert snap.label_sync == "pending"
+    [sync] = await store.label_syncs("org/repo", 5)
+    assert (sync["outcome"], sync["target_label"], json.loads(sync["labels_before_json"])) == (
+        "pending",
+        "status:review",
+        ["status:ready"],
+    )

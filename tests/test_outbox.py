@@ -1,0 +1,279 @@
+"""The outbox against the Gitea emulator: exactly once, read-after-write, ordering, parking, evidence format."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from bot.config import OutboxConfig
+from bot.core.canonical import CanonicalState, parse_comment
+from bot.core.errors import Envelope
+from bot.core.evidence import find_marker, marker, render_evidence, render_failure
+from bot.metrics import Metrics
+from bot.outbox import OutboxSender
+from state.db import Database
+from state.outbox import OutboxEntry, OutboxInputError, OutboxIntent, OutboxStore, enqueue
+from tests.gitea_fixtures import OWNER, REPO, LiveEmulator, live_emulator
+
+COMMENTS = "/repos/{owner}/{repo}/issues/{index}/comments"
+COMMENT = "/repos/{owner}/{repo}/issues/comments/{id}"
+STATE = CanonicalState(
+    state="in-progress",
+    who_is_next="author",
+    next_action="implement the issue on its branch",
+    next_prompt="Work in branches/issue-1-demo.\nCommit, then open a PR.",
+    what_happened="leased issue #1 to author-1",
+    why="highest-ranked ready issue",
+    related_prs=(),
+    blockers="none",
+    validation="lease row and assignee read back",
+    last_updated_by="foreman-bot",
+)
+
+
+@dataclass
+class Rig:
+    live: LiveEmulator
+    db: Database
+    store: OutboxStore
+    sender: OutboxSender
+    metrics: Metrics
+
+    def bodies(self, number: int = 1) -> list[str]:
+        issue = self.live.emulator.issue(OWNER, REPO, number)
+        return [c.body for c in issue.comments if c.kind == "comment"]
+
+    async def drain(self, passes: int = 20) -> None:
+        """Run sender passes until nothing is due (backoffs in these tests are a few ms)."""
+        for _ in range(passes):
+            if not await self.sender.run_once():
+                await asyncio.sleep(0.02)
+                if not await self.sender.run_once():
+                    return
+
+    async def entry(self, key: str) -> OutboxEntry:
+        found = await self.store.by_key(key)
+        assert found is not None
+        return found
+
+
+@pytest.fixture
+async def rig(tmp_path: Path) -> AsyncIterator[Rig]:
+    async with live_emulator() as live:
+        for title in ("first", "second"):
+            live.emulator.create_issue(OWNER, REPO, title=title, author="alice")
+        db = await Database.open(tmp_path / "foreman.db", synchronous="NORMAL")
+        store = OutboxStore(db)
+        config = OutboxConfig(backoff_base_s=0.005, backoff_max_s=0.01, max_attempts=3, claim_ttl_s=0.2)
+        metrics = Metrics()
+        sender = OutboxSender(store, live.client(max_attempts=1), config, metrics)
+        yield Rig(live, db, store, sender, metrics)
+        await db.close()
+
+
+def comment_intent(key: str, number: int = 1, summary: str = "Leased issue #1 to author-1.") -> OutboxIntent:
+    body = render_evidence(key=key, summary=summary, state=STATE, evidence={"lease": {"id": 7}, "issue": number})
+    return OutboxIntent(key=key, issue_number=number, kind="comment", payload={"body": body})
+
+
+async def test_a_comment_is_posted_read_back_and_recorded(rig: Rig) -> None:
+    """Issue 4.1/4.3: an entry is posted, read back (exact body) and recorded done with the comment id."""
+    intent = comment_intent("lease-1")
+    assert await rig.store.add(intent)
+    await rig.drain()
+    assert rig.bodies() == [intent.payload["body"]]
+    entry = await rig.entry("lease-1")
+    assert entry.status == "done" and entry.result is not None
+    assert entry.result["verified"] is True and entry.result["adopted"] is False
+    assert rig.live.emulator.comment(entry.result["comment_id"]) is not None
+
+
+async def test_the_same_cause_processed_twice_posts_one_comment(rig: Rig) -> None:
+    """Issue 4.2: a delivery processed twice enqueues the same key twice: one entry, one comment."""
+    async with rig.db.transaction() as conn:
+        assert await enqueue(conn, comment_intent("dup-1"))
+    async with rig.db.transaction() as conn:
+        assert not await enqueue(conn, comment_intent("dup-1"))
+    await rig.drain()
+    assert len(rig.bodies()) == 1
+
+
+async def test_an_intent_rolls_back_with_its_cause(rig: Rig) -> None:
+    """Issue 4.1: the entry is written in the same transaction as its cause; a failed cause leaves nothing."""
+    with pytest.raises(RuntimeError):
+        async with rig.db.transaction() as conn:
+            await enqueue(conn, comment_intent("rolled-back"))
+            raise RuntimeError("the state change failed")
+    assert await rig.store.by_key("rolled-back") is None
+
+
+async def test_a_lost_answer_after_gitea_stored_the_comment_is_adopted_not_reposted(rig: Rig) -> None:
+    """Issue 4.2: Gitea stores the comment but the answer is lost; the retry finds the marker and adopts it."""
+    rig.live.emulator.faults.drop_after_store("POST", COMMENTS)
+    await rig.store.add(comment_intent("lost-1"))
+    await rig.drain()
+    assert len(rig.bodies()) == 1
+    entry = await rig.entry("lost-1")
+    assert entry.status == "done" and entry.attempts == 2
+    assert entry.result is not None and entry.result["adopted"] is True
+    assert 'foreman_outbox_retries_total{kind="comment"} 1.0' in rig.metrics.render().decode()
+
+
+async def test_a_sender_that_died_between_post_and_commit_is_adopted_by_the_next(rig: Rig) -> None:
+    """Issue 4.2: the claim is committed, the comment posted, then the sender dies; the next one adopts it."""
+    await rig.store.add(comment_intent("crash-1"))
+    [head] = await rig.store.due_heads(claim_ttl_s=60, limit=10)
+    claimed = await rig.store.claim(head, "dead-sender")
+    assert claimed is not None
+    await rig.live.client().create_comment(1, claimed.payload["body"])  # the dead sender's POST
+    assert await rig.store.due_heads(claim_ttl_s=60, limit=10) == []  # its claim is fresh: not taken over
+    await asyncio.sleep(0.25)  # claim_ttl_s = 0.2
+    await rig.drain()
+    assert len(rig.bodies()) == 1
+    entry = await rig.entry("crash-1")
+    assert entry.status == "done" and entry.result is not None and entry.result["adopted"] is True
+
+
+async def test_a_changed_body_is_rewritten_once_then_verified(rig: Rig) -> None:
+    """Issue 4.3: a read-back that differs is retried (written again) and then verified."""
+    rig.live.emulator.faults.alter_stored("POST", COMMENTS, suffix="\n(edited by someone)")
+    intent = comment_intent("heal-1")
+    await rig.store.add(intent)
+    await rig.drain()
+    assert rig.bodies() == [intent.payload["body"]]
+    entry = await rig.entry("heal-1")
+    assert entry.status == "done" and entry.result is not None and entry.result["verify_attempts"] == 2
+
+
+async def test_a_body_that_keeps_changing_is_recorded_as_verification_failed_with_both_versions(
+    rig: Rig, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 4.3/4.6: a persistent mismatch ends as verification_failed with both versions, shown by the CLI."""
+    rig.live.emulator.faults.alter_stored("POST", COMMENTS, suffix=" [x]")
+    rig.live.emulator.faults.alter_stored("PATCH", COMMENT, suffix=" [x]", times=10)
+    intent = comment_intent("bad-1")
+    await rig.store.add(intent)
+    await rig.drain()
+    entry = await rig.entry("bad-1")
+    assert entry.status == "verification_failed"
+    assert entry.observed["intended"] == intent.payload["body"]
+    assert entry.observed["observed"] == intent.payload["body"] + " [x]"
+    assert 'foreman_outbox_verification_failures_total{kind="comment"} 1.0' in rig.metrics.render().decode()
+
+    from bot.cli import main
+
+    monkeypatch.setenv("FOREMAN_DATABASE__PATH", str(rig.db.path))
+    monkeypatch.setenv("FOREMAN_WEBHOOK__SECRETS", '["a-long-enough-test-secret"]')
+    monkeypatch.setenv("FOREMAN_CONFIG", "")
+    assert await asyncio.to_thread(main, ["outbox", "--status", "verification_failed", "--json"]) == 0
+    [listed] = json.loads(capsys.readouterr().out)
+    assert listed["key"] == "bad-1" and listed["observed"]["observed"].endswith(" [x]")
+    rig.live.emulator.faults.clear()
+    assert await asyncio.to_thread(main, ["outbox", "retry", str(entry.id), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["status"] == "pending"
+    await rig.drain()
+    assert (await rig.entry("bad-1")).status == "done"
+    assert rig.bodies() == [intent.payload["body"]]
+
+
+async def test_entries_of_one_issue_are_sent_in_order(rig: Rig) -> None:
+    """Issue 4.6: one issue's entries go out in order, even when the first one needs a retry."""
+    rig.live.emulator.faults.fail("POST", COMMENTS, status=503, times=1)
+    keys = [f"order-{i}" for i in range(4)]
+    for key in keys:
+        await rig.store.add(comment_intent(key, summary=f"step {key}"))
+    await rig.drain()
+    assert [find_marker(body) for body in rig.bodies()] == keys
+
+
+async def test_a_poisoned_entry_parks_and_holds_back_only_its_own_issue(rig: Rig) -> None:
+    """Issue 4.6: a 4xx parks the entry; later entries of that issue wait, other issues go on."""
+    rig.live.emulator.faults.fail("POST", COMMENTS, status=422, times=1)
+    await rig.store.add(comment_intent("poison", number=1))
+    await rig.store.add(comment_intent("after-poison", number=1))
+    await rig.store.add(comment_intent("other-issue", number=2))
+    await rig.drain()
+    assert (await rig.entry("poison")).status == "parked"
+    assert (await rig.entry("after-poison")).status == "pending"
+    assert (await rig.entry("other-issue")).status == "done"
+    assert rig.bodies(1) == [] and len(rig.bodies(2)) == 1
+    await rig.store.retry((await rig.entry("poison")).id)
+    await rig.drain()
+    assert [find_marker(b) for b in rig.bodies(1)] == ["poison", "after-poison"]
+
+
+async def test_label_changes_are_applied_and_verified(rig: Rig) -> None:
+    """Issue 4.3: a label change is verified by reading the issue's labels back."""
+    rig.live.emulator.add_labels(OWNER, REPO, 1, ["status/ready"], actor="alice")
+    intent = OutboxIntent("labels-1", 1, "labels", {"add": ["status/in-progress", "bug"], "remove": ["status/ready"]})
+    await rig.store.add(intent)
+    await rig.drain()
+    entry = await rig.entry("labels-1")
+    assert entry.status == "done"
+    assert set(rig.live.emulator.label_names(OWNER, REPO, 1)) == {"status/in-progress", "bug"}
+
+
+async def test_an_unknown_label_fails_verification_instead_of_passing_silently(rig: Rig) -> None:
+    """Issue 4.3 / FACTS 5: Gitea ignores unknown label names; the read-back catches it."""
+    await rig.store.add(OutboxIntent("labels-2", 1, "labels", {"add": ["no-such-label"], "remove": []}))
+    await rig.drain()
+    entry = await rig.entry("labels-2")
+    assert entry.status == "verification_failed" and entry.observed["observed"] == []
+
+
+async def test_assignee_changes_are_applied_and_verified(rig: Rig) -> None:
+    """Issue 4.3: an assignee change is verified by reading the issue back."""
+    await rig.store.add(OutboxIntent("assign-1", 1, "assignees", {"assignees": ["alice"]}))
+    await rig.drain()
+    entry = await rig.entry("assign-1")
+    assert entry.status == "done" and entry.result == {"assignees": ["alice"], "verified": True}
+
+
+def test_intents_are_validated_before_they_are_stored() -> None:
+    """Fail closed: a comment without its marker, bad numbers or empty label changes are refused."""
+    with pytest.raises(OutboxInputError, match="marker"):
+        OutboxIntent("k1", 1, "comment", {"body": "no marker here"})
+    with pytest.raises(OutboxInputError, match="issue_number"):
+        OutboxIntent("k2", True, "labels", {"add": ["bug"]})  # type: ignore[arg-type]
+    with pytest.raises(OutboxInputError, match="both added and removed"):
+        OutboxIntent("k3", 1, "labels", {"add": ["bug"], "remove": ["bug"]})
+    with pytest.raises(OutboxInputError, match="comment_id"):
+        OutboxIntent("k4", 1, "edit_comment", {"comment_id": 0, "body": "x " + marker("k4")})
+
+
+def test_an_evidence_comment_has_summary_state_json_and_marker_and_no_secrets() -> None:
+    """Issue 4.4: summary paragraph, Canonical Issue State block, collapsed JSON evidence, hidden marker."""
+    body = render_evidence(
+        key="lease-42",
+        summary="Leased issue #42 to author-1\nfor implementation.",
+        state=STATE,
+        evidence={"lease": {"id": 3, "token": "s3cr3t"}, "sha": "abc123", "gitea_token": "x"},
+    )
+    assert body.startswith("Leased issue #42 to author-1 for implementation.\n")
+    assert parse_comment(body).current == STATE
+    assert "<details>" in body and "</details>" in body
+    doc = json.loads(body.split("```json\n", 1)[1].split("\n```", 1)[0])
+    assert doc == {"lease": {"id": 3}, "sha": "abc123"}
+    assert "s3cr3t" not in body
+    assert find_marker(body) == "lease-42" and body.rstrip().endswith(marker("lease-42"))
+    assert len(body.splitlines()) < 60
+
+
+def test_a_failure_comment_names_the_reason_and_the_exact_next_action() -> None:
+    """Issue 4.5: a refusal comment says what happened and the next action (no shell command)."""
+    envelope = Envelope(
+        error="tracing_gap",
+        message="the branch has no commits beyond the base",
+        remediate="commit your work on the issue branch",
+        exact_next_action="commit on branch issue-7-x, then call gitea_open_pr again",
+        missing=("commits",),
+    )
+    body = render_failure(key="refuse-7", what="Opening a PR for #7", envelope=envelope, evidence={"issue": 7})
+    assert "refused" in body and "tracing_gap" in body and "commits" in body
+    assert "**Next action:** commit on branch issue-7-x, then call gitea_open_pr again" in body
+    assert find_marker(body) == "refuse-7"
