@@ -1,4 +1,4 @@
-"""The `foreman` command line: serve, check-config, deliveries, replay, outbox, state parse."""
+"""The `foreman` command line: serve, check-config, deliveries, replay, outbox, allocate, state parse."""
 
 from __future__ import annotations
 
@@ -154,6 +154,76 @@ def _cmd_outbox(settings: Settings, args: argparse.Namespace) -> int:
     return asyncio.run(_with_db(settings, work))
 
 
+# --- allocate ------------------------------------------------------------------------------------------
+def _read_candidates(value: str | None) -> str | None:
+    """--candidates-json takes JSON text, or @FILE to read it from a file (passed on raw: the core parses)."""
+    if value is None or not value.startswith("@"):
+        return value
+    return Path(value[1:]).read_text(encoding="utf-8")
+
+
+def _cmd_allocate(settings: Settings, args: argparse.Namespace) -> int:
+    import aiohttp
+
+    from bot.allocation import AllocationCall, Allocator
+    from bot.gitea import GiteaClient
+
+    try:
+        candidates = _read_candidates(args.candidates_json)
+    except OSError as exc:
+        print(json.dumps({"error": "invalid_input", "message": f"cannot read candidates: {exc.strerror}"}))
+        return EXIT_USAGE
+    owner = args.owner or _default_owner(settings, args.action)
+    if owner is None:
+        print(json.dumps({"error": "invalid_input", "message": "give --owner: no single roster identity fits"}))
+        return EXIT_USAGE
+
+    async def work(db: Database) -> int:
+        token = settings.gitea_token()
+        async with aiohttp.ClientSession() as session:
+            gitea = (
+                GiteaClient(
+                    session,
+                    base_url=settings.gitea.url,
+                    token=token,
+                    owner=settings.repository.owner,
+                    repo=settings.repository.name,
+                    timeout_s=settings.gitea.timeout_s,
+                )
+                if token
+                else None
+            )
+            allocator = Allocator(db, settings, gitea, bot_login=settings.gitea.bot_login)
+            call = AllocationCall(
+                actor=f"operator:{getpass.getuser()}",
+                actor_is_operator=True,
+                owner=owner,
+                candidates_json=candidates,
+                exclude_issue_numbers=args.exclude,
+                dry_run=not args.apply,
+                expected_fingerprint=args.expect_fingerprint,
+                action=args.action,
+            )
+            outcome = await allocator.run(call)
+        doc = outcome.to_dict()
+        summary = (
+            f"{doc.get('decision')}: issue {doc.get('issue_number')} for {owner}"
+            f" (fingerprint {doc.get('fingerprint')}, {len(doc.get('skipped', []))} skipped)"
+        )
+        _emit(doc, as_json=args.json, text=summary if outcome.exit_code == 0 else None)
+        return outcome.exit_code
+
+    return asyncio.run(_with_db(settings, work))
+
+
+def _default_owner(settings: Settings, action: str) -> str | None:
+    from bot.allocation import ACTION_ROLES
+
+    role = ACTION_ROLES.get(action, "author")
+    owners = [login for login, roles in settings.roster.items() if role in roles]
+    return owners[0] if len(owners) == 1 else None
+
+
 # --- check-config --------------------------------------------------------------------------------------
 async def _check_gitea(settings: Settings) -> dict[str, Any]:
     import aiohttp
@@ -245,6 +315,14 @@ def build_parser() -> argparse.ArgumentParser:
     outbox_retry = outbox_sub.add_parser("retry", help="send a parked or verification_failed entry again")
     outbox_retry.add_argument("id", type=int)
     outbox_retry.add_argument("--json", action="store_true")
+    allocate = add("allocate", "pick the next status:ready issue for an owner (dry-run unless --apply)")
+    allocate.add_argument("--apply", action="store_true", help="create the lease (default: dry-run)")
+    allocate.add_argument("--owner", help="roster login that receives the lease (default: the only one)")
+    allocate.add_argument("--action", default="implement", help="implement (author), review, merge")
+    allocate.add_argument("--exclude", type=int, nargs="+", default=None, metavar="N", help="issues never leased")
+    allocate.add_argument("--candidates-json", help="candidate records as JSON, or @FILE (default: from Gitea)")
+    allocate.add_argument("--expect-fingerprint", help="refuse to apply if the dry-run's inputs changed")
+    allocate.add_argument("--json", action="store_true")
     state = add("state", "Canonical Issue State tools")
     state_sub = state.add_subparsers(dest="state_command", required=True)
     parse = state_sub.add_parser("parse", help="parse Canonical Issue State block(s) to JSON")
@@ -273,5 +351,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         "deliveries": _cmd_deliveries,
         "replay": _cmd_replay,
         "outbox": _cmd_outbox,
+        "allocate": _cmd_allocate,
     }
     return commands[args.command](settings, args)

@@ -104,6 +104,23 @@ class OutboxConfig(_Section):
     verify_attempts: int = Field(default=2, ge=1, le=10)
 
 
+class AllocatorConfig(_Section):
+    priority_labels: list[str] = Field(
+        default_factory=lambda: ["priority:p0", "priority:p1", "priority:p2", "priority:p3"]
+    )
+    protected_issues: list[int] = Field(default_factory=list)
+    protected_labels: list[str] = Field(default_factory=list)
+    lease_ttl_s: float = Field(default=4 * 3600.0, gt=0)
+    lease_grace_s: float = Field(default=120.0, ge=0)
+
+    @field_validator("protected_issues")
+    @classmethod
+    def _positive(cls, value: list[int]) -> list[int]:
+        if any(n < 1 for n in value):
+            raise ValueError("issue numbers must be positive")
+        return value
+
+
 class McpConfig(_Section):
     tokens: dict[str, str] = Field(default_factory=dict)
 
@@ -118,6 +135,7 @@ class Settings(_Section):
     repository: RepositoryConfig = RepositoryConfig()
     worker: WorkerConfig = WorkerConfig()
     outbox: OutboxConfig = OutboxConfig()
+    allocator: AllocatorConfig = AllocatorConfig()
     roster: dict[str, list[Role]] = Field(default_factory=dict)
     mcp: McpConfig = McpConfig()
     grants: dict[str, Any] = Field(default_factory=dict)

@@ -96,7 +96,8 @@ MIGRATIONS: tuple[tuple[int, str, str], ...] = (
             candidate        INTEGER NOT NULL DEFAULT 0 CHECK (candidate IN (0, 1)),
             candidate_since  TEXT,
             label_sync       TEXT NOT NULL DEFAULT 'no_state'
-                             CHECK (label_sync IN ('no_state', 'in_sync', 'held', 'pending', 'label_missing')),
+                             CHECK (label_sync IN
+                                 ('no_state', 'in_sync', 'held', 'pending', 'label_missing', 'failed')),
             version          INTEGER NOT NULL DEFAULT 0,
             created_at       TEXT NOT NULL,
             updated_at       TEXT NOT NULL,
@@ -140,21 +141,28 @@ MIGRATIONS: tuple[tuple[int, str, str], ...] = (
         CREATE UNIQUE INDEX issue_blockers_open ON issue_blockers (repo, number, kind) WHERE resolved_at IS NULL;
 
         -- What label sync did (or could not do) to mirror a state's STATE in the issue's status label.
+        -- queued: an outbox entry (outbox_key) was written in the same transaction; applied / label_missing /
+        -- failed: what became of that entry (recorded by the outbox completion hook); held: two status labels.
         CREATE TABLE issue_label_syncs (
             id                 INTEGER PRIMARY KEY,
             repo               TEXT NOT NULL,
             number             INTEGER NOT NULL,
             state_record_id    INTEGER NOT NULL REFERENCES issue_comment_records (id),
             target_label       TEXT NOT NULL,
-            outcome            TEXT NOT NULL CHECK (outcome IN ('applied', 'pending', 'held', 'label_missing')),
+            outcome            TEXT NOT NULL
+                               CHECK (outcome IN ('queued', 'applied', 'held', 'label_missing', 'failed')),
             reason             TEXT NOT NULL,
             labels_before_json TEXT NOT NULL,
             labels_after_json  TEXT,
+            outbox_key         TEXT,
             delivery_id        TEXT NOT NULL,
-            recorded_at        TEXT NOT NULL
+            recorded_at        TEXT NOT NULL,
+            CHECK ((outbox_key IS NULL) = (outcome = 'held'))
         );
-        CREATE UNIQUE INDEX issue_label_syncs_once
-            ON issue_label_syncs (repo, number, state_record_id, outcome, labels_before_json);
+        CREATE UNIQUE INDEX issue_label_syncs_held
+            ON issue_label_syncs (repo, number, state_record_id, labels_before_json) WHERE outbox_key IS NULL;
+        CREATE UNIQUE INDEX issue_label_syncs_entry ON issue_label_syncs (outbox_key, outcome) WHERE outbox_key IS NOT NULL;
+        CREATE INDEX issue_label_syncs_issue ON issue_label_syncs (repo, number, state_record_id, id);
         """,
     ),
     (
@@ -185,6 +193,46 @@ MIGRATIONS: tuple[tuple[int, str, str], ...] = (
         CREATE UNIQUE INDEX outbox_idempotency_key ON outbox (idempotency_key);
         CREATE INDEX outbox_issue ON outbox (issue_number, id);
         CREATE INDEX outbox_status ON outbox (status, next_attempt_at);
+        """,
+    ),
+    (
+        4,
+        "leases and their events",
+        """
+        -- At most one live lease per issue, enforced by the database (a partial unique index).
+        -- Leases are never deleted: release, expiry and reclaim are recorded on the row and in lease_events.
+        CREATE TABLE leases (
+            id            INTEGER PRIMARY KEY,
+            lease_id      TEXT NOT NULL,
+            repo          TEXT NOT NULL,
+            issue_number  INTEGER NOT NULL CHECK (issue_number > 0),
+            owner         TEXT NOT NULL,
+            role          TEXT NOT NULL,
+            action        TEXT NOT NULL,
+            acquired_at   TEXT NOT NULL,
+            expires_at    TEXT NOT NULL,
+            heartbeat_at  TEXT NOT NULL,
+            status        TEXT NOT NULL CHECK (status IN ('live', 'released', 'expired')),
+            ended_at      TEXT,
+            end_reason    TEXT,
+            fingerprint   TEXT,
+            request_json  TEXT NOT NULL,
+            version       INTEGER NOT NULL DEFAULT 0
+        );
+        CREATE UNIQUE INDEX leases_lease_id ON leases (lease_id);
+        CREATE UNIQUE INDEX leases_one_live_per_issue ON leases (repo, issue_number) WHERE status = 'live';
+        CREATE INDEX leases_owner ON leases (owner, status);
+
+        CREATE TABLE lease_events (
+            id        INTEGER PRIMARY KEY,
+            lease_id  TEXT NOT NULL REFERENCES leases (lease_id),
+            kind      TEXT NOT NULL CHECK (kind IN ('acquired', 'resumed', 'heartbeat', 'released', 'expired',
+                                                    'reclaimed')),
+            actor     TEXT NOT NULL,
+            at        TEXT NOT NULL,
+            detail_json TEXT NOT NULL
+        );
+        CREATE INDEX lease_events_lease ON lease_events (lease_id, id);
         """,
     ),
 )

@@ -325,7 +325,7 @@ def test_material_change_changes_fingerprint_and_apply_rejects_drift(change: dic
     assert dry.fingerprint is not None
     envelope = check_apply(dry.fingerprint, fresh, expected_parts=dry.fingerprint_parts)
     assert envelope is not None
-    assert envelope.error == "conflict"
+    assert envelope.error == "stale_pin"
     assert envelope.details["fingerprint"] == fresh.fingerprint
     assert envelope.details["expected_fingerprint"] == dry.fingerprint
     assert part in envelope.details["changed"]
@@ -414,7 +414,7 @@ def test_excluded_issue_with_live_same_owner_lease_returns_blocker() -> None:
     assert (blocker.issue_number, blocker.reason, blocker.excluded_as, blocker.lease) == (
         617, "excluded_owned_lease", "excluded_by_controller", own
     )
-    assert decision.envelope.error == "conflict"
+    assert decision.envelope.error == "invalid_state"
     assert "gitea_release_lease" in decision.envelope.exact_next_action
     assert reasons(decision)[617] == "excluded_by_controller"
     body = decision.to_dict()

@@ -1026,7 +1026,7 @@ def _blocked_envelope(blockers: Sequence[Blocker]) -> Envelope:
     first = blockers[0]
     numbers = ", ".join(f"#{b.issue_number}" for b in blockers)
     return Envelope(
-        error="conflict",
+        error="invalid_state",
         message=(
             f"you hold a live lease on excluded issue(s) {numbers}; allocating something else would strand it, "
             "so nothing was allocated"
@@ -1053,7 +1053,7 @@ def check_apply(
 
     ``fresh`` is :func:`decide` re-run on the apply's own inputs and lease snapshot. Returns the
     refusal when ``fresh`` is invalid, when ``expected_fingerprint`` is not a SHA-256 hex digest
-    (``invalid_input``), or when it differs from ``fresh.fingerprint`` (``conflict``, with the new
+    (``invalid_input``), or when it differs from ``fresh.fingerprint`` (``stale_pin``, with the new
     fingerprint, the fresh outcome and, if the dry-run's ``fingerprint_parts`` are passed back, which
     parts changed). ``expected_fingerprint=None`` means the caller pinned nothing (behaviour before
     fingerprints existed) and only an invalid ``fresh`` is refused. ``wait`` and ``blocked`` are not
@@ -1086,7 +1086,7 @@ def check_apply(
             if expected_parts.get(name) != fresh.fingerprint_parts.get(name)
         )
     return Envelope(
-        error="conflict",
+        error="stale_pin",
         message=(
             "the candidates, exclusions, policy or live leases changed since the dry-run; "
             "nothing was leased rather than lease a different candidate"

@@ -1,0 +1,312 @@
+"""The allocator at the edges: gather candidates and leases, run the pure decision, and apply it atomically.
+
+Dry-run and apply share one path (``Allocator.run``): apply re-reads the live leases and decides again
+inside the same write transaction that creates the lease and its outbox entries (AC4, AC5).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any, Literal
+
+from bot.config import Settings
+from bot.core.allocator import (
+    AllocationDecision,
+    AllocationRequest,
+    InvalidDecision,
+    RankingPolicy,
+    ResumeDecision,
+    SelectDecision,
+    check_apply,
+    decide,
+)
+from bot.core.canonical import CanonicalState
+from bot.core.errors import Envelope
+from bot.core.evidence import render_evidence
+from bot.core.vocabulary import label_for_state
+from bot.gitea import GiteaClient, GiteaNotFound
+from state.db import Database, utcnow
+from state.leases import Lease, LeaseStore, LeaseTaken
+from state.outbox import OutboxIntent, enqueue
+
+# An issue body line such as "Depends: #12, #14" (the seed documents use "Parent / Depends / Blocks").
+_DEPENDS_RE = re.compile(r"^\s*(?:[-*]\s*)?\**depends(?: on)?\**\s*:\s*(.+)$", re.IGNORECASE | re.MULTILINE)
+_ISSUE_REF_RE = re.compile(r"(?<![\w/])#(\d{1,18})\b")
+ACTION_ROLES: dict[str, str] = {"implement": "author", "review": "reviewer", "merge": "merger"}
+
+
+def depends_on(body: str) -> list[int]:
+    """Issue numbers named on "Depends:" lines of an issue body."""
+    found: list[int] = []
+    for line in _DEPENDS_RE.findall(body or ""):
+        found.extend(int(n) for n in _ISSUE_REF_RE.findall(line) if int(n) > 0)
+    return sorted(set(found))
+
+
+@dataclass(frozen=True, slots=True)
+class AllocationCall:
+    """One allocation request as received from the CLI, a comment command or the MCP tool."""
+
+    actor: str  # who asks (must be a controller, or the operator's CLI)
+    owner: str  # who would receive the lease
+    candidates_json: object = None  # None: open `status:ready` issues from Gitea (or the stored state)
+    exclude_issue_numbers: object = None
+    dry_run: bool = True
+    expected_fingerprint: str | None = None
+    action: str = "implement"
+    delivery_id: str | None = None
+    actor_is_operator: bool = False
+
+
+@dataclass
+class AllocationOutcome:
+    """What happened: the decision, and for an apply the lease and the outbox entries written with it."""
+
+    decision: AllocationDecision | None
+    refusal: Envelope | None = None
+    applied: bool = False
+    lease: Lease | None = None
+    outbox_keys: list[str] = field(default_factory=list)
+    source: str = "candidates_json"
+    dry_run: bool = True
+
+    @property
+    def exit_code(self) -> int:
+        refused = self.refusal is not None or self.decision is None or self.decision.kind in ("invalid", "blocked")
+        return 1 if refused else 0
+
+    def to_dict(self) -> dict[str, Any]:
+        doc: dict[str, Any] = self.decision.to_dict() if self.decision is not None else {}
+        if self.refusal is not None:
+            doc = {**doc, **self.refusal.to_dict()}
+            doc["decision"] = "refused"
+        doc["dry_run"] = self.dry_run
+        doc["applied"] = self.applied
+        doc["candidate_source"] = self.source
+        if self.lease is not None:
+            doc["lease"] = self.lease.to_dict()
+        if self.outbox_keys:
+            doc["outbox"] = list(self.outbox_keys)
+        return doc
+
+
+def _refuse(kind: Literal["not_authorized", "invalid_input", "unavailable"], message: str, remediate: str,
+            action: str) -> AllocationOutcome:
+    return AllocationOutcome(
+        decision=None,
+        refusal=Envelope(error=kind, message=message, remediate=remediate, exact_next_action=action),
+    )
+
+
+class Allocator:
+    """Runs allocation calls against the database (leases, outbox) and, for candidates, Gitea."""
+
+    def __init__(self, db: Database, settings: Settings, gitea: GiteaClient | None, *, bot_login: str) -> None:
+        self.db = db
+        self.settings = settings
+        self.gitea = gitea
+        self.bot_login = bot_login
+        self.leases = LeaseStore(db)
+        cfg = settings.allocator
+        self.policy = RankingPolicy(
+            priority_labels=tuple(cfg.priority_labels),
+            protected_issue_numbers=frozenset(cfg.protected_issues),
+            protected_labels=frozenset(cfg.protected_labels),
+            lease_grace=timedelta(seconds=cfg.lease_grace_s),
+        )
+
+    @property
+    def repo(self) -> str:
+        return f"{self.settings.repository.owner}/{self.settings.repository.name}".lower()
+
+    def _authorize(self, call: AllocationCall) -> AllocationOutcome | None:
+        roster = self.settings.roster
+        if not call.actor_is_operator and "controller" not in roster.get(call.actor, []):
+            return _refuse(
+                "not_authorized",
+                f"{call.actor} is not a controller; only controllers allocate work",
+                "Ask a controller identity (see the roster) to allocate, or have an operator add you to it.",
+                "ask a controller to run /allocate or gitea_allocate_next_work",
+            )
+        role = ACTION_ROLES.get(call.action)
+        if role is None:
+            return _refuse(
+                "invalid_input",
+                f"unknown action {call.action!r}; one of {', '.join(sorted(ACTION_ROLES))}",
+                "Use one of the documented actions.",
+                "call again with action=implement",
+            )
+        if role not in roster.get(call.owner, []):
+            return _refuse(
+                "not_authorized",
+                f"{call.owner} has no {role} role in the roster, so cannot receive a lease for {call.action}",
+                f"Choose an owner whose roster roles include {role}.",
+                f"call again with an owner listed as {role} in the roster",
+            )
+        return None
+
+    async def gather_candidates(self) -> tuple[list[dict[str, Any]], frozenset[int]]:
+        """Open `status:ready` issues (not PRs) from Gitea, with their dependencies' open state."""
+        if self.gitea is None:
+            raise LookupError("no Gitea client: give candidates_json, or configure gitea.token")
+        ready = label_for_state("ready")
+        issues = await self.gitea.list_issues(state="open", labels=[ready], type_="issues")
+        records: list[dict[str, Any]] = []
+        deps: set[int] = set()
+        for issue in issues:
+            if issue.is_pull or ready not in issue.label_names:
+                continue  # Gitea drops unknown label filters silently: check the label ourselves
+            record: dict[str, Any] = {
+                "issue_number": issue.number,
+                "title": issue.title,
+                "labels": sorted(issue.label_names),
+                "depends_on": depends_on(issue.body or ""),
+            }
+            if issue.created_at is not None:
+                record["created_at"] = issue.created_at.isoformat()
+            deps.update(record["depends_on"])
+            records.append(record)
+        known = {r["issue_number"] for r in records}
+        open_numbers: set[int] = set(known)
+        for number in sorted(deps - known):
+            try:
+                dep = await self.gitea.get_issue(number)
+            except GiteaNotFound:
+                continue  # a missing issue holds nothing
+            if dep.state == "open":
+                open_numbers.add(number)
+        return records, frozenset(open_numbers)
+
+    async def run(self, call: AllocationCall, *, now: datetime | None = None) -> AllocationOutcome:
+        refused = self._authorize(call)
+        if refused is not None:
+            return refused
+        source = "candidates_json"
+        open_numbers: frozenset[int] = frozenset()
+        candidates = call.candidates_json
+        if candidates is None:
+            source = "gitea"
+            try:
+                candidates, open_numbers = await self.gather_candidates()
+            except LookupError as exc:
+                return _refuse("unavailable", str(exc), "Pass candidates_json, or configure a Gitea token.",
+                               "call again with candidates_json")
+        request = AllocationRequest(
+            owner=call.owner,
+            candidates=candidates,
+            exclude_issue_numbers=call.exclude_issue_numbers,
+            open_issue_numbers=open_numbers,
+        )
+        moment = now or utcnow()
+        if call.dry_run:
+            leases = [lease.as_live_lease() for lease in await self.leases.open_leases(self.repo)]
+            decision = decide(request, self.policy, leases, moment)
+            pinned = check_apply(call.expected_fingerprint, decision) if call.expected_fingerprint else None
+            outcome = AllocationOutcome(decision=decision, refusal=pinned, source=source)
+            return outcome
+        return await self._apply(call, request, moment, source)
+
+    async def _apply(
+        self, call: AllocationCall, request: AllocationRequest, now: datetime, source: str
+    ) -> AllocationOutcome:
+        """Decide again on the leases as they are inside the write transaction, then write atomically."""
+        role = ACTION_ROLES[call.action]
+        async with self.db.transaction() as conn:
+            open_leases = await self.leases.open_leases(self.repo, conn)
+            decision = decide(request, self.policy, [lease.as_live_lease() for lease in open_leases], now)
+            refusal = check_apply(call.expected_fingerprint, decision)
+            outcome = AllocationOutcome(decision=decision, refusal=refusal, source=source, dry_run=False)
+            if refusal is not None or isinstance(decision, InvalidDecision):
+                return outcome
+            if isinstance(decision, ResumeDecision):
+                lease = next(lease for lease in open_leases if lease.lease_id == decision.lease.lease_id)
+                await self.leases.record_resume(conn, lease, actor=call.actor, now=now)
+                outcome.lease = lease
+                return outcome
+            if not isinstance(decision, SelectDecision):
+                return outcome  # wait or blocked: nothing is leased
+            stale = [lease for lease in open_leases if lease.issue_number == decision.issue_number]
+            try:
+                lease = await self.leases.acquire(
+                    conn,
+                    repo=self.repo,
+                    issue_number=decision.issue_number,
+                    owner=call.owner,
+                    role=role,
+                    action=call.action,
+                    ttl=timedelta(seconds=self.settings.allocator.lease_ttl_s),
+                    now=now,
+                    actor=call.actor,
+                    fingerprint=decision.fingerprint,
+                    request={"exclude": sorted(decision.exclusions.get("caller", [])), "source": source},
+                    reclaim=stale[0] if stale else None,
+                    grace=self.policy.lease_grace,
+                )
+            except LeaseTaken as exc:
+                outcome.refusal = Envelope(
+                    error="conflict",
+                    message=f"{exc}; nothing was leased",
+                    remediate="Another allocation won the race for this issue; run a fresh dry-run.",
+                    exact_next_action="call gitea_allocate_next_work as a dry-run again",
+                )
+                return outcome
+            outcome.lease = lease
+            outcome.applied = True
+            for intent in self._effects(lease, decision, call):
+                await enqueue(conn, intent)
+                outcome.outbox_keys.append(intent.key)
+        return outcome
+
+    def _effects(self, lease: Lease, decision: SelectDecision, call: AllocationCall) -> Sequence[OutboxIntent]:
+        """The Gitea side of a lease, in order: status label, assignee, then the evidence comment."""
+        number, key = lease.issue_number, lease.lease_id
+        branch_hint = f"issue-{number}"
+        state = CanonicalState(
+            state="in-progress",
+            who_is_next="author",
+            next_action=f"{lease.owner}: bootstrap the issue worktree (gitea_bootstrap_issue_worktree)",
+            next_prompt=(
+                f"You hold lease {lease.lease_id} on #{number} until {lease.expires_at.isoformat()}.\n"
+                f"Call gitea_bootstrap_issue_worktree for #{number}, work only in the registered worktree\n"
+                f"on its {branch_hint}-* branch, heartbeat the lease, and post the next state when done."
+            ),
+            what_happened=f"leased #{number} to {lease.owner} ({lease.role}, {lease.action})",
+            why=_why(decision),
+            related_prs=(),
+            blockers="none",
+            validation="lease row committed; this comment, the label and the assignee are read back by foreman",
+            last_updated_by=self.bot_login,
+        )
+        evidence = {
+            "action": "allocate",
+            "lease": lease.to_dict(),
+            "fingerprint": decision.fingerprint,
+            "requested_by": call.actor,
+            "delivery": call.delivery_id,
+            "skipped": [s.to_dict() for s in decision.skipped][:20],
+        }
+        body = render_evidence(
+            key=f"{key}:evidence",
+            summary=(
+                f"Leased #{number} to {lease.owner} for {lease.action} until {lease.expires_at:%Y-%m-%d %H:%M} UTC."
+            ),
+            state=state,
+            evidence=evidence,
+        )
+        ready, in_progress = label_for_state("ready"), label_for_state("in-progress")
+        cause = call.delivery_id
+        return (
+            OutboxIntent(f"{key}:labels", number, "labels", {"add": [in_progress], "remove": [ready]}, cause),
+            OutboxIntent(f"{key}:assignee", number, "assignees", {"assignees": [lease.owner]}, cause),
+            OutboxIntent(f"{key}:evidence", number, "comment", {"body": body}, cause),
+        )
+
+
+def _why(decision: SelectDecision) -> str:
+    top = decision.ranked[0] if decision.ranked else None
+    skipped = len(decision.skipped)
+    rank = f"ranked first of {len(decision.ranked)}" if top else "selected"
+    return f"{rank} by priority, age and number; {skipped} candidate(s) skipped with reasons in the evidence"

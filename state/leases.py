@@ -1,0 +1,266 @@
+"""Leases: at most one live lease per issue (a partial unique index), with every change recorded as an event."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import uuid
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any, Literal
+
+import aiosqlite
+
+from bot.core.allocator import LiveLease
+from state.db import Database, from_db_time, to_db_time, utcnow
+
+LeaseStatus = Literal["live", "released", "expired"]
+LeaseEventKind = Literal["acquired", "resumed", "heartbeat", "released", "expired", "reclaimed"]
+
+
+class LeaseTaken(Exception):
+    """Another live lease on the issue won the race (the unique index refused the insert)."""
+
+
+class LeaseRefused(Exception):
+    """A heartbeat or release by someone who is not the lease's owner (or on a lease no longer live)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Lease:
+    lease_id: str
+    repo: str
+    issue_number: int
+    owner: str
+    role: str
+    action: str
+    acquired_at: datetime
+    expires_at: datetime
+    heartbeat_at: datetime
+    status: LeaseStatus
+    ended_at: datetime | None
+    end_reason: str | None
+    fingerprint: str | None
+
+    def is_live(self, now: datetime) -> bool:
+        return self.status == "live" and self.expires_at > now
+
+    def as_live_lease(self) -> LiveLease:
+        """The allocator core's view of this lease."""
+        return LiveLease(
+            issue_number=self.issue_number,
+            owner=self.owner,
+            role=self.role,
+            lease_id=self.lease_id,
+            expires_at=self.expires_at,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "lease_id": self.lease_id,
+            "repo": self.repo,
+            "issue_number": self.issue_number,
+            "owner": self.owner,
+            "role": self.role,
+            "action": self.action,
+            "acquired_at": self.acquired_at.isoformat(),
+            "expires_at": self.expires_at.isoformat(),
+            "heartbeat_at": self.heartbeat_at.isoformat(),
+            "status": self.status,
+            "ended_at": self.ended_at.isoformat() if self.ended_at else None,
+            "end_reason": self.end_reason,
+        }
+
+
+_COLUMNS = (
+    "lease_id, repo, issue_number, owner, role, action, acquired_at, expires_at, heartbeat_at, status,"
+    " ended_at, end_reason, fingerprint"
+)
+
+
+def _lease(row: sqlite3.Row) -> Lease:
+    return Lease(
+        lease_id=row["lease_id"],
+        repo=row["repo"],
+        issue_number=row["issue_number"],
+        owner=row["owner"],
+        role=row["role"],
+        action=row["action"],
+        acquired_at=from_db_time(row["acquired_at"]),
+        expires_at=from_db_time(row["expires_at"]),
+        heartbeat_at=from_db_time(row["heartbeat_at"]),
+        status=row["status"],
+        ended_at=from_db_time(row["ended_at"]) if row["ended_at"] else None,
+        end_reason=row["end_reason"],
+        fingerprint=row["fingerprint"],
+    )
+
+
+async def _event(
+    conn: aiosqlite.Connection, lease_id: str, kind: LeaseEventKind, actor: str, at: datetime, **detail: Any
+) -> None:
+    await conn.execute(
+        "INSERT INTO lease_events (lease_id, kind, actor, at, detail_json) VALUES (?, ?, ?, ?, ?)",
+        (lease_id, kind, actor, to_db_time(at), json.dumps(detail, sort_keys=True, default=str)),
+    )
+
+
+class LeaseStore:
+    """Lease rows and events. Writes that must be atomic with other effects take the caller's connection."""
+
+    def __init__(self, db: Database) -> None:
+        self._db = db
+
+    async def open_leases(self, repo: str, conn: aiosqlite.Connection | None = None) -> list[Lease]:
+        """Leases still marked live (some may be past expiry, inside their grace period)."""
+        source = conn or self._db.reader
+        async with source.execute(
+            f"SELECT {_COLUMNS} FROM leases WHERE repo = ? AND status = 'live' ORDER BY issue_number",  # noqa: S608
+            (repo,),
+        ) as cur:
+            return [_lease(row) for row in await cur.fetchall()]
+
+    async def get(self, lease_id: str) -> Lease | None:
+        async with self._db.reader.execute(
+            f"SELECT {_COLUMNS} FROM leases WHERE lease_id = ?", (lease_id,)  # noqa: S608
+        ) as cur:
+            row = await cur.fetchone()
+        return _lease(row) if row is not None else None
+
+    async def live_for_issue(self, repo: str, issue_number: int) -> Lease | None:
+        async with self._db.reader.execute(
+            f"SELECT {_COLUMNS} FROM leases WHERE repo = ? AND issue_number = ? AND status = 'live'",  # noqa: S608
+            (repo, issue_number),
+        ) as cur:
+            row = await cur.fetchone()
+        return _lease(row) if row is not None else None
+
+    async def history(self, repo: str, issue_number: int) -> list[Lease]:
+        async with self._db.reader.execute(
+            f"SELECT {_COLUMNS} FROM leases WHERE repo = ? AND issue_number = ? ORDER BY id",  # noqa: S608
+            (repo, issue_number),
+        ) as cur:
+            return [_lease(row) for row in await cur.fetchall()]
+
+    async def events(self, lease_id: str) -> list[dict[str, Any]]:
+        async with self._db.reader.execute(
+            "SELECT kind, actor, at, detail_json FROM lease_events WHERE lease_id = ? ORDER BY id", (lease_id,)
+        ) as cur:
+            return [
+                {"kind": r["kind"], "actor": r["actor"], "at": r["at"], "detail": json.loads(r["detail_json"])}
+                for r in await cur.fetchall()
+            ]
+
+    async def acquire(
+        self,
+        conn: aiosqlite.Connection,
+        *,
+        repo: str,
+        issue_number: int,
+        owner: str,
+        role: str,
+        action: str,
+        ttl: timedelta,
+        now: datetime,
+        actor: str,
+        fingerprint: str | None,
+        request: dict[str, Any],
+        reclaim: Lease | None = None,
+        grace: timedelta = timedelta(0),
+    ) -> Lease:
+        """Create a live lease inside the caller's transaction. ``reclaim``: an expired lease past its grace
+        period that this one replaces (recorded as expired + reclaimed). Raises LeaseTaken on a race."""
+        if reclaim is not None:
+            cursor = await conn.execute(
+                "UPDATE leases SET status = 'expired', ended_at = ?, end_reason = ?, version = version + 1"
+                " WHERE lease_id = ? AND status = 'live' AND expires_at <= ?",
+                (to_db_time(now), f"reclaimed by {owner}", reclaim.lease_id, to_db_time(now - grace)),
+            )
+            if cursor.rowcount != 1:
+                raise LeaseTaken(f"lease {reclaim.lease_id} on #{issue_number} is no longer reclaimable")
+            await _event(conn, reclaim.lease_id, "expired", actor, now, expired_at=reclaim.expires_at.isoformat())
+            await _event(conn, reclaim.lease_id, "reclaimed", actor, now, new_owner=owner)
+        lease_id = f"lease-{uuid.uuid4().hex}"
+        try:
+            await conn.execute(
+                "INSERT INTO leases (lease_id, repo, issue_number, owner, role, action, acquired_at, expires_at,"
+                " heartbeat_at, status, fingerprint, request_json) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, 'live', ?, ?)",
+                (
+                    lease_id,
+                    repo,
+                    issue_number,
+                    owner,
+                    role,
+                    action,
+                    to_db_time(now),
+                    to_db_time(now + ttl),
+                    to_db_time(now),
+                    fingerprint,
+                    json.dumps(request, sort_keys=True, default=str),
+                ),
+            )
+        except sqlite3.IntegrityError as exc:
+            raise LeaseTaken(f"issue #{issue_number} already has a live lease") from exc
+        await _event(
+            conn, lease_id, "acquired", actor, now, issue_number=issue_number, owner=owner, ttl_s=ttl.total_seconds()
+        )
+        return Lease(
+            lease_id=lease_id,
+            repo=repo,
+            issue_number=issue_number,
+            owner=owner,
+            role=role,
+            action=action,
+            acquired_at=now,
+            expires_at=now + ttl,
+            heartbeat_at=now,
+            status="live",
+            ended_at=None,
+            end_reason=None,
+            fingerprint=fingerprint,
+        )
+
+    async def record_resume(self, conn: aiosqlite.Connection, lease: Lease, *, actor: str, now: datetime) -> None:
+        await _event(conn, lease.lease_id, "resumed", actor, now, owner=lease.owner)
+
+    async def heartbeat(self, lease_id: str, *, owner: str, ttl: timedelta, now: datetime | None = None) -> Lease:
+        moment = now or utcnow()
+        async with self._db.transaction() as conn:
+            cursor = await conn.execute(
+                "UPDATE leases SET heartbeat_at = ?, expires_at = ?, version = version + 1"
+                " WHERE lease_id = ? AND owner = ? AND status = 'live' AND expires_at > ?",
+                (to_db_time(moment), to_db_time(moment + ttl), lease_id, owner, to_db_time(moment)),
+            )
+            if cursor.rowcount != 1:
+                raise LeaseRefused(f"lease {lease_id} is not a live lease owned by {owner}")
+            await _event(conn, lease_id, "heartbeat", owner, moment, expires_at=(moment + ttl).isoformat())
+        found = await self.get(lease_id)
+        assert found is not None
+        return found
+
+    async def release(
+        self, conn: aiosqlite.Connection, lease_id: str, *, actor: str, reason: str, now: datetime
+    ) -> None:
+        """Inside the caller's transaction: end a live lease (the caller checked who may)."""
+        cursor = await conn.execute(
+            "UPDATE leases SET status = 'released', ended_at = ?, end_reason = ?, version = version + 1"
+            " WHERE lease_id = ? AND status = 'live'",
+            (to_db_time(now), reason, lease_id),
+        )
+        if cursor.rowcount != 1:
+            raise LeaseRefused(f"lease {lease_id} is not live")
+        await _event(conn, lease_id, "released", actor, now, reason=reason)
+
+    async def sweep_expired(self, repo: str, *, grace: timedelta, now: datetime | None = None) -> int:
+        """Record leases past expiry and grace as expired (they stay as history)."""
+        moment = now or utcnow()
+        async with self._db.transaction() as conn:
+            async with conn.execute(
+                "UPDATE leases SET status = 'expired', ended_at = ?, end_reason = 'expired', version = version + 1"
+                " WHERE repo = ? AND status = 'live' AND expires_at <= ? RETURNING lease_id, expires_at",
+                (to_db_time(moment), repo, to_db_time(moment - grace)),
+            ) as cur:
+                rows = list(await cur.fetchall())
+            for row in rows:
+                await _event(conn, row["lease_id"], "expired", "foreman", moment, expired_at=row["expires_at"])
+        return len(rows)
