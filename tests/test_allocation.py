@@ -85,7 +85,7 @@ async def test_ac3_json_string_and_decoded_list_are_the_same_request(allocator: 
 
 @pytest.mark.parametrize(
     "bad",
-    ["[{\"issue_number\": 617", "617", [{"issue_number": True}], [{"issue_number": 3.0}], [{"title": "x"}]],
+    ['[{"issue_number": 617', "617", [{"issue_number": True}], [{"issue_number": 3.0}], [{"title": "x"}]],
 )
 async def test_ac3_invalid_candidates_are_refused_and_nothing_is_leased(allocator: Allocator, bad: object) -> None:
     """AC3: malformed JSON, scalars, booleans, floats and records without a number fail closed."""
@@ -242,9 +242,19 @@ async def test_two_processes_racing_for_the_top_issue_end_with_exactly_one_lease
 
     async def allocate(config: Path, *extra: str) -> tuple[int, dict[str, Any]]:
         process = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "bot", "allocate", "--config", str(config),
-            "--candidates-json", f"@{candidates}", "--json", *extra,
-            cwd=REPO_ROOT, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+            sys.executable,
+            "-m",
+            "bot",
+            "allocate",
+            "--config",
+            str(config),
+            "--candidates-json",
+            f"@{candidates}",
+            "--json",
+            *extra,
+            cwd=REPO_ROOT,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
         )
         out, err = await process.communicate()
         assert process.returncode is not None and out, err.decode()
@@ -290,3 +300,46 @@ async def test_lease_store_heartbeat_and_release_are_owner_only_and_recorded(all
     [row] = await store.history(allocator.repo, 617)
     assert (row.status, row.end_reason) == ("released", "done")
     assert [e["kind"] for e in await store.events(row.lease_id)] == ["acquired", "heartbeat", "released"]
+
+
+def test_the_allocator_doc_lists_every_stable_skip_reason() -> None:
+    """Issue 5.6: the documented list of skipped reasons is the code's list."""
+    from bot.core.allocator import SKIP_REASONS
+
+    doc = (REPO_ROOT / "docs" / "allocator.md").read_text(encoding="utf-8")
+    table = doc.split("## Skipped reasons (stable)", 1)[1].split("\n## ", 1)[0]
+    documented = [line.split("`")[1] for line in table.splitlines() if line.startswith("| `")]
+    assert documented == list(SKIP_REASONS)
+
+
+@pytest.mark.parametrize(
+    ("body", "expected"),
+    [
+        ("/allocate", ("apply", None, None)),
+        ("/allocate --dry-run --exclude 617,#618", ("dry", [617, 618], None)),
+        ("  \n/allocate --owner @author-2\nplease", ("apply", None, "author-2")),
+        ("please /allocate", None),
+        ("/allocated", None),
+    ],
+)
+def test_allocate_commands_are_parsed_from_the_first_line(body: str, expected: Any) -> None:
+    """Issue 5.8: the `/allocate` comment command; plain splitting, no shell."""
+    from handlers.commands import parse_command
+
+    command = parse_command(body)
+    if expected is None:
+        assert command is None
+    else:
+        assert command is not None
+        assert ("dry" if command.dry_run else "apply", command.exclude, command.owner) == expected
+
+
+@pytest.mark.parametrize(
+    "body", ["/allocate --exclude", "/allocate --exclude 1.5", "/allocate --force", "/allocate --exclude 0"]
+)
+def test_malformed_allocate_commands_are_errors_not_guesses(body: str) -> None:
+    """Issue 5.8 / fail closed: a malformed command is an error the reply explains."""
+    from handlers.commands import CommandError, parse_command
+
+    with pytest.raises(CommandError):
+        parse_command(body)
