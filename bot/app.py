@@ -137,7 +137,7 @@ class Service:
                 timeout_s=self.settings.gitea.timeout_s,
             )
             self.worker.deps["gitea"] = self.gitea
-            self.outbox_sender = OutboxSender(self.outbox, self.gitea, self.settings.outbox, self.metrics)
+            self.outbox_sender = self._make_outbox_sender(OutboxSender)
             self.outbox_sender.start()
             self._probe_task = asyncio.create_task(self._probe_loop(), name="gitea-probe")
         else:
@@ -145,6 +145,26 @@ class Service:
             log.warning("gitea: %s", self.gitea_status.detail)
         self.writer.start()
         self.worker.start()
+
+    def _make_outbox_sender(self, sender_class: type[OutboxSender]) -> OutboxSender:
+        """The sender, with hooks that bring verified results back into the issue state (the bot's own label
+        changes and comments come back as ignored_self webhooks, so the issue state learns them here)."""
+        from handlers.issue_state import on_outbox_complete, on_outbox_failure
+        from state.issues import IssueStore
+        from state.outbox import OutboxEntry
+
+        assert self.gitea is not None
+        issues = IssueStore(self.db)
+
+        async def completed(entry: OutboxEntry, result: dict[str, Any]) -> None:
+            await on_outbox_complete(issues, self.settings, entry, result)
+
+        async def failed(entry: OutboxEntry) -> None:
+            await on_outbox_failure(issues, self.settings, entry)
+
+        return sender_class(
+            self.outbox, self.gitea, self.settings.outbox, self.metrics, on_complete=completed, on_failure=failed
+        )
 
     async def stop(self) -> None:
         await self.worker.stop(self.settings.server.shutdown_grace_s)

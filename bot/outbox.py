@@ -7,19 +7,25 @@ import contextlib
 import logging
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from bot.config import OutboxConfig
 from bot.core.evidence import find_marker
-from bot.gitea import GiteaClient, GiteaError, GiteaUnavailable
+from bot.gitea import Comment, GiteaClient, GiteaError, GiteaUnavailable, Issue
 from bot.metrics import Metrics
 from bot.worker import backoff_delay
 from state.db import utcnow
 from state.outbox import OutboxEntry, OutboxStore
 
 log = logging.getLogger("foreman.outbox")
+
+#: Called with the entry and its result after the entry was verified and recorded ``done``.
+CompletionHook = Callable[[OutboxEntry, dict[str, Any]], Awaitable[None]]
+#: Called with the entry as stored after it ended ``verification_failed`` or ``parked`` (until an operator retries).
+FailureHook = Callable[[OutboxEntry], Awaitable[None]]
 
 
 class VerificationMismatch(Exception):
@@ -36,16 +42,60 @@ class _Sent:
     result: dict[str, Any]
 
 
-class OutboxSender:
-    """Sends due outbox heads: issues in parallel, one issue's entries strictly in order."""
+def _iso(moment: datetime | None) -> str | None:
+    return None if moment is None else moment.isoformat()
 
-    def __init__(self, store: OutboxStore, gitea: GiteaClient, config: OutboxConfig, metrics: Metrics) -> None:
+
+def _labels_result(issue: Issue) -> dict[str, Any]:
+    """What a labels entry leaves behind: the issue's label set as read back (names, and ids with names),
+    as of the issue's ``updated_at``, so that a consumer can store it as the issue's label snapshot."""
+    labels = sorted(issue.labels, key=lambda label: (label.name, label.id))
+    return {
+        "labels": sorted({label.name for label in labels}),
+        "issue_labels": [{"id": label.id, "name": label.name} for label in labels],
+        "issue_updated_at": _iso(issue.updated_at),
+        "issue_open": issue.state != "closed",
+    }
+
+
+def _comment_result(comment: Comment) -> dict[str, Any]:
+    """The read-back comment's author and times (Gitea's), for consumers that record the comment."""
+    return {
+        "author": comment.user.login,
+        "created_at": _iso(comment.created_at),
+        "updated_at": _iso(comment.updated_at),
+    }
+
+
+class OutboxSender:
+    """Sends due outbox heads: issues in parallel, one issue's entries strictly in order.
+
+    ``on_complete`` runs after an entry was verified and recorded ``done``; ``on_failure`` after an entry
+    was recorded ``verification_failed`` or ``parked``. A hook that raises is logged; it never changes what
+    was recorded (the entry stays done). Hooks run in the sender's task, once per settled entry, and are not
+    durable: a crash between the settle and the hook loses that call.
+    """
+
+    def __init__(
+        self,
+        store: OutboxStore,
+        gitea: GiteaClient,
+        config: OutboxConfig,
+        metrics: Metrics,
+        *,
+        on_complete: CompletionHook | None = None,
+        on_failure: FailureHook | None = None,
+    ) -> None:
         self.store = store
         self.gitea = gitea
         self.config = config
         self.metrics = metrics
+        self.on_complete = on_complete
+        self.on_failure = on_failure
         self.sender_id = f"outbox-{uuid.uuid4().hex[:12]}"
         self.wakeup = asyncio.Event()
+        #: Entries being handled right now (claimed, sending, settling or running a hook).
+        self.in_flight = 0
         self._task: asyncio.Task[None] | None = None
         self._stopping = False
 
@@ -85,6 +135,13 @@ class OutboxSender:
         return len(heads)
 
     async def _handle(self, head: OutboxEntry) -> None:
+        self.in_flight += 1
+        try:
+            await self._handle_claimed(head)
+        finally:
+            self.in_flight -= 1
+
+    async def _handle_claimed(self, head: OutboxEntry) -> None:
         entry = await self.store.claim(head, self.sender_id)
         if entry is None:
             return
@@ -94,21 +151,40 @@ class OutboxSender:
         except VerificationMismatch as exc:
             self.metrics.outbox_verification_failures.labels(entry.kind).inc()
             log.error("outbox %s (%s #%d) verification failed: %s", entry.key, entry.kind, entry.issue_number, exc)
-            await self.store.verification_failed(entry, error=str(exc), observed=exc.observed, result=exc.result)
+            if await self.store.verification_failed(entry, error=str(exc), observed=exc.observed, result=exc.result):
+                await self._failed(entry)
         except GiteaUnavailable as exc:
             await self._retry_or_park(entry, f"{type(exc).__name__}: {exc}")
         except GiteaError as exc:
             # A 4xx will not change by retrying: park it (it holds back only its own issue).
             log.error("outbox %s parked: %s", entry.key, exc)
-            await self.store.park(entry, error=f"{type(exc).__name__}: {exc}")
+            if await self.store.park(entry, error=f"{type(exc).__name__}: {exc}"):
+                await self._failed(entry)
         else:
-            await self.store.complete(entry, sent.result)
+            if not await self.store.complete(entry, sent.result):
+                return  # another sender took the entry over (stale claim) and settles it
             self.metrics.outbox_send_seconds.labels(entry.kind).observe(time.perf_counter() - started)
+            if self.on_complete is not None:
+                try:
+                    await self.on_complete(entry, sent.result)
+                except Exception:
+                    log.exception("outbox %s: the completion hook failed (the entry stays done)", entry.key)
+
+    async def _failed(self, entry: OutboxEntry) -> None:
+        if self.on_failure is None:
+            return
+        try:
+            settled = await self.store.get(entry.id)
+            if settled is not None:
+                await self.on_failure(settled)
+        except Exception:
+            log.exception("outbox %s: the failure hook failed", entry.key)
 
     async def _retry_or_park(self, entry: OutboxEntry, error: str) -> None:
         if entry.attempts >= self.config.max_attempts:
             log.error("outbox %s parked after %d attempts: %s", entry.key, entry.attempts, error)
-            await self.store.park(entry, error=error)
+            if await self.store.park(entry, error=error):
+                await self._failed(entry)
             return
         self.metrics.outbox_retries.labels(entry.kind).inc()
         delay = backoff_delay(entry.attempts, base_s=self.config.backoff_base_s, max_s=self.config.backoff_max_s)
@@ -143,9 +219,10 @@ class OutboxSender:
     async def _verify_comment(self, entry: OutboxEntry, comment_id: int, result: dict[str, Any]) -> _Sent:
         intended = entry.payload["body"]
         for attempt in range(1, self.config.verify_attempts + 1):
-            observed = (await self.gitea.get_comment(comment_id)).body
+            comment = await self.gitea.get_comment(comment_id)
+            observed = comment.body
             if observed == intended:
-                return _Sent({**result, "verified": True, "verify_attempts": attempt})
+                return _Sent({**result, **_comment_result(comment), "verified": True, "verify_attempts": attempt})
             if attempt < self.config.verify_attempts:
                 log.warning("outbox %s: comment %d differs from the intent; writing it again", entry.key, comment_id)
                 await self.gitea.edit_comment(comment_id, intended)
@@ -156,23 +233,31 @@ class OutboxSender:
         )
 
     async def _labels(self, entry: OutboxEntry) -> _Sent:
+        """Add, then remove by id (deltas: labels someone else set meanwhile stay), then read the issue back.
+
+        Removal waits until every added label is on the issue: Gitea ignores an unknown label name, and
+        removing the old label anyway would leave the issue with neither (a status label swap, for one).
+        """
+        number = entry.issue_number
         add = set(entry.payload.get("add", []))
         remove = set(entry.payload.get("remove", []))
-        names: set[str] = set()
+        result: dict[str, Any] = {"labels": []}
         for _ in range(self.config.verify_attempts):
-            current = {label.name: label.id for label in await self.gitea.list_issue_labels(entry.issue_number)}
+            current = {label.name: label.id for label in await self.gitea.list_issue_labels(number)}
             missing = sorted(add - set(current))
             if missing:
-                await self.gitea.add_labels(entry.issue_number, missing)
-            for name in sorted(remove & set(current)):
-                await self.gitea.remove_label(entry.issue_number, current[name])
-            names = {label.name for label in await self.gitea.list_issue_labels(entry.issue_number)}
+                current = {label.name: label.id for label in await self.gitea.add_labels(number, missing)}
+            if add <= set(current):
+                for name in sorted(remove & set(current)):
+                    await self.gitea.remove_label(number, current[name])
+            result = _labels_result(await self.gitea.get_issue(number))
+            names = set(result["labels"])
             if add <= names and not (remove & names):
-                return _Sent({"labels": sorted(names), "verified": True})
+                return _Sent({**result, "verified": True})
         raise VerificationMismatch(
             "the issue's labels do not match the intended change (an unknown label name is ignored by Gitea)",
-            observed={"intended_add": sorted(add), "intended_remove": sorted(remove), "observed": sorted(names)},
-            result={"labels": sorted(names)},
+            observed={"intended_add": sorted(add), "intended_remove": sorted(remove), "observed": result["labels"]},
+            result=result,
         )
 
     async def _assignees(self, entry: OutboxEntry) -> _Sent:

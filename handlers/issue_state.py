@@ -1,35 +1,40 @@
-"""Issue state feature: comment and label events drive each issue's Canonical Issue State, trust and label sync."""
+"""Issue state feature: comment and label events drive each issue's Canonical Issue State, trust and label sync.
+
+Label sync never calls Gitea from here: the store queues the change as an outbox entry in the transaction
+that changed the state or the labels (issue 4), and the outbox sender sends and verifies it. The sender's
+hooks (``on_outbox_complete``, ``on_outbox_failure``, wired in ``bot.app``) bring the results back: the
+verified label set becomes the stored snapshot, and the bot's own Canonical Issue State comments become
+comment records, because the bot's own webhooks are recorded as ``ignored_self`` and never dispatched.
+"""
 
 from __future__ import annotations
 
+import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from datetime import datetime
 from typing import Any, Protocol
 
 from gidgethub import routing, sansio
 
 from bot.config import Settings
 from bot.core.canonical import parse_comment
-from bot.core.vocabulary import is_status_label
+from bot.core.vocabulary import label_for_state
 from bot.worker import HandlerContext
-from state.db import to_db_time
+from state.db import to_db_time, utcnow
 from state.issues import (
-    CONFLICTING_STATUS_LABELS,
     NO_BLOCK,
     CommentAction,
     CommentObservation,
-    IssueLabel,
     IssueObservation,
     IssueSnapshot,
     IssueStore,
-    SyncPlan,
     Trust,
     gitea_time,
-    plan_label_sync,
-    sorted_labels,
 )
+from state.outbox import OutboxEntry
+
+log = logging.getLogger("foreman.issue_state")
 
 router = routing.Router()
 
@@ -40,35 +45,12 @@ _CACHE_DEP = "issue_state.permissions"
 _COMMENT_ACTIONS: tuple[CommentAction, ...] = ("created", "edited", "deleted")
 
 
-class LabelLike(Protocol):
-    """A label as the Gitea client returns it."""
-
-    @property
-    def id(self) -> int: ...
-    @property
-    def name(self) -> str: ...
-
-
-class IssueLike(Protocol):
-    """An issue as the Gitea client returns it."""
-
-    @property
-    def number(self) -> int: ...
-    @property
-    def state(self) -> str: ...
-    @property
-    def labels(self) -> Sequence[LabelLike]: ...
-    @property
-    def updated_at(self) -> datetime | None: ...
-
-
 class IssueStateGitea(Protocol):
-    """The Gitea calls this feature makes (bot.gitea.GiteaClient provides them)."""
+    """The Gitea call this feature makes itself, a read (bot.gitea.GiteaClient provides it).
+
+    Every write (label sync) goes through the outbox."""
 
     async def get_user_permission(self, login: str) -> str: ...
-    async def add_labels(self, number: int, labels: Sequence[int] | Sequence[str]) -> Sequence[LabelLike]: ...
-    async def remove_label(self, number: int, label_id: int) -> None: ...
-    async def get_issue(self, number: int) -> IssueLike: ...
 
 
 class PermissionCache:
@@ -215,7 +197,7 @@ async def on_issue_comment(event: sansio.Event, ctx: HandlerContext) -> None:
         snapshot.state.state if snapshot.state else "none",
         snapshot.state_comment_id,
     )
-    await sync_labels(store, snapshot, ctx, delivery_id=event.delivery_id)
+    wake_label_sync(snapshot, ctx)
 
 
 @router.register("issues", action="opened")
@@ -241,6 +223,7 @@ async def on_issue_event(event: sansio.Event, ctx: HandlerContext) -> None:
         issue, repo=where.repo, action=str(data["action"]), sender=sender, delivery_id=event.delivery_id
     )
     if result.duplicate:
+        wake_label_sync(result.snapshot, ctx)
         return
     if result.added or result.removed:
         ctx.log.info("issue #%d labels +%s -%s by %s", issue.number, list(result.added), list(result.removed), sender)
@@ -252,76 +235,94 @@ async def on_issue_event(event: sansio.Event, ctx: HandlerContext) -> None:
         ctx.log.info("issue #%d is a candidate (status:ready by %s)", issue.number, sender)
     if result.snapshot.open_blockers:
         ctx.log.warning("issue #%d blockers for the controller: %s", issue.number, list(result.snapshot.open_blockers))
-    await sync_labels(store, result.snapshot, ctx, delivery_id=event.delivery_id)
+    wake_label_sync(result.snapshot, ctx)
 
 
 # --------------------------------------------------------------------------- label sync
 
 
-async def sync_labels(store: IssueStore, snapshot: IssueSnapshot, ctx: HandlerContext, *, delivery_id: str) -> None:
-    """Make the issue carry exactly the status label its current STATE mirrors, keeping other labels.
+def wake_label_sync(snapshot: IssueSnapshot, ctx: HandlerContext) -> None:
+    """After the store planned the label sync (inside its transaction): wake the outbox sender, and log.
 
-    Idempotent: nothing happens when the labels already agree. Two status labels hold the sync (a blocker
-    for the controller). Without a Gitea client the needed change is recorded as pending.
+    ``pending`` means the labels do not mirror the STATE yet and the change sits in the outbox: the sender
+    sends and verifies it, or, without a Gitea token, it waits there (``foreman outbox``).
     """
-    conflict = CONFLICTING_STATUS_LABELS in snapshot.open_blockers
-    plan = plan_label_sync(snapshot.state, snapshot.label_names, conflict=conflict)
-    if plan.status == "held":
-        await store.record_sync(
-            snapshot, plan=plan, outcome="held", reason="two status labels at once", delivery_id=delivery_id
-        )
-        return
-    if not plan.needs_change:
-        return
-    gitea: IssueStateGitea | None = ctx.deps.get("gitea")
-    if gitea is None:
-        await store.record_sync(
-            snapshot, plan=plan, outcome="pending", reason="no gitea client configured", delivery_id=delivery_id
-        )
-        ctx.log.warning("issue #%d needs label %s; no Gitea client, recorded as pending", snapshot.number, plan.target)
-        return
-    await _apply_sync(store, snapshot, plan, gitea, ctx, delivery_id=delivery_id)
+    if snapshot.label_sync == "pending":
+        service = ctx.deps.get("service")
+        wakeup: Callable[[], None] | None = getattr(service, "outbox_wakeup", None)
+        if wakeup is not None:
+            wakeup()
+        if ctx.deps.get("gitea") is None:
+            ctx.log.warning(
+                "issue #%d needs label %s; no Gitea client, the change waits in the outbox",
+                snapshot.number,
+                label_for_state(snapshot.state.state) if snapshot.state else "?",
+            )
+    elif snapshot.label_sync == "held":
+        ctx.log.warning("issue #%d label sync held: two status labels at once", snapshot.number)
 
 
-async def _apply_sync(
-    store: IssueStore,
-    snapshot: IssueSnapshot,
-    plan: SyncPlan,
-    gitea: IssueStateGitea,
-    ctx: HandlerContext,
-    *,
-    delivery_id: str,
-) -> None:
-    assert plan.target is not None
-    # Add first, then remove by id what the answer shows: both are deltas, so labels that someone
-    # added meanwhile are kept (a PUT of our stored set could drop them).
-    labels = await gitea.add_labels(snapshot.number, [plan.target])
-    if plan.target not in {label.name for label in labels}:
-        await store.record_sync(
-            snapshot,
-            plan=plan,
-            outcome="label_missing",
-            reason=f"the repository has no label {plan.target}",
-            delivery_id=delivery_id,
+def _repo(settings: Settings) -> str:
+    return f"{settings.repository.owner}/{settings.repository.name}"
+
+
+async def on_outbox_complete(store: IssueStore, settings: Settings, entry: OutboxEntry, result: dict[str, Any]) -> None:
+    """The outbox sender's completion hook: bring a verified mutation back into the issue state.
+
+    - ``labels``: the label set read back becomes the issue's snapshot (a label sync is recorded ``applied``).
+    - ``comment`` / ``edit_comment`` with a Canonical Issue State block (or any edit, which may withdraw one):
+      recorded as a comment revision by the bot (trusted, reason ``bot``) with the comment id and Gitea's
+      times from the read-back, so the bot's own state posts take their place in comment order.
+    """
+    repo = _repo(settings)
+    if entry.kind == "labels":
+        snapshot = await store.record_outbox_labels(repo, entry, result)
+        log.info(
+            "issue #%d labels after outbox %s: %s (%s)",
+            entry.issue_number,
+            entry.key,
+            list(snapshot.label_names),
+            snapshot.label_sync,
         )
-        ctx.log.warning("issue #%d: label %s does not exist in the repository", snapshot.number, plan.target)
         return
-    for label in labels:
-        if is_status_label(label.name) and label.name != plan.target:
-            await gitea.remove_label(snapshot.number, label.id)
-    issue = await gitea.get_issue(snapshot.number)
-    after = IssueObservation(
-        number=issue.number,
-        is_open=issue.state != "closed",
-        labels=sorted_labels(IssueLabel(label.id, label.name) for label in issue.labels),
-        updated_at=None if issue.updated_at is None else to_db_time(issue.updated_at),
+    if entry.kind not in ("comment", "edit_comment"):
+        return
+    body = str(entry.payload.get("body") or "")
+    parsed = parse_comment(body)
+    if not parsed.block_count and entry.kind == "comment":
+        return
+    now = to_db_time(utcnow())
+    created = gitea_time(str(result["created_at"])) if result.get("created_at") else now
+    observation = CommentObservation(
+        repo=repo,
+        number=entry.issue_number,
+        comment_id=int(result["comment_id"]),
+        action="created" if entry.kind == "comment" else "edited",
+        author=str(result.get("author") or settings.gitea.bot_login or "bot"),
+        created_at=created,
+        updated_at=gitea_time(str(result["updated_at"])) if result.get("updated_at") else created,
+        delivery_id=f"outbox:{entry.key}",
+        body_sha256=CommentObservation.body_hash(body),
+        parsed=parsed,
+        trust=Trust(True, "bot") if parsed.block_count else NO_BLOCK,
     )
-    await store.record_sync(
-        snapshot,
-        plan=plan,
-        outcome="applied",
-        reason=f"STATE {snapshot.state.state if snapshot.state else '?'} is mirrored by {plan.target}",
-        delivery_id=delivery_id,
-        after=after,
+    snapshot = await store.record_comment(observation)
+    log.info(
+        "issue #%d: the bot's comment %d (outbox %s) recorded; state %s from comment %s",
+        entry.issue_number,
+        observation.comment_id,
+        entry.key,
+        snapshot.state.state if snapshot.state else "none",
+        snapshot.state_comment_id,
     )
-    ctx.log.info("issue #%d status label set to %s (removed %s)", snapshot.number, plan.target, list(plan.remove))
+
+
+async def on_outbox_failure(store: IssueStore, settings: Settings, entry: OutboxEntry) -> None:
+    """The outbox sender's failure hook: a label sync that ended verification_failed or parked is recorded."""
+    if entry.kind != "labels":
+        return
+    snapshot = await store.record_outbox_failure(_repo(settings), entry)
+    if snapshot is not None:
+        log.warning(
+            "issue #%d label sync %s: outbox %s %s", entry.issue_number, snapshot.label_sync, entry.key, entry.status
+        )

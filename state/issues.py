@@ -10,7 +10,11 @@ Ordering rules (the pure functions below are the single source of truth; SQLite 
   trusted. Arrival order never matters, so a late delivery of an older comment cannot override a newer one,
   and deleting the comment that counts falls back to the previous trusted block.
 * The issue's **snapshot** (labels, open/closed) is replaced only by a payload whose ``issue.updated_at`` is
-  not older than the stored one; an older one is kept in the history with ``applied = 0``.
+  not older than the stored one; an older one is kept in the history with ``applied = 0``. The bot's own
+  label changes come back as ignored webhooks, so the outbox completion hook stores their verified result.
+* **Label sync** is planned inside the transaction that changes the state or the label snapshot: a needed
+  change is an outbox ``labels`` entry written in that same transaction (issue 4), planned against the
+  snapshot with the still-open label entries of the outbox applied on top.
 
 Every write happens in one ``BEGIN IMMEDIATE`` transaction, guarded by unique indexes and by
 ``UPDATE issues ... WHERE version = ?``, so concurrent workers cannot interleave a lost update.
@@ -29,12 +33,19 @@ from typing import Any, Literal
 import aiosqlite
 
 from bot.core.canonical import CanonicalState, ParseResult
-from bot.core.vocabulary import is_status_label, label_for_state
+from bot.core.vocabulary import is_status_label, label_for_state, status_labels
 from state.db import Database, to_db_time, utcnow
+from state.outbox import OutboxEntry, OutboxIntent, enqueue
 
 CommentAction = Literal["created", "edited", "deleted"]
-LabelSync = Literal["no_state", "in_sync", "held", "pending", "label_missing"]
-SyncOutcome = Literal["applied", "pending", "held", "label_missing"]
+#: ``issues.label_sync``: whether the labels mirror the STATE. ``pending``: they do not yet, and the change is
+#: in the outbox (sent by the outbox sender, or waiting there while no Gitea token is configured);
+#: ``label_missing`` / ``failed``: the outbox entry for this state and label set failed (see issue_label_syncs).
+LabelSync = Literal["no_state", "in_sync", "held", "pending", "label_missing", "failed"]
+#: ``issue_label_syncs.outcome``: ``queued`` (an outbox entry was written), then what became of that entry
+#: (``applied``, ``label_missing``, ``failed``); ``held`` (two status labels: nothing queued).
+SyncOutcome = Literal["queued", "applied", "held", "label_missing", "failed"]
+LABEL_SYNC_KEY_PREFIX = "label-sync:"
 
 CONFLICTING_STATUS_LABELS = "conflicting_status_labels"
 READY_LABEL = label_for_state("ready")
@@ -247,6 +258,37 @@ def plan_label_sync(state: CanonicalState | None, labels: Sequence[str] | None, 
     return SyncPlan("pending", target, tuple(name for name in status if name != target))
 
 
+def project_labels(names: Iterable[str], changes: Iterable[dict[str, Any]]) -> tuple[str, ...]:
+    """The label names after the outbox's still-open ``labels`` entries (their payloads, in order) are applied."""
+    projected = set(names)
+    for change in changes:
+        projected |= set(change.get("add", []))
+        projected -= set(change.get("remove", []))
+    return tuple(sorted(projected))
+
+
+def sync_change(target: str, *label_sets: Iterable[str]) -> dict[str, list[str]]:
+    """The outbox ``labels`` payload that makes ``target`` the only status label.
+
+    Every other status label is removed: the vocabulary's and any other ``status:*`` label seen in
+    ``label_sets``. The sender removes only what the issue carries, so listing them all costs nothing, and an
+    entry planned against a label set that an earlier entry is still changing cannot leave two status labels.
+    """
+    others = set(status_labels()).union(*(filter(is_status_label, names) for names in label_sets))
+    return {"add": [target], "remove": sorted(others - {target})}
+
+
+def label_sync_key(repo: str, number: int, record_id: int, target: str, basis: Sequence[Any]) -> str:
+    """The idempotency key of the label sync for one state record, target and label basis.
+
+    ``basis`` is what the plan was made from (the stored label set and its time, the projected set): the same
+    cause processed again (a retried or replayed delivery) yields the same key, so nothing is queued twice;
+    a later label change by someone else yields a new one, so the status label is put back again.
+    """
+    digest = hashlib.sha256(json.dumps(list(basis), sort_keys=True).encode()).hexdigest()[:16]
+    return f"{LABEL_SYNC_KEY_PREFIX}{repo_key(repo)}#{number}:record-{record_id}:{target}:basis-{digest}"
+
+
 def diff_labels(before: Iterable[str], after: Iterable[str]) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """(added, removed) label names, each sorted."""
     old, new = set(before), set(after)
@@ -395,7 +437,7 @@ class IssueStore:
             assert snapshot is not None
             if issue is not None and snapshot.labels is None:
                 snapshot = await self._apply_observation(conn, snapshot, issue, observation.delivery_id, now)
-            return await self._set_state(conn, snapshot, current_record(records), now)
+            return await self._set_state(conn, snapshot, current_record(records), now, cause=observation.delivery_id)
 
     async def record_issue_event(
         self, issue: IssueObservation, *, repo: str, action: str, sender: str, delivery_id: str
@@ -441,48 +483,81 @@ class IssueStore:
             snapshot = before
             if applied:
                 snapshot = await self._apply_observation(conn, before, issue, delivery_id, now)
-                snapshot = await self._set_state(conn, snapshot, None, now, keep_state=True)
+                snapshot = await self._set_state(conn, snapshot, None, now, keep_state=True, cause=delivery_id)
             return IssueEventResult(added, removed, applied, first, made_candidate, False, snapshot)
 
-    async def record_sync(
-        self,
-        snapshot: IssueSnapshot,
-        *,
-        plan: SyncPlan,
-        outcome: SyncOutcome,
-        reason: str,
-        delivery_id: str,
-        after: IssueObservation | None = None,
-    ) -> IssueSnapshot:
-        """Record what label sync did; with ``after`` (Gitea's view after the change) store that snapshot."""
-        assert snapshot.state_record_id is not None and plan.target is not None
-        repo, now = snapshot.repo, to_db_time(utcnow())
-        async with self._db.transaction() as conn:
-            cursor = await conn.execute(
-                "INSERT INTO issue_label_syncs (repo, number, state_record_id, target_label, outcome, reason,"
-                " labels_before_json, labels_after_json, delivery_id, recorded_at)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
-                " ON CONFLICT (repo, number, state_record_id, outcome, labels_before_json) DO NOTHING",
-                (
-                    repo,
-                    snapshot.number,
-                    snapshot.state_record_id,
-                    plan.target,
-                    outcome,
-                    reason,
-                    json.dumps(snapshot.label_names),
-                    None if after is None else json.dumps([label.name for label in after.labels]),
-                    delivery_id,
-                    now,
-                ),
+    async def record_outbox_labels(self, repo: str, entry: OutboxEntry, result: dict[str, Any]) -> IssueSnapshot:
+        """An outbox ``labels`` entry was sent and verified: store the label set Gitea holds now.
+
+        The bot's own label webhooks are recorded as ``ignored_self`` and never reach the handlers, so without
+        this the stored snapshot would go stale. For a label-sync entry the sync is recorded ``applied`` (with
+        the labels after). The snapshot is replaced only if the read-back is not older than it (a person's
+        later change, already stored, stands). Nothing new is planned here: only the state and people's label
+        changes cause syncs, so the bot never answers its own label changes.
+        """
+        repo, number, now = repo_key(repo), entry.issue_number, to_db_time(utcnow())
+        source = f"outbox:{entry.key}"
+        after: IssueObservation | None = None
+        if isinstance(result.get("issue_labels"), list):
+            stamp = result.get("issue_updated_at")
+            after = IssueObservation(
+                number=number,
+                is_open=bool(result.get("issue_open", True)),
+                labels=sorted_labels(IssueLabel(int(item["id"]), str(item["name"])) for item in result["issue_labels"]),
+                updated_at=gitea_time(str(stamp)) if stamp else None,
             )
-            await cursor.close()
-            current = await self._snapshot(conn, repo, snapshot.number)
+        async with self._db.transaction() as conn:
+            await self._ensure_issue(conn, repo, number, now)
+            queued = await self._queued_sync(conn, entry.key)
+            if queued is not None:
+                names = [label.name for label in after.labels] if after is not None else list(result.get("labels", []))
+                await self._insert_sync(
+                    conn,
+                    queued,
+                    outcome="applied",
+                    reason=f"outbox entry {entry.id} sent and verified",
+                    labels_after=names,
+                    source=source,
+                    now=now,
+                )
+            current = await self._snapshot(conn, repo, number)
             assert current is not None
             if after is not None and _not_older(after, current):
-                current = await self._apply_observation(conn, current, after, delivery_id, now)
-            failed: LabelSync | None = "label_missing" if outcome == "label_missing" else None
-            return await self._set_state(conn, current, None, now, keep_state=True, failed_sync=failed)
+                current = await self._apply_observation(conn, current, after, source, now)
+            return await self._set_state(conn, current, None, now, keep_state=True, cause=None)
+
+    async def record_outbox_failure(self, repo: str, entry: OutboxEntry) -> IssueSnapshot | None:
+        """An outbox label-sync entry ended ``verification_failed`` or ``parked``: record it on the issue.
+
+        A target label that Gitea did not put on the issue (it ignores names the repository lacks) is
+        ``label_missing``; anything else is ``failed``. Returns None for entries that are not label syncs.
+        """
+        repo, now = repo_key(repo), to_db_time(utcnow())
+        async with self._db.transaction() as conn:
+            queued = await self._queued_sync(conn, entry.key)
+            if queued is None:
+                return None
+            observed = entry.observed.get("observed") if isinstance(entry.observed, dict) else None
+            target = str(queued["target_label"])
+            if entry.status == "verification_failed" and isinstance(observed, list) and target not in observed:
+                outcome: SyncOutcome = "label_missing"
+                reason = f"the repository has no label {target} (outbox entry {entry.id} failed verification)"
+            else:
+                outcome = "failed"
+                reason = f"outbox entry {entry.id} {entry.status}: {entry.last_error or ''}".strip()[:500]
+            await self._insert_sync(
+                conn,
+                queued,
+                outcome=outcome,
+                reason=reason,
+                labels_after=observed if isinstance(observed, list) else None,
+                source=f"outbox:{entry.key}",
+                now=now,
+            )
+            current = await self._snapshot(conn, repo, entry.issue_number)
+            if current is None:
+                return None
+            return await self._set_state(conn, current, None, now, keep_state=True, cause=None)
 
     # --- internals -------------------------------------------------------------------------------------
     async def _ensure_issue(self, conn: aiosqlite.Connection, repo: str, number: int, now: str) -> None:
@@ -578,15 +653,23 @@ class IssueStore:
         now: str,
         *,
         keep_state: bool = False,
-        failed_sync: LabelSync | None = None,
+        cause: str | None,
     ) -> IssueSnapshot:
-        """Store the current state (unless ``keep_state``) and the label-sync status it implies."""
+        """Store the current state (unless ``keep_state``) and the label-sync status it implies.
+
+        With a ``cause`` (the delivery that changed the state or the labels), the label sync is planned too:
+        a held sync is recorded, a needed change is queued in the outbox in this same transaction.
+        """
         state = snapshot.state if keep_state else (None if record is None else record.state)
         record_id = snapshot.state_record_id if keep_state else (None if record is None else record.id)
         comment_id = snapshot.state_comment_id if keep_state else (None if record is None else record.comment_id)
         conflict = CONFLICTING_STATUS_LABELS in snapshot.open_blockers
         plan = plan_label_sync(state, snapshot.label_names, conflict=conflict)
-        sync: LabelSync = failed_sync if (failed_sync is not None and plan.needs_change) else plan.status
+        if cause is not None and state is not None and record_id is not None:
+            await self._plan_sync(conn, snapshot, record_id, state, plan, cause, now)
+        sync: LabelSync = plan.status
+        if plan.needs_change and record_id is not None and plan.target is not None:
+            sync = await self._failed_sync(conn, snapshot, record_id, plan.target) or plan.status
         cursor = await conn.execute(
             "UPDATE issues SET state_record_id = ?, state_comment_id = ?, state_json = ?, state_label = ?,"
             " label_sync = ?, updated_at = ?, version = version + 1 WHERE repo = ? AND number = ? AND version = ?",
@@ -608,3 +691,119 @@ class IssueStore:
         fresh = await self._snapshot(conn, snapshot.repo, snapshot.number)
         assert fresh is not None
         return fresh
+
+    async def _plan_sync(
+        self,
+        conn: aiosqlite.Connection,
+        snapshot: IssueSnapshot,
+        record_id: int,
+        state: CanonicalState,
+        plan: SyncPlan,
+        cause: str,
+        now: str,
+    ) -> None:
+        """Record a held sync, or queue the label change the state needs (outbox entry + ``queued`` row).
+
+        The plan is made against the stored labels with the outbox's still-open label entries applied, so a
+        change already on its way is not queued again, and one that an open entry would undo is queued after it.
+        """
+        assert plan.target is not None
+        labels_before = json.dumps(snapshot.label_names)
+        if plan.status == "held":
+            cursor = await conn.execute(
+                "INSERT INTO issue_label_syncs (repo, number, state_record_id, target_label, outcome, reason,"
+                " labels_before_json, delivery_id, recorded_at) VALUES (?, ?, ?, ?, 'held', ?, ?, ?, ?)"
+                " ON CONFLICT DO NOTHING",
+                (
+                    snapshot.repo,
+                    snapshot.number,
+                    record_id,
+                    plan.target,
+                    "two status labels at once",
+                    labels_before,
+                    cause,
+                    now,
+                ),
+            )
+            await cursor.close()
+            return
+        async with conn.execute(
+            "SELECT payload_json FROM outbox WHERE issue_number = ? AND kind = 'labels'"
+            " AND status IN ('pending', 'sending') ORDER BY id",
+            (snapshot.number,),
+        ) as cur:
+            open_changes = [json.loads(row[0]) for row in await cur.fetchall()]
+        projected = project_labels(snapshot.label_names, open_changes)
+        if [name for name in projected if is_status_label(name)] == [plan.target]:
+            return  # in sync, or an open outbox entry will make it so
+        key = label_sync_key(
+            snapshot.repo,
+            snapshot.number,
+            record_id,
+            plan.target,
+            [snapshot.label_names, snapshot.snapshot_as_of, projected],
+        )
+        change = sync_change(plan.target, snapshot.label_names, projected)
+        if not await enqueue(conn, OutboxIntent(key, snapshot.number, "labels", change, cause)):
+            return  # this cause was handled before (a retried or replayed delivery)
+        reason = f"STATE {state.state} is mirrored by {plan.target}; queued as outbox entry {key}"
+        cursor = await conn.execute(
+            "INSERT INTO issue_label_syncs (repo, number, state_record_id, target_label, outcome, reason,"
+            " labels_before_json, outbox_key, delivery_id, recorded_at) VALUES (?, ?, ?, ?, 'queued', ?, ?, ?, ?, ?)"
+            " ON CONFLICT DO NOTHING",
+            (snapshot.repo, snapshot.number, record_id, plan.target, reason, labels_before, key, cause, now),
+        )
+        await cursor.close()
+
+    async def _queued_sync(self, conn: aiosqlite.Connection, key: str) -> sqlite3.Row | None:
+        async with conn.execute(
+            "SELECT * FROM issue_label_syncs WHERE outbox_key = ? AND outcome = 'queued'", (key,)
+        ) as cur:
+            row: sqlite3.Row | None = await cur.fetchone()
+        return row
+
+    async def _insert_sync(
+        self,
+        conn: aiosqlite.Connection,
+        queued: sqlite3.Row,
+        *,
+        outcome: SyncOutcome,
+        reason: str,
+        labels_after: Sequence[str] | None,
+        source: str,
+        now: str,
+    ) -> None:
+        """Record what became of a queued sync's outbox entry (once per entry and outcome)."""
+        cursor = await conn.execute(
+            "INSERT INTO issue_label_syncs (repo, number, state_record_id, target_label, outcome, reason,"
+            " labels_before_json, labels_after_json, outbox_key, delivery_id, recorded_at)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
+            (
+                queued["repo"],
+                queued["number"],
+                queued["state_record_id"],
+                queued["target_label"],
+                outcome,
+                reason,
+                queued["labels_before_json"],
+                None if labels_after is None else json.dumps(list(labels_after)),
+                queued["outbox_key"],
+                source,
+                now,
+            ),
+        )
+        await cursor.close()
+
+    async def _failed_sync(
+        self, conn: aiosqlite.Connection, snapshot: IssueSnapshot, record_id: int, target: str
+    ) -> LabelSync | None:
+        """``label_missing`` or ``failed`` when the latest settled sync of this state record and target failed."""
+        async with conn.execute(
+            "SELECT outcome FROM issue_label_syncs WHERE repo = ? AND number = ? AND state_record_id = ?"
+            " AND target_label = ? AND outcome IN ('applied', 'label_missing', 'failed') ORDER BY id DESC LIMIT 1",
+            (snapshot.repo, snapshot.number, record_id, target),
+        ) as cur:
+            row = await cur.fetchone()
+        if row is None or row[0] == "applied":
+            return None
+        return "label_missing" if row[0] == "label_missing" else "failed"

@@ -161,7 +161,8 @@ MIGRATIONS: tuple[tuple[int, str, str], ...] = (
         );
         CREATE UNIQUE INDEX issue_label_syncs_held
             ON issue_label_syncs (repo, number, state_record_id, labels_before_json) WHERE outbox_key IS NULL;
-        CREATE UNIQUE INDEX issue_label_syncs_entry ON issue_label_syncs (outbox_key, outcome) WHERE outbox_key IS NOT NULL;
+        CREATE UNIQUE INDEX issue_label_syncs_entry
+            ON issue_label_syncs (outbox_key, outcome) WHERE outbox_key IS NOT NULL;
         CREATE INDEX issue_label_syncs_issue ON issue_label_syncs (repo, number, state_record_id, id);
         """,
     ),

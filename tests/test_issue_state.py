@@ -8,6 +8,7 @@ import json
 import re
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -16,9 +17,11 @@ from aiohttp.test_utils import TestClient
 
 from bot.app import Service
 from bot.core.canonical import CanonicalState, parse_comment, render
+from bot.core.evidence import render_evidence
 from bot.core.vocabulary import status_labels, vocabulary_markdown
 from bot.emulator import EmuHook
 from handlers.issue_state import PermissionCache
+from state.db import to_db_time
 from state.issues import (
     CommentRecord,
     IssueSnapshot,
@@ -26,11 +29,13 @@ from state.issues import (
     current_record,
     diff_labels,
     effective_revisions,
+    gitea_time,
     plan_label_sync,
 )
+from state.outbox import OutboxEntry, OutboxIntent
 from tests.conftest import REPO_ROOT
 from tests.gitea_fixtures import BOT, OWNER, REPO, TOKENS, LiveEmulator, live_emulator
-from tests.support import SECRET, Started, make_settings, webhook_headers
+from tests.support import SECRET, Started, make_settings, wait_status, webhook_headers
 
 FULL_NAME = f"{OWNER}/{REPO}"
 ROSTER_AUTHOR = "author-1"
@@ -164,15 +169,6 @@ async def test_permission_cache_answers_from_memory_until_it_expires() -> None:
                 raise RuntimeError("unreachable")
             return "write"
 
-        async def add_labels(self, number: int, labels: Any) -> Any:
-            raise AssertionError
-
-        async def remove_label(self, number: int, label_id: int) -> None:
-            raise AssertionError
-
-        async def get_issue(self, number: int) -> Any:
-            raise AssertionError
-
     cache = PermissionCache(ttl_s=60, clock=lambda: now[0])
     assert await cache.permission(Fake(), "Alice") == "write"
     now[0] = 59
@@ -246,15 +242,14 @@ class World:
         return data
 
     async def settle(self, timeout: float = 10.0) -> None:
-        """Drain the emulator's webhooks and wait until foreman settled each (repeat: syncs send more)."""
+        """Drain the emulator's webhooks, wait until foreman settled each, and until the outbox settled
+        (repeat: the outbox's writes send more webhooks, and its completion hook may queue more entries)."""
         emu = self.live.emulator
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         while True:
             await emu.drain_webhooks()
             pending = [d for d in emu.deliveries if d.url == self.webhook_url and d.delivery_id not in self.settled]
-            if not pending:
-                return
             for delivery in pending:
                 assert delivery.ok, f"delivery {delivery.event_type} answered {delivery.status}: {delivery.error}"
                 if json.loads(delivery.response_body).get("status") == "duplicate":
@@ -262,6 +257,35 @@ class World:
                     self.settled.add(delivery.delivery_id)
                     continue
                 await self.wait_settled(delivery.delivery_id, deadline)
+            if not pending and await self.outbox_settled():
+                await emu.drain_webhooks()
+                if all(d.delivery_id in self.settled for d in emu.deliveries if d.url == self.webhook_url):
+                    return
+                continue
+            assert loop.time() < deadline, f"the outbox never settled: {await self.service.outbox.counts()}"
+            await asyncio.sleep(0.01)
+
+    async def outbox_settled(self) -> bool:
+        """Nothing is being sent (or run through the completion hook) and nothing is due: every pending entry
+        waits behind an earlier entry of its issue that failed (verification_failed or parked)."""
+        sender = self.service.outbox_sender
+        assert sender is not None
+        if sender.in_flight:
+            return False
+        entries = sorted(await self.service.outbox.list(limit=10_000), key=lambda e: e.id)
+        stuck: set[int] = set()
+        for entry in entries:
+            if entry.status in ("verification_failed", "parked"):
+                stuck.add(entry.issue_number)
+            elif entry.status == "sending" or (entry.status == "pending" and entry.issue_number not in stuck):
+                return False
+        return not sender.in_flight
+
+    async def label_sync_entries(self, number: int) -> list[OutboxEntry]:
+        prefix = f"label-sync:{FULL_NAME}#{number}:"
+        return sorted(
+            (e for e in await self.service.outbox.list(limit=10_000) if e.key.startswith(prefix)), key=lambda e: e.id
+        )
 
     async def wait_settled(self, delivery_id: str, deadline: float) -> None:
         loop = asyncio.get_running_loop()
@@ -316,6 +340,7 @@ async def world(tmp_path: Path, start: Started) -> AsyncIterator[World]:
             repository={"owner": OWNER, "name": REPO},
             roster={ROSTER_AUTHOR: ["author"]},
             worker={"concurrency": 4},
+            outbox={"backoff_base_s": 0.01, "backoff_max_s": 0.05, "poll_interval_s": 0.05},
         )
         service, client = await start(settings)
         url = str(client.make_url("/webhook"))
@@ -337,17 +362,28 @@ async def test_a_new_block_from_a_writer_becomes_the_state_and_the_label_follows
         "permission:write",
     )
     assert record.delivery_id in world.settled and record.superseded_by is None
-    # Label sync: the bot added the mirroring label through the API; its own webhook was ignored_self.
+    # Label sync: queued as an outbox entry in the comment's transaction, sent and verified by the outbox
+    # sender; its own webhook was ignored_self, so the completion hook stored the verified label set.
     assert world.labels(number) == ["status:in-progress"]
     assert snap.label_names == ("status:in-progress",) and snap.label_sync == "in_sync"
-    [sync] = await world.store.label_syncs(FULL_NAME, number)
-    assert (sync["outcome"], sync["target_label"], sync["state_record_id"]) == (
-        "applied",
-        "status:in-progress",
-        record.id,
+    [entry] = await world.label_sync_entries(number)
+    assert entry.key.startswith(f"label-sync:{FULL_NAME}#{number}:record-{record.id}:status:in-progress:basis-")
+    assert (entry.status, entry.kind, entry.delivery_id) == ("done", "labels", record.delivery_id)
+    assert entry.payload["add"] == ["status:in-progress"] and "status:ready" in entry.payload["remove"]
+    assert entry.result is not None and entry.result["labels"] == ["status:in-progress"]
+    assert entry.result["issue_labels"] == [{"id": world.label_id("status:in-progress"), "name": "status:in-progress"}]
+    queued, applied = await world.store.label_syncs(FULL_NAME, number)
+    assert [(s["outcome"], s["target_label"], s["state_record_id"], s["outbox_key"]) for s in (queued, applied)] == [
+        ("queued", "status:in-progress", record.id, entry.key),
+        ("applied", "status:in-progress", record.id, entry.key),
+    ]
+    assert (json.loads(queued["labels_before_json"]), json.loads(applied["labels_after_json"])) == (
+        [],
+        ["status:in-progress"],
     )
     statuses = [(await world.service.store.get(d)).status for d in world.settled]  # type: ignore[union-attr]
     assert "ignored_self" in statuses
+    assert world.bot_label_writes() == 1  # one POST of the label, nothing to remove
 
 
 async def test_an_edited_block_replaces_that_comments_state(world: World) -> None:
@@ -471,9 +507,12 @@ async def test_a_replayed_delivery_adds_no_history(world: World) -> None:
     world.service.worker.wakeup.set()
     world.settled.discard(record.delivery_id)
     await world.wait_settled(record.delivery_id, asyncio.get_running_loop().time() + 10)
+    await world.settle()
     assert await world.store.comment_records(FULL_NAME, number) == [record]
     after = await world.snapshot(number)
     assert (after.state_record_id, after.label_names) == (before.state_record_id, before.label_names)
+    [entry] = await world.label_sync_entries(number)  # the sync was not queued a second time
+    assert entry.status == "done" and world.bot_label_writes() == 1
 
 
 async def test_label_changes_are_diffed_against_the_stored_set(world: World) -> None:
@@ -548,6 +587,82 @@ async def test_two_status_labels_are_a_blocker_and_sync_holds_until_resolved(wor
     assert (await world.snapshot(number)).label_sync == "in_sync"
 
 
+async def test_a_status_label_the_repository_lacks_ends_as_label_missing(world: World) -> None:
+    """Requirement 6 / issue 4.3: Gitea ignores an unknown label name; the outbox read-back catches it, the
+    entry ends verification_failed, the issue records label_missing, and the old status label stays."""
+    emu = world.live.emulator
+    del emu.repo(OWNER, REPO).labels[world.label_id("status:blocked")]
+    number = await world.open_issue()
+    await world.comment("alice", number, render(_state("in-progress")))
+    assert world.labels(number) == ["status:in-progress"]
+    await world.comment("alice", number, render(_state("blocked", "human")))
+    first, second = await world.label_sync_entries(number)
+    assert first.status == "done" and second.payload["add"] == ["status:blocked"]
+    assert second.status == "verification_failed" and second.observed["observed"] == ["status:in-progress"]
+    assert world.labels(number) == ["status:in-progress"]  # not removed: its replacement never landed
+    snap = await world.snapshot(number)
+    assert snap.state is not None and snap.state.state == "blocked" and snap.label_sync == "label_missing"
+    last = (await world.store.label_syncs(FULL_NAME, number))[-1]
+    assert (last["outcome"], last["target_label"], last["outbox_key"]) == (
+        "label_missing",
+        "status:blocked",
+        second.key,
+    )
+    assert json.loads(last["labels_after_json"]) == ["status:in-progress"]
+    # Another event with the same label set queues nothing new and does not hide the failure.
+    await world.comment("alice", number, "Any news?")
+    assert len(await world.label_sync_entries(number)) == 2
+    assert (await world.snapshot(number)).label_sync == "label_missing"
+    # The operator creates the label and retries the entry (`foreman outbox retry ID`): the sync completes.
+    emu.create_label(OWNER, REPO, "status:blocked", color="#00aa00")
+    await world.service.outbox.retry(second.id)
+    world.service.outbox_wakeup()
+    await world.settle()
+    assert world.labels(number) == ["status:blocked"]
+    snap = await world.snapshot(number)
+    assert snap.label_sync == "in_sync" and snap.label_names == ("status:blocked",)
+    assert (await world.store.label_syncs(FULL_NAME, number))[-1]["outcome"] == "applied"
+
+
+async def test_the_bots_own_state_comment_becomes_the_state_and_a_later_human_block_wins(world: World) -> None:
+    """Requirements 4-5: the bot's evidence comment, posted through the outbox, is recorded by the completion
+    hook (its own webhook is ignored_self) as a trusted block (reason `bot`) in comment order."""
+    number = await world.open_issue()
+    await world.comment("alice", number, render(_state("ready", "controller")))
+    assert world.labels(number) == ["status:ready"]
+    key = f"lease-{number}:evidence"
+    bot_state = _state("in-progress", last_updated_by=BOT)
+    body = render_evidence(key=key, summary=f"Leased #{number} to author-1.", state=bot_state, evidence={"n": number})
+    assert await world.service.outbox.add(OutboxIntent(key, number, "comment", {"body": body}))
+    world.service.outbox_wakeup()
+    await world.settle()
+    entry = await world.service.outbox.by_key(key)
+    assert entry is not None and entry.status == "done" and entry.result is not None
+    comment_id = entry.result["comment_id"]
+    snap = await world.snapshot(number)
+    assert snap.state == bot_state and snap.state_comment_id == comment_id
+    records = await world.store.comment_records(FULL_NAME, number)
+    assert len(records) == 2  # alice's and the bot's, once: the bot's comment webhook was ignored_self
+    mine = records[-1]
+    assert (mine.comment_id, mine.author, mine.trusted, mine.trust_reason, mine.delivery_id) == (
+        comment_id,
+        BOT,
+        True,
+        "bot",
+        f"outbox:{key}",
+    )
+    stored = world.live.emulator.comment(comment_id)
+    assert stored is not None and mine.created_at == to_db_time(datetime.fromtimestamp(stored.created, UTC))
+    assert mine.created_at == gitea_time(entry.result["created_at"])
+    # The label follows the bot's state (a second outbox entry, queued by the hook's transaction).
+    assert world.labels(number) == ["status:in-progress"] and snap.label_sync == "in_sync"
+    # A later human block wins by comment order.
+    later = await world.comment("alice", number, render(_state("review", "reviewer")))
+    snap = await world.snapshot(number)
+    assert snap.state == _state("review", "reviewer") and snap.state_comment_id == later
+    assert world.labels(number) == ["status:review"]
+
+
 async def test_label_sync_replaces_only_the_status_label_and_is_idempotent(world: World) -> None:
     """Requirement 6: the status label follows the STATE; other labels stay; no change when already right."""
     number = await world.open_issue()
@@ -563,8 +678,9 @@ async def test_label_sync_replaces_only_the_status_label_and_is_idempotent(world
     assert world.bot_label_writes() == writes
 
 
-async def test_without_a_gitea_client_the_label_sync_is_recorded_as_pending(tmp_path: Path, start: Started) -> None:
-    """Requirement 6: no token configured: trust comes from the roster only and the sync waits, recorded."""
+async def test_without_a_gitea_client_the_label_sync_waits_in_the_outbox(tmp_path: Path, start: Started) -> None:
+    """Requirement 6: no token configured: trust comes from the roster only; the sync is queued in the outbox
+    (recorded `queued`, the issue `pending`) and waits there; a replayed delivery queues nothing more."""
     service, client = await start(make_settings(tmp_path, roster={ROSTER_AUTHOR: ["author"]}))
     issue = {
         "id": 501,
@@ -608,10 +724,24 @@ async def test_without_a_gitea_client_the_label_sync_is_recorded_as_pending(tmp_
     assert (author.trusted, author.trust_reason) == (True, "roster")
     snap = await store.snapshot("org/repo", 5)
     assert snap is not None and snap.state is not None and snap.state.state == "review"
-    assert snap.label_sync == "pending"
+    assert snap.label_sync == "pending" and snap.label_names == ("status:ready",)
     [sync] = await store.label_syncs("org/repo", 5)
     assert (sync["outcome"], sync["target_label"], json.loads(sync["labels_before_json"])) == (
-        "pending",
+        "queued",
         "status:review",
         ["status:ready"],
     )
+    [entry] = await service.outbox.list()
+    assert (entry.key, entry.status, entry.kind, entry.delivery_id) == (sync["outbox_key"], "pending", "labels", "c-2")
+    assert entry.key.startswith(f"label-sync:org/repo#5:record-{author.id}:status:review:")
+    assert entry.payload == {
+        "add": ["status:review"],
+        "remove": ["status:blocked", "status:done", "status:in-progress", "status:pr-open", "status:ready"],
+    }
+    # A forced replay of the delivery that queued it: the same plan, the same key, nothing new.
+    await service.store.replay("c-2", requested_by="test", force=True)
+    service.worker.wakeup.set()
+    await wait_status(service, "c-2", "done")
+    assert [e.key for e in await service.outbox.list()] == [entry.key]
+    assert len(await store.label_syncs("org/repo", 5)) == 1
+    assert (await service.outbox.counts())["pending"] == 1

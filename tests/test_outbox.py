@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -216,6 +219,13 @@ async def test_label_changes_are_applied_and_verified(rig: Rig) -> None:
     entry = await rig.entry("labels-1")
     assert entry.status == "done"
     assert set(rig.live.emulator.label_names(OWNER, REPO, 1)) == {"status/in-progress", "bug"}
+    # The result is the read-back label set, with ids, as of the issue's updated_at (a snapshot to store).
+    issue = rig.live.emulator.issue(OWNER, REPO, 1)
+    assert entry.result is not None and entry.result["labels"] == ["bug", "status/in-progress"]
+    assert [label["name"] for label in entry.result["issue_labels"]] == ["bug", "status/in-progress"]
+    assert sorted(label["id"] for label in entry.result["issue_labels"]) == sorted(issue.label_ids)
+    assert datetime.fromisoformat(entry.result["issue_updated_at"]).timestamp() == issue.updated
+    assert entry.result["issue_open"] is True
 
 
 async def test_an_unknown_label_fails_verification_instead_of_passing_silently(rig: Rig) -> None:
@@ -232,6 +242,53 @@ async def test_assignee_changes_are_applied_and_verified(rig: Rig) -> None:
     await rig.drain()
     entry = await rig.entry("assign-1")
     assert entry.status == "done" and entry.result == {"assignees": ["alice"], "verified": True}
+
+
+async def test_a_failing_completion_hook_does_not_undo_the_done_entry(
+    rig: Rig, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The completion hook runs once, after the entry is verified and recorded done, with the read-back
+    comment's author and times; when it raises, that is logged and the entry stays done (never re-sent)."""
+    calls: list[tuple[str, str, dict[str, Any]]] = []
+
+    async def hook(entry: OutboxEntry, result: dict[str, Any]) -> None:
+        stored = await rig.store.get(entry.id)
+        assert stored is not None
+        calls.append((entry.key, stored.status, result))
+        raise RuntimeError("the consumer broke")
+
+    rig.sender.on_complete = hook
+    await rig.store.add(comment_intent("hook-1"))
+    with caplog.at_level(logging.ERROR, logger="foreman.outbox"):
+        await rig.drain()
+    entry = await rig.entry("hook-1")
+    assert entry.status == "done" and entry.result is not None and len(rig.bodies()) == 1
+    [(key, status_seen, result)] = calls
+    assert (key, status_seen, result) == ("hook-1", "done", entry.result)
+    comment = rig.live.emulator.comment(result["comment_id"])
+    assert comment is not None and result["author"] == "foreman-bot"
+    assert datetime.fromisoformat(result["created_at"]).timestamp() == comment.created
+    assert datetime.fromisoformat(result["updated_at"]).timestamp() == comment.updated
+    assert "completion hook failed (the entry stays done)" in caplog.text
+    await rig.drain()
+    assert len(calls) == 1 and len(rig.bodies()) == 1
+
+
+async def test_a_failed_label_change_removes_nothing_and_calls_the_failure_hook(rig: Rig) -> None:
+    """A label swap whose new label is unknown must not remove the old one (the issue would have neither);
+    the failure hook gets the entry as stored (verification_failed, with what was observed)."""
+    rig.live.emulator.add_labels(OWNER, REPO, 1, ["status/ready"], actor="alice")
+    failed: list[OutboxEntry] = []
+
+    async def on_failure(entry: OutboxEntry) -> None:
+        failed.append(entry)
+
+    rig.sender.on_failure = on_failure
+    await rig.store.add(OutboxIntent("swap-1", 1, "labels", {"add": ["status/unknown"], "remove": ["status/ready"]}))
+    await rig.drain()
+    assert rig.live.emulator.label_names(OWNER, REPO, 1) == ["status/ready"]
+    [entry] = failed
+    assert (entry.key, entry.status, entry.observed["observed"]) == ("swap-1", "verification_failed", ["status/ready"])
 
 
 def test_intents_are_validated_before_they_are_stored() -> None:
