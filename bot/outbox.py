@@ -96,6 +96,7 @@ class OutboxSender:
         self.wakeup = asyncio.Event()
         #: Entries being handled right now (claimed, sending, settling or running a hook).
         self.in_flight = 0
+        self._handling: set[int] = set()
         self._task: asyncio.Task[None] | None = None
         self._stopping = False
 
@@ -127,18 +128,21 @@ class OutboxSender:
 
     async def run_once(self) -> int:
         """One pass: every due head (one per issue) is sent concurrently. Returns how many were handled."""
+        recovered = await self.recover_hooks()
         heads = await self.store.due_heads(claim_ttl_s=self.config.claim_ttl_s, limit=self.config.concurrency)
         await asyncio.gather(*(self._handle(entry) for entry in heads))
         counts = await self.store.counts()
         for status, count in counts.items():
             self.metrics.outbox_depth.labels(status).set(count)
-        return len(heads)
+        return len(heads) + recovered
 
     async def _handle(self, head: OutboxEntry) -> None:
         self.in_flight += 1
+        self._handling.add(head.id)
         try:
             await self._handle_claimed(head)
         finally:
+            self._handling.discard(head.id)
             self.in_flight -= 1
 
     async def _handle_claimed(self, head: OutboxEntry) -> None:
@@ -164,21 +168,43 @@ class OutboxSender:
             if not await self.store.complete(entry, sent.result):
                 return  # another sender took the entry over (stale claim) and settles it
             self.metrics.outbox_send_seconds.labels(entry.kind).observe(time.perf_counter() - started)
-            if self.on_complete is not None:
-                try:
-                    await self.on_complete(entry, sent.result)
-                except Exception:
-                    log.exception("outbox %s: the completion hook failed (the entry stays done)", entry.key)
+            await self._completed(entry, sent.result)
+
+    async def _completed(self, entry: OutboxEntry, result: dict[str, Any]) -> None:
+        error: str | None = None
+        if self.on_complete is not None:
+            try:
+                await self.on_complete(entry, result)
+            except Exception as exc:
+                error = f"{type(exc).__name__}: {exc}"
+                log.exception("outbox %s: the completion hook failed (the entry stays done)", entry.key)
+        await self.store.mark_hooked(entry.id, error=error)
 
     async def _failed(self, entry: OutboxEntry) -> None:
-        if self.on_failure is None:
-            return
-        try:
-            settled = await self.store.get(entry.id)
-            if settled is not None:
-                await self.on_failure(settled)
-        except Exception:
-            log.exception("outbox %s: the failure hook failed", entry.key)
+        error: str | None = None
+        if self.on_failure is not None:
+            try:
+                settled = await self.store.get(entry.id)
+                if settled is not None:
+                    await self.on_failure(settled)
+            except Exception as exc:
+                error = f"{type(exc).__name__}: {exc}"
+                log.exception("outbox %s: the failure hook failed", entry.key)
+        await self.store.mark_hooked(entry.id, error=error)
+
+    async def recover_hooks(self) -> int:
+        """Run the hooks of entries settled by a process that died before running them (hooks are idempotent)."""
+        recovered = 0
+        for entry in await self.store.unhooked():
+            if entry.id in self._handling:
+                continue  # settled a moment ago by this sender; its own call runs the hook
+            log.warning("outbox %s: running the hook a previous process did not run", entry.key)
+            if entry.status == "done":
+                await self._completed(entry, entry.result or {})
+            else:
+                await self._failed(entry)
+            recovered += 1
+        return recovered
 
     async def _retry_or_park(self, entry: OutboxEntry, error: str) -> None:
         if entry.attempts >= self.config.max_attempts:

@@ -189,8 +189,13 @@ MIGRATIONS: tuple[tuple[int, str, str], ...] = (
             created_at      TEXT NOT NULL,
             updated_at      TEXT NOT NULL,
             sent_at         TEXT,
+            -- Settled entries run a hook (issue state follows what was verified); NULL until it ran, so a
+            -- crash between settling and the hook is made good on the next pass.
+            hooked_at       TEXT,
+            hook_error      TEXT,
             version         INTEGER NOT NULL DEFAULT 0
         );
+        CREATE INDEX outbox_unhooked ON outbox (status, hooked_at);
         CREATE UNIQUE INDEX outbox_idempotency_key ON outbox (idempotency_key);
         CREATE INDEX outbox_issue ON outbox (issue_number, id);
         CREATE INDEX outbox_status ON outbox (status, next_attempt_at);

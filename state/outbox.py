@@ -240,11 +240,29 @@ class OutboxStore:
             (error, json.dumps(observed, sort_keys=True), json.dumps(result, sort_keys=True)),
         )
 
+    async def mark_hooked(self, entry_id: int, *, error: str | None = None) -> None:
+        """The settled entry's hook ran (or failed, recorded, and is not run again)."""
+        async with self._db.transaction(durable=False) as conn:
+            await conn.execute(
+                "UPDATE outbox SET hooked_at = ?, hook_error = ? WHERE id = ? AND hooked_at IS NULL",
+                (to_db_time(utcnow()), error, entry_id),
+            )
+
+    async def unhooked(self, *, limit: int = 50) -> list[OutboxEntry]:
+        """Settled entries whose hook never ran (the process died in between)."""
+        async with self._db.reader.execute(
+            f"SELECT {_COLUMNS} FROM outbox WHERE status IN ('done', 'verification_failed', 'parked')"  # noqa: S608
+            " AND hooked_at IS NULL ORDER BY id LIMIT ?",
+            (limit,),
+        ) as cur:
+            return [_entry(row) for row in await cur.fetchall()]
+
     async def retry(self, entry_id: int) -> OutboxEntry:
         """An operator's `foreman outbox retry ID`: a parked or verification_failed entry is sent again."""
         async with self._db.transaction() as conn:
             async with conn.execute(
                 "UPDATE outbox SET status = 'pending', attempts = 0, next_attempt_at = NULL, updated_at = ?,"  # noqa: S608
+                " hooked_at = NULL, hook_error = NULL,"
                 " version = version + 1 WHERE id = ? AND status IN ('parked', 'verification_failed')"
                 f" RETURNING {_COLUMNS}",
                 (to_db_time(utcnow()), entry_id),

@@ -334,3 +334,25 @@ def test_a_failure_comment_names_the_reason_and_the_exact_next_action() -> None:
     assert "refused" in body and "tracing_gap" in body and "commits" in body
     assert "**Next action:** commit on branch issue-7-x, then call gitea_open_pr again" in body
     assert find_marker(body) == "refuse-7"
+
+
+async def test_a_hook_that_a_dead_process_never_ran_is_run_on_the_next_pass(rig: Rig) -> None:
+    """Hooks are durable: an entry settled done by a process that died before its hook gets the hook later,
+    exactly once (hooked_at is recorded)."""
+    calls: list[str] = []
+
+    async def hook(entry: OutboxEntry, result: dict[str, Any]) -> None:
+        calls.append(entry.key)
+
+    await rig.store.add(comment_intent("orphan-1"))
+    await rig.drain()  # settled with no hook configured: marked as hooked
+    await rig.store.add(comment_intent("orphan-2"))
+    [head] = await rig.store.due_heads(claim_ttl_s=60, limit=10)
+    claimed = await rig.store.claim(head, "dying-sender")
+    assert claimed is not None
+    assert await rig.store.complete(claimed, {"comment_id": 1, "verified": True})  # ... and then it died
+    rig.sender.on_complete = hook
+    await rig.drain()
+    await rig.drain()
+    assert calls == ["orphan-2"]
+    assert await rig.store.unhooked() == []
