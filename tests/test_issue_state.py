@@ -7,24 +7,20 @@ import asyncio
 import json
 import re
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
-from aiohttp.test_utils import TestClient
 
-from bot.app import Service
 from bot.core.canonical import CanonicalState, parse_comment, render
 from bot.core.evidence import render_evidence
-from bot.core.vocabulary import status_labels, vocabulary_markdown
-from bot.emulator import EmuHook
+from bot.core.vocabulary import vocabulary_markdown
 from handlers.issue_state import PermissionCache
 from state.db import to_db_time
 from state.issues import (
     CommentRecord,
-    IssueSnapshot,
     IssueStore,
     current_record,
     diff_labels,
@@ -32,14 +28,12 @@ from state.issues import (
     gitea_time,
     plan_label_sync,
 )
-from state.outbox import OutboxEntry, OutboxIntent
+from state.outbox import OutboxIntent
 from tests.conftest import REPO_ROOT
-from tests.gitea_fixtures import BOT, OWNER, REPO, TOKENS, LiveEmulator, live_emulator
-from tests.support import SECRET, Started, make_settings, wait_status, webhook_headers
+from tests.gitea_fixtures import BOT, OWNER, REPO
+from tests.support import Started, make_settings, wait_status, webhook_headers
+from tests.world import FULL_NAME, ROSTER_AUTHOR, World, open_world
 
-FULL_NAME = f"{OWNER}/{REPO}"
-ROSTER_AUTHOR = "author-1"
-ROSTER_TOKEN = "tok-author-1-0006"
 PERMISSION_ROUTE = "/repos/{owner}/{repo}/collaborators/{collaborator}/permission"
 
 
@@ -199,153 +193,10 @@ def test_docs_carry_exactly_the_generated_vocabulary_table() -> None:
 # --------------------------------------------------------------------------- against the emulator
 
 
-class Clock:
-    """The emulator's clock: whole seconds that move only when a test says so."""
-
-    def __init__(self) -> None:
-        self.now = 1_780_000_000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-@dataclass
-class World:
-    """The emulator (acme/widgets) with a hook to a running foreman service."""
-
-    live: LiveEmulator
-    service: Service
-    client: TestClient[Any, Any]
-    hook: EmuHook
-    clock: Clock
-    webhook_url: str
-    settled: set[str] = field(default_factory=set)
-
-    @property
-    def store(self) -> IssueStore:
-        return IssueStore(self.service.db)
-
-    async def call(
-        self, login: str, method: str, path: str, body: Any = None, *, tick: bool = True, settle: bool = True
-    ) -> Any:
-        """One API call to the emulator as ``login``, then wait until foreman has handled every webhook."""
-        if tick:
-            self.clock.now += 1
-        token = ROSTER_TOKEN if login == ROSTER_AUTHOR else TOKENS[login]
-        async with self.live.session.request(
-            method, self.live.api(f"/repos/{FULL_NAME}{path}"), json=body, headers={"Authorization": f"token {token}"}
-        ) as resp:
-            assert resp.status < 300, f"{method} {path}: {resp.status} {await resp.text()}"
-            data = None if resp.status == 204 else await resp.json()
-        if settle:
-            await self.settle()
-        return data
-
-    async def settle(self, timeout: float = 10.0) -> None:
-        """Drain the emulator's webhooks, wait until foreman settled each, and until the outbox settled
-        (repeat: the outbox's writes send more webhooks, and its completion hook may queue more entries)."""
-        emu = self.live.emulator
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        while True:
-            await emu.drain_webhooks()
-            pending = [d for d in emu.deliveries if d.url == self.webhook_url and d.delivery_id not in self.settled]
-            for delivery in pending:
-                assert delivery.ok, f"delivery {delivery.event_type} answered {delivery.status}: {delivery.error}"
-                if json.loads(delivery.response_body).get("status") == "duplicate":
-                    # Same body as a stored delivery (e.g. two identical label changes in one second).
-                    self.settled.add(delivery.delivery_id)
-                    continue
-                await self.wait_settled(delivery.delivery_id, deadline)
-            if not pending and await self.outbox_settled():
-                await emu.drain_webhooks()
-                if all(d.delivery_id in self.settled for d in emu.deliveries if d.url == self.webhook_url):
-                    return
-                continue
-            assert loop.time() < deadline, f"the outbox never settled: {await self.service.outbox.counts()}"
-            await asyncio.sleep(0.01)
-
-    async def outbox_settled(self) -> bool:
-        """Nothing is being sent (or run through the completion hook) and nothing is due: every pending entry
-        waits behind an earlier entry of its issue that failed (verification_failed or parked)."""
-        sender = self.service.outbox_sender
-        assert sender is not None
-        if sender.in_flight:
-            return False
-        entries = sorted(await self.service.outbox.list(limit=10_000), key=lambda e: e.id)
-        stuck: set[int] = set()
-        for entry in entries:
-            if entry.status in ("verification_failed", "parked"):
-                stuck.add(entry.issue_number)
-            elif entry.status == "sending" or (entry.status == "pending" and entry.issue_number not in stuck):
-                return False
-        return not sender.in_flight
-
-    async def label_sync_entries(self, number: int) -> list[OutboxEntry]:
-        prefix = f"label-sync:{FULL_NAME}#{number}:"
-        return sorted(
-            (e for e in await self.service.outbox.list(limit=10_000) if e.key.startswith(prefix)), key=lambda e: e.id
-        )
-
-    async def wait_settled(self, delivery_id: str, deadline: float) -> None:
-        loop = asyncio.get_running_loop()
-        while True:
-            row = await self.service.store.get(delivery_id)
-            if row is not None and row.status in ("done", "ignored_self"):
-                self.settled.add(delivery_id)
-                return
-            assert row is None or row.status != "failed", f"{delivery_id} failed: {row.last_error}"
-            assert loop.time() < deadline, f"{delivery_id} never settled: {row}"
-            await asyncio.sleep(0.01)
-
-    async def open_issue(self, login: str = "alice", title: str = "Bootstrap the worktree") -> int:
-        issue = await self.call(login, "POST", "/issues", {"title": title})
-        return int(issue["number"])
-
-    async def comment(self, login: str, number: int, body: str) -> int:
-        comment = await self.call(login, "POST", f"/issues/{number}/comments", {"body": body})
-        return int(comment["id"])
-
-    async def snapshot(self, number: int) -> IssueSnapshot:
-        found = await self.store.snapshot(FULL_NAME, number)
-        assert found is not None
-        return found
-
-    def labels(self, number: int) -> list[str]:
-        return self.live.emulator.label_names(OWNER, REPO, number)
-
-    def label_id(self, name: str) -> int:
-        repo = self.live.emulator.repo(OWNER, REPO)
-        return next(label.id for label in repo.labels.values() if label.name == name)
-
-    def bot_label_writes(self) -> int:
-        return sum(
-            1
-            for r in self.live.emulator.requests
-            if r.login == BOT and r.method != "GET" and "labels" in (r.route or "")
-        )
-
-
 @pytest.fixture
 async def world(tmp_path: Path, start: Started) -> AsyncIterator[World]:
-    clock = Clock()
-    async with live_emulator(clock=clock) as live:
-        emu = live.emulator
-        emu.add_user(ROSTER_AUTHOR, token=ROSTER_TOKEN)
-        for label in status_labels():
-            emu.create_label(OWNER, REPO, label, color="#00aa00")
-        settings = make_settings(
-            tmp_path,
-            gitea={"url": live.base_url, "token": TOKENS[BOT], "bot_login": BOT},
-            repository={"owner": OWNER, "name": REPO},
-            roster={ROSTER_AUTHOR: ["author"]},
-            worker={"concurrency": 4},
-            outbox={"backoff_base_s": 0.01, "backoff_max_s": 0.05, "poll_interval_s": 0.05},
-        )
-        service, client = await start(settings)
-        url = str(client.make_url("/webhook"))
-        hook = emu.add_hook(OWNER, REPO, url=url, secret=SECRET, events=["issues"])
-        yield World(live, service, client, hook, clock, url)
+    async with open_world(tmp_path, start) as opened:
+        yield opened
 
 
 async def test_a_new_block_from_a_writer_becomes_the_state_and_the_label_follows(world: World) -> None:

@@ -1,0 +1,81 @@
+"""Allocation end to end: a controller's `/allocate` comment → signed webhook → worker → lease → outbox → Gitea,
+every effect read back from the emulator (issue 5.1, 5.7, 5.8)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from bot.core.evidence import find_marker
+from state.leases import LeaseStore
+from tests.gitea_fixtures import OWNER, REPO
+from tests.support import Started
+from tests.world import FULL_NAME, World, open_world
+
+ROSTER = {"controller-bot": ["controller"], "author-1": ["author"]}
+
+
+@pytest.fixture
+async def world(tmp_path: Path, start: Started) -> AsyncIterator[World]:
+    async with open_world(tmp_path, start, roster=ROSTER) as opened:
+        emu = opened.live.emulator
+        emu.create_label(OWNER, REPO, "priority:p1", color="#aa0000")
+        # #1 ready, no priority; #2 ready p0 but depends on the open #3; #3 open, not ready; #4 a ready PR;
+        # #5 ready p1: the one to lease.
+        emu.create_issue(OWNER, REPO, title="plain", author="alice", labels=["status:ready"])
+        emu.create_issue(
+            OWNER, REPO, title="held", author="alice", body="Depends: #3", labels=["status:ready", "priority:p0"]
+        )
+        emu.create_issue(OWNER, REPO, title="dependency", author="alice")
+        emu.create_issue(OWNER, REPO, title="a PR", author="alice", labels=["status:ready"], pull=True)
+        emu.create_issue(OWNER, REPO, title="next", author="alice", labels=["status:ready", "priority:p1"])
+        yield opened
+
+
+def bodies(world: World, number: int) -> list[str]:
+    issue = world.live.emulator.issue(OWNER, REPO, number)
+    return [c.body for c in issue.comments if c.kind == "comment"]
+
+
+async def test_a_controllers_allocate_comment_leases_the_top_gitea_candidate_and_proves_it(world: World) -> None:
+    """Issue 5.1/5.7/5.8: candidates come from Gitea (ready issues, not PRs, dependency holds); the lease,
+    the status label, the assignee and the evidence comment all land, and the issue's state follows."""
+    await world.comment("controller-bot", 1, "/allocate")
+    leases = await LeaseStore(world.service.db).open_leases(FULL_NAME)
+    assert [(lease.issue_number, lease.owner) for lease in leases] == [(5, "author-1")]
+    emu = world.live.emulator
+    assert "status:in-progress" in emu.label_names(OWNER, REPO, 5)
+    assert "status:ready" not in emu.label_names(OWNER, REPO, 5)
+    assert [u.login for u in emu.issue(OWNER, REPO, 5).assignees] == ["author-1"]
+    [evidence] = bodies(world, 5)
+    assert find_marker(evidence) == f"{leases[0].lease_id}:evidence"
+    # The bot's own state comment became #5's current state (through the outbox's completion hook).
+    snapshot = await world.snapshot(5)
+    assert snapshot.state is not None and (snapshot.state.state, snapshot.state.who_is_next) == (
+        "in-progress",
+        "author",
+    )
+    # The reply on #1 names the decision and the skipped candidates' reasons.
+    reply = bodies(world, 1)[-1]
+    assert find_marker(reply) is not None and find_marker(reply).startswith("command:")  # type: ignore[union-attr]
+    assert "#5" in reply and "dependency_open" in reply
+    for entry in await world.service.outbox.list():
+        assert entry.status == "done", entry.summary()
+
+
+async def test_a_dry_run_command_replies_without_leasing(world: World) -> None:
+    """Issue 5.8: `/allocate --dry-run` reports what would be leased and leases nothing."""
+    await world.comment("controller-bot", 1, "/allocate --dry-run --exclude 5")
+    assert await LeaseStore(world.service.db).open_leases(FULL_NAME) == []
+    reply = bodies(world, 1)[-1]
+    assert "Dry run" in reply and "would lease #1" in reply and "excluded_by_controller" in reply
+
+
+async def test_someone_who_is_not_a_controller_gets_a_not_authorized_reply(world: World) -> None:
+    """Issue 5.8: only controllers allocate; others get a not_authorized reply through the outbox."""
+    await world.comment("alice", 1, "/allocate")
+    assert await LeaseStore(world.service.db).open_leases(FULL_NAME) == []
+    reply = bodies(world, 1)[-1]
+    assert "not_authorized" in reply and "**Next action:**" in reply
