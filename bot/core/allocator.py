@@ -97,7 +97,7 @@ WaitReason = Literal["no_candidates", "all_excluded", "none_eligible"]
 
 DEFAULT_PRIORITY_LABELS: Final[tuple[str, ...]] = ("priority:p0", "priority:p1", "priority:p2", "priority:p3")
 DEFAULT_LEASE_GRACE: Final[timedelta] = timedelta(seconds=120)
-FINGERPRINT_VERSION: Final[int] = 1
+FINGERPRINT_VERSION: Final[int] = 2
 # Keys a candidate record may carry. Anything else is rejected: a misspelt "depend_on" silently
 # dropped would lease a held issue, which is exactly the fail-open this module exists to prevent.
 CANDIDATE_FIELDS: Final[frozenset[str]] = frozenset(
@@ -110,6 +110,9 @@ _RFC3339 = re.compile(
     r"\d{4}-\d{2}-\d{2}[Tt]\d{2}:\d{2}:\d{2}(\.\d+)?([Zz]|[+-]\d{2}:\d{2})",
     re.ASCII,
 )
+_UNIX_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_MICROSECOND = timedelta(microseconds=1)
+_EPOCH = datetime.min.replace(tzinfo=UTC)
 _HEX64 = re.compile(r"[0-9a-f]{64}", re.ASCII)
 
 
@@ -496,6 +499,56 @@ def _parse_rfc3339(value: str) -> datetime | None:
         return None
 
 
+def _fast_candidate(record: Mapping[Any, Any]) -> Candidate | None:
+    """The common valid record (plain dict, known keys, exact types) without collecting problems; None
+    sends the record to the full validator, which then reports every problem exactly as before."""
+    if type(record) is not dict or not record.keys() <= CANDIDATE_FIELDS or "number" in record:
+        return None
+    number = record.get("issue_number")
+    if type(number) is not int or not 0 < number <= _MAX_ISSUE_NUMBER:
+        return None
+    title = record.get("title")
+    if title is not None and type(title) is not str:
+        return None
+    labels = record.get("labels")
+    if labels is None:
+        labels = ()
+    elif type(labels) is not list and type(labels) is not tuple:
+        return None
+    for label in labels:
+        if type(label) is not str or not label:
+            return None
+    raw_created = record.get("created_at")
+    created_at = None
+    if raw_created is not None:
+        if type(raw_created) is not str:
+            return None
+        created_at = _parse_rfc3339(raw_created)
+        if created_at is None:
+            return None
+    deps = record.get("depends_on")
+    if deps is None:
+        deps = ()
+    elif type(deps) is not list and type(deps) is not tuple:
+        return None
+    for dep in deps:
+        if type(dep) is not int or not 0 < dep <= _MAX_ISSUE_NUMBER or dep == number:
+            return None
+    ready = record.get("ready", True)
+    if ready is None:
+        ready = True
+    elif type(ready) is not bool:
+        return None
+    return Candidate(
+        issue_number=number,
+        title=title,
+        labels=tuple(sorted(set(labels))) if len(labels) > 1 else tuple(labels),
+        created_at=created_at,
+        depends_on=tuple(sorted(set(deps))) if len(deps) > 1 else tuple(deps),
+        ready=ready,
+    )
+
+
 def _candidate_from_record(
     record: Mapping[Any, Any], index: int, input_name: str
 ) -> tuple[Candidate | None, list[InputProblem]]:
@@ -659,7 +712,10 @@ def normalize_candidates(raw: object) -> list[Candidate]:
             got = _type_name(element)
             problems.append(InputProblem(input=name, index=index, field="", problem=f"expected an object, got {got}"))
             continue
-        candidate, found = _candidate_from_record(record, index, name)
+        candidate = _fast_candidate(record)
+        found: list[InputProblem] = []
+        if candidate is None:
+            candidate, found = _candidate_from_record(record, index, name)
         problems.extend(found)
         if candidate is None:
             continue
@@ -812,15 +868,17 @@ def _fingerprint(
         )
     parts_values: dict[str, object] = {
         "owner": owner,
+        # one compact row per candidate, [number, relevant labels, created_at as UTC microseconds, depends_on,
+        # ready]; candidates arrive sorted by number from normalize_candidates (FINGERPRINT_VERSION 2)
         "candidates": [
-            {
-                "issue_number": c.issue_number,
-                "labels": sorted(set(c.labels) & relevant_labels),
-                "created_at": _utc(c.created_at),
-                "depends_on": sorted(c.depends_on),
-                "ready": c.ready,
-            }
-            for c in sorted(candidates, key=lambda c: c.issue_number)
+            [
+                c.issue_number,
+                [label for label in c.labels if label in relevant_labels],
+                None if c.created_at is None else (c.created_at - _UNIX_EPOCH) // _MICROSECOND,
+                c.depends_on,
+                c.ready,
+            ]
+            for c in candidates
         ],
         "exclusions": {
             "exclude_issue_numbers": sorted(caller_exclusions),
@@ -982,16 +1040,26 @@ def decide(
             else:
                 eligible.append(candidate)
 
-    eligible.sort(key=lambda c: _rank_key(c, policy))
+    prio = {label: i for i, label in enumerate(policy.priority_labels)}
+    unlabelled = len(prio)
+    keyed = []
+    for c in eligible:
+        p = min([prio[label] for label in c.labels if label in prio], default=unlabelled)
+        # one tzinfo for all keys: comparing datetimes with different offsets is several times slower
+        when = c.created_at.astimezone(UTC) if c.created_at is not None else _EPOCH
+        keyed.append((p, 0 if c.created_at is not None else 1, when, c.issue_number, c))
+    keyed.sort(key=lambda k: k[:4])
+    eligible = [k[4] for k in keyed]
+    labels_by_rank = policy.priority_labels
     ranked = tuple(
         RankedCandidate(
             rank=i + 1,
-            issue_number=c.issue_number,
-            priority_label=_priority(c, policy)[1],
-            created_at=c.created_at,
-            owned_lease_id=owned[c.issue_number].lease_id if c.issue_number in owned else None,
+            issue_number=k[3],
+            priority_label=labels_by_rank[k[0]] if k[0] < unlabelled else None,
+            created_at=k[4].created_at,
+            owned_lease_id=owned[k[3]].lease_id if k[3] in owned else None,
         )
-        for i, c in enumerate(eligible)
+        for i, k in enumerate(keyed)
     )
     common["ranked"] = ranked
     common["skipped"] = tuple(skipped)
