@@ -112,6 +112,7 @@ class AllocatorConfig(_Section):
     protected_labels: list[str] = Field(default_factory=list)
     lease_ttl_s: float = Field(default=4 * 3600.0, gt=0)
     lease_grace_s: float = Field(default=120.0, ge=0)
+    auto_allocate_owner: str = ""  # empty: off; else a roster author who gets a lease when an issue turns ready
 
     @field_validator("protected_issues")
     @classmethod

@@ -79,3 +79,30 @@ async def test_someone_who_is_not_a_controller_gets_a_not_authorized_reply(world
     assert await LeaseStore(world.service.db).open_leases(FULL_NAME) == []
     reply = bodies(world, 1)[-1]
     assert "not_authorized" in reply and "**Next action:**" in reply
+
+
+async def test_auto_allocation_leases_when_an_issue_turns_ready(tmp_path: Path, start: Started) -> None:
+    """Issue 5.8 / 9.1: with `auto_allocate_owner` set, a maintainer's `status:ready` label starts the loop:
+    the top ready issue is leased once, even when the label event is delivered again."""
+    async with open_world(tmp_path, start, roster=ROSTER, allocator={"auto_allocate_owner": "author-1"}) as world:
+        emu = world.live.emulator
+        emu.create_issue(OWNER, REPO, title="fresh", author="alice")
+        await world.call("alice", "POST", "/issues/1/labels", {"labels": ["status:ready"]})
+        leases = await LeaseStore(world.service.db).open_leases(FULL_NAME)
+        assert [(lease.issue_number, lease.owner) for lease in leases] == [(1, "author-1")]
+        assert "status:in-progress" in emu.label_names(OWNER, REPO, 1)
+        # Gitea's Replay button resends the same body under a new id: recognised, nothing more happens.
+        [label_delivery] = [
+            d for d in emu.deliveries if d.event_type == "issue_label" and d.payload["sender"]["login"] == "alice"
+        ]
+        emu.replay_delivery(label_delivery.delivery_id)
+        await world.settle()
+        assert len(await LeaseStore(world.service.db).history(FULL_NAME, 1)) == 1
+        assert len(bodies(world, 1)) == 1
+
+
+async def test_auto_allocation_is_off_by_default(world: World) -> None:
+    """Issue 5.8: without `auto_allocate_owner` a ready label only makes a candidate."""
+    world.live.emulator.create_issue(OWNER, REPO, title="fresh", author="alice")
+    await world.call("alice", "POST", "/issues/6/labels", {"labels": ["status:ready"]})
+    assert await LeaseStore(world.service.db).open_leases(FULL_NAME) == []
