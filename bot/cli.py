@@ -1,4 +1,4 @@
-"""The `foreman` command line: serve, check-config, deliveries, replay, outbox, allocate, state parse."""
+"""The `foreman` command line: serve, check-config, deliveries, replay, outbox, allocate, mcp, run, grants, state."""
 
 from __future__ import annotations
 
@@ -224,6 +224,181 @@ def _default_owner(settings: Settings, action: str) -> str | None:
     return owners[0] if len(owners) == 1 else None
 
 
+# --- mcp -----------------------------------------------------------------------------------------------
+def _cmd_mcp(settings: Settings, args: argparse.Namespace) -> int:
+    """MCP over stdio for the identity of FOREMAN_MCP_TOKEN; without a known token, refuse to start (exit 2)."""
+    from bot.mcp_server import IdentityError, resolve_identity, serve_stdio, token_from_environment
+
+    try:
+        caller = resolve_identity(settings, token_from_environment())
+    except IdentityError as exc:
+        print(json.dumps({"error": "invalid_config", "key": "mcp.tokens", "message": str(exc)}), file=sys.stderr)
+        return EXIT_USAGE
+    return asyncio.run(serve_stdio(settings, caller))
+
+
+# --- bootstrap -----------------------------------------------------------------------------------------
+def _cmd_bootstrap(settings: Settings, args: argparse.Namespace) -> int:
+    """The worktree bootstrap transition for --owner (who must hold the issue's live lease); docs/bootstrap.md."""
+    import aiohttp
+
+    from bot.bootstrap import BootstrapContext, bootstrap_issue_worktree, bootstrap_preflight
+    from bot.gitea import GiteaClient
+
+    async def work(db: Database) -> int:
+        token = settings.gitea_token()
+        async with aiohttp.ClientSession() as session:
+            gitea = (
+                GiteaClient(
+                    session,
+                    base_url=settings.gitea.url,
+                    token=token,
+                    owner=settings.repository.owner,
+                    repo=settings.repository.name,
+                    timeout_s=settings.gitea.timeout_s,
+                )
+                if token
+                else None
+            )
+            ctx = BootstrapContext(db=db, settings=settings, gitea=gitea, bot_login=settings.gitea.bot_login)
+            if args.preflight:
+                proof = await bootstrap_preflight(ctx, args.issue, args.owner)
+                _emit(proof, as_json=args.json)
+                return EXIT_OK if proof["ok"] else EXIT_REFUSED
+            result = await bootstrap_issue_worktree(
+                ctx,
+                issue_number=args.issue,
+                caller=args.owner,
+                idempotency_key=args.idempotency_key,
+                expected_base=args.expected_base,
+            )
+        doc = result.to_dict()
+        proof = doc.get("proof") or {}
+        text = (
+            f"{result.status}: #{args.issue} branch {proof.get('branch')} at {proof.get('head_sha')},"
+            f" worktree {proof.get('worktree_path')} (key {result.idempotency_key})"
+            if result.exit_code == 0
+            else None
+        )
+        _emit(doc, as_json=args.json, text=text)
+        return result.exit_code
+
+    return asyncio.run(_with_db(settings, work))
+
+
+# --- run grants ----------------------------------------------------------------------------------------
+def _cmd_run(settings: Settings, args: argparse.Namespace) -> int:
+    """`run start` compiles and seals a grant; `run abort` / `run reconcile` are the operator's side of a run."""
+    from bot.core.errors import EnvelopeError
+    from bot.grants_broker import Broker, host_identity, start_run
+    from state.grants import GrantStore
+
+    async def work(db: Database) -> int:
+        if args.run_command == "start":
+            try:
+                started = await start_run(
+                    db, settings, issue_number=args.issue, action=args.action, sealed_by=f"operator:{getpass.getuser()}"
+                )
+            except EnvelopeError as exc:
+                _emit(exc.envelope.to_dict(), as_json=True)
+                return EXIT_REFUSED
+            grant = started.grant
+            text = (
+                f"run {started.run_id} sealed for #{grant.issue_number} ({grant.policy_key}, {len(grant.calls)} calls,"
+                f" grant {grant.digest}, expires {grant.expires_at.isoformat()})\n"
+                f"run token (shown once; give it to the agent's `foreman mcp` as FOREMAN_MCP_TOKEN): {started.token}"
+            )
+            _emit(started.to_dict(), as_json=args.json, text=text)
+            return EXIT_OK
+        store = GrantStore(db)
+        if await store.run(args.run_id) is None:
+            _emit(
+                {
+                    "error": "not_found",
+                    "message": f"no run {args.run_id}",
+                    "remediate": "list runs with `foreman grants` and pick one",
+                    "exact_next_action": "run foreman grants",
+                },
+                as_json=True,
+            )
+            return EXIT_REFUSED
+        broker = Broker(store, args.run_id, host=lambda: host_identity(settings.database.path))
+        if args.run_command == "teardown":
+            doc = await _teardown(broker)
+            _emit(doc, as_json=args.json)
+            return EXIT_OK if doc["ok"] else EXIT_REFUSED
+        if args.run_command == "abort":
+            result = await broker.abort(args.reason)
+        else:
+            result = await broker.reconcile(args.call_id, note=args.note)
+        _emit(result.to_dict(), as_json=args.json)
+        return EXIT_OK if result.ok else EXIT_REFUSED
+
+    async def _teardown(broker: Broker) -> dict[str, Any]:
+        # The reserved teardown, run by the operator through the same gateway as the agent's calls, as the
+        # run's owner (a run the agent abandoned is still torn down exactly once, with the compiled arguments).
+        from bot.core.verbs import TOOLS
+        from bot.grants_broker import run_teardown
+        from bot.mcp_server import open_runtime
+        from bot.verbs_runtime import caller_for
+
+        grant = await broker.grant()
+        async with open_runtime(settings) as runtime:
+            caller = caller_for(settings, grant.owner, "mcp")
+
+            async def run_tool(tool: str, arguments: dict[str, Any]) -> tuple[bool, dict[str, Any]]:
+                result = await runtime.call(TOOLS[tool].name, caller, arguments)
+                return result.ok, result.doc
+
+            return await run_teardown(broker, run_tool)
+
+    return asyncio.run(_with_db(settings, work))
+
+
+def _cmd_grants(settings: Settings, args: argparse.Namespace) -> int:
+    """Sealed grants with their digests, run state and every admission decision (docs/grants.md)."""
+    from bot.grants_broker import inspect
+
+    async def work(db: Database) -> int:
+        try:
+            doc = await inspect(db, args.run_id)
+        except LookupError as exc:
+            _emit(
+                {
+                    "error": "not_found",
+                    "message": str(exc),
+                    "remediate": "list runs with `foreman grants` and pick one",
+                    "exact_next_action": "run foreman grants",
+                },
+                as_json=True,
+            )
+            return EXIT_REFUSED
+        lines: list[str] = []
+        for entry in doc["runs"]:
+            run, grant = entry["run"], entry["grant"]
+            lines.append(
+                f"{run['run_id']} #{run['issue_number']} {run['policy']} {run['owner']} grant {run['grant_digest']}"
+                f" next={run['next_position']} outcome={run['outcome'] or '-'} teardown={run['teardown']}"
+                + ("" if entry["grant_integrity"] == "intact" else f" GRANT {entry['grant_integrity']}")
+            )
+            if grant is not None:
+                lines.append(f"  policy {grant['policy']['digest']} contract {grant['contract_digest']}")
+                for call in grant["calls"]:
+                    args_text = json.dumps(call["arguments"], sort_keys=True)
+                    lines.append(f"  [{call['position']}] {call['effect']:<9} {call['tool']} {args_text}")
+            for d in entry["decisions"]:
+                where = f"#{d['position']}" if d["position"] is not None else "-"
+                lines.append(
+                    f"    {d['at']} {d['kind']:<12} {d['tool'] or '-'} {where} {d['reason']}"
+                    + (f" [{d['category']}]" if d["category"] else "")
+                    + (" inert" if d["inert"] else "")
+                )
+        _emit(doc, as_json=args.json, text="\n".join(lines) if lines else "(no runs)")
+        return EXIT_OK
+
+    return asyncio.run(_with_db(settings, work))
+
+
 # --- check-config --------------------------------------------------------------------------------------
 async def _check_gitea(settings: Settings) -> dict[str, Any]:
     import aiohttp
@@ -323,6 +498,34 @@ def build_parser() -> argparse.ArgumentParser:
     allocate.add_argument("--candidates-json", help="candidate records as JSON, or @FILE (default: from Gitea)")
     allocate.add_argument("--expect-fingerprint", help="refuse to apply if the dry-run's inputs changed")
     allocate.add_argument("--json", action="store_true")
+    bootstrap = add("bootstrap", "create or recover the issue's branch and worktree for its lease owner")
+    bootstrap.add_argument("--issue", type=int, required=True, metavar="N")
+    bootstrap.add_argument("--owner", required=True, metavar="LOGIN", help="the live lease's owner (the caller)")
+    bootstrap.add_argument("--idempotency-key", metavar="K", help="replay or resume this request (default: derived)")
+    bootstrap.add_argument("--expected-base", metavar="SHA", help="refuse (stale_pin) unless the base is this commit")
+    bootstrap.add_argument("--preflight", action="store_true", help="only prove the bootstrap could run (no change)")
+    bootstrap.add_argument("--json", action="store_true")
+    add("mcp", "MCP server over stdio for the identity of $FOREMAN_MCP_TOKEN (see docs/mcp.md)")
+    run = add("run", "agent runs bound to sealed grants (docs/grants.md)")
+    run_sub = run.add_subparsers(dest="run_command", required=True)
+    run_start = run_sub.add_parser("start", help="compile and seal the grant for the issue's live lease and worktree")
+    run_start.add_argument("--issue", type=int, required=True, metavar="N")
+    run_start.add_argument("--action", metavar="A", help="the template's action (default: the lease's action)")
+    run_abort = run_sub.add_parser("abort", help="abort a run (an in-flight call keeps blocking its teardown)")
+    run_abort.add_argument("run_id", metavar="RUN_ID")
+    run_abort.add_argument("--reason", default="aborted by operator")
+    run_reconcile = run_sub.add_parser("reconcile", help="settle an in-flight call whose result will never come")
+    run_reconcile.add_argument("run_id", metavar="RUN_ID")
+    run_reconcile.add_argument("call_id", metavar="CALL_ID")
+    run_reconcile.add_argument("--note", required=True, help="what was checked independently")
+    run_teardown = run_sub.add_parser("teardown", help="run the reserved teardown (after an abort, failure or expiry)")
+    run_teardown.add_argument("run_id", metavar="RUN_ID")
+    for run_cmd in (run_start, run_abort, run_reconcile, run_teardown):
+        run_cmd.add_argument("--json", action="store_true")
+        run_cmd.add_argument("--config", type=Path, default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+    grants = add("grants", "sealed run grants, their digests and every admission decision")
+    grants.add_argument("run_id", nargs="?", metavar="RUN_ID")
+    grants.add_argument("--json", action="store_true")
     state = add("state", "Canonical Issue State tools")
     state_sub = state.add_subparsers(dest="state_command", required=True)
     parse = state_sub.add_parser("parse", help="parse Canonical Issue State block(s) to JSON")
@@ -352,5 +555,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         "replay": _cmd_replay,
         "outbox": _cmd_outbox,
         "allocate": _cmd_allocate,
+        "run": _cmd_run,
+        "grants": _cmd_grants,
+        "bootstrap": _cmd_bootstrap,
+        "mcp": _cmd_mcp,
     }
     return commands[args.command](settings, args)

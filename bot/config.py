@@ -12,6 +12,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
 
+from bot.core.grants import TOOL_CONTRACTS, Effect, PolicyTemplate, TemplateError
+
 DEFAULT_CONFIG_PATH = Path("config/foreman.toml")
 ENV_PREFIX = "FOREMAN_"
 GENERATED_SECRET_NAME = "webhook-secret"  # noqa: S105 (a file name)
@@ -122,8 +124,50 @@ class AllocatorConfig(_Section):
         return value
 
 
+class BootstrapConfig(_Section):
+    """The worktree bootstrap transition (docs/bootstrap.md)."""
+
+    lock_wait_s: float = Field(default=30.0, ge=0)  # how long a request waits for a running one on the same issue
+    git_timeout_s: float = Field(default=300.0, gt=0)  # per git command
+    release_lease_on_failure: bool = True  # compensation releases the lease (AC5) instead of leaving it to expire
+    slug_length: int = Field(default=40, ge=1, le=100)  # the title part of issue-<N>-<slug>
+    control_clean_check: Literal["preflight", "every_transition"] = "preflight"
+    on_allocate: Literal["off", "preflight", "run"] = "preflight"  # what allocation does about the bootstrap
+
+
 class McpConfig(_Section):
     tokens: dict[str, str] = Field(default_factory=dict)
+
+
+class GrantCallConfig(_Section):
+    """One call of a run-grant policy template (DESIGN.md section 3, "Run grants")."""
+
+    tool: str
+    effect: Effect
+    args: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("tool")
+    @classmethod
+    def _known_tool(cls, value: str) -> str:
+        if value not in TOOL_CONTRACTS:
+            raise ValueError(f"unknown tool; tools are {', '.join(sorted(TOOL_CONTRACTS))}")
+        return value
+
+
+class GrantTemplateConfig(_Section):
+    """A policy template per ``role.action``: ordered exact calls, the last one the reserved teardown.
+
+    Placeholders ``{issue}``, ``{branch}``, ``{worktree}``, ``{owner}`` are filled by the grant compiler.
+    Effects: read, plan_only, mutate, teardown. The whole template is checked by
+    ``bot.core.grants.check_template`` when the configuration is loaded (errors name ``grants."<key>".calls.N...``).
+    """
+
+    expires_after_s: int = Field(default=3600, gt=0)
+    calls: list[GrantCallConfig] = Field(min_length=1)
+
+    def template(self, key: str) -> PolicyTemplate:
+        """The core's template (raises TemplateError naming each problem's path)."""
+        return PolicyTemplate.from_mapping(key, self.model_dump(mode="python"))
 
 
 class Settings(_Section):
@@ -137,9 +181,10 @@ class Settings(_Section):
     worker: WorkerConfig = WorkerConfig()
     outbox: OutboxConfig = OutboxConfig()
     allocator: AllocatorConfig = AllocatorConfig()
+    bootstrap: BootstrapConfig = BootstrapConfig()
     roster: dict[str, list[Role]] = Field(default_factory=dict)
     mcp: McpConfig = McpConfig()
-    grants: dict[str, Any] = Field(default_factory=dict)
+    grants: dict[str, GrantTemplateConfig] = Field(default_factory=dict)
 
     def webhook_secrets(self) -> list[bytes]:
         """The configured webhook secrets as bytes (after load_settings resolved files)."""
@@ -229,6 +274,17 @@ def _check_secrets(settings: Settings) -> None:
             raise ConfigError(f"webhook.secrets.{index}", "is shorter than 16 characters")
 
 
+def _check_grants(settings: Settings) -> None:
+    """Every run-grant template must compile in principle; the error names the exact key of the problem."""
+    for key, template in settings.grants.items():
+        try:
+            template.template(key)
+        except TemplateError as exc:
+            path, message = exc.problems[0]
+            suffix = "" if path == "<key>" else f".{path}"
+            raise ConfigError(f"grants.{key}{suffix}", message) from None
+
+
 def load_settings(
     path: Path | None = None,
     *,
@@ -255,6 +311,7 @@ def load_settings(
         raise ConfigError(_loc_to_key(first["loc"]), first["msg"]) from None
     settings = _resolve_secret_files(settings)
     _check_secrets(settings)
+    _check_grants(settings)
     return settings
 
 

@@ -241,4 +241,180 @@ MIGRATIONS: tuple[tuple[int, str, str], ...] = (
         CREATE INDEX lease_events_lease ON lease_events (lease_id, id);
         """,
     ),
+    (
+        5,
+        "worktree bootstrap: phase journal, worktree registrations, issue locks",
+        """
+        -- One row per bootstrap transition, keyed by its idempotency key; phase moves forward only through
+        -- conditional updates (WHERE phase = ? AND version = ?). outcome mirrors the phase so that the partial
+        -- unique indexes below can say: one open transition per issue and per worktree path, and one completed
+        -- transition per lease.
+        CREATE TABLE bootstrap_journal (
+            id              INTEGER PRIMARY KEY,
+            idempotency_key TEXT NOT NULL,
+            key_source      TEXT NOT NULL CHECK (key_source IN ('caller', 'derived')),
+            repo            TEXT NOT NULL,
+            issue_number    INTEGER NOT NULL CHECK (issue_number > 0),
+            lease_id        TEXT NOT NULL REFERENCES leases (lease_id),
+            owner           TEXT NOT NULL,
+            role            TEXT NOT NULL,
+            attempt         INTEGER NOT NULL DEFAULT 0 CHECK (attempt >= 0),
+            base_branch     TEXT NOT NULL,
+            base_sha        TEXT NOT NULL,
+            branch          TEXT NOT NULL,
+            checkout_path   TEXT NOT NULL,
+            worktree_path   TEXT NOT NULL,
+            inputs_json     TEXT NOT NULL,
+            phase           TEXT NOT NULL CHECK (phase IN ('accepted', 'branch_confirmed', 'path_reserved',
+                                'worktree_confirmed', 'registration_verified', 'lock_established', 'completed',
+                                'compensation_required', 'compensation_completed')),
+            outcome         TEXT NOT NULL CHECK (outcome IN ('open', 'completed', 'compensated')),
+            failed_phase    TEXT,
+            error_json      TEXT,
+            result_json     TEXT,
+            created_at      TEXT NOT NULL,
+            updated_at      TEXT NOT NULL,
+            version         INTEGER NOT NULL DEFAULT 0,
+            CHECK ((outcome = 'completed') = (phase = 'completed')),
+            CHECK ((outcome = 'compensated') = (phase = 'compensation_completed'))
+        );
+        CREATE UNIQUE INDEX bootstrap_journal_key ON bootstrap_journal (idempotency_key);
+        CREATE UNIQUE INDEX bootstrap_journal_open_issue ON bootstrap_journal (repo, issue_number)
+            WHERE outcome = 'open';
+        CREATE UNIQUE INDEX bootstrap_journal_open_path ON bootstrap_journal (worktree_path) WHERE outcome = 'open';
+        CREATE UNIQUE INDEX bootstrap_journal_completed_lease ON bootstrap_journal (lease_id)
+            WHERE outcome = 'completed';
+        CREATE INDEX bootstrap_journal_issue ON bootstrap_journal (repo, issue_number, id);
+
+        -- Each phase a transition reached, once, with the read-after-write proof observed when it was recorded.
+        CREATE TABLE bootstrap_phases (
+            id          INTEGER PRIMARY KEY,
+            journal_id  INTEGER NOT NULL REFERENCES bootstrap_journal (id),
+            phase       TEXT NOT NULL,
+            proof_json  TEXT NOT NULL,
+            runner      TEXT NOT NULL,
+            recorded_at TEXT NOT NULL
+        );
+        CREATE UNIQUE INDEX bootstrap_phases_once ON bootstrap_phases (journal_id, phase);
+
+        -- A worktree bound to a lease by a transition (the lock verb trusts nothing else). Ended, never deleted.
+        CREATE TABLE worktree_registrations (
+            id               INTEGER PRIMARY KEY,
+            journal_id       INTEGER NOT NULL REFERENCES bootstrap_journal (id),
+            repo             TEXT NOT NULL,
+            issue_number     INTEGER NOT NULL CHECK (issue_number > 0),
+            lease_id         TEXT NOT NULL REFERENCES leases (lease_id),
+            owner            TEXT NOT NULL,
+            branch           TEXT NOT NULL,
+            worktree_path    TEXT NOT NULL,
+            created_branch   INTEGER NOT NULL CHECK (created_branch IN (0, 1)),
+            created_worktree INTEGER NOT NULL CHECK (created_worktree IN (0, 1)),
+            registered_at    TEXT NOT NULL,
+            ended_at         TEXT,
+            end_reason       TEXT
+        );
+        CREATE UNIQUE INDEX worktree_registrations_live_path ON worktree_registrations (worktree_path)
+            WHERE ended_at IS NULL;
+        CREATE UNIQUE INDEX worktree_registrations_live_issue ON worktree_registrations (repo, issue_number)
+            WHERE ended_at IS NULL;
+
+        -- Issue locks: (issue, lease, worktree). At most one unreleased lock per issue; released, never deleted.
+        CREATE TABLE issue_locks (
+            id              INTEGER PRIMARY KEY,
+            lock_id         TEXT NOT NULL,
+            repo            TEXT NOT NULL,
+            issue_number    INTEGER NOT NULL CHECK (issue_number > 0),
+            lease_id        TEXT NOT NULL REFERENCES leases (lease_id),
+            owner           TEXT NOT NULL,
+            registration_id INTEGER NOT NULL REFERENCES worktree_registrations (id),
+            branch          TEXT NOT NULL,
+            worktree_path   TEXT NOT NULL,
+            proof_json      TEXT NOT NULL,
+            acquired_at     TEXT NOT NULL,
+            released_at     TEXT,
+            release_reason  TEXT
+        );
+        CREATE UNIQUE INDEX issue_locks_lock_id ON issue_locks (lock_id);
+        CREATE UNIQUE INDEX issue_locks_live ON issue_locks (repo, issue_number) WHERE released_at IS NULL;
+        """,
+    ),
+    (
+        6,
+        "run grants: sealed grants, run state, admission decisions",
+        """
+        -- A sealed grant is written once and never changed or deleted (the triggers refuse both); its body is
+        -- canonical JSON whose digest the broker recomputes on every load.
+        CREATE TABLE grants (
+            run_id          TEXT PRIMARY KEY,
+            grant_digest    TEXT NOT NULL,
+            policy_key      TEXT NOT NULL,
+            policy_digest   TEXT NOT NULL,
+            contract_digest TEXT NOT NULL,
+            host_id         TEXT NOT NULL,
+            repo            TEXT NOT NULL,
+            issue_number    INTEGER NOT NULL CHECK (issue_number > 0),
+            owner           TEXT NOT NULL,
+            lease_id        TEXT NOT NULL,
+            worktree_uuid   TEXT NOT NULL,
+            expires_at      TEXT NOT NULL,
+            body_json       TEXT NOT NULL,
+            sealed_at       TEXT NOT NULL,
+            sealed_by       TEXT NOT NULL
+        );
+        CREATE UNIQUE INDEX grants_digest ON grants (grant_digest);
+        CREATE INDEX grants_issue ON grants (repo, issue_number);
+        CREATE TRIGGER grants_sealed_no_update BEFORE UPDATE ON grants
+            BEGIN SELECT RAISE(ABORT, 'sealed grants are immutable'); END;
+        CREATE TRIGGER grants_sealed_no_delete BEFORE DELETE ON grants
+            BEGIN SELECT RAISE(ABORT, 'sealed grants are immutable'); END;
+
+        -- Where each run's plan stands. Changed only by conditional writes (WHERE version = ?). At most one open
+        -- run per worktree; the run token is stored only as its SHA-256.
+        CREATE TABLE grant_runs (
+            run_id         TEXT PRIMARY KEY REFERENCES grants (run_id),
+            token_sha256   TEXT NOT NULL,
+            worktree_uuid  TEXT NOT NULL,
+            next_position  INTEGER NOT NULL DEFAULT 0 CHECK (next_position >= 0),
+            inflight_json  TEXT,
+            outcome        TEXT CHECK (outcome IN ('completed', 'failed', 'aborted', 'expired')),
+            teardown       TEXT NOT NULL DEFAULT 'pending'
+                           CHECK (teardown IN ('pending', 'admitted', 'done', 'failed', 'unresolved')),
+            closed_at      TEXT,
+            version        INTEGER NOT NULL DEFAULT 0,
+            created_at     TEXT NOT NULL,
+            updated_at     TEXT NOT NULL
+        );
+        CREATE UNIQUE INDEX grant_runs_token ON grant_runs (token_sha256);
+        CREATE UNIQUE INDEX grant_runs_open_worktree ON grant_runs (worktree_uuid) WHERE closed_at IS NULL;
+        CREATE INDEX grant_runs_worktree_outcome ON grant_runs (worktree_uuid, outcome);
+
+        -- Every broker decision, refusals included; append-only. A plan position is admitted at most once, by any
+        -- broker, ever (so a consumed grant cannot be replayed and the teardown runs once); a call settles once.
+        CREATE TABLE grant_decisions (
+            id               INTEGER PRIMARY KEY,
+            run_id           TEXT NOT NULL REFERENCES grants (run_id),
+            kind             TEXT NOT NULL CHECK (kind IN ('admitted', 'denied', 'accepted', 'refused', 'aborted',
+                                 'reconciled', 'broker_error')),
+            category         TEXT CHECK (category IN ('grant_denied', 'grant_expired', 'host_mismatch',
+                                 'inflight_unresolved', 'broker_error')),
+            reason           TEXT NOT NULL,
+            position         INTEGER,
+            call_id          TEXT,
+            tool             TEXT,
+            arguments_digest TEXT,
+            result_digest    TEXT,
+            inert            INTEGER NOT NULL DEFAULT 0 CHECK (inert IN (0, 1)),
+            settles          INTEGER NOT NULL DEFAULT 0 CHECK (settles IN (0, 1)),
+            host_id          TEXT NOT NULL,
+            broker_id        TEXT NOT NULL,
+            state_version    INTEGER NOT NULL,
+            at               TEXT NOT NULL,
+            detail_json      TEXT NOT NULL
+        );
+        CREATE INDEX grant_decisions_run ON grant_decisions (run_id, id);
+        CREATE UNIQUE INDEX grant_decisions_one_admission ON grant_decisions (run_id, position)
+            WHERE kind = 'admitted';
+        CREATE UNIQUE INDEX grant_decisions_one_settlement ON grant_decisions (run_id, call_id) WHERE settles = 1;
+        """,
+    ),
 )

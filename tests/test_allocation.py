@@ -310,36 +310,3 @@ def test_the_allocator_doc_lists_every_stable_skip_reason() -> None:
     table = doc.split("## Skipped reasons (stable)", 1)[1].split("\n## ", 1)[0]
     documented = [line.split("`")[1] for line in table.splitlines() if line.startswith("| `")]
     assert documented == list(SKIP_REASONS)
-
-
-@pytest.mark.parametrize(
-    ("body", "expected"),
-    [
-        ("/allocate", ("apply", None, None)),
-        ("/allocate --dry-run --exclude 617,#618", ("dry", [617, 618], None)),
-        ("  \n/allocate --owner @author-2\nplease", ("apply", None, "author-2")),
-        ("please /allocate", None),
-        ("/allocated", None),
-    ],
-)
-def test_allocate_commands_are_parsed_from_the_first_line(body: str, expected: Any) -> None:
-    """Issue 5.8: the `/allocate` comment command; plain splitting, no shell."""
-    from handlers.commands import parse_command
-
-    command = parse_command(body)
-    if expected is None:
-        assert command is None
-    else:
-        assert command is not None
-        assert ("dry" if command.dry_run else "apply", command.exclude, command.owner) == expected
-
-
-@pytest.mark.parametrize(
-    "body", ["/allocate --exclude", "/allocate --exclude 1.5", "/allocate --force", "/allocate --exclude 0"]
-)
-def test_malformed_allocate_commands_are_errors_not_guesses(body: str) -> None:
-    """Issue 5.8 / fail closed: a malformed command is an error the reply explains."""
-    from handlers.commands import CommandError, parse_command
-
-    with pytest.raises(CommandError):
-        parse_command(body)

@@ -252,8 +252,26 @@ def test_evaluation_rule_holds_for_any_outcomes(spec: list[tuple[RejectionKind, 
 # --- Envelopes exactly as seed 001 shows them --------------------------------------------------
 
 
-def test_seed_has_the_two_example_envelopes(shared_dir: Path) -> None:
-    assert {e["error"] for e in _seed_envelopes(shared_dir)} == {"tracing_gap", "not_authorized"}
+def test_seed_has_three_example_envelopes_of_two_kinds(shared_dir: Path) -> None:
+    assert [e["error"] for e in _seed_envelopes(shared_dir)] == ["tracing_gap", "not_authorized", "not_authorized"]
+
+
+@pytest.mark.parametrize("index", [0, 1, 2], ids=["commits gap", "agent experience", "agent-visible impact"])
+def test_each_of_the_seeds_three_example_envelopes_is_reproduced_exactly(shared_dir: Path, index: int) -> None:
+    """Issue 7 "Done when": seed 001's three JSON examples, byte for byte (same keys, order and values).
+
+    The seed's own preconditions (its ownership gate first, then its commits check, in its words) are
+    evaluated by our gateway: the owner without commits gets the first, anyone else the other two.
+    """
+    seed = _seed_envelopes(shared_dir)[index]
+    preconditions = [
+        replace(PRECONDITION_OWNERSHIP, remediate=SEED_NOT_ASSIGNED),
+        replace(PRECONDITION_COMMITS, remediate=SEED_COMMIT_REMEDIATE),
+    ]
+    context = _author_on_task(commits_ahead=0) if seed["error"] == "tracing_gap" else _ctx("intruder", "author")
+    env = evaluate_preconditions(preconditions, context).envelope()
+    assert json.dumps(_without_next_action(env), indent=2) == json.dumps(seed, indent=2)
+    assert env["exact_next_action"] == seed["remediate"]
 
 
 def test_tracing_gap_envelope_matches_seed_example_literally(shared_dir: Path) -> None:

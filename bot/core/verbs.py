@@ -2,17 +2,25 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Literal
+from typing import Any, Literal
 
+from bot.core.canonical import FIELD_KEYS
 from bot.core.gateway import ROLES, Decision, GatewayContext, Precondition, Role, evaluate_preconditions
 
 # ruff's S106 reads "missing_token" as a password argument; it names a missing artifact (seed 001).
 
 Effect = Literal["read", "mutate"]
 Gate = Precondition[GatewayContext]
+#: How an argument is typed. ``issue_numbers``, ``candidates`` and ``state`` are checked for their outer
+#: shape here and in depth by the edge that uses them (the allocator's normalizers, ``CanonicalState``),
+#: so one set of rules (and of error messages) applies whatever the transport.
+ParamKind = Literal[
+    "issue_number", "issue_numbers", "candidates", "boolean", "login", "text", "sha", "key", "choice", "state"
+]
 
 ALL_ROLES: frozenset[Role] = frozenset(ROLES)
 
@@ -113,9 +121,139 @@ PRECONDITION_PR_APPROVED: Gate = Precondition(
 )
 
 
+_LOGIN_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,39}")
+_SHA_RE = re.compile(r"[0-9a-f]{40}(?:[0-9a-f]{24})?")
+_KEY_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,99}")  # as bot.core.bootstrap accepts them
+
+_CANDIDATE_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "issue_number": {"type": "integer", "minimum": 1},
+        "number": {"type": "integer", "minimum": 1, "description": "alias of issue_number"},
+        "title": {"type": "string"},
+        "labels": {"type": "array", "items": {"type": "string"}},
+        "created_at": {"type": "string", "description": "RFC 3339 with an offset"},
+        "depends_on": {"type": "array", "items": {"type": "integer", "minimum": 1}},
+        "ready": {"type": "boolean"},
+    },
+}
+_STATE_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "description": (
+        "a Canonical Issue State in snake_case (as gitea_get_issue_state returns it); "
+        "last_updated_by is always set to the calling identity"
+    ),
+    "properties": {
+        **{key.lower(): {"type": "string"} for key in FIELD_KEYS},
+        "related_prs": {"type": "array", "items": {"type": "integer", "minimum": 1}},
+        "extra": {"type": "object", "additionalProperties": {"type": "string"}},
+    },
+    "required": [key.lower() for key in FIELD_KEYS if key != "LAST_UPDATED_BY"],
+}
+
+
+def _is_int(value: object) -> bool:
+    # type() rather than isinstance(): bool is an int subclass and `true` must never be issue #1.
+    return type(value) is int
+
+
+@dataclass(frozen=True, slots=True)
+class Param:
+    """One argument of a verb: its JSON Schema (published as the MCP tool's input schema) and its check."""
+
+    name: str
+    kind: ParamKind
+    description: str
+    required: bool = False
+    default: object = None
+    choices: tuple[str, ...] = ()
+    max_length: int = 200
+
+    def __post_init__(self) -> None:
+        if self.kind == "choice" and not self.choices:
+            raise ValueError(f"{self.name}: a choice needs choices")
+        if self.required and self.default is not None:
+            raise ValueError(f"{self.name}: a required argument has no default")
+
+    def schema(self) -> dict[str, Any]:
+        """The JSON Schema of the value."""
+        kind = self.kind
+        out: dict[str, Any]
+        if kind == "issue_number":
+            out = {"type": "integer", "minimum": 1}
+        elif kind == "issue_numbers":
+            out = {"type": "array", "items": {"type": "integer", "minimum": 1}}
+        elif kind == "candidates":
+            out = {
+                "anyOf": [
+                    {"type": "array", "items": _CANDIDATE_SCHEMA},
+                    _CANDIDATE_SCHEMA,
+                    {"type": "string", "description": "the same array or object as JSON text"},
+                ]
+            }
+        elif kind == "boolean":
+            out = {"type": "boolean"}
+        elif kind == "login":
+            out = {"type": "string", "pattern": f"^{_LOGIN_RE.pattern}$"}
+        elif kind == "text":
+            out = {"type": "string", "minLength": 1, "maxLength": self.max_length}
+        elif kind == "sha":
+            out = {"type": "string", "pattern": f"^{_SHA_RE.pattern}$"}
+        elif kind == "key":
+            out = {"type": "string", "pattern": f"^{_KEY_RE.pattern}$"}
+        elif kind == "choice":
+            out = {"type": "string", "enum": list(self.choices)}
+        else:
+            out = dict(_STATE_SCHEMA)
+        inner = out.get("description")
+        out["description"] = f"{self.description}: {inner}" if inner else self.description
+        if self.default is not None:
+            out["default"] = self.default
+        return out
+
+    def problem(self, value: object) -> str | None:
+        """Why ``value`` is not acceptable, or None. ``null`` means omitted (checked by the caller)."""
+        kind = self.kind
+        if kind == "issue_number":
+            ok = isinstance(value, int) and _is_int(value) and value > 0
+            return None if ok else "expected a positive integer (an issue number)"
+        if kind == "issue_numbers":
+            # The allocator's normalizer checks each element (and accepts a JSON string of the array).
+            return None if isinstance(value, list | str) else "expected an array of issue numbers"
+        if kind == "candidates":
+            ok = isinstance(value, list | dict | str)
+            return None if ok else "expected an array of candidate objects, one object, or their JSON text"
+        if kind == "boolean":
+            return None if isinstance(value, bool) else "expected true or false"
+        if kind == "state":
+            return None if isinstance(value, dict) else "expected a Canonical Issue State object"
+        if not isinstance(value, str):
+            return "expected a string"
+        if kind == "login":
+            return None if _LOGIN_RE.fullmatch(value.lstrip("@")) else "expected a Gitea login"
+        if kind == "text":
+            if not value.strip() or len(value) > self.max_length or "\n" in value:
+                return f"expected one line of 1 to {self.max_length} characters"
+            return None
+        if kind == "sha":
+            return None if _SHA_RE.fullmatch(value) else "expected a full commit SHA in lower-case hex"
+        if kind == "key":
+            return None if _KEY_RE.fullmatch(value) else "expected 1-100 of [A-Za-z0-9._:-], alphanumeric first"
+        return None if value in self.choices else f"expected one of {', '.join(self.choices)}"
+
+
+def _issue(description: str = "the issue number") -> Param:
+    return Param("issue_number", "issue_number", description, required=True)
+
+
 @dataclass(frozen=True, slots=True)
 class Verb:
-    """One gateway action: who may call it, what must hold first (gates first), what it touches."""
+    """One gateway action: who may call it, what must hold first (gates first), what it touches.
+
+    ``params`` are its arguments (the MCP tool's input schema). ``command`` is its comment command
+    (``/release``), if it has one. ``executable`` is False for a verb the gateway decides but no edge
+    carries out yet: it is then neither an MCP tool nor a comment command.
+    """
 
     name: str
     summary: str
@@ -123,6 +261,9 @@ class Verb:
     preconditions: tuple[Gate, ...]
     effect: Effect
     next_verbs: tuple[str, ...] = ()
+    params: tuple[Param, ...] = ()
+    command: str | None = None
+    executable: bool = True
 
     def __post_init__(self) -> None:
         if not self.preconditions or self.preconditions[0].rejection_kind != "not_authorized":
@@ -134,11 +275,56 @@ class Verb:
         tokens = [p.missing_token for p in self.preconditions]
         if len(set(tokens)) != len(tokens):
             raise ValueError(f"{self.name}: missing tokens must be unique")
+        names = [p.name for p in self.params]
+        if len(set(names)) != len(names):
+            raise ValueError(f"{self.name}: argument names must be unique")
+        if self.command is not None and not re.fullmatch(r"/[a-z][a-z-]*", self.command):
+            raise ValueError(f"{self.name}: a comment command is a slash and a lower-case word")
 
     @property
     def tool(self) -> str:
         """The MCP tool name."""
         return f"gitea_{self.name}"
+
+    @property
+    def issue_scoped(self) -> bool:
+        """Whether the verb acts on one issue (its ``issue_number`` argument)."""
+        return any(p.name == "issue_number" for p in self.params)
+
+    def input_schema(self) -> dict[str, Any]:
+        """The JSON Schema of the verb's arguments (an object; unknown arguments are refused)."""
+        return {
+            "type": "object",
+            "properties": {p.name: p.schema() for p in self.params},
+            "required": [p.name for p in self.params if p.required],
+            "additionalProperties": False,
+        }
+
+    def check_arguments(self, arguments: Mapping[str, object]) -> tuple[dict[str, object], list[dict[str, str]]]:
+        """The arguments with defaults filled in, and every problem (``{"argument", "problem"}``) found.
+
+        ``null`` counts as omitted. The caller's identity is never an argument: a ``caller``/``owner``-like
+        argument the verb does not declare is refused like any other unknown name.
+        """
+        known = {p.name: p for p in self.params}
+        problems = [
+            {"argument": name, "problem": f"unknown argument; {self.tool} takes: {', '.join(known) or 'nothing'}"}
+            for name in arguments
+            if name not in known
+        ]
+        values: dict[str, object] = {}
+        for param in self.params:
+            value = arguments.get(param.name)
+            if value is None:
+                if param.required:
+                    problems.append({"argument": param.name, "problem": "required"})
+                values[param.name] = param.default
+                continue
+            problem = param.problem(value)
+            if problem is not None:
+                problems.append({"argument": param.name, "problem": problem})
+            values[param.name] = value
+        return values, problems
 
 
 def _verb(
@@ -150,6 +336,9 @@ def _verb(
     artifacts: tuple[Gate, ...] = (),
     effect: Effect,
     next_verbs: tuple[str, ...] = (),
+    params: tuple[Param, ...] = (),
+    command: str | None = None,
+    executable: bool = True,
 ) -> Verb:
     return Verb(
         name=name,
@@ -158,16 +347,31 @@ def _verb(
         preconditions=(role_gate(roles), *gates, *artifacts),
         effect=effect,
         next_verbs=next_verbs,
+        params=params,
+        command=command,
+        executable=executable,
     )
 
 
 _VERBS: tuple[Verb, ...] = (
     _verb(
         "allocate_next_work",
-        "rank eligible issues and (with apply) lease the chosen one to an owner",
+        "rank eligible issues and (with dry_run=false) lease the chosen one to an owner",
         roles=frozenset({"controller"}),
         effect="mutate",
         next_verbs=("bootstrap_issue_worktree",),
+        params=(
+            Param("owner", "login", "roster login that receives the lease (default: the only identity with the role)"),
+            Param("action", "choice", "what the lease is for", default="implement",
+                  choices=("implement", "review", "merge")),
+            Param("candidates_json", "candidates",
+                  "candidate records (default: open status:ready issues from Gitea); only issue_number is required"),
+            Param("exclude_issue_numbers", "issue_numbers",
+                  "issues removed before ranking; never selected or leased (reason excluded_by_controller)"),
+            Param("dry_run", "boolean", "decide only; apply with false", default=True),
+            Param("expected_fingerprint", "text", "the dry-run's fingerprint: apply refuses (stale_pin) if it changed"),
+        ),
+        command="/allocate",
     ),
     _verb(
         "bootstrap_issue_worktree",
@@ -176,6 +380,12 @@ _VERBS: tuple[Verb, ...] = (
         gates=(PRECONDITION_OWNERSHIP,),
         effect="mutate",
         next_verbs=("lock_issue",),
+        params=(
+            _issue(),
+            Param("idempotency_key", "key", "replaying the same key returns or resumes the same transition"),
+            Param("expected_base", "sha", "the default-branch SHA you expect; stale_pin if the live one differs"),
+        ),
+        command="/bootstrap",
     ),
     _verb(
         "lock_issue",
@@ -185,6 +395,8 @@ _VERBS: tuple[Verb, ...] = (
         artifacts=(PRECONDITION_WORKTREE,),
         effect="mutate",
         next_verbs=("get_issue_state", "heartbeat_lease"),
+        params=(_issue(),),
+        command="/lock",
     ),
     _verb(
         "heartbeat_lease",
@@ -194,6 +406,8 @@ _VERBS: tuple[Verb, ...] = (
         artifacts=(PRECONDITION_LIVE_LEASE,),
         effect="mutate",
         next_verbs=("post_issue_state",),
+        params=(_issue(),),
+        command="/heartbeat",
     ),
     _verb(
         "release_lease",
@@ -203,6 +417,8 @@ _VERBS: tuple[Verb, ...] = (
         artifacts=(PRECONDITION_LIVE_LEASE,),
         effect="mutate",
         next_verbs=("get_runtime_context",),
+        params=(_issue(), Param("reason", "text", "why the lease ends", default="released")),
+        command="/release",
     ),
     _verb(
         "get_issue_state",
@@ -210,6 +426,7 @@ _VERBS: tuple[Verb, ...] = (
         roles=ALL_ROLES,
         effect="read",
         next_verbs=("post_issue_state",),
+        params=(_issue(),),
     ),
     _verb(
         "post_issue_state",
@@ -218,10 +435,15 @@ _VERBS: tuple[Verb, ...] = (
         gates=(PRECONDITION_OWNERSHIP_OR_CONTROLLER,),
         effect="mutate",
         next_verbs=("open_pr", "release_lease"),
+        params=(
+            _issue(),
+            Param("state", "state", "the new state", required=True),
+            Param("summary", "text", "one-paragraph human summary above the block", max_length=600),
+        ),
     ),
     _verb(
         "get_runtime_context",
-        "read the caller's identity, roles, leases and worktrees",
+        "read the caller's identity, roles, leases, the default-branch SHA and what to do next",
         roles=ALL_ROLES,
         effect="read",
         next_verbs=("get_issue_state", "allocate_next_work"),
@@ -234,6 +456,8 @@ _VERBS: tuple[Verb, ...] = (
         artifacts=(PRECONDITION_WORKTREE, PRECONDITION_COMMITS),
         effect="mutate",
         next_verbs=("post_issue_state", "release_lease"),
+        params=(_issue(),),
+        executable=False,
     ),
     _verb(
         "claim_review",
@@ -243,6 +467,8 @@ _VERBS: tuple[Verb, ...] = (
         artifacts=(PRECONDITION_PR_EXISTS,),
         effect="mutate",
         next_verbs=("get_issue_state", "post_issue_state"),
+        params=(_issue(),),
+        executable=False,
     ),
     _verb(
         "merge",
@@ -251,11 +477,14 @@ _VERBS: tuple[Verb, ...] = (
         artifacts=(PRECONDITION_PR_EXISTS, PRECONDITION_PR_APPROVED),
         effect="mutate",
         next_verbs=("post_issue_state", "release_lease"),
+        params=(_issue(),),
+        executable=False,
     ),
 )
 
 VERBS: Mapping[str, Verb] = MappingProxyType({v.name: v for v in _VERBS})
 TOOLS: Mapping[str, Verb] = MappingProxyType({v.tool: v for v in _VERBS})
+COMMANDS: Mapping[str, Verb] = MappingProxyType({v.command: v for v in _VERBS if v.command and v.executable})
 
 
 def _check_table() -> None:
@@ -265,14 +494,17 @@ def _check_table() -> None:
         unknown = [n for n in verb.next_verbs if n not in VERBS]
         if unknown:
             raise ValueError(f"{verb.name}: next verbs {unknown} are not in the table")
+    commands = [v.command for v in _VERBS if v.command]
+    if len(set(commands)) != len(commands):
+        raise ValueError("comment commands must be unique")
 
 
 _check_table()
 
 
-def mcp_tool_names() -> tuple[str, ...]:
-    """Every MCP tool, in table order."""
-    return tuple(v.tool for v in _VERBS)
+def mcp_tool_names(*, executable_only: bool = False) -> tuple[str, ...]:
+    """Every verb's MCP tool name in table order (``executable_only``: the tools an MCP server offers)."""
+    return tuple(v.tool for v in _VERBS if v.executable or not executable_only)
 
 
 def evaluate(verb_name: str, context: GatewayContext) -> Decision:
@@ -295,12 +527,45 @@ def evaluate(verb_name: str, context: GatewayContext) -> Decision:
 def render_verb_table_markdown() -> str:
     """The verb table for docs: one row per verb, preconditions in evaluation order with their kind."""
     lines = [
-        "| verb | MCP tool | roles | effect | preconditions (in order) | next |",
-        "| --- | --- | --- | --- | --- | --- |",
+        "| verb | MCP tool | comment command | roles | effect | preconditions (in order) | next |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
     ]
     for v in _VERBS:
         roles = "any roster role" if v.roles == ALL_ROLES else ", ".join(sorted(v.roles))
         pre = "; ".join(f"`{p.key}` ({p.rejection_kind})" for p in v.preconditions)
         nxt = ", ".join(f"`{n}`" for n in v.next_verbs) or "-"
-        lines.append(f"| `{v.name}` | `{v.tool}` | {roles} | {v.effect} | {pre} | {nxt} |")
+        tool = f"`{v.tool}`" if v.executable else f"`{v.tool}` (gateway only, not offered yet)"
+        command = f"`{v.command}`" if v.command and v.executable else "-"
+        lines.append(f"| `{v.name}` | {tool} | {command} | {roles} | {v.effect} | {pre} | {nxt} |")
     return "\n".join(lines) + "\n"
+
+
+def render_params_markdown() -> str:
+    """Every offered tool's arguments for docs: name, JSON type, required/default, meaning."""
+    lines: list[str] = []
+    for v in _VERBS:
+        if not v.executable:
+            continue
+        lines.append(f"### `{v.tool}`\n\n{v.summary}.\n")
+        if not v.params:
+            lines.append("No arguments.\n")
+            continue
+        lines.append("| argument | JSON type | required / default | meaning |")
+        lines.append("| --- | --- | --- | --- |")
+        for p in v.params:
+            schema = p.schema()
+            kind = schema.get("type") or " or ".join(str(a.get("type")) for a in schema.get("anyOf", []))
+            if schema.get("type") == "array":
+                kind = f"array of {schema['items'].get('type', 'object')}"
+            need = "required" if p.required else "-"
+            if p.default is not None:
+                need = f"default `{_json_value(p.default)}`"
+            lines.append(f"| `{p.name}` | {kind} | {need} | {p.description} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def _json_value(value: object) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)

@@ -1,0 +1,531 @@
+"""The git edge (GitPython): the bot's control checkout, issue branches and worktrees. Argument lists only.
+
+Every call is synchronous (the async callers run them in a thread), bounded by a timeout, and never prompts.
+Nothing here decides anything: ``bot.core.bootstrap`` plans, ``bot.bootstrap`` acts, this module observes and
+performs single git operations, each one conditional where git allows it (a branch is created only if absent
+and deleted only if it still points where it was created).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import fcntl
+import hashlib
+import os
+import shutil
+import stat
+import time
+import urllib.parse
+import uuid
+from collections.abc import AsyncIterator, Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from git.cmd import Git
+
+ZERO_OID = "0" * 40
+#: Subcommands that may take long (network, many files): these run under the timeout watchdog.
+_TIMED = frozenset({"clone", "fetch", "ls-remote", "worktree", "status", "--no-optional-locks", "ls-tree"})
+_ALLOWED_SCHEMES = ("http", "https", "file")
+
+
+class GitFailure(Exception):
+    """A git command failed (or timed out). The text names the command and git's message, never a token."""
+
+    def __init__(self, args: tuple[str, ...], status: int | None, stderr: str) -> None:
+        self.command = args
+        self.status = status
+        self.stderr = stderr.strip()
+        shown = " ".join(args[:4]) + (" ..." if len(args) > 4 else "")
+        super().__init__(f"git {shown} failed ({status}): {self.stderr[-400:]}")
+
+
+def git_env(bot_login: str) -> dict[str, str]:
+    """The environment of every git call: no prompts, and an identity for the reflog entries git writes."""
+    return {
+        "GIT_TERMINAL_PROMPT": "0",
+        "GIT_ASKPASS": "",
+        "SSH_ASKPASS": "",
+        "GIT_COMMITTER_NAME": bot_login or "foreman",
+        "GIT_COMMITTER_EMAIL": f"{bot_login or 'foreman'}@foreman.invalid",
+        "GIT_AUTHOR_NAME": bot_login or "foreman",
+        "GIT_AUTHOR_EMAIL": f"{bot_login or 'foreman'}@foreman.invalid",
+    }
+
+
+def auth_env(clone_url: str, token: str | None) -> dict[str, str]:
+    """For an HTTP(S) clone URL: the token as an extra header through the environment (never in argv or in
+    ``.git/config``). Nothing for ``file://`` URLs (the emulator's)."""
+    if not token or urllib.parse.urlsplit(clone_url).scheme not in ("http", "https"):
+        return {}
+    return {
+        "GIT_CONFIG_COUNT": "1",
+        "GIT_CONFIG_KEY_0": "http.extraHeader",
+        "GIT_CONFIG_VALUE_0": f"Authorization: token {token}",
+    }
+
+
+def clone_url_problem(url: str) -> str | None:
+    """Why a clone URL reported by the API is refused (None when it is usable)."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme not in _ALLOWED_SCHEMES:
+        return f"clone_url scheme {parts.scheme or '(none)'!r} is not one of {', '.join(_ALLOWED_SCHEMES)}"
+    if parts.scheme == "file" and not parts.path.startswith("/"):
+        return "a file:// clone_url must name an absolute path"
+    if parts.scheme != "file" and not parts.netloc:
+        return "clone_url has no host"
+    return None
+
+
+class GitRunner:
+    """Runs ``git <args>`` in one directory with a fixed environment and timeout."""
+
+    def __init__(self, cwd: Path, *, env: Mapping[str, str], timeout_s: float) -> None:
+        self.cwd = cwd
+        self.env = dict(env)
+        self.timeout_s = timeout_s
+        self._git = Git(str(cwd))
+
+    def attempt(
+        self, *args: str, extra_env: Mapping[str, str] | None = None, timed: bool | None = None
+    ) -> tuple[int, str, str]:
+        """(status, stdout, stderr) of ``git <args>``; never raises for a non-zero status.
+
+        Commands that touch the network or many files (``_TIMED``) are killed after ``timeout_s``; local
+        plumbing that reads a few refs runs without the watchdog thread (it cannot wait on anything).
+        """
+        env = {**self.env, **(extra_env or {})}
+        watched = timed if timed is not None else bool(set(args[:2]) & _TIMED)
+        status, out, err = self._git.execute(
+            ["git", *args],
+            with_extended_output=True,
+            with_exceptions=False,
+            kill_after_timeout=self.timeout_s if watched else None,
+            env=env,
+            shell=False,
+            strip_newline_in_stdout=False,
+        )
+        return int(status or 0), str(out), str(err)
+
+    def run(self, *args: str, extra_env: Mapping[str, str] | None = None) -> str:
+        """stdout of ``git <args>``; GitFailure on a non-zero status."""
+        status, out, err = self.attempt(*args, extra_env=extra_env)
+        if status != 0:
+            raise GitFailure(args, status, err)
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class WorktreeEntry:
+    """One record of ``git worktree list --porcelain``."""
+
+    path: str
+    head: str | None
+    branch: str | None  # short name; None when detached or bare
+    detached: bool
+    bare: bool
+    locked: str | None  # the lock reason ("" when locked without one), None when unlocked
+    prunable: str | None
+    raw: tuple[str, ...] = field(compare=False)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "worktree": self.path,
+            "HEAD": self.head,
+            "branch": f"refs/heads/{self.branch}" if self.branch else None,
+            "detached": self.detached,
+            "locked": self.locked,
+            "prunable": self.prunable,
+            "porcelain": list(self.raw),
+        }
+
+
+def parse_worktree_porcelain(text: str) -> list[WorktreeEntry]:
+    """Parse ``git worktree list --porcelain -z`` (NUL-terminated lines, an empty line between records)."""
+    entries: list[WorktreeEntry] = []
+    record: list[str] = []
+    for line in [*text.split("\0"), ""]:
+        if line:
+            record.append(line)
+            continue
+        if not record:
+            continue
+        values: dict[str, str | None] = {}
+        for item in record:
+            key, _, value = item.partition(" ")
+            values[key] = value if _ else None
+        branch = values.get("branch")
+        entries.append(
+            WorktreeEntry(
+                path=str(values.get("worktree") or ""),
+                head=values.get("HEAD"),
+                branch=branch.removeprefix("refs/heads/") if branch else None,
+                detached="detached" in values,
+                bare="bare" in values,
+                locked=(values["locked"] or "") if "locked" in values else None,
+                prunable=(values["prunable"] or "") if "prunable" in values else None,
+                raw=tuple(record),
+            )
+        )
+        record = []
+    return entries
+
+
+@dataclass(frozen=True, slots=True)
+class AdminDir:
+    """A ``.git/worktrees/<name>`` metadata directory: where it says its worktree is, and its lock reason."""
+
+    name: str
+    path: Path
+    gitdir: str | None  # the worktree's .git file path as recorded, None when missing
+    locked: str | None
+
+    @property
+    def worktree_path(self) -> str | None:
+        return str(Path(self.gitdir).parent) if self.gitdir else None
+
+
+@dataclass(frozen=True, slots=True)
+class WorktreeView:
+    """What git reports from inside a worktree (the registration's read-back)."""
+
+    toplevel: str
+    common_dir: str
+    git_dir: str
+    head: str
+    head_ref: str
+
+    def to_dict(self) -> dict[str, str]:
+        return {
+            "toplevel": self.toplevel,
+            "common_dir": self.common_dir,
+            "git_dir": self.git_dir,
+            "HEAD": self.head,
+            "head_ref": self.head_ref,
+        }
+
+
+def symbolic_head(head_file: Path) -> str | None:
+    """The ref a HEAD file names (``ref: refs/heads/x``), None when detached or unreadable."""
+    text = _read_text(head_file)
+    return text[5:].strip() if text and text.startswith("ref: ") else None
+
+
+def _read_text(path: Path) -> str | None:
+    try:
+        return path.read_text(encoding="utf-8").strip()
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+
+
+class ControlCheckout:
+    """The bot's own clone of the repository. Its working tree stays on the default branch and is never
+    written to; worktrees live in ``<checkout>/branches/`` (excluded through ``.git/info/exclude``)."""
+
+    def __init__(self, path: Path, *, env: Mapping[str, str], timeout_s: float) -> None:
+        self.path = path
+        self.git = GitRunner(path, env=env, timeout_s=timeout_s)
+        self.timeout_s = timeout_s
+
+    @property
+    def git_dir(self) -> Path:
+        return self.path / ".git"
+
+    @property
+    def branches_root(self) -> Path:
+        return self.path / "branches"
+
+    def exists(self) -> bool:
+        return (self.git_dir / "HEAD").is_file()
+
+    # -- clone and fetch
+
+    def clone(self, clone_url: str, default_branch: str, *, auth: Mapping[str, str]) -> None:
+        """Clone into a fresh sibling directory and rename it into place, so a concurrent or interrupted
+        clone never leaves a half-made checkout at ``path`` (the loser of a race discards its copy)."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        temp = self.path.parent / f".clone-{self.path.name}-{uuid.uuid4().hex[:8]}"
+        runner = GitRunner(self.path.parent, env=self.git.env, timeout_s=self.timeout_s)
+        try:
+            runner.run(
+                "clone", "--quiet", "--no-tags", "--origin", "origin", "--branch", default_branch, "--",
+                clone_url, str(temp), extra_env=auth,
+            )
+            with contextlib.suppress(OSError):
+                os.rename(temp, self.path)
+        finally:
+            if temp.exists():
+                shutil.rmtree(temp, ignore_errors=True)
+        if not self.exists():
+            raise GitFailure(("clone",), None, f"no checkout at {self.path} after cloning")
+
+    def ensure_excluded(self) -> None:
+        """``branches/`` is listed in ``.git/info/exclude`` (so worktrees never show in the checkout's status)."""
+        exclude = self.git_dir / "info" / "exclude"
+        current = _read_text(exclude) or ""
+        if "/branches/" in current.splitlines():
+            return
+        exclude.parent.mkdir(parents=True, exist_ok=True)
+        with exclude.open("a", encoding="utf-8") as handle:
+            handle.write(("" if not current or current.endswith("\n") else "\n") + "/branches/\n")
+
+    def origin_url(self) -> str | None:
+        status, out, _ = self.git.attempt("config", "--get", "remote.origin.url")
+        return out.strip() if status == 0 else None
+
+    def fetch(self, branch: str, *, auth: Mapping[str, str]) -> None:
+        """Bring ``refs/remotes/origin/<branch>`` up to date (the working tree is not touched)."""
+        self.git.run(
+            "fetch", "--quiet", "--no-tags", "origin", f"+refs/heads/{branch}:refs/remotes/origin/{branch}",
+            extra_env=auth,
+        )
+
+    # -- refs
+
+    def head(self) -> tuple[str | None, str | None]:
+        """(symbolic ref of HEAD or None when detached, HEAD's commit)."""
+        return symbolic_head(self.git_dir / "HEAD"), self.rev("HEAD")
+
+    def refs(self, *patterns: str) -> dict[str, str]:
+        """refname -> object id for every ref matching ``patterns`` (``git for-each-ref``)."""
+        out = self.git.run("for-each-ref", "--format=%(objectname) %(refname)", *patterns)
+        found: dict[str, str] = {}
+        for line in out.splitlines():
+            sha, _, name = line.partition(" ")
+            if name:
+                found[name] = sha
+        return found
+
+    def status(self) -> list[str]:
+        """``git status --porcelain`` of the checkout itself, without refreshing its index (read-only)."""
+        out = self.git.run("--no-optional-locks", "status", "--porcelain=v1", "-z", "--untracked-files=all")
+        return [item for item in out.split("\0") if item]
+
+    def tracks(self, path: str) -> bool:
+        """True when HEAD's tree has anything at ``path`` (a tracked ``branches/`` would collide with worktrees)."""
+        return bool(self.git.run("ls-tree", "--name-only", "HEAD", "--", path).strip())
+
+    def rev(self, ref: str) -> str | None:
+        status, out, _ = self.git.attempt("rev-parse", "--verify", "-q", f"{ref}^{{commit}}")
+        return out.strip() if status == 0 else None
+
+    def branch_sha(self, branch: str) -> str | None:
+        return self.rev(f"refs/heads/{branch}")
+
+    def local_branches(self) -> list[str]:
+        out = self.git.run("for-each-ref", "--format=%(refname:strip=2)", "refs/heads/")
+        return [line for line in out.splitlines() if line]
+
+    def create_branch(self, branch: str, sha: str, message: str) -> bool:
+        """Create ``refs/heads/<branch>`` at ``sha`` only if it does not exist, with a reflog entry carrying
+        ``message`` (the creation proof). False when the branch already existed (nothing changed)."""
+        status, _, err = self.git.attempt(
+            "update-ref", "--create-reflog", "-m", message, f"refs/heads/{branch}", sha, ""
+        )
+        if status == 0:
+            return True
+        if "already exists" in err or "reference already exists" in err:
+            return False
+        raise GitFailure(("update-ref", f"refs/heads/{branch}"), status, err)
+
+    def reflog(self, branch: str) -> list[tuple[str, str]]:
+        """(new sha, message) of the branch's reflog entries, oldest first ([] without a reflog)."""
+        status, out, _ = self.git.attempt(
+            "reflog", "show", "--no-abbrev", "--format=%H%x09%gs", f"refs/heads/{branch}", "--"
+        )
+        if status != 0:
+            return []
+        rows = [line.split("\t", 1) for line in out.splitlines() if "\t" in line]
+        return [(sha, message) for sha, message in reversed(rows)]
+
+    def delete_branch(self, branch: str, expected_sha: str) -> bool:
+        """Delete the branch only if it still points at ``expected_sha`` (False otherwise: left as it is)."""
+        status, _, _ = self.git.attempt("update-ref", "-d", f"refs/heads/{branch}", expected_sha)
+        return status == 0
+
+    def tree_files(self, sha: str) -> dict[str, tuple[str, str]]:
+        """path -> (mode, blob id) of every file in the commit's tree."""
+        out = self.git.run("ls-tree", "-r", "-z", "--full-tree", sha)
+        files: dict[str, tuple[str, str]] = {}
+        for item in out.split("\0"):
+            if not item:
+                continue
+            meta, _, name = item.partition("\t")
+            mode, _kind, blob = meta.split(" ")
+            files[name] = (mode, blob)
+        return files
+
+    # -- worktrees
+
+    def worktrees(self) -> list[WorktreeEntry]:
+        status, out, err = self.git.attempt("worktree", "list", "--porcelain", "-z", timed=False)
+        if status != 0:
+            raise GitFailure(("worktree", "list"), status, err)
+        return parse_worktree_porcelain(out)
+
+    def worktree_at(self, path: Path) -> WorktreeEntry | None:
+        wanted = str(path)
+        return next((entry for entry in self.worktrees() if entry.path == wanted), None)
+
+    def add_worktree(self, path: Path, branch: str, lock_reason: str) -> None:
+        """``git worktree add --lock --reason R <path> <branch>``: git writes the lock (our proof) first."""
+        self.git.run("worktree", "add", "--quiet", "--lock", "--reason", lock_reason, str(path), branch)
+
+    def unlock_worktree(self, path: Path) -> None:
+        self.git.attempt("worktree", "unlock", str(path))
+
+    def remove_worktree(self, path: Path, *, force: bool) -> None:
+        """Without ``force`` git itself refuses a worktree with changes or untracked files."""
+        self.git.run("worktree", "remove", *(["--force"] if force else []), str(path))
+
+    def admin_dirs(self) -> list[AdminDir]:
+        root = self.git_dir / "worktrees"
+        if not root.is_dir():
+            return []
+        found: list[AdminDir] = []
+        for child in sorted(root.iterdir()):
+            if child.is_dir() and not child.is_symlink():
+                found.append(AdminDir(child.name, child, _read_text(child / "gitdir"), _read_text(child / "locked")))
+        return found
+
+    def remove_admin_dir(self, admin: AdminDir) -> None:
+        """Remove one ``.git/worktrees/<name>`` directory (the caller proved it is this transition's)."""
+        if admin.path.parent != self.git_dir / "worktrees":
+            raise ValueError(f"{admin.path} is not a worktree metadata directory of {self.path}")
+        shutil.rmtree(admin.path)
+
+    def worktree_view(self, path: Path) -> WorktreeView:
+        """Asked from inside the worktree: its top level, common and own git dirs, HEAD and HEAD's ref."""
+        runner = GitRunner(path, env=self.git.env, timeout_s=self.timeout_s)
+        out = runner.run(
+            "rev-parse", "--path-format=absolute", "--show-toplevel", "--git-common-dir", "--git-dir",
+            "--verify", "HEAD",
+        ).splitlines()
+        return WorktreeView(out[0], out[1], out[2], out[3], symbolic_head(Path(out[2]) / "HEAD") or "")
+
+    def admin_dir_for(self, path: Path) -> AdminDir | None:
+        """The metadata directory whose recorded worktree is ``path`` (file reads only, no git process)."""
+        wanted = str(path)
+        return next((a for a in self.admin_dirs() if a.worktree_path == wanted), None)
+
+    def worktree_status(self, path: Path) -> list[str]:
+        """Every tracked change, untracked and ignored file in a worktree (empty: nothing would be lost)."""
+        runner = GitRunner(path, env=self.git.env, timeout_s=self.timeout_s)
+        out = runner.run(
+            "--no-optional-locks", "status", "--porcelain=v1", "-z", "--untracked-files=all", "--ignored"
+        )
+        return [item for item in out.split("\0") if item]
+
+
+# ------------------------------------------------------------------------------------------- file system
+
+
+def blob_id(data: bytes) -> str:
+    """git's object id of a blob holding ``data`` (SHA-1 repositories)."""
+    return hashlib.sha1(b"blob %d\0" % len(data) + data, usedforsecurity=False).hexdigest()
+
+
+def content_problems(
+    root: Path, files: Mapping[str, tuple[str, str]], *, git_file_ok: Callable[[str], bool] | None
+) -> list[str]:
+    """Why removing ``root`` could lose content: any file that is not a byte-identical blob of ``files`` at the
+    same path and mode, or anything else at all. ``git_file_ok`` judges the content of a ``root/.git`` file.
+    Empty: everything there is reproducible from the tree (a half-made checkout of it)."""
+    problems: list[str] = []
+    prefixes = {str(Path(name).parent) for name in files} | {"."}
+    for name in list(prefixes):
+        parent = Path(name)
+        while str(parent) != ".":
+            parent = parent.parent
+            prefixes.add(str(parent))
+    for current, dirs, names in os.walk(root, followlinks=False):
+        rel_dir = os.path.relpath(current, root)
+        for name in list(dirs):
+            rel = os.path.normpath(os.path.join(rel_dir, name))
+            if os.path.islink(os.path.join(current, name)):
+                names.append(name)  # a symlink to a directory: judge it as a file
+                dirs.remove(name)
+            elif rel not in prefixes:
+                problems.append(f"{rel}/: a directory the tree does not have")
+                dirs.remove(name)
+        for name in names:
+            full = os.path.join(current, name)
+            rel = os.path.normpath(os.path.join(rel_dir, name))
+            if rel == ".git":
+                text = _read_text(Path(full)) if os.path.isfile(full) and not os.path.islink(full) else None
+                if git_file_ok is None or text is None or not git_file_ok(text):
+                    problems.append(".git: not the worktree's own git file")
+                continue
+            expected = files.get(rel)
+            if expected is None:
+                problems.append(f"{rel}: not in the tree")
+                continue
+            mode, blob = expected
+            info = os.lstat(full)
+            if stat.S_ISLNK(info.st_mode):
+                data, actual_mode = os.fsencode(os.readlink(full)), "120000"
+            elif stat.S_ISREG(info.st_mode):
+                data = Path(full).read_bytes()
+                actual_mode = "100755" if info.st_mode & stat.S_IXUSR else "100644"
+            else:
+                problems.append(f"{rel}: not a regular file or symbolic link")
+                continue
+            if actual_mode != mode or blob_id(data) != blob:
+                problems.append(f"{rel}: differs from the tree")
+    return problems
+
+
+def escapes_root(root: Path, path: Path) -> bool:
+    """True when ``root`` or anything between it and ``path`` is a symbolic link, or ``path`` resolves
+    outside ``root``. (Checked before anything is created there, and again before a worktree is trusted.)"""
+    if root.is_symlink():
+        return True
+    real_root = Path(os.path.realpath(root))
+    if real_root != Path(os.path.realpath(root.parent)) / root.name:
+        return True
+    current = root
+    for part in path.relative_to(root).parts:
+        current = current / part
+        try:
+            info = os.lstat(current)
+        except FileNotFoundError:
+            break
+        if stat.S_ISLNK(info.st_mode):
+            return True
+    resolved = Path(os.path.realpath(path))
+    return resolved != real_root and real_root not in resolved.parents
+
+
+def remove_tree(path: Path) -> None:
+    """Remove a directory the caller proved holds only reproducible content."""
+    shutil.rmtree(path)
+
+
+@contextlib.asynccontextmanager
+async def file_lock(path: Path, *, wait_s: float, poll_s: float = 0.02) -> AsyncIterator[bool]:
+    """An exclusive ``flock`` on ``path``: yields True once held, False if not held within ``wait_s``.
+
+    The kernel drops the lock when the holder exits, however it exits, so a crashed process never leaves a
+    transition claimed. Two holders in one process exclude each other too (one open file each).
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except OSError as exc:
+                if exc.errno not in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
+                    raise
+            if time.monotonic() >= deadline:
+                yield False
+                return
+            await asyncio.sleep(poll_s)
+        yield True
+    finally:
+        os.close(fd)

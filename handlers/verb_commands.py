@@ -1,0 +1,209 @@
+"""Comment commands (`/allocate`, `/bootstrap`, `/lock`, `/heartbeat`, `/release`): verbs of the verb table,
+decided by the same gateway as the MCP tools, answered by a reply comment through the outbox.
+
+The command is the first word of the comment's first non-blank line; its arguments are the rest of that
+line, split on whitespace (never a shell). Issue verbs act on the issue the comment is on; the caller is the
+comment's author with its roster roles. Anyone the gateway refuses (not on the roster, not the lease owner,
+not a controller) gets the refusal as a reply: ``not_authorized`` with what to do instead.
+
+| command | verb | arguments |
+| --- | --- | --- |
+| `/allocate [--dry-run] [--exclude 617,618] [--owner LOGIN]` | `allocate_next_work` | applies unless `--dry-run` |
+| `/bootstrap [--expected-base SHA] [--key KEY]` | `bootstrap_issue_worktree` | this issue |
+| `/lock` | `lock_issue` | this issue |
+| `/heartbeat` | `heartbeat_lease` | this issue |
+| `/release [REASON ...]` | `release_lease` | this issue; the rest of the line is the reason |
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from gidgethub import routing, sansio
+
+from bot.config import Settings
+from bot.core.errors import Envelope
+from bot.core.evidence import render_evidence, render_failure
+from bot.core.verbs import COMMANDS, Verb
+from bot.verbs_runtime import VerbResult, VerbRuntime, caller_for
+from bot.worker import HandlerContext
+from state.outbox import OutboxIntent, OutboxStore
+
+router = routing.Router()
+
+USAGE: dict[str, str] = {
+    "/allocate": "/allocate [--dry-run] [--exclude 617,618] [--owner LOGIN]",
+    "/bootstrap": "/bootstrap [--expected-base SHA] [--key KEY]",
+    "/lock": "/lock",
+    "/heartbeat": "/heartbeat",
+    "/release": "/release [REASON ...]",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class CommentCommand:
+    """A parsed command: the verb it names and the tool arguments it carries (without ``issue_number``)."""
+
+    word: str
+    verb: Verb
+    arguments: dict[str, Any] = field(default_factory=dict)
+
+
+class CommandError(ValueError):
+    """A command line that cannot be read; the reply says how to write it."""
+
+    def __init__(self, word: str, message: str) -> None:
+        super().__init__(message)
+        self.word = word
+
+
+def _issue_numbers(word: str, value: str) -> list[int]:
+    parts = [p for p in value.split(",") if p]
+    if not parts or not all(p.lstrip("#").isdigit() and int(p.lstrip("#")) > 0 for p in parts):
+        raise CommandError(word, f"--exclude takes issue numbers separated by commas, got {value!r}")
+    return [int(p.lstrip("#")) for p in parts]
+
+
+def _options(word: str, words: list[str], flags: dict[str, str], values: dict[str, str]) -> dict[str, Any]:
+    """``flags``: switch → argument set to True; ``values``: option → argument taking the next word."""
+    arguments: dict[str, Any] = {}
+    position = 0
+    while position < len(words):
+        item = words[position]
+        if item in flags:
+            arguments[flags[item]] = True
+        elif item in values:
+            if position + 1 >= len(words):
+                raise CommandError(word, f"{item} needs a value")
+            position += 1
+            arguments[values[item]] = words[position]
+        else:
+            raise CommandError(word, f"unknown argument {item!r}")
+        position += 1
+    return arguments
+
+
+def _arguments(word: str, words: list[str]) -> dict[str, Any]:
+    if word == "/allocate":
+        found = _options(word, words, {"--dry-run": "dry_run"},
+                         {"--exclude": "exclude_issue_numbers", "--owner": "owner"})
+        if "exclude_issue_numbers" in found:
+            found["exclude_issue_numbers"] = _issue_numbers(word, found["exclude_issue_numbers"])
+        if "owner" in found:
+            found["owner"] = found["owner"].lstrip("@")
+        found["dry_run"] = bool(found.get("dry_run", False))  # a comment applies unless it says --dry-run
+        return found
+    if word == "/bootstrap":
+        return _options(word, words, {}, {"--expected-base": "expected_base", "--key": "idempotency_key"})
+    if word == "/release":
+        if any(w.startswith("--") for w in words):
+            raise CommandError(word, "the reason is plain words; /release takes no options")
+        return {"reason": " ".join(words)} if words else {}
+    if words:
+        raise CommandError(word, f"{word} takes no arguments")
+    return {}
+
+
+def parse_command(body: str) -> CommentCommand | None:
+    """The command on the comment's first non-blank line, or None if that line is not a command.
+
+    Plain whitespace splitting (never a shell); unknown options and malformed values raise CommandError.
+    """
+    lines = [line.strip() for line in body.replace("\r\n", "\n").split("\n") if line.strip()]
+    if not lines:
+        return None
+    words = lines[0].split()
+    verb = COMMANDS.get(words[0])
+    if verb is None:
+        return None
+    return CommentCommand(word=words[0], verb=verb, arguments=_arguments(words[0], words[1:]))
+
+
+def _reply_body(key: str, command: CommentCommand, result: VerbResult) -> str:
+    doc = result.doc
+    what = f"`{command.word}`"
+    if result.refusal is not None:
+        evidence = {} if doc == result.refusal.to_dict() else {"result": doc}
+        return render_failure(key=key, what=what, envelope=result.refusal, evidence=evidence)
+    if command.verb.name == "allocate_next_work":
+        return _allocate_reply(key, command, doc)
+    summary = {
+        "heartbeat_lease": lambda: f"{what}: the lease on #{doc.get('issue_number')} now runs until "
+        f"{(doc.get('lease') or {}).get('expires_at')}.",
+        "release_lease": lambda: f"{what}: the lease on #{doc.get('issue_number')} is released.",
+    }.get(command.verb.name, lambda: f"{what} done.")()
+    return render_evidence(key=key, summary=summary, state=None, evidence=doc)
+
+
+def _allocate_reply(key: str, command: CommentCommand, doc: dict[str, Any]) -> str:
+    dry_run = bool(command.arguments.get("dry_run"))
+    verb = "Dry run" if dry_run else "Allocation"
+    kind = doc.get("decision")
+    if kind in ("select", "resume"):
+        what = f"would lease #{doc['issue_number']}" if dry_run else f"#{doc['issue_number']} ({kind})"
+    else:
+        what = f"nothing to allocate ({doc.get('wait_reason', kind)})"
+    summary = f"{verb}: {what}; fingerprint {doc.get('fingerprint')}; {len(doc.get('skipped', []))} skipped."
+    evidence = {k: doc.get(k) for k in ("decision", "issue_number", "fingerprint", "skipped", "ranked", "lease")}
+    return render_evidence(key=key, summary=summary, state=None, evidence=evidence)
+
+
+def _is_configured_repo(data: dict[str, Any], settings: Settings) -> bool:
+    full_name = str((data.get("repository") or {}).get("full_name") or "")
+    return full_name.lower() == f"{settings.repository.owner}/{settings.repository.name}".lower()
+
+
+@router.register("issue_comment", action="created")
+async def on_command(event: sansio.Event, ctx: HandlerContext) -> None:
+    """Run a comment's command through the gateway and reply (through the outbox) with the result."""
+    data: dict[str, Any] = event.data
+    comment, issue = data.get("comment") or {}, data.get("issue") or {}
+    try:
+        command = parse_command(str(comment.get("body") or ""))
+        problem: CommandError | None = None
+    except CommandError as exc:
+        command, problem = None, exc
+    if command is None and problem is None:
+        return
+    settings: Settings = ctx.deps["settings"]
+    if not _is_configured_repo(data, settings):
+        ctx.log.info("command on another repository ignored")
+        return
+    service = ctx.deps.get("service")
+    db = ctx.deps["db"]
+    actor = str((comment.get("user") or {}).get("login") or "")
+    number, comment_id = int(issue["number"]), int(comment["id"])
+    key = f"command:{comment_id}:reply"
+    wakeup: Callable[[], None] | None = getattr(service, "outbox_wakeup", None)
+    if command is None:
+        assert problem is not None
+        word = problem.word
+        envelope = Envelope(
+            error="invalid_input",
+            message=str(problem),
+            remediate=f"Write the command as {USAGE[word]}.",
+            exact_next_action=f"post a new comment: {USAGE[word]}",
+        )
+        body = render_failure(key=key, what=f"`{word}`", envelope=envelope, evidence={"comment": comment_id})
+    else:
+        runtime = VerbRuntime(
+            db=db,
+            settings=settings,
+            gitea=ctx.deps.get("gitea"),
+            bot_login=getattr(service, "bot_login", None) or settings.gitea.bot_login or "",
+            wakeup=wakeup,
+        )
+        arguments = dict(command.arguments)
+        if command.verb.issue_scoped:
+            arguments["issue_number"] = number
+        caller = caller_for(settings, actor, "comment")
+        result = await runtime.call(command.verb.name, caller, arguments, delivery_id=event.delivery_id)
+        body = _reply_body(key, command, result)
+        ctx.log.info(
+            "%s by %s on #%d: %s", command.word, actor, number, "ok" if result.ok else result.doc.get("error")
+        )
+    await OutboxStore(db).add(OutboxIntent(key, number, "comment", {"body": body}, event.delivery_id))
+    if wakeup is not None:
+        wakeup()

@@ -1,0 +1,522 @@
+"""The bootstrap phase journal, worktree registrations and issue locks (SQLite; constraints do the guarding)."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import uuid
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Literal
+
+import aiosqlite
+
+from bot.core.bootstrap import Outcome, Phase, may_follow, outcome_of
+from state.db import Database, to_db_time
+
+
+class JournalConflict(Exception):
+    """A unique constraint refused the write: another transition holds the issue, the path or the lease."""
+
+
+class JournalRaced(Exception):
+    """The transition's row changed since it was read (another runner advanced it): nothing was written."""
+
+
+@dataclass(frozen=True, slots=True)
+class Transition:
+    """One bootstrap transition as stored."""
+
+    id: int
+    key: str
+    key_source: Literal["caller", "derived"]
+    repo: str
+    issue_number: int
+    lease_id: str
+    owner: str
+    role: str
+    attempt: int
+    base_branch: str
+    base_sha: str
+    branch: str
+    checkout_path: str
+    worktree_path: str
+    inputs: dict[str, Any]
+    phase: Phase
+    outcome: Outcome
+    failed_phase: str | None
+    error: dict[str, Any] | None
+    result: dict[str, Any] | None
+    created_at: str
+    updated_at: str
+    version: int
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "idempotency_key": self.key,
+            "key_source": self.key_source,
+            "issue_number": self.issue_number,
+            "lease_id": self.lease_id,
+            "owner": self.owner,
+            "phase": self.phase,
+            "outcome": self.outcome,
+            "branch": self.branch,
+            "worktree_path": self.worktree_path,
+            "base_branch": self.base_branch,
+            "base_sha": self.base_sha,
+            "failed_phase": self.failed_phase,
+            "created_at": self.created_at,
+            "updated_at": self.updated_at,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class PhaseRecord:
+    phase: Phase
+    proof: dict[str, Any]
+    runner: str
+    recorded_at: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"phase": self.phase, "recorded_at": self.recorded_at, "runner": self.runner, "proof": self.proof}
+
+
+@dataclass(frozen=True, slots=True)
+class Registration:
+    id: int
+    journal_id: int
+    repo: str
+    issue_number: int
+    lease_id: str
+    owner: str
+    branch: str
+    worktree_path: str
+    created_branch: bool
+    created_worktree: bool
+    registered_at: str
+    ended_at: str | None
+    end_reason: str | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "registration_id": self.id,
+            "lease_id": self.lease_id,
+            "owner": self.owner,
+            "branch": self.branch,
+            "worktree_path": self.worktree_path,
+            "created_branch": self.created_branch,
+            "created_worktree": self.created_worktree,
+            "registered_at": self.registered_at,
+            "ended_at": self.ended_at,
+            "end_reason": self.end_reason,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class IssueLock:
+    lock_id: str
+    repo: str
+    issue_number: int
+    lease_id: str
+    owner: str
+    registration_id: int
+    branch: str
+    worktree_path: str
+    proof: dict[str, Any]
+    acquired_at: str
+    released_at: str | None
+    release_reason: str | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "lock_id": self.lock_id,
+            "issue_number": self.issue_number,
+            "lease_id": self.lease_id,
+            "owner": self.owner,
+            "registration_id": self.registration_id,
+            "branch": self.branch,
+            "worktree_path": self.worktree_path,
+            "acquired_at": self.acquired_at,
+            "released_at": self.released_at,
+            "release_reason": self.release_reason,
+        }
+
+
+_T_COLUMNS = (
+    "id, idempotency_key, key_source, repo, issue_number, lease_id, owner, role, attempt, base_branch, base_sha,"
+    " branch, checkout_path, worktree_path, inputs_json, phase, outcome, failed_phase, error_json, result_json,"
+    " created_at, updated_at, version"
+)
+_R_COLUMNS = (
+    "id, journal_id, repo, issue_number, lease_id, owner, branch, worktree_path, created_branch, created_worktree,"
+    " registered_at, ended_at, end_reason"
+)
+_L_COLUMNS = (
+    "lock_id, repo, issue_number, lease_id, owner, registration_id, branch, worktree_path, proof_json, acquired_at,"
+    " released_at, release_reason"
+)
+
+
+def _returning(statement: str, columns: str) -> str:
+    return f"{statement} RETURNING {columns}"
+
+
+_INSERT_TRANSITION = _returning(
+    "INSERT INTO bootstrap_journal (idempotency_key, key_source, repo, issue_number, lease_id, owner, role, attempt,"
+    " base_branch, base_sha, branch, checkout_path, worktree_path, inputs_json, phase, outcome, created_at,"
+    " updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'accepted', 'open', ?, ?)",
+    _T_COLUMNS,
+)
+_ADVANCE = _returning(
+    "UPDATE bootstrap_journal SET phase = ?, outcome = ?, failed_phase = ?, error_json = COALESCE(?, error_json),"
+    " result_json = COALESCE(?, result_json), updated_at = ?, version = version + 1"
+    " WHERE id = ? AND phase = ? AND version = ?",
+    _T_COLUMNS,
+)
+_INSERT_REGISTRATION = _returning(
+    "INSERT INTO worktree_registrations (journal_id, repo, issue_number, lease_id, owner, branch, worktree_path,"
+    " created_branch, created_worktree, registered_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+    _R_COLUMNS,
+)
+_INSERT_LOCK = _returning(
+    "INSERT INTO issue_locks (lock_id, repo, issue_number, lease_id, owner, registration_id, branch, worktree_path,"
+    " proof_json, acquired_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+    _L_COLUMNS,
+)
+
+
+def _loads(text: str | None) -> Any:
+    return json.loads(text) if text else None
+
+
+def _dumps(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, default=str)
+
+
+def _transition(row: sqlite3.Row) -> Transition:
+    return Transition(
+        id=row["id"],
+        key=row["idempotency_key"],
+        key_source=row["key_source"],
+        repo=row["repo"],
+        issue_number=row["issue_number"],
+        lease_id=row["lease_id"],
+        owner=row["owner"],
+        role=row["role"],
+        attempt=row["attempt"],
+        base_branch=row["base_branch"],
+        base_sha=row["base_sha"],
+        branch=row["branch"],
+        checkout_path=row["checkout_path"],
+        worktree_path=row["worktree_path"],
+        inputs=json.loads(row["inputs_json"]),
+        phase=row["phase"],
+        outcome=row["outcome"],
+        failed_phase=row["failed_phase"],
+        error=_loads(row["error_json"]),
+        result=_loads(row["result_json"]),
+        created_at=row["created_at"],
+        updated_at=row["updated_at"],
+        version=row["version"],
+    )
+
+
+def _registration(row: sqlite3.Row) -> Registration:
+    return Registration(
+        id=row["id"],
+        journal_id=row["journal_id"],
+        repo=row["repo"],
+        issue_number=row["issue_number"],
+        lease_id=row["lease_id"],
+        owner=row["owner"],
+        branch=row["branch"],
+        worktree_path=row["worktree_path"],
+        created_branch=bool(row["created_branch"]),
+        created_worktree=bool(row["created_worktree"]),
+        registered_at=row["registered_at"],
+        ended_at=row["ended_at"],
+        end_reason=row["end_reason"],
+    )
+
+
+def _lock(row: sqlite3.Row) -> IssueLock:
+    return IssueLock(
+        lock_id=row["lock_id"],
+        repo=row["repo"],
+        issue_number=row["issue_number"],
+        lease_id=row["lease_id"],
+        owner=row["owner"],
+        registration_id=row["registration_id"],
+        branch=row["branch"],
+        worktree_path=row["worktree_path"],
+        proof=json.loads(row["proof_json"]),
+        acquired_at=row["acquired_at"],
+        released_at=row["released_at"],
+        release_reason=row["release_reason"],
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class NewTransition:
+    """The authoritative inputs of a transition, as recorded by ``accept``."""
+
+    key: str
+    key_source: Literal["caller", "derived"]
+    repo: str
+    issue_number: int
+    lease_id: str
+    owner: str
+    role: str
+    attempt: int
+    base_branch: str
+    base_sha: str
+    branch: str
+    checkout_path: str
+    worktree_path: str
+    inputs: dict[str, Any]
+
+
+class JournalStore:
+    """Reads take the database's reader; every write takes the caller's open transaction (so a phase, its
+    proof and the effects recorded with it commit together)."""
+
+    def __init__(self, db: Database) -> None:
+        self._db = db
+
+    def _source(self, conn: aiosqlite.Connection | None) -> aiosqlite.Connection:
+        return conn or self._db.reader
+
+    async def _one(self, conn: aiosqlite.Connection | None, sql: str, params: tuple[Any, ...]) -> sqlite3.Row | None:
+        async with self._source(conn).execute(sql, params) as cur:
+            row: sqlite3.Row | None = await cur.fetchone()
+        return row
+
+    # -- transitions
+
+    async def get(self, key: str, conn: aiosqlite.Connection | None = None) -> Transition | None:
+        row = await self._one(conn, f"SELECT {_T_COLUMNS} FROM bootstrap_journal WHERE idempotency_key = ?", (key,))  # noqa: S608
+        return _transition(row) if row is not None else None
+
+    async def open_for_issue(
+        self, repo: str, issue_number: int, conn: aiosqlite.Connection | None = None
+    ) -> Transition | None:
+        row = await self._one(
+            conn,
+            f"SELECT {_T_COLUMNS} FROM bootstrap_journal WHERE repo = ? AND issue_number = ? AND outcome = 'open'",  # noqa: S608
+            (repo, issue_number),
+        )
+        return _transition(row) if row is not None else None
+
+    async def completed_for_lease(self, lease_id: str, conn: aiosqlite.Connection | None = None) -> Transition | None:
+        row = await self._one(
+            conn,
+            f"SELECT {_T_COLUMNS} FROM bootstrap_journal WHERE lease_id = ? AND outcome = 'completed'",  # noqa: S608
+            (lease_id,),
+        )
+        return _transition(row) if row is not None else None
+
+    async def latest_completed(self, repo: str, issue_number: int) -> Transition | None:
+        row = await self._one(
+            None,
+            f"SELECT {_T_COLUMNS} FROM bootstrap_journal WHERE repo = ? AND issue_number = ? AND outcome = 'completed'"  # noqa: S608
+            " ORDER BY id DESC LIMIT 1",
+            (repo, issue_number),
+        )
+        return _transition(row) if row is not None else None
+
+    async def compensated_count(self, lease_id: str) -> int:
+        async with self._db.reader.execute(
+            "SELECT COUNT(*) FROM bootstrap_journal WHERE lease_id = ? AND outcome = 'compensated'", (lease_id,)
+        ) as cur:
+            row = await cur.fetchone()
+        return int(row[0]) if row is not None else 0
+
+    async def history(self, repo: str, issue_number: int) -> list[Transition]:
+        async with self._db.reader.execute(
+            f"SELECT {_T_COLUMNS} FROM bootstrap_journal WHERE repo = ? AND issue_number = ? ORDER BY id",  # noqa: S608
+            (repo, issue_number),
+        ) as cur:
+            return [_transition(row) for row in await cur.fetchall()]
+
+    async def phases(self, journal_id: int, conn: aiosqlite.Connection | None = None) -> list[PhaseRecord]:
+        async with self._source(conn).execute(
+            "SELECT phase, proof_json, runner, recorded_at FROM bootstrap_phases WHERE journal_id = ? ORDER BY id",
+            (journal_id,),
+        ) as cur:
+            return [
+                PhaseRecord(row["phase"], json.loads(row["proof_json"]), row["runner"], row["recorded_at"])
+                for row in await cur.fetchall()
+            ]
+
+    async def proof(self, journal_id: int, phase: Phase) -> dict[str, Any] | None:
+        row = await self._one(
+            None, "SELECT proof_json FROM bootstrap_phases WHERE journal_id = ? AND phase = ?", (journal_id, phase)
+        )
+        return json.loads(row["proof_json"]) if row is not None else None
+
+    async def accept(
+        self, conn: aiosqlite.Connection, new: NewTransition, *, proof: dict[str, Any], runner: str, now: datetime
+    ) -> Transition:
+        """Record the request (phase ``accepted``) with its inputs. JournalConflict when the key, the issue's
+        open transition, the path or the lease's completed transition is already taken."""
+        moment = to_db_time(now)
+        try:
+            async with conn.execute(
+                _INSERT_TRANSITION,
+                (
+                    new.key, new.key_source, new.repo, new.issue_number, new.lease_id, new.owner, new.role,
+                    new.attempt, new.base_branch, new.base_sha, new.branch, new.checkout_path, new.worktree_path,
+                    _dumps(new.inputs), moment, moment,
+                ),
+            ) as cur:
+                row = await cur.fetchone()
+        except sqlite3.IntegrityError as exc:
+            raise JournalConflict(str(exc)) from exc
+        assert row is not None
+        transition = _transition(row)
+        await self._record_phase(conn, transition.id, "accepted", proof, runner, moment)
+        return transition
+
+    async def _record_phase(
+        self, conn: aiosqlite.Connection, journal_id: int, phase: Phase, proof: dict[str, Any], runner: str,
+        moment: str,
+    ) -> None:
+        try:
+            await conn.execute(
+                "INSERT INTO bootstrap_phases (journal_id, phase, proof_json, runner, recorded_at)"
+                " VALUES (?, ?, ?, ?, ?)",
+                (journal_id, phase, _dumps(proof), runner, moment),
+            )
+        except sqlite3.IntegrityError as exc:
+            raise JournalRaced(f"phase {phase} of transition {journal_id} is already recorded") from exc
+
+    async def advance(
+        self,
+        conn: aiosqlite.Connection,
+        transition: Transition,
+        phase: Phase,
+        *,
+        proof: dict[str, Any],
+        runner: str,
+        now: datetime,
+        error: dict[str, Any] | None = None,
+        result: dict[str, Any] | None = None,
+    ) -> Transition:
+        """Move to ``phase`` only if the row is still as ``transition`` saw it (JournalRaced otherwise)."""
+        if not may_follow(transition.phase, phase):
+            raise ValueError(f"a transition cannot move from {transition.phase} to {phase}")
+        moment = to_db_time(now)
+        failed_phase = transition.phase if phase == "compensation_required" else transition.failed_phase
+        async with conn.execute(
+            _ADVANCE,
+            (
+                phase, outcome_of(phase), failed_phase, _dumps(error) if error is not None else None,
+                _dumps(result) if result is not None else None, moment, transition.id, transition.phase,
+                transition.version,
+            ),
+        ) as cur:
+            row = await cur.fetchone()
+        if row is None:
+            raise JournalRaced(f"transition {transition.key} changed since it was read")
+        await self._record_phase(conn, transition.id, phase, proof, runner, moment)
+        return _transition(row)
+
+    async def note_error(self, conn: aiosqlite.Connection, transition: Transition, error: dict[str, Any],
+                         *, now: datetime) -> Transition:
+        """Record why the transition cannot go on (without changing its phase)."""
+        async with conn.execute(
+            f"UPDATE bootstrap_journal SET error_json = ?, updated_at = ?, version = version + 1 WHERE id = ?"  # noqa: S608
+            f" AND version = ? RETURNING {_T_COLUMNS}",
+            (_dumps(error), to_db_time(now), transition.id, transition.version),
+        ) as cur:
+            row = await cur.fetchone()
+        if row is None:
+            raise JournalRaced(f"transition {transition.key} changed since it was read")
+        return _transition(row)
+
+    # -- registrations
+
+    async def live_registration(
+        self, repo: str, issue_number: int, conn: aiosqlite.Connection | None = None
+    ) -> Registration | None:
+        row = await self._one(
+            conn,
+            f"SELECT {_R_COLUMNS} FROM worktree_registrations WHERE repo = ? AND issue_number = ?"  # noqa: S608
+            " AND ended_at IS NULL",
+            (repo, issue_number),
+        )
+        return _registration(row) if row is not None else None
+
+    async def registration_for_journal(
+        self, journal_id: int, conn: aiosqlite.Connection | None = None
+    ) -> Registration | None:
+        row = await self._one(
+            conn,
+            f"SELECT {_R_COLUMNS} FROM worktree_registrations WHERE journal_id = ? ORDER BY id DESC LIMIT 1",  # noqa: S608
+            (journal_id,),
+        )
+        return _registration(row) if row is not None else None
+
+    async def register(
+        self, conn: aiosqlite.Connection, transition: Transition, *, created_branch: bool, created_worktree: bool,
+        now: datetime,
+    ) -> Registration:
+        try:
+            async with conn.execute(
+                _INSERT_REGISTRATION,
+                (
+                    transition.id, transition.repo, transition.issue_number, transition.lease_id, transition.owner,
+                    transition.branch, transition.worktree_path, int(created_branch), int(created_worktree),
+                    to_db_time(now),
+                ),
+            ) as cur:
+                row = await cur.fetchone()
+        except sqlite3.IntegrityError as exc:
+            raise JournalConflict(str(exc)) from exc
+        assert row is not None
+        return _registration(row)
+
+    async def end_registration(self, conn: aiosqlite.Connection, registration_id: int, *, reason: str,
+                               now: datetime) -> bool:
+        cursor = await conn.execute(
+            "UPDATE worktree_registrations SET ended_at = ?, end_reason = ? WHERE id = ? AND ended_at IS NULL",
+            (to_db_time(now), reason, registration_id),
+        )
+        return bool(cursor.rowcount == 1)
+
+    # -- issue locks
+
+    async def live_lock(
+        self, repo: str, issue_number: int, conn: aiosqlite.Connection | None = None
+    ) -> IssueLock | None:
+        row = await self._one(
+            conn,
+            f"SELECT {_L_COLUMNS} FROM issue_locks WHERE repo = ? AND issue_number = ? AND released_at IS NULL",  # noqa: S608
+            (repo, issue_number),
+        )
+        return _lock(row) if row is not None else None
+
+    async def lock(
+        self, conn: aiosqlite.Connection, registration: Registration, *, proof: dict[str, Any], now: datetime
+    ) -> IssueLock:
+        lock_id = f"lock-{uuid.uuid4().hex}"
+        try:
+            async with conn.execute(
+                _INSERT_LOCK,
+                (
+                    lock_id, registration.repo, registration.issue_number, registration.lease_id, registration.owner,
+                    registration.id, registration.branch, registration.worktree_path, _dumps(proof), to_db_time(now),
+                ),
+            ) as cur:
+                row = await cur.fetchone()
+        except sqlite3.IntegrityError as exc:
+            raise JournalConflict(str(exc)) from exc
+        assert row is not None
+        return _lock(row)
+
+    async def release_lock(self, conn: aiosqlite.Connection, lock_id: str, *, reason: str, now: datetime) -> bool:
+        cursor = await conn.execute(
+            "UPDATE issue_locks SET released_at = ?, release_reason = ? WHERE lock_id = ? AND released_at IS NULL",
+            (to_db_time(now), reason, lock_id),
+        )
+        return bool(cursor.rowcount == 1)

@@ -1,0 +1,207 @@
+"""Shared world for the bootstrap tests (no tests here): a seeded emulator whose bare repository the bot clones,
+a database with leases, a BootstrapContext, the CLI as a subprocess, and byte-for-byte snapshots.
+
+Everything lives under /dev/shm when it exists (DESIGN §4): repositories and worktrees are small and on tmpfs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import os
+import shutil
+import sqlite3
+import stat
+import subprocess
+import sys
+import uuid
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from bot.bootstrap import BootstrapContext, BootstrapResult, bootstrap_issue_worktree, ensure_control_checkout
+from bot.config import Settings
+from bot.core.bootstrap import branch_for
+from state.db import Database, utcnow
+from state.leases import Lease, LeaseStore
+from tests.conftest import REPO_ROOT
+from tests.gitea_fixtures import BOT, OWNER, REPO, TOKENS, LiveEmulator, live_emulator, scratch_dir
+from tests.support import SECRET, make_settings
+
+ROSTER = {"alice": ["author"], "bob": ["author"], "carol": ["reviewer"], "ctl": ["controller"]}
+#: What the repository holds besides the README (nested, binary, and a file that stays untouched).
+FILES: dict[str, str | bytes] = {
+    "src/app.py": "print('widgets')\n",
+    "src/pkg/util.py": "VALUE = 1\n",
+    "docs/guide.md": "# Guide\n\nRead me.\n",
+    "data/blob.bin": bytes(range(256)) * 4,
+    ".gitignore": "*.log\n",
+}
+
+
+def git(cwd: Path, *args: str, check: bool = True) -> str:
+    """A git command for the test's own set-up and inspection (never used by the code under test)."""
+    env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
+           "GIT_COMMITTER_EMAIL": "t@t"}
+    done = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, env=env, check=False)
+    if check and done.returncode != 0:
+        raise AssertionError(f"git {' '.join(args)} failed: {done.stderr}")
+    return done.stdout.strip()
+
+
+def tree_snapshot(root: Path, *, skip: frozenset[str] = frozenset()) -> dict[str, str]:
+    """Every entry under ``root`` (not following links) with its kind, mode and content hash."""
+    found: dict[str, str] = {}
+    if not os.path.lexists(root):
+        return found
+    for current, dirs, names in os.walk(root, followlinks=False):
+        rel_dir = os.path.relpath(current, root)
+        dirs[:] = [d for d in sorted(dirs) if os.path.normpath(os.path.join(rel_dir, d)) not in skip]
+        for name in [*dirs, *names]:
+            full = os.path.join(current, name)
+            rel = os.path.normpath(os.path.join(rel_dir, name))
+            if rel in skip:
+                continue
+            info = os.lstat(full)
+            if stat.S_ISLNK(info.st_mode):
+                found[rel] = f"link {os.readlink(full)}"
+            elif stat.S_ISDIR(info.st_mode):
+                found[rel] = f"dir {oct(info.st_mode & 0o777)}"
+            else:
+                digest = hashlib.sha256(Path(full).read_bytes()).hexdigest()
+                found[rel] = f"file {oct(info.st_mode & 0o777)} {digest}"
+    return found
+
+
+def checkout_snapshot(checkout: Path) -> dict[str, Any]:
+    """The control checkout as AC6 means it: working tree (bytes), HEAD, index, status, default branch."""
+    return {
+        "tree": tree_snapshot(checkout, skip=frozenset({".git", "branches"})),
+        "HEAD": (checkout / ".git" / "HEAD").read_text(encoding="utf-8"),
+        "head_sha": git(checkout, "rev-parse", "HEAD"),
+        "main": git(checkout, "rev-parse", "refs/heads/main"),
+        "index": hashlib.sha256((checkout / ".git" / "index").read_bytes()).hexdigest(),
+        "status": git(checkout, "--no-optional-locks", "status", "--porcelain", "--untracked-files=all"),
+    }
+
+
+def worktree_entries(checkout: Path) -> list[dict[str, str]]:
+    """``git worktree list --porcelain`` as dicts (the main worktree included)."""
+    out = git(checkout, "worktree", "list", "--porcelain")
+    entries: list[dict[str, str]] = []
+    for block in out.split("\n\n"):
+        entry: dict[str, str] = {}
+        for line in block.splitlines():
+            key, _, value = line.partition(" ")
+            entry[key] = value
+        if entry:
+            entries.append(entry)
+    return entries
+
+
+@dataclass
+class World:
+    live: LiveEmulator
+    root: Path
+    settings: Settings
+    db: Database
+    ctx: BootstrapContext
+
+    @property
+    def checkout(self) -> Path:
+        return self.ctx.checkout_path
+
+    @property
+    def bare(self) -> Path:
+        return self.live.emulator.repo(OWNER, REPO).path
+
+    def issue(self, title: str = "Polish the widgets") -> int:
+        return self.live.emulator.create_issue(OWNER, REPO, title=title, author="alice").number
+
+    def branch(self, number: int, title: str = "Polish the widgets") -> str:
+        return branch_for(number, title)
+
+    def path(self, number: int, title: str = "Polish the widgets") -> Path:
+        return self.checkout / "branches" / self.branch(number, title)
+
+    def main_sha(self) -> str:
+        return git(self.bare, "rev-parse", "refs/heads/main")
+
+    def move_main(self) -> str:
+        """Someone merges into the default branch on Gitea."""
+        return self.live.emulator.create_branch(OWNER, REPO, "main", files={f"merged-{uuid.uuid4().hex[:6]}.txt": "x"})
+
+    async def lease(self, number: int, owner: str = "alice", ttl_s: float = 3600) -> Lease:
+        async with self.db.transaction() as conn:
+            return await LeaseStore(self.db).acquire(
+                conn, repo=self.ctx.repo, issue_number=number, owner=owner, role="author", action="implement",
+                ttl=timedelta(seconds=ttl_s), now=utcnow(), actor="ctl", fingerprint=None, request={},
+            )
+
+    async def release(self, lease: Lease) -> None:
+        async with self.db.transaction() as conn:
+            await LeaseStore(self.db).release(conn, lease.lease_id, actor="ctl", reason="test", now=utcnow())
+
+    async def bootstrap(self, number: int, caller: str = "alice", **options: Any) -> BootstrapResult:
+        return await bootstrap_issue_worktree(self.ctx, issue_number=number, caller=caller, **options)
+
+    def rows(self, sql: str, *params: Any) -> list[tuple[Any, ...]]:
+        with sqlite3.connect(self.settings.database.path) as conn:
+            return conn.execute(sql, params).fetchall()
+
+    def config_file(self) -> Path:
+        path = self.root / "foreman.toml"
+        if not path.exists():
+            roster = "\n".join(f'"{login}" = {json.dumps(roles)}' for login, roles in ROSTER.items())
+            path.write_text(
+                f'[webhook]\nsecrets = ["{SECRET}"]\n'
+                f'[database]\npath = "{self.settings.database.path}"\nsynchronous = "NORMAL"\n'
+                f'[gitea]\nurl = "{self.live.base_url}"\ntoken = "{TOKENS[BOT]}"\nbot_login = "{BOT}"\n'
+                f'[repository]\nowner = "{OWNER}"\nname = "{REPO}"\n'
+                f'checkout_root = "{self.settings.repository.checkout_root}"\n'
+                f"[roster]\n{roster}\n",
+                encoding="utf-8",
+            )
+        return path
+
+    async def cli(self, *args: str, env: Mapping[str, str] | None = None) -> tuple[int, dict[str, Any] | None, str]:
+        """``python -m bot bootstrap ... --json`` as a separate process: (exit status, JSON doc or None, stderr)."""
+        clean = {k: v for k, v in os.environ.items() if not k.startswith("FOREMAN_")}
+        process = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "bot", "bootstrap", "--config", str(self.config_file()), "--json", *args,
+            cwd=REPO_ROOT, env={**clean, **(env or {})},
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        )
+        out, err = await process.communicate()
+        assert process.returncode is not None
+        doc = json.loads(out) if out.strip() else None
+        return process.returncode, doc, err.decode()
+
+
+@asynccontextmanager
+async def world(*, clone: bool = True, **bootstrap: Any) -> AsyncIterator[World]:
+    """A seeded emulator with FILES on main, a database, settings, and (``clone``) the control checkout."""
+    async with live_emulator() as live:
+        live.emulator.create_branch(OWNER, REPO, "main", files=FILES, message="Add the widgets")
+        root = scratch_dir("bootstrap-")
+        settings = make_settings(
+            root,
+            roster=ROSTER,
+            repository={"owner": OWNER, "name": REPO, "checkout_root": str(root / "checkouts")},
+            gitea={"url": live.base_url, "token": TOKENS[BOT], "bot_login": BOT},
+            bootstrap={"lock_wait_s": 20.0, **bootstrap},
+        )
+        db = await Database.open(settings.database.path, synchronous="NORMAL")
+        ctx = BootstrapContext(db=db, settings=settings, gitea=live.client(BOT), bot_login=BOT)
+        try:
+            if clone:
+                prepared = await ensure_control_checkout(ctx)
+                assert prepared["ok"], prepared
+            yield World(live, root, settings, db, ctx)
+        finally:
+            await db.close()
+            shutil.rmtree(root, ignore_errors=True)

@@ -1,0 +1,140 @@
+"""Comment commands go through the same verb table and gateway as the MCP tools (issue 7.4): parsing, and
+end to end (comment → signed webhook → worker → gateway → verb → reply through the outbox → Gitea)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bot.core.evidence import find_marker
+from bot.core.verbs import COMMANDS, VERBS
+from handlers.verb_commands import USAGE, CommandError, parse_command
+from state.leases import LeaseStore
+from tests.gitea_fixtures import OWNER, REPO
+from tests.support import Started
+from tests.world import FULL_NAME, World, open_world
+
+ROSTER = {"controller-bot": ["controller"], "author-1": ["author"], "author-2": ["author"]}
+
+
+# --- parsing ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("body", "expected"),
+    [
+        ("/allocate", ("apply", None, None)),
+        ("/allocate --dry-run --exclude 617,#618", ("dry", [617, 618], None)),
+        ("  \n/allocate --owner @author-2\nplease", ("apply", None, "author-2")),
+        ("please /allocate", None),
+        ("/allocated", None),
+    ],
+)
+def test_allocate_commands_are_parsed_from_the_first_line(body: str, expected: Any) -> None:
+    """Issue 5.8: the `/allocate` comment command; plain splitting, no shell."""
+    command = parse_command(body)
+    if expected is None:
+        assert command is None
+    else:
+        assert command is not None and command.verb.name == "allocate_next_work"
+        args = command.arguments
+        got = ("dry" if args["dry_run"] else "apply", args.get("exclude_issue_numbers"), args.get("owner"))
+        assert got == expected
+
+
+@pytest.mark.parametrize(
+    "body", ["/allocate --exclude", "/allocate --exclude 1.5", "/allocate --force", "/allocate --exclude 0"]
+)
+def test_malformed_allocate_commands_are_errors_not_guesses(body: str) -> None:
+    """Issue 5.8 / fail closed: a malformed command is an error the reply explains."""
+    with pytest.raises(CommandError):
+        parse_command(body)
+
+
+@pytest.mark.parametrize(
+    ("body", "verb", "arguments"),
+    [
+        ("/release", "release_lease", {}),
+        ("/release handing over to author-2", "release_lease", {"reason": "handing over to author-2"}),
+        ("/heartbeat", "heartbeat_lease", {}),
+        ("/lock", "lock_issue", {}),
+        ("/bootstrap", "bootstrap_issue_worktree", {}),
+        ("/bootstrap --expected-base abc --key k1", "bootstrap_issue_worktree",
+         {"expected_base": "abc", "idempotency_key": "k1"}),
+    ],
+)
+def test_every_command_names_its_verb(body: str, verb: str, arguments: dict[str, Any]) -> None:
+    command = parse_command(body)
+    assert command is not None and command.verb is VERBS[verb] and command.arguments == arguments
+
+
+@pytest.mark.parametrize("body", ["/heartbeat now", "/lock 5", "/release --force", "/bootstrap --base x"])
+def test_malformed_commands_are_errors(body: str) -> None:
+    with pytest.raises(CommandError):
+        parse_command(body)
+
+
+def test_commands_come_from_the_verb_table() -> None:
+    """One table: every offered command is a verb's `command`, and each has its usage line."""
+    assert set(COMMANDS) == set(USAGE) == {"/allocate", "/bootstrap", "/lock", "/heartbeat", "/release"}
+    assert all(COMMANDS[word].command == word and COMMANDS[word].executable for word in COMMANDS)
+
+
+# --- end to end ------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+async def world(tmp_path: Path, start: Started) -> AsyncIterator[World]:
+    async with open_world(tmp_path, start, roster=ROSTER) as opened:
+        opened.live.emulator.create_issue(OWNER, REPO, title="work", author="alice", labels=["status:ready"])
+        await opened.comment("controller-bot", 1, "/allocate --owner author-1")
+        yield opened
+
+
+def replies(world: World, number: int) -> list[str]:
+    issue = world.live.emulator.issue(OWNER, REPO, number)
+    bodies = [c.body for c in issue.comments if c.kind == "comment"]
+    return [body for body in bodies if (find_marker(body) or "").startswith("command:")]
+
+
+async def test_a_comment_command_from_someone_not_allowed_gets_a_not_authorized_reply(world: World) -> None:
+    """Issue 7.4: not on the roster, or not the lease owner: not_authorized through the outbox; lease untouched."""
+    leases = LeaseStore(world.service.db)
+    [lease] = await leases.open_leases(FULL_NAME)
+    for login in ("alice", "author-2"):
+        await world.comment(login, 1, "/release taking it")
+        reply = replies(world, 1)[-1]
+        assert "`/release` was refused" in reply and "`not_authorized`" in reply and "**Next action:**" in reply
+    [still] = await leases.open_leases(FULL_NAME)
+    assert still == lease
+    for entry in await world.service.outbox.list():
+        assert entry.status == "done", entry.summary()
+
+
+async def test_the_owner_heartbeats_and_the_controller_releases_by_comment(world: World) -> None:
+    """Issue 7.4: the same gateway decisions as the MCP tools, with the reply and the evidence on the issue."""
+    leases = LeaseStore(world.service.db)
+    [lease] = await leases.open_leases(FULL_NAME)
+    await world.comment("author-1", 1, "/heartbeat")
+    assert "now runs until" in replies(world, 1)[-1]
+    await world.comment("controller-bot", 1, "/release reassigning")
+    assert await leases.open_leases(FULL_NAME) == []
+    [ended] = await leases.history(FULL_NAME, 1)
+    assert (ended.lease_id, ended.status, ended.end_reason) == (lease.lease_id, "released", "reassigning")
+    bodies = [c.body for c in world.live.emulator.issue(OWNER, REPO, 1).comments if c.kind == "comment"]
+    assert any(find_marker(b) == f"{lease.lease_id}:release" for b in bodies)
+    # With no live lease: the former owner is refused first (ownership gate), the controller sees the gap.
+    await world.comment("author-1", 1, "/heartbeat")
+    assert "`not_authorized`" in replies(world, 1)[-1]
+    await world.comment("controller-bot", 1, "/heartbeat")
+    reply = replies(world, 1)[-1]
+    assert "`tracing_gap` (missing: live_lease)" in reply
+
+
+async def test_a_malformed_command_gets_its_usage_back(world: World) -> None:
+    await world.comment("author-1", 1, "/release --now")
+    reply = replies(world, 1)[-1]
+    assert "`invalid_input`" in reply and USAGE["/release"] in reply
