@@ -53,7 +53,7 @@ from bot.core.evidence import render_evidence
 from bot.core.gateway import ROLES, GatewayContext, Role
 from bot.core.verbs import evaluate
 from bot.core.vocabulary import label_for_state
-from bot.gitea import GiteaClient, GiteaError, GiteaNotFound, GiteaUnavailable, Issue, Repository
+from bot.gitea import Branch, GiteaClient, GiteaError, GiteaNotFound, GiteaUnavailable, Issue, Repository
 from state.db import Database, utcnow
 from state.journal import JournalConflict, JournalRaced, JournalStore, NewTransition, Transition
 from state.leases import Lease, LeaseRefused, LeaseStore
@@ -635,6 +635,7 @@ class _Run:
 
         async def issue_and_branch() -> tuple[Issue, str, str | None]:
             issue = await gitea.get_issue(self.n)
+            self.seen["issue"] = issue
             name = prior.branch if prior is not None and same_owner else branch_for(
                 self.n, issue.title, slug_length=self.cfg.slug_length)
             try:
@@ -644,12 +645,24 @@ class _Run:
             return issue, name, remote
 
         async def base_and_checkout() -> tuple[Repository, str, tuple[str | None, str | None]]:
-            repo = await gitea.get_repo()
+            # The checkout's own branch is the default branch as last seen: read it alongside the repository,
+            # and read again only if Gitea's default branch turns out to be another one.
+            head = gitops.symbolic_head(self.checkout.git_dir / "HEAD") if self.checkout.exists() else None
+            guess = head.removeprefix("refs/heads/") if head else None
+            early = gitea.get_branch(guess) if guess else None
+            found = await asyncio.gather(gitea.get_repo(), *([early] if early else []), return_exceptions=True)
+            if not isinstance(found[0], Repository):
+                raise found[0] if isinstance(found[0], BaseException) else TypeError("no repository")
+            repo = found[0]
             url_problem = gitops.clone_url_problem(repo.clone_url)
             if url_problem is not None or not repo.default_branch:
                 raise _Fail(Blocked("invalid_state", "clone_url_unusable", "the repository's clone_url cannot be"
                                     f" used: {url_problem or 'no default branch'}"))
-            live = (await gitea.get_branch(repo.default_branch)).commit_id
+            guessed = found[1] if len(found) > 1 else None
+            if guess == repo.default_branch and isinstance(guessed, Branch):
+                live = guessed.commit_id
+            else:
+                live = (await gitea.get_branch(repo.default_branch)).commit_id
             return repo, live, await self._prepare(repo.clone_url, repo.default_branch, live_base=live)
 
         # The issue reads and the repository, base and fetch are independent: run them side by side.
@@ -999,8 +1012,9 @@ class _Run:
             prior_same_owner=prior,
         )
 
-    def _remove_partial(self, t: Transition) -> list[str]:
-        """Remove a half-made worktree this transition provably made (registration, directory, metadata)."""
+    def _remove_partial(self, t: Transition, *, force: bool = True) -> list[str]:
+        """Remove a worktree this transition provably made (registration, directory, metadata). Without
+        ``force`` (a clean worktree) git itself refuses if anything appeared in it since it was judged."""
         path, reason = Path(t.worktree_path), worktree_lock_reason(t.key)
         removed: list[str] = []
         # Which metadata is ours is read before anything changes (unlocking deletes the lock that proves it).
@@ -1010,7 +1024,7 @@ class _Run:
         has_dir = os.path.lexists(path) and path.is_dir() and not path.is_symlink()
         if entry is not None and entry.locked == reason and has_dir:
             self.checkout.unlock_worktree(path)
-            self.checkout.remove_worktree(path, force=True)
+            self.checkout.remove_worktree(path, force=force)
             removed.append("registration")
         if os.path.lexists(path) and path.is_dir() and not path.is_symlink():
             gitops.remove_tree(path)
@@ -1092,10 +1106,12 @@ class _Run:
 
     async def _bind(self, t: Transition) -> Transition:
         proofs = await self._load_proofs(t)
-        try:
-            issue = await self.gitea.get_issue(self.n)
-        except GiteaError as exc:
-            raise _Transient(f"Gitea did not answer ({exc})") from exc
+        issue: Issue | None = self.seen.get("issue")  # read by this call's acceptance (nothing wrote it since)
+        if issue is None:
+            try:
+                issue = await self.gitea.get_issue(self.n)
+            except GiteaError as exc:
+                raise _Transient(f"Gitea did not answer ({exc})") from exc
         assignees = sorted(u.login for u in issue.assignees)
         now = self.ctx.clock()
         blocked: Blocked | None = None
@@ -1151,9 +1167,9 @@ class _Run:
             entry: gitops.WorktreeEntry | None = self.seen.get("entry") or self.checkout.worktree_at(path)
             view: gitops.WorktreeView = self.seen.get("view") or self.checkout.worktree_view(path)
             head_ref = gitops.symbolic_head(self.checkout.git_dir / "HEAD")
-            refs = self.checkout.refs(f"refs/heads/{t.base_branch}", f"refs/heads/{t.branch}")
-            head_sha = refs.get(head_ref) if head_ref else self.checkout.rev("HEAD")
-            return {"branch_sha": refs.get(f"refs/heads/{t.branch}"), "entry": entry.to_dict() if entry else None,
+            head_sha = self.checkout.read_ref(head_ref) if head_ref else self.checkout.rev("HEAD")
+            branch_sha = self.checkout.read_ref(f"refs/heads/{t.branch}")
+            return {"branch_sha": branch_sha, "entry": entry.to_dict() if entry else None,
                     "head": view.head, "head_ref": view.head_ref,
                     "checkout": {"head_ref": head_ref, "head_sha": head_sha}}
 
@@ -1274,7 +1290,7 @@ class _Run:
         plan = plan_compensation(facts, release_lease=release)
         done: list[str] = []
         if "worktree" in plan.undo:
-            done += [f"worktree {item}" for item in self._remove_partial(t)]
+            done += [f"worktree {item}" for item in self._remove_partial(t, force=not wt.clean)]
             _fault(FAULT_STEP_ENV, "worktree_removed")
         if "branch" in plan.undo and created_sha is not None:
             if self.checkout.delete_branch(t.branch, created_sha):

@@ -14,6 +14,7 @@ import errno
 import fcntl
 import hashlib
 import os
+import re
 import shutil
 import stat
 import time
@@ -27,6 +28,7 @@ from typing import Any
 from git.cmd import Git
 
 ZERO_OID = "0" * 40
+_OID_RE = re.compile(r"[0-9a-f]{40}|[0-9a-f]{64}")
 #: Subcommands that may take long (network, many files): these run under the timeout watchdog.
 _TIMED = frozenset({"clone", "fetch", "ls-remote", "worktree", "status", "--no-optional-locks", "ls-tree"})
 _ALLOWED_SCHEMES = ("http", "https", "file")
@@ -331,8 +333,34 @@ class ControlCheckout:
             return False
         raise GitFailure(("update-ref", f"refs/heads/{branch}"), status, err)
 
+    def read_ref(self, ref: str) -> str | None:
+        """A ref's object id as git stored it: the loose ref file, else ``packed-refs``, else ``git rev-parse``
+        (another ref backend). Reading the files git wrote is the read-after-write without a process."""
+        text = _read_text(self.git_dir / ref) if ref.startswith("refs/") and ".." not in ref else None
+        if text is not None and _OID_RE.fullmatch(text):
+            return text
+        if text is None:
+            for line in (_read_text(self.git_dir / "packed-refs") or "").splitlines():
+                sha, _, name = line.partition(" ")
+                if name == ref and _OID_RE.fullmatch(sha):
+                    return sha
+        return self.rev(ref)
+
     def reflog(self, branch: str) -> list[tuple[str, str]]:
-        """(new sha, message) of the branch's reflog entries, oldest first ([] without a reflog)."""
+        """(new sha, message) of the branch's reflog entries, oldest first ([] without a reflog).
+
+        Read from ``.git/logs/refs/heads/<branch>`` (git's own record, one line per update) when it is there,
+        else through ``git reflog show``.
+        """
+        log_file = self.git_dir / "logs" / "refs" / "heads" / branch
+        if ".." not in branch and log_file.is_file():
+            entries: list[tuple[str, str]] = []
+            for line in log_file.read_text(encoding="utf-8", errors="replace").splitlines():
+                head, _, message = line.partition("\t")
+                parts = head.split(" ")
+                if len(parts) >= 2 and _OID_RE.fullmatch(parts[1]):
+                    entries.append((parts[1], message))
+            return entries
         status, out, _ = self.git.attempt(
             "reflog", "show", "--no-abbrev", "--format=%H%x09%gs", f"refs/heads/{branch}", "--"
         )

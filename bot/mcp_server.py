@@ -89,9 +89,10 @@ def offered_tools() -> list[types.Tool]:
 
 
 def result_of(doc: dict[str, Any], *, is_error: bool) -> types.CallToolResult:
-    text = json.dumps(doc, sort_keys=True, default=str)
+    """The answer: the document as structured content and as JSON text (plain JSON values only, key order kept)."""
+    text = json.dumps(doc, default=str)
     return types.CallToolResult(
-        content=[types.TextContent(type="text", text=text)], structured_content=doc, is_error=is_error
+        content=[types.TextContent(type="text", text=text)], structured_content=json.loads(text), is_error=is_error
     )
 
 

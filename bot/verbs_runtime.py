@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import importlib
 import json
 import logging
 from collections.abc import Awaitable, Callable, Mapping
@@ -40,6 +39,7 @@ from state.leases import Lease, LeaseRefused, LeaseStore
 from state.outbox import OutboxIntent, enqueue
 
 if TYPE_CHECKING:
+    from bot.bootstrap import BootstrapContext, BootstrapResult, LockResult
     from bot.gitea import GiteaClient
 
 log = logging.getLogger("foreman.verbs")
@@ -135,46 +135,47 @@ async def no_bootstrap(runtime: VerbRuntime) -> WorktreeBootstrap | None:
 
 
 async def module_bootstrap(runtime: VerbRuntime) -> WorktreeBootstrap | None:
-    """The worktree bootstrap of ``bot.bootstrap`` (issue 6), or None while that module does not exist."""
-    try:
-        module = importlib.import_module("bot.bootstrap")
-    except ModuleNotFoundError as exc:
-        if exc.name != "bot.bootstrap":
-            raise
-        return None
-    return _ModuleBootstrap(module, module.BootstrapContext.from_service(runtime))
+    """The worktree bootstrap of ``bot.bootstrap`` (issue 6) over the runtime's database, settings and Gitea."""
+    from bot.bootstrap import BootstrapContext
+
+    return _ModuleBootstrap(BootstrapContext.from_service(runtime))
 
 
 class _ModuleBootstrap:
-    """``bot.bootstrap``'s transition and lock behind the seam; facts read from its journal."""
+    """``bot.bootstrap``'s transition and lock behind the seam; its facts read from the bootstrap journal."""
 
-    def __init__(self, module: Any, ctx: Any) -> None:
+    def __init__(self, ctx: BootstrapContext) -> None:
         from state.journal import JournalStore
 
-        self._module = module
         self._ctx = ctx
         self._journal = JournalStore(ctx.db)
         self._leases = LeaseStore(ctx.db)
 
     @staticmethod
-    def _answer(result: Any) -> BootstrapAnswer:
-        doc: dict[str, Any] = result.to_dict()
-        refusal: Envelope | None = result.refusal
-        if result.exit_code != 0 and refusal is None:  # pragma: no cover - every refusal carries an envelope
-            refusal = _envelope("invalid_state", f"the bootstrap ended {doc.get('status')}",
-                                "Read the issue's state before trying again.", "call gitea_get_runtime_context")
-        return BootstrapAnswer(doc=doc, refusal=refusal if result.exit_code != 0 else None)
+    def _answer(result: BootstrapResult | LockResult) -> BootstrapAnswer:
+        doc = result.to_dict()
+        if result.exit_code == 0:
+            return BootstrapAnswer(doc=doc)
+        refusal = result.refusal or _envelope(  # every refusal carries an envelope; this is a guard
+            "invalid_state", f"the bootstrap ended {doc.get('status')}",
+            "Read the issue's state before trying again.", "call gitea_get_runtime_context",
+        )
+        return BootstrapAnswer(doc=doc, refusal=refusal)
 
     async def bootstrap(
         self, *, issue_number: int, caller: str, idempotency_key: str | None, expected_base: str | None
     ) -> BootstrapAnswer:
-        return self._answer(await self._module.bootstrap_issue_worktree(
+        from bot.bootstrap import bootstrap_issue_worktree
+
+        return self._answer(await bootstrap_issue_worktree(
             self._ctx, issue_number=issue_number, caller=caller, idempotency_key=idempotency_key,
             expected_base=expected_base,
         ))
 
     async def lock(self, *, issue_number: int, caller: str) -> BootstrapAnswer:
-        return self._answer(await self._module.lock_issue(self._ctx, issue_number=issue_number, caller=caller))
+        from bot.bootstrap import lock_issue
+
+        return self._answer(await lock_issue(self._ctx, issue_number=issue_number, caller=caller))
 
     async def _lease(self, issue_number: int, owner: str) -> Lease | None:
         lease = await self._leases.live_for_issue(self._ctx.repo, issue_number)
@@ -196,8 +197,7 @@ class _ModuleBootstrap:
         return lease is not None and lock is not None and lock.lease_id == lease.lease_id
 
     def control_checkout(self) -> Path | None:
-        path: Path = self._ctx.checkout_path
-        return path
+        return self._ctx.checkout_path
 
 
 # --------------------------------------------------------------------------- the runtime
@@ -209,7 +209,8 @@ class VerbRuntime:
 
     ``wakeup`` is called after outbox entries were committed (the service's sender sends them; a
     stand-alone ``foreman mcp`` leaves them for ``foreman serve``). ``bootstrap_factory`` builds the
-    worktree bootstrap on first use; it returns None while no bootstrap is available.
+    worktree bootstrap on first use (``bot.bootstrap`` by default; ``no_bootstrap`` for none, whose
+    verbs then answer ``unavailable``).
     """
 
     db: Database
@@ -676,9 +677,8 @@ def _issue(values: Mapping[str, object]) -> int:
 def _bootstrap_missing(verb: Verb, issue: int) -> Envelope:
     return _envelope(
         "unavailable",
-        f"{verb.tool} is not available: the worktree bootstrap (bot/bootstrap.py, issue 6) is not part of this "
-        "foreman yet",
-        "An operator must update foreman to a version with the worktree bootstrap.",
+        f"{verb.tool} is not available: this foreman runs without the worktree bootstrap (bot.bootstrap)",
+        "An operator must run foreman with the worktree bootstrap.",
         f"call gitea_post_issue_state with issue_number={issue}, state blocked and blockers naming the missing "
         "worktree bootstrap",
         missing_component="bot.bootstrap",

@@ -129,11 +129,13 @@ def _reply_body(key: str, command: CommentCommand, result: VerbResult) -> str:
         return render_failure(key=key, what=what, envelope=result.refusal, evidence=evidence)
     if command.verb.name == "allocate_next_work":
         return _allocate_reply(key, command, doc)
-    summary = {
-        "heartbeat_lease": lambda: f"{what}: the lease on #{doc.get('issue_number')} now runs until "
-        f"{(doc.get('lease') or {}).get('expires_at')}.",
-        "release_lease": lambda: f"{what}: the lease on #{doc.get('issue_number')} is released.",
-    }.get(command.verb.name, lambda: f"{what} done.")()
+    issue, lease = doc.get("issue_number"), doc.get("lease") or {}
+    if command.verb.name == "heartbeat_lease":
+        summary = f"{what}: the lease on #{issue} now runs until {lease.get('expires_at')}."
+    elif command.verb.name == "release_lease":
+        summary = f"{what}: the lease on #{issue} is released ({lease.get('end_reason')})."
+    else:
+        summary = f"{what} done on #{issue}: {doc.get('status', 'ok')}."
     return render_evidence(key=key, summary=summary, state=None, evidence=doc)
 
 

@@ -120,6 +120,8 @@ async def test_the_owner_heartbeats_and_the_controller_releases_by_comment(world
     [lease] = await leases.open_leases(FULL_NAME)
     await world.comment("author-1", 1, "/heartbeat")
     assert "now runs until" in replies(world, 1)[-1]
+    await world.comment("author-1", 1, "/lock")
+    assert "`tracing_gap` (missing: worktree)" in replies(world, 1)[-1]
     await world.comment("controller-bot", 1, "/release reassigning")
     assert await leases.open_leases(FULL_NAME) == []
     [ended] = await leases.history(FULL_NAME, 1)

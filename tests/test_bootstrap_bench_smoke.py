@@ -1,0 +1,53 @@
+"""Smoke test of the bootstrap benchmark (bench/bootstrap.py): it runs end to end on a tiny repository, every
+transition completes and its checks pass, and it reports both figures of the same run. No timing is asserted."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+
+from bench.bootstrap import commit_fast, generated_files
+from tests.conftest import REPO_ROOT
+from tests.gitea_fixtures import scratch_dir
+
+
+def test_generated_files_look_like_a_source_tree_and_fast_import_commits_them() -> None:
+    files = generated_files(250)
+    assert len(files) == 250 and len({name.split("/")[0] for name in files}) == 3
+    root = scratch_dir("bench-smoke-")
+    try:
+        bare = root / "r.git"
+        subprocess.run(["git", "init", "-q", "--bare", "-b", "main", str(bare)], check=True)
+        tree = subprocess.run(["git", "mktree"], cwd=bare, input=b"", capture_output=True, check=True).stdout
+        first = subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit-tree", "-m", "init",
+                                tree.decode().strip()], cwd=bare, capture_output=True, check=True).stdout
+        subprocess.run(["git", "update-ref", "refs/heads/main", first.decode().strip()], cwd=bare, check=True)
+        commit_fast(bare, "main", files)
+        listed = subprocess.run(["git", "ls-tree", "-r", "--name-only", "main"], cwd=bare, capture_output=True,
+                                text=True, check=True).stdout.split()
+        assert sorted(listed) == sorted(files)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def test_the_benchmark_runs_and_reports_both_figures_of_the_same_run() -> None:
+    argv = [sys.executable, "-m", "bench.bootstrap", "--files", "40", "--repeat", "2", "--concurrent", "3", "--json"]
+    done = subprocess.run(argv, cwd=REPO_ROOT, capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    doc = json.loads(done.stdout)
+    assert doc["ok"] is True and doc["errors"] == []
+    assert doc["baseline_ms"]["n"] == doc["transition_ms"]["n"] == 2
+    assert doc["baseline_ms"]["median"] > 0 and doc["transition_ms"]["median"] > 0 and doc["ratio"] > 0
+    assert doc["target"]["ratio_at_most"] == 1.3 and doc["target"]["result"] in {"PASS", "MISS"}
+    concurrent = doc["concurrent_result"]
+    assert concurrent["issues"] == concurrent["completed"] == 3 and concurrent["plain_worktree_add_wall_ms"] > 0
+    assert doc["registered_worktrees"] == 5
+    assert set(doc["gitea_read_ms"]) == {"get_repo", "get_issue", "get_branch", "get_branch_404"}
+
+
+def test_bad_arguments_are_a_usage_error() -> None:
+    done = subprocess.run([sys.executable, "-m", "bench.bootstrap", "--repeat", "0"], cwd=REPO_ROOT,
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 2 and "--repeat" in done.stderr
