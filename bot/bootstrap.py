@@ -584,6 +584,8 @@ class _Run:
                 "stale_pin", "lease_changed", f"its lease {open_other.lease_id} is no longer the live lease"))
             if stale.status != "compensated":
                 return stale
+            self.seen.clear()  # what was observed for the old transition says nothing about the new one
+            self.proofs = {}
         completed = await self.journal.completed_for_lease(lease.lease_id)
         if completed is not None:
             return _refused(self.n, _envelope(

@@ -226,14 +226,23 @@ def _default_owner(settings: Settings, action: str) -> str | None:
 
 # --- mcp -----------------------------------------------------------------------------------------------
 def _cmd_mcp(settings: Settings, args: argparse.Namespace) -> int:
-    """MCP over stdio for the identity of FOREMAN_MCP_TOKEN; without a known token, refuse to start (exit 2)."""
+    """MCP over stdio for the identity of FOREMAN_MCP_TOKEN, or bound to the run of a run token (docs/grants.md);
+    without a known token, refuse to start (exit 2)."""
+    from bot.grants_broker import is_run_token
     from bot.mcp_server import IdentityError, resolve_identity, serve_stdio, token_from_environment
 
+    token = token_from_environment()
     try:
-        caller = resolve_identity(settings, token_from_environment())
+        caller = resolve_identity(settings, token)
     except IdentityError as exc:
-        print(json.dumps({"error": "invalid_config", "key": "mcp.tokens", "message": str(exc)}), file=sys.stderr)
-        return EXIT_USAGE
+        if not is_run_token(token):
+            print(json.dumps({"error": "invalid_config", "key": "mcp.tokens", "message": str(exc)}), file=sys.stderr)
+            return EXIT_USAGE
+        code = asyncio.run(serve_stdio(settings, run_token=token))
+        if code != EXIT_OK:
+            message = "FOREMAN_MCP_TOKEN is not the token of any run; `foreman run start` prints a run's token"
+            print(json.dumps({"error": "invalid_config", "key": "mcp.tokens", "message": message}), file=sys.stderr)
+        return code
     return asyncio.run(serve_stdio(settings, caller))
 
 

@@ -34,8 +34,11 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Protocol
 
+import aiosqlite
+
 from bot.config import Settings
 from bot.core.errors import Envelope, EnvelopeError, ErrorKind
+from bot.core.evidence import render_evidence
 from bot.core.grants import (
     Category,
     Effect,
@@ -58,9 +61,12 @@ from bot.core.grants import (
     mark_inert,
     reconcile,
     refusal,
+    run_end_summary,
+    summarize,
 )
 from state.db import Database, utcnow
 from state.grants import (
+    CloseHook,
     DecisionContext,
     GrantConflict,
     GrantIntegrityError,
@@ -71,6 +77,7 @@ from state.grants import (
 )
 from state.journal import JournalStore, Registration
 from state.leases import LeaseStore
+from state.outbox import OutboxIntent, enqueue
 
 log = logging.getLogger("foreman.grants")
 
@@ -393,6 +400,37 @@ def _result_digest(result: Mapping[str, Any] | None) -> str | None:
         return "sha256:" + hashlib.sha256(repr(result).encode("utf-8")).hexdigest()
 
 
+# ============================================================================ the run's end: evidence comment
+
+
+def run_evidence_key(run_id: str) -> str:
+    """The outbox idempotency key (and comment marker) of a run's end: one evidence comment per run."""
+    return f"run:{run_id}:summary"
+
+
+def run_evidence_intent(grant: Grant, state: RunState, decisions: Mapping[str, int]) -> OutboxIntent:
+    """The evidence comment posted on the run's issue when the run closes: a one-paragraph summary and, as JSON,
+    ``summarize(grant, state)`` with the count of each kind of decision. Only the grant and the recorded state
+    go into it: nothing the model proposed or a tool returned."""
+    key = run_evidence_key(grant.run_id)
+    evidence: dict[str, Any] = {
+        "action": "run_end",
+        "run": summarize(grant, state),
+        "issue_number": grant.issue_number,
+        "owner": grant.owner,
+        "host_id": grant.host_id,
+        "decisions": dict(sorted(decisions.items())),
+        "unresolved_worktree_uuid": grant.worktree.uuid if state.teardown != "done" else None,
+    }
+    body = render_evidence(
+        key=key,
+        summary=run_end_summary(grant, state, denied=int(decisions.get("denied", 0))),
+        state=None,
+        evidence=evidence,
+    )
+    return OutboxIntent(key, grant.issue_number, "comment", {"body": body})
+
+
 class Broker:
     """Admits one run's tool calls against its sealed grant. Every method reads the run's state from the database
     inside its own transaction, so any number of brokers (in one process or several) over the same database
@@ -401,6 +439,8 @@ class Broker:
     ``host`` gives this host's identity now (read on every decision); ``worktree`` resolves the run's worktree
     UUID now (default: the journal's live registration); ``policy_digest``: the digest of the template in force
     (None: not checked); ``grant_digest``: the digest the run token was bound to (None: the stored one).
+    ``evidence``: queue the run's evidence comment (:func:`run_evidence_intent`) in the outbox, in the same
+    transaction as the decision that closes the run (the teardown's result, or its reconciliation).
     """
 
     def __init__(
@@ -414,6 +454,7 @@ class Broker:
         policy_digest: str | None = None,
         grant_digest: str | None = None,
         broker_id: str | None = None,
+        evidence: bool = True,
     ) -> None:
         self._store = store
         self.run_id = run_id
@@ -424,6 +465,7 @@ class Broker:
         self._grant_digest = grant_digest
         self.broker_id = broker_id or f"broker-{uuid.uuid4().hex[:12]}"
         self._grant: Grant | None = None
+        self._on_close: CloseHook | None = self._queue_evidence if evidence else None
 
     @classmethod
     async def for_token(
@@ -481,11 +523,23 @@ class Broker:
         self, decide: Callable[[Grant, RunState], Verdict], context: DecisionContext
     ) -> tuple[Grant, Verdict]:
         try:
-            return await self._store.decide(self.run_id, decide, context)
+            return await self._store.decide(self.run_id, decide, context, on_close=self._on_close)
         except StateRaced:
             # Another broker decided between our read and write (possible on a multi-writer backend): decide
             # again on the state it left. Twice in a row is a broker_error.
-            return await self._store.decide(self.run_id, decide, context)
+            return await self._store.decide(self.run_id, decide, context, on_close=self._on_close)
+
+    async def _queue_evidence(self, conn: aiosqlite.Connection, grant: Grant, state: RunState) -> None:
+        counts = await self._store.decision_counts(grant.run_id, conn)
+        queued = await enqueue(conn, run_evidence_intent(grant, state, counts), now=self._clock())
+        log.info(
+            "run %s closed (outcome %s, teardown %s): evidence %s %s",
+            grant.run_id,
+            state.outcome,
+            state.teardown,
+            run_evidence_key(grant.run_id),
+            "queued" if queued else "was already queued",
+        )
 
     def _context(self, **kwargs: Any) -> DecisionContext:
         return DecisionContext(host_id=self._safe_host(), broker_id=self.broker_id, now=self._clock(), **kwargs)

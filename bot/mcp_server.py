@@ -6,6 +6,11 @@ string is decoded for any non-string field), drops unknown arguments silently an
 failure with plain text. Here every tool publishes the schema the verb table declares, receives its
 arguments exactly as sent, and answers with structured content: the verb's result, or the error envelope
 (``is_error``), never a traceback. Every call goes through :class:`bot.verbs_runtime.VerbRuntime` (the gateway).
+
+A session started with a *run token* (``foreman run start``; docs/grants.md) is bound to that run: it serves the
+run's owner, offers only the grant's tools, and sends every call through the run's broker first
+(:func:`broker_around`): a denied call never reaches the gateway, an admitted one runs with the compiled arguments
+only, and its result is handed back only if the broker accepts it.
 """
 
 from __future__ import annotations
@@ -15,18 +20,24 @@ import importlib.metadata
 import json
 import logging
 import os
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from typing import Any
 
+import anyio
 import mcp.types as types
 from mcp.server import Server, ServerRequestContext
 from mcp.server.stdio import stdio_server
 
 from bot.config import Settings
+from bot.core.errors import Envelope
+from bot.core.grants import Grant, broker_refusal
 from bot.core.verbs import TOOLS, VERBS, Verb
+from bot.grants_broker import Broker, is_run_token
 from bot.verbs_runtime import BootstrapFactory, Caller, VerbResult, VerbRuntime, caller_for
 from state.db import Database
+from state.grants import GrantStore
 
 log = logging.getLogger("foreman.mcp")
 
@@ -104,15 +115,26 @@ RunVerb = Callable[[dict[str, Any]], Awaitable[VerbResult]]
 Around = Callable[[str, dict[str, Any], RunVerb], Awaitable[tuple[dict[str, Any], bool]]]
 
 
-def build_server(runtime: VerbRuntime, caller: Caller, *, around: Around | None = None) -> Server[Any]:
-    """An MCP server whose tools run as ``caller`` through ``runtime`` (identity fixed at start)."""
-    tools = offered_tools()
+def build_server(
+    runtime: VerbRuntime,
+    caller: Caller,
+    *,
+    around: Around | None = None,
+    tools: Sequence[types.Tool] | None = None,
+    instructions: str | None = None,
+) -> Server[Any]:
+    """An MCP server whose tools run as ``caller`` through ``runtime`` (identity fixed at start).
+
+    ``tools`` / ``instructions``: what the server offers and says instead of the defaults (a run-bound session
+    offers only its grant's tools and names its exact calls).
+    """
+    offered = list(tools) if tools is not None else offered_tools()
     repository = f"{runtime.settings.repository.owner}/{runtime.settings.repository.name}"
 
     async def list_tools(
         ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
     ) -> types.ListToolsResult:
-        return types.ListToolsResult(tools=tools)
+        return types.ListToolsResult(tools=offered)
 
     async def call_tool(ctx: ServerRequestContext[Any], params: types.CallToolRequestParams) -> types.CallToolResult:
         verb = TOOLS.get(params.name)
@@ -132,13 +154,122 @@ def build_server(runtime: VerbRuntime, caller: Caller, *, around: Around | None 
     return Server(
         "foreman",
         version=_version(),
-        instructions=(
+        instructions=instructions
+        or (
             f"You act as {caller.login} ({roles}) on {repository}. Start with gitea_get_runtime_context: "
             "it names what you may call now and the exact next action."
         ),
         on_list_tools=list_tools,
         on_call_tool=call_tool,
     )
+
+
+# --------------------------------------------------------------------------- sessions bound to a run (issue 8)
+
+#: How long a cancelled call may take to record the run's abort (it is shielded from the cancellation).
+ABORT_TIMEOUT_S = 10.0
+
+
+def broker_around(broker: Broker) -> Around:
+    """The hook that binds a session to a run: every call goes through ``broker`` first, then the gateway.
+
+    - ``before_call`` decides on the call as proposed; a denial is answered with its envelope (``error`` is the
+      bounded category) and the gateway never sees the call;
+    - an admitted call runs with ``admission.arguments()`` (the compiled arguments, never the proposed ones);
+    - ``after_call`` decides on the result: a late result (expired grant, another host, an aborted run) is
+      answered with the refusal instead and does not advance the plan; a plan-only result is handed back inert;
+    - a call cancelled while it runs (the client cancelled the request or went away) aborts the run: its
+      in-flight call is kept and blocks the teardown until it is reconciled (``foreman run reconcile``).
+
+    The broker's own decisions are shielded from cancellation, so a decision is either recorded whole or not
+    taken, and an admitted call is always followed by a settlement or an abort.
+    """
+
+    async def around(tool: str, arguments: dict[str, Any], run: RunVerb) -> tuple[dict[str, Any], bool]:
+        with anyio.CancelScope(shield=True):
+            admission = await broker.before_call(tool, arguments)
+        if not admission.allowed:
+            log.info("run %s: %s denied (%s, %s)", broker.run_id, tool, admission.category, admission.reason)
+            return admission.refusal or broker_refusal("broker_error", broker.run_id), True
+        try:
+            result = await run(admission.arguments())
+        except anyio.get_cancelled_exc_class():
+            with anyio.move_on_after(ABORT_TIMEOUT_S, shield=True):
+                aborted = await broker.abort(f"the MCP call {admission.tool} was cancelled while in flight")
+                log.warning(
+                    "run %s: %s cancelled in flight; run aborted (%s), call %s left for reconciliation",
+                    broker.run_id,
+                    admission.tool,
+                    aborted.reason,
+                    admission.call_id,
+                )
+            raise
+        except Exception:  # the runtime never raises; if it does, the call failed and the plan ends
+            log.exception("run %s: %s failed unexpectedly", broker.run_id, admission.tool)
+            envelope = Envelope(
+                error="unavailable",
+                message="the call failed; it may or may not have taken effect",
+                remediate="an operator reads the service log and the run with foreman grants",
+                exact_next_action="stop and report the run id to the operator",
+            )
+            result = VerbResult(verb=admission.tool, doc=envelope.to_dict(), refusal=envelope)
+        with anyio.CancelScope(shield=True):
+            completion = await broker.after_call(admission, ok=result.ok, result=result.doc)
+        if not completion.accepted:
+            log.info("run %s: result of %s refused (%s)", broker.run_id, admission.tool, completion.reason)
+        return completion.doc, completion.is_error
+
+    return around
+
+
+@dataclass(frozen=True, slots=True)
+class RunBinding:
+    """A session's run: the broker of the run its token names, the sealed grant and the identity it serves."""
+
+    broker: Broker
+    grant: Grant
+    caller: Caller
+
+    def tools(self) -> list[types.Tool]:
+        """The grant's tools, in table order (every other tool would be denied anyway)."""
+        granted = {call.tool for call in self.grant.calls}
+        return [tool for tool in offered_tools() if tool.name in granted]
+
+    def instructions(self, repository: str) -> str:
+        plan = "; ".join(
+            f"{call.position + 1}. {call.tool} {call.arguments_json}"
+            + (" (the reserved teardown)" if call.effect == "teardown" else "")
+            for call in self.grant.calls
+        )
+        return (
+            f"You act as {self.caller.login} on {repository} in run {self.grant.run_id} (issue "
+            f"#{self.grant.issue_number}, worktree {self.grant.worktree.path}). Every call is checked against the "
+            f"run's sealed grant: make exactly these calls, in this order, with exactly these arguments: {plan}. "
+            "Any other call is refused before it runs (error grant_denied, grant_expired, host_mismatch, "
+            "inflight_unresolved or broker_error); a refused call cannot be retried differently."
+        )
+
+    def build_server(self, runtime: VerbRuntime) -> Server[Any]:
+        repository = f"{runtime.settings.repository.owner}/{runtime.settings.repository.name}"
+        return build_server(
+            runtime,
+            self.caller,
+            around=broker_around(self.broker),
+            tools=self.tools(),
+            instructions=self.instructions(repository),
+        )
+
+
+async def bind_run(runtime: VerbRuntime, token: str | None) -> RunBinding | None:
+    """The run a run token names (None: not a run token, or no run has it). The session serves the run's owner
+    (roster roles from the configuration); the token never names an identity of its own."""
+    if token is None or not is_run_token(token):
+        return None
+    broker = await Broker.for_token(GrantStore(runtime.db), runtime.settings, token)
+    if broker is None:
+        return None
+    grant = await broker.grant()
+    return RunBinding(broker=broker, grant=grant, caller=caller_for(runtime.settings, grant.owner, "mcp"))
 
 
 @asynccontextmanager
@@ -179,17 +310,26 @@ async def open_runtime(
         await db.close()
 
 
-async def serve_stdio(settings: Settings, caller: Caller) -> int:
-    """Serve MCP on stdin/stdout until the client closes stdin. Logs go to stderr."""
+async def serve_stdio(settings: Settings, caller: Caller | None = None, *, run_token: str | None = None) -> int:
+    """Serve MCP on stdin/stdout until the client closes stdin. Logs go to stderr.
+
+    With ``caller`` (an ``[mcp.tokens]`` identity) the session is as it always was; with ``run_token`` it is bound
+    to that run (:func:`bind_run`); a run token no run has is refused (exit 2) before anything is served.
+    """
     async with open_runtime(settings) as runtime:
-        server = build_server(runtime, caller)
-        log.info(
-            "mcp: serving %s (%s) on %s over stdio; %d tools",
-            caller.login,
-            ", ".join(sorted(caller.roles)) or "no roster role",
-            runtime.repo,
-            len(offered_tools()),
-        )
+        if caller is None:
+            binding = await bind_run(runtime, run_token)
+            if binding is None:
+                log.error("mcp: %s is not the token of any run; start one with `foreman run start`", TOKEN_ENV)
+                return 2
+            server = binding.build_server(runtime)
+            serving = f"run {binding.grant.run_id} of {binding.caller.login} (#{binding.grant.issue_number})"
+            count = len(binding.tools())
+        else:
+            server = build_server(runtime, caller)
+            serving = f"{caller.login} ({', '.join(sorted(caller.roles)) or 'no roster role'})"
+            count = len(offered_tools())
+        log.info("mcp: serving %s on %s over stdio; %d tools", serving, runtime.repo, count)
         async with stdio_server() as (read_stream, write_stream):
             await server.run(read_stream, write_stream, server.create_initialization_options())
     return 0

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import json
+import logging
 import sqlite3
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any, Literal
 
@@ -14,7 +15,14 @@ import aiosqlite
 from bot.core.grants import Grant, InFlight, RunState, Verdict
 from state.db import Database, to_db_time
 
+log = logging.getLogger("foreman.grants")
+
 DecisionKind = Literal["admitted", "denied", "accepted", "refused", "aborted", "reconciled", "broker_error"]
+
+
+#: Called inside the transaction that closes a run (its teardown ran, failed or was reconciled), after the closing
+#: write and its decision: what the run's end must be committed with (the evidence comment's outbox entry).
+CloseHook = Callable[[aiosqlite.Connection, Grant, RunState], Awaitable[None]]
 
 
 class GrantConflict(Exception):
@@ -302,14 +310,25 @@ class GrantStore:
     # -- decisions
 
     async def decide(
-        self, run_id: str, decide: Callable[[Grant, RunState], Verdict], context: DecisionContext
+        self,
+        run_id: str,
+        decide: Callable[[Grant, RunState], Verdict],
+        context: DecisionContext,
+        *,
+        on_close: CloseHook | None = None,
     ) -> tuple[Grant, Verdict]:
         """Read the grant and the run state, decide, and record: all in one transaction.
 
         A changed state is written only if the row still has the version read (StateRaced otherwise: nothing is
         written); the decision row is inserted beside it, whether it admitted or refused. LookupError: no such
         run. GrantIntegrityError: the stored grant is not intact (nothing is written).
+
+        ``on_close`` runs in the same transaction when this decision closes the run. It runs under a savepoint: if
+        it fails, its writes are rolled back, the run still closes, and it is tried once more in a transaction of
+        its own after the commit (it must be idempotent); a second failure is logged, never raised.
         """
+        closed_state: RunState | None = None
+        hook_failed = False
         async with self._db.transaction() as conn:
             grant = await self.grant(run_id, conn)
             record = await self.run(run_id, conn)
@@ -325,7 +344,23 @@ class GrantStore:
                 await self._insert_decision(conn, verdict, version, context)
             except sqlite3.IntegrityError as exc:
                 raise StateRaced(f"run {run_id}: {exc}") from exc
+            if on_close is not None and verdict.state.closed and not record.state.closed:
+                closed_state = replace(verdict.state, version=version)
+                hook_failed = not await _guarded(conn, on_close, grant, closed_state)
+        if hook_failed and on_close is not None and closed_state is not None:
+            try:
+                async with self._db.transaction() as conn:
+                    await on_close(conn, grant, closed_state)
+            except Exception:
+                log.exception("run %s closed, but what its end records could not be written", run_id)
         return grant, verdict
+
+    async def decision_counts(self, run_id: str, conn: aiosqlite.Connection | None = None) -> dict[str, int]:
+        """How many decisions of each kind the run has (``admitted``, ``denied``, ...)."""
+        async with (conn or self._db.reader).execute(
+            "SELECT kind, COUNT(*) AS n FROM grant_decisions WHERE run_id = ? GROUP BY kind ORDER BY kind", (run_id,)
+        ) as cur:
+            return {row["kind"]: int(row["n"]) for row in await cur.fetchall()}
 
     async def _write_state(self, conn: aiosqlite.Connection, record: RunRecord, state: RunState, now: datetime) -> int:
         before = record.state
@@ -413,6 +448,20 @@ class GrantStore:
         except Exception:
             return False
         return True
+
+
+async def _guarded(conn: aiosqlite.Connection, hook: CloseHook, grant: Grant, state: RunState) -> bool:
+    """Run a close hook under a savepoint; False (its writes rolled back, the transaction intact) if it failed."""
+    await conn.execute("SAVEPOINT run_close")
+    try:
+        await hook(conn, grant, state)
+    except Exception:
+        log.exception("run %s: the close hook failed inside the closing transaction; retried after it", grant.run_id)
+        await conn.execute("ROLLBACK TO run_close")
+        await conn.execute("RELEASE run_close")
+        return False
+    await conn.execute("RELEASE run_close")
+    return True
 
 
 def _conflict_message(error: str, grant: Grant) -> str:

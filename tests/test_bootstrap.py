@@ -117,7 +117,7 @@ async def test_permission_denial_for_a_non_owner_an_unknown_login_and_an_unlease
             assert caller == "mallory" or "gitea_" in action  # off the roster: ask an operator (no tool to call)
         assert w.rows("SELECT COUNT(*) FROM bootstrap_journal") == [(0,)]
         assert not (w.checkout / "branches").exists()
-        assert git(w.checkout, "for-each-ref", "refs/heads/") .count("\n") == 0  # only main
+        assert git(w.checkout, "for-each-ref", "--format=%(refname)", "refs/heads/") == "refs/heads/main"
 
 
 async def test_a_stale_expected_base_is_refused_before_anything_is_created() -> None:

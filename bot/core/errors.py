@@ -14,6 +14,12 @@ ErrorKind = Literal[
     "not_found",
     "conflict",
     "unavailable",
+    # The run broker's bounded categories (issue 8, docs/grants.md): a call refused by a run's sealed grant.
+    "grant_denied",
+    "grant_expired",
+    "host_mismatch",
+    "inflight_unresolved",
+    "broker_error",
 ]
 
 

@@ -30,6 +30,7 @@ from datetime import UTC, datetime, timedelta
 from types import MappingProxyType
 from typing import Any, Final, Literal, get_args
 
+from bot.core.errors import Envelope
 from bot.core.gateway import ROLES
 
 BROKER_PROTOCOL: Final = "foreman-grants/1"
@@ -1225,13 +1226,10 @@ def broker_refusal(
         details["reason"] = reason
     if unresolved_uuid is not None:
         details["unresolved_worktree_uuid"] = unresolved_uuid
-    return {
-        "error": category,
-        "message": _MESSAGES[category],
-        "remediate": remediate,
-        "exact_next_action": next_action,
-        "details": details,
-    }
+    envelope = Envelope(
+        error=category, message=_MESSAGES[category], remediate=remediate, exact_next_action=next_action, details=details
+    )
+    return envelope.to_dict()
 
 
 def mark_inert(result: Mapping[str, Any], *, run_id: str, position: int) -> dict[str, Any]:
@@ -1259,3 +1257,24 @@ def summarize(grant: Grant, state: RunState) -> dict[str, Any]:
         "outcome": state.outcome,
         "teardown": state.teardown,
     }
+
+
+def run_end_summary(grant: Grant, state: RunState, *, denied: int = 0) -> str:
+    """One human paragraph for the evidence comment posted when a run closes (its teardown ran, failed or was
+    reconciled). Built from the grant and the recorded state only; nothing a model or a tool returned."""
+    done = min(state.next_position, grant.teardown_position)
+    outcome = state.outcome or "ended"
+    text = (
+        f"Run {grant.run_id} ({grant.policy_key}) of {grant.owner} on #{grant.issue_number} ended {outcome}: "
+        f"{done} of {grant.teardown_position} granted calls were accepted"
+    )
+    if denied:
+        text += f", {denied} proposed call{'s were' if denied != 1 else ' was'} denied by the run broker"
+    if state.teardown == "done":
+        text += f", and the reserved teardown ({grant.teardown.tool}) ran once on worktree {grant.worktree.uuid}."
+    else:
+        text += (
+            f"; the reserved teardown ({grant.teardown.tool}) is {state.teardown}, so worktree "
+            f"{grant.worktree.uuid} is reported unresolved for an operator."
+        )
+    return text + " The sealed grant and every decision are listed by `foreman grants " + grant.run_id + "`."
