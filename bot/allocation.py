@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Literal
 
+from bot.bootstrap import BootstrapContext, bootstrap_issue_worktree, bootstrap_preflight
 from bot.config import Settings
 from bot.core.allocator import (
     AllocationDecision,
@@ -72,6 +73,9 @@ class AllocationOutcome:
     outbox_keys: list[str] = field(default_factory=list)
     source: str = "candidates_json"
     dry_run: bool = True
+    # AC10 of seed 004: the dry-run's proof that the owner could bootstrap the issue now, or the result of the
+    # bootstrap that the apply ran (`[bootstrap] on_allocate`).
+    bootstrap: dict[str, Any] | None = None
 
     @property
     def exit_code(self) -> int:
@@ -90,6 +94,8 @@ class AllocationOutcome:
             doc["lease"] = self.lease.to_dict()
         if self.outbox_keys:
             doc["outbox"] = list(self.outbox_keys)
+        if self.bootstrap is not None:
+            doc["bootstrap"] = self.bootstrap
         return doc
 
 
@@ -201,13 +207,29 @@ class Allocator:
             open_issue_numbers=open_numbers,
         )
         moment = now or utcnow()
+        mode = self.settings.bootstrap.on_allocate
         if call.dry_run:
             leases = [lease.as_live_lease() for lease in await self.leases.open_leases(self.repo)]
             decision = decide(request, self.policy, leases, moment)
             pinned = check_apply(call.expected_fingerprint, decision) if call.expected_fingerprint else None
             outcome = AllocationOutcome(decision=decision, refusal=pinned, source=source)
+            if mode != "off" and self.gitea is not None and isinstance(decision, SelectDecision):
+                outcome.bootstrap = await bootstrap_preflight(
+                    self._bootstrap_context(), decision.issue_number, call.owner
+                )
             return outcome
-        return await self._apply(call, request, moment, source)
+        outcome = await self._apply(call, request, moment, source)
+        if mode == "run" and outcome.applied and outcome.lease is not None and self.gitea is not None:
+            # Outside the lease transaction: the bootstrap journals its own phases, and on failure it
+            # compensates and releases the lease itself.
+            result = await bootstrap_issue_worktree(
+                self._bootstrap_context(), issue_number=outcome.lease.issue_number, caller=outcome.lease.owner
+            )
+            outcome.bootstrap = result.to_dict()
+        return outcome
+
+    def _bootstrap_context(self) -> BootstrapContext:
+        return BootstrapContext(db=self.db, settings=self.settings, gitea=self.gitea, bot_login=self.bot_login)
 
     async def _apply(
         self, call: AllocationCall, request: AllocationRequest, now: datetime, source: str

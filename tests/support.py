@@ -31,6 +31,8 @@ def make_settings(tmp_path: Path, **sections: Mapping[str, Any]) -> Settings:
         "gitea": {"bot_login": "foreman-bot"},
         "worker": {"backoff_base_s": 0.05, "backoff_max_s": 0.2, "poll_interval_s": 0.05, "claim_ttl_s": 1.0},
         "server": {"shutdown_grace_s": 2.0},
+        # Never the default var/checkouts in the working directory: control checkouts live with the test.
+        "repository": {"checkout_root": str(tmp_path / "checkouts")},
     }
     for name, values in sections.items():
         data[name] = {**data.get(name, {}), **values}

@@ -106,3 +106,35 @@ async def test_auto_allocation_is_off_by_default(world: World) -> None:
     world.live.emulator.create_issue(OWNER, REPO, title="fresh", author="alice")
     await world.call("alice", "POST", "/issues/6/labels", {"labels": ["status:ready"]})
     assert await LeaseStore(world.service.db).open_leases(FULL_NAME) == []
+
+
+async def test_a_dry_run_carries_the_bootstrap_preflight_proof(world: World) -> None:
+    """AC10 of seed 004 (`on_allocate = "preflight"`, the default): the dry-run proves the owner could bootstrap
+    the selected issue now (repository reachable, path free, base known) and changes nothing."""
+    from bot.allocation import AllocationCall, Allocator
+
+    allocator = Allocator(world.service.db, world.service.settings, world.service.gitea, bot_login="foreman-bot")
+    outcome = await allocator.run(AllocationCall(actor="controller-bot", owner="author-1"))
+    assert outcome.bootstrap is not None and outcome.bootstrap["ok"] is True, outcome.bootstrap
+    assert set(outcome.bootstrap["checks"]) >= {"repo_reachable", "base_known", "path_free"}
+    assert await LeaseStore(world.service.db).open_leases(FULL_NAME) == []
+
+
+async def test_allocation_apply_runs_the_bootstrap_when_configured(tmp_path: Path, start: Started) -> None:
+    """AC10 of seed 004 / issue 9.1 (`on_allocate = "run"`): the lease is followed by the server-side branch and
+    registered worktree under branches/, and both evidence comments are posted and verified."""
+    async with open_world(tmp_path, start, roster=ROSTER, bootstrap={"on_allocate": "run"}) as world:
+        emu = world.live.emulator
+        emu.create_issue(OWNER, REPO, title="Make the widget blue", author="alice", labels=["status:ready"])
+        await world.comment("controller-bot", 1, "/allocate")
+        [lease] = await LeaseStore(world.service.db).open_leases(FULL_NAME)
+        assert (lease.issue_number, lease.owner) == (1, "author-1")
+        checkout = Path(world.service.settings.repository.checkout_root)
+        worktrees = list(checkout.glob(f"{OWNER}/{REPO}/branches/issue-1-*"))
+        assert len(worktrees) == 1 and (worktrees[0] / "README.md").is_file(), list(checkout.rglob("*"))[:20]
+        assert (worktrees[0] / ".git").is_file()  # a registered worktree, not a copy
+        markers = [find_marker(body) or "" for body in bodies(world, 1)]
+        assert any(m.endswith(":evidence") for m in markers), markers
+        assert any("bootstrap" in m for m in markers), markers
+        for entry in await world.service.outbox.list():
+            assert entry.status == "done", entry.summary()
