@@ -122,20 +122,13 @@ class Service:
             self.outbox_sender.wakeup.set()
 
     async def start(self) -> None:
-        token = self.settings.gitea_token()
-        if token:
-            from bot.gitea import GiteaClient
+        if self.settings.gitea_token():
+            from bot.gitea import client_for
             from bot.outbox import OutboxSender
 
             self.http = aiohttp.ClientSession()
-            self.gitea = GiteaClient(
-                self.http,
-                base_url=self.settings.gitea.url,
-                token=token,
-                owner=self.settings.repository.owner,
-                repo=self.settings.repository.name,
-                timeout_s=self.settings.gitea.timeout_s,
-            )
+            self.gitea = client_for(self.http, self.settings)
+            assert self.gitea is not None
             self.worker.deps["gitea"] = self.gitea
             self.outbox_sender = self._make_outbox_sender(OutboxSender)
             self.outbox_sender.start()

@@ -34,6 +34,20 @@ def _emit(doc: Any, *, as_json: bool, text: str | None = None) -> None:
         print(text if text is not None else json.dumps(doc, indent=2, sort_keys=True, default=str))
 
 
+def _refused(exc: LookupError | ValueError, *, listing: str) -> int:
+    """A replay/retry of something missing (not_found) or not in a retryable state (invalid_state)."""
+    _emit(
+        {
+            "error": "invalid_state" if isinstance(exc, ValueError) else "not_found",
+            "message": str(exc),
+            "remediate": f"list the candidates with `{listing}` and pick one",
+            "exact_next_action": f"run {listing}",
+        },
+        as_json=True,
+    )
+    return EXIT_REFUSED
+
+
 # --- serve ---------------------------------------------------------------------------------------------
 async def serve(settings: Settings, router: routing.Router | None = None) -> int:
     """Run the service until SIGTERM/SIGINT, then shut down gracefully."""
@@ -105,16 +119,7 @@ def _cmd_replay(settings: Settings, args: argparse.Namespace) -> int:
         try:
             row = await store.replay(args.id, requested_by=getpass.getuser(), force=args.force)
         except (LookupError, ValueError) as exc:
-            _emit(
-                {
-                    "error": "invalid_state" if isinstance(exc, ValueError) else "not_found",
-                    "message": str(exc),
-                    "remediate": "list deliveries with `foreman deliveries --status failed` and pick one",
-                    "exact_next_action": "run foreman deliveries --status failed",
-                },
-                as_json=True,
-            )
-            return EXIT_REFUSED
+            return _refused(exc, listing="foreman deliveries --status failed")
         _emit(row.summary(), as_json=args.json, text=f"delivery {row.pk} ({row.delivery_id}) queued again")
         return EXIT_OK
 
@@ -130,16 +135,7 @@ def _cmd_outbox(settings: Settings, args: argparse.Namespace) -> int:
             try:
                 entry = await store.retry(args.id)
             except (LookupError, ValueError) as exc:
-                _emit(
-                    {
-                        "error": "invalid_state" if isinstance(exc, ValueError) else "not_found",
-                        "message": str(exc),
-                        "remediate": "list parked entries with `foreman outbox --status parked` and pick one",
-                        "exact_next_action": "run foreman outbox --status parked",
-                    },
-                    as_json=True,
-                )
-                return EXIT_REFUSED
+                return _refused(exc, listing="foreman outbox --status parked")
             _emit(entry.summary(), as_json=args.json, text=f"outbox entry {entry.id} ({entry.key}) queued again")
             return EXIT_OK
         entries = [e.summary() for e in await store.list(status=args.status, limit=args.limit)]
@@ -166,7 +162,7 @@ def _cmd_allocate(settings: Settings, args: argparse.Namespace) -> int:
     import aiohttp
 
     from bot.allocation import AllocationCall, Allocator
-    from bot.gitea import GiteaClient
+    from bot.gitea import client_for
 
     try:
         candidates = _read_candidates(args.candidates_json)
@@ -179,20 +175,8 @@ def _cmd_allocate(settings: Settings, args: argparse.Namespace) -> int:
         return EXIT_USAGE
 
     async def work(db: Database) -> int:
-        token = settings.gitea_token()
         async with aiohttp.ClientSession() as session:
-            gitea = (
-                GiteaClient(
-                    session,
-                    base_url=settings.gitea.url,
-                    token=token,
-                    owner=settings.repository.owner,
-                    repo=settings.repository.name,
-                    timeout_s=settings.gitea.timeout_s,
-                )
-                if token
-                else None
-            )
+            gitea = client_for(session, settings)
             allocator = Allocator(db, settings, gitea, bot_login=settings.gitea.bot_login)
             call = AllocationCall(
                 actor=f"operator:{getpass.getuser()}",
@@ -252,23 +236,11 @@ def _cmd_bootstrap(settings: Settings, args: argparse.Namespace) -> int:
     import aiohttp
 
     from bot.bootstrap import BootstrapContext, bootstrap_issue_worktree, bootstrap_preflight
-    from bot.gitea import GiteaClient
+    from bot.gitea import client_for
 
     async def work(db: Database) -> int:
-        token = settings.gitea_token()
         async with aiohttp.ClientSession() as session:
-            gitea = (
-                GiteaClient(
-                    session,
-                    base_url=settings.gitea.url,
-                    token=token,
-                    owner=settings.repository.owner,
-                    repo=settings.repository.name,
-                    timeout_s=settings.gitea.timeout_s,
-                )
-                if token
-                else None
-            )
+            gitea = client_for(session, settings)
             ctx = BootstrapContext(db=db, settings=settings, gitea=gitea, bot_login=settings.gitea.bot_login)
             if args.preflight:
                 proof = await bootstrap_preflight(ctx, args.issue, args.owner)
@@ -412,21 +384,12 @@ def _cmd_grants(settings: Settings, args: argparse.Namespace) -> int:
 async def _check_gitea(settings: Settings) -> dict[str, Any]:
     import aiohttp
 
-    from bot.gitea import GiteaClient
+    from bot.gitea import client_for
 
-    token = settings.gitea_token()
-    if not token:
-        return {"ok": False, "detail": "no gitea.token configured; Gitea API calls are off"}
     async with aiohttp.ClientSession() as session:
-        client = GiteaClient(
-            session,
-            base_url=settings.gitea.url,
-            token=token,
-            owner=settings.repository.owner,
-            repo=settings.repository.name,
-            timeout_s=min(5.0, settings.gitea.timeout_s),
-            max_attempts=1,
-        )
+        client = client_for(session, settings, timeout_s=min(5.0, settings.gitea.timeout_s), max_attempts=1)
+        if client is None:
+            return {"ok": False, "detail": "no gitea.token configured; Gitea API calls are off"}
         try:
             user = await client.get_own_user()
         except Exception as exc:

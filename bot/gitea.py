@@ -10,11 +10,14 @@ import urllib.parse
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Final, Literal
+from typing import TYPE_CHECKING, Any, Final, Literal
 
 import aiohttp
 import gidgethub
 import gidgethub.aiohttp
+
+if TYPE_CHECKING:
+    from bot.config import Settings
 
 log = logging.getLogger(__name__)
 
@@ -657,3 +660,19 @@ class GiteaClient:
         """Create a repository label (``color`` as ``#rrggbb`` or ``rrggbb``)."""
         data = {"name": name, "color": color, "description": description, "exclusive": exclusive}
         return Label.from_json(await self._call("POST", f"{self._repo_path}/labels", data=data))
+
+
+def client_for(session: aiohttp.ClientSession, settings: Settings, **options: Any) -> GiteaClient | None:
+    """The configured repository's client, or None when no token is configured (Gitea calls are then off)."""
+    token = settings.gitea_token()
+    if not token:
+        return None
+    options.setdefault("timeout_s", settings.gitea.timeout_s)
+    return GiteaClient(
+        session,
+        base_url=settings.gitea.url,
+        token=token,
+        owner=settings.repository.owner,
+        repo=settings.repository.name,
+        **options,
+    )

@@ -279,7 +279,7 @@ async def open_runtime(
     """A runtime over the configured database and (when a token is configured) Gitea, closed afterwards."""
     import aiohttp
 
-    from bot.gitea import GiteaClient
+    from bot.gitea import client_for
 
     db = await Database.open(
         settings.database.path,
@@ -288,19 +288,7 @@ async def open_runtime(
     )
     try:
         async with aiohttp.ClientSession() as session:
-            token = settings.gitea_token()
-            gitea = (
-                GiteaClient(
-                    session,
-                    base_url=settings.gitea.url,
-                    token=token,
-                    owner=settings.repository.owner,
-                    repo=settings.repository.name,
-                    timeout_s=settings.gitea.timeout_s,
-                )
-                if token
-                else None
-            )
+            gitea = client_for(session, settings)
             runtime = VerbRuntime(db=db, settings=settings, gitea=gitea, bot_login=settings.gitea.bot_login or "")
             if bootstrap_factory is not None:
                 runtime.bootstrap_factory = bootstrap_factory
