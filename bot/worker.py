@@ -152,8 +152,8 @@ class Worker:
         started = time.perf_counter()
         heartbeat = asyncio.create_task(self._heartbeat(delivery.pk))
         try:
-            errors = await self.run_handlers(delivery)
-            await self._settle(delivery, errors)
+            results, unrecorded = await self.run_handlers(delivery)
+            await self._settle(delivery, results, unrecorded)
         finally:
             heartbeat.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -161,37 +161,49 @@ class Worker:
             self.metrics.processing_seconds.labels(delivery.event).observe(time.perf_counter() - started)
             delivery_var.reset(token)
 
-    async def run_handlers(self, delivery: StoredDelivery) -> dict[str, str]:
-        """Run every matching handler not yet done for this delivery; one failure never stops the others."""
+    async def run_handlers(self, delivery: StoredDelivery) -> tuple[dict[str, str | None], dict[str, str | None]]:
+        """Run every matching handler not yet done for this delivery; one failure never stops the others.
+
+        Returns (every result of this run, the results not yet recorded): handler → error (None: done). Each
+        result is recorded as soon as a later sibling is about to run (so a crash never repeats a finished
+        sibling); the last one is recorded in the commit that settles the delivery (one commit fewer).
+        """
         event = sansio.Event(json.loads(delivery.body), event=delivery.event, delivery_id=delivery.delivery_id)
         already = await self.store.done_handlers(delivery.pk)
         adapter = logging.LoggerAdapter(log, {"delivery": delivery.delivery_id, "event": delivery.event})
         context = HandlerContext(delivery=delivery, log=adapter, deps=self.deps)
-        errors: dict[str, str] = {}
+        results: dict[str, str | None] = {}
+        pending: dict[str, str | None] = {}
         for callback in sorted(self.router.fetch(event), key=handler_name):
             name = handler_name(callback)
             if name in already:
                 continue
+            for recorded, error in pending.items():
+                await self.store.record_handler(delivery.pk, recorded, error=error)
+            pending.clear()
             try:
                 await callback(event, context)
             except Exception as exc:
                 message = f"{type(exc).__name__}: {exc}"[:2000]
-                errors[name] = message
+                pending[name] = message
                 self.metrics.handler_errors.labels(name).inc()
                 adapter.exception("handler %s failed", name)
-                await self.store.record_handler(delivery.pk, name, error=message)
             else:
-                await self.store.record_handler(delivery.pk, name, error=None)
-        return errors
+                pending[name] = None
+            results[name] = pending[name]
+        return results, pending
 
-    async def _settle(self, delivery: StoredDelivery, errors: dict[str, str]) -> None:
+    async def _settle(
+        self, delivery: StoredDelivery, results: dict[str, str | None], unrecorded: dict[str, str | None]
+    ) -> None:
+        errors = {name: error for name, error in results.items() if error is not None}
         if not errors:
-            await self.store.finish(delivery.pk, self.worker_id)
+            await self.store.finish(delivery.pk, self.worker_id, handler_results=unrecorded)
             self.metrics.deliveries.labels(delivery.event, "done").inc()
             return
         summary = "; ".join(f"{name}: {message}" for name, message in sorted(errors.items()))
         if delivery.attempts >= self.config.max_attempts:
-            await self.store.park_failed(delivery.pk, self.worker_id, error=summary)
+            await self.store.park_failed(delivery.pk, self.worker_id, error=summary, handler_results=unrecorded)
             self.metrics.deliveries.labels(delivery.event, "failed").inc()
             log.error("delivery parked as failed after %d attempts: %s", delivery.attempts, summary)
             return
@@ -199,7 +211,11 @@ class Worker:
             delivery.attempts, base_s=self.config.backoff_base_s, max_s=self.config.backoff_max_s
         )
         await self.store.retry_later(
-            delivery.pk, self.worker_id, error=summary, next_attempt_at=utcnow() + timedelta(seconds=delay)
+            delivery.pk,
+            self.worker_id,
+            error=summary,
+            next_attempt_at=utcnow() + timedelta(seconds=delay),
+            handler_results=unrecorded,
         )
         self.metrics.deliveries.labels(delivery.event, "retry").inc()
         log.warning("delivery will retry in %.1fs (attempt %d): %s", delay, delivery.attempts, summary)

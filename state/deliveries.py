@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Literal
+
+import aiosqlite
 
 from bot.core.intake import Delivery
 from state.db import Database, from_db_time, to_db_time, utcnow
@@ -79,6 +81,17 @@ def _row(row: sqlite3.Row) -> StoredDelivery:
         next_attempt_at=row["next_attempt_at"],
         last_error=row["last_error"],
         finished_at=row["finished_at"],
+    )
+
+
+async def _record_handler(conn: aiosqlite.Connection, pk: int, handler: str, error: str | None) -> None:
+    await conn.execute(
+        "INSERT INTO delivery_handlers (delivery_pk, handler, status, attempts, last_error, updated_at)"
+        " VALUES (?, ?, ?, 1, ?, ?)"
+        " ON CONFLICT (delivery_pk, handler) DO UPDATE SET status = excluded.status,"
+        " attempts = delivery_handlers.attempts + 1, last_error = excluded.last_error,"
+        " updated_at = excluded.updated_at",
+        (pk, handler, "error" if error else "done", error, to_db_time(utcnow())),
     )
 
 
@@ -182,16 +195,8 @@ class DeliveryStore:
             return {row[0] for row in await cur.fetchall()}
 
     async def record_handler(self, pk: int, handler: str, *, error: str | None) -> None:
-        status = "error" if error else "done"
         async with self._db.transaction(durable=False) as conn:
-            await conn.execute(
-                "INSERT INTO delivery_handlers (delivery_pk, handler, status, attempts, last_error, updated_at)"
-                " VALUES (?, ?, ?, 1, ?, ?)"
-                " ON CONFLICT (delivery_pk, handler) DO UPDATE SET status = excluded.status,"
-                " attempts = delivery_handlers.attempts + 1, last_error = excluded.last_error,"
-                " updated_at = excluded.updated_at",
-                (pk, handler, status, error, to_db_time(utcnow())),
-            )
+            await _record_handler(conn, pk, handler, error)
 
     async def handler_results(self, pk: int) -> list[dict[str, Any]]:
         async with self._db.reader.execute(
@@ -201,31 +206,62 @@ class DeliveryStore:
         ) as cur:
             return [dict(row) for row in await cur.fetchall()]
 
-    async def _settle(self, pk: int, worker_id: str, assignments: str, params: tuple[Any, ...]) -> bool:
+    async def _settle(
+        self,
+        pk: int,
+        worker_id: str,
+        assignments: str,
+        params: tuple[Any, ...],
+        handler_results: Mapping[str, str | None] | None = None,
+    ) -> bool:
         async with self._db.transaction(durable=False) as conn:
             cursor = await conn.execute(
                 f"UPDATE deliveries SET {assignments}, claimed_by = NULL, heartbeat_at = NULL,"  # noqa: S608
                 " version = version + 1 WHERE id = ? AND claimed_by = ? AND status = 'processing'",
                 (*params, pk, worker_id),
             )
-            return cursor.rowcount == 1
+            if cursor.rowcount != 1:
+                return False
+            for handler, error in (handler_results or {}).items():
+                await _record_handler(conn, pk, handler, error)
+            return True
 
-    async def finish(self, pk: int, worker_id: str) -> bool:
+    async def finish(self, pk: int, worker_id: str, *, handler_results: Mapping[str, str | None] | None = None) -> bool:
+        """Done; ``handler_results`` (handler → error or None) not yet recorded are written in the same commit."""
         return await self._settle(
-            pk, worker_id, "status = 'done', finished_at = ?, last_error = NULL", (to_db_time(utcnow()),)
+            pk,
+            worker_id,
+            "status = 'done', finished_at = ?, last_error = NULL",
+            (to_db_time(utcnow()),),
+            handler_results,
         )
 
-    async def retry_later(self, pk: int, worker_id: str, *, error: str, next_attempt_at: datetime) -> bool:
+    async def retry_later(
+        self,
+        pk: int,
+        worker_id: str,
+        *,
+        error: str,
+        next_attempt_at: datetime,
+        handler_results: Mapping[str, str | None] | None = None,
+    ) -> bool:
         return await self._settle(
             pk,
             worker_id,
             "status = 'queued', last_error = ?, next_attempt_at = ?",
             (error, to_db_time(next_attempt_at)),
+            handler_results,
         )
 
-    async def park_failed(self, pk: int, worker_id: str, *, error: str) -> bool:
+    async def park_failed(
+        self, pk: int, worker_id: str, *, error: str, handler_results: Mapping[str, str | None] | None = None
+    ) -> bool:
         return await self._settle(
-            pk, worker_id, "status = 'failed', last_error = ?, finished_at = ?", (error, to_db_time(utcnow()))
+            pk,
+            worker_id,
+            "status = 'failed', last_error = ?, finished_at = ?",
+            (error, to_db_time(utcnow())),
+            handler_results,
         )
 
     async def abandon(self, pk: int, worker_id: str) -> bool:
