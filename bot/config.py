@@ -87,7 +87,7 @@ class RepositoryConfig(_Section):
 
 
 class WorkerConfig(_Section):
-    concurrency: int = Field(default=2, ge=1, le=64)
+    concurrency: int = Field(default=4, ge=1, le=64)
     max_attempts: int = Field(default=5, ge=1)
     backoff_base_s: float = Field(default=2.0, gt=0)
     backoff_max_s: float = Field(default=300.0, gt=0)
