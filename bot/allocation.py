@@ -219,9 +219,11 @@ class Allocator:
                 )
             return outcome
         outcome = await self._apply(call, request, moment, source)
-        if mode == "run" and outcome.applied and outcome.lease is not None and self.gitea is not None:
+        if mode == "run" and outcome.lease is not None and outcome.refusal is None and self.gitea is not None:
             # Outside the lease transaction: the bootstrap journals its own phases, and on failure it
-            # compensates and releases the lease itself.
+            # compensates and releases the lease itself. A resumed lease runs it too (idempotent: a completed
+            # transition is replayed, an unfinished one resumed), so a delivery retried after the process died
+            # between the lease commit and the end of its bootstrap finishes that bootstrap.
             result = await bootstrap_issue_worktree(
                 self._bootstrap_context(), issue_number=outcome.lease.issue_number, caller=outcome.lease.owner
             )

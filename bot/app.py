@@ -112,6 +112,7 @@ class Service:
             self.store, self.router, self.settings.worker, self.metrics, deps=self._deps()
         )
         self._probe_task: asyncio.Task[None] | None = None
+        self._recovery_task: asyncio.Task[None] | None = None
 
     def _deps(self) -> dict[str, Any]:
         return {"settings": self.settings, "db": self.db, "service": self, "outbox": self.outbox, **self.extra_deps}
@@ -133,11 +134,22 @@ class Service:
             self.outbox_sender = self._make_outbox_sender(OutboxSender)
             self.outbox_sender.start()
             self._probe_task = asyncio.create_task(self._probe_loop(), name="gitea-probe")
+            self._recovery_task = asyncio.create_task(self._recover_bootstraps(), name="bootstrap-recovery")
         else:
             self.gitea_status = GiteaStatus(False, "no gitea.token configured: Gitea API calls are off")
             log.warning("gitea: %s", self.gitea_status.detail)
         self.writer.start()
         self.worker.start()
+
+    async def _recover_bootstraps(self) -> None:
+        """Worktree bootstraps a killed process left open are finished or compensated (docs/bootstrap.md)."""
+        from bot.bootstrap import BootstrapContext, recover_open_transitions
+
+        try:
+            if await recover_open_transitions(BootstrapContext.from_service(self)):
+                self.outbox_wakeup()
+        except Exception:
+            log.exception("recovering open worktree bootstraps failed (the next bootstrap of each issue recovers it)")
 
     def _make_outbox_sender(self, sender_class: type[OutboxSender]) -> OutboxSender:
         """The sender, with hooks that bring verified results back into the issue state (the bot's own label
@@ -164,10 +176,11 @@ class Service:
         await self.writer.stop()
         if self.outbox_sender is not None:
             await self.outbox_sender.stop()
-        if self._probe_task is not None:
-            self._probe_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._probe_task
+        for task in (self._probe_task, self._recovery_task):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         if self.http is not None:
             await self.http.close()
         await self.db.close()

@@ -291,6 +291,34 @@ async def bootstrap_issue_worktree(
         return await _Run(ctx, issue_number, caller).execute(idempotency_key, expected_base)
 
 
+async def recover_open_transitions(ctx: BootstrapContext) -> list[BootstrapResult]:
+    """Finish or undo what a dead process left half-way (the service runs this when it starts): a transition of
+    a live lease is resumed for its owner, exactly as the owner's replay of the same key would; a transition
+    whose lease has ended meanwhile (released, expired) is compensated now instead of when the next lease of
+    the issue asks for its worktree. Each holds the per-issue lock; a transition someone else is driving (the
+    lock is held) is left to them."""
+    if ctx.gitea is None:
+        return []
+    results: list[BootstrapResult] = []
+    journal, leases = JournalStore(ctx.db), LeaseStore(ctx.db)
+    for t in await journal.open_transitions(ctx.repo):
+        lease = await leases.get(t.lease_id)
+        if lease is not None and lease.is_live(ctx.clock()) and lease.owner == t.owner:
+            result = await bootstrap_issue_worktree(ctx, issue_number=t.issue_number, caller=t.owner,
+                                                    idempotency_key=t.key)
+        else:
+            lock_path = ctx.locks_dir() / f"issue-{t.issue_number}.lock"
+            async with gitops.file_lock(lock_path, wait_s=ctx.settings.bootstrap.lock_wait_s) as held:
+                current = await journal.get(t.key) if held else None
+                if current is None or current.outcome != "open":
+                    continue
+                result = await _Run(ctx, t.issue_number, t.owner)._drive(current, resumed=True, fail_with=Blocked(
+                    "stale_pin", "lease_changed", f"its lease {t.lease_id} is no longer the live lease"))
+        log.info("recovered the open bootstrap %s of #%d: %s", t.key, t.issue_number, result.status)
+        results.append(result)
+    return results
+
+
 async def lock_issue(ctx: BootstrapContext, *, issue_number: int, caller: str) -> LockResult:
     """Lock the issue to the caller's registered worktree: only a worktree a completed bootstrap of the caller's
     live lease registered, still registered in git under ``branches/`` on the issue branch (branches-only and

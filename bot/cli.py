@@ -478,6 +478,9 @@ def build_parser() -> argparse.ArgumentParser:
     bootstrap.add_argument("--preflight", action="store_true", help="only prove the bootstrap could run (no change)")
     bootstrap.add_argument("--json", action="store_true")
     add("mcp", "MCP server over stdio for the identity of $FOREMAN_MCP_TOKEN (see docs/mcp.md)")
+    demo = add("demo", "run the whole loop against the bundled Gitea emulator in a temporary directory")
+    demo.add_argument("--keep", action="store_true", help="keep the temporary directory (config, database, logs)")
+    demo.add_argument("--timeout", type=float, default=30.0, metavar="S", help="seconds each step may take")
     run = add("run", "agent runs bound to sealed grants (docs/grants.md)")
     run_sub = run.add_subparsers(dest="run_command", required=True)
     run_start = run_sub.add_parser("start", help="compile and seal the grant for the issue's live lease and worktree")
@@ -510,6 +513,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "state":
         return _cmd_state_parse(None, args)
+    if args.command == "demo":  # self-contained: writes its own config in a temporary directory
+        from bot.demo import main as demo_main
+
+        return demo_main(keep=args.keep, timeout_s=args.timeout)
     try:
         settings = load_settings(args.config)
     except ConfigError as exc:

@@ -14,6 +14,10 @@ from bot.worker import HandlerContext
 router = routing.Router()
 
 
+class BootstrapUnavailable(RuntimeError):
+    """The allocation applied, but its bootstrap could not run now: the delivery is retried."""
+
+
 @router.register("issues", action="label_updated")
 async def on_ready_label(event: sansio.Event, ctx: HandlerContext) -> None:
     """Apply one allocation for ``[allocator] auto_allocate_owner`` when a ready issue appears.
@@ -47,3 +51,9 @@ async def on_ready_label(event: sansio.Event, ctx: HandlerContext) -> None:
     ctx.log.info("auto-allocation for %s: %s #%s", owner, doc.get("decision"), doc.get("issue_number"))
     if outcome.applied and service is not None:
         service.outbox_wakeup()
+    bootstrap = outcome.bootstrap or {}
+    if bootstrap.get("error") == "unavailable":
+        # The lease stands, but its server-side bootstrap could not reach Gitea (or the control checkout) now.
+        # Failing this handler makes the worker retry it with backoff; the retry resumes the lease, and the
+        # allocator runs the bootstrap again for a resumed lease, which resumes the open transition.
+        raise BootstrapUnavailable(f"#{doc.get('issue_number')}: {bootstrap.get('message')}")

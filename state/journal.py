@@ -307,6 +307,14 @@ class JournalStore:
         )
         return _transition(row) if row is not None else None
 
+    async def open_transitions(self, repo: str) -> list[Transition]:
+        """Every transition not yet completed or compensated (what a dead process may have left half-way)."""
+        async with self._db.reader.execute(
+            f"SELECT {_T_COLUMNS} FROM bootstrap_journal WHERE repo = ? AND outcome = 'open' ORDER BY id",  # noqa: S608
+            (repo,),
+        ) as cur:
+            return [_transition(row) for row in await cur.fetchall()]
+
     async def completed_for_lease(self, lease_id: str, conn: aiosqlite.Connection | None = None) -> Transition | None:
         row = await self._one(
             conn,

@@ -178,9 +178,12 @@ async def open_world(
             gitea={"url": live.base_url, "token": TOKENS[BOT], "bot_login": BOT},
             repository={"owner": OWNER, "name": REPO},
             roster=dict(roster),
-            worker={"concurrency": 4},
-            outbox={"backoff_base_s": 0.01, "backoff_max_s": 0.05, "poll_interval_s": 0.05},
-            **sections,
+            **{
+                **sections,
+                "worker": {"concurrency": 4, **sections.get("worker", {})},
+                "outbox": {"backoff_base_s": 0.01, "backoff_max_s": 0.05, "poll_interval_s": 0.05,
+                           **sections.get("outbox", {})},
+            },
         )
         service, client = await start(settings)
         url = str(client.make_url("/webhook"))

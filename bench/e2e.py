@@ -1,0 +1,326 @@
+"""End-to-end loop benchmark: a `status:ready` label event to the verified evidence comment, issue after issue.
+
+    .venv/bin/python -m bench.e2e [--issues 200] [--baseline-samples 10] [--timeout 60] [--json] [--keep]
+
+Set-up (not timed), the same as ``foreman demo`` (``bot.demo.open_harness``): the Gitea emulator in this process on
+loopback, with a real bare repository, users and the status labels; a real ``foreman serve`` subprocess (SQLite in
+WAL mode, synchronous NORMAL, on /dev/shm when it exists) with auto-allocation for ``author-1`` and
+``[bootstrap] on_allocate = "run"``; the repository webhook registered by the maintainer; ``--issues`` issues
+opened up front (their ``opened`` webhooks handled before the clock starts); and ``foreman mcp`` for the author.
+
+Timed, one issue at a time (one author holds one lease at a time, so auto-allocation serves issues in turn):
+
+1. the maintainer labels the issue ``status:ready`` (the clock starts just before that API call);
+2. foreman receives the signed webhook, records the candidate, allocates (lease, label, assignee, evidence), runs
+   the server-side bootstrap (branch, registered worktree) and posts the bootstrap's evidence comment, which its
+   outbox reads back and verifies; the **latency** ends at that verification (the outbox's ``sent_at``);
+3. the author releases the lease through MCP and the release's evidence comment is verified (part of the
+   **throughput** figure, issues per minute over the whole sequence, not of the latency).
+
+The breakdown of each latency comes from foreman's own timestamps (lease committed, allocation evidence verified,
+bootstrap completed). Beside the figures, measured in the same run and interleaved with the loop: one ``git
+worktree add -b`` in the same control checkout, and one comment POST + GET to the emulator (with the hook off, so
+foreman does no work for it); the ratio is the loop's p50 over the sum of the two medians.
+
+Checks (exit 1 if any fails): every issue has exactly one lease (released by the author), one completed bootstrap,
+one worktree, and exactly one comment per evidence marker; every outbox entry is done; no delivery failed.
+Exit status 2 for bad usage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from bot.core.evidence import find_marker
+from bot.demo import (
+    AUTHOR,
+    MAINTAINER,
+    OWNER,
+    REPO,
+    LoopHarness,
+    StepFailed,
+    call_tool,
+    mcp_session,
+    open_harness,
+    scratch_root,
+    until,
+)
+from state.db import from_db_time
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """Nearest-rank percentile (q in 0..100) of a non-empty sample."""
+    ordered = sorted(values)
+    rank = max(1, min(len(ordered), round(q / 100 * len(ordered) + 0.4999)))
+    return ordered[rank - 1]
+
+
+def summary(values: Sequence[float]) -> dict[str, float]:
+    return {
+        "n": len(values),
+        "p50": percentile(values, 50),
+        "p99": percentile(values, 99),
+        "mean": statistics.fmean(values),
+        "min": min(values),
+        "max": max(values),
+    }
+
+
+@dataclass
+class Sample:
+    issue: int
+    label_ms: float  # the maintainer's label POST, as the API answered it
+    lease_ms: float  # lease committed (leases.acquired_at)
+    allocation_evidence_ms: float  # the allocation's evidence comment verified
+    bootstrap_ms: float  # bootstrap journal reached `completed`
+    evidence_ms: float  # the bootstrap's evidence comment verified: the latency
+    release_ms: float  # the author's gitea_release_lease through MCP, answered
+
+
+@dataclass
+class Run:
+    samples: list[Sample] = field(default_factory=list)
+    worktree_add_ms: list[float] = field(default_factory=list)
+    comment_post_get_ms: list[float] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    wall_s: float = 0.0
+
+
+def _ms(db_time: str, t0: float) -> float:
+    return (from_db_time(db_time).timestamp() - t0) * 1000.0
+
+
+async def _one_issue(h: LoopHarness, session: Any, n: int, timeout_s: float) -> Sample:
+    t0 = time.time()
+    await h.api(MAINTAINER, "POST", f"/issues/{n}/labels", {"labels": ["status:ready"]})
+    label_ms = (time.time() - t0) * 1000.0
+
+    async def evidence() -> tuple[Any, Any] | None:
+        rows = h.query(
+            "SELECT j.lease_id, j.updated_at AS completed_at, o.sent_at FROM bootstrap_journal j JOIN outbox o"
+            " ON o.idempotency_key = j.idempotency_key || ':evidence'"
+            " WHERE j.issue_number = ? AND j.phase = 'completed' AND o.status = 'done'",
+            (n,),
+        )
+        if not rows:
+            failed = h.query("SELECT outcome, error_json FROM bootstrap_journal WHERE issue_number = ?"
+                             " AND outcome = 'compensated'", (n,))
+            if failed:
+                raise StepFailed("bootstrap", f"#{n}: {failed[0]['error_json']}")
+            return None
+        lease = h.query("SELECT acquired_at FROM leases WHERE lease_id = ?", (rows[0]["lease_id"],))
+        allocation = h.outbox_done(f"{rows[0]['lease_id']}:evidence")
+        return (rows[0], lease[0]) if allocation is not None else None
+
+    row, lease = await until("evidence", evidence, timeout_s, f"#{n}: no verified evidence comment")
+    allocation = h.outbox_done(f"{row['lease_id']}:evidence")
+    assert allocation is not None
+    released_at = time.monotonic()
+    await call_tool(session, "release", "gitea_release_lease", issue_number=n, reason="done")
+    release_ms = (time.monotonic() - released_at) * 1000.0
+
+    async def release_verified() -> Any:
+        return h.outbox_done(f"{row['lease_id']}:release")
+
+    await until("release", release_verified, timeout_s, f"#{n}: the release was never verified")
+    return Sample(
+        issue=n,
+        label_ms=label_ms,
+        lease_ms=_ms(lease["acquired_at"], t0),
+        allocation_evidence_ms=_ms(allocation["sent_at"], t0),
+        bootstrap_ms=_ms(row["completed_at"], t0),
+        evidence_ms=_ms(row["sent_at"], t0),
+        release_ms=release_ms,
+    )
+
+
+async def _baselines(h: LoopHarness, run: Run, scratch_issue: int, k: int) -> None:
+    """One plain ``git worktree add -b`` in the control checkout, and one comment POST + GET with the hook off."""
+    path = h.root / "baseline" / f"wt-{k}"
+    started = time.perf_counter()
+    subprocess.run(["git", "worktree", "add", "-q", "-b", f"bench-baseline-{k}", str(path), "main"],
+                   cwd=h.checkout, check=True, capture_output=True)
+    run.worktree_add_ms.append((time.perf_counter() - started) * 1000.0)
+    subprocess.run(["git", "worktree", "remove", "--force", str(path)], cwd=h.checkout, check=True, capture_output=True)
+    subprocess.run(["git", "branch", "-q", "-D", f"bench-baseline-{k}"], cwd=h.checkout, check=True,
+                   capture_output=True)
+    hook = next(hook for hook in h.emulator.repo(OWNER, REPO).hooks if hook.id == h.hook_id)
+    hook.active = False
+    try:
+        started = time.perf_counter()
+        posted = await h.api(MAINTAINER, "POST", f"/issues/{scratch_issue}/comments", {"body": f"baseline {k}"})
+        read = await h.api(MAINTAINER, "GET", f"/issues/comments/{posted['id']}")
+        run.comment_post_get_ms.append((time.perf_counter() - started) * 1000.0)
+        assert read["body"] == f"baseline {k}"
+    finally:
+        hook.active = True
+
+
+def _check(h: LoopHarness, issues: Sequence[int], run: Run) -> None:
+    emu = h.emulator
+    for n in issues:
+        leases = h.query("SELECT owner, status FROM leases WHERE issue_number = ?", (n,))
+        if [(r["owner"], r["status"]) for r in leases] != [(AUTHOR, "released")]:
+            run.errors.append(f"#{n}: leases {[tuple(r) for r in leases]}")
+        journal = h.query("SELECT phase, worktree_path FROM bootstrap_journal WHERE issue_number = ?", (n,))
+        if [r["phase"] for r in journal] != ["completed"] or not Path(journal[0]["worktree_path"], ".git").is_file():
+            run.errors.append(f"#{n}: bootstrap {[tuple(r) for r in journal]}")
+            continue
+        markers = Counter(find_marker(c.body) for c in emu.issue(OWNER, REPO, n).comments)
+        evidence = [m for m in markers if m and m.endswith((":evidence", ":release"))]
+        if len(evidence) != 3 or any(markers[m] != 1 for m in markers):
+            run.errors.append(f"#{n}: comments {dict(markers)}")
+    pending = h.query("SELECT idempotency_key, status FROM outbox WHERE status != 'done'")
+    run.errors.extend(f"outbox {r['idempotency_key']} is {r['status']}" for r in pending)
+    failed = h.query("SELECT delivery_id FROM deliveries WHERE status = 'failed'")
+    run.errors.extend(f"delivery {r['delivery_id']} failed" for r in failed)
+
+
+async def bench(issues: int, baseline_samples: int, timeout_s: float, root: Path) -> Run:
+    run = Run()
+    async with open_harness(root) as h:
+        await h.start_serve(timeout_s)
+        await h.register_hook()
+        numbers = []
+        for i in range(issues + 1):
+            created = await h.api(MAINTAINER, "POST", "/issues", {"title": f"Loop issue {i + 1}", "body": "bench"})
+            numbers.append(int(created["number"]))
+        scratch, numbers = numbers[-1], numbers[:-1]
+
+        async def opened() -> bool | None:
+            rows = h.query("SELECT COUNT(*) AS c FROM deliveries WHERE action = 'opened' AND status = 'done'")
+            return True if rows[0]["c"] == issues + 1 else None
+
+        await until("setup", opened, timeout_s + issues * 0.1, "the opened webhooks were never all handled")
+        every = max(1, issues // max(1, baseline_samples))
+        with (root / "mcp.log").open("w", encoding="utf-8") as errlog:
+            async with mcp_session(h, errlog) as session:
+                started = time.monotonic()
+                for i, n in enumerate(numbers):
+                    run.samples.append(await _one_issue(h, session, n, timeout_s))
+                    if i == 0 or (i % every == 0 and len(run.worktree_add_ms) < baseline_samples):
+                        pause = time.monotonic()
+                        await _baselines(h, run, scratch, len(run.worktree_add_ms))
+                        started += time.monotonic() - pause  # the baselines are not part of the loop's wall time
+                run.wall_s = time.monotonic() - started
+        while len(run.worktree_add_ms) < baseline_samples:
+            await _baselines(h, run, scratch, len(run.worktree_add_ms))
+        _check(h, numbers, run)
+    return run
+
+
+def report(run: Run, issues: int) -> dict[str, Any]:
+    latency = summary([s.evidence_ms for s in run.samples])
+    bare_wt = statistics.median(run.worktree_add_ms)
+    bare_comment = statistics.median(run.comment_post_get_ms)
+    size = len(run.samples)
+    fifths = [part for k in range(5) if (part := run.samples[k * size // 5 : (k + 1) * size // 5])]
+    return {
+        "issues": issues,
+        "ok": not run.errors,
+        "errors": run.errors[:20],
+        "latency_ms": latency,
+        "breakdown_p50_ms": {
+            "label_post_answered": percentile([s.label_ms for s in run.samples], 50),
+            "lease_committed": percentile([s.lease_ms for s in run.samples], 50),
+            "allocation_evidence_verified": percentile([s.allocation_evidence_ms for s in run.samples], 50),
+            "bootstrap_completed": percentile([s.bootstrap_ms for s in run.samples], 50),
+            "bootstrap_evidence_verified": latency["p50"],
+        },
+        "release_ms": summary([s.release_ms for s in run.samples]),
+        # p50 of each fifth of the run, in order: does the loop slow down as issues (and worktrees) accumulate?
+        "latency_p50_by_fifth_ms": [percentile([s.evidence_ms for s in part], 50) for part in fifths],
+        "bootstrap_p50_by_fifth_ms": [percentile([s.bootstrap_ms - s.lease_ms for s in part], 50) for part in fifths],
+        "wall_s": run.wall_s,
+        "throughput_per_min": issues * 60.0 / run.wall_s if run.wall_s else 0.0,
+        "bare_ms": {
+            "git_worktree_add": summary(run.worktree_add_ms),
+            "comment_post_get": summary(run.comment_post_get_ms),
+            "sum_of_medians": bare_wt + bare_comment,
+        },
+        "ratio_p50_to_bare": latency["p50"] / (bare_wt + bare_comment),
+        "measured_at": datetime.now().astimezone().isoformat(timespec="seconds"),
+    }
+
+
+def text(doc: dict[str, Any]) -> str:
+    lat, brk, bare = doc["latency_ms"], doc["breakdown_p50_ms"], doc["bare_ms"]
+    return "\n".join([
+        f"e2e loop: {doc['issues']} issues, one at a time (auto-allocation for one author; the author releases each"
+        " lease through MCP before the next label)",
+        f"label event -> verified evidence comment: p50 {lat['p50']:.0f} ms, p99 {lat['p99']:.0f} ms"
+        f" (mean {lat['mean']:.0f}, min {lat['min']:.0f}, max {lat['max']:.0f})",
+        f"  p50 milestones: label POST answered {brk['label_post_answered']:.0f} ms, lease committed"
+        f" {brk['lease_committed']:.0f} ms, allocation evidence verified {brk['allocation_evidence_verified']:.0f}"
+        f" ms, bootstrap completed {brk['bootstrap_completed']:.0f} ms, bootstrap evidence verified"
+        f" {brk['bootstrap_evidence_verified']:.0f} ms",
+        f"throughput: {doc['throughput_per_min']:.1f} issues/minute ({doc['issues']} issues in {doc['wall_s']:.1f} s,"
+        f" each including its release through MCP; release call p50 {doc['release_ms']['p50']:.0f} ms)",
+        f"same-run bare operations (medians of {bare['git_worktree_add']['n']}): git worktree add"
+        f" {bare['git_worktree_add']['p50']:.1f} ms, comment POST+GET {bare['comment_post_get']['p50']:.1f} ms;"
+        f" sum {bare['sum_of_medians']:.1f} ms",
+        f"ratio loop p50 / bare: {doc['ratio_p50_to_bare']:.1f}x",
+        "p50 latency by fifth of the run: " + ", ".join(f"{v:.0f}" for v in doc["latency_p50_by_fifth_ms"])
+        + " ms (of which the bootstrap, lease to completed: "
+        + ", ".join(f"{v:.0f}" for v in doc["bootstrap_p50_by_fifth_ms"]) + " ms)",
+        "checks: one lease, one bootstrap, one worktree and one comment per evidence marker per issue; outbox all"
+        f" done; no failed delivery: {'PASS' if doc['ok'] else 'FAIL'}",
+        *(f"  {error}" for error in doc["errors"]),
+    ])
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m bench.e2e", description=(__doc__ or "").split("\n\n")[0])
+    parser.add_argument("--issues", type=int, default=200, help="issues run through the loop, one at a time")
+    parser.add_argument("--baseline-samples", type=int, default=10, help="samples of each bare operation")
+    parser.add_argument("--timeout", type=float, default=60.0, help="seconds one issue may take")
+    parser.add_argument("--tmpdir", type=Path, default=None, help="where everything goes (default /dev/shm)")
+    parser.add_argument("--json", action="store_true", help="print one JSON document")
+    parser.add_argument("--keep", action="store_true", help="keep the directory (config, database, logs)")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.issues < 1 or args.baseline_samples < 1 or args.timeout <= 0:
+        parser.print_usage(sys.stderr)
+        print("python -m bench.e2e: --issues, --baseline-samples and --timeout must be positive", file=sys.stderr)
+        return EXIT_USAGE
+    if args.tmpdir is not None:
+        args.tmpdir.mkdir(parents=True, exist_ok=True)
+        root = Path(tempfile.mkdtemp(prefix="bench-e2e-", dir=args.tmpdir))
+    else:
+        root = scratch_root("bench-e2e-")
+    try:
+        run = asyncio.run(bench(args.issues, args.baseline_samples, args.timeout, root))
+    except StepFailed as exc:
+        print(f"bench.e2e failed: {exc} (files kept in {root})", file=sys.stderr)
+        return EXIT_FAILED
+    doc = report(run, args.issues)
+    print(json.dumps(doc, indent=2, sort_keys=True) if args.json else text(doc))
+    if args.keep or run.errors:
+        print(f"files kept in {root}", file=sys.stderr)
+    else:
+        shutil.rmtree(root, ignore_errors=True)
+    return EXIT_OK if doc["ok"] else EXIT_FAILED
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,588 @@
+"""`foreman demo`: the controller loop, end to end, against the bundled Gitea emulator, in a temporary directory.
+
+What runs (nothing is mocked):
+
+- the Gitea emulator (``bot.emulator``) served on loopback, with a real bare git repository ``demo/widgets``, the
+  users ``maintainer`` (repository admin), ``controller-bot``, ``author-1`` and ``foreman-bot`` (the bot, admin), and
+  the ``status:*`` labels;
+- a real ``foreman serve`` subprocess (``python -m bot --config <tmp>/foreman.toml serve``, a free loopback port),
+  with ``[allocator] auto_allocate_owner = "author-1"`` and ``[bootstrap] on_allocate = "run"``;
+- a repository webhook registered by the maintainer through the API, so the emulator sends signed webhooks to it;
+- ``foreman mcp`` as a subprocess with the author's token, driven by the MCP SDK's stdio client.
+
+Every step is verified by reading back what it left: Gitea's side through the emulator's API (as the maintainer),
+foreman's side from its SQLite database (read-only), the worktree with git. The exit status is 0 only when every
+step verified, 1 with the failed step otherwise, 2 when the machine lacks something (git).
+
+:class:`LoopHarness` is the reusable part (``bench/e2e.py`` runs the same loop many times on it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import re
+import secrets
+import shutil
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any, TextIO, TypeVar
+
+import aiohttp
+from aiohttp import web
+
+from bot.core.canonical import parse_comment
+from bot.core.evidence import find_marker
+from bot.core.vocabulary import status_labels
+from bot.emulator import Emulator, start_emulator
+
+T = TypeVar("T")
+
+OWNER, REPO = "demo", "widgets"
+MAINTAINER, CONTROLLER, AUTHOR, BOT = "maintainer", "controller-bot", "author-1", "foreman-bot"
+ISSUE_TITLE = "Make the widget blue"
+ISSUE_BODY = "The widget should be blue.\n\nAcceptance: `widget.color` is `blue`."
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
+_LISTENING = re.compile(r"listening on http://[^:\s]+:(\d+)")
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+
+
+class StepFailed(Exception):
+    """A step's evidence did not verify (or never appeared in time)."""
+
+    def __init__(self, step: str, message: str) -> None:
+        super().__init__(f"{step}: {message}")
+        self.step = step
+        self.message = message
+
+
+def scratch_root(prefix: str) -> Path:
+    """A fresh directory, on tmpfs when the machine has one (git and SQLite are much faster there)."""
+    shm = Path("/dev/shm")  # noqa: S108 (mkdtemp makes a private 0700 directory there)
+    base = shm if shm.is_dir() and os.access(shm, os.W_OK) else None
+    return Path(tempfile.mkdtemp(prefix=prefix, dir=base))
+
+
+def _subprocess_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment for our subprocesses: this one, the project importable, no inherited FOREMAN_* keys."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FOREMAN_")}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(PROJECT_ROOT), env.get("PYTHONPATH", "")) if p)
+    env["PYTHONUNBUFFERED"] = "1"
+    env.update(extra or {})
+    return env
+
+
+@dataclass
+class LoopHarness:
+    """The emulator (in this process), a ``foreman serve`` subprocess and the hook between them."""
+
+    root: Path
+    emulator: Emulator
+    runner: web.AppRunner
+    gitea_url: str
+    http: aiohttp.ClientSession
+    tokens: dict[str, str]  # Gitea access tokens by login
+    mcp_token: str  # the author's foreman MCP token
+    webhook_secret: str
+    config_path: Path
+    db_path: Path
+    checkout: Path
+    serve_log: Path
+    serve: asyncio.subprocess.Process | None = None
+    webhook_url: str = ""
+    hook_id: int | None = None
+    _log_task: asyncio.Task[None] | None = field(default=None, repr=False)
+
+    # --- Gitea, as a user of it ---------------------------------------------------------------------------
+    async def api(self, login: str, method: str, path: str, body: Any = None) -> Any:
+        """One API call as ``login`` (``path`` below ``/repos/{owner}/{repo}`` when it starts with ``/issues`` or
+        ``/hooks``); a non-2xx answer fails the calling step."""
+        url = f"{self.gitea_url}/api/v1/repos/{OWNER}/{REPO}{path}"
+        headers = {"Authorization": f"token {self.tokens[login]}"}
+        async with self.http.request(method, url, json=body, headers=headers) as resp:
+            if resp.status >= 300:
+                raise StepFailed("gitea", f"{method} {path} as {login} answered {resp.status}: {await resp.text()}")
+            return None if resp.status == 204 else await resp.json()
+
+    async def comments(self, number: int) -> list[dict[str, Any]]:
+        """The issue's comments as Gitea serves them (read as the maintainer)."""
+        found: list[dict[str, Any]] = await self.api(MAINTAINER, "GET", f"/issues/{number}/comments")
+        return found
+
+    async def comment_with_marker(self, number: int, key: str) -> list[dict[str, Any]]:
+        return [c for c in await self.comments(number) if find_marker(str(c.get("body") or "")) == key]
+
+    # --- foreman's database, read-only --------------------------------------------------------------------
+    def query(self, sql: str, params: tuple[Any, ...] = ()) -> list[sqlite3.Row]:
+        """Rows from foreman's SQLite file, opened read-only (foreman serve keeps writing in WAL mode)."""
+        conn = sqlite3.connect(f"file:{self.db_path}?mode=ro", uri=True, timeout=5.0)
+        try:
+            conn.row_factory = sqlite3.Row
+            return list(conn.execute(sql, params).fetchall())
+        finally:
+            conn.close()
+
+    def outbox_done(self, key: str) -> sqlite3.Row | None:
+        rows = self.query("SELECT status, result_json, sent_at FROM outbox WHERE idempotency_key = ?", (key,))
+        if rows and rows[0]["status"] in ("verification_failed", "parked"):
+            raise StepFailed("outbox", f"foreman's outbox entry {key} ended {rows[0]['status']}: the write to Gitea did"
+                         " not read back as intended (see `foreman outbox`)")
+        return rows[0] if rows and rows[0]["status"] == "done" else None
+
+    # --- git ----------------------------------------------------------------------------------------------
+    def git(self, *args: str, cwd: Path | None = None) -> str:
+        done = subprocess.run(
+            ["git", *args], cwd=cwd or self.checkout, capture_output=True, text=True, timeout=60, check=False
+        )
+        if done.returncode != 0:
+            raise StepFailed("git", f"git {' '.join(args)}: {done.stderr.strip()}")
+        return done.stdout
+
+    # --- foreman serve ------------------------------------------------------------------------------------
+    async def start_serve(self, timeout_s: float = 30.0) -> None:
+        """Start ``foreman serve`` on a free port and wait until it is ready and reaches Gitea."""
+        log = self.serve_log.open("w", encoding="utf-8")
+        self.serve = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "bot", "--config", str(self.config_path), "serve",
+            cwd=self.root, env=_subprocess_env(), stdin=asyncio.subprocess.DEVNULL,
+            stdout=log, stderr=asyncio.subprocess.PIPE,
+        )
+        port: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        self._log_task = asyncio.create_task(self._pump_log(self.serve, log, port))
+        try:
+            bound = await asyncio.wait_for(asyncio.shield(port), timeout_s)
+        except TimeoutError:
+            raise StepFailed("serve", f"foreman serve did not start listening within {timeout_s:.0f}s") from None
+        self.webhook_url = f"http://127.0.0.1:{bound}/webhook"
+        await until("serve", self._ready, timeout_s, f"http://127.0.0.1:{bound}/readyz never answered ready")
+
+    async def _pump_log(self, proc: asyncio.subprocess.Process, log: IO[str], port: asyncio.Future[int]) -> None:
+        assert proc.stderr is not None
+        try:
+            async for raw in proc.stderr:
+                line = raw.decode("utf-8", "replace")
+                log.write(line)
+                log.flush()
+                found = _LISTENING.search(line)
+                if found and not port.done():
+                    port.set_result(int(found.group(1)))
+        finally:
+            log.close()
+            if not port.done():
+                port.set_exception(StepFailed("serve", f"foreman serve exited ({proc.returncode}) before listening"))
+
+    async def _ready(self) -> dict[str, Any] | None:
+        if self.serve is not None and self.serve.returncode is not None:
+            raise StepFailed("serve", f"foreman serve exited with {self.serve.returncode}")
+        url = self.webhook_url.removesuffix("/webhook") + "/readyz"
+        try:
+            async with self.http.get(url) as resp:
+                doc: dict[str, Any] = await resp.json()
+        except aiohttp.ClientError:
+            return None
+        return doc if doc.get("ready") and doc["checks"]["gitea"]["ok"] else None
+
+    async def register_hook(self) -> dict[str, Any]:
+        """The maintainer adds the repository webhook through the API, as an operator does in Gitea's UI."""
+        hook: dict[str, Any] = await self.api(MAINTAINER, "POST", "/hooks", {
+            "type": "gitea",
+            "config": {"url": self.webhook_url, "content_type": "json", "secret": self.webhook_secret},
+            "events": ["issues"],
+            "active": True,
+        })
+        self.hook_id = int(hook["id"])
+        return hook
+
+    def serve_log_tail(self, lines: int = 25) -> str:
+        try:
+            return "\n".join(self.serve_log.read_text(encoding="utf-8").splitlines()[-lines:])
+        except OSError:
+            return "(no log)"
+
+    async def stop(self) -> None:
+        if self.serve is not None and self.serve.returncode is None:
+            self.serve.terminate()
+            try:
+                await asyncio.wait_for(self.serve.wait(), 15)
+            except TimeoutError:
+                self.serve.kill()
+                await self.serve.wait()
+        if self._log_task is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._log_task, 5)
+
+
+def _config(h: LoopHarness, extra: str) -> str:
+    return f"""# written by foreman demo
+[server]
+host = "127.0.0.1"
+port = 0
+shutdown_grace_s = 2.0
+[webhook]
+secrets = ["{h.webhook_secret}"]
+[database]
+path = "{h.db_path}"
+synchronous = "NORMAL"
+[gitea]
+url = "{h.gitea_url}"
+token = "{h.tokens[BOT]}"
+bot_login = "{BOT}"
+timeout_s = 10.0
+[repository]
+owner = "{OWNER}"
+name = "{REPO}"
+checkout_root = "{h.root / 'checkouts'}"
+[worker]
+poll_interval_s = 0.05
+backoff_base_s = 0.2
+backoff_max_s = 2.0
+[outbox]
+poll_interval_s = 0.05
+backoff_base_s = 0.1
+backoff_max_s = 2.0
+[allocator]
+auto_allocate_owner = "{AUTHOR}"
+[bootstrap]
+on_allocate = "run"
+[roster]
+"{CONTROLLER}" = ["controller"]
+"{AUTHOR}" = ["author"]
+[mcp.tokens]
+"{h.mcp_token}" = "{AUTHOR}"
+{extra}"""
+
+
+@asynccontextmanager
+async def open_harness(root: Path, *, extra_config: str = "") -> AsyncIterator[LoopHarness]:
+    """The emulator with ``demo/widgets`` on loopback and the config for a foreman serve (not started yet)."""
+    emu = Emulator(root / "gitea")
+    tokens = {login: f"gitea-{login}-{secrets.token_hex(12)}" for login in (OWNER, MAINTAINER, CONTROLLER, AUTHOR, BOT)}
+    emu.add_user(OWNER, token=tokens[OWNER], full_name="Demo")
+    for login in (MAINTAINER, CONTROLLER, AUTHOR, BOT):
+        emu.add_user(login, token=tokens[login])
+    emu.create_repo(OWNER, REPO, files={"README.md": "# widgets\n", "widget.py": "color = 'grey'\n"})
+    emu.set_permission(OWNER, REPO, MAINTAINER, "admin")
+    emu.set_permission(OWNER, REPO, BOT, "admin")
+    emu.set_permission(OWNER, REPO, CONTROLLER, "write")
+    emu.set_permission(OWNER, REPO, AUTHOR, "write")
+    for label in status_labels():
+        emu.create_label(OWNER, REPO, label, color="#00aa00")
+    runner, gitea_url = await start_emulator(emu)
+    http = aiohttp.ClientSession()
+    harness = LoopHarness(
+        root=root,
+        emulator=emu,
+        runner=runner,
+        gitea_url=gitea_url,
+        http=http,
+        tokens=tokens,
+        mcp_token=f"mcp-{AUTHOR}-{secrets.token_hex(12)}",
+        webhook_secret=secrets.token_hex(24),
+        config_path=root / "foreman.toml",
+        db_path=root / "foreman.db",
+        checkout=root / "checkouts" / OWNER / REPO,
+        serve_log=root / "serve.log",
+    )
+    harness.config_path.write_text(_config(harness, extra_config), encoding="utf-8")
+    try:
+        yield harness
+    finally:
+        await harness.stop()
+        await http.close()
+        await runner.cleanup()
+        await emu.aclose()
+
+
+async def until(step: str, probe: Callable[[], Awaitable[T | None]], timeout_s: float, message: str) -> T:
+    """Poll ``probe`` until it returns something; fail ``step`` with ``message`` after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        found = await probe()
+        if found is not None:
+            return found
+        if time.monotonic() > deadline:
+            raise StepFailed(step, message)
+        await asyncio.sleep(0.02)
+
+
+@asynccontextmanager
+async def mcp_session(h: LoopHarness, errlog: TextIO) -> AsyncIterator[Any]:
+    """``foreman mcp`` as a subprocess with the author's token, and an initialized SDK client session."""
+    from mcp import ClientSession, StdioServerParameters
+    from mcp.client.stdio import stdio_client
+
+    params = StdioServerParameters(
+        command=sys.executable,
+        args=["-m", "bot", "--config", str(h.config_path), "mcp"],
+        env=_subprocess_env({"FOREMAN_MCP_TOKEN": h.mcp_token}),
+        cwd=h.root,
+    )
+    async with stdio_client(params, errlog=errlog) as (read, write), ClientSession(read, write) as session:
+        await session.initialize()
+        yield session
+
+
+async def call_tool(session: Any, step: str, tool: str, **arguments: Any) -> dict[str, Any]:
+    result = await session.call_tool(tool, arguments)
+    doc = result.structured_content
+    if not isinstance(doc, dict):
+        raise StepFailed(step, f"{tool} answered no structured content")
+    if result.is_error:
+        raise StepFailed(step, f"{tool} was refused: {json.dumps(doc, sort_keys=True)}")
+    return doc
+
+
+# ------------------------------------------------------------------------------------------------ the demo
+
+
+class Printer:
+    def __init__(self, out: TextIO) -> None:
+        self.out = out
+        self.started = time.monotonic()
+
+    def step(self, name: str, text: str) -> None:
+        self.out.write(f"[{time.monotonic() - self.started:5.1f}s] {name:<10} {text}\n")
+        self.out.flush()
+
+    def block(self, title: str, body: str) -> None:
+        rule = "-" * 100
+        self.out.write(f"{rule}\n{title}\n{rule}\n{body.rstrip()}\n{rule}\n")
+        self.out.flush()
+
+
+async def _loop(h: LoopHarness, p: Printer, timeout_s: float) -> None:
+    repo = h.emulator.repo(OWNER, REPO)
+    main_sha = h.git("--git-dir", str(repo.path), "rev-parse", repo.default_branch, cwd=h.root).strip()
+    p.step("gitea", f"emulator on {h.gitea_url}: {OWNER}/{REPO} (bare repo {repo.path.relative_to(h.root)}, "
+                    f"{repo.default_branch} at {main_sha[:12]}); users {MAINTAINER} (admin), {CONTROLLER}, "
+                    f"{AUTHOR}, {BOT} (bot, admin); labels {', '.join(status_labels())}")
+
+    await h.start_serve(timeout_s)
+    assert h.serve is not None
+    p.step("serve", f"foreman serve (pid {h.serve.pid}) listening on {h.webhook_url}; /readyz ready, Gitea reached "
+                    f"as {BOT}")
+    p.step("config", f"allocation is automatic when an issue turns ready: [allocator] auto_allocate_owner = "
+                     f"\"{AUTHOR}\" (on behalf of the controller), [bootstrap] on_allocate = \"run\"")
+    hook = await h.register_hook()
+    p.step("webhook", f"{MAINTAINER} registered hook #{hook['id']} -> {h.webhook_url} (JSON, signed with the "
+                      "shared secret, issue events)")
+
+    issue = await h.api(MAINTAINER, "POST", "/issues", {"title": ISSUE_TITLE, "body": ISSUE_BODY})
+    n = int(issue["number"])
+
+    async def opened() -> sqlite3.Row | None:
+        rows = h.query("SELECT status FROM deliveries WHERE event = 'issues' AND action = 'opened'")
+        return rows[0] if rows and rows[0]["status"] == "done" else None
+
+    await until("issue", opened, timeout_s, "the `opened` webhook never reached foreman (or never settled)")
+    p.step("issue", f"{MAINTAINER} opened #{n} \"{ISSUE_TITLE}\"; its signed webhook was stored and handled")
+
+    labelled_at = time.monotonic()
+    await h.api(MAINTAINER, "POST", f"/issues/{n}/labels", {"labels": ["status:ready"]})
+
+    async def label_delivered() -> Any:
+        await h.emulator.drain_webhooks()
+        return next((d for d in h.emulator.deliveries if d.event_type == "issue_label" and d.status), None)
+
+    delivery = await until("label", label_delivered, timeout_s, "the label webhook was never sent")
+    if delivery.status != 202:
+        raise StepFailed("label", f"foreman answered the label webhook {delivery.status}: {delivery.response_body!r}")
+    p.step("label", f"{MAINTAINER} labelled #{n} status:ready; webhook issue_label/label_updated "
+                    f"(delivery {delivery.delivery_id[:8]}, X-Gitea-Signature) answered 202")
+
+    async def candidate() -> sqlite3.Row | None:
+        rows = h.query("SELECT added_json FROM issue_events WHERE number = ? AND made_candidate = 1", (n,))
+        return rows[0] if rows else None
+
+    await until("candidate", candidate, timeout_s, f"#{n} never became a candidate")
+    p.step("candidate", f"foreman recorded the label change: #{n} is a candidate (open, status:ready)")
+
+    async def leased() -> sqlite3.Row | None:
+        rows = h.query("SELECT * FROM leases WHERE issue_number = ? AND status = 'live'", (n,))
+        return rows[0] if rows else None
+
+    lease = await until("allocate", leased, timeout_s, f"no lease on #{n} (is auto-allocation on?)")
+    if lease["owner"] != AUTHOR:
+        raise StepFailed("allocate", f"#{n} was leased to {lease['owner']}, not {AUTHOR}")
+    lease_id = str(lease["lease_id"])
+    for effect in ("labels", "assignee"):
+        await _verified(h, "allocate", f"{lease_id}:{effect}", timeout_s)
+    seen = await h.api(MAINTAINER, "GET", f"/issues/{n}")
+    labels = sorted(label["name"] for label in seen["labels"])
+    assignees = [user["login"] for user in seen.get("assignees") or []]
+    if labels != ["status:in-progress"] or assignees != [AUTHOR]:
+        raise StepFailed("allocate", f"Gitea shows labels {labels} and assignees {assignees}")
+    p.step("allocate", f"lease {lease_id} for {AUTHOR} until {lease['expires_at']}; Gitea now shows assignee "
+                       f"{AUTHOR} and label status:in-progress (each read back by foreman and by this demo)")
+
+    async def bootstrapped() -> sqlite3.Row | None:
+        rows = h.query("SELECT * FROM bootstrap_journal WHERE lease_id = ?", (lease_id,))
+        if rows and rows[0]["outcome"] == "compensated":
+            raise StepFailed("bootstrap", f"the bootstrap was compensated: {rows[0]['error_json']}")
+        return rows[0] if rows and rows[0]["phase"] == "completed" else None
+
+    journal = await until("bootstrap", bootstrapped, timeout_s, "the server-side bootstrap never completed")
+    branch, worktree = str(journal["branch"]), Path(journal["worktree_path"])
+    listed = h.git("worktree", "list", "--porcelain")
+    head = h.git("rev-parse", "--abbrev-ref", "HEAD", cwd=worktree).strip()
+    if f"worktree {worktree}\n" not in listed + "\n" or f"branch refs/heads/{branch}" not in listed or head != branch:
+        raise StepFailed("bootstrap", f"git does not show {worktree} on {branch} (HEAD {head})")
+    sha = h.git("rev-parse", "HEAD", cwd=worktree).strip()
+    p.step("bootstrap", f"branch {branch} at {sha[:12]} and worktree {worktree.relative_to(h.root)} registered "
+                        f"with git (checked: git worktree list, HEAD inside it)")
+
+    key = f"{journal['idempotency_key']}:evidence"
+    evidence = await _verified_comment(h, "evidence", n, key, timeout_s)
+    allocation = await _verified_comment(h, "evidence", n, f"{lease_id}:evidence", timeout_s)
+    state = parse_comment(evidence["body"]).current
+    if state is None or state.who_is_next != "author" or not state.next_action or not state.next_prompt:
+        raise StepFailed("evidence", "the evidence comment carries no Canonical Issue State for the author")
+    current = h.query("SELECT state_comment_id FROM issues WHERE number = ?", (n,))
+    if not current or current[0]["state_comment_id"] != evidence["id"]:
+        raise StepFailed("evidence", "foreman did not take the evidence comment as the issue's current state")
+    p.step("evidence", f"comment #{evidence['id']} posted once and read back (after the allocation's "
+                       f"#{allocation['id']}); it is #{n}'s Canonical Issue State: WHO_IS_NEXT {state.who_is_next}")
+    p.step("", f"NEXT_ACTION: {state.next_action}")
+    p.step("loop", f"label -> verified evidence comment in {time.monotonic() - labelled_at:.2f}s")
+    p.block(f"evidence comment #{evidence['id']} on {OWNER}/{REPO}#{n} (as Gitea serves it)", evidence["body"])
+
+    with (h.root / "mcp.log").open("w", encoding="utf-8") as errlog:
+        async with mcp_session(h, errlog) as session:
+            tools = (await session.list_tools()).tools
+            context = await call_tool(session, "mcp", "gitea_get_runtime_context")
+            p.step("mcp", f"{AUTHOR} connected through `foreman mcp` (stdio, its own token; {len(tools)} tools); "
+                          f"it says: {context['exact_next_action']}")
+            await _author(h, p, session, n, lease_id, timeout_s)
+
+
+async def _author(h: LoopHarness, p: Printer, session: Any, n: int, lease_id: str, timeout_s: float) -> None:
+    locked = await call_tool(session, "lock", "gitea_lock_issue", issue_number=n)
+    rows = h.query("SELECT lock_id, branch FROM issue_locks WHERE issue_number = ? AND released_at IS NULL", (n,))
+    if locked.get("status") != "locked" or not rows:
+        raise StepFailed("lock", f"no live issue lock after gitea_lock_issue: {locked.get('status')}")
+    p.step("lock", f"gitea_lock_issue: #{n} locked to {AUTHOR}'s worktree on {rows[0]['branch']} "
+                   f"(lock {rows[0]['lock_id']})")
+
+    before = h.query("SELECT expires_at FROM leases WHERE lease_id = ?", (lease_id,))[0]["expires_at"]
+    await asyncio.sleep(0.01)
+    beat = await call_tool(session, "heartbeat", "gitea_heartbeat_lease", issue_number=n)
+    after = h.query("SELECT expires_at FROM leases WHERE lease_id = ?", (lease_id,))[0]["expires_at"]
+    beats = h.query("SELECT COUNT(*) AS c FROM lease_events WHERE lease_id = ? AND kind = 'heartbeat'", (lease_id,))
+    if not after > before or beats[0]["c"] != 1:
+        raise StepFailed("heartbeat", f"the lease was not extended ({before} -> {after})")
+    if beat["lease"]["lease_id"] != lease_id:
+        raise StepFailed("heartbeat", f"gitea_heartbeat_lease answered for another lease: {beat['lease']}")
+    p.step("heartbeat", f"gitea_heartbeat_lease: lease {lease_id} now expires {after} (was {before})")
+
+    state = {
+        "state": "in-progress",
+        "who_is_next": "controller",
+        "next_action": f"review {AUTHOR}'s change on its branch and allocate the follow-up",
+        "next_prompt": f"#{n}: the widget is blue on the issue branch; review it and decide what comes next.",
+        "what_happened": f"{AUTHOR} locked its worktree, made the change and heartbeated its lease",
+        "why": "the demo's author finished its step",
+        "related_prs": [],
+        "blockers": "none",
+        "validation": "foreman demo verified each step against Gitea and foreman's database",
+    }
+    posted = await call_tool(session, "state", "gitea_post_issue_state", issue_number=n, state=state,
+                             summary=f"{AUTHOR} hands #{n} back to the controller.")
+    [state_key] = posted["outbox"]
+    comment = await _verified_comment(h, "state", n, state_key, timeout_s)
+
+    async def current() -> int | None:
+        rows = h.query("SELECT state_comment_id FROM issues WHERE number = ?", (n,))
+        return 1 if rows and rows[0]["state_comment_id"] == comment["id"] else None
+
+    await until("state", current, timeout_s, "the author's state never became the issue's current state")
+    p.step("state", f"gitea_post_issue_state: comment #{comment['id']} posted once, read back, and now #{n}'s "
+                    f"state (WHO_IS_NEXT controller, LAST_UPDATED_BY {AUTHOR})")
+
+    released = await call_tool(session, "release", "gitea_release_lease", issue_number=n, reason="done")
+    status = h.query("SELECT status, end_reason FROM leases WHERE lease_id = ?", (lease_id,))[0]
+    if released["lease"]["status"] != "released" or status["status"] != "released":
+        raise StepFailed("release", f"the lease is {status['status']} after gitea_release_lease")
+    final = await _verified_comment(h, "release", n, f"{lease_id}:release", timeout_s)
+    p.step("release", f"gitea_release_lease: lease {lease_id} released ({status['end_reason']}); evidence comment "
+                      f"#{final['id']} posted once and read back")
+
+    timeline = await h.comments(n)
+    lines = [f"#{c['id']:<4} {c['user']['login']:<12} {find_marker(c['body']) or '(no marker)'}" for c in timeline]
+    p.block(f"{OWNER}/{REPO}#{n}: every comment, in Gitea's order", "\n".join(lines))
+    p.block(f"final evidence comment #{final['id']}", final["body"])
+
+
+async def _verified(h: LoopHarness, step: str, key: str, timeout_s: float) -> sqlite3.Row:
+    """The outbox entry ``key``, once foreman's sender wrote it, read it back and found it as intended."""
+
+    async def done() -> sqlite3.Row | None:
+        try:
+            return h.outbox_done(key)
+        except StepFailed as exc:
+            raise StepFailed(step, exc.message) from None
+
+    return await until(step, done, timeout_s, f"the outbox never verified {key}")
+
+
+async def _verified_comment(h: LoopHarness, step: str, n: int, key: str, timeout_s: float) -> dict[str, Any]:
+    """The outbox entry ``key`` verified by foreman, and exactly one comment with its marker on Gitea, by the bot."""
+    row = await _verified(h, step, key, timeout_s)
+    result = json.loads(row["result_json"] or "{}")
+    found = await h.comment_with_marker(n, key)
+    if len(found) != 1:
+        raise StepFailed(step, f"{len(found)} comments carry the marker {key} (expected exactly one)")
+    comment = found[0]
+    if comment["user"]["login"] != BOT or result.get("comment_id") != comment["id"] or not result.get("verified"):
+        raise StepFailed(step, f"comment {comment['id']} is not the one foreman posted and verified: {result}")
+    return comment
+
+
+async def run_demo(out: TextIO, *, keep: bool = False, timeout_s: float = 30.0) -> int:
+    """Run the demo; prints every step to ``out``. Returns the exit status."""
+    if shutil.which("git") is None:
+        out.write("foreman demo: git is not installed (the bootstrap creates real git worktrees)\n")
+        return EXIT_USAGE
+    root = scratch_root("foreman-demo-")
+    p = Printer(out)
+    out.write(f"foreman demo: the controller loop against the bundled Gitea emulator, in {root}\n")
+    out.flush()
+    failed: StepFailed | None = None
+    tail = ""
+    try:
+        async with open_harness(root) as h:
+            try:
+                await _loop(h, p, timeout_s)
+            except StepFailed as exc:
+                failed, tail = exc, h.serve_log_tail()
+            except Exception as exc:  # a bug or an environment problem: name it, keep the evidence
+                failed, tail = StepFailed("demo", f"{type(exc).__name__}: {exc}"), h.serve_log_tail()
+    except StepFailed as exc:
+        failed = exc
+    if failed is not None:
+        out.write(f"\nFAILED at step {failed.step!r}: {failed.message}\n")
+        if tail:
+            out.write(f"last lines of foreman serve's log ({root / 'serve.log'}):\n{tail}\n")
+        out.write(f"the demo's files are kept in {root}\n")
+        out.flush()
+        return EXIT_FAILED
+    out.write(f"\nforeman demo: every step verified in {time.monotonic() - p.started:.1f}s\n")
+    if keep:
+        out.write(f"files kept in {root} (foreman.toml, foreman.db, serve.log, checkouts/)\n")
+    else:
+        shutil.rmtree(root, ignore_errors=True)
+    out.flush()
+    return EXIT_OK
+
+
+def main(*, keep: bool = False, timeout_s: float = 30.0) -> int:
+    """``foreman demo``."""
+    return asyncio.run(run_demo(sys.stdout, keep=keep, timeout_s=timeout_s))

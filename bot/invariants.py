@@ -1,0 +1,510 @@
+"""Consistency invariants across foreman's three stores: the SQLite database, Gitea, and the checkout directory.
+
+Facts are gathered at the edges (``gather_db``, ``gather_gitea``, ``gather_checkout``: read-only) into plain
+frozen records; ``check`` is a pure function of those records and returns every violation it finds, each
+naming its invariant (``INVARIANTS``) and its subject. Used by the crash tests, and meant for an operator
+command: run it on a quiet service (nothing queued, nothing being sent), or the ``*.settled`` invariants
+report the work still in flight.
+
+What "consistent" means here (issue 9): no lease without evidence, no evidence without a lease, at most one
+live lease per issue, every bot comment posted exactly once, no bootstrap transition stuck half-way, and
+no worktree that the journal cannot account for.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import subprocess
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from bot.core.evidence import find_marker
+from bot.gitea import GiteaClient
+from bot.gitops import parse_worktree_porcelain
+
+#: Every invariant ``check`` knows, with what it means.
+INVARIANTS: dict[str, str] = {
+    "deliveries.settled": "no stored delivery is still queued or processing",
+    "deliveries.not_failed": "no delivery was parked as failed",
+    "deliveries.none_lost": "every delivery Gitea saw acknowledged (2xx) is stored, under its id or its body",
+    "outbox.settled": "no outbox entry is still pending or sending",
+    "outbox.not_stuck": "no outbox entry ended parked or verification_failed",
+    "outbox.comment_once": "every sent comment entry's marker is on exactly one bot comment in Gitea, the one"
+    " the entry recorded",
+    "outbox.no_stray_comment": "every bot comment carrying a foreman marker has an outbox entry with that key",
+    "leases.one_live_per_issue": "no issue has two live leases",
+    "leases.evidence": "every lease has its evidence comment (<lease>:evidence) sent, verified and in Gitea once",
+    "leases.no_evidence_without_lease": "every lease key in the outbox or in a Gitea marker names a stored lease",
+    "leases.end_evidence": "every released lease has evidence of its end: its release comment, or the failure"
+    " comment of the compensated bootstrap that released it",
+    "leases.assigned": "every live lease's owner is an assignee of its issue in Gitea",
+    "leases.bootstrapped": "every live lease has a completed bootstrap transition (when bootstrap runs on"
+    " allocation), unless the bootstrap refuses it by design: the issue's latest completed transition belongs to"
+    " another owner (foreign_work, docs/bootstrap.md)",
+    "journal.terminal": "no bootstrap transition is left open (every one completed or compensated)",
+    "journal.evidence": "a completed transition has its evidence comment, a compensated one its failure comment",
+    "journal.no_evidence_without_transition": "every bootstrap evidence or failure key names a stored transition"
+    " with that outcome",
+    "journal.registered": "every completed transition registered its worktree",
+    "worktrees.no_orphan_dir": "every directory under branches/ is a worktree registered in git",
+    "worktrees.journaled": "every git worktree under branches/ has a live registration of a completed transition,"
+    " on the same branch",
+    "worktrees.inside_branches": "git has no worktree outside branches/ (besides the control checkout itself)",
+    "worktrees.on_disk": "every live registration's worktree is registered in git, on its branch, and on disk",
+    "worktrees.one_per_issue": "no issue has two live worktree registrations",
+    "branches.journaled": "every local issue-* branch is the branch of a completed transition",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Violation:
+    invariant: str
+    subject: str
+    detail: str
+
+    def __str__(self) -> str:
+        return f"{self.invariant} [{self.subject}]: {self.detail}"
+
+    def to_dict(self) -> dict[str, str]:
+        return {"invariant": self.invariant, "subject": self.subject, "detail": self.detail}
+
+
+# ----------------------------------------------------------------------------------------------- facts
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseFact:
+    lease_id: str
+    issue_number: int
+    owner: str
+    status: str  # live | released | expired
+    end_reason: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class OutboxFact:
+    key: str
+    issue_number: int
+    kind: str
+    status: str
+    comment_id: int | None = None  # what a sent comment entry recorded
+
+
+@dataclass(frozen=True, slots=True)
+class DeliveryFact:
+    delivery_id: str
+    body_sha256: str
+    status: str
+
+
+@dataclass(frozen=True, slots=True)
+class TransitionFact:
+    key: str
+    issue_number: int
+    lease_id: str
+    owner: str
+    phase: str
+    outcome: str  # open | completed | compensated
+    branch: str
+    worktree_path: str
+
+
+@dataclass(frozen=True, slots=True)
+class RegistrationFact:
+    transition_key: str
+    issue_number: int
+    lease_id: str
+    branch: str
+    worktree_path: str
+    live: bool
+
+
+@dataclass(frozen=True, slots=True)
+class DbFacts:
+    leases: tuple[LeaseFact, ...] = ()
+    outbox: tuple[OutboxFact, ...] = ()
+    deliveries: tuple[DeliveryFact, ...] = ()
+    transitions: tuple[TransitionFact, ...] = ()
+    registrations: tuple[RegistrationFact, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class CommentFact:
+    issue_number: int
+    comment_id: int
+    author: str
+    marker: str | None  # the foreman idempotency key in its body, if any
+
+
+@dataclass(frozen=True, slots=True)
+class GiteaFacts:
+    comments: tuple[CommentFact, ...] = ()
+    #: issue number -> logins assigned (lower case)
+    assignees: dict[int, frozenset[str]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class WorktreeFact:
+    path: str
+    branch: str | None  # short name; None when detached
+    prunable: bool = False  # git's record points at a directory that is gone
+
+
+@dataclass(frozen=True, slots=True)
+class CheckoutFacts:
+    """The control checkout: its path, the directories under ``branches/``, git's worktrees (the control
+    checkout itself left out) and the local ``issue-*`` branches."""
+
+    path: str
+    directories: tuple[str, ...] = ()
+    worktrees: tuple[WorktreeFact, ...] = ()
+    issue_branches: tuple[str, ...] = ()
+
+    @property
+    def branches_root(self) -> str:
+        return os.path.join(self.path, "branches")
+
+
+@dataclass(frozen=True, slots=True)
+class Facts:
+    db: DbFacts
+    gitea: GiteaFacts
+    bot_login: str
+    #: None: no control checkout was made (or it was not looked at): the worktree invariants see no worktrees.
+    checkout: CheckoutFacts | None = None
+    #: Deliveries Gitea recorded as acknowledged: (delivery id, sha256 of the body). None: not known.
+    acknowledged: tuple[tuple[str, str], ...] | None = None
+    #: ``[bootstrap] on_allocate = "run"``: every live lease must have been bootstrapped.
+    require_bootstrap: bool = False
+
+
+# ----------------------------------------------------------------------------------------------- check
+
+
+def check(facts: Facts) -> list[Violation]:
+    """Every violation of every invariant in ``INVARIANTS``, in a stable order."""
+    found: list[Violation] = []
+    for part in (_deliveries, _outbox, _leases, _journal, _worktrees):
+        found.extend(part(facts))
+    return found
+
+
+def _split(key: str) -> tuple[str, str]:
+    """``<subject>:<suffix>`` (the suffix after the last colon)."""
+    prefix, _, suffix = key.rpartition(":")
+    return prefix, suffix
+
+
+def _bot_markers(facts: Facts) -> Counter[str]:
+    bot = facts.bot_login.lower()
+    return Counter(c.marker for c in facts.gitea.comments if c.marker and c.author.lower() == bot)
+
+
+def _deliveries(facts: Facts) -> list[Violation]:
+    out: list[Violation] = []
+    for d in facts.db.deliveries:
+        if d.status in ("queued", "processing"):
+            out.append(Violation("deliveries.settled", d.delivery_id, f"still {d.status}"))
+        elif d.status == "failed":
+            out.append(Violation("deliveries.not_failed", d.delivery_id, "parked as failed"))
+    if facts.acknowledged is not None:
+        ids = {d.delivery_id for d in facts.db.deliveries}
+        bodies = {d.body_sha256 for d in facts.db.deliveries}
+        for delivery_id, body in facts.acknowledged:
+            if delivery_id not in ids and body not in bodies:
+                out.append(Violation("deliveries.none_lost", delivery_id, "acknowledged to Gitea but not stored"))
+    return out
+
+
+def _outbox(facts: Facts) -> list[Violation]:
+    out: list[Violation] = []
+    markers = _bot_markers(facts)
+    by_marker: dict[str, list[int]] = {}
+    bot = facts.bot_login.lower()
+    for c in facts.gitea.comments:
+        if c.marker and c.author.lower() == bot:
+            by_marker.setdefault(c.marker, []).append(c.comment_id)
+    keys = {e.key for e in facts.db.outbox}
+    for e in facts.db.outbox:
+        if e.status in ("pending", "sending"):
+            out.append(Violation("outbox.settled", e.key, f"still {e.status}"))
+        elif e.status in ("parked", "verification_failed"):
+            out.append(Violation("outbox.not_stuck", e.key, f"ended {e.status}"))
+        if e.kind == "comment" and e.status == "done":
+            count = markers.get(e.key, 0)
+            if count != 1:
+                out.append(Violation("outbox.comment_once", e.key, f"its marker is on {count} bot comments in Gitea"))
+            elif e.comment_id is not None and by_marker[e.key] != [e.comment_id]:
+                out.append(Violation("outbox.comment_once", e.key, f"recorded comment {e.comment_id}, Gitea has"
+                                     f" the marker on {by_marker[e.key]}"))
+    for marker, count in sorted(markers.items()):
+        if marker not in keys:
+            out.append(Violation("outbox.no_stray_comment", marker, f"on {count} bot comment(s) with no outbox entry"))
+    return out
+
+
+def _once(markers: Counter[str], key: str) -> str | None:
+    count = markers.get(key, 0)
+    return None if count == 1 else f"{key} is on {count} bot comments in Gitea"
+
+
+def _leases(facts: Facts) -> list[Violation]:
+    out: list[Violation] = []
+    db = facts.db
+    markers = _bot_markers(facts)
+    entries = {e.key: e for e in db.outbox}
+    lease_ids = {lease.lease_id for lease in db.leases}
+    live = Counter(lease.issue_number for lease in db.leases if lease.status == "live")
+    for number, count in sorted(live.items()):
+        if count > 1:
+            out.append(Violation("leases.one_live_per_issue", f"#{number}", f"{count} live leases"))
+    completed = {t.lease_id for t in db.transitions if t.outcome == "completed"}
+    latest_owner = {t.issue_number: t.owner for t in db.transitions if t.outcome == "completed"}  # in journal order
+    compensated = {t.lease_id: t for t in db.transitions if t.outcome == "compensated"}
+    for lease in db.leases:
+        subject = f"{lease.lease_id} (#{lease.issue_number}, {lease.owner}, {lease.status})"
+        key = f"{lease.lease_id}:evidence"
+        entry = entries.get(key)
+        if entry is None:
+            out.append(Violation("leases.evidence", subject, "no evidence comment in the outbox"))
+        elif entry.status != "done":
+            out.append(Violation("leases.evidence", subject, f"its evidence comment is {entry.status}"))
+        elif (problem := _once(markers, key)) is not None:
+            out.append(Violation("leases.evidence", subject, problem))
+        if lease.status == "released":
+            release = f"{lease.lease_id}:release"
+            failed = compensated.get(lease.lease_id)
+            ends = [release] + ([f"{failed.key}:failure"] if failed is not None else [])
+            if not any(markers.get(k, 0) == 1 and entries.get(k) is not None for k in ends):
+                out.append(Violation("leases.end_evidence", subject, f"none of {ends} is in Gitea exactly once"))
+        if lease.status == "live":
+            assigned = facts.gitea.assignees.get(lease.issue_number, frozenset())
+            if lease.owner.lower() not in assigned:
+                out.append(Violation("leases.assigned", subject, f"Gitea's assignees are {sorted(assigned)}"))
+            foreign = latest_owner.get(lease.issue_number, lease.owner).lower() != lease.owner.lower()
+            if facts.require_bootstrap and lease.lease_id not in completed and not foreign:
+                out.append(Violation("leases.bootstrapped", subject, "no completed bootstrap transition"))
+    named = {(k, "outbox") for k in entries} | {(k, "Gitea") for k in markers}
+    for key, where in sorted(named):
+        if key.startswith("lease-"):
+            lease_id = key.split(":", 1)[0]
+            if lease_id not in lease_ids:
+                out.append(Violation("leases.no_evidence_without_lease", key, f"in the {where}; no lease {lease_id}"))
+    return out
+
+
+def _journal(facts: Facts) -> list[Violation]:
+    out: list[Violation] = []
+    db = facts.db
+    markers = _bot_markers(facts)
+    by_key = {t.key: t for t in db.transitions}
+    registered = {r.transition_key for r in db.registrations}
+    for t in db.transitions:
+        subject = f"{t.key} (#{t.issue_number}, {t.lease_id})"
+        if t.outcome == "open":
+            out.append(Violation("journal.terminal", subject, f"left open in phase {t.phase}"))
+            continue
+        suffix = "evidence" if t.outcome == "completed" else "failure"
+        problem = _once(markers, f"{t.key}:{suffix}")
+        if problem is not None:
+            out.append(Violation("journal.evidence", subject, problem))
+        if t.outcome == "completed" and t.key not in registered:
+            out.append(Violation("journal.registered", subject, "completed without a worktree registration"))
+    named = {e.key for e in db.outbox} | set(markers)
+    for key in sorted(named):
+        prefix, suffix = _split(key)
+        if suffix not in ("evidence", "failure") or prefix.startswith(("lease-", "command:", "label-sync:")):
+            continue
+        found = by_key.get(prefix)
+        wanted = "completed" if suffix == "evidence" else "compensated"
+        if found is None:
+            out.append(Violation("journal.no_evidence_without_transition", key, "no transition with this key"))
+        elif found.outcome != wanted:
+            out.append(Violation("journal.no_evidence_without_transition", key,
+                                 f"the transition is {found.outcome}"))
+    return out
+
+
+def _worktrees(facts: Facts) -> list[Violation]:
+    out: list[Violation] = []
+    db = facts.db
+    live_regs = [r for r in db.registrations if r.live]
+    per_issue = Counter(r.issue_number for r in live_regs)
+    for number, count in sorted(per_issue.items()):
+        if count > 1:
+            out.append(Violation("worktrees.one_per_issue", f"#{number}", f"{count} live registrations"))
+    checkout = facts.checkout
+    worktrees = {w.path: w for w in checkout.worktrees} if checkout is not None else {}
+    directories = set(checkout.directories) if checkout is not None else set()
+    outcome = {t.key: t.outcome for t in db.transitions}
+    regs_by_path: dict[str, list[RegistrationFact]] = {}
+    for r in live_regs:
+        regs_by_path.setdefault(r.worktree_path, []).append(r)
+    if checkout is not None:
+        root = checkout.branches_root + os.sep
+        for directory in sorted(directories):
+            if directory not in worktrees:
+                out.append(Violation("worktrees.no_orphan_dir", directory, "not a worktree registered in git"))
+        for path, w in sorted(worktrees.items()):
+            if not path.startswith(root):
+                out.append(Violation("worktrees.inside_branches", path, "a git worktree outside branches/"))
+                continue
+            regs = regs_by_path.get(path, [])
+            if not regs:
+                out.append(Violation("worktrees.journaled", path, "registered in git, no live registration row"))
+            for r in regs:
+                if outcome.get(r.transition_key) != "completed":
+                    out.append(Violation("worktrees.journaled", path, f"its transition {r.transition_key} is"
+                                         f" {outcome.get(r.transition_key, 'missing')}"))
+                if w.branch != r.branch:
+                    out.append(Violation("worktrees.journaled", path, f"git has it on {w.branch}, the registration"
+                                         f" says {r.branch}"))
+        completed_branches = {t.branch for t in db.transitions if t.outcome == "completed"}
+        for branch in sorted(checkout.issue_branches):
+            if branch not in completed_branches:
+                out.append(Violation("branches.journaled", branch, "no completed transition has this branch"))
+    for r in live_regs:
+        subject = f"{r.worktree_path} ({r.transition_key})"
+        entry = worktrees.get(r.worktree_path)
+        if entry is None:
+            out.append(Violation("worktrees.on_disk", subject, "git has no worktree there"))
+        elif entry.prunable or r.worktree_path not in directories:
+            out.append(Violation("worktrees.on_disk", subject, "git's worktree there has no directory"))
+    return out
+
+
+# ----------------------------------------------------------------------------------------------- edges
+
+
+def _row_comment_id(result_json: str | None) -> int | None:
+    if not result_json:
+        return None
+    value = json.loads(result_json).get("comment_id")
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def gather_db(path: Path | str) -> DbFacts:
+    """Read the facts from a foreman database, read-only (safe beside a running service: WAL readers)."""
+    uri = f"file:{Path(path).resolve()}?mode=ro"
+    conn = sqlite3.connect(uri, uri=True)
+    try:
+        conn.execute("PRAGMA busy_timeout=5000")
+        leases = tuple(
+            LeaseFact(*row)
+            for row in conn.execute(
+                "SELECT lease_id, issue_number, owner, status, end_reason FROM leases ORDER BY id"
+            )
+        )
+        outbox = tuple(
+            OutboxFact(key, number, kind, status, _row_comment_id(result) if kind == "comment" else None)
+            for key, number, kind, status, result in conn.execute(
+                "SELECT idempotency_key, issue_number, kind, status, result_json FROM outbox ORDER BY id"
+            )
+        )
+        deliveries = tuple(
+            DeliveryFact(*row)
+            for row in conn.execute("SELECT delivery_id, body_sha256, status FROM deliveries ORDER BY id")
+        )
+        transitions = tuple(
+            TransitionFact(*row)
+            for row in conn.execute(
+                "SELECT idempotency_key, issue_number, lease_id, owner, phase, outcome, branch, worktree_path"
+                " FROM bootstrap_journal ORDER BY id"
+            )
+        )
+        registrations = tuple(
+            RegistrationFact(key, number, lease_id, branch, _real(path_), ended is None)
+            for key, number, lease_id, branch, path_, ended in conn.execute(
+                "SELECT j.idempotency_key, r.issue_number, r.lease_id, r.branch, r.worktree_path, r.ended_at"
+                " FROM worktree_registrations r JOIN bootstrap_journal j ON j.id = r.journal_id ORDER BY r.id"
+            )
+        )
+    finally:
+        conn.close()
+    transitions = tuple(
+        TransitionFact(t.key, t.issue_number, t.lease_id, t.owner, t.phase, t.outcome, t.branch,
+                       _real(t.worktree_path))
+        for t in transitions
+    )
+    return DbFacts(leases, outbox, deliveries, transitions, registrations)
+
+
+async def gather_gitea(client: GiteaClient, *, numbers: Iterable[int] | None = None) -> GiteaFacts:
+    """Every comment (with its foreman marker) and the assignees of every issue and pull request, or of
+    ``numbers``."""
+    if numbers is None:
+        issues = await client.list_issues(state="all", type_=None)
+        assignees = {i.number: frozenset(u.login.lower() for u in i.assignees) for i in issues}
+    else:
+        assignees = {}
+        for number in numbers:
+            issue = await client.get_issue(number)
+            assignees[number] = frozenset(u.login.lower() for u in issue.assignees)
+    comments: list[CommentFact] = []
+    for number in sorted(assignees):
+        for c in await client.list_issue_comments(number):
+            comments.append(CommentFact(number, c.id, c.user.login, find_marker(c.body)))
+    return GiteaFacts(tuple(comments), assignees)
+
+
+def _real(path: str) -> str:
+    return os.path.realpath(path)
+
+
+def _git(checkout: Path, *args: str) -> str:
+    done = subprocess.run(["git", "-C", str(checkout), *args], capture_output=True, text=True, check=True, timeout=60)
+    return done.stdout
+
+
+def gather_checkout(path: Path | str) -> CheckoutFacts | None:
+    """Git's view of the control checkout at ``path``; None when there is none (nothing was bootstrapped)."""
+    checkout = Path(_real(str(path)))
+    if not (checkout / ".git" / "HEAD").is_file():
+        return None
+    branches = checkout / "branches"
+    directories = tuple(sorted(str(child) for child in branches.iterdir())) if branches.is_dir() else ()
+    entries = parse_worktree_porcelain(_git(checkout, "worktree", "list", "--porcelain", "-z"))
+    worktrees = tuple(
+        WorktreeFact(_real(e.path), e.branch, e.prunable is not None)
+        for e in entries
+        if _real(e.path) != str(checkout)
+    )
+    refs = _git(checkout, "for-each-ref", "--format=%(refname:short)", "refs/heads/issue-*")
+    return CheckoutFacts(str(checkout), directories, worktrees, tuple(sorted(refs.split())))
+
+
+async def gather(
+    *,
+    database: Path | str,
+    client: GiteaClient,
+    bot_login: str,
+    checkout: Path | str | None,
+    acknowledged: Sequence[tuple[str, str]] | None = None,
+    require_bootstrap: bool = False,
+) -> Facts:
+    """All facts, from a quiet service's database, Gitea and control checkout."""
+    db = gather_db(database)
+    gitea = await gather_gitea(client)
+    return Facts(
+        db=db,
+        gitea=gitea,
+        bot_login=bot_login,
+        checkout=gather_checkout(checkout) if checkout is not None else None,
+        acknowledged=tuple(acknowledged) if acknowledged is not None else None,
+        require_bootstrap=require_bootstrap,
+    )
+
+
+def report(violations: Sequence[Violation]) -> dict[str, Any]:
+    """A JSON-ready summary: ok, the count per invariant, and every violation."""
+    return {
+        "ok": not violations,
+        "checked": sorted(INVARIANTS),
+        "counts": dict(sorted(Counter(v.invariant for v in violations).items())),
+        "violations": [v.to_dict() for v in violations],
+    }

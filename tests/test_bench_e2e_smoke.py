@@ -1,0 +1,40 @@
+"""Smoke test of the end-to-end loop benchmark (bench/e2e.py): a few issues through the whole loop against the
+emulator and a real `foreman serve`; every check passes and every figure of the same run is reported. No timing
+is asserted."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from bench.e2e import percentile, summary
+from tests.conftest import REPO_ROOT
+
+
+def test_percentiles_are_nearest_rank() -> None:
+    values = [float(v) for v in range(1, 101)]
+    assert (percentile(values, 50), percentile(values, 99), percentile(values, 100)) == (50.0, 99.0, 100.0)
+    assert percentile([7.0], 99) == 7.0 and percentile([1.0, 2.0], 50) == 1.0
+    assert summary([3.0, 1.0, 2.0]) == {"n": 3, "p50": 2.0, "p99": 3.0, "mean": 2.0, "min": 1.0, "max": 3.0}
+
+
+def test_the_benchmark_runs_the_loop_and_reports_every_figure() -> None:
+    argv = [sys.executable, "-m", "bench.e2e", "--issues", "3", "--baseline-samples", "2", "--json"]
+    done = subprocess.run(argv, cwd=REPO_ROOT, capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    doc = json.loads(done.stdout)
+    assert doc["ok"] is True and doc["errors"] == [] and doc["issues"] == 3
+    assert doc["latency_ms"]["n"] == 3 and 0 < doc["latency_ms"]["p50"] <= doc["latency_ms"]["p99"]
+    steps = doc["breakdown_p50_ms"]
+    assert steps["lease_committed"] <= steps["bootstrap_completed"] <= steps["bootstrap_evidence_verified"]
+    assert doc["throughput_per_min"] > 0 and doc["wall_s"] > 0
+    bare = doc["bare_ms"]
+    assert bare["git_worktree_add"]["n"] == bare["comment_post_get"]["n"] == 2
+    assert bare["sum_of_medians"] > 0 and doc["ratio_p50_to_bare"] > 0
+
+
+def test_bad_arguments_are_a_usage_error() -> None:
+    done = subprocess.run([sys.executable, "-m", "bench.e2e", "--issues", "0"], cwd=REPO_ROOT,
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 2 and "--issues" in done.stderr

@@ -1,0 +1,349 @@
+"""Issue 9.3: a real `foreman serve` SIGKILLed at random points during a burst of ~200 signed deliveries, restarted,
+and then checked by code (``bot.invariants``): no lease without evidence, no evidence without a lease, no orphan
+worktree, no duplicate comment, no delivery lost or stuck.
+
+The burst is what Gitea would send while people and agents work: maintainers labelling issues `status:ready`
+(auto-allocation for author-1, bootstrap on allocation), a controller's `/allocate --owner X` comments, lease
+owners' `/release`, `/heartbeat` and `/bootstrap`, Canonical Issue State blocks from a writer (making issues
+ready again) and from a reader (untrusted), and plain chatter. The emulator signs and sends every webhook; those
+sent while the service is down are lost, as with Gitea, and replayed afterwards as the operator guide says.
+
+Seeded: ``FOREMAN_CRASH_SEED=<n>`` replays a run's choices (operations, kill points); the seed is printed and
+named in every failure. Process timing stays real, so two runs of one seed may kill at different instants.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import os
+import random
+import shutil
+import sqlite3
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from bot import invariants
+from bot.core.canonical import CanonicalState, render
+from bot.core.vocabulary import status_labels
+from bot.emulator.webhooks import Delivery
+from tests.gitea_fixtures import BOT, OWNER, REPO, TOKENS, LiveEmulator, live_emulator, scratch_dir
+from tests.support import SECRET
+from tests.test_process import ServeProcess
+
+AUTHORS = ("author-1", "author-2", "author-3", "author-4")
+USER_TOKENS = {
+    **TOKENS,
+    "controller-bot": "tok-controller-0007",
+    **{login: f"tok-{login}-00{10 + i}" for i, login in enumerate(AUTHORS)},
+}
+ISSUES = 16
+OPERATIONS = 200
+READY = "status:ready"
+
+
+def _config(proc: ServeProcess, base_url: str, root: Path) -> str:
+    roster = "\n".join(f'"{a}" = ["author"]' for a in AUTHORS)
+    return f"""
+[server]
+port = {proc.port}
+shutdown_grace_s = 1.0
+[webhook]
+secrets = ["{SECRET}"]
+[database]
+path = "{proc.db}"
+synchronous = "NORMAL"
+[gitea]
+url = "{base_url}"
+token = "{TOKENS[BOT]}"
+bot_login = "{BOT}"
+timeout_s = 5.0
+[repository]
+owner = "{OWNER}"
+name = "{REPO}"
+checkout_root = "{root / 'checkouts'}"
+[worker]
+concurrency = 4
+max_attempts = 10
+poll_interval_s = 0.05
+claim_ttl_s = 1.5
+backoff_base_s = 0.05
+backoff_max_s = 0.5
+[outbox]
+concurrency = 4
+max_attempts = 10
+poll_interval_s = 0.1
+claim_ttl_s = 1.5
+backoff_base_s = 0.05
+backoff_max_s = 0.5
+[allocator]
+auto_allocate_owner = "author-1"
+[bootstrap]
+on_allocate = "run"
+lock_wait_s = 10.0
+[roster]
+"controller-bot" = ["controller"]
+{roster}
+"""
+
+
+def _state_block(state: str, who: str, author: str) -> str:
+    block = render(
+        CanonicalState(
+            state=state,
+            who_is_next=who,
+            next_action=f"{who}: pick this up",
+            next_prompt="",
+            what_happened=f"{author} moved the issue to {state}",
+            why="the crash-burst test says so",
+            related_prs=(),
+            blockers="none",
+            validation="none",
+            last_updated_by=author,
+        )
+    )
+    return f"Moving on.\n\n{block}"
+
+
+@dataclass(frozen=True)
+class Kill:
+    at_op: int  # not before the driver has done this many operations
+    moment: str  # "anytime", or the first moment seen inside a "bootstrap", an "outbox" send or a "handler"
+    delay: float  # seconds to wait first
+    down: float  # seconds the service stays down
+
+
+def plan_kills(rng: random.Random) -> list[Kill]:
+    """2-4 kill points: spread over the burst, each with its moment, delay and downtime; the last one near the
+    end of the burst and inside a bootstrap, where fewer later deliveries could hide what it left behind."""
+    at_ops = sorted(rng.sample(range(15, OPERATIONS - 20, 8), rng.randint(1, 3)))
+    moments = ["anytime", "bootstrap", "outbox", "handler"]
+    kills = [Kill(at, rng.choice(moments), rng.uniform(0.0, 0.3), rng.uniform(0.1, 0.8)) for at in at_ops]
+    return [*kills, Kill(OPERATIONS - rng.randint(0, 10), "bootstrap", rng.uniform(0.0, 0.2), rng.uniform(0.1, 0.8))]
+
+
+@dataclass
+class Burst:
+    """The driver's view: the seeded RNG, the emulator, the service, and what happened."""
+
+    seed: int
+    live: LiveEmulator
+    proc: ServeProcess
+    hook_url: str
+    rng: random.Random = field(init=False)
+    done_ops: int = 0
+    kills: list[str] = field(default_factory=list)
+    ops: dict[str, int] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.rng = random.Random(self.seed)
+
+    def live_leases(self) -> list[tuple[int, str]]:
+        """(issue, owner) of the live leases, read from the database (the driver acts like an informed user)."""
+        if not self.proc.db.exists():
+            return []
+        try:
+            with sqlite3.connect(f"file:{self.proc.db}?mode=ro", uri=True) as conn:
+                rows = conn.execute("SELECT issue_number, owner FROM leases WHERE status = 'live'").fetchall()
+        except sqlite3.Error:
+            return []
+        return [(int(n), str(o)) for n, o in rows]
+
+    async def api(self, login: str, method: str, path: str, body: object) -> None:
+        session = self.live.session
+        url = self.live.api(f"/repos/{OWNER}/{REPO}{path}")
+        headers = {"Authorization": f"token {USER_TOKENS[login]}"}
+        async with session.request(method, url, json=body, headers=headers) as resp:
+            assert resp.status < 300, f"seed {self.seed}: {method} {path} as {login}: {resp.status} {await resp.text()}"
+
+    async def comment(self, login: str, number: int, body: str) -> None:
+        await self.api(login, "POST", f"/issues/{number}/comments", {"body": body})
+
+    async def operation(self) -> None:
+        """One user action through the emulator's API (one webhook delivery to foreman)."""
+        rng = self.rng
+        number = rng.randint(1, ISSUES)
+        leases = self.live_leases()
+        kind = rng.choices(
+            ["label", "ready_state", "allocate", "release", "heartbeat", "bootstrap", "untrusted", "chatter"],
+            weights=[22, 12, 24, 16, 5, 5, 6, 10],
+        )[0]
+        self.ops[kind] = self.ops.get(kind, 0) + 1
+        if kind == "label":
+            await self.api("alice", "POST", f"/issues/{number}/labels", {"labels": [READY]})
+        elif kind == "ready_state":
+            leased = {n for n, _ in leases}
+            free = [n for n in range(1, ISSUES + 1) if n not in leased] or [number]
+            await self.comment("alice", rng.choice(free), _state_block("ready", "controller", "alice"))
+        elif kind == "allocate":
+            await self.comment("controller-bot", number, f"/allocate --owner {rng.choice(AUTHORS)}")
+        elif kind in ("release", "heartbeat", "bootstrap"):
+            if leases and rng.random() < 0.85:
+                number, owner = rng.choice(sorted(leases))
+            else:
+                owner = rng.choice(AUTHORS)  # most likely not the owner: a not_authorized reply
+            command = {"release": "/release done for now", "heartbeat": "/heartbeat", "bootstrap": "/bootstrap"}
+            await self.comment(owner, number, command[kind])
+        elif kind == "untrusted":
+            await self.comment("bob", number, _state_block("done", "human", "bob"))
+        else:
+            await self.comment(rng.choice(["bob", "alice"]), number, f"note {rng.randrange(10**6)}")
+
+    async def drive(self) -> None:
+        for _ in range(OPERATIONS):
+            await self.operation()
+            self.done_ops += 1
+            await asyncio.sleep(self.rng.uniform(0.005, 0.05))
+
+    def busy(self, moment: str) -> bool:
+        """Is the service in the middle of ``moment`` right now (read from its database)?"""
+        query = {
+            "bootstrap": "SELECT COUNT(*) FROM bootstrap_journal WHERE outcome = 'open'",
+            "outbox": "SELECT COUNT(*) FROM outbox WHERE status = 'sending'",
+            "handler": "SELECT COUNT(*) FROM deliveries WHERE status = 'processing'",
+        }[moment]
+        try:
+            with sqlite3.connect(f"file:{self.proc.db}?mode=ro", uri=True) as conn:
+                return bool(conn.execute(query).fetchone()[0])
+        except sqlite3.Error:
+            return False
+
+    async def crash(self, kills: list[Kill]) -> None:
+        """SIGKILL the service once the driver has done ``at_op`` operations: after a random delay ("anytime"),
+        or as soon as it is seen in the middle of a bootstrap, an outbox send or a handler (within 2 s); leave
+        it down for a moment (deliveries sent meanwhile are lost, as with Gitea), then start it again."""
+        for kill in kills:
+            while self.done_ops < kill.at_op:
+                await asyncio.sleep(0.01)
+            await asyncio.sleep(kill.delay)
+            if kill.moment != "anytime":
+                deadline = time.monotonic() + 2.0
+                while not self.busy(kill.moment) and time.monotonic() < deadline:
+                    await asyncio.sleep(0.003)
+            await self.proc.kill()
+            self.kills.append(f"{kill.moment}@{self.done_ops}")
+            await asyncio.sleep(kill.down)
+            await self.proc.start("serve", "--config", str(self.proc.config))
+
+    def hook_deliveries(self) -> list[Delivery]:
+        return [d for d in self.live.emulator.deliveries if d.url == self.hook_url]
+
+    async def replay_lost(self) -> int:
+        """Gitea's operator: replay every delivery that never got a 2xx (itself or through a replay)."""
+        replayed = 0
+        for _ in range(5):
+            await self.live.emulator.drain_webhooks()
+            deliveries = self.hook_deliveries()
+            acked = {d.replay_of or d.delivery_id for d in deliveries if d.ok}
+            lost = [d for d in deliveries if d.replay_of is None and d.delivery_id not in acked]
+            if not lost:
+                return replayed
+            for delivery in lost:
+                self.live.emulator.replay_delivery(delivery.delivery_id)
+                replayed += 1
+        raise AssertionError(f"seed {self.seed}: deliveries still unacknowledged after 5 rounds of replay")
+
+    def queues(self) -> tuple[int, ...]:
+        with sqlite3.connect(f"file:{self.proc.db}?mode=ro", uri=True) as conn:
+            open_deliveries = conn.execute(
+                "SELECT COUNT(*) FROM deliveries WHERE status IN ('queued', 'processing')"
+            ).fetchone()[0]
+            open_outbox = conn.execute(
+                "SELECT COUNT(*) FROM outbox WHERE status IN ('pending', 'sending')"
+                " OR (status IN ('done', 'verification_failed', 'parked') AND hooked_at IS NULL)"
+            ).fetchone()[0]
+            total = conn.execute("SELECT (SELECT COUNT(*) FROM deliveries) + (SELECT COUNT(*) FROM outbox)").fetchone()
+        return int(open_deliveries), int(open_outbox), int(total[0])
+
+    async def settle(self, timeout: float = 40.0) -> None:
+        """Until nothing is queued, processing, pending, sending or waiting for its hook, three polls in a row."""
+        deadline = time.monotonic() + timeout
+        quiet = 0
+        last: tuple[int, ...] = ()
+        while quiet < 3:
+            assert time.monotonic() < deadline, f"seed {self.seed}: never settled: {self.queues()}"
+            await self.live.emulator.drain_webhooks()
+            now = self.queues()
+            quiet = quiet + 1 if now[:2] == (0, 0) and now == last else 0
+            last = now
+            await asyncio.sleep(0.2)
+
+
+@pytest.fixture
+async def scratch() -> AsyncIterator[Path]:
+    root = scratch_dir("foreman-crash-")
+    try:
+        yield root
+    finally:
+        if os.environ.get("FOREMAN_CRASH_KEEP"):
+            print(f"crash-burst files kept in {root}")
+        else:
+            shutil.rmtree(root, ignore_errors=True)
+
+
+async def test_sigkill_during_a_burst_of_deliveries_leaves_every_issue_consistent(scratch: Path) -> None:
+    """Issue 9.3 / Done-when: SIGKILL at 2-4 random points of a ~200-delivery burst, restart, replay what was
+    lost; then every invariant of ``bot.invariants`` holds, checked over SQLite, Gitea and the checkout."""
+    seed = int(os.environ.get("FOREMAN_CRASH_SEED") or random.SystemRandom().randrange(2**32))
+    print(f"crash-burst seed: {seed} (rerun with FOREMAN_CRASH_SEED={seed})")
+    started = time.monotonic()
+    async with live_emulator() as live:
+        emu = live.emulator
+        for login in ("controller-bot", *AUTHORS):
+            emu.add_user(login, token=USER_TOKENS[login])
+        for label in status_labels():
+            emu.create_label(OWNER, REPO, label, color="#00aa00")
+        for n in range(1, ISSUES + 1):
+            emu.create_issue(OWNER, REPO, title=f"Crash burst work item {n}", author="alice")
+        proc = ServeProcess(scratch, module="bot", config=scratch / "foreman.toml")
+        proc.config.write_text(_config(proc, live.base_url, scratch), encoding="utf-8")
+        hook_url = f"{proc.url}/webhook"
+        emu.add_hook(OWNER, REPO, url=hook_url, secret=SECRET, events=["issues"])
+        burst = Burst(seed, live, proc, hook_url)
+        kills = plan_kills(random.Random(seed ^ 0x5EED))
+        try:
+            await proc.start("serve", "--config", str(proc.config))
+            await asyncio.gather(burst.drive(), burst.crash(kills))
+            replayed = await burst.replay_lost()
+            await burst.settle()
+            facts = await invariants.gather(
+                database=proc.db,
+                client=live.client(),
+                bot_login=BOT,
+                checkout=scratch / "checkouts" / OWNER / REPO,
+                acknowledged=[(d.delivery_id, hashlib.sha256(d.body).hexdigest())
+                              for d in burst.hook_deliveries() if d.ok],
+                require_bootstrap=True,
+            )
+            violations = invariants.check(facts)
+            assert await proc.terminate() == 0
+        finally:
+            if proc.proc is not None and proc.proc.returncode is None:
+                await proc.kill()
+        summary = {
+            "seed": seed,
+            "seconds": round(time.monotonic() - started, 1),
+            "operations": burst.ops,
+            "kills": burst.kills,
+            "hook_deliveries": len(burst.hook_deliveries()),
+            "replayed": replayed,
+            "leases": len(facts.db.leases),
+            "live_leases": sum(1 for lease in facts.db.leases if lease.status == "live"),
+            "transitions": dict(sorted({t.outcome: sum(1 for u in facts.db.transitions if u.outcome == t.outcome)
+                                        for t in facts.db.transitions}.items())),
+            "outbox": len(facts.db.outbox),
+            "worktrees": len(facts.checkout.worktrees) if facts.checkout else 0,
+        }
+        print("crash-burst summary:", json.dumps(summary))
+        stderr_tail = proc.stderr.read_text(errors="replace")[-3000:]
+        assert not violations, (
+            f"seed {seed}: {len(violations)} violation(s):\n" + "\n".join(map(str, violations[:40]))
+            + f"\nsummary: {json.dumps(summary)}\nservice stderr (tail):\n{stderr_tail}"
+        )
+        assert len(burst.kills) == len(kills) >= 2, summary
+        assert summary["leases"] >= 3 and facts.db.transitions, summary

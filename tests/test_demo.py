@@ -1,0 +1,53 @@
+"""`foreman demo` (issue 9.2): the whole loop against the bundled emulator, a real `foreman serve` and `foreman mcp`
+as subprocesses; exit 0 only when every step verified, and a named failed step otherwise."""
+
+from __future__ import annotations
+
+import io
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import bot.demo
+from tests.conftest import REPO_ROOT
+
+STEPS = ("gitea", "serve", "config", "webhook", "issue", "label", "candidate", "allocate", "bootstrap", "evidence",
+         "loop", "mcp", "lock", "heartbeat", "state", "release")
+
+
+def test_foreman_demo_runs_the_loop_and_exits_0() -> None:
+    """`python -m bot demo` from a directory without any config: every step is printed and verified."""
+    done = subprocess.run(
+        [sys.executable, "-m", "bot", "demo"], cwd=REPO_ROOT / "tests", capture_output=True, text=True, timeout=120,
+        check=False,
+    )
+    out = done.stdout
+    assert done.returncode == 0, f"{out}\n{done.stderr}"
+    lines = out.splitlines()
+    printed = [line[9:].split()[0] for line in lines if line.startswith("[") and len(line) > 9 and line[9:].strip()]
+    assert [step for step in printed if step in STEPS] == list(STEPS), printed
+    assert "maintainer labelled #1 status:ready" in out and "answered 202" in out
+    assert "lease lease-" in out and "Gitea now shows assignee author-1 and label status:in-progress" in out
+    assert "WHO_IS_NEXT: author" in out and "NEXT_ACTION: author-1: lock #1 with gitea_lock_issue" in out
+    assert "NEXT_PROMPT:" in out and "<!-- foreman:evidence bootstrap-1-" in out
+    assert "gitea_lock_issue: #1 locked" in out and "released (done)" in out
+    assert "final evidence comment" in out and out.rstrip().splitlines()[-1].startswith("foreman demo: every step")
+    assert "FAILED" not in out
+
+
+async def test_the_demo_fails_with_the_step_that_did_not_verify(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A repository without the `status:in-progress` label: Gitea silently drops it, foreman's read-back catches
+    it, and the demo stops at the allocation step with exit 1 instead of printing success."""
+    monkeypatch.setattr(bot.demo, "status_labels", lambda: ("status:ready",))
+    out = io.StringIO()
+    code = await bot.demo.run_demo(out, timeout_s=20)
+    text = out.getvalue()
+    assert code == 1, text
+    assert "FAILED at step 'allocate'" in text and "verification_failed" in text, text
+    assert "every step verified" not in text
+    kept = Path(text.split("the demo's files are kept in ")[-1].strip())
+    assert kept.name.startswith("foreman-demo-") and (kept / "serve.log").is_file(), kept
+    shutil.rmtree(kept, ignore_errors=True)
