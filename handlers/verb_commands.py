@@ -157,6 +157,10 @@ def _is_configured_repo(data: dict[str, Any], settings: Settings) -> bool:
     return full_name.lower() == f"{settings.repository.owner}/{settings.repository.name}".lower()
 
 
+class BootstrapUnavailable(RuntimeError):
+    """An `/allocate` applied, but its bootstrap could not run now: the delivery is retried."""
+
+
 @router.register("issue_comment", action="created")
 async def on_command(event: sansio.Event, ctx: HandlerContext) -> None:
     """Run a comment's command through the gateway and reply (through the outbox) with the result."""
@@ -209,3 +213,9 @@ async def on_command(event: sansio.Event, ctx: HandlerContext) -> None:
     await OutboxStore(db).add(OutboxIntent(key, number, "comment", {"body": body}, event.delivery_id))
     if wakeup is not None:
         wakeup()
+    bootstrap = result.doc.get("bootstrap") if command is not None and result.ok else None
+    if isinstance(bootstrap, dict) and bootstrap.get("error") == "unavailable":
+        # The lease stands but its server-side bootstrap could not reach Gitea now: failing the handler makes the
+        # worker retry the delivery with backoff; the retry resumes the lease and resumes the bootstrap (the reply
+        # above has a fixed key, so it is posted once).
+        raise BootstrapUnavailable(f"#{bootstrap.get('issue_number', number)}: {bootstrap.get('message')}")

@@ -402,3 +402,25 @@ async def test_a_long_outage_parks_the_delivery_and_a_replay_completes_the_loop(
         await wait_status(world.service, label.delivery_id, "done")
         await world.settle()
         await assert_looped(world, number)
+
+
+async def test_an_allocate_comment_retries_a_bootstrap_gitea_could_not_serve(tmp_path: Path, start: Started) -> None:
+    """Issue 9.3: a controller's `/allocate` whose server-side bootstrap meets a 5xx spell longer than the client's
+    own retries: the delivery is retried until the bootstrap completes; one lease, one worktree, one reply."""
+    loop = {"bootstrap": {"on_allocate": "run"}}
+    async with open_world(tmp_path, start, roster=ROSTER, **loop) as world:
+        emu = world.live.emulator
+        number = await world.open_issue("alice", "Make the widget blue")
+        await world.call("alice", "POST", f"/issues/{number}/labels", {"labels": ["status:ready"]})
+        rule = emu.faults.fail("GET", "/repos/{owner}/{repo}/branches/{branch}", status=502, times=8)
+        await world.call("controller-bot", "POST", f"/issues/{number}/comments", {"body": "/allocate"}, settle=False)
+        await world.settle(timeout=30)
+        assert rule.remaining == 0
+        await assert_looped(world, number)
+        replies = [c.body for c in emu.issue(OWNER, REPO, number).comments if "command:" in c.body]
+        assert len(replies) == 1
+        [command] = [
+            d for d in emu.deliveries if d.event_type == "issue_comment" and d.payload["comment"]["body"] == "/allocate"
+        ]
+        stored = await world.service.store.get(command.delivery_id)
+        assert stored is not None and stored.attempts > 1
