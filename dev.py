@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Set-up-free entry point: `python3 dev.py run` serves, `python3 dev.py test` runs every test.
+"""Set-up-free entry point: `python3 dev.py run` serves, `python3 dev.py test` runs every test
+(`python3 dev.py run demo` runs the bundled demo; `python3 dev.py lint` runs ruff and mypy).
 
 Both create ./.venv and install the project with its dev dependencies on first use (and again whenever
 pyproject.toml changes), so a fresh machine needs nothing but Python 3.11+ and git.
@@ -45,7 +46,9 @@ def main(argv: list[str]) -> int:
     ensure_env()
     os.chdir(ROOT)
     if command == "run":
-        return subprocess.call([str(PY), "-m", "bot", "serve", *rest])
+        # `run` serves; `run demo` (or any other foreman command) runs that command instead.
+        args = rest if rest and not rest[0].startswith("-") else ["serve", *rest]
+        return subprocess.call([str(PY), "-m", "bot", *args])
     if command == "lint":
         code = subprocess.call([str(PY), "-m", "ruff", "check", "."])
         return code or subprocess.call([str(PY), "-m", "mypy"])
