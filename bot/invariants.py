@@ -265,7 +265,10 @@ def _leases(facts: Facts) -> list[Violation]:
             out.append(Violation("leases.one_live_per_issue", f"#{number}", f"{count} live leases"))
     completed = {t.lease_id for t in db.transitions if t.outcome == "completed"}
     latest_owner = {t.issue_number: t.owner for t in db.transitions if t.outcome == "completed"}  # in journal order
-    compensated = {t.lease_id: t for t in db.transitions if t.outcome == "compensated"}
+    failures: dict[str, list[str]] = {}  # lease -> the failure comment keys of its compensated transitions
+    for t in db.transitions:
+        if t.outcome == "compensated":
+            failures.setdefault(t.lease_id, []).append(f"{t.key}:failure")
     for lease in db.leases:
         subject = f"{lease.lease_id} (#{lease.issue_number}, {lease.owner}, {lease.status})"
         key = f"{lease.lease_id}:evidence"
@@ -277,9 +280,7 @@ def _leases(facts: Facts) -> list[Violation]:
         elif (problem := _once(markers, key)) is not None:
             out.append(Violation("leases.evidence", subject, problem))
         if lease.status == "released":
-            release = f"{lease.lease_id}:release"
-            failed = compensated.get(lease.lease_id)
-            ends = [release] + ([f"{failed.key}:failure"] if failed is not None else [])
+            ends = [f"{lease.lease_id}:release", *failures.get(lease.lease_id, [])]
             if not any(markers.get(k, 0) == 1 and entries.get(k) is not None for k in ends):
                 out.append(Violation("leases.end_evidence", subject, f"none of {ends} is in Gitea exactly once"))
         if lease.status == "live":

@@ -22,6 +22,7 @@ import random
 import shutil
 import sqlite3
 import time
+from collections import Counter
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -334,8 +335,7 @@ async def test_sigkill_during_a_burst_of_deliveries_leaves_every_issue_consisten
             "replayed": replayed,
             "leases": len(facts.db.leases),
             "live_leases": sum(1 for lease in facts.db.leases if lease.status == "live"),
-            "transitions": dict(sorted({t.outcome: sum(1 for u in facts.db.transitions if u.outcome == t.outcome)
-                                        for t in facts.db.transitions}.items())),
+            "transitions": dict(sorted(Counter(t.outcome for t in facts.db.transitions).items())),
             "outbox": len(facts.db.outbox),
             "worktrees": len(facts.checkout.worktrees) if facts.checkout else 0,
         }
@@ -347,3 +347,69 @@ async def test_sigkill_during_a_burst_of_deliveries_leaves_every_issue_consisten
         )
         assert len(burst.kills) == len(kills) >= 2, summary
         assert summary["leases"] >= 3 and facts.db.transitions, summary
+
+
+# ----------------------------------------------------------------------- what the burst found, pinned down
+
+
+async def test_the_service_start_finishes_or_compensates_the_bootstraps_a_killed_process_left_open() -> None:
+    """Found by the burst: a process killed mid-bootstrap left the transition open, and once its lease was
+    released nothing ever compensated it (only a next lease of the issue would). `recover_open_transitions`,
+    run when the service starts, resumes a live lease's transition for its owner and compensates an ended
+    lease's: both end terminal, and only the live one keeps a worktree."""
+    from bot.bootstrap import FAULT_EXIT_CODE, FAULT_PHASE_ENV, recover_open_transitions
+    from tests.test_bootstrap_support import world
+
+    async with world() as w:
+        live_issue, ended_issue = w.issue(), w.issue()
+        await w.lease(live_issue)
+        ended = await w.lease(ended_issue)
+        runs = await asyncio.gather(*(w.cli("--issue", str(n), "--owner", "alice",
+                                            env={FAULT_PHASE_ENV: "worktree_confirmed"})
+                                      for n in (live_issue, ended_issue)))
+        assert {code for code, _, _ in runs} == {FAULT_EXIT_CODE}, [err[-400:] for _, _, err in runs]
+        await w.release(ended)
+        results = {r.issue_number: r.status for r in await recover_open_transitions(w.ctx)}
+        assert results == {live_issue: "completed", ended_issue: "compensated"}
+        outcomes = w.rows("SELECT issue_number, outcome FROM bootstrap_journal ORDER BY issue_number")
+        assert outcomes == [(live_issue, "completed"), (ended_issue, "compensated")]
+        assert w.path(live_issue).is_dir() and not w.path(ended_issue).exists()
+        assert await recover_open_transitions(w.ctx) == []
+
+
+async def test_an_allocation_that_resumes_the_owners_lease_runs_its_unfinished_bootstrap(tmp_path: Path) -> None:
+    """Found by the burst: with `on_allocate = "run"`, a process killed between the lease commit and the end of
+    its bootstrap retried the delivery, the allocator resumed the lease, and the bootstrap never ran again.
+    Now an apply that resumes the owner's lease runs the (idempotent) bootstrap too."""
+    from bot.allocation import AllocationCall, Allocator
+    from bot.bootstrap import BootstrapContext
+    from state.db import Database
+    from tests.support import make_settings
+
+    async with live_emulator() as live:
+        live.emulator.add_user("author-1", token=USER_TOKENS["author-1"])
+        for label in status_labels():
+            live.emulator.create_label(OWNER, REPO, label, color="#00aa00")
+        live.emulator.create_issue(OWNER, REPO, title="Resume me", author="alice", labels=[READY])
+        settings = make_settings(
+            tmp_path, gitea={"url": live.base_url, "token": TOKENS[BOT], "bot_login": BOT},
+            repository={"owner": OWNER, "name": REPO}, roster={"author-1": ["author"]},
+            bootstrap={"on_allocate": "off"},
+        )
+        db = await Database.open(settings.database.path, synchronous="NORMAL")
+        try:
+            call = AllocationCall(actor="operator", actor_is_operator=True, owner="author-1", dry_run=False)
+            first = await Allocator(db, settings, live.client(), bot_login=BOT).run(call)
+            assert first.applied and first.bootstrap is None  # as if the process died right after the lease
+            run = settings.model_copy(
+                update={"bootstrap": settings.bootstrap.model_copy(update={"on_allocate": "run"})})
+            again = await Allocator(db, run, live.client(), bot_login=BOT).run(call)
+            assert again.to_dict()["decision"] == "resume" and not again.applied
+            assert again.bootstrap is not None and again.bootstrap["status"] == "completed", again.bootstrap
+            replay = await Allocator(db, run, live.client(), bot_login=BOT).run(call)
+            assert replay.bootstrap is not None and replay.bootstrap["replayed"] is True
+            ctx = BootstrapContext(db=db, settings=run, gitea=live.client(), bot_login=BOT)
+            checkout = invariants.gather_checkout(ctx.checkout_path)
+            assert checkout is not None and len(checkout.worktrees) == 1
+        finally:
+            await db.close()
