@@ -228,7 +228,49 @@ class Allocator:
                 self._bootstrap_context(), issue_number=outcome.lease.issue_number, caller=outcome.lease.owner
             )
             outcome.bootstrap = result.to_dict()
+            if result.status == "refused" and result.refusal is not None and result.refusal.error != "unavailable":
+                # The owner cannot work on this issue (e.g. a worktree is still registered for an earlier owner):
+                # a lease without a worktree would strand the issue, so it is released at once, the issue is
+                # marked blocked for a person, and the refusal is posted (unavailable: the caller retries).
+                outcome.outbox_keys += await self._release_unworkable(outcome.lease, result.refusal, call, moment)
+                outcome.lease = await self.leases.get(outcome.lease.lease_id) or outcome.lease
         return outcome
+
+    async def _release_unworkable(
+        self, lease: Lease, refusal: Envelope, call: AllocationCall, now: datetime
+    ) -> list[str]:
+        number, key = lease.issue_number, f"{lease.lease_id}:unworkable"
+        state = CanonicalState(
+            state="blocked",
+            who_is_next="human",
+            next_action=refusal.exact_next_action,
+            next_prompt=f"{refusal.message}\n{refusal.remediate}",
+            what_happened=f"leased #{number} to {lease.owner}, but its worktree could not be bootstrapped; released",
+            why=f"{refusal.error}: a lease without a worktree would strand the issue",
+            related_prs=(),
+            blockers=refusal.message.replace("\n", " "),
+            validation="lease released in the same transaction as this comment; read back by foreman",
+            last_updated_by=self.bot_login or "foreman",
+        )
+        body = render_evidence(
+            key=key,
+            summary=f"Released the lease of {lease.owner} on #{number}: the worktree could not be bootstrapped.",
+            state=state,
+            evidence={"action": "release_unworkable_lease", "lease": lease.to_dict(), "refusal": refusal.to_dict()},
+        )
+        blocked, cause = label_for_state("blocked"), call.delivery_id
+        others = [label_for_state(s) for s in ("ready", "in-progress")]
+        intents = (
+            OutboxIntent(f"{key}:labels", number, "labels", {"add": [blocked], "remove": others}, cause),
+            OutboxIntent(f"{key}:assignee", number, "assignees", {"assignees": []}, cause),
+            OutboxIntent(key, number, "comment", {"body": body}, cause),
+        )
+        async with self.db.transaction() as conn:
+            reason = f"unworkable: {refusal.error}"
+            await self.leases.release(conn, lease.lease_id, actor="foreman", reason=reason, now=now)
+            for intent in intents:
+                await enqueue(conn, intent)
+        return [intent.key for intent in intents]
 
     def _bootstrap_context(self) -> BootstrapContext:
         return BootstrapContext(db=self.db, settings=self.settings, gitea=self.gitea, bot_login=self.bot_login)

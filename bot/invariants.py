@@ -40,12 +40,12 @@ INVARIANTS: dict[str, str] = {
     "leases.one_live_per_issue": "no issue has two live leases",
     "leases.evidence": "every lease has its evidence comment (<lease>:evidence) sent, verified and in Gitea once",
     "leases.no_evidence_without_lease": "every lease key in the outbox or in a Gitea marker names a stored lease",
-    "leases.end_evidence": "every released lease has evidence of its end: its release comment, or the failure"
-    " comment of the compensated bootstrap that released it",
+    "leases.end_evidence": "every released lease has evidence of its end: its release comment, the failure"
+    " comment of the compensated bootstrap that released it, or the comment of an allocation that released it"
+    " because its worktree could not be bootstrapped (<lease>:unworkable)",
     "leases.assigned": "every live lease's owner is an assignee of its issue in Gitea",
     "leases.bootstrapped": "every live lease has a completed bootstrap transition (when bootstrap runs on"
-    " allocation), unless the bootstrap refuses it by design: the issue's latest completed transition belongs to"
-    " another owner (foreign_work, docs/bootstrap.md)",
+    " allocation): an allocation whose bootstrap is refused releases the lease at once",
     "journal.terminal": "no bootstrap transition is left open (every one completed or compensated)",
     "journal.evidence": "a completed transition has its evidence comment, a compensated one its failure comment",
     "journal.no_evidence_without_transition": "every bootstrap evidence or failure key names a stored transition"
@@ -264,7 +264,6 @@ def _leases(facts: Facts) -> list[Violation]:
         if count > 1:
             out.append(Violation("leases.one_live_per_issue", f"#{number}", f"{count} live leases"))
     completed = {t.lease_id for t in db.transitions if t.outcome == "completed"}
-    latest_owner = {t.issue_number: t.owner for t in db.transitions if t.outcome == "completed"}  # in journal order
     failures: dict[str, list[str]] = {}  # lease -> the failure comment keys of its compensated transitions
     for t in db.transitions:
         if t.outcome == "compensated":
@@ -280,15 +279,14 @@ def _leases(facts: Facts) -> list[Violation]:
         elif (problem := _once(markers, key)) is not None:
             out.append(Violation("leases.evidence", subject, problem))
         if lease.status == "released":
-            ends = [f"{lease.lease_id}:release", *failures.get(lease.lease_id, [])]
+            ends = [f"{lease.lease_id}:release", f"{lease.lease_id}:unworkable", *failures.get(lease.lease_id, [])]
             if not any(markers.get(k, 0) == 1 and entries.get(k) is not None for k in ends):
                 out.append(Violation("leases.end_evidence", subject, f"none of {ends} is in Gitea exactly once"))
         if lease.status == "live":
             assigned = facts.gitea.assignees.get(lease.issue_number, frozenset())
             if lease.owner.lower() not in assigned:
                 out.append(Violation("leases.assigned", subject, f"Gitea's assignees are {sorted(assigned)}"))
-            foreign = latest_owner.get(lease.issue_number, lease.owner).lower() != lease.owner.lower()
-            if facts.require_bootstrap and lease.lease_id not in completed and not foreign:
+            if facts.require_bootstrap and lease.lease_id not in completed:
                 out.append(Violation("leases.bootstrapped", subject, "no completed bootstrap transition"))
     named = {(k, "outbox") for k in entries} | {(k, "Gitea") for k in markers}
     for key, where in sorted(named):

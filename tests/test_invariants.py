@@ -206,9 +206,9 @@ def test_every_invariant_has_a_case_that_breaks_it() -> None:
     assert {invariant for invariant, _ in CASES.values()} == set(invariants.INVARIANTS)
 
 
-def test_a_foreign_owners_earlier_worktree_exempts_a_live_lease_from_being_bootstrapped() -> None:
-    """By design the bootstrap refuses `foreign_work` (the issue was bootstrapped for someone else before): such a
-    live lease has no worktree and that is not a violation; the same lease on a fresh issue is one."""
+def test_a_live_lease_without_a_worktree_is_a_violation_even_after_a_foreign_owners_worktree() -> None:
+    """An allocation whose bootstrap is refused (`foreign_work`: the issue was bootstrapped for someone else before)
+    releases its lease at once, so a live lease without a completed transition is always a violation."""
     base = consistent()
     foreign = _db(
         base,
@@ -225,10 +225,9 @@ def test_a_foreign_owners_earlier_worktree_exempts_a_live_lease_from_being_boots
         CommentFact(1, 960, BOT, "lease-5:evidence"),
         CommentFact(1, 961, BOT, "lease-1:release"),
     ))
-    assert invariants.check(foreign) == []
-    assert [v.invariant for v in invariants.check(dataclasses.replace(foreign, require_bootstrap=True))] == []
-    own = _db(foreign, transitions=())
-    assert "leases.bootstrapped" in {v.invariant for v in invariants.check(own)}
+    required = dataclasses.replace(foreign, require_bootstrap=True)
+    assert [v.invariant for v in invariants.check(required)] == ["leases.bootstrapped"]
+    assert invariants.check(dataclasses.replace(foreign, require_bootstrap=False)) == []
 
 
 def test_the_checkout_and_acknowledgements_are_optional() -> None:

@@ -345,15 +345,20 @@ async def test_an_expired_lease_is_refused_to_its_owner_held_through_the_grace_a
         service.outbox_wakeup()
         await world.settle()
 
+        # author-1's worktree is still registered (kept byte for byte): author-2 cannot work here, so the new lease
+        # is released at once, the issue is marked blocked for a person, and the refusal is posted.
         leases = LeaseStore(service.db)
         history = await leases.history(FULL_NAME, number)
         assert [(lease.owner, lease.status, lease.end_reason) for lease in history] == [
-            ("author-1", "expired", "reclaimed by author-2"), ("author-2", "live", None)
+            ("author-1", "expired", "reclaimed by author-2"),
+            ("author-2", "released", "unworkable: invalid_state"),
         ]
         assert [e["kind"] for e in await leases.events(first.lease_id)] == ["acquired", "expired", "reclaimed"]
-        assert world.labels(number) == ["status:in-progress"]
-        assert [u.login for u in world.live.emulator.issue(OWNER, REPO, number).assignees] == ["author-2"]
-        assert markers(world, number).count(f"{taken.lease.lease_id}:evidence") == 1
+        assert world.labels(number) == ["status:blocked"]
+        assert list(world.live.emulator.issue(OWNER, REPO, number).assignees) == []
+        assert markers(world, number).count(f"{taken.lease.lease_id}:unworkable") == 1
+        snapshot = await world.snapshot(number)
+        assert snapshot.state is not None and (snapshot.state.state, snapshot.state.who_is_next) == ("blocked", "human")
         assert len(worktrees(world, number)) == 1  # author-1's worktree, kept byte for byte
 
 
