@@ -31,6 +31,7 @@ from state.db import Database
 from state.grants import GrantConflict, GrantStore, WorkloadFailed
 from state.journal import JournalStore, NewTransition
 from state.leases import LeaseStore
+from tests.test_grants_core import TEMPLATE
 
 NOW = datetime(2026, 7, 1, 12, 0, 0, tzinfo=UTC)
 HOST_A = "host-a/aaaa"
@@ -38,15 +39,6 @@ HOST_B = "host-b/bbbb"
 BOUND = "uuid-bound-worktree"
 REPO = "org/repo"
 
-TEMPLATE: dict[str, Any] = {
-    "expires_after_s": 600,
-    "calls": [
-        {"tool": "gitea_lock_issue", "effect": "mutate", "args": {"issue_number": "{issue}"}},
-        {"tool": "gitea_get_issue_state", "effect": "read", "args": {"issue_number": "{issue}"}},
-        {"tool": "gitea_heartbeat_lease", "effect": "mutate", "args": {"issue_number": "{issue}"}},
-        {"tool": "gitea_release_lease", "effect": "teardown", "args": {"issue_number": "{issue}", "reason": "done"}},
-    ],
-}
 PLAN_ONLY_TEMPLATE: dict[str, Any] = {
     "expires_after_s": 600,
     "calls": [
