@@ -380,6 +380,39 @@ def _cmd_grants(settings: Settings, args: argparse.Namespace) -> int:
     return asyncio.run(_with_db(settings, work))
 
 
+# --- invariants -----------------------------------------------------------------------------------------
+def _cmd_invariants(settings: Settings, args: argparse.Namespace) -> int:
+    """Check the consistency invariants (docs/operating.md) over the database, Gitea and the checkout, read-only."""
+    import aiohttp
+
+    from bot import invariants
+    from bot.bootstrap import BootstrapContext
+    from bot.gitea import client_for
+
+    async def work(db: Database) -> int:
+        async with aiohttp.ClientSession() as session:
+            gitea = client_for(session, settings)
+            if gitea is None:
+                print(json.dumps({"error": "unavailable", "message": "no gitea.token configured: Gitea is needed"}))
+                return EXIT_USAGE
+            checkout = BootstrapContext(db=db, settings=settings, gitea=gitea, bot_login="").checkout_path
+            facts = await invariants.gather(
+                database=settings.database.path,
+                client=gitea,
+                bot_login=settings.gitea.bot_login,
+                checkout=checkout,
+                require_bootstrap=settings.bootstrap.on_allocate == "run",
+            )
+        doc = invariants.report(invariants.check(facts))
+        text = "every invariant holds" if doc["ok"] else "\n".join(
+            f"{v['invariant']}: {v['subject']}: {v['detail']}" for v in doc["violations"]
+        )
+        _emit(doc, as_json=args.json, text=text)
+        return EXIT_OK if doc["ok"] else EXIT_REFUSED
+
+    return asyncio.run(_with_db(settings, work))
+
+
 # --- check-config --------------------------------------------------------------------------------------
 async def _check_gitea(settings: Settings) -> dict[str, Any]:
     import aiohttp
@@ -462,6 +495,8 @@ def build_parser() -> argparse.ArgumentParser:
     outbox_retry = outbox_sub.add_parser("retry", help="send a parked or verification_failed entry again")
     outbox_retry.add_argument("id", type=int)
     outbox_retry.add_argument("--json", action="store_true")
+    invariants = add("invariants", "check leases, evidence, outbox, journal and worktrees are consistent")
+    invariants.add_argument("--json", action="store_true")
     allocate = add("allocate", "pick the next status:ready issue for an owner (dry-run unless --apply)")
     allocate.add_argument("--apply", action="store_true", help="create the lease (default: dry-run)")
     allocate.add_argument("--owner", help="roster login that receives the lease (default: the only one)")
@@ -534,6 +569,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "replay": _cmd_replay,
         "outbox": _cmd_outbox,
         "allocate": _cmd_allocate,
+        "invariants": _cmd_invariants,
         "run": _cmd_run,
         "grants": _cmd_grants,
         "bootstrap": _cmd_bootstrap,

@@ -429,3 +429,40 @@ async def test_an_allocate_comment_retries_a_bootstrap_gitea_could_not_serve(tmp
         ]
         stored = await world.service.store.get(command.delivery_id)
         assert stored is not None and stored.attempts > 1
+
+
+async def test_foreman_invariants_reports_a_consistent_loop_and_catches_a_removed_worktree(
+    world: World, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Operators: `foreman invariants` checks the consistency invariants read-only (exit 0), and names the broken
+    one (exit 1) when a registered worktree is removed by hand."""
+    import shutil
+
+    from bot.cli import main
+    from tests.gitea_fixtures import BOT, TOKENS
+
+    number = await world.open_issue("alice", "Make the widget blue")
+    await label_ready(world, number)
+    await assert_looped(world, number)
+    settings = world.service.settings
+    env = {
+        "FOREMAN_CONFIG": "",
+        "FOREMAN_DATABASE__PATH": str(settings.database.path),
+        "FOREMAN_WEBHOOK__SECRETS": json.dumps([SECRET]),
+        "FOREMAN_GITEA__URL": world.live.base_url,
+        "FOREMAN_GITEA__TOKEN": TOKENS[BOT],
+        "FOREMAN_GITEA__BOT_LOGIN": BOT,
+        "FOREMAN_REPOSITORY__OWNER": OWNER,
+        "FOREMAN_REPOSITORY__NAME": REPO,
+        "FOREMAN_REPOSITORY__CHECKOUT_ROOT": str(settings.repository.checkout_root),
+        "FOREMAN_BOOTSTRAP__ON_ALLOCATE": "run",
+    }
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    assert await asyncio.to_thread(main, ["invariants", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["ok"] is True
+    [worktree] = worktrees(world, number)
+    shutil.rmtree(worktree)  # someone removed the worktree by hand
+    assert await asyncio.to_thread(main, ["invariants", "--json"]) == 1
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["ok"] is False and "worktrees.on_disk" in doc["counts"], doc["counts"]
