@@ -28,8 +28,9 @@ from bot.core.canonical import CanonicalState
 from bot.core.errors import Envelope
 from bot.core.evidence import render_evidence
 from bot.core.vocabulary import label_for_state
-from bot.gitea import GiteaClient, GiteaNotFound
+from bot.gitea import GiteaClient, GiteaError, GiteaNotFound
 from state.db import Database, utcnow
+from state.issues import IssueStore
 from state.leases import Lease, LeaseStore, LeaseTaken
 from state.outbox import OutboxIntent, enqueue
 
@@ -154,6 +155,17 @@ class Allocator:
             )
         return None
 
+    async def stored_candidates(self) -> tuple[list[dict[str, Any]], frozenset[int]]:
+        """Without a Gitea client: the open `status:ready` issues as the webhooks last reported them."""
+        ready = label_for_state("ready")
+        open_issues = await IssueStore(self.db).open_issues(self.repo)
+        records = [
+            {"issue_number": issue.number, "labels": sorted(issue.label_names)}
+            for issue in open_issues
+            if ready in issue.label_names
+        ]
+        return records, frozenset(issue.number for issue in open_issues)
+
     async def gather_candidates(self) -> tuple[list[dict[str, Any]], frozenset[int]]:
         """Open `status:ready` issues (not PRs) from Gitea, with their dependencies' open state."""
         if self.gitea is None:
@@ -193,13 +205,18 @@ class Allocator:
         source = "candidates_json"
         open_numbers: frozenset[int] = frozenset()
         candidates = call.candidates_json
-        if candidates is None:
+        if candidates is None and self.gitea is None:
+            # No API to reconcile with: the stored issue state that the webhooks keep fresh.
+            source = "stored_state"
+            candidates, open_numbers = await self.stored_candidates()
+        elif candidates is None:
             source = "gitea"
             try:
                 candidates, open_numbers = await self.gather_candidates()
-            except LookupError as exc:
-                return _refuse("unavailable", str(exc), "Pass candidates_json, or configure a Gitea token.",
-                               "call again with candidates_json")
+            except GiteaError as exc:
+                return _refuse("unavailable", f"Gitea could not list the candidates: {exc}",
+                               "Nothing was leased; Gitea must answer to reconcile the candidates.",
+                               "call again later, or with candidates_json")
         request = AllocationRequest(
             owner=call.owner,
             candidates=candidates,

@@ -355,6 +355,15 @@ class IssueStore:
     async def snapshot(self, repo: str, number: int) -> IssueSnapshot | None:
         return await self._snapshot(self._db.reader, repo_key(repo), number)
 
+    async def open_issues(self, repo: str) -> list[IssueSnapshot]:
+        """Every issue the webhooks last saw open, in number order (the allocator's view without Gitea)."""
+        async with self._db.reader.execute(
+            "SELECT number FROM issues WHERE repo = ? AND is_open = 1 ORDER BY number", (repo_key(repo),)
+        ) as cur:
+            numbers = [row[0] for row in await cur.fetchall()]
+        found = [await self.snapshot(repo, number) for number in numbers]
+        return [snapshot for snapshot in found if snapshot is not None]
+
     async def comment_records(self, repo: str, number: int) -> list[CommentRecord]:
         """Every record of the issue's comments, in the order they were recorded."""
         return await self._records(self._db.reader, repo_key(repo), number)

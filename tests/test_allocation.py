@@ -310,3 +310,25 @@ def test_the_allocator_doc_lists_every_stable_skip_reason() -> None:
     table = doc.split("## Skipped reasons (stable)", 1)[1].split("\n## ", 1)[0]
     documented = [line.split("`")[1] for line in table.splitlines() if line.startswith("| `")]
     assert documented == list(SKIP_REASONS)
+
+
+async def test_without_a_gitea_client_candidates_come_from_the_stored_issue_state(allocator: Allocator) -> None:
+    """Issue 5.1: the candidates are the open `status:ready` issues of the stored issue state that webhooks keep
+    fresh (closed, not-ready and priority labels as last reported)."""
+    rows = [
+        (1, 1, [{"id": 1, "name": "status:ready"}]),
+        (2, 1, [{"id": 1, "name": "status:ready"}, {"id": 9, "name": "priority:p0"}]),
+        (3, 0, [{"id": 1, "name": "status:ready"}, {"id": 9, "name": "priority:p0"}]),  # closed
+        (4, 1, [{"id": 2, "name": "status:in-progress"}]),
+    ]
+    with sqlite3.connect(allocator.db.path) as conn:
+        for number, is_open, labels in rows:
+            conn.execute(
+                "INSERT INTO issues (repo, number, is_open, labels_json, created_at, updated_at)"
+                " VALUES (?, ?, ?, ?, 't', 't')",
+                (allocator.repo, number, is_open, json.dumps(labels)),
+            )
+    outcome = await allocator.run(call(candidates_json=None, dry_run=False), now=NOW)
+    doc = outcome.to_dict()
+    assert doc["candidate_source"] == "stored_state" and doc["considered"] == 2
+    assert outcome.lease is not None and outcome.lease.issue_number == 2
