@@ -15,7 +15,7 @@ router = routing.Router()
 
 
 class BootstrapUnavailable(RuntimeError):
-    """The allocation applied, but its bootstrap could not run now: the delivery is retried."""
+    """Gitea could not serve the allocation or its bootstrap now: the delivery is retried."""
 
 
 @router.register("issues", action="label_updated")
@@ -48,6 +48,9 @@ async def on_ready_label(event: sansio.Event, ctx: HandlerContext) -> None:
         )
     )
     doc = outcome.to_dict()
+    if outcome.refusal is not None and outcome.refusal.error == "unavailable":
+        # Gitea could not list the candidates: nothing was leased; the worker retries the delivery with backoff.
+        raise BootstrapUnavailable(outcome.refusal.message)
     ctx.log.info("auto-allocation for %s: %s #%s", owner, doc.get("decision"), doc.get("issue_number"))
     if outcome.applied and service is not None:
         service.outbox_wakeup()

@@ -158,7 +158,7 @@ def _is_configured_repo(data: dict[str, Any], settings: Settings) -> bool:
 
 
 class BootstrapUnavailable(RuntimeError):
-    """An `/allocate` applied, but its bootstrap could not run now: the delivery is retried."""
+    """Gitea could not serve the command (or the bootstrap an `/allocate` ran) now: the delivery is retried."""
 
 
 @router.register("issue_comment", action="created")
@@ -206,6 +206,10 @@ async def on_command(event: sansio.Event, ctx: HandlerContext) -> None:
             arguments["issue_number"] = number
         caller = caller_for(settings, actor, "comment")
         result = await runtime.call(command.verb.name, caller, arguments, delivery_id=event.delivery_id)
+        if result.refusal is not None and result.refusal.error == "unavailable":
+            # Gitea (or another dependency) could not answer now: no reply yet; the worker retries the delivery
+            # with backoff, and the reply is posted once, with the real result.
+            raise BootstrapUnavailable(f"{command.word}: {result.refusal.message}")
         body = _reply_body(key, command, result)
         ctx.log.info(
             "%s by %s on #%d: %s", command.word, actor, number, "ok" if result.ok else result.doc.get("error")
