@@ -35,6 +35,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, ClassVar, Final, Literal
 
 from bot.core.errors import Envelope, EnvelopeError
+from bot.core.vocabulary import MAX_ISSUE_NUMBER
 
 __all__ = [
     "BLOCK_REASONS",
@@ -104,7 +105,7 @@ CANDIDATE_FIELDS: Final[frozenset[str]] = frozenset(
     {"issue_number", "number", "title", "labels", "created_at", "depends_on", "ready"}
 )
 # Issue numbers end up in SQLite INTEGER columns.
-_MAX_ISSUE_NUMBER: Final[int] = 2**63 - 1
+_MAX_ISSUE_NUMBER: Final[int] = MAX_ISSUE_NUMBER
 _MAX_LISTED_PROBLEMS: Final[int] = 50
 _RFC3339 = re.compile(
     r"\d{4}-\d{2}-\d{2}[Tt]\d{2}:\d{2}:\d{2}(\.\d+)?([Zz]|[+-]\d{2}:\d{2})",

@@ -10,6 +10,7 @@ from typing import Any, Literal
 
 from bot.core.canonical import FIELD_KEYS
 from bot.core.gateway import ROLES, Decision, GatewayContext, Precondition, Role, evaluate_preconditions
+from bot.core.vocabulary import MAX_ISSUE_NUMBER, is_issue_number
 
 # ruff's S106 reads "missing_token" as a password argument; it names a missing artifact (seed 001).
 
@@ -152,11 +153,6 @@ _STATE_SCHEMA: dict[str, Any] = {
 }
 
 
-def _is_int(value: object) -> bool:
-    # type() rather than isinstance(): bool is an int subclass and `true` must never be issue #1.
-    return type(value) is int
-
-
 @dataclass(frozen=True, slots=True)
 class Param:
     """One argument of a verb: its JSON Schema (published as the MCP tool's input schema) and its check."""
@@ -180,9 +176,9 @@ class Param:
         kind = self.kind
         out: dict[str, Any]
         if kind == "issue_number":
-            out = {"type": "integer", "minimum": 1}
+            out = {"type": "integer", "minimum": 1, "maximum": MAX_ISSUE_NUMBER}
         elif kind == "issue_numbers":
-            out = {"type": "array", "items": {"type": "integer", "minimum": 1}}
+            out = {"type": "array", "items": {"type": "integer", "minimum": 1, "maximum": MAX_ISSUE_NUMBER}}
         elif kind == "candidates":
             out = {
                 "anyOf": [
@@ -215,8 +211,8 @@ class Param:
         """Why ``value`` is not acceptable, or None. ``null`` means omitted (checked by the caller)."""
         kind = self.kind
         if kind == "issue_number":
-            ok = isinstance(value, int) and _is_int(value) and value > 0
-            return None if ok else "expected a positive integer (an issue number)"
+            ok = is_issue_number(value)
+            return None if ok else f"expected an issue number: an integer from 1 to {MAX_ISSUE_NUMBER}"
         if kind == "issue_numbers":
             # The allocator's normalizer checks each element (and accepts a JSON string of the array).
             return None if isinstance(value, list | str) else "expected an array of issue numbers"

@@ -5,6 +5,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 STATUS_LABEL_PREFIX = "status:"
+#: Gitea stores an issue's index as int64 (and so does our database): anything larger is refused as input.
+MAX_ISSUE_NUMBER = 2**63 - 1
+
+
+def is_issue_number(value: object) -> bool:
+    """A positive int64 and not a bool (``true`` must never be issue #1)."""
+    return type(value) is int and 0 < value <= MAX_ISSUE_NUMBER
 
 
 @dataclass(frozen=True, slots=True)
