@@ -7,6 +7,8 @@ import asyncio
 import getpass
 import json
 import logging
+import math
+import re
 import signal
 import sys
 from collections.abc import Awaitable, Callable, Sequence
@@ -18,6 +20,7 @@ from gidgethub import routing
 
 from bot import logs
 from bot.config import ConfigError, Settings, ensure_webhook_secret, load_settings
+from bot.core.vocabulary import MAX_ISSUE_NUMBER
 from state.db import Database
 from state.deliveries import STATUSES, DeliveryStore
 from state.outbox import OUTBOX_STATUSES
@@ -466,14 +469,96 @@ def _cmd_state_parse(settings: Settings | None, args: argparse.Namespace) -> int
 
 
 # --- parser --------------------------------------------------------------------------------------------
+class UsageError(Exception):
+    """A command line that cannot be read: exit 2 with the invalid_input envelope (never argparse's exit)."""
+
+    def __init__(self, message: str, usage: str) -> None:
+        super().__init__(message)
+        self.message = message
+        self.usage = usage
+
+    def envelope(self) -> dict[str, Any]:
+        return {
+            "error": "invalid_input",
+            "message": self.message,
+            "remediate": "Give every option at most once (list options such as --exclude take several values, "
+            "repeated or after one flag) with a value of the documented type; see `foreman <command> --help`.",
+            "exact_next_action": f"run the command again as: {self.usage}",
+        }
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that raises UsageError instead of exiting, and refuses a one-value option given twice."""
+
+    def error(self, message: str) -> Any:  # argparse's signature is NoReturn; raising keeps it so
+        raise UsageError(f"{self.prog}: {message}", " ".join(self.format_usage().split()).removeprefix("usage: "))
+
+    def add_argument(self, *args: Any, **kwargs: Any) -> argparse.Action:
+        if args and str(args[0]).startswith("-") and kwargs.get("action", "store") == "store":
+            kwargs["action"] = _Once
+        return super().add_argument(*args, **kwargs)
+
+
+class _Once(argparse.Action):
+    """Store one value; a second occurrence is refused (it would silently replace the first)."""
+
+    def __call__(
+        self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any, option: str | None = None
+    ) -> None:
+        marker = f"_given_{self.dest}"
+        if getattr(namespace, marker, False):
+            raise argparse.ArgumentError(self, "given more than once; give it once")
+        setattr(namespace, marker, True)
+        setattr(namespace, self.dest, values)
+
+
+_DIGITS = re.compile(r"[0-9]{1,19}")
+
+
+def _positive_int64(what: str) -> Callable[[str], int]:
+    """An argparse type: a decimal integer in 1..2^63-1 (what SQLite and Gitea store), else a clear refusal."""
+
+    def parse(text: str) -> int:
+        value = int(text) if _DIGITS.fullmatch(text) else 0
+        if not 0 < value <= MAX_ISSUE_NUMBER:
+            shown = text if len(text) <= 40 else f"{text[:20]}... ({len(text)} characters)"
+            raise argparse.ArgumentTypeError(f"{shown!r} is not {what} (a whole number from 1 to {MAX_ISSUE_NUMBER})")
+        return value
+
+    parse.__name__ = what
+    return parse
+
+
+_issue_number = _positive_int64("an issue number")
+_row_id = _positive_int64("a row id")
+_count = _positive_int64("a positive count")
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive, finite number of seconds")
+    return value
+
+
+def _delivery_ref(text: str) -> str:
+    """A row id (digits, within int64) or a Gitea delivery id."""
+    if text.isdigit() or not text.strip():
+        _row_id(text)
+    return text
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="foreman", description=__doc__)
+    parser = _Parser(prog="foreman", description=__doc__)
     parser.add_argument("--config", type=Path, help="TOML config (default: $FOREMAN_CONFIG or config/foreman.toml)")
     sub = parser.add_subparsers(dest="command", required=True)
 
     def add(name: str, help_text: str) -> argparse.ArgumentParser:
         cmd = sub.add_parser(name, help=help_text)
-        cmd.add_argument("--config", type=Path, default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+        cmd.add_argument("--config", dest="sub_config", type=Path, default=argparse.SUPPRESS, help=argparse.SUPPRESS)
         return cmd
 
     add("serve", "run the webhook service")
@@ -481,19 +566,19 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--json", action="store_true")
     deliveries = add("deliveries", "list stored webhook deliveries")
     deliveries.add_argument("--status", choices=STATUSES)
-    deliveries.add_argument("--limit", type=int, default=50)
+    deliveries.add_argument("--limit", type=_count, default=50)
     deliveries.add_argument("--json", action="store_true")
     replay = add("replay", "queue a stored delivery again")
-    replay.add_argument("id", help="row id or Gitea delivery id")
+    replay.add_argument("id", type=_delivery_ref, help="row id or Gitea delivery id")
     replay.add_argument("--force", action="store_true", help="also replay done or ignored deliveries")
     replay.add_argument("--json", action="store_true")
     outbox = add("outbox", "list intended Gitea mutations, or retry a parked one")
     outbox.add_argument("--status", choices=OUTBOX_STATUSES)
-    outbox.add_argument("--limit", type=int, default=50)
+    outbox.add_argument("--limit", type=_count, default=50)
     outbox.add_argument("--json", action="store_true")
     outbox_sub = outbox.add_subparsers(dest="outbox_command")
     outbox_retry = outbox_sub.add_parser("retry", help="send a parked or verification_failed entry again")
-    outbox_retry.add_argument("id", type=int)
+    outbox_retry.add_argument("id", type=_row_id)
     outbox_retry.add_argument("--json", action="store_true")
     invariants = add("invariants", "check leases, evidence, outbox, journal and worktrees are consistent")
     invariants.add_argument("--json", action="store_true")
@@ -501,12 +586,15 @@ def build_parser() -> argparse.ArgumentParser:
     allocate.add_argument("--apply", action="store_true", help="create the lease (default: dry-run)")
     allocate.add_argument("--owner", help="roster login that receives the lease (default: the only one)")
     allocate.add_argument("--action", default="implement", help="implement (author), review, merge")
-    allocate.add_argument("--exclude", type=int, nargs="+", default=None, metavar="N", help="issues never leased")
+    allocate.add_argument(
+        "--exclude", type=_issue_number, nargs="+", action="extend", default=None, metavar="N",
+        help="issues never leased (several after one flag, or the flag repeated: every value counts)",
+    )
     allocate.add_argument("--candidates-json", help="candidate records as JSON, or @FILE (default: from Gitea)")
     allocate.add_argument("--expect-fingerprint", help="refuse to apply if the dry-run's inputs changed")
     allocate.add_argument("--json", action="store_true")
     bootstrap = add("bootstrap", "create or recover the issue's branch and worktree for its lease owner")
-    bootstrap.add_argument("--issue", type=int, required=True, metavar="N")
+    bootstrap.add_argument("--issue", type=_issue_number, required=True, metavar="N")
     bootstrap.add_argument("--owner", required=True, metavar="LOGIN", help="the live lease's owner (the caller)")
     bootstrap.add_argument("--idempotency-key", metavar="K", help="replay or resume this request (default: derived)")
     bootstrap.add_argument("--expected-base", metavar="SHA", help="refuse (stale_pin) unless the base is this commit")
@@ -515,11 +603,11 @@ def build_parser() -> argparse.ArgumentParser:
     add("mcp", "MCP server over stdio for the identity of $FOREMAN_MCP_TOKEN (see docs/mcp.md)")
     demo = add("demo", "run the whole loop against the bundled Gitea emulator in a temporary directory")
     demo.add_argument("--keep", action="store_true", help="keep the temporary directory (config, database, logs)")
-    demo.add_argument("--timeout", type=float, default=30.0, metavar="S", help="seconds each step may take")
+    demo.add_argument("--timeout", type=_seconds, default=30.0, metavar="S", help="seconds each step may take")
     run = add("run", "agent runs bound to sealed grants (docs/grants.md)")
     run_sub = run.add_subparsers(dest="run_command", required=True)
     run_start = run_sub.add_parser("start", help="compile and seal the grant for the issue's live lease and worktree")
-    run_start.add_argument("--issue", type=int, required=True, metavar="N")
+    run_start.add_argument("--issue", type=_issue_number, required=True, metavar="N")
     run_start.add_argument("--action", metavar="A", help="the template's action (default: the lease's action)")
     run_abort = run_sub.add_parser("abort", help="abort a run (an in-flight call keeps blocking its teardown)")
     run_abort.add_argument("run_id", metavar="RUN_ID")
@@ -532,7 +620,9 @@ def build_parser() -> argparse.ArgumentParser:
     run_teardown.add_argument("run_id", metavar="RUN_ID")
     for run_cmd in (run_start, run_abort, run_reconcile, run_teardown):
         run_cmd.add_argument("--json", action="store_true")
-        run_cmd.add_argument("--config", type=Path, default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+        run_cmd.add_argument(
+            "--config", dest="sub_config", type=Path, default=argparse.SUPPRESS, help=argparse.SUPPRESS
+        )
     grants = add("grants", "sealed run grants, their digests and every admission decision")
     grants.add_argument("run_id", nargs="?", metavar="RUN_ID")
     grants.add_argument("--json", action="store_true")
@@ -543,9 +633,27 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = build_parser()
     args = parser.parse_args(argv)
+    sub_config = getattr(args, "sub_config", None)
+    if sub_config is not None:
+        if args.config is not None and args.config != sub_config:
+            raise UsageError(
+                f"foreman: --config given twice with different paths ({args.config}, {sub_config}); give it once",
+                "foreman --config PATH <command> ...",
+            )
+        args.config = sub_config
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        args = _parse(argv)
+    except UsageError as exc:
+        print(f"usage: {exc.usage}\n{exc.message}", file=sys.stderr)
+        print(json.dumps(exc.envelope(), indent=2, sort_keys=True))
+        return EXIT_USAGE
     if args.command == "state":
         return _cmd_state_parse(None, args)
     if args.command == "demo":  # self-contained: writes its own config in a temporary directory

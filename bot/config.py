@@ -8,17 +8,22 @@ import secrets as secrets_mod
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, Strict, ValidationError, field_validator
 
 from bot.core.grants import TOOL_CONTRACTS, Effect, PolicyTemplate, TemplateError
+from bot.core.vocabulary import MAX_ISSUE_NUMBER
 
 DEFAULT_CONFIG_PATH = Path("config/foreman.toml")
 ENV_PREFIX = "FOREMAN_"
 GENERATED_SECRET_NAME = "webhook-secret"  # noqa: S105 (a file name)
 
 Role = Literal["controller", "author", "reviewer", "merger"]
+#: An issue number in a config list: a real integer (never a bool, float or numeric string), 1..2^63-1.
+IssueNumber = Annotated[int, Strict(), Field(gt=0, le=MAX_ISSUE_NUMBER)]
+#: A label name in a config list: a non-empty string.
+LabelName = Annotated[str, Field(min_length=1)]
 
 
 class ConfigError(Exception):
@@ -107,21 +112,14 @@ class OutboxConfig(_Section):
 
 
 class AllocatorConfig(_Section):
-    priority_labels: list[str] = Field(
+    priority_labels: list[LabelName] = Field(
         default_factory=lambda: ["priority:p0", "priority:p1", "priority:p2", "priority:p3"]
     )
-    protected_issues: list[int] = Field(default_factory=list)
-    protected_labels: list[str] = Field(default_factory=list)
+    protected_issues: list[IssueNumber] = Field(default_factory=list)
+    protected_labels: list[LabelName] = Field(default_factory=list)
     lease_ttl_s: float = Field(default=4 * 3600.0, gt=0)
     lease_grace_s: float = Field(default=120.0, ge=0)
     auto_allocate_owner: str = ""  # empty: off; else a roster author who gets a lease when an issue turns ready
-
-    @field_validator("protected_issues")
-    @classmethod
-    def _positive(cls, value: list[int]) -> list[int]:
-        if any(n < 1 for n in value):
-            raise ValueError("issue numbers must be positive")
-        return value
 
 
 class BootstrapConfig(_Section):
@@ -198,14 +196,34 @@ def _loc_to_key(loc: tuple[int | str, ...]) -> str:
     return ".".join(str(part) for part in loc) or "<root>"
 
 
+def _env_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    keys = [key for key, _ in pairs]
+    repeated = sorted({key for key in keys if keys.count(key) > 1})
+    if repeated:
+        raise ValueError(f"key {repeated[0]!r} appears more than once in the JSON object (one would be lost)")
+    return dict(pairs)
+
+
+def _env_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
 def _parse_env_value(raw: str) -> Any:
-    """Env values are strings; lists, tables, numbers and booleans may be given as JSON."""
+    """Env values are strings; lists, tables, numbers and booleans may be given as JSON.
+
+    A JSON value is decoded strictly: a repeated object key, NaN/Infinity, or nesting deeper than the decoder
+    takes is refused rather than decoded to something else.
+    """
     stripped = raw.strip()
     if stripped[:1] in ("[", "{") or stripped in ("true", "false"):
         try:
-            return json.loads(stripped)
+            return json.loads(stripped, object_pairs_hook=_env_object, parse_constant=_env_constant)
         except json.JSONDecodeError as exc:
             raise ValueError(f"not valid JSON: {exc.msg}") from exc
+        except RecursionError:
+            raise ValueError("not valid JSON: nested too deeply") from None
+        except ValueError as exc:  # a repeated key, NaN/Infinity, an integer over Python's digit limit
+            raise ValueError(f"not valid JSON: {exc}") from None
     return raw
 
 

@@ -6,9 +6,13 @@ line, split on whitespace (never a shell). Issue verbs act on the issue the comm
 comment's author with its roster roles. Anyone the gateway refuses (not on the roster, not the lease owner,
 not a controller) gets the refusal as a reply: ``not_authorized`` with what to do instead.
 
+Fail closed (issue 12.1): ``--exclude`` may be repeated and every value counts; any other option given twice, an
+empty or out-of-range element, or a command written on a pull request (the payload's issue has ``pull_request``)
+is refused with an ``invalid_input`` reply and runs no verb.
+
 | command | verb | arguments |
 | --- | --- | --- |
-| `/allocate [--dry-run] [--exclude 617,618] [--owner LOGIN]` | `allocate_next_work` | applies unless `--dry-run` |
+| `/allocate [--dry-run] [--exclude 617,618 ...] [--owner LOGIN]` | `allocate_next_work` | applies unless `--dry-run` |
 | `/bootstrap [--expected-base SHA] [--key KEY]` | `bootstrap_issue_worktree` | this issue |
 | `/lock` | `lock_issue` | this issue |
 | `/heartbeat` | `heartbeat_lease` | this issue |
@@ -17,6 +21,7 @@ not a controller) gets the refusal as a reply: ``not_authorized`` with what to d
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,6 +32,7 @@ from bot.config import Settings
 from bot.core.errors import Envelope
 from bot.core.evidence import render_evidence, render_failure
 from bot.core.verbs import COMMANDS, Verb
+from bot.core.vocabulary import MAX_ISSUE_NUMBER, is_issue_number
 from bot.verbs_runtime import VerbResult, VerbRuntime, caller_for
 from bot.worker import HandlerContext
 from state.outbox import OutboxIntent, OutboxStore
@@ -34,7 +40,7 @@ from state.outbox import OutboxIntent, OutboxStore
 router = routing.Router()
 
 USAGE: dict[str, str] = {
-    "/allocate": "/allocate [--dry-run] [--exclude 617,618] [--owner LOGIN]",
+    "/allocate": "/allocate [--dry-run] [--exclude 617,618 ...] [--owner LOGIN]",
     "/bootstrap": "/bootstrap [--expected-base SHA] [--key KEY]",
     "/lock": "/lock",
     "/heartbeat": "/heartbeat",
@@ -59,15 +65,34 @@ class CommandError(ValueError):
         self.word = word
 
 
+_ISSUE_REF = re.compile(r"#?([0-9]{1,19})")
+
+
 def _issue_numbers(word: str, value: str) -> list[int]:
-    parts = [p for p in value.split(",") if p]
-    if not parts or not all(p.lstrip("#").isdigit() and int(p.lstrip("#")) > 0 for p in parts):
-        raise CommandError(word, f"--exclude takes issue numbers separated by commas, got {value!r}")
-    return [int(p.lstrip("#")) for p in parts]
+    """Every element of ``617,#618`` or a refusal: never a silent subset (no empty or out-of-range elements)."""
+    numbers: list[int] = []
+    for part in value.split(","):
+        found = _ISSUE_REF.fullmatch(part)
+        number = int(found.group(1)) if found else 0
+        if not is_issue_number(number):
+            shown = part if len(part) <= 40 else f"{part[:20]}... ({len(part)} characters)"
+            raise CommandError(
+                word,
+                f"--exclude takes issue numbers (1 to {MAX_ISSUE_NUMBER}) separated by commas; {shown!r} in "
+                f"{value if len(value) <= 80 else value[:60] + '...'!r} is not one",
+            )
+        numbers.append(number)
+    return numbers
 
 
-def _options(word: str, words: list[str], flags: dict[str, str], values: dict[str, str]) -> dict[str, Any]:
-    """``flags``: switch → argument set to True; ``values``: option → argument taking the next word."""
+def _options(
+    word: str, words: list[str], flags: dict[str, str], values: dict[str, str], lists: frozenset[str] = frozenset()
+) -> dict[str, Any]:
+    """``flags``: switch → argument set to True; ``values``: option → argument taking the next word.
+
+    An option in ``lists`` may be repeated (its values are collected in order); any other option given twice
+    is refused, because keeping either value would silently drop the other.
+    """
     arguments: dict[str, Any] = {}
     position = 0
     while position < len(words):
@@ -78,7 +103,12 @@ def _options(word: str, words: list[str], flags: dict[str, str], values: dict[st
             if position + 1 >= len(words):
                 raise CommandError(word, f"{item} needs a value")
             position += 1
-            arguments[values[item]] = words[position]
+            if item in lists:
+                arguments.setdefault(values[item], []).append(words[position])
+            elif values[item] in arguments:
+                raise CommandError(word, f"{item} given more than once; give it once")
+            else:
+                arguments[values[item]] = words[position]
         else:
             raise CommandError(word, f"unknown argument {item!r}")
         position += 1
@@ -88,9 +118,11 @@ def _options(word: str, words: list[str], flags: dict[str, str], values: dict[st
 def _arguments(word: str, words: list[str]) -> dict[str, Any]:
     if word == "/allocate":
         found = _options(word, words, {"--dry-run": "dry_run"},
-                         {"--exclude": "exclude_issue_numbers", "--owner": "owner"})
+                         {"--exclude": "exclude_issue_numbers", "--owner": "owner"}, frozenset({"--exclude"}))
         if "exclude_issue_numbers" in found:
-            found["exclude_issue_numbers"] = _issue_numbers(word, found["exclude_issue_numbers"])
+            found["exclude_issue_numbers"] = sorted(
+                {number for value in found["exclude_issue_numbers"] for number in _issue_numbers(word, value)}
+            )
         if "owner" in found:
             found["owner"] = found["owner"].lstrip("@")
         found["dry_run"] = bool(found.get("dry_run", False))  # a comment applies unless it says --dry-run
@@ -183,7 +215,19 @@ async def on_command(event: sansio.Event, ctx: HandlerContext) -> None:
     number, comment_id = int(issue["number"]), int(comment["id"])
     key = f"command:{comment_id}:reply"
     wakeup: Callable[[], None] | None = getattr(service, "outbox_wakeup", None)
-    if command is None:
+    on_pull = bool(issue.get("pull_request")) or data.get("is_pull") is True
+    if on_pull:
+        # Issue verbs act on the issue the comment is on; a pull request is not a work issue (issue 12.1).
+        word = command.word if command is not None else problem.word if problem is not None else ""
+        envelope = Envelope(
+            error="invalid_input",
+            message=f"`{word}` was written on pull request #{number}; comment commands act on issues only",
+            remediate="Write the command on the issue the pull request implements; nothing was run.",
+            exact_next_action=f"post the command as a comment on the work issue: {USAGE.get(word, word)}",
+        )
+        body = render_failure(key=key, what=f"`{word}`", envelope=envelope, evidence={"comment": comment_id})
+        ctx.log.info("%s by %s on pull request #%d refused: commands act on issues", word, actor, number)
+    elif command is None:
         assert problem is not None
         word = problem.word
         envelope = Envelope(
@@ -217,7 +261,7 @@ async def on_command(event: sansio.Event, ctx: HandlerContext) -> None:
     await OutboxStore(db).add(OutboxIntent(key, number, "comment", {"body": body}, event.delivery_id))
     if wakeup is not None:
         wakeup()
-    bootstrap = result.doc.get("bootstrap") if command is not None and result.ok else None
+    bootstrap = result.doc.get("bootstrap") if command is not None and not on_pull and result.ok else None
     if isinstance(bootstrap, dict) and bootstrap.get("error") == "unavailable":
         # The lease stands but its server-side bootstrap could not reach Gitea now: failing the handler makes the
         # worker retry the delivery with backoff; the retry resumes the lease and resumes the bootstrap (the reply

@@ -14,7 +14,7 @@ from bot.core.verbs import COMMANDS, VERBS
 from handlers.verb_commands import USAGE, CommandError, parse_command
 from state.leases import LeaseStore
 from tests.gitea_fixtures import OWNER, REPO
-from tests.support import Started
+from tests.support import SECRET, Started
 from tests.world import FULL_NAME, World, open_world
 
 ROSTER = {"controller-bot": ["controller"], "author-1": ["author"], "author-2": ["author"]}
@@ -50,6 +50,43 @@ def test_allocate_commands_are_parsed_from_the_first_line(body: str, expected: A
 )
 def test_malformed_allocate_commands_are_errors_not_guesses(body: str) -> None:
     """Issue 5.8 / fail closed: a malformed command is an error the reply explains."""
+    with pytest.raises(CommandError):
+        parse_command(body)
+
+
+@pytest.mark.parametrize(
+    ("body", "excluded"),
+    [
+        ("/allocate --exclude 617 --exclude 5,7", [5, 7, 617]),
+        ("/allocate --exclude 1,2 --dry-run --exclude 3", [1, 2, 3]),
+        ("/allocate --exclude 5 --exclude 5", [5]),
+        ("/allocate --exclude #9223372036854775807", [9223372036854775807]),
+    ],
+)
+def test_a_repeated_exclude_in_a_comment_takes_every_value(body: str, excluded: list[int]) -> None:
+    """Issue 12.1: a list argument given several times takes every value (it used to keep only the last)."""
+    command = parse_command(body)
+    assert command is not None and sorted(command.arguments["exclude_issue_numbers"]) == excluded
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        "/allocate --exclude 617,,618",
+        "/allocate --exclude 617,",
+        "/allocate --exclude ,617",
+        "/allocate --exclude 9223372036854775808",
+        "/allocate --exclude " + "1" * 5000,
+        "/allocate --exclude \u0661\u0662",
+        "/allocate --exclude 5 --exclude abc",
+        "/allocate --owner author-1 --owner author-2",
+        "/bootstrap --key k1 --key k2",
+        "/bootstrap --expected-base a --expected-base b",
+    ],
+)
+def test_malformed_or_repeated_scalar_comment_arguments_refuse(body: str) -> None:
+    """Issue 12.1: malformed list elements, out-of-range numbers and a one-value option given twice are refused
+    with a CommandError (the reply explains), never a silent subset or an uncaught ValueError."""
     with pytest.raises(CommandError):
         parse_command(body)
 
@@ -140,3 +177,23 @@ async def test_a_malformed_command_gets_its_usage_back(world: World) -> None:
     await world.comment("author-1", 1, "/release --now")
     reply = replies(world, 1)[-1]
     assert "`invalid_input`" in reply and USAGE["/release"] in reply
+
+
+async def test_a_command_on_a_pull_request_runs_no_verb_and_is_refused(world: World) -> None:
+    """Issue 12.1: a comment command on a pull request (payload issue has `pull_request`) must not run issue
+    verbs: nothing is leased, and the reply says to write it on the issue."""
+    emu = world.live.emulator
+    # The world's hook sends issue events only; Gitea sends comments on pull requests with the pull_request group.
+    emu.add_hook(OWNER, REPO, url=world.webhook_url, secret=SECRET, events=["pull_request"])
+    ready = emu.create_issue(OWNER, REPO, title="more work", author="alice", labels=["status:ready"])
+    pull = emu.create_issue(OWNER, REPO, title="a pull request", author="alice", pull=True)
+    leases = LeaseStore(world.service.db)
+    before = await leases.open_leases(FULL_NAME)
+    await world.comment("controller-bot", pull.number, "/allocate --owner author-2")
+    await world.comment("author-1", pull.number, "/heartbeat")
+    assert await leases.open_leases(FULL_NAME) == before
+    assert await leases.history(FULL_NAME, ready.number) == []
+    answers = replies(world, pull.number)
+    assert len(answers) == 2
+    for reply in answers:
+        assert "`invalid_input`" in reply and "pull request" in reply and "**Next action:**" in reply
