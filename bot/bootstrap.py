@@ -563,6 +563,7 @@ class _Run:
         self.prepared = False  # the control checkout was fetched by this call
         self.base_fresh = False  # the live base was read by this call's acceptance (no second read needed)
         self.proofs: dict[str, dict[str, Any]] = {}
+        self.proofs_of: int | None = None  # the transition whose journal records ``proofs`` holds
         self.seen: dict[str, Any] = {}  # what this call itself observed in git, reused by later steps
         self.cfg = ctx.settings.bootstrap
         self.gitea: GiteaClient = ctx.gitea  # type: ignore[assignment]  # checked by the caller
@@ -896,6 +897,7 @@ class _Run:
         if t.phase == "branch_confirmed":
             return await self._commit(t, "path_reserved", await self._git(self._path_step, t))
         if t.phase == "path_reserved":
+            await self._load_proofs(t)  # whether the path was free when reserved decides what a repair may remove
             return await self._commit(t, "worktree_confirmed", await self._git(self._worktree_step, t))
         if t.phase == "worktree_confirmed":
             await self._load_proofs(t)
@@ -1009,13 +1011,13 @@ class _Run:
         prior = t.inputs.get("prior_key") is not None
         exists = os.path.lexists(path)
         admin = self.checkout.admin_dir_for(path)
+        reserved_empty = self._reserved_empty(t)
         if not exists and admin is None:
             return WorktreeFacts(False, False, gitops.escapes_root(root, path), None, None, False, False, False,
-                                 False, False, prior)
-        reason = worktree_lock_reason(t.key)
+                                 False, False, prior, reserved_empty)
         entry = self.checkout.worktree_at(path)
-        admin_ours = entry is None and admin is not None and admin.locked in (reason, "initializing")
-        locked_ours = entry is not None and entry.locked == reason
+        admin_ours = entry is None and admin is not None and self._admin_ours(t, admin.locked)
+        locked_ours = entry is not None and entry.locked == worktree_lock_reason(t.key)
         is_dir = exists and path.is_dir() and not path.is_symlink()
         clean = False
         if entry is not None and entry.prunable is None and is_dir:
@@ -1040,7 +1042,20 @@ class _Run:
             content_proven=proven,
             clean=clean,
             prior_same_owner=prior,
+            reserved_empty=reserved_empty,
         )
+
+    def _reserved_empty(self, t: Transition) -> bool:
+        """This transition's journal recorded the canonical path free when it reserved it. Only then can anything
+        found there since (a half-made checkout, git's "initializing" metadata) be its own: before that, or when
+        the path was taken already, whatever is there is preexisting and is kept as it is (issue 12, item 12)."""
+        reserved = self.proofs.get("path_reserved") if self.proofs_of == t.id else None
+        return reserved is not None and reserved.get("existed") is False
+
+    def _admin_ours(self, t: Transition, locked: str | None) -> bool:
+        """Worktree metadata this transition provably made: locked with its reason, or with git's own
+        "initializing" (an add that never finished) at a path this transition reserved free."""
+        return locked == worktree_lock_reason(t.key) or (locked == "initializing" and self._reserved_empty(t))
 
     def _remove_partial(self, t: Transition, *, force: bool = True) -> list[str]:
         """Remove a worktree this transition provably made (registration, directory, metadata). Without
@@ -1048,8 +1063,7 @@ class _Run:
         path, reason = Path(t.worktree_path), worktree_lock_reason(t.key)
         removed: list[str] = []
         # Which metadata is ours is read before anything changes (unlocking deletes the lock that proves it).
-        ours = [a for a in self.checkout.admin_dirs()
-                if a.worktree_path == str(path) and a.locked in (reason, "initializing")]
+        ours = [a for a in self.checkout.admin_dirs() if a.worktree_path == str(path) and self._admin_ours(t, a.locked)]
         entry = self.checkout.worktree_at(path)
         has_dir = os.path.lexists(path) and path.is_dir() and not path.is_symlink()
         if entry is not None and entry.locked == reason and has_dir:
@@ -1130,6 +1144,7 @@ class _Run:
 
     async def _load_proofs(self, t: Transition) -> dict[str, dict[str, Any]]:
         self.proofs = {record.phase: record.proof for record in await self.journal.phases(t.id)}
+        self.proofs_of = t.id
         return self.proofs
 
     # -- binding: lease, registration, assignment (one transaction with the phase)
@@ -1302,8 +1317,10 @@ class _Run:
         wt = self._worktree_facts(t)
         entry_dir_present = wt.path_exists and not wt.path_is_symlink
         present = wt.entry_branch is not None or wt.admin_dir_by_this or entry_dir_present
+        # An unregistered directory is ours only if the path was reserved free (a directory that was there before,
+        # even one identical to the branch tree, is preexisting work and stays byte for byte).
         created = wt.entry_locked_by_this or wt.admin_dir_by_this or (
-            wt.entry_branch is None and entry_dir_present and wt.content_proven and branch_ours)
+            wt.entry_branch is None and entry_dir_present and wt.content_proven and branch_ours and wt.reserved_empty)
         head_ok = wt.entry_head is None or wt.entry_head == created_sha
         preserves = head_ok and (wt.entry_prunable or not entry_dir_present or wt.clean or wt.content_proven)
         facts = UndoFacts(
@@ -1332,6 +1349,7 @@ class _Run:
         return {"plan": plan, "observed": observed, "done": done}
 
     async def _compensate(self, t: Transition) -> BootstrapResult:
+        await self._load_proofs(t)  # what the journal proves this transition made (the path reserved free, ...)
         now = self.ctx.clock()
         registration = await self.journal.registration_for_journal(t.id)
         registration_live = registration is not None and registration.ended_at is None

@@ -163,7 +163,8 @@ def wt(**facts: object) -> WorktreeFacts:
          "preexisting_worktree"),
         ({"path_exists": True, "entry_branch": "b", "prior_same_owner": True}, False, "adopt"),
         ({"admin_dir_by_this": True}, True, "repair"),
-        ({"path_exists": True, "content_proven": True}, True, "repair"),
+        ({"path_exists": True, "content_proven": True, "reserved_empty": True}, True, "repair"),
+        ({"path_exists": True, "content_proven": True}, True, "path_occupied"),  # issue 12 item 12: preexisting
         ({"path_exists": True, "content_proven": True}, False, "path_occupied"),
         ({"path_exists": True}, True, "path_occupied"),
     ],

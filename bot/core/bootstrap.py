@@ -304,6 +304,9 @@ class WorktreeFacts:
     content_proven: bool  # every file at the path is a byte-identical blob of the branch tree, nothing else
     clean: bool  # a registered worktree with no tracked change and no untracked or ignored file
     prior_same_owner: bool  # an earlier completed transition of the same owner registered it
+    #: this transition's journal recorded the path free when it reserved it (``path_reserved``, ``existed: false``):
+    #: only then can something found there later be a half-made worktree of its own (issue 12, item 12)
+    reserved_empty: bool = False
 
 
 WorktreePlan = Literal["create", "ours", "repair", "adopt"]
@@ -344,7 +347,9 @@ def plan_worktree(facts: WorktreeFacts, *, branch: str, pin: str, branch_created
     if facts.admin_dir_by_this:
         return "repair"
     if facts.path_exists:
-        if facts.content_proven and branch_created_by_this:
+        # Content identical to the branch tree proves nothing about who made it: a directory that was there
+        # before this transition reserved the path is preexisting work, kept byte for byte (never re-created).
+        if facts.content_proven and branch_created_by_this and facts.reserved_empty:
             return "repair"
         return Blocked("invalid_state", "path_occupied", "something that is not a registered worktree of this"
                        " transition occupies the path; it is left untouched")
