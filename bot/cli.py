@@ -154,27 +154,73 @@ def _cmd_outbox(settings: Settings, args: argparse.Namespace) -> int:
 
 
 # --- allocate ------------------------------------------------------------------------------------------
-def _read_candidates(value: str | None) -> str | None:
-    """--candidates-json takes JSON text, or @FILE to read it from a file (passed on raw: the core parses)."""
-    if value is None or not value.startswith("@"):
-        return value
-    return Path(value[1:]).read_text(encoding="utf-8")
+def parse_candidates_option(value: str | None) -> str | None:
+    """--candidates-json: JSON text, or @FILE to read it from (UTF-8, at most the allocator's input limit).
+
+    Returns the text, checked by the allocator's own normalizer (the allocator normalizes it again, by the same
+    rules, so the fingerprint is the one a dry run shows). Raises EnvelopeError (invalid_input): an unreadable,
+    non-UTF-8 or oversized file, or candidates the normalizer refuses (InputError, whatever the depth, size or
+    integers of the input). Never any other exception.
+    """
+    from bot.core.allocator import MAX_INPUT_CHARS, normalize_candidates
+    from bot.core.errors import Envelope, EnvelopeError
+
+    if value is None:
+        return None
+    text = value
+    if value.startswith("@"):
+        name = value[1:]
+
+        def unreadable(why: str) -> EnvelopeError:
+            return EnvelopeError(
+                Envelope(
+                    error="invalid_input",
+                    message=f"--candidates-json: cannot read {name}: {why}",
+                    remediate="Give @FILE naming a readable UTF-8 JSON file, or the JSON text itself.",
+                    exact_next_action="run foreman allocate again with --candidates-json @FILE of a readable file",
+                )
+            )
+
+        try:
+            with open(name, encoding="utf-8") as handle:
+                text = handle.read(MAX_INPUT_CHARS + 1)
+        except UnicodeDecodeError as exc:
+            raise unreadable(f"not UTF-8 text (byte {exc.start})") from None
+        except OSError as exc:
+            raise unreadable(exc.strerror or type(exc).__name__) from None
+        if len(text) > MAX_INPUT_CHARS:
+            raise unreadable(f"longer than {MAX_INPUT_CHARS} characters")
+    normalize_candidates(text)  # InputError is an EnvelopeError
+    return text
 
 
 def _cmd_allocate(settings: Settings, args: argparse.Namespace) -> int:
     import aiohttp
 
     from bot.allocation import AllocationCall, Allocator
+    from bot.core.allocator import InputError
+    from bot.core.errors import EnvelopeError
     from bot.gitea import client_for
 
     try:
-        candidates = _read_candidates(args.candidates_json)
-    except OSError as exc:
-        print(json.dumps({"error": "invalid_input", "message": f"cannot read candidates: {exc.strerror}"}))
+        candidates = parse_candidates_option(args.candidates_json)
+    except InputError as exc:  # the candidates themselves: refused, like the allocator's invalid decision
+        _emit({**exc.envelope.to_dict(), "decision": "invalid", "applied": False}, as_json=True)
+        return EXIT_REFUSED
+    except EnvelopeError as exc:  # the option itself (the file): usage
+        _emit(exc.envelope.to_dict(), as_json=True)
         return EXIT_USAGE
     owner = args.owner or _default_owner(settings, args.action)
     if owner is None:
-        print(json.dumps({"error": "invalid_input", "message": "give --owner: no single roster identity fits"}))
+        _emit(
+            {
+                "error": "invalid_input",
+                "message": f"give --owner: no single roster identity has the role for {args.action}",
+                "remediate": "Name the roster login that receives the lease with --owner LOGIN.",
+                "exact_next_action": "run foreman allocate again with --owner LOGIN",
+            },
+            as_json=True,
+        )
         return EXIT_USAGE
 
     async def work(db: Database) -> int:
@@ -396,7 +442,15 @@ def _cmd_invariants(settings: Settings, args: argparse.Namespace) -> int:
         async with aiohttp.ClientSession() as session:
             gitea = client_for(session, settings)
             if gitea is None:
-                print(json.dumps({"error": "unavailable", "message": "no gitea.token configured: Gitea is needed"}))
+                _emit(
+                    {
+                        "error": "unavailable",
+                        "message": "no gitea.token configured: the invariants need Gitea",
+                        "remediate": "Configure gitea.token (or gitea.token_file) for the bot's account.",
+                        "exact_next_action": "set gitea.token_file in the config, then run foreman check-config",
+                    },
+                    as_json=True,
+                )
                 return EXIT_USAGE
             checkout = BootstrapContext(db=db, settings=settings, gitea=gitea, bot_login="").checkout_path
             facts = await invariants.gather(
@@ -460,8 +514,17 @@ def _cmd_state_parse(settings: Settings | None, args: argparse.Namespace) -> int
     else:
         try:
             text = Path(args.file).read_text(encoding="utf-8")
-        except OSError as exc:
-            print(json.dumps({"error": "invalid_input", "message": f"cannot read {args.file}: {exc.strerror}"}))
+        except (OSError, UnicodeDecodeError) as exc:
+            why = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"
+            _emit(
+                {
+                    "error": "invalid_input",
+                    "message": f"cannot read {args.file}: {why}",
+                    "remediate": "Give a readable UTF-8 file, or - to read standard input.",
+                    "exact_next_action": "run foreman state parse FILE with a readable file",
+                },
+                as_json=True,
+            )
             return EXIT_USAGE
     code, doc = state_parse_report(text)
     print(json.dumps(doc, indent=2, sort_keys=True))

@@ -659,3 +659,78 @@ def test_property_decide_is_deterministic_and_input_order_independent(
     second = run(json.dumps(records2), json.dumps(exclude2), leases=leases2, policy=policy).to_dict()
     assert first == second
     assert run(records, exclude, leases=leases, policy=policy).to_dict() == first
+
+
+# --- issue 12.7: any depth, any size, any integer: refused typed, never an uncaught exception ---------------
+
+_HUGE = 10**5000  # over Python's 4,300-digit int-str limit: str(_HUGE) raises ValueError
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "[" * 100_000,
+        "[" * 5_000 + "]" * 5_000,
+        '[{"issue_number": 1, "title": ' + "[" * 3_000 + "]" * 3_000 + "}]",
+        '{"issue_number": 1, "labels": ' + '{"a": ' * 3_000 + "1" + "}" * 3_000 + "}",
+        '[{"issue_number": ' + "1" * 5_000 + "}]",
+        '[{"issue_number": -' + "1" * 5_000 + "}]",
+        '[{"issue_number": 1, "depends_on": [' + "9" * 4_301 + "]}]",
+        '[{"issue_number": NaN}]',
+        '[{"issue_number": Infinity}]',
+        '[{"issue_number": -Infinity}]',
+        '[{"issue_number": 1e999}]',
+        "NaN",
+        '[{"issue_number": 1, "title": "\\ud800"}]',
+        '[{"issue_number": 1, "labels": ["\\udfff"]}]',
+        " " * 9_000_000 + "[]",
+    ],
+)
+def test_candidates_json_of_any_depth_size_or_integer_is_refused_typed(text: str) -> None:
+    """Issue 12.7: deep nesting raised RecursionError; huge integers and NaN/Infinity, lone surrogates and
+    oversized input are all invalid_input, with a bounded message."""
+    with pytest.raises(InputError) as caught:
+        normalize_candidates(text)
+    doc = caught.value.envelope.to_dict()
+    assert doc["error"] == "invalid_input" and len(json.dumps(doc)) < 20_000
+    assert "set_int_max_str_digits" not in doc["message"]
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        [{"issue_number": _HUGE}],
+        [{"issue_number": -_HUGE}],
+        [{"issue_number": 1, "depends_on": [_HUGE]}],
+        [{"issue_number": 1, "number": _HUGE}],
+        [{"issue_number": 1, "number": [[[[[]]]]] * 3}],
+        [{"issue_number": 1, _HUGE: 1}],
+        [{"issue_number": 1, "title": "x" * 1_000_000, "number": "y" * 1_000_000}],
+        [{"issue_number": 1, "created_at": "z" * 1_000_000}],
+        [{"issue_number": "7" * 1_000_000}],
+    ],
+)
+def test_decoded_candidates_with_huge_values_are_refused_with_a_bounded_message(raw: object) -> None:
+    """Issue 12.7: a decoded record (the MCP surface passes objects) with an integer over 4,300 digits, or huge
+    strings, is refused without str() of the integer blowing up and without echoing megabytes."""
+    with pytest.raises(InputError) as caught:
+        normalize_candidates(raw)
+    assert len(json.dumps(caught.value.envelope.to_dict())) < 20_000
+
+
+def test_deeply_nested_decoded_objects_are_refused_without_recursion() -> None:
+    nested: Any = []
+    for _ in range(100_000):
+        nested = [nested]
+    for raw in (nested, [{"issue_number": 1, "title": nested}], [{"issue_number": 1, "number": nested}]):
+        with pytest.raises(InputError):
+            normalize_candidates(raw)
+
+
+@pytest.mark.parametrize(
+    "raw", [[_HUGE], {_HUGE}, [-_HUGE], "[" + "1" * 5_000 + "]", "[" * 100_000, "[NaN]", "[1e999]"]
+)
+def test_exclusions_of_any_size_or_depth_are_refused_typed(raw: object) -> None:
+    with pytest.raises(InputError) as caught:
+        normalize_exclusions(raw)
+    assert len(json.dumps(caught.value.envelope.to_dict())) < 20_000

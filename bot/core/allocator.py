@@ -107,6 +107,9 @@ CANDIDATE_FIELDS: Final[frozenset[str]] = frozenset(
 # Issue numbers end up in SQLite INTEGER columns.
 _MAX_ISSUE_NUMBER: Final[int] = MAX_ISSUE_NUMBER
 _MAX_LISTED_PROBLEMS: Final[int] = 50
+#: The largest candidates_json / exclude_issue_numbers text taken (characters); larger is refused unread.
+MAX_INPUT_CHARS: Final[int] = 8 * 1024 * 1024
+_SHOWN_CHARS: Final[int] = 60
 _RFC3339 = re.compile(
     r"\d{4}-\d{2}-\d{2}[Tt]\d{2}:\d{2}:\d{2}(\.\d+)?([Zz]|[+-]\d{2}:\d{2})",
     re.ASCII,
@@ -424,6 +427,42 @@ class _JsonConstantError(ValueError):
     pass
 
 
+def _show(value: object) -> str:
+    """A short, always-computable rendering of any received value for a problem message.
+
+    Never ``repr`` of a container (deep nesting recurses), never ``str`` of a huge integer (Python refuses
+    over 4,300 digits) and never a whole megabyte string: problems echo at most a few dozen characters.
+    """
+    if value is None or isinstance(value, bool):
+        return json.dumps(value)
+    if type(value) is int:
+        if value.bit_length() > 64:
+            return f"{'a negative' if value < 0 else 'an'} integer of about {int(value.bit_length() * 0.30103)} digits"
+        return str(value)
+    if isinstance(value, float):
+        return repr(value)
+    if isinstance(value, str):
+        if len(value) <= _SHOWN_CHARS:
+            return ascii(value)
+        return f"{value[:_SHOWN_CHARS]!a}... ({len(value)} characters)"
+    return _type_name(value)
+
+
+def _field_name(key: object) -> str:
+    return key if isinstance(key, str) and len(key) <= _SHOWN_CHARS else _show(key)
+
+
+def _has_surrogate(text: str) -> bool:
+    """A lone surrogate (JSON ``"\ud800"``) is not text: it cannot be encoded, so it cannot be a label or title."""
+    if text.isascii():
+        return False
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
 def _object_pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     seen: set[str] = set()
     duplicates: list[str] = []
@@ -439,14 +478,24 @@ def _reject_constant(name: str) -> Any:
 
 
 def _decode_json(text: str, input_name: str) -> object:
+    """Decode once, refusing typed whatever the decoder cannot or should not take (issue 12.7): oversized text,
+    nesting deeper than the decoder's recursion limit, integers over Python's 4,300-digit limit, NaN/Infinity."""
+
+    def refuse(problem: str) -> InputError:
+        return InputError([InputProblem(input=input_name, index=None, field=input_name, problem=problem)])
+
+    if len(text) > MAX_INPUT_CHARS:
+        raise refuse(f"is {len(text)} characters; at most {MAX_INPUT_CHARS} are taken")
     try:
         return json.loads(text, object_pairs_hook=_object_pairs, parse_constant=_reject_constant)
     except _JsonConstantError as exc:
-        raise InputError([InputProblem(input=input_name, index=None, field=input_name, problem=str(exc))]) from exc
-    except ValueError as exc:  # json.JSONDecodeError, and int-too-long from the decoder
-        raise InputError(
-            [InputProblem(input=input_name, index=None, field=input_name, problem=f"malformed JSON: {exc}")]
-        ) from exc
+        raise refuse(str(exc)) from None
+    except RecursionError:
+        raise refuse("malformed JSON: nested too deeply (a candidate record is at most 3 levels deep)") from None
+    except json.JSONDecodeError as exc:
+        raise refuse(f"malformed JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
+    except ValueError:  # the decoder's int-str limit
+        raise refuse("malformed JSON: an integer has more than 4,300 digits (no issue number is that long)") from None
 
 
 def _type_name(value: object) -> str:
@@ -480,9 +529,9 @@ def _issue_number_problem(value: object) -> str | None:
     if isinstance(value, float):
         return f"{value!r} is a float; send an integer"
     if isinstance(value, str):
-        return f"string {value!r} is not an integer; send the number unquoted"
+        return f"string {_show(value)} is not an integer; send the number unquoted"
     if type(value) is int:
-        return f"{value} is not a positive issue number"
+        return f"{_show(value)} is not a positive issue number (1 to {_MAX_ISSUE_NUMBER})"
     return f"expected a positive integer, got {_type_name(value)}"
 
 
@@ -509,7 +558,7 @@ def _fast_candidate(record: Mapping[Any, Any]) -> Candidate | None:
     if type(number) is not int or not 0 < number <= _MAX_ISSUE_NUMBER:
         return None
     title = record.get("title")
-    if title is not None and type(title) is not str:
+    if title is not None and (type(title) is not str or _has_surrogate(title)):
         return None
     labels = record.get("labels")
     if labels is None:
@@ -517,7 +566,7 @@ def _fast_candidate(record: Mapping[Any, Any]) -> Candidate | None:
     elif type(labels) is not list and type(labels) is not tuple:
         return None
     for label in labels:
-        if type(label) is not str or not label:
+        if type(label) is not str or not label or _has_surrogate(label):
             return None
     raw_created = record.get("created_at")
     created_at = None
@@ -569,7 +618,9 @@ def _candidate_from_record(
             number = raw
             alias = record.get("number") if has_primary and has_alias else raw
             if not (_is_issue_number(alias) and alias == raw):
-                number_problems.append(("number", f"alias `number` ({alias!r}) disagrees with issue_number {raw}"))
+                number_problems.append(
+                    ("number", f"alias `number` ({_show(alias)}) disagrees with issue_number {raw}")
+                )
 
     problems: list[InputProblem] = []
 
@@ -578,15 +629,18 @@ def _candidate_from_record(
 
     if isinstance(record, _DuplicateKeyObject):
         for key in record.duplicate_keys:
-            problem(key, f"key {key!r} appears more than once in the object")
-    for key in sorted((k for k in record if k not in CANDIDATE_FIELDS), key=str):
-        problem(str(key), f"unknown field {key!r}; allowed: {', '.join(sorted(CANDIDATE_FIELDS))}")
+            problem(_field_name(key), f"key {_show(key)} appears more than once in the object")
+    for key in sorted((k for k in record if k not in CANDIDATE_FIELDS), key=_show):
+        problem(_field_name(key), f"unknown field {_show(key)}; allowed: {', '.join(sorted(CANDIDATE_FIELDS))}")
     for fld, text in number_problems:
         problem(fld, text)
 
     title = record.get("title")
     if title is not None and not isinstance(title, str):
         problem("title", f"expected a string or null, got {_type_name(title)}")
+        title = None
+    elif title is not None and _has_surrogate(title):
+        problem("title", "is not valid Unicode text (a lone surrogate such as \\ud800)")
         title = None
 
     labels: list[str] = []
@@ -596,8 +650,9 @@ def _candidate_from_record(
             problem("labels", f"expected an array of label names, got {_type_name(raw_labels)}")
         else:
             for i, label in enumerate(raw_labels):
-                if not isinstance(label, str) or not label:
+                if not isinstance(label, str) or not label or _has_surrogate(label):
                     got = "an empty string" if label == "" else _type_name(label)
+                    got = "a string with a lone surrogate" if isinstance(label, str) and label else got
                     problem(f"labels[{i}]", f"expected a non-empty label name string, got {got}")
                 else:
                     labels.append(label)
@@ -614,7 +669,7 @@ def _candidate_from_record(
         if created_at is None:
             problem(
                 "created_at",
-                f"{raw_created!r} is not an RFC 3339 date-time with offset (e.g. 2026-07-20T21:35:15-05:00)",
+                f"{_show(raw_created)} is not an RFC 3339 date-time with offset (e.g. 2026-07-20T21:35:15-05:00)",
             )
     elif raw_created is not None:
         problem("created_at", f"expected an RFC 3339 string or null, got {_type_name(raw_created)}")
@@ -751,7 +806,7 @@ def normalize_exclusions(raw: object) -> frozenset[int]:
         if value is None:
             return frozenset()
     if isinstance(value, set | frozenset):
-        elements: Sequence[object] = sorted(value, key=repr)
+        elements: Sequence[object] = sorted(value, key=_show)
     elif isinstance(value, list | tuple):
         elements = value
     else:
