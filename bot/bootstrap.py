@@ -236,6 +236,11 @@ class _Fail(Exception):
         self.details = details
 
 
+def _extra(details: dict[str, Any]) -> dict[str, Any]:
+    """A failure's observed details (the live base, Gitea's assignees, ...) for an envelope's ``details``."""
+    return {k: v for k, v in details.items() if k not in ("reason", "idempotency_key", "kept", "left")}
+
+
 class _Transient(Exception):
     """Gitea or git is unreachable right now: stop, keep the journal open, let a replay resume."""
 
@@ -1149,15 +1154,43 @@ class _Run:
 
     # -- binding: lease, registration, assignment (one transaction with the phase)
 
+    async def _ensure_assigned(self, t: Transition) -> dict[str, Any]:
+        """Make the owner an assignee of the issue in Gitea (keeping whoever else is assigned) and read the issue
+        back: the assignment is what Gitea lists afterwards, never what foreman asked for. Gitea silently drops
+        assignees it does not accept (an identity without write access, for one), so a read-back without the
+        owner fails the transition (``assignment_unverified``) instead of being reported as done (AC1, AC8)."""
+        owner = t.owner.lower()
+        refused: str | None = None
+        try:
+            before = sorted(u.login for u in (await self.gitea.get_issue(self.n)).assignees)
+            after, wrote = before, False
+            if owner not in {a.lower() for a in before}:
+                try:
+                    await self.gitea.edit_issue(self.n, assignees=sorted({*before, t.owner}))
+                    wrote = True
+                except GiteaUnavailable:
+                    raise
+                except GiteaError as exc:
+                    refused = str(exc)
+                after = sorted(u.login for u in (await self.gitea.get_issue(self.n)).assignees)
+        except GiteaUnavailable as exc:
+            raise _Transient(f"Gitea did not answer ({exc})") from exc
+        except GiteaError as exc:
+            raise _Fail(Blocked("invalid_state", "assignment_unverified", f"Gitea could not show #{self.n}'s"
+                                f" assignees: {exc}")) from exc
+        if owner not in {a.lower() for a in after}:
+            why = f"Gitea refused the change ({refused})" if refused else "foreman assigned it"
+            raise _Fail(Blocked("invalid_state", "assignment_unverified", f"Gitea does not list {t.owner} as an"
+                                f" assignee of #{self.n} after {why} (read back: {', '.join(after) or 'nobody'})"),
+                        gitea_assignees=after)
+        seen = {"gitea_assignees": after, "assigned": True, "read_back": True, "written_by_bootstrap": wrote,
+                "outbox_key": f"{t.lease_id}:assignee"}
+        self.seen["assignment"] = seen
+        return seen
+
     async def _bind(self, t: Transition) -> Transition:
         proofs = await self._load_proofs(t)
-        issue: Issue | None = self.seen.get("issue")  # read by this call's acceptance (nothing wrote it since)
-        if issue is None:
-            try:
-                issue = await self.gitea.get_issue(self.n)
-            except GiteaError as exc:
-                raise _Transient(f"Gitea did not answer ({exc})") from exc
-        assignees = sorted(u.login for u in issue.assignees)
+        assignment = await self._ensure_assigned(t)
         now = self.ctx.clock()
         blocked: Blocked | None = None
         async with self.ctx.db.transaction() as conn:
@@ -1183,17 +1216,11 @@ class _Run:
                         created_worktree=bool(proofs.get("worktree_confirmed", {}).get("created")),
                         now=now,
                     )
-                assignee_key = f"{lease.lease_id}:assignee"
-                queued = False
-                if t.owner not in assignees:
-                    queued = await enqueue(conn, OutboxIntent(
-                        assignee_key, self.n, "assignees", {"assignees": sorted({*assignees, t.owner})}), now=now)
                 lock = await self.journal.live_lock(t.repo, t.issue_number, conn)
                 proof = {
                     "lease": lease.to_dict(),
                     "registration": registration.to_dict(),
-                    "assignment": {"gitea_assignees": assignees, "assigned": t.owner in assignees,
-                                   "outbox_key": assignee_key, "queued_now": queued},
+                    "assignment": assignment,
                     "lock": {"state": "locked" if lock is not None else "ready",
                              "lock": lock.to_dict() if lock is not None else None},
                 }
@@ -1225,10 +1252,11 @@ class _Run:
         if seen["entry"] is None or seen["head_ref"] != f"refs/heads/{t.branch}":
             raise _Fail(Blocked("invalid_state", "readback_failed", "the worktree is gone or off its branch"))
         before = t.inputs.get("control_checkout", {})
+        # Gitea's assignees as read back after this call's own assignment, or (a resumed call) read again now.
+        assignment = self.seen.get("assignment") or await self._ensure_assigned(t)
         lease = await self.leases.get(t.lease_id)
         registration = await self.journal.registration_for_journal(t.id)
         lock = await self.journal.live_lock(t.repo, t.issue_number)
-        bound = proofs.get("lock_established", {})
         result = {
             "idempotency_key": t.key,
             "repo": t.repo,
@@ -1245,7 +1273,7 @@ class _Run:
                         "worktree": bool(proofs.get("worktree_confirmed", {}).get("created"))},
             "lease": lease.to_dict() if lease is not None else None,
             "registration": registration.to_dict() if registration is not None else None,
-            "assignment": bound.get("assignment"),
+            "assignment": assignment,
             "lock": {"state": "locked" if lock is not None else "ready",
                      "lock": lock.to_dict() if lock is not None else None, "verb": "gitea_lock_issue"},
             "control_checkout": {**seen["checkout"], "path": t.checkout_path,
@@ -1297,7 +1325,7 @@ class _Run:
     async def _require_compensation(self, t: Transition, blocked: Blocked, **details: Any) -> Transition:
         proof = {"kind": blocked.kind, "reason": blocked.reason, "message": blocked.message,
                  "failed_phase": t.phase, **details}
-        error = self._blocked_envelope(blocked, released=False, key=t.key).to_dict()
+        error = self._blocked_envelope(blocked, released=False, key=t.key, **_extra(details)).to_dict()
         async with self.ctx.db.transaction() as conn:
             t = await self.journal.advance(conn, t, "compensation_required", proof=proof, runner=self.runner,
                                            now=self.ctx.clock(), error=error)
@@ -1379,7 +1407,8 @@ class _Run:
         else:
             blocked = Blocked("invalid_state", str(failure.get("details", {}).get("reason", "failed")), message)
         envelope = self._blocked_envelope(blocked, released=releasing or not lease_ours, key=t.key,
-                                          kept=list(plan.keep), left=list(plan.blocked))
+                                          kept=list(plan.keep), left=list(plan.blocked),
+                                          **_extra(failure.get("details") or {}))
         proof = {"undone": undone["done"] + [u for u in plan.undo if u in ("registration", "lease")],
                  "kept": list(plan.keep), "blocked": list(plan.blocked), "observed": undone["observed"],
                  "failure": failure}
@@ -1422,9 +1451,10 @@ class _Run:
             target = "ready" if stale else "blocked"
             intents.append(OutboxIntent(f"{key}:labels", n, "labels",
                                         {"add": [label_for_state(target)], "remove": [label_for_state("in-progress")]}))
-            if t.owner in assignees:
-                intents.append(OutboxIntent(f"{key}:assignees", n, "assignees",
-                                            {"assignees": [a for a in assignees if a != t.owner]}))
+            # Always, even when Gitea does not list the owner now: the allocation's assignment may still be queued
+            # in the outbox, and this entry, queued after it, is sent after it (issue 12 item 10(i)).
+            intents.append(OutboxIntent(f"{key}:assignees", n, "assignees",
+                                        {"assignees": [a for a in assignees if a.lower() != t.owner.lower()]}))
             who, action = "controller", (f"controller: re-allocate #{n} (gitea_allocate_next_work)" if stale
                                          else f"controller: resolve the blocker on #{n}, then re-allocate it")
         else:

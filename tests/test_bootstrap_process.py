@@ -107,7 +107,7 @@ async def test_a_hard_exit_during_compensation_is_finished_by_a_replay() -> None
             events = [e["kind"] for e in await LeaseStore(w.db).events(lease.lease_id)]
             assert events.count("released") == 1
             keys = [k for (k,) in w.rows("SELECT idempotency_key FROM outbox WHERE issue_number = ?", number)]
-            assert sorted(k.rsplit(":", 1)[1] for k in keys) == ["failure", "labels"], keys
+            assert sorted(k.rsplit(":", 1)[1] for k in keys) == ["assignees", "failure", "labels"], keys
         assert checkout_snapshot(w.checkout) == before
 
 

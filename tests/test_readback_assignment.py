@@ -1,0 +1,119 @@
+"""Read-after-write of the assignment (issue 12, items 9d and 10): what the bootstrap's proof says about Gitea's
+assignees is what Gitea says, read back after foreman's own write, and what Gitea ends with once the outbox has
+sent everything; a compensated bootstrap leaves no owner assigned, even when the allocation's assignment was still
+queued."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+from bot.allocation import AllocationCall, Allocator
+from bot.config import OutboxConfig
+from bot.core.vocabulary import status_labels
+from bot.metrics import Metrics
+from bot.outbox import OutboxSender
+from state.leases import LeaseStore
+from state.outbox import OutboxStore
+from tests.gitea_fixtures import BOT, OWNER, REPO
+from tests.test_bootstrap_support import World, world
+
+
+async def drain_outbox(w: World) -> None:
+    """Send every queued outbox entry to the emulator, in the outbox's own order, as the service would."""
+    config = OutboxConfig(backoff_base_s=0.005, backoff_max_s=0.01, max_attempts=3, claim_ttl_s=0.2)
+    sender = OutboxSender(OutboxStore(w.db), w.live.client(BOT, max_attempts=1), config, Metrics())
+    for _ in range(40):
+        if not await sender.run_once():
+            await asyncio.sleep(0.02)
+            if not await sender.run_once():
+                return
+    raise AssertionError("the outbox did not settle")
+
+
+async def gitea_assignees(w: World, number: int) -> list[str]:
+    """The issue's assignees as Gitea (the emulator's API) reports them."""
+    return sorted(u.login for u in (await w.live.client(OWNER).get_issue(number)).assignees)
+
+
+async def gitea_labels(w: World, number: int) -> set[str]:
+    return set((await w.live.client(OWNER).get_issue(number)).label_names)
+
+
+def status_labelled(w: World) -> None:
+    """The repository gets foreman's status labels (the seeded ones are spelled otherwise)."""
+    for label in status_labels():
+        w.live.emulator.create_label(OWNER, REPO, label, color="#00aa00")
+
+
+async def allocate(w: World, number: int, **call: Any) -> dict[str, Any]:
+    """The controller's apply for ``number`` (candidates_json), with the allocator's own outbox entries."""
+    outcome = await Allocator(w.db, w.settings, w.ctx.gitea, bot_login=BOT).run(
+        AllocationCall(actor="ctl", owner="alice", candidates_json=[{"issue_number": number}], dry_run=False, **call)
+    )
+    assert outcome.lease is not None, outcome.to_dict()
+    return outcome.to_dict()
+
+
+# ------------------------------------------------------------------------------------------------ item 9d
+
+
+async def test_the_assignment_is_read_back_from_gitea_and_a_write_gitea_ignored_is_refused() -> None:
+    """Seed 004 AC1/AC8, issue 12 item 9d: Gitea accepts an edit of an issue from its poster but silently ignores
+    the assignees when the poster has no write access; the bootstrap reads the issue back after assigning and, as
+    Gitea does not list the owner, does not complete (typed refusal naming what Gitea holds) instead of assuming
+    its write took effect."""
+    async with world() as w:
+        number = w.live.emulator.create_issue(OWNER, REPO, title="Polish the widgets", author=BOT).number
+        await w.lease(number)
+        w.live.emulator.set_permission(OWNER, REPO, BOT, "read")
+        result = await w.bootstrap(number)
+        assert await gitea_assignees(w, number) == []
+        assert result.status != "completed", result.to_dict()
+        assert result.refusal is not None and result.refusal.error == "invalid_state"
+        assert result.refusal.details["reason"] == "assignment_unverified"
+        assert "gitea_" in result.refusal.exact_next_action
+        [(error,)] = w.rows("SELECT error_json FROM bootstrap_journal WHERE issue_number = ?", number)
+        assert json.loads(error)["details"]["gitea_assignees"] == await gitea_assignees(w, number)
+
+
+# ------------------------------------------------------------------------------------------------ item 10
+
+
+async def test_a_compensated_bootstrap_leaves_the_owner_unassigned_even_with_the_assignment_still_queued() -> None:
+    """Seed 004 AC4/AC5, issue 12 item 10(i): the allocation's assignee change is still in the outbox when the
+    bootstrap fails and is compensated; once the outbox has sent everything, Gitea has the issue blocked, the
+    lease released, and the owner not assigned."""
+    async with world(on_allocate="run") as w:
+        status_labelled(w)
+        number = w.issue()
+        path = w.path(number)
+        path.mkdir(parents=True)
+        (path / "mine.txt").write_text("not foreman's\n", encoding="utf-8")
+        doc = await allocate(w, number)
+        assert doc["bootstrap"]["status"] == "compensated", doc["bootstrap"]
+        lease = await LeaseStore(w.db).get(doc["lease"]["lease_id"])
+        assert lease is not None and lease.status == "released"
+        pending = await OutboxStore(w.db).by_key(f"{doc['lease']['lease_id']}:assignee")
+        assert pending is not None and pending.status == "pending"  # the assignment was still queued
+        await drain_outbox(w)
+        assert "status:blocked" in await gitea_labels(w, number)
+        assert "alice" not in await gitea_assignees(w, number)
+
+
+async def test_a_completed_proof_reports_the_assignment_gitea_ends_with() -> None:
+    """Seed 004 AC8, issue 12 item 10(ii): the allocation queued the assignee change; the bootstrap's completed
+    proof says what Gitea says once the bootstrap has made the assignment, and Gitea ends (after the outbox sent
+    everything) with the same assignees the proof reported."""
+    async with world(on_allocate="run") as w:
+        status_labelled(w)
+        number = w.issue()
+        doc = await allocate(w, number)
+        proof = doc["bootstrap"]["proof"]
+        assert doc["bootstrap"]["status"] == "completed", doc["bootstrap"]
+        assert proof["assignment"]["gitea_assignees"] == await gitea_assignees(w, number)
+        await drain_outbox(w)
+        final = await gitea_assignees(w, number)
+        assert proof["assignment"]["assigned"] is ("alice" in final) is True
+        assert proof["assignment"]["gitea_assignees"] == final
