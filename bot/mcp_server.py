@@ -35,7 +35,7 @@ from bot.core.errors import Envelope
 from bot.core.grants import Grant, broker_refusal
 from bot.core.verbs import TOOLS, VERBS, Verb
 from bot.grants_broker import Broker, is_run_token
-from bot.verbs_runtime import BootstrapFactory, Caller, VerbResult, VerbRuntime, caller_for
+from bot.verbs_runtime import BootstrapFactory, Caller, VerbResult, VerbRuntime, caller_for, refused
 from state.db import Database
 from state.grants import GrantStore
 
@@ -55,6 +55,14 @@ class IdentityError(Exception):
     """``foreman mcp`` cannot tell who it serves: no token, or a token not in ``[mcp.tokens]``."""
 
 
+def _utf8(token: str) -> bytes | None:
+    """The token's bytes, or None when the environment held bytes that are not UTF-8 (surrogate escapes)."""
+    try:
+        return token.encode("utf-8")
+    except UnicodeEncodeError:
+        return None
+
+
 def resolve_identity(settings: Settings, token: str | None) -> Caller:
     """The caller a token stands for: ``[mcp.tokens]`` maps it to a login, the roster gives the roles.
 
@@ -63,9 +71,12 @@ def resolve_identity(settings: Settings, token: str | None) -> Caller:
     """
     if not token:
         raise IdentityError(f"{TOKEN_ENV} is not set; set it to one of the tokens under [mcp.tokens]")
+    raw = _utf8(token)
+    if raw is None:
+        raise IdentityError(f"{TOKEN_ENV} is not valid UTF-8 text; set it to one of the tokens under [mcp.tokens]")
     login: str | None = None
     for known, who in settings.mcp.tokens.items():
-        if hmac.compare_digest(known.encode(), token.encode()):
+        if hmac.compare_digest(known.encode(), raw):
             login = who
     if login is None:
         raise IdentityError(f"{TOKEN_ENV} is not one of the tokens under [mcp.tokens]")
@@ -91,6 +102,17 @@ def tool_for(verb: Verb) -> types.Tool:
             idempotent_hint=verb.effect == "read",
             open_world_hint=False,
         ),
+    )
+
+
+def unknown_tool(name: str, offered: Sequence[types.Tool]) -> Envelope:
+    """The refusal of a tool name the server does not list (nothing runs). The name is quoted short and ASCII."""
+    shown = ascii(name[:80]) + ("..." if len(name) > 80 else "")
+    return Envelope(
+        error="invalid_input",
+        message=f"unknown tool {shown}: this server does not list it, and runs only the tools it lists",
+        remediate=f"Use one of: {', '.join(tool.name for tool in offered) or '(none)'}.",
+        exact_next_action="call tools/list and use a listed name exactly",
     )
 
 
@@ -136,17 +158,24 @@ def build_server(
     ) -> types.ListToolsResult:
         return types.ListToolsResult(tools=offered)
 
+    listed = {tool.name for tool in offered}
+
     async def call_tool(ctx: ServerRequestContext[Any], params: types.CallToolRequestParams) -> types.CallToolResult:
         verb = TOOLS.get(params.name)
-        name = verb.name if verb is not None else params.name
 
         async def run(arguments: dict[str, Any]) -> VerbResult:
-            return await runtime.call(name, caller, arguments)
+            if verb is None:  # only a listed tool runs, whatever a hook passes on
+                return refused(params.name, unknown_tool(params.name, offered))
+            return await runtime.call(verb.name, caller, arguments)
 
         arguments = dict(params.arguments or {})
         if around is None:
+            if verb is None or params.name not in listed:
+                return result_of(unknown_tool(params.name, offered).to_dict(), is_error=True)
             result = await run(arguments)
             return result_of(result.doc, is_error=not result.ok)
+        # A run-bound session: its broker sees every call first (it refuses anything but the grant's next call,
+        # and records the refusal); an admitted call is always one of the grant's listed tools.
         doc, is_error = await around(params.name, arguments, run)
         return result_of(doc, is_error=is_error)
 
@@ -263,7 +292,7 @@ class RunBinding:
 async def bind_run(runtime: VerbRuntime, token: str | None) -> RunBinding | None:
     """The run a run token names (None: not a run token, or no run has it). The session serves the run's owner
     (roster roles from the configuration); the token never names an identity of its own."""
-    if token is None or not is_run_token(token):
+    if token is None or not is_run_token(token) or _utf8(token) is None:
         return None
     broker = await Broker.for_token(GrantStore(runtime.db), runtime.settings, token)
     if broker is None:
@@ -302,8 +331,11 @@ async def serve_stdio(settings: Settings, caller: Caller | None = None, *, run_t
     """Serve MCP on stdin/stdout until the client closes stdin. Logs go to stderr.
 
     With ``caller`` (an ``[mcp.tokens]`` identity) the session is as it always was; with ``run_token`` it is bound
-    to that run (:func:`bind_run`); a run token no run has is refused (exit 2) before anything is served.
+    to that run (:func:`bind_run`); a run token no run has is refused (exit 2) before anything is served. A run
+    token that is not UTF-8 names no run: exit 2 at once (the caller prints the one line that says so).
     """
+    if caller is None and (run_token is None or _utf8(run_token) is None):
+        return 2
     async with open_runtime(settings) as runtime:
         if caller is None:
             binding = await bind_run(runtime, run_token)

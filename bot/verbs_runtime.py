@@ -5,7 +5,9 @@ Every MCP tool call and every comment command goes through :meth:`VerbRuntime.ca
 1. the verb must be in the verb table and offered (``executable``), else ``invalid_input``;
 2. the verb's role gate (its first precondition) is decided on the caller's identity alone, so a caller
    without the role is refused ``not_authorized`` before its arguments or any state are looked at;
-3. the arguments are checked against the verb's declared parameters (``invalid_input``, every problem);
+3. the arguments are checked against the verb's published input schema (``Verb.check_arguments``: JSON Schema
+   Draft 2020-12, hostile values refused first; ``invalid_input``, every problem), and handed on as checked
+   (integers as ints, JSON text decoded);
 4. the facts are gathered (the issue's lease, its registered worktree) and the verb's whole precondition
    list is evaluated (seed 001): a refusal is the gateway's envelope, exactly;
 5. only then is the verb carried out. Its own refusals (a stale pin, a lost race) are envelopes too.
@@ -268,7 +270,7 @@ class VerbRuntime:
                 verb_name,
                 _envelope(
                     "invalid_input",
-                    f"{verb_name!r} is not a verb foreman carries out",
+                    f"{str(verb_name)[:80]!a} is not a verb foreman carries out",
                     f"Use one of: {offered}.",
                     "call gitea_get_runtime_context to see what you can do now",
                 ),

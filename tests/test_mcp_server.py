@@ -26,6 +26,7 @@ from state.issues import IssueStore
 from state.outbox import OutboxStore
 from tests.gitea_fixtures import OWNER, REPO, live_emulator
 from tests.support import make_settings
+from tests.test_verbs_table import argument_probes, schema_verdict
 
 ROSTER = {
     "controller-bot": ["controller"],
@@ -243,9 +244,10 @@ async def test_the_role_gate_comes_before_argument_checks(runtime: VerbRuntime) 
     ("arguments", "problems"),
     [
         ({}, {"issue_number": "required"}),
-        ({"issue_number": "42"}, {"issue_number": "expected a positive integer (an issue number)"}),
-        ({"issue_number": True}, {"issue_number": "expected a positive integer (an issue number)"}),
-        ({"issue_number": 0}, {"issue_number": "expected a positive integer (an issue number)"}),
+        ({"issue_number": "42"}, {"issue_number": f"expected an issue number: an integer from 1 to {2**63 - 1}"}),
+        ({"issue_number": True}, {"issue_number": f"expected an issue number: an integer from 1 to {2**63 - 1}"}),
+        ({"issue_number": 0}, {"issue_number": f"expected an issue number: an integer from 1 to {2**63 - 1}"}),
+        ({"issue_number": None}, {"issue_number": "null is not a value; leave the argument out"}),
         ({"issue_number": 42, "owner": "a"}, {"owner": "unknown argument; gitea_heartbeat_lease takes: issue_number"}),
     ],
 )
@@ -312,6 +314,14 @@ async def test_allocation_refusals_are_envelopes_with_the_decision(runtime: Verb
     async with connect(runtime, "tok-controller") as client:
         error, doc = await call(
             client, "gitea_allocate_next_work", owner="author-1", candidates_json='[{"issue_number": true}]'
+        )  # refused by the published schema (contentSchema) before the allocator sees it
+        assert error and doc["error"] == "invalid_input"
+        assert doc["details"]["problems"] == [
+            {"argument": "candidates_json", "problem": "expected an array of candidate objects, one object, or their "
+             "JSON text ([0].issue_number: fails type)"}
+        ]
+        error, doc = await call(  # what only the allocator can tell (a repeated issue) keeps its decision
+            client, "gitea_allocate_next_work", owner="author-1", candidates_json=[CANARY[0], CANARY[0]]
         )
         assert error and doc["error"] == "invalid_input" and doc["decision"] in ("invalid", "refused")
         error, doc = await call(
@@ -371,7 +381,7 @@ async def test_posted_state_goes_through_the_outbox_and_becomes_the_issues_state
         _, again = await call(client, "gitea_post_issue_state", issue_number=618, state=STATE)
         assert again["queued"] is False and again["outbox"] == [key]
         error, bad = await call(client, "gitea_post_issue_state", issue_number=618, state={**STATE, "state": "nope"})
-        assert error and bad["error"] == "invalid_input" and "STATE" in bad["message"]
+        assert error and bad["error"] == "invalid_input" and "state: fails enum" in bad["message"]
         entry = await OutboxStore(runtime.db).by_key(key)
         assert entry is not None and find_marker(entry.payload["body"]) == key
         assert "LAST_UPDATED_BY: author-1" in entry.payload["body"]
@@ -535,3 +545,62 @@ async def test_a_hook_around_every_call_can_refuse_or_run_with_its_own_arguments
         assert not error and doc["issue_number"] == 618
     assert [tool for tool, _ in seen] == ["gitea_release_lease", "gitea_heartbeat_lease"]
     assert len(await runtime.leases.open_leases(runtime.repo)) == 1
+
+
+# --- issue 12 items 7 and 8: the published schema is what is enforced; hostile values; unlisted tools ----------
+
+
+def _identity_for(verb: str) -> str:
+    # The controller may allocate; an author without a lease passes every other role gate and is then refused
+    # by a precondition, so a schema-valid call is never invalid_input and a schema-invalid one always is.
+    return "tok-controller" if verb == "allocate_next_work" else "tok-author-1"
+
+
+@pytest.mark.parametrize(("verb", "arguments"), argument_probes())
+async def test_the_server_accepts_exactly_what_its_published_schema_accepts(
+    runtime: VerbRuntime, verb: str, arguments: dict[str, Any]
+) -> None:
+    """Issue 12 item 8, the full table in process: jsonschema(the schema list_tools publishes) says invalid
+    exactly when the server answers invalid_input; hostile values (item 7) are invalid_input, never a crash or
+    ``unavailable``."""
+    async with connect(runtime, _identity_for(verb)) as client:
+        [tool] = [t for t in (await client.list_tools()).tools if t.name == VERBS[verb].tool]
+        expected = schema_verdict(tool.input_schema, arguments)
+        result = await client.call_tool(tool.name, arguments)
+    doc = result.structured_content
+    assert doc is not None
+    refused_as_input = bool(result.is_error) and doc.get("error") == "invalid_input"
+    assert refused_as_input == (not expected), doc
+    assert doc.get("error") != "unavailable"
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["release_lease", "gitea_open_pr", "gitea_merge", "GITEA_RELEASE_LEASE", "gitea_release_lease ", "", "gitea_",
+     "gitea_release_lease\n", "x" * 10_000],  # (the SDK client itself cannot send a lone surrogate in a name)
+)
+async def test_a_tool_the_server_does_not_list_is_refused_and_does_nothing(runtime: VerbRuntime, name: str) -> None:
+    """Issue 12 item 8: only listed tools run. ``release_lease`` (no ``gitea_`` prefix) used to release the lease."""
+    await lease_618(runtime)
+    queued = len(await OutboxStore(runtime.db).list())
+    async with connect(runtime, "tok-controller") as client:
+        listed = {t.name for t in (await client.list_tools()).tools}
+        assert name not in listed
+        result = await client.call_tool(name, {"issue_number": 618, "reason": "probe"})
+    doc = result.structured_content
+    assert result.is_error and doc is not None and doc["error"] == "invalid_input"
+    assert "unknown tool" in doc["message"] and "gitea_release_lease" in doc["remediate"]
+    [lease] = await runtime.leases.open_leases(runtime.repo)
+    assert (lease.issue_number, lease.owner) == (618, "author-1")
+    assert len(await OutboxStore(runtime.db).list()) == queued  # nothing queued: no release comment
+
+
+async def test_an_issue_number_past_int64_is_invalid_input_through_mcp(runtime: VerbRuntime) -> None:
+    """Issue 12 item 8: 2^63 (one past MAX_ISSUE_NUMBER) is refused as input, not by SQLite (``unavailable``)."""
+    async with connect(runtime, "tok-controller") as client:
+        for tool in ("gitea_get_issue_state", "gitea_heartbeat_lease", "gitea_release_lease"):
+            error, doc = await call(client, tool, issue_number=2**63)
+            assert error and doc["error"] == "invalid_input", (tool, doc)
+            assert [p["argument"] for p in doc["details"]["problems"]] == ["issue_number"]
+        error, doc = await call(client, "gitea_get_issue_state", issue_number=2**63 - 1)
+        assert not error and doc["issue_number"] == 2**63 - 1

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import json
 import sqlite3
+import subprocess
 import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import pytest
 from mcp import ClientSession, StdioServerParameters
 from mcp.client.stdio import stdio_client
 
@@ -123,3 +125,74 @@ async def test_ac8_an_excluded_top_ranked_issue_is_never_selected_or_leased_thro
     assert list(refused) == ["error", "message", "remediate", "exact_next_action"]
     assert refused["error"] == "not_authorized" and refused["message"] == refused["remediate"]
     assert leases(tmp_path / "foreman.db") == [(618, "author-1", "live")]
+
+
+# --- issue 12 items 7 and 8 over the real stdio server -----------------------------------------------------------
+
+#: A representative subset of the in-process table (tests/test_verbs_table.py): the item 8 probes, an unlisted
+#: tool, and hostile values a JSON client can send.
+STDIO_PROBES: list[tuple[str, dict[str, Any]]] = [
+    ("gitea_release_lease", {"issue_number": 1.0}),
+    ("gitea_allocate_next_work", {"owner": "@author-1", "candidates_json": CANARY}),
+    ("gitea_release_lease", {"issue_number": 1, "reason": "two\nlines"}),
+    ("gitea_allocate_next_work", {"exclude_issue_numbers": "[1,2]", "candidates_json": CANARY}),
+    ("gitea_allocate_next_work", {"exclude_issue_numbers": [True], "candidates_json": CANARY}),
+    ("gitea_post_issue_state", {"issue_number": 1, "state": {}}),
+    ("gitea_get_issue_state", {"issue_number": 2**63}),
+    ("gitea_get_issue_state", {"issue_number": 2**63 - 1}),
+    ("gitea_get_issue_state", {"issue_number": 10**400}),
+    ("gitea_get_issue_state", {"issue_number": [[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[1]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]}),
+    ("gitea_release_lease", {"issue_number": 1, "reason": "x" * 100_000}),
+    ("gitea_allocate_next_work", {"candidates_json": '[{"issue_number": NaN}]'}),
+    ("gitea_allocate_next_work", {"candidates_json": json.dumps(CANARY), "dry_run": True}),
+    ("gitea_heartbeat_lease", {"issue_number": 618, "caller": "controller-bot"}),
+]
+
+
+async def test_the_stdio_server_enforces_exactly_its_published_schema(tmp_path: Path) -> None:
+    """Issue 12 item 8 over `foreman mcp` itself: for each probe, jsonschema(the schema the server lists) says
+    invalid exactly when the server answers invalid_input; an unlisted name (``release_lease``) runs nothing."""
+    from tests.test_verbs_table import schema_verdict
+
+    config = write_config(tmp_path)
+    async with foreman_mcp(config, CONTROLLER_TOKEN) as session:
+        tools = {t.name: t for t in (await session.list_tools()).tools}
+        await allocate(session, candidates_json=CANARY, exclude_issue_numbers=[617], dry_run=False)
+        for tool, arguments in STDIO_PROBES:
+            expected = schema_verdict(tools[tool].input_schema, arguments)
+            result = await session.call_tool(tool, arguments)
+            doc = result.structured_content
+            assert doc is not None, (tool, arguments)
+            assert (bool(result.is_error) and doc["error"] == "invalid_input") == (not expected), (tool, doc)
+        for name in ("release_lease", "gitea_merge", "gitea_release_lease "):
+            result = await session.call_tool(name, {"issue_number": 618, "reason": "probe"})
+            doc = result.structured_content
+            assert result.is_error and doc is not None and doc["error"] == "invalid_input", (name, doc)
+            assert "unknown tool" in doc["message"]
+    assert leases(tmp_path / "foreman.db") == [(618, "author-1", "live")]
+
+
+def _bad_token_run(tmp_path: Path, token: bytes) -> subprocess.CompletedProcess[bytes]:
+    config = write_config(tmp_path)
+    env = {b"PATH": b"/usr/bin:/bin", b"FOREMAN_MCP_TOKEN": token}
+    return subprocess.run(  # bytes env: the value is not UTF-8 on purpose
+        foreman_mcp_command(config), env=env, input=b"", capture_output=True, timeout=60, check=False, cwd=REPO_ROOT
+    )
+
+
+@pytest.mark.parametrize("token", [b"\xff", b"tok-controller-ac8\xff", b"frun_\xfe\xff", b"\xed\xa0\x80"])
+def test_a_token_that_is_not_utf8_refuses_to_start_with_one_line(tmp_path: Path, token: bytes) -> None:
+    """Issue 12 item 7: FOREMAN_MCP_TOKEN with bytes that are not UTF-8 (surrogateescape in os.environ): no
+    traceback, one clear line on stderr naming the variable, exit 2 (configuration), nothing on stdout."""
+    done = _bad_token_run(tmp_path, token)
+    stderr = done.stderr.decode("utf-8", "replace")
+    assert done.returncode == 2, stderr
+    assert done.stdout == b""
+    assert "Traceback" not in stderr
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, lines
+    error = json.loads(lines[0])
+    assert (error["error"], error["key"]) == ("invalid_config", "mcp.tokens")
+    assert "FOREMAN_MCP_TOKEN" in error["message"]
+    if not token.startswith(b"frun_"):  # a run token's line is bot/cli.py's "not the token of any run"
+        assert "not valid UTF-8" in error["message"]

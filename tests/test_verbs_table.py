@@ -7,13 +7,16 @@ missing token (``gap:a+b``). It is the documentation the code is held to, not de
 
 from __future__ import annotations
 
+import json
+import sys
 from dataclasses import dataclass
 from typing import Any
 
+import jsonschema
 import pytest
 
 from bot.core.gateway import GatewayContext, Role
-from bot.core.verbs import VERBS, evaluate
+from bot.core.verbs import VERBS, Verb, evaluate
 
 ME, THEM = "me", "them"
 COLUMNS: tuple[Role | None, ...] = ("controller", "author", "reviewer", "merger", None)
@@ -215,3 +218,256 @@ def test_arguments_are_checked_against_the_declared_parameters(
     assert {p["argument"] for p in found} == set(problems)
     if verb == "allocate_next_work" and not arguments:
         assert (values["dry_run"], values["action"]) == (True, "implement")
+
+
+# --- issue 12 item 8: the published schema is what is enforced -------------------------------------------------
+#
+# The oracle is the published input schema read by a stock Draft 2020-12 validator; the one addition is the
+# content vocabulary (``contentMediaType: application/json`` + ``contentSchema``), which the spec leaves to the
+# application: such a string must be RFC 8259 JSON text (no NaN/Infinity, no repeated key) whose value matches
+# ``contentSchema``. Integers follow JSON Schema: ``1.0`` is the integer 1.
+
+CANARY = [
+    {"issue_number": 617, "title": "protected", "labels": ["priority:p0"], "created_at": "2026-07-01T10:00:00-05:00"},
+    {"issue_number": 618, "title": "next", "labels": ["priority:p1"], "created_at": "2026-07-02T10:00:00-05:00"},
+    {"issue_number": 619, "title": "later", "labels": [], "created_at": "2026-06-01T10:00:00-05:00"},
+]
+VALID_STATE: dict[str, Any] = {
+    "state": "pr-open",
+    "who_is_next": "reviewer",
+    "next_action": "Review the pull request",
+    "next_prompt": "",
+    "what_happened": "implemented the change",
+    "why": "issue asked for it",
+    "related_prs": [7],
+    "blockers": "none",
+    "validation": "tests pass",
+}
+HUGE = 10**5000  # more than 4,300 digits: str() of it raises
+NAN, INF = float("nan"), float("inf")
+LONE = "\ud800"
+
+
+def nested(depth: int, kind: str = "list") -> object:
+    value: object = 1
+    for _ in range(depth):
+        value = [value] if kind == "list" else {"a": value}
+    return value
+
+
+def _strict_json(text: str) -> object:
+    def pairs(items: list[tuple[str, object]]) -> dict[str, object]:
+        keys = [k for k, _ in items]
+        if len(set(keys)) != len(keys):
+            raise ValueError("repeated key")
+        return dict(items)
+
+    def constant(name: str) -> object:
+        raise ValueError(f"{name} is not JSON")
+
+    return json.loads(text, object_pairs_hook=pairs, parse_constant=constant)
+
+
+def schema_verdict(schema: dict[str, Any], arguments: dict[str, Any]) -> bool:
+    """Whether ``arguments`` is valid against a tool's published ``schema`` (the oracle)."""
+    limit = sys.get_int_max_str_digits()
+    sys.set_int_max_str_digits(0)  # a stock validator's messages repr() every value, however long
+    try:
+        if not jsonschema.Draft202012Validator(schema).is_valid(arguments):
+            return False
+        for name, sub in schema.get("properties", {}).items():
+            value = arguments.get(name)
+            branches = [b for b in sub.get("anyOf", [sub]) if "contentSchema" in b]
+            if not isinstance(value, str) or not branches:
+                continue
+            assert branches[0]["contentMediaType"] == "application/json"
+            try:
+                decoded = _strict_json(value)
+            except (ValueError, RecursionError):
+                return False
+            if not jsonschema.Draft202012Validator(branches[0]["contentSchema"]).is_valid(decoded):
+                return False
+        return True
+    finally:
+        sys.set_int_max_str_digits(limit)
+
+
+#: Hostile values every argument is probed with (issue 12 item 7).
+HOSTILE: tuple[tuple[str, object], ...] = (
+    ("huge-int", HUGE),
+    ("minus-huge-int", -HUGE),
+    ("nan", NAN),
+    ("infinity", INF),
+    ("minus-infinity", -INF),
+    ("deep-array", nested(200)),
+    ("deep-object", nested(200, "object")),
+    ("lone-surrogate", LONE),
+    ("surrogate-inside", f"ab{LONE}cd"),
+    ("long-string", "x" * 1_000_000),
+    ("null", None),
+)
+
+#: Probes per argument kind: (id, value). The verdict of each comes from the oracle, never from this list.
+KIND_PROBES: dict[str, tuple[tuple[str, object], ...]] = {
+    "issue_number": (
+        ("1", 1), ("618", 618), ("float-integer", 1.0), ("max", 2**63 - 1), ("max-float", 9.2e18),
+        ("2^63", 2**63), ("0", 0), ("-1", -1), ("1.5", 1.5), ("true", True), ("text", "1"), ("array", [1]),
+        ("object", {}),
+    ),
+    "issue_numbers": (
+        ("empty", []), ("one", [617]), ("floats", [1.0, 2]), ("max", [2**63 - 1]), ("json-text", "[1,2]"),
+        ("booleans", [True]), ("scalar", 617), ("zero", [0]), ("2^63", [2**63]), ("nested", [[1]]),
+        ("numeric-text", ["1"]), ("nan-item", [NAN]), ("huge-item", [HUGE]), ("too-many", list(range(1, 2002))),
+    ),
+    "candidates": (
+        ("list", CANARY), ("json-text", json.dumps(CANARY)), ("object", CANARY[0]), ("alias", {"number": 700}),
+        ("float-number", [{"issue_number": 700.0}]), ("scalar", 6), ("boolean", True), ("not-json", "not json"),
+        ("text-of-ints", "[1,2]"), ("double-encoded", json.dumps(json.dumps(CANARY))),
+        ("boolean-number", [{"issue_number": True}]), ("no-number", [{"title": "x"}]),
+        ("unknown-field", [{"issue_number": 1, "bogus": 1}]), ("empty-label", [{"issue_number": 1, "labels": [""]}]),
+        ("bad-date", [{"issue_number": 1, "created_at": "yesterday"}]), ("nan-text", '[{"issue_number": NaN}]'),
+        ("repeated-key-text", '[{"issue_number": 1, "issue_number": 2}]'),
+        ("huge-text", '[{"issue_number": 1' + "0" * 5000 + "}]"),
+        ("deep-text", "[" * 5000 + "]" * 5000), ("2^63", [{"issue_number": 2**63}]),
+    ),
+    "boolean": (("true", True), ("false", False), ("one", 1), ("zero", 0), ("text", "true")),
+    "login": (
+        ("plain", "author-1"), ("at-login", "@author-1"), ("space", "a b"), ("empty", ""), ("41-chars", "a" * 41),
+        ("trailing-newline", "author-1\n"), ("number", 5),
+    ),
+    "text": (
+        ("word", "done"), ("padded", " done "), ("empty", ""), ("blank", "   "), ("newline", "a\nb"),
+        ("trailing-newline", "ab\n"), ("carriage-return", "a\rb"), ("200-chars", "x" * 200), ("201-chars", "x" * 201),
+        ("601-chars", "x" * 601), ("number", 5),
+    ),
+    "sha": (
+        ("sha1", "a" * 40), ("sha256", "0" * 64), ("upper", "A" * 40), ("short", "a" * 39),
+        ("trailing-newline", "a" * 40 + "\n"), ("number", 5),
+    ),
+    "key": (
+        ("plain", "k-1"), ("100-chars", "A" * 100), ("dash-first", "-k"), ("empty", ""), ("101-chars", "A" * 101),
+        ("trailing-newline", "k\n"), ("space", "k y"),
+    ),
+    "fingerprint": (
+        ("sha256", "0" * 64), ("upper", "A" * 64), ("sha1", "a" * 40), ("word", "done"),
+        ("trailing-newline", "0" * 64 + "\n"), ("number", 5),
+    ),
+    "choice": (("implement", "implement"), ("unknown", "go"), ("capitalised", "Implement"), ("number", 5)),
+    "state": (
+        ("valid", VALID_STATE), ("empty-object", {}), ("text", "STATE: ready"),
+        ("missing-field", {k: v for k, v in VALID_STATE.items() if k != "why"}),
+        ("unknown-field", {**VALID_STATE, "colour": "blue"}), ("bad-state", {**VALID_STATE, "state": "bogus"}),
+        ("bad-role", {**VALID_STATE, "who_is_next": "janitor"}), ("empty-line", {**VALID_STATE, "why": ""}),
+        ("two-lines", {**VALID_STATE, "why": "a\nb"}), ("padded-line", {**VALID_STATE, "why": " a "}),
+        ("boolean-pr", {**VALID_STATE, "related_prs": [True]}), ("repeated-pr", {**VALID_STATE, "related_prs": [1, 1]}),
+        ("float-pr", {**VALID_STATE, "related_prs": [7.0]}), ("with-extra", {**VALID_STATE, "extra": {"RISK": "low"}}),
+        ("lower-extra-key", {**VALID_STATE, "extra": {"risk": "low"}}),
+        ("field-as-extra", {**VALID_STATE, "extra": {"STATE": "x"}}),
+        ("two-line-extra", {**VALID_STATE, "extra": {"RISK": "a\nb"}}),
+        ("prompt", {**VALID_STATE, "next_prompt": "line one\n\nline two"}),
+        ("prompt-trailing-newline", {**VALID_STATE, "next_prompt": "line one\n"}),
+        ("prompt-trailing-space", {**VALID_STATE, "next_prompt": "line one \nline two"}),
+        ("surrogate-line", {**VALID_STATE, "why": LONE}),
+    ),
+}
+
+#: The named probes of issue 12 item 8 (each was accepted by one side and refused by the other).
+#: The verdict column is the decision taken per probe: JSON Schema's integer admits 1.0 (as 1); a login has no
+#: leading @; one line means no line break anywhere; exclusions are an array of integers, never JSON text.
+ITEM_8_PROBES: tuple[tuple[str, str, dict[str, Any], bool], ...] = (
+    ("float-integer", "release_lease", {"issue_number": 1.0}, True),
+    ("at-login", "allocate_next_work", {"owner": "@author-1"}, False),
+    ("newline-reason", "release_lease", {"issue_number": 1, "reason": "two\nlines"}, False),
+    ("json-text-exclusions", "allocate_next_work", {"exclude_issue_numbers": "[1,2]"}, False),
+    ("boolean-exclusions", "allocate_next_work", {"exclude_issue_numbers": [True]}, False),
+    ("empty-state", "post_issue_state", {"issue_number": 1, "state": {}}, False),
+    ("2^63", "get_issue_state", {"issue_number": 2**63}, False),
+)
+
+
+def base_arguments(verb: Verb) -> dict[str, Any]:
+    """A schema-valid call of ``verb`` that an in-process server can run without Gitea."""
+    out: dict[str, Any] = {}
+    for param in verb.params:
+        if param.kind == "issue_number":
+            out[param.name] = 618
+        elif param.kind == "state":
+            out[param.name] = VALID_STATE
+        elif param.kind == "candidates":
+            out[param.name] = CANARY
+        elif param.name == "owner":
+            out[param.name] = "author-1"
+    return out
+
+
+def argument_probes(*, hostile: bool = True) -> list[Any]:
+    """(verb, arguments) for every offered verb: each argument swapped for each probe of its kind (and each
+    hostile value), one unknown argument, each required argument left out."""
+    cases: list[Any] = []
+    for verb in VERBS.values():
+        if not verb.executable:
+            continue
+        base = base_arguments(verb)
+        cases.append(pytest.param(verb.name, base, id=f"{verb.name}|base"))
+        cases.append(pytest.param(verb.name, {**base, "caller": "controller-bot"}, id=f"{verb.name}|unknown-argument"))
+        for param in verb.params:
+            probes = KIND_PROBES[param.kind] + (HOSTILE if hostile else ())
+            for probe_id, value in probes:
+                arguments = {**base, param.name: value}
+                cases.append(pytest.param(verb.name, arguments, id=f"{verb.name}|{param.name}|{probe_id}"))
+            if param.required:
+                arguments = {k: v for k, v in base.items() if k != param.name}
+                cases.append(pytest.param(verb.name, arguments, id=f"{verb.name}|{param.name}|omitted"))
+    return cases
+
+
+def checks_verdict(verb: Verb, arguments: dict[str, Any]) -> bool:
+    _, problems = verb.check_arguments(arguments)
+    return not problems
+
+
+@pytest.mark.parametrize(("verb", "arguments"), argument_probes())
+def test_the_checks_accept_exactly_what_the_published_schema_accepts(verb: str, arguments: dict[str, Any]) -> None:
+    """Issue 12 item 8: Verb.check_arguments (what the server enforces) and the published input schema give
+    the same verdict for every offered tool and every probe, hostile values included."""
+    expected = schema_verdict(VERBS[verb].input_schema(), arguments)
+    assert checks_verdict(VERBS[verb], arguments) == expected
+
+
+@pytest.mark.parametrize(
+    ("verb", "arguments", "valid"), [pytest.param(v, a, ok, id=i) for i, v, a, ok in ITEM_8_PROBES]
+)
+def test_issue_12_item_8_probes_get_one_verdict_from_schema_and_checks(
+    verb: str, arguments: dict[str, Any], valid: bool
+) -> None:
+    """The probes of item 8 that the schema and the checks disagreed on (and 2^63, which they agreed on)."""
+    assert schema_verdict(VERBS[verb].input_schema(), arguments) is valid
+    assert checks_verdict(VERBS[verb], arguments) is valid
+
+
+def test_integral_floats_reach_the_verbs_as_integers() -> None:
+    """JSON Schema's integer is a number with no fraction: 1.0 is accepted, and the verb sees the int 1."""
+    values, problems = VERBS["release_lease"].check_arguments({"issue_number": 1.0})
+    assert problems == [] and type(values["issue_number"]) is int and values["issue_number"] == 1
+    values, problems = VERBS["allocate_next_work"].check_arguments({"exclude_issue_numbers": [617.0]})
+    assert problems == [] and values["exclude_issue_numbers"] == [617]
+    assert all(type(n) is int for n in values["exclude_issue_numbers"])  # type: ignore[attr-defined]
+
+
+def test_every_string_in_the_published_schemas_is_bounded() -> None:
+    """Issue 12 item 7: no argument string is unbounded (a long string is refused by the schema itself)."""
+
+    def walk(node: object, path: str) -> None:
+        if isinstance(node, dict):
+            if node.get("type") == "string" or (isinstance(node.get("type"), list) and "string" in node["type"]):
+                assert "maxLength" in node or "enum" in node, path
+            if node.get("type") == "array":
+                assert "maxItems" in node, path
+            for key, sub in node.items():
+                walk(sub, f"{path}/{key}")
+        elif isinstance(node, list):
+            for i, sub in enumerate(node):
+                walk(sub, f"{path}/{i}")
+
+    for verb in VERBS.values():
+        walk(verb.input_schema(), verb.tool)
