@@ -250,7 +250,8 @@ class Allocator:
                 # a lease without a worktree would strand the issue, so it is released at once, the issue is
                 # marked blocked for a person, and the refusal is posted (unavailable: the caller retries).
                 outcome.outbox_keys += await self._release_unworkable(outcome.lease, result.refusal, call, moment)
-                outcome.lease = await self.leases.get(outcome.lease.lease_id) or outcome.lease
+            # The lease as the store holds it now (a compensated bootstrap released it itself).
+            outcome.lease = await self.leases.get(outcome.lease.lease_id) or outcome.lease
         return outcome
 
     async def _release_unworkable(
@@ -324,7 +325,9 @@ class Allocator:
                     now=now,
                     actor=call.actor,
                     fingerprint=decision.fingerprint,
-                    request={"exclude": sorted(decision.exclusions.get("caller", [])), "source": source},
+                    # The caller's exclusions as the decision applied them (normalized): seed 000 AC9.
+                    request={"exclude": sorted(decision.exclusions.get("exclude_issue_numbers", [])),
+                             "source": source},
                     reclaim=stale[0] if stale else None,
                     grace=self.policy.lease_grace,
                 )
@@ -367,6 +370,8 @@ class Allocator:
             "action": "allocate",
             "lease": lease.to_dict(),
             "fingerprint": decision.fingerprint,
+            # What the decision excluded; the lease row records the same (checked by `foreman invariants`).
+            "exclusions": {k: list(v) for k, v in decision.exclusions.items()},
             "requested_by": call.actor,
             "delivery": call.delivery_id,
             "skipped": [s.to_dict() for s in decision.skipped][:20],

@@ -13,8 +13,10 @@ no worktree that the journal cannot account for.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
+import re
 import sqlite3
 import subprocess
 from collections import Counter
@@ -44,6 +46,11 @@ INVARIANTS: dict[str, str] = {
     " comment of the compensated bootstrap that released it, or the comment of an allocation that released it"
     " because its worktree could not be bootstrapped (<lease>:unworkable)",
     "leases.assigned": "every live lease's owner is an assignee of its issue in Gitea",
+    "leases.unassigned_after_failure": "the owner of a lease foreman released because its bootstrap failed or could"
+    " not run (end reason `bootstrap failed: ...` or `unworkable: ...`) is no assignee of the issue in Gitea, unless"
+    " that owner holds a live lease of it again",
+    "leases.exclusions_recorded": "every lease an allocation made records the exclusions its decision applied: the"
+    " lease row's `exclude` equals `exclusions.exclude_issue_numbers` of its evidence comment",
     "leases.bootstrapped": "every live lease has a completed bootstrap transition (when bootstrap runs on"
     " allocation): an allocation whose bootstrap is refused releases the lease at once",
     "journal.terminal": "no bootstrap transition is left open (every one completed or compensated)",
@@ -51,6 +58,8 @@ INVARIANTS: dict[str, str] = {
     "journal.no_evidence_without_transition": "every bootstrap evidence or failure key names a stored transition"
     " with that outcome",
     "journal.registered": "every completed transition registered its worktree",
+    "journal.assignment_read_back": "every completed transition's proof has Gitea listing the owner as an assignee,"
+    " read back after foreman assigned it (never an assumed or pending assignment)",
     "worktrees.no_orphan_dir": "every directory under branches/ is a worktree registered in git",
     "worktrees.journaled": "every git worktree under branches/ has a live registration of a completed transition,"
     " on the same branch",
@@ -84,6 +93,10 @@ class LeaseFact:
     owner: str
     status: str  # live | released | expired
     end_reason: str | None = None
+    #: the exclusions the lease row records (its request's ``exclude``); None: not made by an allocation
+    exclude: tuple[int, ...] | None = None
+    #: the exclusions its allocation decision applied, as its evidence comment records them; None: not recorded
+    decided_exclude: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,6 +125,8 @@ class TransitionFact:
     outcome: str  # open | completed | compensated
     branch: str
     worktree_path: str
+    #: a completed transition's proof: Gitea, read back, listed the owner as assignee. None: not looked at
+    assignment_read_back: bool | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -253,6 +268,11 @@ def _once(markers: Counter[str], key: str) -> str | None:
     return None if count == 1 else f"{key} is on {count} bot comments in Gitea"
 
 
+#: How the end reason of a lease foreman released for a failed or impossible bootstrap begins (bot.bootstrap,
+#: bot.allocation): such a release also takes the owner off the issue's assignees.
+_FAILED_ENDS = ("bootstrap failed", "unworkable")
+
+
 def _leases(facts: Facts) -> list[Violation]:
     out: list[Violation] = []
     db = facts.db
@@ -260,6 +280,7 @@ def _leases(facts: Facts) -> list[Violation]:
     entries = {e.key: e for e in db.outbox}
     lease_ids = {lease.lease_id for lease in db.leases}
     live = Counter(lease.issue_number for lease in db.leases if lease.status == "live")
+    live_owners = {(lease.issue_number, lease.owner.lower()) for lease in db.leases if lease.status == "live"}
     for number, count in sorted(live.items()):
         if count > 1:
             out.append(Violation("leases.one_live_per_issue", f"#{number}", f"{count} live leases"))
@@ -282,12 +303,20 @@ def _leases(facts: Facts) -> list[Violation]:
             ends = [f"{lease.lease_id}:release", f"{lease.lease_id}:unworkable", *failures.get(lease.lease_id, [])]
             if not any(markers.get(k, 0) == 1 and entries.get(k) is not None for k in ends):
                 out.append(Violation("leases.end_evidence", subject, f"none of {ends} is in Gitea exactly once"))
+        assigned = facts.gitea.assignees.get(lease.issue_number, frozenset())
         if lease.status == "live":
-            assigned = facts.gitea.assignees.get(lease.issue_number, frozenset())
             if lease.owner.lower() not in assigned:
                 out.append(Violation("leases.assigned", subject, f"Gitea's assignees are {sorted(assigned)}"))
             if facts.require_bootstrap and lease.lease_id not in completed:
                 out.append(Violation("leases.bootstrapped", subject, "no completed bootstrap transition"))
+        elif (lease.status == "released" and (lease.end_reason or "").startswith(_FAILED_ENDS)
+              and lease.owner.lower() in assigned and (lease.issue_number, lease.owner.lower()) not in live_owners):
+            out.append(Violation("leases.unassigned_after_failure", subject, f"released ({lease.end_reason}) but"
+                                 f" still assigned in Gitea: {sorted(assigned)}"))
+        if (lease.exclude is not None and lease.decided_exclude is not None
+                and sorted(lease.exclude) != sorted(lease.decided_exclude)):
+            out.append(Violation("leases.exclusions_recorded", subject, f"the lease records {sorted(lease.exclude)},"
+                                 f" its decision excluded {sorted(lease.decided_exclude)}"))
     named = {(k, "outbox") for k in entries} | {(k, "Gitea") for k in markers}
     for key, where in sorted(named):
         if key.startswith("lease-"):
@@ -314,6 +343,9 @@ def _journal(facts: Facts) -> list[Violation]:
             out.append(Violation("journal.evidence", subject, problem))
         if t.outcome == "completed" and t.key not in registered:
             out.append(Violation("journal.registered", subject, "completed without a worktree registration"))
+        if t.outcome == "completed" and t.assignment_read_back is False:
+            out.append(Violation("journal.assignment_read_back", subject, "its proof does not show Gitea listing"
+                                 f" {t.owner} as assignee, read back"))
     named = {e.key for e in db.outbox} | set(markers)
     for key in sorted(named):
         prefix, suffix = _split(key)
@@ -380,6 +412,51 @@ def _worktrees(facts: Facts) -> list[Violation]:
 # ----------------------------------------------------------------------------------------------- edges
 
 
+_EVIDENCE_JSON = re.compile(r"(`{3,})json\n(.*?)\n\1", re.DOTALL)
+
+
+def _evidence_json(body: str) -> dict[str, Any] | None:
+    """The machine-readable section of an evidence comment body (``bot.core.evidence.render_evidence``)."""
+    found = _EVIDENCE_JSON.findall(body or "")
+    if not found:
+        return None
+    try:
+        doc = json.loads(found[-1][1])
+    except ValueError:
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
+def _numbers(value: Any) -> tuple[int, ...] | None:
+    if not isinstance(value, list) or not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+        return None
+    return tuple(sorted(value))
+
+
+def _recorded_exclusions(request_json: str | None) -> tuple[int, ...] | None:
+    """The lease row's ``exclude`` (None when the row has none: the lease was not made by an allocation)."""
+    request = json.loads(request_json) if request_json else {}
+    return _numbers(request.get("exclude")) if isinstance(request, dict) and "exclude" in request else None
+
+
+def _decided_exclusions(payload_json: str) -> tuple[int, ...] | None:
+    """``exclusions.exclude_issue_numbers`` from a lease's evidence comment, as queued (None: not recorded)."""
+    payload = json.loads(payload_json)
+    doc = _evidence_json(payload.get("body", "")) if isinstance(payload, dict) else None
+    exclusions = doc.get("exclusions") if doc is not None else None
+    return _numbers(exclusions.get("exclude_issue_numbers")) if isinstance(exclusions, dict) else None
+
+
+def _assignment_read_back(owner: str, result_json: str | None) -> bool:
+    """A completed transition's proof says Gitea, read back after the assignment, lists the owner."""
+    result = json.loads(result_json) if result_json else {}
+    assignment = result.get("assignment") if isinstance(result, dict) else None
+    if not isinstance(assignment, dict):
+        return False
+    listed = {str(a).lower() for a in assignment.get("gitea_assignees") or ()}
+    return assignment.get("assigned") is True and assignment.get("read_back") is True and owner.lower() in listed
+
+
 def _row_comment_id(result_json: str | None) -> int | None:
     if not result_json:
         return None
@@ -393,16 +470,20 @@ def gather_db(path: Path | str) -> DbFacts:
     conn = sqlite3.connect(uri, uri=True)
     try:
         conn.execute("PRAGMA busy_timeout=5000")
-        leases = tuple(
-            LeaseFact(*row)
-            for row in conn.execute(
-                "SELECT lease_id, issue_number, owner, status, end_reason FROM leases ORDER BY id"
-            )
-        )
+        rows = list(conn.execute(
+            "SELECT idempotency_key, issue_number, kind, status, result_json, payload_json FROM outbox ORDER BY id"
+        ))
         outbox = tuple(
             OutboxFact(key, number, kind, status, _row_comment_id(result) if kind == "comment" else None)
-            for key, number, kind, status, result in conn.execute(
-                "SELECT idempotency_key, issue_number, kind, status, result_json FROM outbox ORDER BY id"
+            for key, number, kind, status, result, _payload in rows
+        )
+        decided = {key.removesuffix(":evidence"): _decided_exclusions(payload) for key, _, kind, _, _, payload in rows
+                   if kind == "comment" and key.startswith("lease-") and key.endswith(":evidence")}
+        leases = tuple(
+            LeaseFact(lease_id, number, owner, status, end_reason, _recorded_exclusions(request),
+                      decided.get(lease_id))
+            for lease_id, number, owner, status, end_reason, request in conn.execute(
+                "SELECT lease_id, issue_number, owner, status, end_reason, request_json FROM leases ORDER BY id"
             )
         )
         deliveries = tuple(
@@ -410,10 +491,11 @@ def gather_db(path: Path | str) -> DbFacts:
             for row in conn.execute("SELECT delivery_id, body_sha256, status FROM deliveries ORDER BY id")
         )
         transitions = tuple(
-            TransitionFact(*row)
-            for row in conn.execute(
-                "SELECT idempotency_key, issue_number, lease_id, owner, phase, outcome, branch, worktree_path"
-                " FROM bootstrap_journal ORDER BY id"
+            TransitionFact(key, number, lease_id, owner, phase, outcome, branch, path_,
+                           _assignment_read_back(owner, result) if outcome == "completed" else None)
+            for key, number, lease_id, owner, phase, outcome, branch, path_, result in conn.execute(
+                "SELECT idempotency_key, issue_number, lease_id, owner, phase, outcome, branch, worktree_path,"
+                " result_json FROM bootstrap_journal ORDER BY id"
             )
         )
         registrations = tuple(
@@ -425,11 +507,7 @@ def gather_db(path: Path | str) -> DbFacts:
         )
     finally:
         conn.close()
-    transitions = tuple(
-        TransitionFact(t.key, t.issue_number, t.lease_id, t.owner, t.phase, t.outcome, t.branch,
-                       _real(t.worktree_path))
-        for t in transitions
-    )
+    transitions = tuple(dataclasses.replace(t, worktree_path=_real(t.worktree_path)) for t in transitions)
     return DbFacts(leases, outbox, deliveries, transitions, registrations)
 
 

@@ -188,6 +188,18 @@ async def test_apply_writes_lease_and_its_gitea_effects_in_one_transaction(alloc
     assert outcome.lease.lease_id in entries[2].payload["body"]
 
 
+async def test_ac9_the_lease_row_records_the_exclusions_the_decision_applied(allocator: Allocator) -> None:
+    """Seed 000 AC9 (persisted controller ownership), issue 12 item 10(iii): the lease row stores the caller's
+    exclusions as the decision applied them (normalized, sorted), never an empty list in their place."""
+    outcome = await allocator.run(call(exclude_issue_numbers=[619, 617], dry_run=False), now=NOW)
+    assert outcome.lease is not None and outcome.lease.issue_number == 618
+    decided = outcome.to_dict()["exclusions"]["exclude_issue_numbers"]
+    with sqlite3.connect(allocator.settings.database.path) as conn:
+        [(request,)] = conn.execute("SELECT request_json FROM leases WHERE lease_id = ?",
+                                    (outcome.lease.lease_id,)).fetchall()
+    assert json.loads(request)["exclude"] == decided == [617, 619]
+
+
 async def test_an_expired_foreign_lease_is_reclaimed_only_after_the_grace(allocator: Allocator) -> None:
     """Issue 5.4: an expired lease is skipped during its grace, then reclaimed, and the reclaim recorded."""
     only = [CANARY[0]]

@@ -38,7 +38,7 @@ def consistent() -> Facts:
     """Issue #1: leased to author-1, bootstrapped, worktree registered. Issue #2: leased, released through the
     verb. Issue #3: leased, its bootstrap compensated (which released the lease). Every comment once."""
     leases = (
-        LeaseFact("lease-1", 1, "author-1", "live"),
+        LeaseFact("lease-1", 1, "author-1", "live", exclude=(617,), decided_exclude=(617,)),
         LeaseFact("lease-2", 2, "author-2", "released", "done"),
         LeaseFact("lease-3", 3, "author-1", "released", "bootstrap failed: base moved"),
     )
@@ -56,7 +56,7 @@ def consistent() -> Facts:
         CommentFact(2, 501, "bob", "lease-9:evidence"),  # bob quoting a marker is not the bot's comment
     )
     transitions = (
-        TransitionFact(KEY, 1, "lease-1", "author-1", "completed", "completed", BRANCH, PATH),
+        TransitionFact(KEY, 1, "lease-1", "author-1", "completed", "completed", BRANCH, PATH, True),
         TransitionFact("bootstrap-3-bbbb", 3, "lease-3", "author-1", "compensation_completed", "compensated",
                        "issue-3-other", OTHER),
     )
@@ -157,6 +157,22 @@ CASES: dict[str, tuple[str, Mutation]] = {
     "a compensation release whose failure comment is missing": (
         "leases.end_evidence", _without_comment("bootstrap-3-bbbb:failure")),
     "a live lease whose owner is not assigned": ("leases.assigned", lambda f: _gitea(f, assignees={1: frozenset()})),
+    "an owner still assigned after a failed bootstrap released the lease": (
+        "leases.unassigned_after_failure", lambda f: _gitea(f, assignees={**f.gitea.assignees,
+                                                                          3: frozenset({"author-1"})})),
+    "an owner still assigned after an unworkable lease was released": (
+        "leases.unassigned_after_failure", lambda f: _gitea(_db(_add_lease(LeaseFact(
+            "lease-6", 6, "author-2", "released", "unworkable: invalid_state"))(f), outbox=(
+                *f.db.outbox, OutboxFact("lease-6:evidence", 6, "comment", "done", 970),
+                OutboxFact("lease-6:unworkable", 6, "comment", "done", 971))), comments=(
+                    *f.gitea.comments, CommentFact(6, 970, BOT, "lease-6:evidence"),
+                    CommentFact(6, 971, BOT, "lease-6:unworkable")), assignees={**f.gitea.assignees,
+                                                                                6: frozenset({"author-2"})})),
+    "a lease recording other exclusions than its decision applied": ("leases.exclusions_recorded", lambda f: _db(
+        f, leases=tuple(dataclasses.replace(lease, exclude=()) if lease.lease_id == "lease-1" else lease
+                        for lease in f.db.leases))),
+    "a completed transition whose proof does not show the owner assigned": (
+        "journal.assignment_read_back", _transition(KEY, assignment_read_back=False)),
     "a live lease that was never bootstrapped": ("leases.bootstrapped", lambda f: _db(
         _add_lease(LeaseFact("lease-4", 4, "author-3", "live"))(f),
         outbox=(*f.db.outbox, OutboxFact("lease-4:evidence", 4, "comment", "done", 950)),
@@ -228,6 +244,21 @@ def test_a_live_lease_without_a_worktree_is_a_violation_even_after_a_foreign_own
     required = dataclasses.replace(foreign, require_bootstrap=True)
     assert [v.invariant for v in invariants.check(required)] == ["leases.bootstrapped"]
     assert invariants.check(dataclasses.replace(foreign, require_bootstrap=False)) == []
+
+
+def test_an_owner_who_leased_the_issue_again_may_stay_assigned_after_an_earlier_failure() -> None:
+    """Issue 12 item 10: the assignment must not outlive the lease; a new live lease of the same owner is a lease."""
+    base = consistent()
+    again = _db(
+        _add_lease(LeaseFact("lease-7", 3, "author-1", "live"))(base),
+        outbox=(*base.db.outbox, OutboxFact("lease-7:evidence", 3, "comment", "done", 980)),
+    )
+    again = _gitea(again, assignees={**again.gitea.assignees, 3: frozenset({"author-1"})},
+                   comments=(*again.gitea.comments, CommentFact(3, 980, BOT, "lease-7:evidence")))
+    assert "leases.unassigned_after_failure" not in {v.invariant for v in invariants.check(again)}
+    # a lease without recorded exclusions (not made by an allocation) or without a recorded decision is not judged
+    unknown = _db(base, leases=tuple(dataclasses.replace(lease, decided_exclude=None) for lease in base.db.leases))
+    assert invariants.check(dataclasses.replace(unknown, require_bootstrap=True)) == []
 
 
 def test_the_checkout_and_acknowledgements_are_optional() -> None:

@@ -9,6 +9,7 @@ import asyncio
 import json
 from typing import Any
 
+from bot import invariants
 from bot.allocation import AllocationCall, Allocator
 from bot.config import OutboxConfig
 from bot.core.vocabulary import status_labels
@@ -117,3 +118,61 @@ async def test_a_completed_proof_reports_the_assignment_gitea_ends_with() -> Non
         final = await gitea_assignees(w, number)
         assert proof["assignment"]["assigned"] is ("alice" in final) is True
         assert proof["assignment"]["gitea_assignees"] == final
+
+
+async def test_the_allocation_reports_its_lease_as_stored_after_the_bootstrap_compensated() -> None:
+    """Seed 000 AC9 / seed 004 AC5, issue 12 item 9 (read-after-write): with `on_allocate = "run"`, the apply's
+    result shows the lease as the store holds it after the bootstrap, released by the compensation, not the
+    live copy the apply's transaction created."""
+    async with world(on_allocate="run") as w:
+        status_labelled(w)
+        number = w.issue()
+        w.path(number).mkdir(parents=True)
+        (w.path(number) / "mine.txt").write_text("not foreman's\n", encoding="utf-8")
+        doc = await allocate(w, number)
+        assert doc["bootstrap"]["status"] == "compensated", doc["bootstrap"]
+        stored = await LeaseStore(w.db).get(doc["lease"]["lease_id"])
+        assert stored is not None and doc["lease"] == stored.to_dict() and stored.status == "released"
+
+
+# ------------------------------------------------------------------------------------------------ foreman invariants
+
+
+async def test_invariants_hold_after_a_compensated_allocation_and_report_an_owner_left_assigned() -> None:
+    """Issue 12 item 10(i): over the real stores (SQLite, Gitea, the checkout), a compensated allocation leaves
+    `leases.unassigned_after_failure` holding; Gitea showing the released owner assigned (what the outbox used to
+    end with) is reported by that invariant."""
+    async with world(on_allocate="run") as w:
+        status_labelled(w)
+        number = w.issue()
+        w.path(number).mkdir(parents=True)
+        (w.path(number) / "mine.txt").write_text("not foreman's\n", encoding="utf-8")
+        doc = await allocate(w, number)
+        await drain_outbox(w)
+
+        async def found() -> set[str]:
+            facts = await invariants.gather(database=w.settings.database.path, client=w.live.client(BOT),
+                                            bot_login=BOT, checkout=w.checkout)
+            return {v.invariant for v in invariants.check(facts)}
+
+        assert "leases.unassigned_after_failure" not in await found()
+        await w.live.client(BOT).edit_issue(number, assignees=["alice"])
+        assert "leases.unassigned_after_failure" in await found(), doc["lease"]
+
+
+async def test_invariants_see_the_exclusions_and_the_read_back_assignment_of_a_real_allocation() -> None:
+    """Issue 12 items 10(ii) and 10(iii): a real allocation with exclusions and its completed bootstrap: the lease
+    row's exclusions equal its evidence comment's, the proof's assignment was read back, every invariant holds."""
+    async with world(on_allocate="run") as w:
+        status_labelled(w)
+        number = w.issue()
+        doc = await allocate(w, number, exclude_issue_numbers=[4242, 4241])
+        assert doc["bootstrap"]["status"] == "completed", doc["bootstrap"]
+        await drain_outbox(w)
+        facts = await invariants.gather(database=w.settings.database.path, client=w.live.client(BOT),
+                                        bot_login=BOT, checkout=w.checkout, require_bootstrap=True)
+        [lease] = facts.db.leases
+        assert lease.exclude == lease.decided_exclude == (4241, 4242)
+        [transition] = facts.db.transitions
+        assert transition.assignment_read_back is True
+        assert invariants.check(facts) == []
