@@ -252,7 +252,8 @@ async def test_abort_with_a_call_that_never_settles_needs_independent_reconcilia
 
 async def test_broker_detects_host_identity_change_during_inflight_call(world: World) -> None:
     """Seed REQ 122: host identity is rechecked on completion; teardown is refused on another host and the
-    exact worktree UUID is reported unresolved instead."""
+    exact worktree UUID is reported unresolved instead: while a call is in flight, and also once the teardown is
+    due (the call reconciled, the run aborted, the grant expired), issue 12 item 9g."""
     broker = world.broker()
     inflight = await broker.before_call(*LOCK)
     assert inflight.allowed
@@ -272,8 +273,42 @@ async def test_broker_detects_host_identity_change_during_inflight_call(world: W
     _refused(await broker.before_call(*STATE), "inflight_unresolved", "inflight")
     assert (await broker.reconcile(inflight.call_id or "", note="lock verified in Gitea")).ok
     _refused(await broker.before_call(*STATE), "grant_denied", "after_abort")
+    # The teardown is due now (nothing in flight): on another host it is still refused, and once the grant has
+    # expired too; nothing runs there, and the bound worktree is reported unresolved.
+    world.host.value = HOST_B
+    for moment in (world.clock.value, world.grant.expires_at + timedelta(seconds=1)):
+        world.clock.value = moment
+        foreign, _ = await world.run_teardown(broker)
+        _refused(foreign, "host_mismatch", "host_mismatch")
+        assert foreign.refusal is not None and foreign.refusal["details"]["unresolved_worktree_uuid"] == BOUND
+    assert world.ran == []
+    world.host.value = HOST_A
     admission, _ = await world.run_teardown(broker)
     assert admission.allowed and admission.worktree_uuid == BOUND
+
+
+@pytest.mark.parametrize("due", ["completed", "failed", "expired"])
+async def test_a_due_teardown_is_refused_on_a_foreign_host(world: World, due: str) -> None:
+    """Seed REQ 122, issue 12 item 9g: once the teardown is due (the plan completed, a step failed, or the grant
+    expired), it is still refused on a host other than the grant's (host_mismatch, the bound worktree reported
+    unresolved, nothing run there); on the grant's own host it is admitted."""
+    broker = world.broker()
+    steps = {"completed": [LOCK, STATE, BEAT], "failed": [LOCK], "expired": [LOCK]}[due]
+    for tool, args in steps:
+        admission, completion = await world.call(broker, tool, args, ok=due != "failed")
+        assert admission.allowed and completion is not None and completion.accepted
+    if due == "expired":
+        world.clock.value = world.grant.expires_at + timedelta(seconds=1)
+    assert (await world.state()).inflight is None
+    ran = list(world.ran)
+    world.host.value = HOST_B
+    foreign, _ = await world.run_teardown(broker)
+    _refused(foreign, "host_mismatch", "host_mismatch")
+    assert foreign.refusal is not None and foreign.refusal["details"]["unresolved_worktree_uuid"] == BOUND
+    assert world.ran == ran
+    world.host.value = HOST_A
+    admission, completion = await world.run_teardown(broker)
+    assert admission.allowed and admission.effect == "teardown" and completion is not None and completion.accepted
 
 
 async def test_broker_denies_changed_arguments_and_wrong_worktree_then_only_tears_down_bound_worktree(
