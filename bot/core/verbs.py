@@ -240,7 +240,7 @@ _STATE_SCHEMA: dict[str, Any] = {
 _SCREEN_DEPTH = 16
 _SCREEN_NODES = 250_000
 _SCREEN_INT_BITS = 64
-_SCREEN_STRING = 2 * MAX_JSON_TEXT
+_SCREEN_STRING = MAX_JSON_TEXT  # the longest maxLength of any string here
 
 
 def screen(value: object) -> str | None:
@@ -720,6 +720,8 @@ def _check_table() -> None:
         jsonschema.Draft202012Validator.check_schema(verb.input_schema())
         if verb.input_schema()["properties"] != {p.name: p.schema() for p in verb.params}:
             raise ValueError(f"{verb.name}: the published schema must be the arguments' schemas")
+        for param in verb.params:
+            _validators(param)  # built (and checked) once, at import: no call pays for it
 
 
 _check_table()
