@@ -17,13 +17,14 @@ from __future__ import annotations
 
 import hmac
 import importlib.metadata
+import io
 import json
 import logging
 import os
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import anyio
 import mcp.types as types
@@ -116,6 +117,17 @@ def unknown_tool(name: str, offered: Sequence[types.Tool]) -> Envelope:
     )
 
 
+def unreadable_arguments(name: str, why: str) -> Envelope:
+    """The refusal of a call whose arguments the transport could not read (nothing runs, no broker sees it)."""
+    return Envelope(
+        error="invalid_input",
+        message=f"{name[:80]!a}: the arguments are not acceptable JSON ({why}); nothing ran",
+        remediate="Send arguments that match the tool's input schema: no integer of more than 4,300 digits, "
+        "no lone surrogate in a string.",
+        exact_next_action="call the tool again with corrected arguments",
+    )
+
+
 def offered_tools() -> list[types.Tool]:
     """The tools an MCP server offers: every executable verb of the table, in table order."""
     return [tool_for(verb) for verb in VERBS.values() if verb.executable]
@@ -168,6 +180,9 @@ def build_server(
                 return refused(params.name, unknown_tool(params.name, offered))
             return await runtime.call(verb.name, caller, arguments)
 
+        unreadable = (params.meta or {}).get(UNREADABLE_META)
+        if unreadable is not None:  # the wire carried arguments no JSON parser of the SDK reads (see _readable)
+            return result_of(unreadable_arguments(params.name, str(unreadable)).to_dict(), is_error=True)
         arguments = dict(params.arguments or {})
         if around is None:
             if verb is None or params.name not in listed:
@@ -350,9 +365,92 @@ async def serve_stdio(settings: Settings, caller: Caller | None = None, *, run_t
             serving = f"{caller.login} ({', '.join(sorted(caller.roles)) or 'no roster role'})"
             count = len(offered_tools())
         log.info("mcp: serving %s on %s over stdio; %d tools", serving, runtime.repo, count)
-        async with stdio_server() as (read_stream, write_stream):
+        async with _wire_stdin() as lines, stdio_server(stdin=cast(Any, lines)) as (read_stream, write_stream):
             await server.run(read_stream, write_stream, server.create_initialization_options())
     return 0
+
+
+# --------------------------------------------------------------------------- stdin lines the SDK cannot parse
+
+#: ``_meta`` key of a tool call whose arguments the SDK's JSON parser refused; its value says why.
+UNREADABLE_META = "foreman/unreadable_arguments"
+_MAX_INT_DIGITS = 4300  # Python's int/str conversion limit (and the SDK parser's)
+
+
+class _HugeInteger(ValueError):
+    pass
+
+
+def _bounded_int(text: str) -> int:
+    if len(text.lstrip("-")) > _MAX_INT_DIGITS:
+        raise _HugeInteger(text[:1])
+    return int(text)
+
+
+def _readable(line: str) -> str:
+    """A stdin line the SDK reads. A ``tools/call`` request its JSON parser refuses (an integer of more than 4,300
+    digits, a lone surrogate escape) would get no answer at all; it is passed on with its arguments replaced by
+    the ``UNREADABLE_META`` marker, so the client gets ``invalid_input``. Anything else is passed on as it came."""
+    try:
+        types.jsonrpc_message_adapter.validate_json(line, by_name=False)
+        return line
+    except Exception:  # noqa: S110 - whatever the SDK refuses is looked at below
+        pass
+    why = "a lone surrogate in a string"
+    try:
+        doc = json.loads(line, parse_int=_bounded_int)
+    except _HugeInteger:
+        why = "an integer of more than 4,300 digits"
+        try:
+            doc = json.loads(line, parse_int=lambda text: 0 if len(text) > _MAX_INT_DIGITS else int(text))
+        except (ValueError, RecursionError):
+            return line
+    except (ValueError, RecursionError):
+        return line
+    params = doc.get("params") if isinstance(doc, dict) else None
+    if not isinstance(doc, dict) or doc.get("method") != "tools/call" or not isinstance(params, dict):
+        return line
+    name = params.get("name")
+    repaired = json.dumps(
+        {
+            "jsonrpc": "2.0",
+            "id": doc.get("id"),
+            "method": "tools/call",
+            "params": {
+                "name": name if isinstance(name, str) else "",
+                "arguments": {},
+                "_meta": {UNREADABLE_META: why},
+            },
+        }
+    )
+    try:
+        types.jsonrpc_message_adapter.validate_json(repaired, by_name=False)
+    except Exception:  # the id or the name itself is unreadable: the SDK's own handling
+        return line
+    return repaired + "\n"
+
+
+async def _readable_lines(lines: AsyncIterable[str]) -> AsyncIterator[str]:
+    async for line in lines:
+        yield _readable(line)
+
+
+@asynccontextmanager
+async def _wire_stdin() -> AsyncIterator[AsyncIterable[str]]:
+    """The wire's stdin as lines for the SDK's stdio transport (through :func:`_readable`). While serving, fd 0
+    points at the null device (as the SDK does for the stdin it claims), so children read EOF, never the wire."""
+    wire = os.dup(0)
+    null = os.open(os.devnull, os.O_RDONLY)
+    try:
+        os.dup2(null, 0)
+    finally:
+        os.close(null)
+    # closefd=False: a worker thread may still block reading it after the session ends; it is never recycled.
+    text = io.TextIOWrapper(os.fdopen(wire, "rb", closefd=False), encoding="utf-8", errors="replace")
+    try:
+        yield _readable_lines(anyio.wrap_file(text))
+    finally:
+        os.dup2(wire, 0)
 
 
 def token_from_environment() -> str | None:

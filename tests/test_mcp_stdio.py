@@ -8,6 +8,7 @@ JSON string and as a list give the same fingerprint; an identity that may not al
 from __future__ import annotations
 
 import json
+import select
 import sqlite3
 import subprocess
 import sys
@@ -141,6 +142,8 @@ STDIO_PROBES: list[tuple[str, dict[str, Any]]] = [
     ("gitea_get_issue_state", {"issue_number": 2**63}),
     ("gitea_get_issue_state", {"issue_number": 2**63 - 1}),
     ("gitea_get_issue_state", {"issue_number": 10**400}),
+    ("gitea_get_issue_state", {"issue_number": 10**5000}),
+    ("gitea_get_issue_state", {"issue_number": float("nan")}),
     ("gitea_get_issue_state", {"issue_number": [[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[1]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]}),
     ("gitea_release_lease", {"issue_number": 1, "reason": "x" * 100_000}),
     ("gitea_allocate_next_work", {"candidates_json": '[{"issue_number": NaN}]'}),
@@ -196,3 +199,53 @@ def test_a_token_that_is_not_utf8_refuses_to_start_with_one_line(tmp_path: Path,
     assert "FOREMAN_MCP_TOKEN" in error["message"]
     if not token.startswith(b"frun_"):  # a run token's line is bot/cli.py's "not the token of any run"
         assert "not valid UTF-8" in error["message"]
+
+
+def test_arguments_the_sdk_parser_refuses_are_answered_invalid_input_on_the_wire(tmp_path: Path) -> None:
+    """Issue 12 item 7 on the raw wire: a tools/call whose JSON the SDK's parser refuses (an integer of 5,000
+    digits, a lone surrogate escape) used to get no answer at all (the client waited forever). Each request is
+    answered, with invalid_input, and the session goes on."""
+    config = write_config(tmp_path)
+    client = {"name": "raw", "version": "0"}
+    init = {"jsonrpc": "2.0", "id": 1, "method": "initialize",
+            "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": client}}
+
+    def call(request_id: int, arguments: str) -> str:
+        return (f'{{"jsonrpc": "2.0", "id": {request_id}, "method": "tools/call", "params": '
+                f'{{"name": "gitea_get_issue_state", "arguments": {arguments}}}}}')
+
+    lines = [
+        json.dumps(init),
+        json.dumps({"jsonrpc": "2.0", "method": "notifications/initialized"}),
+        call(2, '{"issue_number": 1' + "0" * 5000 + "}"),
+        call(3, '{"issue_number": "\\ud800"}'),
+        call(4, '{"issue_number": -' + "9" * 4301 + ', "x": "\\udfff"}'),
+        call(5, '{"issue_number": 1}'),
+    ]
+    command, *args = foreman_mcp_command(config)
+    process = subprocess.Popen(
+        [command, *args], env={"PATH": "/usr/bin:/bin", "FOREMAN_MCP_TOKEN": CONTROLLER_TOKEN}, cwd=REPO_ROOT,
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, bufsize=0,  # select() sees all
+    )
+    assert process.stdin is not None and process.stdout is not None
+    process.stdin.write(("\n".join(lines) + "\n").encode())
+    process.stdin.flush()
+    answers: dict[int, dict[str, Any]] = {}
+    while len(answers) < 5:  # the answer to every request, before stdin closes
+        ready, _, _ = select.select([process.stdout], [], [], 20)
+        assert ready, f"no answer to requests {sorted({2, 3, 4, 5} - set(answers))} within 20 s"
+        line = process.stdout.readline()
+        assert line, "the server stopped answering"
+        message = json.loads(line)
+        answers[message["id"]] = message
+    process.stdin.close()
+    assert process.wait(timeout=30) == 0
+    assert process.stderr is not None and b"Traceback" not in process.stderr.read()
+    for request_id in (2, 3, 4):
+        result = answers[request_id]["result"]
+        assert result["isError"] is True
+        assert result["structuredContent"]["error"] == "invalid_input", result
+        assert "nothing ran" in result["structuredContent"]["message"]
+    assert "more than 4,300 digits" in answers[2]["result"]["structuredContent"]["message"]
+    assert "lone surrogate" in answers[3]["result"]["structuredContent"]["message"]
+    assert answers[5]["result"]["isError"] is False
