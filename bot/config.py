@@ -10,7 +10,16 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, Strict, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    Strict,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+)
 
 from bot.core.grants import TOOL_CONTRACTS, Effect, PolicyTemplate, TemplateError
 from bot.core.vocabulary import MAX_ISSUE_NUMBER
@@ -27,16 +36,39 @@ LabelName = Annotated[str, Field(min_length=1)]
 
 
 class ConfigError(Exception):
-    """A configuration problem, naming the offending key (dotted, e.g. ``webhook.secrets``)."""
+    """Configuration problems, each naming the offending key (dotted, e.g. ``webhook.secrets``).
 
-    def __init__(self, key: str, message: str) -> None:
-        super().__init__(f"{key}: {message}")
+    ``errors`` lists every problem found, as (key, message) pairs; ``key`` and ``message`` are the first's.
+    """
+
+    def __init__(self, key: str, message: str, *, errors: list[tuple[str, str]] | None = None) -> None:
+        self.errors: list[tuple[str, str]] = errors or [(key, message)]
+        more = f" (and {len(self.errors) - 1} more)" if len(self.errors) > 1 else ""
+        super().__init__(f"{key}: {message}{more}")
         self.key = key
         self.message = message
 
+    @classmethod
+    def of(cls, errors: list[tuple[str, str]]) -> ConfigError:
+        return cls(errors[0][0], errors[0][1], errors=list(errors))
+
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # allow_inf_nan=False: `timeout_s = inf` or `nan` is refused, not an endless timeout or a failed comparison.
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _booleans_are_not_numbers(cls, value: Any, info: ValidationInfo) -> Any:
+        """TOML and JSON tell booleans from numbers; pydantic's lax mode would turn `port = true` into 1 and
+        `log_json = 1` into true. Neither is what the operator meant: refuse both (issue 12.11)."""
+        name = info.field_name
+        annotation = cls.model_fields[name].annotation if name is not None else None
+        if annotation in (int, float) and isinstance(value, bool):
+            raise ValueError(f"expected a number, got the boolean {str(value).lower()}")
+        if annotation is bool and not isinstance(value, bool):
+            raise ValueError(f"expected true or false, got {type(value).__name__} {value!r}")
+        return value
 
 
 class ServerConfig(_Section):
@@ -82,6 +114,10 @@ class GiteaConfig(_Section):
     def _url_has_scheme(cls, value: str) -> str:
         if not value.startswith(("http://", "https://")):
             raise ValueError("must be an http:// or https:// URL, without /api/v1")
+        if value.rstrip("/").lower().endswith("/api/v1"):
+            raise ValueError(
+                f"must be Gitea's base URL without /api/v1 (the client adds it): {value.rstrip('/')[:-7]!r}"
+            )
         return value.rstrip("/")
 
 
@@ -227,19 +263,31 @@ def _parse_env_value(raw: str) -> Any:
     return raw
 
 
-def apply_env_overrides(data: dict[str, Any], environ: Mapping[str, str]) -> dict[str, Any]:
-    """Overlay FOREMAN_<SECTION>__<KEY>=value onto the file's data (FOREMAN_CONFIG is not a key)."""
+def apply_env_overrides(
+    data: dict[str, Any], environ: Mapping[str, str], *, errors: list[tuple[str, str]] | None = None
+) -> dict[str, Any]:
+    """Overlay FOREMAN_<SECTION>__<KEY>=value onto the file's data (FOREMAN_CONFIG is not a key).
+
+    With ``errors``, a bad variable is recorded there (and skipped) instead of raising ConfigError at once.
+    """
     merged: dict[str, Any] = {k: dict(v) if isinstance(v, dict) else v for k, v in data.items()}
     for name, raw in sorted(environ.items()):
         if not name.startswith(ENV_PREFIX) or "__" not in name:
             continue
         parts = [p.lower() for p in name[len(ENV_PREFIX) :].split("__")]
+        problem: tuple[str, str] | None = None
         if any(not p for p in parts):
-            raise ConfigError(name, "empty section or key in environment override")
-        try:
-            value = _parse_env_value(raw)
-        except ValueError as exc:
-            raise ConfigError(".".join(parts), f"from {name}: {exc}") from exc
+            problem = (name, "empty section or key in environment override")
+        else:
+            try:
+                value = _parse_env_value(raw)
+            except ValueError as exc:
+                problem = (".".join(parts), f"from {name}: {exc}")
+        if problem is not None:
+            if errors is None:
+                raise ConfigError(*problem)
+            errors.append(problem)
+            continue
         node = merged
         for part in parts[:-1]:
             child = node.get(part)
@@ -251,56 +299,106 @@ def apply_env_overrides(data: dict[str, Any], environ: Mapping[str, str]) -> dic
     return merged
 
 
-def _read_secret_file(key: str, path: Path) -> str:
+#: Path-valued keys; a relative value resolves against the config file's folder (DESIGN 3, 2026-12).
+PATH_KEYS: tuple[tuple[str, str], ...] = (
+    ("database", "path"),
+    ("repository", "checkout_root"),
+    ("webhook", "secrets_file"),
+    ("gitea", "token_file"),
+)
+
+
+def _read_secret_file(key: str, path: Path, errors: list[tuple[str, str]]) -> str | None:
     try:
-        text = path.read_text(encoding="utf-8")
+        return path.read_text(encoding="utf-8").strip()
     except OSError as exc:
-        raise ConfigError(key, f"cannot read {path}: {exc.strerror}") from exc
-    return text.strip()
+        errors.append((key, f"cannot read {path}: {exc.strerror}"))
+    except UnicodeDecodeError:
+        errors.append((key, f"{path} is not UTF-8 text"))
+    return None
 
 
-def _resolve_secret_files(settings: Settings) -> Settings:
+def _resolve_paths(settings: Settings, base: Path) -> Settings:
+    """Every relative path key, given or defaulted, made absolute against ``base`` (the config file's folder)."""
+    sections: dict[str, Any] = {}
+    for section, key in PATH_KEYS:
+        model = sections.get(section) or getattr(settings, section)
+        value = getattr(model, key)
+        if value is not None and not value.is_absolute():
+            sections[section] = model.model_copy(update={key: Path(os.path.normpath(base / value))})
+    return settings.model_copy(update=sections) if sections else settings
+
+
+def _resolve_secret_files(settings: Settings, errors: list[tuple[str, str]]) -> Settings:
     webhook = settings.webhook
     if webhook.secrets_file is not None:
         if webhook.secrets is not None:
-            raise ConfigError("webhook.secrets_file", "give webhook.secrets or webhook.secrets_file, not both")
-        lines = _read_secret_file("webhook.secrets_file", webhook.secrets_file).splitlines()
-        found = [SecretStr(line.strip()) for line in lines if line.strip()]
-        webhook = webhook.model_copy(update={"secrets": found})
+            errors.append(("webhook.secrets_file", "give webhook.secrets or webhook.secrets_file, not both"))
+        else:
+            text = _read_secret_file("webhook.secrets_file", webhook.secrets_file, errors)
+            if text is not None:
+                found = [SecretStr(line.strip()) for line in text.splitlines() if line.strip()]
+                webhook = webhook.model_copy(update={"secrets": found})
     gitea = settings.gitea
     if gitea.token_file is not None:
         if gitea.token is not None:
-            raise ConfigError("gitea.token_file", "give gitea.token or gitea.token_file, not both")
-        gitea = gitea.model_copy(
-            update={"token": SecretStr(_read_secret_file("gitea.token_file", gitea.token_file))}
-        )
+            errors.append(("gitea.token_file", "give gitea.token or gitea.token_file, not both"))
+        else:
+            token = _read_secret_file("gitea.token_file", gitea.token_file, errors)
+            if token is not None:
+                gitea = gitea.model_copy(update={"token": SecretStr(token)})
     return settings.model_copy(update={"webhook": webhook, "gitea": gitea})
 
 
-def _check_secrets(settings: Settings) -> None:
-    found = settings.webhook.secrets
-    if found is None:
-        return
+def _raw_problems(data: Mapping[str, Any], base: Path, errors: list[tuple[str, str]]) -> None:
+    """When validation failed, still report unreadable secret files and short secrets (every error at once)."""
+    for section, key in (("webhook", "secrets_file"), ("gitea", "token_file")):
+        table = data.get(section)
+        value = table.get(key) if isinstance(table, Mapping) else None
+        if isinstance(value, str):
+            path = Path(value)
+            _read_secret_file(f"{section}.{key}", path if path.is_absolute() else base / path, errors)
+    webhook = data.get("webhook")
+    secrets = webhook.get("secrets") if isinstance(webhook, Mapping) else None
+    if isinstance(secrets, list) and all(isinstance(item, str) for item in secrets):
+        _check_secret_values([SecretStr(item) for item in secrets], errors)
+
+
+def _check_secrets(settings: Settings, errors: list[tuple[str, str]]) -> None:
+    if settings.webhook.secrets is not None:
+        _check_secret_values(settings.webhook.secrets, errors)
+
+
+def _check_secret_values(found: list[SecretStr], errors: list[tuple[str, str]]) -> None:
     if not found:
-        raise ConfigError(
+        errors.append((
             "webhook.secrets",
             "is an empty list: the service refuses to accept unsigned webhooks. "
             "Remove the key to have a secret generated, or list at least one secret.",
-        )
+        ))
     for index, secret in enumerate(found):
         if len(secret.get_secret_value()) < 16:
-            raise ConfigError(f"webhook.secrets.{index}", "is shorter than 16 characters")
+            errors.append((f"webhook.secrets.{index}", "is shorter than 16 characters"))
 
 
-def _check_grants(settings: Settings) -> None:
-    """Every run-grant template must compile in principle; the error names the exact key of the problem."""
+def _check_grants(settings: Settings, errors: list[tuple[str, str]]) -> None:
+    """Every run-grant template must compile in principle; each error names the exact key of its problem."""
     for key, template in settings.grants.items():
         try:
             template.template(key)
         except TemplateError as exc:
-            path, message = exc.problems[0]
-            suffix = "" if path == "<key>" else f".{path}"
-            raise ConfigError(f"grants.{key}{suffix}", message) from None
+            for path, message in exc.problems:
+                suffix = "" if path == "<key>" else f".{path}"
+                errors.append((f"grants.{key}{suffix}", message))
+
+
+def _config_source(path: Path | None, env: Mapping[str, str]) -> tuple[Path, str | None]:
+    """The config file and the key naming where it came from (None: the default, which may be absent)."""
+    if path is not None:
+        return path, "--config"
+    if env.get("FOREMAN_CONFIG"):
+        return Path(env["FOREMAN_CONFIG"]), "FOREMAN_CONFIG"
+    return DEFAULT_CONFIG_PATH, None
 
 
 def load_settings(
@@ -308,28 +406,45 @@ def load_settings(
     *,
     environ: Mapping[str, str] | None = None,
 ) -> Settings:
-    """Read, overlay and validate the configuration; raise ConfigError naming the key on any problem."""
+    """Read, overlay and validate the configuration; raise ConfigError naming every problem's key.
+
+    The file is ``path`` (``--config``), else ``$FOREMAN_CONFIG``, else ``config/foreman.toml``; a file named by
+    the first two must exist (never a silent run on defaults). Relative paths (database.path,
+    repository.checkout_root, webhook.secrets_file, gitea.token_file), whether given or defaulted, resolve
+    against the config file's folder; without a config file, against the working directory.
+    """
     env = os.environ if environ is None else environ
-    config_path = path or (Path(env["FOREMAN_CONFIG"]) if env.get("FOREMAN_CONFIG") else DEFAULT_CONFIG_PATH)
+    config_path, source = _config_source(path, env)
     data: dict[str, Any] = {}
-    if config_path.exists():
+    if config_path.is_file():
         try:
             data = tomllib.loads(config_path.read_text(encoding="utf-8"))
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(str(config_path), f"is not valid TOML: {exc}") from exc
+        except UnicodeDecodeError:
+            raise ConfigError(str(config_path), "is not UTF-8 text") from None
         except OSError as exc:
             raise ConfigError(str(config_path), f"cannot be read: {exc.strerror}") from exc
-    elif path is not None:
-        raise ConfigError("--config", f"{config_path} does not exist")
-    data = apply_env_overrides(data, env)
+        base = config_path.resolve().parent
+    elif source is not None:
+        what = "is not a file" if config_path.exists() else "does not exist"
+        raise ConfigError(source, f"{config_path} {what}")
+    else:
+        base = Path.cwd()
+    errors: list[tuple[str, str]] = []
+    data = apply_env_overrides(data, env, errors=errors)
     try:
         settings = Settings.model_validate(data)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        raise ConfigError(_loc_to_key(first["loc"]), first["msg"]) from None
-    settings = _resolve_secret_files(settings)
-    _check_secrets(settings)
-    _check_grants(settings)
+        errors.extend((_loc_to_key(e["loc"]), e["msg"]) for e in exc.errors())
+        _raw_problems(data, base, errors)
+        raise ConfigError.of(errors) from None
+    settings = _resolve_paths(settings, base)
+    settings = _resolve_secret_files(settings, errors)
+    _check_secrets(settings, errors)
+    _check_grants(settings, errors)
+    if errors:
+        raise ConfigError.of(errors)
     return settings
 
 

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import shutil
 import sqlite3
+import stat
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
@@ -12,6 +15,48 @@ from pathlib import Path
 import aiosqlite
 
 from state.migrations import MIGRATIONS
+
+#: Files SQLite keeps beside the database in WAL mode; SQLite creates them with the database file's mode.
+SIDE_FILES = ("-wal", "-shm")
+#: check_writable() refuses when the database's file system has less free space than this.
+MIN_FREE_BYTES = 2 * 1024 * 1024
+
+
+class DatabaseNotWritable(RuntimeError):
+    """The database cannot take a write now: read-only file or folder, full database or disk, or locked.
+
+    ``reason`` is one of ``read_only``, ``full``, ``locked``, ``unavailable``.
+    """
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+class _ProbeDone(Exception):
+    """Raised inside the probe transaction to roll it back."""
+
+
+def _owner_may_write(path: Path) -> bool:
+    """os.access, and for a file we own the owner's write bit too (root passes os.access on a chmod 0400 file,
+    but an operator who made the database read-only meant it)."""
+    try:
+        info = path.stat()
+    except FileNotFoundError:
+        return True
+    if info.st_uid == os.geteuid() and not info.st_mode & stat.S_IWUSR:
+        return False
+    return os.access(path, os.W_OK)
+
+
+def _private(path: Path) -> None:
+    """Mode 0600 for the database and its side files (webhook bodies and tokens' digests live there)."""
+    for candidate in (path, *(path.with_name(path.name + suffix) for suffix in SIDE_FILES)):
+        try:
+            if stat.S_IMODE(candidate.stat().st_mode) != 0o600:
+                os.chmod(candidate, 0o600)
+        except FileNotFoundError:
+            continue
 
 
 def utcnow() -> datetime:
@@ -40,6 +85,9 @@ class Database:
     @classmethod
     async def open(cls, path: Path, *, synchronous: str = "FULL", busy_timeout_ms: int = 5000) -> Database:
         path.parent.mkdir(parents=True, exist_ok=True)
+        # Created 0600 before SQLite opens it: SQLite gives the -wal and -shm files the database file's mode.
+        os.close(os.open(path, os.O_RDWR | os.O_CREAT, 0o600))
+        _private(path)
         conn = await aiosqlite.connect(str(path), isolation_level=None)
         conn.row_factory = sqlite3.Row
         if synchronous not in ("FULL", "NORMAL"):
@@ -50,6 +98,7 @@ class Database:
         await conn.execute("PRAGMA foreign_keys=ON")
         db = cls(conn, path, synchronous=synchronous)
         await db._migrate()
+        _private(path)
         return db
 
     async def close(self) -> None:
@@ -101,10 +150,56 @@ class Database:
         """For reads outside a transaction (autocommit: each statement sees the latest commit)."""
         return self._conn
 
-    async def check_writable(self) -> None:
-        """Raise if the database cannot take a write lock right now (used by /readyz)."""
-        async with self.transaction() as conn:
-            await conn.execute("SELECT 1")
+    async def check_writable(self, *, min_free_bytes: int = MIN_FREE_BYTES) -> None:
+        """Raise DatabaseNotWritable unless the database can take a write now (used by /readyz).
+
+        Checks, in order: the file and its folder are writable (mode bits included); the file system has
+        ``min_free_bytes`` free; and a real write that needs new pages (a table and a page-sized row, rolled
+        back, so nothing is left behind) is accepted by SQLite, which refuses it with SQLITE_READONLY on a
+        read-only database and SQLITE_FULL on a full one.
+        """
+        folder = self.path.parent
+        for candidate in (self.path, *(self.path.with_name(self.path.name + s) for s in SIDE_FILES)):
+            if not _owner_may_write(candidate):
+                mode = stat.S_IMODE(candidate.stat().st_mode)
+                raise DatabaseNotWritable("read_only", f"the database file {candidate} is read-only (mode {mode:04o})")
+        if not _owner_may_write(folder):
+            raise DatabaseNotWritable(
+                "read_only", f"the database folder {folder} is read-only: SQLite cannot create its -wal/-shm files"
+            )
+        try:
+            free = shutil.disk_usage(folder).free
+        except OSError as exc:
+            raise DatabaseNotWritable("unavailable", f"cannot read the free space of {folder}: {exc}") from exc
+        if free < min_free_bytes:
+            raise DatabaseNotWritable(
+                "full", f"only {free} bytes free on the file system of {folder} (at least {min_free_bytes} needed)"
+            )
+        try:
+            async with self.transaction() as conn:
+                async with conn.execute("PRAGMA page_size") as cur:
+                    row = await cur.fetchone()
+                page_size = int(row[0]) if row is not None else 4096
+                await conn.execute("CREATE TABLE foreman_write_probe (pad BLOB)")
+                await conn.execute("INSERT INTO foreman_write_probe (pad) VALUES (zeroblob(?))", (page_size,))
+                raise _ProbeDone
+        except _ProbeDone:
+            return
+        except sqlite3.Error as exc:
+            raise _not_writable(exc, self.path) from exc
+
+
+def _not_writable(exc: sqlite3.Error, path: Path) -> DatabaseNotWritable:
+    name = getattr(exc, "sqlite_errorname", "") or ""
+    text = str(exc)
+    if name.startswith("SQLITE_READONLY") or "readonly" in text:
+        return DatabaseNotWritable("read_only", f"the database {path} is read-only: {text}")
+    if name.startswith("SQLITE_FULL") or "full" in text:
+        return DatabaseNotWritable("full", f"the database {path} is full: {text}")
+    if name.startswith(("SQLITE_BUSY", "SQLITE_LOCKED")) or "locked" in text:
+        return DatabaseNotWritable("locked", f"the database {path} is locked by another writer: {text}")
+    kind = name or type(exc).__name__
+    return DatabaseNotWritable("unavailable", f"the database {path} refused a write: {kind}: {text}")
 
 
 def _split_sql(sql: str) -> list[str]:

@@ -1,0 +1,110 @@
+"""Issue 12.11: `foreman check-config` can fail. Real `python -m bot check-config` processes against the bundled
+Gitea emulator: exit 1 with a typed per-check report (also with --json) when Gitea is unreachable, the token is
+refused, the repository is missing, the bot lacks write permission on it, or the token is not gitea.bot_login's."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import socket
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import REPO_ROOT
+from tests.gitea_fixtures import BOT, OWNER, REPO, TOKENS, live_emulator
+
+SECRET = "a-secret-of-sufficient-length"
+ENVELOPE_KEYS = {"error", "message", "remediate", "exact_next_action"}
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+async def check_config(
+    tmp_path: Path, *, url: str, token: str, owner: str = OWNER, name: str = REPO, bot_login: str = BOT,
+    json_flag: bool = True,
+) -> tuple[int, str, str]:
+    config = tmp_path / "foreman.toml"
+    config.write_text(
+        f'[webhook]\nsecrets = ["{SECRET}"]\n[database]\npath = "db/foreman.db"\n'
+        f'[gitea]\nurl = "{url}"\ntoken = "{token}"\nbot_login = "{bot_login}"\ntimeout_s = 2.0\n'
+        f'[repository]\nowner = "{owner}"\nname = "{name}"\n',
+        encoding="utf-8",
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FOREMAN_")}
+    env["PYTHONPATH"] = str(REPO_ROOT)
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "bot", "check-config", "--config", str(config), *(["--json"] if json_flag else []),
+        cwd=tmp_path, env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(process.communicate(), timeout=60)
+    assert process.returncode is not None
+    return process.returncode, out.decode(), err.decode()
+
+
+def _checks(doc: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {check["check"]: check for check in doc["checks"]}
+
+
+async def test_check_config_passes_every_check_against_a_good_gitea(tmp_path: Path) -> None:
+    async with live_emulator() as live:
+        code, out, err = await check_config(tmp_path, url=live.base_url, token=TOKENS[BOT])
+    assert code == 0, out + err
+    doc = json.loads(out)
+    assert doc["ok"] is True and doc["config"] == "ok"
+    checks = _checks(doc)
+    assert [c["status"] for c in doc["checks"]] == ["ok"] * len(doc["checks"])
+    assert {"gitea_reachable", "token", "bot_login", "repository", "permission"} <= checks.keys()
+    assert checks["permission"]["permission"] == "admin" and doc["gitea"]["login"] == BOT
+
+
+async def test_check_config_text_output_lists_each_check(tmp_path: Path) -> None:
+    async with live_emulator() as live:
+        code, out, _ = await check_config(tmp_path, url=live.base_url, token=TOKENS[BOT], json_flag=False)
+    assert code == 0
+    assert all(name in out for name in ("gitea_reachable", "token", "repository", "permission"))
+
+
+@pytest.mark.parametrize(
+    ("case", "failed", "error"),
+    [
+        ("unreachable", "gitea_reachable", "unavailable"),
+        ("bad_token", "token", "not_authorized"),
+        ("missing_repo", "repository", "not_found"),
+        ("read_only_bot", "permission", "not_authorized"),
+        ("other_login", "bot_login", "invalid_input"),
+    ],
+)
+async def test_check_config_fails_typed_when_gitea_says_no(tmp_path: Path, case: str, failed: str, error: str) -> None:
+    """Issue 12.11: each of these used to exit 0 ("config": "ok")."""
+    async with live_emulator() as live:
+        options: dict[str, Any] = {"url": live.base_url, "token": TOKENS[BOT]}
+        if case == "unreachable":
+            options["url"] = f"http://127.0.0.1:{_free_port()}"
+        elif case == "bad_token":
+            options["token"] = "not-a-token"
+        elif case == "missing_repo":
+            options["name"] = "no-such-repo"
+        elif case == "read_only_bot":
+            options.update(token=TOKENS["bob"], bot_login="bob")
+        elif case == "other_login":
+            options["token"] = TOKENS["alice"]
+        code, out, err = await check_config(tmp_path, **options)
+    assert code == 1, out + err
+    assert "Traceback" not in err
+    doc = json.loads(out)
+    assert ENVELOPE_KEYS <= doc.keys() and doc["ok"] is False
+    assert doc["error"] == error and failed in doc["message"]
+    check = _checks(doc)[failed]
+    assert check["status"] == "failed" and check["error"] == error and check["detail"] and check["remediate"]
+    # What depends on a failed check is reported as skipped, not as passed.
+    statuses = [c["status"] for c in doc["checks"]]
+    assert statuses.index("failed") == [c["check"] for c in doc["checks"]].index(failed)
+    assert "ok" not in statuses[statuses.index("failed") + 1 :]

@@ -1,0 +1,121 @@
+"""Issue 12.11, the database the config names: created 0600 with its -wal/-shm files, and check_writable()
+(behind /readyz) really fails on a read-only database file, a read-only folder, a full database and a full disk."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+from pathlib import Path
+
+import pytest
+
+from state.db import Database, DatabaseNotWritable
+
+
+def _mode(path: Path) -> int:
+    return stat.S_IMODE(path.stat().st_mode)
+
+
+async def test_a_new_database_and_its_wal_and_shm_files_are_0600(tmp_path: Path) -> None:
+    old = os.umask(0o022)
+    try:
+        db = await Database.open(tmp_path / "var" / "foreman.db")
+    finally:
+        os.umask(old)
+    try:
+        async with db.transaction() as conn:
+            await conn.execute("CREATE TABLE t (x)")
+        files = [tmp_path / "var" / name for name in ("foreman.db", "foreman.db-wal", "foreman.db-shm")]
+        assert all(path.exists() for path in files)
+        assert [_mode(path) for path in files] == [0o600, 0o600, 0o600]
+    finally:
+        await db.close()
+
+
+async def test_an_existing_world_readable_database_is_tightened_to_0600(tmp_path: Path) -> None:
+    path = tmp_path / "foreman.db"
+    db = await Database.open(path)
+    await db.close()
+    os.chmod(path, 0o644)
+    db = await Database.open(path)
+    try:
+        assert _mode(path) == 0o600
+    finally:
+        await db.close()
+
+
+async def test_check_writable_passes_on_a_healthy_database(tmp_path: Path) -> None:
+    db = await Database.open(tmp_path / "foreman.db")
+    try:
+        await db.check_writable()
+        await db.check_writable()
+        async with db.reader.execute("SELECT name FROM sqlite_master WHERE name LIKE '%probe%'") as cur:
+            assert await cur.fetchall() == []  # the probe leaves nothing behind
+    finally:
+        await db.close()
+
+
+async def test_check_writable_fails_when_the_database_refuses_writes(tmp_path: Path) -> None:
+    """SQLITE_READONLY: today /readyz called such a database writable (its probe wrote nothing)."""
+    db = await Database.open(tmp_path / "foreman.db")
+    try:
+        await db.reader.execute("PRAGMA query_only = ON")
+        with pytest.raises(DatabaseNotWritable, match="read-only"):
+            await db.check_writable()
+    finally:
+        await db.close()
+
+
+async def test_check_writable_fails_on_a_read_only_copy_of_the_file(tmp_path: Path) -> None:
+    source = await Database.open(tmp_path / "source.db")
+    await source.close()
+    copy = tmp_path / "copy" / "foreman.db"
+    copy.parent.mkdir()
+    shutil.copy(tmp_path / "source.db", copy)
+    db = await Database.open(copy)
+    try:
+        os.chmod(copy, 0o400)
+        with pytest.raises(DatabaseNotWritable, match="read-only"):
+            await db.check_writable()
+    finally:
+        os.chmod(copy, 0o600)
+        await db.close()
+
+
+async def test_check_writable_fails_on_a_read_only_folder(tmp_path: Path) -> None:
+    folder = tmp_path / "data"
+    db = await Database.open(folder / "foreman.db")
+    try:
+        os.chmod(folder, 0o500)
+        with pytest.raises(DatabaseNotWritable, match="folder"):
+            await db.check_writable()
+    finally:
+        os.chmod(folder, 0o700)
+        await db.close()
+
+
+async def test_check_writable_fails_when_the_database_is_full(tmp_path: Path) -> None:
+    """SQLITE_FULL: a database at its max_page_count (what a full disk looks like to SQLite)."""
+    db = await Database.open(tmp_path / "foreman.db")
+    try:
+        await db.reader.execute("VACUUM")  # no free pages left to reuse: the next write must grow the file
+        async with db.reader.execute("PRAGMA page_count") as cur:
+            row = await cur.fetchone()
+        assert row is not None
+        await db.reader.execute(f"PRAGMA max_page_count = {int(row[0])}")
+        with pytest.raises(DatabaseNotWritable, match="full"):
+            await db.check_writable()
+    finally:
+        await db.close()
+
+
+async def test_check_writable_fails_when_the_disk_is_nearly_full(tmp_path: Path) -> None:
+    db = await Database.open(tmp_path / "foreman.db")
+    try:
+        free = shutil.disk_usage(tmp_path).free
+        with pytest.raises(DatabaseNotWritable, match="free"):
+            await db.check_writable(min_free_bytes=free * 2 + 1)
+        await db.check_writable(min_free_bytes=1)
+    finally:
+        await db.close()
