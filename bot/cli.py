@@ -269,14 +269,25 @@ def _cmd_mcp(settings: Settings, args: argparse.Namespace) -> int:
         caller = resolve_identity(settings, token)
     except IdentityError as exc:
         if not is_run_token(token):
-            print(json.dumps({"error": "invalid_config", "key": "mcp.tokens", "message": str(exc)}), file=sys.stderr)
+            print(json.dumps(_mcp_token_refusal(str(exc))), file=sys.stderr)
             return EXIT_USAGE
         code = asyncio.run(serve_stdio(settings, run_token=token))
         if code != EXIT_OK:
             message = "FOREMAN_MCP_TOKEN is not the token of any run; `foreman run start` prints a run's token"
-            print(json.dumps({"error": "invalid_config", "key": "mcp.tokens", "message": message}), file=sys.stderr)
+            print(json.dumps(_mcp_token_refusal(message)), file=sys.stderr)
         return code
     return asyncio.run(serve_stdio(settings, caller))
+
+
+def _mcp_token_refusal(message: str) -> dict[str, Any]:
+    return {
+        "error": "invalid_config",
+        "key": "mcp.tokens",
+        "message": message,
+        "remediate": "Start foreman mcp with FOREMAN_MCP_TOKEN set to a token listed in [mcp.tokens], or to the "
+        "token `foreman run start` printed for a run.",
+        "exact_next_action": "set FOREMAN_MCP_TOKEN to a configured token and start foreman mcp again",
+    }
 
 
 # --- bootstrap -----------------------------------------------------------------------------------------
