@@ -14,8 +14,9 @@ from aiohttp import web
 from gidgethub import routing
 
 from bot.config import Settings
-from bot.core.intake import Delivery, Rejection, admit, is_self_event
-from bot.metrics import Metrics
+from bot.core.dispatch import served_names
+from bot.core.intake import Delivery, Rejection, admit, content_encoding_refusal, is_self_event, metric_event
+from bot.metrics import LoopLagMonitor, Metrics
 from bot.worker import Worker
 from state.db import Database
 from state.deliveries import DeliveryStore, InsertResult
@@ -28,6 +29,10 @@ if TYPE_CHECKING:
 log = logging.getLogger("foreman.app")
 
 SERVICE_KEY: web.AppKey[Service] = web.AppKey("service")
+#: Options for the runner that serves ``Service.make_app()``. Gitea never compresses a delivery; with aiohttp's
+#: decompression off, a body that claims a Content-Encoding reaches intake untouched and is refused there (415)
+#: instead of failing inside the HTTP parser (a dropped connection and a traceback).
+RUNNER_OPTIONS: dict[str, Any] = {"auto_decompress": False}
 _MAX_BATCH = 256
 
 
@@ -71,14 +76,34 @@ class GroupCommitWriter:
             try:
                 results = await self._store.insert_batch([(d, s) for d, s, _ in batch])
             except Exception as exc:
-                log.exception("storing %d deliveries failed", len(batch))
-                for _, _, future in batch:
-                    if not future.done():
-                        future.set_exception(exc)
+                if len(batch) == 1:
+                    log.exception("storing a delivery failed")
+                    _answer(batch[0][2], exc)
+                    continue
+                # One bad row must not fail its neighbours: store each on its own, so only the rows that
+                # really cannot be stored are refused (all of them only when the database itself is down).
+                log.warning("storing %d deliveries together failed (%s); storing each alone", len(batch), exc)
+                for delivery, is_self, future in batch:
+                    try:
+                        (result,) = await self._store.insert_batch([(delivery, is_self)])
+                    except Exception as row_exc:
+                        log.exception("storing delivery %s failed", delivery.delivery_id)
+                        _answer(future, row_exc)
+                    else:
+                        _answer(future, result)
                 continue
             for (_, _, future), result in zip(batch, results, strict=True):
-                if not future.done():
-                    future.set_result(result)
+                _answer(future, result)
+
+
+def _answer(future: asyncio.Future[InsertResult], outcome: InsertResult | BaseException) -> None:
+    """Answer one waiting request (it may have gone away: a client that disconnected cancels its future)."""
+    if future.done():
+        return
+    if isinstance(outcome, BaseException):
+        future.set_exception(outcome)
+    else:
+        future.set_result(outcome)
 
 
 @dataclass
@@ -108,9 +133,16 @@ class Service:
         self.outbox_sender: OutboxSender | None = None
         self.writer = GroupCommitWriter(self.store)
         self.bot_login: str | None = self.settings.gitea.bot_login
+        repository = self.settings.repository
         self.worker = Worker(
-            self.store, self.router, self.settings.worker, self.metrics, deps=self._deps()
+            self.store,
+            self.router,
+            self.settings.worker,
+            self.metrics,
+            deps=self._deps(),
+            served=served_names([(repository.owner, repository.name)]),
         )
+        self.lag_monitor = LoopLagMonitor(self.metrics)
         self._probe_task: asyncio.Task[None] | None = None
         self._recovery_task: asyncio.Task[None] | None = None
 
@@ -140,6 +172,7 @@ class Service:
             log.warning("gitea: %s", self.gitea_status.detail)
         self.writer.start()
         self.worker.start()
+        self.lag_monitor.start()
 
     async def _recover_bootstraps(self) -> None:
         """Worktree bootstraps a killed process left open are finished or compensated (docs/bootstrap.md)."""
@@ -172,6 +205,7 @@ class Service:
         )
 
     async def stop(self) -> None:
+        await self.lag_monitor.stop()
         await self.worker.stop(self.settings.server.shutdown_grace_s)
         await self.writer.stop()
         if self.outbox_sender is not None:
@@ -216,6 +250,13 @@ class Service:
         started = time.perf_counter()
         try:
             return await self._intake(request)
+        except Exception:
+            # A bug, never an answer to bad input (the fuzz tests hold it to that): still JSON, still logged.
+            log.exception("webhook intake failed")
+            return web.json_response(
+                {"error": "internal_error", "message": "the delivery was not stored; see the service log"},
+                status=500,
+            )
         finally:
             self.metrics.intake_seconds.observe(time.perf_counter() - started)
 
@@ -224,13 +265,20 @@ class Service:
         declared = request.content_length
         if declared is not None and declared > limit:
             return Rejection(413, "payload_too_large", f"Content-Length {declared} is over the limit {limit}")
+        # Before reading: aiohttp would try to decompress a body that claims a Content-Encoding.
+        refused = content_encoding_refusal(request.headers)
+        if refused is not None:
+            return refused
         chunks: list[bytes] = []
         size = 0
-        async for chunk in request.content.iter_chunked(65536):
-            size += len(chunk)
-            if size > limit:
-                return Rejection(413, "payload_too_large", f"body is over the limit of {limit} bytes")
-            chunks.append(chunk)
+        try:
+            async for chunk in request.content.iter_chunked(65536):
+                size += len(chunk)
+                if size > limit:
+                    return Rejection(413, "payload_too_large", f"body is over the limit of {limit} bytes")
+                chunks.append(chunk)
+        except aiohttp.ClientPayloadError as exc:  # a truncated chunked body, a broken transfer coding
+            return Rejection(400, "bad_body", f"the request body could not be read: {type(exc).__name__}")
         return b"".join(chunks)
 
     async def _intake(self, request: web.Request) -> web.Response:
@@ -245,20 +293,26 @@ class Service:
                 max_body_bytes=self.settings.webhook.max_body_bytes,
             )
         if isinstance(verdict, Rejection):
-            event = request.headers.get("X-Gitea-Event", "unknown")[:64]
-            self.metrics.deliveries.labels(event, f"rejected_{verdict.status}").inc()
+            # Nothing from an unverified request becomes a label: its event header is not trusted.
+            self.metrics.deliveries.labels("unverified", f"rejected_{verdict.status}").inc()
             log.info("webhook refused %d %s: %s", verdict.status, verdict.error, verdict.message)
             return web.json_response(verdict.body(), status=verdict.status)
         is_self = is_self_event(verdict, self.bot_login)
+        event_label = metric_event(verdict.event)
         try:
             result = await self.writer.submit(verdict, is_self)
         except Exception:
-            self.metrics.deliveries.labels(verdict.event, "store_error").inc()
+            self.metrics.deliveries.labels(event_label, "store_error").inc()
             return web.json_response(
-                {"error": "storage_unavailable", "message": "the delivery could not be stored; it was not accepted"},
+                {
+                    "error": "storage_unavailable",
+                    "message": "the delivery could not be stored; it was not accepted",
+                    "remediate": "check /readyz and the service log (disk space, database permissions)",
+                    "exact_next_action": "resend the delivery from Gitea's webhook page (Replay) once /readyz is 200",
+                },
                 status=503,
             )
-        self.metrics.deliveries.labels(verdict.event, result.outcome).inc()
+        self.metrics.deliveries.labels(event_label, result.outcome).inc()
         if result.outcome == "duplicate":
             return web.json_response({"delivery": verdict.delivery_id, "status": "duplicate"}, status=200)
         if result.outcome == "queued":
@@ -279,7 +333,13 @@ class Service:
             checks["database"] = {"ok": False, "detail": f"{type(exc).__name__}: {exc}"}
         worker_ok = self.worker.alive() and self.writer.alive()
         ready = ready and worker_ok
-        checks["worker"] = {"ok": worker_ok}
+        checks["worker"] = {
+            "ok": worker_ok,
+            "loops_alive": self.worker.loops_alive(),
+            "loops": self.settings.worker.concurrency,
+            "writer_alive": self.writer.alive(),
+        }
+        checks["event_loop"] = {"lag_max_s": round(self.lag_monitor.max_lag_s, 4)}
         checks["outbox"] = {
             "sender": "running" if self.outbox_sender and self.outbox_sender.alive() else "off (no Gitea token)",
             **await self.outbox.counts(),
@@ -289,6 +349,7 @@ class Service:
         return web.json_response({"ready": ready, "checks": checks}, status=200 if ready else 503)
 
     async def handle_metrics(self, request: web.Request) -> web.Response:
+        self.metrics.worker_loops_alive.set(self.worker.loops_alive())
         for name, count in (await self.store.counts()).items():
             self.metrics.inbox_depth.labels(name).set(count)
         for name, count in (await self.outbox.counts()).items():

@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import logging
+import time
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+log = logging.getLogger("foreman.metrics")
 
 
 class Metrics:
@@ -58,5 +65,58 @@ class Metrics:
             registry=self.registry,
         )
 
+        self.worker_loop_errors = Counter(
+            "foreman_worker_loop_errors_total",
+            "Failures a worker loop survived (a claim, a pass or a settling commit that raised)",
+            registry=self.registry,
+        )
+        self.worker_loops_alive = Gauge(
+            "foreman_worker_loops_alive", "Worker drain loops running (worker.concurrency when healthy)",
+            registry=self.registry,
+        )
+        self.event_loop_lag = Histogram(
+            "foreman_event_loop_lag_seconds",
+            "How late the event loop ran a timer: time one callback held the loop",
+            registry=self.registry,
+            buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 5),
+        )
+        self.event_loop_lag_max = Gauge(
+            "foreman_event_loop_lag_max_seconds", "The largest event loop lag seen since start",
+            registry=self.registry,
+        )
+
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class LoopLagMonitor:
+    """Measures how long the event loop is held: a timer due every ``interval_s`` runs late by exactly the
+    time some callback kept the loop. Exported as a histogram and a maximum; a long hold is logged."""
+
+    def __init__(self, metrics: Metrics, *, interval_s: float = 0.02, warn_s: float = 0.05) -> None:
+        self._metrics = metrics
+        self._interval_s = interval_s
+        self._warn_s = warn_s
+        self.max_lag_s = 0.0
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name="loop-lag-monitor")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    async def _run(self) -> None:
+        while True:
+            before = time.perf_counter()
+            await asyncio.sleep(self._interval_s)
+            lag = max(0.0, time.perf_counter() - before - self._interval_s)
+            self._metrics.event_loop_lag.observe(lag)
+            if lag > self.max_lag_s:
+                self.max_lag_s = lag
+                self._metrics.event_loop_lag_max.set(lag)
+            if lag > self._warn_s:
+                log.warning("the event loop was held for %.0f ms", lag * 1000)

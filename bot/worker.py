@@ -17,6 +17,8 @@ from typing import Any
 from gidgethub import routing, sansio
 
 from bot.config import WorkerConfig
+from bot.core.dispatch import Refusal, refuse_dispatch
+from bot.core.intake import metric_event
 from bot.logs import delivery_var
 from bot.metrics import Metrics
 from state.db import utcnow
@@ -58,8 +60,10 @@ class Worker:
         metrics: Metrics,
         *,
         deps: dict[str, Any] | None = None,
+        served: frozenset[str] = frozenset(),
     ) -> None:
         self.store = store
+        self.served = served
         self.router = router
         self.config = config
         self.metrics = metrics
@@ -81,6 +85,10 @@ class Worker:
     def alive(self) -> bool:
         return bool(self._tasks) and not any(t.done() for t in self._tasks) and not self._stopping.is_set()
 
+    def loops_alive(self) -> int:
+        """How many of the drain loops are running (a loop never ends but by shutdown; this shows it)."""
+        return sum(1 for task in self._tasks[: self.config.concurrency] if not task.done())
+
     async def stop(self, grace_s: float) -> None:
         """Stop claiming; let in-flight deliveries finish within grace_s, then abandon them safely."""
         self._stopping.set()
@@ -98,32 +106,49 @@ class Worker:
 
     # --- loops -----------------------------------------------------------------------------------------
     async def _loop(self, index: int) -> None:
+        """One drain loop. It never dies: whatever one pass raises is logged, counted and backed off from."""
+        failures = 0
         while not self._stopping.is_set():
-            self.last_tick = time.monotonic()
             try:
-                claimed = await self.store.claim_next(self.worker_id)
-            except Exception:
-                log.exception("claiming a delivery failed; retrying")
-                claimed = None
-            if claimed is None:
-                self.wakeup.clear()
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self.wakeup.wait(), timeout=self.config.poll_interval_s)
-                continue
-            task = asyncio.create_task(self._process(claimed))
-            self._inflight[claimed.pk] = task
-            try:
-                await asyncio.shield(task)
+                await self._drain_once()
+                failures = 0
             except asyncio.CancelledError:
-                # Shutdown past its grace: abandon the delivery so the next start runs it again.
-                task.cancel()
-                with contextlib.suppress(BaseException):
-                    await task
-                with contextlib.suppress(Exception):
-                    await self.store.abandon(claimed.pk, self.worker_id)
                 raise
-            finally:
-                self._inflight.pop(claimed.pk, None)
+            except Exception:
+                failures += 1
+                self.metrics.worker_loop_errors.inc()
+                log.exception("worker loop %d: a pass failed (%d in a row); backing off", index, failures)
+                delay = backoff_delay(failures, base_s=self.config.backoff_base_s / 4, max_s=self.config.backoff_max_s)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._stopping.wait(), timeout=delay)
+
+    async def _drain_once(self) -> None:
+        self.last_tick = time.monotonic()
+        try:
+            claimed = await self.store.claim_next(self.worker_id)
+        except Exception:
+            log.exception("claiming a delivery failed; retrying")
+            self.metrics.worker_loop_errors.inc()
+            claimed = None
+        if claimed is None:
+            self.wakeup.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.wakeup.wait(), timeout=self.config.poll_interval_s)
+            return
+        task = asyncio.create_task(self._process(claimed))
+        self._inflight[claimed.pk] = task
+        try:
+            await asyncio.shield(task)
+        except asyncio.CancelledError:
+            # Shutdown past its grace: abandon the delivery so the next start runs it again.
+            task.cancel()
+            with contextlib.suppress(BaseException):
+                await task
+            with contextlib.suppress(Exception):
+                await self.store.abandon(claimed.pk, self.worker_id)
+            raise
+        finally:
+            self._inflight.pop(claimed.pk, None)
 
     async def _reaper(self) -> None:
         """Take back claims of dead processes (their heartbeat stopped) so their deliveries resume."""
@@ -144,7 +169,10 @@ class Worker:
     async def _heartbeat(self, pk: int) -> None:
         while True:
             await asyncio.sleep(max(0.05, self.config.claim_ttl_s / 3))
-            await self.store.heartbeat(pk, self.worker_id)
+            try:
+                await self.store.heartbeat(pk, self.worker_id)
+            except Exception:  # the next beat tries again; a lapsed claim is only run again, never lost
+                log.warning("heartbeat of delivery %d failed", pk, exc_info=True)
 
     # --- one delivery ----------------------------------------------------------------------------------
     async def _process(self, delivery: StoredDelivery) -> None:
@@ -152,14 +180,58 @@ class Worker:
         started = time.perf_counter()
         heartbeat = asyncio.create_task(self._heartbeat(delivery.pk))
         try:
-            results, unrecorded = await self.run_handlers(delivery)
-            await self._settle(delivery, results, unrecorded)
+            refusal = self._refusal(delivery)
+            if refusal is not None:
+                await self._durably(lambda: self._settle_refusal(delivery, refusal), delivery)
+            else:
+                results, unrecorded = await self.run_handlers(delivery)
+                await self._durably(lambda: self._settle(delivery, results, unrecorded), delivery)
         finally:
             heartbeat.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await heartbeat
-            self.metrics.processing_seconds.labels(delivery.event).observe(time.perf_counter() - started)
+            self.metrics.processing_seconds.labels(metric_event(delivery.event)).observe(time.perf_counter() - started)
             delivery_var.reset(token)
+
+    def _refusal(self, delivery: StoredDelivery) -> Refusal | None:
+        """Why the delivery reaches no handler (another repository, an unroutable shape), or None."""
+        try:
+            payload = json.loads(delivery.body)
+        except (ValueError, RecursionError) as exc:
+            return Refusal("failed", f"undispatchable: the stored body is not JSON ({type(exc).__name__})")
+        return refuse_dispatch(payload, self.served)
+
+    async def _settle_refusal(self, delivery: StoredDelivery, refusal: Refusal) -> None:
+        label = metric_event(delivery.event)
+        if refusal.outcome == "ignored":
+            await self.store.ignore(delivery.pk, self.worker_id, reason=refusal.reason)
+            self.metrics.deliveries.labels(label, "ignored").inc()
+            log.info("delivery ignored: %s", refusal.reason)
+            return
+        await self.store.park_failed(delivery.pk, self.worker_id, error=refusal.reason)
+        self.metrics.deliveries.labels(label, "failed").inc()
+        log.error("delivery parked as failed: %s", refusal.reason)
+
+    async def _durably(self, settle: Callable[[], Awaitable[None]], delivery: StoredDelivery) -> None:
+        """Run a settling commit until it lands (a full disk, a locked database), backing off between tries.
+
+        At shutdown it gives up: the claim then lapses and the delivery runs again, its finished handlers
+        skipped, so nothing is lost and nothing finished repeats.
+        """
+        attempt = 0
+        while True:
+            try:
+                await settle()
+                return
+            except Exception:
+                attempt += 1
+                self.metrics.worker_loop_errors.inc()
+                log.exception("settling delivery %d failed (attempt %d); retrying", delivery.pk, attempt)
+                if self._stopping.is_set():
+                    return
+                delay = backoff_delay(attempt, base_s=self.config.backoff_base_s / 4, max_s=self.config.backoff_max_s)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._stopping.wait(), timeout=delay)
 
     async def run_handlers(self, delivery: StoredDelivery) -> tuple[dict[str, str | None], dict[str, str | None]]:
         """Run every matching handler not yet done for this delivery; one failure never stops the others.
@@ -174,7 +246,14 @@ class Worker:
         context = HandlerContext(delivery=delivery, log=adapter, deps=self.deps)
         results: dict[str, str | None] = {}
         pending: dict[str, str | None] = {}
-        for callback in sorted(self.router.fetch(event), key=handler_name):
+        try:
+            callbacks = sorted(self.router.fetch(event), key=handler_name)
+        except Exception as exc:  # refuse_dispatch checks the routed fields first; this is the net behind it
+            name = "router.fetch"
+            message = f"undispatchable: {type(exc).__name__}: {exc}"[:2000]
+            self.metrics.handler_errors.labels(name).inc()
+            return {name: message}, {}
+        for callback in callbacks:
             name = handler_name(callback)
             if name in already:
                 continue
@@ -199,12 +278,12 @@ class Worker:
         errors = {name: error for name, error in results.items() if error is not None}
         if not errors:
             await self.store.finish(delivery.pk, self.worker_id, handler_results=unrecorded)
-            self.metrics.deliveries.labels(delivery.event, "done").inc()
+            self.metrics.deliveries.labels(metric_event(delivery.event), "done").inc()
             return
         summary = "; ".join(f"{name}: {message}" for name, message in sorted(errors.items()))
-        if delivery.attempts >= self.config.max_attempts:
+        if delivery.attempts >= self.config.max_attempts or "router.fetch" in errors:  # retrying cannot route it
             await self.store.park_failed(delivery.pk, self.worker_id, error=summary, handler_results=unrecorded)
-            self.metrics.deliveries.labels(delivery.event, "failed").inc()
+            self.metrics.deliveries.labels(metric_event(delivery.event), "failed").inc()
             log.error("delivery parked as failed after %d attempts: %s", delivery.attempts, summary)
             return
         delay = backoff_delay(
@@ -217,5 +296,5 @@ class Worker:
             next_attempt_at=utcnow() + timedelta(seconds=delay),
             handler_results=unrecorded,
         )
-        self.metrics.deliveries.labels(delivery.event, "retry").inc()
+        self.metrics.deliveries.labels(metric_event(delivery.event), "retry").inc()
         log.warning("delivery will retry in %.1fs (attempt %d): %s", delay, delivery.attempts, summary)

@@ -18,7 +18,7 @@ from typing import Any, Protocol
 from gidgethub import routing, sansio
 
 from bot.config import Settings
-from bot.core.canonical import parse_comment
+from bot.core.canonical import ParseResult, parse_comment
 from bot.core.vocabulary import label_for_state
 from bot.worker import HandlerContext
 from state.db import to_db_time, utcnow
@@ -134,7 +134,12 @@ def _where(data: Mapping[str, Any], settings: Settings) -> _Where | None:
 
 
 def _comment_observation(
-    data: Mapping[str, Any], where: _Where, action: CommentAction, delivery_id: str, trust: Trust
+    data: Mapping[str, Any],
+    where: _Where,
+    action: CommentAction,
+    delivery_id: str,
+    trust: Trust,
+    parsed: ParseResult | None,
 ) -> CommentObservation:
     comment = data["comment"]
     body = str(comment.get("body") or "")
@@ -149,7 +154,7 @@ def _comment_observation(
         updated_at=gitea_time(str(comment["updated_at"])) if comment.get("updated_at") else created,
         delivery_id=delivery_id,
         body_sha256=CommentObservation.body_hash(body),
-        parsed=None if action == "deleted" else parse_comment(body),
+        parsed=parsed,
         trust=trust,
     )
 
@@ -176,11 +181,13 @@ async def on_issue_comment(event: sansio.Event, ctx: HandlerContext) -> None:
     except (PayloadError, KeyError, TypeError) as exc:
         ctx.log.warning("issue_comment payload skipped: %s", exc)
         return
+    # Parsed once, in time linear in the body (a hostile comment must not hold the event loop).
+    parsed = None if action == "deleted" else parse_comment(body)
     trust = NO_BLOCK
-    if action != "deleted" and parse_comment(body).block_count:
+    if parsed is not None and parsed.block_count:
         trust = await author_trust(author, ctx)
     try:
-        observation = _comment_observation(data, where, action, event.delivery_id, trust)
+        observation = _comment_observation(data, where, action, event.delivery_id, trust, parsed)
         issue = IssueObservation.from_payload(where.issue)
     except (KeyError, TypeError, ValueError) as exc:
         ctx.log.warning("issue_comment payload skipped: %s", exc)

@@ -14,8 +14,9 @@ import aiosqlite
 from bot.core.intake import Delivery
 from state.db import Database, from_db_time, to_db_time, utcnow
 
-DeliveryStatus = Literal["queued", "processing", "done", "failed", "ignored_self"]
-STATUSES: tuple[DeliveryStatus, ...] = ("queued", "processing", "done", "failed", "ignored_self")
+DeliveryStatus = Literal["queued", "processing", "done", "failed", "ignored_self", "ignored"]
+#: ``ignored``: stored but for no handler (another repository, say), with ``ignored_reason``.
+STATUSES: tuple[DeliveryStatus, ...] = ("queued", "processing", "done", "failed", "ignored_self", "ignored")
 InsertOutcome = Literal["queued", "ignored_self", "duplicate"]
 
 
@@ -42,6 +43,7 @@ class StoredDelivery:
     next_attempt_at: str | None
     last_error: str | None
     finished_at: str | None
+    ignored_reason: str | None = None
 
     def summary(self) -> dict[str, Any]:
         return {
@@ -57,12 +59,13 @@ class StoredDelivery:
             "next_attempt_at": self.next_attempt_at,
             "last_error": self.last_error,
             "finished_at": self.finished_at,
+            "ignored_reason": self.ignored_reason,
         }
 
 
 _COLUMNS = (
     "id, delivery_id, event, event_type, action, sender_login, body, received_at, status, attempts, "
-    "next_attempt_at, last_error, finished_at"
+    "next_attempt_at, last_error, finished_at, ignored_reason"
 )
 
 
@@ -81,6 +84,7 @@ def _row(row: sqlite3.Row) -> StoredDelivery:
         next_attempt_at=row["next_attempt_at"],
         last_error=row["last_error"],
         finished_at=row["finished_at"],
+        ignored_reason=row["ignored_reason"],
     )
 
 
@@ -134,13 +138,15 @@ class DeliveryStore:
             async with conn.execute(
                 "INSERT INTO deliveries (delivery_id, body_sha256, event, event_type, action, sender_login,"  # noqa: S608
                 f" headers_json, body, received_at, status, finished_at) VALUES {values}"
-                " ON CONFLICT DO NOTHING RETURNING id, delivery_id",
+                " ON CONFLICT DO NOTHING RETURNING id, delivery_id, body_sha256",
                 params,
             ) as cursor:
-                inserted = {row[1]: row[0] for row in await cursor.fetchall()}
+                # Keyed by id AND body: a row skipped for its body must not take the pk of a later row with
+                # its id (each 202 belongs to its own request).
+                inserted = {(row[1], row[2]): row[0] for row in await cursor.fetchall()}
         results: list[InsertResult] = []
         for delivery, is_self in batch:
-            pk = inserted.pop(delivery.delivery_id, None)
+            pk = inserted.pop((delivery.delivery_id, delivery.body_sha256), None)
             if pk is None:
                 results.append(InsertResult("duplicate", None))
             else:
@@ -264,6 +270,15 @@ class DeliveryStore:
             handler_results,
         )
 
+    async def ignore(self, pk: int, worker_id: str, *, reason: str) -> bool:
+        """Not for any handler here (another repository): settled as ``ignored`` with the reason, never retried."""
+        return await self._settle(
+            pk,
+            worker_id,
+            "status = 'ignored', ignored_reason = ?, finished_at = ?, last_error = NULL",
+            (reason, to_db_time(utcnow())),
+        )
+
     async def abandon(self, pk: int, worker_id: str) -> bool:
         """Shutdown mid-delivery: put it back untouched (the attempt does not count)."""
         return await self._settle(pk, worker_id, "status = 'queued', attempts = attempts - 1", ())
@@ -302,7 +317,7 @@ class DeliveryStore:
         found = await self.get(key)
         if found is None:
             raise LookupError(f"no stored delivery {key!r}")
-        allowed: tuple[str, ...] = ("failed", "done", "ignored_self") if force else ("failed",)
+        allowed: tuple[str, ...] = ("failed", "done", "ignored_self", "ignored") if force else ("failed",)
         if found.status not in allowed:
             raise ValueError(
                 f"delivery {found.pk} is {found.status}; only failed deliveries are replayed"
@@ -311,7 +326,7 @@ class DeliveryStore:
         async with self._db.transaction() as conn:
             cursor = await conn.execute(
                 "UPDATE deliveries SET status = 'queued', attempts = 0, next_attempt_at = NULL,"
-                " finished_at = NULL, version = version + 1 WHERE id = ? AND status = ?",
+                " finished_at = NULL, ignored_reason = NULL, version = version + 1 WHERE id = ? AND status = ?",
                 (found.pk, found.status),
             )
             if cursor.rowcount != 1:

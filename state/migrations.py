@@ -417,4 +417,69 @@ MIGRATIONS: tuple[tuple[int, str, str], ...] = (
         CREATE UNIQUE INDEX grant_decisions_one_settlement ON grant_decisions (run_id, call_id) WHERE settles = 1;
         """,
     ),
+    (
+        7,
+        "deliveries: 'ignored' with its reason (another repository, nothing to dispatch)",
+        """
+        -- SQLite cannot change a CHECK in place: the inbox is rebuilt with the same columns and ids. The two
+        -- tables that point at it are set aside and rebuilt after it, so no foreign key is ever dangling.
+        CREATE TABLE delivery_handlers_v6 AS SELECT * FROM delivery_handlers;
+        CREATE TABLE delivery_replays_v6 AS SELECT * FROM delivery_replays;
+        DROP TABLE delivery_handlers;
+        DROP TABLE delivery_replays;
+        CREATE TABLE deliveries_v7 (
+            id              INTEGER PRIMARY KEY,
+            delivery_id     TEXT NOT NULL,
+            body_sha256     TEXT NOT NULL,
+            event           TEXT NOT NULL,
+            event_type      TEXT,
+            action          TEXT,
+            sender_login    TEXT,
+            headers_json    TEXT NOT NULL,
+            body            BLOB NOT NULL,
+            received_at     TEXT NOT NULL,
+            status          TEXT NOT NULL CHECK (status IN
+                                ('queued', 'processing', 'done', 'failed', 'ignored_self', 'ignored')),
+            attempts        INTEGER NOT NULL DEFAULT 0,
+            next_attempt_at TEXT,
+            claimed_by      TEXT,
+            heartbeat_at    TEXT,
+            last_error      TEXT,
+            finished_at     TEXT,
+            version         INTEGER NOT NULL DEFAULT 0,
+            ignored_reason  TEXT
+        );
+        INSERT INTO deliveries_v7 (id, delivery_id, body_sha256, event, event_type, action, sender_login,
+            headers_json, body, received_at, status, attempts, next_attempt_at, claimed_by, heartbeat_at,
+            last_error, finished_at, version)
+            SELECT id, delivery_id, body_sha256, event, event_type, action, sender_login, headers_json, body,
+                received_at, status, attempts, next_attempt_at, claimed_by, heartbeat_at, last_error, finished_at,
+                version FROM deliveries;
+        DROP TABLE deliveries;
+        ALTER TABLE deliveries_v7 RENAME TO deliveries;
+        CREATE UNIQUE INDEX deliveries_delivery_id ON deliveries (delivery_id);
+        CREATE UNIQUE INDEX deliveries_body_sha256 ON deliveries (body_sha256);
+        CREATE INDEX deliveries_due ON deliveries (status, next_attempt_at, id);
+        CREATE TABLE delivery_handlers (
+            delivery_pk INTEGER NOT NULL REFERENCES deliveries (id),
+            handler     TEXT NOT NULL,
+            status      TEXT NOT NULL CHECK (status IN ('done', 'error')),
+            attempts    INTEGER NOT NULL DEFAULT 0,
+            last_error  TEXT,
+            updated_at  TEXT NOT NULL,
+            PRIMARY KEY (delivery_pk, handler)
+        );
+        INSERT INTO delivery_handlers SELECT * FROM delivery_handlers_v6;
+        DROP TABLE delivery_handlers_v6;
+        CREATE TABLE delivery_replays (
+            id           INTEGER PRIMARY KEY,
+            delivery_pk  INTEGER NOT NULL REFERENCES deliveries (id),
+            from_status  TEXT NOT NULL,
+            requested_at TEXT NOT NULL,
+            requested_by TEXT NOT NULL
+        );
+        INSERT INTO delivery_replays SELECT * FROM delivery_replays_v6;
+        DROP TABLE delivery_replays_v6;
+        """,
+    ),
 )

@@ -16,7 +16,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from gidgethub import routing
 from pydantic import SecretStr
 
-from bot.app import Service, open_service
+from bot.app import RUNNER_OPTIONS, Service, open_service
 from bot.config import Settings
 from handlers import build_router
 
@@ -101,7 +101,7 @@ async def start(tmp_path: Path) -> AsyncIterator[Started]:
     ) -> tuple[Service, TestClient[Any, Any]]:
         service = await open_service(settings or make_settings(tmp_path), router or build_router())
         client: TestClient[Any, Any] = TestClient(TestServer(service.make_app()))
-        await client.start_server()
+        await client.start_server(**RUNNER_OPTIONS)
         clients.append(client)
         return service, client
 

@@ -239,7 +239,11 @@ async def test_every_real_payload_sample_is_accepted(tmp_path: Path, start: Star
     path = PAYLOADS / name
     assert path.is_file(), f"payload sample missing: {path}"
     body = path.read_bytes()
-    settings = make_settings(tmp_path, webhook={"secrets": [GO_PLAYGROUND_SECRET]})
+    # Served: the sample's own repository (a delivery for any other one is ignored before the handlers).
+    owner, repo = json.loads(body)["repository"]["full_name"].split("/")
+    settings = make_settings(
+        tmp_path, webhook={"secrets": [GO_PLAYGROUND_SECRET]}, repository={"owner": owner, "name": repo}
+    )
     service, client = await start(settings)
     event = name.split("-", 1)[0]
     headers = webhook_headers(body, event=PAYLOAD_EVENTS[event][0], secret=GO_PLAYGROUND_SECRET)
@@ -268,7 +272,8 @@ async def test_healthz_readyz_and_metrics_without_gitea(start: Started) -> None:
     text = await (await client.get("/metrics")).text()
     assert 'foreman_deliveries_total{event="issues",outcome="queued"} 1.0' in text
     assert 'foreman_deliveries_total{event="issues",outcome="duplicate"} 1.0' in text
-    assert 'foreman_deliveries_total{event="issues",outcome="rejected_401"} 1.0' in text
+    # A refused request is unverified: its event header never becomes a label (issue 12.6).
+    assert 'foreman_deliveries_total{event="unverified",outcome="rejected_401"} 1.0' in text
     assert "foreman_inbox_depth" in text and "foreman_processing_seconds_bucket" in text
 
 

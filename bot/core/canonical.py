@@ -87,7 +87,6 @@ _KEY_RE = re.compile(r"[A-Z][A-Z0-9_]*")
 _KEY_LINE = re.compile(r" {0,3}([A-Z][A-Z0-9_]*):(.*)")
 _ATX = re.compile(r" {0,3}#{1,6}(?:[ \t]|$)")
 _ATX_PREFIX = re.compile(r"#{1,6}(?:[ \t]+|$)")
-_ATX_CLOSING = re.compile(r"(?:^|[ \t]+)#+$")
 _SETEXT_UNDERLINE = re.compile(r" {0,3}(?:=+|-+)")
 _FENCE_OPEN = re.compile(r"( {0,3})(`{3,}|~{3,})(.*)")
 _HTML_COMMENT_OPEN = re.compile(r" {0,3}<!--")
@@ -380,7 +379,7 @@ def _heading_kind(line: str) -> Literal["atx", "plain"] | None:
     atx = _ATX_PREFIX.match(body)
     if atx is not None:
         kind = "atx"
-        body = _ATX_CLOSING.sub("", body[atx.end() :])
+        body = _strip_atx_closing(body[atx.end() :])
     body = body.strip().removesuffix(":")
     for mark in ("**", "__"):
         if len(body) > 4 and body.startswith(mark) and body.endswith(mark):
@@ -388,6 +387,20 @@ def _heading_kind(line: str) -> Literal["atx", "plain"] | None:
             break
     body = body.strip().removesuffix(":").rstrip()
     return kind if body.casefold() == HEADING_TEXT.casefold() else None
+
+
+def _strip_atx_closing(text: str) -> str:
+    """Drop an ATX heading's closing ``#`` run (CommonMark: preceded by a space or tab, or the whole text).
+
+    Done with string methods, in one pass: the regex ``(?:^|[ \t]+)#+$`` it replaces backtracks over every
+    run of blanks, quadratic in the line (a 48 KB line held the event loop for seconds).
+    """
+    kept = text.rstrip("#")
+    if len(kept) == len(text):
+        return text
+    if not kept:
+        return ""
+    return kept.rstrip(" \t") if kept[-1] in " \t" else text
 
 
 def _parse_block(lines: list[str], heading: int) -> tuple[BlockResult, int]:

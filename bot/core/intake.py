@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -13,6 +14,24 @@ from typing import Any
 EVENT_HEADERS = ("X-Gitea-Event", "X-GitHub-Event", "X-Gogs-Event")
 EVENT_TYPE_HEADERS = ("X-Gitea-Event-Type", "X-GitHub-Event-Type", "X-Gogs-Event-Type")
 DELIVERY_HEADERS = ("X-Gitea-Delivery", "X-GitHub-Delivery", "X-Gogs-Delivery")
+# Every coarse event name Gitea 1.22-1.26 sends (FACTS.md section 2, modules/webhook/type.go). Metric labels
+# take only these (or "other"), so no request, signed or not, can mint a new time series.
+KNOWN_EVENTS = frozenset(
+    {
+        "create", "delete", "fork", "push", "issues", "issue_assign", "issue_label", "issue_milestone",
+        "issue_comment", "pull_request", "pull_request_assign", "pull_request_label", "pull_request_milestone",
+        "pull_request_comment", "pull_request_approved", "pull_request_rejected", "pull_request_sync",
+        "pull_request_review_request", "wiki", "repository", "release", "package", "status", "workflow_job",
+        "workflow_run",
+    }
+)
+
+
+def metric_event(event: str | None) -> str:
+    """The ``event`` label for a delivery's metrics: a known Gitea event name, else ``other``."""
+    return event if event in KNOWN_EVENTS else "other"
+
+
 # Headers worth keeping with a stored delivery (nothing secret: no Authorization).
 KEPT_HEADERS = (
     *EVENT_HEADERS,
@@ -70,14 +89,16 @@ def signature_matches(secrets: Sequence[bytes], body: bytes, headers: Mapping[st
         hub_sig = hub_sig[len("sha256=") :].lower()
     else:
         hub_sig = ""
-    candidates = [sig for sig in (gitea_sig, hub_sig) if sig]
+    # Compared as bytes: compare_digest refuses non-ASCII str, and a header may carry any byte (aiohttp
+    # decodes header bytes with surrogateescape), which must be a mismatch, never an exception.
+    candidates = [sig.encode("utf-8", "surrogateescape") for sig in (gitea_sig, hub_sig) if sig]
     if not candidates:
         return False
     matched = False
     for secret in secrets:
         if not secret:
             continue
-        expected = hmac.new(secret, body, hashlib.sha256).hexdigest()
+        expected = hmac.new(secret, body, hashlib.sha256).hexdigest().encode("ascii")
         for sig in candidates:
             # No short-circuit: keep the work the same whether or not an earlier secret matched.
             matched |= hmac.compare_digest(expected, sig)
@@ -89,6 +110,18 @@ def _is_json_content_type(content_type: str | None) -> bool:
         return False
     media = content_type.split(";", 1)[0].strip().lower()
     return media == "application/json" or (media.startswith("application/") and media.endswith("+json"))
+
+
+def content_encoding_refusal(headers: Mapping[str, str]) -> Rejection | None:
+    """Gitea never compresses a delivery; a body that claims a coding is refused before it is read (415)."""
+    coding = (headers.get("Content-Encoding") or "identity").strip().lower()
+    if coding == "identity":
+        return None
+    return Rejection(
+        415,
+        "unsupported_media_type",
+        "Content-Encoding is not supported: send the JSON body uncompressed, as Gitea does",
+    )
 
 
 def admit(
@@ -104,6 +137,9 @@ def admit(
     """
     if len(body) > max_body_bytes:
         return Rejection(413, "payload_too_large", f"body is {len(body)} bytes; the limit is {max_body_bytes}")
+    encoding_refusal = content_encoding_refusal(headers)
+    if encoding_refusal is not None:
+        return encoding_refusal
     content_type = headers.get("Content-Type")
     if not _is_json_content_type(content_type):
         return Rejection(
@@ -124,14 +160,17 @@ def admit(
     missing = [name for name, value in (("X-Gitea-Event", event), ("X-Gitea-Delivery", delivery_id)) if not value]
     if event is None or delivery_id is None:
         return Rejection(400, "missing_header", f"missing header(s): {', '.join(missing)}")
-    if len(delivery_id) > 200 or not delivery_id.isprintable():
+    if not _EVENT_NAME.fullmatch(event):
+        return Rejection(400, "bad_header", "X-Gitea-Event is not a Gitea event name (lower-case letters and _)")
+    if len(delivery_id) > 200 or not _is_clean_text(delivery_id):
         return Rejection(400, "bad_header", "X-Gitea-Delivery is not a printable id of at most 200 characters")
-    try:
-        payload = json.loads(body)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        return Rejection(400, "malformed_json", f"body is not valid JSON: {exc}")
-    if not isinstance(payload, dict):
-        return Rejection(400, "malformed_json", "body is JSON but not an object")
+    kept = {name: headers[name] for name in KEPT_HEADERS if name in headers}
+    unclean = sorted(name for name, value in kept.items() if not _is_clean_text(value))
+    if unclean:
+        return Rejection(400, "bad_header", f"header(s) {', '.join(unclean)} are not printable UTF-8 text")
+    payload = _parse_json(body)
+    if isinstance(payload, Rejection):
+        return payload
     action = payload.get("action")
     sender = payload.get("sender")
     sender_login = sender.get("login") if isinstance(sender, dict) else None
@@ -143,9 +182,70 @@ def admit(
         sender_login=sender_login if isinstance(sender_login, str) else None,
         body=body,
         body_sha256=hashlib.sha256(body).hexdigest(),
-        headers={name: headers[name] for name in KEPT_HEADERS if name in headers},
+        headers=kept,
         payload=payload,
     )
+
+
+# Gitea's coarse event names are lower-case words joined by '_' (FACTS.md section 2).
+_EVENT_NAME = re.compile(r"[a-z][a-z_]{0,63}")
+# A \uD800-\uDFFF escape in the raw JSON; only a body that has one is searched for lone surrogates.
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+
+
+def _is_clean_text(value: str) -> bool:
+    """Printable and encodable as UTF-8 (no lone surrogates from undecodable header bytes)."""
+    if not value.isprintable():
+        return False
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON (RFC 8259 has no NaN or Infinity)")
+
+
+def _parse_json(body: bytes) -> dict[str, Any] | Rejection:
+    """The body as a JSON object, or why not. Every way ``json.loads`` can fail is a 400, never a 500:
+    bad syntax or encoding, NaN/Infinity, integers past Python's digit limit, nesting past the recursion
+    limit, and strings holding a lone surrogate (Gitea's encoder never writes one; SQLite cannot store it)."""
+    try:
+        payload = json.loads(body, parse_constant=_refuse_constant)
+    except RecursionError:
+        return Rejection(400, "malformed_json", "body is nested too deeply to be a Gitea payload")
+    except (UnicodeDecodeError, ValueError) as exc:  # JSONDecodeError is a ValueError, as is the digit limit
+        return Rejection(400, "malformed_json", f"body is not valid JSON: {str(exc)[:200]}")
+    if not isinstance(payload, dict):
+        return Rejection(400, "malformed_json", "body is JSON but not an object")
+    if _SURROGATE_ESCAPE.search(body) and _has_lone_surrogate(payload):
+        return Rejection(400, "malformed_json", "body holds a string with a lone UTF-16 surrogate")
+    return payload
+
+
+def _has_lone_surrogate(payload: object) -> bool:
+    """Walk the parsed payload without recursion (its depth is attacker-chosen)."""
+    stack: list[object] = [payload]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            texts: list[str] = [item]
+        elif isinstance(item, dict):
+            texts = [key for key in item if isinstance(key, str)]
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+            continue
+        else:
+            continue
+        for text in texts:
+            try:
+                text.encode("utf-8")
+            except UnicodeEncodeError:
+                return True
+    return False
 
 
 def is_self_event(delivery: Delivery, bot_login: str | None) -> bool:
