@@ -100,8 +100,10 @@ async def start(tmp_path: Path) -> AsyncIterator[Started]:
         settings: Settings | None = None, router: routing.Router | None = None
     ) -> tuple[Service, TestClient[Any, Any]]:
         service = await open_service(settings or make_settings(tmp_path), router or build_router())
-        client: TestClient[Any, Any] = TestClient(TestServer(service.make_app()))
-        await client.start_server(**RUNNER_OPTIONS)
+        server = TestServer(service.make_app())
+        await server.start_server(**RUNNER_OPTIONS)  # as `foreman serve` runs it
+        client: TestClient[Any, Any] = TestClient(server)
+        await client.start_server()
         clients.append(client)
         return service, client
 
