@@ -18,7 +18,7 @@ from bot.core.canonical import parse_comment
 from bot.core.intake import Delivery, admit
 from bot.worker import HandlerContext
 from state.deliveries import DeliveryStore
-from tests.support import SECRET, Started, make_settings, payload, sign, wait_status, webhook_headers
+from tests.support import SECRET, Started, payload, sign, wait_status, webhook_headers
 from tests.test_process import ServeProcess
 
 # --------------------------------------------------------------------------- helpers
@@ -36,8 +36,9 @@ async def raw_post(port: int, headers: list[tuple[bytes, bytes]], body: bytes) -
     writer.close()
     status_line, _, rest = response.partition(b"\r\n")
     status = int(status_line.split()[1])
-    doc = json.loads(rest.partition(b"\r\n\r\n")[2] or b"{}")
-    return status, doc
+    head, _, content = rest.partition(b"\r\n\r\n")
+    is_json = b"application/json" in head.lower()
+    return status, json.loads(content) if is_json else {}
 
 
 def signed_headers(body: bytes, *, event: bytes = b"issues", delivery: str) -> list[tuple[bytes, bytes]]:
@@ -339,7 +340,7 @@ async def test_a_hostile_comment_does_not_freeze_a_real_serve(tmp_path: Path) ->
 
 async def test_unsigned_requests_never_mint_metric_series(start: Started) -> None:
     """Issue 12.6: labels came from unsigned headers (3,000 requests, 3,000 series; `\\xff` broke /metrics)."""
-    service, client = await start()
+    _service, client = await start()
     before = (await (await client.get("/metrics")).read()).count(b"\n")
     for i in range(300):
         body = b"{}"
@@ -357,7 +358,7 @@ async def test_unsigned_requests_never_mint_metric_series(start: Started) -> Non
 
 
 async def test_a_signed_unknown_event_is_counted_as_other(start: Started) -> None:
-    service, client = await start()
+    _service, client = await start()
     body = payload()
     await client.post("/webhook", data=body, headers=webhook_headers(body, event="made_up_event", delivery="u-1"))
     text = await (await client.get("/metrics")).text()
@@ -398,7 +399,7 @@ async def test_hostile_json_gets_a_typed_400(start: Started, body: bytes, error:
 
 
 async def test_a_non_ascii_signature_header_is_a_401_not_a_500(start: Started) -> None:
-    service, client = await start()
+    _service, client = await start()
     body = payload()
     headers = [(b"Content-Type", b"application/json"), (b"X-Gitea-Event", b"issues"),
                (b"X-Gitea-Delivery", b"sig-1"), (b"X-Gitea-Signature", "é".encode() * 32)]
@@ -410,7 +411,7 @@ async def test_a_non_ascii_signature_header_is_a_401_not_a_500(start: Started) -
 
 
 async def test_a_content_encoding_on_a_plain_body_is_refused_typed(start: Started) -> None:
-    service, client = await start()
+    _service, client = await start()
     body = payload()
     for coding in ("gzip", "deflate", "br"):
         resp = await client.post("/webhook", data=body, headers=_signed(body, **{"Content-Encoding": coding}))

@@ -135,7 +135,9 @@ def test_cli_lists_failed_deliveries_and_replays_one(
     _seed_failed_delivery(settings.database.path)
     monkeypatch.setenv("FOREMAN_DATABASE__PATH", str(settings.database.path))
     monkeypatch.setenv("FOREMAN_WEBHOOK__SECRETS", json.dumps([SECRET]))
-    monkeypatch.setenv("FOREMAN_CONFIG", str(tmp_path / "absent.toml"))
+    empty = tmp_path / "empty.toml"  # a missing config file now refuses (issue 12.11); the environment sets all
+    empty.write_text("", encoding="utf-8")
+    monkeypatch.setenv("FOREMAN_CONFIG", str(empty))
     assert main(["deliveries", "--status", "failed", "--json"]) == 0
     [row] = json.loads(capsys.readouterr().out)
     assert (row["delivery"], row["status"], row["last_error"]) == ("cli-1", "failed", "RuntimeError: boom")

@@ -81,7 +81,12 @@ ParseErrorCode = Literal[
     "bad_related_prs",
     "empty_value",
     "unclosed_fence",
+    "comment_too_long",
 ]
+#: A comment longer than this is not read for a state block at all: blocks are a few hundred bytes, and the
+#: parser is linear but Python-speed (~25 ns a character at worst), so this bounds one comment's hold on the
+#: event loop at a few milliseconds whatever its author sends (Gitea itself sets no limit on a comment).
+MAX_COMMENT_CHARS = 256 * 1024
 
 _KEY_RE = re.compile(r"[A-Z][A-Z0-9_]*")
 _KEY_LINE = re.compile(r" {0,3}([A-Z][A-Z0-9_]*):(.*)")
@@ -221,6 +226,8 @@ class ParseResult:
     """Every block of a comment, in order. The last block counts."""
 
     blocks: tuple[BlockResult, ...]
+    #: Set when the comment was not read at all (``comment_too_long``): then there are no blocks.
+    refused: ParseError | None = None
 
     @property
     def block_count(self) -> int:
@@ -240,7 +247,8 @@ class ParseResult:
     @property
     def errors(self) -> tuple[ParseError, ...]:
         """The errors of every block, in line order (an earlier invalid block is still reported)."""
-        return tuple(error for block in self.blocks for error in block.errors)
+        found = tuple(error for block in self.blocks for error in block.errors)
+        return found if self.refused is None else (self.refused, *found)
 
     def to_dict(self) -> dict[str, Any]:
         current = self.current
@@ -289,7 +297,21 @@ def render(state: CanonicalState) -> str:
 
 
 def parse_comment(body: str) -> ParseResult:
-    """Find and parse every Canonical Issue State block in a comment body. Never raises on any text."""
+    """Find and parse every Canonical Issue State block in a comment body. Never raises on any text.
+
+    Linear in the body, and bounded: a body over ``MAX_COMMENT_CHARS`` is refused unread (no blocks).
+    """
+    if len(body) > MAX_COMMENT_CHARS:
+        return ParseResult(
+            (),
+            ParseError(
+                "comment_too_long",
+                1,
+                None,
+                f"the comment has {len(body)} characters; a Canonical Issue State is read only from comments of at "
+                f"most {MAX_COMMENT_CHARS}: post the block in a comment of its own",
+            ),
+        )
     text = body.removeprefix("\ufeff").replace("\r\n", "\n").replace("\r", "\n")
     lines = [line.rstrip() for line in text.split("\n")]
     blocks: list[BlockResult] = []
