@@ -220,7 +220,7 @@ async def on_issue_event(event: sansio.Event, ctx: HandlerContext) -> None:
         where = _where(data, settings)
         if where is None:
             return
-        issue = IssueObservation.from_payload(where.issue)
+        issue = IssueObservation.from_event(str(data.get("action") or ""), where.issue)
         sender = str((data.get("sender") or {}).get("login") or "")
     except (PayloadError, KeyError, TypeError, ValueError) as exc:
         ctx.log.warning("issues payload skipped: %s", exc)

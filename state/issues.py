@@ -99,6 +99,19 @@ class IssueObservation:
             updated_at=gitea_time(str(issue["updated_at"])) if issue.get("updated_at") else None,
         )
 
+    @classmethod
+    def from_event(cls, action: str, issue: dict[str, Any]) -> IssueObservation:
+        """What an ``issues`` event says about the issue after the change.
+
+        ``label_cleared`` lists the labels from *before* the clear (Gitea's models/issues/issue_label.go
+        ``clearIssueLabels`` never reloads them, and services/webhook/notifier.go ``IssueClearLabels``
+        converts that stale list; 1.22 to 1.26), so it is read as "no labels now".
+        """
+        observed = cls.from_payload(issue)
+        if action == "label_cleared":
+            return cls(observed.number, observed.is_open, (), observed.updated_at)
+        return observed
+
 
 @dataclass(frozen=True, slots=True)
 class Trust:

@@ -122,13 +122,15 @@ async def test_label_updated_carries_full_list_and_no_label_key(hooked: LiveEmul
 
 
 async def test_clear_labels_sends_label_cleared(hooked: LiveEmulator) -> None:
-    """DELETE .../labels answers 204 and sends label_cleared with an empty issue.labels."""
+    """DELETE .../labels answers 204 and sends label_cleared listing the labels from *before* the clear
+    (models/issues/issue_label.go clearIssueLabels never reloads; notifier.go IssueClearLabels converts it)."""
     hooked.emulator.create_issue(OWNER, REPO, title="x", author="alice", labels=["bug", "feature"])
     status, data, _ = await _call(hooked, "DELETE", f"{ISSUES}/1/labels")
     assert (status, data) == (204, None)
     [cleared] = _of_type(await hooked.emulator.drain_webhooks(), "issue_label")
     assert cleared.action == "label_cleared"
-    assert cleared.payload["issue"]["labels"] == []
+    assert [label["name"] for label in cleared.payload["issue"]["labels"]] == ["bug", "feature"]
+    assert hooked.emulator.label_names(OWNER, REPO, 1) == []
     assert "label" not in cleared.payload
 
 

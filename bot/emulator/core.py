@@ -621,10 +621,14 @@ class Emulator:
             self._emit_issue(issue, "label_updated", doer)
 
     def _op_clear_labels(self, issue: EmuIssue, doer: EmuUser, *, notify: bool) -> None:
+        # models/issues/issue_label.go clearIssueLabels: issue.LoadLabels, then deleteIssueLabel per label,
+        # and (unlike DeleteIssueLabel/NewIssueLabels/ReplaceIssueLabels) no reload; the notifier
+        # (services/webhook/notifier.go IssueClearLabels) converts that stale list. Same in 1.22.3 and 1.26.3.
+        before = convert.issue_labels(self, issue)
         for label_id in list(issue.label_ids):
             self._remove_label(issue, doer, issue.repo.labels[label_id])
         if notify:
-            self._emit_issue(issue, "label_cleared", doer)
+            self._emit_issue(issue, "label_cleared", doer, labels_as=before)
 
     def _op_create_comment(self, issue: EmuIssue, doer: EmuUser, body: str, *, notify: bool) -> EmuComment:
         comment = self._timeline(issue, doer, "comment", body)
@@ -654,7 +658,16 @@ class Emulator:
             if hook.active and event_type in hook.events:
                 self._sender.enqueue(_target(hook), event_type, payload)
 
-    def _emit_issue(self, issue: EmuIssue, action: str, doer: EmuUser, *, changes: JSON | None = None) -> None:
+    def _emit_issue(
+        self,
+        issue: EmuIssue,
+        action: str,
+        doer: EmuUser,
+        *,
+        changes: JSON | None = None,
+        labels_as: Sequence[EmuLabel] | None = None,
+    ) -> None:
+        """Queue an issue (or PR) event; ``labels_as`` renders these labels instead of the current ones."""
         repo = issue.repo
         if action in ("assigned", "unassigned"):
             kind, perm_user = "assign", doer
@@ -685,6 +698,9 @@ class Emulator:
                 "commit_id": "",
             }
             event_type = f"issue_{kind}" if kind else "issues"
+        if labels_as is not None:
+            rendered = [convert.label_json(self, label) for label in labels_as]
+            payload["pull_request" if issue.is_pull else "issue"]["labels"] = rendered
         self._emit(repo, event_type, payload)
 
     def _emit_comment(
