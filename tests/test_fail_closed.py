@@ -14,7 +14,7 @@ import aiohttp
 import pytest
 from gidgethub import routing, sansio
 
-from bot.core.canonical import parse_comment
+from bot.core.canonical import HEADING_TEXT, MAX_BLOCKS, MAX_COMMENT_CHARS, parse_comment
 from bot.core.intake import Delivery, admit
 from bot.worker import HandlerContext
 from state.deliveries import DeliveryStore
@@ -419,3 +419,20 @@ async def test_a_content_encoding_on_a_plain_body_is_refused_typed(start: Starte
         assert (await resp.json())["error"] == "unsupported_media_type"
     resp = await client.post("/webhook", data=body, headers=_signed(body, **{"Content-Encoding": "identity"}))
     assert resp.status == 202
+
+
+def test_a_comment_past_the_length_bound_is_refused_unread() -> None:
+    """Issue 12.5: untrusted text is parsed only as far as needed; a huge comment is not read at all."""
+    block = f"## {HEADING_TEXT}\nSTATE: ready\n"
+    result = parse_comment("x" * MAX_COMMENT_CHARS + "\n" + block)
+    assert result.block_count == 0 and result.current is None
+    assert [e.code for e in result.errors] == ["comment_too_long"]
+    assert parse_comment("x" * (MAX_COMMENT_CHARS - len(block) - 1) + "\n" + block).block_count == 1
+
+
+def test_a_comment_with_too_many_blocks_is_refused() -> None:
+    """Each block costs ~10 us in errors alone: the count of blocks is bounded too, or 64 KB of headings hold 30 ms."""
+    heading = f"## {HEADING_TEXT}\n"
+    assert parse_comment(heading * MAX_BLOCKS).block_count == MAX_BLOCKS
+    result = parse_comment(heading * (MAX_BLOCKS + 1))
+    assert result.block_count == 0 and [e.code for e in result.errors] == ["too_many_blocks"]

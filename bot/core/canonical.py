@@ -82,11 +82,14 @@ ParseErrorCode = Literal[
     "empty_value",
     "unclosed_fence",
     "comment_too_long",
+    "too_many_blocks",
 ]
-#: A comment longer than this is not read for a state block at all: blocks are a few hundred bytes, and the
-#: parser is linear but Python-speed (~25 ns a character at worst), so this bounds one comment's hold on the
-#: event loop at a few milliseconds whatever its author sends (Gitea itself sets no limit on a comment).
-MAX_COMMENT_CHARS = 256 * 1024
+#: A comment longer than this is not read for a state block at all, and one with more blocks than
+#: ``MAX_BLOCKS`` is given up on at the first block past it: a block is a few hundred bytes, and the parser is
+#: linear but Python-speed, so these bound one comment's hold on the event loop at a few milliseconds whatever
+#: its author sends (Gitea itself sets no limit on a comment). Measured by ``python -m bench.canonical``.
+MAX_COMMENT_CHARS = 64 * 1024
+MAX_BLOCKS = 64
 
 _KEY_RE = re.compile(r"[A-Z][A-Z0-9_]*")
 _KEY_LINE = re.compile(r" {0,3}([A-Z][A-Z0-9_]*):(.*)")
@@ -312,6 +315,11 @@ def parse_comment(body: str) -> ParseResult:
                 f"most {MAX_COMMENT_CHARS}: post the block in a comment of its own",
             ),
         )
+    return parse_any_length(body)
+
+
+def parse_any_length(body: str) -> ParseResult:
+    """``parse_comment`` without the length bound (the benchmark measures the parser's growth with it)."""
     text = body.removeprefix("\ufeff").replace("\r\n", "\n").replace("\r", "\n")
     lines = [line.rstrip() for line in text.split("\n")]
     blocks: list[BlockResult] = []
@@ -327,6 +335,17 @@ def parse_comment(body: str) -> ParseResult:
                 i += 1
             i += 1
         elif _heading_kind(line) is not None:
+            if len(blocks) == MAX_BLOCKS:
+                return ParseResult(
+                    (),
+                    ParseError(
+                        "too_many_blocks",
+                        i + 1,
+                        None,
+                        f"the comment has more than {MAX_BLOCKS} Canonical Issue State headings; none is read: "
+                        "post one block in a comment of its own",
+                    ),
+                )
             block, i = _parse_block(lines, i)
             blocks.append(block)
         else:

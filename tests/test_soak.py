@@ -1,0 +1,126 @@
+"""Issue 12's bounded soak: a real `foreman serve` takes 2,000 deliveries with 5% malformed ones interleaved and a
+48 KB hostile comment. Every valid delivery is stored once and processed, /healthz answers within 100 ms all the
+while, and every worker loop is alive at the end."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import sqlite3
+import time
+from pathlib import Path
+
+import aiohttp
+
+from tests.support import payload
+from tests.test_fail_closed import raw_post, signed_headers
+from tests.test_process import ServeProcess
+
+DELIVERIES = 2_000
+MALFORMED_SHARE = 0.05
+SEED = 1212
+
+
+def _hostile_comment() -> bytes:
+    doc = json.loads(payload())
+    doc.update(action="created", comment={"id": 77, "body": "# a" + " " * 48_000 + "x", "user": {"login": "reader"},
+                                          "created_at": "2026-12-01T10:00:00Z", "updated_at": "2026-12-01T10:00:00Z"})
+    return json.dumps(doc, indent=2).encode()
+
+
+def _malformed(rng: random.Random, i: int) -> tuple[str, list[tuple[bytes, bytes]], bytes]:
+    """One malformed delivery: (its kind, raw headers, body). Each kind once broke a neighbour or a loop."""
+    body = payload(number=10_000 + i)
+    kind = rng.choice(["unroutable", "bad_header", "surrogate", "deep", "bad_signature", "foreign"])
+    delivery = f"bad-{i}"
+    if kind == "unroutable":
+        doc = json.loads(body)
+        doc["action"] = []
+        body = json.dumps(doc, indent=2).encode()
+    elif kind == "surrogate":
+        body = body.replace(b'"opened"', b'"op\\ud800ened"')
+    elif kind == "deep":
+        body = b"[" * 2000 + b"]" * 2000
+    elif kind == "foreign":
+        doc = json.loads(body)
+        doc["repository"]["full_name"] = "elsewhere/other"
+        body = json.dumps(doc, indent=2).encode()
+    headers = signed_headers(body, delivery=delivery, event=b"issu\xffes" if kind == "bad_header" else b"issues")
+    if kind == "bad_signature":
+        headers = [(k, b"0" * 64 if k == b"X-Gitea-Signature" else v) for k, v in headers]
+    return kind, headers, body
+
+
+async def test_a_soak_of_2000_deliveries_with_malformed_ones_loses_nothing_and_freezes_nothing(tmp_path: Path) -> None:
+    proc = ServeProcess(tmp_path, module="bot")
+    await proc.start("serve", "--config", str(proc.config))
+    rng = random.Random(SEED)
+    valid: dict[str, bytes] = {}
+    plan: list[tuple[str, list[tuple[bytes, bytes]], bytes]] = []
+    for i in range(DELIVERIES):
+        if rng.random() < MALFORMED_SHARE:
+            plan.append(_malformed(rng, i))
+        else:
+            body = payload(rng.choice(["opened", "label_updated", "closed", "reopened"]), number=i + 1)
+            plan.append(("valid", signed_headers(body, delivery=f"ok-{i}"), body))
+            valid[f"ok-{i}"] = body
+    hostile = _hostile_comment()
+    hostile_headers = signed_headers(hostile, delivery="hostile", event=b"issue_comment")
+    plan.insert(DELIVERIES // 2, ("valid", hostile_headers, hostile))
+    valid["hostile"] = hostile
+
+    health: list[float] = []
+    stop = asyncio.Event()
+
+    async def probe(session: aiohttp.ClientSession) -> None:
+        while not stop.is_set():
+            began = time.perf_counter()
+            async with session.get(f"{proc.url}/healthz", timeout=aiohttp.ClientTimeout(total=5)) as resp:
+                assert resp.status == 200
+            health.append(time.perf_counter() - began)
+            await asyncio.sleep(0.02)
+
+    semaphore = asyncio.Semaphore(16)
+    answers: dict[str, int] = {}
+
+    async def send(kind: str, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
+        async with semaphore:
+            status, doc = await raw_post(proc.port, headers, body)
+        delivery = dict(headers)[b"X-Gitea-Delivery"].decode()
+        answers[delivery] = status
+        if kind == "valid" or kind in ("unroutable", "foreign"):
+            assert status == 202, (kind, status, doc)
+        else:
+            assert status in (400, 401), (kind, status, doc)
+
+    try:
+        async with aiohttp.ClientSession() as session:
+            prober = asyncio.create_task(probe(session))
+            await asyncio.gather(*(send(*item) for item in plan))
+
+            def settled() -> bool:
+                with sqlite3.connect(proc.db) as conn:
+                    open_rows = conn.execute(
+                        "SELECT COUNT(*) FROM deliveries WHERE status IN ('queued', 'processing')"
+                    ).fetchone()[0]
+                return open_rows == 0
+
+            await proc.wait_for(settled, "the inbox drained", timeout=120)
+            stop.set()
+            await prober
+            async with session.get(f"{proc.url}/readyz") as resp:
+                ready = await resp.json()
+    finally:
+        await proc.kill()
+
+    with sqlite3.connect(proc.db) as conn:
+        rows = {d: (s, b) for d, s, b in conn.execute("SELECT delivery_id, status, body FROM deliveries")}
+    assert {d for d in valid} <= set(rows)
+    assert all(rows[d] == ("done", body) for d, body in valid.items()), [d for d in valid if rows[d][0] != "done"]
+    stored_bad = {d: s for d, (s, _b) in rows.items() if d.startswith("bad-")}
+    assert set(stored_bad.values()) <= {"failed", "ignored"}, stored_bad
+    assert ready["ready"] is True and ready["checks"]["worker"]["loops_alive"] == ready["checks"]["worker"]["loops"]
+    assert len(health) > 20 and max(health) < 0.1, (len(health), max(health))
+    print(f"soak: {len(plan)} deliveries ({len(plan) - len(valid)} malformed), {len(valid)} valid all done once, "
+          f"/healthz {len(health)} probes, max {max(health) * 1000:.1f} ms")
