@@ -24,7 +24,8 @@ FULL_NAME = f"{OWNER}/{REPO}"
 ROSTER_AUTHOR = "author-1"
 ROSTER_TOKEN = "tok-author-1-0006"
 #: Extra emulator users a world can have, with their tokens (roster identities).
-EXTRA_TOKENS = {ROSTER_AUTHOR: ROSTER_TOKEN, "controller-bot": "tok-controller-0007", "author-2": "tok-author-2-0008"}
+EXTRA_TOKENS = {ROSTER_AUTHOR: ROSTER_TOKEN, "controller-bot": "tok-controller-0007", "author-2": "tok-author-2-0008",
+                "author-3": "tok-author-3-0009"}
 
 
 class Clock:

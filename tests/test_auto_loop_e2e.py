@@ -1,0 +1,241 @@
+"""The card's loop by default (issue 20): with nothing configured but the roster, a `status:ready` label goes to the
+next idle author (least live leases, then longest idle; `max_leases_per_author` 1), its worktree is bootstrapped
+server-side, and the proof runs before the lease. Every effect is read back from the emulator."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from mcp import Client
+
+from bot.allocation import AllocationCall, Allocator
+from bot.core.canonical import parse_comment
+from bot.core.evidence import find_marker
+from bot.mcp_server import build_server
+from bot.verbs_runtime import VerbRuntime, caller_for
+from state.db import utcnow
+from state.journal import JournalStore
+from state.leases import LeaseStore
+from tests.gitea_fixtures import OWNER, REPO
+from tests.support import Started, wait_status
+from tests.world import FULL_NAME, World, open_world
+
+AUTHORS = ("author-1", "author-2", "author-3")
+ROSTER = {"controller-bot": ["controller"], **{login: ["author"] for login in AUTHORS}}
+
+
+@pytest.fixture
+async def world(tmp_path: Path, start: Started) -> AsyncIterator[World]:
+    # Only the roster is configured: auto-allocation and the bootstrap on allocation are the defaults.
+    async with open_world(tmp_path, start, roster=ROSTER) as opened:
+        yield opened
+
+
+def bodies(world: World, number: int) -> list[str]:
+    return [c.body for c in world.live.emulator.issue(OWNER, REPO, number).comments if c.kind == "comment"]
+
+
+def worktrees(world: World, number: int) -> list[Path]:
+    checkout = Path(world.service.settings.repository.checkout_root)
+    return sorted(checkout.glob(f"{OWNER}/{REPO}/branches/issue-{number}-*"))
+
+
+async def live(world: World) -> dict[int, str]:
+    return {lease.issue_number: lease.owner for lease in await LeaseStore(world.service.db).open_leases(FULL_NAME)}
+
+
+async def five_ready(world: World) -> None:
+    """Four ready issues that Gitea already holds, then a fifth labelled ready by a person (the trigger)."""
+    emu = world.live.emulator
+    for n in range(1, 5):
+        emu.create_issue(OWNER, REPO, title=f"Task {n}", author="alice", labels=["status:ready"])
+    number = await world.open_issue("alice", "Task 5")
+    await world.call("alice", "POST", f"/issues/{number}/labels", {"labels": ["status:ready"]})
+
+
+async def assert_bootstrapped(world: World, number: int, owner: str) -> None:
+    """One live lease of ``owner``, a completed transition of that lease, its worktree on disk, Gitea mirroring it."""
+    history = await LeaseStore(world.service.db).history(FULL_NAME, number)
+    assert [(lease.owner, lease.status) for lease in history] == [(owner, "live")], history
+    transitions = await JournalStore(world.service.db).history(FULL_NAME.lower(), number)
+    assert [(t.phase, t.lease_id) for t in transitions] == [("completed", history[0].lease_id)]
+    [worktree] = worktrees(world, number)
+    assert (worktree / ".git").is_file() and (worktree / "README.md").is_file()
+    assert world.labels(number) == ["status:in-progress"]
+    assert [u.login for u in world.live.emulator.issue(OWNER, REPO, number).assignees] == [owner]
+
+
+def waiting_state(world: World, number: int) -> Any:
+    found = [b for b in bodies(world, number) if (find_marker(b) or "").startswith("auto-wait:")]
+    assert len(found) == 1, bodies(world, number)
+    state = parse_comment(found[0]).current
+    assert state is not None
+    return state
+
+
+async def release(world: World, login: str, number: int) -> None:
+    service = world.service
+    runtime = VerbRuntime(db=service.db, settings=service.settings, gitea=service.gitea, bot_login="foreman-bot",
+                          wakeup=service.outbox_wakeup)
+    async with Client(build_server(runtime, caller_for(service.settings, login, "mcp"))) as client:
+        result = await client.call_tool("gitea_release_lease", {"issue_number": number, "reason": "done"})
+        assert not result.is_error, result.structured_content
+    await world.settle()
+
+
+async def test_three_authors_and_five_ready_issues_give_three_leases_with_worktrees_and_two_waiting(
+    world: World,
+) -> None:
+    await five_ready(world)
+    assert await live(world) == {1: "author-1", 2: "author-2", 3: "author-3"}
+    for number, owner in ((1, "author-1"), (2, "author-2"), (3, "author-3")):
+        await assert_bootstrapped(world, number, owner)
+    for number in (4, 5):
+        assert world.labels(number) == ["status:ready"] and worktrees(world, number) == []
+        state = waiting_state(world, number)
+        assert (state.state, state.who_is_next) == ("ready", "controller")
+        assert "every author" in state.next_action and "busy" in state.next_action, state.next_action
+    for entry in await world.service.outbox.list(limit=1000):
+        assert entry.status == "done", entry.summary()
+
+
+async def test_a_release_hands_the_next_ready_issue_to_the_freed_author_once(world: World) -> None:
+    await five_ready(world)
+    await release(world, "author-2", 2)
+    assert await live(world) == {1: "author-1", 3: "author-3", 4: "author-2"}
+    await assert_bootstrapped(world, 4, "author-2")
+    # A replayed ready label (every handler again) and a second release trigger change nothing.
+    emu = world.live.emulator
+    [label] = [d for d in emu.deliveries if d.event_type == "issue_label" and d.payload["sender"]["login"] == "alice"]
+    await world.service.store.replay(label.delivery_id, requested_by="test", force=True)
+    world.service.worker.wakeup.set()
+    await wait_status(world.service, label.delivery_id, "done")
+    await world.settle()
+    assert await live(world) == {1: "author-1", 3: "author-3", 4: "author-2"}
+    assert len(await LeaseStore(world.service.db).history(FULL_NAME, 4)) == 1
+    assert await LeaseStore(world.service.db).history(FULL_NAME, 5) == []
+    assert len([b for b in bodies(world, 5) if (find_marker(b) or "").startswith("auto-wait:")]) == 1
+
+
+async def test_a_replayed_or_caught_up_ready_label_never_leases_twice(world: World) -> None:
+    await five_ready(world)
+    emu = world.live.emulator
+    [label] = [d for d in emu.deliveries if d.event_type == "issue_label" and d.payload["sender"]["login"] == "alice"]
+    emu.replay_delivery(label.delivery_id)  # Gitea's Replay: same body, new id
+    await world.settle()
+    await world.service.store.replay(label.delivery_id, requested_by="test", force=True)
+    world.service.worker.wakeup.set()
+    await wait_status(world.service, label.delivery_id, "done")
+    await world.settle()
+    # A catch-up run (what start-up and the periodic sweep call) on the same state.
+    from bot.auto_allocation import auto_allocate
+
+    report = await auto_allocate(world.service.db, world.service.settings, world.service.gitea,
+                                 bot_login="foreman-bot", trigger="catch_up")
+    await world.settle()
+    assert report.leased == [] and sorted(report.waiting) == [4, 5]
+    store = LeaseStore(world.service.db)
+    for number in range(1, 6):
+        assert len(await store.history(FULL_NAME, number)) == (1 if number <= 3 else 0)
+    for number in (4, 5):
+        waiting_state(world, number)  # still exactly one waiting comment each
+
+
+async def test_an_expired_lease_frees_its_author_for_the_next_ready_issue(world: World) -> None:
+    await five_ready(world)
+    from bot.auto_allocation import auto_allocate
+
+    later = utcnow() + timedelta(seconds=world.service.settings.allocator.lease_ttl_s + 1)
+    report = await auto_allocate(world.service.db, world.service.settings, world.service.gitea,
+                                 bot_login="foreman-bot", trigger="catch_up", now=later)
+    await world.settle()
+    # Every lease expired: the three authors are idle again; #4 and #5 go to the two longest idle of them.
+    assert sorted(report.leased) == [4, 5], report.to_dict()
+    assert {n: o for n, o in (await live(world)).items() if n in (4, 5)} == {4: "author-1", 5: "author-2"}
+
+
+async def test_an_excluded_issue_is_never_auto_allocated(tmp_path: Path, start: Started) -> None:
+    allocator = {"protected_issues": [1], "protected_labels": ["hold"]}
+    async with open_world(tmp_path, start, roster=ROSTER, allocator=allocator) as world:
+        emu = world.live.emulator
+        emu.create_label(OWNER, REPO, "hold", color="#000000")
+        emu.create_issue(OWNER, REPO, title="Protected", author="alice", labels=["status:ready"])
+        emu.create_issue(OWNER, REPO, title="Held", author="alice", labels=["status:ready", "hold"])
+        number = await world.open_issue("alice", "Ordinary")
+        await world.call("alice", "POST", f"/issues/{number}/labels", {"labels": ["status:ready"]})
+        assert await live(world) == {3: "author-1"}
+        assert bodies(world, 1) == [] and bodies(world, 2) == []
+        from bot.auto_allocation import recent_decisions
+
+        [decision, *_] = await recent_decisions(world.service.db, FULL_NAME.lower())
+        reasons = {s["issue_number"]: s["reason"] for s in decision["skipped"]}
+        assert reasons == {1: "protected_issue", 2: "protected_label"}, decision
+
+
+async def test_a_failed_proof_leases_nothing(world: World) -> None:
+    """A foreign directory at #1's canonical worktree path: the apply's preflight fails, nothing is leased, and
+    the refusal is typed with an exact next action; auto-allocation takes the next issues and marks #1 blocked."""
+    emu = world.live.emulator
+    emu.create_issue(OWNER, REPO, title="Occupied", author="alice", labels=["status:ready"])
+    checkout = Path(world.service.settings.repository.checkout_root) / OWNER / REPO / "branches" / "issue-1-occupied"
+    checkout.mkdir(parents=True)
+    (checkout / "notes.txt").write_text("someone's work\n")
+    allocator = Allocator(world.service.db, world.service.settings, world.service.gitea, bot_login="foreman-bot")
+    outcome = await allocator.run(AllocationCall(actor="controller-bot", owner="author-1", dry_run=False))
+    assert outcome.lease is None and not outcome.applied
+    assert outcome.refusal is not None and outcome.refusal.error == "invalid_state"
+    assert outcome.refusal.details["reason"] == "bootstrap_preflight_failed"
+    assert "path_free" in outcome.refusal.details["failed_checks"]
+    assert "exclude_issue_numbers=[1]" in outcome.refusal.exact_next_action
+    assert await LeaseStore(world.service.db).history(FULL_NAME, 1) == []
+    # Through the loop: #1 is never leased, the others are.
+    for n in (2, 3):
+        emu.create_issue(OWNER, REPO, title=f"Task {n}", author="alice", labels=["status:ready"])
+    await world.call("alice", "POST", "/issues/3/labels", {"labels": ["status:ready"]})
+    assert await live(world) == {2: "author-1", 3: "author-2"}
+    assert await LeaseStore(world.service.db).history(FULL_NAME, 1) == []
+    assert (checkout / "notes.txt").read_text() == "someone's work\n"
+    assert world.labels(1) == ["status:blocked"]
+    [blocked] = [b for b in bodies(world, 1) if (find_marker(b) or "").startswith("auto-proof:")]
+    state = parse_comment(blocked).current
+    assert state is not None and (state.state, state.who_is_next) == ("blocked", "human")
+
+
+async def test_foreman_allocate_json_shows_the_automatic_decisions(
+    world: World, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import asyncio
+    import json
+
+    from bot.cli import main
+    from tests.gitea_fixtures import BOT, TOKENS
+    from tests.support import SECRET
+
+    await five_ready(world)
+    settings = world.service.settings
+    env = {
+        "FOREMAN_CONFIG": "",
+        "FOREMAN_DATABASE__PATH": str(settings.database.path),
+        "FOREMAN_WEBHOOK__SECRETS": json.dumps([SECRET]),
+        "FOREMAN_GITEA__URL": world.live.base_url,
+        "FOREMAN_GITEA__TOKEN": TOKENS[BOT],
+        "FOREMAN_GITEA__BOT_LOGIN": BOT,
+        "FOREMAN_REPOSITORY__OWNER": OWNER,
+        "FOREMAN_REPOSITORY__NAME": REPO,
+        "FOREMAN_REPOSITORY__CHECKOUT_ROOT": str(settings.repository.checkout_root),
+        "FOREMAN_ROSTER": json.dumps(ROSTER),
+    }
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    assert await asyncio.to_thread(main, ["allocate", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    auto = doc["auto"]
+    assert auto["enabled"] is True and auto["policy"]["max_leases_per_author"] == 1
+    assert [a["login"] for a in auto["authors"] if a["skipped"] == "busy"] == list(AUTHORS)
+    recent = auto["recent"]
+    assert recent and recent[0]["waiting"] == [4, 5], recent[0]
+    assert any(d["leased"] for d in recent)
