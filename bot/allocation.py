@@ -61,6 +61,11 @@ class AllocationCall:
     action: str = "implement"
     delivery_id: str | None = None
     actor_is_operator: bool = False
+    # Auto-allocation (issue 20): False gives an owner that holds a live lease another issue (instead of resuming
+    # it); ``max_live`` refuses the apply when the owner already holds that many live leases (checked inside the
+    # lease transaction, so two concurrent runs cannot exceed it).
+    resume_own: bool = True
+    max_live: int | None = None
 
 
 @dataclass
@@ -222,6 +227,7 @@ class Allocator:
             candidates=candidates,
             exclude_issue_numbers=call.exclude_issue_numbers,
             open_issue_numbers=open_numbers,
+            resume_own=call.resume_own,
         )
         moment = now or utcnow()
         mode = self.settings.bootstrap.on_allocate
@@ -235,7 +241,19 @@ class Allocator:
                     self._bootstrap_context(), decision.issue_number, call.owner
                 )
             return outcome
-        outcome = await self._apply(call, request, moment, source)
+        proven: int | None = None
+        if mode != "off" and self.gitea is not None:
+            # Every apply proves first (seed 004 AC10, issue 20): the same preflight the dry-run reports, on the
+            # decision as it stands now; a failed proof leases nothing.
+            leases = [lease.as_live_lease() for lease in await self.leases.open_leases(self.repo)]
+            planned = decide(request, self.policy, leases, moment)
+            if isinstance(planned, SelectDecision):
+                proof = await bootstrap_preflight(self._bootstrap_context(), planned.issue_number, call.owner)
+                if not proof.get("ok"):
+                    return AllocationOutcome(decision=planned, refusal=_proof_refusal(proof, planned, call),
+                                             source=source, dry_run=False, bootstrap=proof)
+                proven = planned.issue_number
+        outcome = await self._apply(call, request, moment, source, proven=proven)
         if mode == "run" and outcome.lease is not None and outcome.refusal is None and self.gitea is not None:
             # Outside the lease transaction: the bootstrap journals its own phases, and on failure it
             # compensates and releases the lease itself. A resumed lease runs it too (idempotent: a completed
@@ -294,7 +312,7 @@ class Allocator:
         return BootstrapContext(db=self.db, settings=self.settings, gitea=self.gitea, bot_login=self.bot_login)
 
     async def _apply(
-        self, call: AllocationCall, request: AllocationRequest, now: datetime, source: str
+        self, call: AllocationCall, request: AllocationRequest, now: datetime, source: str, *, proven: int | None = None
     ) -> AllocationOutcome:
         """Decide again on the leases as they are inside the write transaction, then write atomically."""
         role = ACTION_ROLES[call.action]
@@ -312,6 +330,27 @@ class Allocator:
                 return outcome
             if not isinstance(decision, SelectDecision):
                 return outcome  # wait or blocked: nothing is leased
+            if self.gitea is not None and self.settings.bootstrap.on_allocate != "off" and (
+                proven != decision.issue_number
+            ):
+                outcome.refusal = Envelope(
+                    error="conflict",
+                    message=f"the selection changed to #{decision.issue_number} after the proof; nothing was leased",
+                    remediate="Another allocation changed the live leases meanwhile; allocate again.",
+                    exact_next_action="call gitea_allocate_next_work again",
+                    details={"reason": "selection_changed", "proven": proven, "selected": decision.issue_number},
+                )
+                return outcome
+            held = sum(1 for lease in open_leases if lease.owner == call.owner and lease.is_live(now))
+            if call.max_live is not None and held >= call.max_live:
+                outcome.refusal = Envelope(
+                    error="conflict",
+                    message=f"{call.owner} already holds {held} live lease(s); nothing was leased",
+                    remediate="max_leases_per_author is reached; another allocation leased to this owner meanwhile.",
+                    exact_next_action="call gitea_allocate_next_work again",
+                    details={"reason": "owner_busy", "live_leases": held, "max": call.max_live},
+                )
+                return outcome
             stale = [lease for lease in open_leases if lease.issue_number == decision.issue_number]
             try:
                 lease = await self.leases.acquire(
@@ -391,6 +430,49 @@ class Allocator:
             OutboxIntent(f"{key}:assignee", number, "assignees", {"assignees": [lease.owner]}, cause),
             OutboxIntent(f"{key}:evidence", number, "comment", {"body": body}, cause),
         )
+
+
+#: Preflight checks whose failure means Gitea or its git remote could not answer now (retry), not the issue.
+_TRANSIENT_CHECKS = frozenset({"repo_reachable", "base_known"})
+
+
+def _proof_refusal(proof: dict[str, Any], decision: SelectDecision, call: AllocationCall) -> Envelope:
+    """The typed refusal of an apply whose bootstrap preflight failed: which checks, and what the caller can do."""
+    number = decision.issue_number
+    checks: dict[str, Any] = proof.get("checks") or {}
+    failed = sorted(name for name, check in checks.items() if not check.get("ok"))
+    details = {"reason": "bootstrap_preflight_failed", "issue_number": number, "owner": call.owner,
+               "failed_checks": failed, "preflight": proof}
+    again = "call gitea_allocate_next_work again"
+    if set(failed) & _TRANSIENT_CHECKS:
+        return Envelope(
+            error="unavailable",
+            message=f"could not prove that {call.owner} can bootstrap #{number} now ({', '.join(failed)} failed); "
+            "nothing was leased",
+            remediate="Gitea or its git remote did not answer as needed; the proof is retried by the next call.",
+            exact_next_action=f"{again} once Gitea answers",
+            details=details,
+        )
+    if "control_checkout" in failed:
+        where = checks["control_checkout"].get("head_ref")
+        return Envelope(
+            error="invalid_state",
+            message=f"the control checkout is off its default branch or dirty ({where}); nothing was leased",
+            remediate="foreman never changes the control checkout itself: an operator must put it back on its "
+            "default branch, clean.",
+            exact_next_action=f"ask an operator to clean the control checkout, then {again}",
+            details=details,
+        )
+    path = proof.get("worktree_path") or "the canonical worktree path"
+    return Envelope(
+        error="invalid_state",
+        message=f"{call.owner} could not bootstrap #{number}: {', '.join(failed)} failed (e.g. something that is not "
+        f"foreman's worktree is at {path}); nothing was leased",
+        remediate=f"#{number} can be allocated once {path} is free (an operator moves it aside: foreman keeps it "
+        "byte for byte) or is the owner's registered worktree; the other candidates can be allocated now.",
+        exact_next_action=f"{again} with exclude_issue_numbers=[{number}]",
+        details=details,
+    )
 
 
 def _why(decision: SelectDecision) -> str:

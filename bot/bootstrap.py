@@ -449,6 +449,8 @@ async def bootstrap_preflight(ctx: BootstrapContext, issue_number: int, owner: s
                                  "git_error": err.strip()[-300:] if status else None}
         checkout = ctx.checkout()
         found["checkout_exists"] = checkout.exists()
+        found["checkout_path_used"] = not found["checkout_exists"] and ctx.checkout_path.exists() and any(
+            ctx.checkout_path.iterdir())
         if checkout.exists():
             head_ref, head_sha = checkout.head()
             found["head_ref"], found["head_sha"] = head_ref, head_sha
@@ -471,6 +473,10 @@ async def bootstrap_preflight(ctx: BootstrapContext, issue_number: int, owner: s
             "head_ref": found["head_ref"], "head_sha": found["head_sha"], "dirty": found["checkout_status"][:20],
             "tracks_branches_dir": found["tracks_branches"],
         }
+    elif found["checkout_path_used"]:
+        # Something that is not a checkout is where the control checkout goes: the first clone would fail.
+        checks["control_checkout"] = {"ok": False, "head_ref": None,
+                                      "detail": f"{ctx.checkout_path} exists and is not a git checkout"}
     else:
         checks["control_checkout"] = {"ok": True, "detail": "not cloned yet: the first bootstrap clones it"}
     journal = JournalStore(ctx.db)

@@ -211,7 +211,8 @@ def _cmd_allocate(settings: Settings, args: argparse.Namespace) -> int:
         _emit(exc.envelope.to_dict(), as_json=True)
         return EXIT_USAGE
     owner = args.owner or _default_owner(settings, args.action)
-    if owner is None:
+    by_policy = owner is None and args.action == "implement" and len(settings.authors()) > 1
+    if owner is None and not by_policy:
         _emit(
             {
                 "error": "invalid_input",
@@ -224,13 +225,26 @@ def _cmd_allocate(settings: Settings, args: argparse.Namespace) -> int:
         return EXIT_USAGE
 
     async def work(db: Database) -> int:
+        from bot.auto_allocation import author_pick, recent_decisions
+        from state.db import utcnow
+
+        pick = await author_pick(db, settings, utcnow())
+        auto = {"enabled": settings.auto_allocation(), **pick.to_dict(),
+                "recent": await recent_decisions(db, f"{settings.repository.owner}/{settings.repository.name}".lower())}
+        chosen = owner if owner is not None else (pick.order[0] if pick.order else None)
+        if chosen is None:
+            # Several authors and none idle: what auto-allocation would do now is wait.
+            waiting = {"decision": "wait", "wait_reason": "authors_busy", "issue_number": None,
+                       "dry_run": not args.apply, "applied": False, "auto": auto}
+            _emit(waiting, as_json=args.json, text="wait: every author is busy")
+            return EXIT_OK
         async with aiohttp.ClientSession() as session:
             gitea = client_for(session, settings)
             allocator = Allocator(db, settings, gitea, bot_login=settings.gitea.bot_login)
             call = AllocationCall(
                 actor=f"operator:{getpass.getuser()}",
                 actor_is_operator=True,
-                owner=owner,
+                owner=chosen,
                 candidates_json=candidates,
                 exclude_issue_numbers=args.exclude,
                 dry_run=not args.apply,
@@ -238,9 +252,9 @@ def _cmd_allocate(settings: Settings, args: argparse.Namespace) -> int:
                 action=args.action,
             )
             outcome = await allocator.run(call)
-        doc = outcome.to_dict()
+        doc: dict[str, Any] = {**outcome.to_dict(), "owner": chosen, "auto": auto}
         summary = (
-            f"{doc.get('decision')}: issue {doc.get('issue_number')} for {owner}"
+            f"{doc.get('decision')}: issue {doc.get('issue_number')} for {chosen}"
             f" (fingerprint {doc.get('fingerprint')}, {len(doc.get('skipped', []))} skipped)"
         )
         _emit(doc, as_json=args.json, text=summary if outcome.exit_code == 0 else None)
@@ -782,7 +796,8 @@ def build_parser() -> argparse.ArgumentParser:
     invariants.add_argument("--json", action="store_true")
     allocate = add("allocate", "pick the next status:ready issue for an owner (dry-run unless --apply)")
     allocate.add_argument("--apply", action="store_true", help="create the lease (default: dry-run)")
-    allocate.add_argument("--owner", help="roster login that receives the lease (default: the only one)")
+    allocate.add_argument("--owner", help="roster login that receives the lease (default: the only author, or the "
+                          "next idle author by the auto-allocation policy)")
     allocate.add_argument("--action", default="implement", help="implement (author), review, merge")
     allocate.add_argument(
         "--exclude", type=_issue_number, nargs="+", action="extend", default=None, metavar="N",

@@ -155,7 +155,18 @@ class AllocatorConfig(_Section):
     protected_labels: list[LabelName] = Field(default_factory=list)
     lease_ttl_s: float = Field(default=4 * 3600.0, gt=0)
     lease_grace_s: float = Field(default=120.0, ge=0)
-    auto_allocate_owner: str = ""  # empty: off; else a roster author who gets a lease when an issue turns ready
+    # Auto-allocation (issue 20): a `status:ready` issue goes to the next idle roster author (least live leases,
+    # then longest idle). Unset: on when the roster has at least one author. `false` turns it off.
+    auto: bool | None = None
+    max_leases_per_author: int = Field(default=1, ge=1, le=1000)
+    auto_allocate_owner: str = ""  # a single named owner: auto-allocation considers only this roster author
+
+    @field_validator("auto", mode="before")
+    @classmethod
+    def _auto_is_a_boolean(cls, value: Any) -> Any:
+        if value is not None and not isinstance(value, bool):
+            raise ValueError(f"expected true or false, got {type(value).__name__} {value!r}")
+        return value
 
 
 class BootstrapConfig(_Section):
@@ -166,7 +177,9 @@ class BootstrapConfig(_Section):
     release_lease_on_failure: bool = True  # compensation releases the lease (AC5) instead of leaving it to expire
     slug_length: int = Field(default=40, ge=1, le=100)  # the title part of issue-<N>-<slug>
     control_clean_check: Literal["preflight", "every_transition"] = "preflight"
-    on_allocate: Literal["off", "preflight", "run"] = "preflight"  # what allocation does about the bootstrap
+    # What allocation does about the bootstrap: "run" (default) proves, leases and bootstraps in one call;
+    # "preflight" proves before every lease (dry-run and apply) but leaves the bootstrap to the owner; "off" neither.
+    on_allocate: Literal["off", "preflight", "run"] = "run"
 
 
 class McpConfig(_Section):
@@ -223,6 +236,18 @@ class Settings(_Section):
     def webhook_secrets(self) -> list[bytes]:
         """The configured webhook secrets as bytes (after load_settings resolved files)."""
         return [s.get_secret_value().encode() for s in self.webhook.secrets or []]
+
+    def authors(self) -> list[str]:
+        """Roster logins with the author role, in login order."""
+        return sorted(login for login, roles in self.roster.items() if "author" in roles)
+
+    def auto_allocation(self) -> bool:
+        """Whether a ready issue is allocated automatically: `[allocator] auto`, by default on when the roster
+        has an author (or a single named `auto_allocate_owner` is set)."""
+        cfg = self.allocator
+        if cfg.auto is not None:
+            return cfg.auto
+        return bool(self.authors() or cfg.auto_allocate_owner)
 
     def gitea_token(self) -> str | None:
         return self.gitea.token.get_secret_value() if self.gitea.token else None

@@ -456,6 +456,8 @@ class VerbRuntime:
             return refused(verb.name, _lease_changed(verb, lease))
         self._woken()
         released = await self.leases.get(lease.lease_id)
+        # The owner is free now: the next ready issue goes to the next idle author (issue 20), once.
+        auto = await self._auto_allocate_after_release(delivery_id)
         return self._done(
             verb,
             caller,
@@ -463,8 +465,26 @@ class VerbRuntime:
                 "issue_number": lease.issue_number,
                 "lease": released.to_dict() if released is not None else None,
                 "outbox": [key],
+                **({"auto_allocation": auto} if auto is not None else {}),
             },
         )
+
+    async def _auto_allocate_after_release(self, delivery_id: str | None) -> dict[str, Any] | None:
+        """Run auto-allocation after a release; its failure never undoes or fails the release (the next trigger
+        or catch-up run allocates instead)."""
+        from bot.auto_allocation import auto_allocate
+
+        if not self.settings.auto_allocation() or self.gitea is None:
+            return None
+        try:
+            report = await auto_allocate(self.db, self.settings, self.gitea, bot_login=self.bot_login,
+                                         trigger="release", delivery_id=delivery_id)
+        except Exception as exc:  # reported in the result and the log; the release stands
+            log.warning("auto-allocation after a release failed: %s: %s", type(exc).__name__, exc)
+            return {"error": "unavailable", "message": f"{type(exc).__name__}: {exc}"}
+        if report.outbox:
+            self._woken()
+        return {"leased": report.leased, "waiting": report.waiting, "blocked": report.blocked}
 
     async def _get_state(
         self, verb: Verb, caller: Caller, values: Mapping[str, object], lease: Lease | None, delivery_id: str | None

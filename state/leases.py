@@ -120,6 +120,14 @@ class LeaseStore:
         ) as cur:
             return [_lease(row) for row in await cur.fetchall()]
 
+    async def last_ended(self, repo: str) -> dict[str, datetime]:
+        """Per owner, when its most recently ended lease ended (released or expired); auto-allocation's idle time."""
+        async with self._db.reader.execute(
+            "SELECT owner, MAX(ended_at) AS ended FROM leases WHERE repo = ? AND ended_at IS NOT NULL GROUP BY owner",
+            (repo,),
+        ) as cur:
+            return {row["owner"]: from_db_time(row["ended"]) for row in await cur.fetchall()}
+
     async def get(self, lease_id: str) -> Lease | None:
         async with self._db.reader.execute(
             f"SELECT {_COLUMNS} FROM leases WHERE lease_id = ?", (lease_id,)  # noqa: S608

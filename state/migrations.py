@@ -482,4 +482,19 @@ MIGRATIONS: tuple[tuple[int, str, str], ...] = (
         DROP TABLE delivery_replays_v6;
         """,
     ),
+    (
+        8,
+        "auto-allocation decisions (issue 20): every automatic decision with its author pick and skipped accounting",
+        """
+        CREATE TABLE auto_allocations (
+            id          INTEGER PRIMARY KEY,
+            repo        TEXT NOT NULL,
+            decided_at  TEXT NOT NULL,
+            trigger     TEXT NOT NULL,
+            delivery_id TEXT,
+            doc_json    TEXT NOT NULL
+        );
+        CREATE INDEX auto_allocations_recent ON auto_allocations (repo, id);
+        """,
+    ),
 )

@@ -43,3 +43,16 @@ def test_the_order_does_not_depend_on_the_input_order() -> None:
     loads = [AuthorLoad(f"a{i}", i % 2, NOW - timedelta(minutes=i)) for i in range(6)]
     assert rank_authors(loads, max_leases_per_author=2) == rank_authors(list(reversed(loads)),
                                                                          max_leases_per_author=2)
+
+
+def test_without_resume_an_owner_with_a_live_lease_is_given_another_issue() -> None:
+    """`max_leases_per_author` > 1: the owner's own leased issue is skipped `own_claim`, the next one selected."""
+    from bot.core.allocator import AllocationRequest, LiveLease, RankingPolicy, SelectDecision, decide
+
+    held = LiveLease(issue_number=1, owner="alice", role="author", lease_id="L-1", expires_at=NOW + timedelta(hours=1))
+    request = AllocationRequest(owner="alice", candidates=[{"issue_number": 1}, {"issue_number": 2}])
+    assert decide(request, RankingPolicy(), [held], NOW).kind == "resume"
+    fresh = AllocationRequest(owner="alice", candidates=[{"issue_number": 1}, {"issue_number": 2}], resume_own=False)
+    decision = decide(fresh, RankingPolicy(), [held], NOW)
+    assert isinstance(decision, SelectDecision) and decision.issue_number == 2
+    assert [(s.issue_number, s.reason) for s in decision.skipped] == [(1, "own_claim")]

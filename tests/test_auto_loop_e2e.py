@@ -181,6 +181,9 @@ async def test_a_failed_proof_leases_nothing(world: World) -> None:
     the refusal is typed with an exact next action; auto-allocation takes the next issues and marks #1 blocked."""
     emu = world.live.emulator
     emu.create_issue(OWNER, REPO, title="Occupied", author="alice", labels=["status:ready"])
+    from bot.bootstrap import BootstrapContext, ensure_control_checkout
+
+    await ensure_control_checkout(BootstrapContext.from_service(world.service))
     checkout = Path(world.service.settings.repository.checkout_root) / OWNER / REPO / "branches" / "issue-1-occupied"
     checkout.mkdir(parents=True)
     (checkout / "notes.txt").write_text("someone's work\n")
@@ -227,7 +230,7 @@ async def test_foreman_allocate_json_shows_the_automatic_decisions(
         "FOREMAN_REPOSITORY__OWNER": OWNER,
         "FOREMAN_REPOSITORY__NAME": REPO,
         "FOREMAN_REPOSITORY__CHECKOUT_ROOT": str(settings.repository.checkout_root),
-        "FOREMAN_ROSTER": json.dumps(ROSTER),
+        **{f"FOREMAN_ROSTER__{login}": json.dumps(roles) for login, roles in ROSTER.items()},
     }
     for name, value in env.items():
         monkeypatch.setenv(name, value)

@@ -74,6 +74,7 @@ SkipReason = Literal[
     "protected_issue",
     "protected_label",
     "foreign_claim",
+    "own_claim",
     "lease_grace",
     "not_ready",
     "dependency_open",
@@ -84,6 +85,7 @@ SKIP_REASONS: Final[tuple[SkipReason, ...]] = (
     "protected_issue",
     "protected_label",
     "foreign_claim",
+    "own_claim",
     "lease_grace",
     "not_ready",
     "dependency_open",
@@ -227,6 +229,9 @@ class AllocationRequest:
     candidates: object
     exclude_issue_numbers: object = None
     open_issue_numbers: frozenset[int] = frozenset()
+    # False (auto-allocation with `max_leases_per_author` > 1): the owner's own live leases are not resumed;
+    # their issues are skipped `own_claim` and the owner may be given another issue.
+    resume_own: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -1053,7 +1058,7 @@ def decide(
 
     # Own live leases on excluded issues, candidates or not: they would be stranded (AC5).
     blockers: list[Blocker] = []
-    for number, held in sorted(own_live.items()):
+    for number, held in sorted(own_live.items() if request.resume_own else ()):
         candidate = by_number.get(number)
         excluded = _exclusion_reason(number, candidate.labels if candidate else (), caller, policy)
         if excluded is not None:
@@ -1074,6 +1079,8 @@ def decide(
             skipped.append(
                 Skipped(number, "foreign_claim", f"#{number} is leased to {holder.owner} (lease {holder.lease_id})")
             )
+        elif number in own_live and not request.resume_own:
+            skipped.append(Skipped(number, "own_claim", f"#{number} is already leased to {owner}"))
         elif number in own_live:
             owned[number] = first(own_live[number])
             eligible.append(candidate)
@@ -1124,7 +1131,7 @@ def decide(
         return BlockedDecision(**common, blockers=tuple(blockers), envelope=_blocked_envelope(blockers))
 
     resumable = [owned[c.issue_number] for c in eligible if c.issue_number in owned]
-    if not resumable:
+    if not resumable and request.resume_own:
         # The owner's live lease on an issue outside the candidate set is still its current work.
         resumable = [
             first(held) for number, held in sorted(own_live.items())

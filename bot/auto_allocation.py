@@ -1,0 +1,338 @@
+"""Auto-allocation at the edges (issue 20): ready issues go to the next idle roster author, proven and bootstrapped.
+
+``auto_allocate`` is what a `status:ready` label (``handlers/auto_allocate.py``), a released lease
+(``bot/verbs_runtime.py``) and a catch-up run call. In one run, under a per-repository lock:
+
+1. live leases whose bootstrap has not completed are resumed for their owners (a retried delivery finishes the
+   bootstrap a killed process left, as an owner's replay would);
+2. while an author is idle (``bot.core.authors.rank_authors``: fewer than ``max_leases_per_author`` live leases;
+   least live leases, then longest idle, then login) and a ready issue is eligible, one apply is run for the first
+   author: the allocator's own path (controller exclusions from config before ranking, the bootstrap preflight
+   before the lease, the bootstrap after it). A failed proof leases nothing: the issue is marked `status:blocked`
+   with an evidence comment naming the failed checks and the next action, and the run goes on without it;
+3. ready issues still eligible when every author is busy wait: each gets one evidence comment whose Canonical
+   Issue State says so (`WHO_IS_NEXT: controller`), and is allocated by a later run once an author frees up;
+4. the whole decision (author pick, every apply's decision and skipped accounting, what waits) is recorded in
+   ``auto_allocations`` and shown by ``foreman allocate --json``.
+
+With ``[allocator] auto_allocate_owner`` only that author is considered, and it may resume its live lease (the
+behaviour before issue 20). A repeated or replayed trigger finds the issues leased (``foreign_claim``) or the
+authors busy and leases nothing twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from bot.allocation import AllocationCall, AllocationOutcome, Allocator
+from bot.config import Settings
+from bot.core.allocator import AllocationRequest, SelectDecision, decide
+from bot.core.authors import AuthorPick, author_loads, rank_authors
+from bot.core.canonical import CanonicalState
+from bot.core.evidence import render_evidence
+from bot.core.vocabulary import label_for_state
+from bot.gitea import GiteaClient, GiteaError
+from state.db import Database, to_db_time, utcnow
+from state.journal import JournalStore
+from state.leases import LeaseStore
+from state.outbox import OutboxIntent, enqueue
+
+log = logging.getLogger("foreman.auto_allocate")
+
+ACTOR = "foreman:auto-allocate"
+#: Preflight checks that fail because of the issue itself (its canonical path, a foreign lease): the issue is
+#: marked blocked and the run goes on with the others.
+_ISSUE_CHECKS = frozenset({"path_free", "no_foreign_lease"})
+_LOCKS: dict[tuple[int, str], asyncio.Lock] = {}
+
+
+class AutoUnavailable(RuntimeError):
+    """Gitea could not serve the allocation or its bootstrap now: the trigger is retried."""
+
+
+@dataclass
+class AutoReport:
+    """One automatic decision: who was picked, what was leased, resumed, blocked and what waits."""
+
+    trigger: str
+    enabled: bool
+    named_owner: str | None = None
+    leased: list[int] = field(default_factory=list)
+    resumed: list[int] = field(default_factory=list)
+    blocked: list[int] = field(default_factory=list)
+    waiting: list[int] = field(default_factory=list)
+    applies: list[dict[str, Any]] = field(default_factory=list)
+    skipped: list[dict[str, Any]] = field(default_factory=list)
+    pick: dict[str, Any] | None = None
+    note: str | None = None
+    outbox: bool = False  # whether anything was enqueued (the caller wakes the sender)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "trigger": self.trigger, "enabled": self.enabled, "named_owner": self.named_owner,
+            "leased": self.leased, "resumed": self.resumed, "blocked": self.blocked, "waiting": self.waiting,
+            "applies": self.applies, "skipped": self.skipped, "pick": self.pick, "note": self.note,
+        }
+
+
+def _repo(settings: Settings) -> str:
+    return f"{settings.repository.owner}/{settings.repository.name}".lower()
+
+
+async def author_pick(db: Database, settings: Settings, now: datetime) -> AuthorPick:
+    """The roster authors in the order they receive work now (pure policy over the lease store's facts)."""
+    repo = _repo(settings)
+    store = LeaseStore(db)
+    rows: list[tuple[str, bool, datetime, datetime | None]] = []
+    for lease in await store.open_leases(repo):
+        alive = lease.is_live(now)
+        rows.append((lease.owner, alive, lease.acquired_at, None if alive else lease.expires_at))
+    for owner, ended in (await store.last_ended(repo)).items():
+        rows.append((owner, False, ended, ended))
+    named = settings.allocator.auto_allocate_owner or None
+    authors = settings.authors()
+    if named and named not in authors:
+        authors = [*authors, named]
+    return rank_authors(author_loads(authors, rows), max_leases_per_author=settings.allocator.max_leases_per_author,
+                        named_owner=named)
+
+
+async def recent_decisions(db: Database, repo: str, *, limit: int = 10) -> list[dict[str, Any]]:
+    """The latest automatic decisions, newest first, as recorded."""
+    async with db.reader.execute(
+        "SELECT decided_at, trigger, delivery_id, doc_json FROM auto_allocations WHERE repo = ? ORDER BY id DESC"
+        " LIMIT ?", (repo, limit),
+    ) as cur:
+        rows = list(await cur.fetchall())
+    return [{**json.loads(r["doc_json"]), "decided_at": r["decided_at"], "delivery": r["delivery_id"]} for r in rows]
+
+
+async def auto_allocate(
+    db: Database,
+    settings: Settings,
+    gitea: GiteaClient | None,
+    *,
+    bot_login: str,
+    trigger: str,
+    delivery_id: str | None = None,
+    now: datetime | None = None,
+) -> AutoReport:
+    """Allocate every ready issue an idle author can take now; record the decision. Raises AutoUnavailable when
+    Gitea could not serve it (nothing half-done is left: a lease whose bootstrap could not run is resumed by the
+    retry)."""
+    report = AutoReport(trigger=trigger, enabled=settings.auto_allocation(),
+                        named_owner=settings.allocator.auto_allocate_owner or None)
+    if not report.enabled:
+        report.note = "auto-allocation is off ([allocator] auto = false, or no author in [roster])"
+        return report
+    if gitea is None:
+        report.note = "no Gitea client: there are no candidates to read"
+        return report
+    lock = _LOCKS.setdefault((id(db), _repo(settings)), asyncio.Lock())
+    async with lock:
+        try:
+            await _run(db, settings, gitea, bot_login, report, delivery_id, now)
+        finally:
+            await _record(db, settings, report, delivery_id, now)
+    return report
+
+
+async def _run(db: Database, settings: Settings, gitea: GiteaClient, bot_login: str, report: AutoReport,
+               delivery_id: str | None, now: datetime | None) -> None:
+    allocator = Allocator(db, settings, gitea, bot_login=bot_login)
+    repo = _repo(settings)
+    cfg = settings.allocator
+    named = cfg.auto_allocate_owner or None
+    excluded: set[int] = set()
+    done: set[str] = set()
+
+    async def apply(owner: str, *, resume: bool) -> AllocationOutcome:
+        outcome = await allocator.run(
+            AllocationCall(actor=ACTOR, actor_is_operator=True, owner=owner, dry_run=False, delivery_id=delivery_id,
+                           exclude_issue_numbers=sorted(excluded) or None, resume_own=resume,
+                           max_live=None if resume else cfg.max_leases_per_author),
+            now=now,
+        )
+        doc = outcome.to_dict()
+        report.applies.append({
+            "owner": owner, "decision": doc.get("decision"), "issue_number": doc.get("issue_number"),
+            "applied": outcome.applied, "error": doc.get("error"), "skipped": doc.get("skipped", []),
+            "bootstrap": (outcome.bootstrap or {}).get("status"),
+        })
+        if outcome.applied or outcome.outbox_keys:
+            report.outbox = True
+        if outcome.refusal is not None and outcome.refusal.error == "unavailable":
+            raise AutoUnavailable(outcome.refusal.message)
+        return outcome
+
+    def bootstrap_unavailable(outcome: AllocationOutcome) -> None:
+        bootstrap = outcome.bootstrap or {}
+        if bootstrap.get("error") == "unavailable":
+            # The lease stands; the retry resumes it and its bootstrap (step 1 below).
+            raise AutoUnavailable(f"#{bootstrap.get('issue_number')}: {bootstrap.get('message')}")
+
+    if named:
+        # One named owner: the allocator as before (its live lease is resumed, its bootstrap finished).
+        outcome = await apply(named, resume=True)
+        kind = outcome.decision.kind if outcome.decision is not None else None
+        if outcome.applied and outcome.lease is not None:
+            report.leased.append(outcome.lease.issue_number)
+        elif kind == "resume" and outcome.lease is not None:
+            report.resumed.append(outcome.lease.issue_number)
+        else:
+            await _maybe_block(db, allocator, outcome, report, excluded, delivery_id)
+        bootstrap_unavailable(outcome)
+    else:
+        # 1. Live leases of roster authors without a completed bootstrap: resumed for their owners.
+        if settings.bootstrap.on_allocate == "run":
+            journal = JournalStore(db)
+            moment = now or utcnow()
+            for lease in await LeaseStore(db).open_leases(repo):
+                if lease.owner in done or not lease.is_live(moment) or lease.owner not in settings.authors():
+                    continue
+                transitions = await journal.history(repo, lease.issue_number)
+                if any(t.lease_id == lease.lease_id and t.phase == "completed" for t in transitions):
+                    continue
+                done.add(lease.owner)
+                outcome = await apply(lease.owner, resume=True)
+                if outcome.lease is not None and outcome.decision is not None and outcome.decision.kind == "resume":
+                    report.resumed.append(outcome.lease.issue_number)
+                bootstrap_unavailable(outcome)
+        # 2. The next idle author, one apply at a time (the loads change with every lease).
+        for _ in range(4 * len(settings.authors()) + 20):
+            pick = await author_pick(db, settings, now or utcnow())
+            order = [login for login in pick.order if login not in done]
+            if not order:
+                break
+            owner = order[0]
+            outcome = await apply(owner, resume=False)
+            if outcome.applied and outcome.lease is not None:
+                report.leased.append(outcome.lease.issue_number)
+                bootstrap_unavailable(outcome)
+                if outcome.lease.status != "live":
+                    excluded.add(outcome.lease.issue_number)  # its bootstrap failed and released it
+                continue
+            if await _maybe_block(db, allocator, outcome, report, excluded, delivery_id):
+                continue
+            refusal = outcome.refusal
+            if refusal is not None and refusal.error == "conflict":
+                continue  # another allocation won a race: decide again on the fresh leases
+            kind = outcome.decision.kind if outcome.decision is not None else None
+            if kind == "wait" and refusal is None:
+                break  # no eligible ready issue for anyone
+            done.add(owner)  # refused for this owner (e.g. not_authorized, blocked): the next author
+    await _waiting(db, settings, allocator, report, excluded, now)
+
+
+async def _maybe_block(db: Database, allocator: Allocator, outcome: AllocationOutcome, report: AutoReport,
+                       excluded: set[int], delivery_id: str | None) -> bool:
+    """A failed proof of the issue itself: the issue is marked blocked with evidence, leased to no one."""
+    refusal = outcome.refusal
+    if refusal is None or refusal.details.get("reason") != "bootstrap_preflight_failed":
+        return False
+    failed = set(refusal.details.get("failed_checks") or ())
+    if not failed & _ISSUE_CHECKS:
+        return False
+    number = int(refusal.details["issue_number"])
+    excluded.add(number)
+    report.blocked.append(number)
+    prefix = f"auto-proof:{number}:"
+    async with db.reader.execute(
+        "SELECT status FROM outbox WHERE idempotency_key LIKE ? AND kind = 'comment'", (prefix + "%",)
+    ) as cur:
+        statuses = [row["status"] for row in await cur.fetchall()]
+    if any(status in ("pending", "sending") for status in statuses):
+        return True  # the same refusal is already on its way
+    key = f"{prefix}{len(statuses)}"
+    state = CanonicalState(
+        state="blocked",
+        who_is_next="human",
+        next_action=f"an operator frees {refusal.details['preflight'].get('worktree_path')} (moves it aside), "
+        f"then labels #{number} status:ready again",
+        next_prompt=f"{refusal.message}\n{refusal.remediate}",
+        what_happened=f"auto-allocation could not prove that {refusal.details.get('owner')} can bootstrap "
+        f"#{number}; nothing was leased",
+        why=f"{refusal.error}: failed checks {', '.join(sorted(failed))}",
+        related_prs=(),
+        blockers=refusal.message.replace("\n", " "),
+        validation="the bootstrap preflight ran before any lease; no lease row, branch or worktree was made",
+        last_updated_by=allocator.bot_login or "foreman",
+    )
+    body = render_evidence(
+        key=key,
+        summary=f"Not allocated: #{number} failed the bootstrap proof ({', '.join(sorted(failed))}).",
+        state=state,
+        evidence={"action": "auto_allocate_proof_failed", "refusal": refusal.to_dict()},
+    )
+    blocked = label_for_state("blocked")
+    async with db.transaction() as conn:
+        await enqueue(conn, OutboxIntent(f"{key}:labels", number, "labels",
+                                         {"add": [blocked], "remove": [label_for_state("ready")]}, delivery_id))
+        await enqueue(conn, OutboxIntent(key, number, "comment", {"body": body}, delivery_id))
+    report.outbox = True
+    return True
+
+
+async def _waiting(db: Database, settings: Settings, allocator: Allocator, report: AutoReport, excluded: set[int],
+                   now: datetime | None) -> None:
+    """What is still eligible after the run; when every author is busy, each waiting issue says so once."""
+    moment = now or utcnow()
+    try:
+        candidates, open_numbers = await allocator.gather_candidates()
+    except GiteaError as exc:
+        report.note = f"could not list the waiting issues: {exc}"
+        return
+    repo = _repo(settings)
+    leases = [lease.as_live_lease() for lease in await LeaseStore(db).open_leases(repo)]
+    view = decide(AllocationRequest(owner=ACTOR, candidates=candidates, exclude_issue_numbers=sorted(excluded) or None,
+                                    open_issue_numbers=open_numbers), allocator.policy, leases, moment)
+    leased_now = set(report.leased) | set(report.resumed)
+    report.skipped = [s.to_dict() for s in view.skipped if s.issue_number not in leased_now | set(report.blocked)]
+    report.waiting = [r.issue_number for r in view.ranked] if isinstance(view, SelectDecision) else []
+    pick = await author_pick(db, settings, moment)
+    report.pick = pick.to_dict()
+    if not report.waiting or pick.order:
+        return
+    cap = settings.allocator.max_leases_per_author
+    store = LeaseStore(db)
+    async with db.transaction() as conn:
+        for number in report.waiting:
+            key = f"auto-wait:{number}:{len(await store.history(repo, number))}"
+            busy = ", ".join(s.login for s in pick.skipped)
+            state = CanonicalState(
+                state="ready",
+                who_is_next="controller",
+                next_action=f"wait: every author is busy ({busy}: {cap} live lease(s) each); foreman allocates "
+                f"#{number} to the next author who frees up",
+                next_prompt=f"#{number} is ready and waits for an idle author. A release, an expiry or a merge frees"
+                " one;\nforeman then allocates it automatically, once.",
+                what_happened=f"auto-allocation found #{number} ready and every author busy",
+                why=f"policy: {pick.to_dict()['policy']['order']}; max_leases_per_author = {cap}",
+                related_prs=(),
+                blockers="none",
+                validation="live leases counted in the database when this comment was enqueued",
+                last_updated_by=allocator.bot_login or "foreman",
+            )
+            body = render_evidence(
+                key=key,
+                summary=f"#{number} waits: every author is busy.",
+                state=state,
+                evidence={"action": "auto_allocate_wait", "waiting": report.waiting, "authors": pick.to_dict()},
+            )
+            if await enqueue(conn, OutboxIntent(key, number, "comment", {"body": body}, None)):
+                report.outbox = True
+
+
+async def _record(db: Database, settings: Settings, report: AutoReport, delivery_id: str | None,
+                  now: datetime | None) -> None:
+    async with db.transaction() as conn:
+        await conn.execute(
+            "INSERT INTO auto_allocations (repo, decided_at, trigger, delivery_id, doc_json) VALUES (?, ?, ?, ?, ?)",
+            (_repo(settings), to_db_time(now or utcnow()), report.trigger, delivery_id,
+             json.dumps(report.to_dict(), sort_keys=True, default=str)),
+        )
