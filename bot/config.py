@@ -184,6 +184,22 @@ class BootstrapConfig(_Section):
 
 class McpConfig(_Section):
     tokens: dict[str, str] = Field(default_factory=dict)
+    # login = file holding that login's token (one secret per file, e.g. systemd credentials); merged into tokens.
+    token_files: dict[str, Path] = Field(default_factory=dict)
+
+
+class DashboardConfig(_Section):
+    """The read-only dashboard at /dashboard (bot/dashboard/): off unless a token is configured."""
+
+    token: SecretStr | None = None
+    token_file: Path | None = None
+
+    @field_validator("token")
+    @classmethod
+    def _token_is_long_enough(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is not None and len(value.get_secret_value().strip()) < 16:
+            raise ValueError("must be at least 16 characters (or leave it out to keep the dashboard off)")
+        return value
 
 
 class GrantCallConfig(_Section):
@@ -232,6 +248,7 @@ class Settings(_Section):
     roster: dict[str, list[Role]] = Field(default_factory=dict)
     mcp: McpConfig = McpConfig()
     grants: dict[str, GrantTemplateConfig] = Field(default_factory=dict)
+    dashboard: DashboardConfig = DashboardConfig()
 
     def webhook_secrets(self) -> list[bytes]:
         """The configured webhook secrets as bytes (after load_settings resolved files)."""
@@ -330,6 +347,7 @@ PATH_KEYS: tuple[tuple[str, str], ...] = (
     ("repository", "checkout_root"),
     ("webhook", "secrets_file"),
     ("gitea", "token_file"),
+    ("dashboard", "token_file"),
 )
 
 
@@ -373,6 +391,36 @@ def _resolve_secret_files(settings: Settings, errors: list[tuple[str, str]]) -> 
             if token is not None:
                 gitea = gitea.model_copy(update={"token": SecretStr(token)})
     return settings.model_copy(update={"webhook": webhook, "gitea": gitea})
+
+
+def _resolve_token_files(settings: Settings, base: Path, errors: list[tuple[str, str]]) -> Settings:
+    """dashboard.token_file and mcp.token_files (login = file): read like the other secret files."""
+    dashboard = settings.dashboard
+    if dashboard.token_file is not None:
+        if dashboard.token is not None:
+            errors.append(("dashboard.token_file", "give dashboard.token or dashboard.token_file, not both"))
+        else:
+            text = _read_secret_file("dashboard.token_file", dashboard.token_file, errors)
+            if text is not None and len(text) < 16:
+                errors.append(("dashboard.token_file", f"{dashboard.token_file} holds fewer than 16 characters"))
+            elif text is not None:
+                dashboard = dashboard.model_copy(update={"token": SecretStr(text)})
+    mcp = settings.mcp
+    if mcp.token_files:
+        tokens = dict(mcp.tokens)
+        for login, path in sorted(mcp.token_files.items()):
+            key = f"mcp.token_files.{login}"
+            token = _read_secret_file(key, path if path.is_absolute() else base / path, errors)
+            if token is None:
+                continue
+            if not token or any(c.isspace() for c in token):
+                errors.append((key, f"{path} must hold one token (no spaces or line breaks)"))
+            elif tokens.get(token, login) != login:
+                errors.append((key, f"the token in {path} is already {tokens[token]}'s in mcp.tokens"))
+            else:
+                tokens[token] = login
+        mcp = mcp.model_copy(update={"tokens": tokens})
+    return settings.model_copy(update={"dashboard": dashboard, "mcp": mcp})
 
 
 def _raw_problems(data: Mapping[str, Any], base: Path, errors: list[tuple[str, str]]) -> None:
@@ -466,6 +514,7 @@ def load_settings(
         raise ConfigError.of(errors) from None
     settings = _resolve_paths(settings, base)
     settings = _resolve_secret_files(settings, errors)
+    settings = _resolve_token_files(settings, base, errors)
     _check_secrets(settings, errors)
     _check_grants(settings, errors)
     if errors:
