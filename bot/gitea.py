@@ -16,6 +16,8 @@ import aiohttp
 import gidgethub
 import gidgethub.aiohttp
 
+from bot.core.errors import Envelope
+
 if TYPE_CHECKING:
     from bot.config import Settings
 
@@ -27,6 +29,9 @@ MAX_PAGE_SIZE: Final = 50
 _LAST_HEADERS: contextvars.ContextVar[Mapping[str, str] | None] = contextvars.ContextVar(
     "gitea_last_headers", default=None
 )
+
+#: Set for one call that must not be retried by the transport (its 500 is read, not waited out).
+_SINGLE_ATTEMPT: contextvars.ContextVar[bool] = contextvars.ContextVar("gitea_single_attempt", default=False)
 
 IssueState = Literal["open", "closed", "all"]
 IssueType = Literal["issues", "pulls"]
@@ -69,6 +74,61 @@ class GiteaConflict(GiteaError):
 
 class GiteaUnavailable(GiteaError):
     """5xx, timeouts or connection failures that outlasted every retry."""
+
+
+class GiteaIssueGone(GiteaNotFound):
+    """The issue does not exist (any more): Gitea answers the comment routes of a missing or deleted issue
+    with a **500** (routers/api/v1/repo/issue_comment.go ListIssueComments/CreateIssueComment send the
+    GetIssueByIndex error to APIErrorInternal), so the client asks ``GET /issues/{n}`` (a real 404) before
+    calling it unavailable. Never retried."""
+
+    def __init__(self, number: int, *, method: str, path: str) -> None:
+        super().__init__(f"issue #{number} does not exist (deleted?)", status=404, method=method, path=path)
+        self.number = number
+
+    @property
+    def envelope(self) -> Envelope:
+        return Envelope(
+            error="not_found",
+            message=f"issue #{self.number} does not exist on Gitea any more (deleted, or never existed)",
+            remediate="nothing can be written to a deleted issue; its outbox entries are not sent",
+            exact_next_action=f"check that issue #{self.number} was deleted on purpose; open a new issue for the work",
+            details={"issue_number": self.number},
+        )
+
+
+class GiteaUnassignable(GiteaInvalid):
+    """Logins Gitea cannot assign on this repository: unknown accounts (services/issue/issue.go
+    UpdateAssignees, GetUserByName) or accounts without access (models/perm/access/repo_permission.go
+    CanBeAssigned: Write on a unit or Read on pull requests). Gitea answers both with a 500. Never retried."""
+
+    def __init__(self, logins: Sequence[str], reasons: Mapping[str, str], *, method: str, path: str) -> None:
+        detail = ", ".join(f"{login} ({reasons.get(login, 'no access')})" for login in logins)
+        super().__init__(f"cannot be assigned: {detail}", status=500, method=method, path=path)
+        self.logins = tuple(logins)
+        self.reasons = dict(reasons)
+
+    @property
+    def envelope(self) -> Envelope:
+        names = ", ".join(self.logins)
+        return Envelope(
+            error="invalid_input",
+            message=f"Gitea cannot assign {names} on this repository (unknown account or no access)",
+            remediate="give each account at least read access to the repository (read on pull requests, or "
+            "write on any unit), or fix the login; the other assignees were left as they were",
+            exact_next_action=f"grant {names} access to the repository (or correct the login), then "
+            "`foreman outbox retry ID`",
+            details={"logins": list(self.logins), "reasons": self.reasons},
+        )
+
+
+def refusal_text(exc: GiteaError) -> str:
+    """An error as the outbox stores it: the class, the message, and the envelope when the error has one."""
+    text = f"{type(exc).__name__}: {exc}"
+    envelope = getattr(exc, "envelope", None)
+    if isinstance(envelope, Envelope):
+        text += f" | exact_next_action: {envelope.exact_next_action}"
+    return text
 
 
 def _error_for(status: int, message: str, method: str, path: str) -> GiteaError:
@@ -337,7 +397,7 @@ class _RetryingAPI(gidgethub.aiohttp.GitHubAPI):
         path = urllib.parse.urlsplit(url).path
         # A POST is not idempotent (a comment would be posted twice when only its answer was lost), so it
         # gets one attempt; the outbox retries it after looking for its marker.
-        attempts = 1 if method.upper() == "POST" else self._max_attempts
+        attempts = 1 if method.upper() == "POST" or _SINGLE_ATTEMPT.get() else self._max_attempts
         for attempt in range(1, attempts + 1):
             try:
                 async with asyncio.timeout(self._timeout_s):
@@ -439,6 +499,22 @@ class GiteaClient:
             raise ValueError(f"unsupported method {method}")
         except gidgethub.HTTPException as exc:
             raise _error_for(int(exc.status_code), str(exc), method, path) from exc
+
+    async def _once(self, method: str, path: str, *, data: Any = None) -> Any:
+        """One attempt, no transport retries (a 5xx comes back as GiteaUnavailable at once)."""
+        token = _SINGLE_ATTEMPT.set(True)
+        try:
+            return await self._call(method, path, data=data)
+        finally:
+            _SINGLE_ATTEMPT.reset(token)
+
+    async def _issue_gone(self, number: int, method: str, path: str) -> GiteaIssueGone | None:
+        """After a 500 on an issue's sub-route: GiteaIssueGone when ``GET /issues/{n}`` says 404, else None."""
+        try:
+            await self.get_issue(number)
+        except GiteaNotFound:
+            return GiteaIssueGone(number, method=method, path=path)
+        return None
 
     # -- server and identity
 
@@ -573,17 +649,75 @@ class GiteaClient:
             data["content_version"] = content_version
         return Issue.from_json(await self._call("PATCH", f"{self._repo_path}/issues/{int(number)}", data=data))
 
+    async def delete_issue(self, number: int) -> None:
+        """Delete an issue (repo admin; sends ``issues``/``deleted`` from Gitea 1.25)."""
+        await self._call("DELETE", f"{self._repo_path}/issues/{int(number)}")
+
+    async def set_assignees(self, number: int, logins: Sequence[str]) -> Issue:
+        """Make ``logins`` the issue's whole assignee set without ever losing the others on a refusal.
+
+        Gitea's UpdateAssignees removes the unlisted assignees *before* it finds that a new one cannot be
+        assigned (a 500). So: first PATCH the union of the current and the wanted set (removes nothing; one
+        attempt); a 500 there is checked with the permission API, and unknown or no-access logins raise
+        GiteaUnassignable with the assignees as they were. Then PATCH exactly the wanted set (only removals).
+        """
+        path = f"{self._repo_path}/issues/{int(number)}"
+        wanted = list(dict.fromkeys(logins))
+        current = [user.login for user in (await self.get_issue(number)).assignees]
+        lowered = {login.lower() for login in current}
+        union = current + [login for login in wanted if login.lower() not in lowered]
+        try:
+            await self._once("PATCH", path, data={"assignees": union})
+        except GiteaUnavailable as exc:
+            if exc.status is None:
+                raise
+            reasons = await self._unassignable(number, [x for x in wanted if x.lower() not in lowered])
+            if not reasons:
+                raise
+            after = [user.login for user in (await self.get_issue(number)).assignees]
+            if {x.lower() for x in after} != lowered:
+                # Gitea adds in map order: put back what it added before the refusal (removals only).
+                await self._call("PATCH", path, data={"assignees": current})
+            raise GiteaUnassignable(sorted(reasons), reasons, method="PATCH", path=path) from exc
+        return Issue.from_json(await self._call("PATCH", path, data={"assignees": wanted}))
+
+    async def _unassignable(self, number: int, logins: Sequence[str]) -> dict[str, str]:
+        reasons: dict[str, str] = {}
+        for login in logins:
+            try:
+                permission = await self.get_user_permission(login)
+            except GiteaNotFound:
+                reasons[login] = "no such user"
+                continue
+            if permission == "none":
+                reasons[login] = "no access to the repository"
+        return reasons
+
     # -- comments
 
     async def list_issue_comments(self, number: int) -> list[Comment]:
-        """Every plain comment of an issue, oldest first (Gitea does not paginate this list)."""
-        data = await self._call("GET", f"{self._repo_path}/issues/{int(number)}/comments")
+        """Every plain comment of an issue, oldest first (Gitea does not paginate this list).
+
+        A missing issue is Gitea's 500 here: GiteaIssueGone after one ``GET /issues/{n}``, never retried."""
+        path = f"{self._repo_path}/issues/{int(number)}/comments"
+        try:
+            data = await self._once("GET", path)
+        except GiteaUnavailable as exc:
+            if exc.status is None or (gone := await self._issue_gone(number, "GET", path)) is None:
+                data = await self._call("GET", path)  # a real outage: the usual retries
+            else:
+                raise gone from exc
         return [Comment.from_json(item) for item in data or ()]
 
     async def create_comment(self, number: int, body: str) -> Comment:
-        """Post a comment on an issue or PR."""
+        """Post a comment on an issue or PR (GiteaIssueGone when the issue does not exist: Gitea's 500)."""
         path = f"{self._repo_path}/issues/{int(number)}/comments"
-        return Comment.from_json(await self._call("POST", path, data={"body": body}))
+        try:
+            return Comment.from_json(await self._call("POST", path, data={"body": body}))
+        except GiteaUnavailable as exc:
+            if exc.status is not None and (gone := await self._issue_gone(number, "POST", path)) is not None:
+                raise gone from exc
+            raise
 
     async def get_comment(self, comment_id: int) -> Comment:
         """A comment by id; GiteaNotFound when missing or when the id is a non-comment timeline item."""

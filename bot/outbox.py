@@ -14,7 +14,7 @@ from typing import Any
 
 from bot.config import OutboxConfig
 from bot.core.evidence import find_marker
-from bot.gitea import Comment, GiteaClient, GiteaError, GiteaUnavailable, Issue
+from bot.gitea import Comment, GiteaClient, GiteaError, GiteaUnavailable, Issue, refusal_text
 from bot.metrics import Metrics
 from bot.worker import backoff_delay
 from state.db import utcnow
@@ -161,8 +161,9 @@ class OutboxSender:
             await self._retry_or_park(entry, f"{type(exc).__name__}: {exc}")
         except GiteaError as exc:
             # A 4xx will not change by retrying: park it (it holds back only its own issue).
+            # GiteaIssueGone and GiteaUnassignable (Gitea's 500s that retrying cannot change) land here too.
             log.error("outbox %s parked: %s", entry.key, exc)
-            if await self.store.park(entry, error=f"{type(exc).__name__}: {exc}"):
+            if await self.store.park(entry, error=refusal_text(exc)):
                 await self._failed(entry)
         else:
             if not await self.store.complete(entry, sent.result):
@@ -290,7 +291,8 @@ class OutboxSender:
         wanted = {login.lower() for login in entry.payload["assignees"]}
         observed: set[str] = set()
         for _ in range(self.config.verify_attempts):
-            await self.gitea.edit_issue(entry.issue_number, assignees=sorted(entry.payload["assignees"]))
+            # Add first, then remove: a login Gitea cannot assign never costs the others (set_assignees).
+            await self.gitea.set_assignees(entry.issue_number, sorted(entry.payload["assignees"]))
             issue = await self.gitea.get_issue(entry.issue_number)
             observed = {user.login.lower() for user in issue.assignees}
             if observed == wanted:

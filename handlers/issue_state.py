@@ -245,6 +245,33 @@ async def on_issue_event(event: sansio.Event, ctx: HandlerContext) -> None:
     wake_label_sync(result.snapshot, ctx)
 
 
+@router.register("issues", action="deleted")
+async def on_issue_deleted(event: sansio.Event, ctx: HandlerContext) -> None:
+    """Gitea 1.25+ (services/webhook/notifier.go DeleteIssue): end the issue's leases, cancel its outbox."""
+    settings: Settings = ctx.deps["settings"]
+    data = event.data
+    try:
+        where = _where(data, settings)
+        if where is None:
+            return
+        number = int(where.issue["number"])
+        sender = str((data.get("sender") or {}).get("login") or "")
+    except (PayloadError, KeyError, TypeError, ValueError) as exc:
+        ctx.log.warning("issues/deleted payload skipped: %s", exc)
+        return
+    ended, cancelled, duplicate = await IssueStore(ctx.deps["db"]).record_issue_deleted(
+        where.repo, number, sender=sender, delivery_id=event.delivery_id
+    )
+    if not duplicate:
+        ctx.log.warning(
+            "issue #%d deleted by %s: %d lease(s) ended, %d outbox entr(y/ies) cancelled",
+            number,
+            sender,
+            ended,
+            cancelled,
+        )
+
+
 # --------------------------------------------------------------------------- label sync
 
 

@@ -35,7 +35,7 @@ import aiosqlite
 from bot.core.canonical import CanonicalState, ParseResult
 from bot.core.vocabulary import is_status_label, label_for_state, status_labels
 from state.db import Database, to_db_time, utcnow
-from state.outbox import OutboxEntry, OutboxIntent, enqueue
+from state.outbox import OutboxEntry, OutboxIntent, cancel_issue_entries, enqueue
 
 CommentAction = Literal["created", "edited", "deleted"]
 #: ``issues.label_sync``: whether the labels mirror the STATE. ``pending``: they do not yet, and the change is
@@ -48,6 +48,7 @@ SyncOutcome = Literal["queued", "applied", "held", "label_missing", "failed"]
 LABEL_SYNC_KEY_PREFIX = "label-sync:"
 
 CONFLICTING_STATUS_LABELS = "conflicting_status_labels"
+ISSUE_DELETED = "issue_deleted"
 READY_LABEL = label_for_state("ready")
 _ACTION_RANK: dict[str, int] = {"created": 0, "edited": 1, "deleted": 2}
 
@@ -507,6 +508,53 @@ class IssueStore:
                 snapshot = await self._apply_observation(conn, before, issue, delivery_id, now)
                 snapshot = await self._set_state(conn, snapshot, None, now, keep_state=True, cause=delivery_id)
             return IssueEventResult(added, removed, applied, first, made_candidate, False, snapshot)
+
+    async def record_issue_deleted(
+        self, repo: str, number: int, *, sender: str, delivery_id: str
+    ) -> tuple[int, int, bool]:
+        """``issues``/``deleted`` (Gitea 1.25+): in one transaction, the event is recorded, the issue is closed
+        and no candidate, an ``issue_deleted`` blocker is raised, its live leases are released
+        (``issue_deleted``) and its open outbox entries cancelled. Returns (leases ended, entries cancelled,
+        duplicate)."""
+        from state.leases import LeaseStore
+
+        repo = repo_key(repo)
+        moment = utcnow()
+        now = to_db_time(moment)
+        async with self._db.transaction() as conn:
+            await self._ensure_issue(conn, repo, number, now)
+            cursor = await conn.execute(
+                "INSERT INTO issue_events (repo, number, delivery_id, action, sender, issue_updated_at, is_open,"
+                " labels_json, added_json, removed_json, first_snapshot, applied, made_candidate, recorded_at)"
+                " VALUES (?, ?, ?, 'deleted', ?, ?, 0, '[]', '[]', '[]', 0, 1, 0, ?)"
+                " ON CONFLICT (delivery_id) DO NOTHING",
+                (repo, number, delivery_id, sender, now, now),
+            )
+            inserted = cursor.rowcount == 1
+            await cursor.close()
+            if not inserted:
+                return 0, 0, True
+            await conn.execute(
+                "UPDATE issues SET is_open = 0, candidate = 0, candidate_since = NULL, updated_at = ?,"
+                " version = version + 1 WHERE repo = ? AND number = ?",
+                (now, repo, number),
+            )
+            await conn.execute(
+                "INSERT INTO issue_blockers (repo, number, kind, detail_json, raised_at, raised_by)"
+                " VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
+                (repo, number, ISSUE_DELETED, json.dumps({"sender": sender}), now, delivery_id),
+            )
+            leases = LeaseStore(self._db)
+            ended = 0
+            async with conn.execute(
+                "SELECT lease_id FROM leases WHERE repo = ? AND issue_number = ? AND status = 'live'", (repo, number)
+            ) as cur:
+                lease_ids = [row[0] for row in await cur.fetchall()]
+            for lease_id in lease_ids:
+                await leases.release(conn, lease_id, actor="foreman", reason=ISSUE_DELETED, now=moment)
+                ended += 1
+            cancelled = await cancel_issue_entries(conn, number, reason=f"{ISSUE_DELETED} by {sender}", now=moment)
+            return ended, cancelled, False
 
     async def record_outbox_labels(self, repo: str, entry: OutboxEntry, result: dict[str, Any]) -> IssueSnapshot:
         """An outbox ``labels`` entry was sent and verified: store the label set Gitea holds now.

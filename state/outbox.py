@@ -19,7 +19,6 @@ KINDS: tuple[OutboxKind, ...] = ("comment", "edit_comment", "labels", "assignees
 OUTBOX_STATUSES: tuple[OutboxStatus, ...] = ("pending", "sending", "done", "verification_failed", "parked")
 
 
-
 class OutboxInputError(ValueError):
     """An intent that cannot be sent as given (refused before it is stored)."""
 
@@ -164,6 +163,22 @@ async def enqueue(conn: aiosqlite.Connection, intent: OutboxIntent, *, now: date
     return inserted
 
 
+async def cancel_issue_entries(conn: aiosqlite.Connection, issue_number: int, *, reason: str, now: datetime) -> int:
+    """Inside the caller's transaction: the issue's open entries that no sender holds (pending, or
+    verification_failed) are parked as ``cancelled: REASON`` and marked hooked (no failure hook: nothing was
+    tried). An entry being sent settles on its own (a deleted issue answers GiteaIssueGone)."""
+    moment = to_db_time(now)
+    cursor = await conn.execute(
+        "UPDATE outbox SET status = 'parked', last_error = ?, claimed_by = NULL, claimed_at = NULL,"
+        " hooked_at = ?, updated_at = ?, version = version + 1"
+        " WHERE issue_number = ? AND status IN ('pending', 'verification_failed')",
+        (f"cancelled: {reason}", moment, moment, issue_number),
+    )
+    count = cursor.rowcount
+    await cursor.close()
+    return count
+
+
 class OutboxStore:
     """Outbox reads and conditional state changes."""
 
@@ -282,7 +297,8 @@ class OutboxStore:
 
     async def by_key(self, key: str) -> OutboxEntry | None:
         async with self._db.reader.execute(
-            f"SELECT {_COLUMNS} FROM outbox WHERE idempotency_key = ?", (key,)  # noqa: S608
+            f"SELECT {_COLUMNS} FROM outbox WHERE idempotency_key = ?",  # noqa: S608
+            (key,),
         ) as cur:
             row = await cur.fetchone()
         return _entry(row) if row is not None else None
@@ -293,7 +309,8 @@ class OutboxStore:
         where = "WHERE status = ?" if status else ""
         params: tuple[Any, ...] = (status, limit) if status else (limit,)
         async with self._db.reader.execute(
-            f"SELECT {_COLUMNS} FROM outbox {where} ORDER BY id DESC LIMIT ?", params  # noqa: S608
+            f"SELECT {_COLUMNS} FROM outbox {where} ORDER BY id DESC LIMIT ?",  # noqa: S608
+            params,
         ) as cur:
             return [_entry(row) for row in await cur.fetchall()]
 

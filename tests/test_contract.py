@@ -233,6 +233,7 @@ async def _drive_every_route(live: LiveEmulator, sink: WebhookSink, used: set[st
         await bot.get_issue(999)
     await bot.edit_issue(first.number, title="first, renamed", body="new body", state="closed")
     await bot.edit_issue(first.number, state="open", assignees=["alice"])
+    await bot.set_assignees(first.number, ["alice"])
     with pytest.raises(GiteaConflict):
         await bot.edit_issue(first.number, body="stale", content_version=0)
     assert len([i async for i in bot.iter_issues(labels=["bug"], limit=1)]) == 1
@@ -259,6 +260,7 @@ async def _drive_every_route(live: LiveEmulator, sink: WebhookSink, used: set[st
         await bob.edit_comment(comment.id, "not mine")
     await bot.list_issue_comments(first.number)
     await bot.delete_comment(comment.id)
+    await bot.delete_issue(2)
     return seen
 
 
@@ -393,7 +395,8 @@ async def test_webhook_payloads_have_gitea_shapes(
     assert assigned["issue"]["assignees"][0]["login"] == assigned_again["issue"]["assignee"]["login"] == "alice"
     edits = by_kind("issues", "edited")
     assert [sorted(k for k in p["changes"] if p["changes"][k]) for p in edits] == [["title"], ["body"]]
-    assert {d.action for d in deliveries if d.event_type == "issues"} == {"opened", "edited", "closed", "reopened"}
+    issue_actions = {d.action for d in deliveries if d.event_type == "issues"}
+    assert issue_actions == {"opened", "edited", "closed", "reopened", "deleted"}
     assert all(p["commit_id"] == "" for p in by_kind("issues", "closed") + by_kind("issues", "opened"))
     comment_events = [d for d in deliveries if d.event == "issue_comment"]
     assert [(d.event_type, d.action) for d in comment_events] == [

@@ -118,6 +118,29 @@ def _repo(emu: Emulator, request: web.Request) -> tuple[EmuRepo, Perm]:
     return repo, perm
 
 
+def internal_error(request: web.Request, err: str) -> ApiError:
+    """``ctx.APIErrorInternal`` (services/context/api.go): 500, with the error text only for a site admin
+    (``setting.IsProd``: everyone else gets an empty message)."""
+    doer: EmuUser | None = request.get(_DOER_KEY)
+    return ApiError(500, err if doer is not None and doer.admin else "")
+
+
+def _issue_or_500(repo: EmuRepo, request: web.Request) -> EmuIssue:
+    """``GetIssueByIndex`` where the handler sends every error to ``APIErrorInternal``: a missing issue is a 500
+    (routers/api/v1/repo/issue_comment.go ListIssueComments, CreateIssueComment; 1.22.3 to 1.26.3)."""
+    index = int(request.match_info["index"])
+    issue = repo.issues.get(index)
+    if issue is None:
+        raise internal_error(request, f"issue does not exist [id: 0, repo_id: {repo.id}, index: {index}]")
+    return issue
+
+
+def _can_be_assigned(emu: Emulator, repo: EmuRepo, user: EmuUser) -> bool:
+    """models/perm/access/repo_permission.go ``CanBeAssigned``: Write on any unit, or Read on pull requests
+    (every unit is on in the emulator, so any read access will do)."""
+    return PERM_LEVEL[emu.perm_of(repo, user)] >= PERM_LEVEL["read"]
+
+
 def _can_write(perm: Perm) -> bool:
     return PERM_LEVEL[perm] >= PERM_LEVEL["write"]
 
@@ -349,7 +372,7 @@ async def create_issue(emu: Emulator, request: web.Request) -> web.StreamRespons
             user = emu.find_user(str(login))
             if user is None:
                 raise ApiError(422, f"Assignee does not exist: [name: {login}]")
-            if not _can_write(emu.perm_of(repo, user)):
+            if not _can_be_assigned(emu, repo, user):
                 raise ApiError(422, f"user does not have access to repo [user_id: {user.id}, repo_name: {repo.name}]")
             assignees.append(user)
     issue = emu._op_create_issue(
@@ -389,28 +412,64 @@ async def edit_issue(emu: Emulator, request: web.Request) -> web.StreamResponse:
     content_version = form.get("content_version")
     if content_version is not None and not isinstance(content_version, int):
         raise ApiError(422, "content_version must be an integer")
+    # routers/api/v1/repo/issue.go EditIssue: title, then body (ChangeContent checks content_version: 409,
+    # only when a body is sent), then the assignees, then the state; an error stops there, what came
+    # before stays done.
+    emu._op_edit_issue(
+        issue, doer, title=title, body=body, state=None, assignees=None, content_version=content_version, notify=True
+    )
     assignees: list[EmuUser] | None = None
     if can_write and (form.get("assignees") is not None or form.get("assignee") is not None):
         logins = list(form.get("assignees") or [])
         if form.get("assignee"):
             logins.append(form["assignee"])
+        # services/issue/issue.go UpdateAssignees: every name is looked up first (GetUserByName; its error,
+        # like any but ErrBlockedUser, is a 500 in EditIssue), before anything changes.
         assignees = []
         for login in dict.fromkeys(logins):
             user = emu.find_user(str(login))
             if user is None:
-                raise ApiError(422, f"Assignee does not exist: [name: {login}]")
+                raise internal_error(request, f"user does not exist [uid: 0, name: {login}]")
             assignees.append(user)
+    if assignees is not None:
+        # Then DeleteNotPassedAssignee removes the others, then AddAssigneeIfNotAssigned adds each new one and
+        # fails on CanBeAssigned with ErrUserDoesNotHaveAccessToRepo: a 500 after the removals were made.
+        keep = [u for u in issue.assignees if u in assignees]
+        emu._op_edit_issue(
+            issue, doer, title=None, body=None, state=None, assignees=keep, content_version=None, notify=True
+        )
+        for user in assignees:
+            if user in issue.assignees:
+                continue
+            if not _can_be_assigned(emu, repo, user):
+                raise internal_error(
+                    request, f"user doesn't have access to repo [user_id: {user.id}, repo_name: {repo.name}]"
+                )
+            emu._op_edit_issue(
+                issue,
+                doer,
+                title=None,
+                body=None,
+                state=None,
+                assignees=[*issue.assignees, user],
+                content_version=None,
+                notify=True,
+            )
     emu._op_edit_issue(
-        issue,
-        doer,
-        title=title,
-        body=body,
-        state=state,
-        assignees=assignees,
-        content_version=content_version,
-        notify=True,
+        issue, doer, title=None, body=None, state=state, assignees=None, content_version=None, notify=True
     )
     return json_response(convert.issue_json(emu, issue, doer), status=201)
+
+
+async def delete_issue(emu: Emulator, request: web.Request) -> web.StreamResponse:
+    """DELETE /repos/{owner}/{repo}/issues/{index} (routers/api/v1/repo/issue.go DeleteIssue; reqAdmin): 204,
+    404 when missing; services/webhook/notifier.go DeleteIssue sends ``issues``/``deleted`` from 1.25.0."""
+    repo, perm = _repo(emu, request)
+    doer = _doer(request)
+    if PERM_LEVEL[perm] < PERM_LEVEL["admin"]:
+        raise ApiError(403, "must be a repository admin")
+    emu._op_delete_issue(_issue(repo, request), doer, notify=True)
+    return _no_content()
 
 
 # ---------------------------------------------------------------------- handlers: comments
@@ -419,7 +478,7 @@ async def edit_issue(emu: Emulator, request: web.Request) -> web.StreamResponse:
 async def list_comments(emu: Emulator, request: web.Request) -> web.StreamResponse:
     """GET .../issues/{index}/comments: every plain comment, oldest first, no pagination."""
     repo, _ = _repo(emu, request)
-    comments = _issue(repo, request).comments
+    comments = _issue_or_500(repo, request).comments
     if since := request.query.get("since", ""):
         floor = _parse_time(since, "since")
         comments = [c for c in comments if c.updated >= floor]
@@ -434,7 +493,7 @@ async def create_comment(emu: Emulator, request: web.Request) -> web.StreamRespo
     """POST .../issues/{index}/comments: readers may comment; a locked issue needs a writer. 201."""
     repo, perm = _repo(emu, request)
     doer = _doer(request)
-    issue = _issue(repo, request)
+    issue = _issue_or_500(repo, request)
     form = await _json_body(request)
     body = form.get("body")
     if not isinstance(body, str) or not body:
@@ -605,6 +664,7 @@ ROUTES: Final[tuple[Route, ...]] = (
     Route("POST", f"{_REPO}/issues", create_issue),
     Route("GET", f"{_REPO}/issues/{{index}}", get_issue),
     Route("PATCH", f"{_REPO}/issues/{{index}}", edit_issue),
+    Route("DELETE", f"{_REPO}/issues/{{index}}", delete_issue),
     Route("GET", f"{_REPO}/issues/{{index}}/comments", list_comments),
     Route("POST", f"{_REPO}/issues/{{index}}/comments", create_comment),
     Route("GET", f"{_REPO}/issues/comments/{{id}}", get_comment),

@@ -630,6 +630,20 @@ class Emulator:
         if notify:
             self._emit_issue(issue, "label_cleared", doer, labels_as=before)
 
+    def _op_delete_issue(self, issue: EmuIssue, doer: EmuUser, *, notify: bool) -> None:
+        # services/issue/issue.go DeleteIssue: the rows go (comments included), then the notifier runs.
+        rendered = convert.issue_json(self, issue, doer)
+        repo = issue.repo
+        del repo.issues[issue.number]
+        for item in issue.timeline:
+            self._comments.pop(item.id, None)
+        if notify and self.at_least("1.25"):
+            self._emit_issue(issue, "deleted", doer, rendered=rendered)
+
+    def at_least(self, version: str) -> bool:
+        """Whether the emulated Gitea is ``version`` or newer (``1.25``, ``1.22.3``)."""
+        return _version_key(self.version) >= _version_key(version)
+
     def _op_create_comment(self, issue: EmuIssue, doer: EmuUser, body: str, *, notify: bool) -> EmuComment:
         comment = self._timeline(issue, doer, "comment", body)
         if notify:
@@ -666,6 +680,7 @@ class Emulator:
         *,
         changes: JSON | None = None,
         labels_as: Sequence[EmuLabel] | None = None,
+        rendered: JSON | None = None,
     ) -> None:
         """Queue an issue (or PR) event; ``labels_as`` renders these labels instead of the current ones."""
         repo = issue.repo
@@ -692,15 +707,15 @@ class Emulator:
             event_type = f"pull_request_{kind}" if kind else "pull_request"
         else:
             payload |= {
-                "issue": convert.issue_json(self, issue, doer),
+                "issue": rendered if rendered is not None else convert.issue_json(self, issue, doer),
                 "repository": repository,
                 "sender": sender,
                 "commit_id": "",
             }
             event_type = f"issue_{kind}" if kind else "issues"
         if labels_as is not None:
-            rendered = [convert.label_json(self, label) for label in labels_as]
-            payload["pull_request" if issue.is_pull else "issue"]["labels"] = rendered
+            stale = [convert.label_json(self, label) for label in labels_as]
+            payload["pull_request" if issue.is_pull else "issue"]["labels"] = stale
         self._emit(repo, event_type, payload)
 
     def _emit_comment(
@@ -735,6 +750,13 @@ def _target(hook: EmuHook) -> HookTarget:
         content_type=hook.content_type,
         authorization=hook.authorization_header,
     )
+
+
+def _version_key(version: str) -> tuple[int, ...]:
+    parts = []
+    for part in version.split("+", 1)[0].split("-", 1)[0].split("."):
+        parts.append(int(part) if part.isdigit() else 0)
+    return tuple(parts + [0] * (3 - len(parts)))
 
 
 def _dedupe_exclusive(labels: Sequence[EmuLabel]) -> list[EmuLabel]:
