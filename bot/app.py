@@ -364,6 +364,9 @@ class Service:
         app.router.add_get("/healthz", self.handle_healthz)
         app.router.add_get("/readyz", self.handle_readyz)
         app.router.add_get("/metrics", self.handle_metrics)
+        from bot.dashboard.routes import add_dashboard
+
+        add_dashboard(app, self.db, self.settings)  # only with [dashboard] token (off without one)
 
         async def on_startup(_: web.Application) -> None:
             await self.start()

@@ -1,0 +1,390 @@
+"""The dashboard's view model: plain JSON-able documents read from the stores, never written.
+
+Everything the HTML pages show comes from these documents (``/dashboard/api/...`` serves them as they are), so
+the browser page, the JSON and ``foreman leases|journal|issue`` can never disagree. Store reads are at the top;
+the pure projections (the issue timeline, the allocation evidence read back from comments, the scrubbing of
+secret-looking keys) below them have no I/O.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sqlite3
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import datetime
+from typing import Any
+
+from bot.config import Settings
+from bot.core.evidence import scrub
+from bot.core.vocabulary import label_for_state
+from state.db import Database, from_db_time, to_db_time, utcnow
+from state.deliveries import DeliveryStore
+from state.grants import GrantStore
+from state.issues import IssueStore, repo_key
+from state.journal import JournalStore, Transition
+from state.outbox import OutboxEntry, OutboxStore
+
+#: Outbox statuses an operator must look at (pending work, and what stopped).
+OUTBOX_OPEN = ("pending", "sending", "verification_failed", "parked")
+_LEASE_COLUMNS = (
+    "lease_id, repo, issue_number, owner, role, action, acquired_at, expires_at, heartbeat_at, status, ended_at,"
+    " end_reason, fingerprint, request_json"
+)
+_FENCED_JSON = re.compile(r"(`{3,})json\n(.*?)\n\1", re.DOTALL)
+
+
+def repository_key(settings: Settings) -> str:
+    return repo_key(f"{settings.repository.owner}/{settings.repository.name}")
+
+
+def authors(settings: Settings) -> list[str]:
+    return sorted(login for login, roles in settings.roster.items() if "author" in roles)
+
+
+# --- store reads ---------------------------------------------------------------------------------------------
+async def _rows(db: Database, sql: str, params: Sequence[Any] = ()) -> list[sqlite3.Row]:
+    async with db.reader.execute(sql, tuple(params)) as cur:
+        return list(await cur.fetchall())
+
+
+async def _has_table(db: Database, name: str) -> bool:
+    return bool(await _rows(db, "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (name,)))
+
+
+def _lease_doc(row: sqlite3.Row, now: datetime) -> dict[str, Any]:
+    request = json.loads(row["request_json"]) if row["request_json"] else {}
+    live = row["status"] == "live" and from_db_time(row["expires_at"]) > now
+    return {
+        "lease_id": row["lease_id"],
+        "issue_number": row["issue_number"],
+        "owner": row["owner"],
+        "role": row["role"],
+        "action": row["action"],
+        "status": row["status"],
+        "live": live,
+        "acquired_at": row["acquired_at"],
+        "expires_at": row["expires_at"],
+        "heartbeat_at": row["heartbeat_at"],
+        "ended_at": row["ended_at"],
+        "end_reason": row["end_reason"],
+        "fingerprint": row["fingerprint"],
+        "exclusions": request.get("exclude", []) if isinstance(request, dict) else [],
+    }
+
+
+async def leases(db: Database, settings: Settings, *, now: datetime | None = None, limit: int = 50,
+                 issue: int | None = None) -> dict[str, Any]:
+    """Live leases (status live and not expired) and the most recent ones, newest first."""
+    moment = now or utcnow()
+    where, params = "repo = ?", list[Any]([repository_key(settings)])
+    if issue is not None:
+        where, params = where + " AND issue_number = ?", [*params, issue]
+    rows = await _rows(db, f"SELECT {_LEASE_COLUMNS} FROM leases WHERE {where} ORDER BY id DESC LIMIT ?",  # noqa: S608
+                       (*params, limit))
+    live_rows = await _rows(db, f"SELECT {_LEASE_COLUMNS} FROM leases WHERE {where} AND status = 'live'"  # noqa: S608
+                            " ORDER BY id DESC", params)
+    docs = [_lease_doc(row, moment) for row in rows]
+    return {"live": [d for d in (_lease_doc(r, moment) for r in live_rows) if d["live"]],
+            "stale_live": [d for d in (_lease_doc(r, moment) for r in live_rows) if not d["live"]],
+            "recent": docs}
+
+
+async def lease_events(db: Database, lease_ids: Iterable[str]) -> list[dict[str, Any]]:
+    ids = sorted(set(lease_ids))
+    if not ids:
+        return []
+    marks = ", ".join("?" for _ in ids)
+    rows = await _rows(db, "SELECT lease_id, kind, actor, at, detail_json FROM lease_events"  # noqa: S608
+                       f" WHERE lease_id IN ({marks}) ORDER BY id", ids)
+    return [{"lease_id": r["lease_id"], "kind": r["kind"], "actor": r["actor"], "at": r["at"],
+             "detail": json.loads(r["detail_json"] or "{}")} for r in rows]
+
+
+def _transition_doc(transition: Transition) -> dict[str, Any]:
+    return {**transition.summary(), "id": transition.id, "attempt": transition.attempt,
+            "error": transition.error, "result": transition.result}
+
+
+async def journal(db: Database, settings: Settings, *, key: str | None = None, issue: int | None = None,
+                  limit: int = 50) -> list[dict[str, Any]]:
+    """Bootstrap transitions, newest first, each with every phase it reached (oldest first) and its proof."""
+    store = JournalStore(db)
+    if key is not None:
+        found = await store.get(key)
+        transitions = [found] if found is not None else []
+    else:
+        where, params = "repo = ?", list[Any]([repository_key(settings)])
+        if issue is not None:
+            where, params = where + " AND issue_number = ?", [*params, issue]
+        keys = await _rows(db, f"SELECT idempotency_key FROM bootstrap_journal WHERE {where}"  # noqa: S608
+                           " ORDER BY id DESC LIMIT ?", (*params, limit))
+        transitions = [t for t in [await store.get(r["idempotency_key"]) for r in keys] if t is not None]
+    out = []
+    for transition in transitions:
+        doc = _transition_doc(transition)
+        doc["phases"] = [p.to_dict() for p in await store.phases(transition.id)]
+        out.append(doc)
+    return out
+
+
+def _outbox_doc(entry: OutboxEntry) -> dict[str, Any]:
+    """An outbox entry with both versions of a failed verification: what was intended and what Gitea showed."""
+    return {**entry.summary(), "intended": entry.payload}
+
+
+async def outbox(db: Database, *, limit: int = 50, issue: int | None = None) -> dict[str, Any]:
+    store = OutboxStore(db)
+    counts = await store.counts()
+    if issue is not None:
+        rows = await _rows(db, "SELECT id FROM outbox WHERE issue_number = ? ORDER BY id", (issue,))
+        entries = [e for e in [await store.get(r["id"]) for r in rows] if e is not None]
+        return {"counts": counts, "entries": [_outbox_doc(e) for e in entries]}
+    open_entries: list[dict[str, Any]] = []
+    for status in OUTBOX_OPEN:
+        open_entries.extend(_outbox_doc(e) for e in await store.list(status=status, limit=limit))
+    recent = [_outbox_doc(e) for e in await store.list(limit=limit)]
+    return {"counts": counts, "open": open_entries, "recent": recent}
+
+
+async def deliveries(db: Database, settings: Settings, *, limit: int = 50, issue: int | None = None
+                     ) -> dict[str, Any]:
+    store = DeliveryStore(db)
+    counts = await store.counts()
+    if issue is None:
+        return {"counts": counts, "recent": [d.summary() for d in await store.list(limit=limit)]}
+    rows = await _rows(
+        db,
+        "SELECT id FROM deliveries WHERE json_valid(CAST(body AS TEXT))"
+        " AND lower(json_extract(CAST(body AS TEXT), '$.repository.full_name')) = ?"
+        " AND coalesce(json_extract(CAST(body AS TEXT), '$.issue.number'),"
+        " json_extract(CAST(body AS TEXT), '$.pull_request.number')) = ? ORDER BY id DESC LIMIT ?",
+        (repository_key(settings), issue, limit),
+    )
+    found = [await store.get(r["id"]) for r in rows]
+    return {"counts": counts, "recent": [d.summary() for d in found if d is not None]}
+
+
+async def grants(db: Database, *, limit: int = 50, issue: int | None = None) -> list[dict[str, Any]]:
+    """Run grants (never their tokens: only a digest is stored, and it is not shown) with every decision."""
+    store = GrantStore(db)
+    out = []
+    for record in await store.runs(limit=limit if issue is None else 1000):
+        if issue is not None and record.issue_number != issue:
+            continue
+        run = scrub(record.summary())
+        try:
+            grant = await store.grant(record.run_id)
+            calls = [scrub(c) for c in grant.to_dict().get("calls", [])] if grant is not None else []
+            integrity = "intact"
+        except Exception as exc:  # GrantIntegrityError: reported, never trusted
+            calls, integrity = [], f"not intact: {type(exc).__name__}"
+        out.append({"run": run, "calls": calls, "grant_integrity": integrity,
+                    "decisions": [scrub(d.to_dict()) for d in await store.decisions(record.run_id)]})
+    return out
+
+
+async def ready_candidates(db: Database, settings: Settings) -> list[dict[str, Any]]:
+    ready = label_for_state("ready")
+    out = []
+    for snapshot in await IssueStore(db).open_issues(repository_key(settings)):
+        if ready in snapshot.label_names:
+            out.append({"issue_number": snapshot.number, "labels": sorted(snapshot.label_names),
+                        "blockers": list(snapshot.open_blockers)})
+    return out
+
+
+async def current_decisions(db: Database, settings: Settings) -> list[dict[str, Any]]:
+    """What the allocator would decide now for each roster author: a dry run over the stored issue state
+    (no Gitea call, no bootstrap proof, nothing written), with every skipped issue and its stable reason."""
+    from bot.allocation import AllocationCall, Allocator
+
+    out = []
+    allocator = Allocator(db, settings, None, bot_login=settings.gitea.bot_login)
+    for owner in authors(settings):
+        try:
+            outcome = await allocator.run(AllocationCall(actor="dashboard", actor_is_operator=True, owner=owner))
+            doc = outcome.to_dict()
+        except Exception as exc:  # the page still shows everything else
+            doc = {"decision": "unavailable", "message": f"{type(exc).__name__}: {exc}"}
+        out.append({"owner": owner, **scrub(doc)})
+    return out
+
+
+async def recorded_decisions(db: Database, settings: Settings, *, limit: int = 20) -> list[dict[str, Any]]:
+    """Decisions the allocator recorded: automatic runs (``auto_allocations``, where the table exists) and the
+    evidence of every applied allocation (read back from the bot's comments in the outbox), newest first."""
+    out: list[dict[str, Any]] = []
+    if await _has_table(db, "auto_allocations"):
+        rows = await _rows(db, "SELECT decided_at, trigger, delivery_id, doc_json FROM auto_allocations"
+                           " WHERE repo = ? ORDER BY id DESC LIMIT ?", (repository_key(settings), limit))
+        for row in rows:
+            doc = json.loads(row["doc_json"])
+            out.append({"source": "auto", "at": row["decided_at"], "trigger": row["trigger"],
+                        "delivery": row["delivery_id"], **scrub(doc if isinstance(doc, dict) else {"doc": doc})})
+    rows = await _rows(db, "SELECT id FROM outbox WHERE kind = 'comment' AND idempotency_key LIKE '%:evidence'"
+                       " ORDER BY id DESC LIMIT ?", (limit * 4,))
+    store = OutboxStore(db)
+    for row in rows:
+        entry = await store.get(row["id"])
+        evidence = evidence_of(entry.payload.get("body", "")) if entry is not None else None
+        if entry is None or evidence is None or evidence.get("action") != "allocate":
+            continue
+        lease = evidence.get("lease") or {}
+        out.append({"source": "applied", "at": entry.created_at, "issue_number": entry.issue_number,
+                    "owner": lease.get("owner"), "lease_id": lease.get("lease_id"),
+                    "fingerprint": evidence.get("fingerprint"), "requested_by": evidence.get("requested_by"),
+                    "exclusions": evidence.get("exclusions"), "skipped": evidence.get("skipped", []),
+                    "evidence_status": entry.status})
+    out.sort(key=lambda d: str(d.get("at") or ""), reverse=True)
+    return out[:limit]
+
+
+async def worktrees(db: Database, settings: Settings, issue: int) -> list[dict[str, Any]]:
+    rows = await _rows(db, "SELECT * FROM worktree_registrations WHERE repo = ? AND issue_number = ? ORDER BY id",
+                       (repository_key(settings), issue))
+    return [dict(r) for r in rows]
+
+
+async def overview(db: Database, settings: Settings, *, now: datetime | None = None, limit: int = 50
+                   ) -> dict[str, Any]:
+    """Everything the front page shows."""
+    moment = now or utcnow()
+    return {
+        "generated_at": to_db_time(moment),
+        "repositories": [{"owner": settings.repository.owner, "name": settings.repository.name,
+                          "key": repository_key(settings), "gitea_url": settings.gitea.url}],
+        "allocator": {
+            "ready_candidates": await ready_candidates(db, settings),
+            "now": await current_decisions(db, settings),
+            "recorded": await recorded_decisions(db, settings),
+        },
+        "leases": await leases(db, settings, now=moment, limit=limit),
+        "bootstrap": await journal(db, settings, limit=limit),
+        "outbox": await outbox(db, limit=limit),
+        "deliveries": await deliveries(db, settings, limit=limit),
+        "grants": await grants(db, limit=limit),
+    }
+
+
+async def issue_view(db: Database, settings: Settings, number: int, *, now: datetime | None = None
+                     ) -> dict[str, Any]:
+    """One issue's whole story: state, deliveries, decisions, leases, comments the bot wrote, worktree, grants,
+    and all of it merged into one timeline."""
+    moment = now or utcnow()
+    repo = repository_key(settings)
+    issues = IssueStore(db)
+    snapshot = await issues.snapshot(repo, number)
+    lease_doc = await leases(db, settings, now=moment, limit=1000, issue=number)
+    events = await lease_events(db, (d["lease_id"] for d in lease_doc["recent"]))
+    comments = [
+        {"comment_id": r.comment_id, "action": r.action, "author": r.author, "created_at": r.created_at,
+         "recorded_at": r.recorded_at, "trusted": r.trusted, "trust_reason": r.trust_reason,
+         "state": r.state.state if r.state is not None else None, "errors": list(r.errors)}
+        for r in await issues.comment_records(repo, number)
+    ]
+    parts = {
+        "deliveries": (await deliveries(db, settings, limit=1000, issue=number))["recent"],
+        "issue_events": scrub(await issues.issue_events(repo, number)),
+        "comments": comments,
+        "leases": lease_doc["recent"],
+        "lease_events": events,
+        "bootstrap": await journal(db, settings, issue=number, limit=1000),
+        "bot_writes": (await outbox(db, issue=number))["entries"],
+        "worktrees": await worktrees(db, settings, number),
+        "grants": await grants(db, issue=number),
+        "decisions": [d for d in await recorded_decisions(db, settings, limit=1000)
+                      if d.get("issue_number") == number or number in _numbers_in(d)],
+    }
+    return {
+        "generated_at": to_db_time(moment),
+        "repository": repo,
+        "issue_number": number,
+        "known": snapshot is not None or any(parts.values()),
+        "snapshot": None if snapshot is None else {
+            "open": snapshot.is_open, "labels": sorted(snapshot.label_names),
+            "state": snapshot.state.state if snapshot.state is not None else None,
+            "who_is_next": snapshot.state.who_is_next if snapshot.state is not None else None,
+            "next_action": snapshot.state.next_action if snapshot.state is not None else None,
+            "blockers": list(snapshot.open_blockers), "snapshot_as_of": snapshot.snapshot_as_of,
+        },
+        **parts,
+        "timeline": timeline(parts),
+    }
+
+
+# --- pure projections ----------------------------------------------------------------------------------------
+def evidence_of(body: str) -> dict[str, Any] | None:
+    """The machine-readable evidence block of a comment foreman rendered (``bot.core.evidence``), if any."""
+    found = _FENCED_JSON.findall(body or "")
+    if not found:
+        return None
+    try:
+        doc = json.loads(found[-1][1])
+    except ValueError:
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
+def _numbers_in(decision: Mapping[str, Any]) -> set[int]:
+    found: set[int] = set()
+    for key in ("leased", "resumed", "blocked", "waiting"):
+        value = decision.get(key)
+        if isinstance(value, list):
+            found.update(v for v in value if isinstance(v, int))
+    return found
+
+
+def _moment(text: object) -> str:
+    """A sortable UTC text for any stored time (db times, isoformat with an offset, Gitea's Z times)."""
+    if not isinstance(text, str) or not text:
+        return ""
+    try:
+        return to_db_time(datetime.fromisoformat(text.replace("Z", "+00:00")))
+    except ValueError:
+        return text
+
+
+def timeline(parts: Mapping[str, Sequence[Mapping[str, Any]]]) -> list[dict[str, Any]]:
+    """Every record of one issue as (at, kind, summary), oldest first."""
+    items: list[dict[str, Any]] = []
+
+    def add(at: object, kind: str, summary: str) -> None:
+        items.append({"at": _moment(at), "kind": kind, "summary": summary})
+
+    for d in parts.get("deliveries", []):
+        reason = f" ({d['ignored_reason']})" if d.get("ignored_reason") else ""
+        add(d.get("received_at"), "delivery",
+            f"{d.get('event')}/{d.get('action') or '-'} from {d.get('sender') or '?'}: {d.get('status')}{reason}")
+    for e in parts.get("issue_events", []):
+        add(e.get("recorded_at"), "issue_event", f"{e.get('action')} by {e.get('sender') or '?'}")
+    for c in parts.get("comments", []):
+        trust = "trusted" if c.get("trusted") else "untrusted"
+        add(c.get("recorded_at") or c.get("created_at"), "comment",
+            f"comment {c.get('comment_id')} {c.get('action')} by {c.get('author')} ({trust}: {c.get('trust_reason')})"
+            + (f", state {c['state']}" if c.get("state") else ""))
+    for d in parts.get("decisions", []):
+        add(d.get("at"), "decision", f"allocator ({d.get('source')}): "
+            + (f"leased to {d.get('owner')}" if d.get("source") == "applied" else str(d.get("trigger")))
+            + f", {len(d.get('skipped') or [])} skipped")
+    for ev in parts.get("lease_events", []):
+        add(ev.get("at"), "lease", f"lease {ev.get('lease_id')} {ev.get('kind')} by {ev.get('actor')}")
+    for t in parts.get("bootstrap", []):
+        for phase in t.get("phases", []):
+            add(phase.get("recorded_at"), "bootstrap", f"{t.get('idempotency_key')}: {phase.get('phase')}")
+    for o in parts.get("bot_writes", []):
+        add(o.get("created_at"), "outbox", f"{o.get('kind')} {o.get('key')} queued")
+        if o.get("sent_at"):
+            add(o.get("sent_at"), "outbox", f"{o.get('kind')} {o.get('key')} {o.get('status')}")
+    for w in parts.get("worktrees", []):
+        add(w.get("registered_at"), "worktree", f"worktree {w.get('worktree_path')} on {w.get('branch')} registered")
+        if w.get("ended_at"):
+            add(w.get("ended_at"), "worktree", f"worktree {w.get('worktree_path')} ended ({w.get('end_reason')})")
+    for g in parts.get("grants", []):
+        run = g.get("run", {})
+        add(run.get("created_at"), "grant", f"run {run.get('run_id')} sealed ({run.get('policy')})")
+        for dec in g.get("decisions", []):
+            add(dec.get("at"), "admission", f"run {run.get('run_id')}: {dec.get('kind')} {dec.get('tool') or '-'}"
+                f" ({dec.get('reason')})")
+    items.sort(key=lambda i: i["at"])
+    return items

@@ -1,0 +1,197 @@
+"""The dashboard's HTTP side: token check, read-only GET routes, HTML and JSON over the view model.
+
+Access (DESIGN.md section 3, "Contracts added 2026-12"): ``[dashboard] token`` must be configured, else no route
+is added (404). A request is let in with ``Authorization: Bearer <token>``, or with the session cookie that one
+visit with ``?token=<token>`` sets (HttpOnly, SameSite=Strict, scoped to /dashboard) before redirecting to the
+same URL without the token, so it never stays in the address bar or the history. Anything else is 401 with the
+error envelope. The cookie holds an HMAC of the token, never the token itself.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import logging
+import re
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from aiohttp import web
+
+from bot.config import Settings
+from bot.core.errors import Envelope
+from bot.core.vocabulary import MAX_ISSUE_NUMBER
+from bot.dashboard import model, render
+from state.db import Database
+
+log = logging.getLogger("foreman.dashboard")
+
+COOKIE = "foreman_dashboard"
+PREFIX = "/dashboard"
+_DIGITS = re.compile(r"[0-9]{1,19}")
+_HEADERS = {
+    "Cache-Control": "no-store",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+    "X-Frame-Options": "DENY",
+    "Content-Security-Policy": "default-src 'none'; style-src 'unsafe-inline'; img-src 'self'; "
+    "frame-ancestors 'none'; base-uri 'none'; form-action 'none'",
+}
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def session_value(token: str) -> str:
+    """What the cookie carries: derived from the token, useless anywhere else."""
+    return hmac.new(token.encode(), b"foreman-dashboard-session-v1", hashlib.sha256).hexdigest()
+
+
+def _refusal(status: int, envelope: Envelope) -> web.Response:
+    return web.json_response(envelope.to_dict(), status=status, headers=_HEADERS)
+
+
+def _unauthorized(message: str) -> web.Response:
+    response = _refusal(401, Envelope(
+        error="not_authorized",
+        message=message,
+        remediate="Send the dashboard token ([dashboard] token or token_file) as 'Authorization: Bearer <token>',"
+        " or open /dashboard?token=<token> once in the browser (it sets a session cookie).",
+        exact_next_action="open /dashboard?token=<the configured dashboard token>",
+    ))
+    response.headers["WWW-Authenticate"] = 'Bearer realm="foreman dashboard"'
+    return response
+
+
+class Dashboard:
+    """The routes over one database and configuration (the running service's)."""
+
+    def __init__(self, db: Database, settings: Settings, token: str) -> None:
+        self.db = db
+        self.settings = settings
+        self._token = token.encode()
+        self._session = session_value(token)
+
+    # --- access ------------------------------------------------------------------------------------------
+    def _token_ok(self, given: str) -> bool:
+        return hmac.compare_digest(given.encode(), self._token)
+
+    def _check(self, request: web.Request) -> web.StreamResponse | None:
+        """None: let in. Otherwise the answer (a redirect that sets the cookie, or 401)."""
+        query_token = request.query.get("token")
+        if query_token is not None:
+            if not self._token_ok(query_token):
+                log.warning("dashboard: a wrong ?token= from %s", request.remote)
+                return _unauthorized("the token in ?token= is not the dashboard token")
+            query = {k: v for k, v in request.query.items() if k != "token"}
+            target = request.rel_url.with_query(query) if query else request.rel_url.with_query(None)
+            response = web.Response(status=303, headers={**_HEADERS, "Location": str(target)})
+            response.set_cookie(COOKIE, self._session, httponly=True, samesite="Strict", path=PREFIX,
+                                secure=request.secure, max_age=7 * 24 * 3600)
+            return response
+        header = request.headers.get("Authorization", "")
+        if header:
+            scheme, _, value = header.partition(" ")
+            if scheme.lower() == "bearer" and self._token_ok(value.strip()):
+                return None
+            return _unauthorized("the Authorization header does not carry the dashboard token")
+        cookie = request.cookies.get(COOKIE)
+        if cookie is not None and hmac.compare_digest(cookie.encode(), self._session.encode()):
+            return None
+        return _unauthorized("the dashboard needs its token")
+
+    def _guarded(self, handler: Handler) -> Handler:
+        async def guarded(request: web.Request) -> web.StreamResponse:
+            refused = self._check(request)
+            if refused is not None:
+                return refused
+            return await handler(request)
+
+        return guarded
+
+    # --- answers -----------------------------------------------------------------------------------------
+    @staticmethod
+    def _html(text: str) -> web.Response:
+        return web.Response(text=text, content_type="text/html", charset="utf-8", headers=_HEADERS)
+
+    @staticmethod
+    def _json(doc: Any) -> web.Response:
+        return web.json_response(doc, headers=_HEADERS, dumps=_dumps)
+
+    @staticmethod
+    def _issue_number(request: web.Request) -> int | web.Response:
+        text = request.match_info["number"]
+        number = int(text) if _DIGITS.fullmatch(text) else 0
+        if not 0 < number <= MAX_ISSUE_NUMBER:
+            return _refusal(400, Envelope(
+                error="invalid_input",
+                message=f"{text[:40]!r} is not an issue number (1 to {MAX_ISSUE_NUMBER})",
+                remediate="Use the issue's number as Gitea shows it.",
+                exact_next_action="open /dashboard/issues/<number>",
+            ))
+        return number
+
+    async def overview(self, request: web.Request) -> web.Response:
+        return self._html(render.overview_page(await model.overview(self.db, self.settings)))
+
+    async def issue(self, request: web.Request) -> web.Response:
+        number = self._issue_number(request)
+        if isinstance(number, web.Response):
+            return number
+        return self._html(render.issue_page(await model.issue_view(self.db, self.settings, number)))
+
+    async def api_overview(self, request: web.Request) -> web.Response:
+        return self._json(await model.overview(self.db, self.settings))
+
+    async def api_issue(self, request: web.Request) -> web.Response:
+        number = self._issue_number(request)
+        if isinstance(number, web.Response):
+            return number
+        return self._json(await model.issue_view(self.db, self.settings, number))
+
+    async def api_section(self, request: web.Request) -> web.Response:
+        name = request.match_info["section"]
+        readers: dict[str, Callable[[], Awaitable[Any]]] = {
+            "leases": lambda: model.leases(self.db, self.settings),
+            "journal": lambda: model.journal(self.db, self.settings),
+            "outbox": lambda: model.outbox(self.db),
+            "deliveries": lambda: model.deliveries(self.db, self.settings),
+            "grants": lambda: model.grants(self.db),
+            "allocator": self._allocator,
+        }
+        reader = readers.get(name)
+        if reader is None:
+            return _refusal(404, Envelope(
+                error="not_found", message=f"no dashboard section {name[:40]!r}",
+                remediate=f"Sections: overview, issues/<n>, {', '.join(sorted(readers))}.",
+                exact_next_action="open /dashboard/api/overview",
+            ))
+        return self._json(await reader())
+
+    async def _allocator(self) -> dict[str, Any]:
+        return {"ready_candidates": await model.ready_candidates(self.db, self.settings),
+                "now": await model.current_decisions(self.db, self.settings),
+                "recorded": await model.recorded_decisions(self.db, self.settings)}
+
+    def add_routes(self, app: web.Application) -> None:
+        g = self._guarded
+        app.router.add_get(PREFIX, g(self.overview))
+        app.router.add_get(PREFIX + "/", g(self.overview))
+        app.router.add_get(PREFIX + "/issues/{number}", g(self.issue))
+        app.router.add_get(PREFIX + "/api/overview", g(self.api_overview))
+        app.router.add_get(PREFIX + "/api/issues/{number}", g(self.api_issue))
+        app.router.add_get(PREFIX + "/api/{section}", g(self.api_section))
+
+
+def _dumps(doc: Any) -> str:
+    import json
+
+    return json.dumps(doc, sort_keys=True, default=str, ensure_ascii=False)
+
+
+def add_dashboard(app: web.Application, db: Database, settings: Settings) -> Dashboard | None:
+    """Add the dashboard's routes when ``[dashboard] token`` is set; without one it stays off (None)."""
+    token = settings.dashboard.token
+    if token is None:
+        return None
+    dashboard = Dashboard(db, settings, token.get_secret_value().strip())
+    dashboard.add_routes(app)
+    return dashboard

@@ -1,0 +1,186 @@
+"""The dashboard over HTTP (issue 18 item 1): off without a token; Bearer, or ?token= once (HttpOnly cookie and a
+redirect to the bare URL), else 401 with the envelope; the HTML and /dashboard/api/ over the same stores; text from
+Gitea escaped; nothing secret on any page. The browser test (tests/test_dashboard_browser.py) looks at the pages."""
+
+from __future__ import annotations
+
+import json
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from aiohttp.test_utils import TestClient
+
+from bot.app import Service
+from bot.dashboard.routes import COOKIE, session_value
+from state.db import utcnow
+from state.leases import LeaseStore
+from state.outbox import OutboxIntent
+from tests.support import SECRET, Started, make_settings, payload, wait_status, webhook_headers
+
+TOKEN = "dash-token-0123456789abcdef"
+HOSTILE = '<script>alert("x")</script><img src=x onerror=alert(1)>'
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+
+
+def _settings(tmp_path: Path, **extra: Any) -> Any:
+    from bot.config import AllocatorConfig
+
+    # No automatic allocation in these tests (where the allocator has the switch): the seeded lease is the only one.
+    quiet = {"allocator": {"auto": False}} if "auto" in AllocatorConfig.model_fields else {}
+    return make_settings(
+        tmp_path, dashboard={"token": TOKEN}, repository={"owner": "org", "name": "repo"},
+        roster={"author-1": ["author"], "controller-bot": ["controller"]}, **quiet, **extra,
+    )
+
+
+async def _deliver(service: Service, client: TestClient[Any, Any], body: bytes, status: str) -> str:
+    headers = webhook_headers(body)
+    resp = await client.post("/webhook", data=body, headers=headers)
+    assert resp.status == 202, await resp.text()
+    delivery = headers["X-Gitea-Delivery"]
+    await wait_status(service, delivery, status)
+    return delivery
+
+
+async def _seed(service: Service, client: TestClient[Any, Any]) -> dict[str, Any]:
+    """Real deliveries through intake and the worker; a lease and outbox entries through their stores."""
+    ready_issue = {"id": 1007, "number": 7, "title": HOSTILE, "state": "open",
+                   "labels": [{"id": 1, "name": "status:ready"}, {"id": 2, "name": HOSTILE}]}
+    opened = await _deliver(service, client, payload("opened", number=7, issue=ready_issue), "done")
+    foreign = payload("opened", number=3, repository={"id": 9, "name": "else", "full_name": "other/else",
+                                                      "owner": {"login": "other"}})
+    ignored = await _deliver(service, client, foreign, "ignored")
+    now = utcnow()
+    async with service.db.transaction() as conn:
+        await LeaseStore(service.db).acquire(
+            conn, repo="org/repo", issue_number=9, owner="author-1", role="author", action="implement",
+            ttl=timedelta(hours=1), now=now, actor="operator:test", fingerprint="fp-1", request={"exclude": [4]},
+        )
+    await service.outbox.add(OutboxIntent("t:labels", 7, "labels", {"add": ["status:in-progress"], "remove": []}))
+    entry = await service.outbox.by_key("t:labels")
+    assert entry is not None
+    claimed = await service.outbox.claim(entry, "test-sender")
+    assert claimed is not None
+    observed = {"labels": ["status:ready", HOSTILE]}
+    assert await service.outbox.verification_failed(claimed, error="labels differ", observed=observed, result={})
+    return {"opened": opened, "ignored": ignored}
+
+
+async def _client(tmp_path: Path, start: Started, **extra: Any) -> tuple[Service, TestClient[Any, Any]]:
+    return await start(_settings(tmp_path, **extra))
+
+
+async def test_without_a_token_the_dashboard_is_off(tmp_path: Path, start: Started) -> None:
+    _, client = await start(make_settings(tmp_path))
+    for path in ("/dashboard", "/dashboard/api/overview", f"/dashboard?token={TOKEN}"):
+        resp = await client.get(path, headers=AUTH, allow_redirects=False)
+        assert resp.status == 404, path
+
+
+async def test_no_token_or_a_wrong_one_is_401_with_the_envelope(tmp_path: Path, start: Started) -> None:
+    _, client = await _client(tmp_path, start)
+    wrong = [({}, "/dashboard"), ({"Authorization": "Bearer nope"}, "/dashboard/api/overview"),
+             ({"Authorization": f"Basic {TOKEN}"}, "/dashboard"), ({}, "/dashboard?token=nope"),
+             ({"Cookie": f"{COOKIE}={TOKEN}"}, "/dashboard"), ({}, "/dashboard/issues/1")]
+    for headers, path in wrong:
+        resp = await client.get(path, headers=headers, allow_redirects=False)
+        assert resp.status == 401, (headers, path)
+        doc = await resp.json()
+        assert doc["error"] == "not_authorized" and doc["remediate"] and doc["exact_next_action"], doc
+        assert TOKEN not in await resp.text()
+        assert "set-cookie" not in {k.lower() for k in resp.headers}
+
+
+async def test_token_in_the_query_sets_an_httponly_cookie_and_redirects_to_the_bare_url(
+    tmp_path: Path, start: Started
+) -> None:
+    _, client = await _client(tmp_path, start)
+    resp = await client.get(f"/dashboard/issues/7?token={TOKEN}", allow_redirects=False)
+    assert resp.status == 303
+    assert resp.headers["Location"] == "/dashboard/issues/7"
+    cookie = resp.headers["Set-Cookie"]
+    assert f"{COOKIE}={session_value(TOKEN)}" in cookie and TOKEN not in cookie
+    assert "HttpOnly" in cookie and "SameSite=Strict" in cookie and "Path=/dashboard" in cookie
+    # The client keeps the cookie: the bare URL and the API now answer without the token.
+    page = await client.get("/dashboard/issues/7")
+    assert page.status == 200 and page.headers["Content-Type"].startswith("text/html")
+    api = await client.get("/dashboard/api/leases")
+    assert api.status == 200 and "live" in await api.json()
+
+
+async def test_pages_escape_gitea_text_and_show_what_the_stores_hold(tmp_path: Path, start: Started) -> None:
+    service, client = await _client(tmp_path, start, mcp={"tokens": {"mcp-secret-token-value": "author-1"}})
+    seeded = await _seed(service, client)
+    resp = await client.get("/dashboard", headers=AUTH)
+    assert resp.status == 200
+    assert resp.headers["Cache-Control"] == "no-store" and "default-src 'none'" in resp.headers[
+        "Content-Security-Policy"]
+    html = await resp.text()
+    assert "<script" not in html and "<img" not in html  # no script, and Gitea's text never becomes markup
+    assert "&lt;script&gt;" in html and "&lt;img src=x onerror=alert(1)&gt;" in html
+    for secret in (TOKEN, SECRET, "mcp-secret-token-value"):
+        assert secret not in html
+    api = await (await client.get("/dashboard/api/overview", headers=AUTH)).json()
+    # Deliveries: both, the foreign one 'ignored' with its reason, on the page and in the JSON.
+    by_id = {d["delivery"]: d for d in api["deliveries"]["recent"]}
+    assert by_id[seeded["opened"]]["status"] == "done"
+    reason = by_id[seeded["ignored"]]["ignored_reason"]
+    assert by_id[seeded["ignored"]]["status"] == "ignored" and reason and json.dumps(reason)[1:-1] in html
+    # The live lease with its owner, role, action and expiry.
+    (live,) = api["leases"]["live"]
+    assert (live["issue_number"], live["owner"], live["role"], live["action"]) == (9, "author-1", "author",
+                                                                                   "implement")
+    assert live["expires_at"] in html and live["lease_id"] in html
+    # The failed verification with both versions.
+    (failed,) = [e for e in api["outbox"]["open"] if e["key"] == "t:labels"]
+    assert failed["status"] == "verification_failed"
+    assert failed["intended"] == {"add": ["status:in-progress"], "remove": []}
+    assert failed["observed"] == {"labels": ["status:ready", HOSTILE]}
+    assert "intended" in html and "Gitea shows" in html and "labels differ" in html
+    # Ready candidates and the allocator's decision now: #7 is ready; the dry run for author-1 names it.
+    assert [c["issue_number"] for c in api["allocator"]["ready_candidates"]] == [7]
+    (now,) = api["allocator"]["now"]
+    assert now["owner"] == "author-1" and now["decision"] in ("select", "resume", "wait", "blocked"), now
+    if now["decision"] == "select":
+        assert now["issue_number"] == 7
+    # Nothing secret in the JSON either.
+    text = json.dumps(api)
+    for secret in (TOKEN, SECRET, "mcp-secret-token-value"):
+        assert secret not in text
+
+
+async def test_the_issue_page_has_the_whole_timeline(tmp_path: Path, start: Started) -> None:
+    service, client = await _client(tmp_path, start)
+    seeded = await _seed(service, client)
+    doc = await (await client.get("/dashboard/api/issues/7", headers=AUTH)).json()
+    assert doc["issue_number"] == 7 and doc["known"]
+    assert [d["delivery"] for d in doc["deliveries"]] == [seeded["opened"]]
+    assert doc["snapshot"]["labels"] == sorted(["status:ready", HOSTILE])
+    assert [w["key"] for w in doc["bot_writes"]] == ["t:labels"]
+    kinds = [item["kind"] for item in doc["timeline"]]
+    assert "delivery" in kinds and "outbox" in kinds, kinds
+    assert [item["at"] for item in doc["timeline"]] == sorted(item["at"] for item in doc["timeline"])
+    html = await (await client.get("/dashboard/issues/7", headers=AUTH)).text()
+    assert seeded["opened"] in html and "<script" not in html and "t:labels" in html
+    nine = await (await client.get("/dashboard/api/issues/9", headers=AUTH)).json()
+    assert [lease["owner"] for lease in nine["leases"]] == ["author-1"]
+    assert [e["kind"] for e in nine["lease_events"]] == ["acquired"]
+
+
+async def test_bad_issue_numbers_and_sections_are_typed_refusals(tmp_path: Path, start: Started) -> None:
+    _, client = await _client(tmp_path, start)
+    for path, status, error in (("/dashboard/issues/0", 400, "invalid_input"),
+                                ("/dashboard/api/issues/99999999999999999999", 400, "invalid_input"),
+                                ("/dashboard/api/issues/x1", 400, "invalid_input"),
+                                ("/dashboard/api/nothing", 404, "not_found")):
+        resp = await client.get(path, headers=AUTH)
+        assert resp.status == status, path
+        assert (await resp.json())["error"] == error
+
+
+async def test_the_dashboard_is_read_only(tmp_path: Path, start: Started) -> None:
+    _, client = await _client(tmp_path, start)
+    for method in ("POST", "PUT", "DELETE", "PATCH"):
+        resp = await client.request(method, "/dashboard/api/overview", headers=AUTH)
+        assert resp.status == 405, method
