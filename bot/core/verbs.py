@@ -407,6 +407,20 @@ class Param:
             out["default"] = self.default
         return out
 
+    def published_schema(self) -> dict[str, Any]:
+        """As the tool's input schema publishes it: an optional argument may also be ``null``, meaning left out
+        (what MCP SDKs generate for ``x: T | None = None``, and what many agent frameworks send for an unset one)."""
+        value = self.schema()
+        if self.required:
+            return value
+        if "anyOf" in value:
+            return {**value, "anyOf": [*value["anyOf"], {"type": "null"}]}
+        kinds = value["type"] if isinstance(value["type"], list) else [value["type"]]
+        published = {**value, "type": [*kinds, "null"]}
+        if "enum" in value:
+            published["enum"] = [*value["enum"], None]
+        return published
+
     def accept(self, value: object) -> tuple[object, str | None]:
         """``value`` as the verb receives it, and why it is refused (None: accepted).
 
@@ -498,7 +512,7 @@ class Verb:
         """The JSON Schema of the verb's arguments (an object; unknown arguments are refused)."""
         return {
             "type": "object",
-            "properties": {p.name: p.schema() for p in self.params},
+            "properties": {p.name: p.published_schema() for p in self.params},
             "required": [p.name for p in self.params if p.required],
             "additionalProperties": False,
         }
@@ -507,7 +521,8 @@ class Verb:
         """The arguments as the verb receives them (defaults filled in), and every problem
         (``{"argument", "problem"}``) found: the call checked against :meth:`input_schema`, one argument at a time.
 
-        An argument is sent or left out: ``null`` is refused like any other value the schema does not allow. The
+        ``null`` for an optional argument means left out (the published schema allows it); for a required one it is
+        refused. The
         caller's identity is never an argument: a ``caller``/``owner``-like argument the verb does not declare is
         refused like any other unknown name.
         """
@@ -529,8 +544,9 @@ class Verb:
                 continue
             value = arguments[param.name]
             if value is None:
-                problems.append({"argument": param.name, "problem": "null is not a value; leave the argument out"})
-                values[param.name] = param.default
+                if param.required:
+                    problems.append({"argument": param.name, "problem": "required (null is not a value)"})
+                values[param.name] = param.default  # an optional argument sent as null is left out
                 continue
             accepted, problem = param.accept(value)
             if problem is not None:
@@ -718,7 +734,7 @@ def _check_table() -> None:
         raise ValueError("comment commands must be unique")
     for verb in _VERBS:
         jsonschema.Draft202012Validator.check_schema(verb.input_schema())
-        if verb.input_schema()["properties"] != {p.name: p.schema() for p in verb.params}:
+        if verb.input_schema()["properties"] != {p.name: p.published_schema() for p in verb.params}:
             raise ValueError(f"{verb.name}: the published schema must be the arguments' schemas")
         for param in verb.params:
             _validators(param)  # built (and checked) once, at import: no call pays for it
