@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from bench.intake import builtin_payload, load_template, make_requests, percentile, sign
 from tests.conftest import SHARED
 
@@ -14,6 +16,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 SAMPLE = SHARED / "gitea" / "payloads" / "issue_comment-created--go-playground.json"
 
 
+@pytest.mark.needs_shared
 def test_builtin_payload_is_the_gitea_sample_layout() -> None:
     """The fallback generator reproduces the shared go-playground body byte for byte (2-space, no newline)."""
     body = json.dumps(builtin_payload(), indent=2).encode()

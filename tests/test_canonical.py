@@ -118,6 +118,7 @@ def _only_error(result: ParseResult) -> tuple[str, int, str | None]:
 # --------------------------------------------------------------------------- the seed's two forms
 
 
+@pytest.mark.needs_shared
 def test_seed_rendered_and_markdown_forms_parse_to_the_same_record() -> None:
     """Requirement 1: both forms of the block shown in seed 004 parse, and to the same record."""
     _, rendered = _seed_rendered_form()
@@ -129,6 +130,7 @@ def test_seed_rendered_and_markdown_forms_parse_to_the_same_record() -> None:
     assert from_rendered.current == from_markdown.current == SEED_STATE
 
 
+@pytest.mark.needs_shared
 def test_whole_seed_page_yields_exactly_the_rendered_block_at_its_line() -> None:
     """Requirement 1: in a whole page of prose, only the real block is found, with its line number."""
     start, _ = _seed_rendered_form()
@@ -138,6 +140,7 @@ def test_whole_seed_page_yields_exactly_the_rendered_block_at_its_line() -> None
     assert result.current == SEED_STATE
 
 
+@pytest.mark.needs_shared
 def test_render_reproduces_the_seed_markdown_source_up_to_line_breaks() -> None:
     """Requirement 2: the renderer writes the seed's Markdown source form (## heading, ```text fence)."""
     assert " ".join(render(SEED_STATE).split()) == _seed_markdown_flat()
@@ -204,8 +207,8 @@ def test_block_inside_a_quotation_is_ignored() -> None:
 @pytest.mark.parametrize(
     ("fence", "closer", "shown"),
     [
-        ("```", "```", "seed"),
-        ("```markdown", "```", "seed"),
+        pytest.param("```", "```", "seed", marks=pytest.mark.needs_shared),
+        pytest.param("```markdown", "```", "seed", marks=pytest.mark.needs_shared),
         ("~~~", "~~~", "rendered"),
         ("````markdown", "`````", "rendered"),
     ],

@@ -231,6 +231,7 @@ async def test_events_sent_by_the_bot_itself_are_recorded_as_ignored_self(start:
     assert ran == ["theirs"]
 
 
+@pytest.mark.needs_shared
 @pytest.mark.parametrize("name", sorted(p.name for p in PAYLOADS.glob("*.json")) or ["<none found>"])
 async def test_every_real_payload_sample_is_accepted(tmp_path: Path, start: Started, name: str) -> None:
     """Guide: the service must accept every payload in shared/gitea/payloads, bytes unchanged.

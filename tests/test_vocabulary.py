@@ -41,6 +41,7 @@ def test_a_row_whose_label_does_not_mirror_its_state_is_refused() -> None:
         v.StateRow("ready", "status:Ready", "typo")
 
 
+@pytest.mark.needs_shared
 def test_every_status_label_the_seed_uses_maps_to_a_state() -> None:
     """Issue requirement 3 ("check the seed"): status:ready and status:pr-open from seed 004 are in the table."""
     seed = SEED_850.read_text(encoding="utf-8")
