@@ -18,7 +18,7 @@ from bot.core.dispatch import served_names
 from bot.core.intake import Delivery, Rejection, admit, content_encoding_refusal, is_self_event, metric_event
 from bot.metrics import LoopLagMonitor, Metrics
 from bot.worker import Worker
-from state.db import Database
+from state.db import Database, DatabaseNotWritable
 from state.deliveries import DeliveryStore, InsertResult
 from state.outbox import OutboxStore
 
@@ -330,7 +330,8 @@ class Service:
             checks["database"] = {"ok": True}
         except Exception as exc:
             ready = False
-            checks["database"] = {"ok": False, "detail": f"{type(exc).__name__}: {exc}"}
+            reason = exc.reason if isinstance(exc, DatabaseNotWritable) else "unavailable"
+            checks["database"] = {"ok": False, "reason": reason, "detail": f"{type(exc).__name__}: {exc}"}
         worker_ok = self.worker.alive() and self.writer.alive()
         ready = ready and worker_ok
         checks["worker"] = {

@@ -436,3 +436,22 @@ def test_a_comment_with_too_many_blocks_is_refused() -> None:
     assert parse_comment(heading * MAX_BLOCKS).block_count == MAX_BLOCKS
     result = parse_comment(heading * (MAX_BLOCKS + 1))
     assert result.block_count == 0 and [e.code for e in result.errors] == ["too_many_blocks"]
+
+
+async def test_readyz_is_503_naming_why_when_the_database_cannot_take_a_write(start: Started) -> None:
+    """Issue 12.11: /readyz called a read-only or full database writable."""
+    service, client = await start()
+    assert (await client.get("/readyz")).status == 200
+    service.settings.database.path.chmod(0o400)
+    try:
+        resp = await client.get("/readyz")
+        doc = await resp.json()
+        assert resp.status == 503 and doc["checks"]["database"]["reason"] == "read_only", doc
+    finally:
+        service.settings.database.path.chmod(0o600)
+    await service.db.reader.execute("PRAGMA query_only = ON")
+    resp = await client.get("/readyz")
+    doc = await resp.json()
+    assert resp.status == 503 and doc["checks"]["database"]["ok"] is False, doc
+    await service.db.reader.execute("PRAGMA query_only = OFF")
+    assert (await client.get("/readyz")).status == 200
