@@ -260,6 +260,29 @@ class Issue:
 
 
 @dataclass(frozen=True, slots=True)
+class Team:
+    """An organization team: ``permission`` is its access mode, ``units_map`` the per-unit modes."""
+
+    id: int
+    name: str
+    permission: str
+    units_map: Mapping[str, str]
+    raw: Mapping[str, Any] = field(repr=False, compare=False)
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Team:
+        """Parse ``Team`` JSON."""
+        units = data.get("units_map") or {}
+        return cls(
+            id=int(data["id"]),
+            name=str(data.get("name") or ""),
+            permission=str(data.get("permission") or "none"),
+            units_map={str(k): str(v) for k, v in units.items()} if isinstance(units, Mapping) else {},
+            raw=data,
+        )
+
+
+@dataclass(frozen=True, slots=True)
 class Comment:
     """A plain issue or PR comment."""
 
@@ -789,6 +812,48 @@ class GiteaClient:
                 break
             page += 1
         return labels
+
+    async def list_org_labels(self, org: str, *, page_size: int = MAX_PAGE_SIZE) -> list[Label]:
+        """Every label of organization ``org`` (``GET /orgs/{org}/labels``: X-Total-Count, no Link header);
+        GiteaNotFound when ``org`` is no organization."""
+        path = f"/orgs/{_q(org)}/labels"
+        size = max(1, min(page_size, MAX_PAGE_SIZE))
+        labels: list[Label] = []
+        page = 1
+        while True:
+            _LAST_HEADERS.set(None)
+            items = list(await self._call("GET", path, query={"page": page, "limit": size}) or ())
+            labels.extend(Label.from_json(item) for item in items)
+            headers = _LAST_HEADERS.get()
+            total = headers.get("X-Total-Count") if headers is not None else None
+            if not items or (total is not None and total.isdigit() and len(labels) >= int(total)):
+                break
+            if total is None and len(items) < size:
+                break
+            page += 1
+        return labels
+
+    async def list_repo_teams(self) -> list[Team]:
+        """The teams with access to the repository (``GET /repos/{o}/{r}/teams``); [] for a user-owned one
+        (Gitea answers 405 there)."""
+        try:
+            data = await self._call("GET", f"{self._repo_path}/teams")
+        except GiteaError as exc:
+            if exc.status == 405:
+                return []
+            raise
+        return [Team.from_json(item) for item in data or ()]
+
+    async def is_team_member(self, team_id: int, login: str) -> bool:
+        """Whether ``login`` is in team ``team_id`` (``GET /teams/{id}/members/{login}``: 200 or 404).
+
+        The caller must be a site admin, an org owner or a member of that team (1.26 reqTeamReadAccess);
+        otherwise Gitea answers 403 or 404, and 404 cannot be told from "not a member"."""
+        try:
+            await self._call("GET", f"/teams/{int(team_id)}/members/{_q(login)}")
+        except GiteaNotFound:
+            return False
+        return True
 
     async def create_label(self, name: str, *, color: str, description: str = "", exclusive: bool = False) -> Label:
         """Create a repository label (``color`` as ``#rrggbb`` or ``rrggbb``)."""

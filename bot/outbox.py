@@ -14,7 +14,7 @@ from typing import Any
 
 from bot.config import OutboxConfig
 from bot.core.evidence import find_marker
-from bot.gitea import Comment, GiteaClient, GiteaError, GiteaUnavailable, Issue, refusal_text
+from bot.gitea import Comment, GiteaClient, GiteaError, GiteaNotFound, GiteaUnavailable, Issue, refusal_text
 from bot.metrics import Metrics
 from bot.worker import backoff_delay
 from state.db import utcnow
@@ -273,7 +273,12 @@ class OutboxSender:
             current = {label.name: label.id for label in await self.gitea.list_issue_labels(number)}
             missing = sorted(add - set(current))
             if missing:
-                current = {label.name: label.id for label in await self.gitea.add_labels(number, missing)}
+                ids = await self._label_ids(missing)
+                refs: list[int] | list[str] = [ids[name] for name in missing if name in ids]
+                # Unresolvable names are sent as names (Gitea ignores them; verification names the gap).
+                if len(refs) < len(missing):
+                    refs = missing
+                current = {label.name: label.id for label in await self.gitea.add_labels(number, refs)}
             if add <= set(current):
                 for name in sorted(remove & set(current)):
                     await self.gitea.remove_label(number, current[name])
@@ -286,6 +291,23 @@ class OutboxSender:
             observed={"intended_add": sorted(add), "intended_remove": sorted(remove), "observed": result["labels"]},
             result=result,
         )
+
+    async def _label_ids(self, names: list[str]) -> dict[str, int]:
+        """Label ids by name: the repository's labels, then (for names still missing) the owner org's.
+
+        Adding by id works for org labels in every version; by name, Gitea 1.22 resolves repository labels
+        only (routers/api/v1/repo/issue_label.go prepareForReplaceOrAdd), so a sync by name would never
+        verify where the ``status:*`` labels are org labels."""
+        found = {label.name: label.id for label in await self.gitea.list_repo_labels() if label.name in names}
+        if set(names) - set(found):
+            try:
+                org_labels = await self.gitea.list_org_labels(self.gitea.owner)
+            except GiteaNotFound:
+                org_labels = []  # a user-owned repository
+            for label in org_labels:
+                if label.name in names:
+                    found.setdefault(label.name, label.id)
+        return found
 
     async def _assignees(self, entry: OutboxEntry) -> _Sent:
         wanted = {login.lower() for login in entry.payload["assignees"]}

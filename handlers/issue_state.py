@@ -19,6 +19,13 @@ from gidgethub import routing, sansio
 
 from bot.config import Settings
 from bot.core.canonical import ParseResult, parse_comment
+from bot.core.trust import (
+    TeamGrant,
+    issue_writing_teams,
+    permission_trusts,
+    team_reason,
+    unseen_membership_reason,
+)
 from bot.core.vocabulary import label_for_state
 from bot.worker import HandlerContext
 from state.db import to_db_time, utcnow
@@ -48,7 +55,8 @@ _COMMENT_ACTIONS: tuple[CommentAction, ...] = ("created", "edited", "deleted")
 class IssueStateGitea(Protocol):
     """The Gitea call this feature makes itself, a read (bot.gitea.GiteaClient provides it).
 
-    Every write (label sync) goes through the outbox."""
+    Every write (label sync) goes through the outbox. A client may also offer ``list_repo_teams`` and
+    ``is_team_member`` (bot.gitea.GiteaClient does): then team writers on org repositories are trusted."""
 
     async def get_user_permission(self, login: str) -> str: ...
 
@@ -100,7 +108,40 @@ async def author_trust(author: str, ctx: HandlerContext) -> Trust:
         if _is_not_found(exc):
             return Trust(False, f"unknown_user: {exc}"[:300])
         raise
-    return Trust(permission in WRITE_PERMISSIONS, f"permission:{permission}")
+    if permission_trusts(permission) or permission == "none":
+        return Trust(permission_trusts(permission), f"permission:{permission}")
+    return await _team_trust(gitea, author, permission, bot_login, cache)
+
+
+async def _team_trust(
+    gitea: IssueStateGitea, author: str, permission: str, bot_login: str | None, cache: PermissionCache
+) -> Trust:
+    """A ``read`` on an org repository may hide a team's Write on Issues (bot.core.trust): ask the teams.
+
+    ``GET /teams/{id}/members/{login}`` answers 404 both for "not a member" and for a caller who may not
+    read the team (1.26 reqTeamReadAccess), so a 404 is definitive only when the bot itself is ``owner``
+    (site admin or org owner); otherwise the reason says what the bot cannot see. Fail closed either way."""
+    list_teams = getattr(gitea, "list_repo_teams", None)
+    is_member = getattr(gitea, "is_team_member", None)
+    if list_teams is None or is_member is None:
+        return Trust(False, f"permission:{permission}")
+    teams = issue_writing_teams(TeamGrant(t.id, t.name, t.permission, t.units_map) for t in await list_teams())
+    if not teams:
+        return Trust(False, f"permission:{permission}")
+    unreadable = False
+    for team in teams:
+        try:
+            if await is_member(team.id, author):
+                return Trust(True, team_reason(team))
+        except Exception as exc:
+            if getattr(exc, "status", None) != 403:
+                raise
+            unreadable = True
+    if not unreadable and bot_login:
+        unreadable = await cache.permission(gitea, bot_login) != "owner"
+    if unreadable:
+        return Trust(False, unseen_membership_reason(permission, teams)[:300])
+    return Trust(False, f"permission:{permission}")
 
 
 # --------------------------------------------------------------------------- payload reading

@@ -33,7 +33,17 @@ from referencing.jsonschema import DRAFT4
 from bot.emulator import ROUTES, Delivery, RecordedRequest
 from bot.gitea import GiteaClient, GiteaConflict, GiteaForbidden, GiteaInvalid, GiteaNotFound
 from tests.conftest import SHARED
-from tests.gitea_fixtures import BOT, HOOK_SECRET, OWNER, REPO, LiveEmulator, WebhookSink, live_emulator, webhook_sink
+from tests.gitea_fixtures import (
+    BOT,
+    HOOK_SECRET,
+    OWNER,
+    REPO,
+    TOKENS,
+    LiveEmulator,
+    WebhookSink,
+    live_emulator,
+    webhook_sink,
+)
 
 SWAGGER_FILE = SHARED / "gitea" / "swagger.v1.json"
 URN = "urn:gitea-swagger-v1.26.3"
@@ -261,6 +271,32 @@ async def _drive_every_route(live: LiveEmulator, sink: WebhookSink, used: set[st
     await bot.list_issue_comments(first.number)
     await bot.delete_comment(comment.id)
     await bot.delete_issue(2)
+
+    # An organization's repository: org labels, teams with unit modes, team membership.
+    emu.add_org("guild")
+    emu.create_repo("guild", "tools")
+    emu.set_permission("guild", "tools", BOT, "admin")
+    emu.create_org_label("guild", "status:ready", exclusive=False)
+    devs = emu.add_team(
+        "guild", "devs", units={"repo.issues": "write", "repo.code": "read"}, members=["alice"], repos=["tools"]
+    )
+    next(t for t in emu.teams_of(emu.user("guild")) if t.access == "owner").members.append(emu.user(BOT))
+    guild = CallLog(
+        GiteaClient(
+            live.session, base_url=live.base_url, token=TOKENS[BOT], owner="guild", repo="tools", backoff_base_s=0.005
+        ),
+        used,
+    )
+    assert [x.name for x in await guild.list_org_labels("guild")] == ["status:ready"]
+    with pytest.raises(GiteaNotFound):
+        await guild.list_org_labels(OWNER)
+    teams = await guild.list_repo_teams()
+    assert {(t.name, t.permission, t.units_map.get("repo.issues")) for t in teams} == {
+        ("devs", "read", "write"),
+        ("Owners", "owner", "owner"),
+    }
+    assert await guild.is_team_member(devs.id, "alice") is True
+    assert await guild.is_team_member(devs.id, "bob") is False
     return seen
 
 

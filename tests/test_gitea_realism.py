@@ -9,11 +9,16 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from tests.gitea_fixtures import OWNER, REPO
+from bot.core.canonical import render
+from bot.core.vocabulary import status_labels
+from bot.emulator.model import UNITS
+from tests.gitea_fixtures import BOT, OWNER, REPO, TOKENS
 from tests.support import Started
+from tests.test_issue_state import _state
 from tests.world import FULL_NAME, World, open_world
 
 
@@ -225,3 +230,147 @@ async def test_issues_deleted_ends_the_leases_and_cancels_the_outbox(tmp_path: P
         assert entry.last_error is not None and entry.last_error.startswith("cancelled: issue_deleted")
         blockers = await world.store.blockers(FULL_NAME, number)
         assert [b["kind"] for b in blockers] == ["issue_deleted"]
+
+
+# --------------------------------------------------------------------------- org labels and teams (items 6, 1)
+
+
+async def _as(world: World, token: str, method: str, path: str, body: Any = None) -> tuple[int, Any]:
+    """One call to the emulator with ``token`` (users the world does not know), then settle."""
+    world.clock.now += 1
+    async with world.live.session.request(
+        method, world.live.api(path), json=body, headers={"Authorization": f"token {token}"}
+    ) as resp:
+        status = resp.status
+        data = await resp.json() if resp.status != 204 and resp.content_type == "application/json" else None
+    await world.settle()
+    return status, data
+
+
+def _org_status_labels(world: World) -> None:
+    """acme becomes an organization whose status:* labels live at org level (none in the repository)."""
+    emu = world.live.emulator
+    emu.make_org(OWNER)
+    for name in status_labels():
+        emu.delete_label(OWNER, REPO, name)
+        emu.create_org_label(OWNER, name, color="#00aa00")
+
+
+@pytest.mark.parametrize("version", ["1.22.3", "1.26.3"])
+async def test_org_labels_by_name_per_version_and_the_list_filter_drops_them(world: World, version: str) -> None:
+    """routers/api/v1/repo/issue_label.go prepareForReplaceOrAdd resolves names with GetLabelIDsInRepoByNames,
+    plus GetLabelIDsInOrgByNames from 1.23 only; ids of the org's labels work in every version.
+    routers/api/v1/repo/issue.go ListIssues resolves labels= with GetLabelIDsInRepoByNames (repo labels
+    only, all versions): an org label name is dropped, and with it the whole filter."""
+    emu = world.live.emulator
+    emu.version = version
+    _org_status_labels(world)
+    plain = await world.open_issue(title="plain")
+    target = await world.open_issue(title="target")
+    _, by_name = await _as(
+        world, "tok-alice-0003", "POST", f"/repos/{FULL_NAME}/issues/{target}/labels", {"labels": ["status:ready"]}
+    )
+    assert [x["name"] for x in by_name] == ([] if version.startswith("1.22") else ["status:ready"])
+    ready = next(label for label in emu.org_labels(emu.user(OWNER)) if label.name == "status:ready")
+    _, by_id = await _as(
+        world, "tok-alice-0003", "POST", f"/repos/{FULL_NAME}/issues/{target}/labels", {"labels": [ready.id]}
+    )
+    assert [x["name"] for x in by_id] == ["status:ready"]
+    assert by_id[0]["url"].endswith(f"/api/v1/orgs/{OWNER}/labels/{ready.id}")
+    _, listed = await _as(world, "tok-alice-0003", "GET", f"/repos/{FULL_NAME}/issues?labels=status:ready")
+    assert sorted(i["number"] for i in listed) == [plain, target]  # the filter was dropped
+    _, org_labels = await _as(world, "tok-alice-0003", "GET", f"/orgs/{OWNER}/labels")
+    assert sorted(x["name"] for x in org_labels) == sorted(status_labels())
+
+
+async def test_label_sync_with_org_status_labels_on_1_22_adds_them_by_id(world: World) -> None:
+    """On 1.22 an org label added by name is ignored silently, so a name-based sync never verifies and
+    parks: the outbox resolves names to ids (repository labels, then GET /orgs/{org}/labels)."""
+    world.live.emulator.version = "1.22.3"
+    _org_status_labels(world)
+    number = await world.open_issue()
+    await world.comment("alice", number, render(_state("in-progress")))
+    assert world.labels(number) == ["status:in-progress"]
+    snap = await world.snapshot(number)
+    assert snap.label_sync == "in_sync"
+    [entry] = await world.label_sync_entries(number)
+    assert entry.status == "done"
+
+
+def _teams(world: World, *, bot_in_owners: bool = True) -> None:
+    """acme as an organization with a UI-made team "devs" (general access read, Write on Issues) holding
+    dave, and a plain read team holding erin."""
+    emu = world.live.emulator
+    emu.make_org(OWNER)
+    if bot_in_owners:
+        next(t for t in emu.teams_of(emu.user(OWNER)) if t.access == "owner").members.append(emu.user(BOT))
+    emu.add_user("dave", token="tok-dave-0010")
+    emu.add_user("erin", token="tok-erin-0011")
+    units = dict.fromkeys(UNITS, "read")
+    emu.add_team(OWNER, "devs", access="read", units={**units, "repo.issues": "write"}, members=["dave"], repos=[REPO])
+    emu.add_team(OWNER, "readers", access="read", units=units, members=["erin"], repos=[REPO])
+
+
+async def test_a_team_writer_on_issues_is_read_to_the_permission_api_but_trusted(world: World) -> None:
+    """models/perm/access/repo_permission.go GetIndividualUserRepoPermission: the permission API reports the
+    team's AccessMode ("read" for a UI "general access" team), while its per-unit Write on Issues lets the
+    member set labels. The bot trusts what Gitea lets the person do: GET /repos/{o}/{r}/teams (units_map)
+    and GET /teams/{id}/members/{login}."""
+    _teams(world)
+    emu = world.live.emulator
+    status, perm = await _as(world, TOKENS[BOT], "GET", f"/repos/{FULL_NAME}/collaborators/dave/permission")
+    assert (status, perm["permission"]) == (200, "read")
+    number = await world.open_issue()
+    status, _ = await _as(
+        world, "tok-dave-0010", "POST", f"/repos/{FULL_NAME}/issues/{number}/labels", {"labels": ["bug"]}
+    )
+    assert status == 200  # Gitea lets dave write labels: Write on the Issues unit
+    status, _ = await _as(
+        world, "tok-erin-0011", "POST", f"/repos/{FULL_NAME}/issues/{number}/labels", {"labels": ["bug"]}
+    )
+    assert status == 403
+    await _as(
+        world,
+        "tok-erin-0011",
+        "POST",
+        f"/repos/{FULL_NAME}/issues/{number}/comments",
+        {"body": render(_state("blocked"))},
+    )
+    await _as(
+        world,
+        "tok-dave-0010",
+        "POST",
+        f"/repos/{FULL_NAME}/issues/{number}/comments",
+        {"body": render(_state("in-progress"))},
+    )
+    records = {r.author: r for r in await world.store.comment_records(FULL_NAME, number)}
+    assert (records["dave"].trusted, records["dave"].trust_reason) == (True, "team:devs:repo.issues=write")
+    assert (records["erin"].trusted, records["erin"].trust_reason) == (False, "permission:read")
+    assert (await world.snapshot(number)).state == _state("in-progress")
+    assert emu.label_names(OWNER, REPO, number) == ["bug", "status:in-progress"]
+
+
+async def test_team_membership_the_bot_cannot_read_is_untrusted_with_the_reason(world: World) -> None:
+    """reqTeamReadAccess (routers/api/v1/api.go, 1.26.3): only site admins, org owners and team members may
+    read a team's members; anyone else gets 403 (an org member) or 404. Fail closed, and say why."""
+    _teams(world, bot_in_owners=False)
+    number = await world.open_issue()
+    await _as(
+        world,
+        "tok-dave-0010",
+        "POST",
+        f"/repos/{FULL_NAME}/issues/{number}/comments",
+        {"body": render(_state("in-progress"))},
+    )
+    [record] = await world.store.comment_records(FULL_NAME, number)
+    assert record.trusted is False
+    assert record.trust_reason.startswith("permission:read; team devs grants repo.issues=write")
+    assert "org owner" in record.trust_reason
+
+
+async def test_repo_teams_of_a_user_owned_repository_is_405_and_the_client_reads_no_teams(world: World) -> None:
+    """routers/api/v1/repo/teams.go ListTeams answers 405 "repo is not owned by an organization" (not in the
+    swagger's declared responses); the client reads that as "no teams" and trust stays permission-based."""
+    status, data = await _as(world, TOKENS[BOT], "GET", f"/repos/{FULL_NAME}/teams")
+    assert (status, data["message"]) == (405, "repo is not owned by an organization")
+    assert await world.live.client().list_repo_teams() == []

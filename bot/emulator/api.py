@@ -17,7 +17,7 @@ from aiohttp import web
 
 from bot.emulator import convert, gitrepo
 from bot.emulator.core import ApiError, Emulator
-from bot.emulator.model import PERM_LEVEL, EmuIssue, EmuRepo, EmuUser, Perm
+from bot.emulator.model import PERM_LEVEL, UNITS, EmuIssue, EmuRepo, EmuTeam, EmuUser, Perm
 
 API_PREFIX: Final = "/api/v1"
 DEFAULT_PAGING_NUM: Final = 30
@@ -109,13 +109,20 @@ def _doer(request: web.Request) -> EmuUser:
 
 
 def _repo(emu: Emulator, request: web.Request) -> tuple[EmuRepo, Perm]:
+    """The repository and the caller's mode on its **Issues** unit (what ``CanWriteIssuesOrPulls`` reads:
+    a team's per-unit Write counts here, though the permission API reports the team's access mode)."""
     repo = emu.find_repo(request.match_info["owner"], request.match_info["repo"])
     if repo is None:
         raise ApiError(404, NOT_FOUND_MESSAGE)
-    perm = emu.perm_of(repo, request.get(_DOER_KEY))
-    if perm == "none":
+    doer = request.get(_DOER_KEY)
+    if emu.perm_of(repo, doer) == "none":
         raise ApiError(404, NOT_FOUND_MESSAGE)
-    return repo, perm
+    return repo, emu.unit_perm(repo, doer, "repo.issues")
+
+
+def _access(emu: Emulator, repo: EmuRepo, request: web.Request) -> Perm:
+    """The caller's repository access mode (repo admin checks, ``permissions`` in the repository JSON)."""
+    return emu.perm_of(repo, request.get(_DOER_KEY))
 
 
 def internal_error(request: web.Request, err: str) -> ApiError:
@@ -136,9 +143,12 @@ def _issue_or_500(repo: EmuRepo, request: web.Request) -> EmuIssue:
 
 
 def _can_be_assigned(emu: Emulator, repo: EmuRepo, user: EmuUser) -> bool:
-    """models/perm/access/repo_permission.go ``CanBeAssigned``: Write on any unit, or Read on pull requests
-    (every unit is on in the emulator, so any read access will do)."""
-    return PERM_LEVEL[emu.perm_of(repo, user)] >= PERM_LEVEL["read"]
+    """models/perm/access/repo_permission.go ``CanBeAssigned``: Write on any unit, or Read on pull requests."""
+    if user.is_org:
+        return False
+    if PERM_LEVEL[emu.unit_perm(repo, user, "repo.pulls")] >= PERM_LEVEL["read"]:
+        return True
+    return any(PERM_LEVEL[emu.unit_perm(repo, user, unit)] >= PERM_LEVEL["write"] for unit in UNITS)
 
 
 def _can_write(perm: Perm) -> bool:
@@ -234,8 +244,8 @@ async def get_own_user(emu: Emulator, request: web.Request) -> web.StreamRespons
 
 async def get_repo(emu: Emulator, request: web.Request) -> web.StreamResponse:
     """GET /repos/{owner}/{repo}."""
-    repo, perm = _repo(emu, request)
-    return json_response(convert.repo_json(emu, repo, perm))
+    repo, _ = _repo(emu, request)
+    return json_response(convert.repo_json(emu, repo, _access(emu, repo, request)))
 
 
 async def get_branch(emu: Emulator, request: web.Request) -> web.StreamResponse:
@@ -250,7 +260,8 @@ async def get_branch(emu: Emulator, request: web.Request) -> web.StreamResponse:
 
 async def get_permission(emu: Emulator, request: web.Request) -> web.StreamResponse:
     """GET .../collaborators/{collaborator}/permission: site admin, repo admin or the user themself."""
-    repo, perm = _repo(emu, request)
+    repo, _ = _repo(emu, request)
+    perm = _access(emu, repo, request)
     doer = _doer(request)
     login = request.match_info["collaborator"]
     if not doer.admin and doer.login.lower() != login.lower() and PERM_LEVEL[perm] < PERM_LEVEL["admin"]:
@@ -268,7 +279,8 @@ async def get_permission(emu: Emulator, request: web.Request) -> web.StreamRespo
 
 async def create_hook(emu: Emulator, request: web.Request) -> web.StreamResponse:
     """POST /repos/{owner}/{repo}/hooks (repo admin); ``active`` defaults to false, as in Gitea."""
-    repo, perm = _repo(emu, request)
+    repo, _ = _repo(emu, request)
+    perm = _access(emu, repo, request)
     if PERM_LEVEL[perm] < PERM_LEVEL["admin"]:
         raise ApiError(403, "must be a repository admin")
     form = await _json_body(request)
@@ -464,9 +476,9 @@ async def edit_issue(emu: Emulator, request: web.Request) -> web.StreamResponse:
 async def delete_issue(emu: Emulator, request: web.Request) -> web.StreamResponse:
     """DELETE /repos/{owner}/{repo}/issues/{index} (routers/api/v1/repo/issue.go DeleteIssue; reqAdmin): 204,
     404 when missing; services/webhook/notifier.go DeleteIssue sends ``issues``/``deleted`` from 1.25.0."""
-    repo, perm = _repo(emu, request)
+    repo, _ = _repo(emu, request)
     doer = _doer(request)
-    if PERM_LEVEL[perm] < PERM_LEVEL["admin"]:
+    if PERM_LEVEL[_access(emu, repo, request)] < PERM_LEVEL["admin"]:
         raise ApiError(403, "must be a repository admin")
     emu._op_delete_issue(_issue(repo, request), doer, notify=True)
     return _no_content()
@@ -650,6 +662,71 @@ async def create_label(emu: Emulator, request: web.Request) -> web.StreamRespons
     return json_response(convert.label_json(emu, label), status=201)
 
 
+# ---------------------------------------------------------------------- handlers: organizations and teams
+
+
+def team_json(emu: Emulator, team: EmuTeam) -> dict[str, Any]:
+    """services/convert/convert.go ``ToTeams``: ``permission`` is the team's AccessMode, ``units_map`` the
+    per-unit modes."""
+    units = {unit: mode for unit, mode in team.units.items() if mode != "none"}
+    return {
+        "id": team.id,
+        "name": team.name,
+        "description": team.description,
+        "organization": convert.org_json(emu, team.org),
+        "includes_all_repositories": team.includes_all,
+        "permission": team.access,
+        "units": sorted(units),
+        "units_map": units,
+        "can_create_org_repo": team.access == "owner",
+    }
+
+
+async def list_repo_teams(emu: Emulator, request: web.Request) -> web.StreamResponse:
+    """GET /repos/{owner}/{repo}/teams (routers/api/v1/repo/teams.go ListTeams; any repo reader): the teams
+    with access to the repository (``GetRepoTeams``); 405 when the owner is no organization."""
+    repo, _ = _repo(emu, request)
+    _doer(request)
+    if not repo.owner.is_org:
+        raise ApiError(405, "repo is not owned by an organization")
+    teams = [t for t in emu.teams_of(repo.owner) if t.covers(repo)]
+    return json_response([team_json(emu, t) for t in sorted(teams, key=lambda t: t.name.lower())])
+
+
+async def get_team_member(emu: Emulator, request: web.Request) -> web.StreamResponse:
+    """GET /teams/{id}/members/{username} (routers/api/v1/org/team.go GetTeamMember behind
+    reqTeamReadAccess, 1.26.3): site admins, org owners and the team's members may ask; another org member
+    gets 403 "Must be a team member", anyone else 404. 200 with the user when a member, else 404."""
+    doer = _doer(request)
+    team = emu.team(int(request.match_info["id"]))
+    if team is None:
+        raise ApiError(404, NOT_FOUND_MESSAGE)
+    privileged = doer.admin or emu.is_org_owner(team.org, doer) or doer in team.members
+    if not privileged:
+        if emu.is_org_member(team.org, doer):
+            raise ApiError(403, "Must be a team member")
+        raise ApiError(404, NOT_FOUND_MESSAGE)
+    user = emu.find_user(request.match_info["username"])
+    if user is None:
+        raise ApiError(404, f"user does not exist [uid: 0, name: {request.match_info['username']}]")
+    if user not in team.members:
+        raise ApiError(404, NOT_FOUND_MESSAGE)
+    return json_response(convert.user_json(emu, user, doer))
+
+
+async def list_org_labels(emu: Emulator, request: web.Request) -> web.StreamResponse:
+    """GET /orgs/{org}/labels (routers/api/v1/org/label.go ListLabels): by name, page/limit, X-Total-Count."""
+    org = emu.find_user(request.match_info["org"])
+    if org is None or not org.is_org:
+        raise ApiError(404, NOT_FOUND_MESSAGE)
+    labels = sorted(emu.org_labels(org), key=lambda label: (label.name, label.id))
+    page, limit = _list_options(request)
+    chosen = labels[(page - 1) * limit : page * limit]
+    return json_response(
+        [convert.label_json(emu, label) for label in chosen], headers=_total_count_headers(len(labels))
+    )
+
+
 # ---------------------------------------------------------------------- the table
 
 _REPO: Final = "/repos/{owner}/{repo}"
@@ -676,6 +753,9 @@ ROUTES: Final[tuple[Route, ...]] = (
     Route("DELETE", f"{_REPO}/issues/{{index}}/labels", clear_issue_labels),
     Route("DELETE", f"{_REPO}/issues/{{index}}/labels/{{id}}", remove_issue_label),
     Route("GET", f"{_REPO}/labels", list_labels),
+    Route("GET", f"{_REPO}/teams", list_repo_teams),
+    Route("GET", "/teams/{id}/members/{username}", get_team_member),
+    Route("GET", "/orgs/{org}/labels", list_org_labels),
     Route("POST", f"{_REPO}/labels", create_label),
 )
 

@@ -64,9 +64,30 @@ def user_json(emu: Emulator, user: EmuUser, viewer: EmuUser | None, *, signed: b
     }
 
 
+def org_json(emu: Emulator, org: EmuUser) -> JSON:
+    """``convert.ToOrganization``."""
+    return {
+        "id": org.id,
+        "name": org.login,
+        "username": org.login,
+        "full_name": org.full_name,
+        "email": "",
+        "avatar_url": f"{emu.app_url}avatars/{org.id}",
+        "description": "",
+        "website": "",
+        "location": "",
+        "visibility": "public",
+        "repo_admin_change_team_access": False,
+    }
+
+
 def label_json(emu: Emulator, label: EmuLabel) -> JSON:
-    """``convert.ToLabel``: colour without ``#``."""
-    repo = emu.repo_by_id(label.repo_id)
+    """``convert.ToLabel``: colour without ``#``; an org label's url is under ``/orgs/{org}``."""
+    if label.org_id:
+        org = next((u for u in emu.users() if u.id == label.org_id), None)
+        url = f"{emu.app_url}api/v1/orgs/{org.login if org else label.org_id}/labels/{label.id}"
+    else:
+        url = f"{emu.app_url}api/v1/repos/{emu.repo_by_id(label.repo_id).full_name}/labels/{label.id}"
     return {
         "id": label.id,
         "name": label.name,
@@ -74,13 +95,13 @@ def label_json(emu: Emulator, label: EmuLabel) -> JSON:
         "is_archived": label.is_archived,
         "color": label.color.lstrip("#"),
         "description": label.description,
-        "url": f"{emu.app_url}api/v1/repos/{repo.full_name}/labels/{label.id}",
+        "url": url,
     }
 
 
 def issue_labels(emu: Emulator, issue: EmuIssue) -> list[EmuLabel]:
     """The issue's labels as Gitea loads them: ordered by name."""
-    labels = [issue.repo.labels[i] for i in issue.label_ids if i in issue.repo.labels]
+    labels = [label for i in issue.label_ids if (label := emu.label(i)) is not None]
     return sorted(labels, key=lambda label: (label.name, label.id))
 
 

@@ -15,11 +15,13 @@ from bot.emulator import convert, gitrepo
 from bot.emulator.faults import Faults
 from bot.emulator.model import (
     PERM_LEVEL,
+    UNITS,
     EmuComment,
     EmuHook,
     EmuIssue,
     EmuLabel,
     EmuRepo,
+    EmuTeam,
     EmuUser,
     Perm,
     TimelineKind,
@@ -55,6 +57,7 @@ class _Ids:
     issue: Iterator[int] = field(default_factory=lambda: itertools.count(1))
     comment: Iterator[int] = field(default_factory=lambda: itertools.count(1))
     hook: Iterator[int] = field(default_factory=lambda: itertools.count(1))
+    team: Iterator[int] = field(default_factory=lambda: itertools.count(1))
 
 
 class Emulator:
@@ -93,6 +96,7 @@ class Emulator:
         self._repos_by_id: dict[int, EmuRepo] = {}
         self._labels: dict[int, EmuLabel] = {}
         self._comments: dict[int, EmuComment] = {}
+        self._teams: dict[int, EmuTeam] = {}
         self._app: web.Application | None = None
 
     # ------------------------------------------------------------------ serving and webhooks
@@ -163,6 +167,99 @@ class Emulator:
         if user.token:
             self._tokens[user.token] = user
         return user
+
+    def add_org(self, name: str, *, full_name: str = "") -> EmuUser:
+        """Create an organization (an account that owns repositories, labels and teams; no token), with
+        its Owners team (``access="owner"``), as models/organization/org.go ``CreateOrganization`` does."""
+        org = self.add_user(name, token="", full_name=full_name)
+        org.is_org = True
+        self.add_team(name, "Owners", access="owner", includes_all=True)
+        return org
+
+    def make_org(self, name: str) -> EmuUser:
+        """Turn an existing account into an organization (for worlds seeded with a user owner)."""
+        user = self.user(name)
+        if user.token:
+            self._tokens.pop(user.token, None)
+            user.token = ""
+        user.is_org = True
+        if not any(t.org is user and t.access == "owner" for t in self._teams.values()):
+            self.add_team(name, "Owners", access="owner", includes_all=True)
+        return user
+
+    def add_team(
+        self,
+        org: str,
+        name: str,
+        *,
+        access: Perm = "read",
+        units: Mapping[str, Perm] | None = None,
+        members: Sequence[str] = (),
+        repos: Sequence[str] = (),
+        includes_all: bool = False,
+    ) -> EmuTeam:
+        """A team of ``org``: ``access`` is the team's AccessMode, ``units`` the per-unit modes (default:
+        ``access`` on every unit), ``repos`` the repository names it covers."""
+        owner = self.user(org)
+        team = EmuTeam(
+            id=next(self._ids.team),
+            org=owner,
+            name=name,
+            access=access,
+            units=dict(units) if units is not None else dict.fromkeys(UNITS, access),
+            members=[self.user(m) for m in members],
+            repo_ids={self.repo(org, r).id for r in repos},
+            includes_all=includes_all,
+        )
+        self._teams[team.id] = team
+        return team
+
+    def team(self, team_id: int) -> EmuTeam | None:
+        """The team with this id, or None."""
+        return self._teams.get(team_id)
+
+    def teams_of(self, org: EmuUser) -> list[EmuTeam]:
+        """The org's teams, by id."""
+        return [t for t in self._teams.values() if t.org is org]
+
+    def is_org_owner(self, org: EmuUser, user: EmuUser) -> bool:
+        """A member of the org's Owners team (``IsOrganizationOwner``)."""
+        return any(t.access == "owner" and user in t.members for t in self.teams_of(org))
+
+    def is_org_member(self, org: EmuUser, user: EmuUser) -> bool:
+        """A member of any of the org's teams (``IsOrganizationMember``)."""
+        return any(user in t.members for t in self.teams_of(org))
+
+    def create_org_label(
+        self, org: str, label: str, *, color: str = "#ee0701", description: str = "", exclusive: bool = False
+    ) -> EmuLabel:
+        """An organization label (usable on every repository of the org)."""
+        owner = self.user(org)
+        made = EmuLabel(
+            id=next(self._ids.label),
+            repo_id=0,
+            org_id=owner.id,
+            name=label,
+            color=color if color.startswith("#") else f"#{color}",
+            description=description,
+            exclusive=exclusive,
+        )
+        self._labels[made.id] = made
+        return made
+
+    def org_labels(self, org: EmuUser) -> list[EmuLabel]:
+        """The org's labels."""
+        return [label for label in self._labels.values() if label.org_id == org.id and org.id]
+
+    def delete_label(self, owner: str, name: str, label: str) -> None:
+        """Delete a repository label (and take it off every issue), as ``DELETE /repos/.../labels/{id}``."""
+        repo = self.repo(owner, name)
+        for found in [x for x in repo.labels.values() if x.name == label]:
+            del repo.labels[found.id]
+            del self._labels[found.id]
+            for issue in repo.issues.values():
+                if found.id in issue.label_ids:
+                    issue.label_ids.remove(found.id)
 
     def create_repo(
         self,
@@ -347,6 +444,10 @@ class Emulator:
         """The user called ``login`` (case-insensitive); KeyError when missing."""
         return self._users[login.lower()]
 
+    def users(self) -> list[EmuUser]:
+        """Every account, organizations included, by id."""
+        return sorted(self._users.values(), key=lambda u: u.id)
+
     def find_user(self, login: str) -> EmuUser | None:
         """The user called ``login``, or None."""
         return self._users.get(login.lower())
@@ -388,15 +489,32 @@ class Emulator:
         return [label.name for label in convert.issue_labels(self, self.issue(owner, name, number))]
 
     def perm_of(self, repo: EmuRepo, user: EmuUser | None) -> Perm:
-        """Effective access (``GetUserRepoPermission``): site admins and the owner get ``owner``."""
+        """The access mode the permission API reports (models/perm/access/repo_permission.go
+        ``GetIndividualUserRepoPermission(...).AccessMode``): site admins, the owner and org owners get
+        ``owner``; otherwise the highest of the collaborator grant and the *teams'* AccessMode (the access
+        table, ``RecalculateTeamAccesses``). A team's per-unit Write never raises it; a public repository
+        gives everyone at least ``read``."""
         if user is None:
             return "none" if repo.private else "read"
         if user.admin or user.id == repo.owner.id:
             return "owner"
-        granted = repo.perms.get(user.id)
-        if granted is not None:
-            return granted
-        return "none" if repo.private else "read"
+        if repo.owner.is_org and self.is_org_owner(repo.owner, user):
+            return "owner"
+        modes: list[Perm] = [repo.perms.get(user.id, "none")]
+        modes += [t.access for t in self.teams_of(repo.owner) if t.covers(repo) and user in t.members]
+        if not repo.private:
+            modes.append("read")
+        return max(modes, key=lambda m: PERM_LEVEL[m])
+
+    def unit_perm(self, repo: EmuRepo, user: EmuUser | None, unit: str) -> Perm:
+        """The mode on one unit (``Permission.UnitAccessMode``): the access mode, raised by the per-unit modes
+        of the user's teams (a "general access: read" team with Write on Issues gives ``write`` here)."""
+        base = self.perm_of(repo, user)
+        if user is None or not repo.owner.is_org or PERM_LEVEL[base] >= PERM_LEVEL["admin"]:
+            return base
+        modes: list[Perm] = [base]
+        modes += [t.unit_mode(unit) for t in self.teams_of(repo.owner) if t.covers(repo) and user in t.members]
+        return max(modes, key=lambda m: PERM_LEVEL[m])
 
     # ------------------------------------------------------------------ operations (used by the API)
 
@@ -407,20 +525,33 @@ class Emulator:
         if ids and names:
             raise ApiError(400, "labels should be an array of strings or integers")
         if names:
+            # routers/api/v1/repo/issue_label.go prepareForReplaceOrAdd: GetLabelIDsInRepoByNames, and from
+            # 1.23 also GetLabelIDsInOrgByNames for an org-owned repository (1.22.3/1.22.6: repo labels only).
             wanted = set(names)
-            return [label for label in repo.labels.values() if label.name in wanted]
-        return [label for i in ids if (label := self._labels.get(i)) is not None and label.repo_id == repo.id]
+            found = [label for label in repo.labels.values() if label.name in wanted]
+            if repo.owner.is_org and self.at_least("1.23"):
+                found += [label for label in self.org_labels(repo.owner) if label.name in wanted]
+            return found
+        # By id (GetLabelsByIDs, then NewIssueLabels keeps the repo's and its org's labels): every version.
+        return [label for i in ids if (label := self._labels.get(i)) is not None and self._usable(repo, label)]
+
+    def _usable(self, repo: EmuRepo, label: EmuLabel) -> bool:
+        return label.repo_id == repo.id or (label.org_id != 0 and label.org_id == repo.owner.id)
 
     def _labels_by_ref(self, repo: EmuRepo, refs: Iterable[int | str]) -> list[EmuLabel]:
         found: list[EmuLabel] = []
         for ref in refs:
             if isinstance(ref, str):
                 matches = [label for label in repo.labels.values() if label.name == ref]
+                matches = matches or [label for label in self.org_labels(repo.owner) if label.name == ref]
                 if not matches:
                     raise KeyError(f"no label {ref!r} in {repo.full_name}")
                 found.extend(matches)
             else:
-                found.append(repo.labels[ref])
+                label = self._labels[ref]
+                if not self._usable(repo, label):
+                    raise KeyError(f"label {ref} is not usable in {repo.full_name}")
+                found.append(label)
         return found
 
     def _op_create_label(
@@ -582,12 +713,12 @@ class Emulator:
             self._emit_issue(issue, "closed" if closed else "reopened", doer)
 
     def _add_label(self, issue: EmuIssue, doer: EmuUser, label: EmuLabel) -> None:
-        if label.id in issue.label_ids or label.repo_id != issue.repo.id:
+        if label.id in issue.label_ids or not self._usable(issue.repo, label):
             return
         scope = label.exclusive_scope
         if scope:
             for other_id in list(issue.label_ids):
-                other = issue.repo.labels.get(other_id)
+                other = self._labels.get(other_id)
                 if other is not None and other.exclusive_scope == scope:
                     self._remove_label(issue, doer, other)
         issue.label_ids.append(label.id)
@@ -609,7 +740,7 @@ class Emulator:
         wanted_ids = {label.id for label in wanted}
         for label_id in list(issue.label_ids):
             if label_id not in wanted_ids:
-                self._remove_label(issue, doer, issue.repo.labels[label_id])
+                self._remove_label(issue, doer, self._labels[label_id])
         for label in wanted:
             self._add_label(issue, doer, label)
         if notify:
@@ -626,7 +757,7 @@ class Emulator:
         # (services/webhook/notifier.go IssueClearLabels) converts that stale list. Same in 1.22.3 and 1.26.3.
         before = convert.issue_labels(self, issue)
         for label_id in list(issue.label_ids):
-            self._remove_label(issue, doer, issue.repo.labels[label_id])
+            self._remove_label(issue, doer, self._labels[label_id])
         if notify:
             self._emit_issue(issue, "label_cleared", doer, labels_as=before)
 

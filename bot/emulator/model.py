@@ -23,6 +23,8 @@ class EmuUser:
     full_name: str
     email: str
     created: int
+    #: An organization (``User.IsOrganization()``): owns repositories, labels and teams; cannot log in.
+    is_org: bool = False
 
 
 @dataclass(eq=False)
@@ -30,12 +32,13 @@ class EmuLabel:
     """A repository label."""
 
     id: int
-    repo_id: int
+    repo_id: int  # 0 for an organization label
     name: str
     color: str
     description: str
     exclusive: bool
     is_archived: bool = False
+    org_id: int = 0  # the owning organization's id for an org label (``Label.BelongsToOrg``)
 
     @property
     def exclusive_scope(self) -> str:
@@ -111,6 +114,48 @@ class EmuHook:
     name: str = ""
     created: int = 0
     updated: int = 0
+
+
+#: Repository unit names as the team API spells them (``unit.Type.Name``/``units_map`` keys).
+UNITS: Final = (
+    "repo.code",
+    "repo.issues",
+    "repo.pulls",
+    "repo.releases",
+    "repo.wiki",
+    "repo.ext_wiki",
+    "repo.ext_issues",
+    "repo.projects",
+    "repo.packages",
+    "repo.actions",
+)
+
+
+@dataclass(eq=False)
+class EmuTeam:
+    """An organization team (models/organization/team.go): ``access`` is the team's ``AccessMode`` (UI-made
+    teams are ``read`` "general access" or ``admin``; the Owners team is ``owner``), ``units`` the per-unit
+    modes (``team_unit``), which for a ``read`` team may be ``write`` on some units."""
+
+    id: int
+    org: EmuUser
+    name: str
+    access: Perm
+    units: dict[str, Perm]
+    members: list[EmuUser] = field(default_factory=list)
+    repo_ids: set[int] = field(default_factory=set)
+    includes_all: bool = False
+    description: str = ""
+
+    def covers(self, repo: EmuRepo) -> bool:
+        """Whether the team has access to ``repo`` (``team_repo``, or every repository of the org)."""
+        return repo.owner is self.org and (self.includes_all or repo.id in self.repo_ids)
+
+    def unit_mode(self, unit: str) -> Perm:
+        """``Team.UnitAccessMode``: admin/owner teams have their mode on every unit."""
+        if PERM_LEVEL[self.access] >= PERM_LEVEL["admin"]:
+            return self.access
+        return self.units.get(unit, "none")
 
 
 @dataclass(eq=False)
