@@ -238,7 +238,7 @@ class Allocator:
             outcome = AllocationOutcome(decision=decision, refusal=pinned, source=source)
             if mode != "off" and self.gitea is not None and isinstance(decision, SelectDecision):
                 outcome.bootstrap = await bootstrap_preflight(
-                    self._bootstrap_context(), decision.issue_number, call.owner
+                    self._bootstrap_context(), decision.issue_number, call.owner, now=moment
                 )
             return outcome
         proven: int | None = None
@@ -248,7 +248,8 @@ class Allocator:
             leases = [lease.as_live_lease() for lease in await self.leases.open_leases(self.repo)]
             planned = decide(request, self.policy, leases, moment)
             if isinstance(planned, SelectDecision):
-                proof = await bootstrap_preflight(self._bootstrap_context(), planned.issue_number, call.owner)
+                proof = await bootstrap_preflight(self._bootstrap_context(), planned.issue_number, call.owner,
+                                                  now=moment)
                 if not proof.get("ok"):
                     return AllocationOutcome(decision=planned, refusal=_proof_refusal(proof, planned, call),
                                              source=source, dry_run=False, bootstrap=proof)
@@ -267,12 +268,12 @@ class Allocator:
                 # The owner cannot work on this issue (e.g. a worktree is still registered for an earlier owner):
                 # a lease without a worktree would strand the issue, so it is released at once, the issue is
                 # marked blocked for a person, and the refusal is posted (unavailable: the caller retries).
-                outcome.outbox_keys += await self._release_unworkable(outcome.lease, result.refusal, call, moment)
+                outcome.outbox_keys += await self.release_unworkable(outcome.lease, result.refusal, call, moment)
             # The lease as the store holds it now (a compensated bootstrap released it itself).
             outcome.lease = await self.leases.get(outcome.lease.lease_id) or outcome.lease
         return outcome
 
-    async def _release_unworkable(
+    async def release_unworkable(
         self, lease: Lease, refusal: Envelope, call: AllocationCall, now: datetime
     ) -> list[str]:
         number, key = lease.issue_number, f"{lease.lease_id}:unworkable"

@@ -20,7 +20,7 @@ import os
 import socket
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path, PurePosixPath
 from typing import Any, Literal, Protocol
 
@@ -321,6 +321,31 @@ async def recover_open_transitions(ctx: BootstrapContext) -> list[BootstrapResul
                     "stale_pin", "lease_changed", f"its lease {t.lease_id} is no longer the live lease"))
         log.info("recovered the open bootstrap %s of #%d: %s", t.key, t.issue_number, result.status)
         results.append(result)
+    if ctx.settings.bootstrap.on_allocate == "run":
+        results += await _bootstrap_unstarted_leases(ctx)
+    return results
+
+
+async def _bootstrap_unstarted_leases(ctx: BootstrapContext) -> list[BootstrapResult]:
+    """A process killed between an allocation's lease commit and its bootstrap's first phase left a live lease with
+    no transition at all (issue 20): its bootstrap is run now for the owner, as the allocation would have; refused
+    (not `unavailable`), the lease is released as unworkable, exactly as the allocation does."""
+    from bot.allocation import AllocationCall, Allocator
+
+    results: list[BootstrapResult] = []
+    journal, leases = JournalStore(ctx.db), LeaseStore(ctx.db)
+    for lease in await leases.open_leases(ctx.repo):
+        if not lease.is_live(ctx.clock()):
+            continue
+        if any(t.lease_id == lease.lease_id for t in await journal.history(ctx.repo, lease.issue_number)):
+            continue
+        result = await bootstrap_issue_worktree(ctx, issue_number=lease.issue_number, caller=lease.owner)
+        if result.status == "refused" and result.refusal is not None and result.refusal.error != "unavailable":
+            allocator = Allocator(ctx.db, ctx.settings, ctx.gitea, bot_login=ctx.bot_login or "")
+            call = AllocationCall(actor="foreman:recovery", owner=lease.owner, actor_is_operator=True)
+            await allocator.release_unworkable(lease, result.refusal, call, ctx.clock())
+        log.info("bootstrapped the unstarted lease %s of #%d: %s", lease.lease_id, lease.issue_number, result.status)
+        results.append(result)
     return results
 
 
@@ -409,7 +434,9 @@ async def ensure_control_checkout(ctx: BootstrapContext) -> dict[str, Any]:
             "head_ref": head_ref, "head_sha": head_sha}
 
 
-async def bootstrap_preflight(ctx: BootstrapContext, issue_number: int, owner: str) -> dict[str, Any]:
+async def bootstrap_preflight(
+    ctx: BootstrapContext, issue_number: int, owner: str, *, now: datetime | None = None
+) -> dict[str, Any]:
     """The allocator's dry-run proof that ``owner`` could bootstrap ``issue_number`` now, changing nothing:
     the repository is reachable (API and git), the canonical path is free (or the owner's own), the base is
     known, and the control checkout is on its default branch and clean. ``ok`` is True when every check passed.
@@ -424,8 +451,12 @@ async def bootstrap_preflight(ctx: BootstrapContext, issue_number: int, owner: s
     roles = ctx.roles_of(owner)
     checks["owner_on_roster"] = {"ok": bool(roles), "roles": sorted(roles)}
     lease = await LeaseStore(ctx.db).live_for_issue(ctx.repo, issue_number)
-    checks["no_foreign_lease"] = {"ok": lease is None or lease.owner == owner,
-                                  "lease_owner": lease.owner if lease is not None else None}
+    # A foreign lease past its expiry and the grace is the allocator's to reclaim (docs/allocator.md): not a holder.
+    grace = timedelta(seconds=ctx.settings.allocator.lease_grace_s)
+    reclaimable = lease is not None and lease.expires_at + grace <= (now or utcnow())
+    checks["no_foreign_lease"] = {"ok": lease is None or lease.owner == owner or reclaimable,
+                                  "lease_owner": lease.owner if lease is not None else None,
+                                  "reclaimable": reclaimable}
     if ctx.gitea is None:
         checks["repo_reachable"] = {"ok": False, "detail": "no Gitea connection configured"}
         return done()

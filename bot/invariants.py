@@ -51,8 +51,9 @@ INVARIANTS: dict[str, str] = {
     " that owner holds a live lease of it again",
     "leases.exclusions_recorded": "every lease an allocation made records the exclusions its decision applied: the"
     " lease row's `exclude` equals `exclusions.exclude_issue_numbers` of its evidence comment",
-    "leases.bootstrapped": "every live lease has a completed bootstrap transition (when bootstrap runs on"
-    " allocation): an allocation whose bootstrap is refused releases the lease at once",
+    "leases.bootstrapped": "every live lease has a completed bootstrap transition, or an open one of that lease that"
+    " start-up recovery finishes or compensates (when bootstrap runs on allocation): an allocation proves before it"
+    " leases, and one whose bootstrap is refused releases the lease at once",
     "journal.terminal": "no bootstrap transition is left open (every one completed or compensated)",
     "journal.evidence": "a completed transition has its evidence comment, a compensated one its failure comment",
     "journal.no_evidence_without_transition": "every bootstrap evidence or failure key names a stored transition"
@@ -285,6 +286,8 @@ def _leases(facts: Facts) -> list[Violation]:
         if count > 1:
             out.append(Violation("leases.one_live_per_issue", f"#{number}", f"{count} live leases"))
     completed = {t.lease_id for t in db.transitions if t.outcome == "completed"}
+    # An open transition of the lease itself: `foreman serve` resumes it at start-up (journal.terminal reports it).
+    bootstrapping = {t.lease_id for t in db.transitions if t.outcome == "open"}
     failures: dict[str, list[str]] = {}  # lease -> the failure comment keys of its compensated transitions
     for t in db.transitions:
         if t.outcome == "compensated":
@@ -307,8 +310,9 @@ def _leases(facts: Facts) -> list[Violation]:
         if lease.status == "live":
             if lease.owner.lower() not in assigned:
                 out.append(Violation("leases.assigned", subject, f"Gitea's assignees are {sorted(assigned)}"))
-            if facts.require_bootstrap and lease.lease_id not in completed:
-                out.append(Violation("leases.bootstrapped", subject, "no completed bootstrap transition"))
+            if facts.require_bootstrap and lease.lease_id not in completed | bootstrapping:
+                out.append(Violation("leases.bootstrapped", subject, "no completed bootstrap transition, and no open"
+                                     " one of this lease for start-up recovery to finish"))
         elif (lease.status == "released" and (lease.end_reason or "").startswith(_FAILED_ENDS)
               and lease.owner.lower() in assigned and (lease.issue_number, lease.owner.lower()) not in live_owners):
             out.append(Violation("leases.unassigned_after_failure", subject, f"released ({lease.end_reason}) but"

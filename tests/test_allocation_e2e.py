@@ -49,8 +49,10 @@ async def test_a_controllers_allocate_comment_leases_the_top_gitea_candidate_and
     assert "status:in-progress" in emu.label_names(OWNER, REPO, 5)
     assert "status:ready" not in emu.label_names(OWNER, REPO, 5)
     assert [u.login for u in emu.issue(OWNER, REPO, 5).assignees] == ["author-1"]
-    [evidence] = bodies(world, 5)
+    # The lease's evidence, then (issue 20: the bootstrap runs with the allocation by default) the bootstrap's.
+    evidence, bootstrapped = bodies(world, 5)
     assert find_marker(evidence) == f"{leases[0].lease_id}:evidence"
+    assert (find_marker(bootstrapped) or "").startswith("bootstrap-5-")
     # The bot's own state comment became #5's current state (through the outbox's completion hook).
     snapshot = await world.snapshot(5)
     assert snapshot.state is not None and (snapshot.state.state, snapshot.state.who_is_next) == (
@@ -98,18 +100,24 @@ async def test_auto_allocation_leases_when_an_issue_turns_ready(tmp_path: Path, 
         emu.replay_delivery(label_delivery.delivery_id)
         await world.settle()
         assert len(await LeaseStore(world.service.db).history(FULL_NAME, 1)) == 1
-        assert len(bodies(world, 1)) == 1
+        found = [find_marker(body) for body in bodies(world, 1)]
+        assert len(found) == 2 and len(set(found)) == 2, found  # the lease's and the bootstrap's evidence, once
 
 
-async def test_auto_allocation_is_off_by_default(world: World) -> None:
-    """Issue 5.8: without `auto_allocate_owner` a ready label only makes a candidate."""
-    world.live.emulator.create_issue(OWNER, REPO, title="fresh", author="alice")
-    await world.call("alice", "POST", "/issues/6/labels", {"labels": ["status:ready"]})
-    assert await LeaseStore(world.service.db).open_leases(FULL_NAME) == []
+async def test_auto_allocation_is_on_by_default_and_off_with_auto_false(tmp_path: Path, start: Started) -> None:
+    """Issue 20: with an author on the roster a ready label allocates; `[allocator] auto = false` only makes a
+    candidate."""
+    for auto, expected in ((None, [(1, "author-1")]), (False, [])):
+        allocator = {} if auto is None else {"auto": auto}
+        async with open_world(tmp_path / str(auto), start, roster=ROSTER, allocator=allocator) as world:
+            world.live.emulator.create_issue(OWNER, REPO, title="fresh", author="alice")
+            await world.call("alice", "POST", "/issues/1/labels", {"labels": ["status:ready"]})
+            leases = await LeaseStore(world.service.db).open_leases(FULL_NAME)
+            assert [(lease.issue_number, lease.owner) for lease in leases] == expected
 
 
 async def test_a_dry_run_carries_the_bootstrap_preflight_proof(world: World) -> None:
-    """AC10 of seed 004 (`on_allocate = "preflight"`, the default): the dry-run proves the owner could bootstrap
+    """AC10 of seed 004 (`on_allocate = "run"`, the default, or "preflight"): the dry-run proves the owner could bootstrap
     the selected issue now (repository reachable, path free, base known) and changes nothing."""
     from bot.allocation import AllocationCall, Allocator
 

@@ -242,3 +242,34 @@ async def test_foreman_allocate_json_shows_the_automatic_decisions(
     recent = auto["recent"]
     assert recent and recent[0]["waiting"] == [4, 5], recent[0]
     assert any(d["leased"] for d in recent)
+
+
+async def test_start_up_recovery_bootstraps_a_lease_whose_process_died_before_its_bootstrap(world: World) -> None:
+    """A process killed between the lease commit and the bootstrap's first phase leaves a live lease with no
+    transition at all: `recover_open_transitions` (what `foreman serve` runs at start) bootstraps it, and
+    `foreman invariants`' `leases.bootstrapped` holds again."""
+    from bot import invariants
+    from bot.bootstrap import BootstrapContext, recover_open_transitions
+
+    service = world.service
+    world.live.emulator.create_issue(OWNER, REPO, title="Crashed", author="alice", labels=["status:ready"])
+    # The lease as the apply commits it, without the bootstrap that the killed process never ran.
+    unstarted = service.settings.model_copy(
+        update={"bootstrap": service.settings.bootstrap.model_copy(update={"on_allocate": "preflight"})})
+    outcome = await Allocator(service.db, unstarted, service.gitea, bot_login="foreman-bot").run(
+        AllocationCall(actor="controller-bot", owner="author-2", dry_run=False))
+    assert outcome.applied and outcome.lease is not None
+    await world.settle()
+
+    async def violations() -> set[str]:
+        facts = await invariants.gather(database=service.settings.database.path, client=service.gitea,
+                                        bot_login="foreman-bot", checkout=None, require_bootstrap=True)
+        return {v.invariant for v in invariants.check(facts)}
+
+    assert "leases.bootstrapped" in await violations()
+    [result] = await recover_open_transitions(BootstrapContext.from_service(service))
+    assert result.status == "completed", result.to_dict()
+    service.outbox_wakeup()
+    await world.settle()
+    await assert_bootstrapped(world, 1, "author-2")
+    assert "leases.bootstrapped" not in await violations()

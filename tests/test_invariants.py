@@ -337,3 +337,26 @@ async def test_gather_db_and_gitea_read_a_real_database_and_the_emulator(tmp_pat
         found = invariants.check(Facts(db=facts, gitea=gitea, bot_login="foreman-bot"))
     # Not sent yet (pending), so not evidence yet; and alice, not author-1, is assigned.
     assert {v.invariant for v in found} == {"outbox.settled", "leases.evidence", "leases.assigned"}
+
+
+def test_a_live_lease_with_an_open_transition_of_its_own_is_bootstrapping_not_unbootstrapped() -> None:
+    """Issue 20: a live lease stands only with a completed bootstrap or an open transition of that lease (which
+    start-up recovery finishes or compensates); the open transition is `journal.terminal`'s to report, and an open
+    transition of another lease does not count."""
+    base = consistent()
+    lease_5 = LeaseFact("lease-5", 4, "author-2", "live")
+    opened = _db(
+        base,
+        leases=(*base.db.leases, lease_5),
+        outbox=(*base.db.outbox, OutboxFact("lease-5:evidence", 4, "comment", "done", 970)),
+        transitions=(*base.db.transitions, TransitionFact("bootstrap-4-cccc", 4, "lease-5", "author-2",
+                                                          "worktree_confirmed", "open", "issue-4-x",
+                                                          f"{CHECKOUT}/branches/issue-4-x", None)),
+    )
+    opened = _gitea(opened, assignees={**opened.gitea.assignees, 4: frozenset({"author-2"})},
+                    comments=(*opened.gitea.comments, CommentFact(4, 970, BOT, "lease-5:evidence")))
+    assert [v.invariant for v in invariants.check(opened)] == ["journal.terminal"]
+    foreign = _db(opened, transitions=tuple(
+        dataclasses.replace(t, lease_id="lease-9") if t.key == "bootstrap-4-cccc" else t
+        for t in opened.db.transitions))
+    assert sorted(v.invariant for v in invariants.check(foreign)) == ["journal.terminal", "leases.bootstrapped"]

@@ -7,7 +7,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
+
+import pytest
 
 from bot import invariants
 from bot.allocation import AllocationCall, Allocator
@@ -57,6 +62,25 @@ async def allocate(w: World, number: int, **call: Any) -> dict[str, Any]:
     return outcome.to_dict()
 
 
+@contextmanager
+def occupied_after_the_proof(path: Path) -> Iterator[None]:
+    """Someone's directory appears at the canonical path after the apply's proof and before its bootstrap (the
+    proof runs before every lease since issue 20, so a directory there beforehand leases nothing): the bootstrap
+    then fails after the lease and is compensated."""
+    import bot.allocation
+
+    original = bot.allocation.bootstrap_issue_worktree
+
+    async def racing(*args: Any, **kwargs: Any) -> Any:
+        path.mkdir(parents=True)
+        (path / "mine.txt").write_text("not foreman's\n", encoding="utf-8")
+        return await original(*args, **kwargs)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(bot.allocation, "bootstrap_issue_worktree", racing)
+        yield
+
+
 # ------------------------------------------------------------------------------------------------ item 9d
 
 
@@ -89,10 +113,8 @@ async def test_a_compensated_bootstrap_leaves_the_owner_unassigned_even_with_the
     async with world(on_allocate="run") as w:
         status_labelled(w)
         number = w.issue()
-        path = w.path(number)
-        path.mkdir(parents=True)
-        (path / "mine.txt").write_text("not foreman's\n", encoding="utf-8")
-        doc = await allocate(w, number)
+        with occupied_after_the_proof(w.path(number)):
+            doc = await allocate(w, number)
         assert doc["bootstrap"]["status"] == "compensated", doc["bootstrap"]
         lease = await LeaseStore(w.db).get(doc["lease"]["lease_id"])
         assert lease is not None and lease.status == "released"
@@ -127,9 +149,8 @@ async def test_the_allocation_reports_its_lease_as_stored_after_the_bootstrap_co
     async with world(on_allocate="run") as w:
         status_labelled(w)
         number = w.issue()
-        w.path(number).mkdir(parents=True)
-        (w.path(number) / "mine.txt").write_text("not foreman's\n", encoding="utf-8")
-        doc = await allocate(w, number)
+        with occupied_after_the_proof(w.path(number)):
+            doc = await allocate(w, number)
         assert doc["bootstrap"]["status"] == "compensated", doc["bootstrap"]
         stored = await LeaseStore(w.db).get(doc["lease"]["lease_id"])
         assert stored is not None and doc["lease"] == stored.to_dict() and stored.status == "released"
@@ -145,9 +166,8 @@ async def test_invariants_hold_after_a_compensated_allocation_and_report_an_owne
     async with world(on_allocate="run") as w:
         status_labelled(w)
         number = w.issue()
-        w.path(number).mkdir(parents=True)
-        (w.path(number) / "mine.txt").write_text("not foreman's\n", encoding="utf-8")
-        doc = await allocate(w, number)
+        with occupied_after_the_proof(w.path(number)):
+            doc = await allocate(w, number)
         await drain_outbox(w)
 
         async def found() -> set[str]:

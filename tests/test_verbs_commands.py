@@ -157,8 +157,9 @@ async def test_the_owner_heartbeats_and_the_controller_releases_by_comment(world
     [lease] = await leases.open_leases(FULL_NAME)
     await world.comment("author-1", 1, "/heartbeat")
     assert "now runs until" in replies(world, 1)[-1]
+    # The allocation bootstrapped the worktree (issue 20: `on_allocate = "run"` by default), so it locks at once.
     await world.comment("author-1", 1, "/lock")
-    assert "`tracing_gap` (missing: worktree)" in replies(world, 1)[-1]
+    assert "`/lock` done on #1: locked." in replies(world, 1)[-1]
     await world.comment("controller-bot", 1, "/release reassigning")
     assert await leases.open_leases(FULL_NAME) == []
     [ended] = await leases.history(FULL_NAME, 1)
