@@ -6,6 +6,7 @@ import asyncio
 import contextvars
 import logging
 import random
+import re
 import urllib.parse
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -446,6 +447,23 @@ class _RetryingAPI(gidgethub.aiohttp.GitHubAPI):
 # ---------------------------------------------------------------------- the client
 
 
+_LINK_RE: Final = re.compile(r'<([^>]*)>\s*;\s*rel="?next"?')
+
+
+def next_page(link: str | None) -> int | None:
+    """The ``page`` number of a Link header's ``rel="next"`` URL (None when there is none)."""
+    if not link:
+        return None
+    for part in link.split(","):
+        match = _LINK_RE.search(part)
+        if match is None:
+            continue
+        values = urllib.parse.parse_qs(urllib.parse.urlsplit(match[1]).query).get("page", [])
+        if values and values[0].isdigit():
+            return int(values[0])
+    return None
+
+
 def _q(segment: str | int) -> str:
     return urllib.parse.quote(str(segment), safe="")
 
@@ -599,7 +617,11 @@ class GiteaClient:
         type_: IssueType | None = "issues",
         limit: int = MAX_PAGE_SIZE,
     ) -> AsyncIterator[Issue]:
-        """Every matching issue, newest first, following ``Link: rel="next"`` across pages.
+        """Every matching issue, newest first, page by page while ``Link`` has a ``rel="next"``.
+
+        Gitea builds its Link URLs from ROOT_URL (services/context/api.go ``genAPILinks``), which need not
+        be the URL foreman reaches it by: only the next page *number* is read from the link, and every page
+        is asked of the configured base URL, so the token never goes to another host.
 
         ``labels`` are names and must ALL be present (Gitea ignores unknown names); ``type_=None``
         includes pull requests; ``limit`` is the page size (Gitea caps it at 50).
@@ -610,12 +632,17 @@ class GiteaClient:
         if type_ is not None:
             query["type"] = type_
         path = f"{self._repo_path}/issues"
-        url = f"{path}?{urllib.parse.urlencode(query)}"
-        try:
-            async for item in self._gh.getiter(url, {}):
+        page = 1
+        while True:
+            _LAST_HEADERS.set(None)
+            data = await self._call("GET", path, query={**query, "page": str(page)})
+            for item in data or ():
                 yield Issue.from_json(item)
-        except gidgethub.HTTPException as exc:
-            raise _error_for(int(exc.status_code), str(exc), "GET", path) from exc
+            headers = _LAST_HEADERS.get()
+            following = next_page(headers.get("Link") if headers is not None else None)
+            if following is None or following <= page:
+                return
+            page = following
 
     async def list_issues(
         self,

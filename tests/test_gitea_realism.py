@@ -374,3 +374,29 @@ async def test_repo_teams_of_a_user_owned_repository_is_405_and_the_client_reads
     status, data = await _as(world, TOKENS[BOT], "GET", f"/repos/{FULL_NAME}/teams")
     assert (status, data["message"]) == (405, "repo is not owned by an organization")
     assert await world.live.client().list_repo_teams() == []
+
+
+# --------------------------------------------------------------------------- item 5: page links from ROOT_URL
+
+PUBLIC_ROOT = "http://gitea.public.invalid:3000/"
+
+
+async def test_page_links_point_at_root_url_and_the_client_pages_on_its_own_url() -> None:
+    """services/context/api.go genAPILinks builds every Link from setting.AppURL (ROOT_URL) + RequestURI, not
+    from the request's host (1.22.3 and 1.26.3). foreman may reach Gitea by another URL: it must keep
+    paging there, never sending its token to the ROOT_URL host."""
+    from tests.gitea_fixtures import live_emulator
+
+    async with live_emulator(root_url=PUBLIC_ROOT) as live:
+        emu = live.emulator
+        assert emu.app_url == PUBLIC_ROOT and not live.base_url.startswith(PUBLIC_ROOT.rstrip("/"))
+        for n in range(7):
+            emu.create_issue(OWNER, REPO, title=f"issue {n}", author="alice")
+        async with live.session.get(live.api(f"/repos/{FULL_NAME}/issues?limit=3"), headers=live.auth()) as resp:
+            link = resp.headers["Link"]
+        assert link.startswith(f"<{PUBLIC_ROOT}api/v1/repos/{FULL_NAME}/issues?") and 'rel="next"' in link
+        client = live.client(max_attempts=1)
+        titles = [issue.title async for issue in client.iter_issues(limit=3)]
+        assert sorted(titles) == sorted(f"issue {n}" for n in range(7))
+        pages = [r for r in emu.requests if r.route == "/repos/{owner}/{repo}/issues" and r.method == "GET"]
+        assert [dict(r.query).get("page", "1") for r in pages[1:]] == ["1", "2", "3"]

@@ -891,7 +891,8 @@ def build_app(emu: Emulator) -> web.Application:
 async def start_emulator(emulator: Emulator, host: str = "127.0.0.1", port: int = 0) -> tuple[web.AppRunner, str]:
     """Serve ``emulator`` on ``host:port`` (0 picks a free port); returns the runner and the base URL.
 
-    The emulator's ``app_url`` is set to the real address, so Link headers and html URLs point at it.
+    The emulator's ``app_url`` (ROOT_URL) is set to the real address, so Link headers and html URLs point
+    at it, unless the emulator was made with an explicit ``root_url`` (then it stays, as Gitea's would).
     Stop with ``await runner.cleanup()`` and ``await emulator.aclose()``.
     """
     runner = web.AppRunner(emulator.app, access_log=None, handle_signals=False)
@@ -900,5 +901,7 @@ async def start_emulator(emulator: Emulator, host: str = "127.0.0.1", port: int 
     await site.start()
     bound_port = runner.addresses[0][1]
     base_url = f"http://{host}:{bound_port}"
-    emulator.app_url = base_url + "/"
+    emulator.listen_url = base_url
+    if not emulator.root_url_fixed:
+        emulator.app_url = base_url + "/"
     return runner, base_url

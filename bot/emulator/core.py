@@ -75,6 +75,7 @@ class Emulator:
         root: str | Path,
         *,
         app_url: str = "http://localhost:3000/",
+        root_url: str | None = None,
         tz: tzinfo = DEFAULT_TZ,
         clock: Callable[[], float] = time.time,
         webhook_workers: int = 4,
@@ -82,7 +83,13 @@ class Emulator:
         version: str = GITEA_VERSION,
     ) -> None:
         self.root = Path(root)
-        self.app_url = app_url.rstrip("/") + "/"
+        #: ``[server] ROOT_URL`` (``setting.AppURL``): Link headers, html and API urls are built from it.
+        #: With ``root_url`` given it stays put when the emulator is served on another address (as a Gitea
+        #: behind a proxy or reached by an internal name); otherwise serving sets it to the listen address.
+        self.app_url = (root_url or app_url).rstrip("/") + "/"
+        self.root_url_fixed = root_url is not None
+        #: The address the emulator listens on (set by ``start_emulator``).
+        self.listen_url = self.app_url.rstrip("/")
         self.tz = tz
         self.version = version
         self.faults = Faults()
