@@ -355,7 +355,10 @@ class Service:
             self.metrics.inbox_depth.labels(name).set(count)
         for name, count in (await self.outbox.counts()).items():
             self.metrics.outbox_depth.labels(name).set(count)
-        return web.Response(body=self.metrics.render(), content_type="text/plain", charset="utf-8")
+        await self.metrics.refresh_state(self.db)
+        from bot.metrics import CONTENT_TYPE
+
+        return web.Response(body=self.metrics.render(), headers={"Content-Type": CONTENT_TYPE})
 
     def make_app(self) -> web.Application:
         # The body limit is enforced by _read_body with a JSON error; aiohttp's own cap sits above it.

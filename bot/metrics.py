@@ -5,9 +5,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import platform
 import time
+from typing import TYPE_CHECKING
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+if TYPE_CHECKING:
+    from state.db import Database
+
+#: What /metrics is served as (Prometheus' text exposition format, with its version parameter).
+CONTENT_TYPE = CONTENT_TYPE_LATEST
+LEASE_STATES = ("live", "live_expired", "released", "expired")
+JOURNAL_OUTCOMES = ("open", "completed", "compensated")
 
 log = logging.getLogger("foreman.metrics")
 
@@ -85,8 +95,71 @@ class Metrics:
             registry=self.registry,
         )
 
+        self.build_info = Gauge(
+            "foreman_build_info", "Always 1; the labels name the running build", ["version", "python"],
+            registry=self.registry,
+        )
+        self.build_info.labels(version(), platform.python_version()).set(1)
+        self.leases = Gauge(
+            "foreman_leases", "Leases by state (live_expired: still marked live but past its expiry)", ["state"],
+            registry=self.registry,
+        )
+        self.bootstrap_transitions = Gauge(
+            "foreman_bootstrap_transitions", "Bootstrap journal transitions by outcome", ["outcome"],
+            registry=self.registry,
+        )
+        self.bootstrap_oldest_open_age = Gauge(
+            "foreman_bootstrap_oldest_open_age_seconds", "Age of the oldest open bootstrap transition (0: none)",
+            registry=self.registry,
+        )
+
+    async def refresh_state(self, db: Database) -> None:
+        """Lease and journal gauges from the database (read-only, one query each); called on every scrape."""
+        from state.db import from_db_time, to_db_time, utcnow
+
+        now = utcnow()
+        counts = dict.fromkeys(LEASE_STATES, 0)
+        async with db.reader.execute(
+            "SELECT CASE WHEN status = 'live' AND expires_at <= ? THEN 'live_expired' ELSE status END AS state,"
+            " count(*) AS n FROM leases GROUP BY state",
+            (to_db_time(now),),
+        ) as cur:
+            for row in await cur.fetchall():
+                if row["state"] in counts:
+                    counts[row["state"]] = row["n"]
+        for state, n in counts.items():
+            self.leases.labels(state).set(n)
+        outcomes = dict.fromkeys(JOURNAL_OUTCOMES, 0)
+        async with db.reader.execute(
+            "SELECT outcome, count(*) AS n, min(CASE WHEN outcome = 'open' THEN created_at END) AS oldest"
+            " FROM bootstrap_journal GROUP BY outcome"
+        ) as cur:
+            oldest = None
+            for row in await cur.fetchall():
+                if row["outcome"] in outcomes:
+                    outcomes[row["outcome"]] = row["n"]
+                oldest = oldest or row["oldest"]
+        for outcome, n in outcomes.items():
+            self.bootstrap_transitions.labels(outcome).set(n)
+        self.bootstrap_oldest_open_age.set(max(0.0, (now - from_db_time(oldest)).total_seconds()) if oldest else 0)
+
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+def version() -> str:
+    """The installed distribution's version (the source tree's pyproject.toml when it is not installed)."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("gitea-foreman")
+    except metadata.PackageNotFoundError:
+        import re
+        from pathlib import Path
+
+        text = (Path(__file__).resolve().parents[1] / "pyproject.toml").read_text(encoding="utf-8")
+        found = re.search(r'^version = "([^"]+)"', text, re.MULTILINE)
+        return found.group(1) if found else "unknown"
 
 
 class LoopLagMonitor:

@@ -30,7 +30,8 @@ def _settings(tmp_path: Path, **extra: Any) -> Any:
     quiet = {"allocator": {"auto": False}} if "auto" in AllocatorConfig.model_fields else {}
     return make_settings(
         tmp_path, dashboard={"token": TOKEN}, repository={"owner": "org", "name": "repo"},
-        roster={"author-1": ["author"], "controller-bot": ["controller"]}, **quiet, **extra,
+        roster={"author-1": ["author"], "author-2": ["author"], "controller-bot": ["controller"]}, **quiet,
+        **extra,
     )
 
 
@@ -48,13 +49,16 @@ async def _seed(service: Service, client: TestClient[Any, Any]) -> dict[str, Any
     ready_issue = {"id": 1007, "number": 7, "title": HOSTILE, "state": "open",
                    "labels": [{"id": 1, "name": "status:ready"}, {"id": 2, "name": HOSTILE}]}
     opened = await _deliver(service, client, payload("opened", number=7, issue=ready_issue), "done")
+    leased_issue = {"id": 1009, "number": 9, "title": "leased", "state": "open",
+                    "labels": [{"id": 1, "name": "status:ready"}]}
+    await _deliver(service, client, payload("opened", number=9, issue=leased_issue), "done")
     foreign = payload("opened", number=3, repository={"id": 9, "name": "else", "full_name": "other/else",
                                                       "owner": {"login": "other"}})
     ignored = await _deliver(service, client, foreign, "ignored")
     now = utcnow()
     async with service.db.transaction() as conn:
         await LeaseStore(service.db).acquire(
-            conn, repo="org/repo", issue_number=9, owner="author-1", role="author", action="implement",
+            conn, repo="org/repo", issue_number=9, owner="author-2", role="author", action="implement",
             ttl=timedelta(hours=1), now=now, actor="operator:test", fingerprint="fp-1", request={"exclude": [4]},
         )
     await service.outbox.add(OutboxIntent("t:labels", 7, "labels", {"add": ["status:in-progress"], "remove": []}))
@@ -129,7 +133,7 @@ async def test_pages_escape_gitea_text_and_show_what_the_stores_hold(tmp_path: P
     assert by_id[seeded["ignored"]]["status"] == "ignored" and reason and json.dumps(reason)[1:-1] in html
     # The live lease with its owner, role, action and expiry.
     (live,) = api["leases"]["live"]
-    assert (live["issue_number"], live["owner"], live["role"], live["action"]) == (9, "author-1", "author",
+    assert (live["issue_number"], live["owner"], live["role"], live["action"]) == (9, "author-2", "author",
                                                                                    "implement")
     assert live["expires_at"] in html and live["lease_id"] in html
     # The failed verification with both versions.
@@ -139,11 +143,12 @@ async def test_pages_escape_gitea_text_and_show_what_the_stores_hold(tmp_path: P
     assert failed["observed"] == {"labels": ["status:ready", HOSTILE]}
     assert "intended" in html and "Gitea shows" in html and "labels differ" in html
     # Ready candidates and the allocator's decision now: #7 is ready; the dry run for author-1 names it.
-    assert [c["issue_number"] for c in api["allocator"]["ready_candidates"]] == [7]
-    (now,) = api["allocator"]["now"]
-    assert now["owner"] == "author-1" and now["decision"] in ("select", "resume", "wait", "blocked"), now
-    if now["decision"] == "select":
-        assert now["issue_number"] == 7
+    # #9 is leased to author-2, so author-1's dry run selects #7 and skips #9 with its stable reason, shown.
+    assert [c["issue_number"] for c in api["allocator"]["ready_candidates"]] == [7, 9]
+    now = {d["owner"]: d for d in api["allocator"]["now"]}
+    assert now["author-1"]["decision"] == "select" and now["author-1"]["issue_number"] == 7, now
+    (skip,) = [s for s in now["author-1"]["skipped"] if s["issue_number"] == 9]
+    assert skip["reason"] and f"<code>{skip['reason']}</code>" in html, skip
     # Nothing secret in the JSON either.
     text = json.dumps(api)
     for secret in (TOKEN, SECRET, "mcp-secret-token-value"):
@@ -164,7 +169,7 @@ async def test_the_issue_page_has_the_whole_timeline(tmp_path: Path, start: Star
     html = await (await client.get("/dashboard/issues/7", headers=AUTH)).text()
     assert seeded["opened"] in html and "<script" not in html and "t:labels" in html
     nine = await (await client.get("/dashboard/api/issues/9", headers=AUTH)).json()
-    assert [lease["owner"] for lease in nine["leases"]] == ["author-1"]
+    assert [lease["owner"] for lease in nine["leases"]] == ["author-2"]
     assert [e["kind"] for e in nine["lease_events"]] == ["acquired"]
 
 

@@ -24,8 +24,9 @@ nav a{margin-right:.8rem;white-space:nowrap;display:inline-block}
 table{border-collapse:collapse;width:100%;font-size:.9rem}
 th,td{border-bottom:1px solid var(--b);padding:.3rem .4rem;text-align:left;vertical-align:top}
 th{white-space:nowrap}
-td.wrap{word-break:break-word;max-width:28rem}
-code,pre{font:.85rem ui-monospace,SFMono-Regular,Menlo,monospace}
+td.wrap{overflow-wrap:break-word;max-width:28rem}
+code,pre{font:.85rem ui-monospace,SFMono-Regular,Menlo,monospace;overflow-wrap:anywhere}
+h1,h2,h3,p{overflow-wrap:anywhere}
 pre{white-space:pre-wrap;word-break:break-word;margin:0;max-height:16rem;overflow:auto}
 .muted{opacity:.7}.empty{opacity:.7;font-style:italic}
 .tag{display:inline-block;border:1px solid var(--b);border-radius:.6rem;padding:0 .4rem;margin:0 .15rem .1rem 0;
@@ -33,7 +34,7 @@ pre{white-space:pre-wrap;word-break:break-word;margin:0;max-height:16rem;overflo
 .ok{color:var(--ok)}.bad{color:var(--bad)}.warn{color:var(--warn)}
 .versions{display:grid;grid-template-columns:1fr 1fr;gap:.4rem}
 @media (max-width:40rem){body{font-size:14px;padding:.5rem}.versions{grid-template-columns:1fr}
-  td.wrap{max-width:16rem}}
+  .scroll table{min-width:46rem}td.wrap{max-width:18rem}}
 """
 
 _STATUS_CLASS = {
@@ -237,6 +238,14 @@ def overview_page(doc: Row) -> str:
 
 
 # --- the issue page ------------------------------------------------------------------------------------------
+def _intended(row: Row) -> str:
+    """A comment as its text (what Gitea renders), any other write as its JSON."""
+    intended = row.get("intended")
+    if isinstance(intended, Mapping) and isinstance(intended.get("body"), str):
+        return f"<pre>{e(intended['body'])}</pre>"
+    return as_json(intended)
+
+
 def issue_page(doc: Row) -> str:
     number = doc.get("issue_number")
     snap = doc.get("snapshot")
@@ -250,8 +259,8 @@ def issue_page(doc: Row) -> str:
     writes = table(doc.get("bot_writes", []), [
         ("kind", field("kind")), ("status", lambda r: status(r.get("status"))),
         ("key", lambda r: f"<code>{e(r.get('key'))}</code>"),
-        ("what", lambda r: as_json(r.get("intended"))),
-        ("Gitea shows", lambda r: as_json(r.get("observed")) if r.get("observed") is not None else e(r.get("result"))),
+        ("what", _intended),
+        ("Gitea shows", lambda r: as_json(r.get("observed") if r.get("observed") is not None else r.get("result"))),
     ], empty="the bot wrote nothing on this issue", test_id="bot-writes")
     comments = table(doc.get("comments", []), [
         ("comment", field("comment_id")), ("action", field("action")), ("author", field("author")),
