@@ -6,7 +6,8 @@ What runs (nothing is mocked):
   users ``maintainer`` (repository admin), ``controller-bot``, ``author-1`` and ``foreman-bot`` (the bot, admin), and
   the ``status:*`` labels;
 - a real ``foreman serve`` subprocess (``python -m bot --config <tmp>/foreman.toml serve``, a free loopback port),
-  with ``[allocator] auto_allocate_owner = "author-1"`` and ``[bootstrap] on_allocate = "run"``;
+  with the defaults for allocation (issue 20): nothing in ``[allocator]`` or ``[bootstrap]``, so a ready issue goes
+  to the next idle roster author (here the only one, ``author-1``), proven and bootstrapped with the lease;
 - a repository webhook registered by the maintainer through the API, so the emulator sends signed webhooks to it;
 - ``foreman mcp`` as a subprocess with the author's token, driven by the MCP SDK's stdio client.
 
@@ -249,10 +250,6 @@ backoff_max_s = 2.0
 poll_interval_s = 0.05
 backoff_base_s = 0.1
 backoff_max_s = 2.0
-[allocator]
-auto_allocate_owner = "{AUTHOR}"
-[bootstrap]
-on_allocate = "run"
 [roster]
 "{CONTROLLER}" = ["controller"]
 "{AUTHOR}" = ["author"]
@@ -370,8 +367,8 @@ async def _loop(h: LoopHarness, p: Printer, timeout_s: float) -> None:
     assert h.serve is not None
     p.step("serve", f"foreman serve (pid {h.serve.pid}) listening on {h.webhook_url}; /readyz ready, Gitea reached "
                     f"as {BOT}")
-    p.step("config", f"allocation is automatic when an issue turns ready: [allocator] auto_allocate_owner = "
-                     f"\"{AUTHOR}\" (on behalf of the controller), [bootstrap] on_allocate = \"run\"")
+    p.step("config", "allocation by the defaults: a ready issue goes to the next idle roster author (least live "
+                     "leases, then longest idle; one lease each), proven before the lease and bootstrapped with it")
     hook = await h.register_hook()
     p.step("webhook", f"{MAINTAINER} registered hook #{hook['id']} -> {h.webhook_url} (JSON, signed with the "
                       "shared secret, issue events)")
