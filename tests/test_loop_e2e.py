@@ -31,9 +31,11 @@ ROSTER = {"controller-bot": ["controller"], "author-1": ["author"]}
 LOOP = {"allocator": {"auto_allocate_owner": "author-1"}, "bootstrap": {"on_allocate": "run"}}
 
 
-@pytest.fixture
-async def world(tmp_path: Path, start: Started) -> AsyncIterator[World]:
+@pytest.fixture(params=["1.22.3", "1.26.3"])
+async def world(tmp_path: Path, start: Started, request: pytest.FixtureRequest) -> AsyncIterator[World]:
+    """The loop world, once per Gitea version the emulator switches between (issue 14 item 3)."""
     async with open_world(tmp_path, start, roster=ROSTER, **LOOP) as opened:
+        opened.live.emulator.version = request.param
         yield opened
 
 

@@ -764,7 +764,7 @@ ROUTES: Final[tuple[Route, ...]] = (
 
 
 def authenticate(emu: Emulator, header: str | None) -> EmuUser | None:
-    """``Authorization: token X`` / ``Bearer X`` (scheme case-insensitive, 1.25+) or Basic with the token.
+    """``Authorization: token X`` / ``Bearer X`` (``token`` case-insensitive from 1.25) or Basic with the token.
 
     None when there is no header; ApiError 401 when a credential is given but unknown.
     """
@@ -773,7 +773,10 @@ def authenticate(emu: Emulator, header: str | None) -> EmuUser | None:
     scheme, _, credential = header.strip().partition(" ")
     credential = credential.strip()
     user: EmuUser | None = None
-    if scheme.lower() in ("token", "bearer"):
+    # modules/auth/httpauth ParseAuthorizationHeader (1.25+): both scheme words in any case; before
+    # (services/auth/oauth2.go parseToken), ``token`` had to be lowercase and ``bearer`` any case.
+    schemes = ("token", "bearer") if emu.at_least("1.25") else ("bearer",)
+    if scheme.lower() in schemes or scheme == "token":
         user = emu.user_by_token(credential)
     elif scheme.lower() == "basic":
         try:

@@ -116,7 +116,7 @@ def issue_json(emu: Emulator, issue: EmuIssue, viewer: EmuUser | None) -> JSON:
     tz = emu.tz
     html_url = issue_html_url(emu, issue)
     assignees = [user_json(emu, u, None) for u in issue.assignees]
-    return {
+    data: JSON = {
         "id": issue.id,
         "url": f"{emu.app_url}api/v1/repos/{issue.repo.full_name}/issues/{issue.number}",
         "html_url": html_url,
@@ -152,6 +152,11 @@ def issue_json(emu: Emulator, issue: EmuIssue, viewer: EmuUser | None) -> JSON:
         "pin_order": 0,
         "content_version": issue.content_version,
     }
+    if not emu.at_least("1.26"):
+        del data["content_version"]  # modules/structs/issue.go Issue.ContentVersion: 1.26.0
+    if not emu.at_least("1.25"):
+        del data["time_estimate"]  # Issue.TimeEstimate: 1.25.0
+    return data
 
 
 def comment_json(emu: Emulator, comment: EmuComment) -> JSON:

@@ -136,7 +136,7 @@ class Emulator:
         """Gitea's UI "Replay": send the same body again under a new delivery uuid."""
         original = next(d for d in self.deliveries if d.delivery_id == delivery_id)
         hook = next(h for r in self._repos.values() for h in r.hooks if h.id == original.hook_id)
-        return self._sender.replay(original, _target(hook))
+        return self._sender.replay(original, _target(hook, self))
 
     async def aclose(self) -> None:
         """Stop pending deliveries and release the delivery HTTP session."""
@@ -529,6 +529,9 @@ class Emulator:
         """``IssueLabelsOption`` elements: all ids or all names (a mix is 400); unknown ones are ignored."""
         ids = [int(x) for x in items if isinstance(x, int | float) and not isinstance(x, bool)]
         names = [x for x in items if isinstance(x, str)]
+        if self.at_least("1.23") and len(ids) + len(names) != len(items):
+            # prepareForReplaceOrAdd from 1.23 (audit #16); 1.22 skips such elements silently.
+            raise ApiError(400, "a label must be an integer or a string")
         if ids and names:
             raise ApiError(400, "labels should be an array of strings or integers")
         if names:
@@ -682,7 +685,12 @@ class Emulator:
         content_version: int | None,
         notify: bool,
     ) -> None:
-        if body is not None and content_version is not None and content_version != issue.content_version:
+        if (
+            body is not None
+            and content_version is not None
+            and self.at_least("1.26")  # content_version: 1.26.0; before, the field is unknown and ignored
+            and content_version != issue.content_version
+        ):
             raise ApiError(409, "the issue content was changed by someone else; reload and retry")
         if title and title != issue.title:
             old_title, issue.title = issue.title, title
@@ -808,7 +816,7 @@ class Emulator:
     def _emit(self, repo: EmuRepo, event_type: str, payload: JSON) -> None:
         for hook in repo.hooks:
             if hook.active and event_type in hook.events:
-                self._sender.enqueue(_target(hook), event_type, payload)
+                self._sender.enqueue(_target(hook, self), event_type, payload)
 
     def _emit_issue(
         self,
@@ -867,7 +875,7 @@ class Emulator:
     ) -> None:
         issue = comment.issue
         payload: JSON = {"action": action, "issue": convert.issue_json(self, issue, doer)}
-        if issue.is_pull:
+        if issue.is_pull and self.at_least("1.23"):  # IssueCommentPayload.PullRequest: 1.23.0 (#26178)
             payload["pull_request"] = convert.pull_json(self, issue, None)
         payload["comment"] = rendered if rendered is not None else convert.comment_json(self, comment)
         if changes is not None:
@@ -880,8 +888,9 @@ class Emulator:
         self._emit(issue.repo, "pull_request_comment" if issue.is_pull else "issue_comment", payload)
 
 
-def _target(hook: EmuHook) -> HookTarget:
+def _target(hook: EmuHook, emu: Emulator) -> HookTarget:
     return HookTarget(
+        target_headers=emu.at_least("1.24"),
         hook_id=hook.id,
         url=hook.url,
         secret=hook.secret.encode("utf-8"),

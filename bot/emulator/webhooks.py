@@ -132,10 +132,12 @@ def delivery_headers(
     json_body: bytes,
     secret: bytes,
     content_type: str = "json",
-    target_type: str = "repository",
+    target_type: str | None = "repository",
     authorization: str = "",
 ) -> dict[str, str]:
-    """The full v1.26 header set of one delivery of a ``gitea`` hook (``addDefaultHeaders``)."""
+    """The full v1.26 header set of one delivery of a ``gitea`` hook (``addDefaultHeaders``).
+
+    ``target_type=None`` leaves out the ``*-Hook-Installation-Target-Type`` headers (added in 1.24.0, #33752)."""
     event = EVENT_OF_TYPE.get(event_type, event_type)
     headers = {
         "Content-Type": "application/json" if content_type == "json" else "application/x-www-form-urlencoded",
@@ -149,9 +151,10 @@ def delivery_headers(
         "X-GitHub-Delivery": delivery_id,
         "X-GitHub-Event": event,
         "X-GitHub-Event-Type": event_type,
-        "X-Gitea-Hook-Installation-Target-Type": target_type,
-        "X-GitHub-Hook-Installation-Target-Type": target_type,
     }
+    if target_type is not None:
+        headers["X-Gitea-Hook-Installation-Target-Type"] = target_type
+        headers["X-GitHub-Hook-Installation-Target-Type"] = target_type
     headers.update(sign_body(secret, json_body))
     if authorization:
         headers["Authorization"] = authorization
@@ -167,6 +170,8 @@ class HookTarget:
     secret: bytes
     content_type: str = "json"
     authorization: str = ""
+    #: False for Gitea before 1.24 (no installation-target headers).
+    target_headers: bool = True
 
 
 @dataclass(slots=True)
@@ -250,6 +255,7 @@ class WebhookSender:
                 secret=target.secret,
                 content_type=target.content_type,
                 authorization=target.authorization,
+                target_type="repository" if target.target_headers else None,
             ),
             body=body,
             json_body=json_body,
