@@ -355,6 +355,22 @@ class VerbRuntime:
         if owner is None:
             role = ACTION_ROLES.get(action, "author")
             fits = [login for login, roles in self.settings.roster.items() if role in roles]
+            if role == "author" and len(fits) > 1:
+                # Several authors: the next idle one by the auto-allocation policy (issue 20).
+                from bot.auto_allocation import author_pick
+
+                pick = await author_pick(self.db, self.settings, self.clock())
+                if not pick.order:
+                    busy = ", ".join(s.login for s in pick.skipped)
+                    return refused(verb.name, _envelope(
+                        "conflict",
+                        f"no owner given and every author is busy ({busy})",
+                        "Wait for an author to free up (foreman allocates ready issues automatically when one "
+                        "does), or name the owner.",
+                        f"call {verb.tool} again with owner set, or once an author has released its lease",
+                        reason="authors_busy", authors=pick.to_dict(),
+                    ))
+                fits = [pick.order[0]]
             if len(fits) != 1:
                 return refused(
                     verb.name,

@@ -273,3 +273,28 @@ async def test_start_up_recovery_bootstraps_a_lease_whose_process_died_before_it
     await world.settle()
     await assert_bootstrapped(world, 1, "author-2")
     assert "leases.bootstrapped" not in await violations()
+
+
+async def test_an_allocation_without_an_owner_goes_to_the_next_idle_author(tmp_path: Path, start: Started) -> None:
+    """The MCP tool (and `/allocate`) without `owner` and with several authors: the auto-allocation policy names the
+    owner; with every author busy the answer is a typed `conflict` (`authors_busy`), nothing leased."""
+    async with open_world(tmp_path, start, roster=ROSTER, allocator={"auto": False}) as world:
+        emu = world.live.emulator
+        for n in (1, 2):
+            emu.create_issue(OWNER, REPO, title=f"Task {n}", author="alice", labels=["status:ready"])
+        service = world.service
+        await Allocator(service.db, service.settings, service.gitea, bot_login="foreman-bot").run(
+            AllocationCall(actor="controller-bot", owner="author-1", dry_run=False))
+        runtime = VerbRuntime(db=service.db, settings=service.settings, gitea=service.gitea, bot_login="foreman-bot")
+        controller = caller_for(service.settings, "controller-bot", "mcp")
+        result = await runtime.call("allocate_next_work", controller, {"dry_run": False})
+        assert result.ok, result.doc
+        assert (result.doc["lease"]["owner"], result.doc["lease"]["issue_number"]) == ("author-2", 2)
+        await world.settle()
+        emu.create_issue(OWNER, REPO, title="Task 3", author="alice", labels=["status:ready"])
+        await Allocator(service.db, service.settings, service.gitea, bot_login="foreman-bot").run(
+            AllocationCall(actor="controller-bot", owner="author-3", dry_run=False))
+        busy = await runtime.call("allocate_next_work", controller, {"dry_run": False})
+        assert busy.refusal is not None and busy.refusal.error == "conflict", busy.doc
+        assert busy.refusal.details["reason"] == "authors_busy"
+        assert len(await LeaseStore(service.db).open_leases(FULL_NAME)) == 3
