@@ -77,3 +77,40 @@ async def test_webhook_extras_by_version(live: LiveEmulator) -> None:
     assert ("pull_request" in comment.payload) == _new(live)
     assert ("X-Gitea-Hook-Installation-Target-Type" in comment.headers) == _new(live)
     assert [d.action for d in deliveries if d.event_type == "issues"] == (["deleted"] if _new(live) else [])
+
+
+async def test_bare_refusals_and_timeline_items_as_gitea_answers_them(live: LiveEmulator) -> None:
+    """ctx.Status with an empty body: 403 in EditIssue, editIssueComment, deleteIssueComment, DeleteIssueLabel
+    and ClearIssueLabels (audit #19); deleteIssueComment answers 400 for a timeline item without content
+    (HasContentSupport, audit #17); the add/replace 403 is JSON from 1.23, bare in 1.22."""
+    emu = live.emulator
+    emu.create_issue(OWNER, REPO, title="x", author="alice", labels=["bug"])
+    comment = emu.create_comment(OWNER, REPO, 1, author="alice", body="hi")
+    timeline = next(item for item in emu.issue(OWNER, REPO, 1).timeline if item.kind != "comment")
+
+    async def status_and_body(method: str, path: str, login: str, body: object = None) -> tuple[int, bytes]:
+        async with live.session.request(method, live.api(path), json=body, headers=live.auth(login)) as resp:
+            return resp.status, await resp.read()
+
+    bare = [
+        ("PATCH", f"{ISSUES}/1", {"title": "y"}),
+        ("PATCH", f"{ISSUES}/comments/{comment.id}", {"body": "y"}),
+        ("DELETE", f"{ISSUES}/comments/{comment.id}", None),
+        ("DELETE", f"{ISSUES}/1/labels/1", None),
+        ("DELETE", f"{ISSUES}/1/labels", None),
+    ]
+    for method, path, body in bare:
+        assert await status_and_body(method, path, "bob", body) == (403, b""), (method, path)
+    assert await status_and_body("DELETE", f"{ISSUES}/comments/{timeline.id}", BOT) == (400, b"")
+    status, raw = await status_and_body("POST", f"{ISSUES}/1/labels", "bob", {"labels": ["feature"]})
+    assert status == 403 and (b"write permission is required" in raw) == _new(live) and (raw == b"") != _new(live)
+
+
+def test_review_hook_events_go_by_the_group_name_only() -> None:
+    """updateHookEvents (routers/api/v1/utils/hook.go) sets HookEventPullRequestReview from
+    "pull_request_review" alone; a fine review type listed in ``events`` turns nothing on (audit #20)."""
+    from bot.emulator.webhooks import expand_hook_events
+
+    reviews = {"pull_request_review_approved", "pull_request_review_rejected", "pull_request_review_comment"}
+    assert expand_hook_events(["pull_request_review"]) >= reviews
+    assert not expand_hook_events(["pull_request_review_approved"]) & reviews

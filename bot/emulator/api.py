@@ -416,7 +416,7 @@ async def edit_issue(emu: Emulator, request: web.Request) -> web.StreamResponse:
     issue = _issue(repo, request)
     can_write = _can_write(perm)
     if issue.poster is not doer and not can_write:
-        raise ApiError(403, "only the poster or a writer may edit this issue")
+        raise ApiError(403, "only the poster or a writer may edit this issue", bare=True)  # EditIssue: ctx.Status
     form = await _json_body(request)
     title, body, state = form.get("title"), form.get("body"), form.get("state")
     if any(v is not None and not isinstance(v, str) for v in (title, body, state)):
@@ -538,7 +538,7 @@ async def edit_comment(emu: Emulator, request: web.Request) -> web.StreamRespons
     doer = _doer(request)
     comment = _comment(emu, repo, request)
     if comment.poster is not doer and not _can_write(perm):
-        raise ApiError(403, "only the poster or a writer may edit this comment")
+        raise ApiError(403, "only the poster or a writer may edit this comment", bare=True)  # editIssueComment
     if comment.kind != "comment":
         return _no_content()
     form = await _json_body(request)
@@ -555,9 +555,11 @@ async def delete_comment(emu: Emulator, request: web.Request) -> web.StreamRespo
     doer = _doer(request)
     comment = _comment(emu, repo, request)
     if comment.poster is not doer and not _can_write(perm):
-        raise ApiError(403, "only the poster or a writer may delete this comment")
-    if comment.kind == "comment":
-        emu._op_delete_comment(comment, doer, notify=True)
+        raise ApiError(403, "only the poster or a writer may delete this comment", bare=True)
+    if comment.kind != "comment":
+        # deleteIssueComment: ctx.Status(400) when !comment.Type.HasContentSupport() (audit #17).
+        raise ApiError(400, "this timeline item has no content", bare=True)
+    emu._op_delete_comment(comment, doer, notify=True)
     return _no_content()
 
 
@@ -578,13 +580,17 @@ async def _labels_option(emu: Emulator, request: web.Request) -> tuple[EmuIssue,
     repo, perm = _repo(emu, request)
     doer = _doer(request)
     issue = _issue(repo, request)
+    # prepareForReplaceOrAdd: from 1.23 the write check comes first, as JSON "write permission is required";
+    # in 1.22 it comes after the labels were resolved, as ctx.Status(403) with an empty body.
+    if emu.at_least("1.23") and not _can_write(perm):
+        raise ApiError(403, "write permission is required")
     form = await _json_body(request)
     items = form.get("labels") or []
     if not isinstance(items, list):
         raise ApiError(422, "labels must be a list")
     labels = emu.resolve_issue_labels(repo, items)
     if not _can_write(perm):
-        raise ApiError(403, "must have write access to issues")
+        raise ApiError(403, "must have write access to issues", bare=True)
     return issue, doer, labels
 
 
@@ -608,7 +614,7 @@ async def clear_issue_labels(emu: Emulator, request: web.Request) -> web.StreamR
     doer = _doer(request)
     issue = _issue(repo, request)
     if not _can_write(perm):
-        raise ApiError(403, "must have write access to issues")
+        raise ApiError(403, "must have write access to issues", bare=True)
     emu._op_clear_labels(issue, doer, notify=True)
     return _no_content()
 
@@ -619,7 +625,7 @@ async def remove_issue_label(emu: Emulator, request: web.Request) -> web.StreamR
     doer = _doer(request)
     issue = _issue(repo, request)
     if not _can_write(perm):
-        raise ApiError(403, "must have write access to issues")
+        raise ApiError(403, "must have write access to issues", bare=True)
     label_id = int(request.match_info["id"])
     label = emu.label(label_id)
     if label is None:
@@ -856,7 +862,7 @@ async def _middleware(
         try:
             response = await handler(request)
         except ApiError as exc:
-            response = error_response(emu, exc.status, exc.message)
+            response = web.Response(status=exc.status) if exc.bare else error_response(emu, exc.status, exc.message)
         except web.HTTPException as exc:
             message = NOT_FOUND_MESSAGE if exc.status == 404 else exc.reason
             response = error_response(emu, exc.status, message)

@@ -41,10 +41,12 @@ JSON = dict[str, Any]
 class ApiError(Exception):
     """A refusal the API answers as Gitea's JSON error ``{"message", "url"}`` with ``status``."""
 
-    def __init__(self, status: int, message: str) -> None:
+    def __init__(self, status: int, message: str, *, bare: bool = False) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
+        #: ``ctx.Status(status)``: the status alone, with an empty body (several of Gitea's 403s and 400s).
+        self.bare = bare
 
 
 @dataclass

@@ -68,6 +68,10 @@ PULL_EVENT_GROUP: Final = (
     "pull_request_review_request",
 )
 
+_REVIEW_TYPES: Final = frozenset(
+    {"pull_request_review_approved", "pull_request_review_rejected", "pull_request_review_comment"}
+)
+
 #: What Gitea's own delivery client sends when the hook sets no User-Agent (Go's default).
 GO_USER_AGENT: Final = "Go-http-client/1.1"
 _GO_HTML_ESCAPES: Final = (
@@ -94,6 +98,10 @@ def expand_hook_events(events: Iterable[str]) -> frozenset[str]:
             enabled.add(fine)
     for fine in PULL_EVENT_GROUP:
         own = "pull_request_only" if fine == "pull_request" else fine
+        if fine in _REVIEW_TYPES:
+            # routers/api/v1/utils/hook.go updateHookEvents knows only "pull_request_review"; Webhook.HasEvent
+            # maps the three review types onto it (audit #20): the fine names themselves do nothing.
+            own = "pull_request_review"
         if own in wanted or "pull_request" in wanted:
             enabled.add(fine)
     for name in wanted:
