@@ -254,7 +254,8 @@ class Allocator:
                     return AllocationOutcome(decision=planned, refusal=_proof_refusal(proof, planned, call),
                                              source=source, dry_run=False, bootstrap=proof)
                 proven = planned.issue_number
-        outcome = await self._apply(call, request, moment, source, proven=proven)
+        # The lease is acquired now, after the proof (unless the caller pins the time).
+        outcome = await self._apply(call, request, now or utcnow(), source, proven=proven)
         if mode == "run" and outcome.lease is not None and outcome.refusal is None and self.gitea is not None:
             # Outside the lease transaction: the bootstrap journals its own phases, and on failure it
             # compensates and releases the lease itself. A resumed lease runs it too (idempotent: a completed

@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -121,6 +122,7 @@ async def auto_allocate(
     trigger: str,
     delivery_id: str | None = None,
     now: datetime | None = None,
+    wakeup: Callable[[], None] | None = None,
 ) -> AutoReport:
     """Allocate every ready issue an idle author can take now; record the decision. Raises AutoUnavailable when
     Gitea could not serve it (nothing half-done is left: a lease whose bootstrap could not run is resumed by the
@@ -136,14 +138,14 @@ async def auto_allocate(
     lock = _LOCKS.setdefault((id(db), _repo(settings)), asyncio.Lock())
     async with lock:
         try:
-            await _run(db, settings, gitea, bot_login, report, delivery_id, now)
+            await _run(db, settings, gitea, bot_login, report, delivery_id, now, wakeup)
         finally:
             await _record(db, settings, report, delivery_id, now)
     return report
 
 
 async def _run(db: Database, settings: Settings, gitea: GiteaClient, bot_login: str, report: AutoReport,
-               delivery_id: str | None, now: datetime | None) -> None:
+               delivery_id: str | None, now: datetime | None, wakeup: Callable[[], None] | None) -> None:
     allocator = Allocator(db, settings, gitea, bot_login=bot_login)
     repo = _repo(settings)
     cfg = settings.allocator
@@ -164,8 +166,10 @@ async def _run(db: Database, settings: Settings, gitea: GiteaClient, bot_login: 
             "applied": outcome.applied, "error": doc.get("error"), "skipped": doc.get("skipped", []),
             "bootstrap": (outcome.bootstrap or {}).get("status"),
         })
-        if outcome.applied or outcome.outbox_keys:
+        if outcome.applied or outcome.outbox_keys or outcome.bootstrap is not None:
             report.outbox = True
+            if wakeup is not None:
+                wakeup()  # the lease's (and its bootstrap's) evidence goes out now, not after the whole run
         if outcome.refusal is not None and outcome.refusal.error == "unavailable":
             raise AutoUnavailable(outcome.refusal.message)
         return outcome

@@ -461,8 +461,7 @@ async def bootstrap_preflight(
         checks["repo_reachable"] = {"ok": False, "detail": "no Gitea connection configured"}
         return done()
     try:
-        repo = await ctx.gitea.get_repo()
-        issue = await ctx.gitea.get_issue(issue_number)
+        repo, issue = await asyncio.gather(ctx.gitea.get_repo(), ctx.gitea.get_issue(issue_number))
         base = (await ctx.gitea.get_branch(repo.default_branch)).commit_id
     except GiteaError as exc:
         checks["repo_reachable"] = {"ok": False, "detail": str(exc)}
@@ -470,16 +469,18 @@ async def bootstrap_preflight(
     url_problem = gitops.clone_url_problem(repo.clone_url)
     token = ctx.settings.gitea_token()
 
-    def probe() -> dict[str, Any]:
+    def remote() -> dict[str, Any]:
         runner = gitops.GitRunner(ctx.checkout_root if ctx.checkout_root.is_dir() else Path("/"),
                                   env=gitops.git_env(ctx.bot_login), timeout_s=ctx.settings.bootstrap.git_timeout_s)
         status, out, err = runner.attempt("ls-remote", "--", repo.clone_url, f"refs/heads/{repo.default_branch}",
                                           extra_env=gitops.auth_env(repo.clone_url, token))
         remote_sha = out.split("\t", 1)[0].strip() if status == 0 and out.strip() else None
-        found: dict[str, Any] = {"git_reachable": status == 0, "git_base": remote_sha,
-                                 "git_error": err.strip()[-300:] if status else None}
+        return {"git_reachable": status == 0, "git_base": remote_sha,
+                "git_error": err.strip()[-300:] if status else None}
+
+    def local() -> dict[str, Any]:
         checkout = ctx.checkout()
-        found["checkout_exists"] = checkout.exists()
+        found: dict[str, Any] = {"checkout_exists": checkout.exists()}
         found["checkout_path_used"] = not found["checkout_exists"] and ctx.checkout_path.exists() and any(
             ctx.checkout_path.iterdir())
         if checkout.exists():
@@ -492,11 +493,37 @@ async def bootstrap_preflight(
     if url_problem is not None:
         checks["repo_reachable"] = {"ok": False, "detail": url_problem}
         return done()
-    found = await asyncio.to_thread(probe)
-    checks["repo_reachable"] = {"ok": bool(found["git_reachable"]), "clone_url": repo.clone_url,
-                                "default_branch": repo.default_branch, "detail": found["git_error"]}
-    checks["base_known"] = {"ok": bool(base) and found["git_base"] == base, "api_sha": base,
-                            "git_sha": found["git_base"]}
+    journal = JournalStore(ctx.db)
+    prior = await journal.latest_completed(ctx.repo, issue_number)
+    branch = prior.branch if prior is not None and prior.owner == owner else branch_for(
+        issue_number, issue.title, slug_length=ctx.settings.bootstrap.slug_length)
+    doc["branch"] = branch
+    path: Path | None = None
+    rejected: str | None = None
+    try:
+        path = Path(str(worktree_path_for(PurePosixPath(ctx.checkout_path), branch)))
+    except PathRejected as exc:
+        rejected = str(exc)
+    open_other = await journal.open_for_issue(ctx.repo, issue_number)
+    registration = await journal.live_registration(ctx.repo, issue_number)
+
+    def path_state() -> dict[str, Any]:
+        assert path is not None
+        root = ctx.checkout_path / "branches"
+        escapes = ctx.checkout_path.exists() and gitops.escapes_root(root, path)
+        entry = ctx.checkout().worktree_at(path) if ctx.checkout().exists() else None
+        return {"exists": os.path.lexists(path), "escapes_root": escapes,
+                "registered": entry.to_dict() if entry is not None else None}
+
+    # The git probes are read-only and independent: run side by side (the proof runs before every lease).
+    probes = [asyncio.to_thread(remote), asyncio.to_thread(local)]
+    if path is not None:
+        probes.append(asyncio.to_thread(path_state))
+    found_remote, found, *rest = await asyncio.gather(*probes)
+    checks["repo_reachable"] = {"ok": bool(found_remote["git_reachable"]), "clone_url": repo.clone_url,
+                                "default_branch": repo.default_branch, "detail": found_remote["git_error"]}
+    checks["base_known"] = {"ok": bool(base) and found_remote["git_base"] == base, "api_sha": base,
+                            "git_sha": found_remote["git_base"]}
     doc["base_sha"] = base
     if found["checkout_exists"]:
         checks["control_checkout"] = {
@@ -510,28 +537,11 @@ async def bootstrap_preflight(
                                       "detail": f"{ctx.checkout_path} exists and is not a git checkout"}
     else:
         checks["control_checkout"] = {"ok": True, "detail": "not cloned yet: the first bootstrap clones it"}
-    journal = JournalStore(ctx.db)
-    prior = await journal.latest_completed(ctx.repo, issue_number)
-    branch = prior.branch if prior is not None and prior.owner == owner else branch_for(
-        issue_number, issue.title, slug_length=ctx.settings.bootstrap.slug_length)
-    doc["branch"] = branch
-    try:
-        path = Path(str(worktree_path_for(PurePosixPath(ctx.checkout_path), branch)))
-    except PathRejected as exc:
-        checks["path_free"] = {"ok": False, "detail": str(exc)}
+    if path is None:
+        checks["path_free"] = {"ok": False, "detail": rejected}
         return done()
     doc["worktree_path"] = str(path)
-    open_other = await journal.open_for_issue(ctx.repo, issue_number)
-    registration = await journal.live_registration(ctx.repo, issue_number)
-
-    def path_state() -> dict[str, Any]:
-        root = ctx.checkout_path / "branches"
-        escapes = ctx.checkout_path.exists() and gitops.escapes_root(root, path)
-        entry = ctx.checkout().worktree_at(path) if ctx.checkout().exists() else None
-        return {"exists": os.path.lexists(path), "escapes_root": escapes,
-                "registered": entry.to_dict() if entry is not None else None}
-
-    state = await asyncio.to_thread(path_state)
+    state = rest[0]
     own = registration is not None and registration.owner == owner and registration.worktree_path == str(path)
     checks["path_free"] = {
         "ok": not state["escapes_root"] and (not state["exists"] or own)

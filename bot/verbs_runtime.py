@@ -494,7 +494,7 @@ class VerbRuntime:
             return None
         try:
             report = await auto_allocate(self.db, self.settings, self.gitea, bot_login=self.bot_login,
-                                         trigger="release", delivery_id=delivery_id)
+                                         trigger="release", delivery_id=delivery_id, wakeup=self.wakeup)
         except Exception as exc:  # reported in the result and the log; the release stands
             log.warning("auto-allocation after a release failed: %s: %s", type(exc).__name__, exc)
             return {"error": "unavailable", "message": f"{type(exc).__name__}: {exc}"}

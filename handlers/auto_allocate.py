@@ -38,6 +38,7 @@ async def on_ready_label(event: sansio.Event, ctx: HandlerContext) -> None:
     report = await auto_allocate(
         ctx.deps["db"], settings, ctx.deps["gitea"], bot_login=getattr(service, "bot_login", "") or "",
         trigger="ready_label", delivery_id=event.delivery_id,
+        wakeup=service.outbox_wakeup if service is not None else None,
     )
     ctx.log.info("auto-allocation: leased %s, resumed %s, blocked %s, waiting %s",
                  report.leased, report.resumed, report.blocked, report.waiting)
