@@ -1,9 +1,11 @@
-"""The `foreman` command line: serve, check-config, deliveries, replay, outbox, allocate, mcp, run, grants, state."""
+"""The `foreman` command line (DESIGN.md section 3). Exit codes: 0 done; 1 refused, blocked or the output pipe closed
+(a structured result is still printed where it can be); 2 usage or configuration error (a taken port included)."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import getpass
 import json
 import logging
@@ -69,7 +71,15 @@ async def serve(settings: Settings, router: routing.Router | None = None) -> int
     runner = web.AppRunner(app, handle_signals=False, access_log=None, **RUNNER_OPTIONS)
     await runner.setup()
     site = web.TCPSite(runner, settings.server.host, settings.server.port)
-    await site.start()
+    try:
+        await site.start()
+    except OSError as exc:  # a taken port, an address that is not this host's, a privileged port
+        from bot.emulator_cli import listen_refusal
+
+        await runner.cleanup()
+        print(json.dumps(listen_refusal("serve", settings.server.host, settings.server.port, exc), sort_keys=True),
+              file=sys.stderr)
+        return EXIT_USAGE
     port = runner.addresses[0][1] if runner.addresses else settings.server.port
     log.info(
         "listening on http://%s:%s%s (database %s)",
@@ -283,14 +293,57 @@ def _cmd_mcp(settings: Settings, args: argparse.Namespace) -> int:
         caller = resolve_identity(settings, token)
     except IdentityError as exc:
         if not is_run_token(token):
-            print(json.dumps(_mcp_token_refusal(str(exc))), file=sys.stderr)
+            refusal = _mcp_token_refusal(str(exc))
+            print(json.dumps(refusal), file=sys.stderr)
+            answer_refusal_on_the_wire(refusal)
             return EXIT_USAGE
         code = asyncio.run(serve_stdio(settings, run_token=token))
         if code != EXIT_OK:
             message = "FOREMAN_MCP_TOKEN is not the token of any run; `foreman run start` prints a run's token"
-            print(json.dumps(_mcp_token_refusal(message)), file=sys.stderr)
+            refusal = _mcp_token_refusal(message)
+            print(json.dumps(refusal), file=sys.stderr)
+            answer_refusal_on_the_wire(refusal)
         return code
     return asyncio.run(serve_stdio(settings, caller))
+
+
+#: JSON-RPC error code of a refused ``foreman mcp`` start (the implementation-defined server error range).
+MCP_REFUSED_CODE = -32001
+
+
+def answer_refusal_on_the_wire(refusal: dict[str, Any], *, timeout_s: float = 10.0, max_bytes: int = 1 << 20) -> None:
+    """An MCP client shows a JSON-RPC error to its first request, but only "connection closed" for a server that
+    exits: answer that request (normally ``initialize``) with the refusal, then let the process exit. Reads at most
+    ``max_bytes`` of standard input for at most ``timeout_s``; nothing is written when no request comes (EOF)."""
+    import os
+    import select
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    fd = sys.stdin.fileno() if sys.stdin is not None else -1
+    pending, read = b"", 0
+    while fd >= 0 and read < max_bytes:
+        left = deadline - time.monotonic()
+        if left <= 0 or not select.select([fd], [], [], left)[0]:
+            return
+        chunk = os.read(fd, 65536)
+        if not chunk:
+            return
+        read += len(chunk)
+        pending += chunk
+        *lines, pending = pending.split(b"\n")
+        for line in lines:
+            try:
+                message = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(message, dict) and "id" in message and "method" in message:
+                error = {"code": MCP_REFUSED_CODE, "message": f"{refusal['error']}: {refusal['message']}",
+                         "data": refusal}
+                with contextlib.suppress(OSError):
+                    sys.stdout.write(json.dumps({"jsonrpc": "2.0", "id": message["id"], "error": error}) + "\n")
+                    sys.stdout.flush()
+                return
 
 
 def _mcp_token_refusal(message: str) -> dict[str, Any]:
@@ -449,6 +502,87 @@ def _cmd_grants(settings: Settings, args: argparse.Namespace) -> int:
                     + (" inert" if d["inert"] else "")
                 )
         _emit(doc, as_json=args.json, text="\n".join(lines) if lines else "(no runs)")
+        return EXIT_OK
+
+    return asyncio.run(_with_db(settings, work))
+
+
+# --- listings (the dashboard's view model, bot/dashboard/model.py) --------------------------------------
+def _not_found(message: str, listing: str) -> int:
+    _emit(
+        {
+            "error": "not_found",
+            "message": message,
+            "remediate": f"list what exists with `{listing}` and pick one",
+            "exact_next_action": f"run {listing}",
+        },
+        as_json=True,
+    )
+    return EXIT_REFUSED
+
+
+def _cmd_leases(settings: Settings, args: argparse.Namespace) -> int:
+    """Live leases (and, unless --live, the most recent ones), from the lease store."""
+    from bot.dashboard import model
+
+    async def work(db: Database) -> int:
+        doc = await model.leases(db, settings, limit=args.limit, issue=args.issue)
+        rows = doc["live"] + doc["stale_live"] if args.live else doc["recent"]
+        if args.live:
+            doc = {"live": doc["live"], "stale_live": doc["stale_live"]}
+        lines = [
+            f"#{r['issue_number']:<6} {r['owner']:<16} {r['role']:<10} {r['action']:<10}"
+            f" {'live' if r['live'] else r['status']:<9} expires {r['expires_at']} heartbeat {r['heartbeat_at']}"
+            f" {r['lease_id']}" + (f" ended {r['ended_at']} ({r['end_reason']})" if r["ended_at"] else "")
+            for r in rows
+        ]
+        _emit(doc, as_json=args.json, text="\n".join(lines) if lines else "(no leases)")
+        return EXIT_OK
+
+    return asyncio.run(_with_db(settings, work))
+
+
+def _cmd_journal(settings: Settings, args: argparse.Namespace) -> int:
+    """Bootstrap transitions with every journal phase; KEY shows one transition with its proofs."""
+    from bot.dashboard import model
+
+    async def work(db: Database) -> int:
+        docs = await model.journal(db, settings, key=args.key, issue=args.issue, limit=args.limit)
+        if args.key is not None and not docs:
+            return _not_found(f"no bootstrap transition with idempotency key {args.key!r}", "foreman journal")
+        lines: list[str] = []
+        for t in docs:
+            lines.append(
+                f"{t['idempotency_key']} #{t['issue_number']} {t['owner']} {t['phase']} ({t['outcome']})"
+                f" branch {t['branch']} worktree {t['worktree_path']}"
+                + (f" failed at {t['failed_phase']}" if t["failed_phase"] else "")
+            )
+            for phase in t["phases"]:
+                proof = json.dumps(phase["proof"], sort_keys=True) if args.key is not None else ""
+                lines.append(f"  {phase['recorded_at']} {phase['phase']:<24} {phase['runner']} {proof}".rstrip())
+        doc: Any = docs[0] if args.key is not None else docs
+        _emit(doc, as_json=args.json, text="\n".join(lines) if lines else "(no bootstrap transitions)")
+        return EXIT_OK
+
+    return asyncio.run(_with_db(settings, work))
+
+
+def _cmd_issue(settings: Settings, args: argparse.Namespace) -> int:
+    """One issue's timeline: deliveries, decisions, leases, bootstrap phases, the bot's writes, its worktree."""
+    from bot.dashboard import model
+
+    async def work(db: Database) -> int:
+        doc = await model.issue_view(db, settings, args.number)
+        if not doc["known"]:
+            return _not_found(f"foreman has recorded nothing about #{args.number} in {doc['repository']}",
+                              "foreman deliveries")
+        snap = doc["snapshot"] or {}
+        lines = [
+            f"#{args.number} in {doc['repository']}: state {snap.get('state') or '-'},"
+            f" labels {', '.join(snap.get('labels') or []) or '-'}, next {snap.get('who_is_next') or '-'}",
+            *(f"{item['at']} {item['kind']:<11} {item['summary']}" for item in doc["timeline"]),
+        ]
+        _emit(doc, as_json=args.json, text="\n".join(lines))
         return EXIT_OK
 
     return asyncio.run(_with_db(settings, work))
@@ -763,87 +897,133 @@ def _delivery_ref(text: str) -> str:
     return text
 
 
+_JSON_HELP = "print exactly one JSON document on stdout (logs go to stderr)"
+_LIMIT_HELP = "show at most N rows (default: %(default)s)"
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="foreman", description=__doc__)
-    parser.add_argument("--config", type=Path, help="TOML config (default: $FOREMAN_CONFIG or config/foreman.toml)")
-    sub = parser.add_subparsers(dest="command", required=True)
+    from bot.metrics import version
+
+    parser = _Parser(
+        prog="foreman",
+        description="Runs AI coding agents and people on a Gitea repository under auditable rules.",
+        epilog="Exit codes: 0 done; 1 refused or blocked (the structured result is still printed), or standard "
+        "output closed; 2 usage or configuration error (a taken port too). `foreman COMMAND --help` for each.",
+    )
+    parser.add_argument("--version", action="version", version=f"foreman {version()}",
+                        help="print the version and exit")
+    parser.add_argument("--config", type=Path, metavar="PATH",
+                        help="TOML config (default: $FOREMAN_CONFIG, else config/foreman.toml)")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def add(name: str, help_text: str) -> argparse.ArgumentParser:
-        cmd = sub.add_parser(name, help=help_text)
+        cmd = sub.add_parser(name, help=help_text, description=help_text[0].upper() + help_text[1:] + ".")
         cmd.add_argument("--config", dest="sub_config", type=Path, default=argparse.SUPPRESS, help=argparse.SUPPRESS)
         return cmd
 
-    add("serve", "run the webhook service")
+    def add_json(cmd: argparse.ArgumentParser) -> None:
+        cmd.add_argument("--json", action="store_true", help=_JSON_HELP)
+
+    add("serve", "run the webhook service (and the dashboard at /dashboard with [dashboard] token)")
     check = add("check-config", "validate the config and, if reachable, the Gitea credentials")
-    check.add_argument("--json", action="store_true")
+    add_json(check)
     deliveries = add("deliveries", "list stored webhook deliveries")
-    deliveries.add_argument("--status", choices=STATUSES)
-    deliveries.add_argument("--limit", type=_count, default=50)
-    deliveries.add_argument("--json", action="store_true")
+    deliveries.add_argument("--status", choices=STATUSES, help="only deliveries with this status")
+    deliveries.add_argument("--limit", type=_count, default=50, metavar="N", help=_LIMIT_HELP)
+    add_json(deliveries)
     replay = add("replay", "queue a stored delivery again")
     replay.add_argument("id", type=_delivery_ref, help="row id or Gitea delivery id")
     replay.add_argument("--force", action="store_true", help="also replay done or ignored deliveries")
-    replay.add_argument("--json", action="store_true")
+    add_json(replay)
     outbox = add("outbox", "list intended Gitea mutations, or retry a parked one")
-    outbox.add_argument("--status", choices=OUTBOX_STATUSES)
-    outbox.add_argument("--limit", type=_count, default=50)
-    outbox.add_argument("--json", action="store_true")
-    outbox_sub = outbox.add_subparsers(dest="outbox_command")
+    outbox.add_argument("--status", choices=OUTBOX_STATUSES, help="only entries with this status")
+    outbox.add_argument("--limit", type=_count, default=50, metavar="N", help=_LIMIT_HELP)
+    add_json(outbox)
+    outbox_sub = outbox.add_subparsers(dest="outbox_command", metavar="SUBCOMMAND")
     outbox_retry = outbox_sub.add_parser("retry", help="send a parked or verification_failed entry again")
-    outbox_retry.add_argument("id", type=_row_id)
-    outbox_retry.add_argument("--json", action="store_true")
+    outbox_retry.add_argument("id", type=_row_id, help="the entry's id (foreman outbox shows it)")
+    add_json(outbox_retry)
+    leases = add("leases", "live and recent leases (owner, role, action, expiry, heartbeat)")
+    leases.add_argument("--live", action="store_true", help="only leases still marked live")
+    leases.add_argument("--issue", type=_issue_number, metavar="N", help="only the leases of issue N")
+    leases.add_argument("--limit", type=_count, default=50, metavar="N", help=_LIMIT_HELP)
+    add_json(leases)
+    journal = add("journal", "bootstrap transitions and their journal phases")
+    journal.add_argument("key", nargs="?", metavar="KEY", help="one transition's idempotency key (with its proofs)")
+    journal.add_argument("--issue", type=_issue_number, metavar="N", help="only the transitions of issue N")
+    journal.add_argument("--limit", type=_count, default=50, metavar="N", help=_LIMIT_HELP)
+    add_json(journal)
+    issue = add("issue", "one issue's timeline: deliveries, decisions, leases, bootstrap, the bot's writes, worktree")
+    issue.add_argument("number", type=_issue_number, metavar="N", help="the issue number")
+    add_json(issue)
     invariants = add("invariants", "check leases, evidence, outbox, journal and worktrees are consistent")
-    invariants.add_argument("--json", action="store_true")
+    add_json(invariants)
     allocate = add("allocate", "pick the next status:ready issue for an owner (dry-run unless --apply)")
     allocate.add_argument("--apply", action="store_true", help="create the lease (default: dry-run)")
-    allocate.add_argument("--owner", help="roster login that receives the lease (default: the only author, or the "
-                          "next idle author by the auto-allocation policy)")
+    allocate.add_argument("--owner", metavar="LOGIN",
+                          help="roster login that receives the lease (default: the only one)")
     allocate.add_argument("--action", default="implement", help="implement (author), review, merge")
     allocate.add_argument(
         "--exclude", type=_issue_number, nargs="+", action="extend", default=None, metavar="N",
         help="issues never leased (several after one flag, or the flag repeated: every value counts)",
     )
-    allocate.add_argument("--candidates-json", help="candidate records as JSON, or @FILE (default: from Gitea)")
-    allocate.add_argument("--expect-fingerprint", help="refuse to apply if the dry-run's inputs changed")
-    allocate.add_argument("--json", action="store_true")
+    allocate.add_argument("--candidates-json", metavar="JSON|@FILE",
+                          help="candidate records as JSON, or @FILE (default: from Gitea)")
+    allocate.add_argument("--expect-fingerprint", metavar="FP", help="refuse to apply if the dry-run's inputs changed")
+    add_json(allocate)
     bootstrap = add("bootstrap", "create or recover the issue's branch and worktree for its lease owner")
-    bootstrap.add_argument("--issue", type=_issue_number, required=True, metavar="N")
+    bootstrap.add_argument("--issue", type=_issue_number, required=True, metavar="N", help="the leased issue")
     bootstrap.add_argument("--owner", required=True, metavar="LOGIN", help="the live lease's owner (the caller)")
     bootstrap.add_argument("--idempotency-key", metavar="K", help="replay or resume this request (default: derived)")
     bootstrap.add_argument("--expected-base", metavar="SHA", help="refuse (stale_pin) unless the base is this commit")
     bootstrap.add_argument("--preflight", action="store_true", help="only prove the bootstrap could run (no change)")
-    bootstrap.add_argument("--json", action="store_true")
+    add_json(bootstrap)
     add("mcp", "MCP server over stdio for the identity of $FOREMAN_MCP_TOKEN (see docs/mcp.md)")
     demo = add("demo", "run the whole loop against the bundled Gitea emulator in a temporary directory")
     demo.add_argument("--keep", action="store_true", help="keep the temporary directory (config, database, logs)")
     demo.add_argument("--timeout", type=_seconds, default=30.0, metavar="S", help="seconds each step may take")
+    emulator = add("emulator", "serve the bundled Gitea emulator with a demo repository; prints URL, users, tokens")
+    emulator.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s)")
+    emulator.add_argument("--port", type=_port, default=3000, help="port to listen on; 0 picks a free one "
+                          "(default: %(default)s)")
+    emulator.add_argument("--dir", type=Path, metavar="DIR", dest="root",
+                          help="keep its files (git repositories, foreman.toml) here (default: a new temporary folder)")
+    emulator.add_argument("--hook-url", metavar="URL", help="add a signed webhook to this foreman's /webhook")
+    add_json(emulator)
     run = add("run", "agent runs bound to sealed grants (docs/grants.md)")
-    run_sub = run.add_subparsers(dest="run_command", required=True)
+    run_sub = run.add_subparsers(dest="run_command", required=True, metavar="SUBCOMMAND")
     run_start = run_sub.add_parser("start", help="compile and seal the grant for the issue's live lease and worktree")
-    run_start.add_argument("--issue", type=_issue_number, required=True, metavar="N")
+    run_start.add_argument("--issue", type=_issue_number, required=True, metavar="N", help="the leased issue")
     run_start.add_argument("--action", metavar="A", help="the template's action (default: the lease's action)")
     run_abort = run_sub.add_parser("abort", help="abort a run (an in-flight call keeps blocking its teardown)")
-    run_abort.add_argument("run_id", metavar="RUN_ID")
-    run_abort.add_argument("--reason", default="aborted by operator")
+    run_abort.add_argument("run_id", metavar="RUN_ID", help="the run (foreman grants lists them)")
+    run_abort.add_argument("--reason", default="aborted by operator", help="recorded with the abort")
     run_reconcile = run_sub.add_parser("reconcile", help="settle an in-flight call whose result will never come")
-    run_reconcile.add_argument("run_id", metavar="RUN_ID")
-    run_reconcile.add_argument("call_id", metavar="CALL_ID")
+    run_reconcile.add_argument("run_id", metavar="RUN_ID", help="the run (foreman grants lists them)")
+    run_reconcile.add_argument("call_id", metavar="CALL_ID", help="the in-flight call (foreman grants RUN_ID)")
     run_reconcile.add_argument("--note", required=True, help="what was checked independently")
     run_teardown = run_sub.add_parser("teardown", help="run the reserved teardown (after an abort, failure or expiry)")
-    run_teardown.add_argument("run_id", metavar="RUN_ID")
+    run_teardown.add_argument("run_id", metavar="RUN_ID", help="the run (foreman grants lists them)")
     for run_cmd in (run_start, run_abort, run_reconcile, run_teardown):
-        run_cmd.add_argument("--json", action="store_true")
+        add_json(run_cmd)
         run_cmd.add_argument(
             "--config", dest="sub_config", type=Path, default=argparse.SUPPRESS, help=argparse.SUPPRESS
         )
     grants = add("grants", "sealed run grants, their digests and every admission decision")
-    grants.add_argument("run_id", nargs="?", metavar="RUN_ID")
-    grants.add_argument("--json", action="store_true")
+    grants.add_argument("run_id", nargs="?", metavar="RUN_ID", help="one run (default: every run)")
+    add_json(grants)
     state = add("state", "Canonical Issue State tools")
-    state_sub = state.add_subparsers(dest="state_command", required=True)
+    state_sub = state.add_subparsers(dest="state_command", required=True, metavar="SUBCOMMAND")
     parse = state_sub.add_parser("parse", help="parse Canonical Issue State block(s) to JSON")
     parse.add_argument("file", nargs="?", help="a file, or - for standard input (default)")
     return parser
+
+
+def _port(text: str) -> int:
+    value = int(text) if _DIGITS.fullmatch(text) else -1
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"{text[:40]!r} is not a port (0 to 65535)")
+    return value
 
 
 def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -861,6 +1041,25 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """`foreman`: a reader that closes standard output early (`| head`) ends it with one line and exit 1."""
+    try:
+        code = _main(argv)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        import os
+
+        # Python would complain again when it flushes stdout at exit: point it at the null device first.
+        with contextlib.suppress(OSError, ValueError):
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+        with contextlib.suppress(OSError, ValueError):
+            print("foreman: standard output was closed before the output was written (broken pipe)",
+                  file=sys.stderr)
+        return EXIT_REFUSED
+    return code
+
+
+def _main(argv: Sequence[str] | None) -> int:
     try:
         args = _parse(argv)
     except UsageError as exc:
@@ -873,6 +1072,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         from bot.demo import main as demo_main
 
         return demo_main(keep=args.keep, timeout_s=args.timeout)
+    if args.command == "emulator":  # self-contained too: it writes the config for a foreman that uses it
+        from bot.emulator_cli import main as emulator_main
+
+        return emulator_main(host=args.host, port=args.port, root=args.root, hook_url=args.hook_url,
+                             as_json=args.json)
     try:
         settings = load_settings(args.config)
     except ConfigError as exc:
@@ -892,5 +1096,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "grants": _cmd_grants,
         "bootstrap": _cmd_bootstrap,
         "mcp": _cmd_mcp,
+        "leases": _cmd_leases,
+        "journal": _cmd_journal,
+        "issue": _cmd_issue,
     }
     return commands[args.command](settings, args)

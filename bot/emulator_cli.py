@@ -1,0 +1,155 @@
+"""`foreman emulator`: the bundled Gitea emulator with a demo repository, to follow docs/operating.md by hand.
+
+It serves ``demo/widgets`` (real bare git repository, the status labels, a maintainer, a controller, an author and
+the bot account, each with an API token) on ``--host``/``--port`` until SIGINT or SIGTERM, and writes a
+``foreman.toml`` next to its files that points `foreman serve` at it. With ``--hook-url`` the repository gets a
+signed webhook to that foreman. Nothing here changes the emulator; it uses its public setup API and
+``bot.emulator.start_emulator``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import secrets
+import signal
+import sys
+from pathlib import Path
+from typing import Any, TextIO
+
+from bot.core.vocabulary import status_labels
+from bot.emulator import Emulator, start_emulator
+
+OWNER, REPO = "demo", "widgets"
+USERS = (("maintainer", "admin", "labels issues status:ready, reviews"),
+         ("controller-bot", "write", "controller: allocates work"),
+         ("author-1", "write", "author: receives leases"),
+         ("foreman-bot", "admin", "the bot account foreman acts as"))
+HOOK_EVENTS = ("issues", "issue_comment", "pull_request", "push")
+
+
+def _config(url: str, tokens: dict[str, str], secret: str, root: Path, mcp_token: str) -> str:
+    return f"""# written by foreman emulator: `foreman serve --config {root / 'foreman.toml'}`
+[webhook]
+secrets = ["{secret}"]
+[database]
+path = "{root / 'foreman.db'}"
+[gitea]
+url = "{url}"
+token = "{tokens['foreman-bot']}"
+bot_login = "foreman-bot"
+[repository]
+owner = "{OWNER}"
+name = "{REPO}"
+checkout_root = "{root / 'checkouts'}"
+[roster]
+"controller-bot" = ["controller"]
+"author-1" = ["author"]
+[mcp.tokens]
+"{mcp_token}" = "author-1"
+"""
+
+
+async def run(out: TextIO, *, host: str, port: int, root: Path, hook_url: str | None, as_json: bool,
+              stop: asyncio.Event | None = None) -> int:
+    emu = Emulator(root / "gitea")
+    tokens = {login: f"gitea-{login}-{secrets.token_hex(12)}" for login, _, _ in USERS}
+    emu.add_user(OWNER, token=secrets.token_hex(20), full_name="Demo organisation")
+    for login, _, _ in USERS:
+        emu.add_user(login, token=tokens[login])
+    emu.create_repo(OWNER, REPO, files={"README.md": "# widgets\n", "widget.py": "color = 'grey'\n"},
+                    description="foreman's demo repository")
+    for login, perm, _ in USERS:
+        emu.set_permission(OWNER, REPO, login, perm)  # type: ignore[arg-type]
+    for label in status_labels():
+        emu.create_label(OWNER, REPO, label, color="#00aa00")
+    secret = secrets.token_hex(24)
+    mcp_token = f"mcp-author-1-{secrets.token_hex(12)}"
+    try:
+        runner, url = await start_emulator(emu, host, port)
+    except OSError as exc:
+        await emu.aclose()
+        print(json.dumps(listen_refusal("emulator", host, port, exc)), file=sys.stderr)
+        return 2
+    try:
+        if hook_url:
+            emu.add_hook(OWNER, REPO, url=hook_url, secret=secret, events=HOOK_EVENTS)
+        config = root / "foreman.toml"
+        _write(config, _config(url, tokens, secret, root, mcp_token))
+        doc: dict[str, Any] = {
+            "url": url,
+            "api": f"{url}/api/v1",
+            "repository": f"{OWNER}/{REPO}",
+            "clone_url": f"{url}/{OWNER}/{REPO}.git",
+            "users": [{"login": login, "permission": perm, "role": role, "token": tokens[login]}
+                      for login, perm, role in USERS],
+            "webhook": {"secret": secret, "url": hook_url,
+                        "add": f"curl -X POST -H 'Authorization: token {tokens['maintainer']}' -H "
+                        f"'Content-Type: application/json' {url}/api/v1/repos/{OWNER}/{REPO}/hooks -d "
+                        + json.dumps(json.dumps({"type": "gitea", "active": True, "events": list(HOOK_EVENTS),
+                                                 "config": {"url": "http://127.0.0.1:8080/webhook",
+                                                            "content_type": "json", "secret": secret}}))},
+            "mcp_token": mcp_token,
+            "config": str(config),
+            "root": str(root),
+        }
+        if as_json:
+            out.write(json.dumps(doc, sort_keys=True) + "\n")
+        else:
+            out.write(_text(doc))
+        out.flush()
+        stopped = stop or asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stopped.set)
+        await stopped.wait()
+    finally:
+        await runner.cleanup()
+        await emu.aclose()
+    return 0
+
+
+def _write(path: Path, text: str) -> None:
+    path.write_text(text, encoding="utf-8")
+    path.chmod(0o600)  # it holds the bot's token and the webhook secret
+
+
+def main(*, host: str, port: int, root: Path | None, hook_url: str | None, as_json: bool) -> int:
+    """``foreman emulator``: until SIGINT/SIGTERM. Its files go to ``root`` (default: a fresh temporary folder)."""
+    from bot.demo import scratch_root
+
+    folder = root if root is not None else scratch_root("foreman-emulator-")
+    folder.mkdir(parents=True, exist_ok=True)
+    return asyncio.run(run(sys.stdout, host=host, port=port, root=folder.resolve(), hook_url=hook_url,
+                           as_json=as_json))
+
+
+def _text(doc: dict[str, Any]) -> str:
+    lines = [
+        f"foreman emulator: Gitea API at {doc['api']} (files in {doc['root']})",
+        f"repository {doc['repository']} (clone {doc['clone_url']}), labels status:*",
+        "users (login, permission, role, API token):",
+        *(f"  {u['login']:<15} {u['permission']:<6} {u['role']:<40} {u['token']}" for u in doc["users"]),
+        f"webhook secret: {doc['webhook']['secret']}"
+        + (f" (hook to {doc['webhook']['url']} added)" if doc["webhook"]["url"] else ""),
+        f"foreman MCP token of author-1: {doc['mcp_token']}",
+        f"a foreman config for it: {doc['config']}",
+        f"  foreman serve --config {doc['config']}",
+    ]
+    if not doc["webhook"]["url"]:
+        lines += ["add the webhook to a running foreman (or start with --hook-url URL):", f"  {doc['webhook']['add']}"]
+    lines.append("stop with Ctrl-C")
+    return "\n".join(lines) + "\n"
+
+
+def listen_refusal(what: str, host: str, port: int, exc: OSError) -> dict[str, Any]:
+    """The one line printed when a listener cannot bind (a taken port, a host that is not ours)."""
+    reason = exc.strerror or type(exc).__name__
+    return {
+        "error": "unavailable",
+        "key": "server.port" if what == "serve" else "--port",
+        "message": f"foreman {what} cannot listen on {host}:{port}: {reason}",
+        "remediate": "Stop what holds the port, or choose another one"
+        + (" (server.port, or FOREMAN_SERVER__PORT)." if what == "serve" else " (--port)."),
+        "exact_next_action": f"run foreman {what} again with a free port",
+    }
