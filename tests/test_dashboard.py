@@ -189,3 +189,48 @@ async def test_the_dashboard_is_read_only(tmp_path: Path, start: Started) -> Non
     for method in ("POST", "PUT", "DELETE", "PATCH"):
         resp = await client.request(method, "/dashboard/api/overview", headers=AUTH)
         assert resp.status == 405, method
+
+
+async def test_run_grants_show_every_admission_decision_and_no_token(tmp_path: Path, start: Started) -> None:
+    """A sealed grant and two calls through the real broker (one admitted, one out of order): both decisions are
+    on the page and in the JSON; the run token and its digest are on neither."""
+    import uuid as uuid_mod
+
+    from bot.core import grants as g
+    from bot.grants_broker import Broker, token_digest
+    from state.grants import GrantStore
+    from tests.test_grants_core import TEMPLATE
+
+    service, client = await _client(tmp_path, start)
+    now = utcnow()
+    facts = g.RunFacts(repo="org/repo", issue_number=8, owner="author-1", role="author", action="implement",
+                       lease_id="lease-1", worktree=g.WorktreeFacts(path="/co/branches/issue-8-x", uuid="wt-1",
+                                                                    branch="issue-8-x"))
+    grant = g.compile_grant(g.PolicyTemplate.from_mapping("author.implement", TEMPLATE), facts,
+                            run_id=f"run-{uuid_mod.uuid4().hex}", host_id="host-a", now=now)
+    run_token = "frun_dashboard-secret-run-token"
+    store = GrantStore(service.db)
+    await store.seal(grant, token_sha256=token_digest(run_token), sealed_by="test", now=now)
+
+    async def bound(_: g.Grant) -> str | None:
+        return "wt-1"
+
+    broker = Broker(store, grant.run_id, host=lambda: "host-a", worktree=bound, policy_digest=grant.policy_digest)
+    admitted = await broker.before_call("gitea_lock_issue", {"issue_number": 8})
+    assert admitted.allowed
+    await broker.after_call(admitted, ok=True, result={"ok": True})
+    denied = await broker.before_call("gitea_release_lease", {"issue_number": 8, "reason": "done"})
+    assert not denied.allowed
+
+    (run,) = await (await client.get("/dashboard/api/grants", headers=AUTH)).json()
+    assert run["run"]["run_id"] == grant.run_id and run["grant_integrity"] == "intact"
+    assert [c["tool"] for c in run["calls"]] == [c["tool"] for c in TEMPLATE["calls"]]
+    kinds = [d["kind"] for d in run["decisions"]]
+    stored = [d.kind for d in await store.decisions(grant.run_id)]
+    assert kinds == stored and len(set(kinds)) >= 2, kinds
+    html = await (await client.get("/dashboard", headers=AUTH)).text()
+    assert grant.run_id in html and all(kind in html for kind in kinds)
+    issue = await (await client.get("/dashboard/api/issues/8", headers=AUTH)).json()
+    assert "admission" in {item["kind"] for item in issue["timeline"]}
+    for page in (html, json.dumps(run), json.dumps(issue)):
+        assert run_token not in page and token_digest(run_token) not in page

@@ -13,7 +13,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
+import hmac
 import io
+import json
 import os
 import re
 import shutil
@@ -22,6 +25,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -66,14 +70,68 @@ def demo_root() -> Iterator[Path]:
     shutil.rmtree(root, ignore_errors=True)
 
 
+HOSTILE = '<img src=x onerror="document.title=1">'
+
+
+async def _seed(db_path: Path) -> None:
+    """Beside the demo's loop, through the real stores: two more ready issues (one with a label a user could make
+    hostile; #3 is protected by the config, so the allocator skips it with its reason) and an outbox entry whose
+    read-back did not match (both versions kept)."""
+    from state.db import Database
+    from state.issues import IssueLabel, IssueObservation, IssueStore
+    from state.outbox import OutboxIntent, OutboxStore
+
+    db = await Database.open(db_path)
+    try:
+        issues = IssueStore(db)
+        for number, labels in ((2, ("status:ready", HOSTILE)), (3, ("status:ready",))):
+            observed = IssueObservation(number=number, is_open=True, updated_at=None,
+                                        labels=tuple(IssueLabel(i + 1, n) for i, n in enumerate(labels)))
+            await issues.record_issue_event(observed, repo="demo/widgets", action="opened", sender="maintainer",
+                                            delivery_id=f"seed-{number}")
+        outbox = OutboxStore(db)
+        await outbox.add(OutboxIntent("seed-2:labels", 2, "labels", {"add": ["status:in-progress"], "remove": []}))
+        entry = await outbox.by_key("seed-2:labels")
+        assert entry is not None
+        claimed = await outbox.claim(entry, "seed")
+        assert claimed is not None
+        await outbox.verification_failed(claimed, error="read-back: the labels differ", result={},
+                                         observed={"labels": ["status:ready", HOSTILE]})
+    finally:
+        await db.close()
+
+
+def _post_foreign_delivery(url: str, secret: str) -> str:
+    """A signed delivery for a repository foreman does not serve: stored, then 'ignored' with its reason."""
+    body = json.dumps({"action": "opened", "number": 5, "issue": {"number": 5, "labels": [], "state": "open"},
+                       "repository": {"full_name": "elsewhere/other", "name": "other",
+                                      "owner": {"login": "elsewhere"}},
+                       "sender": {"login": "maintainer"}}).encode()
+    delivery = "browser-foreign-delivery"
+    request = urllib.request.Request(f"{url}/webhook", data=body, method="POST", headers={  # noqa: S310
+        "Content-Type": "application/json", "X-Gitea-Event": "issues", "X-Gitea-Delivery": delivery,
+        "X-Gitea-Signature": hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()})
+    with urllib.request.urlopen(request, timeout=10) as resp:  # noqa: S310 (loopback)
+        assert resp.status == 202
+    return delivery
+
+
+def _api(url: str, path: str) -> Any:
+    request = urllib.request.Request(f"{url}{path}", headers={"Authorization": f"Bearer {TOKEN}"})  # noqa: S310
+    with urllib.request.urlopen(request, timeout=10) as resp:  # noqa: S310 (loopback)
+        return json.loads(resp.read())
+
+
 @pytest.fixture(scope="module")
 def dashboard_url(demo_root: Path) -> Iterator[str]:
-    """A real `foreman serve` on the demo's database, with the dashboard on."""
+    """A real `foreman serve` on the demo's database (plus the seeded rows), with the dashboard on."""
+    asyncio.run(_seed(demo_root / "foreman.db"))
     config = demo_root / "dashboard.toml"
     config.write_text((demo_root / "foreman.toml").read_text(encoding="utf-8")
                       + f'\n[dashboard]\ntoken = "{TOKEN}"\n', encoding="utf-8")
     env = {k: v for k, v in os.environ.items() if not k.startswith("FOREMAN_")}
     env["PYTHONPATH"] = str(REPO_ROOT)
+    env["FOREMAN_ALLOCATOR__PROTECTED_ISSUES"] = "[3]"  # so the allocator skips #3, with its reason
     log = (demo_root / "dashboard-serve.log").open("w+", encoding="utf-8")
     proc = subprocess.Popen([sys.executable, "-m", "bot", "serve", "--config", str(config)], cwd=demo_root,
                             stdout=log, stderr=subprocess.STDOUT, env=env)
@@ -86,7 +144,17 @@ def dashboard_url(demo_root: Path) -> Iterator[str]:
                               .read_text(encoding="utf-8"))
             port = found.group(1) if found else None
         assert port is not None, (demo_root / "dashboard-serve.log").read_text(encoding="utf-8")
-        yield f"http://127.0.0.1:{port}"
+        url = f"http://127.0.0.1:{port}"
+        secret = re.search(r'secrets = \["([^"]+)"\]', config.read_text(encoding="utf-8"))
+        assert secret
+        delivery = _post_foreign_delivery(url, secret.group(1))
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            rows = {d["delivery"]: d for d in _api(url, "/dashboard/api/deliveries")["recent"]}
+            if rows.get(delivery, {}).get("status") == "ignored":
+                break
+            time.sleep(0.1)
+        yield url
     finally:
         proc.send_signal(signal.SIGTERM)
         try:
@@ -165,8 +233,27 @@ def test_a_maintainer_reads_the_demo_in_the_dashboard(dashboard_url: str, browse
     deliveries = _section(browser, "deliveries")
     assert "issues/label_updated" in deliveries or "issues/" in deliveries
     assert "ignored_self" in deliveries  # the bot's own label and comment webhooks
+    ignored = [line for line in deliveries.splitlines() if "ignored " in line or line.endswith("ignored")]
+    assert "browser-foreign-delivery" in deliveries and "elsewhere/other" in deliveries, deliveries
+    assert ignored or "ignored" in deliveries
     allocator = _section(browser, "allocator")
     assert "Ready candidates" in allocator and "leased #1 to author-1" in allocator, allocator
+    # The decision now: author-1 would get #2; #3 (protected) is skipped with its stable reason.
+    now = {d["owner"]: d for d in _api(dashboard_url, "/dashboard/api/allocator")["now"]}["author-1"]
+    assert now["decision"] == "select" and now["issue_number"] == 2, now
+    (skip,) = [s for s in now["skipped"] if s["issue_number"] == 3]
+    tables = browser.find_elements(By.CSS_SELECTOR, '#allocator table[data-test="skipped"]')
+    assert tables, allocator
+    skipped = tables[0].text
+    assert "#3" in skipped and skip["reason"] in skipped, skipped
+    assert "would lease #2" in allocator
+    # Text from Gitea is text: the hostile label is shown literally and made no element.
+    assert HOSTILE in allocator and browser.find_elements(By.CSS_SELECTOR, "main img") == []
+    assert browser.title == "foreman dashboard"
+    # The failed verification, with both versions.
+    needs = browser.find_element(By.CSS_SELECTOR, 'table[data-test="outbox-open"]').text
+    assert "verification_failed" in needs and "intended" in needs and "Gitea shows" in needs, needs
+    assert "status:in-progress" in needs and "read-back: the labels differ" in needs
     _section(browser, "grants")
     assert TOKEN not in browser.page_source
     _shot(browser, "dashboard.png", 1280)
