@@ -245,7 +245,8 @@ async def get_own_user(emu: Emulator, request: web.Request) -> web.StreamRespons
 async def get_repo(emu: Emulator, request: web.Request) -> web.StreamResponse:
     """GET /repos/{owner}/{repo}."""
     repo, _ = _repo(emu, request)
-    return json_response(convert.repo_json(emu, repo, _access(emu, repo, request)))
+    host_url = f"{request.scheme}://{request.host}/"
+    return json_response(convert.repo_json(emu, repo, _access(emu, repo, request), host_url=host_url))
 
 
 async def get_branch(emu: Emulator, request: web.Request) -> web.StreamResponse:
@@ -894,6 +895,9 @@ def build_app(emu: Emulator) -> web.Application:
     app[EMULATOR_KEY] = emu
     for route in ROUTES:
         app.router.add_route(route.method, route.aiohttp_path, _wrap(emu, route))
+    from bot.emulator.githttp import add_git_routes
+
+    add_git_routes(app, emu)
     return app
 
 

@@ -178,8 +178,19 @@ def comment_json(emu: Emulator, comment: EmuComment) -> JSON:
     }
 
 
-def repo_json(emu: Emulator, repo: EmuRepo, perm: str) -> JSON:
-    """``convert.ToRepo`` seen with access ``perm``; ``clone_url`` is the ``file://`` URL of the bare repo."""
+def clone_url(emu: Emulator, repo: EmuRepo, host_url: str | None) -> str:
+    """``clone_url``: the bare repository's ``file://`` URL (``clone_protocol="file"``, the default), or the
+    http(s) URL as models/repo/repo.go ``ComposeHTTPSCloneURL`` builds it: from ROOT_URL up to 1.25
+    (1.24-1.25 ``PUBLIC_URL_DETECTION=legacy``), from the request's Host in 1.26 (``auto``,
+    modules/httplib/url.go ``GuessCurrentHostURL``; ROOT_URL when there is no request, as in webhooks)."""
+    if emu.clone_protocol == "file":
+        return repo.path.resolve().as_uri()
+    base = host_url if host_url and emu.at_least("1.26") else emu.app_url
+    return f"{base.rstrip('/')}/{repo.owner.login}/{repo.name}.git"
+
+
+def repo_json(emu: Emulator, repo: EmuRepo, perm: str, *, host_url: str | None = None) -> JSON:
+    """``convert.ToRepo`` seen with access ``perm`` (``clone_url``: see ``clone_url``)."""
     level = PERM_LEVEL[perm]
     base = f"{emu.app_url}{repo.full_name}"
     host = urllib.parse.urlsplit(emu.app_url).hostname or "localhost"
@@ -203,7 +214,7 @@ def repo_json(emu: Emulator, repo: EmuRepo, perm: str) -> JSON:
         "url": f"{emu.app_url}api/v1/repos/{repo.full_name}",
         "link": "",
         "ssh_url": f"git@{host}:{repo.full_name}.git",
-        "clone_url": repo.path.resolve().as_uri(),
+        "clone_url": clone_url(emu, repo, host_url),
         "original_url": "",
         "website": "",
         "stars_count": 0,

@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta, timezone, tzinfo
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, Literal
 
 from bot.emulator import convert, gitrepo
 from bot.emulator.faults import Faults
@@ -78,6 +78,7 @@ class Emulator:
         *,
         app_url: str = "http://localhost:3000/",
         root_url: str | None = None,
+        clone_protocol: Literal["file", "http"] = "file",
         tz: tzinfo = DEFAULT_TZ,
         clock: Callable[[], float] = time.time,
         webhook_workers: int = 4,
@@ -90,6 +91,9 @@ class Emulator:
         #: behind a proxy or reached by an internal name); otherwise serving sets it to the listen address.
         self.app_url = (root_url or app_url).rstrip("/") + "/"
         self.root_url_fixed = root_url is not None
+        #: ``file``: clone URLs are the bare repositories' ``file://`` URLs (an explicit option); ``http``:
+        #: http(s) URLs by version rules, served as git smart HTTP with token auth (bot/emulator/githttp.py).
+        self.clone_protocol = clone_protocol
         #: The address the emulator listens on (set by ``start_emulator``).
         self.listen_url = self.app_url.rstrip("/")
         self.tz = tz
