@@ -298,3 +298,32 @@ async def test_an_allocation_without_an_owner_goes_to_the_next_idle_author(tmp_p
         assert busy.refusal is not None and busy.refusal.error == "conflict", busy.doc
         assert busy.refusal.details["reason"] == "authors_busy"
         assert len(await LeaseStore(service.db).open_leases(FULL_NAME)) == 3
+
+
+async def test_a_controllers_stated_exclusions_stand_for_auto_allocation_until_it_lifts_them(
+    tmp_path: Path, start: Started
+) -> None:
+    """The controller's own standing exclusions: the exclusions a controller last stated (MCP or `/allocate`) apply
+    to every automatic decision before ranking, exactly as in its call, until it states others (`[]` lifts them)."""
+    async with open_world(tmp_path, start, roster=ROSTER) as world:
+        emu = world.live.emulator
+        emu.create_issue(OWNER, REPO, title="Canary", author="alice", labels=["priority:p0"])
+        service = world.service
+        runtime = VerbRuntime(db=service.db, settings=service.settings, gitea=service.gitea, bot_login="foreman-bot")
+        controller = caller_for(service.settings, "controller-bot", "mcp")
+        stated = await runtime.call("allocate_next_work", controller, {"owner": "author-1",
+                                                                       "exclude_issue_numbers": [1]})
+        assert stated.ok, stated.doc  # a dry run: nothing leased, the exclusion stands
+        await world.call("alice", "POST", "/issues/1/labels", {"labels": ["status:ready"]})
+        assert await LeaseStore(service.db).history(FULL_NAME, 1) == []
+        from bot.auto_allocation import recent_decisions
+
+        [decision, *_] = await recent_decisions(service.db, FULL_NAME.lower())
+        assert decision["standing_exclusions"] == {"controller-bot": [1]}
+        assert [(s["issue_number"], s["reason"]) for s in decision["skipped"]] == [(1, "excluded_by_controller")]
+        lifted = await runtime.call("allocate_next_work", controller, {"owner": "author-1",
+                                                                       "exclude_issue_numbers": []})
+        assert lifted.ok, lifted.doc
+        number = await world.open_issue("alice", "Next")
+        await world.call("alice", "POST", f"/issues/{number}/labels", {"labels": ["status:ready"]})
+        assert await live(world) == {1: "author-1", 2: "author-2"}
