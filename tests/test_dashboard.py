@@ -184,8 +184,27 @@ async def test_bad_issue_numbers_and_sections_are_typed_refusals(tmp_path: Path,
         assert (await resp.json())["error"] == error
 
 
+async def _table_contents(service: Service) -> dict[str, list[tuple[object, ...]]]:
+    async with service.db.reader.execute("SELECT name FROM sqlite_master WHERE type = 'table'") as cur:
+        names = [row["name"] for row in await cur.fetchall()]
+    out = {}
+    for name in names:
+        async with service.db.reader.execute(f'SELECT * FROM "{name}"') as cur:  # noqa: S608 (sqlite_master)
+            out[name] = [tuple(row) for row in await cur.fetchall()]
+    return out
+
+
 async def test_the_dashboard_is_read_only(tmp_path: Path, start: Started) -> None:
-    _, client = await _client(tmp_path, start)
+    """Every page and API answer (the allocator's dry run included) leaves every table as it was; only GET."""
+    service, client = await _client(tmp_path, start)
+    await _seed(service, client)
+    before = await _table_contents(service)
+    paths = ["/dashboard", "/dashboard/issues/7", "/dashboard/issues/9", "/dashboard/api/overview",
+             "/dashboard/api/issues/7", *(f"/dashboard/api/{s}" for s in ("leases", "journal", "outbox",
+                                                                          "deliveries", "grants", "allocator"))]
+    for path in paths:
+        assert (await client.get(path, headers=AUTH)).status == 200, path
+    assert await _table_contents(service) == before
     for method in ("POST", "PUT", "DELETE", "PATCH"):
         resp = await client.request(method, "/dashboard/api/overview", headers=AUTH)
         assert resp.status == 405, method
