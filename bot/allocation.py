@@ -17,12 +17,14 @@ from bot.config import Settings
 from bot.core.allocator import (
     AllocationDecision,
     AllocationRequest,
+    InputError,
     InvalidDecision,
     RankingPolicy,
     ResumeDecision,
     SelectDecision,
     check_apply,
     decide,
+    normalize_exclusions,
 )
 from bot.core.canonical import CanonicalState
 from bot.core.errors import Envelope
@@ -30,6 +32,7 @@ from bot.core.evidence import render_evidence
 from bot.core.vocabulary import label_for_state
 from bot.gitea import GiteaClient, GiteaError, GiteaNotFound
 from state.db import Database, utcnow
+from state.exclusions import ExclusionStore
 from state.issues import IssueStore
 from state.leases import Lease, LeaseStore, LeaseTaken
 from state.outbox import OutboxIntent, enqueue
@@ -231,6 +234,15 @@ class Allocator:
         )
         moment = now or utcnow()
         mode = self.settings.bootstrap.on_allocate
+        if not call.actor_is_operator and call.exclude_issue_numbers is not None:
+            # A controller's stated exclusions stand for auto-allocation until it states others (issue 20).
+            try:
+                stated = normalize_exclusions(call.exclude_issue_numbers)
+            except InputError:
+                pass  # the decision below refuses the request
+            else:
+                await ExclusionStore(self.db).state(self.repo, call.actor, stated, at=moment,
+                                                    via=call.delivery_id or "mcp")
         if call.dry_run:
             leases = [lease.as_live_lease() for lease in await self.leases.open_leases(self.repo)]
             decision = decide(request, self.policy, leases, moment)

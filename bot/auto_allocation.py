@@ -39,6 +39,7 @@ from bot.core.evidence import render_evidence
 from bot.core.vocabulary import label_for_state
 from bot.gitea import GiteaClient, GiteaError
 from state.db import Database, to_db_time, utcnow
+from state.exclusions import ExclusionStore
 from state.journal import JournalStore
 from state.leases import LeaseStore
 from state.outbox import OutboxIntent, enqueue
@@ -70,6 +71,7 @@ class AutoReport:
     applies: list[dict[str, Any]] = field(default_factory=list)
     skipped: list[dict[str, Any]] = field(default_factory=list)
     pick: dict[str, Any] | None = None
+    standing_exclusions: dict[str, list[int]] = field(default_factory=dict)
     note: str | None = None
     outbox: bool = False  # whether anything was enqueued (the caller wakes the sender)
 
@@ -78,6 +80,7 @@ class AutoReport:
             "trigger": self.trigger, "enabled": self.enabled, "named_owner": self.named_owner,
             "leased": self.leased, "resumed": self.resumed, "blocked": self.blocked, "waiting": self.waiting,
             "applies": self.applies, "skipped": self.skipped, "pick": self.pick, "note": self.note,
+            "standing_exclusions": self.standing_exclusions,
         }
 
 
@@ -150,7 +153,10 @@ async def _run(db: Database, settings: Settings, gitea: GiteaClient, bot_login: 
     repo = _repo(settings)
     cfg = settings.allocator
     named = cfg.auto_allocate_owner or None
-    excluded: set[int] = set()
+    # The controllers' standing exclusions, before ranking, as in their own calls; then issues whose proof failed.
+    report.standing_exclusions = await ExclusionStore(db).standing(repo)
+    standing = {n for numbers in report.standing_exclusions.values() for n in numbers}
+    excluded: set[int] = set(standing)
     done: set[str] = set()
 
     async def apply(owner: str, *, resume: bool) -> AllocationOutcome:
@@ -286,6 +292,7 @@ async def _waiting(db: Database, settings: Settings, allocator: Allocator, repor
                    now: datetime | None) -> None:
     """What is still eligible after the run; when every author is busy, each waiting issue says so once."""
     moment = now or utcnow()
+    standing = {n for numbers in report.standing_exclusions.values() for n in numbers}
     try:
         candidates, open_numbers = await allocator.gather_candidates()
     except GiteaError as exc:
@@ -297,6 +304,9 @@ async def _waiting(db: Database, settings: Settings, allocator: Allocator, repor
                                     open_issue_numbers=open_numbers), allocator.policy, leases, moment)
     leased_now = set(report.leased) | set(report.resumed)
     report.skipped = [s.to_dict() for s in view.skipped if s.issue_number not in leased_now | set(report.blocked)]
+    for entry in report.skipped:
+        if entry["reason"] == "excluded_by_controller" and entry["issue_number"] not in standing:
+            entry["detail"] = f"#{entry['issue_number']} failed its bootstrap proof in this run"
     report.waiting = [r.issue_number for r in view.ranked] if isinstance(view, SelectDecision) else []
     pick = await author_pick(db, settings, moment)
     report.pick = pick.to_dict()

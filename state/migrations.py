@@ -497,4 +497,19 @@ MIGRATIONS: tuple[tuple[int, str, str], ...] = (
         CREATE INDEX auto_allocations_recent ON auto_allocations (repo, id);
         """,
     ),
+    (
+        9,
+        "a controller's standing exclusions (issue 20): the exclusions it last stated, applied to auto-allocation",
+        """
+        CREATE TABLE controller_exclusions (
+            id            INTEGER PRIMARY KEY,
+            repo          TEXT NOT NULL,
+            controller    TEXT NOT NULL,
+            issue_numbers TEXT NOT NULL,
+            stated_at     TEXT NOT NULL,
+            via           TEXT
+        );
+        CREATE INDEX controller_exclusions_latest ON controller_exclusions (repo, controller, id);
+        """,
+    ),
 )
