@@ -20,7 +20,7 @@ from bot.core.evidence import scrub
 from bot.core.vocabulary import label_for_state
 from state.db import Database, from_db_time, to_db_time, utcnow
 from state.deliveries import DeliveryStore
-from state.grants import GrantStore
+from state.grants import GrantIntegrityError, GrantStore
 from state.issues import IssueStore, repo_key
 from state.journal import JournalStore, Transition
 from state.outbox import OutboxEntry, OutboxStore
@@ -177,8 +177,8 @@ async def grants(db: Database, *, limit: int = 50, issue: int | None = None) -> 
             grant = await store.grant(record.run_id)
             calls = [scrub(c) for c in grant.to_dict().get("calls", [])] if grant is not None else []
             integrity = "intact"
-        except Exception as exc:  # GrantIntegrityError: reported, never trusted
-            calls, integrity = [], f"not intact: {type(exc).__name__}"
+        except GrantIntegrityError as exc:  # reported, never trusted
+            calls, integrity = [], f"not intact: {exc}"
         out.append({"run": run, "calls": calls, "grant_integrity": integrity,
                     "decisions": [scrub(d.to_dict()) for d in await store.decisions(record.run_id)]})
     return out

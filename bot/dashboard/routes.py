@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import json
 import logging
 import re
 from collections.abc import Awaitable, Callable
@@ -182,8 +183,6 @@ class Dashboard:
 
 
 def _dumps(doc: Any) -> str:
-    import json
-
     return json.dumps(doc, sort_keys=True, default=str, ensure_ascii=False)
 
 
