@@ -685,7 +685,7 @@ async def _gitea_checks(settings: Settings) -> list[dict[str, Any]]:
                 "and issue scopes.",
             ))
             return skip_rest("needs token")
-        if login != settings.gitea.bot_login:
+        if login.casefold() != (settings.gitea.bot_login or "").casefold():  # Gitea logins ignore case
             checks.append(_failed(
                 "bot_login", "invalid_input",
                 f"the token belongs to {login}, but gitea.bot_login is {settings.gitea.bot_login!r}: the bot would "
