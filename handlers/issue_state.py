@@ -393,7 +393,21 @@ async def on_outbox_complete(store: IssueStore, settings: Settings, entry: Outbo
 
 
 async def on_outbox_failure(store: IssueStore, settings: Settings, entry: OutboxEntry) -> None:
-    """The outbox sender's failure hook: a label sync that ended verification_failed or parked is recorded."""
+    """The outbox sender's failure hook: a label sync that ended verification_failed or parked is recorded;
+    an entry parked because its issue is gone (GiteaIssueGone: Gitea 1.22-1.24 send no ``issues``/``deleted``)
+    ends the issue's leases and cancels its other entries, as the deleted event would."""
+    if entry.status == "parked" and (entry.last_error or "").startswith("GiteaIssueGone"):
+        ended, cancelled, duplicate = await store.record_issue_deleted(
+            _repo(settings), entry.issue_number, sender="", delivery_id=f"outbox:{entry.key}:issue_gone"
+        )
+        if not duplicate:
+            log.warning(
+                "issue #%d is gone (outbox %s): %d lease(s) ended, %d outbox entr(y/ies) cancelled",
+                entry.issue_number,
+                entry.key,
+                ended,
+                cancelled,
+            )
     if entry.kind != "labels":
         return
     snapshot = await store.record_outbox_failure(_repo(settings), entry)

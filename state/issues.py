@@ -553,7 +553,8 @@ class IssueStore:
             for lease_id in lease_ids:
                 await leases.release(conn, lease_id, actor="foreman", reason=ISSUE_DELETED, now=moment)
                 ended += 1
-            cancelled = await cancel_issue_entries(conn, number, reason=f"{ISSUE_DELETED} by {sender}", now=moment)
+            reason = f"{ISSUE_DELETED} by {sender}" if sender else f"{ISSUE_DELETED} (found by the outbox)"
+            cancelled = await cancel_issue_entries(conn, number, reason=reason, now=moment)
             return ended, cancelled, False
 
     async def record_outbox_labels(self, repo: str, entry: OutboxEntry, result: dict[str, Any]) -> IssueSnapshot:

@@ -400,3 +400,54 @@ async def test_page_links_point_at_root_url_and_the_client_pages_on_its_own_url(
         assert sorted(titles) == sorted(f"issue {n}" for n in range(7))
         pages = [r for r in emu.requests if r.route == "/repos/{owner}/{repo}/issues" and r.method == "GET"]
         assert [dict(r.query).get("page", "1") for r in pages[1:]] == ["1", "2", "3"]
+
+
+async def test_on_1_22_a_deleted_issue_is_found_by_the_outbox_and_its_leases_end(
+    tmp_path: Path, start: Started
+) -> None:
+    """1.22.3 sends no issues/deleted: the first write to the gone issue (GiteaIssueGone) does the same
+    bookkeeping: lease released, the issue's other open entries cancelled, an issue_deleted blocker."""
+    from datetime import timedelta
+
+    from state.db import utcnow
+    from state.leases import LeaseStore
+    from state.outbox import OutboxIntent
+
+    async with open_world(tmp_path, start, allocator={"auto": False}) as world:
+        emu = world.live.emulator
+        emu.version = "1.22.3"
+        number = await world.open_issue()
+        leases = LeaseStore(world.service.db)
+        async with world.service.db.transaction() as conn:
+            lease = await leases.acquire(
+                conn,
+                repo=FULL_NAME,
+                issue_number=number,
+                owner="author-1",
+                role="author",
+                action="implement",
+                ttl=timedelta(hours=1),
+                now=utcnow(),
+                actor="test",
+                fingerprint=None,
+                request={},
+            )
+        await world.call(OWNER, "DELETE", f"/issues/{number}")
+        assert not [d for d in emu.deliveries if d.action == "deleted"]
+        first, second = "test-gone-first", "test-gone-second"
+        for key in (first, second):
+            await world.service.outbox.add(
+                OutboxIntent(
+                    key=key, issue_number=number, kind="comment", payload={"body": f"x <!-- foreman:evidence {key} -->"}
+                )
+            )
+        world.service.outbox_wakeup()
+        await world.settle()
+        head = await world.service.outbox.by_key(first)
+        after = await world.service.outbox.by_key(second)
+        assert head is not None and head.status == "parked" and (head.last_error or "").startswith("GiteaIssueGone")
+        assert after is not None and (after.status, after.attempts) == ("parked", 0)
+        assert (after.last_error or "").startswith("cancelled: issue_deleted")
+        found = await leases.get(lease.lease_id)
+        assert found is not None and (found.status, found.end_reason) == ("released", "issue_deleted")
+        assert [b["kind"] for b in await world.store.blockers(FULL_NAME, number)] == ["issue_deleted"]

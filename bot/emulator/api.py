@@ -377,7 +377,8 @@ async def create_issue(emu: Emulator, request: web.Request) -> web.StreamRespons
             isinstance(x, int) and not isinstance(x, bool) for x in raw_labels
         ):
             raise ApiError(422, "labels must be a list of label ids")
-        labels = [label for x in raw_labels if (label := repo.labels.get(x)) is not None]
+        # CreateIssueOption.labels: ids only; the repo's and its org's labels are kept (NewIssueWithIndex).
+        labels = [label for x in raw_labels if (label := emu.label(x)) is not None and emu.usable_label(repo, label)]
         logins = list(form.get("assignees") or [])
         if form.get("assignee"):
             logins.append(form["assignee"])

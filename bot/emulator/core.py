@@ -549,9 +549,10 @@ class Emulator:
                 found += [label for label in self.org_labels(repo.owner) if label.name in wanted]
             return found
         # By id (GetLabelsByIDs, then NewIssueLabels keeps the repo's and its org's labels): every version.
-        return [label for i in ids if (label := self._labels.get(i)) is not None and self._usable(repo, label)]
+        return [label for i in ids if (label := self._labels.get(i)) is not None and self.usable_label(repo, label)]
 
-    def _usable(self, repo: EmuRepo, label: EmuLabel) -> bool:
+    def usable_label(self, repo: EmuRepo, label: EmuLabel) -> bool:
+        """A label of the repository, or of the organization that owns it."""
         return label.repo_id == repo.id or (label.org_id != 0 and label.org_id == repo.owner.id)
 
     def _labels_by_ref(self, repo: EmuRepo, refs: Iterable[int | str]) -> list[EmuLabel]:
@@ -565,7 +566,7 @@ class Emulator:
                 found.extend(matches)
             else:
                 label = self._labels[ref]
-                if not self._usable(repo, label):
+                if not self.usable_label(repo, label):
                     raise KeyError(f"label {ref} is not usable in {repo.full_name}")
                 found.append(label)
         return found
@@ -734,7 +735,7 @@ class Emulator:
             self._emit_issue(issue, "closed" if closed else "reopened", doer)
 
     def _add_label(self, issue: EmuIssue, doer: EmuUser, label: EmuLabel) -> None:
-        if label.id in issue.label_ids or not self._usable(issue.repo, label):
+        if label.id in issue.label_ids or not self.usable_label(issue.repo, label):
             return
         scope = label.exclusive_scope
         if scope:
