@@ -339,6 +339,10 @@ class Service:
             "loops_alive": self.worker.loops_alive(),
             "loops": self.settings.worker.concurrency,
             "writer_alive": self.writer.alive(),
+            "settles_retrying": len(self.worker.settles_retrying),
+            "oldest_settle_retry_s": round(time.time() - min(self.worker.settles_retrying.values()), 1)
+            if self.worker.settles_retrying
+            else None,
         }
         checks["event_loop"] = {"lag_max_s": round(self.lag_monitor.max_lag_s, 4)}
         checks["outbox"] = {

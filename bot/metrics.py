@@ -84,6 +84,11 @@ class Metrics:
             "foreman_worker_loops_alive", "Worker drain loops running (worker.concurrency when healthy)",
             registry=self.registry,
         )
+        self.worker_settles_retrying = Gauge(
+            "foreman_worker_settles_retrying",
+            "Deliveries whose settling commit failed and is being retried (a loop stuck on the database)",
+            registry=self.registry,
+        )
         self.event_loop_lag = Histogram(
             "foreman_event_loop_lag_seconds",
             "How late the event loop ran a timer: time one callback held the loop",

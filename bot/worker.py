@@ -45,7 +45,7 @@ def handler_name(callback: Callable[..., Any]) -> str:
 
 def backoff_delay(attempt: int, *, base_s: float, max_s: float, rng: random.Random | None = None) -> float:
     """Exponential backoff with full jitter: uniform in [0, min(max, base * 2**(attempt-1))], at least base/2."""
-    ceiling = min(max_s, base_s * (2 ** max(0, attempt - 1)))
+    ceiling = min(max_s, base_s * (2 ** min(max(0, attempt - 1), 40)))  # bounded: 2**1024 overflows a float
     return max(base_s / 2, (rng or random).uniform(0, ceiling))
 
 
@@ -74,6 +74,8 @@ class Worker:
         self._stopping = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._inflight: dict[int, asyncio.Task[None]] = {}
+        #: Deliveries whose settling commit is being retried (pk -> since when, epoch seconds).
+        self.settles_retrying: dict[int, float] = {}
 
     # --- lifecycle -------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -110,7 +112,7 @@ class Worker:
         failures = 0
         while not self._stopping.is_set():
             try:
-                await self._drain_once()
+                await self._drain_once(f"{self.worker_id}-{index}")
                 failures = 0
             except asyncio.CancelledError:
                 raise
@@ -122,10 +124,11 @@ class Worker:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._stopping.wait(), timeout=delay)
 
-    async def _drain_once(self) -> None:
+    async def _drain_once(self, owner: str) -> None:
+        """Claim one delivery as ``owner`` (this loop's own claim id) and process it, or wait for work."""
         self.last_tick = time.monotonic()
         try:
-            claimed = await self.store.claim_next(self.worker_id)
+            claimed = await self.store.claim_next(owner)
         except Exception:
             log.exception("claiming a delivery failed; retrying")
             self.metrics.worker_loop_errors.inc()
@@ -135,7 +138,7 @@ class Worker:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.wakeup.wait(), timeout=self.config.poll_interval_s)
             return
-        task = asyncio.create_task(self._process(claimed))
+        task = asyncio.create_task(self._process(claimed, owner))
         self._inflight[claimed.pk] = task
         try:
             await asyncio.shield(task)
@@ -145,7 +148,7 @@ class Worker:
             with contextlib.suppress(BaseException):
                 await task
             with contextlib.suppress(Exception):
-                await self.store.abandon(claimed.pk, self.worker_id)
+                await self.store.abandon(claimed.pk, owner)
             raise
         finally:
             self._inflight.pop(claimed.pk, None)
@@ -166,26 +169,37 @@ class Worker:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stopping.wait(), timeout=max(0.05, self.config.claim_ttl_s / 3))
 
-    async def _heartbeat(self, pk: int) -> None:
+    async def _heartbeat(self, pk: int, owner: str) -> None:
         while True:
             await asyncio.sleep(max(0.05, self.config.claim_ttl_s / 3))
             try:
-                await self.store.heartbeat(pk, self.worker_id)
+                await self.store.heartbeat(pk, owner)
             except Exception:  # the next beat tries again; a lapsed claim is only run again, never lost
                 log.warning("heartbeat of delivery %d failed", pk, exc_info=True)
 
     # --- one delivery ----------------------------------------------------------------------------------
-    async def _process(self, delivery: StoredDelivery) -> None:
+    async def _process(self, delivery: StoredDelivery, owner: str) -> None:
         token = delivery_var.set(delivery.delivery_id)
         started = time.perf_counter()
-        heartbeat = asyncio.create_task(self._heartbeat(delivery.pk))
+        heartbeat = asyncio.create_task(self._heartbeat(delivery.pk, owner))
         try:
-            refusal = self._refusal(delivery)
+            payload, refusal = self._dispatchable(delivery)
             if refusal is not None:
-                await self._durably(lambda: self._settle_refusal(delivery, refusal), delivery)
+                await self._durably(delivery, owner, lambda: self._settle_refusal(delivery, owner, refusal))
             else:
-                results, unrecorded = await self.run_handlers(delivery)
-                await self._durably(lambda: self._settle(delivery, results, unrecorded), delivery)
+                results, unrecorded = await self.run_handlers(delivery, payload)
+
+                async def settle() -> None:
+                    await self._settle(delivery, owner, results, unrecorded)
+
+                async def keep_results() -> None:
+                    # The settle commit carries the last handler's result; before retrying it, record that result
+                    # on its own, so a shutdown during the retries never runs a finished handler again.
+                    for name, error in list(unrecorded.items()):
+                        await self.store.record_handler(delivery.pk, name, error=error)
+                        del unrecorded[name]
+
+                await self._durably(delivery, owner, settle, on_failure=keep_results)
         finally:
             heartbeat.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -193,54 +207,77 @@ class Worker:
             self.metrics.processing_seconds.labels(metric_event(delivery.event)).observe(time.perf_counter() - started)
             delivery_var.reset(token)
 
-    def _refusal(self, delivery: StoredDelivery) -> Refusal | None:
-        """Why the delivery reaches no handler (another repository, an unroutable shape), or None."""
+    def _dispatchable(self, delivery: StoredDelivery) -> tuple[Any, Refusal | None]:
+        """The payload (parsed once) and why it reaches no handler (another repository, an unroutable shape)."""
         try:
             payload = json.loads(delivery.body)
         except (ValueError, RecursionError) as exc:
-            return Refusal("failed", f"undispatchable: the stored body is not JSON ({type(exc).__name__})")
-        return refuse_dispatch(payload, self.served)
+            return None, Refusal("failed", f"undispatchable: the stored body is not JSON ({type(exc).__name__})")
+        return payload, refuse_dispatch(payload, self.served)
 
-    async def _settle_refusal(self, delivery: StoredDelivery, refusal: Refusal) -> None:
+    async def _settle_refusal(self, delivery: StoredDelivery, owner: str, refusal: Refusal) -> None:
         label = metric_event(delivery.event)
         if refusal.outcome == "ignored":
-            await self.store.ignore(delivery.pk, self.worker_id, reason=refusal.reason)
+            await self.store.ignore(delivery.pk, owner, reason=refusal.reason)
             self.metrics.deliveries.labels(label, "ignored").inc()
             log.info("delivery ignored: %s", refusal.reason)
             return
-        await self.store.park_failed(delivery.pk, self.worker_id, error=refusal.reason)
+        await self.store.park_failed(delivery.pk, owner, error=refusal.reason)
         self.metrics.deliveries.labels(label, "failed").inc()
         log.error("delivery parked as failed: %s", refusal.reason)
 
-    async def _durably(self, settle: Callable[[], Awaitable[None]], delivery: StoredDelivery) -> None:
+    async def _durably(
+        self,
+        delivery: StoredDelivery,
+        owner: str,
+        settle: Callable[[], Awaitable[None]],
+        *,
+        on_failure: Callable[[], Awaitable[None]] | None = None,
+    ) -> None:
         """Run a settling commit until it lands (a full disk, a locked database), backing off between tries.
 
-        At shutdown it gives up: the claim then lapses and the delivery runs again, its finished handlers
-        skipped, so nothing is lost and nothing finished repeats.
+        While it retries, ``foreman_worker_settles_retrying`` counts it and /readyz names it. At shutdown it
+        gives up: the claim then lapses and the delivery runs again, its finished handlers skipped (``on_failure``
+        records what the settle commit would have), so nothing is lost and nothing finished repeats.
         """
         attempt = 0
-        while True:
-            try:
-                await settle()
-                return
-            except Exception:
-                attempt += 1
-                self.metrics.worker_loop_errors.inc()
-                log.exception("settling delivery %d failed (attempt %d); retrying", delivery.pk, attempt)
-                if self._stopping.is_set():
+        try:
+            while True:
+                try:
+                    await settle()
                     return
-                delay = backoff_delay(attempt, base_s=self.config.backoff_base_s / 4, max_s=self.config.backoff_max_s)
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._stopping.wait(), timeout=delay)
+                except Exception:
+                    attempt += 1
+                    if attempt == 1:
+                        self.settles_retrying[delivery.pk] = time.time()
+                        self.metrics.worker_settles_retrying.set(len(self.settles_retrying))
+                    self.metrics.worker_loop_errors.inc()
+                    log.exception("settling delivery %d failed (attempt %d); retrying", delivery.pk, attempt)
+                    if on_failure is not None:
+                        with contextlib.suppress(Exception):
+                            await on_failure()
+                    if self._stopping.is_set():
+                        return
+                    delay = backoff_delay(
+                        attempt, base_s=self.config.backoff_base_s / 4, max_s=self.config.backoff_max_s
+                    )
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self._stopping.wait(), timeout=delay)
+        finally:
+            if self.settles_retrying.pop(delivery.pk, None) is not None:
+                self.metrics.worker_settles_retrying.set(len(self.settles_retrying))
 
-    async def run_handlers(self, delivery: StoredDelivery) -> tuple[dict[str, str | None], dict[str, str | None]]:
+    async def run_handlers(
+        self, delivery: StoredDelivery, payload: Any = None
+    ) -> tuple[dict[str, str | None], dict[str, str | None]]:
         """Run every matching handler not yet done for this delivery; one failure never stops the others.
 
         Returns (every result of this run, the results not yet recorded): handler → error (None: done). Each
         result is recorded as soon as a later sibling is about to run (so a crash never repeats a finished
         sibling); the last one is recorded in the commit that settles the delivery (one commit fewer).
         """
-        event = sansio.Event(json.loads(delivery.body), event=delivery.event, delivery_id=delivery.delivery_id)
+        data = json.loads(delivery.body) if payload is None else payload
+        event = sansio.Event(data, event=delivery.event, delivery_id=delivery.delivery_id)
         already = await self.store.done_handlers(delivery.pk)
         adapter = logging.LoggerAdapter(log, {"delivery": delivery.delivery_id, "event": delivery.event})
         context = HandlerContext(delivery=delivery, log=adapter, deps=self.deps)
@@ -273,16 +310,16 @@ class Worker:
         return results, pending
 
     async def _settle(
-        self, delivery: StoredDelivery, results: dict[str, str | None], unrecorded: dict[str, str | None]
+        self, delivery: StoredDelivery, owner: str, results: dict[str, str | None], unrecorded: dict[str, str | None]
     ) -> None:
         errors = {name: error for name, error in results.items() if error is not None}
         if not errors:
-            await self.store.finish(delivery.pk, self.worker_id, handler_results=unrecorded)
+            await self.store.finish(delivery.pk, owner, handler_results=unrecorded)
             self.metrics.deliveries.labels(metric_event(delivery.event), "done").inc()
             return
         summary = "; ".join(f"{name}: {message}" for name, message in sorted(errors.items()))
         if delivery.attempts >= self.config.max_attempts or "router.fetch" in errors:  # retrying cannot route it
-            await self.store.park_failed(delivery.pk, self.worker_id, error=summary, handler_results=unrecorded)
+            await self.store.park_failed(delivery.pk, owner, error=summary, handler_results=unrecorded)
             self.metrics.deliveries.labels(metric_event(delivery.event), "failed").inc()
             log.error("delivery parked as failed after %d attempts: %s", delivery.attempts, summary)
             return
@@ -291,7 +328,7 @@ class Worker:
         )
         await self.store.retry_later(
             delivery.pk,
-            self.worker_id,
+            owner,
             error=summary,
             next_attempt_at=utcnow() + timedelta(seconds=delay),
             handler_results=unrecorded,

@@ -455,3 +455,155 @@ async def test_readyz_is_503_naming_why_when_the_database_cannot_take_a_write(st
     assert resp.status == 503 and doc["checks"]["database"]["ok"] is False, doc
     await service.db.reader.execute("PRAGMA query_only = OFF")
     assert (await client.get("/readyz")).status == 200
+
+
+# --------------------------------------------------------------------------- the review's untested guards
+
+
+async def test_a_pass_that_raises_does_not_end_its_loop(start: Started, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 12.3: whatever one pass of a loop raises (here: reading finished handlers), the loop lives on."""
+    calls: list[str] = []
+    service, client = await start(router=recording_router(calls))
+    real = DeliveryStore.done_handlers
+    failures = {"left": 2}
+
+    async def flaky(self: DeliveryStore, pk: int) -> set[str]:
+        if failures["left"] > 0:
+            failures["left"] -= 1
+            raise sqlite3.OperationalError("disk I/O error")
+        return await real(self, pk)
+
+    monkeypatch.setattr(DeliveryStore, "done_handlers", flaky)
+    body = payload()
+    await client.post("/webhook", data=body, headers=webhook_headers(body, delivery="pass-1"))
+    await wait_status(service, "pass-1", "done", timeout=20)
+    assert calls == ["pass-1"] and failures["left"] == 0
+    assert service.worker.loops_alive() == service.settings.worker.concurrency
+
+
+async def test_a_retried_settle_runs_the_handler_once_and_records_its_result_first(
+    start: Started, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 12.3: the settle commit is retried (not left to the reaper), and before the retry the handler's
+    result is recorded on its own, so a shutdown during the retries never runs a finished handler again."""
+    calls: list[str] = []
+    service, client = await start(router=recording_router(calls))
+    real_finish = DeliveryStore.finish
+    seen_recorded: list[set[str]] = []
+
+    async def flaky_finish(self: DeliveryStore, pk: int, *args: Any, **kwargs: Any) -> bool:
+        seen_recorded.append(await self.done_handlers(pk))
+        if len(seen_recorded) < 3:
+            raise sqlite3.OperationalError("database or disk is full")
+        return await real_finish(self, pk, *args, **kwargs)
+
+    monkeypatch.setattr(DeliveryStore, "finish", flaky_finish)
+    body = payload()
+    await client.post("/webhook", data=body, headers=webhook_headers(body, delivery="settle-1"))
+    await wait_status(service, "settle-1", "done", timeout=20)
+    row = await service.store.get("settle-1")
+    assert row is not None and row.attempts == 1  # retried in place, never reclaimed and run again
+    assert calls == ["settle-1"]
+    handler = "tests.test_fail_closed.recording_router.<locals>.record"
+    assert seen_recorded[0] == set() and handler in seen_recorded[1]
+    assert not service.worker.settles_retrying
+
+
+def test_backoff_stays_finite_however_many_attempts() -> None:
+    """A settle retried for days must not overflow the backoff (2**1024 is past a float)."""
+    from bot.worker import backoff_delay
+
+    assert 0 < backoff_delay(5_000, base_s=0.5, max_s=300.0) <= 300.0
+
+
+async def test_each_loop_claims_under_its_own_id(start: Started) -> None:
+    """Settles are conditional on the claim's owner: two loops of one worker must not share it."""
+    gate = asyncio.Event()
+    router = routing.Router()
+
+    @router.register("issues")
+    async def hold(event: sansio.Event, ctx: HandlerContext) -> None:
+        await gate.wait()
+
+    service, client = await start(router=router)
+    for i in range(2):
+        body = payload(number=i + 1)
+        await client.post("/webhook", data=body, headers=webhook_headers(body, delivery=f"own-{i}"))
+    for i in range(2):
+        await wait_status(service, f"own-{i}", "processing")
+    async with service.db.reader.execute("SELECT claimed_by FROM deliveries ORDER BY id") as cur:
+        owners = [row[0] for row in await cur.fetchall()]
+    gate.set()
+    assert len(set(owners)) == 2 and all(o.startswith(service.worker.worker_id) for o in owners), owners
+    for i in range(2):
+        await wait_status(service, f"own-{i}", "done")
+
+
+async def test_a_body_with_too_many_values_is_refused_before_parsing(start: Started) -> None:
+    """Issue 12.5: parsing costs per value: 5 MB of `[],` held the loop ~0.5 s. Gitea sends a few hundred."""
+    service, client = await start()
+    for body in (b"[" + b",".join([b"[]"] * 60_000) + b"]", b'{"a": [' + b",".join([b"1"] * 150_000) + b"]}"):
+        resp = await client.post("/webhook", data=body, headers=_signed(body))
+        assert resp.status == 413 and (await resp.json())["error"] == "payload_too_complex"
+    assert await service.store.list() == []
+
+
+async def test_every_kept_header_must_be_printable_utf8(start: Started) -> None:
+    """Issue 12.4: not only X-Gitea-Event: any header stored with the delivery (X-Gitea-Event-Type, User-Agent)."""
+    _service, client = await start()
+    body = payload()
+    for name in (b"X-Gitea-Event-Type", b"User-Agent", b"X-Gitea-Hook-Installation-Target-Type"):
+        headers = [*signed_headers(body, delivery=f"hdr-{name.decode()}"), (name, b"x\xff\xfey")]
+        status, doc = await raw_post(client.port or 0, headers, body)
+        assert status == 400 and doc["error"] == "bad_header" and name.decode() in doc["message"], (name, doc)
+
+
+def test_admission_itself_refuses_a_content_encoding() -> None:
+    """The pure admission refuses it too (the HTTP edge checks first, before reading the body)."""
+    body = payload()
+    verdict = admit(
+        {**webhook_headers(body), "Content-Encoding": "gzip"}, body, secrets=[SECRET.encode()], max_body_bytes=10**6
+    )
+    assert not isinstance(verdict, Delivery) and verdict.status == 415
+
+
+def test_an_atx_closing_run_needs_a_blank_before_it() -> None:
+    """CommonMark: `## Canonical Issue State#` keeps its `#` (not a heading here); ` ##` closes the heading."""
+    assert parse_comment(f"## {HEADING_TEXT}#\nSTATE: ready").block_count == 0
+    assert parse_comment(f"## {HEADING_TEXT} ##\nSTATE: ready").block_count == 1
+    assert parse_comment(f"## {HEADING_TEXT}\t#\nSTATE: ready").block_count == 1
+
+
+def test_the_comment_bound_is_64_kib() -> None:
+    """Pinned by value: the bound is part of the contract in docs/canonical-state.md."""
+    block = f"## {HEADING_TEXT}\nSTATE: ready\n"
+    assert parse_comment(block + "x" * (65_536 - len(block))).block_count == 1
+    assert parse_comment(block + "x" * (65_537 - len(block))).block_count == 0
+
+
+@pytest.mark.parametrize(("argument", "value"), [("owner", "author-1\n"), ("owner", "author-1\r")])
+def test_a_trailing_line_break_is_not_part_of_a_login(argument: str, value: str) -> None:
+    """Issue 12.8: `$` in a Python pattern also matches before a final newline; the schema must not."""
+    from bot.core.verbs import VERBS
+
+    _, problems = VERBS["allocate_next_work"].check_arguments({argument: value})
+    assert [p["argument"] for p in problems] == [argument]
+
+
+@pytest.mark.parametrize("reason", ["done\n", "done\r\n", "done\n\n"])
+def test_a_trailing_line_break_is_not_part_of_one_line_of_text(reason: str) -> None:
+    from bot.core.verbs import VERBS
+
+    _, problems = VERBS["release_lease"].check_arguments({"issue_number": 1, "reason": reason})
+    assert [p["argument"] for p in problems] == ["reason"]
+
+
+def test_a_state_with_an_unknown_key_is_refused() -> None:
+    from bot.core.verbs import VERBS
+    from tests.test_verbs_table import VALID_STATE
+
+    verb = VERBS["post_issue_state"]
+    base = {"issue_number": 1, "state": dict(VALID_STATE)}
+    assert verb.check_arguments(base)[1] == []
+    _, problems = verb.check_arguments({**base, "state": {**VALID_STATE, "stat": "ready"}})
+    assert [p["argument"] for p in problems] == ["state"]
