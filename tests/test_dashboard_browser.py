@@ -4,9 +4,9 @@
 a database with an allocation, a bootstrap transition with its journal phases, a lock, a release and verified
 evidence comments. A second real `foreman serve` is started on that database with `[dashboard] token`, and Debian's
 Chromium, driven by Selenium through Debian's chromedriver, opens it as a maintainer would: ?token= once (the token
-leaves the address bar, the cookie is HttpOnly), the front page, the issue's page, a phone-sized window. Screenshots
-go to docs/screenshots/ (or $FOREMAN_SCREENSHOTS_DIR). Skipped with one line where Chromium is absent (never in
-CI: `.ci/run` installs it and fails on any skip).
+leaves the address bar, the cookie is HttpOnly), the front page, the issue's page, a phone-sized window.
+Screenshots go to a temporary folder, or to $FOREMAN_SCREENSHOTS_DIR (docs/screenshots/ refreshes the README's).
+Skipped with one line where Chromium is absent (never in CI: `.ci/run` installs it and fails on any skip).
 """
 
 from __future__ import annotations
@@ -37,7 +37,9 @@ from tests.conftest import REPO_ROOT
 CHROMIUM = Path(os.environ.get("FOREMAN_CHROMIUM", "/usr/bin/chromium"))
 CHROMEDRIVER = Path(os.environ.get("FOREMAN_CHROMEDRIVER", "/usr/bin/chromedriver"))
 TOKEN = "browser-dashboard-token-0123456789"
-SHOTS = Path(os.environ.get("FOREMAN_SCREENSHOTS_DIR") or REPO_ROOT / "docs" / "screenshots")
+# Where the screenshots go: a temporary folder, so a test run never changes the checkout; the ones in
+# docs/screenshots/ (shown by the README) are refreshed with FOREMAN_SCREENSHOTS_DIR=docs/screenshots.
+SHOTS = Path(os.environ.get("FOREMAN_SCREENSHOTS_DIR") or Path(tempfile.gettempdir()) / "foreman-screenshots")
 
 
 def _missing() -> str | None:
