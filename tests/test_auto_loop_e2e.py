@@ -101,6 +101,13 @@ async def test_three_authors_and_five_ready_issues_give_three_leases_with_worktr
         assert "every author" in state.next_action and "busy" in state.next_action, state.next_action
     for entry in await world.service.outbox.list(limit=1000):
         assert entry.status == "done", entry.summary()
+    from bot import invariants
+    from bot.bootstrap import BootstrapContext
+
+    checkout = BootstrapContext.from_service(world.service).checkout_path
+    facts = await invariants.gather(database=world.service.settings.database.path, client=world.service.gitea,
+                                    bot_login="foreman-bot", checkout=checkout, require_bootstrap=True)
+    assert invariants.check(facts) == []
 
 
 async def test_a_release_hands_the_next_ready_issue_to_the_freed_author_once(world: World) -> None:
