@@ -334,3 +334,44 @@ async def test_a_controllers_stated_exclusions_stand_for_auto_allocation_until_i
         number = await world.open_issue("alice", "Next")
         await world.call("alice", "POST", f"/issues/{number}/labels", {"labels": ["status:ready"]})
         assert await live(world) == {1: "author-1", 2: "author-2"}
+
+
+async def test_a_bootstrap_gitea_could_not_serve_is_resumed_by_the_retried_delivery(world: World) -> None:
+    """A 5xx spell on the branch reads (past the client's own retries) while the proofs and bootstraps run: the
+    delivery is retried (a failed read leases nothing, a lease whose bootstrap could not finish is resumed for its
+    owner), and every author ends with one lease and one worktree (nothing leased twice)."""
+    emu = world.live.emulator
+    for n in range(1, 3):
+        emu.create_issue(OWNER, REPO, title=f"Task {n}", author="alice", labels=["status:ready"])
+    number = await world.open_issue("alice", "Task 3")
+    rule = emu.faults.fail("GET", "/repos/{owner}/{repo}/branches/{branch}", status=502, times=8)
+    await world.call("alice", "POST", f"/issues/{number}/labels", {"labels": ["status:ready"]}, settle=False)
+    await world.settle(timeout=30)
+    assert rule.remaining == 0
+    [label] = [d for d in emu.deliveries if d.event_type == "issue_label" and d.payload["sender"]["login"] == "alice"]
+    stored = await world.service.store.get(label.delivery_id)
+    assert stored is not None and stored.attempts > 1
+    assert await live(world) == {1: "author-1", 2: "author-2", 3: "author-3"}
+    for n, owner in ((1, "author-1"), (2, "author-2"), (3, "author-3")):
+        await assert_bootstrapped(world, n, owner)
+
+
+async def test_the_next_trigger_finishes_a_lease_left_without_its_bootstrap(world: World) -> None:
+    """A live lease whose bootstrap never ran (a process killed right after the lease commit): the next automatic run
+    resumes it for its owner first (bootstrap completed, lease `resumed`), then allocates the rest."""
+    service = world.service
+    emu = world.live.emulator
+    emu.create_issue(OWNER, REPO, title="Crashed", author="alice", labels=["status:ready"])
+    unstarted = service.settings.model_copy(
+        update={"bootstrap": service.settings.bootstrap.model_copy(update={"on_allocate": "preflight"})})
+    outcome = await Allocator(service.db, unstarted, service.gitea, bot_login="foreman-bot").run(
+        AllocationCall(actor="controller-bot", owner="author-3", dry_run=False))
+    assert outcome.applied and outcome.lease is not None
+    await world.settle()
+    number = await world.open_issue("alice", "Next")
+    await world.call("alice", "POST", f"/issues/{number}/labels", {"labels": ["status:ready"]})
+    assert await live(world) == {1: "author-3", 2: "author-1"}
+    await assert_bootstrapped(world, 1, "author-3")
+    await assert_bootstrapped(world, 2, "author-1")
+    kinds = [e["kind"] for e in await LeaseStore(service.db).events(outcome.lease.lease_id)]
+    assert kinds == ["acquired", "resumed"], kinds
