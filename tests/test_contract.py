@@ -45,6 +45,9 @@ from tests.gitea_fixtures import (
     webhook_sink,
 )
 
+#: Every test here checks against Gitea's own spec or payloads in ../shared.
+pytestmark = pytest.mark.needs_shared
+
 SWAGGER_FILE = SHARED / "gitea" / "swagger.v1.json"
 URN = "urn:gitea-swagger-v1.26.3"
 _REPO = "/repos/{owner}/{repo}"

@@ -288,6 +288,7 @@ async def test_webhook_header_set_is_complete(hooked: LiveEmulator, sink: Webhoo
     assert "X-GitHub-Hook-ID" not in headers
 
 
+@pytest.mark.needs_shared
 async def test_go_json_and_sign_body_match_real_gitea_bytes() -> None:
     """go_json reproduces real MarshalIndent bodies byte for byte; sign_body matches known HMAC vectors."""
     for name, signature in GO_PLAYGROUND_SIGNATURES.items():
