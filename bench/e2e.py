@@ -4,11 +4,13 @@
 
 Set-up (not timed), the same as ``foreman demo`` (``bot.demo.open_harness``): the Gitea emulator in this process on
 loopback, with a real bare repository, users and the status labels; a real ``foreman serve`` subprocess (SQLite in
-WAL mode, synchronous NORMAL, on /dev/shm when it exists) with auto-allocation for ``author-1`` and
-``[bootstrap] on_allocate = "run"``; the repository webhook registered by the maintainer; ``--issues`` issues
+WAL mode, synchronous NORMAL, on /dev/shm when it exists) on the defaults: auto-allocation to the next idle roster
+author (the roster's only one, ``author-1``) with the bootstrap run as part of the allocation, proven before the
+lease; the repository webhook registered by the maintainer; ``--issues`` issues
 opened up front (their ``opened`` webhooks handled before the clock starts); and ``foreman mcp`` for the author.
 
-Timed, one issue at a time (one author holds one lease at a time, so auto-allocation serves issues in turn):
+Timed, one issue at a time (the one author holds at most ``max_leases_per_author = 1`` lease, so auto-allocation
+serves issues in turn):
 
 1. the maintainer labels the issue ``status:ready`` (the clock starts just before that API call);
 2. foreman receives the signed webhook, records the candidate, allocates (lease, label, assignee, evidence), runs
