@@ -1,0 +1,300 @@
+"""Issue 16 items 1-2, done-when: `foreman serve` really stopped while the emulator keeps its state; what happened
+meanwhile is caught up from Gitea (bot/reconcile.py) through the same handlers, exactly once.
+
+Each test is bounded: the service runs with ``[reconcile] interval_s = 2`` and every wait is a few intervals.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sqlite3
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from bot.core.canonical import CanonicalState, render
+from bot.core.vocabulary import status_labels
+from bot.emulator.webhooks import Delivery
+from tests.gitea_fixtures import BOT, OWNER, REPO, TOKENS, LiveEmulator, live_emulator, scratch_dir
+from tests.support import SECRET
+from tests.test_process import ServeProcess
+
+INTERVAL_S = 2.0
+#: What "within one reconcile interval after the restart" allows on top: the worker and outbox finishing.
+SLACK_S = 6.0
+CONTROLLER = "controller-bot"
+AUTHOR = "author-1"
+USER_TOKENS = {CONTROLLER: "tok-controller-0007", AUTHOR: "tok-author-1-0006"}
+READY = "status:ready"
+
+
+def _config(proc: ServeProcess, base_url: str, root: Path) -> str:
+    return f"""
+[server]
+port = {proc.port}
+shutdown_grace_s = 1.0
+[webhook]
+secrets = ["{SECRET}"]
+[database]
+path = "{proc.db}"
+synchronous = "NORMAL"
+[gitea]
+url = "{base_url}"
+token = "{TOKENS[BOT]}"
+bot_login = "{BOT}"
+timeout_s = 5.0
+max_attempts = 2
+backoff_base_s = 0.02
+[repository]
+owner = "{OWNER}"
+name = "{REPO}"
+checkout_root = "{root / 'checkouts'}"
+[worker]
+concurrency = 2
+poll_interval_s = 0.05
+claim_ttl_s = 1.5
+backoff_base_s = 0.05
+backoff_max_s = 0.5
+[outbox]
+poll_interval_s = 0.1
+backoff_base_s = 0.05
+backoff_max_s = 0.5
+[allocator]
+auto = false
+[bootstrap]
+on_allocate = "off"
+[reconcile]
+interval_s = {INTERVAL_S}
+overlap_s = 5
+[roster]
+"{CONTROLLER}" = ["controller"]
+"{AUTHOR}" = ["author"]
+"""
+
+
+def _state_comment() -> str:
+    block = render(
+        CanonicalState(
+            state="blocked",
+            who_is_next=CONTROLLER,
+            next_action="controller: unblock it",
+            next_prompt="",
+            what_happened="the controller blocked it while foreman was down",
+            why="the catch-up test says so",
+            related_prs=(),
+            blockers="waiting on design",
+            validation="none",
+            last_updated_by=CONTROLLER,
+        )
+    )
+    return f"Blocked for now.\n\n{block}"
+
+
+class Outage:
+    """A live emulator with a hook to a `foreman serve` subprocess that the test stops and starts."""
+
+    def __init__(self, live: LiveEmulator, proc: ServeProcess) -> None:
+        self.live = live
+        self.emu = live.emulator
+        self.proc = proc
+
+    async def start(self) -> None:
+        await self.proc.start("serve", "--config", str(self.proc.config))
+
+    def db(self, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+        with sqlite3.connect(self.proc.db) as conn:
+            return conn.execute(sql, params).fetchall()
+
+    async def get(self, path: str) -> tuple[int, str]:
+        async with aiohttp.ClientSession() as session, session.get(f"{self.proc.url}{path}") as resp:
+            return resp.status, await resp.text()
+
+    async def readyz(self) -> dict[str, Any]:
+        _, text = await self.get("/readyz")
+        doc: dict[str, Any] = json.loads(text)
+        return doc
+
+    async def wait(self, predicate: Any, what: str, timeout: float) -> float:
+        """Wait until ``predicate()`` holds; returns the seconds it took."""
+        started = time.monotonic()
+        while time.monotonic() - started < timeout:
+            if predicate():
+                return time.monotonic() - started
+            await asyncio.sleep(0.05)
+        raise AssertionError(
+            f"timed out after {timeout}s waiting for {what}; stderr tail: {self.proc.stderr.read_text()[-3000:]}"
+        )
+
+    async def first_pass_done(self) -> None:
+        async def probe() -> bool:
+            doc = await self.readyz()
+            return bool((doc["checks"].get("reconcile") or {}).get("last_success_at"))
+
+        for _ in range(200):
+            if await probe():
+                return
+            await asyncio.sleep(0.05)
+        raise AssertionError(f"no reconcile pass finished: {await self.readyz()}")
+
+    def reply_count(self, number: int, comment_id: int) -> int:
+        issue = self.emu.issue(OWNER, REPO, number)
+        return sum(
+            1 for c in issue.comments if c.poster.login == BOT and f"command:{comment_id}:reply" in c.body
+        )
+
+    def failed_deliveries(self) -> list[Delivery]:
+        return [d for d in self.emu.deliveries if not d.ok]
+
+    def effects(self) -> dict[str, Any]:
+        """Everything an event can change: Gitea's comments and labels, leases, outbox, issue state."""
+        return {
+            "gitea": [
+                (i.number, sorted(self.emu.label_names(OWNER, REPO, i.number)), [(c.id, c.body) for c in i.comments])
+                for i in sorted(self.emu.repo(OWNER, REPO).issues.values(), key=lambda i: i.number)
+            ],
+            "leases": self.db("SELECT lease_id, status FROM leases ORDER BY id"),
+            "outbox": self.db("SELECT idempotency_key, status FROM outbox ORDER BY id"),
+            "issues": self.db("SELECT number, is_open, candidate, state_json FROM issues ORDER BY number"),
+            "candidates": self.db("SELECT number, delivery_id FROM issue_events WHERE made_candidate = 1"),
+        }
+
+
+@pytest.fixture
+async def outage() -> AsyncIterator[Outage]:
+    root = scratch_dir("foreman-reconcile-")
+    async with live_emulator() as live:
+        emu = live.emulator
+        for login, token in USER_TOKENS.items():
+            emu.add_user(login, token=token)
+        for label in status_labels():
+            emu.create_label(OWNER, REPO, label, color="#00aa00")
+        for n in range(1, 4):
+            emu.create_issue(OWNER, REPO, title=f"Catch-up work item {n}", author="alice")
+        proc = ServeProcess(root, module="bot", config=root / "foreman.toml")
+        proc.config.write_text(_config(proc, live.base_url, root), encoding="utf-8")
+        emu.add_hook(OWNER, REPO, url=f"{proc.url}/webhook", secret=SECRET, events=["issues", "issue_comment"])
+        try:
+            yield Outage(live, proc)
+        finally:
+            if proc.proc is not None and proc.proc.returncode is None:
+                await proc.kill()
+            import shutil
+
+            shutil.rmtree(root, ignore_errors=True)
+
+
+async def _events_during_outage(o: Outage) -> tuple[int, int]:
+    """With the service down: #1 gets status:ready, a controller posts /allocate on it, and a state block on #2."""
+    o.emu.add_labels(OWNER, REPO, 1, [READY], actor=CONTROLLER, notify=True)
+    command = o.emu.create_comment(
+        OWNER, REPO, 1, author=CONTROLLER, body=f"/allocate --owner {AUTHOR}", notify=True
+    )
+    state = o.emu.create_comment(OWNER, REPO, 2, author=CONTROLLER, body=_state_comment(), notify=True)
+    await o.emu.drain_webhooks()
+    return command.id, state.id
+
+
+def _handled(o: Outage, command_id: int) -> bool:
+    rows = o.db("SELECT state_json FROM issues WHERE number = 2")
+    state = json.loads(rows[0][0]) if rows and rows[0][0] else {}
+    return o.reply_count(1, command_id) == 1 and state.get("state") == "blocked" and bool(o.db("SELECT 1 FROM leases"))
+
+
+async def test_events_while_the_service_was_down_are_caught_up_once_and_replays_change_nothing(
+    outage: Outage,
+) -> None:
+    o = outage
+    await o.start()
+    await o.first_pass_done()
+    await o.proc.kill()  # SIGKILL: no shutdown hook runs
+
+    command_id, state_id = await _events_during_outage(o)
+    missed = o.failed_deliveries()
+    assert len(missed) == 3, [d.event for d in missed]  # Gitea tried once each and gave up: nothing was stored
+
+    await o.start()
+    took = await o.wait(lambda: _handled(o, command_id), "the outage's events handled", INTERVAL_S + SLACK_S)
+    assert took <= INTERVAL_S + SLACK_S
+
+    # Each exactly once: one reply, one lease, #1 became a candidate once, #2's state is the block's.
+    await asyncio.sleep(INTERVAL_S * 1.5)  # a further pass finds nothing new
+    assert o.reply_count(1, command_id) == 1
+    assert len(o.db("SELECT lease_id FROM leases")) == 1
+    assert len(o.db("SELECT 1 FROM issue_events WHERE number = 1 AND made_candidate = 1")) == 1
+    synthetic = o.db("SELECT delivery_id, status FROM deliveries WHERE delivery_id LIKE 'reconcile:%' ORDER BY id")
+    kinds = sorted(row[0].split(":")[1] for row in synthetic)
+    assert kinds == ["comment", "comment", "issue"], synthetic
+    assert all(row[1] == "done" for row in synthetic), synthetic
+    assert any(f"reconcile:comment:{state_id}:" in row[0] for row in synthetic)
+
+    # Gaps are visible: /readyz, /metrics, and `foreman deliveries --json` name the last pass and what it found.
+    check = (await o.readyz())["checks"]["reconcile"]
+    assert check["found_total"] >= 3 and check["last_error"] is None, check
+    assert check["down_window"]["from"] and check["down_window"]["seconds"] >= 0, check
+    _, metrics = await o.get("/metrics")
+    assert 'foreman_reconcile_found_total{kind="comment"} 2.0' in metrics
+    assert 'foreman_reconcile_found_total{kind="issue"} 1.0' in metrics
+    assert "foreman_reconcile_last_success_timestamp_seconds" in metrics
+    assert "service was down" in o.proc.stderr.read_text()
+
+    before = o.effects()
+    # A Replay (Gitea's button: the same body under a new delivery id) of each missed delivery changes nothing.
+    for delivery in missed:
+        o.emu.replay_delivery(delivery.delivery_id)
+    await o.emu.drain_webhooks()
+    replays = [d for d in o.emu.deliveries if d.replay_of is not None]
+    assert len(replays) == 3 and all(d.ok for d in replays), [(d.status, d.error) for d in replays]
+    # A late webhook (the original delivery id, arriving after catch-up) is a no-op too.
+    for delivery in missed:
+        assert await o.proc.post(delivery.body, delivery=delivery.delivery_id) == 202
+    ids = [d.delivery_id for d in [*replays, *missed]]
+    await o.wait(
+        lambda: all((o.proc.status(i) or ("", 0))[0] in ("done", "ignored_self") for i in ids),
+        "replays and late webhooks settled",
+        10.0,
+    )
+    await asyncio.sleep(0.5)  # the outbox would have sent anything they queued
+    assert o.effects() == before
+    assert o.reply_count(1, command_id) == 1
+
+
+async def test_a_gitea_outage_during_catch_up_keeps_the_watermark_and_the_next_pass_finishes_it(
+    outage: Outage,
+) -> None:
+    o = outage
+    await o.start()
+    await o.first_pass_done()
+    watermark = (await o.readyz())["checks"]["reconcile"]["watermark"]
+    await o.proc.terminate()  # SIGTERM: a clean stop this time
+
+    command_id, _ = await _events_during_outage(o)
+    rule = o.emu.faults.fail("GET", "/repos/{owner}/{repo}/issues/comments", status=500, times=None)
+    await o.start()
+
+    async def failed_pass() -> bool:
+        check = (await o.readyz())["checks"]["reconcile"]
+        return bool(check.get("last_error")) and check.get("errors_total", 0) >= 1
+
+    for _ in range(200):
+        if await failed_pass():
+            break
+        await asyncio.sleep(0.05)
+    check = (await o.readyz())["checks"]["reconcile"]
+    assert check["last_error"] and "issues/comments" in check["last_error"], check
+    assert check["watermark"] == watermark, check  # nothing read past what was fed
+    _, metrics = await o.get("/metrics")
+    assert "foreman_reconcile_errors_total 0.0" not in metrics and "foreman_reconcile_errors_total" in metrics
+    assert o.reply_count(1, command_id) == 0  # the comment listing failed: the command is not yet known
+    assert rule.hits >= 1
+
+    rule.remaining = 0  # Gitea is back
+    await o.wait(lambda: _handled(o, command_id), "catch-up after the outage", INTERVAL_S + SLACK_S)
+    check = (await o.readyz())["checks"]["reconcile"]
+    assert check["last_error"] is None and check["watermark"] != watermark, check
+    assert o.reply_count(1, command_id) == 1
+    assert len(o.db("SELECT lease_id FROM leases")) == 1
