@@ -15,6 +15,7 @@ git mutation and before the phase that records it (steps: ``ref_created``, ``wor
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import socket
@@ -53,7 +54,17 @@ from bot.core.evidence import render_evidence
 from bot.core.gateway import ROLES, GatewayContext, Role
 from bot.core.verbs import evaluate
 from bot.core.vocabulary import label_for_state
-from bot.gitea import Branch, GiteaClient, GiteaError, GiteaNotFound, GiteaUnavailable, Issue, Repository
+from bot.gitea import (
+    Branch,
+    GiteaClient,
+    GiteaError,
+    GiteaForbidden,
+    GiteaNotFound,
+    GiteaUnassignable,
+    GiteaUnavailable,
+    Issue,
+    Repository,
+)
 from state.db import Database, utcnow
 from state.journal import JournalConflict, JournalRaced, JournalStore, NewTransition, Transition
 from state.leases import Lease, LeaseRefused, LeaseStore
@@ -245,6 +256,65 @@ class _Transient(Exception):
     """Gitea or git is unreachable right now: stop, keep the journal open, let a replay resume."""
 
 
+class _Operator(Exception):
+    """Only the operator can fix this (the token, the clone URL, the checkout's origin): refuse with the envelope
+    naming what to change, keep any open transition as it is (a replay resumes once it is fixed)."""
+
+    def __init__(self, envelope: Envelope) -> None:
+        super().__init__(envelope.message)
+        self.envelope = envelope
+
+
+REPOINT = "foreman checkout repoint"
+
+
+def _token_envelope(reason: str, message: str, then: str, **details: Any) -> Envelope:
+    """``not_authorized`` for a token Gitea (its API or its git endpoint) refuses; never carries the token."""
+    return _envelope(
+        "not_authorized", message,
+        "foreman authenticates to Gitea's API and to git over HTTP with gitea.token (or gitea.token_file); that"
+        " token must be the bot account's, valid, with read:repository and write:issue.",
+        f"the operator fixes gitea.token (or gitea.token_file) and checks it with `foreman check-config`, then {then}",
+        reason=reason, **details)
+
+
+def _git_envelope(reason: str, url: str, failure: str, then: str) -> Envelope:
+    if reason == "clone_auth_failed":
+        return _token_envelope(reason, f"git over HTTP refused gitea.token for {url}: {failure}", then,
+                               clone_url=url)
+    return _envelope(
+        "not_authorized", f"git at {url} answers that the repository is not there for the bot account: {failure}",
+        "Gitea shows a private repository only to accounts with access; the URL may also name another server.",
+        f"the operator gives the bot account read access to the repository (or corrects repository.clone_url /"
+        f" repository.clone_url_rewrite), then {then}", reason=reason, clone_url=url)
+
+
+def _api_refusal(exc: GiteaError, then: str) -> Envelope | None:
+    """The envelope for Gitea's API refusing the token (401) or its scope (403), else None."""
+    if isinstance(exc, GiteaForbidden):
+        what = "refused gitea.token" if exc.status == 401 else "does not let gitea.token read the repository"
+        return _token_envelope("gitea_token_refused", f"Gitea's API {what} ({exc.status})", then,
+                               status=exc.status)
+    return None
+
+
+def effective_clone_url(ctx: BootstrapContext, reported: str) -> str:
+    """The URL the control checkout is cloned and fetched from: ``[repository] clone_url``, else the reported one
+    through ``clone_url_rewrite``, else the ``clone_url`` Gitea reports."""
+    return ctx.settings.repository.effective_clone_url(reported)
+
+
+def _origin_envelope(n: int, origin: str | None, url: str) -> Envelope:
+    return _envelope(
+        "invalid_state",
+        f"the control checkout's origin ({origin}) is not the clone URL foreman uses now ({url}): Gitea reports"
+        " another clone_url (an upgrade, a new ROOT_URL, Host or proxy) or repository.clone_url changed",
+        "foreman never changes the checkout's origin on its own; the worktrees under branches/ are untouched.",
+        f"the operator runs `{REPOINT}` (it proves {url} serves the same repository, points origin at it and"
+        f" touches no worktree), then call {TOOL} for #{n} again",
+        reason="checkout_origin", checkout_origin=origin, clone_url=url)
+
+
 def _input_problem(issue_number: object, caller: object, key: str | None, expected_base: str | None) -> str | None:
     if isinstance(issue_number, bool) or not isinstance(issue_number, int) or issue_number < 1:
         return "issue_number must be a positive integer"
@@ -422,16 +492,101 @@ async def ensure_control_checkout(ctx: BootstrapContext) -> dict[str, Any]:
     try:
         repo = await ctx.gitea.get_repo()
     except GiteaError as exc:
-        return {"ok": False, "detail": str(exc)}
-    problem = gitops.clone_url_problem(repo.clone_url)
+        refusal = _api_refusal(exc, "the next bootstrap clones the control checkout")
+        return {"ok": False, "detail": str(exc), **(refusal.to_dict() if refusal else {})}
+    url = effective_clone_url(ctx, repo.clone_url)
+    problem = gitops.clone_url_problem(url)
     if problem is not None:
         return {"ok": False, "detail": problem}
     try:
-        head_ref, head_sha = await _Run(ctx, 1, ctx.bot_login)._prepare(repo.clone_url, repo.default_branch)
+        head_ref, head_sha = await _Run(ctx, 1, ctx.bot_login)._prepare(url, repo.default_branch)
+    except _Operator as exc:
+        return {"ok": False, "detail": str(exc), **exc.envelope.to_dict()}
     except (_Transient, _Fail) as exc:
         return {"ok": False, "detail": str(exc)}
     return {"ok": True, "path": str(ctx.checkout_path), "default_branch": repo.default_branch,
             "head_ref": head_ref, "head_sha": head_sha}
+
+
+ORIGIN_RECORD = "foreman-origin.jsonl"
+
+
+async def repoint_control_checkout(ctx: BootstrapContext) -> dict[str, Any]:
+    """``foreman checkout repoint``: point the control checkout's origin at the clone URL foreman uses now (the
+    one Gitea reports, through ``[repository] clone_url`` / ``clone_url_rewrite``), after proving that URL serves
+    the same repository: git there must show the default branch at the commit Gitea's API reports for it.
+
+    Only ``.git/config``'s ``remote.origin.url`` and ``refs/remotes/origin/<default>`` (the fetch) change: no
+    branch, worktree, index or working tree is touched. Each change is appended to ``.git/foreman-origin.jsonl``
+    (time, from, to, the reported URL, the proven commit) and logged. ``ok: False`` carries the error envelope.
+    """
+
+    def refused(envelope: Envelope) -> dict[str, Any]:
+        return {"ok": False, "changed": False, "path": str(ctx.checkout_path), **envelope.to_dict()}
+
+    again = f"run `{REPOINT}` again"
+    if ctx.gitea is None:
+        return refused(_unavailable(0, "foreman has no Gitea connection configured"))
+    try:
+        repo = await ctx.gitea.get_repo()
+        base = (await ctx.gitea.get_branch(repo.default_branch)).commit_id
+    except GiteaError as exc:
+        return refused(_api_refusal(exc, again) or _envelope(
+            "unavailable", f"Gitea did not show the repository: {exc}", "Nothing was changed.",
+            f"{again} when Gitea answers"))
+    url = effective_clone_url(ctx, repo.clone_url)
+    problem = gitops.clone_url_problem(url)
+    if problem is not None:
+        return refused(_envelope("invalid_input", problem, "Nothing was changed.",
+                                 f"correct repository.clone_url or repository.clone_url_rewrite, then {again}"))
+    checkout = ctx.checkout()
+    doc: dict[str, Any] = {"path": str(checkout.path), "to": url, "reported_clone_url": repo.clone_url,
+                           "default_branch": repo.default_branch}
+    token = ctx.settings.gitea_token()
+
+    def work() -> dict[str, Any]:
+        if not checkout.exists():
+            return {"ok": True, "changed": False, "from": None,
+                    "detail": "no control checkout yet: the first bootstrap clones it from this URL"}
+        old = checkout.origin_url()
+        if old == url:
+            return {"ok": True, "changed": False, "from": old, "detail": "origin already is this URL"}
+        status, out, err = checkout.git.attempt("ls-remote", "--", url, f"refs/heads/{repo.default_branch}",
+                                                extra_env=gitops.auth_env(url, token))
+        if status != 0:
+            reason = gitops.git_refusal(err)
+            return refused(_git_envelope(reason, url, err.strip()[-300:], again) if reason else _envelope(
+                "unavailable", f"git could not reach {url}: {err.strip()[-300:]}", "Nothing was changed.",
+                f"{again} when {url} is reachable (or correct repository.clone_url)"))
+        seen = out.split("\t", 1)[0].strip() or None
+        if seen != base:
+            return refused(_envelope(
+                "invalid_state",
+                f"{url} does not serve {repo.full_name}: its {repo.default_branch} is {seen or 'absent'}, Gitea's API"
+                f" says {base}", "The origin was left as it is.",
+                f"correct repository.clone_url or repository.clone_url_rewrite to name {repo.full_name}, then {again}",
+                reason="origin_not_same_repository", clone_url=url, remote_sha=seen, api_sha=base))
+        checkout.set_origin(url)
+        checkout.fetch(repo.default_branch, auth=gitops.auth_env(url, token))
+        record = {"at": ctx.clock().isoformat(), "from": old, "to": url, "reported_clone_url": repo.clone_url,
+                  "default_branch": repo.default_branch, "sha": base, "by": REPOINT}
+        with (checkout.git_dir / ORIGIN_RECORD).open("a", encoding="utf-8") as handle:
+            handle.write(json.dumps(record, sort_keys=True) + "\n")
+        log.warning("control checkout %s: origin repointed from %s to %s (same repository: %s at %s)",
+                    checkout.path, old, url, repo.default_branch, base)
+        return {"ok": True, "changed": True, "from": old, "sha": base, "record": str(checkout.git_dir / ORIGIN_RECORD)}
+
+    lock = ctx.locks_dir() / "checkout.lock"
+    async with gitops.file_lock(lock, wait_s=max(ctx.settings.bootstrap.lock_wait_s, 60)) as held:
+        if not held:
+            return refused(_envelope("conflict", "the control checkout is busy (a clone or fetch is running)",
+                                     "Nothing was changed.", again))
+        try:
+            found = await asyncio.to_thread(work)
+        except gitops.GitFailure as exc:
+            return refused(_envelope("unavailable", f"git failed: {exc}", "origin may point at the new URL; a"
+                                     " repeat checks and fetches again.", again))
+    return {**doc, **found}
 
 
 async def bootstrap_preflight(
@@ -464,16 +619,18 @@ async def bootstrap_preflight(
         repo, issue = await asyncio.gather(ctx.gitea.get_repo(), ctx.gitea.get_issue(issue_number))
         base = (await ctx.gitea.get_branch(repo.default_branch)).commit_id
     except GiteaError as exc:
-        checks["repo_reachable"] = {"ok": False, "detail": str(exc)}
+        refusal = _api_refusal(exc, "allocate again")
+        checks["repo_reachable"] = {"ok": False, "detail": str(exc), **(_check_refusal(refusal) if refusal else {})}
         return done()
-    url_problem = gitops.clone_url_problem(repo.clone_url)
+    clone_url = effective_clone_url(ctx, repo.clone_url)
+    url_problem = gitops.clone_url_problem(clone_url)
     token = ctx.settings.gitea_token()
 
     def remote() -> dict[str, Any]:
         runner = gitops.GitRunner(ctx.checkout_root if ctx.checkout_root.is_dir() else Path("/"),
                                   env=gitops.git_env(ctx.bot_login), timeout_s=ctx.settings.bootstrap.git_timeout_s)
-        status, out, err = runner.attempt("ls-remote", "--", repo.clone_url, f"refs/heads/{repo.default_branch}",
-                                          extra_env=gitops.auth_env(repo.clone_url, token))
+        status, out, err = runner.attempt("ls-remote", "--", clone_url, f"refs/heads/{repo.default_branch}",
+                                          extra_env=gitops.auth_env(clone_url, token))
         remote_sha = out.split("\t", 1)[0].strip() if status == 0 and out.strip() else None
         return {"git_reachable": status == 0, "git_base": remote_sha,
                 "git_error": err.strip()[-300:] if status else None}
@@ -488,6 +645,7 @@ async def bootstrap_preflight(
             found["head_ref"], found["head_sha"] = head_ref, head_sha
             found["checkout_status"] = checkout.status()
             found["tracks_branches"] = checkout.tracks("branches")
+            found["origin"] = checkout.origin_url()
         return found
 
     if url_problem is not None:
@@ -520,16 +678,24 @@ async def bootstrap_preflight(
     if path is not None:
         probes.append(asyncio.to_thread(path_state))
     found_remote, found, *rest = await asyncio.gather(*probes)
-    checks["repo_reachable"] = {"ok": bool(found_remote["git_reachable"]), "clone_url": repo.clone_url,
+    checks["repo_reachable"] = {"ok": bool(found_remote["git_reachable"]), "clone_url": clone_url,
+                                "reported_clone_url": repo.clone_url,
                                 "default_branch": repo.default_branch, "detail": found_remote["git_error"]}
+    git_reason = gitops.git_refusal(found_remote["git_error"] or "") if not found_remote["git_reachable"] else None
+    if git_reason is not None:
+        checks["repo_reachable"].update(_check_refusal(_git_envelope(
+            git_reason, clone_url, found_remote["git_error"], "allocate again")))
     checks["base_known"] = {"ok": bool(base) and found_remote["git_base"] == base, "api_sha": base,
                             "git_sha": found_remote["git_base"]}
     doc["base_sha"] = base
     if found["checkout_exists"]:
+        same_origin = found["origin"] == clone_url
         checks["control_checkout"] = {
-            "ok": found["head_ref"] == f"refs/heads/{repo.default_branch}" and not found["checkout_status"],
+            "ok": found["head_ref"] == f"refs/heads/{repo.default_branch}" and not found["checkout_status"]
+            and same_origin,
             "head_ref": found["head_ref"], "head_sha": found["head_sha"], "dirty": found["checkout_status"][:20],
-            "tracks_branches_dir": found["tracks_branches"],
+            "tracks_branches_dir": found["tracks_branches"], "origin": found["origin"],
+            **({} if same_origin else _check_refusal(_origin_envelope(issue_number, found["origin"], clone_url))),
         }
     elif found["checkout_path_used"]:
         # Something that is not a checkout is where the control checkout goes: the first clone would fail.
@@ -552,6 +718,12 @@ async def bootstrap_preflight(
         "registered_to": registration.owner if registration is not None else None,
     }
     return done()
+
+
+def _check_refusal(envelope: Envelope) -> dict[str, Any]:
+    """A preflight check's typed refusal: ``error``, ``reason``, ``exact_next_action`` beside ``ok: False``."""
+    return {"error": envelope.error, "reason": envelope.details.get("reason"),
+            "exact_next_action": envelope.exact_next_action}
 
 
 # ------------------------------------------------------------------------------------------- the run
@@ -619,6 +791,7 @@ class _Run:
         self.seen: dict[str, Any] = {}  # what this call itself observed in git, reused by later steps
         self.cfg = ctx.settings.bootstrap
         self.gitea: GiteaClient = ctx.gitea  # type: ignore[assignment]  # checked by the caller
+        self.clone_url = ""  # the URL the control checkout is cloned and fetched from (set by _accept)
 
     # -- entry
 
@@ -737,7 +910,8 @@ class _Run:
             if not isinstance(found[0], Repository):
                 raise found[0] if isinstance(found[0], BaseException) else TypeError("no repository")
             repo = found[0]
-            url_problem = gitops.clone_url_problem(repo.clone_url)
+            self.clone_url = effective_clone_url(self.ctx, repo.clone_url)
+            url_problem = gitops.clone_url_problem(self.clone_url)
             if url_problem is not None or not repo.default_branch:
                 raise _Fail(Blocked("invalid_state", "clone_url_unusable", "the repository's clone_url cannot be"
                                     f" used: {url_problem or 'no default branch'}"))
@@ -746,7 +920,7 @@ class _Run:
                 live = guessed.commit_id
             else:
                 live = (await gitea.get_branch(repo.default_branch)).commit_id
-            return repo, live, await self._prepare(repo.clone_url, repo.default_branch, live_base=live)
+            return repo, live, await self._prepare(self.clone_url, repo.default_branch, live_base=live)
 
         # The issue reads and the repository, base and fetch are independent: run them side by side.
         outcomes = await asyncio.gather(base_and_checkout(), issue_and_branch(), return_exceptions=True)
@@ -754,6 +928,13 @@ class _Run:
         for failure in failures:
             if not isinstance(failure, Exception):
                 raise failure
+        operator = next((f for f in failures if isinstance(f, _Operator)), None)
+        if operator is not None:
+            return _refused(self.n, operator.envelope, key)
+        token = next((r for f in failures if isinstance(f, GiteaError) and (r := _api_refusal(f, _again(self.n)))),
+                     None)
+        if token is not None:
+            return _refused(self.n, token, key)
         if any(isinstance(f, GiteaNotFound) for f in failures):
             return _refused(self.n, not_found, key)
         blocked = next((f for f in failures if isinstance(f, _Fail)), None)
@@ -787,7 +968,7 @@ class _Run:
             refs: dict[str, str] = self.seen.get("refs") or self.checkout.refs("refs/heads/", tracking)
             have_base = refs.get(tracking) == base or self.checkout.rev(base) is not None
             if not have_base:  # the base moved between the fetch and the API read: fetch once more
-                self.checkout.fetch(repo.default_branch, auth=self._auth(repo.clone_url))
+                self.checkout.fetch(repo.default_branch, auth=self._auth(self.clone_url))
                 have_base = self.checkout.rev(base) is not None
             others = [name.removeprefix("refs/heads/") for name in refs if name.startswith("refs/heads/")]
             others = [b for b in others if is_issue_branch(b, self.n) and b != branch]
@@ -817,7 +998,8 @@ class _Run:
             return _refused(self.n, refusal, key)
         inputs = {
             "repo": self.ctx.repo,
-            "clone_url": repo.clone_url,
+            "clone_url": self.clone_url,
+            "reported_clone_url": repo.clone_url,
             "default_branch": repo.default_branch,
             "issue": {"number": self.n, "title": issue.title, "state": issue.state},
             "caller": self.caller,
@@ -866,14 +1048,14 @@ class _Run:
         checkout = self.checkout
         auth = self._auth(clone_url)
         every = self.cfg.control_clean_check == "every_transition"
+        verified = f"{checkout.path}\0{clone_url}"
         tracking = f"refs/remotes/origin/{default_branch}"
 
         def work() -> tuple[str | None, str | None, list[str]]:
             if not checkout.exists():
                 checkout.clone(clone_url, default_branch, auth=auth)
-            elif str(checkout.path) not in self.ctx.verified_origins and checkout.origin_url() != clone_url:
-                raise _Fail(Blocked("invalid_state", "checkout_origin", f"the control checkout's origin is not"
-                                    f" the clone_url Gitea reports ({clone_url})"))
+            elif verified not in self.ctx.verified_origins and (origin := checkout.origin_url()) != clone_url:
+                raise _Operator(_origin_envelope(self.n, origin, clone_url))
             checkout.ensure_excluded()
             refs = checkout.refs("refs/heads/", tracking)
             if live_base is None or refs.get(tracking) != live_base:
@@ -892,13 +1074,16 @@ class _Run:
             try:
                 head_ref, head_sha, dirty = await asyncio.to_thread(work)
             except gitops.GitFailure as exc:
+                reason = gitops.git_refusal(exc.stderr)
+                if reason is not None:
+                    raise _Operator(_git_envelope(reason, clone_url, str(exc), _again(self.n))) from exc
                 raise _Transient(f"the control checkout could not be cloned or fetched: {exc}") from exc
         if head_ref != f"refs/heads/{default_branch}" or dirty:
             raise _Fail(Blocked("invalid_state", "checkout_not_clean", f"the control checkout is on"
                                 f" {head_ref or 'a detached HEAD'}{' with changes' if dirty else ''}, not clean on"
                                 f" {default_branch}; foreman never changes it"))
         self.prepared = True
-        self.ctx.verified_origins.add(str(checkout.path))
+        self.ctx.verified_origins.add(verified)
         self.seen["checkout_head"] = (head_ref, head_sha)
         return head_ref, head_sha
 
@@ -919,6 +1104,8 @@ class _Run:
                 t = await self._step(t)
             except _Transient as exc:
                 return _refused(self.n, _unavailable(self.n, str(exc), t.key), t.key)
+            except _Operator as exc:
+                return _refused(self.n, exc.envelope, t.key)
             except _Fail as exc:
                 t = await self._require_compensation(t, exc.blocked, **exc.details)
             except JournalRaced as exc:
@@ -927,8 +1114,18 @@ class _Run:
 
     async def _step(self, t: Transition) -> Transition:
         if not self.prepared:
+            # The URL as it is now (a repoint since the transition was accepted moved origin to it).
             try:
-                await self._prepare(t.inputs["clone_url"], t.base_branch)
+                url = effective_clone_url(self.ctx, (await self.gitea.get_repo()).clone_url)
+            except GiteaUnavailable as exc:
+                raise _Transient(f"Gitea did not answer ({exc})") from exc
+            except GiteaError as exc:
+                refusal = _api_refusal(exc, _again(self.n, t.key))
+                if refusal is None:
+                    raise _Transient(f"Gitea did not show the repository ({exc})") from exc
+                raise _Operator(refusal) from exc
+            try:
+                await self._prepare(url, t.base_branch)
             except gitops.GitFailure as exc:
                 raise _Transient(str(exc)) from exc
         if not self.base_fresh:
@@ -1213,8 +1410,13 @@ class _Run:
             after, wrote = before, False
             if owner not in {a.lower() for a in before}:
                 try:
-                    await self.gitea.edit_issue(self.n, assignees=sorted({*before, t.owner}))
+                    # set_assignees: Gitea answers an account it cannot assign (CanBeAssigned: no access to a
+                    # private repository) with a 500; this names it once instead of retrying it as an outage.
+                    await self.gitea.set_assignees(self.n, sorted({*before, t.owner}))
                     wrote = True
+                except GiteaUnassignable as exc:
+                    raise _Fail(Blocked("invalid_state", "owner_unassignable", f"Gitea cannot assign {t.owner} on"
+                                        f" #{self.n}: {exc.message}"), owner=t.owner, reasons=exc.reasons) from exc
                 except GiteaUnavailable:
                     raise
                 except GiteaError as exc:
@@ -1532,7 +1734,12 @@ class _Run:
 
     def _blocked_envelope(self, blocked: Blocked, released: bool, key: str | None, **details: Any) -> Envelope:
         n = self.n
-        if released:
+        if blocked.reason == "owner_unassignable":
+            who = details.get("owner") or "the lease owner"
+            action = (f"the operator grants {who} access to the repository in Gitea (read on pull requests or write"
+                      f" on any unit; on a private repository an account without access cannot be assigned), then"
+                      f" labels #{n} status:ready again")
+        elif released:
             action = "call gitea_get_runtime_context to find your next assignment (foreman reported this on the issue)"
         elif blocked.kind == "stale_pin":
             action = _again(n) + " (a new attempt pins the live base)"

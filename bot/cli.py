@@ -394,6 +394,26 @@ def _cmd_bootstrap(settings: Settings, args: argparse.Namespace) -> int:
     return asyncio.run(_with_db(settings, work))
 
 
+def _cmd_checkout(settings: Settings, args: argparse.Namespace) -> int:
+    """`checkout repoint`: origin of the control checkout to the clone URL foreman uses now (docs/bootstrap.md)."""
+    import aiohttp
+
+    from bot.bootstrap import BootstrapContext, repoint_control_checkout
+    from bot.gitea import client_for
+
+    async def work(db: Database) -> int:
+        async with aiohttp.ClientSession() as session:
+            ctx = BootstrapContext(db=db, settings=settings, gitea=client_for(session, settings),
+                                   bot_login=settings.gitea.bot_login)
+            doc = await repoint_control_checkout(ctx)
+        text = (f"{'repointed' if doc.get('changed') else 'unchanged'}: {doc['path']} origin {doc.get('to')}"
+                if doc["ok"] else None)
+        _emit(doc, as_json=args.json, text=text)
+        return EXIT_OK if doc["ok"] else EXIT_REFUSED
+
+    return asyncio.run(_with_db(settings, work))
+
+
 # --- run grants ----------------------------------------------------------------------------------------
 def _cmd_run(settings: Settings, args: argparse.Namespace) -> int:
     """`run start` compiles and seals a grant; `run abort` / `run reconcile` are the operator's side of a run."""
@@ -978,6 +998,13 @@ def build_parser() -> argparse.ArgumentParser:
     bootstrap.add_argument("--expected-base", metavar="SHA", help="refuse (stale_pin) unless the base is this commit")
     bootstrap.add_argument("--preflight", action="store_true", help="only prove the bootstrap could run (no change)")
     add_json(bootstrap)
+    checkout = add("checkout", "the control checkout (docs/bootstrap.md)")
+    checkout_sub = checkout.add_subparsers(dest="checkout_command", required=True, metavar="SUBCOMMAND")
+    repoint = checkout_sub.add_parser(
+        "repoint", help="point origin at the clone URL foreman uses now, once it serves the same repository "
+        "(no worktree is touched)")
+    add_json(repoint)
+    repoint.add_argument("--config", dest="sub_config", type=Path, default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     add("mcp", "MCP server over stdio for the identity of $FOREMAN_MCP_TOKEN (see docs/mcp.md)")
     demo = add("demo", "run the whole loop against the bundled Gitea emulator in a temporary directory")
     demo.add_argument("--keep", action="store_true", help="keep the temporary directory (config, database, logs)")
@@ -1095,6 +1122,7 @@ def _main(argv: Sequence[str] | None) -> int:
         "run": _cmd_run,
         "grants": _cmd_grants,
         "bootstrap": _cmd_bootstrap,
+        "checkout": _cmd_checkout,
         "mcp": _cmd_mcp,
         "leases": _cmd_leases,
         "journal": _cmd_journal,

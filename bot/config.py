@@ -6,6 +6,7 @@ import json
 import os
 import secrets as secrets_mod
 import tomllib
+import urllib.parse
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -121,10 +122,84 @@ class GiteaConfig(_Section):
         return value.rstrip("/")
 
 
+def clone_url_problem(url: str) -> str | None:
+    """Why a configured clone URL (or a rewrite's ``to``) is refused: http, https or file only, a host (an
+    absolute path for file), and never credentials (the token travels in a header, docs/bootstrap.md)."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme not in ("http", "https", "file"):
+        return f"must be an http://, https:// or file:// URL, not {parts.scheme or 'a bare path'!r}"
+    if "@" in parts.netloc:
+        return ("must not hold credentials (user or password before '@'): foreman sends gitea.token as a "
+                "header; give the URL without them")
+    if parts.scheme == "file":
+        return None if parts.path.startswith("/") else "a file:// URL must name an absolute path"
+    if not parts.hostname:
+        return "names no host"
+    return None
+
+
+class CloneUrlRewrite(_Section):
+    """``[repository] clone_url_rewrite = { from = "...", to = "..." }``: a ``clone_url`` Gitea reports that
+    starts with ``from`` is used with that prefix replaced by ``to`` (git's ``url.<to>.insteadOf <from>``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    from_: str = Field(alias="from", min_length=1)
+    to: str = Field(min_length=1)
+
+    @field_validator("from_")
+    @classmethod
+    def _from_is_http(cls, value: str) -> str:
+        if not value.startswith(("http://", "https://")):
+            raise ValueError("must be the http:// or https:// prefix of the clone_url Gitea reports")
+        if "@" in urllib.parse.urlsplit(value).netloc:
+            raise ValueError("must not hold credentials (user or password before '@')")
+        return value
+
+    @field_validator("to")
+    @classmethod
+    def _to_is_usable(cls, value: str) -> str:
+        problem = clone_url_problem(value)
+        if problem is not None:
+            raise ValueError(problem)
+        return value
+
+
 class RepositoryConfig(_Section):
     owner: str = "org"
     name: str = "repo"
     checkout_root: Path = Path("var/checkouts")
+    #: The URL foreman clones and fetches from instead of the ``clone_url`` Gitea reports (for a ROOT_URL or
+    #: Host foreman cannot reach). Exclusive with ``clone_url_rewrite``.
+    clone_url: str | None = None
+    #: Rewrites the reported ``clone_url``'s prefix (``from``) to ``to``; other URLs are used as reported.
+    clone_url_rewrite: CloneUrlRewrite | None = None
+
+    @field_validator("clone_url")
+    @classmethod
+    def _clone_url_is_usable(cls, value: str | None) -> str | None:
+        if value is not None:
+            problem = clone_url_problem(value)
+            if problem is not None:
+                raise ValueError(problem)
+        return value
+
+    @field_validator("clone_url_rewrite")
+    @classmethod
+    def _not_both(cls, value: CloneUrlRewrite | None, info: ValidationInfo) -> CloneUrlRewrite | None:
+        if value is not None and info.data.get("clone_url") is not None:
+            raise ValueError("give repository.clone_url or repository.clone_url_rewrite, not both")
+        return value
+
+    def effective_clone_url(self, reported: str) -> str:
+        """The URL foreman clones from: ``clone_url`` when set, else the reported one with the rewrite's prefix
+        replaced (when it starts with it), else the reported one."""
+        if self.clone_url is not None:
+            return self.clone_url
+        rewrite = self.clone_url_rewrite
+        if rewrite is not None and reported.startswith(rewrite.from_):
+            return rewrite.to + reported[len(rewrite.from_):]
+        return reported
 
 
 class WorkerConfig(_Section):

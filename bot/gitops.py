@@ -79,6 +79,27 @@ def clone_url_problem(url: str) -> str | None:
         return "a file:// clone_url must name an absolute path"
     if parts.scheme != "file" and not parts.netloc:
         return "clone_url has no host"
+    if "@" in parts.netloc:
+        return "clone_url holds credentials (user or password before '@'); foreman sends gitea.token as a header"
+    return None
+
+
+#: What git (GIT_TERMINAL_PROMPT=0) prints when the server wants other credentials: Gitea's 401 makes git ask for
+#: a user name it may not prompt for; a 403 or a rejected credential is reported as such.
+_AUTH_FAILED = ("could not read username", "could not read password", "authentication failed",
+                "the requested url returned error: 401", "the requested url returned error: 403")
+#: A repository the credential cannot see: Gitea answers 404 "Repository not found" (githttp.go httpBase).
+_NOT_FOUND = ("not found", "the requested url returned error: 404")
+
+
+def git_refusal(stderr: str) -> str | None:
+    """``clone_auth_failed`` when git's HTTP server refused the credential, ``clone_repository_not_found`` when it
+    answered that the repository is not there for it; None for anything else (network, disk, git itself)."""
+    text = stderr.lower()
+    if any(needle in text for needle in _AUTH_FAILED):
+        return "clone_auth_failed"
+    if "repository" in text and any(needle in text for needle in _NOT_FOUND):
+        return "clone_repository_not_found"
     return None
 
 
@@ -277,6 +298,10 @@ class ControlCheckout:
     def origin_url(self) -> str | None:
         status, out, _ = self.git.attempt("config", "--get", "remote.origin.url")
         return out.strip() if status == 0 else None
+
+    def set_origin(self, url: str) -> None:
+        """``git remote set-url origin <url>``: changes ``.git/config`` only (no ref, index or working tree)."""
+        self.git.run("remote", "set-url", "origin", url)
 
     def fetch(self, branch: str, *, auth: Mapping[str, str]) -> None:
         """Bring ``refs/remotes/origin/<branch>`` up to date (the working tree is not touched)."""

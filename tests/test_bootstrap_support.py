@@ -26,6 +26,7 @@ from typing import Any
 from bot.bootstrap import BootstrapContext, BootstrapResult, bootstrap_issue_worktree, ensure_control_checkout
 from bot.config import Settings
 from bot.core.bootstrap import branch_for
+from bot.gitea import GiteaClient
 from state.db import Database, utcnow
 from state.leases import Lease, LeaseStore
 from tests.conftest import REPO_ROOT
@@ -183,20 +184,37 @@ class World:
 
 
 @asynccontextmanager
-async def world(*, clone: bool = True, **bootstrap: Any) -> AsyncIterator[World]:
-    """A seeded emulator with FILES on main, a database, settings, and (``clone``) the control checkout."""
-    async with live_emulator() as live:
+async def world(
+    *,
+    clone: bool = True,
+    clone_protocol: str = "http",
+    emulator: Mapping[str, Any] | None = None,
+    repository: Mapping[str, Any] | None = None,
+    token: str | None = None,
+    **bootstrap: Any,
+) -> AsyncIterator[World]:
+    """A seeded emulator with FILES on main, a database, settings, and (``clone``) the control checkout.
+
+    The control checkout is cloned over git smart HTTP with the bot's token (``clone_protocol="http"``, the
+    emulator's ``git http-backend``), as from a real Gitea; ``clone_protocol="file"`` keeps the bare repository's
+    ``file://`` URL. ``token`` replaces the bot's token (settings and client); ``repository`` adds keys to
+    ``[repository]`` (``clone_url``, ``clone_url_rewrite``)."""
+    async with live_emulator(clone_protocol=clone_protocol, **(emulator or {})) as live:
         live.emulator.create_branch(OWNER, REPO, "main", files=FILES, message="Add the widgets")
         root = scratch_dir("bootstrap-")
         settings = make_settings(
             root,
             roster=ROSTER,
-            repository={"owner": OWNER, "name": REPO, "checkout_root": str(root / "checkouts")},
-            gitea={"url": live.base_url, "token": TOKENS[BOT], "bot_login": BOT},
+            repository={"owner": OWNER, "name": REPO, "checkout_root": str(root / "checkouts"),
+                        **(repository or {})},
+            gitea={"url": live.base_url, "token": token or TOKENS[BOT], "bot_login": BOT},
             bootstrap={"lock_wait_s": 20.0, **bootstrap},
         )
         db = await Database.open(settings.database.path, synchronous="NORMAL")
-        ctx = BootstrapContext(db=db, settings=settings, gitea=live.client(BOT), bot_login=BOT)
+        gitea = live.client(BOT) if token is None else GiteaClient(
+            live.session, base_url=live.base_url, token=token, owner=OWNER, repo=REPO, backoff_base_s=0.005,
+            timeout_s=5.0)
+        ctx = BootstrapContext(db=db, settings=settings, gitea=gitea, bot_login=BOT)
         try:
             if clone:
                 prepared = await ensure_control_checkout(ctx)
