@@ -25,6 +25,7 @@ from state.outbox import OutboxStore
 if TYPE_CHECKING:
     from bot.gitea import GiteaClient
     from bot.outbox import OutboxSender
+    from bot.reconcile import Reconciler
 
 log = logging.getLogger("foreman.app")
 
@@ -131,6 +132,7 @@ class Service:
         self.store = DeliveryStore(self.db)
         self.outbox = OutboxStore(self.db)
         self.outbox_sender: OutboxSender | None = None
+        self.reconciler: Reconciler | None = None
         self.writer = GroupCommitWriter(self.store)
         self.bot_login: str | None = self.settings.gitea.bot_login
         repository = self.settings.repository
@@ -173,6 +175,44 @@ class Service:
         self.writer.start()
         self.worker.start()
         self.lag_monitor.start()
+        if self.gitea is not None:
+            self.reconciler = self._make_reconciler()
+            await self.reconciler.start()
+
+    def _make_reconciler(self) -> Reconciler:
+        """Catch-up (bot/reconcile.py): feeds what no webhook brought through the inbox; after each pass one
+        auto-allocation (trigger ``catch_up``), so an expired lease frees its author."""
+        from bot.reconcile import Reconciler
+
+        assert self.gitea is not None
+        gitea = self.gitea
+
+        def wake() -> None:
+            self.worker.wakeup.set()
+
+        async def allocate() -> None:
+            if not self.settings.auto_allocation():
+                return
+            from bot.auto_allocation import auto_allocate
+
+            await auto_allocate(self.db, self.settings, gitea, bot_login=self.bot_login or "", trigger="catch_up",
+                                wakeup=self.outbox_wakeup)
+            self.outbox_wakeup()
+
+        repository = self.settings.repository
+        return Reconciler(
+            db=self.db,
+            store=self.store,
+            gitea=gitea,
+            owner=repository.owner,
+            name=repository.name,
+            interval_s=self.settings.reconcile.interval_s,
+            overlap_s=self.settings.reconcile.overlap_s,
+            metrics=self.metrics,
+            bot_login=lambda: self.bot_login or "",
+            wakeup=wake,
+            after_pass=allocate,
+        )
 
     async def _recover_bootstraps(self) -> None:
         """Worktree bootstraps a killed process left open are finished or compensated (docs/bootstrap.md)."""
@@ -205,6 +245,8 @@ class Service:
         )
 
     async def stop(self) -> None:
+        if self.reconciler is not None:
+            await self.reconciler.stop()
         await self.lag_monitor.stop()
         await self.worker.stop(self.settings.server.shutdown_grace_s)
         await self.writer.stop()
@@ -351,6 +393,13 @@ class Service:
         }
         status = self.gitea_status
         checks["gitea"] = {"ok": bool(status.reachable), "detail": status.detail, "login": status.login}
+        # Informative, never failing readiness: the webhook door works while Gitea cannot be read, and what a
+        # failed pass missed is read again by the next one (docs/operating.md "Catch-up").
+        checks["reconcile"] = (
+            self.reconciler.status.to_dict(self.settings.reconcile.interval_s)
+            if self.reconciler is not None
+            else {"ok": None, "detail": "off (no Gitea token: nothing can be read back)"}
+        )
         return web.json_response({"ready": ready, "checks": checks}, status=200 if ready else 503)
 
     async def handle_metrics(self, request: web.Request) -> web.Response:

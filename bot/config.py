@@ -257,6 +257,15 @@ class BootstrapConfig(_Section):
     on_allocate: Literal["off", "preflight", "run"] = "run"
 
 
+class ReconcileConfig(_Section):
+    """Catch-up (issue 16, bot/reconcile.py): what changed in Gitea while no webhook reached the service."""
+
+    # Seconds between passes; 0 turns the timer off (the start-up pass always runs).
+    interval_s: float = Field(default=60.0, ge=0)
+    # Each pass reads from the watermark minus this much, for clock skew and writes racing the last pass.
+    overlap_s: float = Field(default=60.0, ge=0, le=86400)
+
+
 class McpConfig(_Section):
     tokens: dict[str, str] = Field(default_factory=dict)
     # login = file holding that login's token (one secret per file, e.g. systemd credentials); merged into tokens.
@@ -320,6 +329,7 @@ class Settings(_Section):
     outbox: OutboxConfig = OutboxConfig()
     allocator: AllocatorConfig = AllocatorConfig()
     bootstrap: BootstrapConfig = BootstrapConfig()
+    reconcile: ReconcileConfig = ReconcileConfig()
     roster: dict[str, list[Role]] = Field(default_factory=dict)
     mcp: McpConfig = McpConfig()
     grants: dict[str, GrantTemplateConfig] = Field(default_factory=dict)

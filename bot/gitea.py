@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import email.utils
 import logging
 import random
 import re
@@ -616,6 +617,7 @@ class GiteaClient:
         labels: Sequence[str] = (),
         type_: IssueType | None = "issues",
         limit: int = MAX_PAGE_SIZE,
+        since: str | None = None,
     ) -> AsyncIterator[Issue]:
         """Every matching issue, newest first, page by page while ``Link`` has a ``rel="next"``.
 
@@ -624,25 +626,61 @@ class GiteaClient:
         is asked of the configured base URL, so the token never goes to another host.
 
         ``labels`` are names and must ALL be present (Gitea ignores unknown names); ``type_=None``
-        includes pull requests; ``limit`` is the page size (Gitea caps it at 50).
+        includes pull requests; ``limit`` is the page size (Gitea caps it at 50). ``since`` (RFC 3339): only
+        issues with ``updated_at`` at or after it (routers/api/v1/repo/issue.go ``ListIssues``,
+        ``UpdatedAfterUnix``: ``issue.updated_unix >= since``, whole seconds).
         """
         query: dict[str, str] = {"state": state, "limit": str(max(1, min(limit, MAX_PAGE_SIZE)))}
         if labels:
             query["labels"] = ",".join(labels)
         if type_ is not None:
             query["type"] = type_
-        path = f"{self._repo_path}/issues"
+        if since is not None:
+            query["since"] = since
+        async for item in self._pages(f"{self._repo_path}/issues", query):
+            yield Issue.from_json(item)
+
+    async def _pages(self, path: str, query: Mapping[str, str]) -> AsyncIterator[Any]:
+        """Every item of a paginated listing: only the next page *number* is read from ``Link``."""
         page = 1
         while True:
             _LAST_HEADERS.set(None)
             data = await self._call("GET", path, query={**query, "page": str(page)})
             for item in data or ():
-                yield Issue.from_json(item)
+                yield item
             headers = _LAST_HEADERS.get()
             following = next_page(headers.get("Link") if headers is not None else None)
             if following is None or following <= page:
                 return
             page = following
+
+    async def iter_repo_comments(
+        self, *, since: str | None = None, limit: int = MAX_PAGE_SIZE
+    ) -> AsyncIterator[Comment]:
+        """Every plain comment of the repository (issues and pull requests), oldest created first, page by page.
+
+        ``since`` (RFC 3339): only comments with ``updated_at`` at or after it (routers/api/v1/repo/issue_comment.go
+        ``ListRepoIssueComments`` → models/issues/comment.go ``FindComments``: ``comment.updated_unix >= since``,
+        ordered by ``created_unix, id``). A comment names its issue by ``issue_url`` / ``pull_request_url``.
+        """
+        query: dict[str, str] = {"limit": str(max(1, min(limit, MAX_PAGE_SIZE)))}
+        if since is not None:
+            query["since"] = since
+        async for item in self._pages(f"{self._repo_path}/issues/comments", query):
+            yield Comment.from_json(item)
+
+    async def server_time(self) -> datetime | None:
+        """Gitea's clock: the ``Date`` header of ``GET /version`` (Go's net/http sets it on every answer)."""
+        _LAST_HEADERS.set(None)
+        await self._call("GET", "/version")
+        headers = _LAST_HEADERS.get()
+        value = headers.get("Date") if headers is not None else None
+        if not value:
+            return None
+        try:
+            return email.utils.parsedate_to_datetime(value)
+        except (TypeError, ValueError):
+            return None
 
     async def list_issues(
         self,

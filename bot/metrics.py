@@ -100,6 +100,37 @@ class Metrics:
             registry=self.registry,
         )
 
+        # Catch-up (issue 16, bot/reconcile.py).
+        self.reconcile_last_success = Gauge(
+            "foreman_reconcile_last_success_timestamp_seconds",
+            "When the last catch-up pass finished reading Gitea (unix seconds; 0: none in this process)",
+            registry=self.registry,
+        )
+        self.reconcile_found = Counter(
+            "foreman_reconcile_found_total",
+            "Events catch-up found in Gitea that no webhook had brought, by kind (issue, comment)",
+            ["kind"],
+            registry=self.registry,
+        )
+        for kind in ("issue", "comment"):
+            self.reconcile_found.labels(kind)
+        self.reconcile_errors = Counter(
+            "foreman_reconcile_errors_total", "Catch-up passes that could not read Gitea (the watermark stayed)",
+            registry=self.registry,
+        )
+        self.reconcile_calls = Counter(
+            "foreman_reconcile_api_calls_total", "Gitea API calls made by catch-up passes", registry=self.registry
+        )
+        self.reconcile_seconds = Histogram(
+            "foreman_reconcile_seconds", "Time of one catch-up pass", registry=self.registry,
+            buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
+        )
+        self.reconcile_down_seconds = Gauge(
+            "foreman_reconcile_down_seconds",
+            "The window without the service found at start: from the last heartbeat to the start (seconds)",
+            registry=self.registry,
+        )
+
         self.build_info = Gauge(
             "foreman_build_info", "Always 1; the labels name the running build", ["version", "python"],
             registry=self.registry,

@@ -36,6 +36,7 @@ from bot.core.vocabulary import MAX_ISSUE_NUMBER, is_issue_number
 from bot.verbs_runtime import VerbResult, VerbRuntime, caller_for
 from bot.worker import HandlerContext
 from state.outbox import OutboxIntent, OutboxStore
+from state.reconcile import CommandClaims
 
 router = routing.Router()
 
@@ -215,6 +216,13 @@ async def on_command(event: sansio.Event, ctx: HandlerContext) -> None:
     number, comment_id = int(issue["number"]), int(comment["id"])
     key = f"command:{comment_id}:reply"
     wakeup: Callable[[], None] | None = getattr(service, "outbox_wakeup", None)
+    # Once per comment, whatever brought it (the webhook, a late copy of it, Gitea's Replay, catch-up): the first
+    # delivery to claim the comment runs the command; its own retries keep the claim; any other finds it here.
+    holder = await CommandClaims(db).claim(str(data["repository"]["full_name"]), comment_id, event.delivery_id)
+    if holder is not None:
+        ctx.log.info("comment %d on #%d: its command already ran for delivery %s; nothing to do", comment_id,
+                     number, holder)
+        return
     on_pull = bool(issue.get("pull_request")) or data.get("is_pull") is True
     if on_pull:
         # Issue verbs act on the issue the comment is on; a pull request is not a work issue (issue 12.1).

@@ -512,4 +512,39 @@ MIGRATIONS: tuple[tuple[int, str, str], ...] = (
         CREATE INDEX controller_exclusions_latest ON controller_exclusions (repo, controller, id);
         """,
     ),
+    (
+        10,
+        "catch-up (issue 16): each reconcile pass with its watermark and findings; comment commands run once",
+        """
+        CREATE TABLE reconcile_passes (
+            id             INTEGER PRIMARY KEY,
+            repo           TEXT NOT NULL,
+            trigger        TEXT NOT NULL,
+            started_at     TEXT NOT NULL,
+            finished_at    TEXT,
+            since          TEXT,
+            watermark      TEXT,
+            outcome        TEXT NOT NULL CHECK (outcome IN ('running', 'ok', 'baseline', 'error')),
+            calls          INTEGER NOT NULL DEFAULT 0,
+            read_issues    INTEGER NOT NULL DEFAULT 0,
+            read_comments  INTEGER NOT NULL DEFAULT 0,
+            found_json     TEXT NOT NULL DEFAULT '{}',
+            error          TEXT,
+            down_from      TEXT,
+            down_seconds   REAL
+        );
+        CREATE INDEX reconcile_passes_recent ON reconcile_passes (repo, id);
+        CREATE TABLE reconcile_heartbeats (
+            repo    TEXT PRIMARY KEY,
+            seen_at TEXT NOT NULL
+        );
+        CREATE TABLE command_claims (
+            repo        TEXT NOT NULL,
+            comment_id  INTEGER NOT NULL,
+            delivery_id TEXT NOT NULL,
+            claimed_at  TEXT NOT NULL,
+            PRIMARY KEY (repo, comment_id)
+        );
+        """,
+    ),
 )

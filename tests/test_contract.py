@@ -272,6 +272,12 @@ async def _drive_every_route(live: LiveEmulator, sink: WebhookSink, used: set[st
     with pytest.raises(GiteaForbidden):
         await bob.edit_comment(comment.id, "not mine")
     await bot.list_issue_comments(first.number)
+    # Catch-up's reads (issue 16): Gitea's clock, and the listings with since (inclusive, whole seconds).
+    clock = await bot.server_time()
+    assert clock is not None and int(clock.timestamp()) == emu.now()
+    since = clock.strftime("%Y-%m-%dT%H:%M:%SZ")
+    assert comment.id in [c.id async for c in bot.iter_repo_comments(since=since, limit=1)]
+    assert first.number in [i.number async for i in bot.iter_issues(state="all", type_=None, since=since)]
     await bot.delete_comment(comment.id)
     await bot.delete_issue(2)
 

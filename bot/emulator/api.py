@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import email.utils
 import json
 import re
 import urllib.parse
@@ -503,6 +504,31 @@ async def list_comments(emu: Emulator, request: web.Request) -> web.StreamRespon
     return json_response([convert.comment_json(emu, c) for c in comments], headers=_total_count_headers(len(comments)))
 
 
+async def list_repo_comments(emu: Emulator, request: web.Request) -> web.StreamResponse:
+    """GET /repos/{owner}/{repo}/issues/comments, as Gitea 1.22-1.26 routers/api/v1/repo/issue_comment.go
+    ``ListRepoIssueComments``: plain comments only (``Type: CommentTypeComment``) of the repository's issues and
+    pull requests; ``since``/``before`` compare ``comment.updated_unix`` inclusively (models/issues/comment.go
+    ``FindCommentsOptions.ToConds``: ``Gte``/``Lte``, whole seconds from services/context/utils.go
+    ``parseFormTime``, 422 for a time that is not RFC 3339); ordered ``created_unix, id`` ascending
+    (``FindComments``); paginated by ``utils.GetListOptions`` with ``X-Total-Count`` and ``Link``."""
+    repo, _ = _repo(emu, request)
+    comments = [c for issue in repo.issues.values() for c in issue.comments]
+    if since := request.query.get("since", ""):
+        floor = _parse_time(since, "since")
+        comments = [c for c in comments if c.updated >= floor]
+    if before := request.query.get("before", ""):
+        ceiling = _parse_time(before, "before")
+        comments = [c for c in comments if c.updated <= ceiling]
+    comments.sort(key=lambda c: (c.created, c.id))
+    page, limit = _list_options(request)
+    total = len(comments)
+    chosen = comments[(page - 1) * limit : page * limit]
+    return json_response(
+        [convert.comment_json(emu, c) for c in chosen],
+        headers=_total_count_headers(total, link_header(emu, request, total, limit)),
+    )
+
+
 async def create_comment(emu: Emulator, request: web.Request) -> web.StreamResponse:
     """POST .../issues/{index}/comments: readers may comment; a locked issue needs a writer. 201."""
     repo, perm = _repo(emu, request)
@@ -750,6 +776,7 @@ ROUTES: Final[tuple[Route, ...]] = (
     Route("GET", f"{_REPO}/issues/{{index}}", get_issue),
     Route("PATCH", f"{_REPO}/issues/{{index}}", edit_issue),
     Route("DELETE", f"{_REPO}/issues/{{index}}", delete_issue),
+    Route("GET", f"{_REPO}/issues/comments", list_repo_comments),
     Route("GET", f"{_REPO}/issues/{{index}}/comments", list_comments),
     Route("POST", f"{_REPO}/issues/{{index}}/comments", create_comment),
     Route("GET", f"{_REPO}/issues/comments/{{id}}", get_comment),
@@ -880,6 +907,9 @@ async def _middleware(
         stored = emu.comment(int(written["id"])) if "id" in written else None
         if stored is not None:
             stored.body = stored.body + action.suffix
+    # Go's net/http dates every answer by the server's clock (here: the emulator's, which tests may hold still).
+    if not response.prepared:
+        response.headers["Date"] = email.utils.formatdate(emu.now(), usegmt=True)
     record.response_headers = dict(response.headers)
     if action is not None and action.kind == "drop_after_store":
         record.fault = "drop_after_store"

@@ -1,0 +1,227 @@
+"""Catch-up bookkeeping (issue 16): reconcile passes, the service's heartbeat, and comment commands run once.
+
+- ``reconcile_passes``: one row per pass (start-up, timer), with the ``since`` it read from, the watermark it
+  reached, what it found that no webhook had brought, its API calls, and its error when Gitea could not be read.
+  The watermark of the last ``ok`` or ``baseline`` pass is where the next pass reads from; a failed pass never
+  moves it.
+- ``reconcile_heartbeats``: the last moment the service was known alive, per repository (the down window at the
+  next start runs from there).
+- ``command_claims``: a comment command is run by the first delivery that claims its comment id; every other
+  delivery of the same comment (a late webhook, a Replay, a catch-up) finds the claim and runs nothing.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from state.db import Database, from_db_time, to_db_time, utcnow
+from state.issues import repo_key
+
+
+@dataclass(frozen=True, slots=True)
+class ReconcilePass:
+    """One row of ``reconcile_passes``."""
+
+    id: int
+    repo: str
+    trigger: str
+    started_at: str
+    finished_at: str | None
+    since: str | None
+    watermark: str | None
+    outcome: str
+    calls: int
+    read_issues: int
+    read_comments: int
+    found: dict[str, int] = field(default_factory=dict)
+    error: str | None = None
+    down_from: str | None = None
+    down_seconds: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "repo": self.repo,
+            "trigger": self.trigger,
+            "started_at": self.started_at,
+            "finished_at": self.finished_at,
+            "since": self.since,
+            "watermark": self.watermark,
+            "outcome": self.outcome,
+            "calls": self.calls,
+            "read": {"issues": self.read_issues, "comments": self.read_comments},
+            "found": dict(self.found),
+            "found_total": sum(self.found.values()),
+            "error": self.error,
+            "down_window": {"from": self.down_from, "seconds": self.down_seconds},
+        }
+
+
+_COLUMNS = (
+    "id, repo, trigger, started_at, finished_at, since, watermark, outcome, calls, read_issues, read_comments,"
+    " found_json, error, down_from, down_seconds"
+)
+
+
+def _pass(row: Any) -> ReconcilePass:
+    return ReconcilePass(
+        id=row[0],
+        repo=row[1],
+        trigger=row[2],
+        started_at=row[3],
+        finished_at=row[4],
+        since=row[5],
+        watermark=row[6],
+        outcome=row[7],
+        calls=row[8],
+        read_issues=row[9],
+        read_comments=row[10],
+        found={str(k): int(v) for k, v in json.loads(row[11] or "{}").items()},
+        error=row[12],
+        down_from=row[13],
+        down_seconds=row[14],
+    )
+
+
+class ReconcileStore:
+    """Reads and writes of the catch-up tables; every write is its own short transaction."""
+
+    def __init__(self, db: Database) -> None:
+        self._db = db
+
+    async def start_pass(
+        self, repo: str, *, trigger: str, since: str | None, down_from: str | None, down_seconds: float | None
+    ) -> int:
+        async with self._db.transaction(durable=False) as conn:
+            async with conn.execute(
+                "INSERT INTO reconcile_passes (repo, trigger, started_at, since, outcome, down_from, down_seconds)"
+                " VALUES (?, ?, ?, ?, 'running', ?, ?) RETURNING id",
+                (repo_key(repo), trigger, to_db_time(utcnow()), since, down_from, down_seconds),
+            ) as cur:
+                row = await cur.fetchone()
+        assert row is not None
+        return int(row[0])
+
+    async def finish_pass(
+        self,
+        pass_id: int,
+        *,
+        outcome: str,
+        watermark: str | None,
+        calls: int,
+        read_issues: int,
+        read_comments: int,
+        found: Mapping[str, int],
+        error: str | None,
+    ) -> None:
+        async with self._db.transaction() as conn:
+            await conn.execute(
+                "UPDATE reconcile_passes SET finished_at = ?, outcome = ?, watermark = ?, calls = ?, read_issues = ?,"
+                " read_comments = ?, found_json = ?, error = ? WHERE id = ?",
+                (
+                    to_db_time(utcnow()),
+                    outcome,
+                    watermark,
+                    calls,
+                    read_issues,
+                    read_comments,
+                    json.dumps(dict(found), sort_keys=True),
+                    error,
+                    pass_id,
+                ),
+            )
+
+    async def watermark(self, repo: str) -> str | None:
+        """Where the next pass reads from: the watermark of the last pass that succeeded (None: never)."""
+        async with self._db.reader.execute(
+            "SELECT watermark FROM reconcile_passes WHERE repo = ? AND outcome IN ('ok', 'baseline')"
+            " AND watermark IS NOT NULL ORDER BY id DESC LIMIT 1",
+            (repo_key(repo),),
+        ) as cur:
+            row = await cur.fetchone()
+        return None if row is None else str(row[0])
+
+    async def last_pass(self, repo: str, *, succeeded: bool = False) -> ReconcilePass | None:
+        where = " AND outcome IN ('ok', 'baseline')" if succeeded else " AND outcome <> 'running'"
+        async with self._db.reader.execute(
+            f"SELECT {_COLUMNS} FROM reconcile_passes WHERE repo = ?{where} ORDER BY id DESC LIMIT 1",  # noqa: S608
+            (repo_key(repo),),
+        ) as cur:
+            row = await cur.fetchone()
+        return None if row is None else _pass(row)
+
+    async def beat(self, repo: str, moment: datetime | None = None) -> None:
+        async with self._db.transaction(durable=False) as conn:
+            await conn.execute(
+                "INSERT INTO reconcile_heartbeats (repo, seen_at) VALUES (?, ?)"
+                " ON CONFLICT (repo) DO UPDATE SET seen_at = excluded.seen_at",
+                (repo_key(repo), to_db_time(moment or utcnow())),
+            )
+
+    async def last_alive(self, repo: str) -> datetime | None:
+        """The last heartbeat, else the end of the last pass (None: this database never served the repository)."""
+        async with self._db.reader.execute(
+            "SELECT seen_at FROM reconcile_heartbeats WHERE repo = ?", (repo_key(repo),)
+        ) as cur:
+            row = await cur.fetchone()
+        if row is not None:
+            return from_db_time(row[0])
+        last = await self.last_pass(repo)
+        return from_db_time(last.finished_at) if last is not None and last.finished_at else None
+
+    # --- what the service already saw (for the plan: a synthetic delivery only for what it never saw) ----------
+    async def comment_revisions(self, repo: str, comment_ids: Iterable[int]) -> dict[int, str]:
+        """Comment id → the newest ``updated_at`` recorded for it by any delivery (stored time form)."""
+        ids = sorted(set(comment_ids))
+        found: dict[int, str] = {}
+        for start in range(0, len(ids), 500):
+            chunk = ids[start : start + 500]
+            marks = ", ".join("?" * len(chunk))
+            async with self._db.reader.execute(
+                "SELECT comment_id, MAX(comment_updated_at) FROM issue_comment_records"  # noqa: S608
+                f" WHERE repo = ? AND comment_id IN ({marks}) GROUP BY comment_id",
+                (repo_key(repo), *chunk),
+            ) as cur:
+                found.update({int(r[0]): str(r[1]) for r in await cur.fetchall()})
+        return found
+
+    async def claimed_comments(self, repo: str, comment_ids: Iterable[int]) -> set[int]:
+        ids = sorted(set(comment_ids))
+        claimed: set[int] = set()
+        for start in range(0, len(ids), 500):
+            chunk = ids[start : start + 500]
+            marks = ", ".join("?" * len(chunk))
+            async with self._db.reader.execute(
+                f"SELECT comment_id FROM command_claims WHERE repo = ? AND comment_id IN ({marks})",  # noqa: S608
+                (repo_key(repo), *chunk),
+            ) as cur:
+                claimed.update(int(r[0]) for r in await cur.fetchall())
+        return claimed
+
+
+class CommandClaims:
+    """A comment command runs for one delivery only, whatever path brought the comment."""
+
+    def __init__(self, db: Database) -> None:
+        self._db = db
+
+    async def claim(self, repo: str, comment_id: int, delivery_id: str) -> str | None:
+        """Claim the comment for this delivery. None: this delivery holds it (new, or its own retry); else the
+        delivery id that holds it (the command already ran, or is running, for that delivery)."""
+        async with self._db.transaction() as conn:
+            await conn.execute(
+                "INSERT INTO command_claims (repo, comment_id, delivery_id, claimed_at) VALUES (?, ?, ?, ?)"
+                " ON CONFLICT (repo, comment_id) DO NOTHING",
+                (repo_key(repo), comment_id, delivery_id, to_db_time(utcnow())),
+            )
+            async with conn.execute(
+                "SELECT delivery_id FROM command_claims WHERE repo = ? AND comment_id = ?",
+                (repo_key(repo), comment_id),
+            ) as cur:
+                row = await cur.fetchone()
+        holder = str(row[0]) if row is not None else delivery_id
+        return None if holder == delivery_id else holder
