@@ -84,7 +84,7 @@ async def test_the_loop_bootstraps_a_private_repository_over_http_with_the_token
 
     async with open_world(tmp_path, start, roster=ROSTER, **LOOP) as world:
         emu = world.live.emulator
-        emu.clone_protocol = "http"
+        assert emu.clone_protocol == "http"  # the world's default
         emu.repo(OWNER, REPO).private = True
         # CanBeAssigned: on a private repository the agent account needs access (read on pull requests will do).
         emu.set_permission(OWNER, REPO, "author-1", "read")
@@ -94,3 +94,15 @@ async def test_the_loop_bootstraps_a_private_repository_over_http_with_the_token
         assert facts["worktree"].is_dir()
         git = [r for r in emu.requests if r.path.startswith(f"/{OWNER}/{REPO}.git/")]
         assert git and {r.login for r in git} == {BOT} and {r.status for r in git} == {200}
+
+
+async def test_the_loop_still_bootstraps_from_file_urls_when_asked(tmp_path: Path, start: Started) -> None:
+    """``file://`` stays an explicit option of the world (and of the emulator): no git request reaches HTTP."""
+    from tests.test_loop_e2e import LOOP, ROSTER, assert_looped, label_ready
+
+    async with open_world(tmp_path, start, roster=ROSTER, clone_protocol="file", **LOOP) as world:
+        number = await world.open_issue("alice", "Clone me from the file system")
+        await label_ready(world, number)
+        facts = await assert_looped(world, number)
+        assert facts["worktree"].is_dir()
+        assert not [r for r in world.live.emulator.requests if r.path.startswith(f"/{OWNER}/{REPO}.git/")]

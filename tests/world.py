@@ -162,12 +162,16 @@ async def open_world(
     start: Started,
     *,
     roster: Mapping[str, Sequence[str]] | None = None,
+    clone_protocol: str = "http",
     **sections: Mapping[str, Any],
 ) -> AsyncIterator[World]:
-    """The emulator with every roster user and the status labels, and a service receiving its webhooks."""
+    """The emulator with every roster user and the status labels, and a service receiving its webhooks.
+
+    The bootstrap clones and fetches over git smart HTTP with the bot's token (the emulator's ``git
+    http-backend``, as from a real Gitea); ``clone_protocol="file"`` keeps the bare repositories' ``file://``."""
     clock = Clock()
     roster = {ROSTER_AUTHOR: ["author"]} if roster is None else roster
-    async with live_emulator(clock=clock) as live:
+    async with live_emulator(clock=clock, clone_protocol=clone_protocol) as live:
         emu = live.emulator
         for login in roster:
             if emu.find_user(login) is None:
