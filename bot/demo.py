@@ -261,12 +261,15 @@ backoff_max_s = 2.0
 @asynccontextmanager
 async def open_harness(root: Path, *, extra_config: str = "") -> AsyncIterator[LoopHarness]:
     """The emulator with ``demo/widgets`` on loopback and the config for a foreman serve (not started yet)."""
-    emu = Emulator(root / "gitea")
+    # Clone URLs over git smart HTTP (the emulator's git http-backend behind Gitea's auth rules), of a private
+    # repository: the control checkout comes only with the bot's token, as from a real Gitea.
+    emu = Emulator(root / "gitea", clone_protocol="http")
     tokens = {login: f"gitea-{login}-{secrets.token_hex(12)}" for login in (OWNER, MAINTAINER, CONTROLLER, AUTHOR, BOT)}
     emu.add_user(OWNER, token=tokens[OWNER], full_name="Demo")
     for login in (MAINTAINER, CONTROLLER, AUTHOR, BOT):
         emu.add_user(login, token=tokens[login])
     emu.create_repo(OWNER, REPO, files={"README.md": "# widgets\n", "widget.py": "color = 'grey'\n"})
+    emu.repo(OWNER, REPO).private = True
     emu.set_permission(OWNER, REPO, MAINTAINER, "admin")
     emu.set_permission(OWNER, REPO, BOT, "admin")
     emu.set_permission(OWNER, REPO, CONTROLLER, "write")
@@ -434,8 +437,16 @@ async def _loop(h: LoopHarness, p: Printer, timeout_s: float) -> None:
     if f"worktree {worktree}\n" not in listed + "\n" or f"branch refs/heads/{branch}" not in listed or head != branch:
         raise StepFailed("bootstrap", f"git does not show {worktree} on {branch} (HEAD {head})")
     sha = h.git("rev-parse", "HEAD", cwd=worktree).strip()
+    origin = h.git("config", "--get", "remote.origin.url").strip()
+    served = [r for r in h.emulator.requests if r.path.startswith(f"/{OWNER}/{REPO}.git/")]
+    if origin != f"{h.gitea_url}/{OWNER}/{REPO}.git" or not served or {(r.login, r.status) for r in served} != {
+            (BOT, 200)}:
+        raise StepFailed("bootstrap", f"the control checkout's origin is {origin}; git requests as"
+                         f" {sorted({(str(r.login), r.status) for r in served})}, not only {BOT}'s, answered 200")
     p.step("bootstrap", f"branch {branch} at {sha[:12]} and worktree {worktree.relative_to(h.root)} registered "
-                        f"with git (checked: git worktree list, HEAD inside it)")
+                        f"with git (checked: git worktree list, HEAD inside it); control checkout cloned over HTTP "
+                        f"from {origin} (private repository) with {BOT}'s token ({len(served)} git requests, "
+                        f"each as {BOT})")
 
     key = f"{journal['idempotency_key']}:evidence"
     evidence = await _verified_comment(h, "evidence", n, key, timeout_s)
