@@ -113,18 +113,53 @@ async def _with_store(settings: Settings, work: Callable[[DeliveryStore], Awaita
 
 
 def _cmd_deliveries(settings: Settings, args: argparse.Namespace) -> int:
+    if getattr(args, "reconcile", False):
+        return asyncio.run(_with_db(settings, lambda db: _reconcile_summary(settings, db, as_json=args.json)))
+
     async def work(store: DeliveryStore) -> int:
         rows = await store.list(status=args.status, limit=args.limit)
         docs = [row.summary() for row in rows]
         lines = [
             f"{d['id']:>6} {d['status']:<12} {d['event']}/{d['action'] or '-'} {d['delivery']}"
-            f" attempts={d['attempts']}" + (f" error={d['last_error']}" if d["last_error"] else "")
+            f" attempts={d['attempts']}" + (" (catch-up)" if d["source"] == "reconcile" else "")
+            + (f" error={d['last_error']}" if d["last_error"] else "")
             for d in docs
         ]
         _emit(docs, as_json=args.json, text="\n".join(lines) if lines else "(no deliveries)")
         return EXIT_OK
 
     return asyncio.run(_with_store(settings, work))
+
+
+async def _reconcile_summary(settings: Settings, db: Database, *, as_json: bool) -> int:
+    """`foreman deliveries --reconcile`: the last catch-up pass, the last that succeeded, and the down window."""
+    from state.reconcile import ReconcileStore
+
+    store = ReconcileStore(db)
+    repo = f"{settings.repository.owner}/{settings.repository.name}"
+    last, ok = await store.last_pass(repo), await store.last_pass(repo, succeeded=True)
+    doc = {
+        "repository": repo,
+        "interval_s": settings.reconcile.interval_s,
+        "last_pass": last.to_dict() if last else None,
+        "last_success": ok.to_dict() if ok else None,
+        "watermark": await store.watermark(repo),
+    }
+    if last is None:
+        text = f"no catch-up pass recorded for {repo} (the service runs one at start when gitea.token is set)"
+    else:
+        found = ", ".join(f"{k} {v}" for k, v in sorted(last.found.items())) or "nothing"
+        text = (
+            f"last catch-up pass {last.id} ({last.trigger}, {last.outcome}) finished {last.finished_at}: read "
+            f"{last.read_issues} issues and {last.read_comments} comments since {last.since} in {last.calls} API "
+            f"calls; found {found} that no webhook had brought"
+            + (f"; error: {last.error}" if last.error else "")
+            + (f"\ndown window before it: from {last.down_from}, {last.down_seconds:.0f} s" if last.down_from
+               and last.down_seconds is not None else "")
+            + f"\nwatermark: {doc['watermark']}"
+        )
+    _emit(doc, as_json=as_json, text=text)
+    return EXIT_OK
 
 
 def _cmd_replay(settings: Settings, args: argparse.Namespace) -> int:
@@ -950,6 +985,8 @@ def build_parser() -> argparse.ArgumentParser:
     deliveries = add("deliveries", "list stored webhook deliveries")
     deliveries.add_argument("--status", choices=STATUSES, help="only deliveries with this status")
     deliveries.add_argument("--limit", type=_count, default=50, metavar="N", help=_LIMIT_HELP)
+    deliveries.add_argument("--reconcile", action="store_true",
+                            help="the last catch-up pass instead: what it read, found and missed (issue 16)")
     add_json(deliveries)
     replay = add("replay", "queue a stored delivery again")
     replay.add_argument("id", type=_delivery_ref, help="row id or Gitea delivery id")

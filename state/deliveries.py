@@ -60,6 +60,8 @@ class StoredDelivery:
             "last_error": self.last_error,
             "finished_at": self.finished_at,
             "ignored_reason": self.ignored_reason,
+            # Catch-up's synthetic deliveries (bot/reconcile.py) carry ids starting "reconcile:".
+            "source": "reconcile" if self.delivery_id.startswith("reconcile:") else "webhook",
         }
 
 

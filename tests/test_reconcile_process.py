@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import sqlite3
+import sys
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -197,6 +198,17 @@ async def _events_during_outage(o: Outage) -> tuple[int, int]:
     return command.id, state.id
 
 
+async def _cli(o: Outage, *args: str) -> str:
+    """`foreman --config <the service's config> ARGS` as an operator runs it beside the service."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "bot", "--config", str(o.proc.config), *args,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, cwd=o.proc.workdir,
+    )
+    out, err = await asyncio.wait_for(proc.communicate(), timeout=30)
+    assert proc.returncode == 0, err.decode()
+    return out.decode()
+
+
 def _handled(o: Outage, command_id: int) -> bool:
     rows = o.db("SELECT state_json FROM issues WHERE number = 2")
     state = json.loads(rows[0][0]) if rows and rows[0][0] else {}
@@ -239,6 +251,13 @@ async def test_events_while_the_service_was_down_are_caught_up_once_and_replays_
     assert 'foreman_reconcile_found_total{kind="issue"} 1.0' in metrics
     assert "foreman_reconcile_last_success_timestamp_seconds" in metrics
     assert "service was down" in o.proc.stderr.read_text()
+    listing = json.loads(await _cli(o, "deliveries", "--json"))
+    assert {d["delivery"] for d in listing if d["source"] == "reconcile"} == {row[0] for row in synthetic}
+    summary = json.loads(await _cli(o, "deliveries", "--reconcile", "--json"))
+    found = [p for p in [summary["last_pass"], summary["last_success"]] if p and p["found_total"]]
+    assert summary["last_pass"]["outcome"] == "ok" and summary["watermark"], summary
+    assert summary["last_pass"]["calls"] >= 3, summary  # Gitea's clock, one page of issues, one of comments
+    assert not found or found[0]["found"] in ({"issue": 1, "comment": 2}, {"issue": 0, "comment": 0}), summary
 
     before = o.effects()
     label, command, state = missed
@@ -260,7 +279,8 @@ async def test_events_while_the_service_was_down_are_caught_up_once_and_replays_
         lambda: all((o.proc.status(i) or ("", 0))[0] == "done" for i in ids), "replays and late webhooks settled", 10.0
     )
     await asyncio.sleep(0.5)  # the outbox would have sent anything they queued
-    assert o.effects() == before
+    after = o.effects()
+    assert after == before, json.dumps({k: (before[k], after[k]) for k in before if before[k] != after[k]}, default=str)
     assert o.reply_count(1, command_id) == 1
 
 

@@ -16,6 +16,8 @@ Gitea's listings read by the edge (bot/reconcile.py), as Gitea 1.22-1.26 answer 
 
 from __future__ import annotations
 
+import hashlib
+import json
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -165,8 +167,9 @@ def plan(
       becomes ``edited``. Comments the bot wrote are skipped (they never act), and so is a comment on a pull
       request unless it is a command nobody claimed (its reply says commands act on issues).
 
-    Delivery ids are deterministic (``reconcile:issue:<n>:<updated_at>``, ``reconcile:comment:<id>:<updated_at>``):
-    a second pass over the same revision inserts nothing (the inbox refuses the id).
+    Delivery ids are deterministic (``reconcile:issue:<n>:<updated_at>:<view hash>``,
+    ``reconcile:comment:<id>:<updated_at>``): a second pass over the same revision inserts nothing (the inbox
+    refuses the id).
     """
     bot = bot_login.lower()
     skipped: dict[str, int] = {}
@@ -191,9 +194,13 @@ def plan(
             continue
         action, reason = decided
         stamp = instant(str(issue.get("updated_at") or issue.get("created_at")))
+        # The view's content is in the id too: two views of the same second (Gitea's resolution) differ by it.
+        view = hashlib.sha256(
+            json.dumps([issue.get("state"), sorted(_labels(issue))], separators=(",", ":")).encode()
+        ).hexdigest()[:12]
         planned_issues.append(
             Synthetic(
-                delivery_id=f"{DELIVERY_PREFIX}issue:{number}:{stamp}",
+                delivery_id=f"{DELIVERY_PREFIX}issue:{number}:{stamp}:{view}",
                 kind="issue",
                 event="issues",
                 action=action,
