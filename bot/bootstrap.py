@@ -113,7 +113,7 @@ class BootstrapContext:
     gitea: GiteaClient | None
     bot_login: str
     clock: Callable[[], datetime] = utcnow
-    #: Control checkouts whose origin was found to be the reported clone_url (checked once per process).
+    #: "<checkout path>\0<clone URL>" pairs whose origin was found to be that URL (checked once per process and URL).
     verified_origins: set[str] = field(default_factory=set, repr=False)
 
     @classmethod
