@@ -117,7 +117,9 @@ class Reconciler:
         bot_login: Callable[[], str],
         wakeup: Callable[[], None],
         after_pass: Callable[[], Any] | None = None,
+        settle_s: float = ISSUE_SETTLE_S,
     ) -> None:
+        self.settle_s = settle_s
         self.db = db
         self.store = store
         self.gitea = gitea
@@ -235,10 +237,11 @@ class Reconciler:
                     extra[number] = (await self.gitea.get_issue(number)).raw
                 plan = core.plan(repository=repository, issues=issues, comments=comments, known=known,
                                  bot_login=self.bot_login(), pass_id=pass_id, extra_issues=extra)
-            found["issue"] = await self._feed(plan.issues, pass_id)
-            if plan.issues:
-                await self._settled([s.delivery_id for s in plan.issues])
-            found["comment"] = await self._feed(plan.comments, pass_id)
+            fed = await self._feed(plan.issues, pass_id)
+            found["issue"] = len(fed)
+            if fed and plan.comments:
+                await self._settled(fed)
+            found["comment"] = len(await self._feed(plan.comments, pass_id))
             mark = core.next_watermark(watermark, now_mark, None)
             await self._finish(pass_id, "ok", mark, calls, read_issues, read_comments, found, None)
         except asyncio.CancelledError:
@@ -311,9 +314,9 @@ class Reconciler:
             claimed=frozenset(await self.passes.claimed_comments(self.repo, ids)),
         )
 
-    async def _feed(self, planned: Sequence[core.Synthetic], pass_id: int) -> int:
-        """Insert the synthetic deliveries (one transaction per 200); how many were new to the inbox."""
-        queued = 0
+    async def _feed(self, planned: Sequence[core.Synthetic], pass_id: int) -> list[str]:
+        """Insert the synthetic deliveries (one transaction per 200); the ids that were new to the inbox."""
+        queued: list[str] = []
         for start in range(0, len(planned), 200):
             batch = []
             for item in planned[start : start + 200]:
@@ -339,11 +342,11 @@ class Reconciler:
                     False,
                 ))
             results = await self.store.insert_batch(batch)
-            new = sum(1 for r in results if r.outcome == "queued")
-            queued += new
-            for item, result in zip(planned[start : start + 200], results, strict=True):
-                if result.outcome == "queued":
-                    log.info("catch-up: %s %s/%s queued (%s)", item.delivery_id, item.event, item.action, item.reason)
+            new = [item for item, result in zip(planned[start : start + 200], results, strict=True)
+                   if result.outcome == "queued"]
+            for item in new:
+                log.info("catch-up: %s %s/%s queued (%s)", item.delivery_id, item.event, item.action, item.reason)
+            queued += [item.delivery_id for item in new]
             if new:
                 self.wakeup()
             await asyncio.sleep(0)
@@ -351,7 +354,7 @@ class Reconciler:
 
     async def _settled(self, delivery_ids: Sequence[str]) -> None:
         """Wait (bounded) until the given deliveries left the queue, so comments see their issue's labels."""
-        deadline = time.monotonic() + ISSUE_SETTLE_S
+        deadline = time.monotonic() + self.settle_s
         pending = list(delivery_ids)
         while pending and time.monotonic() < deadline and not self._stopping.is_set():
             still = []

@@ -267,7 +267,6 @@ async def on_issue_event(event: sansio.Event, ctx: HandlerContext) -> None:
         ctx.log.warning("issues payload skipped: %s", exc)
         return
     store = IssueStore(ctx.deps["db"])
-    issue = await _settle_same_second(store, where.repo, issue, ctx)
     result = await store.record_issue_event(
         issue, repo=where.repo, action=str(data["action"]), sender=sender, delivery_id=event.delivery_id
     )
@@ -285,31 +284,6 @@ async def on_issue_event(event: sansio.Event, ctx: HandlerContext) -> None:
     if result.snapshot.open_blockers:
         ctx.log.warning("issue #%d blockers for the controller: %s", issue.number, list(result.snapshot.open_blockers))
     wake_label_sync(result.snapshot, ctx)
-
-
-class _IssueReader(Protocol):
-    async def get_issue(self, number: int) -> Any: ...
-
-
-async def _settle_same_second(
-    store: IssueStore, repo: str, issue: IssueObservation, ctx: HandlerContext
-) -> IssueObservation:
-    """An observation stamped the same second as the stored snapshot but saying something else cannot be
-    ordered by time (Gitea stores whole seconds): a late webhook of that second, a Replay, or a newer change.
-    Gitea's current issue decides (one read, only in this case); the event is recorded with what it says, so a
-    late or replayed delivery changes nothing and a newer one still applies. Without a client: arrival order."""
-    gitea: _IssueReader | None = ctx.deps.get("gitea")
-    if gitea is None or issue.updated_at is None:
-        return issue
-    held = await store.snapshot(repo, issue.number)
-    if held is None or held.snapshot_as_of != issue.updated_at or held.labels is None:
-        return issue
-    if set(held.label_names) == {label.name for label in issue.labels} and held.is_open == issue.is_open:
-        return issue
-    current = await gitea.get_issue(issue.number)
-    ctx.log.info("issue #%d: an observation of the stored snapshot's second (%s) disagrees with it; Gitea's "
-                 "current issue decides", issue.number, issue.updated_at)
-    return IssueObservation.from_payload(dict(current.raw))
 
 
 @router.register("issues", action="deleted")

@@ -474,6 +474,17 @@ class IssueStore:
             assert before is not None
             first = before.labels is None
             applied = _not_older(issue, before)
+            if applied and not delivery_id.startswith("reconcile:"):
+                # A view another delivery already recorded (a late webhook after catch-up, a Replay): Gitea stores
+                # whole seconds, so it may look as new as the snapshot; it is history only. Catch-up's views are
+                # fresh reads of Gitea and keep the usual order (a later pass corrects a same-second snapshot).
+                async with conn.execute(
+                    "SELECT 1 FROM issue_events WHERE repo = ? AND number = ? AND issue_updated_at = ?"
+                    " AND labels_json = ? AND is_open = ? AND delivery_id <> ? LIMIT 1",
+                    (repo, issue.number, issue.updated_at or now, json.dumps([label.name for label in issue.labels]),
+                     int(issue.is_open), delivery_id),
+                ) as cur:
+                    applied = await cur.fetchone() is None
             names = [label.name for label in issue.labels]
             added, removed = diff_labels(before.label_names, names) if applied else ((), ())
             will_be_candidate = applied and issue.is_open and READY_LABEL in names
