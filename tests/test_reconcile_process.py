@@ -292,10 +292,10 @@ async def test_events_while_the_service_was_down_are_caught_up_once_and_replays_
     after = o.effects()
     assert after == before, json.dumps({k: (before[k], after[k]) for k in before if before[k] != after[k]}, default=str)
     assert o.reply_count(1, command_id) == 1
+    # The late webhook of the command found the claim that catch-up's delivery holds.
     log = o.proc.stderr.read_text()
-    assert f"comment {command_id} on #1: its command already ran for delivery reconcile:comment:{command_id}:" in (
-        log
-    ), [line for line in log.splitlines() if "already ran" in line or "/allocate" in line]  # the late webhook of the command found the claim catch-up's delivery holds
+    claimed = f"comment {command_id} on #1: its command already ran for delivery reconcile:comment:{command_id}:"
+    assert claimed in log, [line for line in log.splitlines() if "already ran" in line or "/allocate" in line]
 
 
 async def test_a_gitea_outage_during_catch_up_keeps_the_watermark_and_the_next_pass_finishes_it(
