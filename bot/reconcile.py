@@ -215,7 +215,9 @@ class Reconciler:
                 # First start on this database: nothing before now is replayed (old commands stay old).
                 await self._finish(pass_id, "baseline", now_mark, calls, 0, 0, {}, None)
                 log.info("catch-up: first pass on this database; watermark set to Gitea's clock %s", now_mark)
-                return await self._done(pass_id)
+                done = await self._done(pass_id)
+                await self._after_pass()
+                return done
             issues: list[Mapping[str, Any]] = []
             async for issue in self.gitea.iter_issues(state="all", type_=None, limit=PAGE_SIZE, since=since):
                 issues.append(issue.raw)
@@ -267,12 +269,17 @@ class Reconciler:
             found.get("issue", 0), found.get("comment", 0),
         )
         done = await self._done(pass_id)
-        if self.after_pass is not None:
-            try:
-                await self.after_pass()
-            except Exception:
-                log.exception("auto-allocation after catch-up failed (the next trigger runs it)")
+        await self._after_pass()
         return done
+
+    async def _after_pass(self) -> None:
+        """Once per successful pass (the service: one auto-allocation, trigger ``catch_up``)."""
+        if self.after_pass is None:
+            return
+        try:
+            await self.after_pass()
+        except Exception:
+            log.exception("auto-allocation after catch-up failed (the next trigger runs it)")
 
     async def _finish(self, pass_id: int, outcome: str, mark: str | None, calls: int, read_issues: int,
                       read_comments: int, found: Mapping[str, int], error: str | None) -> None:

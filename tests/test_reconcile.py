@@ -19,6 +19,8 @@ from state.db import Database
 from state.deliveries import DeliveryStore
 from state.reconcile import CommandClaims, ReconcileStore
 from tests.gitea_fixtures import BOT, OWNER, REPO, LiveEmulator, live_emulator
+from tests.support import Started
+from tests.world import open_world
 
 REPOSITORY = {"full_name": f"{OWNER}/{REPO}"}
 
@@ -245,3 +247,30 @@ async def test_interval_zero_runs_the_start_pass_only_and_a_failed_read_keeps_th
         row = await cur.fetchone()
     assert row is not None and row[0] == 0  # the timer is off: only the start-up pass ran
     assert reconciler.status.errors_total == 1
+
+
+# ----------------------------------------------------------------------- the service wires it
+
+
+async def test_the_service_runs_catch_up_at_start_and_one_auto_allocation_after_each_pass(
+    tmp_path: Path, start: Started
+) -> None:
+    """An expired lease frees its author at the next pass: each pass ends with one auto-allocation (``catch_up``)."""
+    async with open_world(tmp_path, start, roster={"controller-bot": ["controller"], "author-1": ["author"]}) as w:
+        reconciler = w.service.reconciler
+        assert reconciler is not None
+        for _ in range(200):
+            if reconciler.status.last_success_at:
+                break
+            await asyncio.sleep(0.02)
+        number = await w.open_issue("alice", "Caught up while nobody labelled it")
+        w.live.emulator.add_labels(OWNER, REPO, number, ["status:ready"], actor="alice")  # no webhook for it
+        done = await reconciler.run_pass(trigger="interval")
+        assert done is not None and done.outcome == "ok" and done.found.get("issue") == 1, done
+        async with w.service.db.reader.execute("SELECT trigger FROM auto_allocations ORDER BY id") as cur:
+            triggers = [row[0] for row in await cur.fetchall()]
+        assert triggers.count("catch_up") == 2, triggers  # the start-up pass, then this one
+        body = (await w.client.get("/readyz")).status
+        assert body == 200
+        check = (await (await w.client.get("/readyz")).json())["checks"]["reconcile"]
+        assert check["last_pass"]["trigger"] == "interval" and check["found"]["issue"] >= 1, check
