@@ -215,9 +215,8 @@ class Reconciler:
                 # First start on this database: nothing before now is replayed (old commands stay old).
                 await self._finish(pass_id, "baseline", now_mark, calls, 0, 0, {}, None)
                 log.info("catch-up: first pass on this database; watermark set to Gitea's clock %s", now_mark)
-                done = await self._done(pass_id)
-                await self._after_pass()
-                return done
+                # No auto-allocation here: nothing was caught up, and the webhooks trigger it as before.
+                return await self._done(pass_id)
             issues: list[Mapping[str, Any]] = []
             async for issue in self.gitea.iter_issues(state="all", type_=None, limit=PAGE_SIZE, since=since):
                 issues.append(issue.raw)
