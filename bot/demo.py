@@ -454,9 +454,13 @@ async def _loop(h: LoopHarness, p: Printer, timeout_s: float) -> None:
     state = parse_comment(evidence["body"]).current
     if state is None or state.who_is_next != "author" or not state.next_action or not state.next_prompt:
         raise StepFailed("evidence", "the evidence comment carries no Canonical Issue State for the author")
-    current = h.query("SELECT state_comment_id FROM issues WHERE number = ?", (n,))
-    if not current or current[0]["state_comment_id"] != evidence["id"]:
-        raise StepFailed("evidence", "foreman did not take the evidence comment as the issue's current state")
+    async def evidence_is_current() -> bool | None:
+        # The outbox marks the comment verified, then its completion hook records it in the issue state: wait.
+        rows = h.query("SELECT state_comment_id FROM issues WHERE number = ?", (n,))
+        return True if rows and rows[0]["state_comment_id"] == evidence["id"] else None
+
+    await until("evidence", evidence_is_current, timeout_s,
+                "foreman did not take the evidence comment as the issue's current state")
     p.step("evidence", f"comment #{evidence['id']} posted once and read back (after the allocation's "
                        f"#{allocation['id']}); it is #{n}'s Canonical Issue State: WHO_IS_NEXT {state.who_is_next}")
     p.step("", f"NEXT_ACTION: {state.next_action}")

@@ -12,7 +12,7 @@ import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 from gidgethub import routing, sansio
 
@@ -41,6 +41,22 @@ Handler = Callable[[sansio.Event, HandlerContext], Awaitable[None]]
 
 def handler_name(callback: Callable[..., Any]) -> str:
     return f"{callback.__module__}.{callback.__qualname__}"
+
+
+_RECORDS_FIRST = "_foreman_records_first"
+_H = TypeVar("_H", bound=Callable[..., Any])
+
+
+def records_first(handler: _H) -> _H:
+    """Mark a handler that records what Gitea said (the issue state): it runs before the handlers of the same
+    delivery that act on it, whatever their names (they run in name order otherwise), so an action never races
+    ahead of the observation it stands on."""
+    setattr(handler, _RECORDS_FIRST, True)
+    return handler
+
+
+def handler_order(callback: Callable[..., Any]) -> tuple[int, str]:
+    return (0 if getattr(callback, _RECORDS_FIRST, False) else 1, handler_name(callback))
 
 
 def backoff_delay(attempt: int, *, base_s: float, max_s: float, rng: random.Random | None = None) -> float:
@@ -284,7 +300,7 @@ class Worker:
         results: dict[str, str | None] = {}
         pending: dict[str, str | None] = {}
         try:
-            callbacks = sorted(self.router.fetch(event), key=handler_name)
+            callbacks = sorted(self.router.fetch(event), key=handler_order)
         except Exception as exc:  # refuse_dispatch checks the routed fields first; this is the net behind it
             name = "router.fetch"
             message = f"undispatchable: {type(exc).__name__}: {exc}"[:2000]

@@ -27,7 +27,7 @@ from bot.core.trust import (
     unseen_membership_reason,
 )
 from bot.core.vocabulary import label_for_state
-from bot.worker import HandlerContext
+from bot.worker import HandlerContext, records_first
 from state.db import to_db_time, utcnow
 from state.issues import (
     NO_BLOCK,
@@ -206,6 +206,7 @@ def _comment_observation(
 @router.register("issue_comment", action="created")
 @router.register("issue_comment", action="edited")
 @router.register("issue_comment", action="deleted")
+@records_first
 async def on_issue_comment(event: sansio.Event, ctx: HandlerContext) -> None:
     """Record the comment revision (trusted or not, block or not) and recompute the issue's state."""
     settings: Settings = ctx.deps["settings"]
@@ -253,6 +254,7 @@ async def on_issue_comment(event: sansio.Event, ctx: HandlerContext) -> None:
 @router.register("issues", action="reopened")
 @router.register("issues", action="label_updated")
 @router.register("issues", action="label_cleared")
+@records_first
 async def on_issue_event(event: sansio.Event, ctx: HandlerContext) -> None:
     """Record the status and the label set (diffed against the stored one), candidates and conflicts."""
     settings: Settings = ctx.deps["settings"]
@@ -287,6 +289,7 @@ async def on_issue_event(event: sansio.Event, ctx: HandlerContext) -> None:
 
 
 @router.register("issues", action="deleted")
+@records_first
 async def on_issue_deleted(event: sansio.Event, ctx: HandlerContext) -> None:
     """Gitea 1.25+ (services/webhook/notifier.go DeleteIssue): end the issue's leases, cancel its outbox."""
     settings: Settings = ctx.deps["settings"]

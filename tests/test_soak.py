@@ -96,6 +96,8 @@ async def test_a_soak_of_2000_deliveries_with_malformed_ones_loses_nothing_and_f
 
     try:
         async with aiohttp.ClientSession() as session:
+            async with session.get(f"{proc.url}/healthz") as resp:  # warm the probe's connection: not a measurement
+                assert resp.status == 200
             prober = asyncio.create_task(probe(session))
             await asyncio.gather(*(send(*item) for item in plan))
 

@@ -13,7 +13,7 @@ from gidgethub import routing, sansio
 
 from bot.cli import main
 from bot.core.intake import admit
-from bot.worker import HandlerContext, backoff_delay
+from bot.worker import HandlerContext, backoff_delay, records_first
 from handlers import build_router
 from state.db import Database
 from state.deliveries import DeliveryStore
@@ -149,3 +149,25 @@ def test_cli_lists_failed_deliveries_and_replays_one(
     assert refusal["error"] == "invalid_state" and refusal["exact_next_action"]
     assert main(["deliveries", "--status", "failed", "--json"]) == 0
     assert json.loads(capsys.readouterr().out) == []
+
+
+async def test_a_handler_that_records_runs_before_the_ones_that_act_whatever_their_names(start: Started) -> None:
+    """Handlers run in name order, except those marked records_first (the issue state), which run before: an
+    auto-allocation must not race ahead of the label observation it stands on (foreman demo's 'candidate' step)."""
+    order: list[str] = []
+    router = routing.Router()
+
+    @router.register("issues")
+    async def a_acts(event: sansio.Event, ctx: HandlerContext) -> None:
+        order.append("acts")
+
+    @router.register("issues")
+    @records_first
+    async def z_records(event: sansio.Event, ctx: HandlerContext) -> None:
+        order.append("records")
+
+    service, client = await start(router=router)
+    body = payload()
+    await client.post("/webhook", data=body, headers=webhook_headers(body, delivery="order-1"))
+    await wait_status(service, "order-1", "done")
+    assert order == ["records", "acts"]
