@@ -126,6 +126,15 @@ async def test_a_soak_of_2000_deliveries_with_malformed_ones_loses_nothing_and_f
     stored_bad = {d: s for d, (s, _b) in rows.items() if d.startswith("bad-")}
     assert set(stored_bad.values()) <= {"failed", "ignored"}, stored_bad
     assert ready["ready"] is True and ready["checks"]["worker"]["loops_alive"] == ready["checks"]["worker"]["loops"]
-    assert len(health) > 20 and max(health) < 0.1, (len(health), max(health))
+    # The service's own measure of how long anything held its loop, over the whole soak: under 100 ms.
+    lag_max = float(ready["checks"]["event_loop"]["lag_max_s"])
+    assert lag_max < 0.1, lag_max
+    # Seen from outside, every /healthz answered within 100 ms but for rare outliers of a machine that CI shares
+    # with other processes (a probe's own connect, the scheduler): the 99th percentile is held to 100 ms, and no
+    # probe may reach a second (a frozen service would fail both).
+    ordered = sorted(health)
+    p99 = ordered[int(0.99 * (len(ordered) - 1))]
+    assert len(health) > 20 and p99 < 0.1 and ordered[-1] < 1.0, (len(health), p99, ordered[-1])
     print(f"soak: {len(plan)} deliveries ({len(plan) - len(valid)} malformed), {len(valid)} valid all done once, "
-          f"/healthz {len(health)} probes, max {max(health) * 1000:.1f} ms")
+          f"/healthz {len(health)} probes, p99 {p99 * 1000:.1f} ms, max {ordered[-1] * 1000:.1f} ms; "
+          f"service loop lag max {lag_max * 1000:.1f} ms")
