@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import secrets as secrets_mod
 import tomllib
@@ -23,6 +22,7 @@ from pydantic import (
 )
 
 from bot.core.grants import TOOL_CONTRACTS, Effect, PolicyTemplate, TemplateError
+from bot.core.jsontext import JSONTextError, strict_loads
 from bot.core.vocabulary import MAX_ISSUE_NUMBER
 
 DEFAULT_CONFIG_PATH = Path("config/foreman.toml")
@@ -359,17 +359,6 @@ def _loc_to_key(loc: tuple[int | str, ...]) -> str:
     return ".".join(str(part) for part in loc) or "<root>"
 
 
-def _env_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    keys = [key for key, _ in pairs]
-    repeated = sorted({key for key in keys if keys.count(key) > 1})
-    if repeated:
-        raise ValueError(f"key {repeated[0]!r} appears more than once in the JSON object (one would be lost)")
-    return dict(pairs)
-
-
-def _env_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not a JSON number")
-
 
 def _parse_env_value(raw: str) -> Any:
     """Env values are strings; lists, tables, numbers and booleans may be given as JSON.
@@ -380,12 +369,8 @@ def _parse_env_value(raw: str) -> Any:
     stripped = raw.strip()
     if stripped[:1] in ("[", "{") or stripped in ("true", "false"):
         try:
-            return json.loads(stripped, object_pairs_hook=_env_object, parse_constant=_env_constant)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"not valid JSON: {exc.msg}") from exc
-        except RecursionError:
-            raise ValueError("not valid JSON: nested too deeply") from None
-        except ValueError as exc:  # a repeated key, NaN/Infinity, an integer over Python's digit limit
+            return strict_loads(stripped)
+        except JSONTextError as exc:
             raise ValueError(f"not valid JSON: {exc}") from None
     return raw
 

@@ -35,6 +35,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, ClassVar, Final, Literal
 
 from bot.core.errors import Envelope, EnvelopeError
+from bot.core.jsontext import JSONTextError, strict_loads
 from bot.core.vocabulary import MAX_ISSUE_NUMBER
 
 __all__ = [
@@ -428,10 +429,6 @@ class _DuplicateKeyObject(dict[str, Any]):
         self.duplicate_keys = duplicates
 
 
-class _JsonConstantError(ValueError):
-    pass
-
-
 def _show(value: object) -> str:
     """A short, always-computable rendering of any received value for a problem message.
 
@@ -478,10 +475,6 @@ def _object_pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return _DuplicateKeyObject(pairs, duplicates) if duplicates else dict(pairs)
 
 
-def _reject_constant(name: str) -> Any:
-    raise _JsonConstantError(f"{name} is not valid JSON")
-
-
 def _decode_json(text: str, input_name: str) -> object:
     """Decode once, refusing typed whatever the decoder cannot or should not take (issue 12.7): oversized text,
     nesting deeper than the decoder's recursion limit, integers over Python's 4,300-digit limit, NaN/Infinity."""
@@ -492,15 +485,15 @@ def _decode_json(text: str, input_name: str) -> object:
     if len(text) > MAX_INPUT_CHARS:
         raise refuse(f"is {len(text)} characters; at most {MAX_INPUT_CHARS} are taken")
     try:
-        return json.loads(text, object_pairs_hook=_object_pairs, parse_constant=_reject_constant)
-    except _JsonConstantError as exc:
-        raise refuse(str(exc)) from None
-    except RecursionError:
-        raise refuse("malformed JSON: nested too deeply (a candidate record is at most 3 levels deep)") from None
-    except json.JSONDecodeError as exc:
-        raise refuse(f"malformed JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
-    except ValueError:  # the decoder's int-str limit
-        raise refuse("malformed JSON: an integer has more than 4,300 digits (no issue number is that long)") from None
+        return strict_loads(text, object_pairs_hook=_object_pairs)  # repeats are collected, reported per record
+    except JSONTextError as exc:
+        if exc.kind == "constant":
+            raise refuse(str(exc)) from None
+        detail = {
+            "too_deep": "nested too deeply (a candidate record is at most 3 levels deep)",
+            "long_integer": "an integer has more than 4,300 digits (no issue number is that long)",
+        }.get(exc.kind, str(exc))
+        raise refuse(f"malformed JSON: {detail}") from None
 
 
 def _type_name(value: object) -> str:

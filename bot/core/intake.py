@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import json
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from bot.core.jsontext import JSONTextError, strict_loads
 
 # Header names as Gitea sends them; the X-GitHub-* copies are the fallback (FACTS.md section 1).
 EVENT_HEADERS = ("X-Gitea-Event", "X-GitHub-Event", "X-Gogs-Event")
@@ -207,10 +208,6 @@ def _is_clean_text(value: str) -> bool:
     return True
 
 
-def _refuse_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not JSON (RFC 8259 has no NaN or Infinity)")
-
-
 def _parse_json(body: bytes) -> dict[str, Any] | Rejection:
     """The body as a JSON object, or why not. Every way ``json.loads`` can fail is a 400, never a 500:
     bad syntax or encoding, NaN/Infinity, integers past Python's digit limit, nesting past the recursion
@@ -228,11 +225,9 @@ def _parse_json(body: bytes) -> dict[str, Any] | Rejection:
             f"and {MAX_JSON_CONTAINERS}, far above any Gitea delivery",
         )
     try:
-        payload = json.loads(body, parse_constant=_refuse_constant)
-    except RecursionError:
-        return Rejection(400, "malformed_json", "body is nested too deeply to be a Gitea payload")
-    except (UnicodeDecodeError, ValueError) as exc:  # JSONDecodeError is a ValueError, as is the digit limit
-        return Rejection(400, "malformed_json", f"body is not valid JSON: {str(exc)[:200]}")
+        payload = strict_loads(body, object_pairs_hook=None)  # repeated keys: the last wins, as before
+    except JSONTextError as exc:
+        return Rejection(400, "malformed_json", f"body is not valid JSON: {exc}")
     if not isinstance(payload, dict):
         return Rejection(400, "malformed_json", "body is JSON but not an object")
     if _SURROGATE_ESCAPE.search(body) and _has_lone_surrogate(payload):

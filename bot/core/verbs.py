@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from collections.abc import Mapping, Sequence
@@ -15,6 +14,7 @@ import jsonschema  # type: ignore[import-untyped]  # (no stubs installed; the pr
 
 from bot.core.canonical import FIELD_KEYS
 from bot.core.gateway import ROLES, Decision, GatewayContext, Precondition, Role, evaluate_preconditions
+from bot.core.jsontext import JSONTextError, strict_loads
 from bot.core.vocabulary import MAX_ISSUE_NUMBER, STATES
 from bot.core.vocabulary import ROLES as VOCABULARY_ROLES
 
@@ -277,25 +277,12 @@ def screen(value: object) -> str | None:
     return None
 
 
-def _object_pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    out = dict(pairs)
-    if len(out) != len(pairs):
-        raise ValueError("an object repeats a key")
-    return out
-
-
-def _no_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not JSON")
-
-
 def decode_json_text(text: str) -> tuple[object, str | None]:
     """RFC 8259 JSON text: (its value, None), or (None, why not): malformed, NaN/Infinity, a repeated key."""
     try:
-        return json.loads(text, object_pairs_hook=_object_pairs, parse_constant=_no_constant), None
-    except RecursionError:
-        return None, "JSON text nested too deeply"
-    except ValueError as exc:  # JSONDecodeError, a repeated key, NaN, an integer past 4,300 digits
-        return None, f"not JSON text ({str(exc)[:120]})"
+        return strict_loads(text), None
+    except JSONTextError as exc:
+        return None, "JSON text nested too deeply" if exc.kind == "too_deep" else f"not JSON text ({str(exc)[:120]})"
 
 
 def _integers(value: object) -> object:
