@@ -21,6 +21,7 @@ import io
 import json
 import logging
 import os
+import re
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -387,10 +388,16 @@ def _bounded_int(text: str) -> int:
     return int(text)
 
 
+#: What can make the SDK's parser refuse a line: a surrogate escape (``\ud800``) or a run of more than 4,300 digits.
+_MAYBE_UNREADABLE = re.compile(r"\\u[dD][89a-fA-F]|(?<![0-9])[0-9]{4301}")  # one scan per digit run
+
+
 def _readable(line: str) -> str:
     """A stdin line the SDK reads. A ``tools/call`` request its JSON parser refuses (an integer of more than 4,300
     digits, a lone surrogate escape) would get no answer at all; it is passed on with its arguments replaced by
     the ``UNREADABLE_META`` marker, so the client gets ``invalid_input``. Anything else is passed on as it came."""
+    if not _MAYBE_UNREADABLE.search(line):
+        return line  # the common case: nothing the SDK's parser refuses, so it parses the line once, itself
     try:
         types.jsonrpc_message_adapter.validate_json(line, by_name=False)
         return line
