@@ -142,7 +142,16 @@ class Database:
             except BaseException:
                 # Also when COMMIT itself failed or was cancelled: never leave the write lock held.
                 if self._conn.in_transaction:
-                    await asyncio.shield(self._conn.execute("ROLLBACK"))
+                    await asyncio.shield(self._rollback())
+                raise
+
+    async def _rollback(self) -> None:
+        """ROLLBACK if a transaction is still open when it runs. A COMMIT whose caller was cancelled is still
+        queued on the database thread ahead of it and may have ended the transaction by then; that is no error."""
+        try:
+            await self._conn.execute("ROLLBACK")
+        except sqlite3.OperationalError:
+            if self._conn.in_transaction:
                 raise
 
     @property

@@ -67,3 +67,35 @@ async def test_migration_7_keeps_every_inbox_row_handler_result_and_replay(
                 )
     finally:
         await db.close()
+
+
+async def test_a_commit_cancelled_in_flight_never_turns_into_a_rollback_error(tmp_path: Path) -> None:
+    """Shutdown can cancel a task while its COMMIT is queued on the database thread: the COMMIT still runs, so
+    the ROLLBACK queued after it finds no transaction. The cancellation must stay a cancellation (it became
+    `OperationalError: cannot rollback`, logged with a traceback by `foreman serve` on a taken port)."""
+    import asyncio
+
+    db = await Database.open(tmp_path / "foreman.db")
+    real = db._conn.execute  # the seam between the store and aiosqlite's thread
+    pending: list[asyncio.Future[object]] = []
+
+    def execute(sql: str, *args: object) -> object:
+        if sql == "COMMIT":
+            pending.append(asyncio.ensure_future(real(sql, *args)))  # queued on the thread, then cancelled
+            raise asyncio.CancelledError
+        return real(sql, *args)
+
+    db._conn.execute = execute  # type: ignore[method-assign,assignment]
+    try:
+        with pytest.raises(asyncio.CancelledError):
+            async with db.transaction() as conn:
+                await conn.execute(
+                    "INSERT INTO schema_migrations (version, name, applied_at) VALUES (999, 'x', 't')"
+                )
+    finally:
+        db._conn.execute = real  # type: ignore[method-assign]
+    await asyncio.gather(*pending)
+    async with db.transaction() as conn:  # the write lock was released, the connection is usable
+        async with conn.execute("SELECT COUNT(*) FROM schema_migrations WHERE version = 999") as cur:
+            assert (await cur.fetchone())[0] == 1  # the COMMIT that ran is kept
+    await db.close()
