@@ -22,7 +22,7 @@ from gidgethub import routing
 
 from bot import logs
 from bot.config import ConfigError, Settings, ensure_webhook_secret, load_settings
-from bot.core.vocabulary import MAX_ISSUE_NUMBER
+from bot.core.vocabulary import MAX_ISSUE_NUMBER, is_issue_number
 from state.db import Database
 from state.deliveries import STATUSES, DeliveryStore
 from state.outbox import OUTBOX_STATUSES
@@ -921,7 +921,7 @@ def _positive_int64(what: str) -> Callable[[str], int]:
 
     def parse(text: str) -> int:
         value = int(text) if _DIGITS.fullmatch(text) else 0
-        if not 0 < value <= MAX_ISSUE_NUMBER:
+        if not is_issue_number(value):
             shown = text if len(text) <= 40 else f"{text[:20]}... ({len(text)} characters)"
             raise argparse.ArgumentTypeError(f"{shown!r} is not {what} (a whole number from 1 to {MAX_ISSUE_NUMBER})")
         return value

@@ -16,7 +16,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import re
 import sqlite3
 import subprocess
 from collections import Counter
@@ -25,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bot.core.evidence import find_marker
+from bot.core.evidence import find_marker, parse_evidence
 from bot.gitea import GiteaClient
 from bot.gitops import parse_worktree_porcelain
 
@@ -416,21 +415,6 @@ def _worktrees(facts: Facts) -> list[Violation]:
 # ----------------------------------------------------------------------------------------------- edges
 
 
-_EVIDENCE_JSON = re.compile(r"(`{3,})json\n(.*?)\n\1", re.DOTALL)
-
-
-def _evidence_json(body: str) -> dict[str, Any] | None:
-    """The machine-readable section of an evidence comment body (``bot.core.evidence.render_evidence``)."""
-    found = _EVIDENCE_JSON.findall(body or "")
-    if not found:
-        return None
-    try:
-        doc = json.loads(found[-1][1])
-    except ValueError:
-        return None
-    return doc if isinstance(doc, dict) else None
-
-
 def _numbers(value: Any) -> tuple[int, ...] | None:
     if not isinstance(value, list) or not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
         return None
@@ -446,7 +430,7 @@ def _recorded_exclusions(request_json: str | None) -> tuple[int, ...] | None:
 def _decided_exclusions(payload_json: str) -> tuple[int, ...] | None:
     """``exclusions.exclude_issue_numbers`` from a lease's evidence comment, as queued (None: not recorded)."""
     payload = json.loads(payload_json)
-    doc = _evidence_json(payload.get("body", "")) if isinstance(payload, dict) else None
+    doc = parse_evidence(payload.get("body", "")) if isinstance(payload, dict) else None
     exclusions = doc.get("exclusions") if doc is not None else None
     return _numbers(exclusions.get("exclude_issue_numbers")) if isinstance(exclusions, dict) else None
 

@@ -13,6 +13,7 @@ from typing import Any
 
 from bot.core.canonical import CanonicalState, render
 from bot.core.errors import Envelope
+from bot.core.jsontext import JSONTextError, strict_loads
 
 MARKER_PREFIX = "<!-- foreman:evidence "
 _MARKER_RE = re.compile(r"<!-- foreman:evidence ([A-Za-z0-9._:/-]{1,200}) -->")
@@ -20,6 +21,8 @@ _KEY_RE = re.compile(r"[A-Za-z0-9._:/-]{1,200}")
 # Keys that must never reach a comment, whatever a caller puts in the evidence.
 _SECRET_KEYS = re.compile(r"(secret|token|password|authorization|signature)", re.IGNORECASE)
 _MAX_SUMMARY = 600
+# The collapsible machine-readable section render_evidence writes: a ```json fence (longer when needed).
+_EVIDENCE_FENCE = re.compile(r"(`{3,})json\n(.*?)\n\1", re.DOTALL)
 
 
 def marker(key: str) -> str:
@@ -84,3 +87,15 @@ def render_failure(*, key: str, what: str, envelope: Envelope, evidence: Mapping
     ]
     parts = ["\n\n".join(lines), _details({"refusal": envelope.to_dict(), **evidence}), marker(key)]
     return "\n\n".join(parts) + "\n"
+
+
+def parse_evidence(body: str) -> dict[str, Any] | None:
+    """The machine-readable evidence (the JSON object) of a comment ``render_evidence`` wrote, or None."""
+    found = _EVIDENCE_FENCE.findall(body or "")
+    if not found:
+        return None
+    try:
+        doc = strict_loads(found[-1][1], object_pairs_hook=None)
+    except JSONTextError:
+        return None
+    return doc if isinstance(doc, dict) else None

@@ -9,14 +9,13 @@ secret-looking keys) below them have no I/O.
 from __future__ import annotations
 
 import json
-import re
 import sqlite3
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
 from bot.config import Settings
-from bot.core.evidence import scrub
+from bot.core.evidence import parse_evidence, scrub
 from bot.core.vocabulary import label_for_state
 from state.db import Database, from_db_time, to_db_time, utcnow
 from state.deliveries import DeliveryStore
@@ -31,15 +30,10 @@ _LEASE_COLUMNS = (
     "lease_id, repo, issue_number, owner, role, action, acquired_at, expires_at, heartbeat_at, status, ended_at,"
     " end_reason, fingerprint, request_json"
 )
-_FENCED_JSON = re.compile(r"(`{3,})json\n(.*?)\n\1", re.DOTALL)
 
 
 def repository_key(settings: Settings) -> str:
     return repo_key(f"{settings.repository.owner}/{settings.repository.name}")
-
-
-def authors(settings: Settings) -> list[str]:
-    return sorted(login for login, roles in settings.roster.items() if "author" in roles)
 
 
 # --- store reads ---------------------------------------------------------------------------------------------
@@ -201,7 +195,7 @@ async def current_decisions(db: Database, settings: Settings) -> list[dict[str, 
 
     out = []
     allocator = Allocator(db, settings, None, bot_login=settings.gitea.bot_login)
-    for owner in authors(settings):
+    for owner in settings.authors():
         try:
             outcome = await allocator.run(AllocationCall(actor="dashboard", actor_is_operator=True, owner=owner))
             doc = outcome.to_dict()
@@ -227,7 +221,7 @@ async def recorded_decisions(db: Database, settings: Settings, *, limit: int = 2
     store = OutboxStore(db)
     for row in rows:
         entry = await store.get(row["id"])
-        evidence = evidence_of(entry.payload.get("body", "")) if entry is not None else None
+        evidence = parse_evidence(entry.payload.get("body", "")) if entry is not None else None
         if entry is None or evidence is None or evidence.get("action") != "allocate":
             continue
         lease = evidence.get("lease") or {}
@@ -314,16 +308,6 @@ async def issue_view(db: Database, settings: Settings, number: int, *, now: date
 
 
 # --- pure projections ----------------------------------------------------------------------------------------
-def evidence_of(body: str) -> dict[str, Any] | None:
-    """The machine-readable evidence block of a comment foreman rendered (``bot.core.evidence``), if any."""
-    found = _FENCED_JSON.findall(body or "")
-    if not found:
-        return None
-    try:
-        doc = json.loads(found[-1][1])
-    except ValueError:
-        return None
-    return doc if isinstance(doc, dict) else None
 
 
 def _numbers_in(decision: Mapping[str, Any]) -> set[int]:
