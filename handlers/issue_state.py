@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -68,6 +68,7 @@ class PermissionCache:
         self.ttl_s = ttl_s
         self._clock = clock
         self._entries: dict[str, tuple[float, str]] = {}
+        self._teams: dict[str, tuple[float, Trust]] = {}
 
     async def permission(self, gitea: IssueStateGitea, login: str) -> str:
         key = login.lower()
@@ -78,6 +79,17 @@ class PermissionCache:
         permission = await gitea.get_user_permission(login)
         self._entries[key] = (now, permission)
         return permission
+
+    async def team_trust(self, login: str, compute: Callable[[], Awaitable[Trust]]) -> Trust:
+        """The team answer for a ``read`` login, held as long as a permission (1 + N Gitea reads otherwise)."""
+        key = login.lower()
+        now = self._clock()
+        held = self._teams.get(key)
+        if held is not None and now - held[0] < self.ttl_s:
+            return held[1]
+        trust = await compute()
+        self._teams[key] = (now, trust)
+        return trust
 
 
 def _is_not_found(exc: Exception) -> bool:
@@ -110,7 +122,7 @@ async def author_trust(author: str, ctx: HandlerContext) -> Trust:
         raise
     if permission_trusts(permission) or permission == "none":
         return Trust(permission_trusts(permission), f"permission:{permission}")
-    return await _team_trust(gitea, author, permission, bot_login, cache)
+    return await cache.team_trust(author, lambda: _team_trust(gitea, author, permission, bot_login, cache))
 
 
 async def _team_trust(

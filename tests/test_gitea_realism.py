@@ -350,6 +350,21 @@ async def test_a_team_writer_on_issues_is_read_to_the_permission_api_but_trusted
     assert emu.label_names(OWNER, REPO, number) == ["bug", "status:in-progress"]
 
 
+async def test_a_team_writers_trust_is_read_from_gitea_once_per_permission_ttl(world: World) -> None:
+    """The team answer is cached like the permission: two state comments by one team writer read the
+    repository's teams once (it was 1 + N Gitea reads per comment)."""
+    _teams(world)
+    emu = world.live.emulator
+    number = await world.open_issue()
+    before = len([r for r in emu.requests if r.path.endswith(f"/repos/{FULL_NAME}/teams")])
+    for state in ("in-progress", "blocked"):
+        body = {"body": render(_state(state))}
+        await _as(world, "tok-dave-0010", "POST", f"/repos/{FULL_NAME}/issues/{number}/comments", body)
+    records = await world.store.comment_records(FULL_NAME, number)
+    assert [r.trust_reason for r in records] == ["team:devs:repo.issues=write"] * 2
+    assert len([r for r in emu.requests if r.path.endswith(f"/repos/{FULL_NAME}/teams")]) - before == 1
+
+
 async def test_team_membership_the_bot_cannot_read_is_untrusted_with_the_reason(world: World) -> None:
     """reqTeamReadAccess (routers/api/v1/api.go, 1.26.3): only site admins, org owners and team members may
     read a team's members; anyone else gets 403 (an org member) or 404. Fail closed, and say why."""
