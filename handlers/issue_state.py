@@ -113,7 +113,7 @@ async def author_trust(author: str, ctx: HandlerContext) -> Trust:
     gitea: IssueStateGitea | None = ctx.deps.get("gitea")
     if gitea is None:
         return Trust(False, "no_gitea_client: write permission cannot be checked without gitea.token")
-    cache = ctx.deps.setdefault(_CACHE_DEP, PermissionCache())
+    cache: PermissionCache = ctx.deps.setdefault(_CACHE_DEP, PermissionCache())
     try:
         permission = await cache.permission(gitea, author)
     except Exception as exc:
