@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import logging
-import random
 import re
 import urllib.parse
 from collections.abc import Mapping
@@ -14,6 +13,7 @@ from typing import Final
 import aiohttp
 import gidgethub.aiohttp
 
+from bot.core import backoff
 from bot.gitea.errors import GiteaUnavailable
 
 log = logging.getLogger(__name__)
@@ -48,8 +48,7 @@ class _RetryingAPI(gidgethub.aiohttp.GitHubAPI):
 
     def backoff(self, attempt: int) -> float:
         """Exponential backoff with jitter: half fixed, half random, doubling per attempt."""
-        ceiling = self._backoff_base_s * (2.0 ** (attempt - 1))
-        return ceiling / 2 + random.uniform(0, ceiling / 2)
+        return backoff.delay(attempt, base=self._backoff_base_s, jitter="equal")
 
     async def _request(
         self, method: str, url: str, headers: Mapping[str, str], body: bytes = b""
