@@ -9,7 +9,7 @@ import aiohttp
 import pytest
 
 from bot.core.backoff import Jitter, delay
-from bot.gitea.transport import _RetryingAPI
+from bot.gitea.transport import RetryingAPI
 
 
 def test_equal_jitter_is_half_fixed_half_random_and_doubles_per_attempt() -> None:
@@ -57,9 +57,9 @@ def test_attempt_zero_or_below_counts_as_the_first() -> None:
 
 
 async def test_the_gitea_transport_backs_off_through_the_helper() -> None:
-    """``_RetryingAPI.backoff`` is ``delay(..., jitter="equal")`` on the module's random stream."""
+    """``RetryingAPI.backoff`` is ``delay(..., jitter="equal")`` on the module's random stream."""
     async with aiohttp.ClientSession() as session:
-        api = _RetryingAPI(
+        api = RetryingAPI(
             session,
             "t",
             oauth_token="x",

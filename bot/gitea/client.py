@@ -18,9 +18,9 @@ from bot.gitea.errors import (
     GiteaNotFound,
     GiteaUnassignable,
     GiteaUnavailable,
-    _error_for,
+    error_for,
 )
-from bot.gitea.transport import _LAST_HEADERS, _SINGLE_ATTEMPT, _RetryingAPI, next_page
+from bot.gitea.transport import LAST_HEADERS, SINGLE_ATTEMPT, RetryingAPI, next_page
 from bot.gitea.values import Branch, Comment, Hook, Issue, Label, Repository, Team, User
 
 if TYPE_CHECKING:
@@ -75,7 +75,7 @@ class GiteaClient:
         self.owner = owner
         self.repo = repo
         self.base_url = base_url.rstrip("/")
-        self._gh = _RetryingAPI(
+        self._gh = RetryingAPI(
             session,
             requester,
             oauth_token=token,
@@ -108,15 +108,15 @@ class GiteaClient:
                 return None
             raise ValueError(f"unsupported method {method}")
         except gidgethub.HTTPException as exc:
-            raise _error_for(int(exc.status_code), str(exc), method, path) from exc
+            raise error_for(int(exc.status_code), str(exc), method, path) from exc
 
     async def _once(self, method: str, path: str, *, data: Any = None) -> Any:
         """One attempt, no transport retries (a 5xx comes back as GiteaUnavailable at once)."""
-        token = _SINGLE_ATTEMPT.set(True)
+        token = SINGLE_ATTEMPT.set(True)
         try:
             return await self._call(method, path, data=data)
         finally:
-            _SINGLE_ATTEMPT.reset(token)
+            SINGLE_ATTEMPT.reset(token)
 
     async def _issue_gone(self, number: int, method: str, path: str) -> GiteaIssueGone | None:
         """After a 500 on an issue's sub-route: GiteaIssueGone when ``GET /issues/{n}`` says 404, else None."""
@@ -126,7 +126,7 @@ class GiteaClient:
             return GiteaIssueGone(number, method=method, path=path)
         return None
 
-    # -- server and identity
+    # --- server, identity and hooks -----------------------------------------------------------------------------------
 
     async def get_version(self) -> str:
         """The Gitea server version."""
@@ -172,7 +172,7 @@ class GiteaClient:
         }
         return Hook.from_json(await self._call("POST", f"{self._repo_path}/hooks", data=data))
 
-    # -- issues
+    # --- issues and their comments ------------------------------------------------------------------------------------
 
     async def get_issue(self, number: int) -> Issue:
         """Issue (or PR) ``number``."""
@@ -212,11 +212,11 @@ class GiteaClient:
         """Every item of a paginated listing: only the next page *number* is read from ``Link``."""
         page = 1
         while True:
-            _LAST_HEADERS.set(None)
+            LAST_HEADERS.set(None)
             data = await self._call("GET", path, query={**query, "page": str(page)})
             for item in data or ():
                 yield item
-            headers = _LAST_HEADERS.get()
+            headers = LAST_HEADERS.get()
             following = next_page(headers.get("Link") if headers is not None else None)
             if following is None or following <= page:
                 return
@@ -239,9 +239,9 @@ class GiteaClient:
 
     async def server_time(self) -> datetime | None:
         """Gitea's clock: the ``Date`` header of ``GET /version`` (Go's net/http sets it on every answer)."""
-        _LAST_HEADERS.set(None)
+        LAST_HEADERS.set(None)
         await self._call("GET", "/version")
-        headers = _LAST_HEADERS.get()
+        headers = LAST_HEADERS.get()
         value = headers.get("Date") if headers is not None else None
         if not value:
             return None
@@ -349,8 +349,6 @@ class GiteaClient:
                 reasons[login] = "no access to the repository"
         return reasons
 
-    # -- comments
-
     async def list_issue_comments(self, number: int) -> list[Comment]:
         """Every plain comment of an issue, oldest first (Gitea does not paginate this list).
 
@@ -395,7 +393,7 @@ class GiteaClient:
         """Delete a comment (poster or writer)."""
         await self._call("DELETE", f"{self._repo_path}/issues/comments/{int(comment_id)}")
 
-    # -- labels
+    # --- labels and teams ---------------------------------------------------------------------------------------------
 
     async def list_issue_labels(self, number: int) -> list[Label]:
         """The labels on an issue."""
@@ -430,11 +428,11 @@ class GiteaClient:
         labels: list[Label] = []
         page = 1
         while True:
-            _LAST_HEADERS.set(None)
+            LAST_HEADERS.set(None)
             data = await self._call("GET", path, query={"page": page, "limit": size})
             items = list(data or ())
             labels.extend(Label.from_json(item) for item in items)
-            headers = _LAST_HEADERS.get()
+            headers = LAST_HEADERS.get()
             total = headers.get("X-Total-Count") if headers is not None else None
             if not items:
                 break
@@ -454,10 +452,10 @@ class GiteaClient:
         labels: list[Label] = []
         page = 1
         while True:
-            _LAST_HEADERS.set(None)
+            LAST_HEADERS.set(None)
             items = list(await self._call("GET", path, query={"page": page, "limit": size}) or ())
             labels.extend(Label.from_json(item) for item in items)
-            headers = _LAST_HEADERS.get()
+            headers = LAST_HEADERS.get()
             total = headers.get("X-Total-Count") if headers is not None else None
             if not items or (total is not None and total.isdigit() and len(labels) >= int(total)):
                 break

@@ -98,7 +98,8 @@ def refusal_text(exc: GiteaError) -> str:
     return text
 
 
-def _error_for(status: int, message: str, method: str, path: str) -> GiteaError:
+def error_for(status: int, message: str, method: str, path: str) -> GiteaError:
+    """The GiteaError subclass that names what an HTTP ``status`` means."""
     kind: type[GiteaError]
     if status == 404:
         kind = GiteaNotFound

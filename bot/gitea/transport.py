@@ -19,15 +19,15 @@ from bot.gitea.errors import GiteaUnavailable
 log = logging.getLogger(__name__)
 
 #: Headers of the last response seen by the current task (to read ``X-Total-Count``).
-_LAST_HEADERS: contextvars.ContextVar[Mapping[str, str] | None] = contextvars.ContextVar(
+LAST_HEADERS: contextvars.ContextVar[Mapping[str, str] | None] = contextvars.ContextVar(
     "gitea_last_headers", default=None
 )
 
 #: Set for one call that must not be retried by the transport (its 500 is read, not waited out).
-_SINGLE_ATTEMPT: contextvars.ContextVar[bool] = contextvars.ContextVar("gitea_single_attempt", default=False)
+SINGLE_ATTEMPT: contextvars.ContextVar[bool] = contextvars.ContextVar("gitea_single_attempt", default=False)
 
 
-class _RetryingAPI(gidgethub.aiohttp.GitHubAPI):
+class RetryingAPI(gidgethub.aiohttp.GitHubAPI):
     """gidgethub's aiohttp transport with a per-attempt timeout and retries on 5xx and lost connections."""
 
     def __init__(
@@ -56,7 +56,7 @@ class _RetryingAPI(gidgethub.aiohttp.GitHubAPI):
         path = urllib.parse.urlsplit(url).path
         # A POST is not idempotent (a comment would be posted twice when only its answer was lost), so it
         # gets one attempt; the outbox retries it after looking for its marker.
-        attempts = 1 if method.upper() == "POST" or _SINGLE_ATTEMPT.get() else self._max_attempts
+        attempts = 1 if method.upper() == "POST" or SINGLE_ATTEMPT.get() else self._max_attempts
         for attempt in range(1, attempts + 1):
             try:
                 async with asyncio.timeout(self._timeout_s):
@@ -71,7 +71,7 @@ class _RetryingAPI(gidgethub.aiohttp.GitHubAPI):
                     ) from exc
                 log.warning("gitea %s %s attempt %d/%d failed: %s", method, path, attempt, attempts, problem)
             else:
-                _LAST_HEADERS.set(response_headers)
+                LAST_HEADERS.set(response_headers)
                 if status < 500 or attempt == attempts:
                     return status, response_headers, payload
                 log.warning("gitea %s %s attempt %d/%d answered %d", method, path, attempt, attempts, status)
