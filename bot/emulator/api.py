@@ -17,8 +17,9 @@ from typing import Any, Final
 from aiohttp import web
 
 from bot.emulator import convert, gitrepo
-from bot.emulator.core import ApiError, Emulator
+from bot.emulator.core import Emulator
 from bot.emulator.model import PERM_LEVEL, UNITS, EmuIssue, EmuRepo, EmuTeam, EmuUser, Perm
+from bot.emulator.state import ApiError
 
 API_PREFIX: Final = "/api/v1"
 DEFAULT_PAGING_NUM: Final = 30

@@ -31,7 +31,7 @@ def _unauthorized() -> web.Response:
 async def serve_git(emu: Emulator, request: web.Request) -> web.StreamResponse:
     """``/{owner}/{repo}.git/(info/refs|git-upload-pack|git-receive-pack)``: access check, then http-backend."""
     from bot.emulator.api import authenticate
-    from bot.emulator.core import ApiError
+    from bot.emulator.state import ApiError
 
     owner, name, rest = request.match_info["owner"], request.match_info["repo"], request.match_info["rest"]
     name = name.removesuffix(".git")
