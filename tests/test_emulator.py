@@ -14,7 +14,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from bot.emulator import ROUTES, Delivery, go_json, sign_body
+from bot.emulator import ROUTES, SentWebhook, go_json, sign_body
 from tests.conftest import SHARED
 from tests.gitea_fixtures import (
     BOT,
@@ -67,7 +67,7 @@ async def _call(
         return resp.status, data, dict(resp.headers)
 
 
-def _of_type(deliveries: list[Delivery], event_type: str) -> list[Delivery]:
+def _of_type(deliveries: list[SentWebhook], event_type: str) -> list[SentWebhook]:
     return [d for d in deliveries if d.event_type == event_type]
 
 

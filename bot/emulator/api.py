@@ -16,8 +16,8 @@ from aiohttp import web
 
 from bot.emulator.core import Emulator
 from bot.emulator.http_helpers import (
-    _DOER_KEY,
     API_PREFIX,
+    DOER_KEY,
     NOT_FOUND_MESSAGE,
     error_response,
 )
@@ -94,7 +94,7 @@ class RecordedRequest:
     response_headers: dict[str, str] = field(default_factory=dict)
     fault: str | None = None
 
-# ---------------------------------------------------------------------- the table
+# --- the table --------------------------------------------------------------------------------------------------------
 
 _REPO: Final = "/repos/{owner}/{repo}"
 ROUTES: Final[tuple[Route, ...]] = (
@@ -128,7 +128,7 @@ ROUTES: Final[tuple[Route, ...]] = (
 )
 
 
-# ---------------------------------------------------------------------- auth, middleware, app
+# --- auth, middleware, app --------------------------------------------------------------------------------------------
 
 
 def authenticate(emu: Emulator, header: str | None) -> EmuUser | None:
@@ -164,7 +164,7 @@ def _wrap(emu: Emulator, route: Route) -> Callable[[web.Request], Awaitable[web.
     async def handle(request: web.Request) -> web.StreamResponse:
         doer = authenticate(emu, request.headers.get("Authorization"))
         if doer is not None:
-            request[_DOER_KEY] = doer
+            request[DOER_KEY] = doer
         elif route.auth:
             raise ApiError(401, "token is required")
         return await route.handler(emu, request)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from bot.emulator.payloads import _target
+from bot.emulator.payloads import hook_target
 from bot.emulator.seeding import EmulatorSeeding
-from bot.emulator.webhooks import Delivery
+from bot.emulator.webhooks import SentWebhook
 
 if TYPE_CHECKING:
     from aiohttp import web
@@ -37,20 +37,20 @@ class Emulator(EmulatorSeeding):
         return self.app_url.rstrip("/")
 
     @property
-    def deliveries(self) -> list[Delivery]:
+    def deliveries(self) -> list[SentWebhook]:
         """Every webhook delivery attempt so far, in the order they were queued."""
         return self._sender.deliveries
 
-    async def drain_webhooks(self) -> list[Delivery]:
+    async def drain_webhooks(self) -> list[SentWebhook]:
         """Wait until every pending delivery has finished; returns all deliveries so far."""
         await self._sender.drain()
         return self.deliveries
 
-    def replay_delivery(self, delivery_id: str) -> Delivery:
+    def replay_delivery(self, delivery_id: str) -> SentWebhook:
         """Gitea's UI "Replay": send the same body again under a new delivery uuid."""
         original = next(d for d in self.deliveries if d.delivery_id == delivery_id)
         hook = next(h for r in self._repos.values() for h in r.hooks if h.id == original.hook_id)
-        return self._sender.replay(original, _target(hook, self))
+        return self._sender.replay(original, hook_target(hook, self))
 
     async def aclose(self) -> None:
         """Stop pending deliveries and release the delivery HTTP session."""

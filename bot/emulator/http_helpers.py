@@ -17,10 +17,10 @@ API_PREFIX: Final = "/api/v1"
 DEFAULT_PAGING_NUM: Final = 30
 MAX_RESPONSE_ITEMS: Final = 50
 NOT_FOUND_MESSAGE: Final = "The target couldn't be found."
-_DOER_KEY: Final = web.RequestKey("emulator.doer", EmuUser)
+DOER_KEY: Final = web.RequestKey("emulator.doer", EmuUser)
 
 
-# ---------------------------------------------------------------------- responses
+# --- responses --------------------------------------------------------------------------------------------------------
 
 
 def _dumps(data: Any) -> bytes:
@@ -46,45 +46,45 @@ def error_response(emu: Emulator, status: int, message: str) -> web.Response:
     return json_response(body, status=status)
 
 
-def _no_content() -> web.Response:
+def no_content() -> web.Response:
     return web.Response(status=204)
 
 
-# ---------------------------------------------------------------------- request helpers
+# --- request helpers --------------------------------------------------------------------------------------------------
 
 
-def _doer(request: web.Request) -> EmuUser:
-    user: EmuUser | None = request.get(_DOER_KEY)
+def request_doer(request: web.Request) -> EmuUser:
+    user: EmuUser | None = request.get(DOER_KEY)
     if user is None:
         raise ApiError(401, "token is required")
     return user
 
 
-def _repo(emu: Emulator, request: web.Request) -> tuple[EmuRepo, Perm]:
+def request_repo(emu: Emulator, request: web.Request) -> tuple[EmuRepo, Perm]:
     """The repository and the caller's mode on its **Issues** unit (what ``CanWriteIssuesOrPulls`` reads:
     a team's per-unit Write counts here, though the permission API reports the team's access mode)."""
     repo = emu.find_repo(request.match_info["owner"], request.match_info["repo"])
     if repo is None:
         raise ApiError(404, NOT_FOUND_MESSAGE)
-    doer = request.get(_DOER_KEY)
+    doer = request.get(DOER_KEY)
     if emu.perm_of(repo, doer) == "none":
         raise ApiError(404, NOT_FOUND_MESSAGE)
     return repo, emu.unit_perm(repo, doer, "repo.issues")
 
 
-def _access(emu: Emulator, repo: EmuRepo, request: web.Request) -> Perm:
+def request_access(emu: Emulator, repo: EmuRepo, request: web.Request) -> Perm:
     """The caller's repository access mode (repo admin checks, ``permissions`` in the repository JSON)."""
-    return emu.perm_of(repo, request.get(_DOER_KEY))
+    return emu.perm_of(repo, request.get(DOER_KEY))
 
 
 def internal_error(request: web.Request, err: str) -> ApiError:
     """``ctx.APIErrorInternal`` (services/context/api.go): 500, with the error text only for a site admin
     (``setting.IsProd``: everyone else gets an empty message)."""
-    doer: EmuUser | None = request.get(_DOER_KEY)
+    doer: EmuUser | None = request.get(DOER_KEY)
     return ApiError(500, err if doer is not None and doer.admin else "")
 
 
-def _issue_or_500(repo: EmuRepo, request: web.Request) -> EmuIssue:
+def issue_or_500(repo: EmuRepo, request: web.Request) -> EmuIssue:
     """``GetIssueByIndex`` where the handler sends every error to ``APIErrorInternal``: a missing issue is a 500
     (routers/api/v1/repo/issue_comment.go ListIssueComments, CreateIssueComment; 1.22.3 to 1.26.3)."""
     index = int(request.match_info["index"])
@@ -94,7 +94,7 @@ def _issue_or_500(repo: EmuRepo, request: web.Request) -> EmuIssue:
     return issue
 
 
-def _can_be_assigned(emu: Emulator, repo: EmuRepo, user: EmuUser) -> bool:
+def can_be_assigned(emu: Emulator, repo: EmuRepo, user: EmuUser) -> bool:
     """models/perm/access/repo_permission.go ``CanBeAssigned``: Write on any unit, or Read on pull requests."""
     if user.is_org:
         return False
@@ -103,18 +103,18 @@ def _can_be_assigned(emu: Emulator, repo: EmuRepo, user: EmuUser) -> bool:
     return any(PERM_LEVEL[emu.unit_perm(repo, user, unit)] >= PERM_LEVEL["write"] for unit in UNITS)
 
 
-def _can_write(perm: Perm) -> bool:
+def is_writer(perm: Perm) -> bool:
     return PERM_LEVEL[perm] >= PERM_LEVEL["write"]
 
 
-def _issue(repo: EmuRepo, request: web.Request) -> EmuIssue:
+def request_issue(repo: EmuRepo, request: web.Request) -> EmuIssue:
     issue = repo.issues.get(int(request.match_info["index"]))
     if issue is None:
         raise ApiError(404, NOT_FOUND_MESSAGE)
     return issue
 
 
-async def _json_body(request: web.Request) -> dict[str, Any]:
+async def read_json_body(request: web.Request) -> dict[str, Any]:
     raw = await request.read()
     try:
         data = json.loads(raw) if raw else {}
@@ -132,7 +132,7 @@ def _form_int(value: str | None) -> int:
         return 0
 
 
-def _list_options(request: web.Request) -> tuple[int, int]:
+def list_options(request: web.Request) -> tuple[int, int]:
     """``utils.GetListOptions``: page from 1, limit defaulting to 30 and capped at 50."""
     page = max(1, _form_int(request.query.get("page")))
     limit = _form_int(request.query.get("limit"))
@@ -142,7 +142,7 @@ def _list_options(request: web.Request) -> tuple[int, int]:
     return page, limit
 
 
-def _parse_time(value: str, name: str) -> int:
+def parse_time(value: str, name: str) -> int:
     try:
         return int(datetime.fromisoformat(value).timestamp())
     except ValueError:
@@ -173,7 +173,7 @@ def link_header(emu: Emulator, request: web.Request, total: int, page_size: int)
     return ",".join(links) or None
 
 
-def _total_count_headers(total: int, link: str | None = None) -> dict[str, str]:
+def total_count_headers(total: int, link: str | None = None) -> dict[str, str]:
     headers = {"X-Total-Count": str(total), "Access-Control-Expose-Headers": "X-Total-Count, Link"}
     if link:
         headers["Link"] = link

@@ -23,7 +23,7 @@ class EmulatorWebhooks(EmulatorState):
     def _emit(self, repo: EmuRepo, event_type: str, payload: JSON) -> None:
         for hook in repo.hooks:
             if hook.active and event_type in hook.events:
-                self._sender.enqueue(_target(hook, self), event_type, payload)
+                self._sender.enqueue(hook_target(hook, self), event_type, payload)
 
     def _emit_issue(
         self,
@@ -95,7 +95,7 @@ class EmulatorWebhooks(EmulatorState):
         self._emit(issue.repo, "pull_request_comment" if issue.is_pull else "issue_comment", payload)
 
 
-def _target(hook: EmuHook, emu: EmulatorState) -> HookTarget:
+def hook_target(hook: EmuHook, emu: EmulatorState) -> HookTarget:
     return HookTarget(
         target_headers=emu.at_least("1.24"),
         hook_id=hook.id,

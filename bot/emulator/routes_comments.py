@@ -10,17 +10,17 @@ from bot.emulator import convert
 from bot.emulator.core import Emulator
 from bot.emulator.http_helpers import (
     NOT_FOUND_MESSAGE,
-    _can_write,
-    _doer,
-    _issue_or_500,
-    _json_body,
-    _list_options,
-    _no_content,
-    _parse_time,
-    _repo,
-    _total_count_headers,
+    is_writer,
+    issue_or_500,
     json_response,
     link_header,
+    list_options,
+    no_content,
+    parse_time,
+    read_json_body,
+    request_doer,
+    request_repo,
+    total_count_headers,
 )
 from bot.emulator.model import EmuRepo
 from bot.emulator.state import ApiError
@@ -28,16 +28,16 @@ from bot.emulator.state import ApiError
 
 async def list_comments(emu: Emulator, request: web.Request) -> web.StreamResponse:
     """GET .../issues/{index}/comments: every plain comment, oldest first, no pagination."""
-    repo, _ = _repo(emu, request)
-    comments = _issue_or_500(repo, request).comments
+    repo, _ = request_repo(emu, request)
+    comments = issue_or_500(repo, request).comments
     if since := request.query.get("since", ""):
-        floor = _parse_time(since, "since")
+        floor = parse_time(since, "since")
         comments = [c for c in comments if c.updated >= floor]
     if before := request.query.get("before", ""):
-        ceiling = _parse_time(before, "before")
+        ceiling = parse_time(before, "before")
         comments = [c for c in comments if c.updated <= ceiling]
     comments.sort(key=lambda c: (c.created, c.id))
-    return json_response([convert.comment_json(emu, c) for c in comments], headers=_total_count_headers(len(comments)))
+    return json_response([convert.comment_json(emu, c) for c in comments], headers=total_count_headers(len(comments)))
 
 
 async def list_repo_comments(emu: Emulator, request: web.Request) -> web.StreamResponse:
@@ -47,34 +47,34 @@ async def list_repo_comments(emu: Emulator, request: web.Request) -> web.StreamR
     ``FindCommentsOptions.ToConds``: ``Gte``/``Lte``, whole seconds from services/context/utils.go
     ``parseFormTime``, 422 for a time that is not RFC 3339); ordered ``created_unix, id`` ascending
     (``FindComments``); paginated by ``utils.GetListOptions`` with ``X-Total-Count`` and ``Link``."""
-    repo, _ = _repo(emu, request)
+    repo, _ = request_repo(emu, request)
     comments = [c for issue in repo.issues.values() for c in issue.comments]
     if since := request.query.get("since", ""):
-        floor = _parse_time(since, "since")
+        floor = parse_time(since, "since")
         comments = [c for c in comments if c.updated >= floor]
     if before := request.query.get("before", ""):
-        ceiling = _parse_time(before, "before")
+        ceiling = parse_time(before, "before")
         comments = [c for c in comments if c.updated <= ceiling]
     comments.sort(key=lambda c: (c.created, c.id))
-    page, limit = _list_options(request)
+    page, limit = list_options(request)
     total = len(comments)
     chosen = comments[(page - 1) * limit : page * limit]
     return json_response(
         [convert.comment_json(emu, c) for c in chosen],
-        headers=_total_count_headers(total, link_header(emu, request, total, limit)),
+        headers=total_count_headers(total, link_header(emu, request, total, limit)),
     )
 
 
 async def create_comment(emu: Emulator, request: web.Request) -> web.StreamResponse:
     """POST .../issues/{index}/comments: readers may comment; a locked issue needs a writer. 201."""
-    repo, perm = _repo(emu, request)
-    doer = _doer(request)
-    issue = _issue_or_500(repo, request)
-    form = await _json_body(request)
+    repo, perm = request_repo(emu, request)
+    doer = request_doer(request)
+    issue = issue_or_500(repo, request)
+    form = await read_json_body(request)
     body = form.get("body")
     if not isinstance(body, str) or not body:
         raise ApiError(422, "[Body]: Required")
-    if issue.is_locked and not _can_write(perm) and not doer.admin:
+    if issue.is_locked and not is_writer(perm) and not doer.admin:
         raise ApiError(403, "IssueLocked")
     comment = emu._op_create_comment(issue, doer, body, notify=True)
     return json_response(convert.comment_json(emu, comment), status=201)
@@ -89,23 +89,23 @@ def _comment(emu: Emulator, repo: EmuRepo, request: web.Request) -> Any:
 
 async def get_comment(emu: Emulator, request: web.Request) -> web.StreamResponse:
     """GET .../issues/comments/{id}: 204 for a timeline item that is not a plain comment."""
-    repo, _ = _repo(emu, request)
+    repo, _ = request_repo(emu, request)
     comment = _comment(emu, repo, request)
     if comment.kind != "comment":
-        return _no_content()
+        return no_content()
     return json_response(convert.comment_json(emu, comment))
 
 
 async def edit_comment(emu: Emulator, request: web.Request) -> web.StreamResponse:
     """PATCH .../issues/comments/{id}: poster or writer; webhook only when the body changes."""
-    repo, perm = _repo(emu, request)
-    doer = _doer(request)
+    repo, perm = request_repo(emu, request)
+    doer = request_doer(request)
     comment = _comment(emu, repo, request)
-    if comment.poster is not doer and not _can_write(perm):
+    if comment.poster is not doer and not is_writer(perm):
         raise ApiError(403, "only the poster or a writer may edit this comment", bare=True)  # editIssueComment
     if comment.kind != "comment":
-        return _no_content()
-    form = await _json_body(request)
+        return no_content()
+    form = await read_json_body(request)
     body = form.get("body")
     if not isinstance(body, str) or not body:
         raise ApiError(422, "[Body]: Required")
@@ -115,13 +115,13 @@ async def edit_comment(emu: Emulator, request: web.Request) -> web.StreamRespons
 
 async def delete_comment(emu: Emulator, request: web.Request) -> web.StreamResponse:
     """DELETE .../issues/comments/{id}: poster or writer; 204."""
-    repo, perm = _repo(emu, request)
-    doer = _doer(request)
+    repo, perm = request_repo(emu, request)
+    doer = request_doer(request)
     comment = _comment(emu, repo, request)
-    if comment.poster is not doer and not _can_write(perm):
+    if comment.poster is not doer and not is_writer(perm):
         raise ApiError(403, "only the poster or a writer may delete this comment", bare=True)
     if comment.kind != "comment":
         # deleteIssueComment: ctx.Status(400) when !comment.Type.HasContentSupport() (audit #17).
         raise ApiError(400, "this timeline item has no content", bare=True)
     emu._op_delete_comment(comment, doer, notify=True)
-    return _no_content()
+    return no_content()

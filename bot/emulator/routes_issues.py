@@ -9,21 +9,21 @@ from aiohttp import web
 from bot.emulator import convert
 from bot.emulator.core import Emulator
 from bot.emulator.http_helpers import (
-    _DOER_KEY,
-    _access,
-    _can_be_assigned,
-    _can_write,
-    _doer,
-    _issue,
-    _json_body,
-    _list_options,
-    _no_content,
-    _parse_time,
-    _repo,
-    _total_count_headers,
+    DOER_KEY,
+    can_be_assigned,
     internal_error,
+    is_writer,
     json_response,
     link_header,
+    list_options,
+    no_content,
+    parse_time,
+    read_json_body,
+    request_access,
+    request_doer,
+    request_issue,
+    request_repo,
+    total_count_headers,
 )
 from bot.emulator.model import PERM_LEVEL, EmuUser
 from bot.emulator.state import ApiError
@@ -31,7 +31,7 @@ from bot.emulator.state import ApiError
 
 async def list_issues(emu: Emulator, request: web.Request) -> web.StreamResponse:
     """GET /repos/{owner}/{repo}/issues: state/labels(AND)/type filters, newest first, paginated."""
-    repo, _ = _repo(emu, request)
+    repo, _ = request_repo(emu, request)
     query = request.query
     state = query.get("state", "")
     issues = list(repo.issues.values())
@@ -57,33 +57,33 @@ async def list_issues(emu: Emulator, request: web.Request) -> web.StreamResponse
     if mentioned_by := query.get("mentioned_by", ""):
         issues = [i for i in issues if f"@{mentioned_by.lower()}" in i.body.lower()]
     if since := query.get("since", ""):
-        floor = _parse_time(since, "since")
+        floor = parse_time(since, "since")
         issues = [i for i in issues if i.updated >= floor]
     if before := query.get("before", ""):
-        ceiling = _parse_time(before, "before")
+        ceiling = parse_time(before, "before")
         issues = [i for i in issues if i.updated <= ceiling]
     issues.sort(key=lambda i: (i.created, i.id), reverse=True)
-    page, limit = _list_options(request)
+    page, limit = list_options(request)
     total = len(issues)
     chosen = issues[(page - 1) * limit : page * limit]
-    doer = request.get(_DOER_KEY)
+    doer = request.get(DOER_KEY)
     return json_response(
         [convert.issue_json(emu, i, doer) for i in chosen],
-        headers=_total_count_headers(total, link_header(emu, request, total, limit)),
+        headers=total_count_headers(total, link_header(emu, request, total, limit)),
     )
 
 
 async def create_issue(emu: Emulator, request: web.Request) -> web.StreamResponse:
     """POST /repos/{owner}/{repo}/issues: labels/assignees only count for writers, as in Gitea."""
-    repo, perm = _repo(emu, request)
-    doer = _doer(request)
-    form = await _json_body(request)
+    repo, perm = request_repo(emu, request)
+    doer = request_doer(request)
+    form = await read_json_body(request)
     title = form.get("title")
     if not isinstance(title, str) or not title.strip():
         raise ApiError(422, "[Title]: Required")
     labels: list[Any] = []
     assignees: list[EmuUser] = []
-    if _can_write(perm):
+    if is_writer(perm):
         raw_labels = form.get("labels") or []
         if not isinstance(raw_labels, list) or not all(
             isinstance(x, int) and not isinstance(x, bool) for x in raw_labels
@@ -98,7 +98,7 @@ async def create_issue(emu: Emulator, request: web.Request) -> web.StreamRespons
             user = emu.find_user(str(login))
             if user is None:
                 raise ApiError(422, f"Assignee does not exist: [name: {login}]")
-            if not _can_be_assigned(emu, repo, user):
+            if not can_be_assigned(emu, repo, user):
                 raise ApiError(422, f"user does not have access to repo [user_id: {user.id}, repo_name: {repo.name}]")
             assignees.append(user)
     issue = emu._op_create_issue(
@@ -119,19 +119,19 @@ async def create_issue(emu: Emulator, request: web.Request) -> web.StreamRespons
 
 async def get_issue(emu: Emulator, request: web.Request) -> web.StreamResponse:
     """GET /repos/{owner}/{repo}/issues/{index} (also for PR numbers)."""
-    repo, _ = _repo(emu, request)
-    return json_response(convert.issue_json(emu, _issue(repo, request), request.get(_DOER_KEY)))
+    repo, _ = request_repo(emu, request)
+    return json_response(convert.issue_json(emu, request_issue(repo, request), request.get(DOER_KEY)))
 
 
 async def edit_issue(emu: Emulator, request: web.Request) -> web.StreamResponse:
     """PATCH /repos/{owner}/{repo}/issues/{index}: poster or writer; answers **201**."""
-    repo, perm = _repo(emu, request)
-    doer = _doer(request)
-    issue = _issue(repo, request)
-    can_write = _can_write(perm)
+    repo, perm = request_repo(emu, request)
+    doer = request_doer(request)
+    issue = request_issue(repo, request)
+    can_write = is_writer(perm)
     if issue.poster is not doer and not can_write:
         raise ApiError(403, "only the poster or a writer may edit this issue", bare=True)  # EditIssue: ctx.Status
-    form = await _json_body(request)
+    form = await read_json_body(request)
     title, body, state = form.get("title"), form.get("body"), form.get("state")
     if any(v is not None and not isinstance(v, str) for v in (title, body, state)):
         raise ApiError(422, "title, body and state must be strings")
@@ -167,7 +167,7 @@ async def edit_issue(emu: Emulator, request: web.Request) -> web.StreamResponse:
         for user in assignees:
             if user in issue.assignees:
                 continue
-            if not _can_be_assigned(emu, repo, user):
+            if not can_be_assigned(emu, repo, user):
                 raise internal_error(
                     request, f"user doesn't have access to repo [user_id: {user.id}, repo_name: {repo.name}]"
                 )
@@ -190,9 +190,9 @@ async def edit_issue(emu: Emulator, request: web.Request) -> web.StreamResponse:
 async def delete_issue(emu: Emulator, request: web.Request) -> web.StreamResponse:
     """DELETE /repos/{owner}/{repo}/issues/{index} (routers/api/v1/repo/issue.go DeleteIssue; reqAdmin): 204,
     404 when missing; services/webhook/notifier.go DeleteIssue sends ``issues``/``deleted`` from 1.25.0."""
-    repo, _ = _repo(emu, request)
-    doer = _doer(request)
-    if PERM_LEVEL[_access(emu, repo, request)] < PERM_LEVEL["admin"]:
+    repo, _ = request_repo(emu, request)
+    doer = request_doer(request)
+    if PERM_LEVEL[request_access(emu, repo, request)] < PERM_LEVEL["admin"]:
         raise ApiError(403, "must be a repository admin")
-    emu._op_delete_issue(_issue(repo, request), doer, notify=True)
-    return _no_content()
+    emu._op_delete_issue(request_issue(repo, request), doer, notify=True)
+    return no_content()

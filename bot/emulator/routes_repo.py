@@ -11,13 +11,13 @@ from bot.emulator import convert, gitrepo
 from bot.emulator.core import Emulator
 from bot.emulator.http_helpers import (
     NOT_FOUND_MESSAGE,
-    _access,
-    _doer,
-    _json_body,
-    _list_options,
-    _repo,
-    _total_count_headers,
     json_response,
+    list_options,
+    read_json_body,
+    request_access,
+    request_doer,
+    request_repo,
+    total_count_headers,
 )
 from bot.emulator.model import PERM_LEVEL, EmuTeam
 from bot.emulator.state import ApiError
@@ -25,7 +25,7 @@ from bot.emulator.state import ApiError
 _HOOK_TYPES: Final = ("gitea", "gogs")
 
 
-# ---------------------------------------------------------------------- handlers: misc, repo, permissions
+# --- server, repository, permissions, hooks ---------------------------------------------------------------------------
 
 
 async def get_version(emu: Emulator, request: web.Request) -> web.StreamResponse:
@@ -35,20 +35,20 @@ async def get_version(emu: Emulator, request: web.Request) -> web.StreamResponse
 
 async def get_own_user(emu: Emulator, request: web.Request) -> web.StreamResponse:
     """GET /user: the caller, seen by itself."""
-    doer = _doer(request)
+    doer = request_doer(request)
     return json_response(convert.user_json(emu, doer, doer))
 
 
 async def get_repo(emu: Emulator, request: web.Request) -> web.StreamResponse:
     """GET /repos/{owner}/{repo}."""
-    repo, _ = _repo(emu, request)
+    repo, _ = request_repo(emu, request)
     host_url = f"{request.scheme}://{request.host}/"
-    return json_response(convert.repo_json(emu, repo, _access(emu, repo, request), host_url=host_url))
+    return json_response(convert.repo_json(emu, repo, request_access(emu, repo, request), host_url=host_url))
 
 
 async def get_branch(emu: Emulator, request: web.Request) -> web.StreamResponse:
     """GET /repos/{owner}/{repo}/branches/{branch}: read from the bare repository."""
-    repo, perm = _repo(emu, request)
+    repo, perm = request_repo(emu, request)
     name = request.match_info["branch"]
     head = await asyncio.to_thread(gitrepo.branch_head, repo.path, name)
     if head is None:
@@ -58,9 +58,9 @@ async def get_branch(emu: Emulator, request: web.Request) -> web.StreamResponse:
 
 async def get_permission(emu: Emulator, request: web.Request) -> web.StreamResponse:
     """GET .../collaborators/{collaborator}/permission: site admin, repo admin or the user themself."""
-    repo, _ = _repo(emu, request)
-    perm = _access(emu, repo, request)
-    doer = _doer(request)
+    repo, _ = request_repo(emu, request)
+    perm = request_access(emu, repo, request)
+    doer = request_doer(request)
     login = request.match_info["collaborator"]
     if not doer.admin and doer.login.lower() != login.lower() and PERM_LEVEL[perm] < PERM_LEVEL["admin"]:
         raise ApiError(
@@ -77,11 +77,11 @@ async def get_permission(emu: Emulator, request: web.Request) -> web.StreamRespo
 
 async def create_hook(emu: Emulator, request: web.Request) -> web.StreamResponse:
     """POST /repos/{owner}/{repo}/hooks (repo admin); ``active`` defaults to false, as in Gitea."""
-    repo, _ = _repo(emu, request)
-    perm = _access(emu, repo, request)
+    repo, _ = request_repo(emu, request)
+    perm = request_access(emu, repo, request)
     if PERM_LEVEL[perm] < PERM_LEVEL["admin"]:
         raise ApiError(403, "must be a repository admin")
-    form = await _json_body(request)
+    form = await read_json_body(request)
     hook_type = form.get("type")
     if hook_type not in _HOOK_TYPES:
         raise ApiError(422, f"Invalid hook type: {hook_type!r} (the emulator delivers gitea and gogs hooks)")
@@ -110,7 +110,7 @@ async def create_hook(emu: Emulator, request: web.Request) -> web.StreamResponse
     )
     return json_response(convert.hook_json(emu, hook), status=201)
 
-# ---------------------------------------------------------------------- handlers: organizations and teams
+# --- organizations and teams ------------------------------------------------------------------------------------------
 
 
 def team_json(emu: Emulator, team: EmuTeam) -> dict[str, Any]:
@@ -133,8 +133,8 @@ def team_json(emu: Emulator, team: EmuTeam) -> dict[str, Any]:
 async def list_repo_teams(emu: Emulator, request: web.Request) -> web.StreamResponse:
     """GET /repos/{owner}/{repo}/teams (routers/api/v1/repo/teams.go ListTeams; any repo reader): the teams
     with access to the repository (``GetRepoTeams``); 405 when the owner is no organization."""
-    repo, _ = _repo(emu, request)
-    _doer(request)
+    repo, _ = request_repo(emu, request)
+    request_doer(request)
     if not repo.owner.is_org:
         raise ApiError(405, "repo is not owned by an organization")
     teams = [t for t in emu.teams_of(repo.owner) if t.covers(repo)]
@@ -145,7 +145,7 @@ async def get_team_member(emu: Emulator, request: web.Request) -> web.StreamResp
     """GET /teams/{id}/members/{username} (routers/api/v1/org/team.go GetTeamMember behind
     reqTeamReadAccess, 1.26.3): site admins, org owners and the team's members may ask; another org member
     gets 403 "Must be a team member", anyone else 404. 200 with the user when a member, else 404."""
-    doer = _doer(request)
+    doer = request_doer(request)
     team = emu.team(int(request.match_info["id"]))
     if team is None:
         raise ApiError(404, NOT_FOUND_MESSAGE)
@@ -168,8 +168,8 @@ async def list_org_labels(emu: Emulator, request: web.Request) -> web.StreamResp
     if org is None or not org.is_org:
         raise ApiError(404, NOT_FOUND_MESSAGE)
     labels = sorted(emu.org_labels(org), key=lambda label: (label.name, label.id))
-    page, limit = _list_options(request)
+    page, limit = list_options(request)
     chosen = labels[(page - 1) * limit : page * limit]
     return json_response(
-        [convert.label_json(emu, label) for label in chosen], headers=_total_count_headers(len(labels))
+        [convert.label_json(emu, label) for label in chosen], headers=total_count_headers(len(labels))
     )
