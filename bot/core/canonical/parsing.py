@@ -8,20 +8,20 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from bot.core.canonical.records import (
-    _MAX_PR_NUMBER,
-    _TEXT_KEYS,
     FIELD_KEYS,
     HEADING_TEXT,
     MAX_BLOCKS,
     MAX_COMMENT_CHARS,
+    MAX_PR_NUMBER,
     RELATED_PRS_NONE,
     REQUIRED_KEYS,
+    TEXT_KEYS,
     BlockResult,
     CanonicalState,
     ParseError,
     ParseResult,
-    _allowed_roles,
-    _allowed_states,
+    allowed_roles,
+    allowed_states,
 )
 from bot.core.vocabulary import is_role, is_state
 
@@ -306,7 +306,7 @@ def _read_prompt(lines: list[str], at: int, inline: str) -> tuple[str, int, int,
 
 def _check_values(values: Mapping[str, tuple[str, int]]) -> list[ParseError]:
     errors: list[ParseError] = []
-    for key in ("STATE", "WHO_IS_NEXT", "RELATED_PRS", *_TEXT_KEYS):
+    for key in ("STATE", "WHO_IS_NEXT", "RELATED_PRS", *TEXT_KEYS):
         if key in values and not values[key][0]:
             errors.append(
                 ParseError(
@@ -324,7 +324,7 @@ def _check_values(values: Mapping[str, tuple[str, int]]) -> list[ParseError]:
                     "unknown_state",
                     line_no,
                     "STATE",
-                    f"STATE {value!r} is not one of {_allowed_states()}{_case_hint(value, _allowed_states())}",
+                    f"STATE {value!r} is not one of {allowed_states()}{_case_hint(value, allowed_states())}",
                 )
             )
     if "WHO_IS_NEXT" in values and values["WHO_IS_NEXT"][0]:
@@ -335,7 +335,7 @@ def _check_values(values: Mapping[str, tuple[str, int]]) -> list[ParseError]:
                     "unknown_role",
                     line_no,
                     "WHO_IS_NEXT",
-                    f"WHO_IS_NEXT {value!r} is not one of {_allowed_roles()}{_case_hint(value, _allowed_roles())}",
+                    f"WHO_IS_NEXT {value!r} is not one of {allowed_roles()}{_case_hint(value, allowed_roles())}",
                 )
             )
     if "RELATED_PRS" in values and values["RELATED_PRS"][0]:
@@ -358,7 +358,7 @@ def _parse_related_prs(value: str) -> tuple[int, ...] | str:
         if match is None:
             return f"RELATED_PRS item {item!r} is not a PR number; write `#12, #13` (PRs of this repository) or `none`"
         number = int(match.group(1))
-        if not 0 < number <= _MAX_PR_NUMBER:
+        if not 0 < number <= MAX_PR_NUMBER:
             return f"RELATED_PRS item {item!r} is not a valid PR number"
         if number in numbers:
             return f"RELATED_PRS lists #{number} twice"

@@ -25,7 +25,7 @@ FIELD_KEYS: tuple[str, ...] = (
 )
 REQUIRED_KEYS: tuple[str, ...] = FIELD_KEYS
 # Keys whose value is free text on one line and must not be empty.
-_TEXT_KEYS: tuple[str, ...] = (
+TEXT_KEYS: tuple[str, ...] = (
     "NEXT_ACTION",
     "WHAT_HAPPENED",
     "WHY",
@@ -34,7 +34,7 @@ _TEXT_KEYS: tuple[str, ...] = (
     "LAST_UPDATED_BY",
 )
 RELATED_PRS_NONE: frozenset[str] = frozenset({"none", "-"})  # compared case-insensitively
-_MAX_PR_NUMBER = 2**63 - 1  # Gitea ids are int64
+MAX_PR_NUMBER = 2**63 - 1  # Gitea ids are int64
 
 ParseErrorCode = Literal[
     "missing_key",
@@ -81,10 +81,10 @@ class CanonicalState:
 
     def __post_init__(self) -> None:
         if not isinstance(self.state, str) or not is_state(self.state):
-            raise ValueError(f"STATE {self.state!r} is not one of {_allowed_states()}")
+            raise ValueError(f"STATE {self.state!r} is not one of {allowed_states()}")
         if not isinstance(self.who_is_next, str) or not is_role(self.who_is_next):
-            raise ValueError(f"WHO_IS_NEXT {self.who_is_next!r} is not one of {_allowed_roles()}")
-        for key in _TEXT_KEYS:
+            raise ValueError(f"WHO_IS_NEXT {self.who_is_next!r} is not one of {allowed_roles()}")
+        for key in TEXT_KEYS:
             value = getattr(self, key.lower())
             _check_line(key, value)
             if not value:
@@ -93,7 +93,7 @@ class CanonicalState:
         seen_prs: set[int] = set()
         for number in self.related_prs:
             # bool is an int subclass; True would render as #1 and parse back as 1.
-            if type(number) is not int or not 0 < number <= _MAX_PR_NUMBER or number in seen_prs:
+            if type(number) is not int or not 0 < number <= MAX_PR_NUMBER or number in seen_prs:
                 raise ValueError(f"RELATED_PRS needs distinct positive PR numbers, got {self.related_prs!r}")
             seen_prs.add(number)
         seen_keys: set[str] = set()
@@ -230,9 +230,11 @@ def _check_prompt(value: str) -> None:
             "NEXT_PROMPT lines carry no trailing whitespace and the prompt has no leading or trailing blank line"
         )
 
-def _allowed_states() -> str:
+def allowed_states() -> str:
+    """The STATE values, as an error message lists them."""
     return ", ".join(row.state for row in STATES)
 
 
-def _allowed_roles() -> str:
+def allowed_roles() -> str:
+    """The WHO_IS_NEXT values, as an error message lists them."""
     return ", ".join(row.role for row in ROLES)
