@@ -1,11 +1,4 @@
-"""`foreman emulator`: the bundled Gitea emulator with a demo repository, to follow docs/operating.md by hand.
-
-It serves ``demo/widgets`` (real bare git repository, the status labels, a maintainer, a controller, an author and
-the bot account, each with an API token) on ``--host``/``--port`` until SIGINT or SIGTERM, and writes a
-``foreman.toml`` next to its files that points `foreman serve` at it. With ``--hook-url`` the repository gets a
-signed webhook to that foreman. Nothing here changes the emulator; it uses its public setup API and
-``bot.emulator.start_emulator``.
-"""
+"""`foreman emulator`: the bundled Gitea emulator with a demo repository, to follow docs/operating.md by hand."""
 
 from __future__ import annotations
 
@@ -115,7 +108,13 @@ def _write(path: Path, text: str) -> None:
 
 
 def main(*, host: str, port: int, root: Path | None, hook_url: str | None, as_json: bool) -> int:
-    """``foreman emulator``: until SIGINT/SIGTERM. Its files go to ``root`` (default: a fresh temporary folder)."""
+    """``foreman emulator``: until SIGINT/SIGTERM. Its files go to ``root`` (default: a fresh temporary folder).
+
+    It serves ``demo/widgets`` (real bare git repository, the status labels, a maintainer, a controller, an author
+    and the bot account, each with an API token) on ``host``/``port``, and writes a ``foreman.toml`` next to its
+    files that points `foreman serve` at it. With ``hook_url`` the repository gets a signed webhook to that
+    foreman. Nothing here changes the emulator; it uses its public setup API and ``start_emulator``.
+    """
     from bot.demo import scratch_root
 
     folder = root if root is not None else scratch_root("foreman-emulator-")

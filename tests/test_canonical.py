@@ -115,7 +115,7 @@ def _only_error(result: ParseResult) -> tuple[str, int, str | None]:
     return error.code, error.line, error.key
 
 
-# --------------------------------------------------------------------------- the seed's two forms
+# --- finding blocks: the seed's two forms, tolerated variations, what is not a block ----------------------------------
 
 
 @pytest.mark.needs_shared
@@ -145,9 +145,6 @@ def test_render_reproduces_the_seed_markdown_source_up_to_line_breaks() -> None:
     """Requirement 2: the renderer writes the seed's Markdown source form (## heading, ```text fence)."""
     assert " ".join(render(SEED_STATE).split()) == _seed_markdown_flat()
     assert render(SEED_STATE) == _seed_markdown_form() + "\n"
-
-
-# --------------------------------------------------------------------------- tolerated variations
 
 
 def test_crlf_and_lone_cr_line_endings_parse_like_lf() -> None:
@@ -190,9 +187,6 @@ def test_text_that_is_not_a_canonical_heading_starts_no_block(heading: str) -> N
     """Requirement 1: level 7, an indented code line or another title is not the block's heading."""
     body = render(SIMPLE).split("\n", 1)[1]
     assert parse_comment(f"{heading}\n{body}").block_count == 0
-
-
-# --------------------------------------------------------------------------- what is not a block
 
 
 def test_block_inside_a_quotation_is_ignored() -> None:
@@ -248,7 +242,7 @@ def test_block_ends_at_prose_so_a_trailing_details_section_is_not_part_of_it() -
     assert result.blocks[0].end_line == 3 + render(SIMPLE).count("\n") - 1
 
 
-# --------------------------------------------------------------------------- field values
+# --- field values, structured errors, several blocks, the CLI's report ------------------------------------------------
 
 
 def test_unknown_keys_are_kept_in_order() -> None:
@@ -324,9 +318,6 @@ def test_values_are_case_sensitive_and_the_error_says_so() -> None:
     assert "did you mean 'ready'" in result.errors[0].message
 
 
-# --------------------------------------------------------------------------- structured errors
-
-
 @pytest.mark.parametrize(
     ("overrides", "expected"),
     [
@@ -379,9 +370,6 @@ def test_heading_without_any_keys_reports_every_required_key_missing() -> None:
     assert {e.code for e in result.errors} == {"missing_key"}
 
 
-# --------------------------------------------------------------------------- several blocks
-
-
 def test_several_blocks_the_last_counts_and_the_count_is_reported() -> None:
     """Requirement 1: several blocks in one comment: the last counts, and that is reported."""
     first, second = replace(SIMPLE, state="in-progress"), replace(SIMPLE, state="pr-open", related_prs=(853,))
@@ -406,9 +394,6 @@ def test_an_invalid_last_block_does_not_fall_back_to_an_earlier_valid_one() -> N
     assert [(e.code, e.line) for e in result.errors] == [("unknown_state", render(SIMPLE).count("\n") + 4)]
 
 
-# --------------------------------------------------------------------------- the CLI's report
-
-
 def test_state_parse_report_exit_codes_and_json_document() -> None:
     """Requirement 4: exit 0 with the blocks as JSON; exit 1 with structured errors and line numbers."""
     code, doc = state_parse_report(render(SIMPLE))
@@ -426,7 +411,7 @@ def test_state_parse_report_exit_codes_and_json_document() -> None:
     json.dumps(doc)
 
 
-# --------------------------------------------------------------------------- the record itself
+# --- the record itself and its properties -----------------------------------------------------------------------------
 
 
 def test_canonical_state_refuses_values_that_would_not_round_trip() -> None:
@@ -460,8 +445,6 @@ def test_to_dict_and_from_dict_are_inverse() -> None:
     with pytest.raises(ValueError, match="unknown"):
         CanonicalState.from_dict({**state.to_dict(), "colour": "red"})
 
-
-# --------------------------------------------------------------------------- properties
 
 _LINE_CHARS = st.characters(exclude_categories=["Cs"], exclude_characters="\r\n")
 _TRICKY = [

@@ -1,6 +1,4 @@
-"""`foreman emulator` (issue 18 item 5) as a real process: it prints the URL, users and tokens, serves the demo
-repository with its status labels, writes a foreman config that `foreman check-config` accepts against it, and
-stops on SIGTERM with exit 0."""
+"""`foreman emulator` as a real process: URL, users and tokens, the demo repository, a usable config, SIGTERM."""
 
 from __future__ import annotations
 

@@ -30,7 +30,7 @@ from jsonschema import Draft4Validator, FormatChecker  # type: ignore[import-unt
 from referencing import Registry
 from referencing.jsonschema import DRAFT4
 
-from bot.emulator import ROUTES, Delivery, RecordedRequest
+from bot.emulator import ROUTES, RecordedRequest, SentWebhook
 from bot.gitea import GiteaClient, GiteaConflict, GiteaForbidden, GiteaInvalid, GiteaNotFound
 from tests.conftest import SHARED
 from tests.gitea_fixtures import (
@@ -310,7 +310,7 @@ async def _drive_every_route(live: LiveEmulator, sink: WebhookSink, used: set[st
 
 
 @pytest.fixture
-async def driven() -> AsyncIterator[tuple[LiveEmulator, list[Delivery], dict[str, Any], set[str]]]:
+async def driven() -> AsyncIterator[tuple[LiveEmulator, list[SentWebhook], dict[str, Any], set[str]]]:
     async with live_emulator() as live, webhook_sink() as sink:
         used: set[str] = set()
         seen = await _drive_every_route(live, sink, used)
@@ -367,7 +367,7 @@ def _check_request(schemas: Schemas, record: RecordedRequest) -> list[str]:
 
 
 async def test_client_traffic_fits_the_swagger(
-    schemas: Schemas, driven: tuple[LiveEmulator, list[Delivery], dict[str, Any], set[str]]
+    schemas: Schemas, driven: tuple[LiveEmulator, list[SentWebhook], dict[str, Any], set[str]]
 ) -> None:
     """Every request the client made: declared query params, body valid, status declared, response valid."""
     live, _, _, used = driven
@@ -398,7 +398,7 @@ PULL_PAYLOAD_KEYS = {
 COMMENT_PAYLOAD_KEYS = {"action", "issue", "comment", "repository", "sender", "is_pull"}
 
 
-def _payload_problems(schemas: Schemas, delivery: Delivery) -> list[str]:
+def _payload_problems(schemas: Schemas, delivery: SentWebhook) -> list[str]:
     payload = delivery.payload
     where = f"{delivery.event_type}/{delivery.action}"
     problems: list[str] = []
@@ -427,7 +427,7 @@ def _payload_problems(schemas: Schemas, delivery: Delivery) -> list[str]:
 
 
 async def test_webhook_payloads_have_gitea_shapes(
-    schemas: Schemas, driven: tuple[LiveEmulator, list[Delivery], dict[str, Any], set[str]]
+    schemas: Schemas, driven: tuple[LiveEmulator, list[SentWebhook], dict[str, Any], set[str]]
 ) -> None:
     """Payload keys per FACTS §3; nested issue/comment/repository/sender/pull_request fit the swagger."""
     _, deliveries, seen, _ = driven

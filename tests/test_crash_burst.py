@@ -32,7 +32,7 @@ import pytest
 from bot import invariants
 from bot.core.canonical import CanonicalState, render
 from bot.core.vocabulary import status_labels
-from bot.emulator.webhooks import Delivery
+from bot.emulator.webhooks import SentWebhook
 from tests.gitea_fixtures import BOT, OWNER, REPO, TOKENS, LiveEmulator, live_emulator, scratch_dir
 from tests.support import SECRET
 from tests.test_process import ServeProcess
@@ -231,7 +231,7 @@ class Burst:
             await asyncio.sleep(kill.down)
             await self.proc.start("serve", "--config", str(self.proc.config))
 
-    def hook_deliveries(self) -> list[Delivery]:
+    def hook_deliveries(self) -> list[SentWebhook]:
         return [d for d in self.live.emulator.deliveries if d.url == self.hook_url]
 
     async def replay_lost(self) -> int:

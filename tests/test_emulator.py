@@ -14,7 +14,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from bot.emulator import ROUTES, Delivery, go_json, sign_body
+from bot.emulator import ROUTES, SentWebhook, go_json, sign_body
 from tests.conftest import SHARED
 from tests.gitea_fixtures import (
     BOT,
@@ -67,11 +67,11 @@ async def _call(
         return resp.status, data, dict(resp.headers)
 
 
-def _of_type(deliveries: list[Delivery], event_type: str) -> list[Delivery]:
+def _of_type(deliveries: list[SentWebhook], event_type: str) -> list[SentWebhook]:
     return [d for d in deliveries if d.event_type == event_type]
 
 
-# ---------------------------------------------------------------------- labels
+# --- labels, issues and comments --------------------------------------------------------------------------------------
 
 
 async def test_issue_label_filter_is_and_unknown_dropped(live: LiveEmulator) -> None:
@@ -139,9 +139,6 @@ async def test_exclusive_scoped_label_replaces_its_sibling(live: LiveEmulator) -
     live.emulator.create_issue(OWNER, REPO, title="x", author="alice", labels=["status/ready", "bug"])
     labels = await live.client().add_labels(1, ["status/in-progress"])
     assert [label.name for label in labels] == ["bug", "status/in-progress"]
-
-
-# ---------------------------------------------------------------------- issues and comments
 
 
 async def test_patch_issue_answers_201_and_sends_edits(hooked: LiveEmulator) -> None:
@@ -247,7 +244,7 @@ async def test_pr_comment_is_issue_comment_event_with_pull_request_type(live: Li
     assert delivery.payload["comment"]["issue_url"] == ""
 
 
-# ---------------------------------------------------------------------- webhooks on the wire
+# --- webhooks on the wire ---------------------------------------------------------------------------------------------
 
 
 async def test_webhook_signature_verifies_over_raw_bytes(hooked: LiveEmulator, sink: WebhookSink) -> None:
@@ -334,7 +331,7 @@ async def test_hook_event_sets_and_api_hooks_default_inactive(live: LiveEmulator
     assert [(d.hook_id, d.action) for d in deliveries] == [(1, "closed")]
 
 
-# ---------------------------------------------------------------------- auth, permissions, git
+# --- auth, permissions, git, faults and the route table ---------------------------------------------------------------
 
 
 async def test_auth_schemes_and_401(live: LiveEmulator) -> None:
@@ -380,9 +377,6 @@ async def test_repository_is_a_real_bare_git_repository(live: LiveEmulator) -> N
     )
     assert out.stdout.split()[0] == main.commit_id
     assert main.raw["commit"]["message"] == "Initial commit\n"
-
-
-# ---------------------------------------------------------------------- faults and the route table
 
 
 async def test_drop_after_store_really_stores(hooked: LiveEmulator) -> None:

@@ -1,6 +1,4 @@
-"""Git over smart HTTP from the emulator (``git http-backend`` behind routers/web/repo/githttp.go's rules)
-and http(s) clone URLs built the way each Gitea version builds them (models/repo/repo.go
-``ComposeHTTPSCloneURL``)."""
+"""Git over smart HTTP from the emulator, and http(s) clone URLs as each Gitea version builds them."""
 
 from __future__ import annotations
 

@@ -1,8 +1,4 @@
-"""Gitea as it really is (issue 14): each behaviour read in Gitea's source, reproduced by the emulator, and
-the bot's answer to it, end to end through a running foreman service.
-
-Every test names the Gitea file and function the emulator's behaviour comes from (see
-docs/gitea-compatibility.md for the full list, with versions)."""
+"""Gitea as it really is: each behaviour from Gitea's source, in the emulator, and the bot's answer to it end to end."""
 
 from __future__ import annotations
 
@@ -29,7 +25,7 @@ async def world(tmp_path: Path, start: Started) -> AsyncIterator[World]:
         yield opened
 
 
-# --------------------------------------------------------------------------- item 2: label_cleared
+# --- label_cleared; missing issues, assignees, deleted issues ---------------------------------------------------------
 
 
 async def test_label_cleared_is_read_as_no_labels_though_the_payload_lists_the_old_ones(world: World) -> None:
@@ -47,8 +43,6 @@ async def test_label_cleared_is_read_as_no_labels_though_the_payload_lists_the_o
     events = await world.store.issue_events(FULL_NAME, number)
     assert (events[-1]["action"], events[-1]["removed"]) == ("label_cleared", ["bug", "feature"])
 
-
-# --------------------------------------------------------------------------- item 4: missing issues, assignees, deleted
 
 COMMENTS_ROUTE = "/repos/{owner}/{repo}/issues/{index}/comments"
 
@@ -232,7 +226,7 @@ async def test_issues_deleted_ends_the_leases_and_cancels_the_outbox(tmp_path: P
         assert [b["kind"] for b in blockers] == ["issue_deleted"]
 
 
-# --------------------------------------------------------------------------- org labels and teams (items 6, 1)
+# --- org labels and teams ---------------------------------------------------------------------------------------------
 
 
 async def _as(world: World, token: str, method: str, path: str, body: Any = None) -> tuple[int, Any]:
@@ -391,7 +385,7 @@ async def test_repo_teams_of_a_user_owned_repository_is_405_and_the_client_reads
     assert await world.live.client().list_repo_teams() == []
 
 
-# --------------------------------------------------------------------------- item 5: page links from ROOT_URL
+# --- page links from ROOT_URL -----------------------------------------------------------------------------------------
 
 PUBLIC_ROOT = "http://gitea.public.invalid:3000/"
 

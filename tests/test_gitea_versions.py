@@ -1,5 +1,4 @@
-"""The emulator's version switch: each behaviour that differs between Gitea 1.22.3 and 1.26.3, pinned on
-both, with the Gitea file and function it comes from (docs/gitea-compatibility.md lists them all)."""
+"""The emulator's version switch: each behaviour that differs between Gitea 1.22.3 and 1.26.3, pinned on both."""
 
 from __future__ import annotations
 

@@ -20,7 +20,7 @@ import pytest
 
 from bot.core.canonical import CanonicalState, render
 from bot.core.vocabulary import status_labels
-from bot.emulator.webhooks import Delivery
+from bot.emulator.webhooks import SentWebhook
 from tests.gitea_fixtures import BOT, OWNER, REPO, TOKENS, LiveEmulator, live_emulator, scratch_dir
 from tests.support import SECRET
 from tests.test_process import ServeProcess
@@ -113,7 +113,7 @@ class Outage:
         async with aiohttp.ClientSession() as session, session.get(f"{self.proc.url}{path}") as resp:
             return resp.status, await resp.text()
 
-    async def resend(self, delivery: Delivery) -> int:
+    async def resend(self, delivery: SentWebhook) -> int:
         """Gitea's original delivery (its headers and body byte for byte) arriving late."""
         async with aiohttp.ClientSession() as session, session.post(
             f"{self.proc.url}/webhook", data=delivery.body, headers=delivery.headers
@@ -153,7 +153,7 @@ class Outage:
             1 for c in issue.comments if c.poster.login == BOT and f"command:{comment_id}:reply" in c.body
         )
 
-    def failed_deliveries(self) -> list[Delivery]:
+    def failed_deliveries(self) -> list[SentWebhook]:
         return [d for d in self.emu.deliveries if not d.ok]
 
     def effects(self) -> dict[str, Any]:

@@ -1,15 +1,15 @@
 """A Gitea v1.26.3 emulator (API subset, real bare git repositories, signed webhooks) for tests and demos."""
 
 from bot.emulator.api import ROUTES, RecordedRequest, Route, build_app, start_emulator
-from bot.emulator.core import ApiError, Emulator
+from bot.emulator.core import Emulator
 from bot.emulator.faults import FaultRule, Faults
 from bot.emulator.model import EmuComment, EmuHook, EmuIssue, EmuLabel, EmuRepo, EmuUser, Perm
-from bot.emulator.webhooks import Delivery, go_json, sign_body
+from bot.emulator.state import ApiError
+from bot.emulator.webhooks import SentWebhook, go_json, sign_body
 
 __all__ = [
     "ROUTES",
     "ApiError",
-    "Delivery",
     "EmuComment",
     "EmuHook",
     "EmuIssue",
@@ -22,6 +22,7 @@ __all__ = [
     "Perm",
     "RecordedRequest",
     "Route",
+    "SentWebhook",
     "build_app",
     "go_json",
     "sign_body",

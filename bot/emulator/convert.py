@@ -11,7 +11,7 @@ from bot.emulator.gitrepo import CommitInfo
 from bot.emulator.model import PERM_LEVEL, EmuComment, EmuHook, EmuIssue, EmuLabel, EmuRepo, EmuUser
 
 if TYPE_CHECKING:
-    from bot.emulator.core import Emulator
+    from bot.emulator.state import EmulatorState
 
 JSON = dict[str, Any]
 ZERO_TIME: Final = "0001-01-01T00:00:00Z"
@@ -32,7 +32,7 @@ def _opt_time(ts: int | None, tz: tzinfo) -> str | None:
     return None if ts is None else unix_time(ts, tz)
 
 
-def user_json(emu: Emulator, user: EmuUser, viewer: EmuUser | None, *, signed: bool | None = None) -> JSON:
+def user_json(emu: EmulatorState, user: EmuUser, viewer: EmuUser | None, *, signed: bool | None = None) -> JSON:
     """``convert.ToUser``: e-mail only for signed-in viewers, private fields only for the user or an admin."""
     is_signed = viewer is not None if signed is None else signed
     authed = viewer is not None and (viewer.admin or viewer.id == user.id)
@@ -64,7 +64,7 @@ def user_json(emu: Emulator, user: EmuUser, viewer: EmuUser | None, *, signed: b
     }
 
 
-def org_json(emu: Emulator, org: EmuUser) -> JSON:
+def org_json(emu: EmulatorState, org: EmuUser) -> JSON:
     """``convert.ToOrganization``."""
     return {
         "id": org.id,
@@ -81,7 +81,7 @@ def org_json(emu: Emulator, org: EmuUser) -> JSON:
     }
 
 
-def label_json(emu: Emulator, label: EmuLabel) -> JSON:
+def label_json(emu: EmulatorState, label: EmuLabel) -> JSON:
     """``convert.ToLabel``: colour without ``#``; an org label's url is under ``/orgs/{org}``."""
     if label.org_id:
         org = next((u for u in emu.users() if u.id == label.org_id), None)
@@ -99,19 +99,19 @@ def label_json(emu: Emulator, label: EmuLabel) -> JSON:
     }
 
 
-def issue_labels(emu: Emulator, issue: EmuIssue) -> list[EmuLabel]:
+def issue_labels(emu: EmulatorState, issue: EmuIssue) -> list[EmuLabel]:
     """The issue's labels as Gitea loads them: ordered by name."""
     labels = [label for i in issue.label_ids if (label := emu.label(i)) is not None]
     return sorted(labels, key=lambda label: (label.name, label.id))
 
 
-def issue_html_url(emu: Emulator, issue: EmuIssue) -> str:
+def issue_html_url(emu: EmulatorState, issue: EmuIssue) -> str:
     """Web URL of an issue or pull request."""
     kind = "pulls" if issue.is_pull else "issues"
     return f"{emu.app_url}{issue.repo.full_name}/{kind}/{issue.number}"
 
 
-def issue_json(emu: Emulator, issue: EmuIssue, viewer: EmuUser | None) -> JSON:
+def issue_json(emu: EmulatorState, issue: EmuIssue, viewer: EmuUser | None) -> JSON:
     """``convert.ToAPIIssue``; ``pull_request`` is non-null exactly for pull requests."""
     tz = emu.tz
     html_url = issue_html_url(emu, issue)
@@ -159,7 +159,7 @@ def issue_json(emu: Emulator, issue: EmuIssue, viewer: EmuUser | None) -> JSON:
     return data
 
 
-def comment_json(emu: Emulator, comment: EmuComment) -> JSON:
+def comment_json(emu: EmulatorState, comment: EmuComment) -> JSON:
     """``convert.ToAPIComment``: on a PR ``issue_url`` is empty and ``pull_request_url`` set, else the reverse."""
     issue = comment.issue
     html_url = issue_html_url(emu, issue)
@@ -178,7 +178,7 @@ def comment_json(emu: Emulator, comment: EmuComment) -> JSON:
     }
 
 
-def clone_url(emu: Emulator, repo: EmuRepo, host_url: str | None) -> str:
+def clone_url(emu: EmulatorState, repo: EmuRepo, host_url: str | None) -> str:
     """``clone_url``: the bare repository's ``file://`` URL (``clone_protocol="file"``, the default), or the
     http(s) URL as models/repo/repo.go ``ComposeHTTPSCloneURL`` builds it: from ROOT_URL up to 1.25
     (1.24-1.25 ``PUBLIC_URL_DETECTION=legacy``), from the request's Host in 1.26 (``auto``,
@@ -189,7 +189,7 @@ def clone_url(emu: Emulator, repo: EmuRepo, host_url: str | None) -> str:
     return f"{base.rstrip('/')}/{repo.owner.login}/{repo.name}.git"
 
 
-def repo_json(emu: Emulator, repo: EmuRepo, perm: str, *, host_url: str | None = None) -> JSON:
+def repo_json(emu: EmulatorState, repo: EmuRepo, perm: str, *, host_url: str | None = None) -> JSON:
     """``convert.ToRepo`` seen with access ``perm`` (``clone_url``: see ``clone_url``)."""
     level = PERM_LEVEL[perm]
     base = f"{emu.app_url}{repo.full_name}"
@@ -267,7 +267,7 @@ def repo_json(emu: Emulator, repo: EmuRepo, perm: str, *, host_url: str | None =
     }
 
 
-def _branch_info(emu: Emulator, repo: EmuRepo, name: str) -> JSON:
+def _branch_info(emu: EmulatorState, repo: EmuRepo, name: str) -> JSON:
     return {
         "label": name,
         "ref": name,
@@ -277,7 +277,7 @@ def _branch_info(emu: Emulator, repo: EmuRepo, name: str) -> JSON:
     }
 
 
-def pull_json(emu: Emulator, issue: EmuIssue, viewer: EmuUser | None) -> JSON:
+def pull_json(emu: EmulatorState, issue: EmuIssue, viewer: EmuUser | None) -> JSON:
     """``convert.ToAPIPullRequest`` for an emulated (never merged) pull request."""
     tz = emu.tz
     html_url = issue_html_url(emu, issue)
@@ -324,7 +324,7 @@ def pull_json(emu: Emulator, issue: EmuIssue, viewer: EmuUser | None) -> JSON:
     }
 
 
-def branch_json(emu: Emulator, repo: EmuRepo, name: str, head: CommitInfo, perm: str) -> JSON:
+def branch_json(emu: EmulatorState, repo: EmuRepo, name: str, head: CommitInfo, perm: str) -> JSON:
     """``convert.ToBranch`` for an unprotected branch."""
     can_push = PERM_LEVEL[perm] >= PERM_LEVEL["write"]
 
@@ -362,7 +362,7 @@ def branch_json(emu: Emulator, repo: EmuRepo, name: str, head: CommitInfo, perm:
     }
 
 
-def hook_json(emu: Emulator, hook: EmuHook) -> JSON:
+def hook_json(emu: EmulatorState, hook: EmuHook) -> JSON:
     """``convert.ToHook``: the secret is never shown."""
     return {
         "id": hook.id,

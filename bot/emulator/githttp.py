@@ -1,12 +1,4 @@
-"""Git over smart HTTP for the emulator: ``git http-backend`` (CGI) behind Gitea's access rules.
-
-routers/web/repo/githttp.go ``httpBase`` (1.22.3 and 1.26.3): a pull (``info/refs?service=git-upload-pack``,
-``git-upload-pack``) of a public repository needs no credentials; anything else needs a signed-in user
-(``Authorization: token X``/``Bearer X``, or Basic with the token as user or password), else **401** with
-``WWW-Authenticate: Basic realm="Gitea"``; a user without the needed access gets **404** "Repository not
-found"; a push needs Write on the Code unit. A credential that does not verify is a 401 (the auth layer
-refuses it; the exact body of that path was not verified).
-"""
+"""Git over smart HTTP for the emulator: ``git http-backend`` (CGI) behind Gitea's access rules."""
 
 from __future__ import annotations
 
@@ -29,9 +21,17 @@ def _unauthorized() -> web.Response:
 
 
 async def serve_git(emu: Emulator, request: web.Request) -> web.StreamResponse:
-    """``/{owner}/{repo}.git/(info/refs|git-upload-pack|git-receive-pack)``: access check, then http-backend."""
+    """``/{owner}/{repo}.git/(info/refs|git-upload-pack|git-receive-pack)``: access check, then http-backend.
+
+    routers/web/repo/githttp.go ``httpBase`` (1.22.3 and 1.26.3): a pull (``info/refs?service=git-upload-pack``,
+    ``git-upload-pack``) of a public repository needs no credentials; anything else needs a signed-in user
+    (``Authorization: token X``/``Bearer X``, or Basic with the token as user or password), else **401** with
+    ``WWW-Authenticate: Basic realm="Gitea"``; a user without the needed access gets **404** "Repository not
+    found"; a push needs Write on the Code unit. A credential that does not verify is a 401 (the auth layer
+    refuses it; the exact body of that path was not verified).
+    """
     from bot.emulator.api import authenticate
-    from bot.emulator.core import ApiError
+    from bot.emulator.state import ApiError
 
     owner, name, rest = request.match_info["owner"], request.match_info["repo"], request.match_info["rest"]
     name = name.removesuffix(".git")

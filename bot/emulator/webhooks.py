@@ -183,7 +183,7 @@ class HookTarget:
 
 
 @dataclass(slots=True)
-class Delivery:
+class SentWebhook:
     """One delivery attempt as sent, and what came back (``status`` is None until it finishes)."""
 
     delivery_id: str
@@ -229,28 +229,28 @@ class WebhookSender:
 
     workers: int = 4
     timeout_s: float = 5.0
-    deliveries: list[Delivery] = field(default_factory=list)
+    deliveries: list[SentWebhook] = field(default_factory=list)
     _tasks: set[asyncio.Task[None]] = field(default_factory=set)
-    _backlog: list[Delivery] = field(default_factory=list)
+    _backlog: list[SentWebhook] = field(default_factory=list)
     _session: aiohttp.ClientSession | None = None
     _semaphore: asyncio.Semaphore | None = None
 
-    def enqueue(self, target: HookTarget, event_type: str, payload: Any) -> Delivery:
+    def enqueue(self, target: HookTarget, event_type: str, payload: Any) -> SentWebhook:
         """Build, sign and schedule one delivery of ``payload`` to ``target``; returns its record."""
         json_body = go_json(payload)
         return self._schedule(target, event_type, json_body, replay_of=None)
 
-    def replay(self, delivery: Delivery, target: HookTarget) -> Delivery:
+    def replay(self, delivery: SentWebhook, target: HookTarget) -> SentWebhook:
         """Gitea's UI "Replay": a new task with a NEW uuid and the same body (so the same signature)."""
         return self._schedule(target, delivery.event_type, delivery.json_body, replay_of=delivery.delivery_id)
 
-    def _schedule(self, target: HookTarget, event_type: str, json_body: bytes, *, replay_of: str | None) -> Delivery:
+    def _schedule(self, target: HookTarget, event_type: str, json_body: bytes, *, replay_of: str | None) -> SentWebhook:
         delivery_id = str(uuid.uuid4())
         if target.content_type == "form":
             body = urllib.parse.urlencode({"payload": json_body.decode("utf-8")}).encode("ascii")
         else:
             body = json_body
-        delivery = Delivery(
+        delivery = SentWebhook(
             delivery_id=delivery_id,
             hook_id=target.hook_id,
             url=target.url,
@@ -305,7 +305,7 @@ class WebhookSender:
             await self._session.close()
             self._session = None
 
-    async def _send(self, delivery: Delivery) -> None:
+    async def _send(self, delivery: SentWebhook) -> None:
         if self._semaphore is None:
             self._semaphore = asyncio.Semaphore(max(1, self.workers))
         if self._session is None:

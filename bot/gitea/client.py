@@ -1,468 +1,36 @@
-"""Typed, retrying Gitea REST client over gidgethub, for exactly the endpoints the bot uses."""
+"""The typed Gitea REST client of one repository, for exactly the endpoints the bot uses."""
 
 from __future__ import annotations
 
-import asyncio
-import contextvars
 import email.utils
-import logging
-import random
-import re
 import urllib.parse
 from collections.abc import AsyncIterator, Mapping, Sequence
-from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Final, Literal
 
 import aiohttp
 import gidgethub
-import gidgethub.aiohttp
 
-from bot.core.errors import Envelope
+from bot.gitea.errors import (
+    GiteaError,
+    GiteaInvalid,
+    GiteaIssueGone,
+    GiteaNotFound,
+    GiteaUnassignable,
+    GiteaUnavailable,
+    error_for,
+)
+from bot.gitea.transport import LAST_HEADERS, SINGLE_ATTEMPT, RetryingAPI, next_page
+from bot.gitea.values import Branch, Comment, Hook, Issue, Label, Repository, Team, User
 
 if TYPE_CHECKING:
     from bot.config import Settings
 
-log = logging.getLogger(__name__)
-
 #: Gitea caps every page at ``[api] MAX_RESPONSE_ITEMS`` (50 by default).
 MAX_PAGE_SIZE: Final = 50
-#: Headers of the last response seen by the current task (to read ``X-Total-Count``).
-_LAST_HEADERS: contextvars.ContextVar[Mapping[str, str] | None] = contextvars.ContextVar(
-    "gitea_last_headers", default=None
-)
-
-#: Set for one call that must not be retried by the transport (its 500 is read, not waited out).
-_SINGLE_ATTEMPT: contextvars.ContextVar[bool] = contextvars.ContextVar("gitea_single_attempt", default=False)
 
 IssueState = Literal["open", "closed", "all"]
 IssueType = Literal["issues", "pulls"]
-
-
-# ---------------------------------------------------------------------- errors
-
-
-class GiteaError(Exception):
-    """A Gitea API call failed. ``status`` is the HTTP status (None when no answer came back).
-
-    The text names the method, the path and Gitea's message; it never contains the token.
-    """
-
-    def __init__(self, message: str, *, status: int | None = None, method: str = "", path: str = "") -> None:
-        self.message = message
-        self.status = status
-        self.method = method
-        self.path = path
-        where = f"{method} {path}: " if method else ""
-        code = f"{status} " if status is not None else ""
-        super().__init__(f"{where}{code}{message}")
-
-
-class GiteaNotFound(GiteaError):
-    """404: no such repository, issue, comment, branch or user (or not visible to this token)."""
-
-
-class GiteaForbidden(GiteaError):
-    """401/403: the token is missing, wrong, or lacks the permission for this call."""
-
-
-class GiteaInvalid(GiteaError):
-    """400/422: Gitea rejected the request's content; ``message`` is Gitea's reason."""
-
-
-class GiteaConflict(GiteaError):
-    """409: the object changed meanwhile (e.g. a stale ``content_version``)."""
-
-
-class GiteaUnavailable(GiteaError):
-    """5xx, timeouts or connection failures that outlasted every retry."""
-
-
-class GiteaIssueGone(GiteaNotFound):
-    """The issue does not exist (any more): Gitea answers the comment routes of a missing or deleted issue
-    with a **500** (routers/api/v1/repo/issue_comment.go ListIssueComments/CreateIssueComment send the
-    GetIssueByIndex error to APIErrorInternal), so the client asks ``GET /issues/{n}`` (a real 404) before
-    calling it unavailable. Never retried."""
-
-    def __init__(self, number: int, *, method: str, path: str) -> None:
-        super().__init__(f"issue #{number} does not exist (deleted?)", status=404, method=method, path=path)
-        self.number = number
-
-    @property
-    def envelope(self) -> Envelope:
-        return Envelope(
-            error="not_found",
-            message=f"issue #{self.number} does not exist on Gitea any more (deleted, or never existed)",
-            remediate="nothing can be written to a deleted issue; its outbox entries are not sent",
-            exact_next_action=f"check that issue #{self.number} was deleted on purpose; open a new issue for the work",
-            details={"issue_number": self.number},
-        )
-
-
-class GiteaUnassignable(GiteaInvalid):
-    """Logins Gitea cannot assign on this repository: unknown accounts (services/issue/issue.go
-    UpdateAssignees, GetUserByName) or accounts without access (models/perm/access/repo_permission.go
-    CanBeAssigned: Write on a unit or Read on pull requests). Gitea answers both with a 500. Never retried."""
-
-    def __init__(self, logins: Sequence[str], reasons: Mapping[str, str], *, method: str, path: str) -> None:
-        detail = ", ".join(f"{login} ({reasons.get(login, 'no access')})" for login in logins)
-        super().__init__(f"cannot be assigned: {detail}", status=500, method=method, path=path)
-        self.logins = tuple(logins)
-        self.reasons = dict(reasons)
-
-    @property
-    def envelope(self) -> Envelope:
-        names = ", ".join(self.logins)
-        return Envelope(
-            error="invalid_input",
-            message=f"Gitea cannot assign {names} on this repository (unknown account or no access)",
-            remediate="give each account at least read access to the repository (read on pull requests, or "
-            "write on any unit), or fix the login; the other assignees were left as they were",
-            exact_next_action=f"grant {names} access to the repository (or correct the login), then "
-            "`foreman outbox retry ID`",
-            details={"logins": list(self.logins), "reasons": self.reasons},
-        )
-
-
-def refusal_text(exc: GiteaError) -> str:
-    """An error as the outbox stores it: the class, the message, and the envelope when the error has one."""
-    text = f"{type(exc).__name__}: {exc}"
-    envelope = getattr(exc, "envelope", None)
-    if isinstance(envelope, Envelope):
-        text += f" | exact_next_action: {envelope.exact_next_action}"
-    return text
-
-
-def _error_for(status: int, message: str, method: str, path: str) -> GiteaError:
-    kind: type[GiteaError]
-    if status == 404:
-        kind = GiteaNotFound
-    elif status in (401, 403):
-        kind = GiteaForbidden
-    elif status in (400, 422):
-        kind = GiteaInvalid
-    elif status == 409:
-        kind = GiteaConflict
-    elif status >= 500:
-        kind = GiteaUnavailable
-    else:
-        kind = GiteaError
-    return kind(message, status=status, method=method, path=path)
-
-
-# ---------------------------------------------------------------------- values
-
-
-def _time(value: Any) -> datetime | None:
-    if not isinstance(value, str) or not value:
-        return None
-    try:
-        return datetime.fromisoformat(value)
-    except ValueError:
-        return None
-
-
-@dataclass(frozen=True, slots=True)
-class User:
-    """A Gitea account (``login`` is what to compare; payload e-mails may be placeholders)."""
-
-    id: int
-    login: str
-    full_name: str
-    email: str
-    is_admin: bool
-    raw: Mapping[str, Any] = field(repr=False, compare=False)
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> User:
-        """Parse ``User`` JSON."""
-        return cls(
-            id=int(data["id"]),
-            login=str(data.get("login") or data.get("username") or ""),
-            full_name=str(data.get("full_name") or ""),
-            email=str(data.get("email") or ""),
-            is_admin=bool(data.get("is_admin", False)),
-            raw=data,
-        )
-
-
-@dataclass(frozen=True, slots=True)
-class Label:
-    """A repository label; ``color`` is hex without ``#``."""
-
-    id: int
-    name: str
-    color: str
-    description: str
-    exclusive: bool
-    is_archived: bool
-    raw: Mapping[str, Any] = field(repr=False, compare=False)
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> Label:
-        """Parse ``Label`` JSON."""
-        return cls(
-            id=int(data["id"]),
-            name=str(data["name"]),
-            color=str(data.get("color") or "").lstrip("#"),
-            description=str(data.get("description") or ""),
-            exclusive=bool(data.get("exclusive", False)),
-            is_archived=bool(data.get("is_archived", False)),
-            raw=data,
-        )
-
-
-@dataclass(frozen=True, slots=True)
-class Issue:
-    """An issue, or a pull request when ``is_pull`` (Gitea's non-null ``pull_request``)."""
-
-    id: int
-    number: int
-    title: str
-    body: str
-    state: str
-    user: User
-    labels: tuple[Label, ...]
-    assignees: tuple[User, ...]
-    is_pull: bool
-    comments: int
-    created_at: datetime | None
-    updated_at: datetime | None
-    closed_at: datetime | None
-    html_url: str
-    content_version: int
-    raw: Mapping[str, Any] = field(repr=False, compare=False)
-
-    @property
-    def label_names(self) -> frozenset[str]:
-        """The names of the issue's labels."""
-        return frozenset(label.name for label in self.labels)
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> Issue:
-        """Parse ``Issue`` JSON (``assignees`` may be null)."""
-        return cls(
-            id=int(data["id"]),
-            number=int(data["number"]),
-            title=str(data.get("title") or ""),
-            body=str(data.get("body") or ""),
-            state=str(data.get("state") or "open"),
-            user=User.from_json(data["user"]),
-            labels=tuple(Label.from_json(x) for x in data.get("labels") or ()),
-            assignees=tuple(User.from_json(x) for x in data.get("assignees") or ()),
-            is_pull=data.get("pull_request") is not None,
-            comments=int(data.get("comments") or 0),
-            created_at=_time(data.get("created_at")),
-            updated_at=_time(data.get("updated_at")),
-            closed_at=_time(data.get("closed_at")),
-            html_url=str(data.get("html_url") or ""),
-            content_version=int(data.get("content_version") or 0),
-            raw=data,
-        )
-
-
-@dataclass(frozen=True, slots=True)
-class Team:
-    """An organization team: ``permission`` is its access mode, ``units_map`` the per-unit modes."""
-
-    id: int
-    name: str
-    permission: str
-    units_map: Mapping[str, str]
-    raw: Mapping[str, Any] = field(repr=False, compare=False)
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> Team:
-        """Parse ``Team`` JSON."""
-        units = data.get("units_map") or {}
-        return cls(
-            id=int(data["id"]),
-            name=str(data.get("name") or ""),
-            permission=str(data.get("permission") or "none"),
-            units_map={str(k): str(v) for k, v in units.items()} if isinstance(units, Mapping) else {},
-            raw=data,
-        )
-
-
-@dataclass(frozen=True, slots=True)
-class Comment:
-    """A plain issue or PR comment."""
-
-    id: int
-    body: str
-    user: User
-    created_at: datetime | None
-    updated_at: datetime | None
-    html_url: str
-    raw: Mapping[str, Any] = field(repr=False, compare=False)
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> Comment:
-        """Parse ``Comment`` JSON."""
-        return cls(
-            id=int(data["id"]),
-            body=str(data.get("body") or ""),
-            user=User.from_json(data["user"]),
-            created_at=_time(data.get("created_at")),
-            updated_at=_time(data.get("updated_at")),
-            html_url=str(data.get("html_url") or ""),
-            raw=data,
-        )
-
-
-@dataclass(frozen=True, slots=True)
-class Repository:
-    """A repository; clone from ``clone_url`` as reported, never from an assembled URL."""
-
-    id: int
-    owner: str
-    name: str
-    full_name: str
-    default_branch: str
-    clone_url: str
-    html_url: str
-    private: bool
-    raw: Mapping[str, Any] = field(repr=False, compare=False)
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> Repository:
-        """Parse ``Repository`` JSON."""
-        owner = data.get("owner") or {}
-        return cls(
-            id=int(data["id"]),
-            owner=str(owner.get("login") or "") if isinstance(owner, Mapping) else str(owner),
-            name=str(data["name"]),
-            full_name=str(data.get("full_name") or ""),
-            default_branch=str(data.get("default_branch") or ""),
-            clone_url=str(data.get("clone_url") or ""),
-            html_url=str(data.get("html_url") or ""),
-            private=bool(data.get("private", False)),
-            raw=data,
-        )
-
-
-@dataclass(frozen=True, slots=True)
-class Branch:
-    """A branch and its head commit."""
-
-    name: str
-    commit_id: str
-    commit_message: str
-    protected: bool
-    raw: Mapping[str, Any] = field(repr=False, compare=False)
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> Branch:
-        """Parse ``Branch`` JSON."""
-        commit = data.get("commit") or {}
-        return cls(
-            name=str(data["name"]),
-            commit_id=str(commit.get("id") or ""),
-            commit_message=str(commit.get("message") or ""),
-            protected=bool(data.get("protected", False)),
-            raw=data,
-        )
-
-
-@dataclass(frozen=True, slots=True)
-class Hook:
-    """A repository webhook (the secret is never returned)."""
-
-    id: int
-    type: str
-    active: bool
-    events: tuple[str, ...]
-    url: str
-    raw: Mapping[str, Any] = field(repr=False, compare=False)
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> Hook:
-        """Parse ``Hook`` JSON."""
-        config = data.get("config") or {}
-        return cls(
-            id=int(data["id"]),
-            type=str(data.get("type") or ""),
-            active=bool(data.get("active", False)),
-            events=tuple(str(e) for e in data.get("events") or ()),
-            url=str(config.get("url") or ""),
-            raw=data,
-        )
-
-
-# ---------------------------------------------------------------------- transport
-
-
-class _RetryingAPI(gidgethub.aiohttp.GitHubAPI):
-    """gidgethub's aiohttp transport with a per-attempt timeout and retries on 5xx and lost connections."""
-
-    def __init__(
-        self,
-        session: aiohttp.ClientSession,
-        requester: str,
-        *,
-        oauth_token: str,
-        base_url: str,
-        timeout_s: float,
-        max_attempts: int,
-        backoff_base_s: float,
-    ) -> None:
-        super().__init__(session, requester, oauth_token=oauth_token, base_url=base_url)
-        self._timeout_s = timeout_s
-        self._max_attempts = max(1, max_attempts)
-        self._backoff_base_s = backoff_base_s
-
-    def backoff(self, attempt: int) -> float:
-        """Exponential backoff with jitter: half fixed, half random, doubling per attempt."""
-        ceiling = self._backoff_base_s * (2.0 ** (attempt - 1))
-        return ceiling / 2 + random.uniform(0, ceiling / 2)
-
-    async def _request(
-        self, method: str, url: str, headers: Mapping[str, str], body: bytes = b""
-    ) -> tuple[int, Mapping[str, str], bytes]:
-        path = urllib.parse.urlsplit(url).path
-        # A POST is not idempotent (a comment would be posted twice when only its answer was lost), so it
-        # gets one attempt; the outbox retries it after looking for its marker.
-        attempts = 1 if method.upper() == "POST" or _SINGLE_ATTEMPT.get() else self._max_attempts
-        for attempt in range(1, attempts + 1):
-            try:
-                async with asyncio.timeout(self._timeout_s):
-                    async with self._session.request(method, url, headers=headers, data=body) as response:
-                        status, response_headers = response.status, response.headers
-                        payload = await response.read()
-            except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, TimeoutError) as exc:
-                problem = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-                if attempt == attempts:
-                    raise GiteaUnavailable(
-                        f"no answer after {attempt} attempts ({problem})", method=method, path=path
-                    ) from exc
-                log.warning("gitea %s %s attempt %d/%d failed: %s", method, path, attempt, attempts, problem)
-            else:
-                _LAST_HEADERS.set(response_headers)
-                if status < 500 or attempt == attempts:
-                    return status, response_headers, payload
-                log.warning("gitea %s %s attempt %d/%d answered %d", method, path, attempt, attempts, status)
-            await self.sleep(self.backoff(attempt))
-        raise AssertionError("unreachable")  # pragma: no cover
-
-
-# ---------------------------------------------------------------------- the client
-
-
-_LINK_RE: Final = re.compile(r'<([^>]*)>\s*;\s*rel="?next"?')
-
-
-def next_page(link: str | None) -> int | None:
-    """The ``page`` number of a Link header's ``rel="next"`` URL (None when there is none)."""
-    if not link:
-        return None
-    for part in link.split(","):
-        match = _LINK_RE.search(part)
-        if match is None:
-            continue
-        values = urllib.parse.parse_qs(urllib.parse.urlsplit(match[1]).query).get("page", [])
-        if values and values[0].isdigit():
-            return int(values[0])
-    return None
 
 
 def _q(segment: str | int) -> str:
@@ -507,7 +75,7 @@ class GiteaClient:
         self.owner = owner
         self.repo = repo
         self.base_url = base_url.rstrip("/")
-        self._gh = _RetryingAPI(
+        self._gh = RetryingAPI(
             session,
             requester,
             oauth_token=token,
@@ -540,15 +108,15 @@ class GiteaClient:
                 return None
             raise ValueError(f"unsupported method {method}")
         except gidgethub.HTTPException as exc:
-            raise _error_for(int(exc.status_code), str(exc), method, path) from exc
+            raise error_for(int(exc.status_code), str(exc), method, path) from exc
 
     async def _once(self, method: str, path: str, *, data: Any = None) -> Any:
         """One attempt, no transport retries (a 5xx comes back as GiteaUnavailable at once)."""
-        token = _SINGLE_ATTEMPT.set(True)
+        token = SINGLE_ATTEMPT.set(True)
         try:
             return await self._call(method, path, data=data)
         finally:
-            _SINGLE_ATTEMPT.reset(token)
+            SINGLE_ATTEMPT.reset(token)
 
     async def _issue_gone(self, number: int, method: str, path: str) -> GiteaIssueGone | None:
         """After a 500 on an issue's sub-route: GiteaIssueGone when ``GET /issues/{n}`` says 404, else None."""
@@ -558,7 +126,7 @@ class GiteaClient:
             return GiteaIssueGone(number, method=method, path=path)
         return None
 
-    # -- server and identity
+    # --- server, identity and hooks -----------------------------------------------------------------------------------
 
     async def get_version(self) -> str:
         """The Gitea server version."""
@@ -604,7 +172,7 @@ class GiteaClient:
         }
         return Hook.from_json(await self._call("POST", f"{self._repo_path}/hooks", data=data))
 
-    # -- issues
+    # --- issues and their comments ------------------------------------------------------------------------------------
 
     async def get_issue(self, number: int) -> Issue:
         """Issue (or PR) ``number``."""
@@ -644,11 +212,11 @@ class GiteaClient:
         """Every item of a paginated listing: only the next page *number* is read from ``Link``."""
         page = 1
         while True:
-            _LAST_HEADERS.set(None)
+            LAST_HEADERS.set(None)
             data = await self._call("GET", path, query={**query, "page": str(page)})
             for item in data or ():
                 yield item
-            headers = _LAST_HEADERS.get()
+            headers = LAST_HEADERS.get()
             following = next_page(headers.get("Link") if headers is not None else None)
             if following is None or following <= page:
                 return
@@ -671,9 +239,9 @@ class GiteaClient:
 
     async def server_time(self) -> datetime | None:
         """Gitea's clock: the ``Date`` header of ``GET /version`` (Go's net/http sets it on every answer)."""
-        _LAST_HEADERS.set(None)
+        LAST_HEADERS.set(None)
         await self._call("GET", "/version")
-        headers = _LAST_HEADERS.get()
+        headers = LAST_HEADERS.get()
         value = headers.get("Date") if headers is not None else None
         if not value:
             return None
@@ -781,8 +349,6 @@ class GiteaClient:
                 reasons[login] = "no access to the repository"
         return reasons
 
-    # -- comments
-
     async def list_issue_comments(self, number: int) -> list[Comment]:
         """Every plain comment of an issue, oldest first (Gitea does not paginate this list).
 
@@ -827,7 +393,7 @@ class GiteaClient:
         """Delete a comment (poster or writer)."""
         await self._call("DELETE", f"{self._repo_path}/issues/comments/{int(comment_id)}")
 
-    # -- labels
+    # --- labels and teams ---------------------------------------------------------------------------------------------
 
     async def list_issue_labels(self, number: int) -> list[Label]:
         """The labels on an issue."""
@@ -862,11 +428,11 @@ class GiteaClient:
         labels: list[Label] = []
         page = 1
         while True:
-            _LAST_HEADERS.set(None)
+            LAST_HEADERS.set(None)
             data = await self._call("GET", path, query={"page": page, "limit": size})
             items = list(data or ())
             labels.extend(Label.from_json(item) for item in items)
-            headers = _LAST_HEADERS.get()
+            headers = LAST_HEADERS.get()
             total = headers.get("X-Total-Count") if headers is not None else None
             if not items:
                 break
@@ -886,10 +452,10 @@ class GiteaClient:
         labels: list[Label] = []
         page = 1
         while True:
-            _LAST_HEADERS.set(None)
+            LAST_HEADERS.set(None)
             items = list(await self._call("GET", path, query={"page": page, "limit": size}) or ())
             labels.extend(Label.from_json(item) for item in items)
-            headers = _LAST_HEADERS.get()
+            headers = LAST_HEADERS.get()
             total = headers.get("X-Total-Count") if headers is not None else None
             if not items or (total is not None and total.isdigit() and len(labels) >= int(total)):
                 break

@@ -1,97 +1,30 @@
-"""Canonical Issue State: find, parse and render the hand-over block posted in issue comments.
-
-The block, as the seed documents show it (Markdown source; the rendered page shows the same lines
-with the heading marks and the fence lines gone)::
-
-    ## Canonical Issue State
-
-    STATE: ready
-    WHO_IS_NEXT: controller
-    NEXT_ACTION: ...
-    NEXT_PROMPT:
-    ```text
-    ...several lines...
-    ```
-    WHAT_HAPPENED: ...
-    WHY: ...
-    RELATED_PRS: none
-    BLOCKERS: none
-    VALIDATION: ...
-    LAST_UPDATED_BY: ...
-
-Reading rules (``parse_comment``):
-
-* A block starts at a heading line whose text is "Canonical Issue State" (any case, optional trailing
-  colon): an ATX heading of level 1-6, a setext heading, a bare line (the rendered form) or a bold line.
-  Headings inside a quotation (``>``), a code fence or a multi-line HTML comment do not start a block.
-* After the heading come ``KEY: value`` lines (``KEY`` is ``[A-Z][A-Z0-9_]*``), blank lines allowed
-  between them. Every key except NEXT_PROMPT is one line. NEXT_PROMPT is either a code fence (any
-  fence length and info string; the first non-blank line after ``NEXT_PROMPT:``) whose content is
-  kept verbatim, or unfenced text running up to the next ``KEY:`` line or heading.
-* The block ends at the first other non-blank line (prose, a quotation, a fence, ``<details>``).
-* All ten keys are required; the seed spells "nothing" as ``none`` rather than leaving a key out.
-  Single-line values must not be empty; NEXT_PROMPT may be empty. Unknown keys are kept, in order.
-* Line endings are normalized (CRLF and lone CR), trailing whitespace is ignored on every line, and
-  NEXT_PROMPT loses leading and trailing blank lines.
-* Several blocks in one comment: the last one counts, even if it is invalid (no fallback to an
-  earlier one).
-"""
+"""Finding and parsing every Canonical Issue State block in a comment body, bounded and never raising."""
 
 from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal
 
-from bot.core.vocabulary import ROLES, STATES, is_role, is_state
-
-HEADING_TEXT = "Canonical Issue State"
-
-FIELD_KEYS: tuple[str, ...] = (
-    "STATE",
-    "WHO_IS_NEXT",
-    "NEXT_ACTION",
-    "NEXT_PROMPT",
-    "WHAT_HAPPENED",
-    "WHY",
-    "RELATED_PRS",
-    "BLOCKERS",
-    "VALIDATION",
-    "LAST_UPDATED_BY",
+from bot.core.canonical.records import (
+    FIELD_KEYS,
+    HEADING_TEXT,
+    MAX_BLOCKS,
+    MAX_COMMENT_CHARS,
+    MAX_PR_NUMBER,
+    RELATED_PRS_NONE,
+    REQUIRED_KEYS,
+    TEXT_KEYS,
+    BlockResult,
+    CanonicalState,
+    ParseError,
+    ParseResult,
+    allowed_roles,
+    allowed_states,
 )
-REQUIRED_KEYS: tuple[str, ...] = FIELD_KEYS
-# Keys whose value is free text on one line and must not be empty.
-_TEXT_KEYS: tuple[str, ...] = (
-    "NEXT_ACTION",
-    "WHAT_HAPPENED",
-    "WHY",
-    "BLOCKERS",
-    "VALIDATION",
-    "LAST_UPDATED_BY",
-)
-RELATED_PRS_NONE: frozenset[str] = frozenset({"none", "-"})  # compared case-insensitively
-_MAX_PR_NUMBER = 2**63 - 1  # Gitea ids are int64
+from bot.core.vocabulary import is_role, is_state
 
-ParseErrorCode = Literal[
-    "missing_key",
-    "duplicate_key",
-    "unknown_state",
-    "unknown_role",
-    "bad_related_prs",
-    "empty_value",
-    "unclosed_fence",
-    "comment_too_long",
-    "too_many_blocks",
-]
-#: A comment longer than this is not read for a state block at all, and one with more blocks than
-#: ``MAX_BLOCKS`` is given up on at the first block past it: a block is a few hundred bytes, and the parser is
-#: linear but Python-speed, so these bound one comment's hold on the event loop at a few milliseconds whatever
-#: its author sends (Gitea itself sets no limit on a comment). Measured by ``python -m bench.canonical``.
-MAX_COMMENT_CHARS = 64 * 1024
-MAX_BLOCKS = 64
-
-_KEY_RE = re.compile(r"[A-Z][A-Z0-9_]*")
 _KEY_LINE = re.compile(r" {0,3}([A-Z][A-Z0-9_]*):(.*)")
 _ATX = re.compile(r" {0,3}#{1,6}(?:[ \t]|$)")
 _ATX_PREFIX = re.compile(r"#{1,6}(?:[ \t]+|$)")
@@ -100,203 +33,6 @@ _FENCE_OPEN = re.compile(r"( {0,3})(`{3,}|~{3,})(.*)")
 _HTML_COMMENT_OPEN = re.compile(r" {0,3}<!--")
 _PR_ITEM = re.compile(r"#?([0-9]+)")
 _PR_SEPARATOR = re.compile(r"[,\s]+")
-
-
-# --------------------------------------------------------------------------- records
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class CanonicalState:
-    """One valid Canonical Issue State. Construction validates, so every instance renders and parses back.
-
-    Single-line fields hold stripped text without line breaks (non-empty, except values in ``extra``).
-    ``next_prompt`` may span lines; it has no trailing whitespace on any line, no leading or trailing
-    blank line, and may be empty. ``related_prs`` holds distinct positive PR numbers in the order given.
-    ``extra`` keeps unknown ``KEY: value`` lines in their order.
-    """
-
-    state: str
-    who_is_next: str
-    next_action: str
-    next_prompt: str
-    what_happened: str
-    why: str
-    related_prs: tuple[int, ...]
-    blockers: str
-    validation: str
-    last_updated_by: str
-    extra: tuple[tuple[str, str], ...] = field(default=())
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.state, str) or not is_state(self.state):
-            raise ValueError(f"STATE {self.state!r} is not one of {_allowed_states()}")
-        if not isinstance(self.who_is_next, str) or not is_role(self.who_is_next):
-            raise ValueError(f"WHO_IS_NEXT {self.who_is_next!r} is not one of {_allowed_roles()}")
-        for key in _TEXT_KEYS:
-            value = getattr(self, key.lower())
-            _check_line(key, value)
-            if not value:
-                raise ValueError(f"{key} must not be empty (write `none` when there is nothing to say)")
-        _check_prompt(self.next_prompt)
-        seen_prs: set[int] = set()
-        for number in self.related_prs:
-            # bool is an int subclass; True would render as #1 and parse back as 1.
-            if type(number) is not int or not 0 < number <= _MAX_PR_NUMBER or number in seen_prs:
-                raise ValueError(f"RELATED_PRS needs distinct positive PR numbers, got {self.related_prs!r}")
-            seen_prs.add(number)
-        seen_keys: set[str] = set()
-        for key, value in self.extra:
-            if not _KEY_RE.fullmatch(key) or key in FIELD_KEYS or key in seen_keys:
-                raise ValueError(f"extra key {key!r} must be a new, distinct [A-Z][A-Z0-9_]* key")
-            seen_keys.add(key)
-            _check_line(key, value)
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-able form; field names in snake_case, ``extra`` as an ordered object."""
-        return {
-            "state": self.state,
-            "who_is_next": self.who_is_next,
-            "next_action": self.next_action,
-            "next_prompt": self.next_prompt,
-            "what_happened": self.what_happened,
-            "why": self.why,
-            "related_prs": list(self.related_prs),
-            "blockers": self.blockers,
-            "validation": self.validation,
-            "last_updated_by": self.last_updated_by,
-            "extra": dict(self.extra),
-        }
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> CanonicalState:
-        """Inverse of ``to_dict``; ``extra`` is optional. ValueError on unknown or missing fields."""
-        names = {key.lower() for key in FIELD_KEYS}
-        unknown = sorted(set(data) - names - {"extra"})
-        missing = sorted(names - set(data))
-        if unknown or missing:
-            raise ValueError(f"canonical state fields: unknown {unknown}, missing {missing}")
-        related = data["related_prs"]
-        if not isinstance(related, list | tuple):
-            raise ValueError("related_prs must be a list of PR numbers")
-        extra = data.get("extra", {})
-        if not isinstance(extra, Mapping):
-            raise ValueError("extra must be an object of KEY: value")
-        return cls(
-            **{name: data[name] for name in names if name != "related_prs"},
-            related_prs=tuple(related),
-            extra=tuple((str(k), v) for k, v in extra.items()),
-        )
-
-
-@dataclass(frozen=True, slots=True)
-class ParseError:
-    """A structured reason a block is not valid. ``line`` is 1-based in the original comment."""
-
-    code: ParseErrorCode
-    line: int
-    key: str | None
-    message: str
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"code": self.code, "line": self.line, "key": self.key, "message": self.message}
-
-
-@dataclass(frozen=True, slots=True)
-class BlockResult:
-    """One block found in a comment: where it is and either its state or its errors (never both)."""
-
-    start_line: int  # the heading line, 1-based
-    end_line: int  # the last line that belongs to the block, 1-based
-    state: CanonicalState | None
-    errors: tuple[ParseError, ...]
-
-    @property
-    def ok(self) -> bool:
-        return self.state is not None
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "start_line": self.start_line,
-            "end_line": self.end_line,
-            "valid": self.ok,
-            "state": None if self.state is None else self.state.to_dict(),
-            "errors": [error.to_dict() for error in self.errors],
-        }
-
-
-@dataclass(frozen=True, slots=True)
-class ParseResult:
-    """Every block of a comment, in order. The last block counts."""
-
-    blocks: tuple[BlockResult, ...]
-    #: Set when the comment was not read at all (``comment_too_long``): then there are no blocks.
-    refused: ParseError | None = None
-
-    @property
-    def block_count(self) -> int:
-        return len(self.blocks)
-
-    @property
-    def current_block(self) -> BlockResult | None:
-        """The block that counts (the last one), valid or not; None when the comment has none."""
-        return self.blocks[-1] if self.blocks else None
-
-    @property
-    def current(self) -> CanonicalState | None:
-        """The state of the block that counts; None if there is no block or the last one is invalid."""
-        block = self.current_block
-        return None if block is None else block.state
-
-    @property
-    def errors(self) -> tuple[ParseError, ...]:
-        """The errors of every block, in line order (an earlier invalid block is still reported)."""
-        found = tuple(error for block in self.blocks for error in block.errors)
-        return found if self.refused is None else (self.refused, *found)
-
-    def to_dict(self) -> dict[str, Any]:
-        current = self.current
-        return {
-            "block_count": self.block_count,
-            "current_index": self.block_count - 1 if self.blocks else None,
-            "current": None if current is None else current.to_dict(),
-            "blocks": [block.to_dict() for block in self.blocks],
-            "errors": [error.to_dict() for error in self.errors],
-        }
-
-
-# --------------------------------------------------------------------------- rendering
-
-
-def render(state: CanonicalState) -> str:
-    """The block as Markdown source, the seed's form: ``##`` heading, NEXT_PROMPT in a ``text`` fence.
-
-    Deterministic; the fence is one backtick longer than the longest backtick run in the prompt
-    (at least three), so no prompt line can close it. Unknown keys follow the ten known ones.
-    """
-    fence = "`" * max(3, _longest_run(state.next_prompt, "`") + 1)
-    related = ", ".join(f"#{number}" for number in state.related_prs) if state.related_prs else "none"
-    lines = [
-        f"## {HEADING_TEXT}",
-        "",
-        f"STATE: {state.state}",
-        f"WHO_IS_NEXT: {state.who_is_next}",
-        f"NEXT_ACTION: {state.next_action}",
-        "NEXT_PROMPT:",
-        f"{fence}text",
-        *([state.next_prompt] if state.next_prompt else []),
-        fence,
-        f"WHAT_HAPPENED: {state.what_happened}",
-        f"WHY: {state.why}",
-        f"RELATED_PRS: {related}",
-        f"BLOCKERS: {state.blockers}",
-        f"VALIDATION: {state.validation}",
-        f"LAST_UPDATED_BY: {state.last_updated_by}",
-        *(f"{key}: {value}" if value else f"{key}:" for key, value in state.extra),
-    ]
-    return "\n".join(lines) + "\n"
-
-
-# --------------------------------------------------------------------------- parsing
 
 
 def parse_comment(body: str) -> ParseResult:
@@ -570,7 +306,7 @@ def _read_prompt(lines: list[str], at: int, inline: str) -> tuple[str, int, int,
 
 def _check_values(values: Mapping[str, tuple[str, int]]) -> list[ParseError]:
     errors: list[ParseError] = []
-    for key in ("STATE", "WHO_IS_NEXT", "RELATED_PRS", *_TEXT_KEYS):
+    for key in ("STATE", "WHO_IS_NEXT", "RELATED_PRS", *TEXT_KEYS):
         if key in values and not values[key][0]:
             errors.append(
                 ParseError(
@@ -588,7 +324,7 @@ def _check_values(values: Mapping[str, tuple[str, int]]) -> list[ParseError]:
                     "unknown_state",
                     line_no,
                     "STATE",
-                    f"STATE {value!r} is not one of {_allowed_states()}{_case_hint(value, _allowed_states())}",
+                    f"STATE {value!r} is not one of {allowed_states()}{_case_hint(value, allowed_states())}",
                 )
             )
     if "WHO_IS_NEXT" in values and values["WHO_IS_NEXT"][0]:
@@ -599,7 +335,7 @@ def _check_values(values: Mapping[str, tuple[str, int]]) -> list[ParseError]:
                     "unknown_role",
                     line_no,
                     "WHO_IS_NEXT",
-                    f"WHO_IS_NEXT {value!r} is not one of {_allowed_roles()}{_case_hint(value, _allowed_roles())}",
+                    f"WHO_IS_NEXT {value!r} is not one of {allowed_roles()}{_case_hint(value, allowed_roles())}",
                 )
             )
     if "RELATED_PRS" in values and values["RELATED_PRS"][0]:
@@ -622,30 +358,12 @@ def _parse_related_prs(value: str) -> tuple[int, ...] | str:
         if match is None:
             return f"RELATED_PRS item {item!r} is not a PR number; write `#12, #13` (PRs of this repository) or `none`"
         number = int(match.group(1))
-        if not 0 < number <= _MAX_PR_NUMBER:
+        if not 0 < number <= MAX_PR_NUMBER:
             return f"RELATED_PRS item {item!r} is not a valid PR number"
         if number in numbers:
             return f"RELATED_PRS lists #{number} twice"
         numbers.append(number)
     return tuple(numbers)
-
-
-# --------------------------------------------------------------------------- helpers
-
-
-def _check_line(key: str, value: str) -> None:
-    if not isinstance(value, str) or "\n" in value or "\r" in value or value != value.strip():
-        raise ValueError(f"{key} must be one stripped line of text, got {value!r}")
-
-
-def _check_prompt(value: str) -> None:
-    if not isinstance(value, str) or "\r" in value:
-        raise ValueError("NEXT_PROMPT must be text with \\n line breaks")
-    lines = value.split("\n")
-    if any(line != line.rstrip() for line in lines) or (value and (not lines[0] or not lines[-1])):
-        raise ValueError(
-            "NEXT_PROMPT lines carry no trailing whitespace and the prompt has no leading or trailing blank line"
-        )
 
 
 def _trim_blank(content: list[str]) -> str:
@@ -660,23 +378,6 @@ def _trim_blank(content: list[str]) -> str:
 def _dedent(line: str, indent: int) -> str:
     body = line.lstrip(" ")
     return line[min(indent, len(line) - len(body)) :]
-
-
-def _longest_run(text: str, char: str) -> int:
-    longest = current = 0
-    for c in text:
-        current = current + 1 if c == char else 0
-        longest = max(longest, current)
-    return longest
-
-
-def _allowed_states() -> str:
-    return ", ".join(row.state for row in STATES)
-
-
-def _allowed_roles() -> str:
-    return ", ".join(row.role for row in ROLES)
-
 
 def _case_hint(value: str, allowed: str) -> str:
     for candidate in allowed.split(", "):

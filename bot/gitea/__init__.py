@@ -1,0 +1,42 @@
+"""The Gitea REST client: its errors, its values and the client itself."""
+
+from bot.gitea.client import MAX_PAGE_SIZE, GiteaClient, IssueState, IssueType, client_for
+from bot.gitea.errors import (
+    GiteaConflict,
+    GiteaError,
+    GiteaForbidden,
+    GiteaInvalid,
+    GiteaIssueGone,
+    GiteaNotFound,
+    GiteaUnassignable,
+    GiteaUnavailable,
+    refusal_text,
+)
+from bot.gitea.transport import next_page
+from bot.gitea.values import Branch, Comment, Hook, Issue, Label, Repository, Team, User
+
+__all__ = [
+    "MAX_PAGE_SIZE",
+    "Branch",
+    "Comment",
+    "GiteaClient",
+    "GiteaConflict",
+    "GiteaError",
+    "GiteaForbidden",
+    "GiteaInvalid",
+    "GiteaIssueGone",
+    "GiteaNotFound",
+    "GiteaUnassignable",
+    "GiteaUnavailable",
+    "Hook",
+    "Issue",
+    "IssueState",
+    "IssueType",
+    "Label",
+    "Repository",
+    "Team",
+    "User",
+    "client_for",
+    "next_page",
+    "refusal_text",
+]
