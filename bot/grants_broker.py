@@ -37,6 +37,7 @@ from typing import Any, Protocol
 import aiosqlite
 
 from bot.config import Settings
+from bot.core.digest import canonical_json, digest
 from bot.core.errors import Envelope, EnvelopeError, ErrorKind
 from bot.core.evidence import render_evidence
 from bot.core.grants import (
@@ -54,10 +55,8 @@ from bot.core.grants import (
     abort,
     admit,
     broker_refusal,
-    canonical_json,
     compile_grant,
     complete,
-    digest,
     mark_inert,
     reconcile,
     refusal,
