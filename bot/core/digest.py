@@ -62,3 +62,13 @@ def _freeze(plain: Any) -> Any:
     if isinstance(plain, list):
         return tuple(_freeze(v) for v in plain)
     return plain
+
+
+def fingerprint_digest(value: object) -> str:
+    """Bare SHA-256 hex over the canonical JSON with every non-ASCII character escaped (``"\\u00e9"``).
+
+    The allocator's fingerprint form: dry runs hand it out and callers pin it on apply, so pinned values made by
+    an earlier version still match; never change it (a change makes every outstanding pin ``stale_pin``).
+    """
+    text = json.dumps(canonicalize(value), sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False)
+    return hashlib.sha256(text.encode("ascii")).hexdigest()
