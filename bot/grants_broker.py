@@ -41,9 +41,10 @@ from bot.core.digest import canonical_json, digest
 from bot.core.errors import Envelope, EnvelopeError, ErrorKind
 from bot.core.evidence import render_evidence
 from bot.core.grants import (
+    BoundWorktree,
     Category,
-    Effect,
     Grant,
+    GrantEffect,
     Pins,
     PolicyTemplate,
     ProposedCall,
@@ -51,7 +52,6 @@ from bot.core.grants import (
     RunState,
     TemplateError,
     Verdict,
-    WorktreeFacts,
     abort,
     admit,
     broker_refusal,
@@ -145,12 +145,12 @@ def registration_uuid(registration: Registration) -> str:
     return str(uuid.uuid5(WORKTREE_NAMESPACE, key))
 
 
-async def registered_worktree(db: Database, repo: str, issue_number: int) -> tuple[WorktreeFacts, Registration] | None:
+async def registered_worktree(db: Database, repo: str, issue_number: int) -> tuple[BoundWorktree, Registration] | None:
     """The issue's live worktree registration (bootstrap journal) as grant facts, or None."""
     registration = await JournalStore(db).live_registration(repo, issue_number)
     if registration is None:
         return None
-    facts = WorktreeFacts(
+    facts = BoundWorktree(
         path=registration.worktree_path, uuid=registration_uuid(registration), branch=registration.branch
     )
     return facts, registration
@@ -313,7 +313,7 @@ class Admission:
     reason: str
     call_id: str | None = None
     position: int | None = None
-    effect: Effect | None = None
+    effect: GrantEffect | None = None
     category: Category | None = None
     arguments_json: str | None = None
     worktree_uuid: str | None = None

@@ -132,7 +132,7 @@ def _compile(template: dict[str, Any], *, uuid: str = BOUND, host: str = HOST_A)
         role="author",
         action="implement",
         lease_id="lease-1",
-        worktree=g.WorktreeFacts(path="/co/branches/issue-8-x", uuid=uuid, branch="issue-8-x"),
+        worktree=g.BoundWorktree(path="/co/branches/issue-8-x", uuid=uuid, branch="issue-8-x"),
     )
     tpl = g.PolicyTemplate.from_mapping("author.implement", template)
     return g.compile_grant(tpl, facts, run_id=f"run-{uuid_mod.uuid4().hex}", host_id=host, now=NOW)

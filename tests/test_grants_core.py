@@ -39,7 +39,7 @@ def facts(**overrides: Any) -> g.RunFacts:
         "role": "author",
         "action": "implement",
         "lease_id": "lease-1",
-        "worktree": g.WorktreeFacts(path="/co/branches/issue-8-x", uuid=UUID, branch="issue-8-x"),
+        "worktree": g.BoundWorktree(path="/co/branches/issue-8-x", uuid=UUID, branch="issue-8-x"),
     }
     base.update(overrides)
     return g.RunFacts(**base)

@@ -12,8 +12,9 @@ from bot.core.digest import digest
 
 BROKER_PROTOCOL: Final = "foreman-grants/1"
 
-Effect = Literal["read", "plan_only", "mutate", "teardown"]
-EFFECTS: Final[tuple[Effect, ...]] = get_args(Effect)
+#: How a grant entry uses its tool; the verb table's ``Effect`` says only whether the verb reads or mutates.
+GrantEffect = Literal["read", "plan_only", "mutate", "teardown"]
+GRANT_EFFECTS: Final[tuple[GrantEffect, ...]] = get_args(GrantEffect)
 
 PLACEHOLDERS: Final[tuple[str, ...]] = ("issue", "branch", "worktree", "owner")
 
@@ -80,7 +81,7 @@ class ToolContract:
     """
 
     tool: str
-    effects: frozenset[Effect]
+    effects: frozenset[GrantEffect]
     args: Mapping[str, ArgSpec]
     plan_only_requires: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
 
@@ -111,7 +112,7 @@ class ToolContract:
 
 
 def _tool(
-    name: str, effects: set[Effect], args: dict[str, ArgSpec], plan_only_requires: dict[str, Any] | None = None
+    name: str, effects: set[GrantEffect], args: dict[str, ArgSpec], plan_only_requires: dict[str, Any] | None = None
 ) -> ToolContract:
     return ToolContract(
         tool=name,
@@ -173,7 +174,7 @@ def contract_document() -> dict[str, Any]:
     """What the contract digest covers: the protocol, the effect vocabulary and every tool's closed schema."""
     return {
         "protocol": BROKER_PROTOCOL,
-        "effects": list(EFFECTS),
+        "effects": list(GRANT_EFFECTS),
         "placeholders": list(PLACEHOLDERS),
         "tools": {name: t.contract() for name, t in sorted(TOOL_CONTRACTS.items())},
     }

@@ -11,7 +11,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, Final
 
 from bot.core.digest import CanonicalError, canonical_json, digest
-from bot.core.grants.contracts import BROKER_PROTOCOL, CONTRACT_DIGEST, TOOL_CONTRACTS, Effect
+from bot.core.grants.contracts import BROKER_PROTOCOL, CONTRACT_DIGEST, TOOL_CONTRACTS, GrantEffect
 from bot.core.grants.templates import PolicyTemplate, TemplateError, call_problems, check_template, fill_placeholders
 
 
@@ -27,8 +27,8 @@ def parse_time(text: str) -> datetime:
 
 
 @dataclass(frozen=True, slots=True)
-class WorktreeFacts:
-    """The worktree a run is bound to, as the bootstrap registered it."""
+class BoundWorktree:
+    """The worktree a run is bound to, as the bootstrap registered it (its UUID derived from the registration)."""
 
     path: str
     uuid: str
@@ -45,7 +45,7 @@ class RunFacts:
     role: str
     action: str
     lease_id: str
-    worktree: WorktreeFacts
+    worktree: BoundWorktree
 
     def placeholders(self) -> dict[str, Any]:
         return {
@@ -62,7 +62,7 @@ class GrantCall:
 
     position: int
     tool: str
-    effect: Effect
+    effect: GrantEffect
     arguments_json: str
 
     @property
@@ -104,7 +104,7 @@ class Grant:
     policy_digest: str
     contract_digest: str
     host_id: str
-    worktree: WorktreeFacts
+    worktree: BoundWorktree
     issued_at: datetime
     expires_at: datetime
     calls: tuple[GrantCall, ...]
@@ -173,7 +173,7 @@ class Grant:
                 policy_digest=doc["policy"]["digest"],
                 contract_digest=doc["contract_digest"],
                 host_id=doc["host_id"],
-                worktree=WorktreeFacts(path=worktree["path"], uuid=worktree["uuid"], branch=worktree["branch"]),
+                worktree=BoundWorktree(path=worktree["path"], uuid=worktree["uuid"], branch=worktree["branch"]),
                 issued_at=parse_time(doc["issued_at"]),
                 expires_at=parse_time(doc["expires_at"]),
                 calls=calls,
@@ -268,7 +268,7 @@ _BODY_FIELDS: Final = (
 
 def _body_of(fields: Mapping[str, Any]) -> dict[str, Any]:
     # One function for a grant's body, used before the grant exists (to seal it) and after (to check it).
-    worktree: WorktreeFacts = fields["worktree"]
+    worktree: BoundWorktree = fields["worktree"]
     calls: tuple[GrantCall, ...] = fields["calls"]
     return {
         "protocol": BROKER_PROTOCOL,

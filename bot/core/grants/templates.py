@@ -11,7 +11,7 @@ from typing import Any, Final
 
 from bot.core.digest import CanonicalError, canonical_json, digest
 from bot.core.gateway import ROLES
-from bot.core.grants.contracts import EFFECTS, PLACEHOLDERS, TOOL_CONTRACTS, Effect, ToolContract
+from bot.core.grants.contracts import GRANT_EFFECTS, PLACEHOLDERS, TOOL_CONTRACTS, GrantEffect, ToolContract
 
 
 class TemplateError(ValueError):
@@ -31,7 +31,7 @@ class TemplateCall:
     """One templated call: its arguments are canonical JSON text that may hold ``{placeholder}`` strings."""
 
     tool: str
-    effect: Effect
+    effect: GrantEffect
     args_json: str
 
     def to_dict(self) -> dict[str, Any]:
@@ -75,8 +75,8 @@ class PolicyTemplate:
             if not isinstance(tool, str):
                 problems.append((f"{where}.tool", "expected a tool name"))
                 continue
-            if effect not in EFFECTS:
-                problems.append((f"{where}.effect", f"expected one of {', '.join(EFFECTS)}"))
+            if effect not in GRANT_EFFECTS:
+                problems.append((f"{where}.effect", f"expected one of {', '.join(GRANT_EFFECTS)}"))
                 continue
             if not isinstance(args, Mapping):
                 problems.append((f"{where}.args", "expected a table of arguments"))
