@@ -36,7 +36,8 @@ from bot.config import Settings
 from bot.core.errors import Envelope
 from bot.core.grants import Grant, broker_refusal
 from bot.core.verbs import TOOLS, VERBS, Verb
-from bot.grants_broker import Broker, is_run_token
+from bot.verbs.runs.broker import Broker
+from bot.verbs.runs.start import is_run_token
 from bot.verbs_runtime import BootstrapFactory, Caller, VerbResult, VerbRuntime, caller_for, refused
 from state.db import Database
 from state.grants import GrantStore

@@ -216,7 +216,8 @@ async def test_run_grants_show_every_admission_decision_and_no_token(tmp_path: P
     import uuid as uuid_mod
 
     from bot.core import grants as g
-    from bot.grants_broker import Broker, token_digest
+    from bot.verbs.runs.broker import Broker
+    from bot.verbs.runs.start import token_digest
     from state.grants import GrantStore
     from tests.test_grants_core import TEMPLATE
 

@@ -18,15 +18,9 @@ import pytest
 from bot.cli import main
 from bot.config import ConfigError, load_settings
 from bot.core import grants as g
-from bot.grants_broker import (
-    Admission,
-    Broker,
-    Completion,
-    host_identity,
-    run_teardown,
-    start_run,
-    token_digest,
-)
+from bot.verbs.runs.broker import Admission, Broker, Completion
+from bot.verbs.runs.inspect import run_teardown
+from bot.verbs.runs.start import host_identity, start_run, token_digest
 from state.db import Database
 from state.grants import GrantConflict, GrantStore, WorkloadFailed
 from state.journal import JournalStore, NewTransition
