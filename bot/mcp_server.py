@@ -145,7 +145,7 @@ def result_of(doc: dict[str, Any], *, is_error: bool) -> types.CallToolResult:
 
 #: Runs the verb with the given arguments (through the gateway); what an ``Around`` hook wraps.
 RunVerb = Callable[[dict[str, Any]], Awaitable[VerbResult]]
-#: A hook around every tool call (a run broker, issue 8): gets the tool name, the arguments as sent and the
+#: A hook around every tool call (a run broker): gets the tool name, the arguments as sent and the
 #: verb runner; returns the document to answer with and whether it is an error. It may refuse without
 #: running the verb, or run it with other arguments.
 Around = Callable[[str, dict[str, Any], RunVerb], Awaitable[tuple[dict[str, Any], bool]]]
@@ -210,7 +210,7 @@ def build_server(
     )
 
 
-# --------------------------------------------------------------------------- sessions bound to a run (issue 8)
+# --- sessions bound to a run ------------------------------------------------------------------------------------------
 
 #: How long a cancelled call may take to record the run's abort (it is shielded from the cancellation).
 ABORT_TIMEOUT_S = 10.0
@@ -372,7 +372,7 @@ async def serve_stdio(settings: Settings, caller: Caller | None = None, *, run_t
     return 0
 
 
-# --------------------------------------------------------------------------- stdin lines the SDK cannot parse
+# --- stdin lines the SDK cannot parse ---------------------------------------------------------------------------------
 
 #: ``_meta`` key of a tool call whose arguments the SDK's JSON parser refused; its value says why.
 UNREADABLE_META = "foreman/unreadable_arguments"

@@ -107,3 +107,16 @@ def test_a_grant_sealed_before_the_shared_module_still_verifies_and_round_trips(
     assert grant.digest == "sha256:8ee3d18d7471f6529e4f01f93275bae4890307f9304340a9311ca66f878832d8"
     assert digest(grant.body()) == grant.digest
     assert grant.canonical() == _STORED_GRANT
+
+
+def test_values_without_a_canonical_utf8_text_are_refused_as_canonical_errors() -> None:
+    """A lone surrogate and an integer too long to print have no canonical text: CanonicalError (which callers
+    handle), never a UnicodeEncodeError or ValueError from deep inside json (the broker's snapshot of a call)."""
+    for bad in ({"s": "\ud800"}, {"\udfff": 1}, {"n": 10**5000}, [-(10**5000)]):
+        with pytest.raises(CanonicalError):
+            canonical_json(bad)
+        with pytest.raises(CanonicalError):
+            digest(bad)
+    with pytest.raises(CanonicalError):
+        fingerprint_digest({"n": 10**5000})
+    assert fingerprint_digest({"s": "\ud800"}) == hashlib.sha256(b'{"s":"\\ud800"}').hexdigest()  # as before

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from bot.core import grants as g
 from bot.core.digest import digest
+from tests.test_verbs_table import VALID_STATE
 
 NOW = datetime(2026, 7, 1, 12, 0, 0, tzinfo=UTC)
 RUN_ID = "run-" + "0" * 32
@@ -254,7 +255,8 @@ _ENTRIES = [
     ("gitea_get_issue_state", "read", {"issue_number": "{issue}"}),
     ("gitea_heartbeat_lease", "mutate", {"issue_number": "{issue}"}),
     ("gitea_get_runtime_context", "plan_only", {}),
-    ("gitea_post_issue_state", "mutate", {"issue_number": "{issue}", "state": {"state": "in_progress"}}),
+    # A whole Canonical Issue State: the verb table's schema is the grants' too.
+    ("gitea_post_issue_state", "mutate", {"issue_number": "{issue}", "state": VALID_STATE}),
     ("gitea_release_lease", "mutate", {"issue_number": "{issue}", "reason": "step"}),
 ]
 _TEARDOWN = ("gitea_release_lease", "teardown", {"issue_number": "{issue}", "reason": "done"})

@@ -40,9 +40,23 @@ def canonicalize(value: object, *, where: str = "$") -> Any:
     raise CanonicalError(f"{where}: {type(value).__name__} is not JSON")
 
 
+def _dumps(value: object, *, ensure_ascii: bool) -> str:
+    plain = canonicalize(value)
+    try:
+        return json.dumps(plain, sort_keys=True, separators=(",", ":"), ensure_ascii=ensure_ascii, allow_nan=False)
+    except ValueError as exc:  # an integer too long to print (more than sys.get_int_max_str_digits() digits)
+        raise CanonicalError(f"$: {exc}") from None
+
+
 def canonical_json(value: object) -> str:
     """Sorted keys, no whitespace, UTF-8 text as is: equal values give equal text (and equal digests)."""
-    return json.dumps(canonicalize(value), sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    text = _dumps(value, ensure_ascii=False)
+    if not text.isascii():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            raise CanonicalError("$: a string holds a lone surrogate, which UTF-8 cannot encode") from None
+    return text
 
 
 def digest(value: object) -> str:
@@ -70,5 +84,4 @@ def fingerprint_digest(value: object) -> str:
     The allocator's fingerprint form: dry runs hand it out and callers pin it on apply, so pinned values made by
     an earlier version still match; never change it (a change makes every outstanding pin ``stale_pin``).
     """
-    text = json.dumps(canonicalize(value), sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False)
-    return hashlib.sha256(text.encode("ascii")).hexdigest()
+    return hashlib.sha256(_dumps(value, ensure_ascii=True).encode("ascii")).hexdigest()

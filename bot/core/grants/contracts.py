@@ -1,14 +1,15 @@
-"""The grants' vocabulary and the tools' closed argument schemas, with the contract digest a grant pins."""
+"""The grants' vocabulary and what a grant may say about each tool of the verb table, with the contract digest."""
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Final, Literal, get_args
 
-from bot.core.digest import digest
+from bot.core.digest import canonical_json, digest
+from bot.core.verb_params import Param
+from bot.core.verbs import VERBS, Verb
 
 BROKER_PROTOCOL: Final = "foreman-grants/1"
 
@@ -18,63 +19,40 @@ GRANT_EFFECTS: Final[tuple[GrantEffect, ...]] = get_args(GrantEffect)
 
 PLACEHOLDERS: Final[tuple[str, ...]] = ("issue", "branch", "worktree", "owner")
 
-ArgKind = Literal[
-    "issue_number", "issue_numbers", "boolean", "login", "text", "sha", "key", "choice", "object", "candidates"
-]
+#: What a grant may do with each tool the verb table offers: the effects its entries may carry, and the arguments
+#: (with exactly these values) a ``plan_only`` entry of a mutating tool must carry to be a plan only. The arguments
+#: themselves are the verb table's: a grant seals only values the gateway accepts.
+_GRANT_USES: Final[Mapping[str, tuple[frozenset[GrantEffect], Mapping[str, Any]]]] = MappingProxyType(
+    {
+        "allocate_next_work": (frozenset({"plan_only", "mutate"}), MappingProxyType({"dry_run": True})),
+        "bootstrap_issue_worktree": (frozenset({"mutate"}), MappingProxyType({})),
+        "lock_issue": (frozenset({"mutate"}), MappingProxyType({})),
+        "heartbeat_lease": (frozenset({"mutate"}), MappingProxyType({})),
+        "release_lease": (frozenset({"mutate", "teardown"}), MappingProxyType({})),
+        "get_issue_state": (frozenset({"read", "plan_only"}), MappingProxyType({})),
+        "post_issue_state": (frozenset({"mutate"}), MappingProxyType({})),
+        "get_runtime_context": (frozenset({"read", "plan_only"}), MappingProxyType({})),
+    }
+)
 
-_LOGIN_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,39}")
-_SHA_RE = re.compile(r"[0-9a-f]{40}(?:[0-9a-f]{24})?")
-_KEY_RE = re.compile(r"[A-Za-z0-9._:/-]{1,200}")
 
-
-@dataclass(frozen=True, slots=True)
-class ArgSpec:
-    """One argument of a tool: how its value is typed, and whether it must be present."""
-
-    kind: ArgKind
-    required: bool = False
-    choices: tuple[str, ...] = ()
-    max_length: int = 200
-
-    def problem(self, value: object) -> str | None:
-        """Why ``value`` does not fit, or None. ``null`` never fits: an argument is present or absent."""
-        kind = self.kind
-        if kind == "issue_number":
-            return None if type(value) is int and value > 0 else "expected a positive integer"
-        if kind == "issue_numbers":
-            ok = isinstance(value, list) and all(type(v) is int and v > 0 for v in value)
-            return None if ok else "expected an array of positive integers"
-        if kind == "boolean":
-            return None if isinstance(value, bool) else "expected true or false"
-        if kind == "object":
-            return None if isinstance(value, dict) else "expected an object"
-        if kind == "candidates":
-            return None if isinstance(value, list | dict | str) else "expected candidate records"
-        if not isinstance(value, str):
-            return "expected a string"
-        if kind == "login":
-            return None if _LOGIN_RE.fullmatch(value) else "expected a Gitea login"
-        if kind == "text":
-            ok = bool(value.strip()) and len(value) <= self.max_length and "\n" not in value
-            return None if ok else f"expected one line of 1 to {self.max_length} characters"
-        if kind == "sha":
-            return None if _SHA_RE.fullmatch(value) else "expected a full lower-case commit SHA"
-        if kind == "key":
-            return None if _KEY_RE.fullmatch(value) else "expected 1-200 characters of [A-Za-z0-9._:/-]"
-        return None if value in self.choices else f"expected one of {', '.join(self.choices)}"
-
-    def contract(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"kind": self.kind, "required": self.required}
-        if self.choices:
-            out["choices"] = list(self.choices)
-        if self.kind == "text":
-            out["max_length"] = self.max_length
-        return out
+def sealed_value_problem(param: Param, value: object) -> str | None:
+    """Why a grant cannot pin ``value`` for ``param``, or None: the gateway's own check (:meth:`Param.accept`),
+    plus two rules of an exact plan. ``null`` is not a value (an argument is pinned or left out), and the value
+    must be the one the tool receives (``1.0`` would reach it as ``1``, so the grant could never be matched)."""
+    if value is None:
+        return "expected a value, not null: a grant leaves an argument it does not pin out"
+    accepted, problem = param.accept(value)
+    if problem is not None:
+        return problem
+    if not isinstance(value, str) and canonical_json(accepted) != canonical_json(value):
+        return "a grant pins the exact value the tool receives: write whole numbers without a fraction"
+    return None
 
 
 @dataclass(frozen=True, slots=True)
 class ToolContract:
-    """What a grant may say about one MCP tool: the effects it may carry and its closed argument schema.
+    """What a grant may say about one MCP tool: the effects it may carry and the verb's arguments (closed).
 
     ``plan_only_requires``: arguments a ``plan_only`` entry must carry with exactly these values (an allocation
     is a plan only while it is a dry run). ``issue_scoped``: its ``issue_number`` must be the run's issue.
@@ -82,7 +60,7 @@ class ToolContract:
 
     tool: str
     effects: frozenset[GrantEffect]
-    args: Mapping[str, ArgSpec]
+    args: Mapping[str, Param]
     plan_only_requires: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
 
     @property
@@ -90,15 +68,15 @@ class ToolContract:
         return "issue_number" in self.args
 
     def check(self, arguments: Mapping[str, Any]) -> list[str]:
-        """Every problem of ``arguments`` against the closed schema (unknown names included), in name order."""
+        """Every problem of ``arguments`` against the verb's arguments (unknown names included), in name order."""
         problems = [f"{name}: unknown argument" for name in sorted(arguments) if name not in self.args]
         for name in sorted(self.args):
-            spec = self.args[name]
+            param = self.args[name]
             if name not in arguments:
-                if spec.required:
+                if param.required:
                     problems.append(f"{name}: required")
                 continue
-            problem = spec.problem(arguments[name])
+            problem = sealed_value_problem(param, arguments[name])
             if problem is not None:
                 problems.append(f"{name}: {problem}")
         return problems
@@ -106,72 +84,56 @@ class ToolContract:
     def contract(self) -> dict[str, Any]:
         return {
             "effects": sorted(self.effects),
-            "args": {name: spec.contract() for name, spec in sorted(self.args.items())},
+            "args": {
+                name: {"required": param.required, "schema": _without_descriptions(param.schema())}
+                for name, param in sorted(self.args.items())
+            },
             "plan_only_requires": dict(self.plan_only_requires),
         }
 
 
-def _tool(
-    name: str, effects: set[GrantEffect], args: dict[str, ArgSpec], plan_only_requires: dict[str, Any] | None = None
-) -> ToolContract:
-    return ToolContract(
-        tool=name,
-        effects=frozenset(effects),
-        args=MappingProxyType(args),
-        plan_only_requires=MappingProxyType(plan_only_requires or {}),
+def _without_descriptions(schema: Any) -> Any:
+    # A reworded description changes no verdict, so it must not change the contract digest (and end every run).
+    if isinstance(schema, dict):
+        kept = {k: v for k, v in schema.items() if not (k == "description" and isinstance(v, str))}
+        return {k: _without_descriptions(v) for k, v in kept.items()}
+    if isinstance(schema, list):
+        return [_without_descriptions(v) for v in schema]
+    return schema
+
+
+def _contract(verb: Verb) -> ToolContract:
+    effects, plan_only_requires = _GRANT_USES[verb.name]
+    contract = ToolContract(
+        tool=verb.tool,
+        effects=effects,
+        args=MappingProxyType({p.name: p for p in verb.params}),
+        plan_only_requires=plan_only_requires,
     )
+    allowed: set[GrantEffect] = {"read", "plan_only"} if verb.effect == "read" else {"plan_only", "mutate", "teardown"}
+    if not effects <= allowed:
+        raise ValueError(f"{verb.tool}: a {verb.effect} verb cannot be {', '.join(sorted(effects - allowed))}")
+    if verb.effect == "mutate" and "plan_only" in effects and not plan_only_requires:
+        raise ValueError(f"{verb.tool}: a mutating tool is a plan only with the arguments that make it one")
+    problems = contract.check(plan_only_requires) if plan_only_requires else []
+    if [p for p in problems if not p.endswith(": required")]:
+        raise ValueError(f"{verb.tool}: plan_only_requires: {'; '.join(problems)}")
+    return contract
 
 
-_ISSUE = ArgSpec("issue_number", required=True)
+def _contracts() -> Mapping[str, ToolContract]:
+    offered = [verb for verb in VERBS.values() if verb.executable]
+    if {verb.name for verb in offered} != set(_GRANT_USES):
+        raise ValueError("every tool the verb table offers needs its grant use, and only those")
+    return MappingProxyType({verb.tool: _contract(verb) for verb in offered})
 
-#: One table: every MCP tool a grant may name, with its closed argument schema (names as DESIGN.md lists them).
-TOOL_CONTRACTS: Final[Mapping[str, ToolContract]] = MappingProxyType(
-    {
-        t.tool: t
-        for t in (
-            _tool(
-                "gitea_allocate_next_work",
-                {"plan_only", "mutate"},
-                {
-                    "owner": ArgSpec("login"),
-                    "action": ArgSpec("choice", choices=("implement", "review", "merge")),
-                    "candidates_json": ArgSpec("candidates"),
-                    "exclude_issue_numbers": ArgSpec("issue_numbers"),
-                    "dry_run": ArgSpec("boolean"),
-                    "expected_fingerprint": ArgSpec("text"),
-                },
-                plan_only_requires={"dry_run": True},
-            ),
-            _tool(
-                "gitea_bootstrap_issue_worktree",
-                {"mutate"},
-                {"issue_number": _ISSUE, "idempotency_key": ArgSpec("key"), "expected_base": ArgSpec("sha")},
-            ),
-            _tool("gitea_lock_issue", {"mutate"}, {"issue_number": _ISSUE}),
-            _tool("gitea_heartbeat_lease", {"mutate"}, {"issue_number": _ISSUE}),
-            _tool(
-                "gitea_release_lease",
-                {"mutate", "teardown"},
-                {"issue_number": _ISSUE, "reason": ArgSpec("text")},
-            ),
-            _tool("gitea_get_issue_state", {"read", "plan_only"}, {"issue_number": _ISSUE}),
-            _tool(
-                "gitea_post_issue_state",
-                {"mutate"},
-                {
-                    "issue_number": _ISSUE,
-                    "state": ArgSpec("object", required=True),
-                    "summary": ArgSpec("text", max_length=600),
-                },
-            ),
-            _tool("gitea_get_runtime_context", {"read", "plan_only"}, {}),
-        )
-    }
-)
+
+#: One table: every MCP tool a grant may name (the verb table's offered tools), with the verb's arguments.
+TOOL_CONTRACTS: Final[Mapping[str, ToolContract]] = _contracts()
 
 
 def contract_document() -> dict[str, Any]:
-    """What the contract digest covers: the protocol, the effect vocabulary and every tool's closed schema."""
+    """What the contract digest covers: the protocol, the effect vocabulary and every tool's arguments and effects."""
     return {
         "protocol": BROKER_PROTOCOL,
         "effects": list(GRANT_EFFECTS),
