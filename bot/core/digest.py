@@ -61,7 +61,12 @@ def canonical_json(value: object) -> str:
 
 def digest(value: object) -> str:
     """``sha256:<hex>`` over the canonical JSON of ``value``."""
-    return "sha256:" + hashlib.sha256(canonical_json(value).encode("utf-8")).hexdigest()
+    return text_digest(canonical_json(value))
+
+
+def text_digest(text: str) -> str:
+    """``sha256:<hex>`` over ``text`` as UTF-8 (canonical JSON already made text, or any other text)."""
+    return "sha256:" + hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
 def freeze(value: object) -> Any:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 from collections.abc import Mapping
@@ -10,7 +9,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, Final
 
-from bot.core.digest import CanonicalError, canonical_json, digest
+from bot.core.digest import CanonicalError, canonical_json, digest, text_digest
 from bot.core.grants.contracts import BROKER_PROTOCOL, CONTRACT_DIGEST, TOOL_CONTRACTS, GrantEffect
 from bot.core.grants.templates import PolicyTemplate, TemplateError, call_problems, check_template, fill_placeholders
 
@@ -67,7 +66,7 @@ class GrantCall:
 
     @property
     def arguments_digest(self) -> str:
-        return "sha256:" + hashlib.sha256(self.arguments_json.encode("utf-8")).hexdigest()
+        return text_digest(self.arguments_json)
 
     def arguments(self) -> dict[str, Any]:
         """A fresh copy of the compiled arguments (mutating it changes nothing in the grant)."""

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import uuid
@@ -14,7 +13,7 @@ from typing import Any
 import aiosqlite
 
 from bot.config import Settings
-from bot.core.digest import digest
+from bot.core.digest import digest, text_digest
 from bot.core.evidence import render_evidence
 from bot.core.grants import (
     Category,
@@ -152,7 +151,7 @@ def _result_digest(result: Mapping[str, Any] | None) -> str | None:
     try:
         return digest(result)
     except ValueError:
-        return "sha256:" + hashlib.sha256(repr(result).encode("utf-8")).hexdigest()
+        return text_digest(repr(result))
 
 
 
@@ -339,11 +338,7 @@ class Broker:
                 broker_id=self.broker_id,
                 now=now,
                 tool=proposed.tool,
-                arguments_digest=(
-                    "sha256:" + hashlib.sha256(proposed_text.encode("utf-8")).hexdigest()
-                    if proposed_text is not None
-                    else None
-                ),
+                arguments_digest=text_digest(proposed_text) if proposed_text is not None else None,
                 detail={"origin": "agent"}
                 if resolved == grant.worktree.uuid
                 else {"origin": "agent", "resolved_worktree": resolved},
