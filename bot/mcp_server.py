@@ -1,17 +1,4 @@
-"""`foreman mcp`: the verb table as MCP tools over stdio, for one identity named by FOREMAN_MCP_TOKEN.
-
-Built on the official SDK's low-level ``mcp.server.Server`` rather than ``MCPServer``: ``MCPServer`` derives a
-pydantic argument model from a function signature, which coerces (``true`` becomes ``1``, JSON text inside a
-string is decoded for any non-string field), drops unknown arguments silently and answers a validation
-failure with plain text. Here every tool publishes the schema the verb table declares, receives its
-arguments exactly as sent, and answers with structured content: the verb's result, or the error envelope
-(``is_error``), never a traceback. Every call goes through :class:`bot.verbs_runtime.VerbRuntime` (the gateway).
-
-A session started with a *run token* (``foreman run start``; docs/grants.md) is bound to that run: it serves the
-run's owner, offers only the grant's tools, and sends every call through the run's broker first
-(:func:`broker_around`): a denied call never reaches the gateway, an admitted one runs with the compiled arguments
-only, and its result is handed back only if the broker accepts it.
-"""
+"""`foreman mcp`: the verb table as MCP tools over stdio, for one identity named by FOREMAN_MCP_TOKEN."""
 
 from __future__ import annotations
 
