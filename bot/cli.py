@@ -320,8 +320,8 @@ def _default_owner(settings: Settings, action: str) -> str | None:
 def _cmd_mcp(settings: Settings, args: argparse.Namespace) -> int:
     """MCP over stdio for the identity of FOREMAN_MCP_TOKEN, or bound to the run of a run token (docs/grants.md);
     without a known token, refuse to start (exit 2)."""
-    from bot.grants_broker import is_run_token
     from bot.mcp_server import IdentityError, resolve_identity, serve_stdio, token_from_environment
+    from bot.verbs.runs.start import is_run_token
 
     token = token_from_environment()
     try:
@@ -453,7 +453,8 @@ def _cmd_checkout(settings: Settings, args: argparse.Namespace) -> int:
 def _cmd_run(settings: Settings, args: argparse.Namespace) -> int:
     """`run start` compiles and seals a grant; `run abort` / `run reconcile` are the operator's side of a run."""
     from bot.core.errors import EnvelopeError
-    from bot.grants_broker import Broker, host_identity, start_run
+    from bot.verbs.runs.broker import Broker
+    from bot.verbs.runs.start import host_identity, start_run
     from state.grants import GrantStore
 
     async def work(db: Database) -> int:
@@ -501,8 +502,8 @@ def _cmd_run(settings: Settings, args: argparse.Namespace) -> int:
         # The reserved teardown, run by the operator through the same gateway as the agent's calls, as the
         # run's owner (a run the agent abandoned is still torn down exactly once, with the compiled arguments).
         from bot.core.verbs import TOOLS
-        from bot.grants_broker import run_teardown
         from bot.mcp_server import open_runtime
+        from bot.verbs.runs.inspect import run_teardown
         from bot.verbs_runtime import caller_for
 
         grant = await broker.grant()
@@ -520,7 +521,7 @@ def _cmd_run(settings: Settings, args: argparse.Namespace) -> int:
 
 def _cmd_grants(settings: Settings, args: argparse.Namespace) -> int:
     """Sealed grants with their digests, run state and every admission decision (docs/grants.md)."""
-    from bot.grants_broker import inspect
+    from bot.verbs.runs.inspect import inspect
 
     async def work(db: Database) -> int:
         try:

@@ -21,7 +21,7 @@ from pydantic import (
     field_validator,
 )
 
-from bot.core.grants import TOOL_CONTRACTS, Effect, PolicyTemplate, TemplateError
+from bot.core.grants import TOOL_CONTRACTS, GrantEffect, PolicyTemplate, TemplateError
 from bot.core.jsontext import JSONTextError, strict_loads
 from bot.core.vocabulary import MAX_ISSUE_NUMBER
 
@@ -290,7 +290,7 @@ class GrantCallConfig(_Section):
     """One call of a run-grant policy template (DESIGN.md section 3, "Run grants")."""
 
     tool: str
-    effect: Effect
+    effect: GrantEffect
     args: dict[str, Any] = Field(default_factory=dict)
 
     @field_validator("tool")

@@ -1,17 +1,4 @@
-"""`foreman mcp`: the verb table as MCP tools over stdio, for one identity named by FOREMAN_MCP_TOKEN.
-
-Built on the official SDK's low-level ``mcp.server.Server`` rather than ``MCPServer``: ``MCPServer`` derives a
-pydantic argument model from a function signature, which coerces (``true`` becomes ``1``, JSON text inside a
-string is decoded for any non-string field), drops unknown arguments silently and answers a validation
-failure with plain text. Here every tool publishes the schema the verb table declares, receives its
-arguments exactly as sent, and answers with structured content: the verb's result, or the error envelope
-(``is_error``), never a traceback. Every call goes through :class:`bot.verbs_runtime.VerbRuntime` (the gateway).
-
-A session started with a *run token* (``foreman run start``; docs/grants.md) is bound to that run: it serves the
-run's owner, offers only the grant's tools, and sends every call through the run's broker first
-(:func:`broker_around`): a denied call never reaches the gateway, an admitted one runs with the compiled arguments
-only, and its result is handed back only if the broker accepts it.
-"""
+"""`foreman mcp`: the verb table as MCP tools over stdio, for one identity named by FOREMAN_MCP_TOKEN."""
 
 from __future__ import annotations
 
@@ -36,7 +23,8 @@ from bot.config import Settings
 from bot.core.errors import Envelope
 from bot.core.grants import Grant, broker_refusal
 from bot.core.verbs import TOOLS, VERBS, Verb
-from bot.grants_broker import Broker, is_run_token
+from bot.verbs.runs.broker import Broker
+from bot.verbs.runs.start import is_run_token
 from bot.verbs_runtime import BootstrapFactory, Caller, VerbResult, VerbRuntime, caller_for, refused
 from state.db import Database
 from state.grants import GrantStore
@@ -144,7 +132,7 @@ def result_of(doc: dict[str, Any], *, is_error: bool) -> types.CallToolResult:
 
 #: Runs the verb with the given arguments (through the gateway); what an ``Around`` hook wraps.
 RunVerb = Callable[[dict[str, Any]], Awaitable[VerbResult]]
-#: A hook around every tool call (a run broker, issue 8): gets the tool name, the arguments as sent and the
+#: A hook around every tool call (a run broker): gets the tool name, the arguments as sent and the
 #: verb runner; returns the document to answer with and whether it is an error. It may refuse without
 #: running the verb, or run it with other arguments.
 Around = Callable[[str, dict[str, Any], RunVerb], Awaitable[tuple[dict[str, Any], bool]]]
@@ -209,7 +197,7 @@ def build_server(
     )
 
 
-# --------------------------------------------------------------------------- sessions bound to a run (issue 8)
+# --- sessions bound to a run ------------------------------------------------------------------------------------------
 
 #: How long a cancelled call may take to record the run's abort (it is shielded from the cancellation).
 ABORT_TIMEOUT_S = 10.0
@@ -371,7 +359,7 @@ async def serve_stdio(settings: Settings, caller: Caller | None = None, *, run_t
     return 0
 
 
-# --------------------------------------------------------------------------- stdin lines the SDK cannot parse
+# --- stdin lines the SDK cannot parse ---------------------------------------------------------------------------------
 
 #: ``_meta`` key of a tool call whose arguments the SDK's JSON parser refused; its value says why.
 UNREADABLE_META = "foreman/unreadable_arguments"

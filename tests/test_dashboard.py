@@ -216,14 +216,15 @@ async def test_run_grants_show_every_admission_decision_and_no_token(tmp_path: P
     import uuid as uuid_mod
 
     from bot.core import grants as g
-    from bot.grants_broker import Broker, token_digest
+    from bot.verbs.runs.broker import Broker
+    from bot.verbs.runs.start import token_digest
     from state.grants import GrantStore
     from tests.test_grants_core import TEMPLATE
 
     service, client = await _client(tmp_path, start)
     now = utcnow()
     facts = g.RunFacts(repo="org/repo", issue_number=8, owner="author-1", role="author", action="implement",
-                       lease_id="lease-1", worktree=g.WorktreeFacts(path="/co/branches/issue-8-x", uuid="wt-1",
+                       lease_id="lease-1", worktree=g.BoundWorktree(path="/co/branches/issue-8-x", uuid="wt-1",
                                                                     branch="issue-8-x"))
     grant = g.compile_grant(g.PolicyTemplate.from_mapping("author.implement", TEMPLATE), facts,
                             run_id=f"run-{uuid_mod.uuid4().hex}", host_id="host-a", now=now)

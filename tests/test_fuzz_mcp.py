@@ -22,7 +22,8 @@ import pydantic_core
 from mcp import Client
 
 from bot.core.errors import ErrorKind
-from bot.core.verbs import VERBS, Param, Verb
+from bot.core.verb_params import Param
+from bot.core.verbs import VERBS, Verb
 from bot.core.vocabulary import MAX_ISSUE_NUMBER
 from bot.mcp_server import build_server, resolve_identity
 from bot.verbs_runtime import VerbRuntime, no_bootstrap

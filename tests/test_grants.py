@@ -18,15 +18,9 @@ import pytest
 from bot.cli import main
 from bot.config import ConfigError, load_settings
 from bot.core import grants as g
-from bot.grants_broker import (
-    Admission,
-    Broker,
-    Completion,
-    host_identity,
-    run_teardown,
-    start_run,
-    token_digest,
-)
+from bot.verbs.runs.broker import Admission, Broker, Completion
+from bot.verbs.runs.inspect import run_teardown
+from bot.verbs.runs.start import host_identity, start_run, token_digest
 from state.db import Database
 from state.grants import GrantConflict, GrantStore, WorkloadFailed
 from state.journal import JournalStore, NewTransition
@@ -132,7 +126,7 @@ def _compile(template: dict[str, Any], *, uuid: str = BOUND, host: str = HOST_A)
         role="author",
         action="implement",
         lease_id="lease-1",
-        worktree=g.WorktreeFacts(path="/co/branches/issue-8-x", uuid=uuid, branch="issue-8-x"),
+        worktree=g.BoundWorktree(path="/co/branches/issue-8-x", uuid=uuid, branch="issue-8-x"),
     )
     tpl = g.PolicyTemplate.from_mapping("author.implement", template)
     return g.compile_grant(tpl, facts, run_id=f"run-{uuid_mod.uuid4().hex}", host_id=host, now=NOW)

@@ -29,8 +29,9 @@ from mcp import Client, ClientSession
 from bot.cli import main
 from bot.config import Settings, load_settings
 from bot.core.evidence import find_marker, marker
-from bot.grants_broker import Broker, host_identity, run_evidence_key, start_run
 from bot.mcp_server import bind_run, broker_around, build_server
+from bot.verbs.runs.broker import Broker, run_evidence_key
+from bot.verbs.runs.start import host_identity, start_run
 from bot.verbs_runtime import VerbResult, VerbRuntime, no_bootstrap
 from state.db import Database, utcnow
 from state.grants import GrantStore
@@ -397,8 +398,8 @@ async def test_the_run_closes_even_when_its_evidence_cannot_be_queued_in_the_clo
 ) -> None:
     """The evidence entry is written under a savepoint of the closing transaction; if that fails the run still
     closes (the teardown is never left in flight by it) and the entry is written once more on its own."""
-    import bot.grants_broker as broker_module
-    from bot.grants_broker import run_teardown
+    import bot.verbs.runs.broker as broker_module
+    from bot.verbs.runs.inspect import run_teardown
 
     real_enqueue = broker_module.enqueue
     attempts: list[str] = []

@@ -26,7 +26,6 @@ The decision is then, in this precedence: ``blocked`` > ``resume`` > ``select`` 
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 from collections.abc import Iterable, Mapping, Sequence
@@ -34,6 +33,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, ClassVar, Final, Literal
 
+from bot.core.digest import fingerprint_digest
 from bot.core.errors import Envelope, EnvelopeError
 from bot.core.jsontext import JSONTextError, strict_loads
 from bot.core.vocabulary import MAX_ISSUE_NUMBER
@@ -869,14 +869,6 @@ def _rank_key(candidate: Candidate, policy: RankingPolicy) -> tuple[int, int, da
 # Fingerprint (seed AC4)
 
 
-def _canonical(value: object) -> bytes:
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode("ascii")
-
-
-def _digest(value: object) -> str:
-    return hashlib.sha256(_canonical(value)).hexdigest()
-
-
 def _utc(value: datetime | None) -> str | None:
     return value.astimezone(UTC).isoformat() if value is not None else None
 
@@ -946,8 +938,8 @@ def _fingerprint(
         "open_dependencies": sorted(deps & (open_issue_numbers | numbers)),
         "leases": sorted(lease_rows, key=lambda r: (r["issue_number"], r["owner"], r["lease_id"])),
     }
-    parts = {name: _digest(value) for name, value in parts_values.items()}
-    return _digest({"version": FINGERPRINT_VERSION, "parts": parts}), parts
+    parts = {name: fingerprint_digest(value) for name, value in parts_values.items()}
+    return fingerprint_digest({"version": FINGERPRINT_VERSION, "parts": parts}), parts
 
 
 # --------------------------------------------------------------------------------------------------

@@ -1,160 +1,50 @@
-"""The run broker's edge: starts runs (compile + seal), and admits an agent's tool calls against the sealed grant.
-
-The decisions are ``bot.core.grants``'s pure functions; this module only gathers their inputs (the stored grant
-and run state, the clock, this host's identity, the run's worktree as the bootstrap journal registers it now) and
-records every decision through ``state.grants`` in the same transaction as the state change.
-
-How the MCP server uses it (a session started with a run token)::
-
-    broker = await Broker.for_token(GrantStore(db), settings, token)   # None: not a run token
-    admission = await broker.before_call(tool, arguments)
-    if not admission.allowed:
-        return admission.refusal                      # {"error": <bounded category>, ...}; the tool never ran
-    result = await runtime.call(verb, caller, admission.arguments())   # the compiled arguments, never the model's
-    completion = await broker.after_call(admission, ok=result.ok, result=result.doc)
-    return completion.doc                             # the result (inert-wrapped for plan_only) or the refusal
-
-Nothing here raises out of those methods: an unexpected failure is logged with its traceback, recorded as a
-``broker_error`` decision when the database still takes one, and answered with the ``broker_error`` category;
-the run's state and recorded outcome are left exactly as they were.
-"""
+"""The run broker: admits an agent's tool calls against the run's sealed grant and records every decision."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
-import os
-import secrets
-import socket
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
-from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import aiosqlite
 
 from bot.config import Settings
-from bot.core.errors import Envelope, EnvelopeError, ErrorKind
+from bot.core.digest import digest, text_digest
 from bot.core.evidence import render_evidence
 from bot.core.grants import (
     Category,
-    Effect,
     Grant,
+    GrantEffect,
     Pins,
-    PolicyTemplate,
     ProposedCall,
-    RunFacts,
     RunState,
     TemplateError,
     Verdict,
-    WorktreeFacts,
     abort,
     admit,
     broker_refusal,
-    canonical_json,
-    compile_grant,
     complete,
-    digest,
     mark_inert,
     reconcile,
     refusal,
     run_end_summary,
     summarize,
 )
+from bot.verbs.runs.start import host_identity, policy_template, registered_worktree, token_digest
 from state.db import Database, utcnow
-from state.grants import (
-    CloseHook,
-    DecisionContext,
-    GrantConflict,
-    GrantIntegrityError,
-    GrantStore,
-    RunRecord,
-    StateRaced,
-    WorkloadFailed,
-)
-from state.journal import JournalStore, Registration
-from state.leases import LeaseStore
+from state.grants import CloseHook, DecisionContext, GrantStore, StateRaced
 from state.outbox import OutboxIntent, enqueue
 
 log = logging.getLogger("foreman.grants")
-
-HOST_ID_FILE = "host-id"
-TOKEN_PREFIX = "frun_"  # noqa: S105 (a prefix, not a token)
-#: Worktree UUIDs derived from a registration row (the journal records no UUID of its own).
-WORKTREE_NAMESPACE = uuid.uuid5(uuid.NAMESPACE_URL, "urn:gitea-foreman:worktree-registration")
 
 HostSource = Callable[[], str]
 Clock = Callable[[], datetime]
 #: The UUID of the run's worktree as registered *now* (None: no live registration for the run's issue).
 WorktreeResolver = Callable[[Grant], Awaitable[str | None]]
-
-
-# ============================================================================ identities and tokens
-
-
-def host_identity(database_path: Path) -> str:
-    """This service's host identity: ``<hostname>/<uuid>``, the UUID stored once in ``<database folder>/host-id``.
-
-    The file is created on first use (mode 0600) and read on every call, so a database copied to another machine
-    (other hostname) or a replaced file (other UUID) is a different host: grants sealed here are refused there.
-    """
-    path = database_path.parent / HOST_ID_FILE
-    try:
-        stored = path.read_text(encoding="utf-8").strip()
-    except FileNotFoundError:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        stored = str(uuid.uuid4())
-        try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        except FileExistsError:
-            stored = path.read_text(encoding="utf-8").strip()
-        else:
-            with os.fdopen(fd, "w", encoding="utf-8") as handle:
-                handle.write(stored + "\n")
-    if not stored:
-        raise ValueError(f"the host identity file {path} is empty")
-    return f"{socket.gethostname()}/{stored}"
-
-
-def token_digest(token: str) -> str:
-    """Run tokens are stored only as this SHA-256."""
-    return hashlib.sha256(token.encode("utf-8")).hexdigest()
-
-
-def is_run_token(token: str | None) -> bool:
-    return bool(token) and str(token).startswith(TOKEN_PREFIX)
-
-
-def registration_uuid(registration: Registration) -> str:
-    """A stable UUID for one worktree registration row: the same row always gives the same UUID, a new
-    registration (the worktree recreated) another one."""
-    key = canonical_json(
-        {
-            "repo": registration.repo,
-            "issue_number": registration.issue_number,
-            "registration_id": registration.id,
-            "journal_id": registration.journal_id,
-            "lease_id": registration.lease_id,
-            "branch": registration.branch,
-            "worktree_path": registration.worktree_path,
-            "registered_at": registration.registered_at,
-        }
-    )
-    return str(uuid.uuid5(WORKTREE_NAMESPACE, key))
-
-
-async def registered_worktree(db: Database, repo: str, issue_number: int) -> tuple[WorktreeFacts, Registration] | None:
-    """The issue's live worktree registration (bootstrap journal) as grant facts, or None."""
-    registration = await JournalStore(db).live_registration(repo, issue_number)
-    if registration is None:
-        return None
-    facts = WorktreeFacts(
-        path=registration.worktree_path, uuid=registration_uuid(registration), branch=registration.branch
-    )
-    return facts, registration
 
 
 def journal_resolver(db: Database) -> WorktreeResolver:
@@ -165,142 +55,6 @@ def journal_resolver(db: Database) -> WorktreeResolver:
         return found[0].uuid if found is not None else None
 
     return resolve
-
-
-def repo_key(settings: Settings) -> str:
-    """Leases, registrations and grants are keyed by ``owner/name`` in lower case (as the verb runtime does)."""
-    return f"{settings.repository.owner}/{settings.repository.name}".lower()
-
-
-def policy_template(settings: Settings, key: str) -> PolicyTemplate | None:
-    """The configured template for ``role.action`` (config validation already checked it)."""
-    found = settings.grants.get(key)
-    return found.template(key) if found is not None else None
-
-
-# ============================================================================ starting a run
-
-
-@dataclass(frozen=True, slots=True)
-class StartedRun:
-    """A sealed run: the token is shown once (only its SHA-256 is stored)."""
-
-    run_id: str
-    token: str
-    grant: Grant
-    record: RunRecord
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "run_id": self.run_id,
-            "token": self.token,
-            "grant": self.grant.to_dict(),
-            "run": self.record.summary(),
-        }
-
-
-def _refuse(error: ErrorKind, message: str, remediate: str, next_action: str, **details: Any) -> EnvelopeError:
-    return EnvelopeError(
-        Envelope(error=error, message=message, remediate=remediate, exact_next_action=next_action, details=details)
-    )
-
-
-async def start_run(
-    db: Database,
-    settings: Settings,
-    *,
-    issue_number: int,
-    action: str | None = None,
-    sealed_by: str,
-    now: datetime | None = None,
-    host_id: str | None = None,
-) -> StartedRun:
-    """Compile the grant for the issue's live lease and registered worktree, seal it and open the run.
-
-    Raises EnvelopeError: no live lease (``invalid_state``), no template for the lease's ``role.action``
-    (``not_found``), no registered worktree or one bound to another lease (``invalid_state``), a template that
-    does not compile for these facts (``invalid_input``), an open run on the worktree or a failed one there
-    (``conflict``).
-    """
-    moment = now or utcnow()
-    repo = repo_key(settings)
-    lease = await LeaseStore(db).live_for_issue(repo, issue_number)
-    if lease is None or not lease.is_live(moment):
-        raise _refuse(
-            "invalid_state",
-            f"issue #{issue_number} has no live lease",
-            "a run is bound to a live lease: allocate the issue first",
-            f"run foreman allocate --apply, then foreman run start --issue {issue_number}",
-        )
-    key = f"{lease.role}.{action or lease.action}"
-    template = policy_template(settings, key)
-    if template is None:
-        raise _refuse(
-            "not_found",
-            f'no run grant template grants."{key}" is configured',
-            f'add [grants."{key}"] to the configuration (see config/foreman.example.toml)',
-            "run foreman check-config after adding the template",
-            key=f"grants.{key}",
-        )
-    found = await registered_worktree(db, repo, issue_number)
-    if found is None:
-        raise _refuse(
-            "invalid_state",
-            f"issue #{issue_number} has no registered worktree",
-            "a run is bound to the worktree the bootstrap registered: bootstrap it first",
-            f"run foreman bootstrap --issue {issue_number} --owner {lease.owner}",
-        )
-    worktree, registration = found
-    if registration.lease_id != lease.lease_id or registration.owner != lease.owner:
-        raise _refuse(
-            "invalid_state",
-            f"the worktree registered for #{issue_number} belongs to lease {registration.lease_id}, not the live one",
-            "bootstrap the issue again for the live lease",
-            f"run foreman bootstrap --issue {issue_number} --owner {lease.owner}",
-        )
-    facts = RunFacts(
-        repo=repo,
-        issue_number=issue_number,
-        owner=lease.owner,
-        role=lease.role,
-        action=action or lease.action,
-        lease_id=lease.lease_id,
-        worktree=worktree,
-    )
-    run_id = f"run-{uuid.uuid4().hex}"
-    try:
-        grant = compile_grant(
-            template, facts, run_id=run_id, host_id=host_id or host_identity(settings.database.path), now=moment
-        )
-    except TemplateError as exc:
-        raise _refuse(
-            "invalid_input",
-            f'grants."{key}" does not compile for #{issue_number}: {exc}',
-            f'fix grants."{key}" in the configuration',
-            "run foreman check-config",
-            problems=[{"path": p, "problem": m} for p, m in exc.problems],
-        ) from None
-    token = TOKEN_PREFIX + secrets.token_urlsafe(32)
-    try:
-        record = await GrantStore(db).seal(grant, token_sha256=token_digest(token), sealed_by=sealed_by, now=moment)
-    except WorkloadFailed as exc:
-        raise _refuse(
-            "conflict",
-            str(exc),
-            "a failed workload is never retried on the same worktree: bootstrap a fresh worktree for a new run",
-            f"run foreman grants to see the failed run of #{issue_number}",
-        ) from None
-    except GrantConflict as exc:
-        raise _refuse(
-            "conflict",
-            str(exc),
-            "finish or abort the open run first",
-            f"run foreman grants to find the open run of #{issue_number}",
-        ) from None
-    return StartedRun(run_id=run_id, token=token, grant=grant, record=record)
-
-
-# ============================================================================ the broker
 
 
 @dataclass(frozen=True, slots=True)
@@ -314,7 +68,7 @@ class Admission:
     reason: str
     call_id: str | None = None
     position: int | None = None
-    effect: Effect | None = None
+    effect: GrantEffect | None = None
     category: Category | None = None
     arguments_json: str | None = None
     worktree_uuid: str | None = None
@@ -397,10 +151,9 @@ def _result_digest(result: Mapping[str, Any] | None) -> str | None:
     try:
         return digest(result)
     except ValueError:
-        return "sha256:" + hashlib.sha256(repr(result).encode("utf-8")).hexdigest()
+        return text_digest(repr(result))
 
 
-# ============================================================================ the run's end: evidence comment
 
 
 def run_evidence_key(run_id: str) -> str:
@@ -585,11 +338,7 @@ class Broker:
                 broker_id=self.broker_id,
                 now=now,
                 tool=proposed.tool,
-                arguments_digest=(
-                    "sha256:" + hashlib.sha256(proposed_text.encode("utf-8")).hexdigest()
-                    if proposed_text is not None
-                    else None
-                ),
+                arguments_digest=text_digest(proposed_text) if proposed_text is not None else None,
                 detail={"origin": "agent"}
                 if resolved == grant.worktree.uuid
                 else {"origin": "agent", "resolved_worktree": resolved},
@@ -792,71 +541,3 @@ class Broker:
             refusal=refusal(verdict, self.run_id) if not verdict.ok else None,
             unresolved_worktree_uuid=verdict.unresolved_uuid,
         )
-
-
-class ToolRunner(Protocol):
-    """Runs one tool call the way the MCP server does (through the gateway); answers (ok, result document)."""
-
-    async def __call__(self, tool: str, arguments: dict[str, Any]) -> tuple[bool, dict[str, Any]]: ...
-
-
-async def run_teardown(broker: Broker, run_tool: ToolRunner) -> dict[str, Any]:
-    """The trusted side's teardown: admit the reserved teardown, run it with its compiled arguments, settle it.
-
-    Refused (nothing runs) while a call is in flight, once it ran, on another host or when the issue's worktree
-    is no longer the bound one. A teardown that raises counts as failed: it is never run again, and the worktree
-    UUID is reported unresolved.
-    """
-    admission = await broker.teardown()
-    if not admission.allowed:
-        return {"ok": False, "run_id": broker.run_id, "refusal": admission.refusal}
-    try:
-        ok, doc = await run_tool(admission.tool, admission.arguments())
-    except Exception:
-        log.exception("run %s: the teardown call failed", broker.run_id)
-        ok, doc = False, {"error": "unavailable", "message": "the teardown call failed; see the service log"}
-    completion = await broker.after_call(admission, ok=ok, result=doc)
-    return {
-        "ok": completion.accepted and ok,
-        "run_id": broker.run_id,
-        "teardown": admission.to_dict(),
-        "result": completion.doc,
-        "unresolved_worktree_uuid": completion.unresolved_worktree_uuid,
-    }
-
-
-async def open_broker_for_token(db: Database, settings: Settings, token: str) -> Broker | None:
-    """``Broker.for_token`` over a database (what ``foreman mcp`` calls with FOREMAN_MCP_TOKEN)."""
-    return await Broker.for_token(GrantStore(db), settings, token)
-
-
-async def inspect(db: Database, run_id: str | None) -> dict[str, Any]:
-    """What ``foreman grants [RUN_ID]`` prints: each run's grant, state and every decision, oldest first.
-
-    LookupError: no such run. A grant whose stored form fails its digest is reported, not trusted.
-    """
-    store = GrantStore(db)
-    if run_id is not None:
-        record = await store.run(run_id)
-        if record is None:
-            raise LookupError(f"no run {run_id}")
-        records = [record]
-    else:
-        records = await store.runs(limit=1000)
-    runs: list[dict[str, Any]] = []
-    for record in records:
-        try:
-            grant = await store.grant(record.run_id)
-            grant_doc: dict[str, Any] | None = grant.to_dict() if grant is not None else None
-            integrity = "intact"
-        except GrantIntegrityError as exc:
-            grant_doc, integrity = None, f"not intact: {exc}"
-        runs.append(
-            {
-                "run": record.summary(),
-                "grant": grant_doc,
-                "grant_integrity": integrity,
-                "decisions": [d.to_dict() for d in await store.decisions(record.run_id)],
-            }
-        )
-    return {"runs": runs}
