@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from bot.core.issue_state import repo_key
 from state.db import Database, from_db_time, to_db_time, utcnow
-from state.issues import repo_key
 
 
 @dataclass(frozen=True, slots=True)

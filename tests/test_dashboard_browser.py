@@ -79,8 +79,9 @@ async def _seed(db_path: Path) -> None:
     """Beside the demo's loop, through the real stores: two more ready issues (one with a label a user could make
     hostile; #3 is protected by the config, so the allocator skips it with its reason) and an outbox entry whose
     read-back did not match (both versions kept)."""
+    from bot.core.issue_state import IssueLabel, IssueObservation
     from state.db import Database
-    from state.issues import IssueLabel, IssueObservation, IssueStore
+    from state.issues import IssueStore
     from state.outbox import OutboxIntent, OutboxStore
 
     db = await Database.open(db_path)

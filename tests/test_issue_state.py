@@ -16,18 +16,18 @@ import pytest
 
 from bot.core.canonical import CanonicalState, parse_comment, render
 from bot.core.evidence import render_evidence
-from bot.core.vocabulary import vocabulary_markdown
-from handlers.issue_state import PermissionCache
-from state.db import to_db_time
-from state.issues import (
+from bot.core.issue_state import (
     CommentRecord,
-    IssueStore,
     current_record,
     diff_labels,
     effective_revisions,
     gitea_time,
     plan_label_sync,
 )
+from bot.core.vocabulary import vocabulary_markdown
+from handlers.issue_state import PermissionCache
+from state.db import to_db_time
+from state.issues import IssueStore
 from state.outbox import OutboxIntent
 from tests.conftest import REPO_ROOT
 from tests.gitea_fixtures import BOT, OWNER, REPO

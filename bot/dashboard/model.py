@@ -16,11 +16,12 @@ from typing import Any
 
 from bot.config import Settings
 from bot.core.evidence import parse_evidence, scrub
+from bot.core.issue_state import repo_key
 from bot.core.vocabulary import label_for_state
 from state.db import Database, from_db_time, to_db_time, utcnow
 from state.deliveries import DeliveryStore
 from state.grants import GrantIntegrityError, GrantStore
-from state.issues import IssueStore, repo_key
+from state.issues import IssueStore
 from state.journal import JournalStore, Transition
 from state.outbox import OutboxEntry, OutboxStore
 
