@@ -356,3 +356,49 @@ async def test_a_hook_that_a_dead_process_never_ran_is_run_on_the_next_pass(rig:
     await rig.drain()
     assert calls == ["orphan-2"]
     assert await rig.store.unhooked() == []
+
+
+async def test_store_reads_an_issues_entries_and_every_entry_oldest_first(tmp_path: Path) -> None:
+    db = await Database.open(tmp_path / "foreman.db")
+    try:
+        store = OutboxStore(db)
+        for key, number in (("a", 1), ("b", 2), ("c", 1)):
+            await store.add(OutboxIntent(key, number, "labels", {"add": [key]}))
+        assert [e.key for e in await store.for_issue(1)] == ["a", "c"]
+        assert [e.payload for e in await store.for_issue(2)] == [{"add": ["b"]}]
+        assert await store.for_issue(3) == []
+        assert [(e.key, e.issue_number) for e in await store.every_entry()] == [("a", 1), ("b", 2), ("c", 1)]
+    finally:
+        await db.close()
+
+
+async def test_store_reads_the_newest_evidence_comments(tmp_path: Path) -> None:
+    db = await Database.open(tmp_path / "foreman.db")
+    try:
+        store = OutboxStore(db)
+        for key in ("lease-1:evidence", "lease-1:release", "run-2:evidence", "lease-3:evidence"):
+            await store.add(comment_intent(key))
+        await store.add(OutboxIntent("x:evidence", 1, "labels", {"add": ["y"]}))
+        assert [e.key for e in await store.evidence_comments(limit=10)] == [
+            "lease-3:evidence", "run-2:evidence", "lease-1:evidence"]
+        assert [e.key for e in await store.evidence_comments(limit=1)] == ["lease-3:evidence"]
+    finally:
+        await db.close()
+
+
+async def test_store_reads_comment_statuses_by_key_prefix_with_no_wildcards(tmp_path: Path) -> None:
+    """A prefix is matched as text: ``_`` and ``%`` in it match only themselves."""
+    db = await Database.open(tmp_path / "foreman.db")
+    try:
+        store = OutboxStore(db)
+        for key in ("auto-proof:1:0", "auto-proof:1:1", "auto-proof:12:0", "auto-proofX1:0", "a_b:0", "axb:0"):
+            await store.add(comment_intent(key))
+        await store.add(OutboxIntent("auto-proof:1:labels", 1, "labels", {"add": ["y"]}))
+        [first, *_] = await store.due_heads(claim_ttl_s=60, limit=10)
+        claimed = await store.claim(first, "s")
+        assert claimed is not None and await store.complete(claimed, {"comment_id": 1})
+        assert await store.comment_statuses("auto-proof:1:") == ["done", "pending"]
+        assert await store.comment_statuses("a_b:") == ["pending"]
+        assert await store.comment_statuses("auto-proof:9:") == []
+    finally:
+        await db.close()
