@@ -324,7 +324,7 @@ async def test_gather_db_and_gitea_read_a_real_database_and_the_emulator(tmp_pat
     entry = await OutboxStore(db).by_key(f"{lease.lease_id}:evidence")
     assert entry is not None
     await db.close()
-    facts = invariants.gather_db(tmp_path / "foreman.db")
+    facts = await invariants.gather_db(tmp_path / "foreman.db")
     assert facts.leases == (LeaseFact(lease.lease_id, 1, "author-1", "live"),)
     assert facts.outbox == (OutboxFact(f"{lease.lease_id}:evidence", 1, "comment", "pending"),)
     async with live_emulator() as live:
