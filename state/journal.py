@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sqlite3
 import uuid
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
@@ -387,6 +388,21 @@ class JournalStore:
                 PhaseRecord(row["phase"], json.loads(row["proof_json"]), row["runner"], row["recorded_at"])
                 for row in await cur.fetchall()
             ]
+
+    async def phases_of(self, journal_ids: Iterable[int]) -> dict[int, list[PhaseRecord]]:
+        """The phases of several transitions in one read, each transition's oldest first."""
+        ids = sorted(set(journal_ids))
+        found: dict[int, list[PhaseRecord]] = {journal_id: [] for journal_id in ids}
+        marks = ", ".join("?" for _ in ids)
+        async with self._db.reader.execute(
+            "SELECT journal_id, phase, proof_json, runner, recorded_at FROM bootstrap_phases"  # noqa: S608
+            f" WHERE journal_id IN ({marks}) ORDER BY id",
+            ids,
+        ) as cur:
+            for row in await cur.fetchall():
+                found[row["journal_id"]].append(
+                    PhaseRecord(row["phase"], json.loads(row["proof_json"]), row["runner"], row["recorded_at"]))
+        return found
 
     async def proof(self, journal_id: int, phase: Phase) -> dict[str, Any] | None:
         row = await self._one(

@@ -115,3 +115,16 @@ async def test_registrations_of_an_issue_and_every_registration_with_its_transit
     every = await store.every_registration()
     assert [(key, r.id) for key, r in every] == [("k1", first.id), ("k2", second.id), ("k3", third.id)]
     assert every[2][1] == third
+
+
+async def test_phases_of_several_transitions_come_in_one_read_each_oldest_first(db: Database) -> None:
+    one, two = await _lease(db, 1), await _lease(db, 2)
+    first = await _advance(db, await _transition(db, one, "k1"), "branch_confirmed")
+    second = await _compensate(db, await _transition(db, two, "k2"))
+    store = JournalStore(db)
+    found = await store.phases_of([second.id, first.id, 999])
+    assert [p.phase for p in found[first.id]] == ["accepted", "branch_confirmed"]
+    assert [p.phase for p in found[second.id]] == ["accepted", "compensation_required", "compensation_completed"]
+    assert found[999] == []
+    assert found[first.id] == await store.phases(first.id)
+    assert await store.phases_of([]) == {}

@@ -84,12 +84,8 @@ async def journal(db: Database, settings: Settings, *, key: str | None = None, i
         transitions = [found] if found is not None else []
     else:
         transitions = await store.recent(repository_key(settings), issue=issue, limit=limit)
-    out = []
-    for transition in transitions:
-        doc = _transition_doc(transition)
-        doc["phases"] = [p.to_dict() for p in await store.phases(transition.id)]
-        out.append(doc)
-    return out
+    phases = await store.phases_of(t.id for t in transitions)
+    return [{**_transition_doc(t), "phases": [p.to_dict() for p in phases[t.id]]} for t in transitions]
 
 
 def _outbox_doc(entry: OutboxEntry) -> dict[str, Any]:
