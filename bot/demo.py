@@ -1,22 +1,4 @@
-"""`foreman demo`: the controller loop, end to end, against the bundled Gitea emulator, in a temporary directory.
-
-What runs (nothing is mocked):
-
-- the Gitea emulator (``bot.emulator``) served on loopback, with a real bare git repository ``demo/widgets``, the
-  users ``maintainer`` (repository admin), ``controller-bot``, ``author-1`` and ``foreman-bot`` (the bot, admin), and
-  the ``status:*`` labels;
-- a real ``foreman serve`` subprocess (``python -m bot --config <tmp>/foreman.toml serve``, a free loopback port),
-  with the defaults for allocation (issue 20): nothing in ``[allocator]`` or ``[bootstrap]``, so a ready issue goes
-  to the next idle roster author (here the only one, ``author-1``), proven and bootstrapped with the lease;
-- a repository webhook registered by the maintainer through the API, so the emulator sends signed webhooks to it;
-- ``foreman mcp`` as a subprocess with the author's token, driven by the MCP SDK's stdio client.
-
-Every step is verified by reading back what it left: Gitea's side through the emulator's API (as the maintainer),
-foreman's side from its SQLite database (read-only), the worktree with git. The exit status is 0 only when every
-step verified, 1 with the failed step otherwise, 2 when the machine lacks something (git).
-
-:class:`LoopHarness` is the reusable part (``bench/e2e.py`` runs the same loop many times on it).
-"""
+"""`foreman demo`: the controller loop end to end against the bundled Gitea emulator, every step read back."""
 
 from __future__ import annotations
 
@@ -92,7 +74,8 @@ def _subprocess_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
 
 @dataclass
 class LoopHarness:
-    """The emulator (in this process), a ``foreman serve`` subprocess and the hook between them."""
+    """The emulator (in this process), a ``foreman serve`` subprocess and the hook between them (reused by
+    bench/e2e.py)."""
 
     root: Path
     emulator: Emulator
@@ -111,7 +94,7 @@ class LoopHarness:
     hook_id: int | None = None
     _log_task: asyncio.Task[None] | None = field(default=None, repr=False)
 
-    # --- Gitea, as a user of it ---------------------------------------------------------------------------
+    # --- Gitea as a user sees it, and foreman's database read-only ----------------------------------------------------
     async def api(self, login: str, method: str, path: str, body: Any = None) -> Any:
         """One API call as ``login`` (``path`` below ``/repos/{owner}/{repo}`` when it starts with ``/issues`` or
         ``/hooks``); a non-2xx answer fails the calling step."""
@@ -130,7 +113,6 @@ class LoopHarness:
     async def comment_with_marker(self, number: int, key: str) -> list[dict[str, Any]]:
         return [c for c in await self.comments(number) if find_marker(str(c.get("body") or "")) == key]
 
-    # --- foreman's database, read-only --------------------------------------------------------------------
     @asynccontextmanager
     async def foreman_db(self) -> AsyncIterator[Database]:
         """foreman's database for one look, opened read-only (foreman serve keeps writing in WAL mode)."""
@@ -162,7 +144,7 @@ class LoopHarness:
                          " not read back as intended (see `foreman outbox`)")
         return rows[0] if rows and rows[0]["status"] == "done" else None
 
-    # --- git ----------------------------------------------------------------------------------------------
+    # --- git and foreman serve ----------------------------------------------------------------------------------------
     def git(self, *args: str, cwd: Path | None = None) -> str:
         done = subprocess.run(
             ["git", *args], cwd=cwd or self.checkout, capture_output=True, text=True, timeout=60, check=False
@@ -171,7 +153,6 @@ class LoopHarness:
             raise StepFailed("git", f"git {' '.join(args)}: {done.stderr.strip()}")
         return done.stdout
 
-    # --- foreman serve ------------------------------------------------------------------------------------
     async def start_serve(self, timeout_s: float = 30.0) -> None:
         """Start ``foreman serve`` on a free port and wait until it is ready and reaches Gitea."""
         log = self.serve_log.open("w", encoding="utf-8")
@@ -364,7 +345,7 @@ async def call_tool(session: Any, step: str, tool: str, **arguments: Any) -> dic
     return doc
 
 
-# ------------------------------------------------------------------------------------------------ the demo
+# --- the demo ---------------------------------------------------------------------------------------------------------
 
 
 class Printer:

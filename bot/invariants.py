@@ -1,15 +1,4 @@
-"""Consistency invariants across foreman's three stores: the SQLite database, Gitea, and the checkout directory.
-
-Facts are gathered at the edges (``gather_db``, ``gather_gitea``, ``gather_checkout``: read-only) into plain
-frozen records; ``check`` is a pure function of those records and returns every violation it finds, each
-naming its invariant (``INVARIANTS``) and its subject. Used by the crash tests, and meant for an operator
-command: run it on a quiet service (nothing queued, nothing being sent), or the ``*.settled`` invariants
-report the work still in flight.
-
-What "consistent" means here (issue 9): no lease without evidence, no evidence without a lease, at most one
-live lease per issue, every bot comment posted exactly once, no bootstrap transition stuck half-way, and
-no worktree that the journal cannot account for.
-"""
+"""Consistency invariants across foreman's database, Gitea and the control checkout (docs/operating.md, section 5)."""
 
 from __future__ import annotations
 
@@ -85,7 +74,7 @@ class Violation:
         return {"invariant": self.invariant, "subject": self.subject, "detail": self.detail}
 
 
-# ----------------------------------------------------------------------------------------------- facts
+# --- facts ------------------------------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True, slots=True)
@@ -200,7 +189,7 @@ class Facts:
     require_bootstrap: bool = False
 
 
-# ----------------------------------------------------------------------------------------------- check
+# --- check ------------------------------------------------------------------------------------------------------------
 
 
 def check(facts: Facts) -> list[Violation]:
@@ -414,7 +403,7 @@ def _worktrees(facts: Facts) -> list[Violation]:
     return out
 
 
-# ----------------------------------------------------------------------------------------------- edges
+# --- edges ------------------------------------------------------------------------------------------------------------
 
 
 def _numbers(value: Any) -> tuple[int, ...] | None:

@@ -100,7 +100,7 @@ class Metrics:
             registry=self.registry,
         )
 
-        # Catch-up (issue 16, bot/reconcile.py).
+        # Catch-up (bot/reconcile.py).
         self.reconcile_last_success = Gauge(
             "foreman_reconcile_last_success_timestamp_seconds",
             "When the last catch-up pass finished reading Gitea (unix seconds; 0: none in this process)",

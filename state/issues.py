@@ -84,7 +84,7 @@ class IssueStore:
     def __init__(self, db: Database) -> None:
         self._db = db
 
-    # --- reads -----------------------------------------------------------------------------------------
+    # --- reads --------------------------------------------------------------------------------------------------------
     async def snapshot(self, repo: str, number: int) -> IssueSnapshot | None:
         return await self._snapshot(self._db.reader, repo_key(repo), number)
 
@@ -127,7 +127,7 @@ class IssueStore:
         ) as cur:
             return [dict(row) for row in await cur.fetchall()]
 
-    # --- writes ----------------------------------------------------------------------------------------
+    # --- writes -------------------------------------------------------------------------------------------------------
     async def record_comment(
         self, observation: CommentObservation, issue: IssueObservation | None = None
     ) -> IssueSnapshot:
@@ -360,7 +360,7 @@ class IssueStore:
                 return None
             return await self._set_state(conn, current, None, now, keep_state=True, cause=None)
 
-    # --- internals -------------------------------------------------------------------------------------
+    # --- internals ----------------------------------------------------------------------------------------------------
     async def _ensure_issue(self, conn: aiosqlite.Connection, repo: str, number: int, now: str) -> None:
         await conn.execute(
             "INSERT INTO issues (repo, number, created_at, updated_at) VALUES (?, ?, ?, ?)"

@@ -292,7 +292,7 @@ class JournalStore:
             row: sqlite3.Row | None = await cur.fetchone()
         return row
 
-    # -- transitions
+    # --- transitions --------------------------------------------------------------------------------------------------
 
     async def get(self, key: str, conn: aiosqlite.Connection | None = None) -> Transition | None:
         row = await self._one(conn, f"SELECT {_T_COLUMNS} FROM bootstrap_journal WHERE idempotency_key = ?", (key,))  # noqa: S608
@@ -490,7 +490,7 @@ class JournalStore:
             raise JournalRaced(f"transition {transition.key} changed since it was read")
         return _transition(row)
 
-    # -- registrations
+    # --- registrations ------------------------------------------------------------------------------------------------
 
     async def live_registration(
         self, repo: str, issue_number: int, conn: aiosqlite.Connection | None = None
@@ -557,7 +557,7 @@ class JournalStore:
         )
         return bool(cursor.rowcount == 1)
 
-    # -- issue locks
+    # --- issue locks --------------------------------------------------------------------------------------------------
 
     async def live_lock(
         self, repo: str, issue_number: int, conn: aiosqlite.Connection | None = None

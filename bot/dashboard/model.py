@@ -1,10 +1,4 @@
-"""The dashboard's view model: plain JSON-able documents read from the stores, never written.
-
-Everything the HTML pages show comes from these documents (``/dashboard/api/...`` serves them as they are), so
-the browser page, the JSON and ``foreman leases|journal|issue`` can never disagree. Store reads are at the top;
-the pure projections (the issue timeline, the allocation evidence read back from comments, the scrubbing of
-secret-looking keys) below them have no I/O.
-"""
+"""The dashboard's view model: JSON-able documents read from the stores, shared by the pages, the API and the CLI."""
 
 from __future__ import annotations
 
@@ -33,7 +27,7 @@ def repository_key(settings: Settings) -> str:
     return repo_key(f"{settings.repository.owner}/{settings.repository.name}")
 
 
-# --- store reads ---------------------------------------------------------------------------------------------------
+# --- store reads ------------------------------------------------------------------------------------------------------
 def _lease_doc(lease: Lease, now: datetime) -> dict[str, Any]:
     return {
         "lease_id": lease.lease_id,
@@ -255,7 +249,7 @@ async def issue_view(db: Database, settings: Settings, number: int, *, now: date
     }
 
 
-# --- pure projections --------------------------------------------------------------------------------------------
+# --- pure projections -------------------------------------------------------------------------------------------------
 
 
 def _numbers_in(decision: Mapping[str, Any]) -> set[int]:
