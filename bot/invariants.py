@@ -8,10 +8,10 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from bot.core.evidence import find_marker, parse_evidence
-from bot.gitea import GiteaClient
+from bot.gitea import Comment, Issue, IssueState, IssueType
 from bot.gitops import parse_worktree_porcelain
 from state.db import read_only
 from state.deliveries import DeliveryStore
@@ -473,7 +473,17 @@ async def gather_db(path: Path | str) -> DbFacts:
     return DbFacts(leases, outbox, deliveries, transitions, registrations)
 
 
-async def gather_gitea(client: GiteaClient, *, numbers: Iterable[int] | None = None) -> GiteaFacts:
+class GiteaReads(Protocol):
+    """The Gitea reads the checker makes (``GiteaClient`` has them)."""
+
+    async def list_issues(self, *, state: IssueState = "open", type_: IssueType | None = "issues") -> list[Issue]: ...
+
+    async def get_issue(self, number: int) -> Issue: ...
+
+    async def list_issue_comments(self, number: int) -> list[Comment]: ...
+
+
+async def gather_gitea(client: GiteaReads, *, numbers: Iterable[int] | None = None) -> GiteaFacts:
     """Every comment (with its foreman marker) and the assignees of every issue and pull request, or of
     ``numbers``."""
     if numbers is None:
@@ -520,7 +530,7 @@ def gather_checkout(path: Path | str) -> CheckoutFacts | None:
 async def gather(
     *,
     database: Path | str,
-    client: GiteaClient,
+    client: GiteaReads,
     bot_login: str,
     checkout: Path | str | None,
     acknowledged: Sequence[tuple[str, str]] | None = None,
