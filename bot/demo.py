@@ -9,7 +9,6 @@ import os
 import re
 import secrets
 import shutil
-import sqlite3
 import subprocess
 import sys
 import tempfile
@@ -128,23 +127,6 @@ class LoopHarness:
                              " not read back as intended (see `foreman outbox`)")
         return entry if entry is not None and entry.status == "done" else None
 
-    def query(self, sql: str, params: tuple[Any, ...] = ()) -> list[sqlite3.Row]:
-        """Rows from foreman's SQLite file, opened read-only (bench/e2e.py's own measurements)."""
-        conn = sqlite3.connect(f"file:{self.db_path}?mode=ro", uri=True, timeout=5.0)
-        try:
-            conn.row_factory = sqlite3.Row
-            return list(conn.execute(sql, params).fetchall())
-        finally:
-            conn.close()
-
-    def outbox_done(self, key: str) -> sqlite3.Row | None:
-        rows = self.query("SELECT status, result_json, sent_at FROM outbox WHERE idempotency_key = ?", (key,))
-        if rows and rows[0]["status"] in ("verification_failed", "parked"):
-            raise StepFailed("outbox", f"foreman's outbox entry {key} ended {rows[0]['status']}: the write to Gitea did"
-                         " not read back as intended (see `foreman outbox`)")
-        return rows[0] if rows and rows[0]["status"] == "done" else None
-
-    # --- git and foreman serve ----------------------------------------------------------------------------------------
     def git(self, *args: str, cwd: Path | None = None) -> str:
         done = subprocess.run(
             ["git", *args], cwd=cwd or self.checkout, capture_output=True, text=True, timeout=60, check=False
