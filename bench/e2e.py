@@ -35,6 +35,7 @@ import argparse
 import asyncio
 import json
 import shutil
+import sqlite3
 import statistics
 import subprocess
 import sys
@@ -64,6 +65,23 @@ from bot.demo import (
 from state.db import from_db_time
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+
+
+def _query(h: LoopHarness, sql: str, params: tuple[Any, ...] = ()) -> list[sqlite3.Row]:
+    """Rows from foreman's SQLite file, opened read-only (foreman serve keeps writing in WAL mode)."""
+    conn = sqlite3.connect(f"file:{h.db_path}?mode=ro", uri=True, timeout=5.0)
+    try:
+        conn.row_factory = sqlite3.Row
+        return list(conn.execute(sql, params).fetchall())
+    finally:
+        conn.close()
+
+
+def _outbox_done(h: LoopHarness, key: str) -> sqlite3.Row | None:
+    rows = _query(h, "SELECT status, result_json, sent_at FROM outbox WHERE idempotency_key = ?", (key,))
+    if rows and rows[0]["status"] in ("verification_failed", "parked"):
+        raise StepFailed("outbox", f"foreman's outbox entry {key} ended {rows[0]['status']}")
+    return rows[0] if rows and rows[0]["status"] == "done" else None
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -114,31 +132,32 @@ async def _one_issue(h: LoopHarness, session: Any, n: int, timeout_s: float) -> 
     label_ms = (time.time() - t0) * 1000.0
 
     async def evidence() -> tuple[Any, Any] | None:
-        rows = h.query(
+        rows = _query(
+            h,
             "SELECT j.lease_id, j.updated_at AS completed_at, o.sent_at FROM bootstrap_journal j JOIN outbox o"
             " ON o.idempotency_key = j.idempotency_key || ':evidence'"
             " WHERE j.issue_number = ? AND j.phase = 'completed' AND o.status = 'done'",
             (n,),
         )
         if not rows:
-            failed = h.query("SELECT outcome, error_json FROM bootstrap_journal WHERE issue_number = ?"
+            failed = _query(h, "SELECT outcome, error_json FROM bootstrap_journal WHERE issue_number = ?"
                              " AND outcome = 'compensated'", (n,))
             if failed:
                 raise StepFailed("bootstrap", f"#{n}: {failed[0]['error_json']}")
             return None
-        lease = h.query("SELECT acquired_at FROM leases WHERE lease_id = ?", (rows[0]["lease_id"],))
-        allocation = h.outbox_done(f"{rows[0]['lease_id']}:evidence")
+        lease = _query(h, "SELECT acquired_at FROM leases WHERE lease_id = ?", (rows[0]["lease_id"],))
+        allocation = _outbox_done(h, f"{rows[0]['lease_id']}:evidence")
         return (rows[0], lease[0]) if allocation is not None else None
 
     row, lease = await until("evidence", evidence, timeout_s, f"#{n}: no verified evidence comment")
-    allocation = h.outbox_done(f"{row['lease_id']}:evidence")
+    allocation = _outbox_done(h, f"{row['lease_id']}:evidence")
     assert allocation is not None
     released_at = time.monotonic()
     await call_tool(session, "release", "gitea_release_lease", issue_number=n, reason="done")
     release_ms = (time.monotonic() - released_at) * 1000.0
 
     async def release_verified() -> Any:
-        return h.outbox_done(f"{row['lease_id']}:release")
+        return _outbox_done(h, f"{row['lease_id']}:release")
 
     await until("release", release_verified, timeout_s, f"#{n}: the release was never verified")
     return Sample(
@@ -177,10 +196,10 @@ async def _baselines(h: LoopHarness, run: Run, scratch_issue: int, k: int) -> No
 def _check(h: LoopHarness, issues: Sequence[int], run: Run) -> None:
     emu = h.emulator
     for n in issues:
-        leases = h.query("SELECT owner, status FROM leases WHERE issue_number = ?", (n,))
+        leases = _query(h, "SELECT owner, status FROM leases WHERE issue_number = ?", (n,))
         if [(r["owner"], r["status"]) for r in leases] != [(AUTHOR, "released")]:
             run.errors.append(f"#{n}: leases {[tuple(r) for r in leases]}")
-        journal = h.query("SELECT phase, worktree_path FROM bootstrap_journal WHERE issue_number = ?", (n,))
+        journal = _query(h, "SELECT phase, worktree_path FROM bootstrap_journal WHERE issue_number = ?", (n,))
         if [r["phase"] for r in journal] != ["completed"] or not Path(journal[0]["worktree_path"], ".git").is_file():
             run.errors.append(f"#{n}: bootstrap {[tuple(r) for r in journal]}")
             continue
@@ -188,9 +207,9 @@ def _check(h: LoopHarness, issues: Sequence[int], run: Run) -> None:
         evidence = [m for m in markers if m and m.endswith((":evidence", ":release"))]
         if len(evidence) != 3 or any(markers[m] != 1 for m in markers):
             run.errors.append(f"#{n}: comments {dict(markers)}")
-    pending = h.query("SELECT idempotency_key, status FROM outbox WHERE status != 'done'")
+    pending = _query(h, "SELECT idempotency_key, status FROM outbox WHERE status != 'done'")
     run.errors.extend(f"outbox {r['idempotency_key']} is {r['status']}" for r in pending)
-    failed = h.query("SELECT delivery_id FROM deliveries WHERE status = 'failed'")
+    failed = _query(h, "SELECT delivery_id FROM deliveries WHERE status = 'failed'")
     run.errors.extend(f"delivery {r['delivery_id']} failed" for r in failed)
 
 
@@ -206,7 +225,7 @@ async def bench(issues: int, baseline_samples: int, timeout_s: float, root: Path
         scratch, numbers = numbers[-1], numbers[:-1]
 
         async def opened() -> bool | None:
-            rows = h.query("SELECT COUNT(*) AS c FROM deliveries WHERE action = 'opened' AND status = 'done'")
+            rows = _query(h, "SELECT COUNT(*) AS c FROM deliveries WHERE action = 'opened' AND status = 'done'")
             return True if rows[0]["c"] == issues + 1 else None
 
         await until("setup", opened, timeout_s + issues * 0.1, "the opened webhooks were never all handled")

@@ -1,22 +1,4 @@
-"""`foreman demo`: the controller loop, end to end, against the bundled Gitea emulator, in a temporary directory.
-
-What runs (nothing is mocked):
-
-- the Gitea emulator (``bot.emulator``) served on loopback, with a real bare git repository ``demo/widgets``, the
-  users ``maintainer`` (repository admin), ``controller-bot``, ``author-1`` and ``foreman-bot`` (the bot, admin), and
-  the ``status:*`` labels;
-- a real ``foreman serve`` subprocess (``python -m bot --config <tmp>/foreman.toml serve``, a free loopback port),
-  with the defaults for allocation (issue 20): nothing in ``[allocator]`` or ``[bootstrap]``, so a ready issue goes
-  to the next idle roster author (here the only one, ``author-1``), proven and bootstrapped with the lease;
-- a repository webhook registered by the maintainer through the API, so the emulator sends signed webhooks to it;
-- ``foreman mcp`` as a subprocess with the author's token, driven by the MCP SDK's stdio client.
-
-Every step is verified by reading back what it left: Gitea's side through the emulator's API (as the maintainer),
-foreman's side from its SQLite database (read-only), the worktree with git. The exit status is 0 only when every
-step verified, 1 with the failed step otherwise, 2 when the machine lacks something (git).
-
-:class:`LoopHarness` is the reusable part (``bench/e2e.py`` runs the same loop many times on it).
-"""
+"""`foreman demo`: the controller loop end to end against the bundled Gitea emulator, every step read back."""
 
 from __future__ import annotations
 
@@ -27,7 +9,6 @@ import os
 import re
 import secrets
 import shutil
-import sqlite3
 import subprocess
 import sys
 import tempfile
@@ -43,12 +24,20 @@ from aiohttp import web
 
 from bot.core.canonical import parse_comment
 from bot.core.evidence import find_marker
+from bot.core.issue_state import repo_key
 from bot.core.vocabulary import status_labels
 from bot.emulator import Emulator, start_emulator
+from state.db import Database, read_only, to_db_time
+from state.deliveries import DeliveryStore, StoredDelivery
+from state.issues import IssueStore
+from state.journal import JournalStore, Transition
+from state.leases import Lease, LeaseStore
+from state.outbox import OutboxEntry, OutboxStore
 
 T = TypeVar("T")
 
 OWNER, REPO = "demo", "widgets"
+FULL_NAME = repo_key(f"{OWNER}/{REPO}")
 MAINTAINER, CONTROLLER, AUTHOR, BOT = "maintainer", "controller-bot", "author-1", "foreman-bot"
 ISSUE_TITLE = "Make the widget blue"
 ISSUE_BODY = "The widget should be blue.\n\nAcceptance: `widget.color` is `blue`."
@@ -84,7 +73,8 @@ def _subprocess_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
 
 @dataclass
 class LoopHarness:
-    """The emulator (in this process), a ``foreman serve`` subprocess and the hook between them."""
+    """The emulator (in this process), a ``foreman serve`` subprocess and the hook between them (reused by
+    bench/e2e.py)."""
 
     root: Path
     emulator: Emulator
@@ -103,7 +93,7 @@ class LoopHarness:
     hook_id: int | None = None
     _log_task: asyncio.Task[None] | None = field(default=None, repr=False)
 
-    # --- Gitea, as a user of it ---------------------------------------------------------------------------
+    # --- Gitea as a user sees it, and foreman's database read-only ----------------------------------------------------
     async def api(self, login: str, method: str, path: str, body: Any = None) -> Any:
         """One API call as ``login`` (``path`` below ``/repos/{owner}/{repo}`` when it starts with ``/issues`` or
         ``/hooks``); a non-2xx answer fails the calling step."""
@@ -122,24 +112,21 @@ class LoopHarness:
     async def comment_with_marker(self, number: int, key: str) -> list[dict[str, Any]]:
         return [c for c in await self.comments(number) if find_marker(str(c.get("body") or "")) == key]
 
-    # --- foreman's database, read-only --------------------------------------------------------------------
-    def query(self, sql: str, params: tuple[Any, ...] = ()) -> list[sqlite3.Row]:
-        """Rows from foreman's SQLite file, opened read-only (foreman serve keeps writing in WAL mode)."""
-        conn = sqlite3.connect(f"file:{self.db_path}?mode=ro", uri=True, timeout=5.0)
-        try:
-            conn.row_factory = sqlite3.Row
-            return list(conn.execute(sql, params).fetchall())
-        finally:
-            conn.close()
+    @asynccontextmanager
+    async def foreman_db(self) -> AsyncIterator[Database]:
+        """foreman's database for one look, opened read-only (foreman serve keeps writing in WAL mode)."""
+        async with read_only(self.db_path) as db:
+            yield db
 
-    def outbox_done(self, key: str) -> sqlite3.Row | None:
-        rows = self.query("SELECT status, result_json, sent_at FROM outbox WHERE idempotency_key = ?", (key,))
-        if rows and rows[0]["status"] in ("verification_failed", "parked"):
-            raise StepFailed("outbox", f"foreman's outbox entry {key} ended {rows[0]['status']}: the write to Gitea did"
-                         " not read back as intended (see `foreman outbox`)")
-        return rows[0] if rows and rows[0]["status"] == "done" else None
+    async def verified_entry(self, key: str) -> OutboxEntry | None:
+        """The outbox entry ``key`` once foreman sent and verified it; None while it is on its way."""
+        async with self.foreman_db() as db:
+            entry = await OutboxStore(db).by_key(key)
+        if entry is not None and entry.status in ("verification_failed", "parked"):
+            raise StepFailed("outbox", f"foreman's outbox entry {key} ended {entry.status}: the write to Gitea did"
+                             " not read back as intended (see `foreman outbox`)")
+        return entry if entry is not None and entry.status == "done" else None
 
-    # --- git ----------------------------------------------------------------------------------------------
     def git(self, *args: str, cwd: Path | None = None) -> str:
         done = subprocess.run(
             ["git", *args], cwd=cwd or self.checkout, capture_output=True, text=True, timeout=60, check=False
@@ -148,7 +135,6 @@ class LoopHarness:
             raise StepFailed("git", f"git {' '.join(args)}: {done.stderr.strip()}")
         return done.stdout
 
-    # --- foreman serve ------------------------------------------------------------------------------------
     async def start_serve(self, timeout_s: float = 30.0) -> None:
         """Start ``foreman serve`` on a free port and wait until it is ready and reaches Gitea."""
         log = self.serve_log.open("w", encoding="utf-8")
@@ -341,7 +327,7 @@ async def call_tool(session: Any, step: str, tool: str, **arguments: Any) -> dic
     return doc
 
 
-# ------------------------------------------------------------------------------------------------ the demo
+# --- the demo ---------------------------------------------------------------------------------------------------------
 
 
 class Printer:
@@ -379,9 +365,10 @@ async def _loop(h: LoopHarness, p: Printer, timeout_s: float) -> None:
     issue = await h.api(MAINTAINER, "POST", "/issues", {"title": ISSUE_TITLE, "body": ISSUE_BODY})
     n = int(issue["number"])
 
-    async def opened() -> sqlite3.Row | None:
-        rows = h.query("SELECT status FROM deliveries WHERE event = 'issues' AND action = 'opened'")
-        return rows[0] if rows and rows[0]["status"] == "done" else None
+    async def opened() -> StoredDelivery | None:
+        async with h.foreman_db() as db:
+            found = await DeliveryStore(db).with_action("issues", "opened")
+        return found[0] if found and found[0].status == "done" else None
 
     await until("issue", opened, timeout_s, "the `opened` webhook never reached foreman (or never settled)")
     p.step("issue", f"{MAINTAINER} opened #{n} \"{ISSUE_TITLE}\"; its signed webhook was stored and handled")
@@ -399,21 +386,22 @@ async def _loop(h: LoopHarness, p: Printer, timeout_s: float) -> None:
     p.step("label", f"{MAINTAINER} labelled #{n} status:ready; webhook issue_label/label_updated "
                     f"(delivery {delivery.delivery_id[:8]}, X-Gitea-Signature) answered 202")
 
-    async def candidate() -> sqlite3.Row | None:
-        rows = h.query("SELECT added_json FROM issue_events WHERE number = ? AND made_candidate = 1", (n,))
-        return rows[0] if rows else None
+    async def candidate() -> dict[str, Any] | None:
+        async with h.foreman_db() as db:
+            events = await IssueStore(db).issue_events(FULL_NAME, n)
+        return next((event for event in events if event["made_candidate"]), None)
 
     await until("candidate", candidate, timeout_s, f"#{n} never became a candidate")
     p.step("candidate", f"foreman recorded the label change: #{n} is a candidate (open, status:ready)")
 
-    async def leased() -> sqlite3.Row | None:
-        rows = h.query("SELECT * FROM leases WHERE issue_number = ? AND status = 'live'", (n,))
-        return rows[0] if rows else None
+    async def leased() -> Lease | None:
+        async with h.foreman_db() as db:
+            return await LeaseStore(db).live_for_issue(FULL_NAME, n)
 
     lease = await until("allocate", leased, timeout_s, f"no lease on #{n} (is auto-allocation on?)")
-    if lease["owner"] != AUTHOR:
-        raise StepFailed("allocate", f"#{n} was leased to {lease['owner']}, not {AUTHOR}")
-    lease_id = str(lease["lease_id"])
+    if lease.owner != AUTHOR:
+        raise StepFailed("allocate", f"#{n} was leased to {lease.owner}, not {AUTHOR}")
+    lease_id = lease.lease_id
     for effect in ("labels", "assignee"):
         await _verified(h, "allocate", f"{lease_id}:{effect}", timeout_s)
     seen = await h.api(MAINTAINER, "GET", f"/issues/{n}")
@@ -421,17 +409,18 @@ async def _loop(h: LoopHarness, p: Printer, timeout_s: float) -> None:
     assignees = [user["login"] for user in seen.get("assignees") or []]
     if labels != ["status:in-progress"] or assignees != [AUTHOR]:
         raise StepFailed("allocate", f"Gitea shows labels {labels} and assignees {assignees}")
-    p.step("allocate", f"lease {lease_id} for {AUTHOR} until {lease['expires_at']}; Gitea now shows assignee "
+    p.step("allocate", f"lease {lease_id} for {AUTHOR} until {to_db_time(lease.expires_at)}; Gitea now shows assignee "
                        f"{AUTHOR} and label status:in-progress (each read back by foreman and by this demo)")
 
-    async def bootstrapped() -> sqlite3.Row | None:
-        rows = h.query("SELECT * FROM bootstrap_journal WHERE lease_id = ?", (lease_id,))
-        if rows and rows[0]["outcome"] == "compensated":
-            raise StepFailed("bootstrap", f"the bootstrap was compensated: {rows[0]['error_json']}")
-        return rows[0] if rows and rows[0]["phase"] == "completed" else None
+    async def bootstrapped() -> Transition | None:
+        async with h.foreman_db() as db:
+            found = await JournalStore(db).first_for_lease(lease_id)
+        if found is not None and found.outcome == "compensated":
+            raise StepFailed("bootstrap", f"the bootstrap was compensated: {json.dumps(found.error)}")
+        return found if found is not None and found.phase == "completed" else None
 
     journal = await until("bootstrap", bootstrapped, timeout_s, "the server-side bootstrap never completed")
-    branch, worktree = str(journal["branch"]), Path(journal["worktree_path"])
+    branch, worktree = journal.branch, Path(journal.worktree_path)
     listed = h.git("worktree", "list", "--porcelain")
     head = h.git("rev-parse", "--abbrev-ref", "HEAD", cwd=worktree).strip()
     if f"worktree {worktree}\n" not in listed + "\n" or f"branch refs/heads/{branch}" not in listed or head != branch:
@@ -448,7 +437,7 @@ async def _loop(h: LoopHarness, p: Printer, timeout_s: float) -> None:
                         f"from {origin} (private repository) with {BOT}'s token ({len(served)} git requests, "
                         f"each as {BOT})")
 
-    key = f"{journal['idempotency_key']}:evidence"
+    key = f"{journal.key}:evidence"
     evidence = await _verified_comment(h, "evidence", n, key, timeout_s)
     allocation = await _verified_comment(h, "evidence", n, f"{lease_id}:evidence", timeout_s)
     state = parse_comment(evidence["body"]).current
@@ -456,8 +445,7 @@ async def _loop(h: LoopHarness, p: Printer, timeout_s: float) -> None:
         raise StepFailed("evidence", "the evidence comment carries no Canonical Issue State for the author")
     async def evidence_is_current() -> bool | None:
         # The outbox marks the comment verified, then its completion hook records it in the issue state: wait.
-        rows = h.query("SELECT state_comment_id FROM issues WHERE number = ?", (n,))
-        return True if rows and rows[0]["state_comment_id"] == evidence["id"] else None
+        return True if await _state_comment_id(h, n) == evidence["id"] else None
 
     await until("evidence", evidence_is_current, timeout_s,
                 "foreman did not take the evidence comment as the issue's current state")
@@ -478,18 +466,19 @@ async def _loop(h: LoopHarness, p: Printer, timeout_s: float) -> None:
 
 async def _author(h: LoopHarness, p: Printer, session: Any, n: int, lease_id: str, timeout_s: float) -> None:
     locked = await call_tool(session, "lock", "gitea_lock_issue", issue_number=n)
-    rows = h.query("SELECT lock_id, branch FROM issue_locks WHERE issue_number = ? AND released_at IS NULL", (n,))
-    if locked.get("status") != "locked" or not rows:
+    async with h.foreman_db() as db:
+        lock = await JournalStore(db).live_lock(FULL_NAME, n)
+    if locked.get("status") != "locked" or lock is None:
         raise StepFailed("lock", f"no live issue lock after gitea_lock_issue: {locked.get('status')}")
-    p.step("lock", f"gitea_lock_issue: #{n} locked to {AUTHOR}'s worktree on {rows[0]['branch']} "
-                   f"(lock {rows[0]['lock_id']})")
+    p.step("lock", f"gitea_lock_issue: #{n} locked to {AUTHOR}'s worktree on {lock.branch} (lock {lock.lock_id})")
 
-    before = h.query("SELECT expires_at FROM leases WHERE lease_id = ?", (lease_id,))[0]["expires_at"]
+    before = to_db_time((await _lease(h, lease_id)).expires_at)
     await asyncio.sleep(0.01)
     beat = await call_tool(session, "heartbeat", "gitea_heartbeat_lease", issue_number=n)
-    after = h.query("SELECT expires_at FROM leases WHERE lease_id = ?", (lease_id,))[0]["expires_at"]
-    beats = h.query("SELECT COUNT(*) AS c FROM lease_events WHERE lease_id = ? AND kind = 'heartbeat'", (lease_id,))
-    if not after > before or beats[0]["c"] != 1:
+    after = to_db_time((await _lease(h, lease_id)).expires_at)
+    async with h.foreman_db() as db:
+        beats = [event for event in await LeaseStore(db).events(lease_id) if event["kind"] == "heartbeat"]
+    if not after > before or len(beats) != 1:
         raise StepFailed("heartbeat", f"the lease was not extended ({before} -> {after})")
     if beat["lease"]["lease_id"] != lease_id:
         raise StepFailed("heartbeat", f"gitea_heartbeat_lease answered for another lease: {beat['lease']}")
@@ -512,19 +501,18 @@ async def _author(h: LoopHarness, p: Printer, session: Any, n: int, lease_id: st
     comment = await _verified_comment(h, "state", n, state_key, timeout_s)
 
     async def current() -> int | None:
-        rows = h.query("SELECT state_comment_id FROM issues WHERE number = ?", (n,))
-        return 1 if rows and rows[0]["state_comment_id"] == comment["id"] else None
+        return 1 if await _state_comment_id(h, n) == comment["id"] else None
 
     await until("state", current, timeout_s, "the author's state never became the issue's current state")
     p.step("state", f"gitea_post_issue_state: comment #{comment['id']} posted once, read back, and now #{n}'s "
                     f"state (WHO_IS_NEXT controller, LAST_UPDATED_BY {AUTHOR})")
 
     released = await call_tool(session, "release", "gitea_release_lease", issue_number=n, reason="done")
-    status = h.query("SELECT status, end_reason FROM leases WHERE lease_id = ?", (lease_id,))[0]
-    if released["lease"]["status"] != "released" or status["status"] != "released":
-        raise StepFailed("release", f"the lease is {status['status']} after gitea_release_lease")
+    ended = await _lease(h, lease_id)
+    if released["lease"]["status"] != "released" or ended.status != "released":
+        raise StepFailed("release", f"the lease is {ended.status} after gitea_release_lease")
     final = await _verified_comment(h, "release", n, f"{lease_id}:release", timeout_s)
-    p.step("release", f"gitea_release_lease: lease {lease_id} released ({status['end_reason']}); evidence comment "
+    p.step("release", f"gitea_release_lease: lease {lease_id} released ({ended.end_reason}); evidence comment "
                       f"#{final['id']} posted once and read back")
 
     timeline = await h.comments(n)
@@ -533,12 +521,27 @@ async def _author(h: LoopHarness, p: Printer, session: Any, n: int, lease_id: st
     p.block(f"final evidence comment #{final['id']}", final["body"])
 
 
-async def _verified(h: LoopHarness, step: str, key: str, timeout_s: float) -> sqlite3.Row:
+async def _state_comment_id(h: LoopHarness, n: int) -> int | None:
+    """The comment whose block foreman holds as the issue's current state."""
+    async with h.foreman_db() as db:
+        snapshot = await IssueStore(db).snapshot(FULL_NAME, n)
+    return None if snapshot is None else snapshot.state_comment_id
+
+
+async def _lease(h: LoopHarness, lease_id: str) -> Lease:
+    async with h.foreman_db() as db:
+        found = await LeaseStore(db).get(lease_id)
+    if found is None:
+        raise StepFailed("lease", f"foreman has no lease {lease_id}")
+    return found
+
+
+async def _verified(h: LoopHarness, step: str, key: str, timeout_s: float) -> OutboxEntry:
     """The outbox entry ``key``, once foreman's sender wrote it, read it back and found it as intended."""
 
-    async def done() -> sqlite3.Row | None:
+    async def done() -> OutboxEntry | None:
         try:
-            return h.outbox_done(key)
+            return await h.verified_entry(key)
         except StepFailed as exc:
             raise StepFailed(step, exc.message) from None
 
@@ -547,8 +550,7 @@ async def _verified(h: LoopHarness, step: str, key: str, timeout_s: float) -> sq
 
 async def _verified_comment(h: LoopHarness, step: str, n: int, key: str, timeout_s: float) -> dict[str, Any]:
     """The outbox entry ``key`` verified by foreman, and exactly one comment with its marker on Gitea, by the bot."""
-    row = await _verified(h, step, key, timeout_s)
-    result = json.loads(row["result_json"] or "{}")
+    result = (await _verified(h, step, key, timeout_s)).result or {}
     found = await h.comment_with_marker(n, key)
     if len(found) != 1:
         raise StepFailed(step, f"{len(found)} comments carry the marker {key} (expected exactly one)")

@@ -1,32 +1,23 @@
-"""Consistency invariants across foreman's three stores: the SQLite database, Gitea, and the checkout directory.
-
-Facts are gathered at the edges (``gather_db``, ``gather_gitea``, ``gather_checkout``: read-only) into plain
-frozen records; ``check`` is a pure function of those records and returns every violation it finds, each
-naming its invariant (``INVARIANTS``) and its subject. Used by the crash tests, and meant for an operator
-command: run it on a quiet service (nothing queued, nothing being sent), or the ``*.settled`` invariants
-report the work still in flight.
-
-What "consistent" means here (issue 9): no lease without evidence, no evidence without a lease, at most one
-live lease per issue, every bot comment posted exactly once, no bootstrap transition stuck half-way, and
-no worktree that the journal cannot account for.
-"""
+"""Consistency invariants across foreman's database, Gitea and the control checkout (docs/operating.md, section 5)."""
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import os
-import sqlite3
 import subprocess
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from bot.core.evidence import find_marker, parse_evidence
-from bot.gitea import GiteaClient
+from bot.gitea import Comment, Issue, IssueState, IssueType
 from bot.gitops import parse_worktree_porcelain
+from state.db import read_only
+from state.deliveries import DeliveryStore
+from state.journal import JournalStore
+from state.leases import LeaseStore
+from state.outbox import OutboxStore
 
 #: Every invariant ``check`` knows, with what it means.
 INVARIANTS: dict[str, str] = {
@@ -83,7 +74,7 @@ class Violation:
         return {"invariant": self.invariant, "subject": self.subject, "detail": self.detail}
 
 
-# ----------------------------------------------------------------------------------------------- facts
+# --- facts ------------------------------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True, slots=True)
@@ -198,7 +189,7 @@ class Facts:
     require_bootstrap: bool = False
 
 
-# ----------------------------------------------------------------------------------------------- check
+# --- check ------------------------------------------------------------------------------------------------------------
 
 
 def check(facts: Facts) -> list[Violation]:
@@ -412,7 +403,7 @@ def _worktrees(facts: Facts) -> list[Violation]:
     return out
 
 
-# ----------------------------------------------------------------------------------------------- edges
+# --- edges ------------------------------------------------------------------------------------------------------------
 
 
 def _numbers(value: Any) -> tuple[int, ...] | None:
@@ -421,23 +412,20 @@ def _numbers(value: Any) -> tuple[int, ...] | None:
     return tuple(sorted(value))
 
 
-def _recorded_exclusions(request_json: str | None) -> tuple[int, ...] | None:
+def _recorded_exclusions(request: dict[str, Any]) -> tuple[int, ...] | None:
     """The lease row's ``exclude`` (None when the row has none: the lease was not made by an allocation)."""
-    request = json.loads(request_json) if request_json else {}
     return _numbers(request.get("exclude")) if isinstance(request, dict) and "exclude" in request else None
 
 
-def _decided_exclusions(payload_json: str) -> tuple[int, ...] | None:
+def _decided_exclusions(payload: dict[str, Any]) -> tuple[int, ...] | None:
     """``exclusions.exclude_issue_numbers`` from a lease's evidence comment, as queued (None: not recorded)."""
-    payload = json.loads(payload_json)
     doc = parse_evidence(payload.get("body", "")) if isinstance(payload, dict) else None
     exclusions = doc.get("exclusions") if doc is not None else None
     return _numbers(exclusions.get("exclude_issue_numbers")) if isinstance(exclusions, dict) else None
 
 
-def _assignment_read_back(owner: str, result_json: str | None) -> bool:
+def _assignment_read_back(owner: str, result: dict[str, Any] | None) -> bool:
     """A completed transition's proof says Gitea, read back after the assignment, lists the owner."""
-    result = json.loads(result_json) if result_json else {}
     assignment = result.get("assignment") if isinstance(result, dict) else None
     if not isinstance(assignment, dict):
         return False
@@ -445,61 +433,57 @@ def _assignment_read_back(owner: str, result_json: str | None) -> bool:
     return assignment.get("assigned") is True and assignment.get("read_back") is True and owner.lower() in listed
 
 
-def _row_comment_id(result_json: str | None) -> int | None:
-    if not result_json:
-        return None
-    value = json.loads(result_json).get("comment_id")
+def _recorded_comment_id(result: dict[str, Any] | None) -> int | None:
+    value = result.get("comment_id") if isinstance(result, dict) else None
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
-def gather_db(path: Path | str) -> DbFacts:
+async def gather_db(path: Path | str) -> DbFacts:
     """Read the facts from a foreman database, read-only (safe beside a running service: WAL readers)."""
-    uri = f"file:{Path(path).resolve()}?mode=ro"
-    conn = sqlite3.connect(uri, uri=True)
-    try:
-        conn.execute("PRAGMA busy_timeout=5000")
-        rows = list(conn.execute(
-            "SELECT idempotency_key, issue_number, kind, status, result_json, payload_json FROM outbox ORDER BY id"
-        ))
-        outbox = tuple(
-            OutboxFact(key, number, kind, status, _row_comment_id(result) if kind == "comment" else None)
-            for key, number, kind, status, result, _payload in rows
-        )
-        decided = {key.removesuffix(":evidence"): _decided_exclusions(payload) for key, _, kind, _, _, payload in rows
-                   if kind == "comment" and key.startswith("lease-") and key.endswith(":evidence")}
-        leases = tuple(
-            LeaseFact(lease_id, number, owner, status, end_reason, _recorded_exclusions(request),
-                      decided.get(lease_id))
-            for lease_id, number, owner, status, end_reason, request in conn.execute(
-                "SELECT lease_id, issue_number, owner, status, end_reason, request_json FROM leases ORDER BY id"
-            )
-        )
-        deliveries = tuple(
-            DeliveryFact(*row)
-            for row in conn.execute("SELECT delivery_id, body_sha256, status FROM deliveries ORDER BY id")
-        )
-        transitions = tuple(
-            TransitionFact(key, number, lease_id, owner, phase, outcome, branch, path_,
-                           _assignment_read_back(owner, result) if outcome == "completed" else None)
-            for key, number, lease_id, owner, phase, outcome, branch, path_, result in conn.execute(
-                "SELECT idempotency_key, issue_number, lease_id, owner, phase, outcome, branch, worktree_path,"
-                " result_json FROM bootstrap_journal ORDER BY id"
-            )
-        )
-        registrations = tuple(
-            RegistrationFact(key, number, lease_id, branch, _real(path_), ended is None)
-            for key, number, lease_id, branch, path_, ended in conn.execute(
-                "SELECT j.idempotency_key, r.issue_number, r.lease_id, r.branch, r.worktree_path, r.ended_at"
-                " FROM worktree_registrations r JOIN bootstrap_journal j ON j.id = r.journal_id ORDER BY r.id"
-            )
-        )
-    finally:
-        conn.close()
-    transitions = tuple(dataclasses.replace(t, worktree_path=_real(t.worktree_path)) for t in transitions)
+    async with read_only(path) as db:
+        entries = await OutboxStore(db).every_entry()
+        lease_rows = await LeaseStore(db).every_lease()
+        digests = await DeliveryStore(db).digests()
+        journal = JournalStore(db)
+        transition_rows = await journal.every_transition()
+        registration_rows = await journal.every_registration()
+    outbox = tuple(
+        OutboxFact(e.key, e.issue_number, e.kind, e.status, _recorded_comment_id(e.result) if e.kind == "comment"
+                   else None)
+        for e in entries
+    )
+    decided = {e.key.removesuffix(":evidence"): _decided_exclusions(e.payload) for e in entries
+               if e.kind == "comment" and e.key.startswith("lease-") and e.key.endswith(":evidence")}
+    leases = tuple(
+        LeaseFact(lease.lease_id, lease.issue_number, lease.owner, lease.status, lease.end_reason,
+                  _recorded_exclusions(lease.request), decided.get(lease.lease_id))
+        for lease in lease_rows
+    )
+    deliveries = tuple(DeliveryFact(*digest) for digest in digests)
+    transitions = tuple(
+        TransitionFact(t.key, t.issue_number, t.lease_id, t.owner, t.phase, t.outcome, t.branch,
+                       _real(t.worktree_path),
+                       _assignment_read_back(t.owner, t.result) if t.outcome == "completed" else None)
+        for t in transition_rows
+    )
+    registrations = tuple(
+        RegistrationFact(key, r.issue_number, r.lease_id, r.branch, _real(r.worktree_path), r.ended_at is None)
+        for key, r in registration_rows
+    )
     return DbFacts(leases, outbox, deliveries, transitions, registrations)
 
 
-async def gather_gitea(client: GiteaClient, *, numbers: Iterable[int] | None = None) -> GiteaFacts:
+class GiteaReads(Protocol):
+    """The Gitea reads the checker makes (``GiteaClient`` has them)."""
+
+    async def list_issues(self, *, state: IssueState = "open", type_: IssueType | None = "issues") -> list[Issue]: ...
+
+    async def get_issue(self, number: int) -> Issue: ...
+
+    async def list_issue_comments(self, number: int) -> list[Comment]: ...
+
+
+async def gather_gitea(client: GiteaReads, *, numbers: Iterable[int] | None = None) -> GiteaFacts:
     """Every comment (with its foreman marker) and the assignees of every issue and pull request, or of
     ``numbers``."""
     if numbers is None:
@@ -546,14 +530,14 @@ def gather_checkout(path: Path | str) -> CheckoutFacts | None:
 async def gather(
     *,
     database: Path | str,
-    client: GiteaClient,
+    client: GiteaReads,
     bot_login: str,
     checkout: Path | str | None,
     acknowledged: Sequence[tuple[str, str]] | None = None,
     require_bootstrap: bool = False,
 ) -> Facts:
     """All facts, from a quiet service's database, Gitea and control checkout."""
-    db = gather_db(database)
+    db = await gather_db(database)
     gitea = await gather_gitea(client)
     return Facts(
         db=db,

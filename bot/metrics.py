@@ -100,7 +100,7 @@ class Metrics:
             registry=self.registry,
         )
 
-        # Catch-up (issue 16, bot/reconcile.py).
+        # Catch-up (bot/reconcile.py).
         self.reconcile_last_success = Gauge(
             "foreman_reconcile_last_success_timestamp_seconds",
             "When the last catch-up pass finished reading Gitea (unix seconds; 0: none in this process)",
@@ -151,32 +151,17 @@ class Metrics:
 
     async def refresh_state(self, db: Database) -> None:
         """Lease and journal gauges from the database (read-only, one query each); called on every scrape."""
-        from state.db import from_db_time, to_db_time, utcnow
+        from state.db import from_db_time, utcnow
+        from state.journal import JournalStore
+        from state.leases import LeaseStore
 
         now = utcnow()
-        counts = dict.fromkeys(LEASE_STATES, 0)
-        async with db.reader.execute(
-            "SELECT CASE WHEN status = 'live' AND expires_at <= ? THEN 'live_expired' ELSE status END AS state,"
-            " count(*) AS n FROM leases GROUP BY state",
-            (to_db_time(now),),
-        ) as cur:
-            for row in await cur.fetchall():
-                if row["state"] in counts:
-                    counts[row["state"]] = row["n"]
-        for state, n in counts.items():
-            self.leases.labels(state).set(n)
-        outcomes = dict.fromkeys(JOURNAL_OUTCOMES, 0)
-        async with db.reader.execute(
-            "SELECT outcome, count(*) AS n, min(CASE WHEN outcome = 'open' THEN created_at END) AS oldest"
-            " FROM bootstrap_journal GROUP BY outcome"
-        ) as cur:
-            oldest = None
-            for row in await cur.fetchall():
-                if row["outcome"] in outcomes:
-                    outcomes[row["outcome"]] = row["n"]
-                oldest = oldest or row["oldest"]
-        for outcome, n in outcomes.items():
-            self.bootstrap_transitions.labels(outcome).set(n)
+        found = await LeaseStore(db).count_by_state(now)
+        for state in LEASE_STATES:
+            self.leases.labels(state).set(found.get(state, 0))
+        outcomes, oldest = await JournalStore(db).outcome_counts()
+        for outcome in JOURNAL_OUTCOMES:
+            self.bootstrap_transitions.labels(outcome).set(outcomes.get(outcome, 0))
         self.bootstrap_oldest_open_age.set(max(0.0, (now - from_db_time(oldest)).total_seconds()) if oldest else 0)
 
     def render(self) -> bytes:

@@ -19,6 +19,15 @@ from gidgethub import routing, sansio
 
 from bot.config import Settings
 from bot.core.canonical import ParseResult, parse_comment
+from bot.core.issue_state import (
+    NO_BLOCK,
+    CommentAction,
+    CommentObservation,
+    IssueObservation,
+    IssueSnapshot,
+    Trust,
+    gitea_time,
+)
 from bot.core.trust import (
     TeamGrant,
     issue_writing_teams,
@@ -29,16 +38,7 @@ from bot.core.trust import (
 from bot.core.vocabulary import label_for_state
 from bot.worker import HandlerContext, records_first
 from state.db import to_db_time, utcnow
-from state.issues import (
-    NO_BLOCK,
-    CommentAction,
-    CommentObservation,
-    IssueObservation,
-    IssueSnapshot,
-    IssueStore,
-    Trust,
-    gitea_time,
-)
+from state.issues import IssueStore
 from state.outbox import OutboxEntry
 
 log = logging.getLogger("foreman.issue_state")

@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 from pathlib import Path
+from urllib.parse import quote
 
 import aiosqlite
 
@@ -100,6 +101,17 @@ class Database:
         await db._migrate()
         _private(path)
         return db
+
+    @classmethod
+    async def open_read_only(cls, path: Path, *, busy_timeout_ms: int = 5000) -> Database:
+        """A database another process writes, for reads only: never created or migrated, every write refused."""
+        if not await asyncio.to_thread(path.is_file):
+            # Checked first: aiosqlite's thread outlives a failed connect and may call back into a closed loop.
+            raise FileNotFoundError(f"no database at {path}")
+        conn = await aiosqlite.connect(f"file:{quote(str(path))}?mode=ro", uri=True, isolation_level=None)
+        conn.row_factory = sqlite3.Row
+        await conn.execute(f"PRAGMA busy_timeout={int(busy_timeout_ms)}")
+        return cls(conn, path)
 
     async def close(self) -> None:
         await self._conn.close()
@@ -196,6 +208,16 @@ class Database:
             return
         except sqlite3.Error as exc:
             raise _not_writable(exc, self.path) from exc
+
+
+@asynccontextmanager
+async def read_only(path: Path | str) -> AsyncIterator[Database]:
+    """``Database.open_read_only`` for the length of a block (a demo or checker beside a running service)."""
+    db = await Database.open_read_only(Path(path))
+    try:
+        yield db
+    finally:
+        await db.close()
 
 
 def _not_writable(exc: sqlite3.Error, path: Path) -> DatabaseNotWritable:

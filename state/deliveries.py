@@ -12,6 +12,7 @@ from typing import Any, Literal
 import aiosqlite
 
 from bot.core.intake import Delivery
+from bot.core.issue_state import repo_key
 from state.db import Database, from_db_time, to_db_time, utcnow
 
 DeliveryStatus = Literal["queued", "processing", "done", "failed", "ignored_self", "ignored"]
@@ -298,6 +299,32 @@ class DeliveryStore:
         ) as cur:
             row = await cur.fetchone()
         return _row(row) if row is not None else None
+
+    async def for_issue(self, repo: str, number: int, *, limit: int = 50) -> list[StoredDelivery]:
+        """The newest deliveries whose body names this repository (any case) and issue or pull request."""
+        async with self._db.reader.execute(
+            f"SELECT {_COLUMNS} FROM deliveries WHERE json_valid(CAST(body AS TEXT))"  # noqa: S608
+            " AND lower(json_extract(CAST(body AS TEXT), '$.repository.full_name')) = ?"
+            " AND coalesce(json_extract(CAST(body AS TEXT), '$.issue.number'),"
+            " json_extract(CAST(body AS TEXT), '$.pull_request.number')) = ? ORDER BY id DESC LIMIT ?",
+            (repo_key(repo), number, limit),
+        ) as cur:
+            return [_row(row) for row in await cur.fetchall()]
+
+    async def with_action(self, event: str, action: str) -> list[StoredDelivery]:
+        """Every delivery of one event and action, oldest first."""
+        async with self._db.reader.execute(
+            f"SELECT {_COLUMNS} FROM deliveries WHERE event = ? AND action = ? ORDER BY id",  # noqa: S608
+            (event, action),
+        ) as cur:
+            return [_row(row) for row in await cur.fetchall()]
+
+    async def digests(self) -> list[tuple[str, str, DeliveryStatus]]:
+        """(delivery id, body SHA-256, status) of every delivery, oldest first (the invariant checker's view)."""
+        async with self._db.reader.execute(
+            "SELECT delivery_id, body_sha256, status FROM deliveries ORDER BY id"
+        ) as cur:
+            return [(row[0], row[1], row[2]) for row in await cur.fetchall()]
 
     async def list(self, *, status: str | None = None, limit: int = 100) -> list[StoredDelivery]:
         if status is not None and status not in STATUSES:

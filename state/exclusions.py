@@ -1,6 +1,4 @@
-"""A controller's standing exclusions (issue 20): the exclusions it last stated in an allocation call, kept as history
-(one row per statement, never updated) and applied by auto-allocation before ranking until the controller states
-others (an empty list lifts them)."""
+"""A controller's standing exclusions: what it last stated in an allocation call, applied by auto-allocation."""
 
 from __future__ import annotations
 

@@ -1,325 +1,44 @@
-"""Each issue's Canonical Issue State with its history: comment records, label snapshots, blockers, label syncs.
-
-Ordering rules (the pure functions below are the single source of truth; SQLite only stores their inputs):
-
-* A comment's **effective revision** is its deletion record if one exists (comment ids are never reused),
-  else the revision with the latest ``(comment updated_at, edited-after-created, record id)``: an edit
-  replaces that comment's block, whatever order the deliveries arrived in.
-* The issue's **current state** is the valid block of the effective revision of the comment that is
-  latest in Gitea's comment order ``(comment created_at, comment id)`` among those whose author was
-  trusted. Arrival order never matters, so a late delivery of an older comment cannot override a newer one,
-  and deleting the comment that counts falls back to the previous trusted block.
-* The issue's **snapshot** (labels, open/closed) is replaced only by a payload whose ``issue.updated_at`` is
-  not older than the stored one; an older one is kept in the history with ``applied = 0``. The bot's own
-  label changes come back as ignored webhooks, so the outbox completion hook stores their verified result.
-* **Label sync** is planned inside the transaction that changes the state or the label snapshot: a needed
-  change is an outbox ``labels`` entry written in that same transaction (issue 4), planned against the
-  snapshot with the still-open label entries of the outbox applied on top.
-
-Every write happens in one ``BEGIN IMMEDIATE`` transaction, guarded by unique indexes and by
-``UPDATE issues ... WHERE version = ?``, so concurrent workers cannot interleave a lost update.
-"""
+"""The issue-state store: comment records, label snapshots, blockers and label syncs, in SQLite."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import sqlite3
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
-from datetime import datetime
-from typing import Any, Literal
+from collections.abc import Iterable
+from typing import Any
 
 import aiosqlite
 
-from bot.core.canonical import CanonicalState, ParseResult
-from bot.core.vocabulary import is_status_label, label_for_state, status_labels
+from bot.core.canonical import CanonicalState
+from bot.core.issue_state import (
+    CONFLICTING_STATUS_LABELS,
+    ISSUE_DELETED,
+    READY_LABEL,
+    CommentObservation,
+    CommentRecord,
+    IssueEventResult,
+    IssueLabel,
+    IssueObservation,
+    IssueSnapshot,
+    LabelSync,
+    SyncOutcome,
+    current_record,
+    diff_labels,
+    effective_revisions,
+    gitea_time,
+    not_older,
+    plan_label_sync,
+    repo_key,
+    sorted_labels,
+)
+from bot.core.vocabulary import is_status_label, label_for_state
 from state.db import Database, to_db_time, utcnow
-from state.outbox import OutboxEntry, OutboxIntent, cancel_issue_entries, enqueue
-
-CommentAction = Literal["created", "edited", "deleted"]
-#: ``issues.label_sync``: whether the labels mirror the STATE. ``pending``: they do not yet, and the change is
-#: in the outbox (sent by the outbox sender, or waiting there while no Gitea token is configured);
-#: ``label_missing`` / ``failed``: the outbox entry for this state and label set failed (see issue_label_syncs).
-LabelSync = Literal["no_state", "in_sync", "held", "pending", "label_missing", "failed"]
-#: ``issue_label_syncs.outcome``: ``queued`` (an outbox entry was written), then what became of that entry
-#: (``applied``, ``label_missing``, ``failed``); ``held`` (two status labels: nothing queued).
-SyncOutcome = Literal["queued", "applied", "held", "label_missing", "failed"]
-LABEL_SYNC_KEY_PREFIX = "label-sync:"
-
-CONFLICTING_STATUS_LABELS = "conflicting_status_labels"
-ISSUE_DELETED = "issue_deleted"
-READY_LABEL = label_for_state("ready")
-_ACTION_RANK: dict[str, int] = {"created": 0, "edited": 1, "deleted": 2}
+from state.label_syncs import failed_sync, insert_sync, plan_sync, queued_sync
+from state.outbox import OutboxEntry, cancel_issue_entries
 
 
 class ConcurrentUpdate(RuntimeError):
     """The issue row changed between read and write; the caller (the worker) retries the delivery."""
-
-
-def gitea_time(text: str) -> str:
-    """An RFC 3339 time from Gitea (with a zone offset, or ``Z``) as the stored fixed-width UTC text."""
-    return to_db_time(datetime.fromisoformat(text.replace("Z", "+00:00")))
-
-
-def repo_key(full_name: str) -> str:
-    """Repositories are keyed by ``owner/name`` in lower case (Gitea names are case-insensitive)."""
-    return full_name.lower()
-
-
-# --------------------------------------------------------------------------- records
-
-
-@dataclass(frozen=True, slots=True)
-class IssueLabel:
-    """A label on an issue, as Gitea identifies it (removal by id needs the id)."""
-
-    id: int
-    name: str
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"id": self.id, "name": self.name}
-
-
-@dataclass(frozen=True, slots=True)
-class IssueObservation:
-    """What a payload's ``issue`` object says: open or closed, the full label set, and as of when."""
-
-    number: int
-    is_open: bool
-    labels: tuple[IssueLabel, ...]
-    updated_at: str | None  # stored form (gitea_time); None when the payload has none (then arrival order)
-
-    @classmethod
-    def from_payload(cls, issue: dict[str, Any]) -> IssueObservation:
-        labels = tuple(IssueLabel(int(item["id"]), str(item["name"])) for item in issue.get("labels") or [])
-        return cls(
-            number=int(issue["number"]),
-            is_open=issue.get("state", "open") != "closed",
-            labels=sorted_labels(labels),
-            updated_at=gitea_time(str(issue["updated_at"])) if issue.get("updated_at") else None,
-        )
-
-    @classmethod
-    def from_event(cls, action: str, issue: dict[str, Any]) -> IssueObservation:
-        """What an ``issues`` event says about the issue after the change.
-
-        ``label_cleared`` lists the labels from *before* the clear (Gitea's models/issues/issue_label.go
-        ``clearIssueLabels`` never reloads them, and services/webhook/notifier.go ``IssueClearLabels``
-        converts that stale list; 1.22 to 1.26), so it is read as "no labels now".
-        """
-        observed = cls.from_payload(issue)
-        if action == "label_cleared":
-            return cls(observed.number, observed.is_open, (), observed.updated_at)
-        return observed
-
-
-@dataclass(frozen=True, slots=True)
-class Trust:
-    """Whether a comment's author may set the state, and why. ``trusted`` is None when there was no block."""
-
-    trusted: bool | None
-    reason: str
-
-
-NO_BLOCK = Trust(None, "no_block")
-
-
-@dataclass(frozen=True, slots=True)
-class CommentObservation:
-    """One issue_comment event, reduced to what the history keeps."""
-
-    repo: str
-    number: int
-    comment_id: int
-    action: CommentAction
-    author: str
-    created_at: str  # stored form
-    updated_at: str  # stored form
-    delivery_id: str
-    body_sha256: str
-    parsed: ParseResult | None  # None for a deletion
-    trust: Trust
-
-    @staticmethod
-    def body_hash(body: str) -> str:
-        return hashlib.sha256(body.encode("utf-8")).hexdigest()
-
-
-@dataclass(frozen=True, slots=True)
-class CommentRecord:
-    """One stored evaluation of one revision of one comment (a row of ``issue_comment_records``)."""
-
-    id: int
-    comment_id: int
-    action: CommentAction
-    author: str
-    created_at: str
-    updated_at: str
-    trusted: bool | None
-    trust_reason: str
-    state: CanonicalState | None
-    delivery_id: str = ""
-    block_count: int = 0
-    errors: tuple[dict[str, Any], ...] = ()
-    superseded_by: int | None = None
-    recorded_at: str = ""
-
-    @property
-    def counts(self) -> bool:
-        """Whether this revision, if effective, can be the issue's state: trusted and valid."""
-        return self.action != "deleted" and self.trusted is True and self.state is not None
-
-
-@dataclass(frozen=True, slots=True)
-class IssueSnapshot:
-    """The issues row: current state and the last known labels and status."""
-
-    repo: str
-    number: int
-    is_open: bool | None
-    labels: tuple[IssueLabel, ...] | None
-    snapshot_as_of: str | None
-    state: CanonicalState | None
-    state_record_id: int | None
-    state_comment_id: int | None
-    candidate: bool
-    label_sync: LabelSync
-    version: int
-    open_blockers: tuple[str, ...] = ()
-
-    @property
-    def label_names(self) -> tuple[str, ...]:
-        return tuple(label.name for label in self.labels or ())
-
-    @property
-    def status_labels(self) -> tuple[str, ...]:
-        return tuple(name for name in self.label_names if is_status_label(name))
-
-
-@dataclass(frozen=True, slots=True)
-class IssueEventResult:
-    """What one issues event changed."""
-
-    added: tuple[str, ...]
-    removed: tuple[str, ...]
-    applied: bool
-    first_snapshot: bool
-    made_candidate: bool
-    duplicate: bool
-    snapshot: IssueSnapshot
-
-
-@dataclass(frozen=True, slots=True)
-class SyncPlan:
-    """What label sync should do for a snapshot: nothing, hold, or add ``target`` and remove ``remove``."""
-
-    status: LabelSync
-    target: str | None = None
-    remove: tuple[str, ...] = field(default=())
-
-    @property
-    def needs_change(self) -> bool:
-        return self.status == "pending"
-
-
-# --------------------------------------------------------------------------- pure rules
-
-
-def _revision_key(record: CommentRecord) -> tuple[int, str, int, int]:
-    if record.action == "deleted":
-        # A deletion wins over every revision; among repeated deletions the first recorded one stands.
-        return (1, "", 0, -record.id)
-    # Same updated_at (Gitea keeps whole seconds): an edit is newer than the creation, then arrival order.
-    return (0, record.updated_at, _ACTION_RANK[record.action], record.id)
-
-
-def effective_revisions(records: Iterable[CommentRecord]) -> dict[int, CommentRecord]:
-    """Per comment id, the revision that stands (see the module docstring), whatever the arrival order."""
-    best: dict[int, CommentRecord] = {}
-    for record in records:
-        held = best.get(record.comment_id)
-        if held is None or _revision_key(record) > _revision_key(held):
-            best[record.comment_id] = record
-    return best
-
-
-def current_record(records: Iterable[CommentRecord]) -> CommentRecord | None:
-    """The record whose block is the issue's current state, or None: the latest trusted valid block.
-
-    Latest means Gitea's comment order ``(created_at, comment id)``, never arrival order; each comment is
-    represented by its effective revision, so edits replace and deletions withdraw that comment's block.
-    """
-    standing = [record for record in effective_revisions(records).values() if record.counts]
-    if not standing:
-        return None
-    return max(standing, key=lambda record: (record.created_at, record.comment_id))
-
-
-def plan_label_sync(state: CanonicalState | None, labels: Sequence[str] | None, *, conflict: bool) -> SyncPlan:
-    """Whether the labels mirror ``state`` with exactly one ``status:*`` label, and what to change if not.
-
-    Two or more status labels are a conflict for the controller: sync holds off rather than guess.
-    """
-    if state is None:
-        return SyncPlan("no_state")
-    target = label_for_state(state.state)
-    status = [name for name in labels or () if is_status_label(name)]
-    if conflict or len(status) > 1:
-        return SyncPlan("held", target)
-    if status == [target]:
-        return SyncPlan("in_sync", target)
-    return SyncPlan("pending", target, tuple(name for name in status if name != target))
-
-
-def project_labels(names: Iterable[str], changes: Iterable[dict[str, Any]]) -> tuple[str, ...]:
-    """The label names after the outbox's still-open ``labels`` entries (their payloads, in order) are applied."""
-    projected = set(names)
-    for change in changes:
-        projected |= set(change.get("add", []))
-        projected -= set(change.get("remove", []))
-    return tuple(sorted(projected))
-
-
-def sync_change(target: str, *label_sets: Iterable[str]) -> dict[str, list[str]]:
-    """The outbox ``labels`` payload that makes ``target`` the only status label.
-
-    Every other status label is removed: the vocabulary's and any other ``status:*`` label seen in
-    ``label_sets``. The sender removes only what the issue carries, so listing them all costs nothing, and an
-    entry planned against a label set that an earlier entry is still changing cannot leave two status labels.
-    """
-    others = set(status_labels()).union(*(filter(is_status_label, names) for names in label_sets))
-    return {"add": [target], "remove": sorted(others - {target})}
-
-
-def label_sync_key(repo: str, number: int, record_id: int, target: str, basis: Sequence[Any]) -> str:
-    """The idempotency key of the label sync for one state record, target and label basis.
-
-    ``basis`` is what the plan was made from (the stored label set and its time, the projected set): the same
-    cause processed again (a retried or replayed delivery) yields the same key, so nothing is queued twice;
-    a later label change by someone else yields a new one, so the status label is put back again.
-    """
-    digest = hashlib.sha256(json.dumps(list(basis), sort_keys=True).encode()).hexdigest()[:16]
-    return f"{LABEL_SYNC_KEY_PREFIX}{repo_key(repo)}#{number}:record-{record_id}:{target}:basis-{digest}"
-
-
-def diff_labels(before: Iterable[str], after: Iterable[str]) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """(added, removed) label names, each sorted."""
-    old, new = set(before), set(after)
-    return tuple(sorted(new - old)), tuple(sorted(old - new))
-
-
-def _not_older(issue: IssueObservation, snapshot: IssueSnapshot) -> bool:
-    """Whether a payload's issue may replace the stored snapshot (same second: arrival order decides)."""
-    return issue.updated_at is None or snapshot.snapshot_as_of is None or issue.updated_at >= snapshot.snapshot_as_of
-
-
-def sorted_labels(labels: Iterable[IssueLabel]) -> tuple[IssueLabel, ...]:
-    """Labels in Gitea's order (by name), without repeats."""
-    return tuple(sorted(set(labels), key=lambda label: (label.name, label.id)))
-
-
-# --------------------------------------------------------------------------- the store
 
 
 def _labels_json(labels: Iterable[IssueLabel]) -> str:
@@ -365,7 +84,7 @@ class IssueStore:
     def __init__(self, db: Database) -> None:
         self._db = db
 
-    # --- reads -----------------------------------------------------------------------------------------
+    # --- reads --------------------------------------------------------------------------------------------------------
     async def snapshot(self, repo: str, number: int) -> IssueSnapshot | None:
         return await self._snapshot(self._db.reader, repo_key(repo), number)
 
@@ -408,7 +127,7 @@ class IssueStore:
         ) as cur:
             return [dict(row) for row in await cur.fetchall()]
 
-    # --- writes ----------------------------------------------------------------------------------------
+    # --- writes -------------------------------------------------------------------------------------------------------
     async def record_comment(
         self, observation: CommentObservation, issue: IssueObservation | None = None
     ) -> IssueSnapshot:
@@ -473,7 +192,7 @@ class IssueStore:
             before = await self._snapshot(conn, repo, issue.number)
             assert before is not None
             first = before.labels is None
-            applied = _not_older(issue, before)
+            applied = not_older(issue, before)
             if applied and not delivery_id.startswith("reconcile:"):
                 # A view another delivery already recorded (a late webhook after catch-up, a Replay): Gitea stores
                 # whole seconds, so it may look as new as the snapshot; it is history only. Catch-up's views are
@@ -590,10 +309,10 @@ class IssueStore:
             )
         async with self._db.transaction() as conn:
             await self._ensure_issue(conn, repo, number, now)
-            queued = await self._queued_sync(conn, entry.key)
+            queued = await queued_sync(conn, entry.key)
             if queued is not None:
                 names = [label.name for label in after.labels] if after is not None else list(result.get("labels", []))
-                await self._insert_sync(
+                await insert_sync(
                     conn,
                     queued,
                     outcome="applied",
@@ -604,7 +323,7 @@ class IssueStore:
                 )
             current = await self._snapshot(conn, repo, number)
             assert current is not None
-            if after is not None and _not_older(after, current):
+            if after is not None and not_older(after, current):
                 current = await self._apply_observation(conn, current, after, source, now)
             return await self._set_state(conn, current, None, now, keep_state=True, cause=None)
 
@@ -616,7 +335,7 @@ class IssueStore:
         """
         repo, now = repo_key(repo), to_db_time(utcnow())
         async with self._db.transaction() as conn:
-            queued = await self._queued_sync(conn, entry.key)
+            queued = await queued_sync(conn, entry.key)
             if queued is None:
                 return None
             observed = entry.observed.get("observed") if isinstance(entry.observed, dict) else None
@@ -627,7 +346,7 @@ class IssueStore:
             else:
                 outcome = "failed"
                 reason = f"outbox entry {entry.id} {entry.status}: {entry.last_error or ''}".strip()[:500]
-            await self._insert_sync(
+            await insert_sync(
                 conn,
                 queued,
                 outcome=outcome,
@@ -641,7 +360,7 @@ class IssueStore:
                 return None
             return await self._set_state(conn, current, None, now, keep_state=True, cause=None)
 
-    # --- internals -------------------------------------------------------------------------------------
+    # --- internals ----------------------------------------------------------------------------------------------------
     async def _ensure_issue(self, conn: aiosqlite.Connection, repo: str, number: int, now: str) -> None:
         await conn.execute(
             "INSERT INTO issues (repo, number, created_at, updated_at) VALUES (?, ?, ?, ?)"
@@ -748,10 +467,10 @@ class IssueStore:
         conflict = CONFLICTING_STATUS_LABELS in snapshot.open_blockers
         plan = plan_label_sync(state, snapshot.label_names, conflict=conflict)
         if cause is not None and state is not None and record_id is not None:
-            await self._plan_sync(conn, snapshot, record_id, state, plan, cause, now)
+            await plan_sync(conn, snapshot, record_id, state, plan, cause, now)
         sync: LabelSync = plan.status
         if plan.needs_change and record_id is not None and plan.target is not None:
-            sync = await self._failed_sync(conn, snapshot, record_id, plan.target) or plan.status
+            sync = await failed_sync(conn, snapshot, record_id, plan.target) or plan.status
         cursor = await conn.execute(
             "UPDATE issues SET state_record_id = ?, state_comment_id = ?, state_json = ?, state_label = ?,"
             " label_sync = ?, updated_at = ?, version = version + 1 WHERE repo = ? AND number = ? AND version = ?",
@@ -773,119 +492,3 @@ class IssueStore:
         fresh = await self._snapshot(conn, snapshot.repo, snapshot.number)
         assert fresh is not None
         return fresh
-
-    async def _plan_sync(
-        self,
-        conn: aiosqlite.Connection,
-        snapshot: IssueSnapshot,
-        record_id: int,
-        state: CanonicalState,
-        plan: SyncPlan,
-        cause: str,
-        now: str,
-    ) -> None:
-        """Record a held sync, or queue the label change the state needs (outbox entry + ``queued`` row).
-
-        The plan is made against the stored labels with the outbox's still-open label entries applied, so a
-        change already on its way is not queued again, and one that an open entry would undo is queued after it.
-        """
-        assert plan.target is not None
-        labels_before = json.dumps(snapshot.label_names)
-        if plan.status == "held":
-            cursor = await conn.execute(
-                "INSERT INTO issue_label_syncs (repo, number, state_record_id, target_label, outcome, reason,"
-                " labels_before_json, delivery_id, recorded_at) VALUES (?, ?, ?, ?, 'held', ?, ?, ?, ?)"
-                " ON CONFLICT DO NOTHING",
-                (
-                    snapshot.repo,
-                    snapshot.number,
-                    record_id,
-                    plan.target,
-                    "two status labels at once",
-                    labels_before,
-                    cause,
-                    now,
-                ),
-            )
-            await cursor.close()
-            return
-        async with conn.execute(
-            "SELECT payload_json FROM outbox WHERE issue_number = ? AND kind = 'labels'"
-            " AND status IN ('pending', 'sending') ORDER BY id",
-            (snapshot.number,),
-        ) as cur:
-            open_changes = [json.loads(row[0]) for row in await cur.fetchall()]
-        projected = project_labels(snapshot.label_names, open_changes)
-        if [name for name in projected if is_status_label(name)] == [plan.target]:
-            return  # in sync, or an open outbox entry will make it so
-        key = label_sync_key(
-            snapshot.repo,
-            snapshot.number,
-            record_id,
-            plan.target,
-            [snapshot.label_names, snapshot.snapshot_as_of, projected],
-        )
-        change = sync_change(plan.target, snapshot.label_names, projected)
-        if not await enqueue(conn, OutboxIntent(key, snapshot.number, "labels", change, cause)):
-            return  # this cause was handled before (a retried or replayed delivery)
-        reason = f"STATE {state.state} is mirrored by {plan.target}; queued as outbox entry {key}"
-        cursor = await conn.execute(
-            "INSERT INTO issue_label_syncs (repo, number, state_record_id, target_label, outcome, reason,"
-            " labels_before_json, outbox_key, delivery_id, recorded_at) VALUES (?, ?, ?, ?, 'queued', ?, ?, ?, ?, ?)"
-            " ON CONFLICT DO NOTHING",
-            (snapshot.repo, snapshot.number, record_id, plan.target, reason, labels_before, key, cause, now),
-        )
-        await cursor.close()
-
-    async def _queued_sync(self, conn: aiosqlite.Connection, key: str) -> sqlite3.Row | None:
-        async with conn.execute(
-            "SELECT * FROM issue_label_syncs WHERE outbox_key = ? AND outcome = 'queued'", (key,)
-        ) as cur:
-            row: sqlite3.Row | None = await cur.fetchone()
-        return row
-
-    async def _insert_sync(
-        self,
-        conn: aiosqlite.Connection,
-        queued: sqlite3.Row,
-        *,
-        outcome: SyncOutcome,
-        reason: str,
-        labels_after: Sequence[str] | None,
-        source: str,
-        now: str,
-    ) -> None:
-        """Record what became of a queued sync's outbox entry (once per entry and outcome)."""
-        cursor = await conn.execute(
-            "INSERT INTO issue_label_syncs (repo, number, state_record_id, target_label, outcome, reason,"
-            " labels_before_json, labels_after_json, outbox_key, delivery_id, recorded_at)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
-            (
-                queued["repo"],
-                queued["number"],
-                queued["state_record_id"],
-                queued["target_label"],
-                outcome,
-                reason,
-                queued["labels_before_json"],
-                None if labels_after is None else json.dumps(list(labels_after)),
-                queued["outbox_key"],
-                source,
-                now,
-            ),
-        )
-        await cursor.close()
-
-    async def _failed_sync(
-        self, conn: aiosqlite.Connection, snapshot: IssueSnapshot, record_id: int, target: str
-    ) -> LabelSync | None:
-        """``label_missing`` or ``failed`` when the latest settled sync of this state record and target failed."""
-        async with conn.execute(
-            "SELECT outcome FROM issue_label_syncs WHERE repo = ? AND number = ? AND state_record_id = ?"
-            " AND target_label = ? AND outcome IN ('applied', 'label_missing', 'failed') ORDER BY id DESC LIMIT 1",
-            (snapshot.repo, snapshot.number, record_id, target),
-        ) as cur:
-            row = await cur.fetchone()
-        if row is None or row[0] == "applied":
-            return None
-        return "label_missing" if row[0] == "label_missing" else "failed"

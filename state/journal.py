@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sqlite3
 import uuid
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
@@ -291,7 +292,7 @@ class JournalStore:
             row: sqlite3.Row | None = await cur.fetchone()
         return row
 
-    # -- transitions
+    # --- transitions --------------------------------------------------------------------------------------------------
 
     async def get(self, key: str, conn: aiosqlite.Connection | None = None) -> Transition | None:
         row = await self._one(conn, f"SELECT {_T_COLUMNS} FROM bootstrap_journal WHERE idempotency_key = ?", (key,))  # noqa: S608
@@ -346,6 +347,38 @@ class JournalStore:
         ) as cur:
             return [_transition(row) for row in await cur.fetchall()]
 
+    async def recent(self, repo: str, *, issue: int | None = None, limit: int = 50) -> list[Transition]:
+        """The repository's transitions (of one issue), newest first."""
+        where, params = "repo = ?", list[Any]([repo])
+        if issue is not None:
+            where, params = where + " AND issue_number = ?", [*params, issue]
+        async with self._db.reader.execute(
+            f"SELECT {_T_COLUMNS} FROM bootstrap_journal WHERE {where} ORDER BY id DESC LIMIT ?",  # noqa: S608
+            (*params, limit),
+        ) as cur:
+            return [_transition(row) for row in await cur.fetchall()]
+
+    async def first_for_lease(self, lease_id: str) -> Transition | None:
+        """The lease's first transition, whatever its outcome."""
+        row = await self._one(
+            None, f"SELECT {_T_COLUMNS} FROM bootstrap_journal WHERE lease_id = ? ORDER BY id LIMIT 1", (lease_id,)  # noqa: S608
+        )
+        return _transition(row) if row is not None else None
+
+    async def every_transition(self) -> list[Transition]:
+        """Every transition of every repository, oldest first (the invariant checker's view)."""
+        async with self._db.reader.execute(f"SELECT {_T_COLUMNS} FROM bootstrap_journal ORDER BY id") as cur:  # noqa: S608
+            return [_transition(row) for row in await cur.fetchall()]
+
+    async def outcome_counts(self) -> tuple[dict[str, int], str | None]:
+        """Transitions per outcome, and when the oldest still open one was created (None: none is open)."""
+        async with self._db.reader.execute(
+            "SELECT outcome, count(*) AS n, min(CASE WHEN outcome = 'open' THEN created_at END) AS oldest"
+            " FROM bootstrap_journal GROUP BY outcome"
+        ) as cur:
+            rows = list(await cur.fetchall())
+        return {row["outcome"]: row["n"] for row in rows}, next((row["oldest"] for row in rows if row["oldest"]), None)
+
     async def phases(self, journal_id: int, conn: aiosqlite.Connection | None = None) -> list[PhaseRecord]:
         async with self._source(conn).execute(
             "SELECT phase, proof_json, runner, recorded_at FROM bootstrap_phases WHERE journal_id = ? ORDER BY id",
@@ -355,6 +388,21 @@ class JournalStore:
                 PhaseRecord(row["phase"], json.loads(row["proof_json"]), row["runner"], row["recorded_at"])
                 for row in await cur.fetchall()
             ]
+
+    async def phases_of(self, journal_ids: Iterable[int]) -> dict[int, list[PhaseRecord]]:
+        """The phases of several transitions in one read, each transition's oldest first."""
+        ids = sorted(set(journal_ids))
+        found: dict[int, list[PhaseRecord]] = {journal_id: [] for journal_id in ids}
+        marks = ", ".join("?" for _ in ids)
+        async with self._db.reader.execute(
+            "SELECT journal_id, phase, proof_json, runner, recorded_at FROM bootstrap_phases"  # noqa: S608
+            f" WHERE journal_id IN ({marks}) ORDER BY id",
+            ids,
+        ) as cur:
+            for row in await cur.fetchall():
+                found[row["journal_id"]].append(
+                    PhaseRecord(row["phase"], json.loads(row["proof_json"]), row["runner"], row["recorded_at"]))
+        return found
 
     async def proof(self, journal_id: int, phase: Phase) -> dict[str, Any] | None:
         row = await self._one(
@@ -442,7 +490,7 @@ class JournalStore:
             raise JournalRaced(f"transition {transition.key} changed since it was read")
         return _transition(row)
 
-    # -- registrations
+    # --- registrations ------------------------------------------------------------------------------------------------
 
     async def live_registration(
         self, repo: str, issue_number: int, conn: aiosqlite.Connection | None = None
@@ -464,6 +512,23 @@ class JournalStore:
             (journal_id,),
         )
         return _registration(row) if row is not None else None
+
+    async def registrations(self, repo: str, issue_number: int) -> list[Registration]:
+        """Every worktree registered for the issue, oldest first."""
+        async with self._db.reader.execute(
+            f"SELECT {_R_COLUMNS} FROM worktree_registrations WHERE repo = ? AND issue_number = ? ORDER BY id",  # noqa: S608
+            (repo, issue_number),
+        ) as cur:
+            return [_registration(row) for row in await cur.fetchall()]
+
+    async def every_registration(self) -> list[tuple[str, Registration]]:
+        """Every registration with the idempotency key of its transition, oldest first (the invariant checker's)."""
+        columns = ", ".join(f"r.{name.strip()}" for name in _R_COLUMNS.split(","))
+        async with self._db.reader.execute(
+            f"SELECT j.idempotency_key AS journal_key, {columns} FROM worktree_registrations r"  # noqa: S608
+            " JOIN bootstrap_journal j ON j.id = r.journal_id ORDER BY r.id"
+        ) as cur:
+            return [(row["journal_key"], _registration(row)) for row in await cur.fetchall()]
 
     async def register(
         self, conn: aiosqlite.Connection, transition: Transition, *, created_branch: bool, created_worktree: bool,
@@ -492,7 +557,7 @@ class JournalStore:
         )
         return bool(cursor.rowcount == 1)
 
-    # -- issue locks
+    # --- issue locks --------------------------------------------------------------------------------------------------
 
     async def live_lock(
         self, repo: str, issue_number: int, conn: aiosqlite.Connection | None = None

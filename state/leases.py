@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 import sqlite3
 import uuid
-from dataclasses import dataclass
+from collections.abc import Iterable
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Literal
 
@@ -41,6 +42,8 @@ class Lease:
     ended_at: datetime | None
     end_reason: str | None
     fingerprint: str | None
+    #: What the caller asked for (an allocation's ``exclude`` among it), as stored.
+    request: dict[str, Any] = field(default_factory=dict)
 
     def is_live(self, now: datetime) -> bool:
         return self.status == "live" and self.expires_at > now
@@ -74,7 +77,7 @@ class Lease:
 
 _COLUMNS = (
     "lease_id, repo, issue_number, owner, role, action, acquired_at, expires_at, heartbeat_at, status,"
-    " ended_at, end_reason, fingerprint"
+    " ended_at, end_reason, fingerprint, request_json"
 )
 
 
@@ -93,6 +96,7 @@ def _lease(row: sqlite3.Row) -> Lease:
         ended_at=from_db_time(row["ended_at"]) if row["ended_at"] else None,
         end_reason=row["end_reason"],
         fingerprint=row["fingerprint"],
+        request=json.loads(row["request_json"]) if row["request_json"] else {},
     )
 
 
@@ -159,6 +163,51 @@ class LeaseStore:
                 for r in await cur.fetchall()
             ]
 
+    async def every_lease(self) -> list[Lease]:
+        """Every lease of every repository, oldest first (the invariant checker's view)."""
+        async with self._db.reader.execute(f"SELECT {_COLUMNS} FROM leases ORDER BY id") as cur:  # noqa: S608
+            return [_lease(row) for row in await cur.fetchall()]
+
+    async def recent(self, repo: str, *, issue: int | None = None, marked_live: bool = False,
+                     limit: int | None = None) -> list[Lease]:
+        """The repository's leases (of one issue; only those still marked live), newest first."""
+        where, params = "repo = ?", list[Any]([repo])
+        if issue is not None:
+            where, params = where + " AND issue_number = ?", [*params, issue]
+        if marked_live:
+            where += " AND status = 'live'"
+        async with self._db.reader.execute(
+            f"SELECT {_COLUMNS} FROM leases WHERE {where} ORDER BY id DESC LIMIT ?",  # noqa: S608
+            (*params, -1 if limit is None else limit),
+        ) as cur:
+            return [_lease(row) for row in await cur.fetchall()]
+
+    async def events_of(self, lease_ids: Iterable[str]) -> list[dict[str, Any]]:
+        """The events of several leases in one read, in the order they happened, each naming its lease."""
+        ids = sorted(set(lease_ids))
+        if not ids:
+            return []
+        marks = ", ".join("?" for _ in ids)
+        async with self._db.reader.execute(
+            f"SELECT lease_id, kind, actor, at, detail_json FROM lease_events WHERE lease_id IN ({marks})"  # noqa: S608
+            " ORDER BY id",
+            ids,
+        ) as cur:
+            return [
+                {"lease_id": r["lease_id"], "kind": r["kind"], "actor": r["actor"], "at": r["at"],
+                 "detail": json.loads(r["detail_json"] or "{}")}
+                for r in await cur.fetchall()
+            ]
+
+    async def count_by_state(self, now: datetime) -> dict[str, int]:
+        """Leases per status, with ``live_expired`` for those still marked live but past their expiry."""
+        async with self._db.reader.execute(
+            "SELECT CASE WHEN status = 'live' AND expires_at <= ? THEN 'live_expired' ELSE status END AS state,"
+            " count(*) AS n FROM leases GROUP BY state",
+            (to_db_time(now),),
+        ) as cur:
+            return {row["state"]: row["n"] for row in await cur.fetchall()}
+
     async def acquire(
         self,
         conn: aiosqlite.Connection,
@@ -189,6 +238,7 @@ class LeaseStore:
             await _event(conn, reclaim.lease_id, "expired", actor, now, expired_at=reclaim.expires_at.isoformat())
             await _event(conn, reclaim.lease_id, "reclaimed", actor, now, new_owner=owner)
         lease_id = f"lease-{uuid.uuid4().hex}"
+        request_json = json.dumps(request, sort_keys=True, default=str)
         try:
             await conn.execute(
                 "INSERT INTO leases (lease_id, repo, issue_number, owner, role, action, acquired_at, expires_at,"
@@ -204,7 +254,7 @@ class LeaseStore:
                     to_db_time(now + ttl),
                     to_db_time(now),
                     fingerprint,
-                    json.dumps(request, sort_keys=True, default=str),
+                    request_json,
                 ),
             )
         except sqlite3.IntegrityError as exc:
@@ -226,6 +276,7 @@ class LeaseStore:
             ended_at=None,
             end_reason=None,
             fingerprint=fingerprint,
+            request=json.loads(request_json),
         )
 
     async def record_resume(self, conn: aiosqlite.Connection, lease: Lease, *, actor: str, now: datetime) -> None:

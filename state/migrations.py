@@ -484,7 +484,7 @@ MIGRATIONS: tuple[tuple[int, str, str], ...] = (
     ),
     (
         8,
-        "auto-allocation decisions (issue 20): every automatic decision with its author pick and skipped accounting",
+        "auto-allocation decisions: every automatic decision with its author pick and skipped accounting",
         """
         CREATE TABLE auto_allocations (
             id          INTEGER PRIMARY KEY,
@@ -499,7 +499,7 @@ MIGRATIONS: tuple[tuple[int, str, str], ...] = (
     ),
     (
         9,
-        "a controller's standing exclusions (issue 20): the exclusions it last stated, applied to auto-allocation",
+        "a controller's standing exclusions: the exclusions it last stated, applied to auto-allocation",
         """
         CREATE TABLE controller_exclusions (
             id            INTEGER PRIMARY KEY,
@@ -514,7 +514,7 @@ MIGRATIONS: tuple[tuple[int, str, str], ...] = (
     ),
     (
         10,
-        "catch-up (issue 16): each reconcile pass with its watermark and findings; comment commands run once",
+        "catch-up: each reconcile pass with its watermark and findings; comment commands run once",
         """
         CREATE TABLE reconcile_passes (
             id             INTEGER PRIMARY KEY,

@@ -303,6 +303,36 @@ class OutboxStore:
             row = await cur.fetchone()
         return _entry(row) if row is not None else None
 
+    async def for_issue(self, issue_number: int) -> list[OutboxEntry]:
+        """Every entry of one issue, oldest first, in one read."""
+        async with self._db.reader.execute(
+            f"SELECT {_COLUMNS} FROM outbox WHERE issue_number = ? ORDER BY id", (issue_number,)  # noqa: S608
+        ) as cur:
+            return [_entry(row) for row in await cur.fetchall()]
+
+    async def evidence_comments(self, *, limit: int) -> list[OutboxEntry]:
+        """The newest comment entries whose key ends in ``:evidence`` (the bot's evidence comments)."""
+        async with self._db.reader.execute(
+            f"SELECT {_COLUMNS} FROM outbox WHERE kind = 'comment' AND idempotency_key LIKE '%:evidence'"  # noqa: S608
+            " ORDER BY id DESC LIMIT ?",
+            (limit,),
+        ) as cur:
+            return [_entry(row) for row in await cur.fetchall()]
+
+    async def comment_statuses(self, key_prefix: str) -> list[OutboxStatus]:
+        """The status of every comment entry whose key starts with ``key_prefix``, oldest first."""
+        pattern = key_prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
+        async with self._db.reader.execute(
+            "SELECT status FROM outbox WHERE idempotency_key LIKE ? ESCAPE '\\' AND kind = 'comment' ORDER BY id",
+            (pattern,),
+        ) as cur:
+            return [row["status"] for row in await cur.fetchall()]
+
+    async def every_entry(self) -> list[OutboxEntry]:
+        """Every entry, oldest first (the invariant checker's view)."""
+        async with self._db.reader.execute(f"SELECT {_COLUMNS} FROM outbox ORDER BY id") as cur:  # noqa: S608
+            return [_entry(row) for row in await cur.fetchall()]
+
     async def list(self, *, status: str | None = None, limit: int = 100) -> list[OutboxEntry]:
         if status is not None and status not in OUTBOX_STATUSES:
             raise ValueError(f"unknown status {status!r}; one of {', '.join(OUTBOX_STATUSES)}")

@@ -1,14 +1,4 @@
-"""Catch-up bookkeeping (issue 16): reconcile passes, the service's heartbeat, and comment commands run once.
-
-- ``reconcile_passes``: one row per pass (start-up, timer), with the ``since`` it read from, the watermark it
-  reached, what it found that no webhook had brought, its API calls, and its error when Gitea could not be read.
-  The watermark of the last ``ok`` or ``baseline`` pass is where the next pass reads from; a failed pass never
-  moves it.
-- ``reconcile_heartbeats``: the last moment the service was known alive, per repository (the down window at the
-  next start runs from there).
-- ``command_claims``: a comment command is run by the first delivery that claims its comment id; every other
-  delivery of the same comment (a late webhook, a Replay, a catch-up) finds the claim and runs nothing.
-"""
+"""Catch-up bookkeeping: reconcile passes and their watermark, the service's heartbeat, comment commands run once."""
 
 from __future__ import annotations
 
@@ -18,8 +8,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from bot.core.issue_state import repo_key
 from state.db import Database, from_db_time, to_db_time, utcnow
-from state.issues import repo_key
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,7 +163,7 @@ class ReconcileStore:
         last = await self.last_pass(repo)
         return from_db_time(last.finished_at) if last is not None and last.finished_at else None
 
-    # --- what the service already saw (for the plan: a synthetic delivery only for what it never saw) ----------
+    # --- what the service already saw (for the plan: a synthetic delivery only for what it never saw) -----------------
     async def comment_revisions(self, repo: str, comment_ids: Iterable[int]) -> dict[int, str]:
         """Comment id → the newest ``updated_at`` recorded for it by any delivery (stored time form)."""
         ids = sorted(set(comment_ids))

@@ -1,6 +1,4 @@
-"""The dashboard over HTTP (issue 18 item 1): off without a token; Bearer, or ?token= once (HttpOnly cookie and a
-redirect to the bare URL), else 401 with the envelope; the HTML and /dashboard/api/ over the same stores; text from
-Gitea escaped; nothing secret on any page. The browser test (tests/test_dashboard_browser.py) looks at the pages."""
+"""The dashboard over HTTP: token, cookie or 401; HTML and JSON over the same stores; nothing secret, text escaped."""
 
 from __future__ import annotations
 

@@ -1,13 +1,4 @@
-"""The dashboard in a real headless Chromium over the demo's state (issue 18 item 2).
-
-`foreman demo --keep`'s run (the emulator, a real `foreman serve`, the author's verbs through `foreman mcp`) leaves
-a database with an allocation, a bootstrap transition with its journal phases, a lock, a release and verified
-evidence comments. A second real `foreman serve` is started on that database with `[dashboard] token`, and Debian's
-Chromium, driven by Selenium through Debian's chromedriver, opens it as a maintainer would: ?token= once (the token
-leaves the address bar, the cookie is HttpOnly), the front page, the issue's page, a phone-sized window.
-Screenshots go to a temporary folder, or to $FOREMAN_SCREENSHOTS_DIR (docs/screenshots/ refreshes the README's).
-Skipped with one line where Chromium is absent (never in CI: `.ci/run` installs it and fails on any skip).
-"""
+"""The dashboard in a real headless Chromium over the state a `foreman demo --keep` run leaves."""
 
 from __future__ import annotations
 
@@ -79,8 +70,9 @@ async def _seed(db_path: Path) -> None:
     """Beside the demo's loop, through the real stores: two more ready issues (one with a label a user could make
     hostile; #3 is protected by the config, so the allocator skips it with its reason) and an outbox entry whose
     read-back did not match (both versions kept)."""
+    from bot.core.issue_state import IssueLabel, IssueObservation
     from state.db import Database
-    from state.issues import IssueLabel, IssueObservation, IssueStore
+    from state.issues import IssueStore
     from state.outbox import OutboxIntent, OutboxStore
 
     db = await Database.open(db_path)
@@ -207,6 +199,11 @@ def _section(driver: Any, section_id: str) -> str:
 
 
 def test_a_maintainer_reads_the_demo_in_the_dashboard(dashboard_url: str, browser: Any, demo_root: Path) -> None:
+    """A second real ``foreman serve`` with ``[dashboard] token`` over the demo's database (an allocation, a
+    bootstrap with its phases, a lock, a release, verified evidence), opened in Debian's Chromium through Selenium
+    as a maintainer would: ?token= once (the token leaves the address bar, the cookie is HttpOnly), the front page,
+    the issue's page, a phone-sized window. Screenshots go to a temporary folder or $FOREMAN_SCREENSHOTS_DIR
+    (docs/screenshots/ refreshes the README's); skipped with one line where Chromium is absent (never in CI)."""
     from selenium.webdriver.common.by import By
 
     import bot.demo

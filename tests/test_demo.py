@@ -1,5 +1,4 @@
-"""`foreman demo` (issue 9.2): the whole loop against the bundled emulator, a real `foreman serve` and `foreman mcp`
-as subprocesses; exit 0 only when every step verified, and a named failed step otherwise."""
+"""`foreman demo` end to end with real subprocesses: exit 0 only when every step verified, else the failed step."""
 
 from __future__ import annotations
 
@@ -37,7 +36,7 @@ def test_foreman_demo_runs_the_loop_and_exits_0() -> None:
     assert "gitea_lock_issue: #1 locked" in out and "released (done)" in out
     assert "final evidence comment" in out and out.rstrip().splitlines()[-1].startswith("foreman demo: every step")
     assert "FAILED" not in out
-    # Issue 14: the repository is private and the control checkout comes over git smart HTTP with the bot's token.
+    # The repository is private and the control checkout comes over git smart HTTP with the bot's token.
     assert re.search(r"control checkout cloned over HTTP from http://127\.0\.0\.1:\d+/demo/widgets\.git \(private"
                      r" repository\) with foreman-bot's token", out), out
     assert "gitea-foreman-bot-" not in out  # the bot's token (demo tokens are gitea-<login>-<hex>)

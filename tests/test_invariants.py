@@ -1,5 +1,4 @@
-"""``bot.invariants``: the pure checker on hand-made states (each invariant is caught when broken, and a
-consistent state passes), and the fact-gathering edges on a real database, emulator and git checkout."""
+"""``bot.invariants``: the pure checker on hand-made states, and the fact-gathering edges on real stores."""
 
 from __future__ import annotations
 
@@ -247,7 +246,7 @@ def test_a_live_lease_without_a_worktree_is_a_violation_even_after_a_foreign_own
 
 
 def test_an_owner_who_leased_the_issue_again_may_stay_assigned_after_an_earlier_failure() -> None:
-    """Issue 12 item 10: the assignment must not outlive the lease; a new live lease of the same owner is a lease."""
+    """The assignment must not outlive the lease; a new live lease of the same owner is a lease."""
     base = consistent()
     again = _db(
         _add_lease(LeaseFact("lease-7", 3, "author-1", "live"))(base),
@@ -324,7 +323,7 @@ async def test_gather_db_and_gitea_read_a_real_database_and_the_emulator(tmp_pat
     entry = await OutboxStore(db).by_key(f"{lease.lease_id}:evidence")
     assert entry is not None
     await db.close()
-    facts = invariants.gather_db(tmp_path / "foreman.db")
+    facts = await invariants.gather_db(tmp_path / "foreman.db")
     assert facts.leases == (LeaseFact(lease.lease_id, 1, "author-1", "live"),)
     assert facts.outbox == (OutboxFact(f"{lease.lease_id}:evidence", 1, "comment", "pending"),)
     async with live_emulator() as live:
@@ -340,7 +339,7 @@ async def test_gather_db_and_gitea_read_a_real_database_and_the_emulator(tmp_pat
 
 
 def test_a_live_lease_with_an_open_transition_of_its_own_is_bootstrapping_not_unbootstrapped() -> None:
-    """Issue 20: a live lease stands only with a completed bootstrap or an open transition of that lease (which
+    """A live lease stands only with a completed bootstrap or an open transition of that lease (which
     start-up recovery finishes or compensates); the open transition is `journal.terminal`'s to report, and an open
     transition of another lease does not count."""
     base = consistent()

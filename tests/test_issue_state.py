@@ -1,5 +1,4 @@
-"""Issue state from comment and label events (issue 3, requirements 4-6): the pure rules, then real signed
-deliveries from the Gitea emulator through intake, the worker and the handlers."""
+"""Issue state from comment and label events (requirements 4-6): the pure rules, then real signed deliveries."""
 
 from __future__ import annotations
 
@@ -16,18 +15,18 @@ import pytest
 
 from bot.core.canonical import CanonicalState, parse_comment, render
 from bot.core.evidence import render_evidence
-from bot.core.vocabulary import vocabulary_markdown
-from handlers.issue_state import PermissionCache
-from state.db import to_db_time
-from state.issues import (
+from bot.core.issue_state import (
     CommentRecord,
-    IssueStore,
     current_record,
     diff_labels,
     effective_revisions,
     gitea_time,
     plan_label_sync,
 )
+from bot.core.vocabulary import vocabulary_markdown
+from handlers.issue_state import PermissionCache
+from state.db import to_db_time
+from state.issues import IssueStore
 from state.outbox import OutboxIntent
 from tests.conftest import REPO_ROOT
 from tests.gitea_fixtures import BOT, OWNER, REPO
@@ -440,7 +439,7 @@ async def test_two_status_labels_are_a_blocker_and_sync_holds_until_resolved(wor
 
 
 async def test_a_status_label_the_repository_lacks_ends_as_label_missing(world: World) -> None:
-    """Requirement 6 / issue 4.3: Gitea ignores an unknown label name; the outbox read-back catches it, the
+    """Requirement 6: Gitea ignores an unknown label name; the outbox read-back catches it, the
     entry ends verification_failed, the issue records label_missing, and the old status label stays."""
     emu = world.live.emulator
     del emu.repo(OWNER, REPO).labels[world.label_id("status:blocked")]

@@ -1,5 +1,4 @@
-"""/metrics (issue 18 item 6): Prometheus' content type, build info, lease, journal and outbox gauges read from the
-database at each scrape."""
+"""/metrics: Prometheus' content type, build info, lease, journal and outbox gauges read at each scrape."""
 
 from __future__ import annotations
 

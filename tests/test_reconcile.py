@@ -1,5 +1,4 @@
-"""Catch-up (issue 16): the pure plan (bot/core/reconcile.py), the emulator's ``since`` as Gitea's, the command
-claims, and one pass of bot/reconcile.py against the emulator with its API calls counted."""
+"""Catch-up: the pure plan, the emulator's ``since`` as Gitea's, the command claims, and one counted pass."""
 
 from __future__ import annotations
 

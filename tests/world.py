@@ -13,9 +13,10 @@ from typing import Any
 from aiohttp.test_utils import TestClient
 
 from bot.app import Service
+from bot.core.issue_state import IssueSnapshot
 from bot.core.vocabulary import status_labels
 from bot.emulator import EmuHook
-from state.issues import IssueSnapshot, IssueStore
+from state.issues import IssueStore
 from state.outbox import OutboxEntry
 from tests.gitea_fixtures import BOT, OWNER, REPO, TOKENS, LiveEmulator, live_emulator
 from tests.support import SECRET, Started, make_settings

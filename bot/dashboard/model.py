@@ -1,69 +1,49 @@
-"""The dashboard's view model: plain JSON-able documents read from the stores, never written.
-
-Everything the HTML pages show comes from these documents (``/dashboard/api/...`` serves them as they are), so
-the browser page, the JSON and ``foreman leases|journal|issue`` can never disagree. Store reads are at the top;
-the pure projections (the issue timeline, the allocation evidence read back from comments, the scrubbing of
-secret-looking keys) below them have no I/O.
-"""
+"""The dashboard's view model: JSON-able documents read from the stores, shared by the pages, the API and the CLI."""
 
 from __future__ import annotations
 
-import json
-import sqlite3
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
 from bot.config import Settings
 from bot.core.evidence import parse_evidence, scrub
+from bot.core.issue_state import repo_key
 from bot.core.vocabulary import label_for_state
-from state.db import Database, from_db_time, to_db_time, utcnow
+from state.auto_allocations import AutoAllocationStore
+from state.db import Database, to_db_time, utcnow
 from state.deliveries import DeliveryStore
 from state.grants import GrantIntegrityError, GrantStore
-from state.issues import IssueStore, repo_key
+from state.issues import IssueStore
 from state.journal import JournalStore, Transition
+from state.leases import Lease, LeaseStore
 from state.outbox import OutboxEntry, OutboxStore
 
 #: Outbox statuses an operator must look at (pending work, and what stopped).
 OUTBOX_OPEN = ("pending", "sending", "verification_failed", "parked")
-_LEASE_COLUMNS = (
-    "lease_id, repo, issue_number, owner, role, action, acquired_at, expires_at, heartbeat_at, status, ended_at,"
-    " end_reason, fingerprint, request_json"
-)
 
 
 def repository_key(settings: Settings) -> str:
     return repo_key(f"{settings.repository.owner}/{settings.repository.name}")
 
 
-# --- store reads ---------------------------------------------------------------------------------------------
-async def _rows(db: Database, sql: str, params: Sequence[Any] = ()) -> list[sqlite3.Row]:
-    async with db.reader.execute(sql, tuple(params)) as cur:
-        return list(await cur.fetchall())
-
-
-async def _has_table(db: Database, name: str) -> bool:
-    return bool(await _rows(db, "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (name,)))
-
-
-def _lease_doc(row: sqlite3.Row, now: datetime) -> dict[str, Any]:
-    request = json.loads(row["request_json"]) if row["request_json"] else {}
-    live = row["status"] == "live" and from_db_time(row["expires_at"]) > now
+# --- store reads ------------------------------------------------------------------------------------------------------
+def _lease_doc(lease: Lease, now: datetime) -> dict[str, Any]:
     return {
-        "lease_id": row["lease_id"],
-        "issue_number": row["issue_number"],
-        "owner": row["owner"],
-        "role": row["role"],
-        "action": row["action"],
-        "status": row["status"],
-        "live": live,
-        "acquired_at": row["acquired_at"],
-        "expires_at": row["expires_at"],
-        "heartbeat_at": row["heartbeat_at"],
-        "ended_at": row["ended_at"],
-        "end_reason": row["end_reason"],
-        "fingerprint": row["fingerprint"],
-        "exclusions": request.get("exclude", []) if isinstance(request, dict) else [],
+        "lease_id": lease.lease_id,
+        "issue_number": lease.issue_number,
+        "owner": lease.owner,
+        "role": lease.role,
+        "action": lease.action,
+        "status": lease.status,
+        "live": lease.is_live(now),
+        "acquired_at": to_db_time(lease.acquired_at),
+        "expires_at": to_db_time(lease.expires_at),
+        "heartbeat_at": to_db_time(lease.heartbeat_at),
+        "ended_at": None if lease.ended_at is None else to_db_time(lease.ended_at),
+        "end_reason": lease.end_reason,
+        "fingerprint": lease.fingerprint,
+        "exclusions": lease.request.get("exclude", []) if isinstance(lease.request, dict) else [],
     }
 
 
@@ -71,28 +51,17 @@ async def leases(db: Database, settings: Settings, *, now: datetime | None = Non
                  issue: int | None = None) -> dict[str, Any]:
     """Live leases (status live and not expired) and the most recent ones, newest first."""
     moment = now or utcnow()
-    where, params = "repo = ?", list[Any]([repository_key(settings)])
-    if issue is not None:
-        where, params = where + " AND issue_number = ?", [*params, issue]
-    rows = await _rows(db, f"SELECT {_LEASE_COLUMNS} FROM leases WHERE {where} ORDER BY id DESC LIMIT ?",  # noqa: S608
-                       (*params, limit))
-    live_rows = await _rows(db, f"SELECT {_LEASE_COLUMNS} FROM leases WHERE {where} AND status = 'live'"  # noqa: S608
-                            " ORDER BY id DESC", params)
-    docs = [_lease_doc(row, moment) for row in rows]
-    return {"live": [d for d in (_lease_doc(r, moment) for r in live_rows) if d["live"]],
-            "stale_live": [d for d in (_lease_doc(r, moment) for r in live_rows) if not d["live"]],
-            "recent": docs}
+    store = LeaseStore(db)
+    recent = await store.recent(repository_key(settings), issue=issue, limit=limit)
+    marked_live = [_lease_doc(lease, moment)
+                   for lease in await store.recent(repository_key(settings), issue=issue, marked_live=True)]
+    return {"live": [d for d in marked_live if d["live"]],
+            "stale_live": [d for d in marked_live if not d["live"]],
+            "recent": [_lease_doc(lease, moment) for lease in recent]}
 
 
 async def lease_events(db: Database, lease_ids: Iterable[str]) -> list[dict[str, Any]]:
-    ids = sorted(set(lease_ids))
-    if not ids:
-        return []
-    marks = ", ".join("?" for _ in ids)
-    rows = await _rows(db, "SELECT lease_id, kind, actor, at, detail_json FROM lease_events"  # noqa: S608
-                       f" WHERE lease_id IN ({marks}) ORDER BY id", ids)
-    return [{"lease_id": r["lease_id"], "kind": r["kind"], "actor": r["actor"], "at": r["at"],
-             "detail": json.loads(r["detail_json"] or "{}")} for r in rows]
+    return await LeaseStore(db).events_of(lease_ids)
 
 
 def _transition_doc(transition: Transition) -> dict[str, Any]:
@@ -108,18 +77,9 @@ async def journal(db: Database, settings: Settings, *, key: str | None = None, i
         found = await store.get(key)
         transitions = [found] if found is not None else []
     else:
-        where, params = "repo = ?", list[Any]([repository_key(settings)])
-        if issue is not None:
-            where, params = where + " AND issue_number = ?", [*params, issue]
-        keys = await _rows(db, f"SELECT idempotency_key FROM bootstrap_journal WHERE {where}"  # noqa: S608
-                           " ORDER BY id DESC LIMIT ?", (*params, limit))
-        transitions = [t for t in [await store.get(r["idempotency_key"]) for r in keys] if t is not None]
-    out = []
-    for transition in transitions:
-        doc = _transition_doc(transition)
-        doc["phases"] = [p.to_dict() for p in await store.phases(transition.id)]
-        out.append(doc)
-    return out
+        transitions = await store.recent(repository_key(settings), issue=issue, limit=limit)
+    phases = await store.phases_of(t.id for t in transitions)
+    return [{**_transition_doc(t), "phases": [p.to_dict() for p in phases[t.id]]} for t in transitions]
 
 
 def _outbox_doc(entry: OutboxEntry) -> dict[str, Any]:
@@ -131,9 +91,7 @@ async def outbox(db: Database, *, limit: int = 50, issue: int | None = None) -> 
     store = OutboxStore(db)
     counts = await store.counts()
     if issue is not None:
-        rows = await _rows(db, "SELECT id FROM outbox WHERE issue_number = ? ORDER BY id", (issue,))
-        entries = [e for e in [await store.get(r["id"]) for r in rows] if e is not None]
-        return {"counts": counts, "entries": [_outbox_doc(e) for e in entries]}
+        return {"counts": counts, "entries": [_outbox_doc(e) for e in await store.for_issue(issue)]}
     open_entries: list[dict[str, Any]] = []
     for status in OUTBOX_OPEN:
         open_entries.extend(_outbox_doc(e) for e in await store.list(status=status, limit=limit))
@@ -147,16 +105,8 @@ async def deliveries(db: Database, settings: Settings, *, limit: int = 50, issue
     counts = await store.counts()
     if issue is None:
         return {"counts": counts, "recent": [d.summary() for d in await store.list(limit=limit)]}
-    rows = await _rows(
-        db,
-        "SELECT id FROM deliveries WHERE json_valid(CAST(body AS TEXT))"
-        " AND lower(json_extract(CAST(body AS TEXT), '$.repository.full_name')) = ?"
-        " AND coalesce(json_extract(CAST(body AS TEXT), '$.issue.number'),"
-        " json_extract(CAST(body AS TEXT), '$.pull_request.number')) = ? ORDER BY id DESC LIMIT ?",
-        (repository_key(settings), issue, limit),
-    )
-    found = [await store.get(r["id"]) for r in rows]
-    return {"counts": counts, "recent": [d.summary() for d in found if d is not None]}
+    found = await store.for_issue(repository_key(settings), issue, limit=limit)
+    return {"counts": counts, "recent": [d.summary() for d in found]}
 
 
 async def grants(db: Database, *, limit: int = 50, issue: int | None = None) -> list[dict[str, Any]]:
@@ -206,23 +156,16 @@ async def current_decisions(db: Database, settings: Settings) -> list[dict[str, 
 
 
 async def recorded_decisions(db: Database, settings: Settings, *, limit: int = 20) -> list[dict[str, Any]]:
-    """Decisions the allocator recorded: automatic runs (``auto_allocations``, where the table exists) and the
+    """Decisions the allocator recorded: automatic runs (``auto_allocations``) and the
     evidence of every applied allocation (read back from the bot's comments in the outbox), newest first."""
     out: list[dict[str, Any]] = []
-    if await _has_table(db, "auto_allocations"):
-        rows = await _rows(db, "SELECT decided_at, trigger, delivery_id, doc_json FROM auto_allocations"
-                           " WHERE repo = ? ORDER BY id DESC LIMIT ?", (repository_key(settings), limit))
-        for row in rows:
-            doc = json.loads(row["doc_json"])
-            out.append({"source": "auto", "at": row["decided_at"], "trigger": row["trigger"],
-                        "delivery": row["delivery_id"], **scrub(doc if isinstance(doc, dict) else {"doc": doc})})
-    rows = await _rows(db, "SELECT id FROM outbox WHERE kind = 'comment' AND idempotency_key LIKE '%:evidence'"
-                       " ORDER BY id DESC LIMIT ?", (limit * 4,))
-    store = OutboxStore(db)
-    for row in rows:
-        entry = await store.get(row["id"])
-        evidence = parse_evidence(entry.payload.get("body", "")) if entry is not None else None
-        if entry is None or evidence is None or evidence.get("action") != "allocate":
+    for decision in await AutoAllocationStore(db).recent(repository_key(settings), limit=limit):
+        doc = decision.doc
+        out.append({"source": "auto", "at": decision.decided_at, "trigger": decision.trigger,
+                    "delivery": decision.delivery_id, **scrub(doc if isinstance(doc, dict) else {"doc": doc})})
+    for entry in await OutboxStore(db).evidence_comments(limit=limit * 4):
+        evidence = parse_evidence(entry.payload.get("body", ""))
+        if evidence is None or evidence.get("action") != "allocate":
             continue
         lease = evidence.get("lease") or {}
         out.append({"source": "applied", "at": entry.created_at, "issue_number": entry.issue_number,
@@ -235,9 +178,8 @@ async def recorded_decisions(db: Database, settings: Settings, *, limit: int = 2
 
 
 async def worktrees(db: Database, settings: Settings, issue: int) -> list[dict[str, Any]]:
-    rows = await _rows(db, "SELECT * FROM worktree_registrations WHERE repo = ? AND issue_number = ? ORDER BY id",
-                       (repository_key(settings), issue))
-    return [dict(r) for r in rows]
+    return [{**r.to_dict(), "id": r.id, "journal_id": r.journal_id, "repo": r.repo, "issue_number": r.issue_number}
+            for r in await JournalStore(db).registrations(repository_key(settings), issue)]
 
 
 async def overview(db: Database, settings: Settings, *, now: datetime | None = None, limit: int = 50
@@ -307,7 +249,7 @@ async def issue_view(db: Database, settings: Settings, number: int, *, now: date
     }
 
 
-# --- pure projections ----------------------------------------------------------------------------------------
+# --- pure projections -------------------------------------------------------------------------------------------------
 
 
 def _numbers_in(decision: Mapping[str, Any]) -> set[int]:

@@ -1,8 +1,4 @@
-"""Server-rendered HTML for the dashboard: small functions over the view model, every value escaped.
-
-No template engine and no script: text from Gitea (comment authors, labels, reasons, comment bodies) goes through
-``html.escape`` before it reaches the page, and links are built from integers and escaped keys only.
-"""
+"""Server-rendered HTML for the dashboard: small functions over the view model, every value escaped, no script."""
 
 from __future__ import annotations
 
@@ -98,7 +94,7 @@ def page(title: str, body: str, *, nav: Sequence[tuple[str, str]] = ()) -> str:
     )
 
 
-# --- the front page ------------------------------------------------------------------------------------------
+# --- the front page ---------------------------------------------------------------------------------------------------
 _NAV = (("#repositories", "Repositories"), ("#allocator", "Allocator"), ("#leases", "Leases"),
         ("#bootstrap", "Bootstrap"), ("#outbox", "Outbox"), ("#deliveries", "Deliveries"), ("#grants", "Grants"))
 
@@ -237,7 +233,7 @@ def overview_page(doc: Row) -> str:
     return page("foreman dashboard", body, nav=_NAV)
 
 
-# --- the issue page ------------------------------------------------------------------------------------------
+# --- the issue page ---------------------------------------------------------------------------------------------------
 def _intended(row: Row) -> str:
     """A comment as its text (what Gitea renders), any other write as its JSON."""
     intended = row.get("intended")

@@ -1,11 +1,4 @@
-"""The dashboard's HTTP side: token check, read-only GET routes, HTML and JSON over the view model.
-
-Access (DESIGN.md section 3, "Contracts added 2026-12"): ``[dashboard] token`` must be configured, else no route
-is added (404). A request is let in with ``Authorization: Bearer <token>``, or with the session cookie that one
-visit with ``?token=<token>`` sets (HttpOnly, SameSite=Strict, scoped to /dashboard) before redirecting to the
-same URL without the token, so it never stays in the address bar or the history. Anything else is 401 with the
-error envelope. The cookie holds an HMAC of the token, never the token itself.
-"""
+"""The dashboard's HTTP side: the token check and the read-only GET routes, HTML and JSON (docs/operating.md)."""
 
 from __future__ import annotations
 
@@ -71,7 +64,7 @@ class Dashboard:
         self._token = token.encode()
         self._session = session_value(token)
 
-    # --- access ------------------------------------------------------------------------------------------
+    # --- access -------------------------------------------------------------------------------------------------------
     def _token_ok(self, given: str) -> bool:
         return hmac.compare_digest(given.encode(), self._token)
 
@@ -108,7 +101,7 @@ class Dashboard:
 
         return guarded
 
-    # --- answers -----------------------------------------------------------------------------------------
+    # --- answers ------------------------------------------------------------------------------------------------------
     @staticmethod
     def _html(text: str) -> web.Response:
         return web.Response(text=text, content_type="text/html", charset="utf-8", headers=_HEADERS)

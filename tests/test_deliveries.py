@@ -1,0 +1,67 @@
+"""The delivery store's reads: an issue's deliveries, one event and action's, and every delivery's digest."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bot.core.intake import Delivery
+from state.db import Database
+from state.deliveries import DeliveryStore
+
+
+@pytest.fixture
+async def db(tmp_path: Path) -> AsyncIterator[Database]:
+    opened = await Database.open(tmp_path / "foreman.db")
+    yield opened
+    await opened.close()
+
+
+def _delivery(delivery_id: str, event: str, action: str | None, payload: Any) -> Delivery:
+    body = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
+    return Delivery(delivery_id=delivery_id, event=event, event_type=event, action=action, sender_login="alice",
+                    body=body, body_sha256=hashlib.sha256(body).hexdigest(), headers={}, payload=None)
+
+
+def _about(full_name: str, number: int, *, key: str = "issue", extra: str = "") -> dict[str, Any]:
+    return {"repository": {"full_name": full_name}, key: {"number": number}, "extra": extra}
+
+
+async def test_for_issue_reads_the_repositorys_issue_and_pull_request_deliveries_newest_first(db: Database) -> None:
+    store = DeliveryStore(db)
+    await store.insert_batch([
+        (_delivery("d1", "issues", "opened", _about("Acme/Widgets", 7)), False),
+        (_delivery("d2", "issue_comment", "created", _about("acme/widgets", 8)), False),
+        (_delivery("d3", "pull_request", "opened", _about("acme/widgets", 7, key="pull_request")), False),
+        (_delivery("d4", "issues", "opened", _about("other/repo", 7)), False),
+        (_delivery("d5", "issues", "edited", b"not json"), False),
+        (_delivery("d6", "issues", "edited", _about("acme/widgets", 7, extra="again")), True),
+    ])
+    found = await store.for_issue("acme/widgets", 7)
+    assert [d.delivery_id for d in found] == ["d6", "d3", "d1"]
+    assert [d.delivery_id for d in await store.for_issue("ACME/widgets", 7, limit=2)] == ["d6", "d3"]
+    assert [d.delivery_id for d in await store.for_issue("acme/widgets", 8)] == ["d2"]
+
+
+async def test_with_action_reads_one_event_and_action_oldest_first(db: Database) -> None:
+    store = DeliveryStore(db)
+    await store.insert_batch([
+        (_delivery("a", "issues", "opened", _about("acme/widgets", 1)), False),
+        (_delivery("b", "issues", "closed", _about("acme/widgets", 1)), False),
+        (_delivery("c", "pull_request", "opened", _about("acme/widgets", 2)), False),
+        (_delivery("d", "issues", "opened", _about("acme/widgets", 3)), False),
+    ])
+    assert [d.delivery_id for d in await store.with_action("issues", "opened")] == ["a", "d"]
+    assert await store.with_action("issues", "deleted") == []
+
+
+async def test_digests_are_every_deliverys_id_body_hash_and_status_oldest_first(db: Database) -> None:
+    store = DeliveryStore(db)
+    first, second = _delivery("x", "issues", "opened", {"n": 1}), _delivery("y", "push", None, {"n": 2})
+    await store.insert_batch([(first, False), (second, True)])
+    assert await store.digests() == [("x", first.body_sha256, "queued"), ("y", second.body_sha256, "ignored_self")]
