@@ -7,9 +7,9 @@ import json
 import os
 from pathlib import Path
 
-from bot.bootstrap import BootstrapContext, bootstrap_preflight, lock_issue
 from bot.core.bootstrap import PHASES, reflog_message, worktree_lock_reason
 from bot.core.canonical import parse_comment
+from bot.verbs.bootstrap import BootstrapContext, bootstrap_preflight, lock_issue
 from state.leases import LeaseStore
 from state.outbox import OutboxStore
 from tests.gitea_fixtures import OWNER, REPO

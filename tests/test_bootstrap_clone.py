@@ -17,10 +17,10 @@ from typing import Any
 
 import pytest
 
-from bot import bootstrap as bootstrap_mod
-from bot.bootstrap import BootstrapContext, bootstrap_preflight
 from bot.config import ConfigError, RepositoryConfig, load_settings
 from bot.gitea import GiteaClient
+from bot.verbs import bootstrap as bootstrap_mod
+from bot.verbs.bootstrap import BootstrapContext, bootstrap_preflight
 from tests.conftest import REPO_ROOT
 from tests.gitea_fixtures import BOT, OWNER, REPO, TOKENS
 from tests.test_bootstrap_support import World, git, tree_snapshot, world

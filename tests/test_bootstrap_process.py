@@ -7,8 +7,8 @@ import asyncio
 import shutil
 from pathlib import Path
 
-from bot.bootstrap import FAULT_EXIT_CODE, FAULT_PHASE_ENV, FAULT_STEP_ENV
 from bot.core.bootstrap import FORWARD_PHASES
+from bot.verbs.bootstrap.faults import FAULT_EXIT_CODE, FAULT_PHASE_ENV, FAULT_STEP_ENV
 from state.leases import LeaseStore
 from tests.test_bootstrap_support import World, checkout_snapshot, git, tree_snapshot, worktree_entries, world
 

@@ -23,10 +23,10 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from bot.bootstrap import BootstrapContext, BootstrapResult, bootstrap_issue_worktree, ensure_control_checkout
 from bot.config import Settings
 from bot.core.bootstrap import branch_for
 from bot.gitea import GiteaClient
+from bot.verbs.bootstrap import BootstrapContext, BootstrapResult, bootstrap_issue_worktree, ensure_control_checkout
 from state.db import Database, utcnow
 from state.leases import Lease, LeaseStore
 from tests.conftest import REPO_ROOT

@@ -14,7 +14,7 @@ import subprocess
 from datetime import timedelta
 from pathlib import Path
 
-from bot.bootstrap import FAULT_EXIT_CODE, FAULT_PHASE_ENV
+from bot.verbs.bootstrap.faults import FAULT_EXIT_CODE, FAULT_PHASE_ENV
 from state.db import utcnow
 from state.leases import LeaseStore
 from tests.test_bootstrap_support import FILES, checkout_snapshot, git, tree_snapshot, world

@@ -1,7 +1,7 @@
 """Worktree bootstrap planning (pure): branch and path derivation, idempotency keys, the journal's phase order,
 and the decisions taken on what git and SQLite were observed to hold.
 
-Sans-I/O like the rest of ``bot.core``: the edges (``bot.gitops``, ``state.journal``, ``bot.bootstrap``) gather
+Sans-I/O like the rest of ``bot.core``: the edges (``bot.gitops``, ``state.journal``, ``bot.verbs.bootstrap``) gather
 observations into the small dataclasses below and act on the plan returned. Nothing here reads the disk.
 
 Ownership proofs the planners rely on (gathered by the edge):
