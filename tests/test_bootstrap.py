@@ -138,7 +138,7 @@ async def test_a_stale_expected_base_is_refused_before_anything_is_created() -> 
 
 
 async def test_paths_leaving_branches_through_symlinks_are_refused_and_left_alone() -> None:
-    """Amendment 6, issue 7: branches/ as a symlink out, or the worktree path as one, is refused; nothing is
+    """Amendment 6: branches/ as a symlink out, or the worktree path as one, is refused; nothing is
     created and the link targets stay byte for byte."""
     async with world() as w:
         outside = w.root / "outside"
@@ -163,7 +163,7 @@ async def test_paths_leaving_branches_through_symlinks_are_refused_and_left_alon
 
 
 async def test_a_foreign_directory_at_the_path_rolls_back_only_the_branch_this_transition_created() -> None:
-    """AC4, AC5, amendment 4, issue 6 (partial branch creation rolled back): the branch this journal created is
+    """AC4, AC5, amendment 4 (partial branch creation rolled back): the branch this journal created is
     deleted, the foreign directory stays byte for byte, the lease is released and the Gitea side reverted."""
     async with world() as w:
         number = w.issue()
@@ -260,7 +260,7 @@ async def test_a_foreign_branch_is_never_repointed_and_a_remote_one_is_refused_u
 
 
 async def test_the_lock_verb_recognises_only_a_worktree_this_journal_registered() -> None:
-    """AC3, issue 9: before the bootstrap the lock is a tracing_gap naming the worktree; after it, the owner
+    """AC3: before the bootstrap the lock is a tracing_gap naming the worktree; after it, the owner
     locks (recorded with lease and worktree, idempotently); anyone else is refused; a tampered worktree fails
     the guards."""
     async with world() as w:

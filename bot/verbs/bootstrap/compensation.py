@@ -154,7 +154,7 @@ class Compensation(GitSteps):
             intents.append(OutboxIntent(f"{key}:labels", n, "labels",
                                         {"add": [label_for_state(target)], "remove": [label_for_state("in-progress")]}))
             # Always, even when Gitea does not list the owner now: the allocation's assignment may still be queued
-            # in the outbox, and this entry, queued after it, is sent after it (issue 12 item 10(i)).
+            # in the outbox, and this entry, queued after it, is sent after it.
             intents.append(OutboxIntent(f"{key}:assignees", n, "assignees",
                                         {"assignees": [a for a in assignees if a.lower() != t.owner.lower()]}))
             who, action = "controller", (f"controller: re-allocate #{n} (gitea_allocate_next_work)" if stale

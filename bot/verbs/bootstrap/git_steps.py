@@ -151,7 +151,7 @@ class GitSteps(RunState):
     def _reserved_empty(self, t: Transition) -> bool:
         """This transition's journal recorded the canonical path free when it reserved it. Only then can anything
         found there since (a half-made checkout, git's "initializing" metadata) be its own: before that, or when
-        the path was taken already, whatever is there is preexisting and is kept as it is (issue 12, item 12)."""
+        the path was taken already, whatever is there is preexisting and is kept as it is."""
         reserved = self.proofs.get("path_reserved") if self.proofs_of == t.id else None
         return reserved is not None and reserved.get("existed") is False
 

@@ -45,7 +45,7 @@ async def recover_open_transitions(ctx: BootstrapContext) -> list[BootstrapResul
 
 async def _bootstrap_unstarted_leases(ctx: BootstrapContext) -> list[BootstrapResult]:
     """A process killed between an allocation's lease commit and its bootstrap's first phase left a live lease with
-    no transition at all (issue 20): its bootstrap is run now for the owner, as the allocation would have; refused
+    no transition at all: its bootstrap is run now for the owner, as the allocation would have; refused
     (not `unavailable`), the lease is released as unworkable, exactly as the allocation does."""
     from bot.allocation import AllocationCall, Allocator
 

@@ -68,8 +68,6 @@ class RunState:
         self.proofs_of = t.id
         return self.proofs
 
-    # -- results
-
     async def _journal_view(self, t: Transition) -> list[dict[str, Any]]:
         return [{"phase": r.phase, "recorded_at": r.recorded_at} for r in await self.journal.phases(t.id)]
 

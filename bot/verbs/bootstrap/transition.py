@@ -72,7 +72,7 @@ async def bootstrap_issue_worktree(
 class _Run(Binding, Compensation):
     """One bootstrap call, holding the per-issue file lock."""
 
-    # -- entry
+    # --- entry: authority, replay and the one open transition per issue -----------------------------------------------
 
     async def execute(self, key: str | None, expected_base: str | None) -> BootstrapResult:
         now = self.ctx.clock()
@@ -156,7 +156,7 @@ class _Run(Binding, Compensation):
                 _again(self.n, key)), key)
         return None
 
-    # -- acceptance: authoritative inputs
+    # --- acceptance: the inputs read from Gitea, git and the lease ----------------------------------------------------
 
     async def _accept(
         self, key: str, source: Literal["caller", "derived"], lease: Lease, expected_base: str | None, attempt: int
@@ -313,7 +313,7 @@ class _Run(Binding, Compensation):
         _fault(FAULT_PHASE_ENV, "accepted")
         return transition
 
-    # -- driving the phases
+    # --- driving the phases -------------------------------------------------------------------------------------------
 
     async def _drive(self, transition: Transition, *, resumed: bool, fail_with: Blocked | None = None) -> (
         BootstrapResult
