@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -16,13 +16,22 @@ from bot.config import Settings
 from bot.core.bootstrap import Phase
 from bot.core.errors import Envelope
 from bot.core.gateway import ROLES, Role
-from bot.gitea import GiteaClient
+from bot.gitea import Branch, Issue, Repository
 from state.db import Database, utcnow
 from state.leases import Lease, LeaseStore
 
 TOOL = "gitea_bootstrap_issue_worktree"
 
 ResultStatus = Literal["completed", "compensated", "refused", "blocked"]
+
+
+class BootstrapGitea(Protocol):
+    """The Gitea calls the bootstrap makes (``bot.gitea.GiteaClient`` has them)."""
+
+    async def get_repo(self) -> Repository: ...
+    async def get_branch(self, name: str) -> Branch: ...
+    async def get_issue(self, number: int) -> Issue: ...
+    async def set_assignees(self, number: int, logins: Sequence[str]) -> Issue: ...
 
 
 class ServiceLike(Protocol):
@@ -33,7 +42,7 @@ class ServiceLike(Protocol):
     @property
     def settings(self) -> Settings: ...
     @property
-    def gitea(self) -> GiteaClient | None: ...
+    def gitea(self) -> BootstrapGitea | None: ...
     @property
     def bot_login(self) -> str | None: ...
 
@@ -44,7 +53,7 @@ class BootstrapContext:
 
     db: Database
     settings: Settings
-    gitea: GiteaClient | None
+    gitea: BootstrapGitea | None
     bot_login: str
     clock: Callable[[], datetime] = utcnow
     #: "<checkout path>\0<clone URL>" pairs whose origin was found to be that URL (checked once per process and URL).

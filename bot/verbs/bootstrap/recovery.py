@@ -58,7 +58,8 @@ async def _bootstrap_unstarted_leases(ctx: BootstrapContext) -> list[BootstrapRe
             continue
         result = await bootstrap_issue_worktree(ctx, issue_number=lease.issue_number, caller=lease.owner)
         if result.status == "refused" and result.refusal is not None and result.refusal.error != "unavailable":
-            allocator = Allocator(ctx.db, ctx.settings, ctx.gitea, bot_login=ctx.bot_login or "")
+            # The release writes the lease, its evidence and the outbox only: the allocator needs no Gitea for it.
+            allocator = Allocator(ctx.db, ctx.settings, None, bot_login=ctx.bot_login or "")
             call = AllocationCall(actor="foreman:recovery", owner=lease.owner, actor_is_operator=True)
             await allocator.release_unworkable(lease, result.refusal, call, ctx.clock())
         log.info("bootstrapped the unstarted lease %s of #%d: %s", lease.lease_id, lease.issue_number, result.status)

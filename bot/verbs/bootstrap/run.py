@@ -11,9 +11,8 @@ from typing import Any
 from bot import gitops
 from bot.core.bootstrap import Blocked, Phase
 from bot.core.errors import Envelope
-from bot.gitea import GiteaClient
 from bot.verbs.bootstrap.checkout import prepare_control_checkout
-from bot.verbs.bootstrap.context import BootstrapContext, BootstrapResult
+from bot.verbs.bootstrap.context import BootstrapContext, BootstrapGitea, BootstrapResult
 from bot.verbs.bootstrap.faults import FAULT_PHASE_ENV, _fault
 from bot.verbs.bootstrap.refusals import _again, _Fail
 from state.journal import JournalStore, Transition
@@ -38,7 +37,7 @@ class RunState:
         self.proofs_of: int | None = None  # the transition whose journal records ``proofs`` holds
         self.seen: dict[str, Any] = {}  # what this call itself observed in git, reused by later steps
         self.cfg = ctx.settings.bootstrap
-        self.gitea: GiteaClient = ctx.gitea  # type: ignore[assignment]  # checked by the caller
+        self.gitea: BootstrapGitea = ctx.gitea  # type: ignore[assignment]  # checked by the caller
         self.clone_url = ""  # the URL the control checkout is cloned and fetched from (set by _accept)
 
     def _auth(self, clone_url: str) -> dict[str, str]:
