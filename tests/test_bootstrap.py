@@ -5,15 +5,29 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+from collections.abc import Sequence
+from datetime import datetime, timedelta
 from pathlib import Path
+
+import pytest
 
 from bot.core.bootstrap import PHASES, reflog_message, worktree_lock_reason
 from bot.core.canonical import parse_comment
+from bot.gitea import Branch, Issue, Repository
 from bot.verbs.bootstrap import BootstrapContext, bootstrap_preflight, lock_issue
-from state.leases import LeaseStore
+from state.db import utcnow
+from state.leases import Lease, LeaseStore
 from state.outbox import OutboxStore
-from tests.gitea_fixtures import OWNER, REPO
-from tests.test_bootstrap_support import FILES, checkout_snapshot, git, tree_snapshot, worktree_entries, world
+from tests.gitea_fixtures import BOT, OWNER, REPO
+from tests.test_bootstrap_support import (
+    FILES,
+    World,
+    checkout_snapshot,
+    git,
+    tree_snapshot,
+    worktree_entries,
+    world,
+)
 
 
 async def test_success_creates_the_branch_and_a_registered_worktree_with_read_back_proof() -> None:
@@ -115,6 +129,53 @@ async def test_permission_denial_for_a_non_owner_an_unknown_login_and_an_unlease
             action = result.refusal.exact_next_action
             assert not any(word in action for word in ("git ", "worktree add", "scripts/", "bash"))
             assert caller == "mallory" or "gitea_" in action  # off the roster: ask an operator (no tool to call)
+        assert w.rows("SELECT COUNT(*) FROM bootstrap_journal") == [(0,)]
+        assert not (w.checkout / "branches").exists()
+        assert git(w.checkout, "for-each-ref", "--format=%(refname)", "refs/heads/") == "refs/heads/main"
+
+
+class _LeaseEndsDuringTheChecks:
+    """The bot's Gitea client, except that reading the issue (the acceptance's checks, after the gateway let the
+    call through and before the transition is claimed) ends the lease first: released, or past its expiry."""
+
+    def __init__(self, w: World, lease: Lease, how: str, clock: list[datetime]) -> None:
+        assert w.ctx.gitea is not None
+        self.real, self.w, self.lease, self.how, self.clock = w.ctx.gitea, w, lease, how, clock
+        self.ended = False
+
+    async def get_repo(self) -> Repository:
+        return await self.real.get_repo()
+
+    async def get_branch(self, name: str) -> Branch:
+        return await self.real.get_branch(name)
+
+    async def get_issue(self, number: int) -> Issue:
+        if self.how == "released" and not self.ended:
+            await self.w.release(self.lease)
+        elif self.how == "expired":
+            self.clock[0] = self.lease.expires_at + timedelta(seconds=1)
+        self.ended = True
+        return await self.real.get_issue(number)
+
+    async def set_assignees(self, number: int, logins: Sequence[str]) -> Issue:
+        return await self.real.set_assignees(number, logins)
+
+
+@pytest.mark.parametrize("how", ["released", "expired"])
+async def test_a_lease_that_ends_while_the_request_is_checked_is_refused_when_the_transition_is_claimed(
+    how: str,
+) -> None:
+    """AC2, AC9: the ownership the gateway saw is checked again inside the transaction that claims the
+    transition; a lease that ended in between is refused (``lease_ended``) and nothing is created or journaled."""
+    async with world() as w:
+        number = w.issue()
+        lease = await w.lease(number)
+        clock = [utcnow()]
+        w.ctx = BootstrapContext(db=w.db, settings=w.settings, gitea=_LeaseEndsDuringTheChecks(w, lease, how, clock),
+                                 bot_login=BOT, clock=lambda: clock[0])
+        result = await w.bootstrap(number)
+        assert result.status == "refused" and result.refusal is not None, result.to_dict()
+        assert result.refusal.error == "stale_pin" and result.refusal.details.get("reason") == "lease_ended"
         assert w.rows("SELECT COUNT(*) FROM bootstrap_journal") == [(0,)]
         assert not (w.checkout / "branches").exists()
         assert git(w.checkout, "for-each-ref", "--format=%(refname)", "refs/heads/") == "refs/heads/main"

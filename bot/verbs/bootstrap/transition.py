@@ -303,7 +303,8 @@ class _Run(Binding, Compensation):
                 if live is None or not live.is_live(now) or live.owner != self.caller:
                     return _refused(self.n, _envelope(
                         "stale_pin", "the lease ended while the request was being checked",
-                        "Nothing was created.", "call gitea_get_runtime_context to see your leases"), key)
+                        "Nothing was created.", "call gitea_get_runtime_context to see your leases",
+                        reason="lease_ended"), key)
                 transition = await self.journal.accept(conn, new, proof=inputs, runner=self.runner, now=now)
         except JournalConflict as exc:
             return _refused(self.n, _envelope(
