@@ -134,14 +134,18 @@ async def test_permission_denial_for_a_non_owner_an_unknown_login_and_an_unlease
         assert git(w.checkout, "for-each-ref", "--format=%(refname)", "refs/heads/") == "refs/heads/main"
 
 
-class _LeaseEndsDuringTheChecks:
-    """The bot's Gitea client, except that reading the issue (the acceptance's checks, after the gateway let the
-    call through and before the transition is claimed) ends the lease first: released, or past its expiry."""
+class _LeaseEnds:
+    """The bot's Gitea client, except that its ``at_read``-th read of the issue ends the lease first (released, or
+    the clock past its expiry): read 1 is the acceptance's, after the gateway let the call through and before the
+    transition is claimed; read 2 is the assignment's, after the worktree exists and before the lease is bound."""
 
-    def __init__(self, w: World, lease: Lease, how: str, clock: list[datetime]) -> None:
+    def __init__(self, w: World, lease: Lease, how: str, at_read: int) -> None:
         assert w.ctx.gitea is not None
-        self.real, self.w, self.lease, self.how, self.clock = w.ctx.gitea, w, lease, how, clock
-        self.ended = False
+        self.real, self.w, self.lease, self.how, self.at_read = w.ctx.gitea, w, lease, how, at_read
+        self.now, self.reads = utcnow(), 0
+
+    def clock(self) -> datetime:
+        return self.now
 
     async def get_repo(self) -> Repository:
         return await self.real.get_repo()
@@ -150,15 +154,21 @@ class _LeaseEndsDuringTheChecks:
         return await self.real.get_branch(name)
 
     async def get_issue(self, number: int) -> Issue:
-        if self.how == "released" and not self.ended:
+        self.reads += 1
+        if self.reads == self.at_read and self.how == "released":
             await self.w.release(self.lease)
-        elif self.how == "expired":
-            self.clock[0] = self.lease.expires_at + timedelta(seconds=1)
-        self.ended = True
+        elif self.reads == self.at_read:
+            self.now = self.lease.expires_at + timedelta(seconds=1)
         return await self.real.get_issue(number)
 
     async def set_assignees(self, number: int, logins: Sequence[str]) -> Issue:
         return await self.real.set_assignees(number, logins)
+
+
+async def _lease_ends(w: World, number: int, how: str, at_read: int) -> None:
+    lease = await w.lease(number)
+    gitea = _LeaseEnds(w, lease, how, at_read)
+    w.ctx = BootstrapContext(db=w.db, settings=w.settings, gitea=gitea, bot_login=BOT, clock=gitea.clock)
 
 
 @pytest.mark.parametrize("how", ["released", "expired"])
@@ -169,15 +179,28 @@ async def test_a_lease_that_ends_while_the_request_is_checked_is_refused_when_th
     transition; a lease that ended in between is refused (``lease_ended``) and nothing is created or journaled."""
     async with world() as w:
         number = w.issue()
-        lease = await w.lease(number)
-        clock = [utcnow()]
-        w.ctx = BootstrapContext(db=w.db, settings=w.settings, gitea=_LeaseEndsDuringTheChecks(w, lease, how, clock),
-                                 bot_login=BOT, clock=lambda: clock[0])
+        await _lease_ends(w, number, how, at_read=1)
         result = await w.bootstrap(number)
         assert result.status == "refused" and result.refusal is not None, result.to_dict()
         assert result.refusal.error == "stale_pin" and result.refusal.details.get("reason") == "lease_ended"
         assert w.rows("SELECT COUNT(*) FROM bootstrap_journal") == [(0,)]
         assert not (w.checkout / "branches").exists()
+        assert git(w.checkout, "for-each-ref", "--format=%(refname)", "refs/heads/") == "refs/heads/main"
+
+
+@pytest.mark.parametrize("how", ["released", "expired"])
+async def test_a_lease_that_ends_before_it_is_bound_compensates_the_transition(how: str) -> None:
+    """AC4, AC5: binding checks again, inside its transaction, that the lease is live and the owner's; a lease
+    that ended after the worktree was made is never bound (``lease_changed``): what this transition made is undone."""
+    async with world() as w:
+        number = w.issue()
+        await _lease_ends(w, number, how, at_read=2)
+        result = await w.bootstrap(number)
+        assert result.status == "compensated" and result.refusal is not None, result.to_dict()
+        assert result.refusal.error == "stale_pin" and result.refusal.details.get("reason") == "lease_changed"
+        assert w.rows("SELECT COUNT(*) FROM worktree_registrations WHERE ended_at IS NULL") == [(0,)]
+        assert "lock_established" not in [p for (p,) in w.rows("SELECT phase FROM bootstrap_phases")]
+        assert not w.path(number).exists()
         assert git(w.checkout, "for-each-ref", "--format=%(refname)", "refs/heads/") == "refs/heads/main"
 
 
