@@ -11,9 +11,9 @@ from bot.core.bootstrap import Blocked
 from bot.core.canonical import CanonicalState
 from bot.core.evidence import render_evidence
 from bot.gitea import GiteaError, GiteaUnassignable, GiteaUnavailable
-from bot.verbs.bootstrap.context import _live_lease_in
-from bot.verbs.bootstrap.faults import FAULT_PHASE_ENV, _fault
-from bot.verbs.bootstrap.refusals import _Fail, _Transient
+from bot.verbs.bootstrap.context import live_lease_in
+from bot.verbs.bootstrap.faults import FAULT_PHASE_ENV, crash_seam
+from bot.verbs.bootstrap.refusals import StepFailed, TransientFailure
 from bot.verbs.bootstrap.run import RunState
 from state.journal import Transition
 from state.outbox import OutboxIntent, enqueue
@@ -39,23 +39,23 @@ class Binding(RunState):
                     await self.gitea.set_assignees(self.n, sorted({*before, t.owner}))
                     wrote = True
                 except GiteaUnassignable as exc:
-                    raise _Fail(Blocked("invalid_state", "owner_unassignable", f"Gitea cannot assign {t.owner} on"
-                                        f" #{self.n}: {exc.message}"), owner=t.owner, reasons=exc.reasons) from exc
+                    raise StepFailed(Blocked("invalid_state", "owner_unassignable", f"Gitea cannot assign {t.owner} on"
+                                             f" #{self.n}: {exc.message}"), owner=t.owner, reasons=exc.reasons) from exc
                 except GiteaUnavailable:
                     raise
                 except GiteaError as exc:
                     refused = str(exc)
                 after = sorted(u.login for u in (await self.gitea.get_issue(self.n)).assignees)
         except GiteaUnavailable as exc:
-            raise _Transient(f"Gitea did not answer ({exc})") from exc
+            raise TransientFailure(f"Gitea did not answer ({exc})") from exc
         except GiteaError as exc:
-            raise _Fail(Blocked("invalid_state", "assignment_unverified", f"Gitea could not show #{self.n}'s"
-                                f" assignees: {exc}")) from exc
+            raise StepFailed(Blocked("invalid_state", "assignment_unverified", f"Gitea could not show #{self.n}'s"
+                                     f" assignees: {exc}")) from exc
         if owner not in {a.lower() for a in after}:
             why = f"Gitea refused the change ({refused})" if refused else "foreman assigned it"
-            raise _Fail(Blocked("invalid_state", "assignment_unverified", f"Gitea does not list {t.owner} as an"
-                                f" assignee of #{self.n} after {why} (read back: {', '.join(after) or 'nobody'})"),
-                        gitea_assignees=after)
+            raise StepFailed(Blocked("invalid_state", "assignment_unverified", f"Gitea does not list {t.owner} as an"
+                                     f" assignee of #{self.n} after {why} (read back: {', '.join(after) or 'nobody'})"),
+                             gitea_assignees=after)
         seen = {"gitea_assignees": after, "assigned": True, "read_back": True, "written_by_bootstrap": wrote,
                 "outbox_key": f"{t.lease_id}:assignee"}
         self.seen["assignment"] = seen
@@ -67,7 +67,7 @@ class Binding(RunState):
         now = self.ctx.clock()
         blocked: Blocked | None = None
         async with self.ctx.db.transaction() as conn:
-            lease = await _live_lease_in(conn, self.leases, t.repo, t.lease_id)
+            lease = await live_lease_in(conn, self.leases, t.repo, t.lease_id)
             if lease is None or not lease.is_live(now) or lease.owner != t.owner:
                 blocked = Blocked("stale_pin", "lease_changed", f"lease {t.lease_id} is no longer live for {t.owner}")
             else:
@@ -99,8 +99,8 @@ class Binding(RunState):
                 }
                 t = await self.journal.advance(conn, t, "lock_established", proof=proof, runner=self.runner, now=now)
         if blocked is not None:
-            raise _Fail(blocked)
-        _fault(FAULT_PHASE_ENV, "lock_established")
+            raise StepFailed(blocked)
+        crash_seam(FAULT_PHASE_ENV, "lock_established")
         return t
 
     async def _complete(self, t: Transition) -> Transition:
@@ -121,9 +121,9 @@ class Binding(RunState):
         try:
             seen = await asyncio.to_thread(readback)
         except gitops.GitFailure as exc:
-            raise _Fail(Blocked("invalid_state", "readback_failed", str(exc))) from exc
+            raise StepFailed(Blocked("invalid_state", "readback_failed", str(exc))) from exc
         if seen["entry"] is None or seen["head_ref"] != f"refs/heads/{t.branch}":
-            raise _Fail(Blocked("invalid_state", "readback_failed", "the worktree is gone or off its branch"))
+            raise StepFailed(Blocked("invalid_state", "readback_failed", "the worktree is gone or off its branch"))
         before = t.inputs.get("control_checkout", {})
         # Gitea's assignees as read back after this call's own assignment, or (a resumed call) read again now.
         assignment = self.seen.get("assignment") or await self._ensure_assigned(t)
@@ -158,7 +158,7 @@ class Binding(RunState):
             t = await self.journal.advance(conn, t, "completed", proof=result, runner=self.runner, now=now,
                                            result=result)
             await enqueue(conn, self._evidence(t, result), now=now)
-        _fault(FAULT_PHASE_ENV, "completed")
+        crash_seam(FAULT_PHASE_ENV, "completed")
         return t
 
     def _evidence(self, t: Transition, result: dict[str, Any]) -> OutboxIntent:

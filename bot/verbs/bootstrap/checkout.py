@@ -14,15 +14,15 @@ from bot.gitea import GiteaError
 from bot.verbs.bootstrap.context import BootstrapContext
 from bot.verbs.bootstrap.refusals import (
     REPOINT,
-    _again,
-    _api_refusal,
-    _envelope,
-    _Fail,
-    _git_envelope,
-    _Operator,
-    _origin_envelope,
-    _Transient,
-    _unavailable,
+    OperatorMustFix,
+    StepFailed,
+    TransientFailure,
+    api_refusal,
+    call_again,
+    git_envelope,
+    make_envelope,
+    origin_envelope,
+    unavailable,
 )
 
 log = logging.getLogger("foreman.bootstrap")
@@ -58,7 +58,7 @@ async def prepare_control_checkout(
         if not checkout.exists():
             checkout.clone(clone_url, default_branch, auth=auth)
         elif verified not in ctx.verified_origins and (origin := checkout.origin_url()) != clone_url:
-            raise _Operator(_origin_envelope(issue_number, origin, clone_url))
+            raise OperatorMustFix(origin_envelope(issue_number, origin, clone_url))
         checkout.ensure_excluded()
         refs = checkout.refs("refs/heads/", tracking)
         if live_base is None or refs.get(tracking) != live_base:
@@ -73,18 +73,18 @@ async def prepare_control_checkout(
     lock = ctx.locks_dir() / "checkout.lock"
     async with gitops.file_lock(lock, wait_s=max(cfg.lock_wait_s, 60)) as held:
         if not held:
-            raise _Transient("the control checkout is busy (another clone or fetch did not finish)")
+            raise TransientFailure("the control checkout is busy (another clone or fetch did not finish)")
         try:
             head_ref, head_sha, dirty = await asyncio.to_thread(work)
         except gitops.GitFailure as exc:
             reason = gitops.git_refusal(exc.stderr)
             if reason is not None:
-                raise _Operator(_git_envelope(reason, clone_url, str(exc), _again(issue_number))) from exc
-            raise _Transient(f"the control checkout could not be cloned or fetched: {exc}") from exc
+                raise OperatorMustFix(git_envelope(reason, clone_url, str(exc), call_again(issue_number))) from exc
+            raise TransientFailure(f"the control checkout could not be cloned or fetched: {exc}") from exc
     if head_ref != f"refs/heads/{default_branch}" or dirty:
-        raise _Fail(Blocked("invalid_state", "checkout_not_clean", f"the control checkout is on"
-                            f" {head_ref or 'a detached HEAD'}{' with changes' if dirty else ''}, not clean on"
-                            f" {default_branch}; foreman never changes it"))
+        raise StepFailed(Blocked("invalid_state", "checkout_not_clean", f"the control checkout is on"
+                                 f" {head_ref or 'a detached HEAD'}{' with changes' if dirty else ''}, not clean on"
+                                 f" {default_branch}; foreman never changes it"))
     ctx.verified_origins.add(verified)
     seen["checkout_head"] = (head_ref, head_sha)
     return head_ref, head_sha
@@ -98,7 +98,7 @@ async def ensure_control_checkout(ctx: BootstrapContext) -> dict[str, Any]:
     try:
         repo = await ctx.gitea.get_repo()
     except GiteaError as exc:
-        refusal = _api_refusal(exc, "the next bootstrap clones the control checkout")
+        refusal = api_refusal(exc, "the next bootstrap clones the control checkout")
         return {"ok": False, "detail": str(exc), **(refusal.to_dict() if refusal else {})}
     url = effective_clone_url(ctx, repo.clone_url)
     problem = gitops.clone_url_problem(url)
@@ -107,9 +107,9 @@ async def ensure_control_checkout(ctx: BootstrapContext) -> dict[str, Any]:
     try:
         head_ref, head_sha = await prepare_control_checkout(ctx, ctx.checkout(), url, repo.default_branch,
                                                             issue_number=1, seen={})
-    except _Operator as exc:
+    except OperatorMustFix as exc:
         return {"ok": False, "detail": str(exc), **exc.envelope.to_dict()}
-    except (_Transient, _Fail) as exc:
+    except (TransientFailure, StepFailed) as exc:
         return {"ok": False, "detail": str(exc)}
     return {"ok": True, "path": str(ctx.checkout_path), "default_branch": repo.default_branch,
             "head_ref": head_ref, "head_sha": head_sha}
@@ -133,19 +133,19 @@ async def repoint_control_checkout(ctx: BootstrapContext) -> dict[str, Any]:
 
     again = f"run `{REPOINT}` again"
     if ctx.gitea is None:
-        return refused(_unavailable(0, "foreman has no Gitea connection configured"))
+        return refused(unavailable(0, "foreman has no Gitea connection configured"))
     try:
         repo = await ctx.gitea.get_repo()
         base = (await ctx.gitea.get_branch(repo.default_branch)).commit_id
     except GiteaError as exc:
-        return refused(_api_refusal(exc, again) or _envelope(
+        return refused(api_refusal(exc, again) or make_envelope(
             "unavailable", f"Gitea did not show the repository: {exc}", "Nothing was changed.",
             f"{again} when Gitea answers"))
     url = effective_clone_url(ctx, repo.clone_url)
     problem = gitops.clone_url_problem(url)
     if problem is not None:
-        return refused(_envelope("invalid_input", problem, "Nothing was changed.",
-                                 f"correct repository.clone_url or repository.clone_url_rewrite, then {again}"))
+        return refused(make_envelope("invalid_input", problem, "Nothing was changed.",
+                                     f"correct repository.clone_url or repository.clone_url_rewrite, then {again}"))
     checkout = ctx.checkout()
     doc: dict[str, Any] = {"path": str(checkout.path), "to": url, "reported_clone_url": repo.clone_url,
                            "default_branch": repo.default_branch}
@@ -162,12 +162,12 @@ async def repoint_control_checkout(ctx: BootstrapContext) -> dict[str, Any]:
                                                 extra_env=gitops.auth_env(url, token))
         if status != 0:
             reason = gitops.git_refusal(err)
-            return refused(_git_envelope(reason, url, err.strip()[-300:], again) if reason else _envelope(
+            return refused(git_envelope(reason, url, err.strip()[-300:], again) if reason else make_envelope(
                 "unavailable", f"git could not reach {url}: {err.strip()[-300:]}", "Nothing was changed.",
                 f"{again} when {url} is reachable (or correct repository.clone_url)"))
         seen = out.split("\t", 1)[0].strip() or None
         if seen != base:
-            return refused(_envelope(
+            return refused(make_envelope(
                 "invalid_state",
                 f"{url} does not serve {repo.full_name}: its {repo.default_branch} is {seen or 'absent'}, Gitea's API"
                 f" says {base}", "The origin was left as it is.",
@@ -186,11 +186,11 @@ async def repoint_control_checkout(ctx: BootstrapContext) -> dict[str, Any]:
     lock = ctx.locks_dir() / "checkout.lock"
     async with gitops.file_lock(lock, wait_s=max(ctx.settings.bootstrap.lock_wait_s, 60)) as held:
         if not held:
-            return refused(_envelope("conflict", "the control checkout is busy (a clone or fetch is running)",
-                                     "Nothing was changed.", again))
+            return refused(make_envelope("conflict", "the control checkout is busy (a clone or fetch is running)",
+                                         "Nothing was changed.", again))
         try:
             found = await asyncio.to_thread(work)
         except gitops.GitFailure as exc:
-            return refused(_envelope("unavailable", f"git failed: {exc}", "origin may point at the new URL; a"
-                                     " repeat checks and fetches again.", again))
+            return refused(make_envelope("unavailable", f"git failed: {exc}", "origin may point at the new URL; a"
+                                         " repeat checks and fetches again.", again))
     return {**doc, **found}

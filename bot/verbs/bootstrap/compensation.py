@@ -13,9 +13,9 @@ from bot.core.evidence import render_evidence
 from bot.core.vocabulary import label_for_state
 from bot.gitea import GiteaError
 from bot.verbs.bootstrap.context import BootstrapResult
-from bot.verbs.bootstrap.faults import FAULT_PHASE_ENV, FAULT_STEP_ENV, _fault
+from bot.verbs.bootstrap.faults import FAULT_PHASE_ENV, FAULT_STEP_ENV, crash_seam
 from bot.verbs.bootstrap.git_steps import GitSteps
-from bot.verbs.bootstrap.refusals import _blocked_envelope, _extra, _refused, _unavailable
+from bot.verbs.bootstrap.refusals import blocked_envelope, observed_details, refused_result, unavailable
 from state.journal import Transition
 from state.leases import LeaseRefused
 from state.outbox import OutboxIntent, enqueue
@@ -27,11 +27,11 @@ class Compensation(GitSteps):
     async def _require_compensation(self, t: Transition, blocked: Blocked, **details: Any) -> Transition:
         proof = {"kind": blocked.kind, "reason": blocked.reason, "message": blocked.message,
                  "failed_phase": t.phase, **details}
-        error = _blocked_envelope(self.n, blocked, released=False, key=t.key, **_extra(details)).to_dict()
+        error = blocked_envelope(self.n, blocked, released=False, key=t.key, **observed_details(details)).to_dict()
         async with self.ctx.db.transaction() as conn:
             t = await self.journal.advance(conn, t, "compensation_required", proof=proof, runner=self.runner,
                                            now=self.ctx.clock(), error=error)
-        _fault(FAULT_PHASE_ENV, "compensation_required")
+        crash_seam(FAULT_PHASE_ENV, "compensation_required")
         return t
 
     def _undo_git(self, t: Transition, release: bool, registration_live: bool, lease_ours: bool) -> dict[str, Any]:
@@ -68,11 +68,11 @@ class Compensation(GitSteps):
         done: list[str] = []
         if "worktree" in plan.undo:
             done += [f"worktree {item}" for item in self._remove_partial(t, force=not wt.clean)]
-            _fault(FAULT_STEP_ENV, "worktree_removed")
+            crash_seam(FAULT_STEP_ENV, "worktree_removed")
         if "branch" in plan.undo and created_sha is not None:
             if self.checkout.delete_branch(t.branch, created_sha):
                 done.append(f"branch {t.branch} at {created_sha}")
-                _fault(FAULT_STEP_ENV, "branch_deleted")
+                crash_seam(FAULT_STEP_ENV, "branch_deleted")
         observed = {"branch_sha": branch_sha, "branch_created_sha": created_sha,
                     "worktree": {"present": present, "created_by_this": created, "preserves": preserves,
                                  "registered_branch": wt.entry_branch, "path_exists": wt.path_exists}}
@@ -89,7 +89,7 @@ class Compensation(GitSteps):
             undone = await asyncio.to_thread(self._undo_git, t, self.cfg.release_lease_on_failure,
                                              registration_live, lease_ours)
         except gitops.GitFailure as exc:
-            return _refused(self.n, _unavailable(self.n, f"git failed during compensation: {exc}", t.key), t.key)
+            return refused_result(self.n, unavailable(self.n, f"git failed during compensation: {exc}", t.key), t.key)
         plan = undone["plan"]
         releasing = "lease" in plan.undo
         assignees: list[str] = []
@@ -97,7 +97,7 @@ class Compensation(GitSteps):
             try:
                 assignees = sorted(u.login for u in (await self.gitea.get_issue(self.n)).assignees)
             except GiteaError as exc:
-                return _refused(self.n, _unavailable(self.n, f"Gitea did not answer ({exc})", t.key), t.key)
+                return refused_result(self.n, unavailable(self.n, f"Gitea did not answer ({exc})", t.key), t.key)
         failure = t.error or {}
         kind = str(failure.get("error", "invalid_state"))
         message = str(failure.get("message", "the bootstrap failed"))
@@ -108,9 +108,9 @@ class Compensation(GitSteps):
             blocked = Blocked("stale_pin", str(failure.get("details", {}).get("reason", "stale_pin")), message)
         else:
             blocked = Blocked("invalid_state", str(failure.get("details", {}).get("reason", "failed")), message)
-        envelope = _blocked_envelope(self.n, blocked, released=releasing or not lease_ours, key=t.key,
-                                          kept=list(plan.keep), left=list(plan.blocked),
-                                          **_extra(failure.get("details") or {}))
+        envelope = blocked_envelope(self.n, blocked, released=releasing or not lease_ours, key=t.key,
+                                    kept=list(plan.keep), left=list(plan.blocked),
+                                    **observed_details(failure.get("details") or {}))
         proof = {"undone": undone["done"] + [u for u in plan.undo if u in ("registration", "lease")],
                  "kept": list(plan.keep), "blocked": list(plan.blocked), "observed": undone["observed"],
                  "failure": failure}
@@ -137,7 +137,7 @@ class Compensation(GitSteps):
         if plan.blocked:
             return BootstrapResult(self.n, "blocked", t.key, t.phase, envelope, proof=proof,
                                    journal=await self._journal_view(t), outbox=outbox)
-        _fault(FAULT_PHASE_ENV, "compensation_completed")
+        crash_seam(FAULT_PHASE_ENV, "compensation_completed")
         result = await self._finished(t, replayed=False)
         result.outbox = outbox
         return result

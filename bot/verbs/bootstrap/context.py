@@ -156,6 +156,6 @@ class LockResult:
         return doc
 
 
-async def _live_lease_in(conn: aiosqlite.Connection, leases: LeaseStore, repo: str, lease_id: str) -> Lease | None:
+async def live_lease_in(conn: aiosqlite.Connection, leases: LeaseStore, repo: str, lease_id: str) -> Lease | None:
     """The lease ``lease_id`` if it is still marked live, read inside the caller's transaction."""
     return next((lease for lease in await leases.open_leases(repo, conn) if lease.lease_id == lease_id), None)

@@ -14,7 +14,7 @@ FAULT_EXIT_CODE = 86
 FAULT_STEPS = ("ref_created", "worktree_added", "worktree_removed", "branch_deleted")
 
 
-def _fault(env: str, value: str) -> None:
+def crash_seam(env: str, value: str) -> None:
     """The documented crash seam: exit at once, without cleanup, as a killed process would."""
     if os.environ.get(env) == value:
         log.warning("fault seam %s=%s: exiting hard", env, value)

@@ -16,8 +16,8 @@ from bot.core.bootstrap import (
     reflog_message,
     worktree_lock_reason,
 )
-from bot.verbs.bootstrap.faults import FAULT_STEP_ENV, _fault
-from bot.verbs.bootstrap.refusals import _Fail
+from bot.verbs.bootstrap.faults import FAULT_STEP_ENV, crash_seam
+from bot.verbs.bootstrap.refusals import StepFailed
 from bot.verbs.bootstrap.run import RunState
 from state.journal import Transition
 
@@ -68,11 +68,11 @@ class GitSteps(RunState):
         if plan == "create":
             made = self.checkout.create_branch(t.branch, t.base_sha, reflog_message(t.key))
             if made:
-                _fault(FAULT_STEP_ENV, "ref_created")
+                crash_seam(FAULT_STEP_ENV, "ref_created")
             facts = self._branch_facts(t, just_created=made)  # read back what git holds now
             plan = "ours" if made and facts.created_by_this else plan_branch(facts, pin=t.base_sha)
         if isinstance(plan, Blocked):
-            raise _Fail(plan)
+            raise StepFailed(plan)
         creation = self._reflog_creation(t)
         return {
             "ref": f"refs/heads/{t.branch}",
@@ -85,16 +85,16 @@ class GitSteps(RunState):
     def _path_step(self, t: Transition) -> dict[str, Any]:
         root, path = self.checkout.branches_root, Path(t.worktree_path)
         if gitops.escapes_root(root, path):
-            raise _Fail(Blocked("invalid_state", "path_escapes_root", f"{path} is or goes through a symbolic link"
-                                " out of branches/"))
+            raise StepFailed(Blocked("invalid_state", "path_escapes_root", f"{path} is or goes through a symbolic link"
+                                     " out of branches/"))
         root_existed = root.exists()
         root.mkdir(exist_ok=True)
         if gitops.escapes_root(root, path):
-            raise _Fail(Blocked("invalid_state", "path_escapes_root", "branches/ became a symbolic link"))
+            raise StepFailed(Blocked("invalid_state", "path_escapes_root", "branches/ became a symbolic link"))
         facts = self._worktree_facts(t)
         plan = plan_worktree(facts, branch=t.branch, pin=t.base_sha, branch_created_by_this=self._created_branch(t))
         if isinstance(plan, Blocked):
-            raise _Fail(plan)
+            raise StepFailed(plan)
         return {
             "path": str(path),
             "branches_root": str(root),
@@ -187,17 +187,18 @@ class GitSteps(RunState):
         facts = self._worktree_facts(t)
         plan = plan_worktree(facts, branch=t.branch, pin=t.base_sha, branch_created_by_this=self._created_branch(t))
         if isinstance(plan, Blocked):
-            raise _Fail(plan)
+            raise StepFailed(plan)
         repaired: list[str] = []
         if plan == "repair":
             repaired = self._remove_partial(t)
         if plan in ("create", "repair"):
             self.checkout.add_worktree(path, t.branch, worktree_lock_reason(t.key))
             self.fresh = True
-            _fault(FAULT_STEP_ENV, "worktree_added")
+            crash_seam(FAULT_STEP_ENV, "worktree_added")
         entry = self.checkout.worktree_at(path)
         if entry is None or entry.branch != t.branch:
-            raise _Fail(Blocked("invalid_state", "worktree_missing", "git does not list the worktree on its branch"))
+            raise StepFailed(Blocked("invalid_state", "worktree_missing",
+                                     "git does not list the worktree on its branch"))
         self.seen["entry"] = entry
         admin = self.checkout.admin_dir_for(path)
         return {
@@ -235,7 +236,7 @@ class GitSteps(RunState):
         elif created and entry.locked != worktree_lock_reason(t.key):
             problems.append("the worktree lost the lock foreman gave it")
         if problems:
-            raise _Fail(Blocked("invalid_state", "registration_mismatch", "; ".join(problems)))
+            raise StepFailed(Blocked("invalid_state", "registration_mismatch", "; ".join(problems)))
         self.seen["view"] = view
         return {
             "view": view.to_dict(),

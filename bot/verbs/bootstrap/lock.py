@@ -11,8 +11,8 @@ from bot import gitops
 from bot.core.bootstrap import PathRejected, worktree_lock_reason, worktree_path_for
 from bot.core.gateway import GatewayContext
 from bot.core.verbs import evaluate
-from bot.verbs.bootstrap.context import BootstrapContext, LockResult, _live_lease_in
-from bot.verbs.bootstrap.refusals import _envelope, _input_problem
+from bot.verbs.bootstrap.context import BootstrapContext, LockResult, live_lease_in
+from bot.verbs.bootstrap.refusals import input_problem, make_envelope
 from state.journal import JournalConflict, JournalStore, Transition
 from state.leases import LeaseStore
 
@@ -21,9 +21,9 @@ async def lock_issue(ctx: BootstrapContext, *, issue_number: int, caller: str) -
     """Lock the issue to the caller's registered worktree: only a worktree a completed bootstrap of the caller's
     live lease registered, still registered in git under ``branches/`` on the issue branch (branches-only and
     anti-stomp guards). Idempotent for the same lease; the lock is recorded with the lease and the worktree."""
-    problem = _input_problem(issue_number, caller, None, None)
+    problem = input_problem(issue_number, caller, None, None)
     if problem is not None:
-        return LockResult(issue_number if isinstance(issue_number, int) else 0, "refused", refusal=_envelope(
+        return LockResult(issue_number if isinstance(issue_number, int) else 0, "refused", refusal=make_envelope(
             "invalid_input", problem, "Correct the argument and call again.", "call gitea_lock_issue again"))
     journal, leases = JournalStore(ctx.db), LeaseStore(ctx.db)
     now = ctx.clock()
@@ -47,7 +47,7 @@ async def lock_issue(ctx: BootstrapContext, *, issue_number: int, caller: str) -
     if not decision.allowed:
         envelope = decision.to_error()
         if envelope.error == "tracing_gap" and guards and not recognised:
-            envelope = _envelope(
+            envelope = make_envelope(
                 "invalid_state",
                 f"the worktree registered for #{issue_number} no longer passes the guards: {guards['problems']}",
                 "The registered worktree was moved, removed or changed outside foreman; it is left as it is.",
@@ -63,9 +63,9 @@ async def lock_issue(ctx: BootstrapContext, *, issue_number: int, caller: str) -
             if existing.lease_id == lease.lease_id and existing.registration_id == registration.id:
                 return LockResult(issue_number, "locked", lock=existing.to_dict(), proof={"guards": guards},
                                   already_locked=True)
-            holder = await _live_lease_in(conn, leases, ctx.repo, existing.lease_id)
+            holder = await live_lease_in(conn, leases, ctx.repo, existing.lease_id)
             if holder is not None and holder.is_live(now):
-                return LockResult(issue_number, "refused", refusal=_envelope(
+                return LockResult(issue_number, "refused", refusal=make_envelope(
                     "conflict", f"#{issue_number} is locked by lease {existing.lease_id} of {existing.owner}",
                     "Another live lease holds the issue lock; it is never taken over.",
                     "call gitea_get_runtime_context to find the work assigned to you"))
@@ -75,7 +75,7 @@ async def lock_issue(ctx: BootstrapContext, *, issue_number: int, caller: str) -
         try:
             lock = await journal.lock(conn, registration, proof=proof, now=now)
         except JournalConflict:
-            return LockResult(issue_number, "refused", refusal=_envelope(
+            return LockResult(issue_number, "refused", refusal=make_envelope(
                 "conflict", f"#{issue_number} was locked meanwhile", "Repeat the call to see who holds it.",
                 "call gitea_lock_issue again"))
     readback = await journal.live_lock(ctx.repo, issue_number)

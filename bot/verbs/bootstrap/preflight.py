@@ -14,7 +14,7 @@ from bot.core.errors import Envelope
 from bot.gitea import GiteaError
 from bot.verbs.bootstrap.checkout import effective_clone_url
 from bot.verbs.bootstrap.context import BootstrapContext
-from bot.verbs.bootstrap.refusals import _api_refusal, _git_envelope, _origin_envelope
+from bot.verbs.bootstrap.refusals import api_refusal, git_envelope, origin_envelope
 from state.db import utcnow
 from state.journal import JournalStore
 from state.leases import LeaseStore
@@ -50,7 +50,7 @@ async def bootstrap_preflight(
         repo, issue = await asyncio.gather(ctx.gitea.get_repo(), ctx.gitea.get_issue(issue_number))
         base = (await ctx.gitea.get_branch(repo.default_branch)).commit_id
     except GiteaError as exc:
-        refusal = _api_refusal(exc, "allocate again")
+        refusal = api_refusal(exc, "allocate again")
         checks["repo_reachable"] = {"ok": False, "detail": str(exc), **(_check_refusal(refusal) if refusal else {})}
         return done()
     clone_url = effective_clone_url(ctx, repo.clone_url)
@@ -114,7 +114,7 @@ async def bootstrap_preflight(
                                 "default_branch": repo.default_branch, "detail": found_remote["git_error"]}
     git_reason = gitops.git_refusal(found_remote["git_error"] or "") if not found_remote["git_reachable"] else None
     if git_reason is not None:
-        checks["repo_reachable"].update(_check_refusal(_git_envelope(
+        checks["repo_reachable"].update(_check_refusal(git_envelope(
             git_reason, clone_url, found_remote["git_error"], "allocate again")))
     checks["base_known"] = {"ok": bool(base) and found_remote["git_base"] == base, "api_sha": base,
                             "git_sha": found_remote["git_base"]}
@@ -126,7 +126,7 @@ async def bootstrap_preflight(
             and same_origin,
             "head_ref": found["head_ref"], "head_sha": found["head_sha"], "dirty": found["checkout_status"][:20],
             "tracks_branches_dir": found["tracks_branches"], "origin": found["origin"],
-            **({} if same_origin else _check_refusal(_origin_envelope(issue_number, found["origin"], clone_url))),
+            **({} if same_origin else _check_refusal(origin_envelope(issue_number, found["origin"], clone_url))),
         }
     elif found["checkout_path_used"]:
         # Something that is not a checkout is where the control checkout goes: the first clone would fail.

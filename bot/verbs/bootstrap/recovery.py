@@ -7,7 +7,7 @@ import logging
 from bot import gitops
 from bot.core.bootstrap import Blocked
 from bot.verbs.bootstrap.context import BootstrapContext, BootstrapResult
-from bot.verbs.bootstrap.transition import _Run, bootstrap_issue_worktree
+from bot.verbs.bootstrap.transition import BootstrapRun, bootstrap_issue_worktree
 from state.journal import JournalStore
 from state.leases import LeaseStore
 
@@ -34,8 +34,8 @@ async def recover_open_transitions(ctx: BootstrapContext) -> list[BootstrapResul
                 current = await journal.get(t.key) if held else None
                 if current is None or current.outcome != "open":
                     continue
-                result = await _Run(ctx, t.issue_number, t.owner)._drive(current, resumed=True, fail_with=Blocked(
-                    "stale_pin", "lease_changed", f"its lease {t.lease_id} is no longer the live lease"))
+                ended = Blocked("stale_pin", "lease_changed", f"its lease {t.lease_id} is no longer the live lease")
+                result = await BootstrapRun(ctx, t.issue_number, t.owner)._drive(current, resumed=True, fail_with=ended)
         log.info("recovered the open bootstrap %s of #%d: %s", t.key, t.issue_number, result.status)
         results.append(result)
     if ctx.settings.bootstrap.on_allocate == "run":

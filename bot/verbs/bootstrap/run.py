@@ -13,8 +13,8 @@ from bot.core.bootstrap import Blocked, Phase
 from bot.core.errors import Envelope
 from bot.verbs.bootstrap.checkout import prepare_control_checkout
 from bot.verbs.bootstrap.context import BootstrapContext, BootstrapGitea, BootstrapResult
-from bot.verbs.bootstrap.faults import FAULT_PHASE_ENV, _fault
-from bot.verbs.bootstrap.refusals import _again, _Fail
+from bot.verbs.bootstrap.faults import FAULT_PHASE_ENV, crash_seam
+from bot.verbs.bootstrap.refusals import StepFailed, call_again
 from state.journal import JournalStore, Transition
 from state.leases import LeaseStore
 
@@ -54,12 +54,12 @@ class RunState:
         try:
             return await asyncio.to_thread(step, t)
         except gitops.GitFailure as exc:
-            raise _Fail(Blocked("invalid_state", "git_failed", str(exc))) from exc
+            raise StepFailed(Blocked("invalid_state", "git_failed", str(exc))) from exc
 
     async def _commit(self, t: Transition, phase: Phase, proof: dict[str, Any]) -> Transition:
         async with self.ctx.db.transaction() as conn:
             t = await self.journal.advance(conn, t, phase, proof=proof, runner=self.runner, now=self.ctx.clock())
-        _fault(FAULT_PHASE_ENV, phase)
+        crash_seam(FAULT_PHASE_ENV, phase)
         return t
 
     async def _load_proofs(self, t: Transition) -> dict[str, dict[str, Any]]:
@@ -84,7 +84,7 @@ class RunState:
             error=error.get("error", "invalid_state"),
             message=str(error.get("message") or "the bootstrap failed and was compensated"),
             remediate=str(error.get("remediate") or "Start a new request."),
-            exact_next_action=str(error.get("exact_next_action") or _again(self.n)),
+            exact_next_action=str(error.get("exact_next_action") or call_again(self.n)),
             details=dict(error.get("details") or {}),
         )
         return BootstrapResult(self.n, "compensated", t.key, t.phase, envelope, dict(t.result or {}), replayed,

@@ -15,19 +15,19 @@ from bot.gitea import Branch, GiteaError, GiteaNotFound, GiteaUnavailable, Issue
 from bot.verbs.bootstrap.binding import Binding
 from bot.verbs.bootstrap.checkout import effective_clone_url
 from bot.verbs.bootstrap.compensation import Compensation
-from bot.verbs.bootstrap.context import TOOL, BootstrapContext, BootstrapResult, _live_lease_in
-from bot.verbs.bootstrap.faults import FAULT_PHASE_ENV, _fault
+from bot.verbs.bootstrap.context import TOOL, BootstrapContext, BootstrapResult, live_lease_in
+from bot.verbs.bootstrap.faults import FAULT_PHASE_ENV, crash_seam
 from bot.verbs.bootstrap.refusals import (
-    _again,
-    _api_refusal,
-    _blocked_envelope,
-    _envelope,
-    _Fail,
-    _input_problem,
-    _Operator,
-    _refused,
-    _Transient,
-    _unavailable,
+    OperatorMustFix,
+    StepFailed,
+    TransientFailure,
+    api_refusal,
+    blocked_envelope,
+    call_again,
+    input_problem,
+    make_envelope,
+    refused_result,
+    unavailable,
 )
 from state.journal import JournalConflict, JournalRaced, NewTransition, Transition
 from state.leases import Lease
@@ -48,28 +48,28 @@ async def bootstrap_issue_worktree(
     same key returns or resumes the same transition (derived from the lease when omitted). ``expected_base``:
     the default branch's commit the caller expects; a different live base is a ``stale_pin`` refusal.
     """
-    problem = _input_problem(issue_number, caller, idempotency_key, expected_base)
+    problem = input_problem(issue_number, caller, idempotency_key, expected_base)
     if problem is not None:
-        return _refused(
+        return refused_result(
             issue_number if isinstance(issue_number, int) else 0,
-            _envelope("invalid_input", problem, "Correct the argument and call again.",
-                      f"call {TOOL} again with corrected arguments (omit idempotency_key to have one derived)"),
+            make_envelope("invalid_input", problem, "Correct the argument and call again.",
+                          f"call {TOOL} again with corrected arguments (omit idempotency_key to have one derived)"),
         )
     if ctx.gitea is None:
-        return _refused(issue_number, _unavailable(issue_number, "foreman has no Gitea connection configured"))
+        return refused_result(issue_number, unavailable(issue_number, "foreman has no Gitea connection configured"))
     lock_path = ctx.locks_dir() / f"issue-{issue_number}.lock"
     async with gitops.file_lock(lock_path, wait_s=ctx.settings.bootstrap.lock_wait_s) as held:
         if not held:
-            return _refused(issue_number, _envelope(
+            return refused_result(issue_number, make_envelope(
                 "conflict",
                 f"another bootstrap of #{issue_number} is still running",
                 "Wait for it to finish; a repeat of the same request then returns its result.",
-                _again(issue_number, idempotency_key),
+                call_again(issue_number, idempotency_key),
             ), idempotency_key)
-        return await _Run(ctx, issue_number, caller).execute(idempotency_key, expected_base)
+        return await BootstrapRun(ctx, issue_number, caller).execute(idempotency_key, expected_base)
 
 
-class _Run(Binding, Compensation):
+class BootstrapRun(Binding, Compensation):
     """One bootstrap call, holding the per-issue file lock."""
 
     # --- entry: authority, replay and the one open transition per issue -----------------------------------------------
@@ -90,7 +90,7 @@ class _Run(Binding, Compensation):
             lease_live=lease is not None and lease.is_live(now),
         ))
         if not decision.allowed:
-            return _refused(self.n, decision.to_error(), key)
+            return refused_result(self.n, decision.to_error(), key)
         assert lease is not None
         source: Literal["caller", "derived"] = "caller"
         attempt = await self.journal.compensated_count(lease.lease_id)
@@ -107,11 +107,11 @@ class _Run(Binding, Compensation):
         open_other = await self.journal.open_for_issue(self.ctx.repo, self.n)
         if open_other is not None:
             if open_other.lease_id == lease.lease_id:
-                return _refused(self.n, _envelope(
+                return refused_result(self.n, make_envelope(
                     "conflict",
                     f"an unfinished bootstrap of #{self.n} for this lease exists under another idempotency key",
                     "Resume that transition instead of starting a second one.",
-                    _again(self.n, open_other.key), existing_key=open_other.key), key)
+                    call_again(self.n, open_other.key), existing_key=open_other.key), key)
             # An unfinished transition of an ended lease: undo what it made before starting anew.
             stale = await self._drive(open_other, resumed=True, fail_with=Blocked(
                 "stale_pin", "lease_changed", f"its lease {open_other.lease_id} is no longer the live lease"))
@@ -121,7 +121,7 @@ class _Run(Binding, Compensation):
             self.proofs = {}
         completed = await self.journal.completed_for_lease(lease.lease_id)
         if completed is not None:
-            return _refused(self.n, _envelope(
+            return refused_result(self.n, make_envelope(
                 "conflict",
                 f"#{self.n} is already bootstrapped for this lease (idempotency key {completed.key})",
                 "One lease gets one worktree; use the one already registered.",
@@ -137,23 +137,23 @@ class _Run(Binding, Compensation):
         """Reuse only after exact identity and compatibility are proven (amendment 2)."""
         key = existing.key
         if existing.owner != self.caller:
-            return _refused(self.n, _envelope(
+            return refused_result(self.n, make_envelope(
                 "not_authorized", "this idempotency key belongs to a transition of another identity",
                 "Use your own request's key, or none.", f"call {TOOL} for #{self.n} without idempotency_key"), key)
         if existing.issue_number != self.n:
-            return _refused(self.n, _envelope(
+            return refused_result(self.n, make_envelope(
                 "conflict", f"this idempotency key was used for #{existing.issue_number}",
                 "A key names exactly one request.", f"call {TOOL} for #{self.n} without idempotency_key"), key)
         if lease is not None and existing.lease_id != lease.lease_id:
-            return _refused(self.n, _envelope(
+            return refused_result(self.n, make_envelope(
                 "stale_pin", f"this idempotency key belongs to lease {existing.lease_id}, not the live lease"
                 f" {lease.lease_id}", "The allocation changed since that request; start a new one.",
                 f"call {TOOL} for #{self.n} without idempotency_key"), key)
         if expected_base is not None and expected_base != existing.base_sha:
-            return _refused(self.n, _envelope(
+            return refused_result(self.n, make_envelope(
                 "stale_pin", f"this transition is pinned to base {existing.base_sha}, not {expected_base}",
                 "A replay must carry the same pin as the original request.",
-                _again(self.n, key)), key)
+                call_again(self.n, key)), key)
         return None
 
     # --- acceptance: the inputs read from Gitea, git and the lease ----------------------------------------------------
@@ -162,9 +162,9 @@ class _Run(Binding, Compensation):
         self, key: str, source: Literal["caller", "derived"], lease: Lease, expected_base: str | None, attempt: int
     ) -> Transition | BootstrapResult:
         gitea = self.gitea
-        not_found = _envelope("not_found", f"issue #{self.n} or the repository is not visible to foreman",
-                              "Check the issue number.",
-                              "call gitea_get_runtime_context to see the issues leased to you")
+        not_found = make_envelope("not_found", f"issue #{self.n} or the repository is not visible to foreman",
+                                  "Check the issue number.",
+                                  "call gitea_get_runtime_context to see the issues leased to you")
         prior = await self.journal.latest_completed(self.ctx.repo, self.n)
         same_owner = prior is not None and prior.owner == self.caller
 
@@ -192,8 +192,8 @@ class _Run(Binding, Compensation):
             self.clone_url = effective_clone_url(self.ctx, repo.clone_url)
             url_problem = gitops.clone_url_problem(self.clone_url)
             if url_problem is not None or not repo.default_branch:
-                raise _Fail(Blocked("invalid_state", "clone_url_unusable", "the repository's clone_url cannot be"
-                                    f" used: {url_problem or 'no default branch'}"))
+                raise StepFailed(Blocked("invalid_state", "clone_url_unusable", "the repository's clone_url cannot be"
+                                         f" used: {url_problem or 'no default branch'}"))
             guessed = found[1] if len(found) > 1 else None
             if guess == repo.default_branch and isinstance(guessed, Branch):
                 live = guessed.commit_id
@@ -207,29 +207,29 @@ class _Run(Binding, Compensation):
         for failure in failures:
             if not isinstance(failure, Exception):
                 raise failure
-        operator = next((f for f in failures if isinstance(f, _Operator)), None)
+        operator = next((f for f in failures if isinstance(f, OperatorMustFix)), None)
         if operator is not None:
-            return _refused(self.n, operator.envelope, key)
-        token = next((r for f in failures if isinstance(f, GiteaError) and (r := _api_refusal(f, _again(self.n)))),
+            return refused_result(self.n, operator.envelope, key)
+        token = next((r for f in failures if isinstance(f, GiteaError) and (r := api_refusal(f, call_again(self.n)))),
                      None)
         if token is not None:
-            return _refused(self.n, token, key)
+            return refused_result(self.n, token, key)
         if any(isinstance(f, GiteaNotFound) for f in failures):
-            return _refused(self.n, not_found, key)
-        blocked = next((f for f in failures if isinstance(f, _Fail)), None)
+            return refused_result(self.n, not_found, key)
+        blocked = next((f for f in failures if isinstance(f, StepFailed)), None)
         if blocked is not None:
-            return _refused(self.n, _blocked_envelope(self.n, blocked.blocked, released=False, key=None), key)
+            return refused_result(self.n, blocked_envelope(self.n, blocked.blocked, released=False, key=None), key)
         if failures:
-            return _refused(self.n, _unavailable(self.n, f"Gitea or git did not answer ({failures[0]})", key), key)
+            return refused_result(self.n, unavailable(self.n, f"Gitea or git did not answer ({failures[0]})", key), key)
         prepared, found = outcomes
         assert not isinstance(prepared, BaseException) and not isinstance(found, BaseException)
         (repo, base, head), (issue, branch, remote_sha) = prepared, found
         if issue.is_pull or issue.state != "open":
-            return _refused(self.n, _envelope(
+            return refused_result(self.n, make_envelope(
                 "invalid_state", f"#{self.n} is {'a pull request' if issue.is_pull else 'closed'}",
                 "Only open issues get a worktree.", "call gitea_get_runtime_context to find your work"), key)
         if expected_base is not None and expected_base != base:
-            return _refused(self.n, _envelope(
+            return refused_result(self.n, make_envelope(
                 "stale_pin",
                 f"the live base of {repo.default_branch} is {base}, not the expected {expected_base}",
                 "The default branch moved since the pin was taken; nothing was created.",
@@ -238,7 +238,7 @@ class _Run(Binding, Compensation):
         try:
             path = Path(str(worktree_path_for(PurePosixPath(self.checkout.path), branch)))
         except PathRejected as exc:
-            return _refused(self.n, _envelope(
+            return refused_result(self.n, make_envelope(
                 "invalid_state", f"the canonical worktree path is refused: {exc}",
                 "foreman never creates a worktree outside branches/.", "call gitea_get_runtime_context"), key)
 
@@ -256,25 +256,25 @@ class _Run(Binding, Compensation):
         try:
             escapes, others, have_base = await asyncio.to_thread(local_checks)
         except gitops.GitFailure as exc:
-            return _refused(self.n, _unavailable(self.n, f"git failed: {exc}", key), key)
+            return refused_result(self.n, unavailable(self.n, f"git failed: {exc}", key), key)
         refusal: Envelope | None = None
         if not have_base:
-            refusal = _unavailable(self.n, f"the base commit {base} could not be fetched", key)
+            refusal = unavailable(self.n, f"the base commit {base} could not be fetched", key)
         elif escapes:
-            refusal = _blocked_envelope(self.n, Blocked("invalid_state", "path_escapes_root", f"{path} is or goes"
-                                                     " through a symbolic link out of branches/"), False, None)
+            refusal = blocked_envelope(self.n, Blocked("invalid_state", "path_escapes_root", f"{path} is or goes"
+                                                       " through a symbolic link out of branches/"), False, None)
         elif others and not same_owner:
-            refusal = _blocked_envelope(self.n, Blocked("invalid_state", "ambiguous_branches", "other branches of"
-                                                     f" #{self.n} exist: {', '.join(others)}"), False, None)
+            refusal = blocked_envelope(self.n, Blocked("invalid_state", "ambiguous_branches", "other branches of"
+                                                       f" #{self.n} exist: {', '.join(others)}"), False, None)
         elif prior is not None and not same_owner:
-            refusal = _blocked_envelope(self.n, Blocked("invalid_state", "foreign_work", f"#{self.n} was bootstrapped"
-                                                     f" for {prior.owner} before; that work is not reclaimed"),
-                                             False, None)
+            refusal = blocked_envelope(self.n, Blocked("invalid_state", "foreign_work", f"#{self.n} was bootstrapped"
+                                                       f" for {prior.owner} before; that work is not reclaimed"),
+                                       False, None)
         elif remote_sha is not None and remote_sha != base and not same_owner:
-            refusal = _blocked_envelope(self.n, Blocked("invalid_state", "remote_branch_exists", f"{branch} exists on"
-                                                     f" Gitea at {remote_sha}, not at the base"), False, None)
+            refusal = blocked_envelope(self.n, Blocked("invalid_state", "remote_branch_exists", f"{branch} exists on"
+                                                       f" Gitea at {remote_sha}, not at the base"), False, None)
         if refusal is not None:
-            return _refused(self.n, refusal, key)
+            return refused_result(self.n, refusal, key)
         inputs = {
             "repo": self.ctx.repo,
             "clone_url": self.clone_url,
@@ -299,19 +299,19 @@ class _Run(Binding, Compensation):
         now = self.ctx.clock()
         try:
             async with self.ctx.db.transaction() as conn:
-                live = await _live_lease_in(conn, self.leases, self.ctx.repo, lease.lease_id)
+                live = await live_lease_in(conn, self.leases, self.ctx.repo, lease.lease_id)
                 if live is None or not live.is_live(now) or live.owner != self.caller:
-                    return _refused(self.n, _envelope(
+                    return refused_result(self.n, make_envelope(
                         "stale_pin", "the lease ended while the request was being checked",
                         "Nothing was created.", "call gitea_get_runtime_context to see your leases",
                         reason="lease_ended"), key)
                 transition = await self.journal.accept(conn, new, proof=inputs, runner=self.runner, now=now)
         except JournalConflict as exc:
-            return _refused(self.n, _envelope(
+            return refused_result(self.n, make_envelope(
                 "conflict", f"another transition holds #{self.n} or its path ({exc})",
-                "Only one bootstrap per issue, path and lease runs at a time.", _again(self.n)), key)
+                "Only one bootstrap per issue, path and lease runs at a time.", call_again(self.n)), key)
         self.base_fresh = True
-        _fault(FAULT_PHASE_ENV, "accepted")
+        crash_seam(FAULT_PHASE_ENV, "accepted")
         return transition
 
     # --- driving the phases -------------------------------------------------------------------------------------------
@@ -329,15 +329,15 @@ class _Run(Binding, Compensation):
                 return await self._compensate(t)
             try:
                 t = await self._step(t)
-            except _Transient as exc:
-                return _refused(self.n, _unavailable(self.n, str(exc), t.key), t.key)
-            except _Operator as exc:
-                return _refused(self.n, exc.envelope, t.key)
-            except _Fail as exc:
+            except TransientFailure as exc:
+                return refused_result(self.n, unavailable(self.n, str(exc), t.key), t.key)
+            except OperatorMustFix as exc:
+                return refused_result(self.n, exc.envelope, t.key)
+            except StepFailed as exc:
                 t = await self._require_compensation(t, exc.blocked, **exc.details)
             except JournalRaced as exc:
-                return _refused(self.n, _envelope("conflict", str(exc), "Another runner advanced this transition.",
-                                                  _again(self.n, t.key)), t.key)
+                return refused_result(self.n, make_envelope(
+                    "conflict", str(exc), "Another runner advanced this transition.", call_again(self.n, t.key)), t.key)
 
     async def _step(self, t: Transition) -> Transition:
         if not self.prepared:
@@ -345,28 +345,28 @@ class _Run(Binding, Compensation):
             try:
                 url = effective_clone_url(self.ctx, (await self.gitea.get_repo()).clone_url)
             except GiteaUnavailable as exc:
-                raise _Transient(f"Gitea did not answer ({exc})") from exc
+                raise TransientFailure(f"Gitea did not answer ({exc})") from exc
             except GiteaError as exc:
-                refusal = _api_refusal(exc, _again(self.n, t.key))
+                refusal = api_refusal(exc, call_again(self.n, t.key))
                 if refusal is None:
-                    raise _Transient(f"Gitea did not show the repository ({exc})") from exc
-                raise _Operator(refusal) from exc
+                    raise TransientFailure(f"Gitea did not show the repository ({exc})") from exc
+                raise OperatorMustFix(refusal) from exc
             try:
                 await self._prepare(url, t.base_branch)
             except gitops.GitFailure as exc:
-                raise _Transient(str(exc)) from exc
+                raise TransientFailure(str(exc)) from exc
         if not self.base_fresh:
             # A resumed transition goes on only while the live base is still its pin: a moved base is a stale
             # pin (compensated), never a reason to rebase, repoint or continue against newer state.
             try:
                 live = (await self.gitea.get_branch(t.base_branch)).commit_id
             except GiteaUnavailable as exc:
-                raise _Transient(f"Gitea did not answer ({exc})") from exc
+                raise TransientFailure(f"Gitea did not answer ({exc})") from exc
             except GiteaError as exc:
-                raise _Fail(Blocked("invalid_state", "base_unreadable", str(exc))) from exc
+                raise StepFailed(Blocked("invalid_state", "base_unreadable", str(exc))) from exc
             if live != t.base_sha:
-                raise _Fail(Blocked("stale_pin", "base_moved", f"{t.base_branch} moved from the pinned"
-                                    f" {t.base_sha} to {live}"), live_base=live)
+                raise StepFailed(Blocked("stale_pin", "base_moved", f"{t.base_branch} moved from the pinned"
+                                         f" {t.base_sha} to {live}"), live_base=live)
             self.base_fresh = True
         if t.phase == "accepted":
             return await self._commit(t, "branch_confirmed", await self._git(self._branch_step, t))
