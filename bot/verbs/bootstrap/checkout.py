@@ -27,6 +27,7 @@ from bot.verbs.bootstrap.refusals import (
 
 log = logging.getLogger("foreman.bootstrap")
 
+
 def effective_clone_url(ctx: BootstrapContext, reported: str) -> str:
     """The URL the control checkout is cloned and fetched from: ``[repository] clone_url``, else the reported one
     through ``clone_url_rewrite``, else the ``clone_url`` Gitea reports."""

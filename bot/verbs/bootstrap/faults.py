@@ -7,7 +7,6 @@ import os
 
 log = logging.getLogger("foreman.bootstrap")
 
-
 FAULT_PHASE_ENV = "FOREMAN_FAULT_AFTER_PHASE"
 FAULT_STEP_ENV = "FOREMAN_FAULT_AFTER_STEP"
 FAULT_EXIT_CODE = 86

@@ -13,6 +13,7 @@ from state.leases import LeaseStore
 
 log = logging.getLogger("foreman.bootstrap")
 
+
 async def recover_open_transitions(ctx: BootstrapContext) -> list[BootstrapResult]:
     """Finish or undo what a dead process left half-way (the service runs this when it starts): a transition of
     a live lease is resumed for its owner, exactly as the owner's replay of the same key would; a transition

@@ -92,7 +92,6 @@ def api_refusal(exc: GiteaError, then: str) -> Envelope | None:
     return None
 
 
-
 def origin_envelope(n: int, origin: str | None, url: str) -> Envelope:
     return make_envelope(
         "invalid_state",

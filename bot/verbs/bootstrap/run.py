@@ -50,6 +50,7 @@ class RunState:
                                               seen=self.seen, live_base=live_base)
         self.prepared = True
         return head
+
     async def _git(self, step: Callable[[Transition], dict[str, Any]], t: Transition) -> dict[str, Any]:
         try:
             return await asyncio.to_thread(step, t)
