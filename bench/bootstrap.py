@@ -44,12 +44,12 @@ from typing import Any
 
 import aiohttp
 
-from bot.bootstrap import BootstrapContext, bootstrap_issue_worktree, ensure_control_checkout
 from bot.config import Settings
 from bot.core.bootstrap import branch_for
 from bot.emulator import Emulator, start_emulator
 from bot.gitea import GiteaClient, GiteaNotFound
 from bot.gitops import GitRunner, git_env
+from bot.verbs.bootstrap import BootstrapContext, bootstrap_issue_worktree, ensure_control_checkout
 from state.db import Database, utcnow
 from state.leases import LeaseStore
 

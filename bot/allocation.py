@@ -12,7 +12,6 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Literal
 
-from bot.bootstrap import BootstrapContext, bootstrap_issue_worktree, bootstrap_preflight
 from bot.config import Settings
 from bot.core.allocator import (
     AllocationDecision,
@@ -31,6 +30,7 @@ from bot.core.errors import Envelope
 from bot.core.evidence import render_evidence
 from bot.core.vocabulary import label_for_state
 from bot.gitea import GiteaClient, GiteaError, GiteaNotFound
+from bot.verbs.bootstrap import BootstrapContext, bootstrap_issue_worktree, bootstrap_preflight
 from state.db import Database, utcnow
 from state.exclusions import ExclusionStore
 from state.issues import IssueStore

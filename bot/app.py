@@ -216,7 +216,7 @@ class Service:
 
     async def _recover_bootstraps(self) -> None:
         """Worktree bootstraps a killed process left open are finished or compensated (docs/bootstrap.md)."""
-        from bot.bootstrap import BootstrapContext, recover_open_transitions
+        from bot.verbs.bootstrap import BootstrapContext, recover_open_transitions
 
         try:
             if await recover_open_transitions(BootstrapContext.from_service(self)):

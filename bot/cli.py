@@ -397,8 +397,8 @@ def _cmd_bootstrap(settings: Settings, args: argparse.Namespace) -> int:
     """The worktree bootstrap transition for --owner (who must hold the issue's live lease); docs/bootstrap.md."""
     import aiohttp
 
-    from bot.bootstrap import BootstrapContext, bootstrap_issue_worktree, bootstrap_preflight
     from bot.gitea import client_for
+    from bot.verbs.bootstrap import BootstrapContext, bootstrap_issue_worktree, bootstrap_preflight
 
     async def work(db: Database) -> int:
         async with aiohttp.ClientSession() as session:
@@ -433,8 +433,8 @@ def _cmd_checkout(settings: Settings, args: argparse.Namespace) -> int:
     """`checkout repoint`: origin of the control checkout to the clone URL foreman uses now (docs/bootstrap.md)."""
     import aiohttp
 
-    from bot.bootstrap import BootstrapContext, repoint_control_checkout
     from bot.gitea import client_for
+    from bot.verbs.bootstrap import BootstrapContext, repoint_control_checkout
 
     async def work(db: Database) -> int:
         async with aiohttp.ClientSession() as session:
@@ -650,8 +650,8 @@ def _cmd_invariants(settings: Settings, args: argparse.Namespace) -> int:
     import aiohttp
 
     from bot import invariants
-    from bot.bootstrap import BootstrapContext
     from bot.gitea import client_for
+    from bot.verbs.bootstrap import BootstrapContext
 
     async def work(db: Database) -> int:
         async with aiohttp.ClientSession() as session:

@@ -259,7 +259,7 @@ def _once(markers: Counter[str], key: str) -> str | None:
     return None if count == 1 else f"{key} is on {count} bot comments in Gitea"
 
 
-#: How the end reason of a lease foreman released for a failed or impossible bootstrap begins (bot.bootstrap,
+#: How the end reason of a lease foreman released for a failed or impossible bootstrap begins (bot.verbs.bootstrap,
 #: bot.allocation): such a release also takes the owner off the issue's assignees.
 _FAILED_ENDS = ("bootstrap failed", "unworkable")
 

@@ -41,8 +41,8 @@ from state.leases import Lease, LeaseRefused, LeaseStore
 from state.outbox import OutboxIntent, enqueue
 
 if TYPE_CHECKING:
-    from bot.bootstrap import BootstrapContext, BootstrapResult, LockResult
     from bot.gitea import GiteaClient
+    from bot.verbs.bootstrap import BootstrapContext, BootstrapResult, LockResult
 
 log = logging.getLogger("foreman.verbs")
 
@@ -113,7 +113,7 @@ class BootstrapAnswer:
 
 
 class WorktreeBootstrap(Protocol):
-    """The part of the worktree bootstrap the verbs need (``bot.bootstrap`` provides it)."""
+    """The part of the worktree bootstrap the verbs need (``bot.verbs.bootstrap`` provides it)."""
 
     async def bootstrap(
         self, *, issue_number: int, caller: str, idempotency_key: str | None, expected_base: str | None
@@ -137,14 +137,14 @@ async def no_bootstrap(runtime: VerbRuntime) -> WorktreeBootstrap | None:
 
 
 async def module_bootstrap(runtime: VerbRuntime) -> WorktreeBootstrap | None:
-    """The worktree bootstrap of ``bot.bootstrap`` (issue 6) over the runtime's database, settings and Gitea."""
-    from bot.bootstrap import BootstrapContext
+    """The worktree bootstrap of ``bot.verbs.bootstrap`` (issue 6) over the runtime's database, settings and Gitea."""
+    from bot.verbs.bootstrap import BootstrapContext
 
     return _ModuleBootstrap(BootstrapContext.from_service(runtime))
 
 
 class _ModuleBootstrap:
-    """``bot.bootstrap``'s transition and lock behind the seam; its facts read from the bootstrap journal."""
+    """``bot.verbs.bootstrap``'s transition and lock behind the seam; its facts read from the bootstrap journal."""
 
     def __init__(self, ctx: BootstrapContext) -> None:
         from state.journal import JournalStore
@@ -167,7 +167,7 @@ class _ModuleBootstrap:
     async def bootstrap(
         self, *, issue_number: int, caller: str, idempotency_key: str | None, expected_base: str | None
     ) -> BootstrapAnswer:
-        from bot.bootstrap import bootstrap_issue_worktree
+        from bot.verbs.bootstrap import bootstrap_issue_worktree
 
         return self._answer(await bootstrap_issue_worktree(
             self._ctx, issue_number=issue_number, caller=caller, idempotency_key=idempotency_key,
@@ -175,7 +175,7 @@ class _ModuleBootstrap:
         ))
 
     async def lock(self, *, issue_number: int, caller: str) -> BootstrapAnswer:
-        from bot.bootstrap import lock_issue
+        from bot.verbs.bootstrap import lock_issue
 
         return self._answer(await lock_issue(self._ctx, issue_number=issue_number, caller=caller))
 
@@ -211,7 +211,7 @@ class VerbRuntime:
 
     ``wakeup`` is called after outbox entries were committed (the service's sender sends them; a
     stand-alone ``foreman mcp`` leaves them for ``foreman serve``). ``bootstrap_factory`` builds the
-    worktree bootstrap on first use (``bot.bootstrap`` by default; ``no_bootstrap`` for none, whose
+    worktree bootstrap on first use (``bot.verbs.bootstrap`` by default; ``no_bootstrap`` for none, whose
     verbs then answer ``unavailable``).
     """
 
@@ -715,11 +715,11 @@ def _issue(values: Mapping[str, object]) -> int:
 def _bootstrap_missing(verb: Verb, issue: int) -> Envelope:
     return _envelope(
         "unavailable",
-        f"{verb.tool} is not available: this foreman runs without the worktree bootstrap (bot.bootstrap)",
+        f"{verb.tool} is not available: this foreman runs without the worktree bootstrap (bot.verbs.bootstrap)",
         "An operator must run foreman with the worktree bootstrap.",
         f"call gitea_post_issue_state with issue_number={issue}, state blocked and blockers naming the missing "
         "worktree bootstrap",
-        missing_component="bot.bootstrap",
+        missing_component="bot.verbs.bootstrap",
     )
 
 

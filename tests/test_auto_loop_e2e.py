@@ -102,7 +102,7 @@ async def test_three_authors_and_five_ready_issues_give_three_leases_with_worktr
     for entry in await world.service.outbox.list(limit=1000):
         assert entry.status == "done", entry.summary()
     from bot import invariants
-    from bot.bootstrap import BootstrapContext
+    from bot.verbs.bootstrap import BootstrapContext
 
     checkout = BootstrapContext.from_service(world.service).checkout_path
     facts = await invariants.gather(database=world.service.settings.database.path, client=world.service.gitea,
@@ -188,7 +188,7 @@ async def test_a_failed_proof_leases_nothing(world: World) -> None:
     the refusal is typed with an exact next action; auto-allocation takes the next issues and marks #1 blocked."""
     emu = world.live.emulator
     emu.create_issue(OWNER, REPO, title="Occupied", author="alice", labels=["status:ready"])
-    from bot.bootstrap import BootstrapContext, ensure_control_checkout
+    from bot.verbs.bootstrap import BootstrapContext, ensure_control_checkout
 
     await ensure_control_checkout(BootstrapContext.from_service(world.service))
     checkout = Path(world.service.settings.repository.checkout_root) / OWNER / REPO / "branches" / "issue-1-occupied"
@@ -256,7 +256,7 @@ async def test_start_up_recovery_bootstraps_a_lease_whose_process_died_before_it
     transition at all: `recover_open_transitions` (what `foreman serve` runs at start) bootstraps it, and
     `foreman invariants`' `leases.bootstrapped` holds again."""
     from bot import invariants
-    from bot.bootstrap import BootstrapContext, recover_open_transitions
+    from bot.verbs.bootstrap import BootstrapContext, recover_open_transitions
 
     service = world.service
     world.live.emulator.create_issue(OWNER, REPO, title="Crashed", author="alice", labels=["status:ready"])

@@ -5,15 +5,29 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+from collections.abc import Sequence
+from datetime import datetime, timedelta
 from pathlib import Path
 
-from bot.bootstrap import BootstrapContext, bootstrap_preflight, lock_issue
+import pytest
+
 from bot.core.bootstrap import PHASES, reflog_message, worktree_lock_reason
 from bot.core.canonical import parse_comment
-from state.leases import LeaseStore
+from bot.gitea import Branch, Issue, Repository
+from bot.verbs.bootstrap import BootstrapContext, bootstrap_preflight, lock_issue
+from state.db import utcnow
+from state.leases import Lease, LeaseStore
 from state.outbox import OutboxStore
-from tests.gitea_fixtures import OWNER, REPO
-from tests.test_bootstrap_support import FILES, checkout_snapshot, git, tree_snapshot, worktree_entries, world
+from tests.gitea_fixtures import BOT, OWNER, REPO
+from tests.test_bootstrap_support import (
+    FILES,
+    World,
+    checkout_snapshot,
+    git,
+    tree_snapshot,
+    worktree_entries,
+    world,
+)
 
 
 async def test_success_creates_the_branch_and_a_registered_worktree_with_read_back_proof() -> None:
@@ -120,6 +134,76 @@ async def test_permission_denial_for_a_non_owner_an_unknown_login_and_an_unlease
         assert git(w.checkout, "for-each-ref", "--format=%(refname)", "refs/heads/") == "refs/heads/main"
 
 
+class _LeaseEnds:
+    """The bot's Gitea client, except that its ``at_read``-th read of the issue ends the lease first (released, or
+    the clock past its expiry): read 1 is the acceptance's, after the gateway let the call through and before the
+    transition is claimed; read 2 is the assignment's, after the worktree exists and before the lease is bound."""
+
+    def __init__(self, w: World, lease: Lease, how: str, at_read: int) -> None:
+        assert w.ctx.gitea is not None
+        self.real, self.w, self.lease, self.how, self.at_read = w.ctx.gitea, w, lease, how, at_read
+        self.now, self.reads = utcnow(), 0
+
+    def clock(self) -> datetime:
+        return self.now
+
+    async def get_repo(self) -> Repository:
+        return await self.real.get_repo()
+
+    async def get_branch(self, name: str) -> Branch:
+        return await self.real.get_branch(name)
+
+    async def get_issue(self, number: int) -> Issue:
+        self.reads += 1
+        if self.reads == self.at_read and self.how == "released":
+            await self.w.release(self.lease)
+        elif self.reads == self.at_read:
+            self.now = self.lease.expires_at + timedelta(seconds=1)
+        return await self.real.get_issue(number)
+
+    async def set_assignees(self, number: int, logins: Sequence[str]) -> Issue:
+        return await self.real.set_assignees(number, logins)
+
+
+async def _lease_ends(w: World, number: int, how: str, at_read: int) -> None:
+    lease = await w.lease(number)
+    gitea = _LeaseEnds(w, lease, how, at_read)
+    w.ctx = BootstrapContext(db=w.db, settings=w.settings, gitea=gitea, bot_login=BOT, clock=gitea.clock)
+
+
+@pytest.mark.parametrize("how", ["released", "expired"])
+async def test_a_lease_that_ends_while_the_request_is_checked_is_refused_when_the_transition_is_claimed(
+    how: str,
+) -> None:
+    """AC2, AC9: the ownership the gateway saw is checked again inside the transaction that claims the
+    transition; a lease that ended in between is refused (``lease_ended``) and nothing is created or journaled."""
+    async with world() as w:
+        number = w.issue()
+        await _lease_ends(w, number, how, at_read=1)
+        result = await w.bootstrap(number)
+        assert result.status == "refused" and result.refusal is not None, result.to_dict()
+        assert result.refusal.error == "stale_pin" and result.refusal.details.get("reason") == "lease_ended"
+        assert w.rows("SELECT COUNT(*) FROM bootstrap_journal") == [(0,)]
+        assert not (w.checkout / "branches").exists()
+        assert git(w.checkout, "for-each-ref", "--format=%(refname)", "refs/heads/") == "refs/heads/main"
+
+
+@pytest.mark.parametrize("how", ["released", "expired"])
+async def test_a_lease_that_ends_before_it_is_bound_compensates_the_transition(how: str) -> None:
+    """AC4, AC5: binding checks again, inside its transaction, that the lease is live and the owner's; a lease
+    that ended after the worktree was made is never bound (``lease_changed``): what this transition made is undone."""
+    async with world() as w:
+        number = w.issue()
+        await _lease_ends(w, number, how, at_read=2)
+        result = await w.bootstrap(number)
+        assert result.status == "compensated" and result.refusal is not None, result.to_dict()
+        assert result.refusal.error == "stale_pin" and result.refusal.details.get("reason") == "lease_changed"
+        assert w.rows("SELECT COUNT(*) FROM worktree_registrations WHERE ended_at IS NULL") == [(0,)]
+        assert "lock_established" not in [p for (p,) in w.rows("SELECT phase FROM bootstrap_phases")]
+        assert not w.path(number).exists()
+        assert git(w.checkout, "for-each-ref", "--format=%(refname)", "refs/heads/") == "refs/heads/main"
+
+
 async def test_a_stale_expected_base_is_refused_before_anything_is_created() -> None:
     """Amendment 3: a pin that no longer matches the live base is a typed stale_pin; the lease stays."""
     async with world() as w:
@@ -138,7 +222,7 @@ async def test_a_stale_expected_base_is_refused_before_anything_is_created() -> 
 
 
 async def test_paths_leaving_branches_through_symlinks_are_refused_and_left_alone() -> None:
-    """Amendment 6, issue 7: branches/ as a symlink out, or the worktree path as one, is refused; nothing is
+    """Amendment 6: branches/ as a symlink out, or the worktree path as one, is refused; nothing is
     created and the link targets stay byte for byte."""
     async with world() as w:
         outside = w.root / "outside"
@@ -163,7 +247,7 @@ async def test_paths_leaving_branches_through_symlinks_are_refused_and_left_alon
 
 
 async def test_a_foreign_directory_at_the_path_rolls_back_only_the_branch_this_transition_created() -> None:
-    """AC4, AC5, amendment 4, issue 6 (partial branch creation rolled back): the branch this journal created is
+    """AC4, AC5, amendment 4 (partial branch creation rolled back): the branch this journal created is
     deleted, the foreign directory stays byte for byte, the lease is released and the Gitea side reverted."""
     async with world() as w:
         number = w.issue()
@@ -260,7 +344,7 @@ async def test_a_foreign_branch_is_never_repointed_and_a_remote_one_is_refused_u
 
 
 async def test_the_lock_verb_recognises_only_a_worktree_this_journal_registered() -> None:
-    """AC3, issue 9: before the bootstrap the lock is a tracing_gap naming the worktree; after it, the owner
+    """AC3: before the bootstrap the lock is a tracing_gap naming the worktree; after it, the owner
     locks (recorded with lease and worktree, idempotently); anyone else is refused; a tampered worktree fails
     the guards."""
     async with world() as w:

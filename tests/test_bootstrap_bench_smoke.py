@@ -1,5 +1,4 @@
-"""Smoke test of the bootstrap benchmark (bench/bootstrap.py): it runs end to end on a tiny repository, every
-transition completes and its checks pass, and it reports both figures of the same run. No timing is asserted."""
+"""Smoke test of the bootstrap benchmark (bench/bootstrap.py) on a tiny repository; no timing is asserted."""
 
 from __future__ import annotations
 

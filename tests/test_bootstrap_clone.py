@@ -1,7 +1,4 @@
-"""The control checkout's clone URL (issue 14): cloned over git smart HTTP with the bot's token; a wrong token and
-git refusing it are typed refusals naming ``gitea.token``; a configured ``clone_url`` / ``clone_url_rewrite`` for an
-unreachable ROOT_URL; ``foreman checkout repoint`` out of a changed origin, leaving every worktree byte for byte;
-an owner Gitea cannot assign is a typed blocker (``GiteaClient.set_assignees``), never a retry storm."""
+"""The control checkout's clone URL, the bot's token, a changed origin and an owner Gitea cannot assign."""
 
 from __future__ import annotations
 
@@ -17,10 +14,10 @@ from typing import Any
 
 import pytest
 
-from bot import bootstrap as bootstrap_mod
-from bot.bootstrap import BootstrapContext, bootstrap_preflight
 from bot.config import ConfigError, RepositoryConfig, load_settings
 from bot.gitea import GiteaClient
+from bot.verbs import bootstrap as bootstrap_mod
+from bot.verbs.bootstrap import BootstrapContext, bootstrap_preflight
 from tests.conftest import REPO_ROOT
 from tests.gitea_fixtures import BOT, OWNER, REPO, TOKENS
 from tests.test_bootstrap_support import World, git, tree_snapshot, world
@@ -40,7 +37,7 @@ def _secret_free(secret: str, *texts: str) -> None:
         assert secret not in text
 
 
-# ------------------------------------------------------------------------------------------- point 3
+# --- the bot's token: clone over HTTP, typed refusals that never carry it ---------------------------------------------
 
 
 async def test_the_control_checkout_is_cloned_over_http_with_the_bots_token_only() -> None:
@@ -121,7 +118,7 @@ async def test_both_clone_protocols_bootstrap(clone_protocol: str) -> None:
         assert (await w.bootstrap(number)).status == "completed"
 
 
-# ------------------------------------------------------------------------------------------- point 1
+# --- a configured clone_url / clone_url_rewrite -----------------------------------------------------------------------
 
 
 def _load(tmp_path: Path, repository: str) -> Any:
@@ -206,7 +203,7 @@ async def test_a_configured_clone_url_reaches_gitea_when_root_url_does_not(mode:
         assert proof["checks"]["repo_reachable"]["ok"], proof
 
 
-# ------------------------------------------------------------------------------------------- point 2
+# --- what only the operator fixes: a changed origin, an owner Gitea cannot assign -------------------------------------
 
 
 def _worktree_state(w: World, path: Path) -> dict[str, Any]:
@@ -296,9 +293,6 @@ async def test_repoint_refuses_a_url_that_serves_another_repository() -> None:
         assert result["details"]["reason"] == "origin_not_same_repository"
         assert "repository.clone_url" in result["exact_next_action"]
         assert git(w.checkout, "config", "--get", "remote.origin.url") == old_origin
-
-
-# ------------------------------------------------------------------------------------------- point 4
 
 
 async def test_an_owner_gitea_cannot_assign_is_a_typed_blocker_without_a_retry_storm() -> None:

@@ -1,5 +1,4 @@
-"""The pure bootstrap planning core (bot/core/bootstrap.py): names, keys, paths, phase order, and the plans taken
-on observed git state."""
+"""The pure bootstrap planning core (bot/core/bootstrap.py): names, keys, paths, phase order and plans."""
 
 from __future__ import annotations
 
@@ -73,7 +72,7 @@ NAMES = ["issue-1-ok", "a/b", "-x", "a..b", "a.lock", "a/.b", "a//b", "a/", "a."
 
 
 def test_ref_name_rules_match_git_check_ref_format() -> None:
-    """Issue 3: the derived branch name is validated as a git ref name (the same verdicts as git itself)."""
+    """The derived branch name is validated as a git ref name (the same verdicts as git itself)."""
     for name in NAMES:
         git_ok = subprocess.run(["git", "check-ref-format", "--branch", name], capture_output=True,
                                 check=False).returncode == 0
@@ -96,7 +95,7 @@ def test_idempotency_keys_are_derived_per_lease_and_attempt_and_checked_when_giv
 
 
 def test_the_worktree_path_is_branches_slash_branch_and_nothing_else_passes() -> None:
-    """Issue 7 / amendment 6: absolute paths, '..', anything outside branches/ and the root itself are refused."""
+    """Amendment 6: absolute paths, '..', anything outside branches/ and the root itself are refused."""
     assert worktree_path_for(CHECKOUT, "issue-1-x") == CHECKOUT / "branches" / "issue-1-x"
     with pytest.raises(PathRejected):
         worktree_path_for(CHECKOUT, "../../etc")
@@ -164,7 +163,7 @@ def wt(**facts: object) -> WorktreeFacts:
         ({"path_exists": True, "entry_branch": "b", "prior_same_owner": True}, False, "adopt"),
         ({"admin_dir_by_this": True}, True, "repair"),
         ({"path_exists": True, "content_proven": True, "reserved_empty": True}, True, "repair"),
-        ({"path_exists": True, "content_proven": True}, True, "path_occupied"),  # issue 12 item 12: preexisting
+        ({"path_exists": True, "content_proven": True}, True, "path_occupied"),  # preexisting
         ({"path_exists": True, "content_proven": True}, False, "path_occupied"),
         ({"path_exists": True}, True, "path_occupied"),
     ],

@@ -1,5 +1,4 @@
-"""The bootstrap as separate `foreman bootstrap` processes: racing duplicates, and a hard exit after every journal
-phase (and inside the git steps) followed by a replay that completes or compensates (amendment 8, issue 12)."""
+"""The bootstrap as `foreman bootstrap` processes: racing duplicates, and a replay after every crash seam."""
 
 from __future__ import annotations
 
@@ -7,8 +6,8 @@ import asyncio
 import shutil
 from pathlib import Path
 
-from bot.bootstrap import FAULT_EXIT_CODE, FAULT_PHASE_ENV, FAULT_STEP_ENV
 from bot.core.bootstrap import FORWARD_PHASES
+from bot.verbs.bootstrap.faults import FAULT_EXIT_CODE, FAULT_PHASE_ENV, FAULT_STEP_ENV
 from state.leases import LeaseStore
 from tests.test_bootstrap_support import World, checkout_snapshot, git, tree_snapshot, worktree_entries, world
 
@@ -45,7 +44,7 @@ async def test_racing_processes_for_one_issue_produce_exactly_one_transition() -
 
 
 async def test_a_hard_exit_after_every_phase_and_git_step_is_completed_by_a_replay() -> None:
-    """Issue 12: FOREMAN_FAULT_AFTER_PHASE for each forward phase (and FOREMAN_FAULT_AFTER_STEP between a git
+    """FOREMAN_FAULT_AFTER_PHASE for each forward phase (and FOREMAN_FAULT_AFTER_STEP between a git
     mutation and its journal entry): the process dies with the phase committed; a replay completes the same
     transition, proving ownership of what the dead process made (reflog, worktree lock) and adding nothing."""
     async with world() as w:
@@ -74,7 +73,7 @@ async def test_a_hard_exit_after_every_phase_and_git_step_is_completed_by_a_repl
 
 
 async def test_a_hard_exit_during_compensation_is_finished_by_a_replay() -> None:
-    """Issue 12 and AC4/AC5: the transition fails on a moved base (stale pin) after its worktree exists; the
+    """AC4/AC5: the transition fails on a moved base (stale pin) after its worktree exists; the
     compensating process dies after compensation_required, after removing the worktree, after deleting the
     branch, or after compensation_completed; a replay finishes: branch, worktree, metadata gone, lease released
     once, the failure reported once, the control checkout unchanged."""

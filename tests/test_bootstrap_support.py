@@ -1,8 +1,4 @@
-"""Shared world for the bootstrap tests (no tests here): a seeded emulator whose bare repository the bot clones,
-a database with leases, a BootstrapContext, the CLI as a subprocess, and byte-for-byte snapshots.
-
-Everything lives under /dev/shm when it exists (DESIGN §4): repositories and worktrees are small and on tmpfs.
-"""
+"""Shared world for the bootstrap tests: seeded emulator, leases, context, the CLI, byte-for-byte snapshots."""
 
 from __future__ import annotations
 
@@ -23,10 +19,10 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from bot.bootstrap import BootstrapContext, BootstrapResult, bootstrap_issue_worktree, ensure_control_checkout
 from bot.config import Settings
 from bot.core.bootstrap import branch_for
 from bot.gitea import GiteaClient
+from bot.verbs.bootstrap import BootstrapContext, BootstrapResult, bootstrap_issue_worktree, ensure_control_checkout
 from state.db import Database, utcnow
 from state.leases import Lease, LeaseStore
 from tests.conftest import REPO_ROOT
@@ -201,7 +197,7 @@ async def world(
     ``[repository]`` (``clone_url``, ``clone_url_rewrite``)."""
     async with live_emulator(clone_protocol=clone_protocol, **(emulator or {})) as live:
         live.emulator.create_branch(OWNER, REPO, "main", files=FILES, message="Add the widgets")
-        root = scratch_dir("bootstrap-")
+        root = scratch_dir("bootstrap-")  # under /dev/shm when it exists (DESIGN §4): small repositories on tmpfs
         settings = make_settings(
             root,
             roster=ROSTER,

@@ -357,7 +357,8 @@ async def test_the_service_start_finishes_or_compensates_the_bootstraps_a_killed
     released nothing ever compensated it (only a next lease of the issue would). `recover_open_transitions`,
     run when the service starts, resumes a live lease's transition for its owner and compensates an ended
     lease's: both end terminal, and only the live one keeps a worktree."""
-    from bot.bootstrap import FAULT_EXIT_CODE, FAULT_PHASE_ENV, recover_open_transitions
+    from bot.verbs.bootstrap import recover_open_transitions
+    from bot.verbs.bootstrap.faults import FAULT_EXIT_CODE, FAULT_PHASE_ENV
     from tests.test_bootstrap_support import world
 
     async with world() as w:
@@ -382,7 +383,7 @@ async def test_an_allocation_that_resumes_the_owners_lease_runs_its_unfinished_b
     its bootstrap retried the delivery, the allocator resumed the lease, and the bootstrap never ran again.
     Now an apply that resumes the owner's lease runs the (idempotent) bootstrap too."""
     from bot.allocation import AllocationCall, Allocator
-    from bot.bootstrap import BootstrapContext
+    from bot.verbs.bootstrap import BootstrapContext
     from state.db import Database
     from tests.support import make_settings
 

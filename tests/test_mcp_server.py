@@ -401,7 +401,7 @@ async def test_bootstrap_and_lock_say_unavailable_while_there_is_no_bootstrap(ru
     await lease_618(runtime)
     async with connect(runtime, "tok-author-1") as client:
         error, doc = await call(client, "gitea_bootstrap_issue_worktree", issue_number=618)
-        assert error and doc["error"] == "unavailable" and doc["details"]["missing_component"] == "bot.bootstrap"
+        assert error and doc["error"] == "unavailable" and doc["details"]["missing_component"] == "bot.verbs.bootstrap"
         assert "gitea_post_issue_state" in doc["exact_next_action"]
         error, doc = await call(client, "gitea_lock_issue", issue_number=618)
         assert error and doc["error"] == "tracing_gap" and doc["missing"] == ["worktree"]
@@ -495,7 +495,7 @@ async def test_runtime_context_compares_the_live_default_branch_with_the_control
 
 
 async def test_bootstrap_and_lock_through_mcp_run_the_real_worktree_transition() -> None:
-    """Issue 7 with issue 6: the tools reach bot.bootstrap after the gateway; the context follows each step."""
+    """Issue 7 with issue 6: the tools reach bot.verbs.bootstrap after the gateway; the context follows each step."""
     from bot.verbs_runtime import caller_for
     from tests.test_bootstrap_support import world
 

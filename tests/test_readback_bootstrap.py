@@ -1,10 +1,4 @@
-"""Read-after-write that really reads (issue 12, items 9 and 12): every field of the bootstrap's proof is what git or
-the database says when the proof is taken, refusals of protected state are real, and preexisting content is kept.
-The assignment (Gitea's side) is in test_readback_assignment.py.
-
-Each test names the mutation it catches: the code copying a value it should have read back (from the pin, an
-earlier journal record, a constant, an assumed write) or accepting a state it should refuse.
-"""
+"""Read-after-write that really reads: the bootstrap's proof is what git and the database hold, nothing copied."""
 
 from __future__ import annotations
 
@@ -14,10 +8,14 @@ import subprocess
 from datetime import timedelta
 from pathlib import Path
 
-from bot.bootstrap import FAULT_EXIT_CODE, FAULT_PHASE_ENV
+from bot.verbs.bootstrap.faults import FAULT_EXIT_CODE, FAULT_PHASE_ENV
 from state.db import utcnow
 from state.leases import LeaseStore
 from tests.test_bootstrap_support import FILES, checkout_snapshot, git, tree_snapshot, world
+
+# Each test names the mutation it catches: the code copying a value it should have read back (from the pin, an
+# earlier journal record, a constant, an assumed write) or accepting a state it should refuse. The assignment
+# (Gitea's side) is pinned in test_readback_assignment.py.
 
 
 def file_stats(root: Path) -> dict[str, tuple[bytes, int, int]]:
@@ -32,11 +30,11 @@ def file_stats(root: Path) -> dict[str, tuple[bytes, int, int]]:
     return found
 
 
-# ------------------------------------------------------------------------------------------------ item 9
+# --- every proof field is read back -----------------------------------------------------------------------------------
 
 
 async def test_the_proof_reads_head_branch_and_base_equivalence_from_git_for_adopted_work() -> None:
-    """Seed 004 AC7/AC8, issue 12 items 9a and 9c: the same owner's branch, with a commit beyond the base, is
+    """Seed 004 AC7/AC8: the same owner's branch, with a commit beyond the base, is
     adopted by its next lease; the proof's head_sha is the worktree's HEAD and branch_sha the branch ref, as git
     reports them (not the pin), and base_equivalent is false because git's HEAD is not the base."""
     async with world() as w:
@@ -59,7 +57,7 @@ async def test_the_proof_reads_head_branch_and_base_equivalence_from_git_for_ado
 
 
 async def test_a_fresh_worktree_is_base_equivalent_because_git_says_so() -> None:
-    """Seed 004 AC3, issue 12 item 9c: base_equivalent is what git says (HEAD equals the live base)."""
+    """Seed 004 AC3: base_equivalent is what git says (HEAD equals the live base)."""
     async with world() as w:
         number = w.issue()
         await w.lease(number)
@@ -69,7 +67,7 @@ async def test_a_fresh_worktree_is_base_equivalent_because_git_says_so() -> None
 
 
 async def test_the_completed_proof_reads_the_lease_from_the_lease_store_at_proof_time() -> None:
-    """Seed 004 AC8, issue 12 item 9b: a transition interrupted after lock_established is completed by a replay
+    """Seed 004 AC8: a transition interrupted after lock_established is completed by a replay
     after the lease was heartbeated: the proof's lease is the lease row as the store holds it when the proof is
     taken (new heartbeat and expiry), not the copy the lock_established record kept."""
     async with world() as w:
@@ -92,7 +90,7 @@ async def test_the_completed_proof_reads_the_lease_from_the_lease_store_at_proof
 
 
 async def test_an_off_branch_control_checkout_is_refused_and_left_as_it_is() -> None:
-    """Seed 004 AC6, issue 12 item 9e: the control checkout on another branch: refused (checkout_not_clean)
+    """Seed 004 AC6: the control checkout on another branch: refused (checkout_not_clean)
     before anything is created; the checkout stays exactly where it was."""
     async with world() as w:
         number = w.issue()
@@ -110,7 +108,7 @@ async def test_an_off_branch_control_checkout_is_refused_and_left_as_it_is() -> 
 
 
 async def test_a_dirty_control_checkout_is_refused_and_left_as_it_is() -> None:
-    """Seed 004 AC6, issue 12 item 9e: with `control_clean_check = "every_transition"`, a control checkout with
+    """Seed 004 AC6: with `control_clean_check = "every_transition"`, a control checkout with
     a changed tracked file is refused (checkout_not_clean); nothing is created and the change stays."""
     async with world(control_clean_check="every_transition") as w:
         number = w.issue()
@@ -125,7 +123,7 @@ async def test_a_dirty_control_checkout_is_refused_and_left_as_it_is() -> None:
 
 
 async def test_a_foreign_live_registration_is_refused_never_ended() -> None:
-    """Seed 004 AC7, amendment 4, issue 12 item 9f: when a transition binds its worktree and the issue already
+    """Seed 004 AC7, amendment 4: when a transition binds its worktree and the issue already
     has a live worktree registration of another owner (as a concurrent writer could leave it), the bind is
     refused (foreign_registration) and the foreign registration stays live, untouched."""
     async with world() as w:
@@ -146,11 +144,11 @@ async def test_a_foreign_live_registration_is_refused_never_ended() -> None:
         assert w.rows("SELECT ended_at FROM worktree_registrations WHERE owner = 'bob'") == [(None,)]
 
 
-# ------------------------------------------------------------------------------------------------ item 12
+# --- preexisting content is kept --------------------------------------------------------------------------------------
 
 
 async def test_a_preexisting_directory_identical_to_the_branch_tree_is_kept_byte_mode_and_mtime() -> None:
-    """Amendment 4 and 6, issue 12 item 12: a directory someone made at the canonical path, identical to the
+    """Amendment 4 and 6: a directory someone made at the canonical path, identical to the
     branch tree (one file 0600), is not deleted and re-created: the bootstrap refuses it (path_occupied, typed,
     with a next action) and every file keeps its bytes, mode and mtime; foreman's own branch is undone."""
     async with world() as w:

@@ -1,18 +1,4 @@
-"""Worktree bootstrap planning (pure): branch and path derivation, idempotency keys, the journal's phase order,
-and the decisions taken on what git and SQLite were observed to hold.
-
-Sans-I/O like the rest of ``bot.core``: the edges (``bot.gitops``, ``state.journal``, ``bot.bootstrap``) gather
-observations into the small dataclasses below and act on the plan returned. Nothing here reads the disk.
-
-Ownership proofs the planners rely on (gathered by the edge):
-
-- a branch was created by a transition when its reflog's *creation* entry carries ``reflog_message(key)``
-  (``git update-ref --create-reflog -m``), and it still points where it was created;
-- a worktree registration was created by a transition when its git lock reason is ``worktree_lock_reason(key)``
-  (``git worktree add --lock --reason`` writes it before anything else of the worktree exists);
-- a directory holds nothing but what a transition wrote when every file in it is byte-identical to the blob
-  of the same path in the branch's tree, and nothing else is there (``content_proven``).
-"""
+"""Worktree bootstrap planning (pure): branch, path and key derivation, phase order, plans on observed state."""
 
 from __future__ import annotations
 
@@ -48,7 +34,7 @@ _SHA_RE = re.compile(r"[0-9a-f]{40}|[0-9a-f]{64}")
 _REASON_PREFIX = "foreman bootstrap "
 
 
-# --------------------------------------------------------------------------------------------- phases
+# --- phases -----------------------------------------------------------------------------------------------------------
 
 
 def outcome_of(phase: Phase) -> Outcome:
@@ -76,7 +62,7 @@ def may_follow(previous: Phase, phase: Phase) -> bool:
     return next_phase(previous) == phase
 
 
-# --------------------------------------------------------------------------------------------- names
+# --- names and paths --------------------------------------------------------------------------------------------------
 
 
 def slugify(title: str, max_length: int = DEFAULT_SLUG_LENGTH) -> str:
@@ -171,9 +157,6 @@ def worktree_lock_reason(key: str) -> str:
     return f"{_REASON_PREFIX}{key}"
 
 
-# --------------------------------------------------------------------------------------------- paths
-
-
 class PathRejected(ValueError):
     """A requested or derived worktree path is outside the canonical ``branches/`` root (or malformed)."""
 
@@ -229,7 +212,7 @@ def resolve_requested(checkout: PurePosixPath, requested: str) -> PurePosixPath:
     return check_canonical(checkout, checkout / requested.rstrip("/"))
 
 
-# --------------------------------------------------------------------------------------------- decisions
+# --- decisions on observed state --------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True, slots=True)
@@ -305,7 +288,7 @@ class WorktreeFacts:
     clean: bool  # a registered worktree with no tracked change and no untracked or ignored file
     prior_same_owner: bool  # an earlier completed transition of the same owner registered it
     #: this transition's journal recorded the path free when it reserved it (``path_reserved``, ``existed: false``):
-    #: only then can something found there later be a half-made worktree of its own (issue 12, item 12)
+    #: only then can something found there later be a half-made worktree of its own
     reserved_empty: bool = False
 
 

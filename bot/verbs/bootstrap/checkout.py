@@ -1,0 +1,197 @@
+"""The control checkout: its clone URL, its clone and fetch, and the operator's repoint of its origin."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from typing import Any
+
+from bot import gitops
+from bot.core.bootstrap import Blocked
+from bot.core.errors import Envelope
+from bot.gitea import GiteaError
+from bot.verbs.bootstrap.context import BootstrapContext
+from bot.verbs.bootstrap.refusals import (
+    REPOINT,
+    OperatorMustFix,
+    StepFailed,
+    TransientFailure,
+    api_refusal,
+    call_again,
+    git_envelope,
+    make_envelope,
+    origin_envelope,
+    unavailable,
+)
+
+log = logging.getLogger("foreman.bootstrap")
+
+
+def effective_clone_url(ctx: BootstrapContext, reported: str) -> str:
+    """The URL the control checkout is cloned and fetched from: ``[repository] clone_url``, else the reported one
+    through ``clone_url_rewrite``, else the ``clone_url`` Gitea reports."""
+    return ctx.settings.repository.effective_clone_url(reported)
+
+
+async def prepare_control_checkout(
+    ctx: BootstrapContext,
+    checkout: gitops.ControlCheckout,
+    clone_url: str,
+    default_branch: str,
+    *,
+    issue_number: int,
+    seen: dict[str, Any],
+    live_base: str | None = None,
+) -> tuple[str | None, str | None]:
+    """Clone the control checkout on first use, fetch the default branch, check it is where it must be.
+
+    The fetch is skipped only when ``origin/<default>`` already is ``live_base`` (what Gitea reported a moment
+    ago): fetching would change nothing then. The refs read here are kept in ``seen`` for the steps that follow.
+    """
+    cfg = ctx.settings.bootstrap
+    auth = gitops.auth_env(clone_url, ctx.settings.gitea_token())
+    every = cfg.control_clean_check == "every_transition"
+    verified = f"{checkout.path}\0{clone_url}"
+    tracking = f"refs/remotes/origin/{default_branch}"
+
+    def work() -> tuple[str | None, str | None, list[str]]:
+        if not checkout.exists():
+            checkout.clone(clone_url, default_branch, auth=auth)
+        elif verified not in ctx.verified_origins and (origin := checkout.origin_url()) != clone_url:
+            raise OperatorMustFix(origin_envelope(issue_number, origin, clone_url))
+        checkout.ensure_excluded()
+        refs = checkout.refs("refs/heads/", tracking)
+        if live_base is None or refs.get(tracking) != live_base:
+            checkout.fetch(default_branch, auth=auth)
+            refs = checkout.refs("refs/heads/", tracking)
+            seen["fetched"] = True
+        seen["refs"] = refs
+        head_ref = gitops.symbolic_head(checkout.git_dir / "HEAD")
+        head_sha = refs.get(head_ref) if head_ref else checkout.rev("HEAD")
+        return head_ref, head_sha, (checkout.status() if every else [])
+
+    lock = ctx.locks_dir() / "checkout.lock"
+    async with gitops.file_lock(lock, wait_s=max(cfg.lock_wait_s, 60)) as held:
+        if not held:
+            raise TransientFailure("the control checkout is busy (another clone or fetch did not finish)")
+        try:
+            head_ref, head_sha, dirty = await asyncio.to_thread(work)
+        except gitops.GitFailure as exc:
+            reason = gitops.git_refusal(exc.stderr)
+            if reason is not None:
+                raise OperatorMustFix(git_envelope(reason, clone_url, str(exc), call_again(issue_number))) from exc
+            raise TransientFailure(f"the control checkout could not be cloned or fetched: {exc}") from exc
+    if head_ref != f"refs/heads/{default_branch}" or dirty:
+        raise StepFailed(Blocked("invalid_state", "checkout_not_clean", f"the control checkout is on"
+                                 f" {head_ref or 'a detached HEAD'}{' with changes' if dirty else ''}, not clean on"
+                                 f" {default_branch}; foreman never changes it"))
+    ctx.verified_origins.add(verified)
+    seen["checkout_head"] = (head_ref, head_sha)
+    return head_ref, head_sha
+
+
+async def ensure_control_checkout(ctx: BootstrapContext) -> dict[str, Any]:
+    """Clone the control checkout on first use (from the ``clone_url`` Gitea reports) and fetch its default
+    branch; its working tree is never touched. Returns where it stands, or ``ok: False`` with the reason."""
+    if ctx.gitea is None:
+        return {"ok": False, "detail": "no Gitea connection configured"}
+    try:
+        repo = await ctx.gitea.get_repo()
+    except GiteaError as exc:
+        refusal = api_refusal(exc, "the next bootstrap clones the control checkout")
+        return {"ok": False, "detail": str(exc), **(refusal.to_dict() if refusal else {})}
+    url = effective_clone_url(ctx, repo.clone_url)
+    problem = gitops.clone_url_problem(url)
+    if problem is not None:
+        return {"ok": False, "detail": problem}
+    try:
+        head_ref, head_sha = await prepare_control_checkout(ctx, ctx.checkout(), url, repo.default_branch,
+                                                            issue_number=1, seen={})
+    except OperatorMustFix as exc:
+        return {"ok": False, "detail": str(exc), **exc.envelope.to_dict()}
+    except (TransientFailure, StepFailed) as exc:
+        return {"ok": False, "detail": str(exc)}
+    return {"ok": True, "path": str(ctx.checkout_path), "default_branch": repo.default_branch,
+            "head_ref": head_ref, "head_sha": head_sha}
+
+
+ORIGIN_RECORD = "foreman-origin.jsonl"
+
+
+async def repoint_control_checkout(ctx: BootstrapContext) -> dict[str, Any]:
+    """``foreman checkout repoint``: point the control checkout's origin at the clone URL foreman uses now (the
+    one Gitea reports, through ``[repository] clone_url`` / ``clone_url_rewrite``), after proving that URL serves
+    the same repository: git there must show the default branch at the commit Gitea's API reports for it.
+
+    Only ``.git/config``'s ``remote.origin.url`` and ``refs/remotes/origin/<default>`` (the fetch) change: no
+    branch, worktree, index or working tree is touched. Each change is appended to ``.git/foreman-origin.jsonl``
+    (time, from, to, the reported URL, the proven commit) and logged. ``ok: False`` carries the error envelope.
+    """
+
+    def refused(envelope: Envelope) -> dict[str, Any]:
+        return {"ok": False, "changed": False, "path": str(ctx.checkout_path), **envelope.to_dict()}
+
+    again = f"run `{REPOINT}` again"
+    if ctx.gitea is None:
+        return refused(unavailable(0, "foreman has no Gitea connection configured"))
+    try:
+        repo = await ctx.gitea.get_repo()
+        base = (await ctx.gitea.get_branch(repo.default_branch)).commit_id
+    except GiteaError as exc:
+        return refused(api_refusal(exc, again) or make_envelope(
+            "unavailable", f"Gitea did not show the repository: {exc}", "Nothing was changed.",
+            f"{again} when Gitea answers"))
+    url = effective_clone_url(ctx, repo.clone_url)
+    problem = gitops.clone_url_problem(url)
+    if problem is not None:
+        return refused(make_envelope("invalid_input", problem, "Nothing was changed.",
+                                     f"correct repository.clone_url or repository.clone_url_rewrite, then {again}"))
+    checkout = ctx.checkout()
+    doc: dict[str, Any] = {"path": str(checkout.path), "to": url, "reported_clone_url": repo.clone_url,
+                           "default_branch": repo.default_branch}
+    token = ctx.settings.gitea_token()
+
+    def work() -> dict[str, Any]:
+        if not checkout.exists():
+            return {"ok": True, "changed": False, "from": None,
+                    "detail": "no control checkout yet: the first bootstrap clones it from this URL"}
+        old = checkout.origin_url()
+        if old == url:
+            return {"ok": True, "changed": False, "from": old, "detail": "origin already is this URL"}
+        status, out, err = checkout.git.attempt("ls-remote", "--", url, f"refs/heads/{repo.default_branch}",
+                                                extra_env=gitops.auth_env(url, token))
+        if status != 0:
+            reason = gitops.git_refusal(err)
+            return refused(git_envelope(reason, url, err.strip()[-300:], again) if reason else make_envelope(
+                "unavailable", f"git could not reach {url}: {err.strip()[-300:]}", "Nothing was changed.",
+                f"{again} when {url} is reachable (or correct repository.clone_url)"))
+        seen = out.split("\t", 1)[0].strip() or None
+        if seen != base:
+            return refused(make_envelope(
+                "invalid_state",
+                f"{url} does not serve {repo.full_name}: its {repo.default_branch} is {seen or 'absent'}, Gitea's API"
+                f" says {base}", "The origin was left as it is.",
+                f"correct repository.clone_url or repository.clone_url_rewrite to name {repo.full_name}, then {again}",
+                reason="origin_not_same_repository", clone_url=url, remote_sha=seen, api_sha=base))
+        checkout.set_origin(url)
+        checkout.fetch(repo.default_branch, auth=gitops.auth_env(url, token))
+        record = {"at": ctx.clock().isoformat(), "from": old, "to": url, "reported_clone_url": repo.clone_url,
+                  "default_branch": repo.default_branch, "sha": base, "by": REPOINT}
+        with (checkout.git_dir / ORIGIN_RECORD).open("a", encoding="utf-8") as handle:
+            handle.write(json.dumps(record, sort_keys=True) + "\n")
+        log.warning("control checkout %s: origin repointed from %s to %s (same repository: %s at %s)",
+                    checkout.path, old, url, repo.default_branch, base)
+        return {"ok": True, "changed": True, "from": old, "sha": base, "record": str(checkout.git_dir / ORIGIN_RECORD)}
+
+    lock = ctx.locks_dir() / "checkout.lock"
+    async with gitops.file_lock(lock, wait_s=max(ctx.settings.bootstrap.lock_wait_s, 60)) as held:
+        if not held:
+            return refused(make_envelope("conflict", "the control checkout is busy (a clone or fetch is running)",
+                                         "Nothing was changed.", again))
+        try:
+            found = await asyncio.to_thread(work)
+        except gitops.GitFailure as exc:
+            return refused(make_envelope("unavailable", f"git failed: {exc}", "origin may point at the new URL; a"
+                                         " repeat checks and fetches again.", again))
+    return {**doc, **found}

@@ -1,0 +1,20 @@
+"""The crash seams tests use to kill the process at a chosen phase or git step (off unless set)."""
+
+from __future__ import annotations
+
+import logging
+import os
+
+log = logging.getLogger("foreman.bootstrap")
+
+FAULT_PHASE_ENV = "FOREMAN_FAULT_AFTER_PHASE"
+FAULT_STEP_ENV = "FOREMAN_FAULT_AFTER_STEP"
+FAULT_EXIT_CODE = 86
+FAULT_STEPS = ("ref_created", "worktree_added", "worktree_removed", "branch_deleted")
+
+
+def crash_seam(env: str, value: str) -> None:
+    """The documented crash seam: exit at once, without cleanup, as a killed process would."""
+    if os.environ.get(env) == value:
+        log.warning("fault seam %s=%s: exiting hard", env, value)
+        os._exit(FAULT_EXIT_CODE)
