@@ -10,8 +10,7 @@ comment records, because the bot's own webhooks are recorded as ``ignored_self``
 from __future__ import annotations
 
 import logging
-import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -27,6 +26,7 @@ from bot.core.trust import (
     unseen_membership_reason,
 )
 from bot.core.vocabulary import label_for_state
+from bot.handler_deps import PermissionCache
 from bot.worker import HandlerContext, records_first
 from state.db import to_db_time, utcnow
 from state.issues import (
@@ -47,7 +47,6 @@ router = routing.Router()
 
 #: Gitea permissions that may set an issue's state (besides the bot and roster identities).
 WRITE_PERMISSIONS: frozenset[str] = frozenset({"write", "admin", "owner"})
-PERMISSION_TTL_S = 60.0
 _CACHE_DEP = "issue_state.permissions"
 _COMMENT_ACTIONS: tuple[CommentAction, ...] = ("created", "edited", "deleted")
 
@@ -59,37 +58,6 @@ class IssueStateGitea(Protocol):
     ``is_team_member`` (bot.gitea.GiteaClient does): then team writers on org repositories are trusted."""
 
     async def get_user_permission(self, login: str) -> str: ...
-
-
-class PermissionCache:
-    """Gitea permissions per login for a short while (in-process); only answers are cached, never failures."""
-
-    def __init__(self, ttl_s: float = PERMISSION_TTL_S, clock: Callable[[], float] = time.monotonic) -> None:
-        self.ttl_s = ttl_s
-        self._clock = clock
-        self._entries: dict[str, tuple[float, str]] = {}
-        self._teams: dict[str, tuple[float, Trust]] = {}
-
-    async def permission(self, gitea: IssueStateGitea, login: str) -> str:
-        key = login.lower()
-        now = self._clock()
-        held = self._entries.get(key)
-        if held is not None and now - held[0] < self.ttl_s:
-            return held[1]
-        permission = await gitea.get_user_permission(login)
-        self._entries[key] = (now, permission)
-        return permission
-
-    async def team_trust(self, login: str, compute: Callable[[], Awaitable[Trust]]) -> Trust:
-        """The team answer for a ``read`` login, held as long as a permission (1 + N Gitea reads otherwise)."""
-        key = login.lower()
-        now = self._clock()
-        held = self._teams.get(key)
-        if held is not None and now - held[0] < self.ttl_s:
-            return held[1]
-        trust = await compute()
-        self._teams[key] = (now, trust)
-        return trust
 
 
 def _is_not_found(exc: Exception) -> bool:

@@ -17,7 +17,7 @@ import pytest
 from bot.core.canonical import CanonicalState, parse_comment, render
 from bot.core.evidence import render_evidence
 from bot.core.vocabulary import vocabulary_markdown
-from handlers.issue_state import PermissionCache
+from bot.handler_deps import PermissionCache
 from state.db import to_db_time
 from state.issues import (
     CommentRecord,
