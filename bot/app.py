@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import time
 from dataclasses import dataclass, field
@@ -16,6 +17,7 @@ from gidgethub import routing
 from bot.config import Settings
 from bot.core.dispatch import served_names
 from bot.core.intake import Delivery, Rejection, admit, content_encoding_refusal, is_self_event, metric_event
+from bot.handler_deps import HandlerDeps
 from bot.metrics import LoopLagMonitor, Metrics
 from bot.worker import Worker
 from state.db import Database, DatabaseNotWritable
@@ -126,7 +128,6 @@ class Service:
     gitea_status: GiteaStatus = field(default_factory=GiteaStatus)
     http: aiohttp.ClientSession | None = None
     gitea: GiteaClient | None = None
-    extra_deps: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.store = DeliveryStore(self.db)
@@ -148,8 +149,15 @@ class Service:
         self._probe_task: asyncio.Task[None] | None = None
         self._recovery_task: asyncio.Task[None] | None = None
 
-    def _deps(self) -> dict[str, Any]:
-        return {"settings": self.settings, "db": self.db, "service": self, "outbox": self.outbox, **self.extra_deps}
+    def _deps(self) -> HandlerDeps:
+        """What the handlers may use, never this Service (the Gitea client joins in start())."""
+        return HandlerDeps(
+            settings=self.settings,
+            db=self.db,
+            bot_login=lambda: self.bot_login or "",
+            outbox_wakeup=self.outbox_wakeup,
+            gitea=self.gitea,
+        )
 
     def outbox_wakeup(self) -> None:
         """Tell the sender that new outbox entries were committed (it also polls)."""
@@ -164,7 +172,7 @@ class Service:
             self.http = aiohttp.ClientSession()
             self.gitea = client_for(self.http, self.settings)
             assert self.gitea is not None
-            self.worker.deps["gitea"] = self.gitea
+            self.worker.deps = dataclasses.replace(self.worker.deps, gitea=self.gitea)
             self.outbox_sender = self._make_outbox_sender(OutboxSender)
             self.outbox_sender.start()
             self._probe_task = asyncio.create_task(self._probe_loop(), name="gitea-probe")
@@ -436,10 +444,10 @@ class Service:
         return app
 
 
-async def open_service(settings: Settings, router: routing.Router, **extra: Any) -> Service:
+async def open_service(settings: Settings, router: routing.Router) -> Service:
     db = await Database.open(
         settings.database.path,
         synchronous=settings.database.synchronous,
         busy_timeout_ms=settings.database.busy_timeout_ms,
     )
-    return Service(settings=settings, router=router, db=db, extra_deps=extra)
+    return Service(settings=settings, router=router, db=db)

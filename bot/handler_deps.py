@@ -4,9 +4,15 @@ from __future__ import annotations
 
 import time
 from collections.abc import Awaitable, Callable
-from typing import Protocol
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol
 
+from bot.config import Settings
+from state.db import Database
 from state.issues import Trust
+
+if TYPE_CHECKING:
+    from bot.gitea import GiteaClient
 
 PERMISSION_TTL_S = 60.0
 
@@ -46,3 +52,23 @@ class PermissionCache:
         trust = await compute()
         self._teams[key] = (now, trust)
         return trust
+
+
+def _nothing() -> None:
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class HandlerDeps:
+    """Everything a handler may use besides the event, never the Service: one per service, built by bot.app.
+
+    ``gitea`` is None until the client exists (no token: no client at all); ``bot_login`` is read when needed,
+    because the service learns the login from Gitea after start. ``permissions`` lives as long as the service.
+    """
+
+    settings: Settings
+    db: Database
+    bot_login: Callable[[], str]
+    outbox_wakeup: Callable[[], None] = _nothing
+    gitea: GiteaClient | None = None
+    permissions: PermissionCache = field(default_factory=PermissionCache)

@@ -10,7 +10,7 @@ import random
 import time
 import uuid
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, TypeVar
 
@@ -19,6 +19,7 @@ from gidgethub import routing, sansio
 from bot.config import WorkerConfig
 from bot.core.dispatch import Refusal, refuse_dispatch
 from bot.core.intake import metric_event
+from bot.handler_deps import HandlerDeps
 from bot.logs import delivery_var
 from bot.metrics import Metrics
 from state.db import utcnow
@@ -27,13 +28,13 @@ from state.deliveries import DeliveryStore, StoredDelivery
 log = logging.getLogger("foreman.worker")
 
 
-@dataclass
+@dataclass(frozen=True, slots=True)
 class HandlerContext:
     """What a handler gets besides the event: dependencies arrive here, never as imported globals."""
 
     delivery: StoredDelivery
     log: logging.LoggerAdapter[logging.Logger]
-    deps: dict[str, Any] = field(default_factory=dict)
+    deps: HandlerDeps
 
 
 Handler = Callable[[sansio.Event, HandlerContext], Awaitable[None]]
@@ -75,7 +76,7 @@ class Worker:
         config: WorkerConfig,
         metrics: Metrics,
         *,
-        deps: dict[str, Any] | None = None,
+        deps: HandlerDeps,
         served: frozenset[str] = frozenset(),
     ) -> None:
         self.store = store
@@ -83,7 +84,8 @@ class Worker:
         self.router = router
         self.config = config
         self.metrics = metrics
-        self.deps = deps if deps is not None else {}
+        #: Replaced (never mutated) by the composition root when the Gitea client exists, before start().
+        self.deps = deps
         self.worker_id = f"worker-{uuid.uuid4().hex[:12]}"
         self.wakeup = asyncio.Event()
         self.last_tick = time.monotonic()

@@ -10,9 +10,9 @@ comment records, because the bot's own webhooks are recorded as ``ignored_self``
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from gidgethub import routing, sansio
 
@@ -41,23 +41,27 @@ from state.issues import (
 )
 from state.outbox import OutboxEntry
 
+if TYPE_CHECKING:
+    from bot.gitea import Team
+
 log = logging.getLogger("foreman.issue_state")
 
 router = routing.Router()
 
 #: Gitea permissions that may set an issue's state (besides the bot and roster identities).
 WRITE_PERMISSIONS: frozenset[str] = frozenset({"write", "admin", "owner"})
-_CACHE_DEP = "issue_state.permissions"
 _COMMENT_ACTIONS: tuple[CommentAction, ...] = ("created", "edited", "deleted")
 
 
 class IssueStateGitea(Protocol):
-    """The Gitea call this feature makes itself, a read (bot.gitea.GiteaClient provides it).
-
-    Every write (label sync) goes through the outbox. A client may also offer ``list_repo_teams`` and
-    ``is_team_member`` (bot.gitea.GiteaClient does): then team writers on org repositories are trusted."""
+    """The Gitea reads this feature makes itself (bot.gitea.GiteaClient provides them); every write (label sync)
+    goes through the outbox. The team reads trust team writers on org repositories."""
 
     async def get_user_permission(self, login: str) -> str: ...
+
+    async def list_repo_teams(self) -> list[Team]: ...
+
+    async def is_team_member(self, team_id: int, login: str) -> bool: ...
 
 
 def _is_not_found(exc: Exception) -> bool:
@@ -70,18 +74,19 @@ async def author_trust(author: str, ctx: HandlerContext) -> Trust:
     Payload fields such as ``sender.is_admin`` are never consulted. When Gitea cannot answer, the error
     propagates so the worker retries (fail closed: nothing is recorded as trusted meanwhile).
     """
-    settings: Settings = ctx.deps["settings"]
-    service = ctx.deps.get("service")
-    bot_login = getattr(service, "bot_login", None) or settings.gitea.bot_login
+    return await _author_trust(author, ctx.deps.settings, ctx.deps.gitea, ctx.deps.bot_login(), ctx.deps.permissions)
+
+
+async def _author_trust(
+    author: str, settings: Settings, gitea: IssueStateGitea | None, bot_login: str, cache: PermissionCache
+) -> Trust:
     login = author.lower()
     if bot_login and login == bot_login.lower():
         return Trust(True, "bot")
     if login in {name.lower() for name in settings.roster}:
         return Trust(True, "roster")
-    gitea: IssueStateGitea | None = ctx.deps.get("gitea")
     if gitea is None:
         return Trust(False, "no_gitea_client: write permission cannot be checked without gitea.token")
-    cache: PermissionCache = ctx.deps.setdefault(_CACHE_DEP, PermissionCache())
     try:
         permission = await cache.permission(gitea, author)
     except Exception as exc:
@@ -94,24 +99,22 @@ async def author_trust(author: str, ctx: HandlerContext) -> Trust:
 
 
 async def _team_trust(
-    gitea: IssueStateGitea, author: str, permission: str, bot_login: str | None, cache: PermissionCache
+    gitea: IssueStateGitea, author: str, permission: str, bot_login: str, cache: PermissionCache
 ) -> Trust:
     """A ``read`` on an org repository may hide a team's Write on Issues (bot.core.trust): ask the teams.
 
     ``GET /teams/{id}/members/{login}`` answers 404 both for "not a member" and for a caller who may not
     read the team (1.26 reqTeamReadAccess), so a 404 is definitive only when the bot itself is ``owner``
     (site admin or org owner); otherwise the reason says what the bot cannot see. Fail closed either way."""
-    list_teams = getattr(gitea, "list_repo_teams", None)
-    is_member = getattr(gitea, "is_team_member", None)
-    if list_teams is None or is_member is None:
-        return Trust(False, f"permission:{permission}")
-    teams = issue_writing_teams(TeamGrant(t.id, t.name, t.permission, t.units_map) for t in await list_teams())
+    teams = issue_writing_teams(
+        TeamGrant(t.id, t.name, t.permission, t.units_map) for t in await gitea.list_repo_teams()
+    )
     if not teams:
         return Trust(False, f"permission:{permission}")
     unreadable = False
     for team in teams:
         try:
-            if await is_member(team.id, author):
+            if await gitea.is_team_member(team.id, author):
                 return Trust(True, team_reason(team))
         except Exception as exc:
             if getattr(exc, "status", None) != 403:
@@ -189,7 +192,7 @@ def _comment_observation(
 @records_first
 async def on_issue_comment(event: sansio.Event, ctx: HandlerContext) -> None:
     """Record the comment revision (trusted or not, block or not) and recompute the issue's state."""
-    settings: Settings = ctx.deps["settings"]
+    settings = ctx.deps.settings
     data = event.data
     action = data.get("action")
     assert action in _COMMENT_ACTIONS
@@ -214,7 +217,7 @@ async def on_issue_comment(event: sansio.Event, ctx: HandlerContext) -> None:
     except (KeyError, TypeError, ValueError) as exc:
         ctx.log.warning("issue_comment payload skipped: %s", exc)
         return
-    store = IssueStore(ctx.deps["db"])
+    store = IssueStore(ctx.deps.db)
     snapshot = await store.record_comment(observation, issue)
     ctx.log.info(
         "issue #%d comment %d %s: %s (%s); state %s from comment %s",
@@ -237,7 +240,7 @@ async def on_issue_comment(event: sansio.Event, ctx: HandlerContext) -> None:
 @records_first
 async def on_issue_event(event: sansio.Event, ctx: HandlerContext) -> None:
     """Record the status and the label set (diffed against the stored one), candidates and conflicts."""
-    settings: Settings = ctx.deps["settings"]
+    settings = ctx.deps.settings
     data = event.data
     try:
         where = _where(data, settings)
@@ -248,7 +251,7 @@ async def on_issue_event(event: sansio.Event, ctx: HandlerContext) -> None:
     except (PayloadError, KeyError, TypeError, ValueError) as exc:
         ctx.log.warning("issues payload skipped: %s", exc)
         return
-    store = IssueStore(ctx.deps["db"])
+    store = IssueStore(ctx.deps.db)
     result = await store.record_issue_event(
         issue, repo=where.repo, action=str(data["action"]), sender=sender, delivery_id=event.delivery_id
     )
@@ -272,7 +275,7 @@ async def on_issue_event(event: sansio.Event, ctx: HandlerContext) -> None:
 @records_first
 async def on_issue_deleted(event: sansio.Event, ctx: HandlerContext) -> None:
     """Gitea 1.25+ (services/webhook/notifier.go DeleteIssue): end the issue's leases, cancel its outbox."""
-    settings: Settings = ctx.deps["settings"]
+    settings = ctx.deps.settings
     data = event.data
     try:
         where = _where(data, settings)
@@ -283,7 +286,7 @@ async def on_issue_deleted(event: sansio.Event, ctx: HandlerContext) -> None:
     except (PayloadError, KeyError, TypeError, ValueError) as exc:
         ctx.log.warning("issues/deleted payload skipped: %s", exc)
         return
-    ended, cancelled, duplicate = await IssueStore(ctx.deps["db"]).record_issue_deleted(
+    ended, cancelled, duplicate = await IssueStore(ctx.deps.db).record_issue_deleted(
         where.repo, number, sender=sender, delivery_id=event.delivery_id
     )
     if not duplicate:
@@ -306,11 +309,8 @@ def wake_label_sync(snapshot: IssueSnapshot, ctx: HandlerContext) -> None:
     sends and verifies it, or, without a Gitea token, it waits there (``foreman outbox``).
     """
     if snapshot.label_sync == "pending":
-        service = ctx.deps.get("service")
-        wakeup: Callable[[], None] | None = getattr(service, "outbox_wakeup", None)
-        if wakeup is not None:
-            wakeup()
-        if ctx.deps.get("gitea") is None:
+        ctx.deps.outbox_wakeup()
+        if ctx.deps.gitea is None:
             ctx.log.warning(
                 "issue #%d needs label %s; no Gitea client, the change waits in the outbox",
                 snapshot.number,

@@ -22,7 +22,6 @@ is refused with an ``invalid_input`` reply and runs no verb.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -206,16 +205,13 @@ async def on_command(event: sansio.Event, ctx: HandlerContext) -> None:
         command, problem = None, exc
     if command is None and problem is None:
         return
-    settings: Settings = ctx.deps["settings"]
+    settings, db = ctx.deps.settings, ctx.deps.db
     if not _is_configured_repo(data, settings):
         ctx.log.info("command on another repository ignored")
         return
-    service = ctx.deps.get("service")
-    db = ctx.deps["db"]
     actor = str((comment.get("user") or {}).get("login") or "")
     number, comment_id = int(issue["number"]), int(comment["id"])
     key = f"command:{comment_id}:reply"
-    wakeup: Callable[[], None] | None = getattr(service, "outbox_wakeup", None)
     # Once per comment, whatever brought it (the webhook, a late copy of it, Gitea's Replay, catch-up): the first
     # delivery to claim the comment runs the command; its own retries keep the claim; any other finds it here.
     holder = await CommandClaims(db).claim(str(data["repository"]["full_name"]), comment_id, event.delivery_id)
@@ -249,9 +245,9 @@ async def on_command(event: sansio.Event, ctx: HandlerContext) -> None:
         runtime = VerbRuntime(
             db=db,
             settings=settings,
-            gitea=ctx.deps.get("gitea"),
-            bot_login=getattr(service, "bot_login", None) or settings.gitea.bot_login or "",
-            wakeup=wakeup,
+            gitea=ctx.deps.gitea,
+            bot_login=ctx.deps.bot_login(),
+            wakeup=ctx.deps.outbox_wakeup,
         )
         arguments = dict(command.arguments)
         if command.verb.issue_scoped:
@@ -267,8 +263,7 @@ async def on_command(event: sansio.Event, ctx: HandlerContext) -> None:
             "%s by %s on #%d: %s", command.word, actor, number, "ok" if result.ok else result.doc.get("error")
         )
     await OutboxStore(db).add(OutboxIntent(key, number, "comment", {"body": body}, event.delivery_id))
-    if wakeup is not None:
-        wakeup()
+    ctx.deps.outbox_wakeup()
     bootstrap = result.doc.get("bootstrap") if command is not None and not on_pull and result.ok else None
     if isinstance(bootstrap, dict) and bootstrap.get("error") == "unavailable":
         # The lease stands but its server-side bootstrap could not reach Gitea now: failing the handler makes the

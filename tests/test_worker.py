@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import random
 from collections import Counter
@@ -11,8 +12,10 @@ from pathlib import Path
 import pytest
 from gidgethub import routing, sansio
 
+from bot.app import Service
 from bot.cli import main
 from bot.core.intake import admit
+from bot.handler_deps import HandlerDeps
 from bot.worker import HandlerContext, backoff_delay, records_first
 from handlers import build_router
 from state.db import Database
@@ -171,3 +174,27 @@ async def test_a_handler_that_records_runs_before_the_ones_that_act_whatever_the
     await client.post("/webhook", data=body, headers=webhook_headers(body, delivery="order-1"))
     await wait_status(service, "order-1", "done")
     assert order == ["records", "acts"]
+
+
+async def test_handlers_get_typed_frozen_dependencies_and_never_the_service(start: Started) -> None:
+    """Handlers see settings, database, Gitea client, bot login and the outbox wake-up, typed and frozen; nothing
+    in them is the Service, and no handler can stash state in them."""
+    seen: list[HandlerDeps] = []
+    router = routing.Router()
+
+    @router.register("issues")
+    async def look(event: sansio.Event, ctx: HandlerContext) -> None:
+        seen.append(ctx.deps)
+
+    service, client = await start(router=build_router(router))
+    body = payload()
+    await client.post("/webhook", data=body, headers=webhook_headers(body, delivery="deps-1"))
+    await wait_status(service, "deps-1", "done")
+    [deps] = seen
+    assert isinstance(deps, HandlerDeps)
+    assert (deps.settings, deps.db, deps.gitea, deps.bot_login()) == (service.settings, service.db, None, "foreman-bot")
+    assert not any(isinstance(getattr(deps, f.name), Service) for f in dataclasses.fields(deps))
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        deps.gitea = None  # type: ignore[misc]
+    with pytest.raises((AttributeError, TypeError)):
+        deps.cache = {}  # type: ignore[attr-defined]
