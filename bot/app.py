@@ -12,10 +12,9 @@ from typing import TYPE_CHECKING, Any
 
 import aiohttp
 from aiohttp import web
-from gidgethub import routing
 
 from bot.config import Settings
-from bot.core.dispatch import served_names
+from bot.core.dispatch import OrderedRouter, served_names
 from bot.core.intake import Delivery, Rejection, admit, content_encoding_refusal, is_self_event, metric_event
 from bot.handler_deps import HandlerDeps
 from bot.metrics import LoopLagMonitor, Metrics
@@ -122,7 +121,7 @@ class Service:
     """Everything one running instance owns; started and stopped as a unit."""
 
     settings: Settings
-    router: routing.Router
+    router: OrderedRouter
     db: Database
     metrics: Metrics = field(default_factory=Metrics)
     gitea_status: GiteaStatus = field(default_factory=GiteaStatus)
@@ -444,7 +443,7 @@ class Service:
         return app
 
 
-async def open_service(settings: Settings, router: routing.Router) -> Service:
+async def open_service(settings: Settings, router: OrderedRouter) -> Service:
     db = await Database.open(
         settings.database.path,
         synchronous=settings.database.synchronous,

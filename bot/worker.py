@@ -12,12 +12,12 @@ import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, TypeVar
+from typing import Any
 
-from gidgethub import routing, sansio
+from gidgethub import sansio
 
 from bot.config import WorkerConfig
-from bot.core.dispatch import Refusal, refuse_dispatch
+from bot.core.dispatch import OrderedRouter, Refusal, refuse_dispatch
 from bot.core.intake import metric_event
 from bot.handler_deps import HandlerDeps
 from bot.logs import delivery_var
@@ -37,27 +37,8 @@ class HandlerContext:
     deps: HandlerDeps
 
 
-Handler = Callable[[sansio.Event, HandlerContext], Awaitable[None]]
-
-
 def handler_name(callback: Callable[..., Any]) -> str:
     return f"{callback.__module__}.{callback.__qualname__}"
-
-
-_RECORDS_FIRST = "_foreman_records_first"
-_H = TypeVar("_H", bound=Callable[..., Any])
-
-
-def records_first(handler: _H) -> _H:
-    """Mark a handler that records what Gitea said (the issue state): it runs before the handlers of the same
-    delivery that act on it, whatever their names (they run in name order otherwise), so an action never races
-    ahead of the observation it stands on."""
-    setattr(handler, _RECORDS_FIRST, True)
-    return handler
-
-
-def handler_order(callback: Callable[..., Any]) -> tuple[int, str]:
-    return (0 if getattr(callback, _RECORDS_FIRST, False) else 1, handler_name(callback))
 
 
 def backoff_delay(attempt: int, *, base_s: float, max_s: float, rng: random.Random | None = None) -> float:
@@ -72,7 +53,7 @@ class Worker:
     def __init__(
         self,
         store: DeliveryStore,
-        router: routing.Router,
+        router: OrderedRouter,
         config: WorkerConfig,
         metrics: Metrics,
         *,
@@ -288,7 +269,8 @@ class Worker:
     async def run_handlers(
         self, delivery: StoredDelivery, payload: Any = None
     ) -> tuple[dict[str, str | None], dict[str, str | None]]:
-        """Run every matching handler not yet done for this delivery; one failure never stops the others.
+        """Run every matching handler not yet done for this delivery, in the router's declared order; one failure
+        never stops the others.
 
         Returns (every result of this run, the results not yet recorded): handler → error (None: done). Each
         result is recorded as soon as a later sibling is about to run (so a crash never repeats a finished
@@ -302,7 +284,7 @@ class Worker:
         results: dict[str, str | None] = {}
         pending: dict[str, str | None] = {}
         try:
-            callbacks = sorted(self.router.fetch(event), key=handler_order)
+            callbacks = self.router.handlers_for(event)
         except Exception as exc:  # refuse_dispatch checks the routed fields first; this is the net behind it
             name = "router.fetch"
             message = f"undispatchable: {type(exc).__name__}: {exc}"[:2000]

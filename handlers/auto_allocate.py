@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from gidgethub import routing, sansio
+from gidgethub import sansio
 
 from bot.auto_allocation import auto_allocate
+from bot.core.dispatch import OrderedRouter
 from bot.core.vocabulary import label_for_state
 from bot.worker import HandlerContext
 
-router = routing.Router()
+router = OrderedRouter()
 
 
 @router.register("issues", action="label_updated")

@@ -14,10 +14,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from gidgethub import routing, sansio
+from gidgethub import sansio
 
 from bot.config import Settings
 from bot.core.canonical import ParseResult, parse_comment
+from bot.core.dispatch import OrderedRouter
 from bot.core.trust import (
     TeamGrant,
     issue_writing_teams,
@@ -27,7 +28,7 @@ from bot.core.trust import (
 )
 from bot.core.vocabulary import label_for_state
 from bot.handler_deps import PermissionCache
-from bot.worker import HandlerContext, records_first
+from bot.worker import HandlerContext
 from state.db import to_db_time, utcnow
 from state.issues import (
     NO_BLOCK,
@@ -46,7 +47,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("foreman.issue_state")
 
-router = routing.Router()
+router = OrderedRouter()
 
 #: Gitea permissions that may set an issue's state (besides the bot and roster identities).
 WRITE_PERMISSIONS: frozenset[str] = frozenset({"write", "admin", "owner"})
@@ -189,7 +190,6 @@ def _comment_observation(
 @router.register("issue_comment", action="created")
 @router.register("issue_comment", action="edited")
 @router.register("issue_comment", action="deleted")
-@records_first
 async def on_issue_comment(event: sansio.Event, ctx: HandlerContext) -> None:
     """Record the comment revision (trusted or not, block or not) and recompute the issue's state."""
     settings = ctx.deps.settings
@@ -237,7 +237,6 @@ async def on_issue_comment(event: sansio.Event, ctx: HandlerContext) -> None:
 @router.register("issues", action="reopened")
 @router.register("issues", action="label_updated")
 @router.register("issues", action="label_cleared")
-@records_first
 async def on_issue_event(event: sansio.Event, ctx: HandlerContext) -> None:
     """Record the status and the label set (diffed against the stored one), candidates and conflicts."""
     settings = ctx.deps.settings
@@ -272,7 +271,6 @@ async def on_issue_event(event: sansio.Event, ctx: HandlerContext) -> None:
 
 
 @router.register("issues", action="deleted")
-@records_first
 async def on_issue_deleted(event: sansio.Event, ctx: HandlerContext) -> None:
     """Gitea 1.25+ (services/webhook/notifier.go DeleteIssue): end the issue's leases, cancel its outbox."""
     settings = ctx.deps.settings

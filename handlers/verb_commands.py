@@ -25,9 +25,10 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from gidgethub import routing, sansio
+from gidgethub import sansio
 
 from bot.config import Settings
+from bot.core.dispatch import OrderedRouter
 from bot.core.errors import Envelope
 from bot.core.evidence import render_evidence, render_failure
 from bot.core.verbs import COMMANDS, Verb
@@ -37,7 +38,7 @@ from bot.worker import HandlerContext
 from state.outbox import OutboxIntent, OutboxStore
 from state.reconcile import CommandClaims
 
-router = routing.Router()
+router = OrderedRouter()
 
 USAGE: dict[str, str] = {
     "/allocate": "/allocate [--dry-run] [--exclude 617,618 ...] [--owner LOGIN]",

@@ -13,11 +13,11 @@ from typing import Any
 
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
-from gidgethub import routing
 from pydantic import SecretStr
 
 from bot.app import RUNNER_OPTIONS, Service, open_service
 from bot.config import Settings
+from bot.core.dispatch import OrderedRouter
 from handlers import build_router
 
 SECRET = "test-secret-0123456789abcdef"
@@ -97,7 +97,7 @@ async def start(tmp_path: Path) -> AsyncIterator[Started]:
     clients: list[TestClient[Any, Any]] = []
 
     async def _start(
-        settings: Settings | None = None, router: routing.Router | None = None
+        settings: Settings | None = None, router: OrderedRouter | None = None
     ) -> tuple[Service, TestClient[Any, Any]]:
         service = await open_service(settings or make_settings(tmp_path), router or build_router())
         server = TestServer(service.make_app())

@@ -12,9 +12,10 @@ from typing import Any
 
 import aiohttp
 import pytest
-from gidgethub import routing, sansio
+from gidgethub import sansio
 
 from bot.core.canonical import HEADING_TEXT, MAX_BLOCKS, MAX_COMMENT_CHARS, parse_comment
+from bot.core.dispatch import OrderedRouter
 from bot.core.intake import Delivery, admit
 from bot.worker import HandlerContext
 from state.deliveries import DeliveryStore
@@ -50,8 +51,8 @@ def signed_headers(body: bytes, *, event: bytes = b"issues", delivery: str) -> l
     ]
 
 
-def recording_router(calls: list[str]) -> routing.Router:
-    router = routing.Router()
+def recording_router(calls: list[str]) -> OrderedRouter:
+    router = OrderedRouter()
 
     @router.register("issues")
     async def record(event: sansio.Event, ctx: HandlerContext) -> None:
@@ -519,7 +520,7 @@ def test_backoff_stays_finite_however_many_attempts() -> None:
 async def test_each_loop_claims_under_its_own_id(start: Started) -> None:
     """Settles are conditional on the claim's owner: two loops of one worker must not share it."""
     gate = asyncio.Event()
-    router = routing.Router()
+    router = OrderedRouter()
 
     @router.register("issues")
     async def hold(event: sansio.Event, ctx: HandlerContext) -> None:

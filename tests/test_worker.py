@@ -14,9 +14,10 @@ from gidgethub import routing, sansio
 
 from bot.app import Service
 from bot.cli import main
+from bot.core.dispatch import OrderedRouter
 from bot.core.intake import admit
 from bot.handler_deps import HandlerDeps
-from bot.worker import HandlerContext, backoff_delay, records_first
+from bot.worker import HandlerContext, backoff_delay
 from handlers import build_router
 from state.db import Database
 from state.deliveries import DeliveryStore
@@ -154,26 +155,68 @@ def test_cli_lists_failed_deliveries_and_replays_one(
     assert json.loads(capsys.readouterr().out) == []
 
 
-async def test_a_handler_that_records_runs_before_the_ones_that_act_whatever_their_names(start: Started) -> None:
-    """Handlers run in name order, except those marked records_first (the issue state), which run before: an
-    auto-allocation must not race ahead of the label observation it stands on (foreman demo's 'candidate' step)."""
+def _label_updated() -> sansio.Event:
+    data = json.loads(payload("label_updated"))
+    return sansio.Event(data, event="issues", delivery_id="order-0")
+
+
+def test_the_issue_state_records_a_label_change_before_auto_allocation_acts_on_it() -> None:
+    """The declared feature order, not the handlers' names, orders one delivery's handlers: the issue state
+    records ``status:ready`` before auto-allocation acts on it (foreman demo's 'candidate' step raced before);
+    declaring the features the other way round turns the order round."""
+    from handlers import auto_allocate, issue_state
+
+    declared = build_router().handlers_for(_label_updated())
+    assert declared == (issue_state.on_issue_event, auto_allocate.on_ready_label)
+    reversed_router = OrderedRouter(auto_allocate.router, issue_state.router)
+    assert reversed_router.handlers_for(_label_updated()) == (auto_allocate.on_ready_label, issue_state.on_issue_event)
+
+
+def _recording(order: list[str], name: str, *, fails: bool = False) -> OrderedRouter:
+    router = OrderedRouter()
+
+    @router.register("issues")
+    async def handler(event: sansio.Event, ctx: HandlerContext) -> None:
+        order.append(name)
+        if fails:
+            raise RuntimeError(f"{name} failed")
+
+    handler.__qualname__ = f"{name}_handler"  # one name per handler: the worker records results by name
+    return router
+
+
+@pytest.mark.parametrize("declared", [("records", "acts"), ("acts", "records")])
+async def test_the_worker_runs_handlers_in_the_declared_order_each_isolated(
+    start: Started, declared: tuple[str, str]
+) -> None:
+    """The worker runs a delivery's handlers feature by feature as declared, whatever their names; the first
+    failing does not stop the second."""
     order: list[str] = []
-    router = routing.Router()
-
-    @router.register("issues")
-    async def a_acts(event: sansio.Event, ctx: HandlerContext) -> None:
-        order.append("acts")
-
-    @router.register("issues")
-    @records_first
-    async def z_records(event: sansio.Event, ctx: HandlerContext) -> None:
-        order.append("records")
-
+    first, second = declared
+    router = OrderedRouter(_recording(order, first, fails=True), _recording(order, second))
     service, client = await start(router=router)
     body = payload()
     await client.post("/webhook", data=body, headers=webhook_headers(body, delivery="order-1"))
-    await wait_status(service, "order-1", "done")
-    assert order == ["records", "acts"]
+    for _ in range(500):
+        row = await service.store.get("order-1")
+        if row is not None and row.last_error:
+            break
+        await asyncio.sleep(0.01)
+    assert row is not None and row.last_error == f"tests.test_worker.{first}_handler: RuntimeError: {first} failed"
+    assert order[:2] == [first, second]
+
+
+def test_within_one_feature_handlers_keep_their_registration_order() -> None:
+    """A feature's own handlers of one event run in the order it registered them, shallow or by action."""
+    router = OrderedRouter()
+
+    @router.register("issues", action="label_updated")
+    async def z_first(event: sansio.Event, ctx: HandlerContext) -> None: ...
+
+    @router.register("issues")
+    async def a_second(event: sansio.Event, ctx: HandlerContext) -> None: ...
+
+    assert OrderedRouter(router).handlers_for(_label_updated()) == (z_first, a_second)
 
 
 async def test_handlers_get_typed_frozen_dependencies_and_never_the_service(start: Started) -> None:
