@@ -25,7 +25,7 @@ from state.outbox import OutboxStore
 
 if TYPE_CHECKING:
     from bot.gitea import GiteaClient
-    from bot.outbox import OutboxSender
+    from bot.outbox import OutboxHooks, OutboxSender
     from bot.reconcile import Reconciler
 
 log = logging.getLogger("foreman.app")
@@ -127,6 +127,7 @@ class Service:
     gitea_status: GiteaStatus = field(default_factory=GiteaStatus)
     http: aiohttp.ClientSession | None = None
     gitea: GiteaClient | None = None
+    outbox_hooks: OutboxHooks | None = None
 
     def __post_init__(self) -> None:
         self.store = DeliveryStore(self.db)
@@ -232,23 +233,16 @@ class Service:
             log.exception("recovering open worktree bootstraps failed (the next bootstrap of each issue recovers it)")
 
     def _make_outbox_sender(self, sender_class: type[OutboxSender]) -> OutboxSender:
-        """The sender, with hooks that bring verified results back into the issue state (the bot's own label
-        changes and comments come back as ignored_self webhooks, so the issue state learns them here)."""
-        from handlers.issue_state import on_outbox_complete, on_outbox_failure
-        from state.issues import IssueStore
-        from state.outbox import OutboxEntry
-
+        """The sender, with the hooks the composition root passed in (``open_service``: the issue state's)."""
         assert self.gitea is not None
-        issues = IssueStore(self.db)
-
-        async def completed(entry: OutboxEntry, result: dict[str, Any]) -> None:
-            await on_outbox_complete(issues, self.settings, entry, result)
-
-        async def failed(entry: OutboxEntry) -> None:
-            await on_outbox_failure(issues, self.settings, entry)
-
+        hooks = self.outbox_hooks
         return sender_class(
-            self.outbox, self.gitea, self.settings.outbox, self.metrics, on_complete=completed, on_failure=failed
+            self.outbox,
+            self.gitea,
+            self.settings.outbox,
+            self.metrics,
+            on_complete=hooks.on_complete if hooks is not None else None,
+            on_failure=hooks.on_failure if hooks is not None else None,
         )
 
     async def stop(self) -> None:
@@ -444,9 +438,12 @@ class Service:
 
 
 async def open_service(settings: Settings, router: OrderedRouter) -> Service:
+    """The composition root: the service, its handlers' router and the issue state's outbox hooks, wired."""
+    from handlers import outbox_hooks
+
     db = await Database.open(
         settings.database.path,
         synchronous=settings.database.synchronous,
         busy_timeout_ms=settings.database.busy_timeout_ms,
     )
-    return Service(settings=settings, router=router, db=db)
+    return Service(settings=settings, router=router, db=db, outbox_hooks=outbox_hooks(db, settings))

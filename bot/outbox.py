@@ -28,6 +28,14 @@ CompletionHook = Callable[[OutboxEntry, dict[str, Any]], Awaitable[None]]
 FailureHook = Callable[[OutboxEntry], Awaitable[None]]
 
 
+@dataclass(frozen=True, slots=True)
+class OutboxHooks:
+    """Who learns what the sender settled: passed in by the composition root (the sender knows no feature)."""
+
+    on_complete: CompletionHook | None = None
+    on_failure: FailureHook | None = None
+
+
 class VerificationMismatch(Exception):
     """What Gitea holds after the write differs from what was intended."""
 

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 from gidgethub import routing
 
+from bot.config import Settings
 from bot.core.dispatch import OrderedRouter
+from bot.outbox import OutboxHooks
 from handlers import auto_allocate, issue_state, verb_commands
+from state.db import Database
 
 #: The order a delivery's handlers run in: first the features that record what Gitea said (the issue state),
 #: then those that act on it (auto-allocation, comment commands), so an action never races ahead of the
@@ -16,3 +19,9 @@ FEATURE_ROUTERS: tuple[OrderedRouter, ...] = (issue_state.router, auto_allocate.
 def build_router(*extra: routing.Router) -> OrderedRouter:
     """The app's router: every feature router in the declared order, then any given (tests add their own)."""
     return OrderedRouter(*FEATURE_ROUTERS, *extra)
+
+
+def outbox_hooks(db: Database, settings: Settings) -> OutboxHooks:
+    """What learns the outbox sender's results: the issue state (the bot's own writes come back as ignored_self
+    webhooks, so the verified label sets and state comments reach the issue state here)."""
+    return issue_state.outbox_hooks(db, settings)

@@ -28,8 +28,9 @@ from bot.core.trust import (
 )
 from bot.core.vocabulary import label_for_state
 from bot.handler_deps import PermissionCache
+from bot.outbox import OutboxHooks
 from bot.worker import HandlerContext
-from state.db import to_db_time, utcnow
+from state.db import Database, to_db_time, utcnow
 from state.issues import (
     NO_BLOCK,
     CommentAction,
@@ -320,6 +321,19 @@ def wake_label_sync(snapshot: IssueSnapshot, ctx: HandlerContext) -> None:
 
 def _repo(settings: Settings) -> str:
     return f"{settings.repository.owner}/{settings.repository.name}"
+
+
+def outbox_hooks(db: Database, settings: Settings) -> OutboxHooks:
+    """The outbox sender's hooks that bring its verified results back into the issue state."""
+    store = IssueStore(db)
+
+    async def completed(entry: OutboxEntry, result: dict[str, Any]) -> None:
+        await on_outbox_complete(store, settings, entry, result)
+
+    async def failed(entry: OutboxEntry) -> None:
+        await on_outbox_failure(store, settings, entry)
+
+    return OutboxHooks(on_complete=completed, on_failure=failed)
 
 
 async def on_outbox_complete(store: IssueStore, settings: Settings, entry: OutboxEntry, result: dict[str, Any]) -> None:
