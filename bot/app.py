@@ -288,7 +288,7 @@ class Service:
             await self.probe_gitea()
             await asyncio.sleep(self.settings.gitea.probe_interval_s)
 
-    # --- HTTP ------------------------------------------------------------------------------------------
+    # --- HTTP ---------------------------------------------------------------------------------------------------------
     async def handle_webhook(self, request: web.Request) -> web.Response:
         started = time.perf_counter()
         try:

@@ -225,7 +225,7 @@ class OutboxSender:
         delay = backoff_delay(entry.attempts, base_s=self.config.backoff_base_s, max_s=self.config.backoff_max_s)
         await self.store.retry_later(entry, error=error, next_attempt_at=utcnow() + timedelta(seconds=delay))
 
-    # --- per kind: write, then read back and compare ----------------------------------------------------
+    # --- per kind: write, then read back and compare ------------------------------------------------------------------
     async def send(self, entry: OutboxEntry) -> _Sent:
         if entry.kind == "comment":
             return await self._comment(entry)

@@ -76,7 +76,7 @@ class Worker:
         #: Deliveries whose settling commit is being retried (pk -> since when, epoch seconds).
         self.settles_retrying: dict[int, float] = {}
 
-    # --- lifecycle -------------------------------------------------------------------------------------
+    # --- lifecycle ----------------------------------------------------------------------------------------------------
     def start(self) -> None:
         self._tasks = [
             asyncio.create_task(self._loop(i), name=f"{self.worker_id}-{i}") for i in range(self.config.concurrency)
@@ -105,7 +105,15 @@ class Worker:
                 await task
         self._tasks = []
 
-    # --- loops -----------------------------------------------------------------------------------------
+    # --- loops --------------------------------------------------------------------------------------------------------
+    def _pause_after(self, failures: int) -> float:
+        """The pause after a failed pass of a loop or a failed settle: a quarter of a delivery's backoff."""
+        return backoff_delay(failures, base_s=self.config.backoff_base_s / 4, max_s=self.config.backoff_max_s)
+
+    def _beat_s(self) -> float:
+        """The period of claim heartbeats and reaper passes: three in each claim's time to live."""
+        return max(0.05, self.config.claim_ttl_s / 3)
+
     async def _loop(self, index: int) -> None:
         """One drain loop. It never dies: whatever one pass raises is logged, counted and backed off from."""
         failures = 0
@@ -119,7 +127,7 @@ class Worker:
                 failures += 1
                 self.metrics.worker_loop_errors.inc()
                 log.exception("worker loop %d: a pass failed (%d in a row); backing off", index, failures)
-                delay = backoff_delay(failures, base_s=self.config.backoff_base_s / 4, max_s=self.config.backoff_max_s)
+                delay = self._pause_after(failures)
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._stopping.wait(), timeout=delay)
 
@@ -166,17 +174,17 @@ class Worker:
             except Exception:
                 log.exception("reaper pass failed")
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._stopping.wait(), timeout=max(0.05, self.config.claim_ttl_s / 3))
+                await asyncio.wait_for(self._stopping.wait(), timeout=self._beat_s())
 
     async def _heartbeat(self, pk: int, owner: str) -> None:
         while True:
-            await asyncio.sleep(max(0.05, self.config.claim_ttl_s / 3))
+            await asyncio.sleep(self._beat_s())
             try:
                 await self.store.heartbeat(pk, owner)
             except Exception:  # the next beat tries again; a lapsed claim is only run again, never lost
                 log.warning("heartbeat of delivery %d failed", pk, exc_info=True)
 
-    # --- one delivery ----------------------------------------------------------------------------------
+    # --- one delivery -------------------------------------------------------------------------------------------------
     async def _process(self, delivery: StoredDelivery, owner: str) -> None:
         token = delivery_var.set(delivery.delivery_id)
         started = time.perf_counter()
@@ -257,9 +265,7 @@ class Worker:
                             await on_failure()
                     if self._stopping.is_set():
                         return
-                    delay = backoff_delay(
-                        attempt, base_s=self.config.backoff_base_s / 4, max_s=self.config.backoff_max_s
-                    )
+                    delay = self._pause_after(attempt)
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(self._stopping.wait(), timeout=delay)
         finally:

@@ -1,11 +1,4 @@
-"""Issue state feature: comment and label events drive each issue's Canonical Issue State, trust and label sync.
-
-Label sync never calls Gitea from here: the store queues the change as an outbox entry in the transaction
-that changed the state or the labels (issue 4), and the outbox sender sends and verifies it. The sender's
-hooks (``on_outbox_complete``, ``on_outbox_failure``, wired in ``bot.app``) bring the results back: the
-verified label set becomes the stored snapshot, and the bot's own Canonical Issue State comments become
-comment records, because the bot's own webhooks are recorded as ``ignored_self`` and never dispatched.
-"""
+"""Issue state: comment and label events drive each issue's Canonical Issue State, trust and label sync."""
 
 from __future__ import annotations
 
@@ -129,7 +122,7 @@ async def _team_trust(
     return Trust(False, f"permission:{permission}")
 
 
-# --------------------------------------------------------------------------- payload reading
+# --- payload reading --------------------------------------------------------------------------------------------------
 
 
 class PayloadError(ValueError):
@@ -185,7 +178,7 @@ def _comment_observation(
     )
 
 
-# --------------------------------------------------------------------------- handlers
+# --- handlers ---------------------------------------------------------------------------------------------------------
 
 
 @router.register("issue_comment", action="created")
@@ -298,7 +291,7 @@ async def on_issue_deleted(event: sansio.Event, ctx: HandlerContext) -> None:
         )
 
 
-# --------------------------------------------------------------------------- label sync
+# --- label sync -------------------------------------------------------------------------------------------------------
 
 
 def wake_label_sync(snapshot: IssueSnapshot, ctx: HandlerContext) -> None:
@@ -324,7 +317,13 @@ def _repo(settings: Settings) -> str:
 
 
 def outbox_hooks(db: Database, settings: Settings) -> OutboxHooks:
-    """The outbox sender's hooks that bring its verified results back into the issue state."""
+    """The outbox sender's hooks that bring its verified results back into the issue state.
+
+    Label sync never calls Gitea from a handler: the store queues the change as an outbox entry in the
+    transaction that changed the state or the labels, and the sender sends and verifies it. These hooks make the
+    verified label set the stored snapshot and the bot's own Canonical Issue State comments comment records,
+    because the bot's own webhooks are recorded as ``ignored_self`` and never dispatched (docs/canonical-state.md).
+    """
     store = IssueStore(db)
 
     async def completed(entry: OutboxEntry, result: dict[str, Any]) -> None:

@@ -1,23 +1,4 @@
-"""Comment commands (`/allocate`, `/bootstrap`, `/lock`, `/heartbeat`, `/release`): verbs of the verb table,
-decided by the same gateway as the MCP tools, answered by a reply comment through the outbox.
-
-The command is the first word of the comment's first non-blank line; its arguments are the rest of that
-line, split on whitespace (never a shell). Issue verbs act on the issue the comment is on; the caller is the
-comment's author with its roster roles. Anyone the gateway refuses (not on the roster, not the lease owner,
-not a controller) gets the refusal as a reply: ``not_authorized`` with what to do instead.
-
-Fail closed (issue 12.1): ``--exclude`` may be repeated and every value counts; any other option given twice, an
-empty or out-of-range element, or a command written on a pull request (the payload's issue has ``pull_request``)
-is refused with an ``invalid_input`` reply and runs no verb.
-
-| command | verb | arguments |
-| --- | --- | --- |
-| `/allocate [--dry-run] [--exclude 617,618 ...] [--owner LOGIN]` | `allocate_next_work` | applies unless `--dry-run` |
-| `/bootstrap [--expected-base SHA] [--key KEY]` | `bootstrap_issue_worktree` | this issue |
-| `/lock` | `lock_issue` | this issue |
-| `/heartbeat` | `heartbeat_lease` | this issue |
-| `/release [REASON ...]` | `release_lease` | this issue; the rest of the line is the reason |
-"""
+"""Comment commands (`/allocate`, `/bootstrap`, `/lock`, `/heartbeat`, `/release`): verbs answered by a reply."""
 
 from __future__ import annotations
 
@@ -142,7 +123,10 @@ def _arguments(word: str, words: list[str]) -> dict[str, Any]:
 def parse_command(body: str) -> CommentCommand | None:
     """The command on the comment's first non-blank line, or None if that line is not a command.
 
-    Plain whitespace splitting (never a shell); unknown options and malformed values raise CommandError.
+    The command is the line's first word; its arguments are the rest of that line, split on whitespace (never a
+    shell); unknown options and malformed values raise CommandError. Fail closed: ``--exclude`` may be repeated
+    and every value counts; any other option given twice, or an empty or out-of-range element, is refused.
+    The commands and their verbs are tabled in docs/mcp.md ("Comment commands").
     """
     lines = [line.strip() for line in body.replace("\r\n", "\n").split("\n") if line.strip()]
     if not lines:
@@ -196,7 +180,12 @@ class BootstrapUnavailable(RuntimeError):
 
 @router.register("issue_comment", action="created")
 async def on_command(event: sansio.Event, ctx: HandlerContext) -> None:
-    """Run a comment's command through the gateway and reply (through the outbox) with the result."""
+    """Run a comment's command through the gateway and reply (through the outbox) with the result.
+
+    Issue verbs act on the issue the comment is on, as the comment's author with its roster roles; anyone the
+    gateway refuses gets the refusal as the reply. A command written on a pull request (the payload's issue has
+    ``pull_request``) is refused with an ``invalid_input`` reply and runs no verb.
+    """
     data: dict[str, Any] = event.data
     comment, issue = data.get("comment") or {}, data.get("issue") or {}
     try:
@@ -222,7 +211,7 @@ async def on_command(event: sansio.Event, ctx: HandlerContext) -> None:
         return
     on_pull = bool(issue.get("pull_request")) or data.get("is_pull") is True
     if on_pull:
-        # Issue verbs act on the issue the comment is on; a pull request is not a work issue (issue 12.1).
+        # Issue verbs act on the issue the comment is on; a pull request is not a work issue.
         word = command.word if command is not None else problem.word if problem is not None else ""
         envelope = Envelope(
             error="invalid_input",

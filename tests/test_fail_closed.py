@@ -22,7 +22,7 @@ from state.deliveries import DeliveryStore
 from tests.support import SECRET, Started, payload, sign, wait_status, webhook_headers
 from tests.test_process import ServeProcess
 
-# --------------------------------------------------------------------------- helpers
+# --- helpers ----------------------------------------------------------------------------------------------------------
 
 
 async def raw_post(port: int, headers: list[tuple[bytes, bytes]], body: bytes) -> tuple[int, dict[str, Any]]:
@@ -77,7 +77,7 @@ def foreign_ready_label(number: int = 7) -> bytes:
     ).encode()
 
 
-# --------------------------------------------------------------------------- item 2: served repository only
+# --- item 2: served repository only -----------------------------------------------------------------------------------
 
 
 async def test_an_event_for_another_repository_reaches_no_handler_and_is_recorded_ignored(start: Started) -> None:
@@ -134,7 +134,7 @@ async def test_a_forced_replay_of_an_ignored_delivery_is_checked_again(start: St
     assert calls == []
 
 
-# --------------------------------------------------------------------------- item 3: loops never die
+# --- item 3: loops never die ------------------------------------------------------------------------------------------
 
 
 async def test_an_unroutable_action_is_parked_failed_and_every_loop_lives(start: Started) -> None:
@@ -217,7 +217,7 @@ async def test_a_real_serve_survives_unroutable_deliveries(tmp_path: Path) -> No
         await proc.kill()
 
 
-# --------------------------------------------------------------------------- item 4: a bad row alone
+# --- item 4: a bad row alone ------------------------------------------------------------------------------------------
 
 
 async def test_a_bad_header_beside_valid_deliveries_fails_only_itself(tmp_path: Path) -> None:
@@ -282,7 +282,7 @@ async def test_each_acknowledgement_belongs_to_its_own_request(start: Started) -
     assert row is not None and results[2].pk == row.pk and row.body == body_b
 
 
-# --------------------------------------------------------------------------- item 5: linear parsing, no freeze
+# --- item 5: linear parsing, no freeze --------------------------------------------------------------------------------
 
 
 def _hostile_heading(size: int) -> str:
@@ -336,7 +336,7 @@ async def test_a_hostile_comment_does_not_freeze_a_real_serve(tmp_path: Path) ->
         await proc.kill()
 
 
-# --------------------------------------------------------------------------- item 6: metric labels
+# --- item 6: metric labels --------------------------------------------------------------------------------------------
 
 
 async def test_unsigned_requests_never_mint_metric_series(start: Started) -> None:
@@ -366,7 +366,7 @@ async def test_a_signed_unknown_event_is_counted_as_other(start: Started) -> Non
     assert 'event="made_up_event"' not in text and 'event="other",outcome="queued"' in text
 
 
-# --------------------------------------------------------------------------- item 7: typed refusals
+# --- item 7: typed refusals -------------------------------------------------------------------------------------------
 
 
 def _signed(body: bytes, **extra: str) -> dict[str, str]:
@@ -458,7 +458,7 @@ async def test_readyz_is_503_naming_why_when_the_database_cannot_take_a_write(st
     assert (await client.get("/readyz")).status == 200
 
 
-# --------------------------------------------------------------------------- the review's untested guards
+# --- the review's untested guards -------------------------------------------------------------------------------------
 
 
 async def test_a_pass_that_raises_does_not_end_its_loop(start: Started, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -53,7 +53,7 @@ def _state(state: str = "in-progress", who: str = "author", **changes: Any) -> C
     return replace(base, **changes)
 
 
-# --------------------------------------------------------------------------- pure rules (no SQLite)
+# --- pure rules (no SQLite) -------------------------------------------------------------------------------------------
 
 
 def _rec(
@@ -175,7 +175,7 @@ async def test_permission_cache_answers_from_memory_until_it_expires() -> None:
     assert calls == ["Alice", "alice", "flaky", "flaky"]
 
 
-# --------------------------------------------------------------------------- docs
+# --- docs -------------------------------------------------------------------------------------------------------------
 
 
 def test_docs_carry_exactly_the_generated_vocabulary_table() -> None:
@@ -190,7 +190,7 @@ def test_docs_carry_exactly_the_generated_vocabulary_table() -> None:
     assert parsed is not None and render(parsed) == example.group(1)  # the renderer's exact form
 
 
-# --------------------------------------------------------------------------- against the emulator
+# --- against the emulator ---------------------------------------------------------------------------------------------
 
 
 @pytest.fixture
