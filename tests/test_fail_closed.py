@@ -1,4 +1,4 @@
-"""Issue 12: one bad input never stops, freezes or fails anyone else's work (items 2-7), against real services."""
+"""Fail closed: one bad input never stops, freezes or fails anyone else's work, against real services."""
 
 from __future__ import annotations
 
@@ -81,7 +81,7 @@ def foreign_ready_label(number: int = 7) -> bytes:
 
 
 async def test_an_event_for_another_repository_reaches_no_handler_and_is_recorded_ignored(start: Started) -> None:
-    """Issue 12.2: org- and system-level hooks send every repository's events; only the served one acts."""
+    """Org- and system-level hooks send every repository's events; only the served one acts."""
     calls: list[str] = []
     service, client = await start(router=recording_router(calls))
     body = foreign_ready_label()
@@ -138,7 +138,7 @@ async def test_a_forced_replay_of_an_ignored_delivery_is_checked_again(start: St
 
 
 async def test_an_unroutable_action_is_parked_failed_and_every_loop_lives(start: Started) -> None:
-    """Issue 12.3: `"action": []` used to raise outside the handler isolation and kill each loop in turn."""
+    """`"action": []` used to raise outside the handler isolation and kill each loop in turn."""
     calls: list[str] = []
     service, client = await start(router=recording_router(calls))
     for i in range(service.settings.worker.concurrency * 2):
@@ -163,7 +163,7 @@ async def test_an_unroutable_action_is_parked_failed_and_every_loop_lives(start:
 async def test_a_settling_commit_that_fails_is_retried_and_the_loop_lives(
     start: Started, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Issue 12.3: a failed settle commit (disk full) used to kill its loop for good."""
+    """A failed settle commit (disk full) used to kill its loop for good."""
     service, client = await start()
     real_finish = DeliveryStore.finish
     failures = {"left": 3}
@@ -186,7 +186,7 @@ async def test_a_settling_commit_that_fails_is_retried_and_the_loop_lives(
 
 
 async def test_a_real_serve_survives_unroutable_deliveries(tmp_path: Path) -> None:
-    """Issue 12.3 against a real `foreman serve`: bad deliveries beside good ones; /readyz stays 200."""
+    """Against a real `foreman serve`: bad deliveries beside good ones; /readyz stays 200."""
     proc = ServeProcess(tmp_path, module="bot")
     await proc.start("serve", "--config", str(proc.config))
     try:
@@ -221,7 +221,7 @@ async def test_a_real_serve_survives_unroutable_deliveries(tmp_path: Path) -> No
 
 
 async def test_a_bad_header_beside_valid_deliveries_fails_only_itself(tmp_path: Path) -> None:
-    """Issue 12.4: a non-UTF-8 X-Gitea-Event beside valid deliveries used to fail the whole group commit."""
+    """A non-UTF-8 X-Gitea-Event beside valid deliveries used to fail the whole group commit."""
     proc = ServeProcess(tmp_path, module="bot")
     await proc.start("serve", "--config", str(proc.config))
     try:
@@ -290,7 +290,7 @@ def _hostile_heading(size: int) -> str:
 
 
 def test_the_heading_check_is_linear_in_the_line() -> None:
-    """Issue 12.5: the ATX closing-sequence regex was quadratic (48 KB held the loop ~18 s).
+    """The ATX closing-sequence regex was quadratic (48 KB held the loop ~18 s).
 
     A ratio, not a time: 16x the input may cost at most ~4x of 16x (quadratic would be 256x)."""
     def cost(size: int) -> float:
@@ -307,7 +307,7 @@ def test_the_heading_check_is_linear_in_the_line() -> None:
 
 
 async def test_a_hostile_comment_does_not_freeze_a_real_serve(tmp_path: Path) -> None:
-    """Issue 12.5 against a real `foreman serve`: a 48 KB hostile comment; /healthz answers throughout."""
+    """Against a real `foreman serve`: a 48 KB hostile comment; /healthz answers throughout."""
     proc = ServeProcess(tmp_path, module="bot")
     await proc.start("serve", "--config", str(proc.config))
     try:
@@ -340,7 +340,7 @@ async def test_a_hostile_comment_does_not_freeze_a_real_serve(tmp_path: Path) ->
 
 
 async def test_unsigned_requests_never_mint_metric_series(start: Started) -> None:
-    """Issue 12.6: labels came from unsigned headers (3,000 requests, 3,000 series; `\\xff` broke /metrics)."""
+    """Labels came from unsigned headers (3,000 requests, 3,000 series; `\\xff` broke /metrics)."""
     _service, client = await start()
     before = (await (await client.get("/metrics")).read()).count(b"\n")
     for i in range(300):
@@ -390,7 +390,7 @@ def _signed(body: bytes, **extra: str) -> dict[str, str]:
          "surrogate-key", "not-utf8"],
 )
 async def test_hostile_json_gets_a_typed_400(start: Started, body: bytes, error: str) -> None:
-    """Issue 12.7: deep nesting, huge integers, NaN/Infinity gave 500s or were accepted."""
+    """Deep nesting, huge integers, NaN/Infinity gave 500s or were accepted."""
     service, client = await start()
     resp = await client.post("/webhook", data=body, headers=_signed(body))
     assert resp.status == 400
@@ -423,7 +423,7 @@ async def test_a_content_encoding_on_a_plain_body_is_refused_typed(start: Starte
 
 
 def test_a_comment_past_the_length_bound_is_refused_unread() -> None:
-    """Issue 12.5: untrusted text is parsed only as far as needed; a huge comment is not read at all."""
+    """Untrusted text is parsed only as far as needed; a huge comment is not read at all."""
     block = f"## {HEADING_TEXT}\nSTATE: ready\n"
     result = parse_comment("x" * MAX_COMMENT_CHARS + "\n" + block)
     assert result.block_count == 0 and result.current is None
@@ -440,7 +440,7 @@ def test_a_comment_with_too_many_blocks_is_refused() -> None:
 
 
 async def test_readyz_is_503_naming_why_when_the_database_cannot_take_a_write(start: Started) -> None:
-    """Issue 12.11: /readyz called a read-only or full database writable."""
+    """/readyz called a read-only or full database writable."""
     service, client = await start()
     assert (await client.get("/readyz")).status == 200
     service.settings.database.path.chmod(0o400)
@@ -462,7 +462,7 @@ async def test_readyz_is_503_naming_why_when_the_database_cannot_take_a_write(st
 
 
 async def test_a_pass_that_raises_does_not_end_its_loop(start: Started, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Issue 12.3: whatever one pass of a loop raises (here: reading finished handlers), the loop lives on."""
+    """Whatever one pass of a loop raises (here: reading finished handlers), the loop lives on."""
     calls: list[str] = []
     service, client = await start(router=recording_router(calls))
     real = DeliveryStore.done_handlers
@@ -485,7 +485,7 @@ async def test_a_pass_that_raises_does_not_end_its_loop(start: Started, monkeypa
 async def test_a_retried_settle_runs_the_handler_once_and_records_its_result_first(
     start: Started, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Issue 12.3: the settle commit is retried (not left to the reaper), and before the retry the handler's
+    """The settle commit is retried (not left to the reaper), and before the retry the handler's
     result is recorded on its own, so a shutdown during the retries never runs a finished handler again."""
     calls: list[str] = []
     service, client = await start(router=recording_router(calls))
@@ -541,7 +541,7 @@ async def test_each_loop_claims_under_its_own_id(start: Started) -> None:
 
 
 async def test_a_body_with_too_many_values_is_refused_before_parsing(start: Started) -> None:
-    """Issue 12.5: parsing costs per value: 5 MB of `[],` held the loop ~0.5 s. Gitea sends a few hundred."""
+    """Parsing costs per value: 5 MB of `[],` held the loop ~0.5 s. Gitea sends a few hundred."""
     service, client = await start()
     for body in (b"[" + b",".join([b"[]"] * 60_000) + b"]", b'{"a": [' + b",".join([b"1"] * 150_000) + b"]}"):
         resp = await client.post("/webhook", data=body, headers=_signed(body))
@@ -550,7 +550,7 @@ async def test_a_body_with_too_many_values_is_refused_before_parsing(start: Star
 
 
 async def test_every_kept_header_must_be_printable_utf8(start: Started) -> None:
-    """Issue 12.4: not only X-Gitea-Event: any header stored with the delivery (X-Gitea-Event-Type, User-Agent)."""
+    """Not only X-Gitea-Event: any header stored with the delivery (X-Gitea-Event-Type, User-Agent)."""
     _service, client = await start()
     body = payload()
     for name in (b"X-Gitea-Event-Type", b"User-Agent", b"X-Gitea-Hook-Installation-Target-Type"):
@@ -584,7 +584,7 @@ def test_the_comment_bound_is_64_kib() -> None:
 
 @pytest.mark.parametrize(("argument", "value"), [("owner", "author-1\n"), ("owner", "author-1\r")])
 def test_a_trailing_line_break_is_not_part_of_a_login(argument: str, value: str) -> None:
-    """Issue 12.8: `$` in a Python pattern also matches before a final newline; the schema must not."""
+    """`$` in a Python pattern also matches before a final newline; the schema must not."""
     from bot.core.verbs import VERBS
 
     _, problems = VERBS["allocate_next_work"].check_arguments({argument: value})

@@ -1,5 +1,4 @@
-"""Issue state from comment and label events (issue 3, requirements 4-6): the pure rules, then real signed
-deliveries from the Gitea emulator through intake, the worker and the handlers."""
+"""Issue state from comment and label events: the pure rules, then real signed deliveries through the handlers."""
 
 from __future__ import annotations
 
@@ -440,7 +439,7 @@ async def test_two_status_labels_are_a_blocker_and_sync_holds_until_resolved(wor
 
 
 async def test_a_status_label_the_repository_lacks_ends_as_label_missing(world: World) -> None:
-    """Requirement 6 / issue 4.3: Gitea ignores an unknown label name; the outbox read-back catches it, the
+    """Requirement 6: Gitea ignores an unknown label name; the outbox read-back catches it, the
     entry ends verification_failed, the issue records label_missing, and the old status label stays."""
     emu = world.live.emulator
     del emu.repo(OWNER, REPO).labels[world.label_id("status:blocked")]

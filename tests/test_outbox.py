@@ -85,7 +85,7 @@ def comment_intent(key: str, number: int = 1, summary: str = "Leased issue #1 to
 
 
 async def test_a_comment_is_posted_read_back_and_recorded(rig: Rig) -> None:
-    """Issue 4.1/4.3: an entry is posted, read back (exact body) and recorded done with the comment id."""
+    """An entry is posted, read back (exact body) and recorded done with the comment id."""
     intent = comment_intent("lease-1")
     assert await rig.store.add(intent)
     await rig.drain()
@@ -97,7 +97,7 @@ async def test_a_comment_is_posted_read_back_and_recorded(rig: Rig) -> None:
 
 
 async def test_the_same_cause_processed_twice_posts_one_comment(rig: Rig) -> None:
-    """Issue 4.2: a delivery processed twice enqueues the same key twice: one entry, one comment."""
+    """A delivery processed twice enqueues the same key twice: one entry, one comment."""
     async with rig.db.transaction() as conn:
         assert await enqueue(conn, comment_intent("dup-1"))
     async with rig.db.transaction() as conn:
@@ -107,7 +107,7 @@ async def test_the_same_cause_processed_twice_posts_one_comment(rig: Rig) -> Non
 
 
 async def test_an_intent_rolls_back_with_its_cause(rig: Rig) -> None:
-    """Issue 4.1: the entry is written in the same transaction as its cause; a failed cause leaves nothing."""
+    """The entry is written in the same transaction as its cause; a failed cause leaves nothing."""
     with pytest.raises(RuntimeError):
         async with rig.db.transaction() as conn:
             await enqueue(conn, comment_intent("rolled-back"))
@@ -116,7 +116,7 @@ async def test_an_intent_rolls_back_with_its_cause(rig: Rig) -> None:
 
 
 async def test_a_lost_answer_after_gitea_stored_the_comment_is_adopted_not_reposted(rig: Rig) -> None:
-    """Issue 4.2: Gitea stores the comment but the answer is lost; the retry finds the marker and adopts it."""
+    """Gitea stores the comment but the answer is lost; the retry finds the marker and adopts it."""
     rig.live.emulator.faults.drop_after_store("POST", COMMENTS)
     await rig.store.add(comment_intent("lost-1"))
     await rig.drain()
@@ -128,7 +128,7 @@ async def test_a_lost_answer_after_gitea_stored_the_comment_is_adopted_not_repos
 
 
 async def test_a_sender_that_died_between_post_and_commit_is_adopted_by_the_next(rig: Rig) -> None:
-    """Issue 4.2: the claim is committed, the comment posted, then the sender dies; the next one adopts it."""
+    """The claim is committed, the comment posted, then the sender dies; the next one adopts it."""
     await rig.store.add(comment_intent("crash-1"))
     [head] = await rig.store.due_heads(claim_ttl_s=60, limit=10)
     claimed = await rig.store.claim(head, "dead-sender")
@@ -143,7 +143,7 @@ async def test_a_sender_that_died_between_post_and_commit_is_adopted_by_the_next
 
 
 async def test_a_changed_body_is_rewritten_once_then_verified(rig: Rig) -> None:
-    """Issue 4.3: a read-back that differs is retried (written again) and then verified."""
+    """A read-back that differs is retried (written again) and then verified."""
     rig.live.emulator.faults.alter_stored("POST", COMMENTS, suffix="\n(edited by someone)")
     intent = comment_intent("heal-1")
     await rig.store.add(intent)
@@ -156,7 +156,7 @@ async def test_a_changed_body_is_rewritten_once_then_verified(rig: Rig) -> None:
 async def test_a_body_that_keeps_changing_is_recorded_as_verification_failed_with_both_versions(
     rig: Rig, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Issue 4.3/4.6: a persistent mismatch ends as verification_failed with both versions, shown by the CLI."""
+    """A persistent mismatch ends as verification_failed with both versions, shown by the CLI."""
     rig.live.emulator.faults.alter_stored("POST", COMMENTS, suffix=" [x]")
     rig.live.emulator.faults.alter_stored("PATCH", COMMENT, suffix=" [x]", times=10)
     intent = comment_intent("bad-1")
@@ -185,7 +185,7 @@ async def test_a_body_that_keeps_changing_is_recorded_as_verification_failed_wit
 
 
 async def test_entries_of_one_issue_are_sent_in_order(rig: Rig) -> None:
-    """Issue 4.6: one issue's entries go out in order, even when the first one needs a retry."""
+    """One issue's entries go out in order, even when the first one needs a retry."""
     rig.live.emulator.faults.fail("POST", COMMENTS, status=503, times=1)
     keys = [f"order-{i}" for i in range(4)]
     for key in keys:
@@ -195,7 +195,7 @@ async def test_entries_of_one_issue_are_sent_in_order(rig: Rig) -> None:
 
 
 async def test_a_poisoned_entry_parks_and_holds_back_only_its_own_issue(rig: Rig) -> None:
-    """Issue 4.6: a 4xx parks the entry; later entries of that issue wait, other issues go on."""
+    """A 4xx parks the entry; later entries of that issue wait, other issues go on."""
     rig.live.emulator.faults.fail("POST", COMMENTS, status=422, times=1)
     await rig.store.add(comment_intent("poison", number=1))
     await rig.store.add(comment_intent("after-poison", number=1))
@@ -211,7 +211,7 @@ async def test_a_poisoned_entry_parks_and_holds_back_only_its_own_issue(rig: Rig
 
 
 async def test_label_changes_are_applied_and_verified(rig: Rig) -> None:
-    """Issue 4.3: a label change is verified by reading the issue's labels back."""
+    """A label change is verified by reading the issue's labels back."""
     rig.live.emulator.add_labels(OWNER, REPO, 1, ["status/ready"], actor="alice")
     intent = OutboxIntent("labels-1", 1, "labels", {"add": ["status/in-progress", "bug"], "remove": ["status/ready"]})
     await rig.store.add(intent)
@@ -229,7 +229,7 @@ async def test_label_changes_are_applied_and_verified(rig: Rig) -> None:
 
 
 async def test_an_unknown_label_fails_verification_instead_of_passing_silently(rig: Rig) -> None:
-    """Issue 4.3 / FACTS 5: Gitea ignores unknown label names; the read-back catches it."""
+    """FACTS 5: Gitea ignores unknown label names; the read-back catches it."""
     await rig.store.add(OutboxIntent("labels-2", 1, "labels", {"add": ["no-such-label"], "remove": []}))
     await rig.drain()
     entry = await rig.entry("labels-2")
@@ -237,7 +237,7 @@ async def test_an_unknown_label_fails_verification_instead_of_passing_silently(r
 
 
 async def test_assignee_changes_are_applied_and_verified(rig: Rig) -> None:
-    """Issue 4.3: an assignee change is verified by reading the issue back."""
+    """An assignee change is verified by reading the issue back."""
     await rig.store.add(OutboxIntent("assign-1", 1, "assignees", {"assignees": ["alice"]}))
     await rig.drain()
     entry = await rig.entry("assign-1")
@@ -304,7 +304,7 @@ def test_intents_are_validated_before_they_are_stored() -> None:
 
 
 def test_an_evidence_comment_has_summary_state_json_and_marker_and_no_secrets() -> None:
-    """Issue 4.4: summary paragraph, Canonical Issue State block, collapsed JSON evidence, hidden marker."""
+    """Summary paragraph, Canonical Issue State block, collapsed JSON evidence, hidden marker."""
     body = render_evidence(
         key="lease-42",
         summary="Leased issue #42 to author-1\nfor implementation.",
@@ -322,7 +322,7 @@ def test_an_evidence_comment_has_summary_state_json_and_marker_and_no_secrets() 
 
 
 def test_a_failure_comment_names_the_reason_and_the_exact_next_action() -> None:
-    """Issue 4.5: a refusal comment says what happened and the next action (no shell command)."""
+    """A refusal comment says what happened and the next action (no shell command)."""
     envelope = Envelope(
         error="tracing_gap",
         message="the branch has no commits beyond the base",

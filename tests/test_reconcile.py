@@ -1,5 +1,4 @@
-"""Catch-up (issue 16): the pure plan (bot/core/reconcile.py), the emulator's ``since`` as Gitea's, the command
-claims, and one pass of bot/reconcile.py against the emulator with its API calls counted."""
+"""Catch-up: the pure plan, the emulator's ``since`` as Gitea's, the command claims, one pass against the emulator."""
 
 from __future__ import annotations
 
@@ -176,7 +175,7 @@ async def test_a_command_is_claimed_once_per_comment_and_kept_by_its_own_retries
         await db.close()
 
 
-# --- one pass, calls counted ------------------------------------------------------------------------------------------
+# --- one pass, calls counted; the service wires it --------------------------------------------------------------------
 
 
 @pytest.fixture
@@ -247,9 +246,6 @@ async def test_interval_zero_runs_the_start_pass_only_and_a_failed_read_keeps_th
         row = await cur.fetchone()
     assert row is not None and row[0] == 0  # the timer is off: only the start-up pass ran
     assert reconciler.status.errors_total == 1
-
-
-# --- the service wires it ---------------------------------------------------------------------------------------------
 
 
 async def test_the_service_runs_catch_up_at_start_and_one_auto_allocation_after_each_pass(

@@ -49,7 +49,7 @@ async def _post(client: object, body: bytes, delivery: str) -> int:
 async def test_one_failing_handler_does_not_stop_its_sibling_and_is_retried_alone(
     tmp_path: Path, start: Started
 ) -> None:
-    """Issue 2.4: a handler failure is logged, counted and retried without stopping or repeating siblings."""
+    """A handler failure is logged, counted and retried without stopping or repeating siblings."""
     calls: Counter[str] = Counter()
     settings = make_settings(tmp_path, worker={"max_attempts": 5})
     service, client = await start(settings, build_router(_flaky_router(calls, failures=2)))
@@ -66,7 +66,7 @@ async def test_one_failing_handler_does_not_stop_its_sibling_and_is_retried_alon
 
 
 async def test_a_delivery_that_keeps_failing_is_parked_then_replayed(tmp_path: Path, start: Started) -> None:
-    """Issue 2.4: failed deliveries retry with backoff, park as failed with the error, and can be replayed."""
+    """Failed deliveries retry with backoff, park as failed with the error, and can be replayed."""
     calls: Counter[str] = Counter()
     settings = make_settings(tmp_path, worker={"max_attempts": 3})
     service, client = await start(settings, build_router(_flaky_router(calls, failures=3)))
@@ -85,7 +85,7 @@ async def test_a_delivery_that_keeps_failing_is_parked_then_replayed(tmp_path: P
 
 
 async def test_racing_workers_process_each_delivery_exactly_once(tmp_path: Path, start: Started) -> None:
-    """Issue 2.4: several worker loops claim concurrently; conditional claims give each delivery one run."""
+    """Several worker loops claim concurrently; conditional claims give each delivery one run."""
     seen: Counter[str] = Counter()
     router = routing.Router()
 
@@ -104,7 +104,7 @@ async def test_racing_workers_process_each_delivery_exactly_once(tmp_path: Path,
 
 
 def test_backoff_grows_exponentially_with_jitter_and_is_capped() -> None:
-    """Issue 2.4: retries back off exponentially, with jitter, never past the ceiling."""
+    """Retries back off exponentially, with jitter, never past the ceiling."""
     rng = random.Random(7)
     for attempt in range(1, 12):
         ceiling = min(30.0, 1.0 * 2 ** (attempt - 1))
@@ -134,12 +134,12 @@ def _seed_failed_delivery(db_path: Path) -> None:
 def test_cli_lists_failed_deliveries_and_replays_one(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Issue 2.4: `foreman deliveries --status failed` shows parked deliveries; `foreman replay ID` requeues."""
+    """`foreman deliveries --status failed` shows parked deliveries; `foreman replay ID` requeues."""
     settings = make_settings(tmp_path)
     _seed_failed_delivery(settings.database.path)
     monkeypatch.setenv("FOREMAN_DATABASE__PATH", str(settings.database.path))
     monkeypatch.setenv("FOREMAN_WEBHOOK__SECRETS", json.dumps([SECRET]))
-    empty = tmp_path / "empty.toml"  # a missing config file now refuses (issue 12.11); the environment sets all
+    empty = tmp_path / "empty.toml"  # a missing config file now refuses; the environment sets all
     empty.write_text("", encoding="utf-8")
     monkeypatch.setenv("FOREMAN_CONFIG", str(empty))
     assert main(["deliveries", "--status", "failed", "--json"]) == 0
