@@ -20,8 +20,7 @@ from multidict import CIMultiDict
 
 from bot.core.canonical import HEADING_TEXT, parse_comment
 from bot.core.intake import KNOWN_EVENTS, Delivery, Rejection, admit
-from tests.support import SECRET, payload, sign
-from tests.test_fail_closed import raw_post
+from tests.support import SECRET, payload, raw_post, sign
 from tests.test_process import ServeProcess
 
 SEED = 20261201

@@ -13,8 +13,7 @@ from pathlib import Path
 
 import aiohttp
 
-from tests.support import payload
-from tests.test_fail_closed import raw_post, signed_headers
+from tests.support import payload, raw_post, signed_headers
 from tests.test_process import ServeProcess
 
 DELIVERIES = 2_000
