@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import time
 from dataclasses import dataclass, field
@@ -11,11 +12,11 @@ from typing import TYPE_CHECKING, Any
 
 import aiohttp
 from aiohttp import web
-from gidgethub import routing
 
 from bot.config import Settings
-from bot.core.dispatch import served_names
+from bot.core.dispatch import OrderedRouter, served_names
 from bot.core.intake import Delivery, Rejection, admit, content_encoding_refusal, is_self_event, metric_event
+from bot.handler_deps import HandlerDeps
 from bot.metrics import LoopLagMonitor, Metrics
 from bot.worker import Worker
 from state.db import Database, DatabaseNotWritable
@@ -24,7 +25,7 @@ from state.outbox import OutboxStore
 
 if TYPE_CHECKING:
     from bot.gitea import GiteaClient
-    from bot.outbox import OutboxSender
+    from bot.outbox import OutboxHooks, OutboxSender
     from bot.reconcile import Reconciler
 
 log = logging.getLogger("foreman.app")
@@ -120,13 +121,13 @@ class Service:
     """Everything one running instance owns; started and stopped as a unit."""
 
     settings: Settings
-    router: routing.Router
+    router: OrderedRouter
     db: Database
     metrics: Metrics = field(default_factory=Metrics)
     gitea_status: GiteaStatus = field(default_factory=GiteaStatus)
     http: aiohttp.ClientSession | None = None
     gitea: GiteaClient | None = None
-    extra_deps: dict[str, Any] = field(default_factory=dict)
+    outbox_hooks: OutboxHooks | None = None
 
     def __post_init__(self) -> None:
         self.store = DeliveryStore(self.db)
@@ -148,8 +149,15 @@ class Service:
         self._probe_task: asyncio.Task[None] | None = None
         self._recovery_task: asyncio.Task[None] | None = None
 
-    def _deps(self) -> dict[str, Any]:
-        return {"settings": self.settings, "db": self.db, "service": self, "outbox": self.outbox, **self.extra_deps}
+    def _deps(self) -> HandlerDeps:
+        """What the handlers may use, never this Service (the Gitea client joins in start())."""
+        return HandlerDeps(
+            settings=self.settings,
+            db=self.db,
+            bot_login=lambda: self.bot_login or "",
+            outbox_wakeup=self.outbox_wakeup,
+            gitea=self.gitea,
+        )
 
     def outbox_wakeup(self) -> None:
         """Tell the sender that new outbox entries were committed (it also polls)."""
@@ -164,7 +172,7 @@ class Service:
             self.http = aiohttp.ClientSession()
             self.gitea = client_for(self.http, self.settings)
             assert self.gitea is not None
-            self.worker.deps["gitea"] = self.gitea
+            self.worker.deps = dataclasses.replace(self.worker.deps, gitea=self.gitea)
             self.outbox_sender = self._make_outbox_sender(OutboxSender)
             self.outbox_sender.start()
             self._probe_task = asyncio.create_task(self._probe_loop(), name="gitea-probe")
@@ -225,23 +233,16 @@ class Service:
             log.exception("recovering open worktree bootstraps failed (the next bootstrap of each issue recovers it)")
 
     def _make_outbox_sender(self, sender_class: type[OutboxSender]) -> OutboxSender:
-        """The sender, with hooks that bring verified results back into the issue state (the bot's own label
-        changes and comments come back as ignored_self webhooks, so the issue state learns them here)."""
-        from handlers.issue_state import on_outbox_complete, on_outbox_failure
-        from state.issues import IssueStore
-        from state.outbox import OutboxEntry
-
+        """The sender, with the hooks the composition root passed in (``open_service``: the issue state's)."""
         assert self.gitea is not None
-        issues = IssueStore(self.db)
-
-        async def completed(entry: OutboxEntry, result: dict[str, Any]) -> None:
-            await on_outbox_complete(issues, self.settings, entry, result)
-
-        async def failed(entry: OutboxEntry) -> None:
-            await on_outbox_failure(issues, self.settings, entry)
-
+        hooks = self.outbox_hooks
         return sender_class(
-            self.outbox, self.gitea, self.settings.outbox, self.metrics, on_complete=completed, on_failure=failed
+            self.outbox,
+            self.gitea,
+            self.settings.outbox,
+            self.metrics,
+            on_complete=hooks.on_complete if hooks is not None else None,
+            on_failure=hooks.on_failure if hooks is not None else None,
         )
 
     async def stop(self) -> None:
@@ -287,7 +288,7 @@ class Service:
             await self.probe_gitea()
             await asyncio.sleep(self.settings.gitea.probe_interval_s)
 
-    # --- HTTP ------------------------------------------------------------------------------------------
+    # --- HTTP ---------------------------------------------------------------------------------------------------------
     async def handle_webhook(self, request: web.Request) -> web.Response:
         started = time.perf_counter()
         try:
@@ -436,10 +437,13 @@ class Service:
         return app
 
 
-async def open_service(settings: Settings, router: routing.Router, **extra: Any) -> Service:
+async def open_service(settings: Settings, router: OrderedRouter) -> Service:
+    """The composition root: the service, its handlers' router and the issue state's outbox hooks, wired."""
+    from handlers import outbox_hooks
+
     db = await Database.open(
         settings.database.path,
         synchronous=settings.database.synchronous,
         busy_timeout_ms=settings.database.busy_timeout_ms,
     )
-    return Service(settings=settings, router=router, db=db, extra_deps=extra)
+    return Service(settings=settings, router=router, db=db, outbox_hooks=outbox_hooks(db, settings))

@@ -18,10 +18,10 @@ from pathlib import Path
 from typing import Any
 
 from aiohttp import web
-from gidgethub import routing
 
 from bot import logs
 from bot.config import ConfigError, Settings, ensure_webhook_secret, load_settings
+from bot.core.dispatch import OrderedRouter
 from bot.core.vocabulary import MAX_ISSUE_NUMBER, is_issue_number
 from state.db import Database
 from state.deliveries import STATUSES, DeliveryStore
@@ -54,7 +54,7 @@ def _refused(exc: LookupError | ValueError, *, listing: str) -> int:
 
 
 # --- serve ---------------------------------------------------------------------------------------------
-async def serve(settings: Settings, router: routing.Router | None = None) -> int:
+async def serve(settings: Settings, router: OrderedRouter | None = None) -> int:
     """Run the service until SIGTERM/SIGINT, then shut down gracefully."""
     from bot.app import RUNNER_OPTIONS, open_service
     from handlers import build_router

@@ -7,14 +7,14 @@ import contextlib
 import logging
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, Protocol
 
 from bot.config import OutboxConfig
 from bot.core.evidence import find_marker
-from bot.gitea import Comment, GiteaClient, GiteaError, GiteaNotFound, GiteaUnavailable, Issue, refusal_text
+from bot.gitea import Comment, GiteaError, GiteaNotFound, GiteaUnavailable, Issue, Label, refusal_text
 from bot.metrics import Metrics
 from bot.worker import backoff_delay
 from state.db import utcnow
@@ -26,6 +26,42 @@ log = logging.getLogger("foreman.outbox")
 CompletionHook = Callable[[OutboxEntry, dict[str, Any]], Awaitable[None]]
 #: Called with the entry as stored after it ended ``verification_failed`` or ``parked`` (until an operator retries).
 FailureHook = Callable[[OutboxEntry], Awaitable[None]]
+
+
+@dataclass(frozen=True, slots=True)
+class OutboxHooks:
+    """Who learns what the sender settled: passed in by the composition root (the sender knows no feature)."""
+
+    on_complete: CompletionHook | None = None
+    on_failure: FailureHook | None = None
+
+
+class OutboxGitea(Protocol):
+    """The Gitea calls the sender makes, writes and their read-backs (bot.gitea.GiteaClient provides them)."""
+
+    owner: str
+
+    async def list_issue_comments(self, number: int) -> list[Comment]: ...
+
+    async def create_comment(self, number: int, body: str) -> Comment: ...
+
+    async def get_comment(self, comment_id: int) -> Comment: ...
+
+    async def edit_comment(self, comment_id: int, body: str) -> Comment: ...
+
+    async def get_issue(self, number: int) -> Issue: ...
+
+    async def list_issue_labels(self, number: int) -> list[Label]: ...
+
+    async def add_labels(self, number: int, labels: Sequence[int] | Sequence[str]) -> list[Label]: ...
+
+    async def remove_label(self, number: int, label_id: int) -> None: ...
+
+    async def list_repo_labels(self) -> list[Label]: ...
+
+    async def list_org_labels(self, org: str) -> list[Label]: ...
+
+    async def set_assignees(self, number: int, logins: Sequence[str]) -> Issue: ...
 
 
 class VerificationMismatch(Exception):
@@ -79,7 +115,7 @@ class OutboxSender:
     def __init__(
         self,
         store: OutboxStore,
-        gitea: GiteaClient,
+        gitea: OutboxGitea,
         config: OutboxConfig,
         metrics: Metrics,
         *,
@@ -217,7 +253,7 @@ class OutboxSender:
         delay = backoff_delay(entry.attempts, base_s=self.config.backoff_base_s, max_s=self.config.backoff_max_s)
         await self.store.retry_later(entry, error=error, next_attempt_at=utcnow() + timedelta(seconds=delay))
 
-    # --- per kind: write, then read back and compare ----------------------------------------------------
+    # --- per kind: write, then read back and compare ------------------------------------------------------------------
     async def send(self, entry: OutboxEntry) -> _Sent:
         if entry.kind == "comment":
             return await self._comment(entry)

@@ -1,21 +1,4 @@
-"""Catch-up (issue 16): Gitea delivers each webhook once and never retries, so whatever changed while no webhook
-reached the service (a restart, a crash, a network split) is read back from Gitea and fed through the same
-handlers, as synthetic deliveries in the inbox.
-
-A pass (at start, then every ``[reconcile] interval_s``): Gitea's clock (``GET /version``'s ``Date``), the issues
-and pull requests updated since the watermark minus ``overlap_s``, the repository's comments updated since then
-(both paged, 50 a page), and what the service already holds; bot.core.reconcile plans the synthetic deliveries
-(deterministic ids ``reconcile:issue:<n>:<updated_at>`` and ``reconcile:comment:<id>:<updated_at>``, a
-``foreman_reconcile`` body field and an ``X-Foreman-Reconcile`` header). They go into the inbox like webhooks
-do, so the worker's served-repository check, every handler's isolation, retries and the once-per-effect guards
-(command claims, issue snapshots ordered by ``updated_at``) apply unchanged. Issue events are fed (and settled)
-before comment events, so a comment is handled against the labels it was written under.
-
-A read that fails (Gitea down: the client's retries exhausted) ends the pass with an error, the watermark where
-it was; the next interval reads the same window again. Nothing here holds the event loop: every page is awaited
-and the planning yields between chunks. After each pass, one auto-allocation (``trigger="catch_up"``) lets an
-expired lease free its author.
-"""
+"""Catch-up: what changed in Gitea while no webhook reached the service is read back and fed through the inbox."""
 
 from __future__ import annotations
 
@@ -101,7 +84,16 @@ class ReconcileStatus:
 
 
 class Reconciler:
-    """Runs the passes for the configured repository; one at a time."""
+    """Runs the passes for the configured repository; one at a time (docs/operating.md "Catch-up").
+
+    Gitea delivers each webhook once and never retries. A pass (at start, then every ``interval_s``) reads Gitea's
+    clock, the issues and pull requests and the repository's comments updated since the watermark minus
+    ``overlap_s`` (paged), and what the service holds; bot.core.reconcile plans synthetic deliveries that go into
+    the inbox like webhooks, so the served-repository check, handler isolation, retries and the once-per-effect
+    guards apply unchanged. Issue events are fed (and settled) before comment events, so a comment is handled
+    against the labels it was written under. A read that fails ends the pass with the watermark where it was.
+    After each pass ``after_pass`` runs (one auto-allocation, so an expired lease frees its author).
+    """
 
     def __init__(
         self,
@@ -137,7 +129,7 @@ class Reconciler:
         self._tasks: list[asyncio.Task[None]] = []
         self._stopping = asyncio.Event()
 
-    # --- lifecycle -----------------------------------------------------------------------------------------
+    # --- lifecycle ----------------------------------------------------------------------------------------------------
     async def start(self) -> None:
         """Log the down window, then run the start-up pass and the timer in the background."""
         last_alive = await self.passes.last_alive(self.repo)
@@ -188,7 +180,7 @@ class Reconciler:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stopping.wait(), timeout=self.interval_s)
 
-    # --- one pass -------------------------------------------------------------------------------------------
+    # --- one pass -----------------------------------------------------------------------------------------------------
     async def run_pass(self, *, trigger: str) -> ReconcilePass | None:
         async with self._lock:
             self.status.running = True

@@ -10,15 +10,16 @@ import random
 import time
 import uuid
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, TypeVar
+from typing import Any
 
-from gidgethub import routing, sansio
+from gidgethub import sansio
 
 from bot.config import WorkerConfig
-from bot.core.dispatch import Refusal, refuse_dispatch
+from bot.core.dispatch import OrderedRouter, Refusal, refuse_dispatch
 from bot.core.intake import metric_event
+from bot.handler_deps import HandlerDeps
 from bot.logs import delivery_var
 from bot.metrics import Metrics
 from state.db import utcnow
@@ -27,36 +28,17 @@ from state.deliveries import DeliveryStore, StoredDelivery
 log = logging.getLogger("foreman.worker")
 
 
-@dataclass
+@dataclass(frozen=True, slots=True)
 class HandlerContext:
     """What a handler gets besides the event: dependencies arrive here, never as imported globals."""
 
     delivery: StoredDelivery
     log: logging.LoggerAdapter[logging.Logger]
-    deps: dict[str, Any] = field(default_factory=dict)
-
-
-Handler = Callable[[sansio.Event, HandlerContext], Awaitable[None]]
+    deps: HandlerDeps
 
 
 def handler_name(callback: Callable[..., Any]) -> str:
     return f"{callback.__module__}.{callback.__qualname__}"
-
-
-_RECORDS_FIRST = "_foreman_records_first"
-_H = TypeVar("_H", bound=Callable[..., Any])
-
-
-def records_first(handler: _H) -> _H:
-    """Mark a handler that records what Gitea said (the issue state): it runs before the handlers of the same
-    delivery that act on it, whatever their names (they run in name order otherwise), so an action never races
-    ahead of the observation it stands on."""
-    setattr(handler, _RECORDS_FIRST, True)
-    return handler
-
-
-def handler_order(callback: Callable[..., Any]) -> tuple[int, str]:
-    return (0 if getattr(callback, _RECORDS_FIRST, False) else 1, handler_name(callback))
 
 
 def backoff_delay(attempt: int, *, base_s: float, max_s: float, rng: random.Random | None = None) -> float:
@@ -71,11 +53,11 @@ class Worker:
     def __init__(
         self,
         store: DeliveryStore,
-        router: routing.Router,
+        router: OrderedRouter,
         config: WorkerConfig,
         metrics: Metrics,
         *,
-        deps: dict[str, Any] | None = None,
+        deps: HandlerDeps,
         served: frozenset[str] = frozenset(),
     ) -> None:
         self.store = store
@@ -83,7 +65,8 @@ class Worker:
         self.router = router
         self.config = config
         self.metrics = metrics
-        self.deps = deps if deps is not None else {}
+        #: Replaced (never mutated) by the composition root when the Gitea client exists, before start().
+        self.deps = deps
         self.worker_id = f"worker-{uuid.uuid4().hex[:12]}"
         self.wakeup = asyncio.Event()
         self.last_tick = time.monotonic()
@@ -93,7 +76,7 @@ class Worker:
         #: Deliveries whose settling commit is being retried (pk -> since when, epoch seconds).
         self.settles_retrying: dict[int, float] = {}
 
-    # --- lifecycle -------------------------------------------------------------------------------------
+    # --- lifecycle ----------------------------------------------------------------------------------------------------
     def start(self) -> None:
         self._tasks = [
             asyncio.create_task(self._loop(i), name=f"{self.worker_id}-{i}") for i in range(self.config.concurrency)
@@ -122,7 +105,15 @@ class Worker:
                 await task
         self._tasks = []
 
-    # --- loops -----------------------------------------------------------------------------------------
+    # --- loops --------------------------------------------------------------------------------------------------------
+    def _pause_after(self, failures: int) -> float:
+        """The pause after a failed pass of a loop or a failed settle: a quarter of a delivery's backoff."""
+        return backoff_delay(failures, base_s=self.config.backoff_base_s / 4, max_s=self.config.backoff_max_s)
+
+    def _beat_s(self) -> float:
+        """The period of claim heartbeats and reaper passes: three in each claim's time to live."""
+        return max(0.05, self.config.claim_ttl_s / 3)
+
     async def _loop(self, index: int) -> None:
         """One drain loop. It never dies: whatever one pass raises is logged, counted and backed off from."""
         failures = 0
@@ -136,7 +127,7 @@ class Worker:
                 failures += 1
                 self.metrics.worker_loop_errors.inc()
                 log.exception("worker loop %d: a pass failed (%d in a row); backing off", index, failures)
-                delay = backoff_delay(failures, base_s=self.config.backoff_base_s / 4, max_s=self.config.backoff_max_s)
+                delay = self._pause_after(failures)
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._stopping.wait(), timeout=delay)
 
@@ -183,17 +174,17 @@ class Worker:
             except Exception:
                 log.exception("reaper pass failed")
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._stopping.wait(), timeout=max(0.05, self.config.claim_ttl_s / 3))
+                await asyncio.wait_for(self._stopping.wait(), timeout=self._beat_s())
 
     async def _heartbeat(self, pk: int, owner: str) -> None:
         while True:
-            await asyncio.sleep(max(0.05, self.config.claim_ttl_s / 3))
+            await asyncio.sleep(self._beat_s())
             try:
                 await self.store.heartbeat(pk, owner)
             except Exception:  # the next beat tries again; a lapsed claim is only run again, never lost
                 log.warning("heartbeat of delivery %d failed", pk, exc_info=True)
 
-    # --- one delivery ----------------------------------------------------------------------------------
+    # --- one delivery -------------------------------------------------------------------------------------------------
     async def _process(self, delivery: StoredDelivery, owner: str) -> None:
         token = delivery_var.set(delivery.delivery_id)
         started = time.perf_counter()
@@ -274,9 +265,7 @@ class Worker:
                             await on_failure()
                     if self._stopping.is_set():
                         return
-                    delay = backoff_delay(
-                        attempt, base_s=self.config.backoff_base_s / 4, max_s=self.config.backoff_max_s
-                    )
+                    delay = self._pause_after(attempt)
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(self._stopping.wait(), timeout=delay)
         finally:
@@ -286,7 +275,8 @@ class Worker:
     async def run_handlers(
         self, delivery: StoredDelivery, payload: Any = None
     ) -> tuple[dict[str, str | None], dict[str, str | None]]:
-        """Run every matching handler not yet done for this delivery; one failure never stops the others.
+        """Run every matching handler not yet done for this delivery, in the router's declared order; one failure
+        never stops the others.
 
         Returns (every result of this run, the results not yet recorded): handler → error (None: done). Each
         result is recorded as soon as a later sibling is about to run (so a crash never repeats a finished
@@ -300,7 +290,7 @@ class Worker:
         results: dict[str, str | None] = {}
         pending: dict[str, str | None] = {}
         try:
-            callbacks = sorted(self.router.fetch(event), key=handler_order)
+            callbacks = self.router.handlers_for(event)
         except Exception as exc:  # refuse_dispatch checks the routed fields first; this is the net behind it
             name = "router.fetch"
             message = f"undispatchable: {type(exc).__name__}: {exc}"[:2000]

@@ -1,24 +1,17 @@
-"""Issue state feature: comment and label events drive each issue's Canonical Issue State, trust and label sync.
-
-Label sync never calls Gitea from here: the store queues the change as an outbox entry in the transaction
-that changed the state or the labels (issue 4), and the outbox sender sends and verifies it. The sender's
-hooks (``on_outbox_complete``, ``on_outbox_failure``, wired in ``bot.app``) bring the results back: the
-verified label set becomes the stored snapshot, and the bot's own Canonical Issue State comments become
-comment records, because the bot's own webhooks are recorded as ``ignored_self`` and never dispatched.
-"""
+"""Issue state: comment and label events drive each issue's Canonical Issue State, trust and label sync."""
 
 from __future__ import annotations
 
 import logging
-import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-from gidgethub import routing, sansio
+from gidgethub import sansio
 
 from bot.config import Settings
 from bot.core.canonical import ParseResult, parse_comment
+from bot.core.dispatch import OrderedRouter
 from bot.core.issue_state import (
     NO_BLOCK,
     CommentAction,
@@ -36,60 +29,34 @@ from bot.core.trust import (
     unseen_membership_reason,
 )
 from bot.core.vocabulary import label_for_state
-from bot.worker import HandlerContext, records_first
-from state.db import to_db_time, utcnow
+from bot.handler_deps import PermissionCache
+from bot.outbox import OutboxHooks
+from bot.worker import HandlerContext
+from state.db import Database, to_db_time, utcnow
 from state.issues import IssueStore
 from state.outbox import OutboxEntry
 
+if TYPE_CHECKING:
+    from bot.gitea import Team
+
 log = logging.getLogger("foreman.issue_state")
 
-router = routing.Router()
+router = OrderedRouter()
 
 #: Gitea permissions that may set an issue's state (besides the bot and roster identities).
 WRITE_PERMISSIONS: frozenset[str] = frozenset({"write", "admin", "owner"})
-PERMISSION_TTL_S = 60.0
-_CACHE_DEP = "issue_state.permissions"
 _COMMENT_ACTIONS: tuple[CommentAction, ...] = ("created", "edited", "deleted")
 
 
 class IssueStateGitea(Protocol):
-    """The Gitea call this feature makes itself, a read (bot.gitea.GiteaClient provides it).
-
-    Every write (label sync) goes through the outbox. A client may also offer ``list_repo_teams`` and
-    ``is_team_member`` (bot.gitea.GiteaClient does): then team writers on org repositories are trusted."""
+    """The Gitea reads this feature makes itself (bot.gitea.GiteaClient provides them); every write (label sync)
+    goes through the outbox. The team reads trust team writers on org repositories."""
 
     async def get_user_permission(self, login: str) -> str: ...
 
+    async def list_repo_teams(self) -> list[Team]: ...
 
-class PermissionCache:
-    """Gitea permissions per login for a short while (in-process); only answers are cached, never failures."""
-
-    def __init__(self, ttl_s: float = PERMISSION_TTL_S, clock: Callable[[], float] = time.monotonic) -> None:
-        self.ttl_s = ttl_s
-        self._clock = clock
-        self._entries: dict[str, tuple[float, str]] = {}
-        self._teams: dict[str, tuple[float, Trust]] = {}
-
-    async def permission(self, gitea: IssueStateGitea, login: str) -> str:
-        key = login.lower()
-        now = self._clock()
-        held = self._entries.get(key)
-        if held is not None and now - held[0] < self.ttl_s:
-            return held[1]
-        permission = await gitea.get_user_permission(login)
-        self._entries[key] = (now, permission)
-        return permission
-
-    async def team_trust(self, login: str, compute: Callable[[], Awaitable[Trust]]) -> Trust:
-        """The team answer for a ``read`` login, held as long as a permission (1 + N Gitea reads otherwise)."""
-        key = login.lower()
-        now = self._clock()
-        held = self._teams.get(key)
-        if held is not None and now - held[0] < self.ttl_s:
-            return held[1]
-        trust = await compute()
-        self._teams[key] = (now, trust)
-        return trust
+    async def is_team_member(self, team_id: int, login: str) -> bool: ...
 
 
 def _is_not_found(exc: Exception) -> bool:
@@ -102,18 +69,19 @@ async def author_trust(author: str, ctx: HandlerContext) -> Trust:
     Payload fields such as ``sender.is_admin`` are never consulted. When Gitea cannot answer, the error
     propagates so the worker retries (fail closed: nothing is recorded as trusted meanwhile).
     """
-    settings: Settings = ctx.deps["settings"]
-    service = ctx.deps.get("service")
-    bot_login = getattr(service, "bot_login", None) or settings.gitea.bot_login
+    return await _author_trust(author, ctx.deps.settings, ctx.deps.gitea, ctx.deps.bot_login(), ctx.deps.permissions)
+
+
+async def _author_trust(
+    author: str, settings: Settings, gitea: IssueStateGitea | None, bot_login: str, cache: PermissionCache
+) -> Trust:
     login = author.lower()
     if bot_login and login == bot_login.lower():
         return Trust(True, "bot")
     if login in {name.lower() for name in settings.roster}:
         return Trust(True, "roster")
-    gitea: IssueStateGitea | None = ctx.deps.get("gitea")
     if gitea is None:
         return Trust(False, "no_gitea_client: write permission cannot be checked without gitea.token")
-    cache: PermissionCache = ctx.deps.setdefault(_CACHE_DEP, PermissionCache())
     try:
         permission = await cache.permission(gitea, author)
     except Exception as exc:
@@ -126,24 +94,22 @@ async def author_trust(author: str, ctx: HandlerContext) -> Trust:
 
 
 async def _team_trust(
-    gitea: IssueStateGitea, author: str, permission: str, bot_login: str | None, cache: PermissionCache
+    gitea: IssueStateGitea, author: str, permission: str, bot_login: str, cache: PermissionCache
 ) -> Trust:
     """A ``read`` on an org repository may hide a team's Write on Issues (bot.core.trust): ask the teams.
 
     ``GET /teams/{id}/members/{login}`` answers 404 both for "not a member" and for a caller who may not
     read the team (1.26 reqTeamReadAccess), so a 404 is definitive only when the bot itself is ``owner``
     (site admin or org owner); otherwise the reason says what the bot cannot see. Fail closed either way."""
-    list_teams = getattr(gitea, "list_repo_teams", None)
-    is_member = getattr(gitea, "is_team_member", None)
-    if list_teams is None or is_member is None:
-        return Trust(False, f"permission:{permission}")
-    teams = issue_writing_teams(TeamGrant(t.id, t.name, t.permission, t.units_map) for t in await list_teams())
+    teams = issue_writing_teams(
+        TeamGrant(t.id, t.name, t.permission, t.units_map) for t in await gitea.list_repo_teams()
+    )
     if not teams:
         return Trust(False, f"permission:{permission}")
     unreadable = False
     for team in teams:
         try:
-            if await is_member(team.id, author):
+            if await gitea.is_team_member(team.id, author):
                 return Trust(True, team_reason(team))
         except Exception as exc:
             if getattr(exc, "status", None) != 403:
@@ -156,7 +122,7 @@ async def _team_trust(
     return Trust(False, f"permission:{permission}")
 
 
-# --------------------------------------------------------------------------- payload reading
+# --- payload reading --------------------------------------------------------------------------------------------------
 
 
 class PayloadError(ValueError):
@@ -212,16 +178,15 @@ def _comment_observation(
     )
 
 
-# --------------------------------------------------------------------------- handlers
+# --- handlers ---------------------------------------------------------------------------------------------------------
 
 
 @router.register("issue_comment", action="created")
 @router.register("issue_comment", action="edited")
 @router.register("issue_comment", action="deleted")
-@records_first
 async def on_issue_comment(event: sansio.Event, ctx: HandlerContext) -> None:
     """Record the comment revision (trusted or not, block or not) and recompute the issue's state."""
-    settings: Settings = ctx.deps["settings"]
+    settings = ctx.deps.settings
     data = event.data
     action = data.get("action")
     assert action in _COMMENT_ACTIONS
@@ -246,7 +211,7 @@ async def on_issue_comment(event: sansio.Event, ctx: HandlerContext) -> None:
     except (KeyError, TypeError, ValueError) as exc:
         ctx.log.warning("issue_comment payload skipped: %s", exc)
         return
-    store = IssueStore(ctx.deps["db"])
+    store = IssueStore(ctx.deps.db)
     snapshot = await store.record_comment(observation, issue)
     ctx.log.info(
         "issue #%d comment %d %s: %s (%s); state %s from comment %s",
@@ -266,10 +231,9 @@ async def on_issue_comment(event: sansio.Event, ctx: HandlerContext) -> None:
 @router.register("issues", action="reopened")
 @router.register("issues", action="label_updated")
 @router.register("issues", action="label_cleared")
-@records_first
 async def on_issue_event(event: sansio.Event, ctx: HandlerContext) -> None:
     """Record the status and the label set (diffed against the stored one), candidates and conflicts."""
-    settings: Settings = ctx.deps["settings"]
+    settings = ctx.deps.settings
     data = event.data
     try:
         where = _where(data, settings)
@@ -280,7 +244,7 @@ async def on_issue_event(event: sansio.Event, ctx: HandlerContext) -> None:
     except (PayloadError, KeyError, TypeError, ValueError) as exc:
         ctx.log.warning("issues payload skipped: %s", exc)
         return
-    store = IssueStore(ctx.deps["db"])
+    store = IssueStore(ctx.deps.db)
     result = await store.record_issue_event(
         issue, repo=where.repo, action=str(data["action"]), sender=sender, delivery_id=event.delivery_id
     )
@@ -301,10 +265,9 @@ async def on_issue_event(event: sansio.Event, ctx: HandlerContext) -> None:
 
 
 @router.register("issues", action="deleted")
-@records_first
 async def on_issue_deleted(event: sansio.Event, ctx: HandlerContext) -> None:
     """Gitea 1.25+ (services/webhook/notifier.go DeleteIssue): end the issue's leases, cancel its outbox."""
-    settings: Settings = ctx.deps["settings"]
+    settings = ctx.deps.settings
     data = event.data
     try:
         where = _where(data, settings)
@@ -315,7 +278,7 @@ async def on_issue_deleted(event: sansio.Event, ctx: HandlerContext) -> None:
     except (PayloadError, KeyError, TypeError, ValueError) as exc:
         ctx.log.warning("issues/deleted payload skipped: %s", exc)
         return
-    ended, cancelled, duplicate = await IssueStore(ctx.deps["db"]).record_issue_deleted(
+    ended, cancelled, duplicate = await IssueStore(ctx.deps.db).record_issue_deleted(
         where.repo, number, sender=sender, delivery_id=event.delivery_id
     )
     if not duplicate:
@@ -328,7 +291,7 @@ async def on_issue_deleted(event: sansio.Event, ctx: HandlerContext) -> None:
         )
 
 
-# --------------------------------------------------------------------------- label sync
+# --- label sync -------------------------------------------------------------------------------------------------------
 
 
 def wake_label_sync(snapshot: IssueSnapshot, ctx: HandlerContext) -> None:
@@ -338,11 +301,8 @@ def wake_label_sync(snapshot: IssueSnapshot, ctx: HandlerContext) -> None:
     sends and verifies it, or, without a Gitea token, it waits there (``foreman outbox``).
     """
     if snapshot.label_sync == "pending":
-        service = ctx.deps.get("service")
-        wakeup: Callable[[], None] | None = getattr(service, "outbox_wakeup", None)
-        if wakeup is not None:
-            wakeup()
-        if ctx.deps.get("gitea") is None:
+        ctx.deps.outbox_wakeup()
+        if ctx.deps.gitea is None:
             ctx.log.warning(
                 "issue #%d needs label %s; no Gitea client, the change waits in the outbox",
                 snapshot.number,
@@ -354,6 +314,25 @@ def wake_label_sync(snapshot: IssueSnapshot, ctx: HandlerContext) -> None:
 
 def _repo(settings: Settings) -> str:
     return f"{settings.repository.owner}/{settings.repository.name}"
+
+
+def outbox_hooks(db: Database, settings: Settings) -> OutboxHooks:
+    """The outbox sender's hooks that bring its verified results back into the issue state.
+
+    Label sync never calls Gitea from a handler: the store queues the change as an outbox entry in the
+    transaction that changed the state or the labels, and the sender sends and verifies it. These hooks make the
+    verified label set the stored snapshot and the bot's own Canonical Issue State comments comment records,
+    because the bot's own webhooks are recorded as ``ignored_self`` and never dispatched (docs/canonical-state.md).
+    """
+    store = IssueStore(db)
+
+    async def completed(entry: OutboxEntry, result: dict[str, Any]) -> None:
+        await on_outbox_complete(store, settings, entry, result)
+
+    async def failed(entry: OutboxEntry) -> None:
+        await on_outbox_failure(store, settings, entry)
+
+    return OutboxHooks(on_complete=completed, on_failure=failed)
 
 
 async def on_outbox_complete(store: IssueStore, settings: Settings, entry: OutboxEntry, result: dict[str, Any]) -> None:

@@ -1,34 +1,15 @@
-"""Comment commands (`/allocate`, `/bootstrap`, `/lock`, `/heartbeat`, `/release`): verbs of the verb table,
-decided by the same gateway as the MCP tools, answered by a reply comment through the outbox.
-
-The command is the first word of the comment's first non-blank line; its arguments are the rest of that
-line, split on whitespace (never a shell). Issue verbs act on the issue the comment is on; the caller is the
-comment's author with its roster roles. Anyone the gateway refuses (not on the roster, not the lease owner,
-not a controller) gets the refusal as a reply: ``not_authorized`` with what to do instead.
-
-Fail closed (issue 12.1): ``--exclude`` may be repeated and every value counts; any other option given twice, an
-empty or out-of-range element, or a command written on a pull request (the payload's issue has ``pull_request``)
-is refused with an ``invalid_input`` reply and runs no verb.
-
-| command | verb | arguments |
-| --- | --- | --- |
-| `/allocate [--dry-run] [--exclude 617,618 ...] [--owner LOGIN]` | `allocate_next_work` | applies unless `--dry-run` |
-| `/bootstrap [--expected-base SHA] [--key KEY]` | `bootstrap_issue_worktree` | this issue |
-| `/lock` | `lock_issue` | this issue |
-| `/heartbeat` | `heartbeat_lease` | this issue |
-| `/release [REASON ...]` | `release_lease` | this issue; the rest of the line is the reason |
-"""
+"""Comment commands (`/allocate`, `/bootstrap`, `/lock`, `/heartbeat`, `/release`): verbs answered by a reply."""
 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from gidgethub import routing, sansio
+from gidgethub import sansio
 
 from bot.config import Settings
+from bot.core.dispatch import OrderedRouter
 from bot.core.errors import Envelope
 from bot.core.evidence import render_evidence, render_failure
 from bot.core.verbs import COMMANDS, Verb
@@ -38,7 +19,7 @@ from bot.worker import HandlerContext
 from state.outbox import OutboxIntent, OutboxStore
 from state.reconcile import CommandClaims
 
-router = routing.Router()
+router = OrderedRouter()
 
 USAGE: dict[str, str] = {
     "/allocate": "/allocate [--dry-run] [--exclude 617,618 ...] [--owner LOGIN]",
@@ -142,7 +123,10 @@ def _arguments(word: str, words: list[str]) -> dict[str, Any]:
 def parse_command(body: str) -> CommentCommand | None:
     """The command on the comment's first non-blank line, or None if that line is not a command.
 
-    Plain whitespace splitting (never a shell); unknown options and malformed values raise CommandError.
+    The command is the line's first word; its arguments are the rest of that line, split on whitespace (never a
+    shell); unknown options and malformed values raise CommandError. Fail closed: ``--exclude`` may be repeated
+    and every value counts; any other option given twice, or an empty or out-of-range element, is refused.
+    The commands and their verbs are tabled in docs/mcp.md ("Comment commands").
     """
     lines = [line.strip() for line in body.replace("\r\n", "\n").split("\n") if line.strip()]
     if not lines:
@@ -196,7 +180,12 @@ class BootstrapUnavailable(RuntimeError):
 
 @router.register("issue_comment", action="created")
 async def on_command(event: sansio.Event, ctx: HandlerContext) -> None:
-    """Run a comment's command through the gateway and reply (through the outbox) with the result."""
+    """Run a comment's command through the gateway and reply (through the outbox) with the result.
+
+    Issue verbs act on the issue the comment is on, as the comment's author with its roster roles; anyone the
+    gateway refuses gets the refusal as the reply. A command written on a pull request (the payload's issue has
+    ``pull_request``) is refused with an ``invalid_input`` reply and runs no verb.
+    """
     data: dict[str, Any] = event.data
     comment, issue = data.get("comment") or {}, data.get("issue") or {}
     try:
@@ -206,16 +195,13 @@ async def on_command(event: sansio.Event, ctx: HandlerContext) -> None:
         command, problem = None, exc
     if command is None and problem is None:
         return
-    settings: Settings = ctx.deps["settings"]
+    settings, db = ctx.deps.settings, ctx.deps.db
     if not _is_configured_repo(data, settings):
         ctx.log.info("command on another repository ignored")
         return
-    service = ctx.deps.get("service")
-    db = ctx.deps["db"]
     actor = str((comment.get("user") or {}).get("login") or "")
     number, comment_id = int(issue["number"]), int(comment["id"])
     key = f"command:{comment_id}:reply"
-    wakeup: Callable[[], None] | None = getattr(service, "outbox_wakeup", None)
     # Once per comment, whatever brought it (the webhook, a late copy of it, Gitea's Replay, catch-up): the first
     # delivery to claim the comment runs the command; its own retries keep the claim; any other finds it here.
     holder = await CommandClaims(db).claim(str(data["repository"]["full_name"]), comment_id, event.delivery_id)
@@ -225,7 +211,7 @@ async def on_command(event: sansio.Event, ctx: HandlerContext) -> None:
         return
     on_pull = bool(issue.get("pull_request")) or data.get("is_pull") is True
     if on_pull:
-        # Issue verbs act on the issue the comment is on; a pull request is not a work issue (issue 12.1).
+        # Issue verbs act on the issue the comment is on; a pull request is not a work issue.
         word = command.word if command is not None else problem.word if problem is not None else ""
         envelope = Envelope(
             error="invalid_input",
@@ -249,9 +235,9 @@ async def on_command(event: sansio.Event, ctx: HandlerContext) -> None:
         runtime = VerbRuntime(
             db=db,
             settings=settings,
-            gitea=ctx.deps.get("gitea"),
-            bot_login=getattr(service, "bot_login", None) or settings.gitea.bot_login or "",
-            wakeup=wakeup,
+            gitea=ctx.deps.gitea,
+            bot_login=ctx.deps.bot_login(),
+            wakeup=ctx.deps.outbox_wakeup,
         )
         arguments = dict(command.arguments)
         if command.verb.issue_scoped:
@@ -267,8 +253,7 @@ async def on_command(event: sansio.Event, ctx: HandlerContext) -> None:
             "%s by %s on #%d: %s", command.word, actor, number, "ok" if result.ok else result.doc.get("error")
         )
     await OutboxStore(db).add(OutboxIntent(key, number, "comment", {"body": body}, event.delivery_id))
-    if wakeup is not None:
-        wakeup()
+    ctx.deps.outbox_wakeup()
     bootstrap = result.doc.get("bootstrap") if command is not None and not on_pull and result.ok else None
     if isinstance(bootstrap, dict) and bootstrap.get("error") == "unavailable":
         # The lease stands but its server-side bootstrap could not reach Gitea now: failing the handler makes the

@@ -1,8 +1,4 @@
-"""A real `foreman serve` process with two test handlers, for crash-and-resume tests (run as a script).
-
-`fast` appends "fast <delivery>" to $CRASH_LOG. `slow` appends "slow-start <delivery>", then waits until
-$CRASH_GATE exists, then appends "slow-end <delivery>".
-"""
+"""A real `foreman serve` process with two test handlers, for crash-and-resume tests (run as a script)."""
 
 from __future__ import annotations
 
@@ -11,17 +7,18 @@ import os
 import sys
 from pathlib import Path
 
-from gidgethub import routing, sansio
+from gidgethub import sansio
 
 from bot import logs
 from bot.cli import serve
 from bot.config import load_settings
+from bot.core.dispatch import OrderedRouter
 from bot.worker import HandlerContext
 from handlers import build_router
 
 LOG = Path(os.environ["CRASH_LOG"])
 GATE = Path(os.environ["CRASH_GATE"])
-router = routing.Router()
+router = OrderedRouter()  # fast, then slow: the declared order
 
 
 def _append(line: str) -> None:
@@ -33,11 +30,13 @@ def _append(line: str) -> None:
 
 @router.register("issues")
 async def fast(event: sansio.Event, ctx: HandlerContext) -> None:
+    """Appends "fast <delivery>" to $CRASH_LOG."""
     _append(f"fast {event.delivery_id}")
 
 
 @router.register("issues")
 async def slow(event: sansio.Event, ctx: HandlerContext) -> None:
+    """Appends "slow-start <delivery>", waits until $CRASH_GATE exists, then appends "slow-end <delivery>"."""
     _append(f"slow-start {event.delivery_id}")
     while not GATE.exists():
         await asyncio.sleep(0.02)

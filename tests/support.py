@@ -13,11 +13,11 @@ from typing import Any
 
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
-from gidgethub import routing
 from pydantic import SecretStr
 
 from bot.app import RUNNER_OPTIONS, Service, open_service
 from bot.config import Settings
+from bot.core.dispatch import OrderedRouter
 from handlers import build_router
 
 SECRET = "test-secret-0123456789abcdef"
@@ -88,6 +88,32 @@ def webhook_headers(
     }
 
 
+async def raw_post(port: int, headers: list[tuple[bytes, bytes]], body: bytes) -> tuple[int, dict[str, Any]]:
+    """POST /webhook with header bytes exactly as given (aiohttp's client would refuse non-UTF-8 ones)."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    head = b"POST /webhook HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n"
+    head += b"".join(name + b": " + value + b"\r\n" for name, value in headers)
+    head += b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n"
+    writer.write(head + body)
+    await writer.drain()
+    response = await reader.read()
+    writer.close()
+    status_line, _, rest = response.partition(b"\r\n")
+    status = int(status_line.split()[1])
+    head, _, content = rest.partition(b"\r\n\r\n")
+    is_json = b"application/json" in head.lower()
+    return status, json.loads(content) if is_json else {}
+
+
+def signed_headers(body: bytes, *, event: bytes = b"issues", delivery: str) -> list[tuple[bytes, bytes]]:
+    return [
+        (b"Content-Type", b"application/json"),
+        (b"X-Gitea-Event", event),
+        (b"X-Gitea-Delivery", delivery.encode()),
+        (b"X-Gitea-Signature", sign(body).encode()),
+    ]
+
+
 Started = Callable[..., Awaitable[tuple[Service, TestClient[Any, Any]]]]
 
 
@@ -97,7 +123,7 @@ async def start(tmp_path: Path) -> AsyncIterator[Started]:
     clients: list[TestClient[Any, Any]] = []
 
     async def _start(
-        settings: Settings | None = None, router: routing.Router | None = None
+        settings: Settings | None = None, router: OrderedRouter | None = None
     ) -> tuple[Service, TestClient[Any, Any]]:
         service = await open_service(settings or make_settings(tmp_path), router or build_router())
         server = TestServer(service.make_app())

@@ -1,14 +1,4 @@
-"""Fuzz campaigns over webhook intake and the Canonical Issue State parser (issue 12): fixed seeds, bounded time.
-
-Intake: 10,000 requests (headers and body, most correctly signed so they reach the JSON and storage checks) through
-a real service on loopback, every one also through the pure admission, timed. Asserted: no 500 and no uncaught
-exception, every answer a JSON document with a documented status, every 202 stored once under its own id, the event
-loop never held over 50 ms, and /metrics still renders with labels from known values only.
-
-Parser: 10,000 comment bodies assembled from the grammar's pieces (headings in every form, key lines, fences,
-HTML comments, quotations) and hostile ones (long blank runs, long lines, deep repetition, lone surrogates), each
-parsed and timed. Asserted: never raises, no body over 50 ms.
-"""
+"""Fuzz campaigns over webhook intake and the Canonical Issue State parser: fixed seeds, bounded time."""
 
 from __future__ import annotations
 
@@ -30,8 +20,7 @@ from multidict import CIMultiDict
 
 from bot.core.canonical import HEADING_TEXT, parse_comment
 from bot.core.intake import KNOWN_EVENTS, Delivery, Rejection, admit
-from tests.support import SECRET, payload, sign
-from tests.test_fail_closed import raw_post
+from tests.support import SECRET, payload, raw_post, sign
 from tests.test_process import ServeProcess
 
 SEED = 20261201
@@ -137,6 +126,10 @@ class RequestGenerator:
 
 
 async def test_webhook_intake_fuzz_never_fails_anyone_and_never_holds_the_loop(tmp_path: Path) -> None:
+    """10,000 requests (headers and body, most correctly signed so they reach the JSON and storage checks) through
+    a real service on loopback, every one also through the pure admission, timed. No 500 and no uncaught
+    exception, every answer a JSON document with a documented status, every 202 stored once under its own id, the
+    event loop never held over 50 ms, and /metrics still renders with labels from known values only."""
     gen = RequestGenerator(SEED)
     secrets = [SECRET.encode()]
     statuses: Counter[int] = Counter()
@@ -255,6 +248,9 @@ class CommentGenerator:
 
 
 def test_canonical_parser_fuzz_never_raises_and_stays_under_50ms() -> None:
+    """10,000 comment bodies assembled from the grammar's pieces (headings in every form, key lines, fences, HTML
+    comments, quotations) and hostile ones (long blank runs, long lines, deep repetition, lone surrogates), each
+    parsed and timed: never raises, no body over 50 ms."""
     gen = CommentGenerator(SEED)
     slowest = 0.0
     with_blocks = 0

@@ -53,7 +53,7 @@ async def _stored(service: Service) -> list[Any]:
 
 
 async def test_gitea_signature_is_accepted_and_stored_byte_for_byte(start: Started) -> None:
-    """Issue 2.3: X-Gitea-Signature (hex, no prefix) verifies; the raw body is stored before the 202."""
+    """X-Gitea-Signature (hex, no prefix) verifies; the raw body is stored before the 202."""
     service, client = await start()
     body = payload()
     headers = webhook_headers(body, delivery="d-1")
@@ -65,7 +65,7 @@ async def test_gitea_signature_is_accepted_and_stored_byte_for_byte(start: Start
 
 
 async def test_hub_signature_256_and_github_headers_are_accepted(start: Started) -> None:
-    """Issue 2.3: X-Hub-Signature-256 (sha256=) and the X-GitHub-* header copies work alone."""
+    """X-Hub-Signature-256 (sha256=) and the X-GitHub-* header copies work alone."""
     service, client = await start()
     body = payload()
     status, doc = await _post(client, body, webhook_headers(body, style="github", delivery="gh-1"))
@@ -74,7 +74,7 @@ async def test_hub_signature_256_and_github_headers_are_accepted(start: Started)
 
 
 async def test_any_of_several_secrets_verifies_for_rotation(tmp_path: Path, start: Started) -> None:
-    """Issue 2.3: several configured secrets allow rotation; each one verifies."""
+    """Several configured secrets allow rotation; each one verifies."""
     other = "the-new-secret-after-rotation"
     _, client = await start(make_settings(tmp_path, webhook={"secrets": [SECRET, other]}))
     for secret in (SECRET, other):
@@ -101,7 +101,7 @@ async def test_any_of_several_secrets_verifies_for_rotation(tmp_path: Path, star
     ],
 )
 async def test_bad_or_missing_signature_is_401_and_nothing_is_stored(start: Started, mutate: Any) -> None:
-    """Issue 2.3: bad or missing signature answers 401 with a JSON error; nothing is stored."""
+    """Bad or missing signature answers 401 with a JSON error; nothing is stored."""
     service, client = await start()
     body = payload()
     headers = webhook_headers(body)
@@ -126,7 +126,7 @@ async def test_reserialized_body_does_not_verify(start: Started) -> None:
 
 @pytest.mark.parametrize("missing", ["X-Gitea-Event", "X-Gitea-Delivery"])
 async def test_missing_event_or_delivery_header_is_400(start: Started, missing: str) -> None:
-    """Issue 2.3: a missing event or delivery header (and no X-GitHub-* copy) answers 400 naming it."""
+    """A missing event or delivery header (and no X-GitHub-* copy) answers 400 naming it."""
     service, client = await start()
     body = payload()
     headers = webhook_headers(body)
@@ -139,7 +139,7 @@ async def test_missing_event_or_delivery_header_is_400(start: Started, missing: 
 
 @pytest.mark.parametrize("body", [b'{"action": "opened",', b"[1, 2, 3]", b"\xff\xfe not utf-8"])
 async def test_malformed_json_is_400(start: Started, body: bytes) -> None:
-    """Issue 2.3: a correctly signed body that is not a JSON object answers 400; nothing is stored."""
+    """A correctly signed body that is not a JSON object answers 400; nothing is stored."""
     service, client = await start()
     status, doc = await _post(client, body, webhook_headers(body))
     assert status == 400 and doc["error"] == "malformed_json"
@@ -147,7 +147,7 @@ async def test_malformed_json_is_400(start: Started, body: bytes) -> None:
 
 
 async def test_form_content_type_is_415(start: Started) -> None:
-    """Issue 2.3: Gitea 'form' hooks sign the JSON, not the form body: refuse with 415 and say how to fix."""
+    """Gitea 'form' hooks sign the JSON, not the form body: refuse with 415 and say how to fix."""
     service, client = await start()
     body = b"payload=" + payload()
     headers = webhook_headers(body)
@@ -158,7 +158,7 @@ async def test_form_content_type_is_415(start: Started) -> None:
 
 
 async def test_body_over_the_limit_is_413_with_and_without_content_length(tmp_path: Path, start: Started) -> None:
-    """Issue 2.3: a body over webhook.max_body_bytes answers 413, declared or streamed (chunked)."""
+    """A body over webhook.max_body_bytes answers 413, declared or streamed (chunked)."""
     service, client = await start(make_settings(tmp_path, webhook={"max_body_bytes": 1000}))
     body = payload(filler="x" * 2000)
     status, doc = await _post(client, body, webhook_headers(body))
@@ -178,7 +178,7 @@ async def test_body_over_the_limit_is_413_with_and_without_content_length(tmp_pa
 
 
 async def test_same_delivery_id_twice_is_a_duplicate(start: Started) -> None:
-    """Issue 2.3: de-duplication on the delivery id: the second answer is 200 duplicate, one row stored."""
+    """De-duplication on the delivery id: the second answer is 200 duplicate, one row stored."""
     service, client = await start()
     body = payload()
     headers = webhook_headers(body, delivery="same-id")
@@ -189,7 +189,7 @@ async def test_same_delivery_id_twice_is_a_duplicate(start: Started) -> None:
 
 
 async def test_same_body_under_a_new_delivery_id_is_a_duplicate(start: Started) -> None:
-    """Issue 2.3 / FACTS 4: Gitea's manual Replay resends the same body under a NEW uuid: duplicate."""
+    """FACTS 4: Gitea's manual Replay resends the same body under a NEW uuid: duplicate."""
     service, client = await start()
     body = payload()
     assert (await _post(client, body, webhook_headers(body, delivery="first")))[0] == 202
@@ -200,7 +200,7 @@ async def test_same_body_under_a_new_delivery_id_is_a_duplicate(start: Started) 
 
 
 async def test_concurrent_identical_deliveries_store_exactly_one(start: Started) -> None:
-    """Issue 2.3: racing copies of one delivery (Gitea sends concurrently) end with one row, one 202."""
+    """Racing copies of one delivery (Gitea sends concurrently) end with one row, one 202."""
 
     service, client = await start()
     body = payload()
@@ -211,7 +211,7 @@ async def test_concurrent_identical_deliveries_store_exactly_one(start: Started)
 
 
 async def test_events_sent_by_the_bot_itself_are_recorded_as_ignored_self(start: Started) -> None:
-    """Issue 2.3 / FACTS 3: the bot's own changes come back as webhooks; recorded as ignored_self, not run."""
+    """FACTS 3: the bot's own changes come back as webhooks; recorded as ignored_self, not run."""
     ran: list[str] = []
     router = routing.Router()
 
@@ -258,7 +258,7 @@ async def test_every_real_payload_sample_is_accepted(tmp_path: Path, start: Star
 
 
 async def test_healthz_readyz_and_metrics_without_gitea(start: Started) -> None:
-    """Issue 2.2/2.8: with no Gitea configured the service runs and /readyz says so; metrics count outcomes."""
+    """With no Gitea configured the service runs and /readyz says so; metrics count outcomes."""
     service, client = await start()
     assert (await client.get("/healthz")).status == 200
     resp = await client.get("/readyz")
@@ -273,7 +273,7 @@ async def test_healthz_readyz_and_metrics_without_gitea(start: Started) -> None:
     text = await (await client.get("/metrics")).text()
     assert 'foreman_deliveries_total{event="issues",outcome="queued"} 1.0' in text
     assert 'foreman_deliveries_total{event="issues",outcome="duplicate"} 1.0' in text
-    # A refused request is unverified: its event header never becomes a label (issue 12.6).
+    # A refused request is unverified: its event header never becomes a label.
     assert 'foreman_deliveries_total{event="unverified",outcome="rejected_401"} 1.0' in text
     assert "foreman_inbox_depth" in text and "foreman_processing_seconds_bucket" in text
 

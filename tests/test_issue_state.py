@@ -24,7 +24,7 @@ from bot.core.issue_state import (
     plan_label_sync,
 )
 from bot.core.vocabulary import vocabulary_markdown
-from handlers.issue_state import PermissionCache
+from bot.handler_deps import PermissionCache
 from state.db import to_db_time
 from state.issues import IssueStore
 from state.outbox import OutboxIntent
@@ -52,7 +52,7 @@ def _state(state: str = "in-progress", who: str = "author", **changes: Any) -> C
     return replace(base, **changes)
 
 
-# --------------------------------------------------------------------------- pure rules (no SQLite)
+# --- pure rules (no SQLite) -------------------------------------------------------------------------------------------
 
 
 def _rec(
@@ -174,7 +174,7 @@ async def test_permission_cache_answers_from_memory_until_it_expires() -> None:
     assert calls == ["Alice", "alice", "flaky", "flaky"]
 
 
-# --------------------------------------------------------------------------- docs
+# --- docs -------------------------------------------------------------------------------------------------------------
 
 
 def test_docs_carry_exactly_the_generated_vocabulary_table() -> None:
@@ -189,7 +189,7 @@ def test_docs_carry_exactly_the_generated_vocabulary_table() -> None:
     assert parsed is not None and render(parsed) == example.group(1)  # the renderer's exact form
 
 
-# --------------------------------------------------------------------------- against the emulator
+# --- against the emulator ---------------------------------------------------------------------------------------------
 
 
 @pytest.fixture

@@ -116,7 +116,7 @@ def test_since_watermark_and_down_window_arithmetic() -> None:
     assert core.comment_issue_number({"issue_url": "http://g/o/r/issues/3#x"}) is None
 
 
-# ----------------------------------------------------------------------- the emulator's since, as Gitea's
+# --- the emulator's since, as Gitea's ---------------------------------------------------------------------------------
 
 
 async def test_repo_comments_since_is_inclusive_whole_seconds_oldest_first_and_paged() -> None:
@@ -159,7 +159,7 @@ def _rfc3339(unix: int) -> str:
     return dt.datetime.fromtimestamp(unix, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-# ----------------------------------------------------------------------- command claims
+# --- command claims ---------------------------------------------------------------------------------------------------
 
 
 async def test_a_command_is_claimed_once_per_comment_and_kept_by_its_own_retries(tmp_path: Path) -> None:
@@ -175,7 +175,7 @@ async def test_a_command_is_claimed_once_per_comment_and_kept_by_its_own_retries
         await db.close()
 
 
-# ----------------------------------------------------------------------- one pass, calls counted
+# --- one pass, calls counted; the service wires it --------------------------------------------------------------------
 
 
 @pytest.fixture
@@ -246,9 +246,6 @@ async def test_interval_zero_runs_the_start_pass_only_and_a_failed_read_keeps_th
         row = await cur.fetchone()
     assert row is not None and row[0] == 0  # the timer is off: only the start-up pass ran
     assert reconciler.status.errors_total == 1
-
-
-# ----------------------------------------------------------------------- the service wires it
 
 
 async def test_the_service_runs_catch_up_at_start_and_one_auto_allocation_after_each_pass(

@@ -1,8 +1,4 @@
-"""Issue 16 items 1-2, done-when: `foreman serve` really stopped while the emulator keeps its state; what happened
-meanwhile is caught up from Gitea (bot/reconcile.py) through the same handlers, exactly once.
-
-Each test is bounded: the service runs with ``[reconcile] interval_s = 2`` and every wait is a few intervals.
-"""
+"""Catch-up against a stopped `foreman serve`: what happened meanwhile is read from Gitea and handled once."""
 
 from __future__ import annotations
 

@@ -1,6 +1,4 @@
-"""Issue 12's bounded soak: a real `foreman serve` takes 2,000 deliveries with 5% malformed ones interleaved and a
-48 KB hostile comment. Every valid delivery is stored once and processed, /healthz answers within 100 ms all the
-while, and every worker loop is alive at the end."""
+"""A bounded soak: a real `foreman serve` takes 2,000 deliveries, 5% malformed, and a 48 KB hostile comment."""
 
 from __future__ import annotations
 
@@ -15,8 +13,7 @@ from pathlib import Path
 
 import aiohttp
 
-from tests.support import payload
-from tests.test_fail_closed import raw_post, signed_headers
+from tests.support import payload, raw_post, signed_headers
 from tests.test_process import ServeProcess
 
 DELIVERIES = 2_000
@@ -55,6 +52,8 @@ def _malformed(rng: random.Random, i: int) -> tuple[str, list[tuple[bytes, bytes
 
 
 async def test_a_soak_of_2000_deliveries_with_malformed_ones_loses_nothing_and_freezes_nothing(tmp_path: Path) -> None:
+    """Every valid delivery is stored once and processed, /healthz answers within 100 ms all the while, and every
+    worker loop is alive at the end."""
     proc = ServeProcess(tmp_path, module="bot")
     await proc.start("serve", "--config", str(proc.config))
     rng = random.Random(SEED)

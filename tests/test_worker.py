@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import random
 from collections import Counter
@@ -11,9 +12,12 @@ from pathlib import Path
 import pytest
 from gidgethub import routing, sansio
 
+from bot.app import Service
 from bot.cli import main
+from bot.core.dispatch import OrderedRouter
 from bot.core.intake import admit
-from bot.worker import HandlerContext, backoff_delay, records_first
+from bot.handler_deps import HandlerDeps
+from bot.worker import HandlerContext, backoff_delay
 from handlers import build_router
 from state.db import Database
 from state.deliveries import DeliveryStore
@@ -45,7 +49,7 @@ async def _post(client: object, body: bytes, delivery: str) -> int:
 async def test_one_failing_handler_does_not_stop_its_sibling_and_is_retried_alone(
     tmp_path: Path, start: Started
 ) -> None:
-    """Issue 2.4: a handler failure is logged, counted and retried without stopping or repeating siblings."""
+    """A handler failure is logged, counted and retried without stopping or repeating siblings."""
     calls: Counter[str] = Counter()
     settings = make_settings(tmp_path, worker={"max_attempts": 5})
     service, client = await start(settings, build_router(_flaky_router(calls, failures=2)))
@@ -62,7 +66,7 @@ async def test_one_failing_handler_does_not_stop_its_sibling_and_is_retried_alon
 
 
 async def test_a_delivery_that_keeps_failing_is_parked_then_replayed(tmp_path: Path, start: Started) -> None:
-    """Issue 2.4: failed deliveries retry with backoff, park as failed with the error, and can be replayed."""
+    """Failed deliveries retry with backoff, park as failed with the error, and can be replayed."""
     calls: Counter[str] = Counter()
     settings = make_settings(tmp_path, worker={"max_attempts": 3})
     service, client = await start(settings, build_router(_flaky_router(calls, failures=3)))
@@ -81,7 +85,7 @@ async def test_a_delivery_that_keeps_failing_is_parked_then_replayed(tmp_path: P
 
 
 async def test_racing_workers_process_each_delivery_exactly_once(tmp_path: Path, start: Started) -> None:
-    """Issue 2.4: several worker loops claim concurrently; conditional claims give each delivery one run."""
+    """Several worker loops claim concurrently; conditional claims give each delivery one run."""
     seen: Counter[str] = Counter()
     router = routing.Router()
 
@@ -100,7 +104,7 @@ async def test_racing_workers_process_each_delivery_exactly_once(tmp_path: Path,
 
 
 def test_backoff_grows_exponentially_with_jitter_and_is_capped() -> None:
-    """Issue 2.4: retries back off exponentially, with jitter, never past the ceiling."""
+    """Retries back off exponentially, with jitter, never past the ceiling."""
     rng = random.Random(7)
     for attempt in range(1, 12):
         ceiling = min(30.0, 1.0 * 2 ** (attempt - 1))
@@ -130,12 +134,12 @@ def _seed_failed_delivery(db_path: Path) -> None:
 def test_cli_lists_failed_deliveries_and_replays_one(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Issue 2.4: `foreman deliveries --status failed` shows parked deliveries; `foreman replay ID` requeues."""
+    """`foreman deliveries --status failed` shows parked deliveries; `foreman replay ID` requeues."""
     settings = make_settings(tmp_path)
     _seed_failed_delivery(settings.database.path)
     monkeypatch.setenv("FOREMAN_DATABASE__PATH", str(settings.database.path))
     monkeypatch.setenv("FOREMAN_WEBHOOK__SECRETS", json.dumps([SECRET]))
-    empty = tmp_path / "empty.toml"  # a missing config file now refuses (issue 12.11); the environment sets all
+    empty = tmp_path / "empty.toml"  # a missing config file now refuses; the environment sets all
     empty.write_text("", encoding="utf-8")
     monkeypatch.setenv("FOREMAN_CONFIG", str(empty))
     assert main(["deliveries", "--status", "failed", "--json"]) == 0
@@ -151,23 +155,89 @@ def test_cli_lists_failed_deliveries_and_replays_one(
     assert json.loads(capsys.readouterr().out) == []
 
 
-async def test_a_handler_that_records_runs_before_the_ones_that_act_whatever_their_names(start: Started) -> None:
-    """Handlers run in name order, except those marked records_first (the issue state), which run before: an
-    auto-allocation must not race ahead of the label observation it stands on (foreman demo's 'candidate' step)."""
+def _label_updated() -> sansio.Event:
+    data = json.loads(payload("label_updated"))
+    return sansio.Event(data, event="issues", delivery_id="order-0")
+
+
+def test_the_issue_state_records_a_label_change_before_auto_allocation_acts_on_it() -> None:
+    """The declared feature order, not the handlers' names, orders one delivery's handlers: the issue state
+    records ``status:ready`` before auto-allocation acts on it (foreman demo's 'candidate' step raced before);
+    declaring the features the other way round turns the order round."""
+    from handlers import auto_allocate, issue_state
+
+    declared = build_router().handlers_for(_label_updated())
+    assert declared == (issue_state.on_issue_event, auto_allocate.on_ready_label)
+    reversed_router = OrderedRouter(auto_allocate.router, issue_state.router)
+    assert reversed_router.handlers_for(_label_updated()) == (auto_allocate.on_ready_label, issue_state.on_issue_event)
+
+
+def _recording(order: list[str], name: str, *, fails: bool = False) -> OrderedRouter:
+    router = OrderedRouter()
+
+    @router.register("issues")
+    async def handler(event: sansio.Event, ctx: HandlerContext) -> None:
+        order.append(name)
+        if fails:
+            raise RuntimeError(f"{name} failed")
+
+    handler.__qualname__ = f"{name}_handler"  # one name per handler: the worker records results by name
+    return router
+
+
+@pytest.mark.parametrize("declared", [("records", "acts"), ("acts", "records")])
+async def test_the_worker_runs_handlers_in_the_declared_order_each_isolated(
+    start: Started, declared: tuple[str, str]
+) -> None:
+    """The worker runs a delivery's handlers feature by feature as declared, whatever their names; the first
+    failing does not stop the second."""
     order: list[str] = []
-    router = routing.Router()
-
-    @router.register("issues")
-    async def a_acts(event: sansio.Event, ctx: HandlerContext) -> None:
-        order.append("acts")
-
-    @router.register("issues")
-    @records_first
-    async def z_records(event: sansio.Event, ctx: HandlerContext) -> None:
-        order.append("records")
-
+    first, second = declared
+    router = OrderedRouter(_recording(order, first, fails=True), _recording(order, second))
     service, client = await start(router=router)
     body = payload()
     await client.post("/webhook", data=body, headers=webhook_headers(body, delivery="order-1"))
-    await wait_status(service, "order-1", "done")
-    assert order == ["records", "acts"]
+    for _ in range(500):
+        row = await service.store.get("order-1")
+        if row is not None and row.last_error:
+            break
+        await asyncio.sleep(0.01)
+    assert row is not None and row.last_error == f"tests.test_worker.{first}_handler: RuntimeError: {first} failed"
+    assert order[:2] == [first, second]
+
+
+def test_within_one_feature_handlers_keep_their_registration_order() -> None:
+    """A feature's own handlers of one event run in the order it registered them, shallow or by action."""
+    router = OrderedRouter()
+
+    @router.register("issues", action="label_updated")
+    async def z_first(event: sansio.Event, ctx: HandlerContext) -> None: ...
+
+    @router.register("issues")
+    async def a_second(event: sansio.Event, ctx: HandlerContext) -> None: ...
+
+    assert OrderedRouter(router).handlers_for(_label_updated()) == (z_first, a_second)
+
+
+async def test_handlers_get_typed_frozen_dependencies_and_never_the_service(start: Started) -> None:
+    """Handlers see settings, database, Gitea client, bot login and the outbox wake-up, typed and frozen; nothing
+    in them is the Service, and no handler can stash state in them."""
+    seen: list[HandlerDeps] = []
+    router = routing.Router()
+
+    @router.register("issues")
+    async def look(event: sansio.Event, ctx: HandlerContext) -> None:
+        seen.append(ctx.deps)
+
+    service, client = await start(router=build_router(router))
+    body = payload()
+    await client.post("/webhook", data=body, headers=webhook_headers(body, delivery="deps-1"))
+    await wait_status(service, "deps-1", "done")
+    [deps] = seen
+    assert isinstance(deps, HandlerDeps)
+    assert (deps.settings, deps.db, deps.gitea, deps.bot_login()) == (service.settings, service.db, None, "foreman-bot")
+    assert not any(isinstance(getattr(deps, f.name), Service) for f in dataclasses.fields(deps))
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        deps.gitea = None  # type: ignore[misc]
+    with pytest.raises((AttributeError, TypeError)):
+        deps.cache = {}  # type: ignore[attr-defined]

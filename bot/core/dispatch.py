@@ -1,10 +1,12 @@
-"""Whether a stored delivery may reach the handlers at all: served repository, routable shape. Pure."""
+"""Which handlers a stored delivery reaches, in what order: served repository, routable shape, declared order. Pure."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
+
+from gidgethub import routing, sansio
 
 # The payload fields gidgethub's Router matches on: each must be a string (or absent), since the router
 # looks the value up in a dict and a list or object there raises instead of matching nothing.
@@ -49,3 +51,45 @@ def refuse_dispatch(payload: object, served: frozenset[str]) -> Refusal | None:
     if full_name.casefold() not in served:
         return Refusal("ignored", f"foreign_repository: {_shown(full_name)} is not served here")
     return None
+
+
+Handler = Callable[..., Awaitable[None]]
+
+
+class OrderedRouter(routing.Router):
+    """A gidgethub Router that keeps the order handlers were declared in; ``handlers_for`` returns them so.
+
+    Composed from feature routers (``OrderedRouter(records, acts)``), a delivery's handlers run feature by
+    feature in the order given, and within one feature in the order it registered them (gidgethub's ``fetch``
+    answers an unordered set). A plain Router among the parts keeps gidgethub's own composition order.
+    """
+
+    def __init__(self, *other_routers: routing.Router) -> None:
+        super().__init__()
+        self._rank: dict[Handler, int] = {}
+        self._declared: list[tuple[Handler, str, dict[str, Any]]] = []
+        for other in other_routers:
+            if isinstance(other, OrderedRouter):
+                for func, event_type, detail in other._declared:
+                    self.add(func, event_type, **detail)
+            else:
+                self._add_plain(other)
+
+    def _add_plain(self, other: routing.Router) -> None:
+        for event_type, callbacks in other._shallow_routes.items():
+            for callback in callbacks:
+                self.add(callback, event_type)
+        for event_type, data_details in other._deep_routes.items():
+            for data_key, data_specifics in data_details.items():
+                for data_value, callbacks in data_specifics.items():
+                    for callback in callbacks:
+                        self.add(callback, event_type, **{data_key: data_value})
+
+    def add(self, func: Handler, event_type: str, **data_detail: Any) -> None:
+        self._rank.setdefault(func, len(self._rank))
+        self._declared.append((func, event_type, dict(data_detail)))
+        super().add(func, event_type, **data_detail)
+
+    def handlers_for(self, event: sansio.Event) -> tuple[Handler, ...]:
+        """The handlers the event reaches, in declaration order (raises as ``fetch`` does on unroutable data)."""
+        return tuple(sorted(self.fetch(event), key=self._rank.__getitem__))

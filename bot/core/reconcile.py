@@ -1,18 +1,4 @@
-"""Catch-up planning (issue 16), pure: from what Gitea says changed since the watermark and what the service
-already saw, the synthetic deliveries that feed the rest through the same handlers, and the next watermark.
-
-Gitea's listings read by the edge (bot/reconcile.py), as Gitea 1.22-1.26 answer them:
-
-- ``GET /repos/{o}/{r}/issues?state=all&since=T``: issues and pull requests with ``updated_unix >= T``
-  (routers/api/v1/repo/issue.go ``ListIssues`` → models/issues/issue_search.go ``Gte{"issue.updated_unix"}``),
-  newest created first; a comment bumps its issue's ``updated_unix`` (models/issues/comment.go ``CreateComment``).
-- ``GET /repos/{o}/{r}/issues/comments?since=T``: plain comments with ``updated_unix >= T``
-  (routers/api/v1/repo/issue_comment.go ``ListRepoIssueComments`` → models/issues/comment.go
-  ``FindComments``), oldest created first; a comment names its issue only by ``issue_url`` (issues) or
-  ``pull_request_url`` (pull requests), HTML URLs ending in the number.
-
-``since`` has whole-second resolution (services/context/utils.go ``parseFormTime``: RFC 3339 → unix seconds).
-"""
+"""Catch-up planning, pure: what Gitea says changed and the service never saw, as synthetic deliveries."""
 
 from __future__ import annotations
 
@@ -170,6 +156,18 @@ def plan(
     Delivery ids are deterministic (``reconcile:issue:<n>:<updated_at>:<view hash>``,
     ``reconcile:comment:<id>:<updated_at>``): a second pass over the same revision inserts nothing (the inbox
     refuses the id).
+
+    Gitea's listings read by the edge (bot/reconcile.py), as Gitea 1.22-1.26 answer them:
+
+    - ``GET /repos/{o}/{r}/issues?state=all&since=T``: issues and pull requests with ``updated_unix >= T``
+      (routers/api/v1/repo/issue.go ``ListIssues`` → models/issues/issue_search.go ``Gte{"issue.updated_unix"}``),
+      newest created first; a comment bumps its issue's ``updated_unix`` (models/issues/comment.go ``CreateComment``).
+    - ``GET /repos/{o}/{r}/issues/comments?since=T``: plain comments with ``updated_unix >= T``
+      (routers/api/v1/repo/issue_comment.go ``ListRepoIssueComments`` → models/issues/comment.go
+      ``FindComments``), oldest created first; a comment names its issue only by ``issue_url`` (issues) or
+      ``pull_request_url`` (pull requests), HTML URLs ending in the number.
+
+    ``since`` has whole-second resolution (services/context/utils.go ``parseFormTime``: RFC 3339 → unix seconds).
     """
     bot = bot_login.lower()
     skipped: dict[str, int] = {}
