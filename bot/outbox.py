@@ -13,10 +13,10 @@ from datetime import datetime, timedelta
 from typing import Any, Protocol
 
 from bot.config import OutboxConfig
+from bot.core import backoff
 from bot.core.evidence import find_marker
 from bot.gitea import Comment, GiteaError, GiteaNotFound, GiteaUnavailable, Issue, Label, refusal_text
 from bot.metrics import Metrics
-from bot.worker import backoff_delay
 from state.db import utcnow
 from state.outbox import OutboxEntry, OutboxStore
 
@@ -250,7 +250,8 @@ class OutboxSender:
                 await self._failed(entry)
             return
         self.metrics.outbox_retries.labels(entry.kind).inc()
-        delay = backoff_delay(entry.attempts, base_s=self.config.backoff_base_s, max_s=self.config.backoff_max_s)
+        config = self.config
+        delay = backoff.delay(entry.attempts, base=config.backoff_base_s, cap=config.backoff_max_s, jitter="full")
         await self.store.retry_later(entry, error=error, next_attempt_at=utcnow() + timedelta(seconds=delay))
 
     # --- per kind: write, then read back and compare ------------------------------------------------------------------

@@ -6,7 +6,6 @@ import asyncio
 import contextlib
 import json
 import logging
-import random
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -17,6 +16,7 @@ from typing import Any
 from gidgethub import sansio
 
 from bot.config import WorkerConfig
+from bot.core import backoff
 from bot.core.dispatch import OrderedRouter, Refusal, refuse_dispatch
 from bot.core.intake import metric_event
 from bot.handler_deps import HandlerDeps
@@ -39,12 +39,6 @@ class HandlerContext:
 
 def handler_name(callback: Callable[..., Any]) -> str:
     return f"{callback.__module__}.{callback.__qualname__}"
-
-
-def backoff_delay(attempt: int, *, base_s: float, max_s: float, rng: random.Random | None = None) -> float:
-    """Exponential backoff with full jitter: uniform in [0, min(max, base * 2**(attempt-1))], at least base/2."""
-    ceiling = min(max_s, base_s * (2 ** min(max(0, attempt - 1), 40)))  # bounded: 2**1024 overflows a float
-    return max(base_s / 2, (rng or random).uniform(0, ceiling))
 
 
 class Worker:
@@ -108,7 +102,8 @@ class Worker:
     # --- loops --------------------------------------------------------------------------------------------------------
     def _pause_after(self, failures: int) -> float:
         """The pause after a failed pass of a loop or a failed settle: a quarter of a delivery's backoff."""
-        return backoff_delay(failures, base_s=self.config.backoff_base_s / 4, max_s=self.config.backoff_max_s)
+        config = self.config
+        return backoff.delay(failures, base=config.backoff_base_s / 4, cap=config.backoff_max_s, jitter="full")
 
     def _beat_s(self) -> float:
         """The period of claim heartbeats and reaper passes: three in each claim's time to live."""
@@ -329,8 +324,8 @@ class Worker:
             self.metrics.deliveries.labels(metric_event(delivery.event), "failed").inc()
             log.error("delivery parked as failed after %d attempts: %s", delivery.attempts, summary)
             return
-        delay = backoff_delay(
-            delivery.attempts, base_s=self.config.backoff_base_s, max_s=self.config.backoff_max_s
+        delay = backoff.delay(
+            delivery.attempts, base=self.config.backoff_base_s, cap=self.config.backoff_max_s, jitter="full"
         )
         await self.store.retry_later(
             delivery.pk,

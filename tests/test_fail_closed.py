@@ -237,9 +237,9 @@ async def test_a_retried_settle_runs_the_handler_once_and_records_its_result_fir
 
 def test_backoff_stays_finite_however_many_attempts() -> None:
     """A settle retried for days must not overflow the backoff (2**1024 is past a float)."""
-    from bot.worker import backoff_delay
+    from bot.core import backoff
 
-    assert 0 < backoff_delay(5_000, base_s=0.5, max_s=300.0) <= 300.0
+    assert 0 < backoff.delay(5_000, base=0.5, cap=300.0, jitter="full") <= 300.0
 
 
 async def test_each_loop_claims_under_its_own_id(start: Started) -> None:

@@ -14,10 +14,11 @@ from gidgethub import routing, sansio
 
 from bot.app import Service
 from bot.cli import main
+from bot.core import backoff
 from bot.core.dispatch import OrderedRouter
 from bot.core.intake import admit
 from bot.handler_deps import HandlerDeps
-from bot.worker import HandlerContext, backoff_delay
+from bot.worker import HandlerContext
 from handlers import build_router
 from state.db import Database
 from state.deliveries import DeliveryStore
@@ -108,11 +109,11 @@ def test_backoff_grows_exponentially_with_jitter_and_is_capped() -> None:
     rng = random.Random(7)
     for attempt in range(1, 12):
         ceiling = min(30.0, 1.0 * 2 ** (attempt - 1))
-        delays = [backoff_delay(attempt, base_s=1.0, max_s=30.0, rng=rng) for _ in range(200)]
+        delays = [backoff.delay(attempt, base=1.0, cap=30.0, jitter="full", rng=rng) for _ in range(200)]
         assert all(0.5 <= d <= max(0.5, ceiling) for d in delays)
         if ceiling >= 4:
             assert max(delays) - min(delays) > ceiling / 4, "no jitter"
-    assert backoff_delay(50, base_s=1.0, max_s=30.0, rng=rng) <= 30.0
+    assert backoff.delay(50, base=1.0, cap=30.0, jitter="full", rng=rng) <= 30.0
 
 
 def _seed_failed_delivery(db_path: Path) -> None:
