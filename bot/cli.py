@@ -242,10 +242,10 @@ def parse_candidates_option(value: str | None) -> str | None:
 def _cmd_allocate(settings: Settings, args: argparse.Namespace) -> int:
     import aiohttp
 
-    from bot.allocation import AllocationCall, Allocator
     from bot.core.allocator import InputError
     from bot.core.errors import EnvelopeError
     from bot.gitea import client_for
+    from bot.verbs.allocate import AllocationCall, Allocator
 
     try:
         candidates = parse_candidates_option(args.candidates_json)
@@ -270,7 +270,7 @@ def _cmd_allocate(settings: Settings, args: argparse.Namespace) -> int:
         return EXIT_USAGE
 
     async def work(db: Database) -> int:
-        from bot.auto_allocation import author_pick, recent_decisions
+        from bot.verbs.auto_allocate import author_pick, recent_decisions
         from state.db import utcnow
 
         pick = await author_pick(db, settings, utcnow())
@@ -309,7 +309,7 @@ def _cmd_allocate(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def _default_owner(settings: Settings, action: str) -> str | None:
-    from bot.allocation import ACTION_ROLES
+    from bot.verbs.allocate import ACTION_ROLES
 
     role = ACTION_ROLES.get(action, "author")
     owners = [login for login, roles in settings.roster.items() if role in roles]
@@ -503,7 +503,7 @@ def _cmd_run(settings: Settings, args: argparse.Namespace) -> int:
         from bot.core.verbs import TOOLS
         from bot.grants_broker import run_teardown
         from bot.mcp_server import open_runtime
-        from bot.verbs_runtime import caller_for
+        from bot.verbs.runtime import caller_for
 
         grant = await broker.grant()
         async with open_runtime(settings) as runtime:

@@ -5,7 +5,7 @@ pydantic argument model from a function signature, which coerces (``true`` becom
 string is decoded for any non-string field), drops unknown arguments silently and answers a validation
 failure with plain text. Here every tool publishes the schema the verb table declares, receives its
 arguments exactly as sent, and answers with structured content: the verb's result, or the error envelope
-(``is_error``), never a traceback. Every call goes through :class:`bot.verbs_runtime.VerbRuntime` (the gateway).
+(``is_error``), never a traceback. Every call goes through :class:`bot.verbs.runtime.VerbRuntime` (the gateway).
 
 A session started with a *run token* (``foreman run start``; docs/grants.md) is bound to that run: it serves the
 run's owner, offers only the grant's tools, and sends every call through the run's broker first
@@ -37,7 +37,7 @@ from bot.core.errors import Envelope
 from bot.core.grants import Grant, broker_refusal
 from bot.core.verbs import TOOLS, VERBS, Verb
 from bot.grants_broker import Broker, is_run_token
-from bot.verbs_runtime import BootstrapFactory, Caller, VerbResult, VerbRuntime, caller_for, refused
+from bot.verbs.runtime import BootstrapFactory, Caller, VerbResult, VerbRuntime, caller_for, refused
 from state.db import Database
 from state.grants import GrantStore
 

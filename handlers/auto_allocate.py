@@ -1,5 +1,5 @@
 """Auto-allocation (issue 20; on by default when the roster has an author): when an issue gains `status:ready`, the
-ready issues go to the next idle authors (``bot/auto_allocation.py``)."""
+ready issues go to the next idle authors (``bot/verbs/auto_allocate.py``)."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ from typing import Any
 
 from gidgethub import routing, sansio
 
-from bot.auto_allocation import AutoUnavailable, auto_allocate
 from bot.config import Settings
 from bot.core.vocabulary import label_for_state
+from bot.verbs.auto_allocate import AutoUnavailable, auto_allocate
 from bot.worker import HandlerContext
 
 router = routing.Router()

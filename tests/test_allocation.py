@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
-from bot.allocation import AllocationCall, Allocator, depends_on
 from bot.config import Settings
 from bot.core.canonical import parse_comment
+from bot.verbs.allocate import AllocationCall, Allocator, depends_on
 from state.db import Database
 from state.leases import LeaseStore
 from state.outbox import OutboxStore

@@ -1,24 +1,4 @@
-"""Auto-allocation at the edges (issue 20): ready issues go to the next idle roster author, proven and bootstrapped.
-
-``auto_allocate`` is what a `status:ready` label (``handlers/auto_allocate.py``), a released lease
-(``bot/verbs_runtime.py``) and a catch-up run call. In one run, under a per-repository lock:
-
-1. live leases whose bootstrap has not completed are resumed for their owners (a retried delivery finishes the
-   bootstrap a killed process left, as an owner's replay would);
-2. while an author is idle (``bot.core.authors.rank_authors``: fewer than ``max_leases_per_author`` live leases;
-   least live leases, then longest idle, then login) and a ready issue is eligible, one apply is run for the first
-   author: the allocator's own path (controller exclusions from config before ranking, the bootstrap preflight
-   before the lease, the bootstrap after it). A failed proof leases nothing: the issue is marked `status:blocked`
-   with an evidence comment naming the failed checks and the next action, and the run goes on without it;
-3. ready issues still eligible when every author is busy wait: each gets one evidence comment whose Canonical
-   Issue State says so (`WHO_IS_NEXT: controller`), and is allocated by a later run once an author frees up;
-4. the whole decision (author pick, every apply's decision and skipped accounting, what waits) is recorded in
-   ``auto_allocations`` and shown by ``foreman allocate --json``.
-
-With ``[allocator] auto_allocate_owner`` only that author is considered, and it may resume its live lease (the
-behaviour before issue 20). A repeated or replayed trigger finds the issues leased (``foreign_claim``) or the
-authors busy and leases nothing twice.
-"""
+"""Auto-allocation: ready issues go to the next idle roster author, proven and bootstrapped (docs/allocator.md)."""
 
 from __future__ import annotations
 
@@ -30,7 +10,6 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from bot.allocation import AllocationCall, AllocationOutcome, Allocator
 from bot.config import Settings
 from bot.core.allocator import AllocationRequest, SelectDecision, decide
 from bot.core.authors import AuthorPick, author_loads, rank_authors
@@ -38,6 +17,7 @@ from bot.core.canonical import CanonicalState
 from bot.core.evidence import render_evidence
 from bot.core.vocabulary import label_for_state
 from bot.gitea import GiteaClient, GiteaError
+from bot.verbs.allocate import AllocationCall, AllocationOutcome, Allocator
 from state.db import Database, to_db_time, utcnow
 from state.exclusions import ExclusionStore
 from state.journal import JournalStore

@@ -1,13 +1,9 @@
-"""The allocator at the edges: gather candidates and leases, run the pure decision, and apply it atomically.
-
-Dry-run and apply share one path (``Allocator.run``): apply re-reads the live leases and decides again
-inside the same write transaction that creates the lease and its outbox entries (AC4, AC5).
-"""
+"""The allocate verb: gather candidates and leases, run the pure decision, and apply it atomically."""
 
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Literal
@@ -29,8 +25,10 @@ from bot.core.allocator import (
 from bot.core.canonical import CanonicalState
 from bot.core.errors import Envelope
 from bot.core.evidence import render_evidence
+from bot.core.verbs import Verb
 from bot.core.vocabulary import label_for_state
 from bot.gitea import GiteaClient, GiteaError, GiteaNotFound
+from bot.verbs.runtime import Caller, VerbResult, VerbRuntime, envelope, refused
 from state.db import Database, utcnow
 from state.exclusions import ExclusionStore
 from state.issues import IssueStore
@@ -64,7 +62,7 @@ class AllocationCall:
     action: str = "implement"
     delivery_id: str | None = None
     actor_is_operator: bool = False
-    # Auto-allocation (issue 20): False gives an owner that holds a live lease another issue (instead of resuming
+    # Auto-allocation: False gives an owner that holds a live lease another issue (instead of resuming
     # it); ``max_live`` refuses the apply when the owner already holds that many live leases (checked inside the
     # lease transaction, so two concurrent runs cannot exceed it).
     resume_own: bool = True
@@ -235,7 +233,7 @@ class Allocator:
         moment = now or utcnow()
         mode = self.settings.bootstrap.on_allocate
         if not call.actor_is_operator and call.exclude_issue_numbers is not None:
-            # A controller's stated exclusions stand for auto-allocation until it states others (issue 20).
+            # A controller's stated exclusions stand for auto-allocation until it states others.
             try:
                 stated = normalize_exclusions(call.exclude_issue_numbers)
             except InputError:
@@ -255,7 +253,7 @@ class Allocator:
             return outcome
         proven: int | None = None
         if mode != "off" and self.gitea is not None:
-            # Every apply proves first (seed 004 AC10, issue 20): the same preflight the dry-run reports, on the
+            # Every apply proves first (seed 004 AC10): the same preflight the dry-run reports, on the
             # decision as it stands now; a failed proof leases nothing.
             leases = [lease.as_live_lease() for lease in await self.leases.open_leases(self.repo)]
             planned = decide(request, self.policy, leases, moment)
@@ -494,3 +492,66 @@ def _why(decision: SelectDecision) -> str:
     skipped = len(decision.skipped)
     rank = f"ranked first of {len(decision.ranked)}" if top else "selected"
     return f"{rank} by priority, age and number; {skipped} candidate(s) skipped with reasons in the evidence"
+
+
+async def allocate(
+    rt: VerbRuntime, verb: Verb, caller: Caller, values: Mapping[str, object], lease: Lease | None,
+    delivery_id: str | None,
+) -> VerbResult:
+    action = str(values["action"])
+    owner = values.get("owner")
+    if owner is None:
+        role = ACTION_ROLES.get(action, "author")
+        fits = [login for login, roles in rt.settings.roster.items() if role in roles]
+        if role == "author" and len(fits) > 1:
+            # Several authors: the next idle one by the auto-allocation policy.
+            from bot.verbs.auto_allocate import author_pick
+
+            pick = await author_pick(rt.db, rt.settings, rt.clock())
+            if not pick.order:
+                busy = ", ".join(s.login for s in pick.skipped)
+                return refused(verb.name, envelope(
+                    "conflict",
+                    f"no owner given and every author is busy ({busy})",
+                    "Wait for an author to free up (foreman allocates ready issues automatically when one "
+                    "does), or name the owner.",
+                    f"call {verb.tool} again with owner set, or once an author has released its lease",
+                    reason="authors_busy", authors=pick.to_dict(),
+                ))
+            fits = [pick.order[0]]
+        if len(fits) != 1:
+            return refused(
+                verb.name,
+                envelope(
+                    "invalid_input",
+                    f"no owner given and the roster has {len(fits)} identities with the {role} role",
+                    f"Name the owner: one of {', '.join(fits) or '(none: add one to [roster])'}.",
+                    f"call {verb.tool} again with owner set",
+                ),
+            )
+        owner = fits[0]
+    assert isinstance(owner, str)
+    expected = values.get("expected_fingerprint")
+    call = AllocationCall(
+        actor=caller.login,
+        owner=owner.lstrip("@"),
+        candidates_json=values.get("candidates_json"),
+        exclude_issue_numbers=values.get("exclude_issue_numbers"),
+        dry_run=bool(values["dry_run"]),
+        expected_fingerprint=expected if isinstance(expected, str) else None,
+        action=action,
+        delivery_id=delivery_id,
+    )
+    outcome = await Allocator(rt.db, rt.settings, rt.gitea, bot_login=rt.bot_login).run(call)
+    if outcome.applied:
+        rt.woken()
+    doc = {"verb": verb.name, **outcome.to_dict()}
+    if outcome.exit_code == 0:
+        doc["next"] = rt.next_tools(verb, caller)
+        return VerbResult(verb=verb.name, doc=doc)
+    refusal = outcome.refusal
+    if refusal is None and outcome.decision is not None:
+        refusal = getattr(outcome.decision, "envelope", None)
+    if refusal is None:  # pragma: no cover - every refused outcome carries an envelope
+        refusal = envelope("invalid_state", "allocation refused", "Run a dry-run.", f"call {verb.tool}")
+    return VerbResult(verb=verb.name, doc=doc, refusal=refusal)

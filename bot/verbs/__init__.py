@@ -1,0 +1,1 @@
+"""Verbs: the one door (runtime) and one module per verb family."""
