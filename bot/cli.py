@@ -15,7 +15,7 @@ import signal
 import sys
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 from gidgethub import routing
@@ -26,6 +26,9 @@ from bot.core.vocabulary import MAX_ISSUE_NUMBER, is_issue_number
 from state.db import Database
 from state.deliveries import STATUSES, DeliveryStore
 from state.outbox import OUTBOX_STATUSES
+
+if TYPE_CHECKING:
+    from bot.verbs.runtime import Caller, VerbResult
 
 log = logging.getLogger("foreman.cli")
 
@@ -245,7 +248,7 @@ def _cmd_allocate(settings: Settings, args: argparse.Namespace) -> int:
     from bot.core.allocator import InputError
     from bot.core.errors import EnvelopeError
     from bot.gitea import client_for
-    from bot.verbs.allocate import AllocationCall, Allocator
+    from bot.verbs.runtime import VerbRuntime
 
     try:
         candidates = parse_candidates_option(args.candidates_json)
@@ -283,29 +286,35 @@ def _cmd_allocate(settings: Settings, args: argparse.Namespace) -> int:
                        "dry_run": not args.apply, "applied": False, "auto": auto}
             _emit(waiting, as_json=args.json, text="wait: every author is busy")
             return EXIT_OK
+        arguments: dict[str, object] = {"owner": chosen, "action": args.action, "dry_run": not args.apply}
+        given = {"candidates_json": candidates, "exclude_issue_numbers": args.exclude,
+                 "expected_fingerprint": args.expect_fingerprint}
+        arguments.update({name: value for name, value in given.items() if value is not None})
         async with aiohttp.ClientSession() as session:
-            gitea = client_for(session, settings)
-            allocator = Allocator(db, settings, gitea, bot_login=settings.gitea.bot_login)
-            call = AllocationCall(
-                actor=f"operator:{getpass.getuser()}",
-                actor_is_operator=True,
-                owner=chosen,
-                candidates_json=candidates,
-                exclude_issue_numbers=args.exclude,
-                dry_run=not args.apply,
-                expected_fingerprint=args.expect_fingerprint,
-                action=args.action,
-            )
-            outcome = await allocator.run(call)
-        doc: dict[str, Any] = {**outcome.to_dict(), "owner": chosen, "auto": auto}
+            runtime = VerbRuntime(db=db, settings=settings, gitea=client_for(session, settings),
+                                  bot_login=settings.gitea.bot_login)
+            result = await runtime.call("allocate_next_work", _operator(), arguments)
+        doc: dict[str, Any] = {**_rendered(result), "owner": chosen, "auto": auto}
         summary = (
             f"{doc.get('decision')}: issue {doc.get('issue_number')} for {chosen}"
             f" (fingerprint {doc.get('fingerprint')}, {len(doc.get('skipped', []))} skipped)"
         )
-        _emit(doc, as_json=args.json, text=summary if outcome.exit_code == 0 else None)
-        return outcome.exit_code
+        _emit(doc, as_json=args.json, text=summary if result.ok else None)
+        return result.exit_code
 
     return asyncio.run(_with_db(settings, work))
+
+
+def _operator() -> Caller:
+    """The CLI acts as the operator at the shell (the login of the process), with the operator's roles."""
+    from bot.verbs.runtime import operator_caller
+
+    return operator_caller(f"operator:{getpass.getuser()}", "cli")
+
+
+def _rendered(result: VerbResult) -> dict[str, Any]:
+    """A verb's document as the CLI prints it: without the door's ``verb`` and the MCP tools to call ``next``."""
+    return {key: value for key, value in result.doc.items() if key not in ("verb", "next")}
 
 
 def _default_owner(settings: Settings, action: str) -> str | None:
@@ -397,8 +406,9 @@ def _cmd_bootstrap(settings: Settings, args: argparse.Namespace) -> int:
     """The worktree bootstrap transition for --owner (who must hold the issue's live lease); docs/bootstrap.md."""
     import aiohttp
 
-    from bot.bootstrap import BootstrapContext, bootstrap_issue_worktree, bootstrap_preflight
+    from bot.bootstrap import BootstrapContext, bootstrap_preflight
     from bot.gitea import client_for
+    from bot.verbs.runtime import VerbRuntime, caller_for
 
     async def work(db: Database) -> int:
         async with aiohttp.ClientSession() as session:
@@ -408,19 +418,18 @@ def _cmd_bootstrap(settings: Settings, args: argparse.Namespace) -> int:
                 proof = await bootstrap_preflight(ctx, args.issue, args.owner)
                 _emit(proof, as_json=args.json)
                 return EXIT_OK if proof["ok"] else EXIT_REFUSED
-            result = await bootstrap_issue_worktree(
-                ctx,
-                issue_number=args.issue,
-                caller=args.owner,
-                idempotency_key=args.idempotency_key,
-                expected_base=args.expected_base,
-            )
-        doc = result.to_dict()
+            arguments: dict[str, object] = {"issue_number": args.issue}
+            given = {"idempotency_key": args.idempotency_key, "expected_base": args.expected_base}
+            arguments.update({name: value for name, value in given.items() if value is not None})
+            runtime = VerbRuntime(db=db, settings=settings, gitea=gitea, bot_login=settings.gitea.bot_login)
+            # The operator bootstraps for the owner: the door checks the owner's roster role and its live lease.
+            result = await runtime.call("bootstrap_issue_worktree", caller_for(settings, args.owner, "cli"), arguments)
+        doc = _rendered(result)
         proof = doc.get("proof") or {}
         text = (
-            f"{result.status}: #{args.issue} branch {proof.get('branch')} at {proof.get('head_sha')},"
-            f" worktree {proof.get('worktree_path')} (key {result.idempotency_key})"
-            if result.exit_code == 0
+            f"{doc.get('status')}: #{args.issue} branch {proof.get('branch')} at {proof.get('head_sha')},"
+            f" worktree {proof.get('worktree_path')} (key {doc.get('idempotency_key')})"
+            if result.ok
             else None
         )
         _emit(doc, as_json=args.json, text=text)

@@ -28,7 +28,7 @@ from bot.core.evidence import render_evidence
 from bot.core.verbs import Verb
 from bot.core.vocabulary import label_for_state
 from bot.gitea import GiteaClient, GiteaError, GiteaNotFound
-from bot.verbs.runtime import Caller, VerbResult, VerbRuntime, envelope, refused
+from bot.verbs.runtime import Caller, CallOptions, VerbResult, VerbRuntime, envelope, refused
 from state.db import Database, utcnow
 from state.exclusions import ExclusionStore
 from state.issues import IssueStore
@@ -53,7 +53,7 @@ def depends_on(body: str) -> list[int]:
 class AllocationCall:
     """One allocation request as received from the CLI, a comment command or the MCP tool."""
 
-    actor: str  # who asks (must be a controller, or the operator's CLI)
+    actor: str  # who asks (the verb's role gate at the door admitted it)
     owner: str  # who would receive the lease
     candidates_json: object = None  # None: open `status:ready` issues from Gitea (or the stored state)
     exclude_issue_numbers: object = None
@@ -61,7 +61,7 @@ class AllocationCall:
     expected_fingerprint: str | None = None
     action: str = "implement"
     delivery_id: str | None = None
-    actor_is_operator: bool = False
+    actor_is_operator: bool = False  # the operator's command line or foreman itself: states no standing exclusions
     # Auto-allocation: False gives an owner that holds a live lease another issue (instead of resuming
     # it); ``max_live`` refuses the apply when the owner already holds that many live leases (checked inside the
     # lease transaction, so two concurrent runs cannot exceed it).
@@ -135,15 +135,9 @@ class Allocator:
     def repo(self) -> str:
         return f"{self.settings.repository.owner}/{self.settings.repository.name}".lower()
 
-    def _authorize(self, call: AllocationCall) -> AllocationOutcome | None:
+    def _check_owner(self, call: AllocationCall) -> AllocationOutcome | None:
+        """The action is known and the owner holds its role (the caller's own role was checked at the door)."""
         roster = self.settings.roster
-        if not call.actor_is_operator and "controller" not in roster.get(call.actor, []):
-            return _refuse(
-                "not_authorized",
-                f"{call.actor} is not a controller; only controllers allocate work",
-                "Ask a controller identity (see the roster) to allocate, or have an operator add you to it.",
-                "ask a controller to run /allocate or gitea_allocate_next_work",
-            )
         role = ACTION_ROLES.get(call.action)
         if role is None:
             return _refuse(
@@ -205,7 +199,7 @@ class Allocator:
         return records, frozenset(open_numbers)
 
     async def run(self, call: AllocationCall, *, now: datetime | None = None) -> AllocationOutcome:
-        refused = self._authorize(call)
+        refused = self._check_owner(call)
         if refused is not None:
             return refused
         source = "candidates_json"
@@ -496,7 +490,7 @@ def _why(decision: SelectDecision) -> str:
 
 async def allocate(
     rt: VerbRuntime, verb: Verb, caller: Caller, values: Mapping[str, object], lease: Lease | None,
-    delivery_id: str | None,
+    delivery_id: str | None, options: CallOptions,
 ) -> VerbResult:
     action = str(values["action"])
     owner = values.get("owner")
@@ -541,17 +535,20 @@ async def allocate(
         expected_fingerprint=expected if isinstance(expected, str) else None,
         action=action,
         delivery_id=delivery_id,
+        actor_is_operator=caller.channel in ("cli", "auto"),
+        resume_own=options.resume_own,
+        max_live=options.max_live,
     )
-    outcome = await Allocator(rt.db, rt.settings, rt.gitea, bot_login=rt.bot_login).run(call)
+    outcome = await Allocator(rt.db, rt.settings, rt.gitea, bot_login=rt.bot_login).run(call, now=options.now)
     if outcome.applied:
         rt.woken()
     doc = {"verb": verb.name, **outcome.to_dict()}
     if outcome.exit_code == 0:
         doc["next"] = rt.next_tools(verb, caller)
-        return VerbResult(verb=verb.name, doc=doc)
+        return VerbResult(verb=verb.name, doc=doc, outcome=outcome)
     refusal = outcome.refusal
     if refusal is None and outcome.decision is not None:
         refusal = getattr(outcome.decision, "envelope", None)
     if refusal is None:  # pragma: no cover - every refused outcome carries an envelope
         refusal = envelope("invalid_state", "allocation refused", "Run a dry-run.", f"call {verb.tool}")
-    return VerbResult(verb=verb.name, doc=doc, refusal=refusal)
+    return VerbResult(verb=verb.name, doc=doc, refusal=refusal, outcome=outcome)

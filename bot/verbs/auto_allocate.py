@@ -17,7 +17,8 @@ from bot.core.canonical import CanonicalState
 from bot.core.evidence import render_evidence
 from bot.core.vocabulary import label_for_state
 from bot.gitea import GiteaClient, GiteaError
-from bot.verbs.allocate import AllocationCall, AllocationOutcome, Allocator
+from bot.verbs.allocate import AllocationOutcome, Allocator
+from bot.verbs.runtime import CallOptions, VerbRuntime, no_bootstrap, operator_caller
 from state.db import Database, to_db_time, utcnow
 from state.exclusions import ExclusionStore
 from state.journal import JournalStore
@@ -27,6 +28,7 @@ from state.outbox import OutboxIntent, enqueue
 log = logging.getLogger("foreman.auto_allocate")
 
 ACTOR = "foreman:auto-allocate"
+CALLER = operator_caller(ACTOR, "auto")
 #: Preflight checks that fail because of the issue itself (its canonical path, a foreign lease): the issue is
 #: marked blocked and the run goes on with the others.
 _ISSUE_CHECKS = frozenset({"path_free", "no_foreign_lease"})
@@ -129,7 +131,8 @@ async def auto_allocate(
 
 async def _run(db: Database, settings: Settings, gitea: GiteaClient, bot_login: str, report: AutoReport,
                delivery_id: str | None, now: datetime | None, wakeup: Callable[[], None] | None) -> None:
-    allocator = Allocator(db, settings, gitea, bot_login=bot_login)
+    allocator = Allocator(db, settings, gitea, bot_login=bot_login)  # its candidates and policy, for what waits
+    door = VerbRuntime(db=db, settings=settings, gitea=gitea, bot_login=bot_login, bootstrap_factory=no_bootstrap)
     repo = _repo(settings)
     cfg = settings.allocator
     named = cfg.auto_allocate_owner or None
@@ -140,17 +143,20 @@ async def _run(db: Database, settings: Settings, gitea: GiteaClient, bot_login: 
     done: set[str] = set()
 
     async def apply(owner: str, *, resume: bool) -> AllocationOutcome:
-        outcome = await allocator.run(
-            AllocationCall(actor=ACTOR, actor_is_operator=True, owner=owner, dry_run=False, delivery_id=delivery_id,
-                           exclude_issue_numbers=sorted(excluded) or None, resume_own=resume,
-                           max_live=None if resume else cfg.max_leases_per_author),
-            now=now,
-        )
+        arguments: dict[str, object] = {"owner": owner, "dry_run": False}
+        if excluded:
+            arguments["exclude_issue_numbers"] = sorted(excluded)
+        options = CallOptions(resume_own=resume, max_live=None if resume else cfg.max_leases_per_author, now=now)
+        result = await door.call("allocate_next_work", CALLER, arguments, delivery_id=delivery_id, options=options)
+        outcome = result.outcome
+        if not isinstance(outcome, AllocationOutcome):  # the door refused before the allocator ran
+            outcome = AllocationOutcome(decision=None, refusal=result.refusal, dry_run=False)
         doc = outcome.to_dict()
         report.applies.append({
             "owner": owner, "decision": doc.get("decision"), "issue_number": doc.get("issue_number"),
             "applied": outcome.applied, "error": doc.get("error"), "skipped": doc.get("skipped", []),
             "bootstrap": (outcome.bootstrap or {}).get("status"),
+            **({"refusal": outcome.refusal.to_dict()} if outcome.refusal is not None else {}),
         })
         if outcome.applied or outcome.outbox_keys or outcome.bootstrap is not None:
             report.outbox = True

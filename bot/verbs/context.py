@@ -9,7 +9,7 @@ from typing import Any
 
 from bot.core.gateway import GatewayContext
 from bot.core.verbs import PRECONDITION_WORKTREE, VERBS, Verb, evaluate
-from bot.verbs.runtime import Caller, VerbResult, VerbRuntime
+from bot.verbs.runtime import Caller, CallOptions, VerbResult, VerbRuntime
 from state.leases import Lease
 
 #: How many issues a runtime context lists per verb (a controller may see every live lease).
@@ -18,7 +18,7 @@ _CONTEXT_ISSUE_LIMIT = 20
 
 async def runtime_context(
     rt: VerbRuntime, verb: Verb, caller: Caller, values: Mapping[str, object], lease: Lease | None,
-    delivery_id: str | None,
+    delivery_id: str | None, options: CallOptions,
 ) -> VerbResult:
     now = rt.clock()
     open_leases = [lease for lease in await rt.leases.open_leases(rt.repo) if lease.is_live(now)]

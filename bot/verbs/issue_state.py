@@ -10,14 +10,14 @@ from typing import Any
 from bot.core.canonical import CanonicalState
 from bot.core.evidence import render_evidence
 from bot.core.verbs import Verb
-from bot.verbs.runtime import Caller, VerbResult, VerbRuntime, envelope, issue_of, refused
+from bot.verbs.runtime import Caller, CallOptions, VerbResult, VerbRuntime, envelope, issue_of, refused
 from state.leases import Lease
 from state.outbox import OutboxIntent, enqueue
 
 
 async def get_state(
     rt: VerbRuntime, verb: Verb, caller: Caller, values: Mapping[str, object], lease: Lease | None,
-    delivery_id: str | None,
+    delivery_id: str | None, options: CallOptions,
 ) -> VerbResult:
     issue = issue_of(values)
     snapshot = await rt.issues.snapshot(rt.repo, issue)
@@ -42,7 +42,7 @@ async def get_state(
 
 async def post_state(
     rt: VerbRuntime, verb: Verb, caller: Caller, values: Mapping[str, object], lease: Lease | None,
-    delivery_id: str | None,
+    delivery_id: str | None, options: CallOptions,
 ) -> VerbResult:
     issue = issue_of(values)
     raw = values["state"]

@@ -10,7 +10,7 @@ from typing import Any
 from bot.core.errors import Envelope
 from bot.core.evidence import render_evidence
 from bot.core.verbs import Verb
-from bot.verbs.runtime import Caller, VerbResult, VerbRuntime, envelope, refused
+from bot.verbs.runtime import Caller, CallOptions, VerbResult, VerbRuntime, envelope, refused
 from state.leases import Lease, LeaseRefused
 from state.outbox import OutboxIntent, enqueue
 
@@ -19,7 +19,7 @@ log = logging.getLogger("foreman.verbs")
 
 async def heartbeat(
     rt: VerbRuntime, verb: Verb, caller: Caller, values: Mapping[str, object], lease: Lease | None,
-    delivery_id: str | None,
+    delivery_id: str | None, options: CallOptions,
 ) -> VerbResult:
     assert lease is not None  # the live_lease precondition held
     ttl = timedelta(seconds=rt.settings.allocator.lease_ttl_s)
@@ -32,7 +32,7 @@ async def heartbeat(
 
 async def release(
     rt: VerbRuntime, verb: Verb, caller: Caller, values: Mapping[str, object], lease: Lease | None,
-    delivery_id: str | None,
+    delivery_id: str | None, options: CallOptions,
 ) -> VerbResult:
     assert lease is not None  # the live_lease precondition held
     reason = str(values["reason"])

@@ -24,7 +24,11 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("foreman.verbs")
 
-Channel = Literal["mcp", "comment"]
+#: How a call reached the door: an MCP tool, a comment command, the operator's command line, or auto-allocation.
+Channel = Literal["mcp", "comment", "cli", "auto"]
+#: The roles the operator's command line and auto-allocation act with. Whoever runs foreman on this configuration
+#: and database is its operator; auto-allocation is switched on by that configuration (``[allocator] auto``).
+OPERATOR_ROLES: frozenset[Role] = frozenset({"controller"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +45,24 @@ def caller_for(settings: Settings, login: str, channel: Channel) -> Caller:
     return Caller(login=login, roles=frozenset(settings.roster.get(login, [])), channel=channel)
 
 
+def operator_caller(login: str, channel: Literal["cli", "auto"]) -> Caller:
+    """The operator at the command line, or foreman allocating on its own: ``OPERATOR_ROLES``, never the roster's."""
+    return Caller(login=login, roles=OPERATOR_ROLES, channel=channel)
+
+
+@dataclass(frozen=True, slots=True)
+class CallOptions:
+    """What an in-process caller (auto-allocation) adds to a call; no MCP tool or comment command can set it.
+
+    ``resume_own`` False gives an owner that holds a live lease another issue; ``max_live`` refuses an apply when the
+    owner already holds that many live leases; ``now`` pins the allocator's clock.
+    """
+
+    resume_own: bool = True
+    max_live: int | None = None
+    now: datetime | None = None
+
+
 @dataclass(frozen=True, slots=True)
 class VerbResult:
     """One verb call's answer: the structured document, and whether it was refused (with the envelope).
@@ -53,6 +75,8 @@ class VerbResult:
     verb: str
     doc: dict[str, Any]
     refusal: Envelope | None = None
+    #: The executor's typed result for an in-process caller (the allocator's ``AllocationOutcome``), else None.
+    outcome: object = None
 
     @property
     def ok(self) -> bool:
@@ -217,7 +241,13 @@ class VerbRuntime:
         return self._bootstrap
 
     async def call(
-        self, verb_name: str, caller: Caller, arguments: Mapping[str, object], *, delivery_id: str | None = None
+        self,
+        verb_name: str,
+        caller: Caller,
+        arguments: Mapping[str, object],
+        *,
+        delivery_id: str | None = None,
+        options: CallOptions | None = None,
     ) -> VerbResult:
         """Decide, then (if allowed) carry out ``verb_name`` for ``caller``. Never raises.
 
@@ -231,7 +261,7 @@ class VerbRuntime:
         an ``unavailable`` envelope that carries no internals. The caller's identity is never an argument.
         """
         try:
-            return await self._call(verb_name, caller, arguments, delivery_id)
+            return await self._call(verb_name, caller, arguments, delivery_id, options or CallOptions())
         except Exception:
             log.exception("%s by %s failed unexpectedly", verb_name, caller.login)
             return refused(
@@ -246,7 +276,8 @@ class VerbRuntime:
             )
 
     async def _call(
-        self, verb_name: str, caller: Caller, arguments: Mapping[str, object], delivery_id: str | None
+        self, verb_name: str, caller: Caller, arguments: Mapping[str, object], delivery_id: str | None,
+        options: CallOptions,
     ) -> VerbResult:
         verb = VERBS.get(verb_name)
         if verb is None or not verb.executable:
@@ -281,7 +312,7 @@ class VerbRuntime:
         if not decision.allowed:
             log.info("%s by %s refused: %s %s", verb.name, caller.login, decision.kind, list(decision.failed))
             return _decision_result(verb.name, decision)
-        result = await executors()[verb.name](self, verb, caller, values, lease, delivery_id)
+        result = await executors()[verb.name](self, verb, caller, values, lease, delivery_id, options)
         log.info("%s by %s (%s): %s", verb.name, caller.login, caller.channel, "ok" if result.ok else "refused")
         return result
 
@@ -334,7 +365,7 @@ class VerbRuntime:
 
 async def bootstrap_verb(
     rt: VerbRuntime, verb: Verb, caller: Caller, values: Mapping[str, object], lease: Lease | None,
-    delivery_id: str | None,
+    delivery_id: str | None, options: CallOptions,
 ) -> VerbResult:
     issue = issue_of(values)
     bootstrap = await rt.worktree_bootstrap()
@@ -374,7 +405,7 @@ def bootstrap_missing(verb: Verb, issue: int) -> Envelope:
 
 
 Executor = Callable[
-    [VerbRuntime, Verb, Caller, Mapping[str, object], Lease | None, str | None], Awaitable[VerbResult]
+    [VerbRuntime, Verb, Caller, Mapping[str, object], Lease | None, str | None, CallOptions], Awaitable[VerbResult]
 ]
 
 
