@@ -6,7 +6,7 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from bot.bootstrap import BootstrapContext, bootstrap_issue_worktree, bootstrap_preflight
 from bot.config import Settings
@@ -27,7 +27,7 @@ from bot.core.errors import Envelope
 from bot.core.evidence import render_evidence
 from bot.core.verbs import Verb
 from bot.core.vocabulary import label_for_state
-from bot.gitea import GiteaClient, GiteaError, GiteaNotFound
+from bot.gitea import GiteaClient, GiteaError, GiteaNotFound, Issue, IssueState, IssueType
 from bot.verbs.runtime import Caller, CallOptions, VerbResult, VerbRuntime, envelope, refused
 from state.db import Database, utcnow
 from state.exclusions import ExclusionStore
@@ -47,6 +47,47 @@ def depends_on(body: str) -> list[int]:
     for line in _DEPENDS_RE.findall(body or ""):
         found.extend(int(n) for n in _ISSUE_REF_RE.findall(line) if int(n) > 0)
     return sorted(set(found))
+
+
+class CandidatesGitea(Protocol):
+    """The Gitea reads the allocator makes itself: the ready issues, and the state of each dependency."""
+
+    async def list_issues(
+        self, *, state: IssueState = ..., labels: Sequence[str] = ..., type_: IssueType | None = ..., limit: int = ...
+    ) -> list[Issue]: ...
+
+    async def get_issue(self, number: int) -> Issue: ...
+
+
+async def ready_candidates(gitea: CandidatesGitea) -> tuple[list[dict[str, Any]], frozenset[int]]:
+    """Open `status:ready` issues (not PRs) from Gitea, with their dependencies' open state."""
+    ready = label_for_state("ready")
+    issues = await gitea.list_issues(state="open", labels=[ready], type_="issues")
+    records: list[dict[str, Any]] = []
+    deps: set[int] = set()
+    for issue in issues:
+        if issue.is_pull or ready not in issue.label_names:
+            continue  # Gitea drops unknown label filters silently: check the label ourselves
+        record: dict[str, Any] = {
+            "issue_number": issue.number,
+            "title": issue.title,
+            "labels": sorted(issue.label_names),
+            "depends_on": depends_on(issue.body or ""),
+        }
+        if issue.created_at is not None:
+            record["created_at"] = issue.created_at.isoformat()
+        deps.update(record["depends_on"])
+        records.append(record)
+    known = {r["issue_number"] for r in records}
+    open_numbers: set[int] = set(known)
+    for number in sorted(deps - known):
+        try:
+            dep = await gitea.get_issue(number)
+        except GiteaNotFound:
+            continue  # a missing issue holds nothing
+        if dep.state == "open":
+            open_numbers.add(number)
+    return records, frozenset(open_numbers)
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,7 +156,11 @@ def _refuse(kind: Literal["not_authorized", "invalid_input", "unavailable"], mes
 
 
 class Allocator:
-    """Runs allocation calls against the database (leases, outbox) and, for candidates, Gitea."""
+    """Runs allocation calls against the database (leases, outbox) and, for candidates, Gitea.
+
+    Its own Gitea reads need only ``CandidatesGitea``; ``gitea`` is a ``GiteaClient`` because the bootstrap
+    preflight and the bootstrap after the lease take one (``BootstrapContext``).
+    """
 
     def __init__(self, db: Database, settings: Settings, gitea: GiteaClient | None, *, bot_login: str) -> None:
         self.db = db
@@ -170,33 +215,7 @@ class Allocator:
         """Open `status:ready` issues (not PRs) from Gitea, with their dependencies' open state."""
         if self.gitea is None:
             raise LookupError("no Gitea client: give candidates_json, or configure gitea.token")
-        ready = label_for_state("ready")
-        issues = await self.gitea.list_issues(state="open", labels=[ready], type_="issues")
-        records: list[dict[str, Any]] = []
-        deps: set[int] = set()
-        for issue in issues:
-            if issue.is_pull or ready not in issue.label_names:
-                continue  # Gitea drops unknown label filters silently: check the label ourselves
-            record: dict[str, Any] = {
-                "issue_number": issue.number,
-                "title": issue.title,
-                "labels": sorted(issue.label_names),
-                "depends_on": depends_on(issue.body or ""),
-            }
-            if issue.created_at is not None:
-                record["created_at"] = issue.created_at.isoformat()
-            deps.update(record["depends_on"])
-            records.append(record)
-        known = {r["issue_number"] for r in records}
-        open_numbers: set[int] = set(known)
-        for number in sorted(deps - known):
-            try:
-                dep = await self.gitea.get_issue(number)
-            except GiteaNotFound:
-                continue  # a missing issue holds nothing
-            if dep.state == "open":
-                open_numbers.add(number)
-        return records, frozenset(open_numbers)
+        return await ready_candidates(self.gitea)
 
     async def run(self, call: AllocationCall, *, now: datetime | None = None) -> AllocationOutcome:
         refused = self._check_owner(call)

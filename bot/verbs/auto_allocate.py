@@ -109,9 +109,12 @@ async def auto_allocate(
     now: datetime | None = None,
     wakeup: Callable[[], None] | None = None,
 ) -> AutoReport:
-    """Allocate every ready issue an idle author can take now; record the decision. Raises AutoUnavailable when
-    Gitea could not serve it (nothing half-done is left: a lease whose bootstrap could not run is resumed by the
-    retry)."""
+    """Allocate every ready issue an idle author can take now, through the door; record the decision.
+
+    Raises AutoUnavailable when Gitea could not serve it (nothing half-done is left: a lease whose bootstrap could
+    not run is resumed by the retry). ``gitea`` is only handed on (the allocator's candidates, the bootstrap), so it
+    is the client those take.
+    """
     report = AutoReport(trigger=trigger, enabled=settings.auto_allocation(),
                         named_owner=settings.allocator.auto_allocate_owner or None)
     if not report.enabled:

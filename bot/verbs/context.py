@@ -5,15 +5,24 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from bot.core.gateway import GatewayContext
 from bot.core.verbs import PRECONDITION_WORKTREE, VERBS, Verb, evaluate
+from bot.gitea import Branch, Repository
 from bot.verbs.runtime import Caller, CallOptions, VerbResult, VerbRuntime
 from state.leases import Lease
 
 #: How many issues a runtime context lists per verb (a controller may see every live lease).
 _CONTEXT_ISSUE_LIMIT = 20
+
+
+class BranchGitea(Protocol):
+    """The Gitea reads the runtime context makes: the repository's default branch and that branch's head."""
+
+    async def get_repo(self) -> Repository: ...
+
+    async def get_branch(self, name: str) -> Branch: ...
 
 
 async def runtime_context(
@@ -101,13 +110,14 @@ async def _default_branch(rt: VerbRuntime) -> dict[str, Any]:
     """The default branch's SHA live on Gitea and in the control checkout, side by side."""
     out: dict[str, Any] = {"name": None, "live_sha": None, "checkout_sha": None, "checkout": None}
     notes: list[str] = []
-    if rt.gitea is None:
+    gitea: BranchGitea | None = rt.gitea
+    if gitea is None:
         notes.append("no gitea.token configured: the live SHA cannot be read")
     else:
         try:
-            repo = await rt.gitea.get_repo()
+            repo = await gitea.get_repo()
             out["name"] = repo.default_branch
-            out["live_sha"] = (await rt.gitea.get_branch(repo.default_branch)).commit_id
+            out["live_sha"] = (await gitea.get_branch(repo.default_branch)).commit_id
         except Exception as exc:
             notes.append(f"Gitea did not answer: {type(exc).__name__}")
     bootstrap = await rt.worktree_bootstrap()

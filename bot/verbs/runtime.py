@@ -212,7 +212,9 @@ class VerbRuntime:
     ``wakeup`` is called after outbox entries were committed (the service's sender sends them; a
     stand-alone ``foreman mcp`` leaves them for ``foreman serve``). ``bootstrap_factory`` builds the
     worktree bootstrap on first use (``bot.bootstrap`` by default; ``no_bootstrap`` for none, whose
-    verbs then answer ``unavailable``).
+    verbs then answer ``unavailable``). ``gitea`` is a whole ``GiteaClient`` because it is handed on to the
+    worktree bootstrap (``BootstrapContext`` takes one); the verbs' own Gitea calls are typed by the Protocol
+    next to each (``CandidatesGitea`` in allocate, ``BranchGitea`` in context).
     """
 
     db: Database
