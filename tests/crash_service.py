@@ -14,7 +14,7 @@ from pathlib import Path
 from gidgethub import routing, sansio
 
 from bot import logs
-from bot.cli import serve
+from bot.cli.serve import serve
 from bot.config import load_settings
 from bot.worker import HandlerContext
 from handlers import build_router
