@@ -161,7 +161,7 @@ def build_parser() -> argparse.ArgumentParser:
     deliveries.add_argument("--status", choices=STATUSES, help="only deliveries with this status")
     deliveries.add_argument("--limit", type=_count, default=50, metavar="N", help=_LIMIT_HELP)
     deliveries.add_argument("--reconcile", action="store_true",
-                            help="the last catch-up pass instead: what it read, found and missed (issue 16)")
+                            help="the last catch-up pass instead: what it read, found and missed")
     add_json(deliveries)
     replay = add("replay", "queue a stored delivery again")
     replay.add_argument("id", type=_delivery_ref, help="row id or Gitea delivery id")
