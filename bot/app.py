@@ -201,7 +201,7 @@ class Service:
         async def allocate() -> None:
             if not self.settings.auto_allocation():
                 return
-            from bot.auto_allocation import auto_allocate
+            from bot.verbs.auto_allocate import auto_allocate
 
             await auto_allocate(self.db, self.settings, gitea, bot_login=self.bot_login or "", trigger="catch_up",
                                 wakeup=self.outbox_wakeup)

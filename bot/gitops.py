@@ -1,7 +1,7 @@
 """The git edge (GitPython): the bot's control checkout, issue branches and worktrees. Argument lists only.
 
 Every call is synchronous (the async callers run them in a thread), bounded by a timeout, and never prompts.
-Nothing here decides anything: ``bot.core.bootstrap`` plans, ``bot.bootstrap`` acts, this module observes and
+Nothing here decides anything: ``bot.core.bootstrap`` plans, ``bot.verbs.bootstrap`` acts, this module observes and
 performs single git operations, each one conditional where git allows it (a branch is created only if absent
 and deleted only if it still points where it was created).
 """

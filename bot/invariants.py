@@ -260,7 +260,7 @@ def _once(markers: Counter[str], key: str) -> str | None:
 
 
 #: How the end reason of a lease foreman released for a failed or impossible bootstrap begins (bot.verbs.bootstrap,
-#: bot.allocation): such a release also takes the owner off the issue's assignees.
+#: bot.verbs.allocate): such a release also takes the owner off the issue's assignees.
 _FAILED_ENDS = ("bootstrap failed", "unworkable")
 
 

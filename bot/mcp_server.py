@@ -25,7 +25,7 @@ from bot.core.grants import Grant, broker_refusal
 from bot.core.verbs import TOOLS, VERBS, Verb
 from bot.verbs.runs.broker import Broker
 from bot.verbs.runs.start import is_run_token
-from bot.verbs_runtime import BootstrapFactory, Caller, VerbResult, VerbRuntime, caller_for, refused
+from bot.verbs.runtime import BootstrapFactory, Caller, VerbResult, VerbRuntime, caller_for, refused
 from state.db import Database
 from state.grants import GrantStore
 

@@ -6,9 +6,9 @@ from typing import Any
 
 from gidgethub import sansio
 
-from bot.auto_allocation import auto_allocate
 from bot.core.dispatch import OrderedRouter
 from bot.core.vocabulary import label_for_state
+from bot.verbs.auto_allocate import auto_allocate
 from bot.worker import HandlerContext
 
 router = OrderedRouter()

@@ -14,7 +14,7 @@ from bot.core.errors import Envelope
 from bot.core.evidence import render_evidence, render_failure
 from bot.core.verbs import COMMANDS, Verb
 from bot.core.vocabulary import MAX_ISSUE_NUMBER, is_issue_number
-from bot.verbs_runtime import VerbResult, VerbRuntime, caller_for
+from bot.verbs.runtime import VerbResult, VerbRuntime, caller_for
 from bot.worker import HandlerContext
 from state.outbox import OutboxIntent, OutboxStore
 from state.reconcile import CommandClaims

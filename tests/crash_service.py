@@ -10,7 +10,7 @@ from pathlib import Path
 from gidgethub import sansio
 
 from bot import logs
-from bot.cli import serve
+from bot.cli.serve import serve
 from bot.config import load_settings
 from bot.core.dispatch import OrderedRouter
 from bot.worker import HandlerContext

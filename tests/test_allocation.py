@@ -13,9 +13,10 @@ from typing import Any
 
 import pytest
 
-from bot.allocation import AllocationCall, Allocator, depends_on
 from bot.config import Settings
 from bot.core.canonical import parse_comment
+from bot.verbs.allocate import AllocationCall, Allocator, depends_on
+from bot.verbs.runtime import VerbRuntime, caller_for, no_bootstrap
 from state.db import Database
 from state.leases import LeaseStore
 from state.outbox import OutboxStore
@@ -231,9 +232,13 @@ async def test_the_database_itself_refuses_a_second_live_lease(allocator: Alloca
 
 
 async def test_only_controllers_allocate_and_only_roster_owners_receive(allocator: Allocator) -> None:
-    """Issue 5.8: a non-controller is not_authorized; an owner without the action's role is refused."""
-    by_author = await allocator.run(call(actor="author-1", dry_run=False), now=NOW)
-    assert by_author.to_dict()["error"] == "not_authorized"
+    """Issue 5.8: a non-controller is not_authorized (at the door, the verb's role gate); an owner without the
+    action's role is refused (by the allocator)."""
+    door = VerbRuntime(db=allocator.db, settings=allocator.settings, bot_login="foreman-bot",
+                       bootstrap_factory=no_bootstrap)
+    by_author = await door.call("allocate_next_work", caller_for(allocator.settings, "author-1", "mcp"),
+                                {"owner": "author-1", "candidates_json": CANARY, "dry_run": False})
+    assert by_author.doc["error"] == "not_authorized"
     to_stranger = await allocator.run(call(owner="mallory", dry_run=False), now=NOW)
     assert to_stranger.to_dict()["error"] == "not_authorized"
     assert await leases_of(allocator) == []

@@ -119,7 +119,7 @@ async def test_auto_allocation_is_on_by_default_and_off_with_auto_false(tmp_path
 async def test_a_dry_run_carries_the_bootstrap_preflight_proof(world: World) -> None:
     """AC10 of seed 004 (`on_allocate = "run"`, the default, or "preflight"): the dry-run proves the owner could
     bootstrap the selected issue now (repository reachable, path free, base known) and changes nothing."""
-    from bot.allocation import AllocationCall, Allocator
+    from bot.verbs.allocate import AllocationCall, Allocator
 
     allocator = Allocator(world.service.db, world.service.settings, world.service.gitea, bot_login="foreman-bot")
     outcome = await allocator.run(AllocationCall(actor="controller-bot", owner="author-1"))

@@ -12,11 +12,11 @@ from typing import Any
 import pytest
 from mcp import Client
 
-from bot.allocation import AllocationCall, Allocator
 from bot.core.canonical import parse_comment
 from bot.core.evidence import find_marker
 from bot.mcp_server import build_server
-from bot.verbs_runtime import VerbRuntime, caller_for
+from bot.verbs.allocate import AllocationCall, Allocator
+from bot.verbs.runtime import VerbRuntime, caller_for
 from state.db import utcnow
 from state.journal import JournalStore
 from state.leases import LeaseStore
@@ -139,7 +139,7 @@ async def test_a_replayed_or_caught_up_ready_label_never_leases_twice(world: Wor
     await wait_status(world.service, label.delivery_id, "done")
     await world.settle()
     # A catch-up run (what start-up and the periodic sweep call) on the same state.
-    from bot.auto_allocation import auto_allocate
+    from bot.verbs.auto_allocate import auto_allocate
 
     report = await auto_allocate(world.service.db, world.service.settings, world.service.gitea,
                                  bot_login="foreman-bot", trigger="catch_up")
@@ -154,7 +154,7 @@ async def test_a_replayed_or_caught_up_ready_label_never_leases_twice(world: Wor
 
 async def test_an_expired_lease_frees_its_author_for_the_next_ready_issue(world: World) -> None:
     await five_ready(world)
-    from bot.auto_allocation import auto_allocate
+    from bot.verbs.auto_allocate import auto_allocate
 
     later = utcnow() + timedelta(seconds=world.service.settings.allocator.lease_ttl_s + 1)
     report = await auto_allocate(world.service.db, world.service.settings, world.service.gitea,
@@ -176,7 +176,7 @@ async def test_an_excluded_issue_is_never_auto_allocated(tmp_path: Path, start: 
         await world.call("alice", "POST", f"/issues/{number}/labels", {"labels": ["status:ready"]})
         assert await live(world) == {3: "author-1"}
         assert bodies(world, 1) == [] and bodies(world, 2) == []
-        from bot.auto_allocation import recent_decisions
+        from bot.verbs.auto_allocate import recent_decisions
 
         [decision, *_] = await recent_decisions(world.service.db, FULL_NAME.lower())
         reasons = {s["issue_number"]: s["reason"] for s in decision["skipped"]}
@@ -323,7 +323,7 @@ async def test_a_controllers_stated_exclusions_stand_for_auto_allocation_until_i
         assert stated.ok, stated.doc  # a dry run: nothing leased, the exclusion stands
         await world.call("alice", "POST", "/issues/1/labels", {"labels": ["status:ready"]})
         assert await LeaseStore(service.db).history(FULL_NAME, 1) == []
-        from bot.auto_allocation import recent_decisions
+        from bot.verbs.auto_allocate import recent_decisions
 
         [decision, *_] = await recent_decisions(service.db, FULL_NAME.lower())
         assert decision["standing_exclusions"] == {"controller-bot": [1]}

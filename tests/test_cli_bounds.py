@@ -10,7 +10,8 @@ from typing import Any
 
 import pytest
 
-from bot.cli import main, parse_candidates_option
+from bot.cli import main
+from bot.cli.allocate import parse_candidates_option
 from bot.core.errors import EnvelopeError
 from tests.test_cli_lists import ENVELOPE_KEYS, _config, run_cli
 

@@ -23,7 +23,8 @@ from mcp import ClientSession, StdioServerParameters
 from mcp.client.stdio import stdio_client
 from mcp.shared.exceptions import MCPError
 
-from bot.cli import MCP_REFUSED_CODE, build_parser
+from bot.cli import build_parser
+from bot.cli.mcp import MCP_REFUSED_CODE
 from tests.conftest import REPO_ROOT
 from tests.test_mcp_stdio import foreman_mcp_command, write_config
 

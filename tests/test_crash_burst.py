@@ -382,7 +382,7 @@ async def test_an_allocation_that_resumes_the_owners_lease_runs_its_unfinished_b
     """Found by the burst: with `on_allocate = "run"`, a process killed between the lease commit and the end of
     its bootstrap retried the delivery, the allocator resumed the lease, and the bootstrap never ran again.
     Now an apply that resumes the owner's lease runs the (idempotent) bootstrap too."""
-    from bot.allocation import AllocationCall, Allocator
+    from bot.verbs.allocate import AllocationCall, Allocator
     from bot.verbs.bootstrap import BootstrapContext
     from state.db import Database
     from tests.support import make_settings

@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from bot.cli import parse_candidates_option
+from bot.cli.allocate import parse_candidates_option
 from bot.core.allocator import Candidate, InputError, normalize_candidates, normalize_exclusions
 from bot.core.errors import EnvelopeError
 

@@ -26,7 +26,7 @@ from bot.core.verb_params import Param
 from bot.core.verbs import VERBS, Verb
 from bot.core.vocabulary import MAX_ISSUE_NUMBER
 from bot.mcp_server import build_server, resolve_identity
-from bot.verbs_runtime import VerbRuntime, no_bootstrap
+from bot.verbs.runtime import VerbRuntime, no_bootstrap
 from state.db import Database
 from tests.test_mcp_server import mcp_settings
 from tests.test_verbs_table import CANARY, KIND_PROBES, LONE, VALID_STATE, base_arguments, nested, schema_verdict

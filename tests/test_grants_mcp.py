@@ -32,7 +32,7 @@ from bot.core.evidence import find_marker, marker
 from bot.mcp_server import bind_run, broker_around, build_server
 from bot.verbs.runs.broker import Broker, run_evidence_key
 from bot.verbs.runs.start import host_identity, start_run
-from bot.verbs_runtime import VerbResult, VerbRuntime, no_bootstrap
+from bot.verbs.runtime import VerbResult, VerbRuntime, no_bootstrap
 from state.db import Database, utcnow
 from state.grants import GrantStore
 from state.outbox import OutboxIntent, OutboxStore
@@ -272,7 +272,7 @@ async def bound_run(tmp_path: Path) -> AsyncIterator[Bound]:
 
 
 def session(bound: Bound) -> Client:
-    from bot.verbs_runtime import caller_for
+    from bot.verbs.runtime import caller_for
 
     caller = caller_for(bound.settings, "author-1", "mcp")
     return Client(build_server(bound.runtime, caller, around=broker_around(bound.broker)))
@@ -417,7 +417,7 @@ async def test_the_run_closes_even_when_its_evidence_cannot_be_queued_in_the_clo
         assert (await bound.broker.abort("operator stop")).ok
 
         async def release(tool: str, arguments: dict[str, Any]) -> tuple[bool, dict[str, Any]]:
-            from bot.verbs_runtime import caller_for
+            from bot.verbs.runtime import caller_for
 
             result = await bound.runtime.call("release_lease", caller_for(bound.settings, "author-1", "mcp"), arguments)
             return result.ok, result.doc

@@ -16,11 +16,11 @@ from typing import Any
 import pytest
 from mcp import Client
 
-from bot.allocation import AllocationCall, Allocator
 from bot.core.canonical import parse_comment
 from bot.core.evidence import find_marker
 from bot.mcp_server import build_server
-from bot.verbs_runtime import VerbRuntime, caller_for
+from bot.verbs.allocate import AllocationCall, Allocator
+from bot.verbs.runtime import VerbRuntime, caller_for
 from state.journal import JournalStore
 from state.leases import LeaseStore
 from tests.gitea_fixtures import OWNER, REPO, ReceivedHook, webhook_sink

@@ -20,7 +20,7 @@ from bot.config import Settings
 from bot.core.evidence import find_marker
 from bot.core.verbs import VERBS
 from bot.mcp_server import IdentityError, build_server, resolve_identity
-from bot.verbs_runtime import BootstrapAnswer, VerbRuntime, WorktreeBootstrap, no_bootstrap
+from bot.verbs.runtime import BootstrapAnswer, VerbRuntime, WorktreeBootstrap, no_bootstrap
 from handlers.issue_state import on_outbox_complete
 from state.db import Database
 from state.issues import IssueStore
@@ -496,7 +496,7 @@ async def test_runtime_context_compares_the_live_default_branch_with_the_control
 
 async def test_bootstrap_and_lock_through_mcp_run_the_real_worktree_transition() -> None:
     """Issue 7 with issue 6: the tools reach bot.verbs.bootstrap after the gateway; the context follows each step."""
-    from bot.verbs_runtime import caller_for
+    from bot.verbs.runtime import caller_for
     from tests.test_bootstrap_support import world
 
     async with world() as w:

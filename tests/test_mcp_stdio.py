@@ -197,7 +197,7 @@ def test_a_token_that_is_not_utf8_refuses_to_start_with_one_line(tmp_path: Path,
     error = json.loads(lines[0])
     assert (error["error"], error["key"]) == ("invalid_config", "mcp.tokens")
     assert "FOREMAN_MCP_TOKEN" in error["message"]
-    if not token.startswith(b"frun_"):  # a run token's line is bot/cli.py's "not the token of any run"
+    if not token.startswith(b"frun_"):  # a run token's line is bot/cli/mcp.py's "not the token of any run"
         assert "not valid UTF-8" in error["message"]
 
 

@@ -15,11 +15,11 @@ from typing import Any
 import pytest
 
 from bot import invariants
-from bot.allocation import AllocationCall, Allocator
 from bot.config import OutboxConfig
 from bot.core.vocabulary import status_labels
 from bot.metrics import Metrics
 from bot.outbox import OutboxSender
+from bot.verbs.allocate import AllocationCall, Allocator
 from state.leases import LeaseStore
 from state.outbox import OutboxStore
 from tests.gitea_fixtures import BOT, OWNER, REPO
@@ -67,9 +67,9 @@ def occupied_after_the_proof(path: Path) -> Iterator[None]:
     """Someone's directory appears at the canonical path after the apply's proof and before its bootstrap (the
     proof runs before every lease since issue 20, so a directory there beforehand leases nothing): the bootstrap
     then fails after the lease and is compensated."""
-    import bot.allocation
+    import bot.verbs.allocate
 
-    original = bot.allocation.bootstrap_issue_worktree
+    original = bot.verbs.allocate.bootstrap_issue_worktree
 
     async def racing(*args: Any, **kwargs: Any) -> Any:
         path.mkdir(parents=True)
@@ -77,7 +77,7 @@ def occupied_after_the_proof(path: Path) -> Iterator[None]:
         return await original(*args, **kwargs)
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(bot.allocation, "bootstrap_issue_worktree", racing)
+        patch.setattr(bot.verbs.allocate, "bootstrap_issue_worktree", racing)
         yield
 
 

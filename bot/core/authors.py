@@ -10,7 +10,7 @@ The stated policy, in this order:
    longest of all (``None`` sorts first);
 4. then the login, so the same state always gives the same order.
 
-Sans-I/O: the edge (``bot/auto_allocation.py``) counts the leases and calls this with plain data.
+Sans-I/O: the edge (``bot/verbs/auto_allocate.py``) counts the leases and calls this with plain data.
 """
 
 from __future__ import annotations

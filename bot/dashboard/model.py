@@ -141,7 +141,7 @@ async def ready_candidates(db: Database, settings: Settings) -> list[dict[str, A
 async def current_decisions(db: Database, settings: Settings) -> list[dict[str, Any]]:
     """What the allocator would decide now for each roster author: a dry run over the stored issue state
     (no Gitea call, no bootstrap proof, nothing written), with every skipped issue and its stable reason."""
-    from bot.allocation import AllocationCall, Allocator
+    from bot.verbs.allocate import AllocationCall, Allocator
 
     out = []
     allocator = Allocator(db, settings, None, bot_login=settings.gitea.bot_login)

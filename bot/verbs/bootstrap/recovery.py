@@ -48,7 +48,7 @@ async def _bootstrap_unstarted_leases(ctx: BootstrapContext) -> list[BootstrapRe
     """A process killed between an allocation's lease commit and its bootstrap's first phase left a live lease with
     no transition at all: its bootstrap is run now for the owner, as the allocation would have; refused
     (not `unavailable`), the lease is released as unworkable, exactly as the allocation does."""
-    from bot.allocation import AllocationCall, Allocator
+    from bot.verbs.allocate import AllocationCall, Allocator
 
     results: list[BootstrapResult] = []
     journal, leases = JournalStore(ctx.db), LeaseStore(ctx.db)

@@ -1,24 +1,4 @@
-"""Auto-allocation at the edges (issue 20): ready issues go to the next idle roster author, proven and bootstrapped.
-
-``auto_allocate`` is what a `status:ready` label (``handlers/auto_allocate.py``), a released lease
-(``bot/verbs_runtime.py``) and a catch-up run call. In one run, under a per-repository lock:
-
-1. live leases whose bootstrap has not completed are resumed for their owners (a retried delivery finishes the
-   bootstrap a killed process left, as an owner's replay would);
-2. while an author is idle (``bot.core.authors.rank_authors``: fewer than ``max_leases_per_author`` live leases;
-   least live leases, then longest idle, then login) and a ready issue is eligible, one apply is run for the first
-   author: the allocator's own path (controller exclusions from config before ranking, the bootstrap preflight
-   before the lease, the bootstrap after it). A failed proof leases nothing: the issue is marked `status:blocked`
-   with an evidence comment naming the failed checks and the next action, and the run goes on without it;
-3. ready issues still eligible when every author is busy wait: each gets one evidence comment whose Canonical
-   Issue State says so (`WHO_IS_NEXT: controller`), and is allocated by a later run once an author frees up;
-4. the whole decision (author pick, every apply's decision and skipped accounting, what waits) is recorded in
-   ``auto_allocations`` and shown by ``foreman allocate --json``.
-
-With ``[allocator] auto_allocate_owner`` only that author is considered, and it may resume its live lease (the
-behaviour before issue 20). A repeated or replayed trigger finds the issues leased (``foreign_claim``) or the
-authors busy and leases nothing twice.
-"""
+"""Auto-allocation: ready issues go to the next idle roster author, proven and bootstrapped (docs/allocator.md)."""
 
 from __future__ import annotations
 
@@ -30,7 +10,6 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from bot.allocation import AllocationCall, AllocationOutcome, Allocator
 from bot.config import Settings
 from bot.core.allocator import AllocationRequest, SelectDecision, decide
 from bot.core.authors import AuthorPick, author_loads, rank_authors
@@ -38,6 +17,8 @@ from bot.core.canonical import CanonicalState
 from bot.core.evidence import render_evidence
 from bot.core.vocabulary import label_for_state
 from bot.gitea import GiteaClient, GiteaError
+from bot.verbs.allocate import AllocationOutcome, Allocator
+from bot.verbs.runtime import CallOptions, VerbRuntime, no_bootstrap, operator_caller
 from state.db import Database, to_db_time, utcnow
 from state.exclusions import ExclusionStore
 from state.journal import JournalStore
@@ -47,6 +28,7 @@ from state.outbox import OutboxIntent, enqueue
 log = logging.getLogger("foreman.auto_allocate")
 
 ACTOR = "foreman:auto-allocate"
+CALLER = operator_caller(ACTOR, "auto")
 #: Preflight checks that fail because of the issue itself (its canonical path, a foreign lease): the issue is
 #: marked blocked and the run goes on with the others.
 _ISSUE_CHECKS = frozenset({"path_free", "no_foreign_lease"})
@@ -127,9 +109,12 @@ async def auto_allocate(
     now: datetime | None = None,
     wakeup: Callable[[], None] | None = None,
 ) -> AutoReport:
-    """Allocate every ready issue an idle author can take now; record the decision. Raises AutoUnavailable when
-    Gitea could not serve it (nothing half-done is left: a lease whose bootstrap could not run is resumed by the
-    retry)."""
+    """Allocate every ready issue an idle author can take now, through the door; record the decision.
+
+    Raises AutoUnavailable when Gitea could not serve it (nothing half-done is left: a lease whose bootstrap could
+    not run is resumed by the retry). ``gitea`` is only handed on (the allocator's candidates, the bootstrap), so it
+    is the client those take.
+    """
     report = AutoReport(trigger=trigger, enabled=settings.auto_allocation(),
                         named_owner=settings.allocator.auto_allocate_owner or None)
     if not report.enabled:
@@ -149,7 +134,8 @@ async def auto_allocate(
 
 async def _run(db: Database, settings: Settings, gitea: GiteaClient, bot_login: str, report: AutoReport,
                delivery_id: str | None, now: datetime | None, wakeup: Callable[[], None] | None) -> None:
-    allocator = Allocator(db, settings, gitea, bot_login=bot_login)
+    allocator = Allocator(db, settings, gitea, bot_login=bot_login)  # its candidates and policy, for what waits
+    door = VerbRuntime(db=db, settings=settings, gitea=gitea, bot_login=bot_login, bootstrap_factory=no_bootstrap)
     repo = _repo(settings)
     cfg = settings.allocator
     named = cfg.auto_allocate_owner or None
@@ -160,17 +146,20 @@ async def _run(db: Database, settings: Settings, gitea: GiteaClient, bot_login: 
     done: set[str] = set()
 
     async def apply(owner: str, *, resume: bool) -> AllocationOutcome:
-        outcome = await allocator.run(
-            AllocationCall(actor=ACTOR, actor_is_operator=True, owner=owner, dry_run=False, delivery_id=delivery_id,
-                           exclude_issue_numbers=sorted(excluded) or None, resume_own=resume,
-                           max_live=None if resume else cfg.max_leases_per_author),
-            now=now,
-        )
+        arguments: dict[str, object] = {"owner": owner, "dry_run": False}
+        if excluded:
+            arguments["exclude_issue_numbers"] = sorted(excluded)
+        options = CallOptions(resume_own=resume, max_live=None if resume else cfg.max_leases_per_author, now=now)
+        result = await door.call("allocate_next_work", CALLER, arguments, delivery_id=delivery_id, options=options)
+        outcome = result.outcome
+        if not isinstance(outcome, AllocationOutcome):  # the door refused before the allocator ran
+            outcome = AllocationOutcome(decision=None, refusal=result.refusal, dry_run=False)
         doc = outcome.to_dict()
         report.applies.append({
             "owner": owner, "decision": doc.get("decision"), "issue_number": doc.get("issue_number"),
             "applied": outcome.applied, "error": doc.get("error"), "skipped": doc.get("skipped", []),
             "bootstrap": (outcome.bootstrap or {}).get("status"),
+            **({"refusal": outcome.refusal.to_dict()} if outcome.refusal is not None else {}),
         })
         if outcome.applied or outcome.outbox_keys or outcome.bootstrap is not None:
             report.outbox = True

@@ -1,16 +1,12 @@
-"""The allocator at the edges: gather candidates and leases, run the pure decision, and apply it atomically.
-
-Dry-run and apply share one path (``Allocator.run``): apply re-reads the live leases and decides again
-inside the same write transaction that creates the lease and its outbox entries (AC4, AC5).
-"""
+"""The allocate verb: gather candidates and leases, run the pure decision, and apply it atomically."""
 
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from bot.config import Settings
 from bot.core.allocator import (
@@ -28,9 +24,11 @@ from bot.core.allocator import (
 from bot.core.canonical import CanonicalState
 from bot.core.errors import Envelope
 from bot.core.evidence import render_evidence
+from bot.core.verbs import Verb
 from bot.core.vocabulary import label_for_state
-from bot.gitea import GiteaClient, GiteaError, GiteaNotFound
+from bot.gitea import GiteaClient, GiteaError, GiteaNotFound, Issue, IssueState, IssueType
 from bot.verbs.bootstrap import BootstrapContext, bootstrap_issue_worktree, bootstrap_preflight
+from bot.verbs.runtime import Caller, CallOptions, VerbResult, VerbRuntime, envelope, refused
 from state.db import Database, utcnow
 from state.exclusions import ExclusionStore
 from state.issues import IssueStore
@@ -51,11 +49,52 @@ def depends_on(body: str) -> list[int]:
     return sorted(set(found))
 
 
+class CandidatesGitea(Protocol):
+    """The Gitea reads the allocator makes itself: the ready issues, and the state of each dependency."""
+
+    async def list_issues(
+        self, *, state: IssueState = ..., labels: Sequence[str] = ..., type_: IssueType | None = ..., limit: int = ...
+    ) -> list[Issue]: ...
+
+    async def get_issue(self, number: int) -> Issue: ...
+
+
+async def ready_candidates(gitea: CandidatesGitea) -> tuple[list[dict[str, Any]], frozenset[int]]:
+    """Open `status:ready` issues (not PRs) from Gitea, with their dependencies' open state."""
+    ready = label_for_state("ready")
+    issues = await gitea.list_issues(state="open", labels=[ready], type_="issues")
+    records: list[dict[str, Any]] = []
+    deps: set[int] = set()
+    for issue in issues:
+        if issue.is_pull or ready not in issue.label_names:
+            continue  # Gitea drops unknown label filters silently: check the label ourselves
+        record: dict[str, Any] = {
+            "issue_number": issue.number,
+            "title": issue.title,
+            "labels": sorted(issue.label_names),
+            "depends_on": depends_on(issue.body or ""),
+        }
+        if issue.created_at is not None:
+            record["created_at"] = issue.created_at.isoformat()
+        deps.update(record["depends_on"])
+        records.append(record)
+    known = {r["issue_number"] for r in records}
+    open_numbers: set[int] = set(known)
+    for number in sorted(deps - known):
+        try:
+            dep = await gitea.get_issue(number)
+        except GiteaNotFound:
+            continue  # a missing issue holds nothing
+        if dep.state == "open":
+            open_numbers.add(number)
+    return records, frozenset(open_numbers)
+
+
 @dataclass(frozen=True, slots=True)
 class AllocationCall:
     """One allocation request as received from the CLI, a comment command or the MCP tool."""
 
-    actor: str  # who asks (must be a controller, or the operator's CLI)
+    actor: str  # who asks (the verb's role gate at the door admitted it)
     owner: str  # who would receive the lease
     candidates_json: object = None  # None: open `status:ready` issues from Gitea (or the stored state)
     exclude_issue_numbers: object = None
@@ -63,8 +102,8 @@ class AllocationCall:
     expected_fingerprint: str | None = None
     action: str = "implement"
     delivery_id: str | None = None
-    actor_is_operator: bool = False
-    # Auto-allocation (issue 20): False gives an owner that holds a live lease another issue (instead of resuming
+    actor_is_operator: bool = False  # the operator's command line or foreman itself: states no standing exclusions
+    # Auto-allocation: False gives an owner that holds a live lease another issue (instead of resuming
     # it); ``max_live`` refuses the apply when the owner already holds that many live leases (checked inside the
     # lease transaction, so two concurrent runs cannot exceed it).
     resume_own: bool = True
@@ -117,7 +156,11 @@ def _refuse(kind: Literal["not_authorized", "invalid_input", "unavailable"], mes
 
 
 class Allocator:
-    """Runs allocation calls against the database (leases, outbox) and, for candidates, Gitea."""
+    """Runs allocation calls against the database (leases, outbox) and, for candidates, Gitea.
+
+    Its own Gitea reads need only ``CandidatesGitea``; ``gitea`` is a ``GiteaClient`` because the bootstrap
+    preflight and the bootstrap after the lease take one (``BootstrapContext``).
+    """
 
     def __init__(self, db: Database, settings: Settings, gitea: GiteaClient | None, *, bot_login: str) -> None:
         self.db = db
@@ -137,15 +180,9 @@ class Allocator:
     def repo(self) -> str:
         return f"{self.settings.repository.owner}/{self.settings.repository.name}".lower()
 
-    def _authorize(self, call: AllocationCall) -> AllocationOutcome | None:
+    def _check_owner(self, call: AllocationCall) -> AllocationOutcome | None:
+        """The action is known and the owner holds its role (the caller's own role was checked at the door)."""
         roster = self.settings.roster
-        if not call.actor_is_operator and "controller" not in roster.get(call.actor, []):
-            return _refuse(
-                "not_authorized",
-                f"{call.actor} is not a controller; only controllers allocate work",
-                "Ask a controller identity (see the roster) to allocate, or have an operator add you to it.",
-                "ask a controller to run /allocate or gitea_allocate_next_work",
-            )
         role = ACTION_ROLES.get(call.action)
         if role is None:
             return _refuse(
@@ -178,36 +215,10 @@ class Allocator:
         """Open `status:ready` issues (not PRs) from Gitea, with their dependencies' open state."""
         if self.gitea is None:
             raise LookupError("no Gitea client: give candidates_json, or configure gitea.token")
-        ready = label_for_state("ready")
-        issues = await self.gitea.list_issues(state="open", labels=[ready], type_="issues")
-        records: list[dict[str, Any]] = []
-        deps: set[int] = set()
-        for issue in issues:
-            if issue.is_pull or ready not in issue.label_names:
-                continue  # Gitea drops unknown label filters silently: check the label ourselves
-            record: dict[str, Any] = {
-                "issue_number": issue.number,
-                "title": issue.title,
-                "labels": sorted(issue.label_names),
-                "depends_on": depends_on(issue.body or ""),
-            }
-            if issue.created_at is not None:
-                record["created_at"] = issue.created_at.isoformat()
-            deps.update(record["depends_on"])
-            records.append(record)
-        known = {r["issue_number"] for r in records}
-        open_numbers: set[int] = set(known)
-        for number in sorted(deps - known):
-            try:
-                dep = await self.gitea.get_issue(number)
-            except GiteaNotFound:
-                continue  # a missing issue holds nothing
-            if dep.state == "open":
-                open_numbers.add(number)
-        return records, frozenset(open_numbers)
+        return await ready_candidates(self.gitea)
 
     async def run(self, call: AllocationCall, *, now: datetime | None = None) -> AllocationOutcome:
-        refused = self._authorize(call)
+        refused = self._check_owner(call)
         if refused is not None:
             return refused
         source = "candidates_json"
@@ -235,7 +246,7 @@ class Allocator:
         moment = now or utcnow()
         mode = self.settings.bootstrap.on_allocate
         if not call.actor_is_operator and call.exclude_issue_numbers is not None:
-            # A controller's stated exclusions stand for auto-allocation until it states others (issue 20).
+            # A controller's stated exclusions stand for auto-allocation until it states others.
             try:
                 stated = normalize_exclusions(call.exclude_issue_numbers)
             except InputError:
@@ -255,7 +266,7 @@ class Allocator:
             return outcome
         proven: int | None = None
         if mode != "off" and self.gitea is not None:
-            # Every apply proves first (seed 004 AC10, issue 20): the same preflight the dry-run reports, on the
+            # Every apply proves first (seed 004 AC10): the same preflight the dry-run reports, on the
             # decision as it stands now; a failed proof leases nothing.
             leases = [lease.as_live_lease() for lease in await self.leases.open_leases(self.repo)]
             planned = decide(request, self.policy, leases, moment)
@@ -494,3 +505,69 @@ def _why(decision: SelectDecision) -> str:
     skipped = len(decision.skipped)
     rank = f"ranked first of {len(decision.ranked)}" if top else "selected"
     return f"{rank} by priority, age and number; {skipped} candidate(s) skipped with reasons in the evidence"
+
+
+async def allocate(
+    rt: VerbRuntime, verb: Verb, caller: Caller, values: Mapping[str, object], lease: Lease | None,
+    delivery_id: str | None, options: CallOptions,
+) -> VerbResult:
+    action = str(values["action"])
+    owner = values.get("owner")
+    if owner is None:
+        role = ACTION_ROLES.get(action, "author")
+        fits = [login for login, roles in rt.settings.roster.items() if role in roles]
+        if role == "author" and len(fits) > 1:
+            # Several authors: the next idle one by the auto-allocation policy.
+            from bot.verbs.auto_allocate import author_pick
+
+            pick = await author_pick(rt.db, rt.settings, rt.clock())
+            if not pick.order:
+                busy = ", ".join(s.login for s in pick.skipped)
+                return refused(verb.name, envelope(
+                    "conflict",
+                    f"no owner given and every author is busy ({busy})",
+                    "Wait for an author to free up (foreman allocates ready issues automatically when one "
+                    "does), or name the owner.",
+                    f"call {verb.tool} again with owner set, or once an author has released its lease",
+                    reason="authors_busy", authors=pick.to_dict(),
+                ))
+            fits = [pick.order[0]]
+        if len(fits) != 1:
+            return refused(
+                verb.name,
+                envelope(
+                    "invalid_input",
+                    f"no owner given and the roster has {len(fits)} identities with the {role} role",
+                    f"Name the owner: one of {', '.join(fits) or '(none: add one to [roster])'}.",
+                    f"call {verb.tool} again with owner set",
+                ),
+            )
+        owner = fits[0]
+    assert isinstance(owner, str)
+    expected = values.get("expected_fingerprint")
+    call = AllocationCall(
+        actor=caller.login,
+        owner=owner.lstrip("@"),
+        candidates_json=values.get("candidates_json"),
+        exclude_issue_numbers=values.get("exclude_issue_numbers"),
+        dry_run=bool(values["dry_run"]),
+        expected_fingerprint=expected if isinstance(expected, str) else None,
+        action=action,
+        delivery_id=delivery_id,
+        actor_is_operator=caller.channel in ("cli", "auto"),
+        resume_own=options.resume_own,
+        max_live=options.max_live,
+    )
+    outcome = await Allocator(rt.db, rt.settings, rt.gitea, bot_login=rt.bot_login).run(call, now=options.now)
+    if outcome.applied:
+        rt.woken()
+    doc = {"verb": verb.name, **outcome.to_dict()}
+    if outcome.exit_code == 0:
+        doc["next"] = rt.next_tools(verb, caller)
+        return VerbResult(verb=verb.name, doc=doc, outcome=outcome)
+    refusal = outcome.refusal
+    if refusal is None and outcome.decision is not None:
+        refusal = getattr(outcome.decision, "envelope", None)
+    if refusal is None:  # pragma: no cover - every refused outcome carries an envelope
+        refusal = envelope("invalid_state", "allocation refused", "Run a dry-run.", f"call {verb.tool}")
+    return VerbResult(verb=verb.name, doc=doc, refusal=refusal, outcome=outcome)

@@ -1,0 +1,343 @@
+"""The `foreman` command line (DESIGN.md section 3): its parser and entry point; each command group is a module here."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import math
+import re
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from bot import logs
+from bot.cli.allocate import cmd_allocate
+from bot.cli.bootstrap import cmd_bootstrap, cmd_checkout
+from bot.cli.check_config import cmd_check_config
+from bot.cli.common import EXIT_REFUSED, EXIT_USAGE
+from bot.cli.inbox import cmd_deliveries, cmd_outbox, cmd_replay
+from bot.cli.invariants import cmd_invariants
+from bot.cli.listings import cmd_issue, cmd_journal, cmd_leases
+from bot.cli.mcp import cmd_mcp
+from bot.cli.runs import cmd_grants, cmd_run
+from bot.cli.serve import serve
+from bot.cli.state import cmd_state_parse
+from bot.config import ConfigError, Settings, load_settings
+from bot.core.vocabulary import MAX_ISSUE_NUMBER, is_issue_number
+from state.deliveries import STATUSES
+from state.outbox import OUTBOX_STATUSES
+
+
+def config_error_envelope(exc: ConfigError) -> dict[str, Any]:
+    """Every configuration problem at once; ``key`` and ``message`` stay the first one's (compatibility)."""
+    more = f" (and {len(exc.errors) - 1} more: see errors)" if len(exc.errors) > 1 else ""
+    return {
+        "error": "invalid_config",
+        "key": exc.key,
+        "message": f"{exc.key}: {exc.message}{more}",
+        "errors": [{"key": key, "message": message} for key, message in exc.errors],
+        "remediate": "Fix each key listed in errors (config/foreman.example.toml documents every key), or the "
+        "FOREMAN_<SECTION>__<KEY> variable that sets it.",
+        "exact_next_action": "edit the config, then run foreman check-config --config PATH",
+    }
+
+
+class UsageError(Exception):
+    """A command line that cannot be read: exit 2 with the invalid_input envelope (never argparse's exit)."""
+
+    def __init__(self, message: str, usage: str) -> None:
+        super().__init__(message)
+        self.message = message
+        self.usage = usage
+
+    def envelope(self) -> dict[str, Any]:
+        return {
+            "error": "invalid_input",
+            "message": self.message,
+            "remediate": "Give every option at most once (list options such as --exclude take several values, "
+            "repeated or after one flag) with a value of the documented type; see `foreman <command> --help`.",
+            "exact_next_action": f"run the command again as: {self.usage}",
+        }
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that raises UsageError instead of exiting, and refuses a one-value option given twice."""
+
+    def error(self, message: str) -> Any:  # argparse's signature is NoReturn; raising keeps it so
+        raise UsageError(f"{self.prog}: {message}", " ".join(self.format_usage().split()).removeprefix("usage: "))
+
+    def add_argument(self, *args: Any, **kwargs: Any) -> argparse.Action:
+        if args and str(args[0]).startswith("-") and kwargs.get("action", "store") == "store":
+            kwargs["action"] = _Once
+        return super().add_argument(*args, **kwargs)
+
+
+class _Once(argparse.Action):
+    """Store one value; a second occurrence is refused (it would silently replace the first)."""
+
+    def __call__(
+        self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any, option: str | None = None
+    ) -> None:
+        marker = f"_given_{self.dest}"
+        if getattr(namespace, marker, False):
+            raise argparse.ArgumentError(self, "given more than once; give it once")
+        setattr(namespace, marker, True)
+        setattr(namespace, self.dest, values)
+
+
+_DIGITS = re.compile(r"[0-9]{1,19}")
+
+
+def _positive_int64(what: str) -> Callable[[str], int]:
+    """An argparse type: a decimal integer in 1..2^63-1 (what SQLite and Gitea store), else a clear refusal."""
+
+    def parse(text: str) -> int:
+        value = int(text) if _DIGITS.fullmatch(text) else 0
+        if not is_issue_number(value):
+            shown = text if len(text) <= 40 else f"{text[:20]}... ({len(text)} characters)"
+            raise argparse.ArgumentTypeError(f"{shown!r} is not {what} (a whole number from 1 to {MAX_ISSUE_NUMBER})")
+        return value
+
+    parse.__name__ = what
+    return parse
+
+
+_issue_number = _positive_int64("an issue number")
+_row_id = _positive_int64("a row id")
+_count = _positive_int64("a positive count")
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive, finite number of seconds")
+    return value
+
+
+def _delivery_ref(text: str) -> str:
+    """A row id (digits, within int64) or a Gitea delivery id."""
+    if text.isdigit() or not text.strip():
+        _row_id(text)
+    return text
+
+
+_JSON_HELP = "print exactly one JSON document on stdout (logs go to stderr)"
+_LIMIT_HELP = "show at most N rows (default: %(default)s)"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from bot.metrics import version
+
+    parser = _Parser(
+        prog="foreman",
+        description="Runs AI coding agents and people on a Gitea repository under auditable rules.",
+        epilog="Exit codes: 0 done; 1 refused or blocked (the structured result is still printed), or standard "
+        "output closed; 2 usage or configuration error (a taken port too). `foreman COMMAND --help` for each.",
+    )
+    parser.add_argument("--version", action="version", version=f"foreman {version()}",
+                        help="print the version and exit")
+    parser.add_argument("--config", type=Path, metavar="PATH",
+                        help="TOML config (default: $FOREMAN_CONFIG, else config/foreman.toml)")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def add(name: str, help_text: str) -> argparse.ArgumentParser:
+        cmd = sub.add_parser(name, help=help_text, description=help_text[0].upper() + help_text[1:] + ".")
+        cmd.add_argument("--config", dest="sub_config", type=Path, default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+        return cmd
+
+    def add_json(cmd: argparse.ArgumentParser) -> None:
+        cmd.add_argument("--json", action="store_true", help=_JSON_HELP)
+
+    add("serve", "run the webhook service (and the dashboard at /dashboard with [dashboard] token)")
+    check = add("check-config", "validate the config and, if reachable, the Gitea credentials")
+    add_json(check)
+    deliveries = add("deliveries", "list stored webhook deliveries")
+    deliveries.add_argument("--status", choices=STATUSES, help="only deliveries with this status")
+    deliveries.add_argument("--limit", type=_count, default=50, metavar="N", help=_LIMIT_HELP)
+    deliveries.add_argument("--reconcile", action="store_true",
+                            help="the last catch-up pass instead: what it read, found and missed")
+    add_json(deliveries)
+    replay = add("replay", "queue a stored delivery again")
+    replay.add_argument("id", type=_delivery_ref, help="row id or Gitea delivery id")
+    replay.add_argument("--force", action="store_true", help="also replay done or ignored deliveries")
+    add_json(replay)
+    outbox = add("outbox", "list intended Gitea mutations, or retry a parked one")
+    outbox.add_argument("--status", choices=OUTBOX_STATUSES, help="only entries with this status")
+    outbox.add_argument("--limit", type=_count, default=50, metavar="N", help=_LIMIT_HELP)
+    add_json(outbox)
+    outbox_sub = outbox.add_subparsers(dest="outbox_command", metavar="SUBCOMMAND")
+    outbox_retry = outbox_sub.add_parser("retry", help="send a parked or verification_failed entry again")
+    outbox_retry.add_argument("id", type=_row_id, help="the entry's id (foreman outbox shows it)")
+    add_json(outbox_retry)
+    leases = add("leases", "live and recent leases (owner, role, action, expiry, heartbeat)")
+    leases.add_argument("--live", action="store_true", help="only leases still marked live")
+    leases.add_argument("--issue", type=_issue_number, metavar="N", help="only the leases of issue N")
+    leases.add_argument("--limit", type=_count, default=50, metavar="N", help=_LIMIT_HELP)
+    add_json(leases)
+    journal = add("journal", "bootstrap transitions and their journal phases")
+    journal.add_argument("key", nargs="?", metavar="KEY", help="one transition's idempotency key (with its proofs)")
+    journal.add_argument("--issue", type=_issue_number, metavar="N", help="only the transitions of issue N")
+    journal.add_argument("--limit", type=_count, default=50, metavar="N", help=_LIMIT_HELP)
+    add_json(journal)
+    issue = add("issue", "one issue's timeline: deliveries, decisions, leases, bootstrap, the bot's writes, worktree")
+    issue.add_argument("number", type=_issue_number, metavar="N", help="the issue number")
+    add_json(issue)
+    invariants = add("invariants", "check leases, evidence, outbox, journal and worktrees are consistent")
+    add_json(invariants)
+    allocate = add("allocate", "pick the next status:ready issue for an owner (dry-run unless --apply)")
+    allocate.add_argument("--apply", action="store_true", help="create the lease (default: dry-run)")
+    allocate.add_argument("--owner", metavar="LOGIN",
+                          help="roster login that receives the lease (default: the only one)")
+    allocate.add_argument("--action", default="implement", help="implement (author), review, merge")
+    allocate.add_argument(
+        "--exclude", type=_issue_number, nargs="+", action="extend", default=None, metavar="N",
+        help="issues never leased (several after one flag, or the flag repeated: every value counts)",
+    )
+    allocate.add_argument("--candidates-json", metavar="JSON|@FILE",
+                          help="candidate records as JSON, or @FILE (default: from Gitea)")
+    allocate.add_argument("--expect-fingerprint", metavar="FP", help="refuse to apply if the dry-run's inputs changed")
+    add_json(allocate)
+    bootstrap = add("bootstrap", "create or recover the issue's branch and worktree for its lease owner")
+    bootstrap.add_argument("--issue", type=_issue_number, required=True, metavar="N", help="the leased issue")
+    bootstrap.add_argument("--owner", required=True, metavar="LOGIN", help="the live lease's owner (the caller)")
+    bootstrap.add_argument("--idempotency-key", metavar="K", help="replay or resume this request (default: derived)")
+    bootstrap.add_argument("--expected-base", metavar="SHA", help="refuse (stale_pin) unless the base is this commit")
+    bootstrap.add_argument("--preflight", action="store_true", help="only prove the bootstrap could run (no change)")
+    add_json(bootstrap)
+    checkout = add("checkout", "the control checkout (docs/bootstrap.md)")
+    checkout_sub = checkout.add_subparsers(dest="checkout_command", required=True, metavar="SUBCOMMAND")
+    repoint = checkout_sub.add_parser(
+        "repoint", help="point origin at the clone URL foreman uses now, once it serves the same repository "
+        "(no worktree is touched)")
+    add_json(repoint)
+    repoint.add_argument("--config", dest="sub_config", type=Path, default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+    add("mcp", "MCP server over stdio for the identity of $FOREMAN_MCP_TOKEN (see docs/mcp.md)")
+    demo = add("demo", "run the whole loop against the bundled Gitea emulator in a temporary directory")
+    demo.add_argument("--keep", action="store_true", help="keep the temporary directory (config, database, logs)")
+    demo.add_argument("--timeout", type=_seconds, default=30.0, metavar="S", help="seconds each step may take")
+    emulator = add("emulator", "serve the bundled Gitea emulator with a demo repository; prints URL, users, tokens")
+    emulator.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s)")
+    emulator.add_argument("--port", type=_port, default=3000, help="port to listen on; 0 picks a free one "
+                          "(default: %(default)s)")
+    emulator.add_argument("--dir", type=Path, metavar="DIR", dest="root",
+                          help="keep its files (git repositories, foreman.toml) here (default: a new temporary folder)")
+    emulator.add_argument("--hook-url", metavar="URL", help="add a signed webhook to this foreman's /webhook")
+    add_json(emulator)
+    run = add("run", "agent runs bound to sealed grants (docs/grants.md)")
+    run_sub = run.add_subparsers(dest="run_command", required=True, metavar="SUBCOMMAND")
+    run_start = run_sub.add_parser("start", help="compile and seal the grant for the issue's live lease and worktree")
+    run_start.add_argument("--issue", type=_issue_number, required=True, metavar="N", help="the leased issue")
+    run_start.add_argument("--action", metavar="A", help="the template's action (default: the lease's action)")
+    run_abort = run_sub.add_parser("abort", help="abort a run (an in-flight call keeps blocking its teardown)")
+    run_abort.add_argument("run_id", metavar="RUN_ID", help="the run (foreman grants lists them)")
+    run_abort.add_argument("--reason", default="aborted by operator", help="recorded with the abort")
+    run_reconcile = run_sub.add_parser("reconcile", help="settle an in-flight call whose result will never come")
+    run_reconcile.add_argument("run_id", metavar="RUN_ID", help="the run (foreman grants lists them)")
+    run_reconcile.add_argument("call_id", metavar="CALL_ID", help="the in-flight call (foreman grants RUN_ID)")
+    run_reconcile.add_argument("--note", required=True, help="what was checked independently")
+    run_teardown = run_sub.add_parser("teardown", help="run the reserved teardown (after an abort, failure or expiry)")
+    run_teardown.add_argument("run_id", metavar="RUN_ID", help="the run (foreman grants lists them)")
+    for run_cmd in (run_start, run_abort, run_reconcile, run_teardown):
+        add_json(run_cmd)
+        run_cmd.add_argument(
+            "--config", dest="sub_config", type=Path, default=argparse.SUPPRESS, help=argparse.SUPPRESS
+        )
+    grants = add("grants", "sealed run grants, their digests and every admission decision")
+    grants.add_argument("run_id", nargs="?", metavar="RUN_ID", help="one run (default: every run)")
+    add_json(grants)
+    state = add("state", "Canonical Issue State tools")
+    state_sub = state.add_subparsers(dest="state_command", required=True, metavar="SUBCOMMAND")
+    parse = state_sub.add_parser("parse", help="parse Canonical Issue State block(s) to JSON")
+    parse.add_argument("file", nargs="?", help="a file, or - for standard input (default)")
+    return parser
+
+
+def _port(text: str) -> int:
+    value = int(text) if _DIGITS.fullmatch(text) else -1
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"{text[:40]!r} is not a port (0 to 65535)")
+    return value
+
+
+def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    sub_config = getattr(args, "sub_config", None)
+    if sub_config is not None:
+        if args.config is not None and args.config != sub_config:
+            raise UsageError(
+                f"foreman: --config given twice with different paths ({args.config}, {sub_config}); give it once",
+                "foreman --config PATH <command> ...",
+            )
+        args.config = sub_config
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`foreman`: a reader that closes standard output early (`| head`) ends it with one line and exit 1."""
+    try:
+        code = _main(argv)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        import os
+
+        # Python would complain again when it flushes stdout at exit: point it at the null device first.
+        with contextlib.suppress(OSError, ValueError):
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+        with contextlib.suppress(OSError, ValueError):
+            print("foreman: standard output was closed before the output was written (broken pipe)",
+                  file=sys.stderr)
+        return EXIT_REFUSED
+    return code
+
+
+def _main(argv: Sequence[str] | None) -> int:
+    try:
+        args = _parse(argv)
+    except UsageError as exc:
+        print(f"usage: {exc.usage}\n{exc.message}", file=sys.stderr)
+        print(json.dumps(exc.envelope(), indent=2, sort_keys=True))
+        return EXIT_USAGE
+    if args.command == "state":
+        return cmd_state_parse(None, args)
+    if args.command == "demo":  # self-contained: writes its own config in a temporary directory
+        from bot.demo import main as demo_main
+
+        return demo_main(keep=args.keep, timeout_s=args.timeout)
+    if args.command == "emulator":  # self-contained too: it writes the config for a foreman that uses it
+        from bot.emulator_cli import main as emulator_main
+
+        return emulator_main(host=args.host, port=args.port, root=args.root, hook_url=args.hook_url,
+                             as_json=args.json)
+    try:
+        settings = load_settings(args.config)
+    except ConfigError as exc:
+        print(json.dumps(config_error_envelope(exc), sort_keys=True), file=sys.stderr)
+        return EXIT_USAGE
+    logs.configure(json_lines=settings.server.log_json, level=settings.server.log_level)
+    if args.command == "serve":
+        return asyncio.run(serve(settings))
+    commands: dict[str, Callable[[Settings, argparse.Namespace], int]] = {
+        "check-config": cmd_check_config,
+        "deliveries": cmd_deliveries,
+        "replay": cmd_replay,
+        "outbox": cmd_outbox,
+        "allocate": cmd_allocate,
+        "invariants": cmd_invariants,
+        "run": cmd_run,
+        "grants": cmd_grants,
+        "bootstrap": cmd_bootstrap,
+        "checkout": cmd_checkout,
+        "mcp": cmd_mcp,
+        "leases": cmd_leases,
+        "journal": cmd_journal,
+        "issue": cmd_issue,
+    }
+    return commands[args.command](settings, args)

@@ -1,0 +1,133 @@
+"""`foreman allocate`: the allocate verb through the door, as the operator."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import getpass
+from typing import TYPE_CHECKING, Any
+
+from bot.cli.common import EXIT_OK, EXIT_REFUSED, EXIT_USAGE, emit, rendered, with_db
+from bot.config import Settings
+from state.db import Database
+
+if TYPE_CHECKING:
+    from bot.verbs.runtime import Caller
+
+
+def parse_candidates_option(value: str | None) -> str | None:
+    """--candidates-json: JSON text, or @FILE to read it from (UTF-8, at most the allocator's input limit).
+
+    Returns the text, checked by the allocator's own normalizer (the allocator normalizes it again, by the same
+    rules, so the fingerprint is the one a dry run shows). Raises EnvelopeError (invalid_input): an unreadable,
+    non-UTF-8 or oversized file, or candidates the normalizer refuses (InputError, whatever the depth, size or
+    integers of the input). Never any other exception.
+    """
+    from bot.core.allocator import MAX_INPUT_CHARS, normalize_candidates
+    from bot.core.errors import Envelope, EnvelopeError
+
+    if value is None:
+        return None
+    text = value
+    if value.startswith("@"):
+        name = value[1:]
+
+        def unreadable(why: str) -> EnvelopeError:
+            return EnvelopeError(
+                Envelope(
+                    error="invalid_input",
+                    message=f"--candidates-json: cannot read {name}: {why}",
+                    remediate="Give @FILE naming a readable UTF-8 JSON file, or the JSON text itself.",
+                    exact_next_action="run foreman allocate again with --candidates-json @FILE of a readable file",
+                )
+            )
+
+        try:
+            with open(name, encoding="utf-8") as handle:
+                text = handle.read(MAX_INPUT_CHARS + 1)
+        except UnicodeDecodeError as exc:
+            raise unreadable(f"not UTF-8 text (byte {exc.start})") from None
+        except OSError as exc:
+            raise unreadable(exc.strerror or type(exc).__name__) from None
+        if len(text) > MAX_INPUT_CHARS:
+            raise unreadable(f"longer than {MAX_INPUT_CHARS} characters")
+    normalize_candidates(text)  # InputError is an EnvelopeError
+    return text
+
+
+def cmd_allocate(settings: Settings, args: argparse.Namespace) -> int:
+    import aiohttp
+
+    from bot.core.allocator import InputError
+    from bot.core.errors import EnvelopeError
+    from bot.gitea import client_for
+    from bot.verbs.runtime import VerbRuntime
+
+    try:
+        candidates = parse_candidates_option(args.candidates_json)
+    except InputError as exc:  # the candidates themselves: refused, like the allocator's invalid decision
+        emit({**exc.envelope.to_dict(), "decision": "invalid", "applied": False}, as_json=True)
+        return EXIT_REFUSED
+    except EnvelopeError as exc:  # the option itself (the file): usage
+        emit(exc.envelope.to_dict(), as_json=True)
+        return EXIT_USAGE
+    owner = args.owner or _default_owner(settings, args.action)
+    by_policy = owner is None and args.action == "implement" and len(settings.authors()) > 1
+    if owner is None and not by_policy:
+        emit(
+            {
+                "error": "invalid_input",
+                "message": f"give --owner: no single roster identity has the role for {args.action}",
+                "remediate": "Name the roster login that receives the lease with --owner LOGIN.",
+                "exact_next_action": "run foreman allocate again with --owner LOGIN",
+            },
+            as_json=True,
+        )
+        return EXIT_USAGE
+
+    async def work(db: Database) -> int:
+        from bot.verbs.auto_allocate import author_pick, recent_decisions
+        from state.db import utcnow
+
+        pick = await author_pick(db, settings, utcnow())
+        auto = {"enabled": settings.auto_allocation(), **pick.to_dict(),
+                "recent": await recent_decisions(db, f"{settings.repository.owner}/{settings.repository.name}".lower())}
+        chosen = owner if owner is not None else (pick.order[0] if pick.order else None)
+        if chosen is None:
+            # Several authors and none idle: what auto-allocation would do now is wait.
+            waiting = {"decision": "wait", "wait_reason": "authors_busy", "issue_number": None,
+                       "dry_run": not args.apply, "applied": False, "auto": auto}
+            emit(waiting, as_json=args.json, text="wait: every author is busy")
+            return EXIT_OK
+        arguments: dict[str, object] = {"owner": chosen, "action": args.action, "dry_run": not args.apply}
+        given = {"candidates_json": candidates, "exclude_issue_numbers": args.exclude,
+                 "expected_fingerprint": args.expect_fingerprint}
+        arguments.update({name: value for name, value in given.items() if value is not None})
+        async with aiohttp.ClientSession() as session:
+            runtime = VerbRuntime(db=db, settings=settings, gitea=client_for(session, settings),
+                                  bot_login=settings.gitea.bot_login)
+            result = await runtime.call("allocate_next_work", _operator(), arguments)
+        doc: dict[str, Any] = {**rendered(result), "owner": chosen, "auto": auto}
+        summary = (
+            f"{doc.get('decision')}: issue {doc.get('issue_number')} for {chosen}"
+            f" (fingerprint {doc.get('fingerprint')}, {len(doc.get('skipped', []))} skipped)"
+        )
+        emit(doc, as_json=args.json, text=summary if result.ok else None)
+        return result.exit_code
+
+    return asyncio.run(with_db(settings, work))
+
+
+def _operator() -> Caller:
+    """The CLI acts as the operator at the shell (the login of the process), with the operator's roles."""
+    from bot.verbs.runtime import operator_caller
+
+    return operator_caller(f"operator:{getpass.getuser()}", "cli")
+
+
+def _default_owner(settings: Settings, action: str) -> str | None:
+    from bot.verbs.allocate import ACTION_ROLES
+
+    role = ACTION_ROLES.get(action, "author")
+    owners = [login for login, roles in settings.roster.items() if role in roles]
+    return owners[0] if len(owners) == 1 else None

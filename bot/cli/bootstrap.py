@@ -1,0 +1,66 @@
+"""`foreman bootstrap` (the bootstrap verb through the door) and `foreman checkout repoint`."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+
+from bot.cli.common import EXIT_OK, EXIT_REFUSED, emit, rendered, with_db
+from bot.config import Settings
+from state.db import Database
+
+
+def cmd_bootstrap(settings: Settings, args: argparse.Namespace) -> int:
+    """The worktree bootstrap transition for --owner (who must hold the issue's live lease); docs/bootstrap.md."""
+    import aiohttp
+
+    from bot.gitea import client_for
+    from bot.verbs.bootstrap import BootstrapContext, bootstrap_preflight
+    from bot.verbs.runtime import VerbRuntime, caller_for
+
+    async def work(db: Database) -> int:
+        async with aiohttp.ClientSession() as session:
+            gitea = client_for(session, settings)
+            ctx = BootstrapContext(db=db, settings=settings, gitea=gitea, bot_login=settings.gitea.bot_login)
+            if args.preflight:
+                proof = await bootstrap_preflight(ctx, args.issue, args.owner)
+                emit(proof, as_json=args.json)
+                return EXIT_OK if proof["ok"] else EXIT_REFUSED
+            arguments: dict[str, object] = {"issue_number": args.issue}
+            given = {"idempotency_key": args.idempotency_key, "expected_base": args.expected_base}
+            arguments.update({name: value for name, value in given.items() if value is not None})
+            runtime = VerbRuntime(db=db, settings=settings, gitea=gitea, bot_login=settings.gitea.bot_login)
+            # The operator bootstraps for the owner: the door checks the owner's roster role and its live lease.
+            result = await runtime.call("bootstrap_issue_worktree", caller_for(settings, args.owner, "cli"), arguments)
+        doc = rendered(result)
+        proof = doc.get("proof") or {}
+        text = (
+            f"{doc.get('status')}: #{args.issue} branch {proof.get('branch')} at {proof.get('head_sha')},"
+            f" worktree {proof.get('worktree_path')} (key {doc.get('idempotency_key')})"
+            if result.ok
+            else None
+        )
+        emit(doc, as_json=args.json, text=text)
+        return result.exit_code
+
+    return asyncio.run(with_db(settings, work))
+
+
+def cmd_checkout(settings: Settings, args: argparse.Namespace) -> int:
+    """`checkout repoint`: origin of the control checkout to the clone URL foreman uses now (docs/bootstrap.md)."""
+    import aiohttp
+
+    from bot.gitea import client_for
+    from bot.verbs.bootstrap import BootstrapContext, repoint_control_checkout
+
+    async def work(db: Database) -> int:
+        async with aiohttp.ClientSession() as session:
+            ctx = BootstrapContext(db=db, settings=settings, gitea=client_for(session, settings),
+                                   bot_login=settings.gitea.bot_login)
+            doc = await repoint_control_checkout(ctx)
+        text = (f"{'repointed' if doc.get('changed') else 'unchanged'}: {doc['path']} origin {doc.get('to')}"
+                if doc["ok"] else None)
+        emit(doc, as_json=args.json, text=text)
+        return EXIT_OK if doc["ok"] else EXIT_REFUSED
+
+    return asyncio.run(with_db(settings, work))

@@ -1,0 +1,153 @@
+"""`foreman check-config`: the configuration and, if reachable, the Gitea credentials."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+from typing import Any
+
+from bot.cli.common import EXIT_OK, EXIT_REFUSED, emit
+from bot.config import Settings
+
+#: The repository permissions (Gitea's permission API) that let the bot label, assign, comment and push branches.
+WRITE_PERMISSIONS = ("write", "admin", "owner")
+
+
+def _check(name: str, status: str, detail: str, **extra: Any) -> dict[str, Any]:
+    return {"check": name, "status": status, "ok": status != "failed", "detail": detail, **extra}
+
+
+def _failed(name: str, error: str, detail: str, remediate: str, **extra: Any) -> dict[str, Any]:
+    return _check(name, "failed", detail, error=error, remediate=remediate, **extra)
+
+
+async def _gitea_checks(settings: Settings) -> list[dict[str, Any]]:
+    """Reachable, token accepted, token is gitea.bot_login's, repository exists, the bot may write to it.
+
+    Each check runs only when the one before passed; the rest are reported as skipped (never as passed).
+    """
+    import aiohttp
+
+    from bot.gitea import GiteaError, GiteaForbidden, GiteaNotFound, GiteaUnavailable, client_for
+
+    names = ("gitea_reachable", "token", "bot_login", "repository", "permission")
+    url, repo = settings.gitea.url, f"{settings.repository.owner}/{settings.repository.name}"
+    checks: list[dict[str, Any]] = []
+
+    def skip_rest(why: str) -> list[dict[str, Any]]:
+        return checks + [_check(name, "skipped", why) for name in names[len(checks) :]]
+
+    async with aiohttp.ClientSession() as session:
+        client = client_for(session, settings, timeout_s=min(5.0, settings.gitea.timeout_s), max_attempts=1)
+        if client is None:
+            return skip_rest("no gitea.token configured: Gitea API calls are off")
+        try:
+            version = await client.get_version()
+            checks.append(_check("gitea_reachable", "ok", f"Gitea {version} answers at {url}", version=version))
+        except GiteaForbidden:  # a sign-in-only instance hides /version: the token check decides
+            checks.append(_check("gitea_reachable", "ok", f"Gitea answers at {url} (/version needs sign-in)"))
+        except Exception as exc:  # connection refused, timeout, 5xx, not a Gitea API at all
+            checks.append(_failed(
+                "gitea_reachable", "unavailable", f"no Gitea API answers at {url}: {_short(exc)}",
+                "Check gitea.url (Gitea's base URL, without /api/v1) and that Gitea is running and reachable.",
+            ))
+            return skip_rest("needs gitea_reachable")
+        try:
+            login = (await client.get_own_user()).login
+            checks.append(_check("token", "ok", f"the token is accepted: it belongs to {login}", login=login))
+        except Exception as exc:
+            error = "not_authorized" if isinstance(exc, GiteaForbidden) else "unavailable"
+            checks.append(_failed(
+                "token", error, f"Gitea refused the token: {_short(exc)}" if error == "not_authorized"
+                else f"GET /user failed: {_short(exc)}",
+                "Give gitea.token (or gitea.token_file) an access token of the bot's account with repository "
+                "and issue scopes.",
+            ))
+            return skip_rest("needs token")
+        if login.casefold() != (settings.gitea.bot_login or "").casefold():  # Gitea logins ignore case
+            checks.append(_failed(
+                "bot_login", "invalid_input",
+                f"the token belongs to {login}, but gitea.bot_login is {settings.gitea.bot_login!r}: the bot would "
+                "take its own events for someone else's",
+                f"Set gitea.bot_login = {login!r}, or give the bot account's token.",
+            ))
+            return skip_rest("needs bot_login")
+        checks.append(_check("bot_login", "ok", f"gitea.bot_login is the token's account ({login})"))
+        try:
+            found = await client.get_repo()
+            checks.append(_check("repository", "ok", f"{found.full_name or repo} exists", full_name=found.full_name))
+        except GiteaNotFound:
+            checks.append(_failed(
+                "repository", "not_found", f"{repo} does not exist on {url}, or {login} cannot see it",
+                "Fix repository.owner / repository.name, or give the bot's account access to the repository.",
+            ))
+            return skip_rest("needs repository")
+        except GiteaError as exc:
+            checks.append(_failed("repository", "unavailable", f"GET {repo}: {_short(exc)}",
+                                  "Make sure Gitea answers, then run foreman check-config again."))
+            return skip_rest("needs repository")
+        try:
+            permission = await client.get_user_permission(login)
+        except GiteaError as exc:
+            error = "unavailable" if isinstance(exc, GiteaUnavailable) else "not_authorized"
+            checks.append(_failed("permission", error, f"cannot read {login}'s permission on {repo}: {_short(exc)}",
+                                  f"Give {login} write permission on {repo} (Collaborators, or a team)."))
+            return checks
+        if permission not in WRITE_PERMISSIONS:
+            checks.append(_failed(
+                "permission", "not_authorized",
+                f"{login} has {permission!r} permission on {repo}; the bot needs write (labels, assignees, comments, "
+                "branches)", f"Give {login} write permission on {repo} (Collaborators, or a team).",
+                permission=permission,
+            ))
+            return checks
+        checks.append(_check("permission", "ok", f"{login} has {permission} permission on {repo}",
+                             permission=permission))
+    return checks
+
+
+def _short(exc: Exception) -> str:
+    text = str(exc) or type(exc).__name__
+    return text if len(text) <= 300 else text[:300] + "..."
+
+
+def cmd_check_config(settings: Settings, args: argparse.Namespace) -> int:
+    """The config loaded (else exit 2 before this); then Gitea: exit 1 when any check failed (docs/operating.md)."""
+    checks = [_check("config", "ok", "the configuration is valid"), *asyncio.run(_gitea_checks(settings))]
+    by_name = {c["check"]: c for c in checks}
+    failed = [c for c in checks if c["status"] == "failed"]
+    gitea_ok = by_name["token"]["status"] == "ok"
+    gitea: dict[str, Any] = {"ok": gitea_ok and not failed}
+    if gitea_ok:
+        gitea["login"] = by_name["token"]["login"]
+    if failed or not gitea_ok:
+        gitea["detail"] = (failed[0] if failed else by_name["token"])["detail"]
+    doc: dict[str, Any] = {
+        "ok": not failed,
+        "config": "ok",
+        "webhook": {
+            "path": settings.webhook.path,
+            "secrets": (
+                f"{len(settings.webhook.secrets)} configured"
+                if settings.webhook.secrets is not None
+                else "none configured: one is generated under var/ on first start"
+            ),
+        },
+        "database": str(settings.database.path),
+        "gitea": gitea,
+        "checks": checks,
+    }
+    if failed:
+        first = failed[0]
+        doc.update({
+            "error": first["error"],
+            "message": f"{len(failed)} check(s) failed: "
+            + "; ".join(f"{c['check']}: {c['detail']}" for c in failed),
+            "remediate": first["remediate"],
+            "exact_next_action": "fix what the failed check names, then run foreman check-config again",
+        })
+        emit(doc, as_json=True)
+        return EXIT_REFUSED
+    text = "\n".join(f"{c['status']:<8} {c['check']:<16} {c['detail']}" for c in checks)
+    emit(doc, as_json=args.json, text=text)
+    return EXIT_OK

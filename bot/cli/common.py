@@ -1,0 +1,70 @@
+"""What every `foreman` command shares: exit codes, output, the database, the rendering of a verb's result."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+from bot.config import Settings
+from state.db import Database
+from state.deliveries import DeliveryStore
+
+if TYPE_CHECKING:
+    from bot.verbs.runtime import VerbResult
+
+
+#: 0 done; 1 refused, blocked or the output pipe closed (a structured result is still printed where it can be);
+#: 2 usage or configuration error (a taken port included).
+EXIT_OK, EXIT_REFUSED, EXIT_USAGE = 0, 1, 2
+
+
+def emit(doc: Any, *, as_json: bool, text: str | None = None) -> None:
+    if as_json:
+        print(json.dumps(doc, indent=2, sort_keys=True, default=str))
+    else:
+        print(text if text is not None else json.dumps(doc, indent=2, sort_keys=True, default=str))
+
+
+def refused(exc: LookupError | ValueError, *, listing: str) -> int:
+    """A replay/retry of something missing (not_found) or not in a retryable state (invalid_state)."""
+    emit(
+        {
+            "error": "invalid_state" if isinstance(exc, ValueError) else "not_found",
+            "message": str(exc),
+            "remediate": f"list the candidates with `{listing}` and pick one",
+            "exact_next_action": f"run {listing}",
+        },
+        as_json=True,
+    )
+    return EXIT_REFUSED
+
+
+async def with_db(settings: Settings, work: Callable[[Database], Awaitable[int]]) -> int:
+    db = await Database.open(settings.database.path, busy_timeout_ms=settings.database.busy_timeout_ms)
+    try:
+        return await work(db)
+    finally:
+        await db.close()
+
+
+async def with_store(settings: Settings, work: Callable[[DeliveryStore], Awaitable[int]]) -> int:
+    return await with_db(settings, lambda db: work(DeliveryStore(db)))
+
+
+def not_found(message: str, listing: str) -> int:
+    emit(
+        {
+            "error": "not_found",
+            "message": message,
+            "remediate": f"list what exists with `{listing}` and pick one",
+            "exact_next_action": f"run {listing}",
+        },
+        as_json=True,
+    )
+    return EXIT_REFUSED
+
+
+def rendered(result: VerbResult) -> dict[str, Any]:
+    """A verb's document as the CLI prints it: without the door's ``verb`` and the MCP tools to call ``next``."""
+    return {key: value for key, value in result.doc.items() if key not in ("verb", "next")}

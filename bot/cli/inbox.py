@@ -1,0 +1,98 @@
+"""`foreman deliveries`, `replay` and `outbox`: the stored deliveries and the intended Gitea mutations."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import getpass
+
+from bot.cli.common import EXIT_OK, emit, refused, with_db, with_store
+from bot.config import Settings
+from state.db import Database
+from state.deliveries import DeliveryStore
+
+
+def cmd_deliveries(settings: Settings, args: argparse.Namespace) -> int:
+    if getattr(args, "reconcile", False):
+        return asyncio.run(with_db(settings, lambda db: _reconcile_summary(settings, db, as_json=args.json)))
+
+    async def work(store: DeliveryStore) -> int:
+        rows = await store.list(status=args.status, limit=args.limit)
+        docs = [row.summary() for row in rows]
+        lines = [
+            f"{d['id']:>6} {d['status']:<12} {d['event']}/{d['action'] or '-'} {d['delivery']}"
+            f" attempts={d['attempts']}" + (" (catch-up)" if d["source"] == "reconcile" else "")
+            + (f" error={d['last_error']}" if d["last_error"] else "")
+            for d in docs
+        ]
+        emit(docs, as_json=args.json, text="\n".join(lines) if lines else "(no deliveries)")
+        return EXIT_OK
+
+    return asyncio.run(with_store(settings, work))
+
+
+async def _reconcile_summary(settings: Settings, db: Database, *, as_json: bool) -> int:
+    """`foreman deliveries --reconcile`: the last catch-up pass, the last that succeeded, and the down window."""
+    from state.reconcile import ReconcileStore
+
+    store = ReconcileStore(db)
+    repo = f"{settings.repository.owner}/{settings.repository.name}"
+    last, ok = await store.last_pass(repo), await store.last_pass(repo, succeeded=True)
+    doc = {
+        "repository": repo,
+        "interval_s": settings.reconcile.interval_s,
+        "last_pass": last.to_dict() if last else None,
+        "last_success": ok.to_dict() if ok else None,
+        "watermark": await store.watermark(repo),
+    }
+    if last is None:
+        text = f"no catch-up pass recorded for {repo} (the service runs one at start when gitea.token is set)"
+    else:
+        found = ", ".join(f"{k} {v}" for k, v in sorted(last.found.items())) or "nothing"
+        text = (
+            f"last catch-up pass {last.id} ({last.trigger}, {last.outcome}) finished {last.finished_at}: read "
+            f"{last.read_issues} issues and {last.read_comments} comments since {last.since} in {last.calls} API "
+            f"calls; found {found} that no webhook had brought"
+            + (f"; error: {last.error}" if last.error else "")
+            + (f"\ndown window before it: from {last.down_from}, {last.down_seconds:.0f} s" if last.down_from
+               and last.down_seconds is not None else "")
+            + f"\nwatermark: {doc['watermark']}"
+        )
+    emit(doc, as_json=as_json, text=text)
+    return EXIT_OK
+
+
+def cmd_replay(settings: Settings, args: argparse.Namespace) -> int:
+    async def work(store: DeliveryStore) -> int:
+        try:
+            row = await store.replay(args.id, requested_by=getpass.getuser(), force=args.force)
+        except (LookupError, ValueError) as exc:
+            return refused(exc, listing="foreman deliveries --status failed")
+        emit(row.summary(), as_json=args.json, text=f"delivery {row.pk} ({row.delivery_id}) queued again")
+        return EXIT_OK
+
+    return asyncio.run(with_store(settings, work))
+
+
+def cmd_outbox(settings: Settings, args: argparse.Namespace) -> int:
+    from state.outbox import OutboxStore
+
+    async def work(db: Database) -> int:
+        store = OutboxStore(db)
+        if args.outbox_command == "retry":
+            try:
+                entry = await store.retry(args.id)
+            except (LookupError, ValueError) as exc:
+                return refused(exc, listing="foreman outbox --status parked")
+            emit(entry.summary(), as_json=args.json, text=f"outbox entry {entry.id} ({entry.key}) queued again")
+            return EXIT_OK
+        entries = [e.summary() for e in await store.list(status=args.status, limit=args.limit)]
+        lines = [
+            f"{e['id']:>6} {e['status']:<19} #{e['issue']} {e['kind']:<12} {e['key']} attempts={e['attempts']}"
+            + (f" error={e['last_error']}" if e["last_error"] else "")
+            for e in entries
+        ]
+        emit(entries, as_json=args.json, text="\n".join(lines) if lines else "(no outbox entries)")
+        return EXIT_OK
+
+    return asyncio.run(with_db(settings, work))

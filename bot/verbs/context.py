@@ -1,0 +1,154 @@
+"""The runtime-context verb: the caller's identity, leases, callable tools, default branch and next action."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Protocol
+
+from bot.core.gateway import GatewayContext
+from bot.core.verbs import PRECONDITION_WORKTREE, VERBS, Verb, evaluate
+from bot.gitea import Branch, Repository
+from bot.verbs.runtime import Caller, CallOptions, VerbResult, VerbRuntime
+from state.leases import Lease
+
+#: How many issues a runtime context lists per verb (a controller may see every live lease).
+_CONTEXT_ISSUE_LIMIT = 20
+
+
+class BranchGitea(Protocol):
+    """The Gitea reads the runtime context makes: the repository's default branch and that branch's head."""
+
+    async def get_repo(self) -> Repository: ...
+
+    async def get_branch(self, name: str) -> Branch: ...
+
+
+async def runtime_context(
+    rt: VerbRuntime, verb: Verb, caller: Caller, values: Mapping[str, object], lease: Lease | None,
+    delivery_id: str | None, options: CallOptions,
+) -> VerbResult:
+    now = rt.clock()
+    open_leases = [lease for lease in await rt.leases.open_leases(rt.repo) if lease.is_live(now)]
+    mine = [lease for lease in open_leases if lease.owner == caller.login]
+    callable_now = await _callable_now(rt, caller, open_leases)
+    branch = await _default_branch(rt)
+    doc: dict[str, Any] = {
+        "identity": {"login": caller.login, "roles": sorted(caller.roles), "channel": caller.channel},
+        "role": sorted(caller.roles)[0] if len(caller.roles) == 1 else sorted(caller.roles),
+        "repository": f"{rt.settings.repository.owner}/{rt.settings.repository.name}",
+        "default_branch": branch,
+        "leases": [lease.to_dict() for lease in mine],
+        "callable_now": callable_now,
+        "exact_next_action": await _next_action(rt, caller, mine),
+    }
+    return rt.done(verb, caller, doc)
+
+
+async def _callable_now(rt: VerbRuntime, caller: Caller, live: list[Lease]) -> list[dict[str, Any]]:
+    """Each offered verb the gateway allows this caller now; issue verbs once per issue it applies to."""
+    out: list[dict[str, Any]] = []
+    relevant = [lease for lease in live if lease.owner == caller.login or "controller" in caller.roles]
+    for verb in VERBS.values():
+        if not verb.executable:
+            continue
+        if not verb.issue_scoped:
+            if evaluate(verb.name, GatewayContext(caller=caller.login, caller_roles=caller.roles)).allowed:
+                out.append({"tool": verb.tool})
+            continue
+        issues: list[int] = []
+        for lease in relevant[:_CONTEXT_ISSUE_LIMIT]:
+            worktree = False
+            if PRECONDITION_WORKTREE in verb.preconditions:
+                worktree = await rt.worktree_registered(lease.issue_number, lease.owner)
+            ctx = GatewayContext(
+                caller=caller.login,
+                caller_roles=caller.roles,
+                issue_number=lease.issue_number,
+                lease_owner=lease.owner,
+                lease_live=True,
+                worktree_registered=worktree,
+            )
+            if evaluate(verb.name, ctx).allowed:
+                issues.append(lease.issue_number)
+        if issues:
+            out.append({"tool": verb.tool, "issue_numbers": issues})
+        elif verb.name == "get_issue_state":
+            out.append({"tool": verb.tool, "issue_numbers": "any"})
+    return out
+
+
+async def _next_action(rt: VerbRuntime, caller: Caller, mine: list[Lease]) -> str:
+    if mine:
+        lease = mine[0]
+        n = lease.issue_number
+        until = lease.expires_at.isoformat()
+        bootstrap = await rt.worktree_bootstrap()
+        if bootstrap is not None and not await bootstrap.worktree_registered(issue_number=n, owner=caller.login):
+            return f"call gitea_bootstrap_issue_worktree with issue_number={n}"
+        if bootstrap is not None and not await bootstrap.locked(issue_number=n, owner=caller.login):
+            return f"call gitea_lock_issue with issue_number={n}"
+        if bootstrap is None:
+            return (
+                f"call gitea_get_issue_state with issue_number={n} and follow its next_action; "
+                f"call gitea_heartbeat_lease with issue_number={n} before {until}"
+            )
+        return (
+            f"work on #{n} in its registered worktree; call gitea_heartbeat_lease with issue_number={n} "
+            f"before {until}, and gitea_post_issue_state with issue_number={n} when the step is done"
+        )
+    if "controller" in caller.roles:
+        return (
+            "call gitea_allocate_next_work with dry_run=true, then with dry_run=false and "
+            "expected_fingerprint set to the dry run's fingerprint"
+        )
+    return "nothing is leased to you: call gitea_get_runtime_context again after a controller allocates work to you"
+
+
+async def _default_branch(rt: VerbRuntime) -> dict[str, Any]:
+    """The default branch's SHA live on Gitea and in the control checkout, side by side."""
+    out: dict[str, Any] = {"name": None, "live_sha": None, "checkout_sha": None, "checkout": None}
+    notes: list[str] = []
+    gitea: BranchGitea | None = rt.gitea
+    if gitea is None:
+        notes.append("no gitea.token configured: the live SHA cannot be read")
+    else:
+        try:
+            repo = await gitea.get_repo()
+            out["name"] = repo.default_branch
+            out["live_sha"] = (await gitea.get_branch(repo.default_branch)).commit_id
+        except Exception as exc:
+            notes.append(f"Gitea did not answer: {type(exc).__name__}")
+    bootstrap = await rt.worktree_bootstrap()
+    checkout = bootstrap.control_checkout() if bootstrap is not None else None
+    if checkout is None:
+        notes.append("no control checkout: the worktree bootstrap is not available in this foreman")
+    elif not (checkout / ".git").exists():
+        out["checkout"] = str(checkout)
+        notes.append("no control checkout yet: the first worktree bootstrap clones it")
+    else:
+        out["checkout"] = str(checkout)
+        ref = f"refs/heads/{out['name']}" if out["name"] else "HEAD"
+        out["checkout_sha"] = await _git_rev(checkout, ref)
+    live, held = out["live_sha"], out["checkout_sha"]
+    out["in_sync"] = (live == held) if live and held else None
+    if live and held and live != held:
+        notes.append("the control checkout is behind or ahead of Gitea; the next bootstrap fetches first")
+    out["detail"] = "; ".join(notes) or "live and checkout agree"
+    return out
+
+
+async def _git_rev(checkout: Path, ref: str) -> str | None:
+    """``ref`` resolved in ``checkout`` (argument list, never a shell), or None."""
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            "git", "-C", str(checkout), "rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}",
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.DEVNULL,
+        )
+        out, _ = await asyncio.wait_for(proc.communicate(), timeout=10)
+    except (OSError, TimeoutError):
+        return None
+    text = out.decode().strip()
+    return text if proc.returncode == 0 and text else None

@@ -1,0 +1,103 @@
+"""The lease verbs: heartbeat and release, and the hand-on to auto-allocation after a release."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from datetime import timedelta
+from typing import Any
+
+from bot.core.errors import Envelope
+from bot.core.evidence import render_evidence
+from bot.core.verbs import Verb
+from bot.verbs.runtime import Caller, CallOptions, VerbResult, VerbRuntime, envelope, refused
+from state.leases import Lease, LeaseRefused
+from state.outbox import OutboxIntent, enqueue
+
+log = logging.getLogger("foreman.verbs")
+
+
+async def heartbeat(
+    rt: VerbRuntime, verb: Verb, caller: Caller, values: Mapping[str, object], lease: Lease | None,
+    delivery_id: str | None, options: CallOptions,
+) -> VerbResult:
+    assert lease is not None  # the live_lease precondition held
+    ttl = timedelta(seconds=rt.settings.allocator.lease_ttl_s)
+    try:
+        beat = await rt.leases.heartbeat(lease.lease_id, owner=lease.owner, ttl=ttl, now=rt.clock())
+    except LeaseRefused:
+        return refused(verb.name, lease_changed(verb, lease))
+    return rt.done(verb, caller, {"issue_number": lease.issue_number, "lease": beat.to_dict()})
+
+
+async def release(
+    rt: VerbRuntime, verb: Verb, caller: Caller, values: Mapping[str, object], lease: Lease | None,
+    delivery_id: str | None, options: CallOptions,
+) -> VerbResult:
+    assert lease is not None  # the live_lease precondition held
+    reason = str(values["reason"])
+    now = rt.clock()
+    key = f"{lease.lease_id}:release"
+    body = render_evidence(
+        key=key,
+        summary=f"Lease on #{lease.issue_number} released by {caller.login} ({reason}); it was held by "
+        f"{lease.owner} for {lease.action}.",
+        state=None,
+        evidence={
+            "action": "release_lease",
+            "lease_id": lease.lease_id,
+            "owner": lease.owner,
+            "released_by": caller.login,
+            "reason": reason,
+            "channel": caller.channel,
+            "delivery": delivery_id,
+            "released_at": now.isoformat(),
+        },
+    )
+    try:
+        async with rt.db.transaction() as conn:
+            await rt.leases.release(conn, lease.lease_id, actor=caller.login, reason=reason, now=now)
+            await enqueue(conn, OutboxIntent(key, lease.issue_number, "comment", {"body": body}, delivery_id))
+    except LeaseRefused:
+        return refused(verb.name, lease_changed(verb, lease))
+    rt.woken()
+    released = await rt.leases.get(lease.lease_id)
+    # The owner is free now: the next ready issue goes to the next idle author, once.
+    auto = await _auto_allocate_after_release(rt, delivery_id)
+    return rt.done(
+        verb,
+        caller,
+        {
+            "issue_number": lease.issue_number,
+            "lease": released.to_dict() if released is not None else None,
+            "outbox": [key],
+            **({"auto_allocation": auto} if auto is not None else {}),
+        },
+    )
+
+
+async def _auto_allocate_after_release(rt: VerbRuntime, delivery_id: str | None) -> dict[str, Any] | None:
+    """Run auto-allocation after a release; its failure never undoes or fails the release (the next trigger
+    or catch-up run allocates instead)."""
+    from bot.verbs.auto_allocate import auto_allocate
+
+    if not rt.settings.auto_allocation() or rt.gitea is None:
+        return None
+    try:
+        report = await auto_allocate(rt.db, rt.settings, rt.gitea, bot_login=rt.bot_login,
+                                     trigger="release", delivery_id=delivery_id, wakeup=rt.wakeup)
+    except Exception as exc:  # reported in the result and the log; the release stands
+        log.warning("auto-allocation after a release failed: %s: %s", type(exc).__name__, exc)
+        return {"error": "unavailable", "message": f"{type(exc).__name__}: {exc}"}
+    if report.outbox:
+        rt.woken()
+    return {"leased": report.leased, "waiting": report.waiting, "blocked": report.blocked}
+
+
+def lease_changed(verb: Verb, lease: Lease) -> Envelope:
+    return envelope(
+        "conflict",
+        f"the lease on #{lease.issue_number} changed while {verb.tool} ran (released, expired or taken over)",
+        "Read the issue's lease again before acting on it.",
+        f"call gitea_get_issue_state with issue_number={lease.issue_number}",
+    )
