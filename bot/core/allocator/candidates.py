@@ -75,25 +75,26 @@ def _object_pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return _DuplicateKeyObject(pairs, duplicates) if duplicates else dict(pairs)
 
 
+def _refused(input_name: str, problem: str) -> InputError:
+    """The whole input refused at once (no element to point at)."""
+    return InputError([InputProblem(input=input_name, index=None, field=input_name, problem=problem)])
+
+
 def _decode_json(text: str, input_name: str) -> object:
-    """Decode once, refusing typed whatever the decoder cannot or should not take (issue 12.7): oversized text,
-    nesting deeper than the decoder's recursion limit, integers over Python's 4,300-digit limit, NaN/Infinity."""
-
-    def refuse(problem: str) -> InputError:
-        return InputError([InputProblem(input=input_name, index=None, field=input_name, problem=problem)])
-
+    """Decode once, refusing typed whatever the decoder cannot or should not take: oversized text, nesting
+    deeper than the decoder's recursion limit, integers over Python's 4,300-digit limit, NaN/Infinity."""
     if len(text) > MAX_INPUT_CHARS:
-        raise refuse(f"is {len(text)} characters; at most {MAX_INPUT_CHARS} are taken")
+        raise _refused(input_name, f"is {len(text)} characters; at most {MAX_INPUT_CHARS} are taken")
     try:
         return strict_loads(text, object_pairs_hook=_object_pairs)  # repeats are collected, reported per record
     except JSONTextError as exc:
         if exc.kind == "constant":
-            raise refuse(str(exc)) from None
+            raise _refused(input_name, str(exc)) from None
         detail = {
             "too_deep": "nested too deeply (a candidate record is at most 3 levels deep)",
             "long_integer": "an integer has more than 4,300 digits (no issue number is that long)",
         }.get(exc.kind, str(exc))
-        raise refuse(f"malformed JSON: {detail}") from None
+        raise _refused(input_name, f"malformed JSON: {detail}") from None
 
 
 def _type_name(value: object) -> str:
@@ -138,6 +139,13 @@ def _parse_rfc3339(value: str) -> datetime | None:
         return None
 
 
+def _exact_array(value: object) -> Sequence[Any] | None:
+    """An exact list or tuple as it is, null (omitted) as empty; anything else None (for the full validator)."""
+    if value is None:
+        return ()
+    return value if type(value) is list or type(value) is tuple else None
+
+
 def _fast_candidate(record: Mapping[Any, Any]) -> Candidate | None:
     """The common valid record (plain dict, known keys, exact types) without collecting problems; None
     sends the record to the full validator, which then reports every problem exactly as before."""
@@ -149,10 +157,8 @@ def _fast_candidate(record: Mapping[Any, Any]) -> Candidate | None:
     title = record.get("title")
     if title is not None and (type(title) is not str or _has_surrogate(title)):
         return None
-    labels = record.get("labels")
+    labels = _exact_array(record.get("labels"))
     if labels is None:
-        labels = ()
-    elif type(labels) is not list and type(labels) is not tuple:
         return None
     for label in labels:
         if type(label) is not str or not label or _has_surrogate(label):
@@ -165,10 +171,8 @@ def _fast_candidate(record: Mapping[Any, Any]) -> Candidate | None:
         created_at = _parse_rfc3339(raw_created)
         if created_at is None:
             return None
-    deps = record.get("depends_on")
+    deps = _exact_array(record.get("depends_on"))
     if deps is None:
-        deps = ()
-    elif type(deps) is not list and type(deps) is not tuple:
         return None
     for dep in deps:
         if type(dep) is not int or not 0 < dep <= MAX_ISSUE_NUMBER or dep == number:
@@ -331,19 +335,13 @@ def normalize_candidates(raw: object) -> list[Candidate]:
     if isinstance(raw, str):
         value = _decode_json(raw, name)
         if isinstance(value, str):
-            raise InputError(
-                [InputProblem(input=name, index=None, field=name,
-                              problem="decoded to a string: the JSON was encoded twice; send it once")]
-            )
+            raise _refused(name, "decoded to a string: the JSON was encoded twice; send it once")
     if isinstance(value, dict | Candidate):
         elements: Sequence[object] = [value]
     elif isinstance(value, list | tuple):
         elements = value
     else:
-        raise InputError(
-            [InputProblem(input=name, index=None, field=name,
-                          problem=f"expected an array of candidate objects or one object, got {_type_name(value)}")]
-        )
+        raise _refused(name, f"expected an array of candidate objects or one object, got {_type_name(value)}")
 
     problems: list[InputProblem] = []
     candidates: list[Candidate] = []
@@ -399,10 +397,7 @@ def normalize_exclusions(raw: object) -> frozenset[int]:
     elif isinstance(value, list | tuple):
         elements = value
     else:
-        raise InputError(
-            [InputProblem(input=name, index=None, field=name,
-                          problem=f"expected an array of issue numbers, got {_type_name(value)}")]
-        )
+        raise _refused(name, f"expected an array of issue numbers, got {_type_name(value)}")
     problems: list[InputProblem] = []
     numbers: set[int] = set()
     for index, element in enumerate(elements):

@@ -39,20 +39,6 @@ _EPOCH = datetime.min.replace(tzinfo=UTC)
 _HEX64 = re.compile(r"[0-9a-f]{64}", re.ASCII)
 
 
-def _priority(candidate: Candidate, policy: RankingPolicy) -> tuple[int, str | None]:
-    for index, label in enumerate(policy.priority_labels):
-        if label in candidate.labels:
-            return index, label
-    return len(policy.priority_labels), None
-
-
-def _rank_key(candidate: Candidate, policy: RankingPolicy) -> tuple[int, int, datetime, int]:
-    dated = candidate.created_at is not None
-    when = candidate.created_at.astimezone(UTC) if candidate.created_at else datetime.min.replace(tzinfo=UTC)
-    return (_priority(candidate, policy)[0], 0 if dated else 1, when, candidate.issue_number)
-
-
-
 def _exclusions_view(caller: frozenset[int], policy: RankingPolicy) -> dict[str, list[Any]]:
     return {
         "exclude_issue_numbers": sorted(caller),
@@ -303,7 +289,7 @@ def check_apply(
         "expected_fingerprint": expected_fingerprint,
         "fingerprint": fresh.fingerprint,
         "fresh_decision": fresh.kind,
-        "fresh_issue_number": getattr(fresh, "issue_number", None),
+        "fresh_issue_number": fresh.issue_number,
     }
     if expected_parts is not None:
         details["changed"] = sorted(

@@ -20,7 +20,16 @@ class _DecisionBase:
     skipped: tuple[Skipped, ...]
     exclusions: Mapping[str, list[Any]]
 
-    def _common(self) -> dict[str, Any]:
+    @property
+    def issue_number(self) -> int | None:
+        """The issue selected or resumed; None for the kinds that lease nothing."""
+        return None
+
+    def _own_fields(self) -> dict[str, Any]:
+        """The keys only this kind has, rendered after ``issue_number``."""
+        return {}
+
+    def to_dict(self) -> dict[str, Any]:
         return {
             "decision": self.kind,
             "fingerprint": self.fingerprint,
@@ -29,7 +38,19 @@ class _DecisionBase:
             "ranked": [r.to_dict() for r in self.ranked],
             "skipped": [s.to_dict() for s in self.skipped],
             "exclusions": {k: list(v) for k, v in self.exclusions.items()},
+            "issue_number": self.issue_number,
+            **self._own_fields(),
         }
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _RefusedDecision(_DecisionBase):
+    """A decision that carries a refusal: its envelope's keys lead the rendering."""
+
+    envelope: Envelope
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**self.envelope.to_dict(), **_DecisionBase.to_dict(self)}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -43,8 +64,8 @@ class SelectDecision(_DecisionBase):
     def issue_number(self) -> int:
         return self.candidate.issue_number
 
-    def to_dict(self) -> dict[str, Any]:
-        return {**self._common(), "issue_number": self.issue_number, "candidate": self.candidate.to_dict()}
+    def _own_fields(self) -> dict[str, Any]:
+        return {"candidate": self.candidate.to_dict()}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -58,8 +79,8 @@ class ResumeDecision(_DecisionBase):
     def issue_number(self) -> int:
         return self.lease.issue_number
 
-    def to_dict(self) -> dict[str, Any]:
-        return {**self._common(), "issue_number": self.issue_number, "lease": self.lease.to_dict()}
+    def _own_fields(self) -> dict[str, Any]:
+        return {"lease": self.lease.to_dict()}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -69,36 +90,26 @@ class WaitDecision(_DecisionBase):
     kind: ClassVar[str] = "wait"
     wait_reason: WaitReason
 
-    def to_dict(self) -> dict[str, Any]:
-        return {**self._common(), "issue_number": None, "wait_reason": self.wait_reason}
+    def _own_fields(self) -> dict[str, Any]:
+        return {"wait_reason": self.wait_reason}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class BlockedDecision(_DecisionBase):
+class BlockedDecision(_RefusedDecision):
     """The caller must resolve ``blockers`` first (release the lease or stop excluding the issue)."""
 
     kind: ClassVar[str] = "blocked"
     blockers: tuple[Blocker, ...]
-    envelope: Envelope
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            **self.envelope.to_dict(),
-            **self._common(),
-            "issue_number": None,
-            "blockers": [b.to_dict() for b in self.blockers],
-        }
+    def _own_fields(self) -> dict[str, Any]:
+        return {"blockers": [b.to_dict() for b in self.blockers]}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class InvalidDecision(_DecisionBase):
+class InvalidDecision(_RefusedDecision):
     """The request was refused before any decision (fail closed); ``envelope`` says why."""
 
     kind: ClassVar[str] = "invalid"
-    envelope: Envelope
-
-    def to_dict(self) -> dict[str, Any]:
-        return {**self.envelope.to_dict(), **self._common(), "issue_number": None}
 
 
 AllocationDecision = SelectDecision | ResumeDecision | WaitDecision | BlockedDecision | InvalidDecision

@@ -14,10 +14,6 @@ _UNIX_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _MICROSECOND = timedelta(microseconds=1)
 
 
-def _utc(value: datetime | None) -> str | None:
-    return value.astimezone(UTC).isoformat() if value is not None else None
-
-
 def lease_state(lease: LiveLease, owner: str, policy: RankingPolicy, now: datetime) -> str | None:
     """live / grace (foreign, expired less than the grace ago) / None when it no longer matters."""
     if lease.is_live(now):

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, Final, Literal
+from typing import Any, Final, Literal, get_args
 
 from bot.core.errors import Envelope, EnvelopeError
 from bot.core.vocabulary import MAX_ISSUE_NUMBER
@@ -21,28 +21,18 @@ SkipReason = Literal[
     "dependency_open",
     "invalid_candidate",
 ]
-SKIP_REASONS: Final[tuple[SkipReason, ...]] = (
-    "excluded_by_controller",
-    "protected_issue",
-    "protected_label",
-    "foreign_claim",
-    "own_claim",
-    "lease_grace",
-    "not_ready",
-    "dependency_open",
-    "invalid_candidate",
-)
+SKIP_REASONS: Final[tuple[SkipReason, ...]] = get_args(SkipReason)
 EXCLUSION_REASONS: Final[frozenset[SkipReason]] = frozenset(
     {"excluded_by_controller", "protected_issue", "protected_label"}
 )
 BlockReason = Literal["excluded_owned_lease"]
-BLOCK_REASONS: Final[tuple[BlockReason, ...]] = ("excluded_owned_lease",)
+BLOCK_REASONS: Final[tuple[BlockReason, ...]] = get_args(BlockReason)
 WaitReason = Literal["no_candidates", "all_excluded", "none_eligible"]
 
 DEFAULT_PRIORITY_LABELS: Final[tuple[str, ...]] = ("priority:p0", "priority:p1", "priority:p2", "priority:p3")
 DEFAULT_LEASE_GRACE: Final[timedelta] = timedelta(seconds=120)
 # Keys a candidate record may carry. Anything else is rejected: a misspelt "depend_on" silently
-# dropped would lease a held issue, which is exactly the fail-open this module exists to prevent.
+# dropped would lease a held issue, which is exactly the fail-open the allocator exists to prevent.
 CANDIDATE_FIELDS: Final[frozenset[str]] = frozenset(
     {"issue_number", "number", "title", "labels", "created_at", "depends_on", "ready"}
 )
