@@ -79,6 +79,33 @@ def _exclusion_reason(
     return None
 
 
+def _rank(
+    eligible: Sequence[Candidate], owned: Mapping[int, LiveLease], policy: RankingPolicy
+) -> tuple[list[Candidate], tuple[RankedCandidate, ...]]:
+    """Priority label (policy order, unlabelled last), then ``created_at`` (undated last), then issue number."""
+    prio = {label: i for i, label in enumerate(policy.priority_labels)}
+    unlabelled = len(prio)
+    keyed = []
+    for c in eligible:
+        p = min([prio[label] for label in c.labels if label in prio], default=unlabelled)
+        # one tzinfo for all keys: comparing datetimes with different offsets is several times slower
+        when = c.created_at.astimezone(UTC) if c.created_at is not None else _EPOCH
+        keyed.append((p, 0 if c.created_at is not None else 1, when, c.issue_number, c))
+    keyed.sort(key=lambda k: k[:4])
+    labels_by_rank = policy.priority_labels
+    ranked = tuple(
+        RankedCandidate(
+            rank=i + 1,
+            issue_number=k[3],
+            priority_label=labels_by_rank[k[0]] if k[0] < unlabelled else None,
+            created_at=k[4].created_at,
+            owned_lease_id=owned[k[3]].lease_id if k[3] in owned else None,
+        )
+        for i, k in enumerate(keyed)
+    )
+    return [k[4] for k in keyed], ranked
+
+
 def decide(
     request: AllocationRequest,
     policy: RankingPolicy,
@@ -183,27 +210,7 @@ def decide(
             else:
                 eligible.append(candidate)
 
-    prio = {label: i for i, label in enumerate(policy.priority_labels)}
-    unlabelled = len(prio)
-    keyed = []
-    for c in eligible:
-        p = min([prio[label] for label in c.labels if label in prio], default=unlabelled)
-        # one tzinfo for all keys: comparing datetimes with different offsets is several times slower
-        when = c.created_at.astimezone(UTC) if c.created_at is not None else _EPOCH
-        keyed.append((p, 0 if c.created_at is not None else 1, when, c.issue_number, c))
-    keyed.sort(key=lambda k: k[:4])
-    eligible = [k[4] for k in keyed]
-    labels_by_rank = policy.priority_labels
-    ranked = tuple(
-        RankedCandidate(
-            rank=i + 1,
-            issue_number=k[3],
-            priority_label=labels_by_rank[k[0]] if k[0] < unlabelled else None,
-            created_at=k[4].created_at,
-            owned_lease_id=owned[k[3]].lease_id if k[3] in owned else None,
-        )
-        for i, k in enumerate(keyed)
-    )
+    eligible, ranked = _rank(eligible, owned, policy)
     common["ranked"] = ranked
     common["skipped"] = tuple(skipped)
 
