@@ -7,7 +7,7 @@ import secrets as secrets_mod
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import Field, SecretStr, ValidationError
 
@@ -27,14 +27,13 @@ from bot.config_sections import (
     WebhookConfig,
     WorkerConfig,
 )
+from bot.core.gateway import Role
 from bot.core.grants import TemplateError
 from bot.core.jsontext import JSONTextError, strict_loads
 
 DEFAULT_CONFIG_PATH = Path("config/foreman.toml")
 ENV_PREFIX = "FOREMAN_"
 GENERATED_SECRET_NAME = "webhook-secret"  # noqa: S105 (a file name)
-
-Role = Literal["controller", "author", "reviewer", "merger"]
 
 
 class ConfigError(Exception):
@@ -180,39 +179,39 @@ def _resolve_paths(settings: Settings, base: Path) -> Settings:
     return settings.model_copy(update=sections) if sections else settings
 
 
+def _secret_from_file(
+    section: str, name: str, given: object, path: Path | None, errors: list[tuple[str, str]]
+) -> str | None:
+    """The text of ``<section>.<name>_file`` when it is set and ``<section>.<name>`` is not (both set: an error)."""
+    if path is None:
+        return None
+    key = f"{section}.{name}_file"
+    if given is not None:
+        errors.append((key, f"give {section}.{name} or {key}, not both"))
+        return None
+    return _read_secret_file(key, path, errors)
+
+
 def _resolve_secret_files(settings: Settings, errors: list[tuple[str, str]]) -> Settings:
-    webhook = settings.webhook
-    if webhook.secrets_file is not None:
-        if webhook.secrets is not None:
-            errors.append(("webhook.secrets_file", "give webhook.secrets or webhook.secrets_file, not both"))
-        else:
-            text = _read_secret_file("webhook.secrets_file", webhook.secrets_file, errors)
-            if text is not None:
-                found = [SecretStr(line.strip()) for line in text.splitlines() if line.strip()]
-                webhook = webhook.model_copy(update={"secrets": found})
-    gitea = settings.gitea
-    if gitea.token_file is not None:
-        if gitea.token is not None:
-            errors.append(("gitea.token_file", "give gitea.token or gitea.token_file, not both"))
-        else:
-            token = _read_secret_file("gitea.token_file", gitea.token_file, errors)
-            if token is not None:
-                gitea = gitea.model_copy(update={"token": SecretStr(token)})
-    return settings.model_copy(update={"webhook": webhook, "gitea": gitea})
+    """webhook.secrets_file (one secret a line), gitea.token_file and dashboard.token_file."""
+    webhook, gitea, dashboard = settings.webhook, settings.gitea, settings.dashboard
+    text = _secret_from_file("webhook", "secrets", webhook.secrets, webhook.secrets_file, errors)
+    if text is not None:
+        found = [SecretStr(line.strip()) for line in text.splitlines() if line.strip()]
+        webhook = webhook.model_copy(update={"secrets": found})
+    token = _secret_from_file("gitea", "token", gitea.token, gitea.token_file, errors)
+    if token is not None:
+        gitea = gitea.model_copy(update={"token": SecretStr(token)})
+    text = _secret_from_file("dashboard", "token", dashboard.token, dashboard.token_file, errors)
+    if text is not None and len(text) < 16:
+        errors.append(("dashboard.token_file", f"{dashboard.token_file} holds fewer than 16 characters"))
+    elif text is not None:
+        dashboard = dashboard.model_copy(update={"token": SecretStr(text)})
+    return settings.model_copy(update={"webhook": webhook, "gitea": gitea, "dashboard": dashboard})
 
 
-def _resolve_token_files(settings: Settings, base: Path, errors: list[tuple[str, str]]) -> Settings:
-    """dashboard.token_file and mcp.token_files (login = file): read like the other secret files."""
-    dashboard = settings.dashboard
-    if dashboard.token_file is not None:
-        if dashboard.token is not None:
-            errors.append(("dashboard.token_file", "give dashboard.token or dashboard.token_file, not both"))
-        else:
-            text = _read_secret_file("dashboard.token_file", dashboard.token_file, errors)
-            if text is not None and len(text) < 16:
-                errors.append(("dashboard.token_file", f"{dashboard.token_file} holds fewer than 16 characters"))
-            elif text is not None:
-                dashboard = dashboard.model_copy(update={"token": SecretStr(text)})
+def _resolve_mcp_token_files(settings: Settings, base: Path, errors: list[tuple[str, str]]) -> Settings:
+    """mcp.token_files (login = file), merged into mcp.tokens; each file holds one token."""
     mcp = settings.mcp
     if mcp.token_files:
         tokens = dict(mcp.tokens)
@@ -228,7 +227,7 @@ def _resolve_token_files(settings: Settings, base: Path, errors: list[tuple[str,
             else:
                 tokens[token] = login
         mcp = mcp.model_copy(update={"tokens": tokens})
-    return settings.model_copy(update={"dashboard": dashboard, "mcp": mcp})
+    return settings.model_copy(update={"mcp": mcp})
 
 
 def _raw_problems(data: Mapping[str, Any], base: Path, errors: list[tuple[str, str]]) -> None:
@@ -322,7 +321,7 @@ def load_settings(
         raise ConfigError.of(errors) from None
     settings = _resolve_paths(settings, base)
     settings = _resolve_secret_files(settings, errors)
-    settings = _resolve_token_files(settings, base, errors)
+    settings = _resolve_mcp_token_files(settings, base, errors)
     _check_secrets(settings, errors)
     _check_grants(settings, errors)
     if errors:

@@ -33,7 +33,7 @@ class ConfigSection(BaseModel):
     @classmethod
     def _booleans_are_not_numbers(cls, value: Any, info: ValidationInfo) -> Any:
         """TOML and JSON tell booleans from numbers; pydantic's lax mode would turn `port = true` into 1 and
-        `log_json = 1` into true. Neither is what the operator meant: refuse both (issue 12.11)."""
+        `log_json = 1` into true. Neither is what the operator meant: refuse both."""
         name = info.field_name
         annotation = cls.model_fields[name].annotation if name is not None else None
         if annotation in (int, float) and isinstance(value, bool):
@@ -201,7 +201,7 @@ class AllocatorConfig(ConfigSection):
     protected_labels: list[LabelName] = Field(default_factory=list)
     lease_ttl_s: float = Field(default=4 * 3600.0, gt=0)
     lease_grace_s: float = Field(default=120.0, ge=0)
-    # Auto-allocation (issue 20): a `status:ready` issue goes to the next idle roster author (least live leases,
+    # Auto-allocation: a `status:ready` issue goes to the next idle roster author (least live leases,
     # then longest idle). Unset: on when the roster has at least one author. `false` turns it off.
     auto: bool | None = None
     max_leases_per_author: int = Field(default=1, ge=1, le=1000)
@@ -229,7 +229,7 @@ class BootstrapConfig(ConfigSection):
 
 
 class ReconcileConfig(ConfigSection):
-    """Catch-up (issue 16, bot/reconcile.py): what changed in Gitea while no webhook reached the service."""
+    """Catch-up (bot/reconcile.py): what changed in Gitea while no webhook reached the service."""
 
     # Seconds between passes; 0 turns the timer off (the start-up pass always runs).
     interval_s: float = Field(default=60.0, ge=0)
