@@ -27,6 +27,7 @@ from bot.config_sections import (
     WebhookConfig,
     WorkerConfig,
 )
+from bot.core import issue_state
 from bot.core.gateway import Role
 from bot.core.grants import TemplateError
 from bot.core.jsontext import JSONTextError, strict_loads
@@ -90,6 +91,11 @@ class Settings(ConfigSection):
 
     def gitea_token(self) -> str | None:
         return self.gitea.token.get_secret_value() if self.gitea.token else None
+
+    @property
+    def repo_key(self) -> str:
+        """The key every store files the configured repository under (``owner/name`` in lower case)."""
+        return issue_state.repo_key(f"{self.repository.owner}/{self.repository.name}")
 
 
 def _loc_to_key(loc: tuple[int | str, ...]) -> str:

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from bot.cli import main
-from bot.config import ConfigError, ensure_webhook_secret, load_settings
+from bot.config import ConfigError, Settings, ensure_webhook_secret, load_settings
+from bot.core.issue_state import repo_key
 from tests.conftest import REPO_ROOT
 
 SECRET = "a-secret-of-sufficient-length"
@@ -99,6 +100,14 @@ def test_no_secret_configured_generates_one_0600_and_reuses_it(tmp_path: Path) -
     assert len(filled.webhook_secrets()[0]) == 64
     again, _ = ensure_webhook_secret(settings)
     assert again.webhook_secrets() == filled.webhook_secrets()
+
+
+def test_settings_repo_key_is_the_key_every_store_files_the_repository_under() -> None:
+    """Gitea names are case-insensitive: the stores key the configured repository by owner/name in lower case."""
+    settings = Settings.model_validate({"repository": {"owner": "Acme-Org", "name": "Foreman.Repo"}})
+    assert settings.repo_key == "acme-org/foreman.repo"
+    assert settings.repo_key == repo_key(f"{settings.repository.owner}/{settings.repository.name}")
+    assert Settings().repo_key == "org/repo"
 
 
 def test_the_shipped_configs_are_valid_and_the_example_documents_every_key() -> None:
