@@ -190,7 +190,7 @@ def test_skipped_accounting_names_a_distinct_reason_for_each_cause() -> None:
     }
     assert [r.issue_number for r in decision.ranked] == [10, 9]
     assert decision.considered == len(decision.ranked) + len(decision.skipped) == 10
-    # own_claim only arises with resume_own=False (auto-allocation giving an owner a further issue; issue 20).
+    # own_claim only arises with resume_own=False (auto-allocation giving an owner a further issue).
     assert set(reasons(decision).values()) | {"invalid_candidate", "own_claim"} == set(SKIP_REASONS)
     assert BLOCK_REASONS == ("excluded_owned_lease",)
 

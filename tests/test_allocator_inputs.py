@@ -215,7 +215,7 @@ _HUGE = 10**5000  # over Python's 4,300-digit int-str limit: str(_HUGE) raises V
     ],
 )
 def test_candidates_json_of_any_depth_size_or_integer_is_refused_typed(text: str) -> None:
-    """Issue 12.7: deep nesting raised RecursionError; huge integers and NaN/Infinity, lone surrogates and
+    """Deep nesting once raised RecursionError; huge integers and NaN/Infinity, lone surrogates and
     oversized input are all invalid_input, with a bounded message."""
     with pytest.raises(InputError) as caught:
         normalize_candidates(text)
@@ -239,7 +239,7 @@ def test_candidates_json_of_any_depth_size_or_integer_is_refused_typed(text: str
     ],
 )
 def test_decoded_candidates_with_huge_values_are_refused_with_a_bounded_message(raw: object) -> None:
-    """Issue 12.7: a decoded record (the MCP surface passes objects) with an integer over 4,300 digits, or huge
+    """A decoded record (the MCP surface passes objects) with an integer over 4,300 digits, or huge
     strings, is refused without str() of the integer blowing up and without echoing megabytes."""
     with pytest.raises(InputError) as caught:
         normalize_candidates(raw)

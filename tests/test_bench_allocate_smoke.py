@@ -1,5 +1,4 @@
-"""Smoke test of the allocator dry-run benchmark (bench/allocate.py): it runs end to end and its correctness
-checks pass; no timing is asserted."""
+"""bench/allocate.py runs end to end and its correctness checks pass; no timing is asserted."""
 
 from __future__ import annotations
 
