@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from bench.allocate import OWNER, RESUME_OWNER, build_database, load
+from bench.allocate_data import OWNER, RESUME_OWNER, build_database, load
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
