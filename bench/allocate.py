@@ -1,24 +1,4 @@
-"""Allocator dry-run benchmark: one ``decide(...)`` over n candidates versus loading its inputs from SQLite.
-
-    .venv/bin/python -m bench.allocate [--sizes 1000,10000,100000] [--repeat N] [--json]
-
-For each size n the benchmark writes a temporary SQLite database with n open issues and a ``leases`` table
-(the schema the lease store will use), then measures in the same run:
-
-- **load**: SELECT the n issue rows and the live lease rows and build exactly what ``decide`` receives
-  (candidate dicts, ``LiveLease`` objects, the open-issue set). This is the baseline.
-- **decide**: one dry-run ``bot.core.allocator.decide(...)`` on those inputs, for an owner that holds no
-  lease (``select``) and for an owner that holds one lease on a non-excluded issue (``resume``).
-
-Both figures are the median of ``--repeat`` runs. 10% of the candidates are excluded through
-``exclude_issue_numbers`` and another 10% carry a live lease of a foreign owner. While it measures, the
-benchmark checks the decisions against an independent reference (no excluded or foreign-held issue is
-ranked or selected, the expected issue is selected, the skip counts add up) and checks that the fingerprint
-is the same for every repeat and for a run with candidates, exclusions and leases shuffled.
-
-Exit status: 0 when every check passed (a missed performance target is reported, not fatal); 1 when a
-correctness check failed; 2 on bad usage. See docs/benchmarks.md for the figures on the team machine.
-"""
+"""Allocator dry-run benchmark: one decide(...) over n candidates against loading its inputs (docs/benchmarks.md)."""
 
 from __future__ import annotations
 
@@ -68,7 +48,7 @@ DEFAULT_REPEAT = 5
 DEFAULT_SEED = 617
 
 TARGET_SIZE = 10_000
-TARGET_DECIDE_MS = 50.0  # one dry-run over 10k candidates under 50 ms (the issue's target) ...
+TARGET_DECIDE_MS = 50.0  # one dry-run over 10k candidates under 50 ms ...
 GROWTH_TOLERANCE = 1.25  # ... and growth "close to n log n": at most 1.25x the n log n expectation
 
 MIN_SIZE = 20
@@ -77,7 +57,9 @@ EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 T = TypeVar("T")
 
 
-# --- reference and checks ------------------------------------------------------------------------------
+# --- reference and checks ---------------------------------------------------------------------------------------------
+
+
 @dataclass(frozen=True)
 class Expected:
     kind: str
@@ -121,7 +103,7 @@ def check_decision(decision: AllocationDecision, expected: Expected, excluded: S
     ``reference`` (kind, chosen issue, ranked and skip counts differ from :func:`reference`)."""
     problems: dict[str, list[str]] = {"excluded": [], "reference": []}
     excluded_set = set(excluded)
-    chosen = getattr(decision, "issue_number", None)
+    chosen = decision.issue_number
     if chosen in excluded_set:
         problems["excluded"].append(f"excluded issue #{chosen} was chosen")
     ranked_excluded = [r.issue_number for r in decision.ranked if r.issue_number in excluded_set]
@@ -158,10 +140,12 @@ def _skip_counts(decision: AllocationDecision) -> dict[str, int]:
 
 
 def _shape(decision: AllocationDecision) -> tuple[Any, ...]:
-    return (decision.kind, getattr(decision, "issue_number", None), tuple(r.issue_number for r in decision.ranked))
+    return (decision.kind, decision.issue_number, tuple(r.issue_number for r in decision.ranked))
 
 
-# --- measuring -----------------------------------------------------------------------------------------
+# --- measuring --------------------------------------------------------------------------------------------------------
+
+
 def timed(fn: Callable[[], T], repeat: int, gc_off: bool = False) -> tuple[list[float], T]:
     """Run ``fn`` ``repeat`` times (a full collection before each); the samples in ms and the last result.
 
@@ -271,7 +255,7 @@ def run_size(n: int, options: Options, workdir: Path, profile: Path | None = Non
         scenarios[name] = {
             "decide_ms": _figure(samples),
             "decision": decision.kind,
-            "issue_number": getattr(decision, "issue_number", None),
+            "issue_number": decision.issue_number,
             "fingerprint": decision.fingerprint,
             "ranked": len(decision.ranked),
             "skipped": _skip_counts(decision),
@@ -416,7 +400,9 @@ def run(options: Options) -> dict[str, Any]:
     }
 
 
-# --- output --------------------------------------------------------------------------------------------
+# --- output -----------------------------------------------------------------------------------------------------------
+
+
 def _size_label(n: int) -> str:
     return f"{n // 1000}k" if n >= 1000 and n % 1000 == 0 else str(n)
 
