@@ -30,6 +30,7 @@ from bot.core.allocator.records import (
     Skipped,
     SkipReason,
     WaitReason,
+    exclusions_view,
     input_envelope,
     require_aware,
 )
@@ -37,14 +38,6 @@ from bot.core.errors import Envelope
 
 _EPOCH = datetime.min.replace(tzinfo=UTC)
 _HEX64 = re.compile(r"[0-9a-f]{64}", re.ASCII)
-
-
-def _exclusions_view(caller: frozenset[int], policy: RankingPolicy) -> dict[str, list[Any]]:
-    return {
-        "exclude_issue_numbers": sorted(caller),
-        "protected_issue_numbers": sorted(policy.protected_issue_numbers),
-        "protected_labels": sorted(policy.protected_labels),
-    }
 
 
 def _invalid(problems: Sequence[InputProblem], policy: RankingPolicy, caller: frozenset[int]) -> InvalidDecision:
@@ -61,7 +54,7 @@ def _invalid(problems: Sequence[InputProblem], policy: RankingPolicy, caller: fr
         considered=0,
         ranked=(),
         skipped=tuple(skipped),
-        exclusions=_exclusions_view(caller, policy),
+        exclusions=exclusions_view(caller, policy),
         envelope=input_envelope(problems),
     )
 
@@ -147,7 +140,7 @@ def decide(
         "fingerprint": fingerprint,
         "fingerprint_parts": parts,
         "considered": len(candidates),
-        "exclusions": _exclusions_view(caller, policy),
+        "exclusions": exclusions_view(caller, policy),
     }
 
     own_live: dict[int, list[LiveLease]] = {}

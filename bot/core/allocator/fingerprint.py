@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Final
 
-from bot.core.allocator.records import Candidate, LiveLease, RankingPolicy
+from bot.core.allocator.records import Candidate, LiveLease, RankingPolicy, exclusions_view
 from bot.core.digest import fingerprint_digest
 
 FINGERPRINT_VERSION: Final[int] = 2
@@ -67,11 +67,7 @@ def decision_fingerprint(
             ]
             for c in candidates
         ],
-        "exclusions": {
-            "exclude_issue_numbers": sorted(caller_exclusions),
-            "protected_issue_numbers": sorted(policy.protected_issue_numbers),
-            "protected_labels": sorted(policy.protected_labels),
-        },
+        "exclusions": exclusions_view(caller_exclusions, policy),
         "policy": {
             "priority_labels": list(policy.priority_labels),  # order is the ranking: not sorted
             "lease_grace_seconds": policy.lease_grace.total_seconds(),

@@ -237,6 +237,15 @@ def is_issue_number(value: object) -> bool:
 
 
 
+def exclusions_view(caller: frozenset[int], policy: RankingPolicy) -> dict[str, list[Any]]:
+    """The caller's exclusions and the configured protections, sorted: as decided, rendered and fingerprinted."""
+    return {
+        "exclude_issue_numbers": sorted(caller),
+        "protected_issue_numbers": sorted(policy.protected_issue_numbers),
+        "protected_labels": sorted(policy.protected_labels),
+    }
+
+
 def require_aware(value: datetime, what: str) -> None:
     if value.tzinfo is None or value.utcoffset() is None:
         raise ValueError(f"{what} must be timezone-aware")
