@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Protocol
 
-from bot.config import OutboxConfig
+from bot.config_sections import OutboxConfig
 from bot.core import backoff
 from bot.core.evidence import find_marker
 from bot.gitea import Comment, GiteaError, GiteaNotFound, GiteaUnavailable, Issue, Label, refusal_text

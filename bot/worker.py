@@ -15,7 +15,7 @@ from typing import Any
 
 from gidgethub import sansio
 
-from bot.config import WorkerConfig
+from bot.config_sections import WorkerConfig
 from bot.core import backoff
 from bot.core.dispatch import OrderedRouter, Refusal, refuse_dispatch
 from bot.core.intake import metric_event

@@ -1,10 +1,10 @@
-"""The allocator's pure decision core (seed 000: AC1-AC7, AC9; AC8 is proven at the MCP surface)."""
+"""The allocator's pure decision: exclusions, ownership, results, ranking and the fingerprint (seed 000; AC8 at MCP)."""
 
 from __future__ import annotations
 
 import json
 import random
-from datetime import UTC, datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -17,9 +17,6 @@ from bot.core.allocator import (
     AllocationDecision,
     AllocationRequest,
     BlockedDecision,
-    Candidate,
-    InputError,
-    InvalidDecision,
     LiveLease,
     RankingPolicy,
     ResumeDecision,
@@ -27,8 +24,6 @@ from bot.core.allocator import (
     WaitDecision,
     check_apply,
     decide,
-    normalize_candidates,
-    normalize_exclusions,
 )
 
 NOW = datetime(2026, 7, 21, 12, 0, tzinfo=UTC)
@@ -70,20 +65,11 @@ def lease(issue: int, owner: str = OTHER, *, minutes: float = 30, lease_id: str 
     )
 
 
-def problems_of(raw: object) -> list[dict[str, Any]]:
-    with pytest.raises(InputError) as caught:
-        normalize_candidates(raw)
-    envelope = caught.value.envelope
-    assert envelope.error == "invalid_input"
-    problems: list[dict[str, Any]] = envelope.details["problems"]
-    return problems
-
-
 def reasons(decision: AllocationDecision) -> dict[int | None, str]:
     return {s.issue_number: s.reason for s in decision.skipped}
 
 
-# ---------------------------------------------------------------------------------------------- AC1
+# --- exclusions, ownership and results (AC1, AC2, AC5-AC7, AC9) -------------------------------------------------------
 
 
 def test_omitted_exclusions_select_exactly_as_before() -> None:
@@ -93,47 +79,6 @@ def test_omitted_exclusions_select_exactly_as_before() -> None:
     assert isinstance(omitted, SelectDecision)
     assert omitted.issue_number == 617
     assert omitted.to_dict() == empty.to_dict()
-
-
-@pytest.mark.parametrize("raw", [[617], (617,), {617}, frozenset({617}), "[617]", [617, 617]])
-def test_exclusions_accept_typed_lists_and_json_array(raw: object) -> None:
-    """AC1: exclude_issue_numbers is a typed list of issue numbers (JSON string kept for transports)."""
-    assert normalize_exclusions(raw) == frozenset({617})
-
-
-@pytest.mark.parametrize(
-    ("raw", "index", "fragment"),
-    [
-        (617, None, "got integer"),
-        ("617", None, "got integer"),
-        ([True], 0, "boolean true"),
-        ([617, 3.0], 1, "float"),
-        ([617, "618"], 1, "string '618'"),
-        ([0], 0, "positive"),
-        ([-4], 0, "positive"),
-        ({"617": True}, None, "got object"),
-        ("[617", None, "malformed JSON"),
-    ],
-)
-def test_exclusions_reject_anything_but_positive_integers(raw: object, index: int | None, fragment: str) -> None:
-    """AC1/AC3: exclusions are as strict as candidates: no scalars, booleans, floats or numeric strings."""
-    with pytest.raises(InputError) as caught:
-        normalize_exclusions(raw)
-    problem = caught.value.problems[0]
-    assert problem.input == "exclude_issue_numbers"
-    assert problem.index == index
-    assert fragment in problem.problem
-
-
-def test_invalid_exclusions_fail_closed_and_lease_nothing() -> None:
-    """AC1/AC3: a malformed exclusion list never degrades to "no exclusions"."""
-    decision = run(CANARY, [True])
-    assert isinstance(decision, InvalidDecision)
-    assert decision.envelope.error == "invalid_input"
-    assert decision.fingerprint is None
-
-
-# ---------------------------------------------------------------------------------------------- AC2
 
 
 def test_highest_ranked_excluded_issue_617_is_never_selected() -> None:
@@ -161,127 +106,188 @@ def test_caller_exclusion_is_reported_before_a_protection_on_the_same_issue() ->
     assert reasons(run(CANARY, [617], policy=policy))[617] == "excluded_by_controller"
 
 
-# ---------------------------------------------------------------------------------------------- AC3
+def test_foreign_lease_is_skipped_and_never_overridden() -> None:
+    """AC5: the top-ranked issue leased by someone else is foreign_claim; the next one is selected."""
+    decision = run(CANARY, leases=[lease(617, OTHER)])
+    assert isinstance(decision, SelectDecision)
+    assert decision.issue_number == 776
+    assert reasons(decision) == {617: "foreign_claim"}
+    assert OTHER in decision.skipped[0].detail
 
 
-def test_json_string_decoded_list_and_single_object_normalize_equally() -> None:
-    """AC3: decoded list, JSON string of it, and Candidate values give the same candidates."""
-    from_list = normalize_candidates(CANARY)
-    assert normalize_candidates(json.dumps(CANARY)) == from_list
-    assert normalize_candidates(tuple(CANARY)) == from_list
-    assert normalize_candidates(from_list) == from_list
-    assert [c.issue_number for c in from_list] == [612, 617, 776]
-    single = normalize_candidates(CANARY[0])
-    assert single == normalize_candidates(json.dumps(CANARY[0])) == [from_list[1]]
+def test_foreign_lease_in_grace_is_held_then_reclaimable() -> None:
+    """AC5: an expired foreign lease is held for the grace period (lease_grace), then reclaimable."""
+    policy = RankingPolicy(lease_grace=timedelta(minutes=5))
+    in_grace = run(CANARY, leases=[lease(617, minutes=-2)], policy=policy)
+    assert reasons(in_grace) == {617: "lease_grace"}
+    after = run(CANARY, leases=[lease(617, minutes=-6)], policy=policy)
+    assert isinstance(after, SelectDecision)
+    assert after.issue_number == 617
 
 
-def test_json_string_and_decoded_list_decide_identically() -> None:
-    """AC3/AC4: the transport form does not change the decision or its fingerprint."""
-    assert run(json.dumps(CANARY), "[617]").to_dict() == run(CANARY, [617]).to_dict()
+def test_own_expired_lease_is_not_held_by_grace() -> None:
+    """AC5/AC9: the grace protects other holders; the owner's own expired lease is simply selectable."""
+    decision = run(CANARY, leases=[lease(617, ME, minutes=-1)])
+    assert isinstance(decision, SelectDecision)
+    assert decision.issue_number == 617
 
 
-def test_candidate_fields_are_normalized() -> None:
-    """AC3: alias `number`, RFC 3339 offsets, sorted de-duplicated labels/depends_on, null = omitted."""
-    [c] = normalize_candidates(
-        {"number": 9, "labels": ["b", "a", "b"], "created_at": "2026-07-20T21:35:15.5-05:00",
-         "depends_on": [3, 2, 3], "title": None, "ready": None}
+def test_excluded_issue_with_live_same_owner_lease_returns_blocker() -> None:
+    """AC5: an excluded #617 leased by the caller is a resume/release blocker, not silently stranded."""
+    own = lease(617, ME)
+    decision = run(CANARY, [617], leases=[own])
+    assert isinstance(decision, BlockedDecision)
+    [blocker] = decision.blockers
+    assert (blocker.issue_number, blocker.reason, blocker.excluded_as, blocker.lease) == (
+        617, "excluded_owned_lease", "excluded_by_controller", own
     )
-    assert c == Candidate(
-        issue_number=9,
-        labels=("a", "b"),
-        created_at=datetime(2026, 7, 20, 21, 35, 15, 500000, tzinfo=timezone(timedelta(hours=-5))),
-        depends_on=(2, 3),
+    assert decision.envelope.error == "invalid_state"
+    assert "gitea_release_lease" in decision.envelope.exact_next_action
+    assert reasons(decision)[617] == "excluded_by_controller"
+    body = decision.to_dict()
+    assert body["decision"] == "blocked"
+    assert body["details"]["reason"] == "excluded_owned_lease"
+    assert check_apply(decision.fingerprint, decision) is None  # not drift; the caller renders the block
+
+
+def test_protected_issue_outside_candidates_with_own_lease_blocks() -> None:
+    """AC5: the block also covers the caller's lease on a protected issue that is not a candidate."""
+    policy = RankingPolicy(protected_issue_numbers=frozenset({900}))
+    decision = run(CANARY, leases=[lease(900, ME)], policy=policy)
+    assert isinstance(decision, BlockedDecision)
+    assert decision.blockers[0].excluded_as == "protected_issue"
+
+
+def test_skipped_accounting_names_a_distinct_reason_for_each_cause() -> None:
+    """AC6: exclusions, protections, foreign claims, grace, readiness and dependencies are distinguished."""
+    policy = RankingPolicy(
+        protected_issue_numbers=frozenset({2}), protected_labels=frozenset({"hold"}), lease_grace=timedelta(hours=1)
     )
-    [z] = normalize_candidates({"issue_number": 9, "number": 9, "created_at": "2026-07-21T02:35:15z"})
-    assert z.created_at == datetime(2026, 7, 21, 2, 35, 15, tzinfo=UTC)
-    [ns] = normalize_candidates({"issue_number": 9, "created_at": "2026-07-21T02:35:15.123456789+00:00"})
-    assert ns.created_at == datetime(2026, 7, 21, 2, 35, 15, 123456, tzinfo=UTC)
+    candidates = [
+        {"issue_number": 1},
+        {"issue_number": 2},
+        {"issue_number": 3, "labels": ["hold"]},
+        {"issue_number": 4},
+        {"issue_number": 5},
+        {"issue_number": 6, "ready": False},
+        {"issue_number": 7, "depends_on": [50]},
+        {"issue_number": 8, "depends_on": [10]},  # #10 is a candidate, hence open
+        {"issue_number": 9, "depends_on": [51]},  # #51 is not known to be open
+        {"issue_number": 10, "labels": ["priority:p3"]},
+    ]
+    decision = run(
+        candidates, [1], leases=[lease(4), lease(5, minutes=-1)], policy=policy, open_issues=frozenset({50})
+    )
+    assert reasons(decision) == {
+        1: "excluded_by_controller",
+        2: "protected_issue",
+        3: "protected_label",
+        4: "foreign_claim",
+        5: "lease_grace",
+        6: "not_ready",
+        7: "dependency_open",
+        8: "dependency_open",
+    }
+    assert [r.issue_number for r in decision.ranked] == [10, 9]
+    assert decision.considered == len(decision.ranked) + len(decision.skipped) == 10
+    # own_claim only arises with resume_own=False (auto-allocation giving an owner a further issue).
+    assert set(reasons(decision).values()) | {"invalid_candidate", "own_claim"} == set(SKIP_REASONS)
+    assert BLOCK_REASONS == ("excluded_owned_lease",)
 
 
-def test_true_is_rejected_as_issue_number() -> None:
-    """AC3: `true` is not issue #1, in candidates_json as in transport-decoded lists."""
-    for raw in ('[{"issue_number": true}]', [{"issue_number": True}], {"number": True}):
-        [problem] = problems_of(raw)
-        assert problem["index"] == 0
-        assert problem["field"] in {"issue_number", "number"}
-        assert "boolean" in problem["problem"]
+def test_all_candidates_excluded_returns_canonical_wait() -> None:
+    """AC7: every otherwise-eligible candidate excluded -> WAIT, no selection, every exclusion accounted."""
+    policy = RankingPolicy(protected_labels=frozenset({"priority:p2"}))
+    decision = run(CANARY, [617, 776], policy=policy)
+    assert isinstance(decision, WaitDecision)
+    assert decision.wait_reason == "all_excluded"
+    body = decision.to_dict()
+    assert (body["decision"], body["issue_number"], body["ranked"]) == ("wait", None, [])
+    assert reasons(decision) == {617: "excluded_by_controller", 776: "excluded_by_controller", 612: "protected_label"}
 
 
 @pytest.mark.parametrize(
-    ("raw", "index", "field", "fragment"),
+    ("candidates", "leases", "wait_reason"),
     [
-        ("[{\"issue_number\": 1}", None, "candidates_json", "malformed JSON"),
-        ("", None, "candidates_json", "malformed JSON"),
-        ('[{"issue_number": NaN}]', None, "candidates_json", "NaN"),
-        ("617", None, "candidates_json", "got integer"),
-        (617, None, "candidates_json", "got integer"),
-        (True, None, "candidates_json", "got boolean"),
-        (None, None, "candidates_json", "got null"),
-        ("null", None, "candidates_json", "got null"),
-        (b"[]", None, "candidates_json", "unsupported type bytes"),
-        (json.dumps(json.dumps(CANARY)), None, "candidates_json", "encoded twice"),
-        ([{"issue_number": 1}, 2], 1, "", "expected an object, got integer"),
-        ([{"issue_number": 1}, "x"], 1, "", "got string"),
-        ([{"issue_number": 3.0}], 0, "issue_number", "float"),
-        ([{"issue_number": 1.5}], 0, "issue_number", "float"),
-        ([{"issue_number": "617"}], 0, "issue_number", "string '617'"),
-        ([{"issue_number": 0}], 0, "issue_number", "positive"),
-        ([{"issue_number": -3}], 0, "issue_number", "positive"),
-        ([{"issue_number": 2**63}], 0, "issue_number", "positive"),
-        ([{"issue_number": None}], 0, "issue_number", "null"),
-        ([{"title": "no number"}], 0, "issue_number", "missing"),
-        ([{"issue_number": 1, "number": 2}], 0, "number", "disagrees"),
-        ([{"issue_number": 1}, {"issue_number": 2}, {"number": 1}], 2, "issue_number", "first at index 0"),
-        ([{"issue_number": 1, "depend_on": [2]}], 0, "depend_on", "unknown field"),
-        ('[{"issue_number": 1, "issue_number": 2}]', 0, "issue_number", "more than once"),
-        ([{"issue_number": 1, "title": 5}], 0, "title", "got integer"),
-        ([{"issue_number": 1, "labels": "priority:p0"}], 0, "labels", "got string"),
-        ([{"issue_number": 1, "labels": [{"name": "priority:p0"}]}], 0, "labels[0]", "got object"),
-        ([{"issue_number": 1, "labels": [""]}], 0, "labels[0]", "empty string"),
-        ([{"issue_number": 1, "created_at": "2026-07-20T21:35:15"}], 0, "created_at", "RFC 3339"),
-        ([{"issue_number": 1, "created_at": "2026-07-20"}], 0, "created_at", "RFC 3339"),
-        ([{"issue_number": 1, "created_at": "2026-02-30T00:00:00Z"}], 0, "created_at", "RFC 3339"),
-        ([{"issue_number": 1, "created_at": 1784600000}], 0, "created_at", "got integer"),
-        ([{"issue_number": 1, "created_at": datetime(2026, 7, 20)}], 0, "created_at", "offset"),
-        ([{"issue_number": 1, "depends_on": 2}], 0, "depends_on", "got integer"),
-        ([{"issue_number": 1, "depends_on": [2, True]}], 0, "depends_on[1]", "boolean"),
-        ([{"issue_number": 1, "depends_on": [1]}], 0, "depends_on[0]", "itself"),
-        ([{"issue_number": 1, "ready": "yes"}], 0, "ready", "boolean"),
-        ([{"issue_number": 1, "ready": 1}], 0, "ready", "boolean"),
+        ([], [], "no_candidates"),
+        ("[]", [], "no_candidates"),
+        ([{"issue_number": 1, "ready": False}, {"issue_number": 2}], [lease(2)], "none_eligible"),
     ],
 )
-def test_malformed_candidates_are_rejected_naming_element_and_field(
-    raw: object, index: int | None, field: str, fragment: str
-) -> None:
-    """AC3: malformed JSON, scalars, bad records, booleans/floats/strings as integers, duplicates: refused."""
-    problems = problems_of(raw)
-    assert any(
-        p["index"] == index and p["field"] == field and fragment in p["problem"] for p in problems
-    ), problems
+def test_nothing_eligible_returns_wait(candidates: object, leases: list[LiveLease], wait_reason: str) -> None:
+    """AC7: an empty or fully held candidate set waits and names why."""
+    decision = run(candidates, leases=leases)
+    assert isinstance(decision, WaitDecision)
+    assert decision.wait_reason == wait_reason
 
 
-def test_every_problem_is_collected_not_only_the_first() -> None:
-    """AC3: one refusal lists each bad element, so the caller can fix them all at once."""
-    raw = [{"issue_number": True}, {"issue_number": 2}, {"issue_number": 3.0, "labels": [1]}, {"issue_number": 2}]
-    got = {(p["index"], p["field"]) for p in problems_of(raw)}
-    assert got == {(0, "issue_number"), (2, "issue_number"), (2, "labels[0]"), (3, "issue_number")}
+def test_same_owner_live_lease_is_resumed() -> None:
+    """AC9: the caller's live lease on a non-excluded candidate is resumed, even over a higher rank."""
+    own = lease(612, ME)
+    decision = run(CANARY, leases=[own])
+    assert isinstance(decision, ResumeDecision)
+    assert decision.lease == own
+    assert decision.to_dict()["lease"]["lease_id"] == own.lease_id
+    assert [r.owned_lease_id for r in decision.ranked if r.issue_number == 612] == [own.lease_id]
 
 
-def test_invalid_candidates_make_the_whole_decision_invalid_and_lease_nothing() -> None:
-    """AC3/AC6: fail closed: an invalid record is never dropped to lease the rest; accounting names it."""
-    decision = run([*CANARY, {"issue_number": 5, "labels": "priority:p0"}], [617])
-    assert isinstance(decision, InvalidDecision)
-    body = decision.to_dict()
-    assert body["decision"] == "invalid"
-    assert body["error"] == "invalid_input"
-    assert body["issue_number"] is None
-    assert body["exact_next_action"]
-    assert [(s.issue_number, s.reason) for s in decision.skipped] == [(5, "invalid_candidate")]
-    assert "candidates_json[3].labels" in decision.skipped[0].detail
-    assert check_apply(None, decision) == decision.envelope
+def test_same_owner_lease_outside_the_candidates_is_resumed() -> None:
+    """AC9: the caller's current work is resumed even when the controller's list omits it."""
+    own = lease(900, ME)
+    decision = run(CANARY, leases=[own])
+    assert isinstance(decision, ResumeDecision)
+    assert decision.issue_number == 900
 
 
-# ---------------------------------------------------------------------------------------------- AC4
+@pytest.mark.parametrize(
+    ("candidates", "expected"),
+    [
+        # priority label order, unlabelled last
+        ([{"issue_number": 1}, {"issue_number": 2, "labels": ["priority:p3"]},
+          {"issue_number": 3, "labels": ["priority:p0"]}], [3, 2, 1]),
+        # the highest priority label of a candidate counts
+        ([{"issue_number": 1, "labels": ["priority:p2"]},
+          {"issue_number": 2, "labels": ["priority:p3", "priority:p1"]}], [2, 1]),
+        # same priority: oldest first, compared as instants across offsets; undated after dated
+        ([{"issue_number": 1}, {"issue_number": 2, "created_at": "2026-07-20T10:00:00+00:00"},
+          {"issue_number": 3, "created_at": "2026-07-20T06:00:00-05:00"}], [2, 3, 1]),
+        # everything equal: issue number ascending
+        ([{"issue_number": 30}, {"issue_number": 4}, {"issue_number": 12}], [4, 12, 30]),
+        # priority beats age
+        ([{"issue_number": 1, "created_at": "2020-01-01T00:00:00Z"},
+          {"issue_number": 2, "labels": ["priority:p1"], "created_at": "2026-01-01T00:00:00Z"}], [2, 1]),
+    ],
+)
+def test_ranking_order(candidates: list[dict[str, Any]], expected: list[int]) -> None:
+    """AC2/AC9: ranking is priority label, then age (undated last), then issue number."""
+    decision = run(candidates)
+    assert [r.issue_number for r in decision.ranked] == expected
+    assert isinstance(decision, SelectDecision)
+    assert decision.issue_number == expected[0]
+
+
+def test_every_result_type_renders_to_json() -> None:
+    """AC9: each result kind has a to_dict() that is plain JSON with the common accounting keys."""
+    decisions = [
+        run(CANARY),
+        run(CANARY, leases=[lease(612, ME)]),
+        run(CANARY, [617, 776, 612]),
+        run(CANARY, [617], leases=[lease(617, ME)]),
+        run("{"),
+    ]
+    assert [d.kind for d in decisions] == ["select", "resume", "wait", "blocked", "invalid"]
+    for decision in decisions:
+        body = json.loads(json.dumps(decision.to_dict()))
+        assert {"decision", "issue_number", "fingerprint", "considered", "ranked", "skipped", "exclusions"} <= set(body)
+
+
+def test_naive_now_is_a_programming_error() -> None:
+    """The core refuses to compare lease expiry against a clock without an offset."""
+    with pytest.raises(ValueError, match="timezone-aware"):
+        run(CANARY, now=datetime(2026, 7, 21))
+
+
+# --- fingerprint and apply (AC4) --------------------------------------------------------------------------------------
 
 
 def test_fingerprint_is_stable_under_reordering_of_inputs() -> None:
@@ -376,200 +382,7 @@ def test_check_apply_without_a_pin_only_refuses_invalid_input() -> None:
     assert check_apply(None, run(CANARY)) is None
 
 
-# ---------------------------------------------------------------------------------------------- AC5
-
-
-def test_foreign_lease_is_skipped_and_never_overridden() -> None:
-    """AC5: the top-ranked issue leased by someone else is foreign_claim; the next one is selected."""
-    decision = run(CANARY, leases=[lease(617, OTHER)])
-    assert isinstance(decision, SelectDecision)
-    assert decision.issue_number == 776
-    assert reasons(decision) == {617: "foreign_claim"}
-    assert OTHER in decision.skipped[0].detail
-
-
-def test_foreign_lease_in_grace_is_held_then_reclaimable() -> None:
-    """AC5: an expired foreign lease is held for the grace period (lease_grace), then reclaimable."""
-    policy = RankingPolicy(lease_grace=timedelta(minutes=5))
-    in_grace = run(CANARY, leases=[lease(617, minutes=-2)], policy=policy)
-    assert reasons(in_grace) == {617: "lease_grace"}
-    after = run(CANARY, leases=[lease(617, minutes=-6)], policy=policy)
-    assert isinstance(after, SelectDecision)
-    assert after.issue_number == 617
-
-
-def test_own_expired_lease_is_not_held_by_grace() -> None:
-    """AC5/AC9: the grace protects other holders; the owner's own expired lease is simply selectable."""
-    decision = run(CANARY, leases=[lease(617, ME, minutes=-1)])
-    assert isinstance(decision, SelectDecision)
-    assert decision.issue_number == 617
-
-
-def test_excluded_issue_with_live_same_owner_lease_returns_blocker() -> None:
-    """AC5: an excluded #617 leased by the caller is a resume/release blocker, not silently stranded."""
-    own = lease(617, ME)
-    decision = run(CANARY, [617], leases=[own])
-    assert isinstance(decision, BlockedDecision)
-    [blocker] = decision.blockers
-    assert (blocker.issue_number, blocker.reason, blocker.excluded_as, blocker.lease) == (
-        617, "excluded_owned_lease", "excluded_by_controller", own
-    )
-    assert decision.envelope.error == "invalid_state"
-    assert "gitea_release_lease" in decision.envelope.exact_next_action
-    assert reasons(decision)[617] == "excluded_by_controller"
-    body = decision.to_dict()
-    assert body["decision"] == "blocked"
-    assert body["details"]["reason"] == "excluded_owned_lease"
-    assert check_apply(decision.fingerprint, decision) is None  # not drift; the caller renders the block
-
-
-def test_protected_issue_outside_candidates_with_own_lease_blocks() -> None:
-    """AC5: the block also covers the caller's lease on a protected issue that is not a candidate."""
-    policy = RankingPolicy(protected_issue_numbers=frozenset({900}))
-    decision = run(CANARY, leases=[lease(900, ME)], policy=policy)
-    assert isinstance(decision, BlockedDecision)
-    assert decision.blockers[0].excluded_as == "protected_issue"
-
-
-# ---------------------------------------------------------------------------------------------- AC6
-
-
-def test_skipped_accounting_names_a_distinct_reason_for_each_cause() -> None:
-    """AC6: exclusions, protections, foreign claims, grace, readiness and dependencies are distinguished."""
-    policy = RankingPolicy(
-        protected_issue_numbers=frozenset({2}), protected_labels=frozenset({"hold"}), lease_grace=timedelta(hours=1)
-    )
-    candidates = [
-        {"issue_number": 1},
-        {"issue_number": 2},
-        {"issue_number": 3, "labels": ["hold"]},
-        {"issue_number": 4},
-        {"issue_number": 5},
-        {"issue_number": 6, "ready": False},
-        {"issue_number": 7, "depends_on": [50]},
-        {"issue_number": 8, "depends_on": [10]},  # #10 is a candidate, hence open
-        {"issue_number": 9, "depends_on": [51]},  # #51 is not known to be open
-        {"issue_number": 10, "labels": ["priority:p3"]},
-    ]
-    decision = run(
-        candidates, [1], leases=[lease(4), lease(5, minutes=-1)], policy=policy, open_issues=frozenset({50})
-    )
-    assert reasons(decision) == {
-        1: "excluded_by_controller",
-        2: "protected_issue",
-        3: "protected_label",
-        4: "foreign_claim",
-        5: "lease_grace",
-        6: "not_ready",
-        7: "dependency_open",
-        8: "dependency_open",
-    }
-    assert [r.issue_number for r in decision.ranked] == [10, 9]
-    assert decision.considered == len(decision.ranked) + len(decision.skipped) == 10
-    # own_claim only arises with resume_own=False (auto-allocation giving an owner a further issue; issue 20).
-    assert set(reasons(decision).values()) | {"invalid_candidate", "own_claim"} == set(SKIP_REASONS)
-    assert BLOCK_REASONS == ("excluded_owned_lease",)
-
-
-# ---------------------------------------------------------------------------------------------- AC7
-
-
-def test_all_candidates_excluded_returns_canonical_wait() -> None:
-    """AC7: every otherwise-eligible candidate excluded -> WAIT, no selection, every exclusion accounted."""
-    policy = RankingPolicy(protected_labels=frozenset({"priority:p2"}))
-    decision = run(CANARY, [617, 776], policy=policy)
-    assert isinstance(decision, WaitDecision)
-    assert decision.wait_reason == "all_excluded"
-    body = decision.to_dict()
-    assert (body["decision"], body["issue_number"], body["ranked"]) == ("wait", None, [])
-    assert reasons(decision) == {617: "excluded_by_controller", 776: "excluded_by_controller", 612: "protected_label"}
-
-
-@pytest.mark.parametrize(
-    ("candidates", "leases", "wait_reason"),
-    [
-        ([], [], "no_candidates"),
-        ("[]", [], "no_candidates"),
-        ([{"issue_number": 1, "ready": False}, {"issue_number": 2}], [lease(2)], "none_eligible"),
-    ],
-)
-def test_nothing_eligible_returns_wait(candidates: object, leases: list[LiveLease], wait_reason: str) -> None:
-    """AC7: an empty or fully held candidate set waits and names why."""
-    decision = run(candidates, leases=leases)
-    assert isinstance(decision, WaitDecision)
-    assert decision.wait_reason == wait_reason
-
-
-# ---------------------------------------------------------------------------------------------- AC9
-
-
-def test_same_owner_live_lease_is_resumed() -> None:
-    """AC9: the caller's live lease on a non-excluded candidate is resumed, even over a higher rank."""
-    own = lease(612, ME)
-    decision = run(CANARY, leases=[own])
-    assert isinstance(decision, ResumeDecision)
-    assert decision.lease == own
-    assert decision.to_dict()["lease"]["lease_id"] == own.lease_id
-    assert [r.owned_lease_id for r in decision.ranked if r.issue_number == 612] == [own.lease_id]
-
-
-def test_same_owner_lease_outside_the_candidates_is_resumed() -> None:
-    """AC9: the caller's current work is resumed even when the controller's list omits it."""
-    own = lease(900, ME)
-    decision = run(CANARY, leases=[own])
-    assert isinstance(decision, ResumeDecision)
-    assert decision.issue_number == 900
-
-
-@pytest.mark.parametrize(
-    ("candidates", "expected"),
-    [
-        # priority label order, unlabelled last
-        ([{"issue_number": 1}, {"issue_number": 2, "labels": ["priority:p3"]},
-          {"issue_number": 3, "labels": ["priority:p0"]}], [3, 2, 1]),
-        # the highest priority label of a candidate counts
-        ([{"issue_number": 1, "labels": ["priority:p2"]},
-          {"issue_number": 2, "labels": ["priority:p3", "priority:p1"]}], [2, 1]),
-        # same priority: oldest first, compared as instants across offsets; undated after dated
-        ([{"issue_number": 1}, {"issue_number": 2, "created_at": "2026-07-20T10:00:00+00:00"},
-          {"issue_number": 3, "created_at": "2026-07-20T06:00:00-05:00"}], [2, 3, 1]),
-        # everything equal: issue number ascending
-        ([{"issue_number": 30}, {"issue_number": 4}, {"issue_number": 12}], [4, 12, 30]),
-        # priority beats age
-        ([{"issue_number": 1, "created_at": "2020-01-01T00:00:00Z"},
-          {"issue_number": 2, "labels": ["priority:p1"], "created_at": "2026-01-01T00:00:00Z"}], [2, 1]),
-    ],
-)
-def test_ranking_order(candidates: list[dict[str, Any]], expected: list[int]) -> None:
-    """AC2/AC9: ranking is priority label, then age (undated last), then issue number."""
-    decision = run(candidates)
-    assert [r.issue_number for r in decision.ranked] == expected
-    assert isinstance(decision, SelectDecision)
-    assert decision.issue_number == expected[0]
-
-
-def test_every_result_type_renders_to_json() -> None:
-    """AC9: each result kind has a to_dict() that is plain JSON with the common accounting keys."""
-    decisions = [
-        run(CANARY),
-        run(CANARY, leases=[lease(612, ME)]),
-        run(CANARY, [617, 776, 612]),
-        run(CANARY, [617], leases=[lease(617, ME)]),
-        run("{"),
-    ]
-    assert [d.kind for d in decisions] == ["select", "resume", "wait", "blocked", "invalid"]
-    for decision in decisions:
-        body = json.loads(json.dumps(decision.to_dict()))
-        assert {"decision", "issue_number", "fingerprint", "considered", "ranked", "skipped", "exclusions"} <= set(body)
-
-
-def test_naive_now_is_a_programming_error() -> None:
-    """The core refuses to compare lease expiry against a clock without an offset."""
-    with pytest.raises(ValueError, match="timezone-aware"):
-        run(CANARY, now=datetime(2026, 7, 21))
-
-
-# ------------------------------------------------------------------------------------ properties
+# --- properties -------------------------------------------------------------------------------------------------------
 
 _LABELS = ("priority:p0", "priority:p1", "priority:p3", "hold", "kind:bug")
 # Two of these are the same instant written with different offsets: ties must still be deterministic.
@@ -660,78 +473,3 @@ def test_property_decide_is_deterministic_and_input_order_independent(
     second = run(json.dumps(records2), json.dumps(exclude2), leases=leases2, policy=policy).to_dict()
     assert first == second
     assert run(records, exclude, leases=leases, policy=policy).to_dict() == first
-
-
-# --- issue 12.7: any depth, any size, any integer: refused typed, never an uncaught exception ---------------
-
-_HUGE = 10**5000  # over Python's 4,300-digit int-str limit: str(_HUGE) raises ValueError
-
-
-@pytest.mark.parametrize(
-    "text",
-    [
-        "[" * 100_000,
-        "[" * 5_000 + "]" * 5_000,
-        '[{"issue_number": 1, "title": ' + "[" * 3_000 + "]" * 3_000 + "}]",
-        '{"issue_number": 1, "labels": ' + '{"a": ' * 3_000 + "1" + "}" * 3_000 + "}",
-        '[{"issue_number": ' + "1" * 5_000 + "}]",
-        '[{"issue_number": -' + "1" * 5_000 + "}]",
-        '[{"issue_number": 1, "depends_on": [' + "9" * 4_301 + "]}]",
-        '[{"issue_number": NaN}]',
-        '[{"issue_number": Infinity}]',
-        '[{"issue_number": -Infinity}]',
-        '[{"issue_number": 1e999}]',
-        "NaN",
-        '[{"issue_number": 1, "title": "\\ud800"}]',
-        '[{"issue_number": 1, "labels": ["\\udfff"]}]',
-        " " * 9_000_000 + "[]",
-    ],
-)
-def test_candidates_json_of_any_depth_size_or_integer_is_refused_typed(text: str) -> None:
-    """Issue 12.7: deep nesting raised RecursionError; huge integers and NaN/Infinity, lone surrogates and
-    oversized input are all invalid_input, with a bounded message."""
-    with pytest.raises(InputError) as caught:
-        normalize_candidates(text)
-    doc = caught.value.envelope.to_dict()
-    assert doc["error"] == "invalid_input" and len(json.dumps(doc)) < 20_000
-    assert "set_int_max_str_digits" not in doc["message"]
-
-
-@pytest.mark.parametrize(
-    "raw",
-    [
-        [{"issue_number": _HUGE}],
-        [{"issue_number": -_HUGE}],
-        [{"issue_number": 1, "depends_on": [_HUGE]}],
-        [{"issue_number": 1, "number": _HUGE}],
-        [{"issue_number": 1, "number": [[[[[]]]]] * 3}],
-        [{"issue_number": 1, _HUGE: 1}],
-        [{"issue_number": 1, "title": "x" * 1_000_000, "number": "y" * 1_000_000}],
-        [{"issue_number": 1, "created_at": "z" * 1_000_000}],
-        [{"issue_number": "7" * 1_000_000}],
-    ],
-)
-def test_decoded_candidates_with_huge_values_are_refused_with_a_bounded_message(raw: object) -> None:
-    """Issue 12.7: a decoded record (the MCP surface passes objects) with an integer over 4,300 digits, or huge
-    strings, is refused without str() of the integer blowing up and without echoing megabytes."""
-    with pytest.raises(InputError) as caught:
-        normalize_candidates(raw)
-    assert len(json.dumps(caught.value.envelope.to_dict())) < 20_000
-
-
-def test_deeply_nested_decoded_objects_are_refused_without_recursion() -> None:
-    nested: Any = []
-    for _ in range(100_000):
-        nested = [nested]
-    for raw in (nested, [{"issue_number": 1, "title": nested}], [{"issue_number": 1, "number": nested}]):
-        with pytest.raises(InputError):
-            normalize_candidates(raw)
-
-
-@pytest.mark.parametrize(
-    "raw", [[_HUGE], {_HUGE}, [-_HUGE], "[" + "1" * 5_000 + "]", "[" * 100_000, "[NaN]", "[1e999]"]
-)
-def test_exclusions_of_any_size_or_depth_are_refused_typed(raw: object) -> None:
-    with pytest.raises(InputError) as caught:
-        normalize_exclusions(raw)
-    assert len(json.dumps(caught.value.envelope.to_dict())) < 20_000

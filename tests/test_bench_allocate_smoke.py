@@ -1,5 +1,4 @@
-"""Smoke test of the allocator dry-run benchmark (bench/allocate.py): it runs end to end and its correctness
-checks pass; no timing is asserted."""
+"""bench/allocate.py runs end to end and its correctness checks pass; no timing is asserted."""
 
 from __future__ import annotations
 
@@ -9,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from bench.allocate import OWNER, RESUME_OWNER, build_database, load
+from bench.allocate_data import OWNER, RESUME_OWNER, build_database, load
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 

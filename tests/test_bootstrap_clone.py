@@ -14,7 +14,8 @@ from typing import Any
 
 import pytest
 
-from bot.config import ConfigError, RepositoryConfig, load_settings
+from bot.config import ConfigError, load_settings
+from bot.config_sections import RepositoryConfig
 from bot.gitea import GiteaClient
 from bot.verbs import bootstrap as bootstrap_mod
 from bot.verbs.bootstrap import BootstrapContext, bootstrap_preflight

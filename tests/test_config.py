@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from bot.cli import main
-from bot.config import ConfigError, ensure_webhook_secret, load_settings
+from bot.config import ConfigError, Settings, ensure_webhook_secret, load_settings
+from bot.core.issue_state import repo_key
 from tests.conftest import REPO_ROOT
 
 SECRET = "a-secret-of-sufficient-length"
@@ -22,7 +23,7 @@ def _write(tmp_path: Path, text: str) -> Path:
 
 
 def test_toml_values_are_read_and_env_overrides_win(tmp_path: Path) -> None:
-    """Issue 2.7: TOML first, then FOREMAN_<SECTION>__<KEY> (JSON for lists) on top."""
+    """TOML first, then FOREMAN_<SECTION>__<KEY> (JSON for lists) on top."""
     path = _write(tmp_path, f'[server]\nport = 9000\n[webhook]\nsecrets = ["{SECRET}"]\n')
     settings = load_settings(
         path,
@@ -46,14 +47,14 @@ def test_toml_values_are_read_and_env_overrides_win(tmp_path: Path) -> None:
     ],
 )
 def test_every_config_error_names_the_offending_key(tmp_path: Path, text: str, env: dict[str, str], key: str) -> None:
-    """Issue 2.7 / DESIGN 3: config errors name the key."""
+    """DESIGN 3: config errors name the key."""
     with pytest.raises(ConfigError) as caught:
         load_settings(_write(tmp_path, text), environ=env)
     assert caught.value.key == key
 
 
 def test_broken_toml_names_the_file(tmp_path: Path) -> None:
-    """Issue 2.7: a syntax error names the file rather than crashing."""
+    """A syntax error names the file rather than crashing."""
     path = _write(tmp_path, "[server\n")
     with pytest.raises(ConfigError) as caught:
         load_settings(path, environ={})
@@ -61,7 +62,7 @@ def test_broken_toml_names_the_file(tmp_path: Path) -> None:
 
 
 def test_secrets_can_come_from_files(tmp_path: Path) -> None:
-    """Issue 2.7: every secret can be given as <key>_file; the value is never in the repr."""
+    """Every secret can be given as <key>_file; the value is never in the repr."""
     (tmp_path / "hook").write_text(f"{SECRET}\n{SECRET}-next\n", encoding="utf-8")
     (tmp_path / "token").write_text("gitea-token-value\n", encoding="utf-8")
     path = _write(
@@ -74,7 +75,7 @@ def test_secrets_can_come_from_files(tmp_path: Path) -> None:
 
 
 def test_a_missing_secret_file_is_an_error_naming_the_key(tmp_path: Path) -> None:
-    """Issue 2.7: an unreadable secret file is a config error naming <key>_file."""
+    """An unreadable secret file is a config error naming <key>_file."""
     path = _write(tmp_path, f'[gitea]\ntoken_file = "{tmp_path / "nope"}"\n')
     with pytest.raises(ConfigError) as caught:
         load_settings(path, environ={})
@@ -82,14 +83,14 @@ def test_a_missing_secret_file_is_an_error_naming_the_key(tmp_path: Path) -> Non
 
 
 def test_an_explicitly_empty_secret_list_refuses(tmp_path: Path) -> None:
-    """Issue 2.2: an explicitly empty secret list refuses to start (fail closed)."""
+    """An explicitly empty secret list refuses to start (fail closed)."""
     with pytest.raises(ConfigError) as caught:
         load_settings(_write(tmp_path, "[webhook]\nsecrets = []\n"), environ={})
     assert caught.value.key == "webhook.secrets"
 
 
 def test_no_secret_configured_generates_one_0600_and_reuses_it(tmp_path: Path) -> None:
-    """Issue 2.2: with no secret configured, one is generated under var/ with mode 0600, then reused."""
+    """With no secret configured, one is generated under var/ with mode 0600, then reused."""
     path = _write(tmp_path, f'[database]\npath = "{tmp_path / "var" / "foreman.db"}"\n')
     settings = load_settings(path, environ={})
     assert settings.webhook.secrets is None
@@ -101,8 +102,16 @@ def test_no_secret_configured_generates_one_0600_and_reuses_it(tmp_path: Path) -
     assert again.webhook_secrets() == filled.webhook_secrets()
 
 
+def test_settings_repo_key_is_the_key_every_store_files_the_repository_under() -> None:
+    """Gitea names are case-insensitive: the stores key the configured repository by owner/name in lower case."""
+    settings = Settings.model_validate({"repository": {"owner": "Acme-Org", "name": "Foreman.Repo"}})
+    assert settings.repo_key == "acme-org/foreman.repo"
+    assert settings.repo_key == repo_key(f"{settings.repository.owner}/{settings.repository.name}")
+    assert Settings().repo_key == "org/repo"
+
+
 def test_the_shipped_configs_are_valid_and_the_example_documents_every_key() -> None:
-    """Issue 2.7: config/foreman.toml loads; foreman.example.toml names every key of every section."""
+    """config/foreman.toml loads; foreman.example.toml names every key of every section."""
     from bot.config import Settings
 
     load_settings(REPO_ROOT / "config" / "foreman.toml", environ={})
@@ -118,7 +127,7 @@ def test_the_shipped_configs_are_valid_and_the_example_documents_every_key() -> 
 def test_check_config_reports_ok_and_exit_2_on_error(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Issue 2.7 / DESIGN 3: `foreman check-config` validates; a bad config exits 2 naming the key."""
+    """DESIGN 3: `foreman check-config` validates; a bad config exits 2 naming the key."""
     monkeypatch.delenv("FOREMAN_CONFIG", raising=False)
     good = _write(tmp_path, f'[webhook]\nsecrets = ["{SECRET}"]\n')
     assert main(["check-config", "--config", str(good), "--json"]) == 0

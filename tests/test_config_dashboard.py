@@ -1,4 +1,4 @@
-"""`[dashboard] token` / `token_file` and `[mcp] token_files` (issue 18 items 1 and 6): secrets from files."""
+"""`[dashboard] token` / `token_file` and `[mcp] token_files` : secrets from files."""
 
 from __future__ import annotations
 

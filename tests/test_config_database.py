@@ -1,5 +1,4 @@
-"""Issue 12.11, the database the config names: created 0600 with its -wal/-shm files, and check_writable()
-(behind /readyz) really fails on a read-only database file, a read-only folder, a full database and a full disk."""
+"""The configured database: created 0600 with its -wal/-shm files; check_writable() (/readyz) fails when it must."""
 
 from __future__ import annotations
 
@@ -15,6 +14,17 @@ from state.db import Database, DatabaseNotWritable
 
 def _mode(path: Path) -> int:
     return stat.S_IMODE(path.stat().st_mode)
+
+
+async def _refused_while_chmodded(db: Database, path: Path, mode: int, *, restore: int, match: str) -> None:
+    """check_writable() refuses while ``path`` has ``mode``; the mode is restored and the database closed after."""
+    try:
+        os.chmod(path, mode)
+        with pytest.raises(DatabaseNotWritable, match=match):
+            await db.check_writable()
+    finally:
+        os.chmod(path, restore)
+        await db.close()
 
 
 async def test_a_new_database_and_its_wal_and_shm_files_are_0600(tmp_path: Path) -> None:
@@ -73,26 +83,13 @@ async def test_check_writable_fails_on_a_read_only_copy_of_the_file(tmp_path: Pa
     copy = tmp_path / "copy" / "foreman.db"
     copy.parent.mkdir()
     shutil.copy(tmp_path / "source.db", copy)
-    db = await Database.open(copy)
-    try:
-        os.chmod(copy, 0o400)
-        with pytest.raises(DatabaseNotWritable, match="read-only"):
-            await db.check_writable()
-    finally:
-        os.chmod(copy, 0o600)
-        await db.close()
+    await _refused_while_chmodded(await Database.open(copy), copy, 0o400, restore=0o600, match="read-only")
 
 
 async def test_check_writable_fails_on_a_read_only_folder(tmp_path: Path) -> None:
     folder = tmp_path / "data"
     db = await Database.open(folder / "foreman.db")
-    try:
-        os.chmod(folder, 0o500)
-        with pytest.raises(DatabaseNotWritable, match="folder"):
-            await db.check_writable()
-    finally:
-        os.chmod(folder, 0o700)
-        await db.close()
+    await _refused_while_chmodded(db, folder, 0o500, restore=0o700, match="folder")
 
 
 async def test_check_writable_fails_when_the_database_is_full(tmp_path: Path) -> None:

@@ -1,7 +1,4 @@
-"""Issue 12.11 (fail closed), configuration: a gitea.url with /api/v1, a missing $FOREMAN_CONFIG or --config
-file, a boolean where a number is expected (or a number where a boolean is), are refused naming the key; every
-config error is reported at once; relative paths resolve against the config file's folder, not the working
-directory."""
+"""Configuration fails closed: a bad value is refused naming its key, every error at once, paths per the file."""
 
 from __future__ import annotations
 
@@ -43,13 +40,13 @@ def _cli(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subprocess
     "url", ["http://127.0.0.1:3000/api/v1", "http://127.0.0.1:3000/api/v1/", "https://git.example/sub/API/V1"]
 )
 def test_a_gitea_url_with_api_v1_is_refused_naming_the_key(tmp_path: Path, url: str) -> None:
-    """Issue 12.11: the client adds /api/v1 itself; a URL that has it would call /api/v1/api/v1/..."""
+    """The client adds /api/v1 itself; a URL that has it would call /api/v1/api/v1/..."""
     error = _refused(_write(tmp_path, f'[gitea]\nurl = "{url}"\n'))
     assert error.key == "gitea.url" and "/api/v1" in error.message
 
 
 def test_a_missing_foreman_config_file_refuses_instead_of_running_on_defaults(tmp_path: Path) -> None:
-    """Issue 12.11: FOREMAN_CONFIG naming a missing file silently ran on the defaults."""
+    """FOREMAN_CONFIG naming a missing file silently ran on the defaults."""
     missing = tmp_path / "nope.toml"
     error = _refused(None, {"FOREMAN_CONFIG": str(missing)})
     assert error.key == "FOREMAN_CONFIG" and str(missing) in error.message
@@ -89,12 +86,12 @@ def test_a_missing_config_file_exits_2_in_a_real_process(tmp_path: Path) -> None
 def test_a_boolean_where_a_number_is_expected_refuses_instead_of_becoming_1(
     tmp_path: Path, text: str, env: dict[str, str], key: str
 ) -> None:
-    """Issue 12.11: `port = true` became port 1; a boolean is never a number (nor a number a boolean)."""
+    """`port = true` became port 1; a boolean is never a number (nor a number a boolean)."""
     assert _refused(_write(tmp_path, text), env).key == key
 
 
 def test_every_config_error_is_reported_at_once_each_naming_its_key(tmp_path: Path) -> None:
-    """Issue 12.11: all errors, not only the first; `key` stays the first one's (compatibility)."""
+    """All errors, not only the first; `key` stays the first one's (compatibility)."""
     path = _write(
         tmp_path,
         "[server]\nport = 'eighty'\n[worker]\nmax_attempts = 0\n[gitea]\nurl = 'http://x/api/v1'\n"
@@ -131,7 +128,7 @@ def test_the_cli_prints_every_config_error(tmp_path: Path) -> None:
 def test_relative_paths_resolve_against_the_config_files_folder(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Issue 12.11 / DESIGN 3 (2026-12): a `foreman mcp` started elsewhere silently made a second, empty database."""
+    """DESIGN 3 (2026-12): a `foreman mcp` started elsewhere silently made a second, empty database."""
     folder = tmp_path / "etc"
     (folder / "secrets").mkdir(parents=True)
     (folder / "secrets" / "hook").write_text(SECRET + "\n", encoding="utf-8")

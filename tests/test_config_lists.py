@@ -1,8 +1,4 @@
-"""Issue 12.1 (fail closed): every list-valued config key, from TOML or from a FOREMAN_<SECTION>__<KEY>
-environment variable (JSON), takes every element or refuses naming the key; never a silent subset or a guess.
-
-The list-valued keys: webhook.secrets, allocator.priority_labels, allocator.protected_issues,
-allocator.protected_labels, roster.<login> (roles), grants."<role.action>".calls."""
+"""Every list-valued config key, from TOML or a FOREMAN_<SECTION>__<KEY> JSON value, takes all or refuses the key."""
 
 from __future__ import annotations
 

@@ -22,7 +22,7 @@ AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
 
 def _settings(tmp_path: Path, **extra: Any) -> Any:
-    from bot.config import AllocatorConfig
+    from bot.config_sections import AllocatorConfig
 
     # No automatic allocation in these tests (where the allocator has the switch): the seeded lease is the only one.
     quiet = {"allocator": {"auto": False}} if "auto" in AllocatorConfig.model_fields else {}

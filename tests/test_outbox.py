@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from bot.config import OutboxConfig
+from bot.config_sections import OutboxConfig
 from bot.core.canonical import CanonicalState, parse_comment
 from bot.core.errors import Envelope
 from bot.core.evidence import find_marker, marker, render_evidence, render_failure

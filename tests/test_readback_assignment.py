@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from bot import invariants
-from bot.config import OutboxConfig
+from bot.config_sections import OutboxConfig
 from bot.core.vocabulary import status_labels
 from bot.metrics import Metrics
 from bot.outbox import OutboxSender

@@ -1,17 +1,4 @@
-"""Auto-allocation's pure author pick (issue 20): which roster author receives the next ready issue.
-
-The stated policy, in this order:
-
-1. only authors with fewer than ``max_leases_per_author`` live leases are eligible (the others are skipped
-   ``busy``); with ``named_owner`` (``[allocator] auto_allocate_owner``) only that author is considered (the
-   others are skipped ``not_the_named_owner``);
-2. fewest live leases first;
-3. then the longest idle: ``idle_since`` oldest first, where an author who never held a lease has been idle the
-   longest of all (``None`` sorts first);
-4. then the login, so the same state always gives the same order.
-
-Sans-I/O: the edge (``bot/verbs/auto_allocate.py``) counts the leases and calls this with plain data.
-"""
+"""Auto-allocation's pure author pick: which roster author receives the next ready issue (docs/allocator.md)."""
 
 from __future__ import annotations
 

@@ -14,7 +14,7 @@ ErrorKind = Literal[
     "not_found",
     "conflict",
     "unavailable",
-    # The run broker's bounded categories (issue 8, docs/grants.md): a call refused by a run's sealed grant.
+    # The run broker's bounded categories (docs/grants.md): a call refused by a run's sealed grant.
     "grant_denied",
     "grant_expired",
     "host_mismatch",

@@ -1,0 +1,288 @@
+"""The configuration's section models: one pydantic model per TOML table, each refusing unknown keys."""
+
+from __future__ import annotations
+
+import urllib.parse
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    Strict,
+    ValidationInfo,
+    field_validator,
+)
+
+from bot.core.grants import TOOL_CONTRACTS, GrantEffect, PolicyTemplate
+from bot.core.vocabulary import MAX_ISSUE_NUMBER
+
+#: An issue number in a config list: a real integer (never a bool, float or numeric string), 1..2^63-1.
+IssueNumber = Annotated[int, Strict(), Field(gt=0, le=MAX_ISSUE_NUMBER)]
+#: A label name in a config list: a non-empty string.
+LabelName = Annotated[str, Field(min_length=1)]
+
+
+class ConfigSection(BaseModel):
+    # allow_inf_nan=False: `timeout_s = inf` or `nan` is refused, not an endless timeout or a failed comparison.
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _booleans_are_not_numbers(cls, value: Any, info: ValidationInfo) -> Any:
+        """TOML and JSON tell booleans from numbers; pydantic's lax mode would turn `port = true` into 1 and
+        `log_json = 1` into true. Neither is what the operator meant: refuse both."""
+        name = info.field_name
+        annotation = cls.model_fields[name].annotation if name is not None else None
+        if annotation in (int, float) and isinstance(value, bool):
+            raise ValueError(f"expected a number, got the boolean {str(value).lower()}")
+        if annotation is bool and not isinstance(value, bool):
+            raise ValueError(f"expected true or false, got {type(value).__name__} {value!r}")
+        return value
+
+
+class ServerConfig(ConfigSection):
+    host: str = "127.0.0.1"
+    port: int = Field(default=8080, ge=0, le=65535)
+    log_json: bool = False
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    shutdown_grace_s: float = Field(default=10.0, ge=0)
+
+
+class WebhookConfig(ConfigSection):
+    path: str = "/webhook"
+    # None means "not configured": the embedded default then generates one under var/.
+    # An explicit empty list is a refusal to start.
+    secrets: list[SecretStr] | None = None
+    secrets_file: Path | None = None
+    max_body_bytes: int = Field(default=5 * 1024 * 1024, gt=0)
+
+    @field_validator("path")
+    @classmethod
+    def _path_is_absolute(cls, value: str) -> str:
+        if not value.startswith("/"):
+            raise ValueError("must start with '/'")
+        return value
+
+
+class DatabaseConfig(ConfigSection):
+    path: Path = Path("var/foreman.db")
+    synchronous: Literal["FULL", "NORMAL"] = "FULL"
+    busy_timeout_ms: int = Field(default=5000, ge=0)
+
+
+class GiteaConfig(ConfigSection):
+    url: str = "http://127.0.0.1:3000"
+    token: SecretStr | None = None
+    token_file: Path | None = None
+    bot_login: str = "foreman-bot"
+    timeout_s: float = Field(default=10.0, gt=0)
+    probe_interval_s: float = Field(default=30.0, gt=0)
+
+    @field_validator("url")
+    @classmethod
+    def _url_has_scheme(cls, value: str) -> str:
+        if not value.startswith(("http://", "https://")):
+            raise ValueError("must be an http:// or https:// URL, without /api/v1")
+        if value.rstrip("/").lower().endswith("/api/v1"):
+            raise ValueError(
+                f"must be Gitea's base URL without /api/v1 (the client adds it): {value.rstrip('/')[:-7]!r}"
+            )
+        return value.rstrip("/")
+
+
+def clone_url_problem(url: str) -> str | None:
+    """Why a configured clone URL (or a rewrite's ``to``) is refused: http, https or file only, a host (an
+    absolute path for file), and never credentials (the token travels in a header, docs/bootstrap.md)."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme not in ("http", "https", "file"):
+        return f"must be an http://, https:// or file:// URL, not {parts.scheme or 'a bare path'!r}"
+    if "@" in parts.netloc:
+        return ("must not hold credentials (user or password before '@'): foreman sends gitea.token as a "
+                "header; give the URL without them")
+    if parts.scheme == "file":
+        return None if parts.path.startswith("/") else "a file:// URL must name an absolute path"
+    if not parts.hostname:
+        return "names no host"
+    return None
+
+
+class CloneUrlRewrite(ConfigSection):
+    """``[repository] clone_url_rewrite = { from = "...", to = "..." }``: a ``clone_url`` Gitea reports that
+    starts with ``from`` is used with that prefix replaced by ``to`` (git's ``url.<to>.insteadOf <from>``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    from_: str = Field(alias="from", min_length=1)
+    to: str = Field(min_length=1)
+
+    @field_validator("from_")
+    @classmethod
+    def _from_is_http(cls, value: str) -> str:
+        if not value.startswith(("http://", "https://")):
+            raise ValueError("must be the http:// or https:// prefix of the clone_url Gitea reports")
+        if "@" in urllib.parse.urlsplit(value).netloc:
+            raise ValueError("must not hold credentials (user or password before '@')")
+        return value
+
+    @field_validator("to")
+    @classmethod
+    def _to_is_usable(cls, value: str) -> str:
+        problem = clone_url_problem(value)
+        if problem is not None:
+            raise ValueError(problem)
+        return value
+
+
+class RepositoryConfig(ConfigSection):
+    owner: str = "org"
+    name: str = "repo"
+    checkout_root: Path = Path("var/checkouts")
+    #: The URL foreman clones and fetches from instead of the ``clone_url`` Gitea reports (for a ROOT_URL or
+    #: Host foreman cannot reach). Exclusive with ``clone_url_rewrite``.
+    clone_url: str | None = None
+    #: Rewrites the reported ``clone_url``'s prefix (``from``) to ``to``; other URLs are used as reported.
+    clone_url_rewrite: CloneUrlRewrite | None = None
+
+    @field_validator("clone_url")
+    @classmethod
+    def _clone_url_is_usable(cls, value: str | None) -> str | None:
+        if value is not None:
+            problem = clone_url_problem(value)
+            if problem is not None:
+                raise ValueError(problem)
+        return value
+
+    @field_validator("clone_url_rewrite")
+    @classmethod
+    def _not_both(cls, value: CloneUrlRewrite | None, info: ValidationInfo) -> CloneUrlRewrite | None:
+        if value is not None and info.data.get("clone_url") is not None:
+            raise ValueError("give repository.clone_url or repository.clone_url_rewrite, not both")
+        return value
+
+    def effective_clone_url(self, reported: str) -> str:
+        """The URL foreman clones from: ``clone_url`` when set, else the reported one with the rewrite's prefix
+        replaced (when it starts with it), else the reported one."""
+        if self.clone_url is not None:
+            return self.clone_url
+        rewrite = self.clone_url_rewrite
+        if rewrite is not None and reported.startswith(rewrite.from_):
+            return rewrite.to + reported[len(rewrite.from_):]
+        return reported
+
+
+class WorkerConfig(ConfigSection):
+    concurrency: int = Field(default=4, ge=1, le=64)
+    max_attempts: int = Field(default=5, ge=1)
+    backoff_base_s: float = Field(default=2.0, gt=0)
+    backoff_max_s: float = Field(default=300.0, gt=0)
+    poll_interval_s: float = Field(default=0.5, gt=0)
+    # A claim whose heartbeat is older than this belongs to a dead process and is taken back.
+    claim_ttl_s: float = Field(default=30.0, gt=0)
+
+
+class OutboxConfig(ConfigSection):
+    concurrency: int = Field(default=4, ge=1, le=64)  # issues sent in parallel (each issue in order)
+    max_attempts: int = Field(default=8, ge=1)
+    backoff_base_s: float = Field(default=1.0, gt=0)
+    backoff_max_s: float = Field(default=300.0, gt=0)
+    poll_interval_s: float = Field(default=1.0, gt=0)
+    claim_ttl_s: float = Field(default=60.0, gt=0)
+    verify_attempts: int = Field(default=2, ge=1, le=10)
+
+
+class AllocatorConfig(ConfigSection):
+    priority_labels: list[LabelName] = Field(
+        default_factory=lambda: ["priority:p0", "priority:p1", "priority:p2", "priority:p3"]
+    )
+    protected_issues: list[IssueNumber] = Field(default_factory=list)
+    protected_labels: list[LabelName] = Field(default_factory=list)
+    lease_ttl_s: float = Field(default=4 * 3600.0, gt=0)
+    lease_grace_s: float = Field(default=120.0, ge=0)
+    # Auto-allocation: a `status:ready` issue goes to the next idle roster author (least live leases,
+    # then longest idle). Unset: on when the roster has at least one author. `false` turns it off.
+    auto: bool | None = None
+    max_leases_per_author: int = Field(default=1, ge=1, le=1000)
+    auto_allocate_owner: str = ""  # a single named owner: auto-allocation considers only this roster author
+
+    @field_validator("auto", mode="before")
+    @classmethod
+    def _auto_is_a_boolean(cls, value: Any) -> Any:
+        if value is not None and not isinstance(value, bool):
+            raise ValueError(f"expected true or false, got {type(value).__name__} {value!r}")
+        return value
+
+
+class BootstrapConfig(ConfigSection):
+    """The worktree bootstrap transition (docs/bootstrap.md)."""
+
+    lock_wait_s: float = Field(default=30.0, ge=0)  # how long a request waits for a running one on the same issue
+    git_timeout_s: float = Field(default=300.0, gt=0)  # per git command
+    release_lease_on_failure: bool = True  # compensation releases the lease (AC5) instead of leaving it to expire
+    slug_length: int = Field(default=40, ge=1, le=100)  # the title part of issue-<N>-<slug>
+    control_clean_check: Literal["preflight", "every_transition"] = "preflight"
+    # What allocation does about the bootstrap: "run" (default) proves, leases and bootstraps in one call;
+    # "preflight" proves before every lease (dry-run and apply) but leaves the bootstrap to the owner; "off" neither.
+    on_allocate: Literal["off", "preflight", "run"] = "run"
+
+
+class ReconcileConfig(ConfigSection):
+    """Catch-up (bot/reconcile.py): what changed in Gitea while no webhook reached the service."""
+
+    # Seconds between passes; 0 turns the timer off (the start-up pass always runs).
+    interval_s: float = Field(default=60.0, ge=0)
+    # Each pass reads from the watermark minus this much, for clock skew and writes racing the last pass.
+    overlap_s: float = Field(default=60.0, ge=0, le=86400)
+
+
+class McpConfig(ConfigSection):
+    tokens: dict[str, str] = Field(default_factory=dict)
+    # login = file holding that login's token (one secret per file, e.g. systemd credentials); merged into tokens.
+    token_files: dict[str, Path] = Field(default_factory=dict)
+
+
+class DashboardConfig(ConfigSection):
+    """The read-only dashboard at /dashboard (bot/dashboard/): off unless a token is configured."""
+
+    token: SecretStr | None = None
+    token_file: Path | None = None
+
+    @field_validator("token")
+    @classmethod
+    def _token_is_long_enough(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is not None and len(value.get_secret_value().strip()) < 16:
+            raise ValueError("must be at least 16 characters (or leave it out to keep the dashboard off)")
+        return value
+
+
+class GrantCallConfig(ConfigSection):
+    """One call of a run-grant policy template (DESIGN.md section 3, "Run grants")."""
+
+    tool: str
+    effect: GrantEffect
+    args: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("tool")
+    @classmethod
+    def _known_tool(cls, value: str) -> str:
+        if value not in TOOL_CONTRACTS:
+            raise ValueError(f"unknown tool; tools are {', '.join(sorted(TOOL_CONTRACTS))}")
+        return value
+
+
+class GrantTemplateConfig(ConfigSection):
+    """A policy template per ``role.action``: ordered exact calls, the last one the reserved teardown.
+
+    Placeholders ``{issue}``, ``{branch}``, ``{worktree}``, ``{owner}`` are filled by the grant compiler.
+    Effects: read, plan_only, mutate, teardown. The whole template is checked by
+    ``bot.core.grants.check_template`` when the configuration is loaded (errors name ``grants."<key>".calls.N...``).
+    """
+
+    expires_after_s: int = Field(default=3600, gt=0)
+    calls: list[GrantCallConfig] = Field(min_length=1)
+
+    def template(self, key: str) -> PolicyTemplate:
+        """The core's template (raises TemplateError naming each problem's path)."""
+        return PolicyTemplate.from_mapping(key, self.model_dump(mode="python"))

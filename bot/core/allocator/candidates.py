@@ -1,0 +1,413 @@
+"""Strict normalization of ``candidates_json`` and ``exclude_issue_numbers`` as received (seed AC3)."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from typing import Any, Final
+
+from bot.core.allocator.records import CANDIDATE_FIELDS, Candidate, InputError, InputProblem, is_issue_number
+from bot.core.jsontext import JSONTextError, strict_loads
+from bot.core.vocabulary import MAX_ISSUE_NUMBER
+
+#: The largest candidates_json / exclude_issue_numbers text taken (characters); larger is refused unread.
+MAX_INPUT_CHARS: Final[int] = 8 * 1024 * 1024
+_SHOWN_CHARS: Final[int] = 60
+_RFC3339 = re.compile(
+    r"\d{4}-\d{2}-\d{2}[Tt]\d{2}:\d{2}:\d{2}(\.\d+)?([Zz]|[+-]\d{2}:\d{2})",
+    re.ASCII,
+)
+
+
+class _DuplicateKeyObject(dict[str, Any]):
+    """A decoded JSON object that repeated a key; kept so the problem is reported at its element."""
+
+    def __init__(self, pairs: list[tuple[str, Any]], duplicates: list[str]) -> None:
+        super().__init__(pairs)
+        self.duplicate_keys = duplicates
+
+
+def _show(value: object) -> str:
+    """A short, always-computable rendering of any received value for a problem message.
+
+    Never ``repr`` of a container (deep nesting recurses), never ``str`` of a huge integer (Python refuses
+    over 4,300 digits) and never a whole megabyte string: problems echo at most a few dozen characters.
+    """
+    if value is None or isinstance(value, bool):
+        return json.dumps(value)
+    if type(value) is int:
+        if value.bit_length() > 64:
+            return f"{'a negative' if value < 0 else 'an'} integer of about {int(value.bit_length() * 0.30103)} digits"
+        return str(value)
+    if isinstance(value, float):
+        return repr(value)
+    if isinstance(value, str):
+        if len(value) <= _SHOWN_CHARS:
+            return ascii(value)
+        return f"{value[:_SHOWN_CHARS]!a}... ({len(value)} characters)"
+    return _type_name(value)
+
+
+def _field_name(key: object) -> str:
+    return key if isinstance(key, str) and len(key) <= _SHOWN_CHARS else _show(key)
+
+
+def _has_surrogate(text: str) -> bool:
+    """A lone surrogate (JSON ``"\ud800"``) is not text: it cannot be encoded, so it cannot be a label or title."""
+    if text.isascii():
+        return False
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
+def _object_pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    seen: set[str] = set()
+    duplicates: list[str] = []
+    for key, _ in pairs:
+        if key in seen and key not in duplicates:
+            duplicates.append(key)
+        seen.add(key)
+    return _DuplicateKeyObject(pairs, duplicates) if duplicates else dict(pairs)
+
+
+def _refused(input_name: str, problem: str) -> InputError:
+    """The whole input refused at once (no element to point at)."""
+    return InputError([InputProblem(input=input_name, index=None, field=input_name, problem=problem)])
+
+
+def _decode_json(text: str, input_name: str) -> object:
+    """Decode once, refusing typed whatever the decoder cannot or should not take: oversized text, nesting
+    deeper than the decoder's recursion limit, integers over Python's 4,300-digit limit, NaN/Infinity."""
+    if len(text) > MAX_INPUT_CHARS:
+        raise _refused(input_name, f"is {len(text)} characters; at most {MAX_INPUT_CHARS} are taken")
+    try:
+        return strict_loads(text, object_pairs_hook=_object_pairs)  # repeats are collected, reported per record
+    except JSONTextError as exc:
+        if exc.kind == "constant":
+            raise _refused(input_name, str(exc)) from None
+        detail = {
+            "too_deep": "nested too deeply (a candidate record is at most 3 levels deep)",
+            "long_integer": "an integer has more than 4,300 digits (no issue number is that long)",
+        }.get(exc.kind, str(exc))
+        raise _refused(input_name, f"malformed JSON: {detail}") from None
+
+
+def _type_name(value: object) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int):
+        return "integer"
+    if isinstance(value, float):
+        return "number (float)"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, list | tuple):
+        return "array"
+    if isinstance(value, dict):
+        return "object"
+    return f"unsupported type {type(value).__name__}"
+
+
+def _issue_number_problem(value: object) -> str | None:
+    if is_issue_number(value):
+        return None
+    if isinstance(value, bool):
+        return f"boolean {json.dumps(value)} is not an integer"
+    if isinstance(value, float):
+        return f"{value!r} is a float; send an integer"
+    if isinstance(value, str):
+        return f"string {_show(value)} is not an integer; send the number unquoted"
+    if type(value) is int:
+        return f"{_show(value)} is not a positive issue number (1 to {MAX_ISSUE_NUMBER})"
+    return f"expected a positive integer, got {_type_name(value)}"
+
+
+
+def _parse_rfc3339(value: str) -> datetime | None:
+    if _RFC3339.fullmatch(value) is None:
+        return None
+    try:  # the pattern pins the shape; fromisoformat checks the calendar and keeps microseconds
+        return datetime.fromisoformat(value.upper())
+    except ValueError:
+        return None
+
+
+def _exact_array(value: object) -> Sequence[Any] | None:
+    """An exact list or tuple as it is, null (omitted) as empty; anything else None (for the full validator)."""
+    if value is None:
+        return ()
+    return value if type(value) is list or type(value) is tuple else None
+
+
+def _fast_candidate(record: Mapping[Any, Any]) -> Candidate | None:
+    """The common valid record (plain dict, known keys, exact types) without collecting problems; None
+    sends the record to the full validator, which then reports every problem exactly as before."""
+    if type(record) is not dict or not record.keys() <= CANDIDATE_FIELDS or "number" in record:
+        return None
+    number = record.get("issue_number")
+    if type(number) is not int or not 0 < number <= MAX_ISSUE_NUMBER:
+        return None
+    title = record.get("title")
+    if title is not None and (type(title) is not str or _has_surrogate(title)):
+        return None
+    labels = _exact_array(record.get("labels"))
+    if labels is None:
+        return None
+    for label in labels:
+        if type(label) is not str or not label or _has_surrogate(label):
+            return None
+    raw_created = record.get("created_at")
+    created_at = None
+    if raw_created is not None:
+        if type(raw_created) is not str:
+            return None
+        created_at = _parse_rfc3339(raw_created)
+        if created_at is None:
+            return None
+    deps = _exact_array(record.get("depends_on"))
+    if deps is None:
+        return None
+    for dep in deps:
+        if type(dep) is not int or not 0 < dep <= MAX_ISSUE_NUMBER or dep == number:
+            return None
+    ready = record.get("ready", True)
+    if ready is None:
+        ready = True
+    elif type(ready) is not bool:
+        return None
+    return Candidate(
+        issue_number=number,
+        title=title,
+        labels=tuple(sorted(set(labels))) if len(labels) > 1 else tuple(labels),
+        created_at=created_at,
+        depends_on=tuple(sorted(set(deps))) if len(deps) > 1 else tuple(deps),
+        ready=ready,
+    )
+
+
+def _candidate_from_record(
+    record: Mapping[Any, Any], index: int, input_name: str
+) -> tuple[Candidate | None, list[InputProblem]]:
+    # The number comes first so that every other problem can name the issue it belongs to.
+    number: int | None = None
+    number_problems: list[tuple[str, str]] = []
+    has_primary, has_alias = "issue_number" in record, "number" in record
+    if not has_primary and not has_alias:
+        number_problems.append(("issue_number", "required field is missing (`number` is accepted as an alias)"))
+    else:
+        fld = "issue_number" if has_primary else "number"
+        raw = record[fld]
+        issue = _issue_number_problem(raw)
+        if issue is not None:
+            number_problems.append((fld, issue))
+        else:
+            number = raw
+            alias = record.get("number") if has_primary and has_alias else raw
+            if not (is_issue_number(alias) and alias == raw):
+                number_problems.append(
+                    ("number", f"alias `number` ({_show(alias)}) disagrees with issue_number {raw}")
+                )
+
+    problems: list[InputProblem] = []
+
+    def problem(fld: str, text: str) -> None:
+        problems.append(InputProblem(input=input_name, index=index, field=fld, problem=text, issue_number=number))
+
+    if isinstance(record, _DuplicateKeyObject):
+        for key in record.duplicate_keys:
+            problem(_field_name(key), f"key {_show(key)} appears more than once in the object")
+    for key in sorted((k for k in record if k not in CANDIDATE_FIELDS), key=_show):
+        problem(_field_name(key), f"unknown field {_show(key)}; allowed: {', '.join(sorted(CANDIDATE_FIELDS))}")
+    for fld, text in number_problems:
+        problem(fld, text)
+
+    title = record.get("title")
+    if title is not None and not isinstance(title, str):
+        problem("title", f"expected a string or null, got {_type_name(title)}")
+        title = None
+    elif title is not None and _has_surrogate(title):
+        problem("title", "is not valid Unicode text (a lone surrogate such as \\ud800)")
+        title = None
+
+    labels: list[str] = []
+    raw_labels = record.get("labels")
+    if raw_labels is not None:
+        if not isinstance(raw_labels, list | tuple):
+            problem("labels", f"expected an array of label names, got {_type_name(raw_labels)}")
+        else:
+            for i, label in enumerate(raw_labels):
+                if not isinstance(label, str) or not label or _has_surrogate(label):
+                    got = "an empty string" if label == "" else _type_name(label)
+                    got = "a string with a lone surrogate" if isinstance(label, str) and label else got
+                    problem(f"labels[{i}]", f"expected a non-empty label name string, got {got}")
+                else:
+                    labels.append(label)
+
+    created_at: datetime | None = None
+    raw_created = record.get("created_at")
+    if isinstance(raw_created, datetime):
+        if raw_created.tzinfo is None or raw_created.utcoffset() is None:
+            problem("created_at", "datetime must carry a UTC offset")
+        else:
+            created_at = raw_created
+    elif isinstance(raw_created, str):
+        created_at = _parse_rfc3339(raw_created)
+        if created_at is None:
+            problem(
+                "created_at",
+                f"{_show(raw_created)} is not an RFC 3339 date-time with offset (e.g. 2026-07-20T21:35:15-05:00)",
+            )
+    elif raw_created is not None:
+        problem("created_at", f"expected an RFC 3339 string or null, got {_type_name(raw_created)}")
+
+    depends_on: list[int] = []
+    raw_deps = record.get("depends_on")
+    if raw_deps is not None:
+        if not isinstance(raw_deps, list | tuple):
+            problem("depends_on", f"expected an array of issue numbers, got {_type_name(raw_deps)}")
+        else:
+            for i, dep in enumerate(raw_deps):
+                dep_problem = _issue_number_problem(dep)
+                if dep_problem is not None:
+                    problem(f"depends_on[{i}]", dep_problem)
+                elif dep == number:
+                    problem(f"depends_on[{i}]", "an issue cannot depend on itself")
+                else:
+                    depends_on.append(dep)
+
+    ready = record.get("ready", True)
+    if ready is None:
+        ready = True
+    elif not isinstance(ready, bool):
+        problem("ready", f"expected a boolean, got {_type_name(ready)}")
+        ready = True
+
+    if problems or number is None:
+        return None, problems
+    return (
+        Candidate(
+            issue_number=number,
+            title=title,
+            labels=tuple(sorted(set(labels))),
+            created_at=created_at,
+            depends_on=tuple(sorted(set(depends_on))),
+            ready=ready,
+        ),
+        [],
+    )
+
+
+def _candidate_as_record(candidate: Candidate) -> dict[str, Any]:
+    # Typed callers are checked by the same rules as transport records: one code path (AC4 parity).
+    return {
+        "issue_number": candidate.issue_number,
+        "title": candidate.title,
+        "labels": list(candidate.labels),
+        "created_at": candidate.created_at,
+        "depends_on": list(candidate.depends_on),
+        "ready": candidate.ready,
+    }
+
+
+def normalize_candidates(raw: object) -> list[Candidate]:
+    """Turn ``candidates_json`` as received into validated candidates, sorted by issue number.
+
+    Accepts a list (or tuple) of objects / :class:`Candidate`, a single object or Candidate, or a JSON
+    string of an array or an object. A JSON string is decoded once: a string that decodes to another
+    string is refused as double-encoded. Refused, all collected into one :class:`InputError`
+    (``invalid_input`` envelope, ``details.problems`` with index and field per problem):
+    malformed JSON, ``NaN``/``Infinity``, a top-level scalar or unsupported type, elements that are not
+    objects, a missing or non-positive ``issue_number`` (alias ``number``), booleans, floats (even
+    ``3.0``) and numeric strings (``"617"``) where an integer is expected, ``labels`` that are not an
+    array of non-empty strings, ``created_at`` that is not RFC 3339 with an offset, ``depends_on`` that
+    is not an array of positive integers (or names the issue itself), a non-boolean ``ready``, unknown
+    or repeated keys, and duplicate issue numbers. ``null`` for an optional field means omitted.
+    """
+    name = "candidates_json"
+    value: object = raw
+    if isinstance(raw, str):
+        value = _decode_json(raw, name)
+        if isinstance(value, str):
+            raise _refused(name, "decoded to a string: the JSON was encoded twice; send it once")
+    if isinstance(value, dict | Candidate):
+        elements: Sequence[object] = [value]
+    elif isinstance(value, list | tuple):
+        elements = value
+    else:
+        raise _refused(name, f"expected an array of candidate objects or one object, got {_type_name(value)}")
+
+    problems: list[InputProblem] = []
+    candidates: list[Candidate] = []
+    first_index: dict[int, int] = {}
+    for index, element in enumerate(elements):
+        if isinstance(element, Candidate):
+            record: Mapping[Any, Any] = _candidate_as_record(element)
+        elif isinstance(element, dict):
+            record = element
+        else:
+            got = _type_name(element)
+            problems.append(InputProblem(input=name, index=index, field="", problem=f"expected an object, got {got}"))
+            continue
+        candidate = _fast_candidate(record)
+        found: list[InputProblem] = []
+        if candidate is None:
+            candidate, found = _candidate_from_record(record, index, name)
+        problems.extend(found)
+        if candidate is None:
+            continue
+        number = candidate.issue_number
+        if number in first_index:
+            problems.append(
+                InputProblem(input=name, index=index, field="issue_number", issue_number=number,
+                             problem=f"duplicate issue_number {number} (first at index {first_index[number]})")
+            )
+            continue
+        first_index[number] = index
+        candidates.append(candidate)
+    if problems:
+        raise InputError(problems)
+    return sorted(candidates, key=lambda c: c.issue_number)
+
+
+def normalize_exclusions(raw: object) -> frozenset[int]:
+    """Turn ``exclude_issue_numbers`` into a set of issue numbers; None (omitted) means no exclusions.
+
+    Accepts a list, tuple, set or frozenset of positive integers, or a JSON string of an array of them.
+    Refuses scalars (a bare ``617`` must be sent as ``[617]``), booleans, floats, numeric strings and
+    non-positive numbers, collecting every problem into one :class:`InputError`. Repeats are harmless
+    (it is a set) and are accepted.
+    """
+    name = "exclude_issue_numbers"
+    if raw is None:
+        return frozenset()
+    value: object = raw
+    if isinstance(raw, str):
+        value = _decode_json(raw, name)
+        if value is None:
+            return frozenset()
+    if isinstance(value, set | frozenset):
+        elements: Sequence[object] = sorted(value, key=_show)
+    elif isinstance(value, list | tuple):
+        elements = value
+    else:
+        raise _refused(name, f"expected an array of issue numbers, got {_type_name(value)}")
+    problems: list[InputProblem] = []
+    numbers: set[int] = set()
+    for index, element in enumerate(elements):
+        issue = _issue_number_problem(element)
+        if issue is not None:
+            problems.append(InputProblem(input=name, index=index, field=name, problem=issue))
+        else:
+            assert isinstance(element, int)
+            numbers.add(element)
+    if problems:
+        raise InputError(problems)
+    return frozenset(numbers)
+
