@@ -139,18 +139,22 @@ async def ready_candidates(db: Database, settings: Settings) -> list[dict[str, A
 
 
 async def current_decisions(db: Database, settings: Settings) -> list[dict[str, Any]]:
-    """What the allocator would decide now for each roster author: a dry run over the stored issue state
-    (no Gitea call, no bootstrap proof, nothing written), with every skipped issue and its stable reason."""
-    from bot.verbs.allocate import AllocationCall, Allocator
+    """What the allocator would decide now for each roster author: a dry-run allocation by the operator through the
+    door, over the stored issue state (no Gitea call, no bootstrap proof, nothing written), with every skipped issue
+    and its stable reason."""
+    from bot.verbs.allocate import AllocationOutcome
+    from bot.verbs.runtime import VerbRuntime, no_bootstrap, operator_caller
 
     out = []
-    allocator = Allocator(db, settings, None, bot_login=settings.gitea.bot_login)
+    runtime = VerbRuntime(db=db, settings=settings, bot_login=settings.gitea.bot_login, bootstrap_factory=no_bootstrap)
+    caller = operator_caller("dashboard", "dashboard")
     for owner in settings.authors():
-        try:
-            outcome = await allocator.run(AllocationCall(actor="dashboard", actor_is_operator=True, owner=owner))
-            doc = outcome.to_dict()
-        except Exception as exc:  # the page still shows everything else
-            doc = {"decision": "unavailable", "message": f"{type(exc).__name__}: {exc}"}
+        # The door never raises: an unexpected failure is an `unavailable` envelope, and the page shows the rest.
+        result = await runtime.call("allocate_next_work", caller, {"owner": owner, "dry_run": True})
+        if isinstance(result.outcome, AllocationOutcome):
+            doc = result.outcome.to_dict()
+        else:  # refused at the door, before the allocator ran
+            doc = {**result.doc, "decision": result.doc.get("error", "refused")}
         out.append({"owner": owner, **scrub(doc)})
     return out
 
