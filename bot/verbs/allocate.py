@@ -26,8 +26,10 @@ from bot.core.errors import Envelope
 from bot.core.evidence import render_evidence
 from bot.core.verbs import Verb
 from bot.core.vocabulary import label_for_state
-from bot.gitea import GiteaClient, GiteaError, GiteaNotFound, Issue, IssueState, IssueType
+from bot.gitea import GiteaError, GiteaNotFound, Issue, IssueState, IssueType
+from bot.repository import repo_key_of
 from bot.verbs.bootstrap import BootstrapContext, bootstrap_preflight
+from bot.verbs.bootstrap.context import BootstrapGitea
 from bot.verbs.runtime import (
     OPERATOR_CHANNELS,
     Caller,
@@ -68,6 +70,10 @@ class CandidatesGitea(Protocol):
     ) -> list[Issue]: ...
 
     async def get_issue(self, number: int) -> Issue: ...
+
+
+class AllocatorGitea(CandidatesGitea, BootstrapGitea, Protocol):
+    """What the allocator uses and hands on: its candidate reads, and the bootstrap's calls (preflight, bootstrap)."""
 
 
 async def ready_candidates(gitea: CandidatesGitea) -> tuple[list[dict[str, Any]], frozenset[int]]:
@@ -168,13 +174,9 @@ def _refuse(kind: Literal["not_authorized", "invalid_input", "unavailable"], mes
 
 
 class Allocator:
-    """Runs allocation calls against the database (leases, outbox) and, for candidates, Gitea.
+    """Runs allocation calls against the database (leases, outbox) and, for candidates and the bootstrap, Gitea."""
 
-    Its own Gitea reads need only ``CandidatesGitea``; ``gitea`` is a ``GiteaClient`` because the bootstrap
-    preflight and the bootstrap after the lease take one (``BootstrapContext``).
-    """
-
-    def __init__(self, db: Database, settings: Settings, gitea: GiteaClient | None, *, bot_login: str) -> None:
+    def __init__(self, db: Database, settings: Settings, gitea: AllocatorGitea | None, *, bot_login: str) -> None:
         self.db = db
         self.settings = settings
         self.gitea = gitea
@@ -190,7 +192,7 @@ class Allocator:
 
     @property
     def repo(self) -> str:
-        return f"{self.settings.repository.owner}/{self.settings.repository.name}".lower()
+        return repo_key_of(self.settings)
 
     def _check_owner(self, call: AllocationCall) -> AllocationOutcome | None:
         """The action is known and the owner holds its role (the caller's own role was checked at the door)."""

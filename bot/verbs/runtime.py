@@ -14,13 +14,19 @@ from bot.config import Settings
 from bot.core.errors import Envelope, ErrorKind
 from bot.core.gateway import Decision, GatewayContext, Role, evaluate_preconditions
 from bot.core.verbs import PRECONDITION_WORKTREE, VERBS, Verb, evaluate
+from bot.repository import repo_key_of
 from state.db import Database, utcnow
 from state.issues import IssueStore
 from state.leases import Lease, LeaseStore
 
 if TYPE_CHECKING:
-    from bot.gitea import GiteaClient
+    from bot.verbs.allocate import AllocatorGitea
     from bot.verbs.bootstrap import BootstrapContext, BootstrapResult, LockResult
+    from bot.verbs.context import BranchGitea
+
+    class VerbsGitea(AllocatorGitea, BranchGitea, Protocol):
+        """What the door hands on: the allocator's Gitea (with the bootstrap's) and the runtime context's reads.
+        Declared for the type checker only: the families it unites import this module."""
 
 log = logging.getLogger("foreman.verbs")
 
@@ -241,14 +247,13 @@ class VerbRuntime:
     ``wakeup`` is called after outbox entries were committed (the service's sender sends them; a
     stand-alone ``foreman mcp`` leaves them for ``foreman serve``). ``bootstrap_factory`` builds the
     worktree bootstrap on first use (``bot.verbs.bootstrap`` by default; ``no_bootstrap`` for none, whose
-    verbs then answer ``unavailable``). ``gitea`` is a whole ``GiteaClient`` because it is handed on to the
-    worktree bootstrap (``BootstrapContext`` takes one); the verbs' own Gitea calls are typed by the Protocol
-    next to each (``CandidatesGitea`` in allocate, ``BranchGitea`` in context).
+    verbs then answer ``unavailable``). ``gitea`` is only handed on, typed by the union of the Protocols next to
+    each verb family (``AllocatorGitea`` in allocate, ``BranchGitea`` in context, ``BootstrapGitea``).
     """
 
     db: Database
     settings: Settings
-    gitea: GiteaClient | None = None
+    gitea: VerbsGitea | None = None
     bot_login: str = ""
     wakeup: Callable[[], None] | None = None
     bootstrap_factory: BootstrapFactory = module_bootstrap
@@ -262,8 +267,7 @@ class VerbRuntime:
 
     @property
     def repo(self) -> str:
-        """Leases and issue state are keyed by ``owner/name`` in lower case."""
-        return f"{self.settings.repository.owner}/{self.settings.repository.name}".lower()
+        return repo_key_of(self.settings)
 
     async def worktree_bootstrap(self) -> WorktreeBootstrap | None:
         if not self._bootstrap_loaded:
