@@ -162,7 +162,7 @@ async def test_ac7_all_excluded_waits_and_creates_nothing(allocator: Allocator) 
 
 
 async def test_protected_issues_and_labels_from_config_are_removed_before_ranking(tmp_path: Path) -> None:
-    """Issue 5.2: configured protected issues and labels are exclusions too, with their own reasons."""
+    """Configured protected issues and labels are exclusions too, with their own reasons."""
     settings = settings_for(tmp_path, protected_issues=[617], protected_labels=["security"])
     db = await Database.open(settings.database.path, synchronous="NORMAL")
     try:
@@ -177,7 +177,7 @@ async def test_protected_issues_and_labels_from_config_are_removed_before_rankin
 
 
 async def test_apply_writes_lease_and_its_gitea_effects_in_one_transaction(allocator: Allocator) -> None:
-    """Issue 5.7: the lease row, the status label, the assignee and the evidence comment are stored together."""
+    """The lease row, the status label, the assignee and the evidence comment are stored together."""
     outcome = await allocator.run(call(dry_run=False), now=NOW)
     assert outcome.lease is not None
     entries = sorted(await OutboxStore(allocator.db).list(), key=lambda e: e.id)
@@ -190,7 +190,7 @@ async def test_apply_writes_lease_and_its_gitea_effects_in_one_transaction(alloc
 
 
 async def test_ac9_the_lease_row_records_the_exclusions_the_decision_applied(allocator: Allocator) -> None:
-    """Seed 000 AC9 (persisted controller ownership), issue 12 item 10(iii): the lease row stores the caller's
+    """Seed 000 AC9 (persisted controller ownership): the lease row stores the caller's
     exclusions as the decision applied them (normalized, sorted), never an empty list in their place."""
     outcome = await allocator.run(call(exclude_issue_numbers=[619, 617], dry_run=False), now=NOW)
     assert outcome.lease is not None and outcome.lease.issue_number == 618
@@ -202,7 +202,7 @@ async def test_ac9_the_lease_row_records_the_exclusions_the_decision_applied(all
 
 
 async def test_an_expired_foreign_lease_is_reclaimed_only_after_the_grace(allocator: Allocator) -> None:
-    """Issue 5.4: an expired lease is skipped during its grace, then reclaimed, and the reclaim recorded."""
+    """An expired lease is skipped during its grace, then reclaimed, and the reclaim recorded."""
     only = [CANARY[0]]
     old = await allocator.run(call(owner="author-2", candidates_json=only, dry_run=False), now=NOW)
     assert old.lease is not None
@@ -219,7 +219,7 @@ async def test_an_expired_foreign_lease_is_reclaimed_only_after_the_grace(alloca
 
 
 async def test_the_database_itself_refuses_a_second_live_lease(allocator: Allocator) -> None:
-    """Issue 5.4: one live lease per issue is a unique index, not only code."""
+    """One live lease per issue is a unique index, not only code."""
     await allocator.run(call(dry_run=False), now=NOW)
     with pytest.raises(sqlite3.IntegrityError):
         with sqlite3.connect(allocator.db.path) as conn:
@@ -232,7 +232,7 @@ async def test_the_database_itself_refuses_a_second_live_lease(allocator: Alloca
 
 
 async def test_only_controllers_allocate_and_only_roster_owners_receive(allocator: Allocator) -> None:
-    """Issue 5.8: a non-controller is not_authorized (at the door, the verb's role gate); an owner without the
+    """A non-controller is not_authorized (at the door, the verb's role gate); an owner without the
     action's role is refused (by the allocator)."""
     door = VerbRuntime(db=allocator.db, settings=allocator.settings, bot_login="foreman-bot",
                        bootstrap_factory=no_bootstrap)
@@ -245,13 +245,13 @@ async def test_only_controllers_allocate_and_only_roster_owners_receive(allocato
 
 
 def test_depends_lines_in_an_issue_body_are_parsed() -> None:
-    """Issue 5.3: `Depends: #N` lines name dependencies (other #refs do not)."""
+    """`Depends: #N` lines name dependencies (other #refs do not)."""
     body = "Intro mentions #5.\n\nParent: #600\nDepends: #765, #758\n- **Depends on**: #12\nBlocks: none"
     assert depends_on(body) == [12, 758, 765]
 
 
 async def test_two_processes_racing_for_the_top_issue_end_with_exactly_one_lease(tmp_path: Path) -> None:
-    """Issue 5.9: two separate processes apply at once on one database: exactly one lease on the top issue;
+    """Two separate processes apply at once on one database: exactly one lease on the top issue;
     the loser gets a typed result (exit 1 with a JSON envelope), not an exception."""
     candidates = tmp_path / "candidates.json"
     candidates.write_text(json.dumps(CANARY), encoding="utf-8")
@@ -302,7 +302,7 @@ async def test_two_processes_racing_for_the_top_issue_end_with_exactly_one_lease
 
 
 async def test_lease_store_heartbeat_and_release_are_owner_only_and_recorded(allocator: Allocator) -> None:
-    """Issue 5.4: heartbeat extends only the owner's live lease; release is recorded, never deleted."""
+    """Heartbeat extends only the owner's live lease; release is recorded, never deleted."""
     outcome = await allocator.run(call(dry_run=False), now=NOW)
     assert outcome.lease is not None
     store: LeaseStore = allocator.leases
@@ -320,7 +320,7 @@ async def test_lease_store_heartbeat_and_release_are_owner_only_and_recorded(all
 
 
 def test_the_allocator_doc_lists_every_stable_skip_reason() -> None:
-    """Issue 5.6: the documented list of skipped reasons is the code's list."""
+    """The documented list of skipped reasons is the code's list."""
     from bot.core.allocator import SKIP_REASONS
 
     doc = (REPO_ROOT / "docs" / "allocator.md").read_text(encoding="utf-8")
@@ -330,7 +330,7 @@ def test_the_allocator_doc_lists_every_stable_skip_reason() -> None:
 
 
 async def test_without_a_gitea_client_candidates_come_from_the_stored_issue_state(allocator: Allocator) -> None:
-    """Issue 5.1: the candidates are the open `status:ready` issues of the stored issue state that webhooks keep
+    """The candidates are the open `status:ready` issues of the stored issue state that webhooks keep
     fresh (closed, not-ready and priority labels as last reported)."""
     rows = [
         (1, 1, [{"id": 1, "name": "status:ready"}]),

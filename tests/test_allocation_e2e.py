@@ -1,5 +1,4 @@
-"""Allocation end to end: a controller's `/allocate` comment → signed webhook → worker → lease → outbox → Gitea,
-every effect read back from the emulator (issue 5.1, 5.7, 5.8)."""
+"""Allocation end to end: `/allocate` → webhook → worker → lease → outbox → Gitea, every effect read back."""
 
 from __future__ import annotations
 
@@ -40,7 +39,7 @@ def bodies(world: World, number: int) -> list[str]:
 
 
 async def test_a_controllers_allocate_comment_leases_the_top_gitea_candidate_and_proves_it(world: World) -> None:
-    """Issue 5.1/5.7/5.8: candidates come from Gitea (ready issues, not PRs, dependency holds); the lease,
+    """Candidates come from Gitea (ready issues, not PRs, dependency holds); the lease,
     the status label, the assignee and the evidence comment all land, and the issue's state follows."""
     await world.comment("controller-bot", 1, "/allocate")
     leases = await LeaseStore(world.service.db).open_leases(FULL_NAME)
@@ -49,7 +48,7 @@ async def test_a_controllers_allocate_comment_leases_the_top_gitea_candidate_and
     assert "status:in-progress" in emu.label_names(OWNER, REPO, 5)
     assert "status:ready" not in emu.label_names(OWNER, REPO, 5)
     assert [u.login for u in emu.issue(OWNER, REPO, 5).assignees] == ["author-1"]
-    # The lease's evidence, then (issue 20: the bootstrap runs with the allocation by default) the bootstrap's.
+    # The lease's evidence, then (the bootstrap runs with the allocation by default) the bootstrap's.
     evidence, bootstrapped = bodies(world, 5)
     assert find_marker(evidence) == f"{leases[0].lease_id}:evidence"
     assert (find_marker(bootstrapped) or "").startswith("bootstrap-5-")
@@ -68,7 +67,7 @@ async def test_a_controllers_allocate_comment_leases_the_top_gitea_candidate_and
 
 
 async def test_a_dry_run_command_replies_without_leasing(world: World) -> None:
-    """Issue 5.8: `/allocate --dry-run` reports what would be leased and leases nothing."""
+    """`/allocate --dry-run` reports what would be leased and leases nothing."""
     await world.comment("controller-bot", 1, "/allocate --dry-run --exclude 5")
     assert await LeaseStore(world.service.db).open_leases(FULL_NAME) == []
     reply = bodies(world, 1)[-1]
@@ -76,7 +75,7 @@ async def test_a_dry_run_command_replies_without_leasing(world: World) -> None:
 
 
 async def test_someone_who_is_not_a_controller_gets_a_not_authorized_reply(world: World) -> None:
-    """Issue 5.8: only controllers allocate; others get a not_authorized reply through the outbox."""
+    """Only controllers allocate; others get a not_authorized reply through the outbox."""
     await world.comment("alice", 1, "/allocate")
     assert await LeaseStore(world.service.db).open_leases(FULL_NAME) == []
     reply = bodies(world, 1)[-1]
@@ -84,7 +83,7 @@ async def test_someone_who_is_not_a_controller_gets_a_not_authorized_reply(world
 
 
 async def test_auto_allocation_leases_when_an_issue_turns_ready(tmp_path: Path, start: Started) -> None:
-    """Issue 5.8 / 9.1: with `auto_allocate_owner` set, a maintainer's `status:ready` label starts the loop:
+    """With `auto_allocate_owner` set, a maintainer's `status:ready` label starts the loop:
     the top ready issue is leased once, even when the label event is delivered again."""
     async with open_world(tmp_path, start, roster=ROSTER, allocator={"auto_allocate_owner": "author-1"}) as world:
         emu = world.live.emulator
@@ -105,7 +104,7 @@ async def test_auto_allocation_leases_when_an_issue_turns_ready(tmp_path: Path, 
 
 
 async def test_auto_allocation_is_on_by_default_and_off_with_auto_false(tmp_path: Path, start: Started) -> None:
-    """Issue 20: with an author on the roster a ready label allocates; `[allocator] auto = false` only makes a
+    """With an author on the roster a ready label allocates; `[allocator] auto = false` only makes a
     candidate."""
     for auto, expected in ((None, [(1, "author-1")]), (False, [])):
         allocator = {} if auto is None else {"auto": auto}
@@ -129,7 +128,7 @@ async def test_a_dry_run_carries_the_bootstrap_preflight_proof(world: World) -> 
 
 
 async def test_allocation_apply_runs_the_bootstrap_when_configured(tmp_path: Path, start: Started) -> None:
-    """AC10 of seed 004 / issue 9.1 (`on_allocate = "run"`): the lease is followed by the server-side branch and
+    """AC10 of seed 004 (`on_allocate = "run"`): the lease is followed by the server-side branch and
     registered worktree under branches/, and both evidence comments are posted and verified."""
     async with open_world(tmp_path, start, roster=ROSTER, bootstrap={"on_allocate": "run"}) as world:
         emu = world.live.emulator

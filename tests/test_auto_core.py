@@ -1,4 +1,4 @@
-"""The pure author pick of auto-allocation (issue 20): least live leases, then longest idle, then login."""
+"""The pure author pick of auto-allocation: least live leases, then longest idle, then login."""
 
 from __future__ import annotations
 

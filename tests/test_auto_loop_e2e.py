@@ -1,6 +1,4 @@
-"""The card's loop by default (issue 20): with nothing configured but the roster, a `status:ready` label goes to the
-next idle author (least live leases, then longest idle; `max_leases_per_author` 1), its worktree is bootstrapped
-server-side, and the proof runs before the lease. Every effect is read back from the emulator."""
+"""The default loop: a `status:ready` label goes to the next idle author, proved, leased and bootstrapped."""
 
 from __future__ import annotations
 
@@ -319,8 +317,9 @@ async def test_a_controllers_stated_exclusions_stand_for_auto_allocation_until_i
         runtime = VerbRuntime(db=service.db, settings=service.settings, gitea=service.gitea, bot_login="foreman-bot")
         controller = caller_for(service.settings, "controller-bot", "mcp")
         stated = await runtime.call("allocate_next_work", controller, {"owner": "author-1",
-                                                                       "exclude_issue_numbers": [1]})
-        assert stated.ok, stated.doc  # a dry run: nothing leased, the exclusion stands
+                                                                       "exclude_issue_numbers": [1],
+                                                                       "dry_run": False})
+        assert stated.ok, stated.doc  # nothing ready to lease yet, the exclusion stands
         await world.call("alice", "POST", "/issues/1/labels", {"labels": ["status:ready"]})
         assert await LeaseStore(service.db).history(FULL_NAME, 1) == []
         from bot.verbs.auto_allocate import recent_decisions
@@ -329,7 +328,8 @@ async def test_a_controllers_stated_exclusions_stand_for_auto_allocation_until_i
         assert decision["standing_exclusions"] == {"controller-bot": [1]}
         assert [(s["issue_number"], s["reason"]) for s in decision["skipped"]] == [(1, "excluded_by_controller")]
         lifted = await runtime.call("allocate_next_work", controller, {"owner": "author-1",
-                                                                       "exclude_issue_numbers": []})
+                                                                       "exclude_issue_numbers": [],
+                                                                       "dry_run": False})
         assert lifted.ok, lifted.doc
         number = await world.open_issue("alice", "Next")
         await world.call("alice", "POST", f"/issues/{number}/labels", {"labels": ["status:ready"]})

@@ -22,7 +22,8 @@ from typing import Any
 from bot.config import Settings
 from bot.core.bootstrap import branch_for
 from bot.gitea import GiteaClient
-from bot.verbs.bootstrap import BootstrapContext, BootstrapResult, bootstrap_issue_worktree, ensure_control_checkout
+from bot.verbs.bootstrap import BootstrapContext, BootstrapResult, ensure_control_checkout
+from bot.verbs.runtime import bootstrap_through_door, caller_for
 from state.db import Database, utcnow
 from state.leases import Lease, LeaseStore
 from tests.conftest import REPO_ROOT
@@ -144,7 +145,9 @@ class World:
             await LeaseStore(self.db).release(conn, lease.lease_id, actor="ctl", reason="test", now=utcnow())
 
     async def bootstrap(self, number: int, caller: str = "alice", **options: Any) -> BootstrapResult:
-        return await bootstrap_issue_worktree(self.ctx, issue_number=number, caller=caller, **options)
+        """The bootstrap verb as an MCP call of ``caller`` would run it: through the door."""
+        arguments = {"issue_number": number, **{k: v for k, v in options.items() if v is not None}}
+        return await bootstrap_through_door(self.ctx, caller_for(self.settings, caller, "mcp"), arguments)
 
     def rows(self, sql: str, *params: Any) -> list[tuple[Any, ...]]:
         with sqlite3.connect(self.settings.database.path) as conn:

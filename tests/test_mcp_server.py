@@ -1,5 +1,4 @@
-"""The MCP surface in process (the SDK's own client against our server): tools and schemas, identity, the
-gateway before every call, each verb's result and refusal (issue 7 items 1-3)."""
+"""The MCP surface in process: tools and schemas, identity, the door before every call, results and refusals."""
 
 from __future__ import annotations
 
@@ -104,7 +103,7 @@ async def lease_618(runtime: VerbRuntime) -> None:
 
 @dataclass
 class FakeBootstrap:
-    """A stand-in for the worktree bootstrap (issue 6) at the runtime's seam; records what it was asked."""
+    """A stand-in for the worktree bootstrap at the runtime's seam; records what it was asked."""
 
     registered: set[int] = field(default_factory=set)
     locks: set[int] = field(default_factory=set)
@@ -123,6 +122,11 @@ class FakeBootstrap:
             return BootstrapAnswer(doc=env.to_dict(), refusal=env)
         self.registered.add(issue_number)
         return BootstrapAnswer(doc={"issue_number": issue_number, "branch": f"issue-{issue_number}-x"})
+
+    async def replay(
+        self, *, issue_number: int, caller: str, idempotency_key: str, expected_base: str | None
+    ) -> BootstrapAnswer | None:
+        return None
 
     async def lock(self, *, issue_number: int, caller: str) -> BootstrapAnswer:
         self.calls.append(("lock", issue_number, caller))
@@ -150,7 +154,7 @@ def with_bootstrap(runtime: VerbRuntime, fake: WorktreeBootstrap) -> VerbRuntime
 
 
 async def test_the_tools_are_the_executable_verbs_with_the_tables_schemas(runtime: VerbRuntime) -> None:
-    """Issue 7.3: tools named as in DESIGN.md; open_pr/claim_review/merge are decided but not offered yet."""
+    """Tools named as in DESIGN.md; open_pr/claim_review/merge are decided but not offered yet."""
     async with connect(runtime, "tok-author-1") as client:
         tools = (await client.list_tools()).tools
     names = [t.name for t in tools]
@@ -172,7 +176,7 @@ async def test_the_tools_are_the_executable_verbs_with_the_tables_schemas(runtim
 
 
 def test_allocation_arguments_are_typed_in_the_schema() -> None:
-    """Issue 7.3 / seed 000 AC1, AC3: exclusions are an array of integers; candidates an array, object or text."""
+    """Seed 000 AC1, AC3: exclusions are an array of integers; candidates an array, object or text."""
     schema = VERBS["allocate_next_work"].input_schema()
     props = schema["properties"]
     assert props["exclude_issue_numbers"]["type"] == ["array", "null"]  # optional: null means left out
@@ -205,7 +209,7 @@ def test_identity_comes_from_the_token_and_the_roster(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(("token", "needle"), [(None, "is not set"), ("tok-nope", "is not one of")])
 def test_foreman_mcp_refuses_to_start_without_a_known_token(tmp_path: Path, token: str | None, needle: str) -> None:
-    """Issue 7.3: no token or an unknown one: a clear error naming the key, exit 2, nothing served."""
+    """No token or an unknown one: a clear error naming the key, exit 2, nothing served."""
     from tests.test_mcp_stdio import foreman_mcp_command, write_config
 
     config = write_config(tmp_path)
@@ -223,7 +227,7 @@ def test_foreman_mcp_refuses_to_start_without_a_known_token(tmp_path: Path, toke
 
 
 async def test_an_identity_off_the_roster_gets_the_not_authorized_envelope(runtime: VerbRuntime) -> None:
-    """Issue 7.3 / seed 001: the envelope, exactly: error, message (= remediate), remediate, next action."""
+    """Seed 001: the envelope, exactly: error, message (= remediate), remediate, next action."""
     async with connect(runtime, "tok-stranger") as client:
         for tool in VERBS:
             if not VERBS[tool].executable:
@@ -255,7 +259,7 @@ async def test_the_role_gate_comes_before_argument_checks(runtime: VerbRuntime) 
 async def test_malformed_arguments_are_refused_as_invalid_input(
     runtime: VerbRuntime, arguments: dict[str, Any], problems: dict[str, str]
 ) -> None:
-    """Issue 7.3: typed inputs, fail closed; the caller's identity can never be passed as an argument."""
+    """Typed inputs, fail closed; the caller's identity can never be passed as an argument."""
     async with connect(runtime, "tok-author-1") as client:
         error, doc = await call(client, "gitea_heartbeat_lease", **arguments)
     assert error and doc["error"] == "invalid_input"
@@ -270,7 +274,7 @@ async def test_an_unknown_tool_is_invalid_input_naming_the_offered_ones(runtime:
 
 
 async def test_an_unexpected_failure_is_an_envelope_without_internals(runtime: VerbRuntime) -> None:
-    """Issue 7.3: never a traceback; the failure stays in the server's log."""
+    """Never a traceback; the failure stays in the server's log."""
 
     async def broken(_: VerbRuntime) -> WorktreeBootstrap:
         raise RuntimeError("secret internals /etc/passwd")
@@ -331,7 +335,7 @@ async def test_allocation_refusals_are_envelopes_with_the_decision(runtime: Verb
         assert error and doc["error"] == "stale_pin"
         error, doc = await call(client, "gitea_allocate_next_work", candidates_json=CANARY, owner="rev-1")
         assert error and doc["error"] == "not_authorized"
-        # No owner and two authors: the next idle author by the auto-allocation policy (issue 20), a dry run here.
+        # No owner and two authors: the next idle author by the auto-allocation policy, a dry run here.
         error, doc = await call(client, "gitea_allocate_next_work", candidates_json=CANARY)
         assert not error and doc["decision"] == "select" and doc["issue_number"] == 617, doc
     assert await runtime.leases.open_leases(runtime.repo) == []
@@ -341,7 +345,7 @@ async def test_allocation_refusals_are_envelopes_with_the_decision(runtime: Verb
 
 
 async def test_heartbeat_and_release_are_for_the_owner_or_the_controller(runtime: VerbRuntime) -> None:
-    """Issue 7.2: ownership gates are not_authorized; a missing live lease is a tracing_gap."""
+    """Ownership gates are not_authorized; a missing live lease is a tracing_gap."""
     await lease_618(runtime)
     async with connect(runtime, "tok-author-2") as client:
         error, doc = await call(client, "gitea_heartbeat_lease", issue_number=618)
@@ -367,7 +371,7 @@ async def test_heartbeat_and_release_are_for_the_owner_or_the_controller(runtime
 
 
 async def test_posted_state_goes_through_the_outbox_and_becomes_the_issues_state(runtime: VerbRuntime) -> None:
-    """Issue 7 / DESIGN: post_issue_state posts through the outbox; LAST_UPDATED_BY is the caller, always."""
+    """DESIGN: post_issue_state posts through the outbox; LAST_UPDATED_BY is the caller, always."""
     await lease_618(runtime)
     async with connect(runtime, "tok-author-2") as client:
         error, doc = await call(client, "gitea_post_issue_state", issue_number=618, state=STATE)
@@ -434,7 +438,7 @@ async def test_the_bootstrap_runs_only_after_the_gateway_and_lock_needs_its_work
 
 
 async def test_runtime_context_names_identity_work_and_the_next_action(runtime: VerbRuntime) -> None:
-    """Issue 7.3: identity, role, repository, branch SHAs, callable verbs and an exact next action (a tool)."""
+    """Identity, role, repository, branch SHAs, callable verbs and an exact next action (a tool)."""
     async with connect(runtime, "tok-controller") as client:
         _, doc = await call(client, "gitea_get_runtime_context")
     assert doc["identity"] == {"login": "controller-bot", "roles": ["controller"], "channel": "mcp"}
@@ -495,7 +499,7 @@ async def test_runtime_context_compares_the_live_default_branch_with_the_control
 
 
 async def test_bootstrap_and_lock_through_mcp_run_the_real_worktree_transition() -> None:
-    """Issue 7 with issue 6: the tools reach bot.verbs.bootstrap after the gateway; the context follows each step."""
+    """The tools reach bot.verbs.bootstrap after the gateway; the context follows each step."""
     from bot.verbs.runtime import caller_for
     from tests.test_bootstrap_support import world
 
@@ -528,7 +532,7 @@ async def test_bootstrap_and_lock_through_mcp_run_the_real_worktree_transition()
 
 
 async def test_a_hook_around_every_call_can_refuse_or_run_with_its_own_arguments(runtime: VerbRuntime) -> None:
-    """The seam a run broker (issue 8) uses: it sees each call first; the gateway still decides what runs."""
+    """The seam a run broker uses: it sees each call first; the gateway still decides what runs."""
     seen: list[tuple[str, dict[str, Any]]] = []
 
     async def around(tool: str, arguments: dict[str, Any], run: Any) -> tuple[dict[str, Any], bool]:
@@ -549,7 +553,7 @@ async def test_a_hook_around_every_call_can_refuse_or_run_with_its_own_arguments
     assert len(await runtime.leases.open_leases(runtime.repo)) == 1
 
 
-# --- issue 12 items 7 and 8: the published schema is what is enforced; hostile values; unlisted tools ----------
+# --- the published schema is what is enforced; hostile values; unlisted tools -----------------------------------------
 
 
 def _identity_for(verb: str) -> str:
@@ -573,7 +577,7 @@ _SERVER_PROBES = [p for p in argument_probes() if p.id not in _OWNER_LEFT_OUT]
 async def test_the_server_accepts_exactly_what_its_published_schema_accepts(
     runtime: VerbRuntime, verb: str, arguments: dict[str, Any]
 ) -> None:
-    """Issue 12 item 8, the full table in process: jsonschema(the schema list_tools publishes) says invalid
+    """The full table in process: jsonschema(the schema list_tools publishes) says invalid
     exactly when the server answers invalid_input; hostile values (item 7) are invalid_input, never a crash or
     ``unavailable``."""
     async with connect(runtime, _identity_for(verb)) as client:
@@ -598,7 +602,7 @@ async def test_the_server_accepts_exactly_what_its_published_schema_accepts(
      "gitea_release_lease\n", "x" * 10_000],  # (the SDK client itself cannot send a lone surrogate in a name)
 )
 async def test_a_tool_the_server_does_not_list_is_refused_and_does_nothing(runtime: VerbRuntime, name: str) -> None:
-    """Issue 12 item 8: only listed tools run. ``release_lease`` (no ``gitea_`` prefix) used to release the lease."""
+    """Only listed tools run. ``release_lease`` (no ``gitea_`` prefix) used to release the lease."""
     await lease_618(runtime)
     queued = len(await OutboxStore(runtime.db).list())
     async with connect(runtime, "tok-controller") as client:
@@ -614,7 +618,7 @@ async def test_a_tool_the_server_does_not_list_is_refused_and_does_nothing(runti
 
 
 async def test_an_issue_number_past_int64_is_invalid_input_through_mcp(runtime: VerbRuntime) -> None:
-    """Issue 12 item 8: 2^63 (one past MAX_ISSUE_NUMBER) is refused as input, not by SQLite (``unavailable``)."""
+    """2^63 (one past MAX_ISSUE_NUMBER) is refused as input, not by SQLite (``unavailable``)."""
     async with connect(runtime, "tok-controller") as client:
         for tool in ("gitea_get_issue_state", "gitea_heartbeat_lease", "gitea_release_lease"):
             error, doc = await call(client, tool, issue_number=2**63)

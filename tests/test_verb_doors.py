@@ -1,11 +1,13 @@
-"""A test per door: a comment command, an MCP tool call, the CLI and auto-allocation are refused by one table entry."""
+"""A test per door: comment commands, MCP, the CLI, auto-allocation and start-up recovery are refused by one entry."""
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
 import json
+import logging
 from collections.abc import AsyncIterator
+from datetime import timedelta
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
@@ -18,7 +20,9 @@ from bot.core.evidence import find_marker, parse_evidence
 from bot.core.verbs import VERBS, role_gate
 from bot.mcp_server import build_server
 from bot.verbs.auto_allocate import auto_allocate
+from bot.verbs.bootstrap import BootstrapContext, recover_open_transitions
 from bot.verbs.runtime import VerbRuntime, caller_for, no_bootstrap
+from state.db import utcnow
 from state.leases import LeaseStore
 from tests.gitea_fixtures import OWNER, REPO
 from tests.support import SECRET, Started
@@ -130,18 +134,42 @@ async def test_an_allocate_verb_no_longer_offered_is_refused_by_every_door_alike
     assert envelope_of(mcp) == envelope_of(shell) == envelope_of(auto) == comment
 
 
+async def by_recovery(world: World, owner: str) -> dict[str, Any]:
+    """The refusal start-up recovery records for a live lease whose process died before its bootstrap began."""
+    service = world.service
+    async with service.db.transaction() as conn:
+        await LeaseStore(service.db).acquire(
+            conn, repo=FULL_NAME.lower(), issue_number=1, owner=owner, role="author", action="implement",
+            ttl=timedelta(hours=1), now=utcnow(), actor="controller-bot", fingerprint=None, request={},
+        )
+    [result] = await recover_open_transitions(BootstrapContext.from_service(service))
+    assert result.status == "refused" and result.refusal is not None, result.to_dict()
+    return result.refusal.to_dict()
+
+
 async def test_a_role_taken_from_the_bootstrap_verb_refuses_every_door_alike(
-    world: World, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+    world: World, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
-    """With bootstrap_issue_worktree for mergers only, an author's `/bootstrap`, its MCP call and the operator's
-    `foreman bootstrap --owner` get the same not_authorized envelope (auto-allocation runs no bootstrap verb)."""
+    """With bootstrap_issue_worktree for mergers only, an author's `/bootstrap`, its MCP call, the operator's
+    `foreman bootstrap --owner` and start-up recovery of the author's unstarted lease get the same not_authorized
+    envelope; recovery logs it and releases the lease as unworkable, as the allocation would, and start-up goes on."""
     patch_table(monkeypatch, "bootstrap_issue_worktree", roles=frozenset({"merger"}))
     comment = await by_comment(world, "author-1", "/bootstrap")
     assert comment["error"] == "not_authorized" and "merger role" in comment["message"], comment
     mcp = await by_mcp(world, "author-1", "gitea_bootstrap_issue_worktree", issue_number=1)
     code, shell = await by_cli(tmp_path, capsys, "bootstrap", "--issue", "1", "--owner", "author-1")
+    recovery_log = logging.getLogger("foreman.bootstrap")  # the service's logging does not propagate to the root
+    recovery_log.addHandler(caplog.handler)
+    try:
+        recovery = await by_recovery(world, "author-1")
+    finally:
+        recovery_log.removeHandler(caplog.handler)
     assert code == 1
-    assert envelope_of(mcp) == envelope_of(shell) == comment
+    assert envelope_of(mcp) == envelope_of(shell) == envelope_of(recovery) == comment
+    assert any("unstarted lease" in r.getMessage() and "not_authorized" in r.getMessage() for r in caplog.records)
+    [lease] = await LeaseStore(world.service.db).history(FULL_NAME.lower(), 1)
+    assert lease.status == "released" and lease.end_reason == "unworkable: not_authorized", lease
 
 
 async def test_a_caller_without_the_role_gets_the_same_refusal_by_comment_and_by_mcp(world: World) -> None:

@@ -1,5 +1,4 @@
-"""Comment commands go through the same verb table and gateway as the MCP tools (issue 7.4): parsing, and
-end to end (comment → signed webhook → worker → gateway → verb → reply through the outbox → Gitea)."""
+"""Comment commands through the verb table and the door: parsing, and end to end with the reply on Gitea."""
 
 from __future__ import annotations
 
@@ -34,7 +33,7 @@ ROSTER = {"controller-bot": ["controller"], "author-1": ["author"], "author-2": 
     ],
 )
 def test_allocate_commands_are_parsed_from_the_first_line(body: str, expected: Any) -> None:
-    """Issue 5.8: the `/allocate` comment command; plain splitting, no shell."""
+    """The `/allocate` comment command; plain splitting, no shell."""
     command = parse_command(body)
     if expected is None:
         assert command is None
@@ -49,7 +48,7 @@ def test_allocate_commands_are_parsed_from_the_first_line(body: str, expected: A
     "body", ["/allocate --exclude", "/allocate --exclude 1.5", "/allocate --force", "/allocate --exclude 0"]
 )
 def test_malformed_allocate_commands_are_errors_not_guesses(body: str) -> None:
-    """Issue 5.8 / fail closed: a malformed command is an error the reply explains."""
+    """Fail closed: a malformed command is an error the reply explains."""
     with pytest.raises(CommandError):
         parse_command(body)
 
@@ -64,7 +63,7 @@ def test_malformed_allocate_commands_are_errors_not_guesses(body: str) -> None:
     ],
 )
 def test_a_repeated_exclude_in_a_comment_takes_every_value(body: str, excluded: list[int]) -> None:
-    """Issue 12.1: a list argument given several times takes every value (it used to keep only the last)."""
+    """A list argument given several times takes every value (it used to keep only the last)."""
     command = parse_command(body)
     assert command is not None and sorted(command.arguments["exclude_issue_numbers"]) == excluded
 
@@ -85,7 +84,7 @@ def test_a_repeated_exclude_in_a_comment_takes_every_value(body: str, excluded: 
     ],
 )
 def test_malformed_or_repeated_scalar_comment_arguments_refuse(body: str) -> None:
-    """Issue 12.1: malformed list elements, out-of-range numbers and a one-value option given twice are refused
+    """Malformed list elements, out-of-range numbers and a one-value option given twice are refused
     with a CommandError (the reply explains), never a silent subset or an uncaught ValueError."""
     with pytest.raises(CommandError):
         parse_command(body)
@@ -138,7 +137,7 @@ def replies(world: World, number: int) -> list[str]:
 
 
 async def test_a_comment_command_from_someone_not_allowed_gets_a_not_authorized_reply(world: World) -> None:
-    """Issue 7.4: not on the roster, or not the lease owner: not_authorized through the outbox; lease untouched."""
+    """Not on the roster, or not the lease owner: not_authorized through the outbox; lease untouched."""
     leases = LeaseStore(world.service.db)
     [lease] = await leases.open_leases(FULL_NAME)
     for login in ("alice", "author-2"):
@@ -152,12 +151,12 @@ async def test_a_comment_command_from_someone_not_allowed_gets_a_not_authorized_
 
 
 async def test_the_owner_heartbeats_and_the_controller_releases_by_comment(world: World) -> None:
-    """Issue 7.4: the same gateway decisions as the MCP tools, with the reply and the evidence on the issue."""
+    """The same gateway decisions as the MCP tools, with the reply and the evidence on the issue."""
     leases = LeaseStore(world.service.db)
     [lease] = await leases.open_leases(FULL_NAME)
     await world.comment("author-1", 1, "/heartbeat")
     assert "now runs until" in replies(world, 1)[-1]
-    # The allocation bootstrapped the worktree (issue 20: `on_allocate = "run"` by default), so it locks at once.
+    # The allocation bootstrapped the worktree (`on_allocate = "run"` by default), so it locks at once.
     await world.comment("author-1", 1, "/lock")
     assert "`/lock` done on #1: locked." in replies(world, 1)[-1]
     await world.comment("controller-bot", 1, "/release reassigning")
@@ -181,7 +180,7 @@ async def test_a_malformed_command_gets_its_usage_back(world: World) -> None:
 
 
 async def test_a_command_on_a_pull_request_runs_no_verb_and_is_refused(world: World) -> None:
-    """Issue 12.1: a comment command on a pull request (payload issue has `pull_request`) must not run issue
+    """A comment command on a pull request (payload issue has `pull_request`) must not run issue
     verbs: nothing is leased, and the reply says to write it on the issue."""
     emu = world.live.emulator
     # The world's hook sends issue events only; Gitea sends comments on pull requests with the pull_request group.

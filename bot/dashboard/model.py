@@ -8,8 +8,8 @@ from typing import Any
 
 from bot.config import Settings
 from bot.core.evidence import parse_evidence, scrub
-from bot.core.issue_state import repo_key
 from bot.core.vocabulary import label_for_state
+from bot.repository import repo_key_of
 from state.auto_allocations import AutoAllocationStore
 from state.db import Database, to_db_time, utcnow
 from state.deliveries import DeliveryStore
@@ -21,10 +21,6 @@ from state.outbox import OutboxEntry, OutboxStore
 
 #: Outbox statuses an operator must look at (pending work, and what stopped).
 OUTBOX_OPEN = ("pending", "sending", "verification_failed", "parked")
-
-
-def repository_key(settings: Settings) -> str:
-    return repo_key(f"{settings.repository.owner}/{settings.repository.name}")
 
 
 # --- store reads ------------------------------------------------------------------------------------------------------
@@ -52,9 +48,9 @@ async def leases(db: Database, settings: Settings, *, now: datetime | None = Non
     """Live leases (status live and not expired) and the most recent ones, newest first."""
     moment = now or utcnow()
     store = LeaseStore(db)
-    recent = await store.recent(repository_key(settings), issue=issue, limit=limit)
+    recent = await store.recent(repo_key_of(settings), issue=issue, limit=limit)
     marked_live = [_lease_doc(lease, moment)
-                   for lease in await store.recent(repository_key(settings), issue=issue, marked_live=True)]
+                   for lease in await store.recent(repo_key_of(settings), issue=issue, marked_live=True)]
     return {"live": [d for d in marked_live if d["live"]],
             "stale_live": [d for d in marked_live if not d["live"]],
             "recent": [_lease_doc(lease, moment) for lease in recent]}
@@ -77,7 +73,7 @@ async def journal(db: Database, settings: Settings, *, key: str | None = None, i
         found = await store.get(key)
         transitions = [found] if found is not None else []
     else:
-        transitions = await store.recent(repository_key(settings), issue=issue, limit=limit)
+        transitions = await store.recent(repo_key_of(settings), issue=issue, limit=limit)
     phases = await store.phases_of(t.id for t in transitions)
     return [{**_transition_doc(t), "phases": [p.to_dict() for p in phases[t.id]]} for t in transitions]
 
@@ -105,7 +101,7 @@ async def deliveries(db: Database, settings: Settings, *, limit: int = 50, issue
     counts = await store.counts()
     if issue is None:
         return {"counts": counts, "recent": [d.summary() for d in await store.list(limit=limit)]}
-    found = await store.for_issue(repository_key(settings), issue, limit=limit)
+    found = await store.for_issue(repo_key_of(settings), issue, limit=limit)
     return {"counts": counts, "recent": [d.summary() for d in found]}
 
 
@@ -131,7 +127,7 @@ async def grants(db: Database, *, limit: int = 50, issue: int | None = None) -> 
 async def ready_candidates(db: Database, settings: Settings) -> list[dict[str, Any]]:
     ready = label_for_state("ready")
     out = []
-    for snapshot in await IssueStore(db).open_issues(repository_key(settings)):
+    for snapshot in await IssueStore(db).open_issues(repo_key_of(settings)):
         if ready in snapshot.label_names:
             out.append({"issue_number": snapshot.number, "labels": sorted(snapshot.label_names),
                         "blockers": list(snapshot.open_blockers)})
@@ -139,18 +135,22 @@ async def ready_candidates(db: Database, settings: Settings) -> list[dict[str, A
 
 
 async def current_decisions(db: Database, settings: Settings) -> list[dict[str, Any]]:
-    """What the allocator would decide now for each roster author: a dry run over the stored issue state
-    (no Gitea call, no bootstrap proof, nothing written), with every skipped issue and its stable reason."""
-    from bot.verbs.allocate import AllocationCall, Allocator
+    """What the allocator would decide now for each roster author: a dry-run allocation by the operator through the
+    door, over the stored issue state (no Gitea call, no bootstrap proof, nothing written), with every skipped issue
+    and its stable reason."""
+    from bot.verbs.allocate import AllocationOutcome
+    from bot.verbs.runtime import VerbRuntime, no_bootstrap, operator_caller
 
     out = []
-    allocator = Allocator(db, settings, None, bot_login=settings.gitea.bot_login)
+    runtime = VerbRuntime(db=db, settings=settings, bot_login=settings.gitea.bot_login, bootstrap_factory=no_bootstrap)
+    caller = operator_caller("dashboard", "dashboard")
     for owner in settings.authors():
-        try:
-            outcome = await allocator.run(AllocationCall(actor="dashboard", actor_is_operator=True, owner=owner))
-            doc = outcome.to_dict()
-        except Exception as exc:  # the page still shows everything else
-            doc = {"decision": "unavailable", "message": f"{type(exc).__name__}: {exc}"}
+        # The door never raises: an unexpected failure is an `unavailable` envelope, and the page shows the rest.
+        result = await runtime.call("allocate_next_work", caller, {"owner": owner, "dry_run": True})
+        if isinstance(result.outcome, AllocationOutcome):
+            doc = result.outcome.to_dict()
+        else:  # refused at the door, before the allocator ran
+            doc = {**result.doc, "decision": result.doc.get("error", "refused")}
         out.append({"owner": owner, **scrub(doc)})
     return out
 
@@ -159,7 +159,7 @@ async def recorded_decisions(db: Database, settings: Settings, *, limit: int = 2
     """Decisions the allocator recorded: automatic runs (``auto_allocations``) and the
     evidence of every applied allocation (read back from the bot's comments in the outbox), newest first."""
     out: list[dict[str, Any]] = []
-    for decision in await AutoAllocationStore(db).recent(repository_key(settings), limit=limit):
+    for decision in await AutoAllocationStore(db).recent(repo_key_of(settings), limit=limit):
         doc = decision.doc
         out.append({"source": "auto", "at": decision.decided_at, "trigger": decision.trigger,
                     "delivery": decision.delivery_id, **scrub(doc if isinstance(doc, dict) else {"doc": doc})})
@@ -179,7 +179,7 @@ async def recorded_decisions(db: Database, settings: Settings, *, limit: int = 2
 
 async def worktrees(db: Database, settings: Settings, issue: int) -> list[dict[str, Any]]:
     return [{**r.to_dict(), "id": r.id, "journal_id": r.journal_id, "repo": r.repo, "issue_number": r.issue_number}
-            for r in await JournalStore(db).registrations(repository_key(settings), issue)]
+            for r in await JournalStore(db).registrations(repo_key_of(settings), issue)]
 
 
 async def overview(db: Database, settings: Settings, *, now: datetime | None = None, limit: int = 50
@@ -189,7 +189,7 @@ async def overview(db: Database, settings: Settings, *, now: datetime | None = N
     return {
         "generated_at": to_db_time(moment),
         "repositories": [{"owner": settings.repository.owner, "name": settings.repository.name,
-                          "key": repository_key(settings), "gitea_url": settings.gitea.url}],
+                          "key": repo_key_of(settings), "gitea_url": settings.gitea.url}],
         "allocator": {
             "ready_candidates": await ready_candidates(db, settings),
             "now": await current_decisions(db, settings),
@@ -208,7 +208,7 @@ async def issue_view(db: Database, settings: Settings, number: int, *, now: date
     """One issue's whole story: state, deliveries, decisions, leases, comments the bot wrote, worktree, grants,
     and all of it merged into one timeline."""
     moment = now or utcnow()
-    repo = repository_key(settings)
+    repo = repo_key_of(settings)
     issues = IssueStore(db)
     snapshot = await issues.snapshot(repo, number)
     lease_doc = await leases(db, settings, now=moment, limit=1000, issue=number)

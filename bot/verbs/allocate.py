@@ -26,9 +26,22 @@ from bot.core.errors import Envelope
 from bot.core.evidence import render_evidence
 from bot.core.verbs import Verb
 from bot.core.vocabulary import label_for_state
-from bot.gitea import GiteaClient, GiteaError, GiteaNotFound, Issue, IssueState, IssueType
-from bot.verbs.bootstrap import BootstrapContext, bootstrap_issue_worktree, bootstrap_preflight
-from bot.verbs.runtime import Caller, CallOptions, VerbResult, VerbRuntime, envelope, refused
+from bot.gitea import GiteaError, GiteaNotFound, Issue, IssueState, IssueType
+from bot.repository import repo_key_of
+from bot.verbs.bootstrap import BootstrapContext, bootstrap_preflight
+from bot.verbs.bootstrap.context import BootstrapGitea
+from bot.verbs.runtime import (
+    OPERATOR_CHANNELS,
+    Caller,
+    CallOptions,
+    Channel,
+    VerbResult,
+    VerbRuntime,
+    bootstrap_through_door,
+    caller_for,
+    envelope,
+    refused,
+)
 from state.db import Database, utcnow
 from state.exclusions import ExclusionStore
 from state.issues import IssueStore
@@ -57,6 +70,10 @@ class CandidatesGitea(Protocol):
     ) -> list[Issue]: ...
 
     async def get_issue(self, number: int) -> Issue: ...
+
+
+class AllocatorGitea(CandidatesGitea, BootstrapGitea, Protocol):
+    """What the allocator uses and hands on: its candidate reads, and the bootstrap's calls (preflight, bootstrap)."""
 
 
 async def ready_candidates(gitea: CandidatesGitea) -> tuple[list[dict[str, Any]], frozenset[int]]:
@@ -108,6 +125,7 @@ class AllocationCall:
     # lease transaction, so two concurrent runs cannot exceed it).
     resume_own: bool = True
     max_live: int | None = None
+    channel: Channel = "cli"  # the door the allocation came through; its own bootstrap goes through it too
 
 
 @dataclass
@@ -156,13 +174,9 @@ def _refuse(kind: Literal["not_authorized", "invalid_input", "unavailable"], mes
 
 
 class Allocator:
-    """Runs allocation calls against the database (leases, outbox) and, for candidates, Gitea.
+    """Runs allocation calls against the database (leases, outbox) and, for candidates and the bootstrap, Gitea."""
 
-    Its own Gitea reads need only ``CandidatesGitea``; ``gitea`` is a ``GiteaClient`` because the bootstrap
-    preflight and the bootstrap after the lease take one (``BootstrapContext``).
-    """
-
-    def __init__(self, db: Database, settings: Settings, gitea: GiteaClient | None, *, bot_login: str) -> None:
+    def __init__(self, db: Database, settings: Settings, gitea: AllocatorGitea | None, *, bot_login: str) -> None:
         self.db = db
         self.settings = settings
         self.gitea = gitea
@@ -178,7 +192,7 @@ class Allocator:
 
     @property
     def repo(self) -> str:
-        return f"{self.settings.repository.owner}/{self.settings.repository.name}".lower()
+        return repo_key_of(self.settings)
 
     def _check_owner(self, call: AllocationCall) -> AllocationOutcome | None:
         """The action is known and the owner holds its role (the caller's own role was checked at the door)."""
@@ -245,8 +259,9 @@ class Allocator:
         )
         moment = now or utcnow()
         mode = self.settings.bootstrap.on_allocate
-        if not call.actor_is_operator and call.exclude_issue_numbers is not None:
-            # A controller's stated exclusions stand for auto-allocation until it states others.
+        if not call.dry_run and not call.actor_is_operator and call.exclude_issue_numbers is not None:
+            # A controller's exclusions stated in an apply stand for auto-allocation until it states others (a
+            # dry run decides only: it writes nothing).
             try:
                 stated = normalize_exclusions(call.exclude_issue_numbers)
             except InputError:
@@ -284,8 +299,9 @@ class Allocator:
             # compensates and releases the lease itself. A resumed lease runs it too (idempotent: a completed
             # transition is replayed, an unfinished one resumed), so a delivery retried after the process died
             # between the lease commit and the end of its bootstrap finishes that bootstrap.
-            result = await bootstrap_issue_worktree(
-                self._bootstrap_context(), issue_number=outcome.lease.issue_number, caller=outcome.lease.owner
+            owner = caller_for(self.settings, outcome.lease.owner, call.channel)
+            result = await bootstrap_through_door(
+                self._bootstrap_context(), owner, {"issue_number": outcome.lease.issue_number}
             )
             outcome.bootstrap = result.to_dict()
             if result.status == "refused" and result.refusal is not None and result.refusal.error != "unavailable":
@@ -554,7 +570,8 @@ async def allocate(
         expected_fingerprint=expected if isinstance(expected, str) else None,
         action=action,
         delivery_id=delivery_id,
-        actor_is_operator=caller.channel in ("cli", "auto"),
+        actor_is_operator=caller.channel in OPERATOR_CHANNELS,
+        channel=caller.channel,
         resume_own=options.resume_own,
         max_live=options.max_live,
     )

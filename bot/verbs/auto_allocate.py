@@ -16,8 +16,9 @@ from bot.core.authors import AuthorPick, author_loads, rank_authors
 from bot.core.canonical import CanonicalState
 from bot.core.evidence import render_evidence
 from bot.core.vocabulary import label_for_state
-from bot.gitea import GiteaClient, GiteaError
-from bot.verbs.allocate import AllocationOutcome, Allocator
+from bot.gitea import GiteaError
+from bot.repository import repo_key_of
+from bot.verbs.allocate import AllocationOutcome, Allocator, AllocatorGitea
 from bot.verbs.runtime import CallOptions, VerbRuntime, no_bootstrap, operator_caller
 from state.db import Database, to_db_time, utcnow
 from state.exclusions import ExclusionStore
@@ -66,13 +67,9 @@ class AutoReport:
         }
 
 
-def _repo(settings: Settings) -> str:
-    return f"{settings.repository.owner}/{settings.repository.name}".lower()
-
-
 async def author_pick(db: Database, settings: Settings, now: datetime) -> AuthorPick:
     """The roster authors in the order they receive work now (pure policy over the lease store's facts)."""
-    repo = _repo(settings)
+    repo = repo_key_of(settings)
     store = LeaseStore(db)
     rows: list[tuple[str, bool, datetime, datetime | None]] = []
     for lease in await store.open_leases(repo):
@@ -101,7 +98,7 @@ async def recent_decisions(db: Database, repo: str, *, limit: int = 10) -> list[
 async def auto_allocate(
     db: Database,
     settings: Settings,
-    gitea: GiteaClient | None,
+    gitea: AllocatorGitea | None,
     *,
     bot_login: str,
     trigger: str,
@@ -112,8 +109,7 @@ async def auto_allocate(
     """Allocate every ready issue an idle author can take now, through the door; record the decision.
 
     Raises AutoUnavailable when Gitea could not serve it (nothing half-done is left: a lease whose bootstrap could
-    not run is resumed by the retry). ``gitea`` is only handed on (the allocator's candidates, the bootstrap), so it
-    is the client those take.
+    not run is resumed by the retry). ``gitea`` is only handed on (the allocator's candidates, the bootstrap).
     """
     report = AutoReport(trigger=trigger, enabled=settings.auto_allocation(),
                         named_owner=settings.allocator.auto_allocate_owner or None)
@@ -123,7 +119,7 @@ async def auto_allocate(
     if gitea is None:
         report.note = "no Gitea client: there are no candidates to read"
         return report
-    lock = _LOCKS.setdefault((id(db), _repo(settings)), asyncio.Lock())
+    lock = _LOCKS.setdefault((id(db), repo_key_of(settings)), asyncio.Lock())
     async with lock:
         try:
             await _run(db, settings, gitea, bot_login, report, delivery_id, now, wakeup)
@@ -132,11 +128,11 @@ async def auto_allocate(
     return report
 
 
-async def _run(db: Database, settings: Settings, gitea: GiteaClient, bot_login: str, report: AutoReport,
+async def _run(db: Database, settings: Settings, gitea: AllocatorGitea, bot_login: str, report: AutoReport,
                delivery_id: str | None, now: datetime | None, wakeup: Callable[[], None] | None) -> None:
     allocator = Allocator(db, settings, gitea, bot_login=bot_login)  # its candidates and policy, for what waits
     door = VerbRuntime(db=db, settings=settings, gitea=gitea, bot_login=bot_login, bootstrap_factory=no_bootstrap)
-    repo = _repo(settings)
+    repo = repo_key_of(settings)
     cfg = settings.allocator
     named = cfg.auto_allocate_owner or None
     # The controllers' standing exclusions, before ranking, as in their own calls; then issues whose proof failed.
@@ -287,7 +283,7 @@ async def _waiting(db: Database, settings: Settings, allocator: Allocator, repor
     except GiteaError as exc:
         report.note = f"could not list the waiting issues: {exc}"
         return
-    repo = _repo(settings)
+    repo = repo_key_of(settings)
     leases = [lease.as_live_lease() for lease in await LeaseStore(db).open_leases(repo)]
     view = decide(AllocationRequest(owner=ACTOR, candidates=candidates, exclude_issue_numbers=sorted(excluded) or None,
                                     open_issue_numbers=open_numbers), allocator.policy, leases, moment)
@@ -336,6 +332,6 @@ async def _record(db: Database, settings: Settings, report: AutoReport, delivery
     async with db.transaction() as conn:
         await conn.execute(
             "INSERT INTO auto_allocations (repo, decided_at, trigger, delivery_id, doc_json) VALUES (?, ?, ?, ?, ?)",
-            (_repo(settings), to_db_time(now or utcnow()), report.trigger, delivery_id,
+            (repo_key_of(settings), to_db_time(now or utcnow()), report.trigger, delivery_id,
              json.dumps(report.to_dict(), sort_keys=True, default=str)),
         )

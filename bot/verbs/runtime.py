@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from functools import cache
 from pathlib import Path
@@ -14,20 +14,30 @@ from bot.config import Settings
 from bot.core.errors import Envelope, ErrorKind
 from bot.core.gateway import Decision, GatewayContext, Role, evaluate_preconditions
 from bot.core.verbs import PRECONDITION_WORKTREE, VERBS, Verb, evaluate
+from bot.repository import repo_key_of
 from state.db import Database, utcnow
 from state.issues import IssueStore
 from state.leases import Lease, LeaseStore
 
 if TYPE_CHECKING:
-    from bot.gitea import GiteaClient
+    from bot.verbs.allocate import AllocatorGitea
     from bot.verbs.bootstrap import BootstrapContext, BootstrapResult, LockResult
+    from bot.verbs.context import BranchGitea
+
+    class VerbsGitea(AllocatorGitea, BranchGitea, Protocol):
+        """What the door hands on: the allocator's Gitea (with the bootstrap's) and the runtime context's reads.
+        Declared for the type checker only: the families it unites import this module."""
 
 log = logging.getLogger("foreman.verbs")
 
-#: How a call reached the door: an MCP tool, a comment command, the operator's command line, or auto-allocation.
-Channel = Literal["mcp", "comment", "cli", "auto"]
-#: The roles the operator's command line and auto-allocation act with. Whoever runs foreman on this configuration
-#: and database is its operator; auto-allocation is switched on by that configuration (``[allocator] auto``).
+#: How a call reached the door: an MCP tool, a comment command, the operator's command line, auto-allocation,
+#: start-up recovery (for the owner of the lease it resumes), or the dashboard's allocation preview.
+Channel = Literal["mcp", "comment", "cli", "auto", "recovery", "dashboard"]
+#: The channels of the operator: its command line, auto-allocation and the dashboard's preview.
+OperatorChannel = Literal["cli", "auto", "dashboard"]
+OPERATOR_CHANNELS: frozenset[Channel] = frozenset({"cli", "auto", "dashboard"})
+#: The roles the operator's channels act with. Whoever runs foreman on this configuration and database is its
+#: operator; auto-allocation is switched on by that configuration (``[allocator] auto``).
 OPERATOR_ROLES: frozenset[Role] = frozenset({"controller"})
 
 
@@ -45,8 +55,9 @@ def caller_for(settings: Settings, login: str, channel: Channel) -> Caller:
     return Caller(login=login, roles=frozenset(settings.roster.get(login, [])), channel=channel)
 
 
-def operator_caller(login: str, channel: Literal["cli", "auto"]) -> Caller:
-    """The operator at the command line, or foreman allocating on its own: ``OPERATOR_ROLES``, never the roster's."""
+def operator_caller(login: str, channel: OperatorChannel) -> Caller:
+    """The operator (command line, dashboard) or foreman allocating on its own: ``OPERATOR_ROLES``, never the
+    roster's."""
     return Caller(login=login, roles=OPERATOR_ROLES, channel=channel)
 
 
@@ -110,6 +121,8 @@ class BootstrapAnswer:
 
     doc: dict[str, Any]
     refusal: Envelope | None = None
+    #: The bootstrap's typed result (``BootstrapResult``, ``LockResult``) for an in-process caller.
+    outcome: object = None
 
 
 class WorktreeBootstrap(Protocol):
@@ -118,6 +131,10 @@ class WorktreeBootstrap(Protocol):
     async def bootstrap(
         self, *, issue_number: int, caller: str, idempotency_key: str | None, expected_base: str | None
     ) -> BootstrapAnswer: ...
+
+    async def replay(
+        self, *, issue_number: int, caller: str, idempotency_key: str, expected_base: str | None
+    ) -> BootstrapAnswer | None: ...
 
     async def lock(self, *, issue_number: int, caller: str) -> BootstrapAnswer: ...
 
@@ -143,6 +160,15 @@ async def module_bootstrap(runtime: VerbRuntime) -> WorktreeBootstrap | None:
     return _ModuleBootstrap(BootstrapContext.from_service(runtime))
 
 
+def bootstrap_over(ctx: BootstrapContext) -> BootstrapFactory:
+    """The worktree bootstrap of ``bot.verbs.bootstrap`` over an existing context (its Gitea, clock and caches)."""
+
+    async def factory(runtime: VerbRuntime) -> WorktreeBootstrap | None:
+        return _ModuleBootstrap(ctx)
+
+    return factory
+
+
 class _ModuleBootstrap:
     """``bot.verbs.bootstrap``'s transition and lock behind the seam; its facts read from the bootstrap journal."""
 
@@ -157,12 +183,12 @@ class _ModuleBootstrap:
     def _answer(result: BootstrapResult | LockResult) -> BootstrapAnswer:
         doc = result.to_dict()
         if result.exit_code == 0:
-            return BootstrapAnswer(doc=doc)
+            return BootstrapAnswer(doc=doc, outcome=result)
         refusal = result.refusal or envelope(  # every refusal carries an envelope; this is a guard
             "invalid_state", f"the bootstrap ended {doc.get('status')}",
             "Read the issue's state before trying again.", "call gitea_get_runtime_context",
         )
-        return BootstrapAnswer(doc=doc, refusal=refusal)
+        return BootstrapAnswer(doc=doc, refusal=refusal, outcome=result)
 
     async def bootstrap(
         self, *, issue_number: int, caller: str, idempotency_key: str | None, expected_base: str | None
@@ -173,6 +199,15 @@ class _ModuleBootstrap:
             self._ctx, issue_number=issue_number, caller=caller, idempotency_key=idempotency_key,
             expected_base=expected_base,
         ))
+
+    async def replay(
+        self, *, issue_number: int, caller: str, idempotency_key: str, expected_base: str | None
+    ) -> BootstrapAnswer | None:
+        from bot.verbs.bootstrap.transition import replay_finished
+
+        result = await replay_finished(self._ctx, issue_number=issue_number, caller=caller,
+                                       idempotency_key=idempotency_key, expected_base=expected_base)
+        return None if result is None else self._answer(result)
 
     async def lock(self, *, issue_number: int, caller: str) -> BootstrapAnswer:
         from bot.verbs.bootstrap import lock_issue
@@ -212,14 +247,13 @@ class VerbRuntime:
     ``wakeup`` is called after outbox entries were committed (the service's sender sends them; a
     stand-alone ``foreman mcp`` leaves them for ``foreman serve``). ``bootstrap_factory`` builds the
     worktree bootstrap on first use (``bot.verbs.bootstrap`` by default; ``no_bootstrap`` for none, whose
-    verbs then answer ``unavailable``). ``gitea`` is a whole ``GiteaClient`` because it is handed on to the
-    worktree bootstrap (``BootstrapContext`` takes one); the verbs' own Gitea calls are typed by the Protocol
-    next to each (``CandidatesGitea`` in allocate, ``BranchGitea`` in context).
+    verbs then answer ``unavailable``). ``gitea`` is only handed on, typed by the union of the Protocols next to
+    each verb family (``AllocatorGitea`` in allocate, ``BranchGitea`` in context, ``BootstrapGitea``).
     """
 
     db: Database
     settings: Settings
-    gitea: GiteaClient | None = None
+    gitea: VerbsGitea | None = None
     bot_login: str = ""
     wakeup: Callable[[], None] | None = None
     bootstrap_factory: BootstrapFactory = module_bootstrap
@@ -233,8 +267,7 @@ class VerbRuntime:
 
     @property
     def repo(self) -> str:
-        """Leases and issue state are keyed by ``owner/name`` in lower case."""
-        return f"{self.settings.repository.owner}/{self.settings.repository.name}".lower()
+        return repo_key_of(self.settings)
 
     async def worktree_bootstrap(self) -> WorktreeBootstrap | None:
         if not self._bootstrap_loaded:
@@ -309,6 +342,11 @@ class VerbRuntime:
                     problems=problems,
                 ),
             )
+        replay = replayers().get(verb.name)
+        replayed = await replay(self, verb, caller, values) if replay is not None else None
+        if replayed is not None:
+            log.info("%s by %s (%s): replayed", verb.name, caller.login, caller.channel)
+            return replayed
         context, lease = await self._facts(verb, caller, values)
         decision = evaluate(verb.name, context)
         if not decision.allowed:
@@ -384,9 +422,47 @@ async def bootstrap_verb(
             expected_base=base if isinstance(base, str) else None,
         )
     rt.woken()
+    return _answered(rt, verb, caller, answer)
+
+
+async def bootstrap_replay(
+    rt: VerbRuntime, verb: Verb, caller: Caller, values: Mapping[str, object]
+) -> VerbResult | None:
+    """A bootstrap request that already finished, answered from its journal (before the preconditions: a replay
+    changes nothing, so its lease may have ended since); None for a new or unfinished request."""
+    key, base = values.get("idempotency_key"), values.get("expected_base")
+    bootstrap = await rt.worktree_bootstrap() if isinstance(key, str) else None
+    if bootstrap is None or not isinstance(key, str):
+        return None
+    answer = await bootstrap.replay(issue_number=issue_of(values), caller=caller.login, idempotency_key=key,
+                                    expected_base=base if isinstance(base, str) else None)
+    return None if answer is None else _answered(rt, verb, caller, answer)
+
+
+def _answered(rt: VerbRuntime, verb: Verb, caller: Caller, answer: BootstrapAnswer) -> VerbResult:
     if answer.refusal is not None:
-        return VerbResult(verb=verb.name, doc={"verb": verb.name, **answer.doc}, refusal=answer.refusal)
-    return rt.done(verb, caller, answer.doc)
+        return VerbResult(verb=verb.name, doc={"verb": verb.name, **answer.doc}, refusal=answer.refusal,
+                          outcome=answer.outcome)
+    return replace(rt.done(verb, caller, answer.doc), outcome=answer.outcome)
+
+
+async def bootstrap_through_door(ctx: BootstrapContext, caller: Caller, arguments: Mapping[str, object]) -> (
+    BootstrapResult
+):
+    """The bootstrap verb through the door for an in-process caller (start-up recovery, the allocation's own
+    bootstrap) over ``ctx``: the transition's typed result, or the door's refusal as a refused one."""
+    from bot.verbs.bootstrap import BootstrapResult
+    from bot.verbs.bootstrap.refusals import refused_result
+
+    runtime = VerbRuntime(db=ctx.db, settings=ctx.settings, bot_login=ctx.bot_login, clock=ctx.clock,
+                          bootstrap_factory=bootstrap_over(ctx))
+    result = await runtime.call("bootstrap_issue_worktree", caller, arguments)
+    if isinstance(result.outcome, BootstrapResult):
+        return result.outcome
+    issue, key = arguments.get("issue_number"), arguments.get("idempotency_key")
+    refusal = result.refusal or envelope(  # a door answer without a typed result is a refusal; this is a guard
+        "unavailable", "the bootstrap gave no result", "Read the issue's state.", "call gitea_get_runtime_context")
+    return refused_result(issue if isinstance(issue, int) else 0, refusal, key if isinstance(key, str) else None)
 
 
 def issue_of(values: Mapping[str, object]) -> int:
@@ -409,6 +485,12 @@ def bootstrap_missing(verb: Verb, issue: int) -> Envelope:
 Executor = Callable[
     [VerbRuntime, Verb, Caller, Mapping[str, object], Lease | None, str | None, CallOptions], Awaitable[VerbResult]
 ]
+Replayer = Callable[[VerbRuntime, Verb, Caller, Mapping[str, object]], Awaitable[VerbResult | None]]
+
+
+def replayers() -> Mapping[str, Replayer]:
+    """The verbs that answer a finished request from its record before the preconditions (after the role gate)."""
+    return {"bootstrap_issue_worktree": bootstrap_replay}
 
 
 @cache

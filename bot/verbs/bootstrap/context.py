@@ -17,6 +17,7 @@ from bot.core.bootstrap import Phase
 from bot.core.errors import Envelope
 from bot.core.gateway import ROLES, Role
 from bot.gitea import Branch, Issue, Repository
+from bot.repository import repo_key_of
 from state.db import Database, utcnow
 from state.leases import Lease, LeaseStore
 
@@ -70,8 +71,7 @@ class BootstrapContext:
 
     @property
     def repo(self) -> str:
-        """The key leases and journals are stored under (as the allocator stores it)."""
-        return f"{self.settings.repository.owner}/{self.settings.repository.name}".lower()
+        return repo_key_of(self.settings)
 
     @property
     def checkout_root(self) -> Path:

@@ -5,9 +5,9 @@ from __future__ import annotations
 import logging
 
 from bot import gitops
-from bot.core.bootstrap import Blocked
 from bot.verbs.bootstrap.context import BootstrapContext, BootstrapResult
-from bot.verbs.bootstrap.transition import BootstrapRun, bootstrap_issue_worktree
+from bot.verbs.bootstrap.transition import BootstrapRun
+from bot.verbs.runtime import bootstrap_through_door, caller_for
 from state.journal import JournalStore
 from state.leases import LeaseStore
 
@@ -16,10 +16,10 @@ log = logging.getLogger("foreman.bootstrap")
 
 async def recover_open_transitions(ctx: BootstrapContext) -> list[BootstrapResult]:
     """Finish or undo what a dead process left half-way (the service runs this when it starts): a transition of
-    a live lease is resumed for its owner, exactly as the owner's replay of the same key would; a transition
-    whose lease has ended meanwhile (released, expired) is compensated now instead of when the next lease of
-    the issue asks for its worktree. Each holds the per-issue lock; a transition someone else is driving (the
-    lock is held) is left to them."""
+    a live lease is resumed through the door for its owner, exactly as the owner's replay of the same key would; a
+    transition whose lease has ended meanwhile (released, expired) is compensated now instead of when the next lease
+    of the issue asks for its worktree. Each holds the per-issue lock; a transition someone else is driving (the
+    lock is held) is left to them. A refusal is logged and returned, never raised."""
     if ctx.gitea is None:
         return []
     results: list[BootstrapResult] = []
@@ -27,17 +27,16 @@ async def recover_open_transitions(ctx: BootstrapContext) -> list[BootstrapResul
     for t in await journal.open_transitions(ctx.repo):
         lease = await leases.get(t.lease_id)
         if lease is not None and lease.is_live(ctx.clock()) and lease.owner == t.owner:
-            result = await bootstrap_issue_worktree(ctx, issue_number=t.issue_number, caller=t.owner,
-                                                    idempotency_key=t.key)
+            result = await bootstrap_through_door(ctx, caller_for(ctx.settings, t.owner, "recovery"),
+                                                  {"issue_number": t.issue_number, "idempotency_key": t.key})
         else:
             lock_path = ctx.locks_dir() / f"issue-{t.issue_number}.lock"
             async with gitops.file_lock(lock_path, wait_s=ctx.settings.bootstrap.lock_wait_s) as held:
                 current = await journal.get(t.key) if held else None
                 if current is None or current.outcome != "open":
                     continue
-                ended = Blocked("stale_pin", "lease_changed", f"its lease {t.lease_id} is no longer the live lease")
-                result = await BootstrapRun(ctx, t.issue_number, t.owner)._drive(current, resumed=True, fail_with=ended)
-        log.info("recovered the open bootstrap %s of #%d: %s", t.key, t.issue_number, result.status)
+                result = await BootstrapRun(ctx, t.issue_number, t.owner).compensate_ended(current)
+        _logged(f"recovered the open bootstrap {t.key} of #{t.issue_number}", result)
         results.append(result)
     if ctx.settings.bootstrap.on_allocate == "run":
         results += await _bootstrap_unstarted_leases(ctx)
@@ -46,8 +45,8 @@ async def recover_open_transitions(ctx: BootstrapContext) -> list[BootstrapResul
 
 async def _bootstrap_unstarted_leases(ctx: BootstrapContext) -> list[BootstrapResult]:
     """A process killed between an allocation's lease commit and its bootstrap's first phase left a live lease with
-    no transition at all: its bootstrap is run now for the owner, as the allocation would have; refused
-    (not `unavailable`), the lease is released as unworkable, exactly as the allocation does."""
+    no transition at all: its bootstrap is run now through the door for the owner, as the allocation would have;
+    refused (not `unavailable`), the lease is released as unworkable, exactly as the allocation does."""
     from bot.verbs.allocate import AllocationCall, Allocator
 
     results: list[BootstrapResult] = []
@@ -57,12 +56,20 @@ async def _bootstrap_unstarted_leases(ctx: BootstrapContext) -> list[BootstrapRe
             continue
         if any(t.lease_id == lease.lease_id for t in await journal.history(ctx.repo, lease.issue_number)):
             continue
-        result = await bootstrap_issue_worktree(ctx, issue_number=lease.issue_number, caller=lease.owner)
+        result = await bootstrap_through_door(ctx, caller_for(ctx.settings, lease.owner, "recovery"),
+                                              {"issue_number": lease.issue_number})
         if result.status == "refused" and result.refusal is not None and result.refusal.error != "unavailable":
             # The release writes the lease, its evidence and the outbox only: the allocator needs no Gitea for it.
             allocator = Allocator(ctx.db, ctx.settings, None, bot_login=ctx.bot_login or "")
             call = AllocationCall(actor="foreman:recovery", owner=lease.owner, actor_is_operator=True)
             await allocator.release_unworkable(lease, result.refusal, call, ctx.clock())
-        log.info("bootstrapped the unstarted lease %s of #%d: %s", lease.lease_id, lease.issue_number, result.status)
+        _logged(f"bootstrapped the unstarted lease {lease.lease_id} of #{lease.issue_number}", result)
         results.append(result)
     return results
+
+
+def _logged(what: str, result: BootstrapResult) -> None:
+    if result.refusal is not None:
+        log.warning("%s: %s (%s: %s)", what, result.status, result.refusal.error, result.refusal.message)
+    else:
+        log.info("%s: %s", what, result.status)

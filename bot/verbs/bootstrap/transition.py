@@ -9,8 +9,6 @@ from typing import Literal
 from bot import gitops
 from bot.core.bootstrap import Blocked, PathRejected, branch_for, derive_key, is_issue_branch, worktree_path_for
 from bot.core.errors import Envelope
-from bot.core.gateway import GatewayContext
-from bot.core.verbs import evaluate
 from bot.gitea import Branch, GiteaError, GiteaNotFound, GiteaUnavailable, Issue, Repository
 from bot.verbs.bootstrap.binding import Binding
 from bot.verbs.bootstrap.checkout import effective_clone_url
@@ -44,7 +42,8 @@ async def bootstrap_issue_worktree(
     """Create or recover the issue's branch and registered worktree under ``branches/`` for the caller's live
     lease, journaled phase by phase; refuse (typed envelope) or compensate on failure. See docs/bootstrap.md.
 
-    Only the live lease's owner may call it (``not_authorized`` otherwise). ``idempotency_key``: replaying the
+    Reached through the door (``VerbRuntime.call``), which admits only the live lease's owner; a lease that ended
+    since is refused ``stale_pin`` (``lease_ended``) here and at the claim. ``idempotency_key``: replaying the
     same key returns or resumes the same transition (derived from the lease when omitted). ``expected_base``:
     the default branch's commit the caller expects; a different live base is a ``stale_pin`` refusal.
     """
@@ -69,29 +68,31 @@ async def bootstrap_issue_worktree(
         return await BootstrapRun(ctx, issue_number, caller).execute(idempotency_key, expected_base)
 
 
+def lease_ended() -> Envelope:
+    return make_envelope("stale_pin", "the lease ended while the request was being checked", "Nothing was created.",
+                         "call gitea_get_runtime_context to see your leases", reason="lease_ended")
+
+
+async def replay_finished(
+    ctx: BootstrapContext, *, issue_number: int, caller: str, idempotency_key: str, expected_base: str | None = None
+) -> BootstrapResult | None:
+    """The recorded answer to the finished request ``idempotency_key`` (see ``BootstrapRun.replay``), else None."""
+    return await BootstrapRun(ctx, issue_number, caller).replay(idempotency_key, expected_base)
+
+
 class BootstrapRun(Binding, Compensation):
     """One bootstrap call, holding the per-issue file lock."""
 
-    # --- entry: authority, replay and the one open transition per issue -----------------------------------------------
+    # --- entry: replay and the one open transition per issue ----------------------------------------------------------
 
     async def execute(self, key: str | None, expected_base: str | None) -> BootstrapResult:
         now = self.ctx.clock()
-        if key is not None:
-            existing = await self.journal.get(key)
-            if existing is not None and existing.outcome != "open":
-                refusal = self._identity_mismatch(existing, None, expected_base)
-                return refusal or await self._finished(existing, replayed=True)
+        if key is not None and (replayed := await self.replay(key, expected_base)) is not None:
+            return replayed
+        # The door decided the role and the ownership; a lease that ended since is the claim's race, answered alike.
         lease = await self.leases.live_for_issue(self.ctx.repo, self.n)
-        decision = evaluate("bootstrap_issue_worktree", GatewayContext(
-            caller=self.caller,
-            caller_roles=self.ctx.roles_of(self.caller),
-            issue_number=self.n,
-            lease_owner=lease.owner if lease is not None else None,
-            lease_live=lease is not None and lease.is_live(now),
-        ))
-        if not decision.allowed:
-            return refused_result(self.n, decision.to_error(), key)
-        assert lease is not None
+        if lease is None or not lease.is_live(now) or lease.owner != self.caller:
+            return refused_result(self.n, lease_ended(), key)
         source: Literal["caller", "derived"] = "caller"
         attempt = await self.journal.compensated_count(lease.lease_id)
         if key is None:
@@ -113,8 +114,7 @@ class BootstrapRun(Binding, Compensation):
                     "Resume that transition instead of starting a second one.",
                     call_again(self.n, open_other.key), existing_key=open_other.key), key)
             # An unfinished transition of an ended lease: undo what it made before starting anew.
-            stale = await self._drive(open_other, resumed=True, fail_with=Blocked(
-                "stale_pin", "lease_changed", f"its lease {open_other.lease_id} is no longer the live lease"))
+            stale = await self.compensate_ended(open_other)
             if stale.status != "compensated":
                 return stale
             self.seen.clear()  # what was observed for the old transition says nothing about the new one
@@ -130,6 +130,20 @@ class BootstrapRun(Binding, Compensation):
         if isinstance(accepted, BootstrapResult):
             return accepted
         return await self._drive(accepted, resumed=False)
+
+    async def replay(self, key: str, expected_base: str | None) -> BootstrapResult | None:
+        """The recorded answer to a request that already finished (its owner's only), else None: a replay changes
+        nothing, so it needs no live lease."""
+        existing = await self.journal.get(key)
+        if existing is None or existing.outcome == "open":
+            return None
+        return self._identity_mismatch(existing, None, expected_base) or await self._finished(existing, replayed=True)
+
+    async def compensate_ended(self, transition: Transition) -> BootstrapResult:
+        """Undo an open transition whose lease is no longer the live lease (the journal finishing its own work, not
+        a verb call: nothing new is made for anyone)."""
+        return await self._drive(transition, resumed=True, fail_with=Blocked(
+            "stale_pin", "lease_changed", f"its lease {transition.lease_id} is no longer the live lease"))
 
     def _identity_mismatch(self, existing: Transition, lease: Lease | None, expected_base: str | None) -> (
         BootstrapResult | None
@@ -301,10 +315,7 @@ class BootstrapRun(Binding, Compensation):
             async with self.ctx.db.transaction() as conn:
                 live = await live_lease_in(conn, self.leases, self.ctx.repo, lease.lease_id)
                 if live is None or not live.is_live(now) or live.owner != self.caller:
-                    return refused_result(self.n, make_envelope(
-                        "stale_pin", "the lease ended while the request was being checked",
-                        "Nothing was created.", "call gitea_get_runtime_context to see your leases",
-                        reason="lease_ended"), key)
+                    return refused_result(self.n, lease_ended(), key)
                 transition = await self.journal.accept(conn, new, proof=inputs, runner=self.runner, now=now)
         except JournalConflict as exc:
             return refused_result(self.n, make_envelope(

@@ -16,6 +16,7 @@ from bot.config import Settings
 from bot.core.digest import canonical_json
 from bot.core.errors import Envelope, EnvelopeError, ErrorKind
 from bot.core.grants import BoundWorktree, Grant, PolicyTemplate, RunFacts, TemplateError, compile_grant
+from bot.repository import repo_key_of
 from state.db import Database, utcnow
 from state.grants import GrantConflict, GrantStore, RunRecord, WorkloadFailed
 from state.journal import JournalStore, Registration
@@ -89,11 +90,6 @@ async def registered_worktree(db: Database, repo: str, issue_number: int) -> tup
     return facts, registration
 
 
-def repo_key(settings: Settings) -> str:
-    """Leases, registrations and grants are keyed by ``owner/name`` in lower case (as the verb runtime does)."""
-    return f"{settings.repository.owner}/{settings.repository.name}".lower()
-
-
 def policy_template(settings: Settings, key: str) -> PolicyTemplate | None:
     """The configured template for ``role.action`` (config validation already checked it)."""
     found = settings.grants.get(key)
@@ -144,7 +140,7 @@ async def start_run(
     (``conflict``).
     """
     moment = now or utcnow()
-    repo = repo_key(settings)
+    repo = repo_key_of(settings)
     lease = await LeaseStore(db).live_for_issue(repo, issue_number)
     if lease is None or not lease.is_live(moment):
         raise _refuse(
