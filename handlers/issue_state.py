@@ -31,7 +31,6 @@ from bot.core.trust import (
 from bot.core.vocabulary import label_for_state
 from bot.handler_deps import PermissionCache
 from bot.outbox import OutboxHooks
-from bot.repository import repo_key_of
 from bot.worker import HandlerContext
 from state.db import Database, to_db_time, utcnow
 from state.issues import IssueStore
@@ -145,7 +144,7 @@ def _where(data: Mapping[str, Any], settings: Settings) -> _Where | None:
             raise PayloadError("no issue object")
     except (KeyError, TypeError) as exc:
         raise PayloadError(f"no {exc} in the payload") from None
-    if full_name.lower() != repo_key_of(settings):
+    if full_name.lower() != settings.repo_key:
         return None
     if data.get("is_pull") or issue.get("pull_request") is not None:
         return None
@@ -339,7 +338,7 @@ async def on_outbox_complete(store: IssueStore, settings: Settings, entry: Outbo
       recorded as a comment revision by the bot (trusted, reason ``bot``) with the comment id and Gitea's
       times from the read-back, so the bot's own state posts take their place in comment order.
     """
-    repo = repo_key_of(settings)
+    repo = settings.repo_key
     if entry.kind == "labels":
         snapshot = await store.record_outbox_labels(repo, entry, result)
         log.info(
@@ -388,7 +387,7 @@ async def on_outbox_failure(store: IssueStore, settings: Settings, entry: Outbox
     ends the issue's leases and cancels its other entries, as the deleted event would."""
     if entry.status == "parked" and (entry.last_error or "").startswith("GiteaIssueGone"):
         ended, cancelled, duplicate = await store.record_issue_deleted(
-            repo_key_of(settings), entry.issue_number, sender="", delivery_id=f"outbox:{entry.key}:issue_gone"
+            settings.repo_key, entry.issue_number, sender="", delivery_id=f"outbox:{entry.key}:issue_gone"
         )
         if not duplicate:
             log.warning(
@@ -400,7 +399,7 @@ async def on_outbox_failure(store: IssueStore, settings: Settings, entry: Outbox
             )
     if entry.kind != "labels":
         return
-    snapshot = await store.record_outbox_failure(repo_key_of(settings), entry)
+    snapshot = await store.record_outbox_failure(settings.repo_key, entry)
     if snapshot is not None:
         log.warning(
             "issue #%d label sync %s: outbox %s %s", entry.issue_number, snapshot.label_sync, entry.key, entry.status

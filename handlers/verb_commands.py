@@ -14,7 +14,6 @@ from bot.core.errors import Envelope
 from bot.core.evidence import render_evidence, render_failure
 from bot.core.verbs import COMMANDS, Verb
 from bot.core.vocabulary import MAX_ISSUE_NUMBER, is_issue_number
-from bot.repository import repo_key_of
 from bot.verbs.runtime import VerbResult, VerbRuntime, caller_for
 from bot.worker import HandlerContext
 from state.outbox import OutboxIntent, OutboxStore
@@ -172,7 +171,7 @@ def _allocate_reply(key: str, command: CommentCommand, doc: dict[str, Any]) -> s
 
 def _is_configured_repo(data: dict[str, Any], settings: Settings) -> bool:
     full_name = str((data.get("repository") or {}).get("full_name") or "")
-    return full_name.lower() == repo_key_of(settings)
+    return full_name.lower() == settings.repo_key
 
 
 class BootstrapUnavailable(RuntimeError):

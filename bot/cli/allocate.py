@@ -9,7 +9,6 @@ from typing import TYPE_CHECKING, Any
 
 from bot.cli.common import EXIT_OK, EXIT_REFUSED, EXIT_USAGE, emit, rendered, with_db
 from bot.config import Settings
-from bot.repository import repo_key_of
 from state.db import Database
 
 if TYPE_CHECKING:
@@ -92,7 +91,7 @@ def cmd_allocate(settings: Settings, args: argparse.Namespace) -> int:
 
         pick = await author_pick(db, settings, utcnow())
         auto = {"enabled": settings.auto_allocation(), **pick.to_dict(),
-                "recent": await recent_decisions(db, repo_key_of(settings))}
+                "recent": await recent_decisions(db, settings.repo_key)}
         chosen = owner if owner is not None else (pick.order[0] if pick.order else None)
         if chosen is None:
             # Several authors and none idle: what auto-allocation would do now is wait.

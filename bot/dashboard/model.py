@@ -9,7 +9,6 @@ from typing import Any
 from bot.config import Settings
 from bot.core.evidence import parse_evidence, scrub
 from bot.core.vocabulary import label_for_state
-from bot.repository import repo_key_of
 from state.auto_allocations import AutoAllocationStore
 from state.db import Database, to_db_time, utcnow
 from state.deliveries import DeliveryStore
@@ -48,9 +47,9 @@ async def leases(db: Database, settings: Settings, *, now: datetime | None = Non
     """Live leases (status live and not expired) and the most recent ones, newest first."""
     moment = now or utcnow()
     store = LeaseStore(db)
-    recent = await store.recent(repo_key_of(settings), issue=issue, limit=limit)
+    recent = await store.recent(settings.repo_key, issue=issue, limit=limit)
     marked_live = [_lease_doc(lease, moment)
-                   for lease in await store.recent(repo_key_of(settings), issue=issue, marked_live=True)]
+                   for lease in await store.recent(settings.repo_key, issue=issue, marked_live=True)]
     return {"live": [d for d in marked_live if d["live"]],
             "stale_live": [d for d in marked_live if not d["live"]],
             "recent": [_lease_doc(lease, moment) for lease in recent]}
@@ -73,7 +72,7 @@ async def journal(db: Database, settings: Settings, *, key: str | None = None, i
         found = await store.get(key)
         transitions = [found] if found is not None else []
     else:
-        transitions = await store.recent(repo_key_of(settings), issue=issue, limit=limit)
+        transitions = await store.recent(settings.repo_key, issue=issue, limit=limit)
     phases = await store.phases_of(t.id for t in transitions)
     return [{**_transition_doc(t), "phases": [p.to_dict() for p in phases[t.id]]} for t in transitions]
 
@@ -101,7 +100,7 @@ async def deliveries(db: Database, settings: Settings, *, limit: int = 50, issue
     counts = await store.counts()
     if issue is None:
         return {"counts": counts, "recent": [d.summary() for d in await store.list(limit=limit)]}
-    found = await store.for_issue(repo_key_of(settings), issue, limit=limit)
+    found = await store.for_issue(settings.repo_key, issue, limit=limit)
     return {"counts": counts, "recent": [d.summary() for d in found]}
 
 
@@ -127,7 +126,7 @@ async def grants(db: Database, *, limit: int = 50, issue: int | None = None) -> 
 async def ready_candidates(db: Database, settings: Settings) -> list[dict[str, Any]]:
     ready = label_for_state("ready")
     out = []
-    for snapshot in await IssueStore(db).open_issues(repo_key_of(settings)):
+    for snapshot in await IssueStore(db).open_issues(settings.repo_key):
         if ready in snapshot.label_names:
             out.append({"issue_number": snapshot.number, "labels": sorted(snapshot.label_names),
                         "blockers": list(snapshot.open_blockers)})
@@ -159,7 +158,7 @@ async def recorded_decisions(db: Database, settings: Settings, *, limit: int = 2
     """Decisions the allocator recorded: automatic runs (``auto_allocations``) and the
     evidence of every applied allocation (read back from the bot's comments in the outbox), newest first."""
     out: list[dict[str, Any]] = []
-    for decision in await AutoAllocationStore(db).recent(repo_key_of(settings), limit=limit):
+    for decision in await AutoAllocationStore(db).recent(settings.repo_key, limit=limit):
         doc = decision.doc
         out.append({"source": "auto", "at": decision.decided_at, "trigger": decision.trigger,
                     "delivery": decision.delivery_id, **scrub(doc if isinstance(doc, dict) else {"doc": doc})})
@@ -179,7 +178,7 @@ async def recorded_decisions(db: Database, settings: Settings, *, limit: int = 2
 
 async def worktrees(db: Database, settings: Settings, issue: int) -> list[dict[str, Any]]:
     return [{**r.to_dict(), "id": r.id, "journal_id": r.journal_id, "repo": r.repo, "issue_number": r.issue_number}
-            for r in await JournalStore(db).registrations(repo_key_of(settings), issue)]
+            for r in await JournalStore(db).registrations(settings.repo_key, issue)]
 
 
 async def overview(db: Database, settings: Settings, *, now: datetime | None = None, limit: int = 50
@@ -189,7 +188,7 @@ async def overview(db: Database, settings: Settings, *, now: datetime | None = N
     return {
         "generated_at": to_db_time(moment),
         "repositories": [{"owner": settings.repository.owner, "name": settings.repository.name,
-                          "key": repo_key_of(settings), "gitea_url": settings.gitea.url}],
+                          "key": settings.repo_key, "gitea_url": settings.gitea.url}],
         "allocator": {
             "ready_candidates": await ready_candidates(db, settings),
             "now": await current_decisions(db, settings),
@@ -208,7 +207,7 @@ async def issue_view(db: Database, settings: Settings, number: int, *, now: date
     """One issue's whole story: state, deliveries, decisions, leases, comments the bot wrote, worktree, grants,
     and all of it merged into one timeline."""
     moment = now or utcnow()
-    repo = repo_key_of(settings)
+    repo = settings.repo_key
     issues = IssueStore(db)
     snapshot = await issues.snapshot(repo, number)
     lease_doc = await leases(db, settings, now=moment, limit=1000, issue=number)

@@ -27,7 +27,6 @@ from bot.core.evidence import render_evidence
 from bot.core.verbs import Verb
 from bot.core.vocabulary import label_for_state
 from bot.gitea import GiteaError, GiteaNotFound, Issue, IssueState, IssueType
-from bot.repository import repo_key_of
 from bot.verbs.bootstrap import BootstrapContext, bootstrap_preflight
 from bot.verbs.bootstrap.context import BootstrapGitea
 from bot.verbs.runtime import (
@@ -192,7 +191,7 @@ class Allocator:
 
     @property
     def repo(self) -> str:
-        return repo_key_of(self.settings)
+        return self.settings.repo_key
 
     def _check_owner(self, call: AllocationCall) -> AllocationOutcome | None:
         """The action is known and the owner holds its role (the caller's own role was checked at the door)."""

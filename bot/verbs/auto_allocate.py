@@ -17,7 +17,6 @@ from bot.core.canonical import CanonicalState
 from bot.core.evidence import render_evidence
 from bot.core.vocabulary import label_for_state
 from bot.gitea import GiteaError
-from bot.repository import repo_key_of
 from bot.verbs.allocate import AllocationOutcome, Allocator, AllocatorGitea
 from bot.verbs.runtime import CallOptions, VerbRuntime, no_bootstrap, operator_caller
 from state.db import Database, to_db_time, utcnow
@@ -69,7 +68,7 @@ class AutoReport:
 
 async def author_pick(db: Database, settings: Settings, now: datetime) -> AuthorPick:
     """The roster authors in the order they receive work now (pure policy over the lease store's facts)."""
-    repo = repo_key_of(settings)
+    repo = settings.repo_key
     store = LeaseStore(db)
     rows: list[tuple[str, bool, datetime, datetime | None]] = []
     for lease in await store.open_leases(repo):
@@ -119,7 +118,7 @@ async def auto_allocate(
     if gitea is None:
         report.note = "no Gitea client: there are no candidates to read"
         return report
-    lock = _LOCKS.setdefault((id(db), repo_key_of(settings)), asyncio.Lock())
+    lock = _LOCKS.setdefault((id(db), settings.repo_key), asyncio.Lock())
     async with lock:
         try:
             await _run(db, settings, gitea, bot_login, report, delivery_id, now, wakeup)
@@ -132,7 +131,7 @@ async def _run(db: Database, settings: Settings, gitea: AllocatorGitea, bot_logi
                delivery_id: str | None, now: datetime | None, wakeup: Callable[[], None] | None) -> None:
     allocator = Allocator(db, settings, gitea, bot_login=bot_login)  # its candidates and policy, for what waits
     door = VerbRuntime(db=db, settings=settings, gitea=gitea, bot_login=bot_login, bootstrap_factory=no_bootstrap)
-    repo = repo_key_of(settings)
+    repo = settings.repo_key
     cfg = settings.allocator
     named = cfg.auto_allocate_owner or None
     # The controllers' standing exclusions, before ranking, as in their own calls; then issues whose proof failed.
@@ -283,7 +282,7 @@ async def _waiting(db: Database, settings: Settings, allocator: Allocator, repor
     except GiteaError as exc:
         report.note = f"could not list the waiting issues: {exc}"
         return
-    repo = repo_key_of(settings)
+    repo = settings.repo_key
     leases = [lease.as_live_lease() for lease in await LeaseStore(db).open_leases(repo)]
     view = decide(AllocationRequest(owner=ACTOR, candidates=candidates, exclude_issue_numbers=sorted(excluded) or None,
                                     open_issue_numbers=open_numbers), allocator.policy, leases, moment)
@@ -332,6 +331,6 @@ async def _record(db: Database, settings: Settings, report: AutoReport, delivery
     async with db.transaction() as conn:
         await conn.execute(
             "INSERT INTO auto_allocations (repo, decided_at, trigger, delivery_id, doc_json) VALUES (?, ?, ?, ?, ?)",
-            (repo_key_of(settings), to_db_time(now or utcnow()), report.trigger, delivery_id,
+            (settings.repo_key, to_db_time(now or utcnow()), report.trigger, delivery_id,
              json.dumps(report.to_dict(), sort_keys=True, default=str)),
         )

@@ -14,7 +14,6 @@ from bot.config import Settings
 from bot.core.errors import Envelope, ErrorKind
 from bot.core.gateway import Decision, GatewayContext, Role, evaluate_preconditions
 from bot.core.verbs import PRECONDITION_WORKTREE, VERBS, Verb, evaluate
-from bot.repository import repo_key_of
 from state.db import Database, utcnow
 from state.issues import IssueStore
 from state.leases import Lease, LeaseStore
@@ -267,7 +266,7 @@ class VerbRuntime:
 
     @property
     def repo(self) -> str:
-        return repo_key_of(self.settings)
+        return self.settings.repo_key
 
     async def worktree_bootstrap(self) -> WorktreeBootstrap | None:
         if not self._bootstrap_loaded:

@@ -17,7 +17,6 @@ from bot.core.bootstrap import Phase
 from bot.core.errors import Envelope
 from bot.core.gateway import ROLES, Role
 from bot.gitea import Branch, Issue, Repository
-from bot.repository import repo_key_of
 from state.db import Database, utcnow
 from state.leases import Lease, LeaseStore
 
@@ -71,7 +70,7 @@ class BootstrapContext:
 
     @property
     def repo(self) -> str:
-        return repo_key_of(self.settings)
+        return self.settings.repo_key
 
     @property
     def checkout_root(self) -> Path:

@@ -16,7 +16,6 @@ from bot.config import Settings
 from bot.core.digest import canonical_json
 from bot.core.errors import Envelope, EnvelopeError, ErrorKind
 from bot.core.grants import BoundWorktree, Grant, PolicyTemplate, RunFacts, TemplateError, compile_grant
-from bot.repository import repo_key_of
 from state.db import Database, utcnow
 from state.grants import GrantConflict, GrantStore, RunRecord, WorkloadFailed
 from state.journal import JournalStore, Registration
@@ -140,7 +139,7 @@ async def start_run(
     (``conflict``).
     """
     moment = now or utcnow()
-    repo = repo_key_of(settings)
+    repo = settings.repo_key
     lease = await LeaseStore(db).live_for_issue(repo, issue_number)
     if lease is None or not lease.is_live(moment):
         raise _refuse(
