@@ -557,7 +557,7 @@ class GiteaClient:
 
         A moved head is GiteaConflict (409 "head out of date"); already merged, not mergeable, a disallowed
         style or no write access is GiteaInvalid (Gitea's 405); a closed PR is GiteaNotFound (404)."""
-        data: dict[str, Any] = {"Do": style, "delete_branch_after_merge": delete_branch_after_merge}
+        data: dict[str, Any] = {"do": style, "delete_branch_after_merge": delete_branch_after_merge}
         if head_commit_id:
             data["head_commit_id"] = head_commit_id
         if message:
