@@ -232,3 +232,41 @@ async def test_on_1_22_already_merged_has_an_empty_message_and_json_differs() ->
         with pytest.raises(GiteaForbidden) as default:
             await bot.delete_branch("main")
         assert default.value.message == "can not delete default branch"
+
+
+@pytest.mark.parametrize("version", ["1.26.3", "1.22.3"])
+async def test_list_pulls_state_filters_sort_and_version_gates(version: str) -> None:
+    """models/issues/pull_list.go listPullRequestStatement: only ``open``/``closed`` filter (no state lists all);
+    applySorts ``oldest``; ``poster`` from 1.23 (unknown 400), ``base_branch`` from 1.24 (ignored before)."""
+    async with live_emulator(version=version) as live:
+        emu = live.emulator
+        for name in ("a", "b", "c"):
+            emu.create_branch(OWNER, REPO, name, files={f"{name}.txt": name})
+        emu.create_branch(OWNER, REPO, "dev", files={"dev.txt": "d"})
+        a = emu.create_pull(OWNER, REPO, head="a", title="a", author="alice")
+        b = emu.create_pull(OWNER, REPO, head="b", title="b", author="bob")
+        c = emu.create_pull(OWNER, REPO, head="c", title="c", author="alice", base="dev")
+        emu.edit_issue(OWNER, REPO, b.number, actor=BOT, state="closed")
+        url = live.api(f"/repos/{OWNER}/{REPO}/pulls")
+
+        async def numbers(**query: str) -> list[int]:
+            async with live.session.get(url, params=query, headers=live.auth()) as response:
+                assert response.status == 200, await response.text()
+                return [p["number"] for p in await response.json()]
+
+        assert await numbers() == [c.number, b.number, a.number]
+        assert await numbers(state="all") == await numbers()
+        assert await numbers(state="open") == [c.number, a.number]
+        assert await numbers(state="closed") == [b.number]
+        assert await numbers(sort="oldest") == [a.number, b.number, c.number]
+        by_base = await numbers(base_branch="dev")
+        assert by_base == ([c.number] if version == "1.26.3" else [c.number, b.number, a.number])
+        by_poster = await numbers(poster="alice")
+        assert by_poster == ([c.number, a.number] if version == "1.26.3" else [c.number, b.number, a.number])
+        async with live.session.get(url, params={"poster": "nobody"}, headers=live.auth()) as response:
+            assert response.status == (400 if version == "1.26.3" else 200)
+        assert [p.number for p in await live.client().list_pulls(state="all", limit=1)] == [
+            c.number,
+            b.number,
+            a.number,
+        ]

@@ -299,6 +299,7 @@ def pull_json(emu: EmulatorState, issue: EmuIssue, viewer: EmuUser | None) -> JS
     base_sha = pullgit.branch_sha(repo.path, issue.base_branch) or ""
     modern = emu.at_least("1.23")
     stats = diff_stats(repo.path, pull.merge_base, head_sha)
+    files, added, deleted = stats or (0, 0, 0)
     data: JSON = {
         "id": pull.id,
         "url": html_url,
@@ -317,9 +318,9 @@ def pull_json(emu: EmulatorState, issue: EmuIssue, viewer: EmuUser | None) -> JS
         "is_locked": issue.is_locked,
         "comments": len(issue.comments),
         "review_comments": 0,
-        "additions": stats[1],
-        "deletions": stats[2],
-        "changed_files": stats[0],
+        "additions": added,
+        "deletions": deleted,
+        "changed_files": files,
         "html_url": html_url,
         "diff_url": f"{html_url}.diff",
         "patch_url": f"{html_url}.patch",
@@ -341,6 +342,9 @@ def pull_json(emu: EmulatorState, issue: EmuIssue, viewer: EmuUser | None) -> JS
     }
     if modern:
         del data["review_comments"]  # ReviewComments int `json:",omitempty"` (1.23+), and no review comments here
+        if stats is None:  # *int `json:",omitempty"`: left nil when GetDiffShortStat fails (no merge base)
+            for key in ("additions", "deletions", "changed_files"):
+                del data[key]
     else:
         del data["requested_reviewers_teams"]
     if not emu.at_least("1.26"):
@@ -348,10 +352,10 @@ def pull_json(emu: EmulatorState, issue: EmuIssue, viewer: EmuUser | None) -> JS
     return data
 
 
-def diff_stats(path: Path, start: str, end: str) -> tuple[int, int, int]:
-    """``GetDiffShortStat(merge_base, head)``: files changed, lines added, lines deleted (zeros without a base)."""
+def diff_stats(path: Path, start: str, end: str) -> tuple[int, int, int] | None:
+    """``GetDiffShortStat(merge_base, head)``: files changed, lines added, lines deleted (None without a base)."""
     if not start or not end:
-        return 0, 0, 0
+        return None
     return pullgit.shortstat(path, start, end)
 
 

@@ -168,6 +168,16 @@ def merge(path: Path, style: str, base_branch: str, head: str, message: str, doe
     return new
 
 
+def set_ref(path: Path, ref: str, sha: str) -> None:
+    """Point ``ref`` at ``sha``."""
+    _git(path, "update-ref", ref, sha)
+
+
+def rev_list(path: Path, tip: str, *, exclude: list[str], limit: int) -> list[str]:
+    """Up to ``limit`` commits reachable from ``tip`` and from none of ``exclude``, newest first."""
+    return _git(path, "rev-list", f"--max-count={limit}", tip, *[f"^{sha}" for sha in exclude]).stdout.split()
+
+
 def delete_branch(path: Path, branch: str, old: str) -> None:
     """Remove ``refs/heads/<branch>`` if it still points at ``old``."""
     _git(path, "update-ref", "-d", f"refs/heads/{branch}", old)

@@ -9,7 +9,15 @@ from typing import Final
 from bot.emulator import convert, pullgit
 from bot.emulator.model import PERM_LEVEL, EmuIssue, EmuLabel, EmuRepo, EmuUser, Perm
 from bot.emulator.pullgit import ZERO_SHA, Identity
-from bot.emulator.pullstate import REVIEW_HOOK_TYPE, EmuPull, EmuReview, ReviewState, next_id, pull_record
+from bot.emulator.pullstate import (
+    REVIEW_HOOK_TYPE,
+    EmuPull,
+    EmuReview,
+    ReviewState,
+    next_id,
+    protected_branches,
+    pull_record,
+)
 from bot.emulator.seeding import EmulatorSeeding
 from bot.emulator.state import JSON, ApiError
 
@@ -109,7 +117,7 @@ class EmulatorPulls(EmulatorSeeding):
         path = issue.repo.path
         head = pullgit.branch_sha(path, issue.head_branch)
         if head is not None:
-            pullgit._git(path, "update-ref", pull.head_ref, head)
+            pullgit.set_ref(path, pull.head_ref, head)
         head = head or pullgit.rev(path, pull.head_ref)
         base = pullgit.branch_sha(path, issue.base_branch)
         if head is None or base is None or pull.merged is not None:
@@ -266,7 +274,7 @@ class EmulatorPulls(EmulatorSeeding):
         if branch == repo.default_branch:
             message = "can not delete default or pull request target branch"
             raise ApiError(403, message if self.at_least("1.23") else "can not delete default branch")
-        if branch in self.protected_branches(repo):
+        if branch in protected_branches(repo):
             raise ApiError(403, "branch protected")
         old = pullgit.branch_sha(repo.path, branch)
         if old is None:
@@ -275,14 +283,9 @@ class EmulatorPulls(EmulatorSeeding):
         self._emit_push(repo, doer, branch, old, ZERO_SHA)
         self._branch_deleted(repo, doer, branch)
 
-    def protected_branches(self, repo: EmuRepo) -> set[str]:
-        """Branch names with a protection rule (``protect_branch``); exact names only."""
-        table: dict[int, set[str]] = self.__dict__.setdefault("_protected", {})
-        return table.setdefault(repo.id, set())
-
     def protect_branch(self, owner: str, name: str, branch: str) -> None:
         """A protection rule for ``branch``: it cannot be deleted (``git_model.IsBranchProtected``)."""
-        self.protected_branches(self.repo(owner, name)).add(branch)
+        protected_branches(self.repo(owner, name)).add(branch)
 
     # --- webhooks -----------------------------------------------------------------------------------------------------
 
@@ -333,8 +336,8 @@ class EmulatorPulls(EmulatorSeeding):
         if new == ZERO_SHA:
             shas: list[str] = []
         elif old == ZERO_SHA:
-            others = [f"^{sha}" for name, sha in pullgit.all_branches(path).items() if name != branch]
-            shas = pullgit._git(path, "rev-list", "--max-count=10", new, *others).stdout.split()
+            others = [sha for name, sha in pullgit.all_branches(path).items() if name != branch]
+            shas = pullgit.rev_list(path, new, exclude=others, limit=10)
         else:
             shas = list(reversed(pullgit.commits_between(path, old, new)))
         facts = pullgit.commit_facts(path, shas[:FEED_MAX_COMMITS])

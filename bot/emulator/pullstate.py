@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Final, Literal
 
 from bot.emulator import pullgit
-from bot.emulator.model import EmuIssue, EmuUser
+from bot.emulator.model import EmuIssue, EmuRepo, EmuUser
 
 ReviewState = Literal["APPROVED", "REQUEST_CHANGES", "COMMENT", "PENDING"]
 #: ``ReviewStateType`` → the fine webhook type (services/webhook/notifier.go ``PullRequestReview``).
@@ -63,6 +63,7 @@ class EmuPull:
 
 
 _RECORDS: weakref.WeakKeyDictionary[EmuIssue, EmuPull] = weakref.WeakKeyDictionary()
+_PROTECTED: weakref.WeakKeyDictionary[EmuRepo, set[str]] = weakref.WeakKeyDictionary()
 _IDS: weakref.WeakKeyDictionary[object, Iterator[int]] = weakref.WeakKeyDictionary()
 
 
@@ -81,6 +82,11 @@ def pull_record(owner: object, issue: EmuIssue) -> EmuPull:
     if record is None:
         record = _RECORDS[issue] = EmuPull(id=next_id(owner, "pull_request"), issue=issue)
     return record
+
+
+def protected_branches(repo: EmuRepo) -> set[str]:
+    """The branch names of ``repo`` with a protection rule (exact names; ``git_model.IsBranchProtected``)."""
+    return _PROTECTED.setdefault(repo, set())
 
 
 class _Key:
