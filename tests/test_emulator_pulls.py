@@ -218,3 +218,26 @@ async def test_pull_request_payloads_have_every_key_of_the_real_ones() -> None:
         # additions/deletions/changed_files and the head's repo are there too: the emulator computes them.
         assert pull - set(comment["pull_request"]) == set()
         assert set(comment["pull_request"]["head"]) == {"label", "ref", "sha", "repo_id", "repo"}
+
+
+async def test_on_1_22_review_payloads_have_no_requested_reviewer_and_no_viewer() -> None:
+    """v1.22.3 notifier.go PullRequestReview: ``ToAPIPullRequest(ctx, pr, nil)`` and no ``RequestedReviewer``
+    (both came with #26178 in 1.23.0): the PR's poster shows the placeholder e-mail."""
+    async with live_emulator(version="1.22.3") as live, webhook_sink() as sink:
+        emu = live.emulator
+        emu.create_branch(OWNER, REPO, "feat", files={"f.txt": "f\n"})
+        pr = emu.create_pull(OWNER, REPO, head="feat", title="Feat", author="alice")
+        _hook(live, sink.url)
+        await live.client().submit_review(pr.number, "APPROVED")
+        [delivery] = await emu.drain_webhooks()
+        assert delivery.payload["requested_reviewer"] is None
+        assert delivery.payload["pull_request"]["user"]["email"].startswith("alice@noreply.")
+    async with live_emulator() as live, webhook_sink() as sink:
+        emu = live.emulator
+        emu.create_branch(OWNER, REPO, "feat", files={"f.txt": "f\n"})
+        pr = emu.create_pull(OWNER, REPO, head="feat", title="Feat", author="alice")
+        _hook(live, sink.url)
+        await live.client().submit_review(pr.number, "APPROVED")
+        [delivery] = await emu.drain_webhooks()
+        assert delivery.payload["requested_reviewer"]["login"] == BOT
+        assert delivery.payload["pull_request"]["user"]["email"] == emu.user("alice").email

@@ -6,8 +6,9 @@ import re
 from collections.abc import Sequence
 from typing import Final
 
-from bot.emulator import convert, pullgit
-from bot.emulator.model import PERM_LEVEL, EmuIssue, EmuLabel, EmuRepo, EmuUser, Perm
+from bot.emulator import pullgit
+from bot.emulator.model import PERM_LEVEL, EmuIssue, EmuLabel, EmuRepo, EmuUser
+from bot.emulator.pull_payloads import EmulatorPullWebhooks
 from bot.emulator.pullgit import ZERO_SHA, Identity
 from bot.emulator.pullstate import (
     REVIEW_HOOK_TYPE,
@@ -18,8 +19,7 @@ from bot.emulator.pullstate import (
     protected_branches,
     pull_record,
 )
-from bot.emulator.seeding import EmulatorSeeding
-from bot.emulator.state import JSON, ApiError
+from bot.emulator.state import ApiError
 
 #: ``[repository.pull-request] CLOSE_KEYWORDS`` / ``REOPEN_KEYWORDS`` defaults (modules/setting/repository.go).
 CLOSE_KEYWORDS: Final = ("close", "closes", "closed", "fix", "fixes", "fixed", "resolve", "resolves", "resolved")
@@ -31,8 +31,6 @@ _ISSUE_REF: Final = re.compile(
 #: ``makeKeywordsPat``: the keyword, an optional colon and exactly one space right before the reference.
 _CLOSE_BEFORE: Final = re.compile(r"(?i)(?:\s|^|\(|\[)(" + "|".join(CLOSE_KEYWORDS) + r"):? $")
 _REOPEN_BEFORE: Final = re.compile(r"(?i)(?:\s|^|\(|\[)(" + "|".join(REOPEN_KEYWORDS) + r"):? $")
-#: ``setting.UI.FeedMaxCommitNum``: a push payload lists at most this many commits.
-FEED_MAX_COMMITS: Final = 5
 MERGE_STYLES: Final = ("merge", "rebase", "rebase-merge", "squash", "fast-forward-only")
 
 
@@ -51,7 +49,7 @@ def closing_refs(repo: EmuRepo, text: str) -> list[tuple[str, int]]:
     return found
 
 
-class EmulatorPulls(EmulatorSeeding):
+class EmulatorPulls(EmulatorPullWebhooks):
     """Pull requests on top of issues: the pull_request row, reviews, merges, and the pushes that move heads."""
 
     def pull_of(self, issue: EmuIssue) -> EmuPull:
@@ -66,7 +64,7 @@ class EmulatorPulls(EmulatorSeeding):
                     return issue
         return None
 
-    # --- create, review -----------------------------------------------------------------------------------------------
+    # --- create, review, merge ----------------------------------------------------------------------------------------
 
     def _op_create_pull(
         self,
@@ -103,7 +101,9 @@ class EmulatorPulls(EmulatorSeeding):
         pull = self.pull_of(issue)
         self._refresh_pull(pull)
         if notify:
-            self._emit_pull(issue, "pull_request", "opened", doer, viewer=doer, perm=self.perm_of(repo, doer))
+            self._emit_pull(
+                issue, "pull_request", "opened", doer, viewer=self._viewer(doer), perm=self.perm_of(repo, doer)
+            )
             if issue.label_ids:
                 self._emit_issue(issue, "label_updated", doer)
             for _ in issue.assignees:
@@ -165,14 +165,13 @@ class EmulatorPulls(EmulatorSeeding):
                 event_type,
                 "reviewed",
                 doer,
-                viewer=doer,
+                viewer=self._viewer(doer),
                 perm=self.perm_of(issue.repo, issue.poster),
-                requested_reviewer=doer,
+                # PullRequestPayload.RequestedReviewer on review events: 1.23.0 (#26178); null before.
+                requested_reviewer=doer if self.at_least("1.23") else None,
                 review={"type": event_type, "content": body},
             )
         return review
-
-    # --- merge --------------------------------------------------------------------------------------------------------
 
     def _op_merge_pull(
         self, issue: EmuIssue, doer: EmuUser, *, style: str, head_commit_id: str, message: str, notify: bool
@@ -198,7 +197,9 @@ class EmulatorPulls(EmulatorSeeding):
         self._timeline(issue, doer, "close")
         if notify:
             self._emit_push(repo, doer, issue.base_branch, base_before, new)
-            self._emit_pull(issue, "pull_request", "closed", doer, viewer=doer, perm=self.perm_of(repo, doer))
+            self._emit_pull(
+                issue, "pull_request", "closed", doer, viewer=self._viewer(doer), perm=self.perm_of(repo, doer)
+            )
         self._close_references(issue, doer, new, notify=notify)
         return new
 
@@ -255,7 +256,8 @@ class EmulatorPulls(EmulatorSeeding):
                 for review in pull.reviews:
                     review.stale = review.commit_id != new  # MarkReviewsAsStale, then MarkReviewsAsNotStale(new)
                 issue.updated = self.now()
-                self._emit_pull(issue, "pull_request_sync", "synchronized", doer, viewer=doer, perm="owner")
+                viewer = self._viewer(doer)
+                self._emit_pull(issue, "pull_request_sync", "synchronized", doer, viewer=viewer, perm="owner")
             elif issue.base_branch == branch:
                 self._refresh_pull(pull)
 
@@ -286,91 +288,6 @@ class EmulatorPulls(EmulatorSeeding):
     def protect_branch(self, owner: str, name: str, branch: str) -> None:
         """A protection rule for ``branch``: it cannot be deleted (``git_model.IsBranchProtected``)."""
         protected_branches(self.repo(owner, name)).add(branch)
-
-    # --- webhooks -----------------------------------------------------------------------------------------------------
-
-    def _emit_pull(
-        self,
-        issue: EmuIssue,
-        event_type: str,
-        action: str,
-        sender: EmuUser,
-        *,
-        viewer: EmuUser | None,
-        perm: Perm,
-        requested_reviewer: EmuUser | None = None,
-        review: JSON | None = None,
-    ) -> None:
-        """A ``PullRequestPayload`` as services/webhook/notifier.go builds it for NewPullRequest, MergePullRequest,
-        PullRequestSynchronized and PullRequestReview (the repository seen with ``perm``)."""
-        payload: JSON = {
-            "action": action,
-            "number": issue.number,
-            "pull_request": convert.pull_json(self, issue, viewer),
-            "requested_reviewer": (
-                convert.user_json(self, requested_reviewer, None) if requested_reviewer is not None else None
-            ),
-            "repository": convert.repo_json(self, issue.repo, perm),
-            "sender": convert.user_json(self, sender, None),
-            "commit_id": "",
-            "review": review,
-        }
-        self._emit(issue.repo, event_type, payload)
-
-    def _emit_state_by_commit(self, issue: EmuIssue, doer: EmuUser, action: str, commit: str) -> None:
-        """``IssueChangeStatus`` with the closing commit: ``issues``/``closed`` whose ``commit_id`` is set."""
-        payload: JSON = {
-            "action": action,
-            "number": issue.number,
-            "issue": convert.issue_json(self, issue, doer),
-            "repository": convert.repo_json(self, issue.repo, self.perm_of(issue.repo, issue.poster)),
-            "sender": convert.user_json(self, doer, None),
-            "commit_id": commit,
-        }
-        self._emit(issue.repo, "issues", payload)
-
-    def _emit_push(self, repo: EmuRepo, doer: EmuUser, branch: str, old: str, new: str) -> None:
-        """``PushCommits`` (services/webhook/notifier.go): ``PushPayload``; the commits newest first, at most
-        ``FEED_MAX_COMMITS``; a new branch lists the commits not on any other branch (CommitsBeforeLimit(10))."""
-        path = repo.path
-        if new == ZERO_SHA:
-            shas: list[str] = []
-        elif old == ZERO_SHA:
-            others = [sha for name, sha in pullgit.all_branches(path).items() if name != branch]
-            shas = pullgit.rev_list(path, new, exclude=others, limit=10)
-        else:
-            shas = list(reversed(pullgit.commits_between(path, old, new)))
-        facts = pullgit.commit_facts(path, shas[:FEED_MAX_COMMITS])
-        commits = [convert.payload_commit(self, repo, fact) for fact in facts]
-        compare_from = old
-        if old == ZERO_SHA and shas:
-            compare_from = pullgit.rev(path, f"{shas[-1]}^") or ZERO_SHA
-        compare = "" if compare_from == ZERO_SHA else f"{repo.full_name}/compare/{compare_from}...{new}"
-        head = convert.payload_commit(self, repo, pullgit.commit_facts(path, [new])[0]) if new != ZERO_SHA else None
-        pusher = convert.user_json(self, doer, None)
-        payload: JSON = {
-            "ref": f"refs/heads/{branch}",
-            "before": old,
-            "after": new,
-            "compare_url": f"{self.app_url}{compare}",
-            "commits": commits,
-            "total_commits": len(shas),
-            "head_commit": head,
-            "repository": convert.repo_json(self, repo, "owner"),
-            "pusher": pusher,
-            "sender": pusher,
-        }
-        self._emit(repo, "push", payload)
-
-    def _emit_ref(self, repo: EmuRepo, doer: EmuUser, event_type: str, branch: str, sha: str) -> None:
-        """``CreateRef`` / ``DeleteRef``: ``CreatePayload`` {sha, ref, ref_type, ...} or ``DeletePayload``."""
-        repository = convert.repo_json(self, repo, "owner")
-        sender = convert.user_json(self, doer, None)
-        if event_type == "create":
-            payload: JSON = {"sha": sha, "ref": branch, "ref_type": "branch"}
-        else:
-            payload = {"ref": branch, "ref_type": "branch", "pusher_type": "user"}
-        self._emit(repo, event_type, payload | {"repository": repository, "sender": sender})
 
     # --- seeding ------------------------------------------------------------------------------------------------------
 
