@@ -241,3 +241,26 @@ async def test_on_1_22_review_payloads_have_no_requested_reviewer_and_no_viewer(
         [delivery] = await emu.drain_webhooks()
         assert delivery.payload["requested_reviewer"]["login"] == BOT
         assert delivery.payload["pull_request"]["user"]["email"] == emu.user("alice").email
+
+
+async def test_state_and_title_changes_of_a_pr_are_pull_request_events() -> None:
+    """notifier.go IssueChangeStatus / IssueChangeTitle on a PR: ``PullRequestPayload`` with type
+    ``pull_request`` and actions closed, reopened, edited (``changes.title.from``)."""
+    async with live_emulator() as live, webhook_sink() as sink:
+        emu = live.emulator
+        emu.create_branch(OWNER, REPO, "feat", files={"f.txt": "f\n"})
+        pr = emu.create_pull(OWNER, REPO, head="feat", title="Feat", author="alice")
+        _hook(live, sink.url)
+        bot = live.client()
+        await bot.edit_issue(pr.number, state="closed")
+        await bot.edit_issue(pr.number, state="open")
+        await bot.edit_issue(pr.number, title="Feat, renamed")
+        deliveries = await emu.drain_webhooks()
+        assert _kinds(deliveries) == [
+            ("pull_request", "pull_request", "closed"),
+            ("pull_request", "pull_request", "reopened"),
+            ("pull_request", "pull_request", "edited"),
+        ]
+        assert deliveries[0].payload["pull_request"]["merged"] is False
+        assert deliveries[2].payload["changes"]["title"]["from"] == "Feat"
+        assert (await bot.get_pull(pr.number)).state == "open"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from bot.emulator import pullgit
-from bot.gitea import GiteaConflict, GiteaForbidden, GiteaInvalid, GiteaNotFound
+from bot.gitea import GiteaClient, GiteaConflict, GiteaForbidden, GiteaInvalid, GiteaNotFound
 from tests.gitea_fixtures import BOT, OWNER, REPO, LiveEmulator, live_emulator
 
 
@@ -63,6 +63,16 @@ async def test_create_pull_refusals_as_gitea() -> None:
         _branch(live, "bob-work", {"b.txt": "b\n"})
         by_reader = await live.client("bob").create_pull("bob-work", title="by bob", base="main")
         assert by_reader.user.login == "bob"
+        # A private repository is invisible (404) to an account without access, as every repository route.
+        live.emulator.repo(OWNER, REPO).private = True
+        live.emulator.add_user("mallory", token="tok-mallory-0012")
+        mallory = GiteaClient(
+            live.session, base_url=live.base_url, token="tok-mallory-0012", owner=OWNER, repo=REPO, backoff_base_s=0.005
+        )
+        with pytest.raises(GiteaNotFound):
+            await mallory.list_pulls()
+        with pytest.raises(GiteaNotFound):
+            await mallory.get_pull(first.number)
 
 
 async def test_reviews_self_review_refused_and_stale_after_push() -> None:

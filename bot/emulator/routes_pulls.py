@@ -145,7 +145,7 @@ async def create_pull(emu: Emulator, request: web.Request) -> web.StreamResponse
         if user is None:
             raise ApiError(422, f"Assignee does not exist: [name: user does not exist [uid: 0, name: {login}]]")
         if not can_be_assigned(emu, repo, user):
-            raise ApiError(422, f"user does not have access to repo [user_id: {user.id}, repo_name: {repo.name}]")
+            raise ApiError(422, f"user doesn't have access to repo [user_id: {user.id}, repo_name: {repo.name}]")
         assignees.append(user)
     # Mutations run on the loop (never in a thread): the emulator's tables have no locks.
     issue = emu._op_create_pull(
