@@ -264,3 +264,18 @@ async def test_state_and_title_changes_of_a_pr_are_pull_request_events() -> None
         assert deliveries[0].payload["pull_request"]["merged"] is False
         assert deliveries[2].payload["changes"]["title"]["from"] == "Feat"
         assert (await bot.get_pull(pr.number)).state == "open"
+
+
+async def test_deleting_a_branch_sends_delete_then_closes_its_pr() -> None:
+    """branch.go DeleteBranch → push.go pushDeleteBranch: ``delete`` (ref the short name, no ``push``), then
+    AdjustPullsCausedByBranchDeleted closes the open PR (``pull_request``/``closed``, not merged)."""
+    async with live_emulator() as live, webhook_sink() as sink:
+        emu = live.emulator
+        emu.create_branch(OWNER, REPO, "feat", files={"f.txt": "f\n"})
+        pr = emu.create_pull(OWNER, REPO, head="feat", title="Feat", author="alice")
+        _hook(live, sink.url)
+        await live.client().delete_branch("feat")
+        deliveries = await emu.drain_webhooks()
+        assert _kinds(deliveries) == [("delete", "delete", None), ("pull_request", "pull_request", "closed")]
+        assert deliveries[0].payload["ref"] == "feat" and deliveries[0].payload["pusher_type"] == "user"
+        assert deliveries[1].payload["pull_request"]["merged"] is False and pr.closed is not None

@@ -95,11 +95,13 @@ class EmulatorPullWebhooks(EmulatorSeeding):
         self._emit(repo, "push", payload)
 
     def _emit_ref(self, repo: EmuRepo, doer: EmuUser, event_type: str, branch: str, sha: str) -> None:
-        """``CreateRef`` / ``DeleteRef``: ``CreatePayload`` {sha, ref, ref_type, ...} or ``DeletePayload``."""
-        repository = convert.repo_json(self, repo, "owner")
+        """``CreateRef`` (``CreatePayload`` {sha, ref, ref_type}, the repository seen with no access) or
+        ``DeleteRef`` (``DeletePayload`` {ref, ref_type, pusher_type}, seen as owner); ``ref`` is the short name."""
         sender = convert.user_json(self, doer, None)
         if event_type == "create":
             payload: JSON = {"sha": sha, "ref": branch, "ref_type": "branch"}
+            repository = convert.repo_json(self, repo, "none")
         else:
             payload = {"ref": branch, "ref_type": "branch", "pusher_type": "user"}
+            repository = convert.repo_json(self, repo, "owner")
         self._emit(repo, event_type, payload | {"repository": repository, "sender": sender})

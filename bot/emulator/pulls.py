@@ -282,7 +282,7 @@ class EmulatorPulls(EmulatorPullWebhooks):
         if old is None:
             raise ApiError(404, f"branch does not exist [repo_id: {repo.id} name: {branch}]")
         pullgit.delete_branch(repo.path, branch, old)
-        self._emit_push(repo, doer, branch, old, ZERO_SHA)
+        # deleteBranchSuccessPostProcess → PushUpdate: a deleted branch sends no ``push``, only what follows.
         self._branch_deleted(repo, doer, branch)
 
     def protect_branch(self, owner: str, name: str, branch: str) -> None:
