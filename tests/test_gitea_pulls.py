@@ -138,6 +138,9 @@ async def test_merge_with_the_approved_head_closes_the_pr_and_its_issue() -> Non
         with pytest.raises(GiteaInvalid) as again:
             await bot.merge_pull(pr.number, head_commit_id=head)
         assert again.value.status == 405 and again.value.message == "The PR is already merged"
+        with pytest.raises(GiteaInvalid) as late:
+            await live.client("bob").submit_review(pr.number, "APPROVED")
+        assert late.value.message == "can't submit review for a closed or merged PR"
 
 
 async def test_merge_refusals_stale_pin_non_writer_closed_and_conflicts() -> None:
@@ -189,6 +192,12 @@ async def test_merge_styles_move_the_base_as_gitea_does(style: str) -> None:
         assert (await bot.get_pull(pr.number)).merge_commit_sha == tip
         if style == "squash":
             assert pullgit.rev(path, f"{tip}^") == before and pullgit.rev(path, f"{tip}^2") is None
+            [fact] = pullgit.commit_facts(path, [tip])
+            alice = emu.user("alice")
+            assert (fact["author_email"], fact["committer_email"]) == (alice.email, emu.user(BOT).email)
+            assert fact["message"] == f"feat (#{pr.number})\n\nCo-authored-by: alice <{alice.email}>\n" + (
+                f"Co-committed-by: alice <{alice.email}>\n"
+            )
         elif style == "fast-forward-only":
             assert tip == head
         elif style == "rebase":

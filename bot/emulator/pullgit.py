@@ -150,6 +150,10 @@ def merge(path: Path, style: str, base_branch: str, head: str, message: str, doe
         new = commit_tree(path, merged_tree(path, base, head), [base, head], message, env)
     elif style == "squash":
         squash_env = _commit_env(poster, doer)
+        if poster != doer:
+            # merge_squash.go: AddCoCommitterTrailers (default on) when the committer is not the author.
+            who = f"{poster.name} <{poster.email}>"
+            message = f"{message.rstrip()}\n\nCo-authored-by: {who}\nCo-committed-by: {who}"
         new = commit_tree(path, merged_tree(path, base, head), [base], message, squash_env)
     elif style in ("rebase", "rebase-merge"):
         start = merge_base(path, base, head)
