@@ -62,18 +62,17 @@ class EmuPull:
         return pullgit.branch_sha(path, self.issue.head_branch) or pullgit.rev(path, self.head_ref) or ""
 
 
+# Beside the emulator's tables, weakly keyed: the PR side needs no new field on EmuIssue or EmulatorState, and
+# goes away with the issue, repository or emulator it belongs to.
 _RECORDS: weakref.WeakKeyDictionary[EmuIssue, EmuPull] = weakref.WeakKeyDictionary()
 _PROTECTED: weakref.WeakKeyDictionary[EmuRepo, set[str]] = weakref.WeakKeyDictionary()
-_IDS: weakref.WeakKeyDictionary[object, Iterator[int]] = weakref.WeakKeyDictionary()
+_IDS: weakref.WeakKeyDictionary[object, dict[str, Iterator[int]]] = weakref.WeakKeyDictionary()
 
 
 def next_id(owner: object, table: str) -> int:
-    """The next id of ``table`` (``pull_request``, ``review``) in the emulator ``owner``."""
-    key = _Key.of(owner, table)
-    counter = _IDS.get(key)
-    if counter is None:
-        counter = _IDS[key] = itertools.count(1)
-    return next(counter)
+    """The next id of ``table`` (``pull_request``, ``review``) in the emulator ``owner`` (dies with it)."""
+    counters = _IDS.setdefault(owner, {})
+    return next(counters.setdefault(table, itertools.count(1)))
 
 
 def pull_record(owner: object, issue: EmuIssue) -> EmuPull:
@@ -87,14 +86,3 @@ def pull_record(owner: object, issue: EmuIssue) -> EmuPull:
 def protected_branches(repo: EmuRepo) -> set[str]:
     """The branch names of ``repo`` with a protection rule (exact names; ``git_model.IsBranchProtected``)."""
     return _PROTECTED.setdefault(repo, set())
-
-
-class _Key:
-    """A weakly referenced (emulator, table) key: the id sequences die with their emulator."""
-
-    _made: weakref.WeakKeyDictionary[object, dict[str, _Key]] = weakref.WeakKeyDictionary()
-
-    @classmethod
-    def of(cls, owner: object, table: str) -> _Key:
-        per_owner = cls._made.setdefault(owner, {})
-        return per_owner.setdefault(table, cls())
