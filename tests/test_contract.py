@@ -75,6 +75,7 @@ STRICT = (
     "PRBranchInfo",
     "PullRequest",
     "PullRequestMeta",
+    "PullReview",
     "RepoCollaboratorPermission",
     "Repository",
     "RepositoryMeta",
@@ -85,6 +86,7 @@ STRICT = (
 NULLABLE: dict[str, frozenset[str]] = {
     "Issue": frozenset({"milestone", "assignee", "assignees", "closed_at", "due_date", "pull_request"}),
     "PullRequestMeta": frozenset({"merged_at"}),
+    "PullReview": frozenset({"team"}),  # ReviewerTeam *Team: null for a user's review
     "PayloadCommit": frozenset({"added", "removed", "modified"}),
     "PayloadCommitVerification": frozenset({"signer"}),
     "PullRequest": frozenset(
@@ -105,6 +107,8 @@ NULLABLE: dict[str, frozenset[str]] = {
 #: ``omitempty`` pointer fields of ``structs.Repository`` that are absent when nil.
 OMITEMPTY: dict[str, frozenset[str]] = {
     "Repository": frozenset({"parent", "repo_transfer", "external_tracker", "external_wiki"}),
+    # modules/structs/pull.go (1.23+): ``review_comments,omitempty`` and the diff-stat pointers.
+    "PullRequest": frozenset({"review_comments", "additions", "deletions", "changed_files"}),
 }
 COMPAT_KEYS: dict[str, dict[str, Any]] = {"User": {"username": {"type": "string"}}}
 _RFC3339 = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d+)?(Z|[+-]\d{2}:\d{2})$")
@@ -306,6 +310,39 @@ async def _drive_every_route(live: LiveEmulator, sink: WebhookSink, used: set[st
     }
     assert await guild.is_team_member(devs.id, "alice") is True
     assert await guild.is_team_member(devs.id, "bob") is False
+
+    # Pull requests, in the org's repository (it has no hooks: the payload checks above stay about issues).
+    emu.create_branch("guild", "tools", "feat", files={"f.txt": "f\n"})
+    pr = await guild.create_pull("feat", title="feat", base="main", body="a change")
+    with pytest.raises(GiteaConflict):
+        await guild.create_pull("feat", title="again", base="main")
+    assert (await guild.get_pull(pr.number)).head_sha == pr.head_sha
+    assert [p.number for p in await guild.list_pulls(limit=1)] == [pr.number]
+    reviewer = CallLog(
+        GiteaClient(
+            live.session,
+            base_url=live.base_url,
+            token=TOKENS["alice"],
+            owner="guild",
+            repo="tools",
+            backoff_base_s=0.005,
+        ),
+        used,
+    )
+    with pytest.raises(GiteaInvalid):
+        await reviewer.submit_review(pr.number, "REQUEST_CHANGES")
+    await reviewer.submit_review(pr.number, "APPROVED", commit_id=pr.head_sha)
+    assert [r.state for r in await guild.list_reviews(pr.number)] == ["APPROVED"]
+    assert await guild.is_merged(pr.number) is False
+    with pytest.raises(GiteaConflict):
+        await guild.merge_pull(pr.number, head_commit_id="0" * 40)
+    await guild.merge_pull(pr.number, head_commit_id=pr.head_sha)
+    assert await guild.is_merged(pr.number) is True
+    with pytest.raises(GiteaInvalid):
+        await guild.merge_pull(pr.number)
+    await guild.delete_branch("feat")
+    with pytest.raises(GiteaNotFound):
+        await guild.delete_branch("feat")
     return seen
 
 

@@ -40,6 +40,16 @@ from bot.emulator.routes_labels import (
     remove_issue_label,
     replace_issue_labels,
 )
+from bot.emulator.routes_pulls import (
+    create_pull,
+    create_review,
+    delete_branch,
+    get_pull,
+    is_merged,
+    list_pulls,
+    list_reviews,
+    merge_pull,
+)
 from bot.emulator.routes_repo import (
     create_hook,
     get_branch,
@@ -94,6 +104,7 @@ class RecordedRequest:
     response_headers: dict[str, str] = field(default_factory=dict)
     fault: str | None = None
 
+
 # --- the table --------------------------------------------------------------------------------------------------------
 
 _REPO: Final = "/repos/{owner}/{repo}"
@@ -125,6 +136,14 @@ ROUTES: Final[tuple[Route, ...]] = (
     Route("GET", "/teams/{id}/members/{username}", get_team_member),
     Route("GET", "/orgs/{org}/labels", list_org_labels),
     Route("POST", f"{_REPO}/labels", create_label),
+    Route("DELETE", f"{_REPO}/branches/{{branch}}", delete_branch),
+    Route("GET", f"{_REPO}/pulls", list_pulls),
+    Route("POST", f"{_REPO}/pulls", create_pull),
+    Route("GET", f"{_REPO}/pulls/{{index}}", get_pull),
+    Route("GET", f"{_REPO}/pulls/{{index}}/merge", is_merged),
+    Route("POST", f"{_REPO}/pulls/{{index}}/merge", merge_pull),
+    Route("GET", f"{_REPO}/pulls/{{index}}/reviews", list_reviews),
+    Route("POST", f"{_REPO}/pulls/{{index}}/reviews", create_review),
 )
 
 

@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import hashlib
 import urllib.parse
+from collections.abc import Mapping
 from datetime import datetime, tzinfo
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
+from bot.emulator import pullgit
 from bot.emulator.gitrepo import CommitInfo
 from bot.emulator.model import PERM_LEVEL, EmuComment, EmuHook, EmuIssue, EmuLabel, EmuRepo, EmuUser
+from bot.emulator.pullstate import EmuPull, EmuReview, pull_record
 
 if TYPE_CHECKING:
     from bot.emulator.state import EmulatorState
@@ -267,23 +271,37 @@ def repo_json(emu: EmulatorState, repo: EmuRepo, perm: str, *, host_url: str | N
     }
 
 
-def _branch_info(emu: EmulatorState, repo: EmuRepo, name: str) -> JSON:
+def _branch_info(emu: EmulatorState, repo: EmuRepo, name: str, ref: str, sha: str, perm: str) -> JSON:
     return {
         "label": name,
-        "ref": name,
-        "sha": "",
+        "ref": ref,
+        "sha": sha,
         "repo_id": repo.id,
-        "repo": repo_json(emu, repo, "none"),
+        "repo": repo_json(emu, repo, perm),
     }
 
 
 def pull_json(emu: EmulatorState, issue: EmuIssue, viewer: EmuUser | None) -> JSON:
-    """``convert.ToAPIPullRequest`` for an emulated (never merged) pull request."""
+    """``convert.ToAPIPullRequest`` (services/convert/pull.go): ``id`` is the pull_request row's own id; head.sha
+    is the head branch's tip, or ``refs/pull/N/head`` once the branch is gone (head.ref is then that ref);
+    ``merged_*`` only once merged. 1.26 writes ``[]`` for no assignees/reviewers and omits a zero
+    ``review_comments`` (``omitempty``, 1.23+); 1.22 writes null and every counter, and has neither
+    ``requested_reviewers_teams`` nor ``content_version`` (modules/structs/pull.go at v1.22.3)."""
     tz = emu.tz
+    pull = pull_record(emu, issue)
+    repo = issue.repo
     html_url = issue_html_url(emu, issue)
     assignees = [user_json(emu, u, None) for u in issue.assignees]
-    return {
-        "id": issue.id,
+    perm = emu.perm_of(repo, viewer) if viewer is not None else "none"
+    head_tip = pullgit.branch_sha(repo.path, issue.head_branch) if issue.head_branch else None
+    head_sha = head_tip or pullgit.rev(repo.path, pull.head_ref) or ""
+    head_ref = issue.head_branch if head_tip else pull.head_ref
+    base_sha = pullgit.branch_sha(repo.path, issue.base_branch) or ""
+    modern = emu.at_least("1.23")
+    stats = diff_stats(repo.path, pull.merge_base, head_sha)
+    files, added, deleted = stats or (0, 0, 0)
+    data: JSON = {
+        "id": pull.id,
         "url": html_url,
         "number": issue.number,
         "user": user_json(emu, issue.poster, viewer),
@@ -292,35 +310,94 @@ def pull_json(emu: EmulatorState, issue: EmuIssue, viewer: EmuUser | None) -> JS
         "labels": [label_json(emu, label) for label in issue_labels(emu, issue)],
         "milestone": None,
         "assignee": assignees[0] if assignees else None,
-        "assignees": assignees or None,
-        "requested_reviewers": None,
-        "requested_reviewers_teams": None,
+        "assignees": assignees if (assignees or modern) else None,
+        "requested_reviewers": [] if modern else None,
+        "requested_reviewers_teams": [],
         "state": issue.state,
         "draft": False,
         "is_locked": issue.is_locked,
         "comments": len(issue.comments),
         "review_comments": 0,
-        "additions": 0,
-        "deletions": 0,
-        "changed_files": 0,
+        "additions": added,
+        "deletions": deleted,
+        "changed_files": files,
         "html_url": html_url,
         "diff_url": f"{html_url}.diff",
         "patch_url": f"{html_url}.patch",
-        "mergeable": True,
-        "merged": False,
-        "merged_at": None,
-        "merge_commit_sha": None,
-        "merged_by": None,
+        "mergeable": pull.mergeable and pull.merged is None,
+        "merged": pull.merged is not None,
+        "merged_at": _opt_time(pull.merged, tz),
+        "merge_commit_sha": pull.merge_commit_sha if pull.merged is not None else None,
+        "merged_by": user_json(emu, pull.merged_by, None) if pull.merged_by is not None else None,
         "allow_maintainer_edit": False,
-        "base": _branch_info(emu, issue.repo, issue.base_branch),
-        "head": _branch_info(emu, issue.repo, issue.head_branch),
-        "merge_base": "",
+        "base": _branch_info(emu, repo, issue.base_branch, issue.base_branch, base_sha, perm),
+        "head": _branch_info(emu, repo, issue.head_branch, head_ref, head_sha, perm),
+        "merge_base": pull.merge_base,
         "due_date": None,
         "created_at": unix_time(issue.created, tz),
         "updated_at": unix_time(issue.updated, tz),
         "closed_at": _opt_time(issue.closed, tz),
         "pin_order": 0,
         "content_version": issue.content_version,
+    }
+    if modern:
+        del data["review_comments"]  # ReviewComments int `json:",omitempty"` (1.23+), and no review comments here
+        if stats is None:  # *int `json:",omitempty"`: left nil when GetDiffShortStat fails (no merge base)
+            for key in ("additions", "deletions", "changed_files"):
+                del data[key]
+    else:
+        del data["requested_reviewers_teams"]
+    if not emu.at_least("1.26"):
+        del data["content_version"]
+    return data
+
+
+def diff_stats(path: Path, start: str, end: str) -> tuple[int, int, int] | None:
+    """``GetDiffShortStat(merge_base, head)``: files changed, lines added, lines deleted (None without a base)."""
+    if not start or not end:
+        return None
+    return pullgit.shortstat(path, start, end)
+
+
+def review_json(emu: EmulatorState, pull: EmuPull, review: EmuReview, viewer: EmuUser | None) -> JSON:
+    """``convert.ToPullReview`` (services/convert/pull_review.go); html_url is the review's timeline comment."""
+    html_url = issue_html_url(emu, pull.issue)
+    return {
+        "id": review.id,
+        "user": user_json(emu, review.reviewer, viewer),
+        "team": None,
+        "state": review.state,
+        "body": review.body,
+        "commit_id": review.commit_id,
+        "stale": review.stale,
+        "official": review.official,
+        "dismissed": review.dismissed,
+        "comments_count": 0,
+        "submitted_at": unix_time(review.submitted, emu.tz),
+        "updated_at": unix_time(review.updated, emu.tz),
+        "html_url": f"{html_url}#issuecomment-{review.comment_id}",
+        "pull_request_url": html_url,
+    }
+
+
+def payload_commit(emu: EmulatorState, repo: EmuRepo, fact: Mapping[str, Any]) -> JSON:
+    """``PayloadCommit`` of a push (modules/repository/commits.go ``ToAPIPayloadCommit``)."""
+
+    def payload_user(name: str, email: str) -> JSON:
+        known = emu.user_by_email(email)
+        return {"name": name, "email": email, "username": known.login if known else ""}
+
+    return {
+        "id": fact["id"],
+        "message": fact["message"],
+        "url": f"{emu.app_url}{repo.full_name}/commit/{fact['id']}",
+        "author": payload_user(str(fact["author_name"]), str(fact["author_email"])),
+        "committer": payload_user(str(fact["committer_name"]), str(fact["committer_email"])),
+        "verification": None,
+        "timestamp": fact["timestamp"],
+        "added": fact["added"],
+        "removed": fact["removed"],
+        "modified": fact["modified"],
     }
 
 

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Final
 
 from aiohttp import web
 
+from bot.emulator import pullgit
 from bot.emulator.model import PERM_LEVEL
 
 if TYPE_CHECKING:
@@ -70,6 +71,8 @@ async def serve_git(emu: Emulator, request: web.Request) -> web.StreamResponse:
         env["HTTP_CONTENT_ENCODING"] = request.headers["Content-Encoding"]
     if request.headers.get("Git-Protocol"):
         env["GIT_PROTOCOL"] = request.headers["Git-Protocol"]
+    pushing = service == "git-receive-pack" and rest == "git-receive-pack" and doer is not None
+    before = await asyncio.to_thread(pullgit.all_branches, repo.path) if pushing else {}
     proc = await asyncio.create_subprocess_exec(
         "git",
         "http-backend",
@@ -92,6 +95,12 @@ async def serve_git(emu: Emulator, request: web.Request) -> web.StreamResponse:
             headers[key.strip()] = value.strip()
     if proc.returncode and status == 200 and not payload:
         return web.Response(status=500, text=err.decode("utf-8", "replace"))
+    if pushing and doer is not None:
+        # Gitea's post-receive hook (routers/private/hook_post_receive.go → services/repository/push.go): the
+        # push, create/delete and pull-request synchronisation events of every ref the push changed.
+        after = await asyncio.to_thread(pullgit.all_branches, repo.path)
+        emu.on_push(repo, doer, before, after)
+        emu._sender.kick()
     return web.Response(status=status, body=payload, headers=headers)
 
 

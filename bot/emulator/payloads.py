@@ -50,7 +50,8 @@ class EmulatorWebhooks(EmulatorState):
         sender = convert.user_json(self, doer, None)
         if issue.is_pull:
             payload |= {
-                "pull_request": convert.pull_json(self, issue, None),
+                # notifier.go: ToAPIPullRequest(ctx, issue.PullRequest, doer) from 1.23 (#26178); nil before.
+                "pull_request": convert.pull_json(self, issue, doer if self.at_least("1.23") else None),
                 "requested_reviewer": None,
                 "repository": repository,
                 "sender": sender,
@@ -83,7 +84,7 @@ class EmulatorWebhooks(EmulatorState):
         issue = comment.issue
         payload: JSON = {"action": action, "issue": convert.issue_json(self, issue, doer)}
         if issue.is_pull and self.at_least("1.23"):  # IssueCommentPayload.PullRequest: 1.23.0 (#26178)
-            payload["pull_request"] = convert.pull_json(self, issue, None)
+            payload["pull_request"] = convert.pull_json(self, issue, doer)
         payload["comment"] = rendered if rendered is not None else convert.comment_json(self, comment)
         if changes is not None:
             payload["changes"] = {**changes, "added_labels": None, "removed_labels": None}

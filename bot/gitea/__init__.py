@@ -13,7 +13,7 @@ from bot.gitea.errors import (
     refusal_text,
 )
 from bot.gitea.transport import next_page
-from bot.gitea.values import Branch, Comment, Hook, Issue, Label, Repository, Team, User
+from bot.gitea.values import Branch, Comment, Hook, Issue, Label, PullRequest, Repository, Review, Team, User
 
 __all__ = [
     "MAX_PAGE_SIZE",
@@ -33,7 +33,9 @@ __all__ = [
     "IssueState",
     "IssueType",
     "Label",
+    "PullRequest",
     "Repository",
+    "Review",
     "Team",
     "User",
     "client_for",

@@ -242,3 +242,92 @@ class Hook:
             url=str(config.get("url") or ""),
             raw=data,
         )
+
+
+@dataclass(frozen=True, slots=True)
+class PullRequest:
+    """A pull request (``PullRequest`` JSON): ``head_sha`` is what ``merge_pull(head_commit_id=...)`` pins."""
+
+    id: int
+    number: int
+    title: str
+    body: str
+    state: str
+    user: User
+    labels: tuple[Label, ...]
+    head_ref: str
+    head_sha: str
+    base_ref: str
+    base_sha: str
+    mergeable: bool
+    merged: bool
+    merged_at: datetime | None
+    merge_commit_sha: str | None
+    merged_by: User | None
+    html_url: str
+    raw: Mapping[str, Any] = field(repr=False, compare=False)
+
+    @property
+    def label_names(self) -> frozenset[str]:
+        """The names of the PR's labels."""
+        return frozenset(label.name for label in self.labels)
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> PullRequest:
+        """Parse ``PullRequest`` JSON (head/base are ``PRBranchInfo``; ``merged_by`` may be null)."""
+        head = data.get("head") or {}
+        base = data.get("base") or {}
+        merged_by = data.get("merged_by")
+        return cls(
+            id=int(data["id"]),
+            number=int(data["number"]),
+            title=str(data.get("title") or ""),
+            body=str(data.get("body") or ""),
+            state=str(data.get("state") or "open"),
+            user=User.from_json(data["user"]),
+            labels=tuple(Label.from_json(x) for x in data.get("labels") or ()),
+            head_ref=str(head.get("ref") or ""),
+            head_sha=str(head.get("sha") or ""),
+            base_ref=str(base.get("ref") or ""),
+            base_sha=str(base.get("sha") or ""),
+            mergeable=bool(data.get("mergeable", False)),
+            merged=bool(data.get("merged", False)),
+            merged_at=_time(data.get("merged_at")),
+            merge_commit_sha=str(data["merge_commit_sha"]) if data.get("merge_commit_sha") else None,
+            merged_by=User.from_json(merged_by) if isinstance(merged_by, Mapping) else None,
+            html_url=str(data.get("html_url") or ""),
+            raw=data,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Review:
+    """A pull-request review: ``state`` is APPROVED, REQUEST_CHANGES, COMMENT, PENDING or REQUEST_REVIEW."""
+
+    id: int
+    user: User | None
+    state: str
+    body: str
+    commit_id: str
+    stale: bool
+    official: bool
+    dismissed: bool
+    submitted_at: datetime | None
+    raw: Mapping[str, Any] = field(repr=False, compare=False)
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Review:
+        """Parse ``PullReview`` JSON (``user`` is null for a team review request)."""
+        user = data.get("user")
+        return cls(
+            id=int(data["id"]),
+            user=User.from_json(user) if isinstance(user, Mapping) else None,
+            state=str(data.get("state") or ""),
+            body=str(data.get("body") or ""),
+            commit_id=str(data.get("commit_id") or ""),
+            stale=bool(data.get("stale", False)),
+            official=bool(data.get("official", False)),
+            dismissed=bool(data.get("dismissed", False)),
+            submitted_at=_time(data.get("submitted_at")),
+            raw=data,
+        )

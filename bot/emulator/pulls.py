@@ -1,0 +1,330 @@
+"""Emulated pull requests: create, review, merge, pushes and branch deletion, with the webhooks Gitea sends."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from typing import Final
+
+from bot.emulator import pullgit
+from bot.emulator.model import PERM_LEVEL, EmuIssue, EmuLabel, EmuRepo, EmuUser
+from bot.emulator.pull_payloads import EmulatorPullWebhooks
+from bot.emulator.pullgit import ZERO_SHA, Identity
+from bot.emulator.pullstate import (
+    REVIEW_HOOK_TYPE,
+    EmuPull,
+    EmuReview,
+    ReviewState,
+    next_id,
+    protected_branches,
+    pull_record,
+)
+from bot.emulator.state import ApiError
+
+#: ``[repository.pull-request] CLOSE_KEYWORDS`` / ``REOPEN_KEYWORDS`` defaults (modules/setting/repository.go).
+CLOSE_KEYWORDS: Final = ("close", "closes", "closed", "fix", "fixes", "fixed", "resolve", "resolves", "resolved")
+REOPEN_KEYWORDS: Final = ("reopen", "reopens", "reopened")
+#: modules/references/references.go ``issueNumericPattern`` and ``crossReferenceIssueNumericPattern``.
+_ISSUE_REF: Final = re.compile(
+    r"(?:\s|^|\(|\[|'|\")((?:([0-9a-zA-Z_.-]+)/([0-9a-zA-Z_.-]+))?[#!]([0-9]+))(?=\s|$|\)|\]|'|\"|[:;,.?!]\s|[:;,.?!]$)"
+)
+#: ``makeKeywordsPat``: the keyword, an optional colon and exactly one space right before the reference.
+_CLOSE_BEFORE: Final = re.compile(r"(?i)(?:\s|^|\(|\[)(" + "|".join(CLOSE_KEYWORDS) + r"):? $")
+_REOPEN_BEFORE: Final = re.compile(r"(?i)(?:\s|^|\(|\[)(" + "|".join(REOPEN_KEYWORDS) + r"):? $")
+MERGE_STYLES: Final = ("merge", "rebase", "rebase-merge", "squash", "fast-forward-only")
+
+
+def closing_refs(repo: EmuRepo, text: str) -> list[tuple[str, int]]:
+    """``(action, number)`` for each ``close``/``reopen`` keyword reference to an issue of ``repo`` in ``text``
+    (modules/references/references.go ``FindAllIssueReferences`` + ``findActionKeywords``)."""
+    found: list[tuple[str, int]] = []
+    for match in _ISSUE_REF.finditer(text):
+        owner, name = match[2], match[3]
+        if owner and f"{owner}/{name}".lower() != repo.full_name.lower():
+            continue
+        before = text[: match.start(1)]
+        action = "close" if _CLOSE_BEFORE.search(before) else "reopen" if _REOPEN_BEFORE.search(before) else ""
+        if action:
+            found.append((action, int(match[4])))
+    return found
+
+
+class EmulatorPulls(EmulatorPullWebhooks):
+    """Pull requests on top of issues: the pull_request row, reviews, merges, and the pushes that move heads."""
+
+    def pull_of(self, issue: EmuIssue) -> EmuPull:
+        """The pull-request row of a PR issue."""
+        return pull_record(self, issue)
+
+    def open_pull(self, repo: EmuRepo, head: str, base: str) -> EmuIssue | None:
+        """``GetUnmergedPullRequest``: an open, unmerged PR from ``head`` into ``base``."""
+        for issue in repo.issues.values():
+            if issue.is_pull and issue.closed is None and (issue.head_branch, issue.base_branch) == (head, base):
+                if self.pull_of(issue).merged is None:
+                    return issue
+        return None
+
+    # --- create, review, merge ----------------------------------------------------------------------------------------
+
+    def _op_create_pull(
+        self,
+        repo: EmuRepo,
+        doer: EmuUser,
+        *,
+        head: str,
+        base: str,
+        title: str,
+        body: str,
+        labels: list[EmuLabel],
+        assignees: list[EmuUser],
+        notify: bool,
+    ) -> EmuIssue:
+        """services/pull/pull.go ``NewPullRequest``: the issue with its labels and assignees, ``refs/pull/N/head``,
+        the merge base and conflict check; then ``opened``, ``label_updated``, one ``assigned`` per assignee."""
+        issue = self._op_create_issue(
+            repo,
+            doer,
+            title=title,
+            body=body,
+            labels=labels,
+            assignees=[],
+            closed=False,
+            pull=True,
+            head=head,
+            base=base,
+            notify=False,
+        )
+        for user in assignees:
+            if user not in issue.assignees:
+                issue.assignees.append(user)
+                self._timeline(issue, doer, "assignees")
+        pull = self.pull_of(issue)
+        self._refresh_pull(pull)
+        if notify:
+            self._emit_pull(
+                issue, "pull_request", "opened", doer, viewer=self._viewer(doer), perm=self.perm_of(repo, doer)
+            )
+            if issue.label_ids:
+                self._emit_issue(issue, "label_updated", doer)
+            for _ in issue.assignees:
+                self._emit_issue(issue, "assigned", doer)
+        return issue
+
+    def _refresh_pull(self, pull: EmuPull) -> None:
+        """Copy the head into ``refs/pull/N/head``, recompute the merge base and the conflict check
+        (services/pull/pull.go ``UpdateRef`` and services/pull/check.go / patch.go ``TestPatch``)."""
+        issue = pull.issue
+        path = issue.repo.path
+        head = pullgit.branch_sha(path, issue.head_branch)
+        if head is not None:
+            pullgit.set_ref(path, pull.head_ref, head)
+        head = head or pullgit.rev(path, pull.head_ref)
+        base = pullgit.branch_sha(path, issue.base_branch)
+        if head is None or base is None or pull.merged is not None:
+            return
+        pull.merge_base = pullgit.merge_base(path, base, head)
+        pull.mergeable = pullgit.can_merge(path, base, head)
+
+    def _op_submit_review(
+        self, issue: EmuIssue, doer: EmuUser, *, state: ReviewState, body: str, commit_id: str, notify: bool
+    ) -> EmuReview:
+        """services/pull/review.go ``SubmitReview`` + models/issues/review.go: approve/reject on a closed PR is
+        refused; the review is stale when ``commit_id`` is not the head; approve/reject is ``official`` for a writer
+        on code (``IsOfficialReviewer`` without branch protection) and ends the reviewer's earlier official ones."""
+        pull = self.pull_of(issue)
+        head = pull.head_sha()
+        if state in ("APPROVED", "REQUEST_CHANGES"):
+            if issue.closed is not None:
+                raise ApiError(422, "can't submit review for a closed or merged PR")
+            for old in pull.reviews:
+                if old.reviewer is doer:
+                    old.official = False
+        official = (
+            state in ("APPROVED", "REQUEST_CHANGES")
+            and PERM_LEVEL[self.unit_perm(issue.repo, doer, "repo.code")] >= PERM_LEVEL["write"]
+        )
+        now = self.now()
+        review = EmuReview(
+            id=next_id(self, "review"),
+            reviewer=doer,
+            state=state,
+            body=body,
+            commit_id=commit_id or head,
+            official=official,
+            submitted=now,
+            updated=now,
+            comment_id=next(self._ids.comment),
+            stale=bool(commit_id) and commit_id != head,
+        )
+        pull.reviews.append(review)
+        issue.updated = now
+        if notify and state in REVIEW_HOOK_TYPE:
+            event_type = REVIEW_HOOK_TYPE[state]
+            self._emit_pull(
+                issue,
+                event_type,
+                "reviewed",
+                doer,
+                viewer=self._viewer(doer),
+                perm=self.perm_of(issue.repo, issue.poster),
+                # PullRequestPayload.RequestedReviewer on review events: 1.23.0 (#26178); null before.
+                requested_reviewer=doer if self.at_least("1.23") else None,
+                review={"type": event_type, "content": body},
+            )
+        return review
+
+    def _op_merge_pull(
+        self, issue: EmuIssue, doer: EmuUser, *, style: str, head_commit_id: str, message: str, notify: bool
+    ) -> str:
+        """services/pull/merge.go ``Merge``: check the head pin, merge in git, record the merge, close the PR,
+        then the push to the base, ``pull_request``/``closed``, and the issues the PR closes or reopens."""
+        pull = self.pull_of(issue)
+        repo = issue.repo
+        head = pull.head_sha()
+        if head_commit_id and head_commit_id != head:
+            raise ApiError(409, "head out of date")  # merge_prepare.go ErrSHADoesNotMatch
+        base_before = pullgit.branch_sha(repo.path, issue.base_branch) or ZERO_SHA
+        text = message or self.default_merge_message(issue, style)
+        poster = Identity(issue.poster.full_name or issue.poster.login, issue.poster.email)
+        committer = Identity(doer.full_name or doer.login, doer.email)
+        try:
+            new = pullgit.merge(repo.path, style, issue.base_branch, head, text, committer, poster)
+        except pullgit.MergeConflict as exc:
+            raise ApiError(409, f"merge conflict: {exc}") from None
+        now = self.now()
+        pull.merged, pull.merged_by, pull.merge_commit_sha, pull.mergeable = now, doer, new, False
+        issue.closed = now
+        self._timeline(issue, doer, "close")
+        if notify:
+            self._emit_push(repo, doer, issue.base_branch, base_before, new)
+            self._emit_pull(
+                issue, "pull_request", "closed", doer, viewer=self._viewer(doer), perm=self.perm_of(repo, doer)
+            )
+        self._close_references(issue, doer, new, notify=notify)
+        return new
+
+    def default_merge_message(self, issue: EmuIssue, style: str) -> str:
+        """services/pull/merge.go ``GetDefaultMergeMessage`` (same-repository PR, default templates)."""
+        if style in ("rebase", "fast-forward-only"):
+            return ""
+        if style == "squash":
+            return f"{issue.title} (#{issue.number})"
+        return f"Merge pull request '{issue.title}' (#{issue.number}) from {issue.head_branch} into {issue.base_branch}"
+
+    def _close_references(self, pr: EmuIssue, doer: EmuUser, commit: str, *, notify: bool) -> None:
+        """``handleCloseCrossReferences``: the keyword references of the PR's body (and title) to issues of the
+        repository close (or reopen) them, with ``commit_id`` the merge commit (issue_service.CloseIssue)."""
+        for action, number in closing_refs(pr.repo, f"{pr.title}\n{pr.body}"):
+            target = pr.repo.issues.get(number)
+            if target is None or target is pr:
+                continue
+            closing = action == "close"
+            if closing == (target.closed is not None):
+                continue
+            target.closed = self.now() if closing else None
+            self._timeline(target, doer, "close" if closing else "reopen")
+            if notify:
+                self._emit_state_by_commit(target, doer, "closed" if closing else "reopened", commit)
+
+    # --- pushes and branches ------------------------------------------------------------------------------------------
+
+    def on_push(self, repo: EmuRepo, doer: EmuUser, before: dict[str, str], after: dict[str, str]) -> None:
+        """What a receive-pack did, as services/repository/push.go ``pushUpdates`` handles it: per branch a
+        ``create`` (new) and ``push`` event, or a ``delete`` and the closing of its PRs; an updated branch
+        re-tests its PRs (services/pull/pull.go ``AddTestPullRequestTask``): ``synchronized`` for PRs whose head
+        it is, stale reviews, and a new conflict check for PRs on it as base."""
+        for branch in sorted(set(before) | set(after)):
+            old, new = before.get(branch, ZERO_SHA), after.get(branch, ZERO_SHA)
+            if old == new:
+                continue
+            if new == ZERO_SHA:
+                self._branch_deleted(repo, doer, branch)
+                continue
+            if old == ZERO_SHA:
+                self._emit_ref(repo, doer, "create", branch, new)
+            self._emit_push(repo, doer, branch, old, new)
+            if old != ZERO_SHA:
+                self._sync_pulls(repo, doer, branch, new)
+
+    def _sync_pulls(self, repo: EmuRepo, doer: EmuUser, branch: str, new: str) -> None:
+        for issue in list(repo.issues.values()):
+            if not issue.is_pull or issue.closed is not None:
+                continue
+            pull = self.pull_of(issue)
+            if issue.head_branch == branch:
+                self._refresh_pull(pull)
+                for review in pull.reviews:
+                    review.stale = review.commit_id != new  # MarkReviewsAsStale, then MarkReviewsAsNotStale(new)
+                issue.updated = self.now()
+                viewer = self._viewer(doer)
+                self._emit_pull(issue, "pull_request_sync", "synchronized", doer, viewer=viewer, perm="owner")
+            elif issue.base_branch == branch:
+                self._refresh_pull(pull)
+
+    def _branch_deleted(self, repo: EmuRepo, doer: EmuUser, branch: str) -> None:
+        """``pushDeleteBranch``: ``delete`` event, then ``AdjustPullsCausedByBranchDeleted`` closes the open
+        unmerged PRs with the branch as head or base (``pull_request``/``closed`` each)."""
+        self._emit_ref(repo, doer, "delete", branch, "")
+        for issue in list(repo.issues.values()):
+            if not issue.is_pull or issue.closed is not None or self.pull_of(issue).merged is not None:
+                continue
+            if branch in (issue.head_branch, issue.base_branch):
+                self._op_set_state(issue, doer, closed=True, notify=True)
+
+    def _op_delete_branch(self, repo: EmuRepo, doer: EmuUser, branch: str) -> None:
+        """services/repository/branch.go ``DeleteBranch``: never the default branch; 404 when missing."""
+        if branch == repo.default_branch:
+            message = "can not delete default or pull request target branch"
+            raise ApiError(403, message if self.at_least("1.23") else "can not delete default branch")
+        if branch in protected_branches(repo):
+            raise ApiError(403, "branch protected")
+        old = pullgit.branch_sha(repo.path, branch)
+        if old is None:
+            raise ApiError(404, f"branch does not exist [repo_id: {repo.id} name: {branch}]")
+        pullgit.delete_branch(repo.path, branch, old)
+        # deleteBranchSuccessPostProcess → PushUpdate: a deleted branch sends no ``push``, only what follows.
+        self._branch_deleted(repo, doer, branch)
+
+    def protect_branch(self, owner: str, name: str, branch: str) -> None:
+        """A protection rule for ``branch``: it cannot be deleted (``git_model.IsBranchProtected``)."""
+        protected_branches(self.repo(owner, name)).add(branch)
+
+    # --- seeding ------------------------------------------------------------------------------------------------------
+
+    def create_pull(
+        self,
+        owner: str,
+        name: str,
+        *,
+        head: str,
+        title: str,
+        author: str,
+        base: str | None = None,
+        body: str = "",
+        labels: Sequence[int | str] = (),
+        assignees: Sequence[str] = (),
+        notify: bool = False,
+    ) -> EmuIssue:
+        """Open a PR from the existing branch ``head`` as ``author`` (no permission checks)."""
+        repo = self.repo(owner, name)
+        return self._op_create_pull(
+            repo,
+            self.user(author),
+            head=head,
+            base=base or repo.default_branch,
+            title=title,
+            body=body,
+            labels=self._labels_by_ref(repo, labels),
+            assignees=[self.user(a) for a in assignees],
+            notify=notify,
+        )
+
+    def push_commit(
+        self, owner: str, name: str, branch: str, files: dict[str, str], *, pusher: str, message: str = "Update"
+    ) -> str:
+        """Commit ``files`` on ``branch`` and handle it as a push by ``pusher`` (webhooks included)."""
+        repo = self.repo(owner, name)
+        before = pullgit.all_branches(repo.path)
+        sha = self.create_branch(owner, name, branch, files=files, message=message)
+        self.on_push(repo, self.user(pusher), before, pullgit.all_branches(repo.path))
+        return sha
