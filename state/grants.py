@@ -209,7 +209,7 @@ class GrantStore:
     def db(self) -> Database:
         return self._db
 
-    # -- sealing
+    # --- sealing ------------------------------------------------------------------------------------------------------
 
     async def seal(self, grant: Grant, *, token_sha256: str, sealed_by: str, now: datetime) -> RunRecord:
         """Store the grant and open its run. WorkloadFailed when a run on the same worktree failed; GrantConflict
@@ -259,7 +259,7 @@ class GrantStore:
         assert record is not None
         return record
 
-    # -- reads
+    # --- reads --------------------------------------------------------------------------------------------------------
 
     async def grant(self, run_id: str, conn: aiosqlite.Connection | None = None) -> Grant | None:
         """The sealed grant, checked against its digest (GrantIntegrityError if it does not match)."""
@@ -307,7 +307,7 @@ class GrantStore:
         ) as cur:
             return [_decision(row) for row in await cur.fetchall()]
 
-    # -- decisions
+    # --- decisions ----------------------------------------------------------------------------------------------------
 
     async def decide(
         self,
