@@ -17,6 +17,7 @@ from bot.core import backoff
 from bot.core.evidence import find_marker
 from bot.gitea import Comment, GiteaError, GiteaNotFound, GiteaUnavailable, Issue, Label, refusal_text
 from bot.metrics import Metrics
+from bot.tasks import cancel_and_wait
 from state.db import utcnow
 from state.outbox import OutboxEntry, OutboxStore
 
@@ -144,10 +145,7 @@ class OutboxSender:
 
     async def stop(self) -> None:
         self._stopping = True
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        await cancel_and_wait(self._task)
 
     async def _loop(self) -> None:
         while not self._stopping:
