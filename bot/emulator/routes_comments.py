@@ -22,7 +22,7 @@ from bot.emulator.http_helpers import (
     request_repo,
     total_count_headers,
 )
-from bot.emulator.model import EmuRepo
+from bot.emulator.model import EmuRepo, EmuUser
 from bot.emulator.state import ApiError
 
 
@@ -87,6 +87,16 @@ def _comment(emu: Emulator, repo: EmuRepo, request: web.Request) -> Any:
     return comment
 
 
+def _changeable_comment(emu: Emulator, request: web.Request, verb: str) -> tuple[Any, EmuUser]:
+    """The comment of the URL and the caller, who must be its poster or a writer (403 otherwise)."""
+    repo, perm = request_repo(emu, request)
+    doer = request_doer(request)
+    comment = _comment(emu, repo, request)
+    if comment.poster is not doer and not is_writer(perm):
+        raise ApiError(403, f"only the poster or a writer may {verb} this comment", bare=True)
+    return comment, doer
+
+
 async def get_comment(emu: Emulator, request: web.Request) -> web.StreamResponse:
     """GET .../issues/comments/{id}: 204 for a timeline item that is not a plain comment."""
     repo, _ = request_repo(emu, request)
@@ -97,12 +107,8 @@ async def get_comment(emu: Emulator, request: web.Request) -> web.StreamResponse
 
 
 async def edit_comment(emu: Emulator, request: web.Request) -> web.StreamResponse:
-    """PATCH .../issues/comments/{id}: poster or writer; webhook only when the body changes."""
-    repo, perm = request_repo(emu, request)
-    doer = request_doer(request)
-    comment = _comment(emu, repo, request)
-    if comment.poster is not doer and not is_writer(perm):
-        raise ApiError(403, "only the poster or a writer may edit this comment", bare=True)  # editIssueComment
+    """PATCH .../issues/comments/{id}: poster or writer (editIssueComment); webhook only when the body changes."""
+    comment, doer = _changeable_comment(emu, request, "edit")
     if comment.kind != "comment":
         return no_content()
     form = await read_json_body(request)
@@ -115,11 +121,7 @@ async def edit_comment(emu: Emulator, request: web.Request) -> web.StreamRespons
 
 async def delete_comment(emu: Emulator, request: web.Request) -> web.StreamResponse:
     """DELETE .../issues/comments/{id}: poster or writer; 204."""
-    repo, perm = request_repo(emu, request)
-    doer = request_doer(request)
-    comment = _comment(emu, repo, request)
-    if comment.poster is not doer and not is_writer(perm):
-        raise ApiError(403, "only the poster or a writer may delete this comment", bare=True)
+    comment, doer = _changeable_comment(emu, request, "delete")
     if comment.kind != "comment":
         # deleteIssueComment: ctx.Status(400) when !comment.Type.HasContentSupport() (audit #17).
         raise ApiError(400, "this timeline item has no content", bare=True)
