@@ -26,17 +26,21 @@ from bot.emulator.model import EmuRepo, EmuUser
 from bot.emulator.state import ApiError
 
 
-async def list_comments(emu: Emulator, request: web.Request) -> web.StreamResponse:
-    """GET .../issues/{index}/comments: every plain comment, oldest first, no pagination."""
-    repo, _ = request_repo(emu, request)
-    comments = issue_or_500(repo, request).comments
+def _in_window(comments: list[Any], request: web.Request) -> list[Any]:
+    """The comments ``since``/``before`` select (``updated`` compared inclusively), ordered ``created, id``."""
     if since := request.query.get("since", ""):
         floor = parse_time(since, "since")
         comments = [c for c in comments if c.updated >= floor]
     if before := request.query.get("before", ""):
         ceiling = parse_time(before, "before")
         comments = [c for c in comments if c.updated <= ceiling]
-    comments.sort(key=lambda c: (c.created, c.id))
+    return sorted(comments, key=lambda c: (c.created, c.id))
+
+
+async def list_comments(emu: Emulator, request: web.Request) -> web.StreamResponse:
+    """GET .../issues/{index}/comments: every plain comment, oldest first, no pagination."""
+    repo, _ = request_repo(emu, request)
+    comments = _in_window(issue_or_500(repo, request).comments, request)
     return json_response([convert.comment_json(emu, c) for c in comments], headers=total_count_headers(len(comments)))
 
 
@@ -48,14 +52,7 @@ async def list_repo_comments(emu: Emulator, request: web.Request) -> web.StreamR
     ``parseFormTime``, 422 for a time that is not RFC 3339); ordered ``created_unix, id`` ascending
     (``FindComments``); paginated by ``utils.GetListOptions`` with ``X-Total-Count`` and ``Link``."""
     repo, _ = request_repo(emu, request)
-    comments = [c for issue in repo.issues.values() for c in issue.comments]
-    if since := request.query.get("since", ""):
-        floor = parse_time(since, "since")
-        comments = [c for c in comments if c.updated >= floor]
-    if before := request.query.get("before", ""):
-        ceiling = parse_time(before, "before")
-        comments = [c for c in comments if c.updated <= ceiling]
-    comments.sort(key=lambda c: (c.created, c.id))
+    comments = _in_window([c for issue in repo.issues.values() for c in issue.comments], request)
     page, limit = list_options(request)
     total = len(comments)
     chosen = comments[(page - 1) * limit : page * limit]
