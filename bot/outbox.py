@@ -109,8 +109,8 @@ class OutboxSender:
 
     ``on_complete`` runs after an entry was verified and recorded ``done``; ``on_failure`` after an entry
     was recorded ``verification_failed`` or ``parked``. A hook that raises is logged; it never changes what
-    was recorded (the entry stays done). Hooks run in the sender's task, once per settled entry, and are not
-    durable: a crash between the settle and the hook loses that call.
+    was recorded (the entry stays done). Hooks run in the sender's task, once per settled entry; a hook a crash
+    kept from running after its settle runs on the next pass (``recover_hooks``), so hooks must be idempotent.
     """
 
     def __init__(
