@@ -1,0 +1,1 @@
+"""gitea-foreman: the service that governs AI coding agents on a Gitea repository."""

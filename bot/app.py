@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import logging
 import time
@@ -18,6 +17,7 @@ from bot.core.dispatch import OrderedRouter, served_names
 from bot.core.intake import Delivery, Rejection, admit, content_encoding_refusal, is_self_event, metric_event
 from bot.handler_deps import HandlerDeps
 from bot.metrics import LoopLagMonitor, Metrics
+from bot.tasks import cancel_and_wait
 from bot.worker import Worker
 from state.db import Database, DatabaseNotWritable
 from state.deliveries import DeliveryStore, InsertResult
@@ -56,10 +56,7 @@ class GroupCommitWriter:
         return self._task is not None and not self._task.done()
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        await cancel_and_wait(self._task)
         while not self._queue.empty():
             _, _, future = self._queue.get_nowait()
             if not future.done():
@@ -253,11 +250,7 @@ class Service:
         await self.writer.stop()
         if self.outbox_sender is not None:
             await self.outbox_sender.stop()
-        for task in (self._probe_task, self._recovery_task):
-            if task is not None:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+        await cancel_and_wait(self._probe_task, self._recovery_task)
         if self.http is not None:
             await self.http.close()
         await self.db.close()

@@ -1,10 +1,4 @@
-"""The git edge (GitPython): the bot's control checkout, issue branches and worktrees. Argument lists only.
-
-Every call is synchronous (the async callers run them in a thread), bounded by a timeout, and never prompts.
-Nothing here decides anything: ``bot.core.bootstrap`` plans, ``bot.verbs.bootstrap`` acts, this module observes and
-performs single git operations, each one conditional where git allows it (a branch is created only if absent
-and deleted only if it still points where it was created).
-"""
+"""The git edge (GitPython): the bot's control checkout, issue branches and worktrees, one bounded git call each."""
 
 from __future__ import annotations
 
@@ -264,7 +258,7 @@ class ControlCheckout:
     def exists(self) -> bool:
         return (self.git_dir / "HEAD").is_file()
 
-    # -- clone and fetch
+    # --- clone, fetch and refs ----------------------------------------------------------------------------------------
 
     def clone(self, clone_url: str, default_branch: str, *, auth: Mapping[str, str]) -> None:
         """Clone into a fresh sibling directory and rename it into place, so a concurrent or interrupted
@@ -310,7 +304,6 @@ class ControlCheckout:
             extra_env=auth,
         )
 
-    # -- refs
 
     def head(self) -> tuple[str | None, str | None]:
         """(symbolic ref of HEAD or None when detached, HEAD's commit)."""
@@ -411,7 +404,7 @@ class ControlCheckout:
             files[name] = (mode, blob)
         return files
 
-    # -- worktrees
+    # --- worktrees ----------------------------------------------------------------------------------------------------
 
     def worktrees(self) -> list[WorktreeEntry]:
         status, out, err = self.git.attempt("worktree", "list", "--porcelain", "-z", timed=False)
@@ -473,7 +466,7 @@ class ControlCheckout:
         return [item for item in out.split("\0") if item]
 
 
-# ------------------------------------------------------------------------------------------- file system
+# --- file system ------------------------------------------------------------------------------------------------------
 
 
 def blob_id(data: bytes) -> str:

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import platform
 import time
 from typing import TYPE_CHECKING
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from bot.tasks import cancel_and_wait
 
 if TYPE_CHECKING:
     from state.db import Database
@@ -198,10 +199,7 @@ class LoopLagMonitor:
         self._task = asyncio.create_task(self._run(), name="loop-lag-monitor")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        await cancel_and_wait(self._task)
 
     async def _run(self) -> None:
         while True:

@@ -17,6 +17,7 @@ from bot.core import backoff
 from bot.core.evidence import find_marker
 from bot.gitea import Comment, GiteaError, GiteaNotFound, GiteaUnavailable, Issue, Label, refusal_text
 from bot.metrics import Metrics
+from bot.tasks import cancel_and_wait
 from state.db import utcnow
 from state.outbox import OutboxEntry, OutboxStore
 
@@ -108,8 +109,8 @@ class OutboxSender:
 
     ``on_complete`` runs after an entry was verified and recorded ``done``; ``on_failure`` after an entry
     was recorded ``verification_failed`` or ``parked``. A hook that raises is logged; it never changes what
-    was recorded (the entry stays done). Hooks run in the sender's task, once per settled entry, and are not
-    durable: a crash between the settle and the hook loses that call.
+    was recorded (the entry stays done). Hooks run in the sender's task, once per settled entry; a hook a crash
+    kept from running after its settle runs on the next pass (``recover_hooks``), so hooks must be idempotent.
     """
 
     def __init__(
@@ -144,10 +145,7 @@ class OutboxSender:
 
     async def stop(self) -> None:
         self._stopping = True
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        await cancel_and_wait(self._task)
 
     async def _loop(self) -> None:
         while not self._stopping:

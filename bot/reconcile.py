@@ -16,6 +16,7 @@ from typing import Any, Protocol
 from bot.core import reconcile as core
 from bot.core.intake import Delivery
 from bot.metrics import Metrics
+from bot.tasks import cancel_and_wait
 from state.db import Database, to_db_time, utcnow
 from state.deliveries import DeliveryStore
 from state.issues import IssueStore
@@ -150,11 +151,7 @@ class Reconciler:
 
     async def stop(self) -> None:
         self._stopping.set()
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(*self._tasks)
         self._tasks = []
 
     async def _heartbeat(self) -> None:

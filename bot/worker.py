@@ -22,6 +22,7 @@ from bot.core.intake import metric_event
 from bot.handler_deps import HandlerDeps
 from bot.logs import delivery_var
 from bot.metrics import Metrics
+from bot.tasks import cancel_and_wait
 from state.db import utcnow
 from state.deliveries import DeliveryStore, StoredDelivery
 
@@ -92,11 +93,7 @@ class Worker:
         if inflight:
             log.info("waiting up to %.1fs for %d in-flight deliveries", grace_s, len(inflight))
             await asyncio.wait(inflight, timeout=grace_s)
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(*self._tasks)
         self._tasks = []
 
     # --- loops --------------------------------------------------------------------------------------------------------
@@ -203,9 +200,7 @@ class Worker:
 
                 await self._durably(delivery, owner, settle, on_failure=keep_results)
         finally:
-            heartbeat.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await heartbeat
+            await cancel_and_wait(heartbeat)
             self.metrics.processing_seconds.labels(metric_event(delivery.event)).observe(time.perf_counter() - started)
             delivery_var.reset(token)
 

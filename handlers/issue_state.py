@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from gidgethub import sansio
 
@@ -45,6 +45,7 @@ router = OrderedRouter()
 
 #: Gitea permissions that may set an issue's state (besides the bot and roster identities).
 WRITE_PERMISSIONS: frozenset[str] = frozenset({"write", "admin", "owner"})
+Read = TypeVar("Read")
 _COMMENT_ACTIONS: tuple[CommentAction, ...] = ("created", "edited", "deleted")
 
 
@@ -151,6 +152,23 @@ def _where(data: Mapping[str, Any], settings: Settings) -> _Where | None:
     return _Where(full_name, issue)
 
 
+def _issues_event(event: sansio.Event, ctx: HandlerContext, what: str, read: Callable[[_Where], Read]) -> (
+    tuple[_Where, Read, str] | None
+):
+    """An ``issues`` event of the served repository: (where, what ``read`` took from its issue, the sender), or
+    None when it is another repository's or a PR's, or a payload without what ``read`` needs (logged, skipped)."""
+    try:
+        where = _where(event.data, ctx.deps.settings)
+        if where is None:
+            return None
+        found = read(where)
+        sender = str((event.data.get("sender") or {}).get("login") or "")
+    except (PayloadError, KeyError, TypeError, ValueError) as exc:
+        ctx.log.warning("%s payload skipped: %s", what, exc)
+        return None
+    return where, found, sender
+
+
 def _comment_observation(
     data: Mapping[str, Any],
     where: _Where,
@@ -232,17 +250,12 @@ async def on_issue_comment(event: sansio.Event, ctx: HandlerContext) -> None:
 @router.register("issues", action="label_cleared")
 async def on_issue_event(event: sansio.Event, ctx: HandlerContext) -> None:
     """Record the status and the label set (diffed against the stored one), candidates and conflicts."""
-    settings = ctx.deps.settings
     data = event.data
-    try:
-        where = _where(data, settings)
-        if where is None:
-            return
-        issue = IssueObservation.from_event(str(data.get("action") or ""), where.issue)
-        sender = str((data.get("sender") or {}).get("login") or "")
-    except (PayloadError, KeyError, TypeError, ValueError) as exc:
-        ctx.log.warning("issues payload skipped: %s", exc)
+    read = _issues_event(event, ctx, "issues",
+                         lambda where: IssueObservation.from_event(str(data.get("action") or ""), where.issue))
+    if read is None:
         return
+    where, issue, sender = read
     store = IssueStore(ctx.deps.db)
     result = await store.record_issue_event(
         issue, repo=where.repo, action=str(data["action"]), sender=sender, delivery_id=event.delivery_id
@@ -266,17 +279,10 @@ async def on_issue_event(event: sansio.Event, ctx: HandlerContext) -> None:
 @router.register("issues", action="deleted")
 async def on_issue_deleted(event: sansio.Event, ctx: HandlerContext) -> None:
     """Gitea 1.25+ (services/webhook/notifier.go DeleteIssue): end the issue's leases, cancel its outbox."""
-    settings = ctx.deps.settings
-    data = event.data
-    try:
-        where = _where(data, settings)
-        if where is None:
-            return
-        number = int(where.issue["number"])
-        sender = str((data.get("sender") or {}).get("login") or "")
-    except (PayloadError, KeyError, TypeError, ValueError) as exc:
-        ctx.log.warning("issues/deleted payload skipped: %s", exc)
+    read = _issues_event(event, ctx, "issues/deleted", lambda where: int(where.issue["number"]))
+    if read is None:
         return
+    where, number, sender = read
     ended, cancelled, duplicate = await IssueStore(ctx.deps.db).record_issue_deleted(
         where.repo, number, sender=sender, delivery_id=event.delivery_id
     )

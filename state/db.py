@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import shutil
 import sqlite3
@@ -11,11 +12,17 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import quote
 
 import aiosqlite
 
 from state.migrations import MIGRATIONS
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
+Record = TypeVar("Record", bound="DataclassInstance")
 
 #: Files SQLite keeps beside the database in WAL mode; SQLite creates them with the database file's mode.
 SIDE_FILES = ("-wal", "-shm")
@@ -58,6 +65,11 @@ def _private(path: Path) -> None:
                 os.chmod(candidate, 0o600)
         except FileNotFoundError:
             continue
+
+
+def from_row(cls: type[Record], row: sqlite3.Row, **fields: Any) -> Record:
+    """A record dataclass from a row whose columns carry its field names; ``fields`` gives those that do not."""
+    return cls(**{f.name: fields[f.name] if f.name in fields else row[f.name] for f in dataclasses.fields(cls)})
 
 
 def utcnow() -> datetime:

@@ -13,7 +13,7 @@ import aiosqlite
 
 from bot.core.intake import Delivery
 from bot.core.issue_state import repo_key
-from state.db import Database, from_db_time, to_db_time, utcnow
+from state.db import Database, from_db_time, from_row, to_db_time, utcnow
 
 DeliveryStatus = Literal["queued", "processing", "done", "failed", "ignored_self", "ignored"]
 #: ``ignored``: stored but for no handler (another repository, say), with ``ignored_reason``.
@@ -73,22 +73,7 @@ _COLUMNS = (
 
 
 def _row(row: sqlite3.Row) -> StoredDelivery:
-    return StoredDelivery(
-        pk=row["id"],
-        delivery_id=row["delivery_id"],
-        event=row["event"],
-        event_type=row["event_type"],
-        action=row["action"],
-        sender_login=row["sender_login"],
-        body=bytes(row["body"]),
-        received_at=row["received_at"],
-        status=row["status"],
-        attempts=row["attempts"],
-        next_attempt_at=row["next_attempt_at"],
-        last_error=row["last_error"],
-        finished_at=row["finished_at"],
-        ignored_reason=row["ignored_reason"],
-    )
+    return from_row(StoredDelivery, row, pk=row["id"], body=bytes(row["body"]))
 
 
 async def _record_handler(conn: aiosqlite.Connection, pk: int, handler: str, error: str | None) -> None:

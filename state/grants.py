@@ -13,7 +13,7 @@ from typing import Any, Literal
 import aiosqlite
 
 from bot.core.grants import Grant, InFlight, RunState, Verdict
-from state.db import Database, to_db_time
+from state.db import Database, from_row, to_db_time
 
 log = logging.getLogger("foreman.grants")
 
@@ -149,40 +149,11 @@ def _state(row: sqlite3.Row) -> RunState:
 
 
 def _run(row: sqlite3.Row) -> RunRecord:
-    return RunRecord(
-        run_id=row["run_id"],
-        grant_digest=row["grant_digest"],
-        policy_key=row["policy_key"],
-        repo=row["repo"],
-        issue_number=row["issue_number"],
-        owner=row["owner"],
-        worktree_uuid=row["worktree_uuid"],
-        state=_state(row),
-        created_at=row["created_at"],
-        updated_at=row["updated_at"],
-        closed_at=row["closed_at"],
-    )
+    return from_row(RunRecord, row, state=_state(row))
 
 
 def _decision(row: sqlite3.Row) -> DecisionRecord:
-    return DecisionRecord(
-        id=row["id"],
-        run_id=row["run_id"],
-        kind=row["kind"],
-        category=row["category"],
-        reason=row["reason"],
-        position=row["position"],
-        call_id=row["call_id"],
-        tool=row["tool"],
-        arguments_digest=row["arguments_digest"],
-        result_digest=row["result_digest"],
-        inert=bool(row["inert"]),
-        host_id=row["host_id"],
-        broker_id=row["broker_id"],
-        state_version=row["state_version"],
-        at=row["at"],
-        detail=json.loads(row["detail_json"]),
-    )
+    return from_row(DecisionRecord, row, inert=bool(row["inert"]), detail=json.loads(row["detail_json"]))
 
 
 def decision_kind(verdict: Verdict) -> DecisionKind:
@@ -209,7 +180,7 @@ class GrantStore:
     def db(self) -> Database:
         return self._db
 
-    # -- sealing
+    # --- sealing ------------------------------------------------------------------------------------------------------
 
     async def seal(self, grant: Grant, *, token_sha256: str, sealed_by: str, now: datetime) -> RunRecord:
         """Store the grant and open its run. WorkloadFailed when a run on the same worktree failed; GrantConflict
@@ -259,7 +230,7 @@ class GrantStore:
         assert record is not None
         return record
 
-    # -- reads
+    # --- reads --------------------------------------------------------------------------------------------------------
 
     async def grant(self, run_id: str, conn: aiosqlite.Connection | None = None) -> Grant | None:
         """The sealed grant, checked against its digest (GrantIntegrityError if it does not match)."""
@@ -307,7 +278,7 @@ class GrantStore:
         ) as cur:
             return [_decision(row) for row in await cur.fetchall()]
 
-    # -- decisions
+    # --- decisions ----------------------------------------------------------------------------------------------------
 
     async def decide(
         self,

@@ -422,10 +422,12 @@ class IssueStore:
                 (now, source, snapshot.repo, snapshot.number, CONFLICTING_STATUS_LABELS),
             )
         candidate = issue.is_open and READY_LABEL in names
-        cursor = await conn.execute(
-            "UPDATE issues SET is_open = ?, labels_json = ?, snapshot_as_of = ?, candidate = ?,"
+        return await self._update(
+            conn,
+            snapshot,
+            "is_open = ?, labels_json = ?, snapshot_as_of = ?, candidate = ?,"
             " candidate_since = CASE WHEN ? = 0 THEN NULL WHEN candidate = 1 THEN candidate_since ELSE ? END,"
-            " updated_at = ?, version = version + 1 WHERE repo = ? AND number = ? AND version = ?",
+            " updated_at = ?",
             (
                 int(issue.is_open),
                 _labels_json(issue.labels),
@@ -434,13 +436,22 @@ class IssueStore:
                 int(candidate),
                 now,
                 now,
-                snapshot.repo,
-                snapshot.number,
-                snapshot.version,
             ),
+            "labels",
+        )
+
+    async def _update(
+        self, conn: aiosqlite.Connection, snapshot: IssueSnapshot, assignments: str, values: tuple[Any, ...], what: str
+    ) -> IssueSnapshot:
+        """One conditional write of the issue's row (its version must still be the snapshot's), read back."""
+        cursor = await conn.execute(
+            # Only this module's constant assignments are spliced in; every value is a parameter.
+            f"UPDATE issues SET {assignments}, version = version + 1"  # noqa: S608
+            " WHERE repo = ? AND number = ? AND version = ?",
+            (*values, snapshot.repo, snapshot.number, snapshot.version),
         )
         if cursor.rowcount != 1:
-            raise ConcurrentUpdate(f"issue {snapshot.repo}#{snapshot.number} changed while storing its labels")
+            raise ConcurrentUpdate(f"issue {snapshot.repo}#{snapshot.number} changed while storing its {what}")
         await cursor.close()
         fresh = await self._snapshot(conn, snapshot.repo, snapshot.number)
         assert fresh is not None
@@ -471,9 +482,11 @@ class IssueStore:
         sync: LabelSync = plan.status
         if plan.needs_change and record_id is not None and plan.target is not None:
             sync = await failed_sync(conn, snapshot, record_id, plan.target) or plan.status
-        cursor = await conn.execute(
-            "UPDATE issues SET state_record_id = ?, state_comment_id = ?, state_json = ?, state_label = ?,"
-            " label_sync = ?, updated_at = ?, version = version + 1 WHERE repo = ? AND number = ? AND version = ?",
+        return await self._update(
+            conn,
+            snapshot,
+            "state_record_id = ?, state_comment_id = ?, state_json = ?, state_label = ?, label_sync = ?,"
+            " updated_at = ?",
             (
                 record_id,
                 comment_id,
@@ -481,14 +494,6 @@ class IssueStore:
                 None if state is None else label_for_state(state.state),
                 sync,
                 now,
-                snapshot.repo,
-                snapshot.number,
-                snapshot.version,
             ),
+            "state",
         )
-        if cursor.rowcount != 1:
-            raise ConcurrentUpdate(f"issue {snapshot.repo}#{snapshot.number} changed while storing its state")
-        await cursor.close()
-        fresh = await self._snapshot(conn, snapshot.repo, snapshot.number)
-        assert fresh is not None
-        return fresh

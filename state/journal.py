@@ -13,7 +13,7 @@ from typing import Any, Literal
 import aiosqlite
 
 from bot.core.bootstrap import Outcome, Phase, may_follow, outcome_of
-from state.db import Database, to_db_time
+from state.db import Database, from_row, to_db_time
 
 
 class JournalConflict(Exception):
@@ -195,66 +195,17 @@ def _dumps(value: Any) -> str:
 
 
 def _transition(row: sqlite3.Row) -> Transition:
-    return Transition(
-        id=row["id"],
-        key=row["idempotency_key"],
-        key_source=row["key_source"],
-        repo=row["repo"],
-        issue_number=row["issue_number"],
-        lease_id=row["lease_id"],
-        owner=row["owner"],
-        role=row["role"],
-        attempt=row["attempt"],
-        base_branch=row["base_branch"],
-        base_sha=row["base_sha"],
-        branch=row["branch"],
-        checkout_path=row["checkout_path"],
-        worktree_path=row["worktree_path"],
-        inputs=json.loads(row["inputs_json"]),
-        phase=row["phase"],
-        outcome=row["outcome"],
-        failed_phase=row["failed_phase"],
-        error=_loads(row["error_json"]),
-        result=_loads(row["result_json"]),
-        created_at=row["created_at"],
-        updated_at=row["updated_at"],
-        version=row["version"],
-    )
+    return from_row(Transition, row, key=row["idempotency_key"], inputs=json.loads(row["inputs_json"]),
+                    error=_loads(row["error_json"]), result=_loads(row["result_json"]))
 
 
 def _registration(row: sqlite3.Row) -> Registration:
-    return Registration(
-        id=row["id"],
-        journal_id=row["journal_id"],
-        repo=row["repo"],
-        issue_number=row["issue_number"],
-        lease_id=row["lease_id"],
-        owner=row["owner"],
-        branch=row["branch"],
-        worktree_path=row["worktree_path"],
-        created_branch=bool(row["created_branch"]),
-        created_worktree=bool(row["created_worktree"]),
-        registered_at=row["registered_at"],
-        ended_at=row["ended_at"],
-        end_reason=row["end_reason"],
-    )
+    return from_row(Registration, row, created_branch=bool(row["created_branch"]),
+                    created_worktree=bool(row["created_worktree"]))
 
 
 def _lock(row: sqlite3.Row) -> IssueLock:
-    return IssueLock(
-        lock_id=row["lock_id"],
-        repo=row["repo"],
-        issue_number=row["issue_number"],
-        lease_id=row["lease_id"],
-        owner=row["owner"],
-        registration_id=row["registration_id"],
-        branch=row["branch"],
-        worktree_path=row["worktree_path"],
-        proof=json.loads(row["proof_json"]),
-        acquired_at=row["acquired_at"],
-        released_at=row["released_at"],
-        release_reason=row["release_reason"],
-    )
+    return from_row(IssueLock, row, proof=json.loads(row["proof_json"]))
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,7 +11,7 @@ from typing import Any, Literal
 import aiosqlite
 
 from bot.core.evidence import find_marker
-from state.db import Database, to_db_time, utcnow
+from state.db import Database, from_row, to_db_time, utcnow
 
 OutboxKind = Literal["comment", "edit_comment", "labels", "assignees"]
 OutboxStatus = Literal["pending", "sending", "done", "verification_failed", "parked"]
@@ -120,23 +120,12 @@ _COLUMNS = (
 
 
 def _entry(row: sqlite3.Row) -> OutboxEntry:
-    return OutboxEntry(
-        id=row["id"],
-        key=row["idempotency_key"],
-        issue_number=row["issue_number"],
-        kind=row["kind"],
-        payload=json.loads(row["payload_json"]),
-        status=row["status"],
-        attempts=row["attempts"],
-        next_attempt_at=row["next_attempt_at"],
-        result=json.loads(row["result_json"]) if row["result_json"] else None,
-        observed=json.loads(row["observed_json"]) if row["observed_json"] else None,
-        last_error=row["last_error"],
-        delivery_id=row["delivery_id"],
-        created_at=row["created_at"],
-        sent_at=row["sent_at"],
-        version=row["version"],
-    )
+    return from_row(OutboxEntry, row, key=row["idempotency_key"], payload=json.loads(row["payload_json"]),
+                    result=_loads(row["result_json"]), observed=_loads(row["observed_json"]))
+
+
+def _loads(text: str | None) -> Any:
+    return json.loads(text) if text else None
 
 
 async def enqueue(conn: aiosqlite.Connection, intent: OutboxIntent, *, now: datetime | None = None) -> bool:

@@ -1,4 +1,4 @@
-"""A bounded soak: a real `foreman serve` takes 2,000 deliveries, 5% malformed, and a 48 KB hostile comment."""
+"""A bounded soak: a real `foreman serve` takes 2,000 deliveries, 5% malformed, and 48 KB hostile comments."""
 
 from __future__ import annotations
 
@@ -14,17 +14,20 @@ from pathlib import Path
 import aiohttp
 
 from tests.support import payload, raw_post, signed_headers
+from tests.test_fuzz_intake import LONG_HOLD_S, lag_buckets, long_holds, worst_lag
 from tests.test_process import ServeProcess
 
 DELIVERIES = 2_000
 MALFORMED_SHARE = 0.05
 SEED = 1212
+ROUNDS = 5
 
 
-def _hostile_comment() -> bytes:
+def _hostile_comment(round_: int) -> bytes:
     doc = json.loads(payload())
-    doc.update(action="created", comment={"id": 77, "body": "# a" + " " * 48_000 + "x", "user": {"login": "reader"},
-                                          "created_at": "2026-12-01T10:00:00Z", "updated_at": "2026-12-01T10:00:00Z"})
+    comment = {"id": 77 + round_, "body": "# a" + " " * 48_000 + "x", "user": {"login": "reader"},
+               "created_at": "2026-12-01T10:00:00Z", "updated_at": "2026-12-01T10:00:00Z"}
+    doc.update(action="created", comment=comment)
     return json.dumps(doc, indent=2).encode()
 
 
@@ -52,35 +55,51 @@ def _malformed(rng: random.Random, i: int) -> tuple[str, list[tuple[bytes, bytes
 
 
 async def test_a_soak_of_2000_deliveries_with_malformed_ones_loses_nothing_and_freezes_nothing(tmp_path: Path) -> None:
-    """Every valid delivery is stored once and processed, /healthz answers within 100 ms all the while, and every
-    worker loop is alive at the end."""
+    """Every valid delivery is stored once and processed, the hostile ones hold the service no more often than
+    benign ones do, /healthz answers all the while, and every worker loop is alive at the end.
+
+    No time is asserted (the machine is shared). The deliveries go in ``ROUNDS`` pairs of windows: one of valid
+    deliveries only (the baseline), then one as large with the malformed ones (twice ``MALFORMED_SHARE``, so 5%
+    overall) and a 48 KB hostile comment. The service's own lag histogram (read before and after each window and
+    its processing) counts the holds of its loop over ``LONG_HOLD_S``, and the probe thread counts the /healthz
+    answers slower than that: the hostile windows may have no more of either than the benign ones, so a
+    neighbour's burst that hits both kinds alike passes, while a hostile delivery that holds the loop for 0.3 s
+    fails the test (tried: ``time.sleep(0.3)`` in ``parse_comment`` for the 48 KB comment)."""
     proc = ServeProcess(tmp_path, module="bot")
     await proc.start("serve", "--config", str(proc.config))
     rng = random.Random(SEED)
     valid: dict[str, bytes] = {}
-    plan: list[tuple[str, list[tuple[bytes, bytes]], bytes]] = []
-    for i in range(DELIVERIES):
-        if rng.random() < MALFORMED_SHARE:
-            plan.append(_malformed(rng, i))
-        else:
-            body = payload(rng.choice(["opened", "label_updated", "closed", "reopened"]), number=i + 1)
-            plan.append(("valid", signed_headers(body, delivery=f"ok-{i}"), body))
-            valid[f"ok-{i}"] = body
-    hostile = _hostile_comment()
-    hostile_headers = signed_headers(hostile, delivery="hostile", event=b"issue_comment")
-    plan.insert(DELIVERIES // 2, ("valid", hostile_headers, hostile))
-    valid["hostile"] = hostile
+    size = DELIVERIES // (2 * ROUNDS)
+    windows: list[list[tuple[str, list[tuple[bytes, bytes]], bytes]]] = []
+    for round_ in range(ROUNDS):
+        for hostile in (False, True):
+            plan: list[tuple[str, list[tuple[bytes, bytes]], bytes]] = []
+            for i in range(len(windows) * size, (len(windows) + 1) * size):
+                if hostile and rng.random() < 2 * MALFORMED_SHARE:
+                    plan.append(_malformed(rng, i))
+                else:
+                    body = payload(rng.choice(["opened", "label_updated", "closed", "reopened"]), number=i + 1)
+                    plan.append(("valid", signed_headers(body, delivery=f"ok-{i}"), body))
+                    valid[f"ok-{i}"] = body
+            if hostile:
+                comment = _hostile_comment(round_)
+                plan.insert(size // 2, ("valid", signed_headers(comment, delivery=f"hostile-{round_}",
+                                                                event=b"issue_comment"), comment))
+                valid[f"hostile-{round_}"] = comment
+            windows.append(plan)
 
-    health: list[float] = []
+    health: list[tuple[int, float]] = []  # (window, seconds)
+    current = [0]
     stop = threading.Event()
 
     def probe() -> None:
         """In a thread of its own, so that this test's own client loop (2,000 sends) never delays a probe."""
         while not stop.is_set():
+            window = current[0]
             began = time.perf_counter()
             with urllib.request.urlopen(f"{proc.url}/healthz", timeout=5) as resp:  # noqa: S310 (loopback)
                 assert resp.status == 200
-            health.append(time.perf_counter() - began)
+            health.append((window, time.perf_counter() - began))
             time.sleep(0.02)
 
     semaphore = asyncio.Semaphore(16)
@@ -96,20 +115,32 @@ async def test_a_soak_of_2000_deliveries_with_malformed_ones_loses_nothing_and_f
         else:
             assert status in (400, 401), (kind, status, doc)
 
+    def settled() -> bool:
+        with sqlite3.connect(proc.db) as conn:
+            open_rows = conn.execute(
+                "SELECT COUNT(*) FROM deliveries WHERE status IN ('queued', 'processing')"
+            ).fetchone()[0]
+        return open_rows == 0
+
+    lag: list[tuple[float, int]] = []  # per window: (worst loop lag, long holds)
     try:
         async with aiohttp.ClientSession() as session:
+
+            async def metrics() -> str:
+                async with session.get(f"{proc.url}/metrics") as resp:
+                    assert resp.status == 200
+                    return await resp.text()
+
             prober = threading.Thread(target=probe, name="healthz-probe")
             prober.start()
-            await asyncio.gather(*(send(*item) for item in plan))
-
-            def settled() -> bool:
-                with sqlite3.connect(proc.db) as conn:
-                    open_rows = conn.execute(
-                        "SELECT COUNT(*) FROM deliveries WHERE status IN ('queued', 'processing')"
-                    ).fetchone()[0]
-                return open_rows == 0
-
-            await proc.wait_for(settled, "the inbox drained", timeout=120)
+            for index, plan in enumerate(windows):
+                current[0] = index
+                before = lag_buckets(await metrics())
+                await asyncio.gather(*(send(*item) for item in plan))
+                await proc.wait_for(settled, "the inbox drained", timeout=120)
+                await asyncio.sleep(0.05)  # the lag monitor's next tick sees a hold that ended just now
+                after = lag_buckets(await metrics())
+                lag.append((worst_lag(before, after), long_holds(before, after)))
             stop.set()
             await asyncio.to_thread(prober.join)
             async with session.get(f"{proc.url}/readyz") as resp:
@@ -125,15 +156,14 @@ async def test_a_soak_of_2000_deliveries_with_malformed_ones_loses_nothing_and_f
     stored_bad = {d: s for d, (s, _b) in rows.items() if d.startswith("bad-")}
     assert set(stored_bad.values()) <= {"failed", "ignored"}, stored_bad
     assert ready["ready"] is True and ready["checks"]["worker"]["loops_alive"] == ready["checks"]["worker"]["loops"]
-    # The service's own measure of how long anything held its loop, over the whole soak: under 100 ms.
-    lag_max = float(ready["checks"]["event_loop"]["lag_max_s"])
-    assert lag_max < 0.1, lag_max
-    # Seen from outside, every /healthz answered within 100 ms but for rare outliers of a machine that CI shares
-    # with other processes (a probe's own connect, the scheduler): the 99th percentile is held to 100 ms, and no
-    # probe may reach a second (a frozen service would fail both).
-    ordered = sorted(health)
-    p99 = ordered[int(0.99 * (len(ordered) - 1))]
-    assert len(health) > 20 and p99 < 0.1 and ordered[-1] < 1.0, (len(health), p99, ordered[-1])
-    print(f"soak: {len(plan)} deliveries ({len(plan) - len(valid)} malformed), {len(valid)} valid all done once, "
-          f"/healthz {len(health)} probes, p99 {p99 * 1000:.1f} ms, max {ordered[-1] * 1000:.1f} ms; "
-          f"service loop lag max {lag_max * 1000:.1f} ms")
+    # The service's own measure of how long anything held its loop, window by window (benign, hostile, ...).
+    assert sum(n for _, n in lag[1::2]) <= sum(n for _, n in lag[0::2]), lag
+    # Seen from outside: probes answered all the while (each within its 5 s timeout), and no more slow ones while
+    # hostile deliveries came in than while benign ones did.
+    slow = [sum(1 for w, s in health if w == index and s > LONG_HOLD_S) for index in range(len(windows))]
+    assert len(health) > 20, len(health)
+    assert sum(slow[1::2]) <= sum(slow[0::2]), slow
+    slowest = max(s for _, s in health)
+    print(f"soak: {sum(map(len, windows))} deliveries ({sum(map(len, windows)) - len(valid)} malformed), "
+          f"{len(valid)} valid all done once, /healthz {len(health)} probes (slowest {slowest * 1000:.1f} ms, over "
+          f"{LONG_HOLD_S} s per window {slow}); per window (worst loop lag s, holds over {LONG_HOLD_S} s): {lag}")

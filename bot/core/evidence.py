@@ -1,8 +1,4 @@
-"""Evidence and failure comments: a human summary, the Canonical Issue State, JSON evidence, a hidden marker.
-
-Every comment the bot posts carries ``<!-- foreman:evidence KEY -->``: the outbox finds an earlier copy
-of its own comment by that marker (after a crash or a timeout) and adopts it instead of posting twice.
-"""
+"""Evidence and failure comments: a human summary, the Canonical Issue State, JSON evidence, a hidden marker."""
 
 from __future__ import annotations
 

@@ -1,10 +1,4 @@
-"""The gateway's pure decision: ordered preconditions, their rejection kinds, and the refusal envelope.
-
-Semantics follow seed 001 ("Preconditions and Rejection Kinds"): every precondition of a verb is
-checked; if the *first* failing one is an ownership/identity gate (``not_authorized``) the caller is
-refused with that gate's remediation and no ``missing[]``; otherwise the refusal is a ``tracing_gap``
-naming every failing precondition's ``missing_token`` in order, with the first one's remediation.
-"""
+"""The gateway's pure decision: ordered preconditions, their rejection kinds, and the refusal envelope."""
 
 from __future__ import annotations
 

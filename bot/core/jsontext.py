@@ -1,6 +1,4 @@
-"""Strict RFC 8259 decoding of untrusted JSON text, the same everywhere: what ``json.loads`` cannot or should
-not take (bad syntax or encoding, NaN/Infinity, nesting past the recursion limit, integers past Python's
-4,300-digit limit, a repeated object key) is one typed ``JSONTextError``, never another exception. Pure."""
+"""Strict RFC 8259 decoding of untrusted JSON text: every refusal is one typed ``JSONTextError``. Pure."""
 
 from __future__ import annotations
 

@@ -1,12 +1,4 @@
-"""Who may set an issue's state: the pure reading of what Gitea reports (no I/O here).
-
-Gitea's permission API (routers/api/v1/repo/collaborators.go ``GetRepoPermissions``) reports the access
-*mode* (models/perm/access/repo_permission.go ``GetIndividualUserRepoPermission(...).AccessMode``). For a
-member of an organization team that mode is the team's AccessMode, and teams made in the web UI are only
-``read`` ("general access") or ``admin``: a per-unit Write on Issues sits in the team's units
-(``team_unit``) and never raises the mode. So ``read`` is not the last word on an org-owned repository:
-the teams that grant Write on the Issues unit, and the person's membership in them, are.
-"""
+"""Who may set an issue's state: the pure reading of what Gitea reports about permissions and teams."""
 
 from __future__ import annotations
 

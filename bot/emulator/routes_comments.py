@@ -22,21 +22,25 @@ from bot.emulator.http_helpers import (
     request_repo,
     total_count_headers,
 )
-from bot.emulator.model import EmuRepo
+from bot.emulator.model import EmuRepo, EmuUser
 from bot.emulator.state import ApiError
 
 
-async def list_comments(emu: Emulator, request: web.Request) -> web.StreamResponse:
-    """GET .../issues/{index}/comments: every plain comment, oldest first, no pagination."""
-    repo, _ = request_repo(emu, request)
-    comments = issue_or_500(repo, request).comments
+def _in_window(comments: list[Any], request: web.Request) -> list[Any]:
+    """The comments ``since``/``before`` select (``updated`` compared inclusively), ordered ``created, id``."""
     if since := request.query.get("since", ""):
         floor = parse_time(since, "since")
         comments = [c for c in comments if c.updated >= floor]
     if before := request.query.get("before", ""):
         ceiling = parse_time(before, "before")
         comments = [c for c in comments if c.updated <= ceiling]
-    comments.sort(key=lambda c: (c.created, c.id))
+    return sorted(comments, key=lambda c: (c.created, c.id))
+
+
+async def list_comments(emu: Emulator, request: web.Request) -> web.StreamResponse:
+    """GET .../issues/{index}/comments: every plain comment, oldest first, no pagination."""
+    repo, _ = request_repo(emu, request)
+    comments = _in_window(issue_or_500(repo, request).comments, request)
     return json_response([convert.comment_json(emu, c) for c in comments], headers=total_count_headers(len(comments)))
 
 
@@ -48,14 +52,7 @@ async def list_repo_comments(emu: Emulator, request: web.Request) -> web.StreamR
     ``parseFormTime``, 422 for a time that is not RFC 3339); ordered ``created_unix, id`` ascending
     (``FindComments``); paginated by ``utils.GetListOptions`` with ``X-Total-Count`` and ``Link``."""
     repo, _ = request_repo(emu, request)
-    comments = [c for issue in repo.issues.values() for c in issue.comments]
-    if since := request.query.get("since", ""):
-        floor = parse_time(since, "since")
-        comments = [c for c in comments if c.updated >= floor]
-    if before := request.query.get("before", ""):
-        ceiling = parse_time(before, "before")
-        comments = [c for c in comments if c.updated <= ceiling]
-    comments.sort(key=lambda c: (c.created, c.id))
+    comments = _in_window([c for issue in repo.issues.values() for c in issue.comments], request)
     page, limit = list_options(request)
     total = len(comments)
     chosen = comments[(page - 1) * limit : page * limit]
@@ -87,6 +84,16 @@ def _comment(emu: Emulator, repo: EmuRepo, request: web.Request) -> Any:
     return comment
 
 
+def _changeable_comment(emu: Emulator, request: web.Request, verb: str) -> tuple[Any, EmuUser]:
+    """The comment of the URL and the caller, who must be its poster or a writer (403 otherwise)."""
+    repo, perm = request_repo(emu, request)
+    doer = request_doer(request)
+    comment = _comment(emu, repo, request)
+    if comment.poster is not doer and not is_writer(perm):
+        raise ApiError(403, f"only the poster or a writer may {verb} this comment", bare=True)
+    return comment, doer
+
+
 async def get_comment(emu: Emulator, request: web.Request) -> web.StreamResponse:
     """GET .../issues/comments/{id}: 204 for a timeline item that is not a plain comment."""
     repo, _ = request_repo(emu, request)
@@ -97,12 +104,8 @@ async def get_comment(emu: Emulator, request: web.Request) -> web.StreamResponse
 
 
 async def edit_comment(emu: Emulator, request: web.Request) -> web.StreamResponse:
-    """PATCH .../issues/comments/{id}: poster or writer; webhook only when the body changes."""
-    repo, perm = request_repo(emu, request)
-    doer = request_doer(request)
-    comment = _comment(emu, repo, request)
-    if comment.poster is not doer and not is_writer(perm):
-        raise ApiError(403, "only the poster or a writer may edit this comment", bare=True)  # editIssueComment
+    """PATCH .../issues/comments/{id}: poster or writer (editIssueComment); webhook only when the body changes."""
+    comment, doer = _changeable_comment(emu, request, "edit")
     if comment.kind != "comment":
         return no_content()
     form = await read_json_body(request)
@@ -115,11 +118,7 @@ async def edit_comment(emu: Emulator, request: web.Request) -> web.StreamRespons
 
 async def delete_comment(emu: Emulator, request: web.Request) -> web.StreamResponse:
     """DELETE .../issues/comments/{id}: poster or writer; 204."""
-    repo, perm = request_repo(emu, request)
-    doer = request_doer(request)
-    comment = _comment(emu, repo, request)
-    if comment.poster is not doer and not is_writer(perm):
-        raise ApiError(403, "only the poster or a writer may delete this comment", bare=True)
+    comment, doer = _changeable_comment(emu, request, "delete")
     if comment.kind != "comment":
         # deleteIssueComment: ctx.Status(400) when !comment.Type.HasContentSupport() (audit #17).
         raise ApiError(400, "this timeline item has no content", bare=True)

@@ -36,6 +36,16 @@ async def list_issue_labels(emu: Emulator, request: web.Request) -> web.StreamRe
     return _label_list(emu, request_issue(repo, request))
 
 
+def _writable_issue(emu: Emulator, request: web.Request) -> tuple[EmuIssue, EmuUser]:
+    """The issue of the URL and the caller, who must be able to write issues (403 otherwise)."""
+    repo, perm = request_repo(emu, request)
+    doer = request_doer(request)
+    issue = request_issue(repo, request)
+    if not is_writer(perm):
+        raise ApiError(403, "must have write access to issues", bare=True)
+    return issue, doer
+
+
 async def _labels_option(emu: Emulator, request: web.Request) -> tuple[EmuIssue, EmuUser, list[Any]]:
     repo, perm = request_repo(emu, request)
     doer = request_doer(request)
@@ -70,22 +80,14 @@ async def replace_issue_labels(emu: Emulator, request: web.Request) -> web.Strea
 
 async def clear_issue_labels(emu: Emulator, request: web.Request) -> web.StreamResponse:
     """DELETE .../issues/{index}/labels: 204 and ``label_cleared``."""
-    repo, perm = request_repo(emu, request)
-    doer = request_doer(request)
-    issue = request_issue(repo, request)
-    if not is_writer(perm):
-        raise ApiError(403, "must have write access to issues", bare=True)
+    issue, doer = _writable_issue(emu, request)
     emu._op_clear_labels(issue, doer, notify=True)
     return no_content()
 
 
 async def remove_issue_label(emu: Emulator, request: web.Request) -> web.StreamResponse:
     """DELETE .../issues/{index}/labels/{id}: by id only; 422 for an unknown label; ``label_updated``."""
-    repo, perm = request_repo(emu, request)
-    doer = request_doer(request)
-    issue = request_issue(repo, request)
-    if not is_writer(perm):
-        raise ApiError(403, "must have write access to issues", bare=True)
+    issue, doer = _writable_issue(emu, request)
     label_id = int(request.match_info["id"])
     label = emu.label(label_id)
     if label is None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hashlib
 import hmac
 import json
@@ -16,6 +15,8 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 import aiohttp
+
+from bot.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -295,11 +296,7 @@ class WebhookSender:
 
     async def close(self) -> None:
         """Cancel what is still running and close the HTTP session."""
-        for task in list(self._tasks):
-            task.cancel()
-        for task in list(self._tasks):
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+        await cancel_and_wait(*self._tasks, also_suppress=(Exception,))
         self._backlog.clear()
         if self._session is not None:
             await self._session.close()

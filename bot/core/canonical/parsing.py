@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -19,6 +19,7 @@ from bot.core.canonical.records import (
     BlockResult,
     CanonicalState,
     ParseError,
+    ParseErrorCode,
     ParseResult,
     allowed_roles,
     allowed_states,
@@ -316,28 +317,16 @@ def _check_values(values: Mapping[str, tuple[str, int]]) -> list[ParseError]:
                     f"{key} has no value (write `none` when there is nothing to say)",
                 )
             )
-    if "STATE" in values and values["STATE"][0]:
-        value, line_no = values["STATE"]
-        if not is_state(value):
-            errors.append(
-                ParseError(
-                    "unknown_state",
-                    line_no,
-                    "STATE",
-                    f"STATE {value!r} is not one of {allowed_states()}{_case_hint(value, allowed_states())}",
-                )
-            )
-    if "WHO_IS_NEXT" in values and values["WHO_IS_NEXT"][0]:
-        value, line_no = values["WHO_IS_NEXT"]
-        if not is_role(value):
-            errors.append(
-                ParseError(
-                    "unknown_role",
-                    line_no,
-                    "WHO_IS_NEXT",
-                    f"WHO_IS_NEXT {value!r} is not one of {allowed_roles()}{_case_hint(value, allowed_roles())}",
-                )
-            )
+    vocabularies: tuple[tuple[str, ParseErrorCode, Callable[[str], bool], Callable[[], str]], ...] = (
+        ("STATE", "unknown_state", is_state, allowed_states),
+        ("WHO_IS_NEXT", "unknown_role", is_role, allowed_roles),
+    )
+    for key, kind, known, allowed in vocabularies:
+        if key in values and values[key][0]:
+            value, line_no = values[key]
+            if not known(value):
+                hint = _case_hint(value, allowed())
+                errors.append(ParseError(kind, line_no, key, f"{key} {value!r} is not one of {allowed()}{hint}"))
     if "RELATED_PRS" in values and values["RELATED_PRS"][0]:
         value, line_no = values["RELATED_PRS"]
         parsed = _parse_related_prs(value)
