@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 from tests.conftest import REPO_ROOT
@@ -72,3 +73,40 @@ def test_the_check_sees_lazy_relative_and_type_checking_imports(tmp_path: Path) 
         "handlers", "handlers.issue_state", "handlers.issue_state.router"
     ]
     assert "bot.core.dispatch" in _imported(probe, tmp_path)
+
+
+_SQL = re.compile(
+    r"\s*(SELECT\s.*\bFROM\b|SELECT\s+COUNT|INSERT\s+(OR\s+\w+\s+)?INTO\b|UPDATE\s+\w+\s+SET\b|DELETE\s+FROM\b"
+    r"|CREATE\s+(TABLE|(UNIQUE\s+)?INDEX)\b|PRAGMA\s+\w)",
+    re.DOTALL,
+)
+
+
+def _sql_strings(path: Path) -> list[int]:
+    """Lines of string constants that begin like an SQL statement (keywords in capitals, as this code base writes
+    them; the first part of a multi-part literal counts)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    return sorted(
+        node.lineno for node in ast.walk(tree)
+        if isinstance(node, ast.Constant) and isinstance(node.value, str)
+        and _SQL.match(node.value)
+    )
+
+
+def test_sql_lives_in_state_only() -> None:
+    """Every query is a named store method in state/: no module of bot/ or handlers/ writes SQL or opens SQLite
+    itself (aiosqlite may be named for a transaction's type; the emulator keeps no database)."""
+    offenders = {
+        str(path.relative_to(REPO_ROOT)): found
+        for path in _sources("bot/**/*.py", "handlers/**/*.py")
+        if (found := _sql_strings(path)
+            or sorted(n for n in _imported(path, REPO_ROOT) if n.split(".")[0] == "sqlite3"))
+    }
+    assert offenders == {}
+
+
+def test_the_sql_check_sees_a_query(tmp_path: Path) -> None:
+    probe = tmp_path / "probe.py"
+    probe.write_text('Q = (\n    "SELECT status FROM outbox"\n    " WHERE kind = ?"\n)\nD = "Delete a branch."\n'
+                     'I = "INSERT INTO t (a) VALUES (?)"\n', encoding="utf-8")
+    assert _sql_strings(probe) == [2, 6]

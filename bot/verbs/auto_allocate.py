@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -19,11 +18,12 @@ from bot.core.vocabulary import label_for_state
 from bot.gitea import GiteaError
 from bot.verbs.allocate import AllocationOutcome, Allocator, AllocatorGitea
 from bot.verbs.runtime import CallOptions, VerbRuntime, no_bootstrap, operator_caller
-from state.db import Database, to_db_time, utcnow
+from state.auto_allocations import AutoAllocationStore
+from state.db import Database, utcnow
 from state.exclusions import ExclusionStore
 from state.journal import JournalStore
 from state.leases import LeaseStore
-from state.outbox import OutboxIntent, enqueue
+from state.outbox import OutboxIntent, OutboxStore, enqueue
 
 log = logging.getLogger("foreman.auto_allocate")
 
@@ -86,12 +86,8 @@ async def author_pick(db: Database, settings: Settings, now: datetime) -> Author
 
 async def recent_decisions(db: Database, repo: str, *, limit: int = 10) -> list[dict[str, Any]]:
     """The latest automatic decisions, newest first, as recorded."""
-    async with db.reader.execute(
-        "SELECT decided_at, trigger, delivery_id, doc_json FROM auto_allocations WHERE repo = ? ORDER BY id DESC"
-        " LIMIT ?", (repo, limit),
-    ) as cur:
-        rows = list(await cur.fetchall())
-    return [{**json.loads(r["doc_json"]), "decided_at": r["decided_at"], "delivery": r["delivery_id"]} for r in rows]
+    return [{**d.doc, "decided_at": d.decided_at, "delivery": d.delivery_id}
+            for d in await AutoAllocationStore(db).recent(repo, limit=limit)]
 
 
 async def auto_allocate(
@@ -236,10 +232,7 @@ async def _maybe_block(db: Database, allocator: Allocator, outcome: AllocationOu
     excluded.add(number)
     report.blocked.append(number)
     prefix = f"auto-proof:{number}:"
-    async with db.reader.execute(
-        "SELECT status FROM outbox WHERE idempotency_key LIKE ? AND kind = 'comment'", (prefix + "%",)
-    ) as cur:
-        statuses = [row["status"] for row in await cur.fetchall()]
+    statuses = await OutboxStore(db).comment_statuses(prefix)
     if any(status in ("pending", "sending") for status in statuses):
         return True  # the same refusal is already on its way
     key = f"{prefix}{len(statuses)}"
@@ -328,9 +321,5 @@ async def _waiting(db: Database, settings: Settings, allocator: Allocator, repor
 
 async def _record(db: Database, settings: Settings, report: AutoReport, delivery_id: str | None,
                   now: datetime | None) -> None:
-    async with db.transaction() as conn:
-        await conn.execute(
-            "INSERT INTO auto_allocations (repo, decided_at, trigger, delivery_id, doc_json) VALUES (?, ?, ?, ?, ?)",
-            (settings.repo_key, to_db_time(now or utcnow()), report.trigger, delivery_id,
-             json.dumps(report.to_dict(), sort_keys=True, default=str)),
-        )
+    await AutoAllocationStore(db).record(settings.repo_key, decided_at=now or utcnow(), trigger=report.trigger,
+                                         delivery_id=delivery_id, doc=report.to_dict())
