@@ -107,6 +107,7 @@ class World:
     settings: Settings
     db: Database
     ctx: BootstrapContext
+    gitea: GiteaClient
 
     @property
     def checkout(self) -> Path:
@@ -215,7 +216,7 @@ async def world(
             if clone:
                 prepared = await ensure_control_checkout(ctx)
                 assert prepared["ok"], prepared
-            yield World(live, root, settings, db, ctx)
+            yield World(live, root, settings, db, ctx, gitea)
         finally:
             await db.close()
             shutil.rmtree(root, ignore_errors=True)

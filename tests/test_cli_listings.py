@@ -38,9 +38,9 @@ def _env(**extra: str) -> dict[str, str]:
     return env
 
 
-def foreman(*args: str, timeout: float = 60, **kwargs: object) -> subprocess.CompletedProcess[str]:
+def foreman(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "bot", *args], capture_output=True, text=True, timeout=timeout,
-                          check=False, cwd=REPO_ROOT, env=_env(), **kwargs)  # type: ignore[call-overload]
+                          check=False, cwd=REPO_ROOT, env=_env())
 
 
 @pytest.fixture(scope="module")

@@ -26,6 +26,7 @@ from collections import Counter
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -326,7 +327,7 @@ async def test_sigkill_during_a_burst_of_deliveries_leaves_every_issue_consisten
         finally:
             if proc.proc is not None and proc.proc.returncode is None:
                 await proc.kill()
-        summary = {
+        summary: dict[str, Any] = {
             "seed": seed,
             "seconds": round(time.monotonic() - started, 1),
             "operations": burst.ops,

@@ -35,7 +35,7 @@ def test_canonical_json_is_key_order_and_whitespace_independent_and_typed() -> N
 def test_freeze_gives_a_deep_read_only_copy() -> None:
     source = {"a": [1, {"b": 2}]}
     frozen = freeze(source)
-    source["a"].append(3)  # type: ignore[attr-defined]
+    source["a"].append(3)
     assert frozen["a"] == (1, {"b": 2})
     with pytest.raises(TypeError):
         frozen["a"][1]["b"] = 3

@@ -7,6 +7,7 @@ over 4,300 digits raised ValueError from str() in a problem message."""
 
 from __future__ import annotations
 
+import functools
 import gc
 import json
 import random
@@ -36,9 +37,11 @@ class Gen:
         r = self.r
         kind = r.randrange(8)
         if kind == 0:
-            return r.choice([0, -1, 1, 2**63 - 1, 2**63, -(2**63), 2**64])
+            edges: list[int] = [0, -1, 1, 2**63 - 1, 2**63, -(2**63), 2**64]
+            return r.choice(edges)
         if kind == 1:
-            return (10 ** r.randrange(4_301, 6_000) - 1) * r.choice([1, -1])  # over the int-str limit
+            huge: int = 10 ** r.randrange(4_301, 6_000) - 1  # over the int-str limit
+            return huge * r.choice([1, -1])
         if kind == 2:
             return r.randrange(-(10**30), 10**30)
         return r.randrange(1, 5_000)
@@ -171,14 +174,14 @@ def test_fuzz_candidates_json_normalizes_or_refuses_typed_within_50_ms_each() ->
             if index % 3 == 0:
                 raw: Any = gen.document()
                 calls: list[tuple[str, Callable[[], object]]] = [
-                    ("normalize_candidates(object)", lambda raw=raw: normalize_candidates(raw)),
-                    ("normalize_exclusions(object)", lambda raw=raw: normalize_exclusions(raw)),
+                    ("normalize_candidates(object)", functools.partial(normalize_candidates, raw)),
+                    ("normalize_exclusions(object)", functools.partial(normalize_exclusions, raw)),
                 ]
             else:
                 text = gen.text()
                 calls = [
-                    ("normalize_candidates(text)", lambda text=text: normalize_candidates(text)),
-                    ("parse_candidates_option(text)", lambda text=text: parse_candidates_option(text)),
+                    ("normalize_candidates(text)", functools.partial(normalize_candidates, text)),
+                    ("parse_candidates_option(text)", functools.partial(parse_candidates_option, text)),
                 ]
             for name, call in calls:
                 elapsed, failure = _run(call)

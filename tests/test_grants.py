@@ -202,8 +202,8 @@ async def test_broker_rejects_mcp_completion_after_grant_expiry(world: World) ->
     assert state.next_position == 0 and state.inflight is None and state.outcome == "expired"
     _refused(await broker.before_call(*STATE), "grant_expired", "expired")
     # The reserved teardown cannot be skipped, expiry or not: it is admitted once, and the outcome stays.
-    admission, completion = await world.run_teardown(broker)
-    assert admission.allowed and completion is not None and completion.accepted
+    admission, torn_down = await world.run_teardown(broker)
+    assert admission.allowed and torn_down is not None and torn_down.accepted
     state = await world.state()
     assert state.outcome == "expired" and state.teardown == "done"
 

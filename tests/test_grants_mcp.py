@@ -15,7 +15,7 @@ import re
 import sqlite3
 import subprocess
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -32,7 +32,7 @@ from bot.core.evidence import find_marker, marker
 from bot.mcp_server import bind_run, broker_around, build_server
 from bot.verbs.runs.broker import Broker, run_evidence_key
 from bot.verbs.runs.start import host_identity, start_run
-from bot.verbs.runtime import VerbResult, VerbRuntime, no_bootstrap
+from bot.verbs.runtime import Caller, VerbResult, VerbRuntime, no_bootstrap
 from state.db import Database, utcnow
 from state.grants import GrantStore
 from state.outbox import OutboxIntent, OutboxStore
@@ -285,10 +285,11 @@ async def test_a_late_result_is_refused_and_does_not_advance_the_plan(tmp_path: 
         runtime_call = bound.runtime.call
         ran: list[str] = []
 
-        async def slow_call(verb: str, caller: Any, arguments: Any, **kwargs: Any) -> VerbResult:
-            ran.append(verb)
+        async def slow_call(verb_name: str, caller: Caller, arguments: Mapping[str, object], **kwargs: Any
+                            ) -> VerbResult:
+            ran.append(verb_name)
             bound.clock.value = bound.expires_at + timedelta(seconds=1)  # the grant ran out meanwhile
-            return await runtime_call(verb, caller, arguments, **kwargs)
+            return await runtime_call(verb_name, caller, arguments, **kwargs)
 
         bound.runtime.call = slow_call  # type: ignore[method-assign]
         async with session(bound) as client:
@@ -314,7 +315,8 @@ async def test_a_call_cancelled_in_flight_aborts_the_run_and_keeps_blocking_the_
         runtime_call = bound.runtime.call
         started = asyncio.Event()
 
-        async def hanging_call(verb: str, caller: Any, arguments: Any, **kwargs: Any) -> VerbResult:
+        async def hanging_call(verb_name: str, caller: Caller, arguments: Mapping[str, object], **kwargs: Any
+                               ) -> VerbResult:
             started.set()
             await asyncio.Event().wait()
             raise AssertionError("unreachable")
@@ -325,7 +327,7 @@ async def test_a_call_cancelled_in_flight_aborts_the_run_and_keeps_blocking_the_
         async def run(arguments: dict[str, Any]) -> VerbResult:
             return await bound.runtime.call("get_issue_state", None, arguments)  # type: ignore[arg-type]
 
-        task = asyncio.create_task(around(READ[0], dict(READ[1]), run))
+        task = asyncio.ensure_future(around(READ[0], dict(READ[1]), run))
         await asyncio.wait_for(started.wait(), 10)
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
@@ -349,7 +351,8 @@ async def test_a_client_abandoning_a_call_aborts_the_run(tmp_path: Path) -> None
     """The same through the SDK: a client that gives up on a call cancels it on the server; the run is aborted."""
     async with bound_run(tmp_path) as bound:
 
-        async def hanging_call(verb: str, caller: Any, arguments: Any, **kwargs: Any) -> VerbResult:
+        async def hanging_call(verb_name: str, caller: Caller, arguments: Mapping[str, object], **kwargs: Any
+                               ) -> VerbResult:
             await asyncio.Event().wait()
             raise AssertionError("unreachable")
 
@@ -400,8 +403,8 @@ async def test_the_run_closes_even_when_its_evidence_cannot_be_queued_in_the_clo
     closes (the teardown is never left in flight by it) and the entry is written once more on its own."""
     import bot.verbs.runs.broker as broker_module
     from bot.verbs.runs.inspect import run_teardown
+    from state.outbox import enqueue as real_enqueue
 
-    real_enqueue = broker_module.enqueue
     attempts: list[str] = []
 
     async def flaky_enqueue(conn: Any, intent: Any, **kwargs: Any) -> bool:

@@ -25,10 +25,10 @@ from state.journal import JournalStore
 from state.leases import LeaseStore
 from tests.gitea_fixtures import OWNER, REPO, ReceivedHook, webhook_sink
 from tests.support import SECRET, Started, wait_status
-from tests.world import FULL_NAME, World, open_world
+from tests.world import FULL_NAME, Sections, World, open_world
 
 ROSTER = {"controller-bot": ["controller"], "author-1": ["author"]}
-LOOP = {"allocator": {"auto_allocate_owner": "author-1"}, "bootstrap": {"on_allocate": "run"}}
+LOOP: Sections = {"allocator": {"auto_allocate_owner": "author-1"}, "bootstrap": {"on_allocate": "run"}}
 
 
 @pytest.fixture(params=["1.22.3", "1.26.3"])
@@ -388,7 +388,8 @@ async def test_the_loop_completes_once_gitea_recovers_from_a_5xx_spell(world: Wo
 async def test_a_long_outage_parks_the_delivery_and_a_replay_completes_the_loop(tmp_path: Path, start: Started) -> None:
     """Issue 9.3: Gitea down for longer than `worker.max_attempts`: the delivery is parked as failed with nothing
     leased; after Gitea recovers, the operator's replay runs the whole loop once."""
-    async with open_world(tmp_path, start, roster=ROSTER, worker={"max_attempts": 2}, **LOOP) as world:
+    loop: Sections = {**LOOP, "worker": {"max_attempts": 2}}
+    async with open_world(tmp_path, start, roster=ROSTER, **loop) as world:
         emu = world.live.emulator
         number = await world.open_issue("alice", "Make the widget blue")
         await world.call("alice", "POST", f"/issues/{number}/labels", {"labels": ["status:ready"]}, settle=False)
@@ -408,7 +409,7 @@ async def test_a_long_outage_parks_the_delivery_and_a_replay_completes_the_loop(
 async def test_an_allocate_comment_retries_a_bootstrap_gitea_could_not_serve(tmp_path: Path, start: Started) -> None:
     """Issue 9.3: a controller's `/allocate` whose server-side bootstrap meets a 5xx spell longer than the client's
     own retries: the delivery is retried until the bootstrap completes; one lease, one worktree, one reply."""
-    loop = {"bootstrap": {"on_allocate": "run"}, "allocator": {"auto": False}}  # only the comment allocates
+    loop: Sections = {"bootstrap": {"on_allocate": "run"}, "allocator": {"auto": False}}  # only the comment allocates
     async with open_world(tmp_path, start, roster=ROSTER, **loop) as world:
         emu = world.live.emulator
         number = await world.open_issue("alice", "Make the widget blue")

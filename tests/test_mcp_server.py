@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import jsonschema
+import jsonschema  # type: ignore[import-untyped]  # (no stubs installed; the project adds none)
 import pydantic
 import pytest
 from mcp import Client
@@ -196,7 +196,8 @@ def test_allocation_arguments_are_typed_in_the_schema() -> None:
 def test_identity_comes_from_the_token_and_the_roster(tmp_path: Path) -> None:
     settings = mcp_settings(tmp_path)
     controller = resolve_identity(settings, "tok-controller")
-    assert (controller.login, controller.roles, controller.channel) == ("controller-bot", {"controller"}, "mcp")
+    assert (controller.login, controller.roles, controller.channel) == ("controller-bot", frozenset({"controller"}),
+                                                                        "mcp")
     assert resolve_identity(settings, "tok-stranger").roles == frozenset()
     for token in (None, "", "tok-nope", "tok-controller "):
         with pytest.raises(IdentityError):
@@ -502,7 +503,7 @@ async def test_bootstrap_and_lock_through_mcp_run_the_real_worktree_transition()
     async with world() as w:
         number = w.issue()
         await w.lease(number, owner="alice")
-        runtime = VerbRuntime(db=w.db, settings=w.settings, gitea=w.ctx.gitea, bot_login="foreman-bot")
+        runtime = VerbRuntime(db=w.db, settings=w.settings, gitea=w.gitea, bot_login="foreman-bot")
 
         def session(login: str) -> Client:
             return Client(build_server(runtime, caller_for(w.settings, login, "mcp")))

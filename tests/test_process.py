@@ -276,7 +276,9 @@ poll_interval_s = 0.05
 
         def outbox_row() -> tuple[str, int]:
             with sqlite3.connect(service.db) as conn:
-                return conn.execute("SELECT status, attempts FROM outbox WHERE idempotency_key = 'kill-1'").fetchone()
+                row: tuple[str, int] = conn.execute(
+                    "SELECT status, attempts FROM outbox WHERE idempotency_key = 'kill-1'").fetchone()
+                return row
 
         comments_route = "/repos/{owner}/{repo}/issues/{index}/comments"
         live.emulator.faults.delay("POST", comments_route, 3.0, times=1, after_store=True)

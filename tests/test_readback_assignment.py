@@ -55,7 +55,7 @@ def status_labelled(w: World) -> None:
 
 async def allocate(w: World, number: int, **call: Any) -> dict[str, Any]:
     """The controller's apply for ``number`` (candidates_json), with the allocator's own outbox entries."""
-    outcome = await Allocator(w.db, w.settings, w.ctx.gitea, bot_login=BOT).run(
+    outcome = await Allocator(w.db, w.settings, w.gitea, bot_login=BOT).run(
         AllocationCall(actor="ctl", owner="alice", candidates_json=[{"issue_number": number}], dry_run=False, **call)
     )
     assert outcome.lease is not None, outcome.to_dict()
@@ -68,8 +68,9 @@ def occupied_after_the_proof(path: Path) -> Iterator[None]:
     proof runs before every lease since issue 20, so a directory there beforehand leases nothing): the bootstrap
     then fails after the lease and is compensated."""
     import bot.verbs.allocate
+    import bot.verbs.bootstrap
 
-    original = bot.verbs.allocate.bootstrap_issue_worktree
+    original = bot.verbs.bootstrap.bootstrap_issue_worktree
 
     async def racing(*args: Any, **kwargs: Any) -> Any:
         path.mkdir(parents=True)

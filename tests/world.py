@@ -8,14 +8,16 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
 from aiohttp.test_utils import TestClient
 
 from bot.app import Service
+from bot.config_writer import merged
 from bot.core.issue_state import IssueSnapshot
 from bot.core.vocabulary import status_labels
 from bot.emulator import EmuHook
+from bot.gitea import GiteaClient
 from state.issues import IssueStore
 from state.outbox import OutboxEntry
 from tests.gitea_fixtures import BOT, OWNER, REPO, TOKENS, LiveEmulator, live_emulator
@@ -39,6 +41,15 @@ class Clock:
         return self.now
 
 
+class Sections(TypedDict, total=False):
+    """The settings sections a world's caller sets, each laid over the world's own."""
+
+    allocator: Mapping[str, Any]
+    bootstrap: Mapping[str, Any]
+    worker: Mapping[str, Any]
+    outbox: Mapping[str, Any]
+
+
 @dataclass
 class World:
     """The emulator (acme/widgets) with a hook to a running foreman service."""
@@ -54,6 +65,12 @@ class World:
     @property
     def store(self) -> IssueStore:
         return IssueStore(self.service.db)
+
+    @property
+    def gitea(self) -> GiteaClient:
+        """The service's Gitea client (a world's service always has a token, so always has one)."""
+        assert self.service.gitea is not None
+        return self.service.gitea
 
     async def call(
         self, login: str, method: str, path: str, body: Any = None, *, tick: bool = True, settle: bool = True
@@ -164,7 +181,7 @@ async def open_world(
     *,
     roster: Mapping[str, Sequence[str]] | None = None,
     clone_protocol: str = "http",
-    **sections: Mapping[str, Any],
+    **sections: Unpack[Sections],
 ) -> AsyncIterator[World]:
     """The emulator with every roster user and the status labels, and a service receiving its webhooks.
 
@@ -184,12 +201,8 @@ async def open_world(
             gitea={"url": live.base_url, "token": TOKENS[BOT], "bot_login": BOT},
             repository={"owner": OWNER, "name": REPO},
             roster=dict(roster),
-            **{
-                **sections,
-                "worker": {"concurrency": 4, **sections.get("worker", {})},
-                "outbox": {"backoff_base_s": 0.01, "backoff_max_s": 0.05, "poll_interval_s": 0.05,
-                           **sections.get("outbox", {})},
-            },
+            **merged({"worker": {"concurrency": 4},
+                      "outbox": {"backoff_base_s": 0.01, "backoff_max_s": 0.05, "poll_interval_s": 0.05}}, sections),
         )
         service, client = await start(settings)
         url = str(client.make_url("/webhook"))
