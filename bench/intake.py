@@ -39,6 +39,8 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
+from bot.config_writer import write_config
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SHARED = Path(os.environ.get("FOREMAN_SHARED", str(REPO_ROOT.parent / "shared")))
 DEFAULT_PAYLOAD = SHARED / "gitea" / "payloads" / "issue_comment-created--go-playground.json"
@@ -323,24 +325,12 @@ class Target:
 def write_foreman_config(workdir: Path, port: int, synchronous: str) -> tuple[Path, Path]:
     db_path = workdir / "foreman.db"
     config = workdir / "foreman.toml"
-    config.write_text(
-        "\n".join(
-            [
-                "[server]",
-                'host = "127.0.0.1"',
-                f"port = {port}",
-                "[webhook]",
-                f'secrets = ["{SECRET}"]',
-                "[database]",
-                f'path = "{db_path}"',
-                f'synchronous = "{synchronous}"',
-                "[repository]",
-                f'checkout_root = "{workdir / "checkouts"}"',
-                "",
-            ]
-        ),
-        encoding="utf-8",
-    )
+    write_config(config, {
+        "server": {"host": "127.0.0.1", "port": port},
+        "webhook": {"secrets": [SECRET]},
+        "database": {"path": db_path, "synchronous": synchronous},
+        "repository": {"checkout_root": workdir / "checkouts"},
+    })
     return config, db_path
 
 

@@ -258,10 +258,7 @@ async def test_a_changed_origin_is_refused_with_repoint_as_the_way_out_and_workt
         assert refused.refusal.details["checkout_origin"] == old_origin
         assert refused.refusal.details["clone_url"] == f"{new_base}/{OWNER}/{REPO}.git"
 
-        config = w.root / "foreman.toml"
-        w.config_file()
-        text = config.read_text(encoding="utf-8").replace(f'url = "{w.live.base_url}"', f'url = "{new_base}"')
-        config.write_text(text, encoding="utf-8")
+        config = w.config_file({"gitea": {"url": new_base}})
         code, doc, err = await asyncio.to_thread(_cli, config, "checkout", "repoint", "--json")
         assert code == 0 and doc is not None, err
         assert doc["changed"] is True and doc["from"] == old_origin and doc["to"] == f"{new_base}/{OWNER}/{REPO}.git"

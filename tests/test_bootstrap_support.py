@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from bot.config import Settings
+from bot.config_writer import Document, merged, write_config
 from bot.core.bootstrap import branch_for
 from bot.gitea import GiteaClient
 from bot.verbs.bootstrap import BootstrapContext, BootstrapResult, bootstrap_issue_worktree, ensure_control_checkout
@@ -27,7 +28,7 @@ from state.db import Database, utcnow
 from state.leases import Lease, LeaseStore
 from tests.conftest import REPO_ROOT
 from tests.gitea_fixtures import BOT, OWNER, REPO, TOKENS, LiveEmulator, live_emulator, scratch_dir
-from tests.support import SECRET, make_settings
+from tests.support import emulator_sections, make_settings, offline_config
 
 ROSTER = {"alice": ["author"], "bob": ["author"], "carol": ["reviewer"], "ctl": ["controller"]}
 #: What the repository holds besides the README (nested, binary, and a file that stays untouched).
@@ -151,20 +152,14 @@ class World:
         with sqlite3.connect(self.settings.database.path) as conn:
             return conn.execute(sql, params).fetchall()
 
-    def config_file(self) -> Path:
-        path = self.root / "foreman.toml"
-        if not path.exists():
-            roster = "\n".join(f'"{login}" = {json.dumps(roles)}' for login, roles in ROSTER.items())
-            path.write_text(
-                f'[webhook]\nsecrets = ["{SECRET}"]\n'
-                f'[database]\npath = "{self.settings.database.path}"\nsynchronous = "NORMAL"\n'
-                f'[gitea]\nurl = "{self.live.base_url}"\ntoken = "{TOKENS[BOT]}"\nbot_login = "{BOT}"\n'
-                f'[repository]\nowner = "{OWNER}"\nname = "{REPO}"\n'
-                f'checkout_root = "{self.settings.repository.checkout_root}"\n'
-                f"[roster]\n{roster}\n",
-                encoding="utf-8",
-            )
-        return path
+    def config_file(self, *overrides: Document) -> Path:
+        """This world's settings as a foreman.toml for the CLI, ``overrides`` laid over them (written each call)."""
+        return write_config(self.root / "foreman.toml", merged(
+            offline_config(self.settings.database.path, {"database": {"synchronous": "NORMAL"}}),
+            emulator_sections(self.live.base_url),
+            {"repository": {"checkout_root": self.settings.repository.checkout_root}, "roster": ROSTER},
+            *overrides,
+        ))
 
     async def cli(self, *args: str, env: Mapping[str, str] | None = None) -> tuple[int, dict[str, Any] | None, str]:
         """``python -m bot bootstrap ... --json`` as a separate process: (exit status, JSON doc or None, stderr)."""

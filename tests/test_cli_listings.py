@@ -26,7 +26,7 @@ from mcp.shared.exceptions import MCPError
 from bot.cli import build_parser
 from bot.cli.mcp import MCP_REFUSED_CODE
 from tests.conftest import REPO_ROOT
-from tests.test_mcp_stdio import foreman_mcp_command, write_config
+from tests.test_mcp_stdio import foreman_mcp_command, mcp_config
 
 PIPE_LINE = "foreman: standard output was closed before the output was written (broken pipe)"
 
@@ -143,7 +143,7 @@ def test_a_closed_pipe_ends_with_one_line_and_exit_1(demo_config: Path) -> None:
 
 
 def test_a_taken_port_ends_with_one_line_and_exit_2(tmp_path: Path) -> None:
-    config = write_config(tmp_path)
+    config = mcp_config(tmp_path)
     with socket.socket() as holder:
         holder.bind(("127.0.0.1", 0))
         holder.listen()
@@ -161,7 +161,7 @@ def test_a_taken_port_ends_with_one_line_and_exit_2(tmp_path: Path) -> None:
 
 
 async def test_a_bad_mcp_token_is_the_answer_an_mcp_client_shows(tmp_path: Path) -> None:
-    config = write_config(tmp_path)
+    config = mcp_config(tmp_path)
     command, *args = foreman_mcp_command(config)
     params = StdioServerParameters(command=command, args=args, env={"FOREMAN_MCP_TOKEN": "wrong-token"},
                                    cwd=REPO_ROOT)
@@ -183,7 +183,7 @@ async def test_a_bad_mcp_token_is_the_answer_an_mcp_client_shows(tmp_path: Path)
 
 
 def test_a_bad_mcp_token_on_the_raw_wire_answers_the_first_request_then_exits_2(tmp_path: Path) -> None:
-    config = write_config(tmp_path)
+    config = mcp_config(tmp_path)
     client = {"name": "raw", "version": "0"}
     init = {"jsonrpc": "2.0", "id": 7, "method": "initialize",
             "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": client}}

@@ -13,21 +13,17 @@ from typing import Any
 import pytest
 
 from bot.cli import main
+from bot.config_writer import write_config
 from tests.conftest import REPO_ROOT
+from tests.support import offline_config
 
-SECRET = "a-secret-of-sufficient-length"
 CANDIDATES = json.dumps([{"issue_number": n} for n in (617, 5, 7, 9, 12)])
 ENVELOPE_KEYS = {"error", "message", "remediate", "exact_next_action"}
 
 
 def _config(tmp_path: Path) -> Path:
-    path = tmp_path / "foreman.toml"
-    path.write_text(
-        f'[webhook]\nsecrets = ["{SECRET}"]\n[database]\npath = "{tmp_path / "foreman.db"}"\n'
-        '[roster]\n"author-1" = ["author"]\n',
-        encoding="utf-8",
-    )
-    return path
+    return write_config(tmp_path / "foreman.toml", offline_config(tmp_path / "foreman.db",
+                                                                  {"roster": {"author-1": ["author"]}}))
 
 
 def run_cli(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:

@@ -31,11 +31,11 @@ from typing import Any
 import pytest
 
 from bot import invariants
+from bot.config_writer import write_config
 from bot.core.canonical import CanonicalState, render
-from bot.core.vocabulary import status_labels
 from bot.emulator.webhooks import SentWebhook
-from tests.gitea_fixtures import BOT, OWNER, REPO, TOKENS, LiveEmulator, live_emulator, scratch_dir
-from tests.support import SECRET
+from tests.gitea_fixtures import BOT, OWNER, REPO, TOKENS, LiveEmulator, live_emulator, scratch_dir, seed_foreman
+from tests.support import SECRET, serve_config
 from tests.test_process import ServeProcess
 
 AUTHORS = ("author-1", "author-2", "author-3", "author-4")
@@ -49,49 +49,15 @@ OPERATIONS = 200
 READY = "status:ready"
 
 
-def _config(proc: ServeProcess, base_url: str, root: Path) -> str:
-    roster = "\n".join(f'"{a}" = ["author"]' for a in AUTHORS)
-    return f"""
-[server]
-port = {proc.port}
-shutdown_grace_s = 1.0
-[webhook]
-secrets = ["{SECRET}"]
-[database]
-path = "{proc.db}"
-synchronous = "NORMAL"
-[gitea]
-url = "{base_url}"
-token = "{TOKENS[BOT]}"
-bot_login = "{BOT}"
-timeout_s = 5.0
-[repository]
-owner = "{OWNER}"
-name = "{REPO}"
-checkout_root = "{root / 'checkouts'}"
-[worker]
-concurrency = 4
-max_attempts = 10
-poll_interval_s = 0.05
-claim_ttl_s = 1.5
-backoff_base_s = 0.05
-backoff_max_s = 0.5
-[outbox]
-concurrency = 4
-max_attempts = 10
-poll_interval_s = 0.1
-claim_ttl_s = 1.5
-backoff_base_s = 0.05
-backoff_max_s = 0.5
-[allocator]
-auto_allocate_owner = "author-1"
-[bootstrap]
-on_allocate = "run"
-lock_wait_s = 10.0
-[roster]
-"controller-bot" = ["controller"]
-{roster}
-"""
+def _config(proc: ServeProcess, base_url: str, root: Path) -> dict[str, Any]:
+    retries = {"concurrency": 4, "max_attempts": 10}
+    return serve_config(proc.port, proc.db, base_url, root, {
+        "worker": retries,
+        "outbox": {**retries, "poll_interval_s": 0.1, "claim_ttl_s": 1.5, "backoff_base_s": 0.05, "backoff_max_s": 0.5},
+        "allocator": {"auto_allocate_owner": "author-1"},
+        "bootstrap": {"on_allocate": "run", "lock_wait_s": 10.0},
+        "roster": {"controller-bot": ["controller"], **{a: ["author"] for a in AUTHORS}},
+    })
 
 
 def _state_block(state: str, who: str, author: str) -> str:
@@ -296,14 +262,11 @@ async def test_sigkill_during_a_burst_of_deliveries_leaves_every_issue_consisten
     started = time.monotonic()
     async with live_emulator() as live:
         emu = live.emulator
-        for login in ("controller-bot", *AUTHORS):
-            emu.add_user(login, token=USER_TOKENS[login])
-        for label in status_labels():
-            emu.create_label(OWNER, REPO, label, color="#00aa00")
+        seed_foreman(emu, {login: USER_TOKENS[login] for login in ("controller-bot", *AUTHORS)})
         for n in range(1, ISSUES + 1):
             emu.create_issue(OWNER, REPO, title=f"Crash burst work item {n}", author="alice")
         proc = ServeProcess(scratch, module="bot", config=scratch / "foreman.toml")
-        proc.config.write_text(_config(proc, live.base_url, scratch), encoding="utf-8")
+        write_config(proc.config, _config(proc, live.base_url, scratch))
         hook_url = f"{proc.url}/webhook"
         emu.add_hook(OWNER, REPO, url=hook_url, secret=SECRET, events=["issues"])
         burst = Burst(seed, live, proc, hook_url)
@@ -386,18 +349,13 @@ async def test_an_allocation_that_resumes_the_owners_lease_runs_its_unfinished_b
     from bot.verbs.allocate import AllocationCall, Allocator
     from bot.verbs.bootstrap import BootstrapContext
     from state.db import Database
-    from tests.support import make_settings
+    from tests.support import emulator_sections, make_settings
 
     async with live_emulator() as live:
-        live.emulator.add_user("author-1", token=USER_TOKENS["author-1"])
-        for label in status_labels():
-            live.emulator.create_label(OWNER, REPO, label, color="#00aa00")
+        seed_foreman(live.emulator, {"author-1": USER_TOKENS["author-1"]})
         live.emulator.create_issue(OWNER, REPO, title="Resume me", author="alice", labels=[READY])
-        settings = make_settings(
-            tmp_path, gitea={"url": live.base_url, "token": TOKENS[BOT], "bot_login": BOT},
-            repository={"owner": OWNER, "name": REPO}, roster={"author-1": ["author"]},
-            bootstrap={"on_allocate": "off"},
-        )
+        settings = make_settings(tmp_path, **emulator_sections(live.base_url), roster={"author-1": ["author"]},
+                                 bootstrap={"on_allocate": "off"})
         db = await Database.open(settings.database.path, synchronous="NORMAL")
         try:
             call = AllocationCall(actor="operator", actor_is_operator=True, owner="author-1", dry_run=False)

@@ -157,8 +157,7 @@ async def test_webhook_intake_fuzz_never_fails_anyone_and_never_holds_the_loop(t
     assert slowest < MAX_MS, f"an input held admission {slowest:.1f} ms"
 
     # Every input through a real `foreman serve` on loopback, 16 at a time: its own event loop, measured by itself.
-    proc = ServeProcess(tmp_path, module="bot")
-    proc.config.write_text(proc.config.read_text().replace("[webhook]\n", "[webhook]\nmax_body_bytes = 262144\n"))
+    proc = ServeProcess(tmp_path, module="bot", overrides={"webhook": {"max_body_bytes": 262144}})
     await proc.start("serve", "--config", str(proc.config))
     semaphore = asyncio.Semaphore(16)
     try:

@@ -17,6 +17,7 @@ import pytest
 
 from bot.cli import main
 from bot.config import ConfigError, load_settings
+from bot.config_writer import Document, write_config
 from bot.core import grants as g
 from bot.verbs.runs.broker import Admission, Broker, Completion
 from bot.verbs.runs.inspect import run_teardown
@@ -25,6 +26,7 @@ from state.db import Database
 from state.grants import GrantConflict, GrantStore, WorkloadFailed
 from state.journal import JournalStore, NewTransition
 from state.leases import LeaseStore
+from tests.support import offline_config
 from tests.test_grants_core import TEMPLATE
 
 NOW = datetime(2026, 7, 1, 12, 0, 0, tzinfo=UTC)
@@ -511,28 +513,18 @@ def test_host_identity_is_stable_and_changes_with_its_file(tmp_path: Path) -> No
 # ============================================================================ run start, foreman grants, config
 
 
-def _config(tmp_path: Path, grants: str | None = None) -> Path:
-    template = (
-        grants
-        if grants is not None
-        else (
-            '[grants."author.implement"]\n'
-            "expires_after_s = 900\n"
-            "calls = [\n"
-            '  { tool = "gitea_lock_issue", effect = "mutate", args = { issue_number = "{issue}" } },\n'
-            '  { tool = "gitea_get_issue_state", effect = "read", args = { issue_number = "{issue}" } },\n'
-            '  { tool = "gitea_release_lease", effect = "teardown",'
-            ' args = { issue_number = "{issue}", reason = "done" } },\n'
-            "]\n"
-        )
-    )
-    path = tmp_path / "foreman.toml"
-    path.write_text(
-        f'[webhook]\nsecrets = ["a-secret-of-sufficient-length"]\n[database]\npath = "{tmp_path / "var" / "f.db"}"\n'
-        '[repository]\nowner = "Org"\nname = "repo"\n[roster]\n"author-1" = ["author"]\n' + template,
-        encoding="utf-8",
-    )
-    return path
+def _config(tmp_path: Path, grants: Document | None = None) -> Path:
+    issue = {"issue_number": "{issue}"}
+    template = {"author.implement": {"expires_after_s": 900, "calls": [
+        {"tool": "gitea_lock_issue", "effect": "mutate", "args": issue},
+        {"tool": "gitea_get_issue_state", "effect": "read", "args": issue},
+        {"tool": "gitea_release_lease", "effect": "teardown", "args": {**issue, "reason": "done"}},
+    ]}}
+    return write_config(tmp_path / "foreman.toml", offline_config(tmp_path / "var" / "f.db", {
+        "repository": {"owner": "Org", "name": "repo"},
+        "roster": {"author-1": ["author"]},
+        "grants": template if grants is None else grants,
+    }))
 
 
 async def _lease_and_worktree(db_path: Path, *, issue: int = 8, register: bool = True) -> None:
@@ -691,32 +683,31 @@ async def test_run_start_refuses_without_lease_template_or_worktree(tmp_path: Pa
     ("calls", "key"),
     [
         (
-            '[{ tool = "gitea_lock_issue", effect = "mutate", args = { issue_number = "{issue}" } }]',
+            [{"tool": "gitea_lock_issue", "effect": "mutate", "args": {"issue_number": "{issue}"}}],
             "grants.author.implement.calls.0.effect",
         ),
-        ('[{ tool = "rm_rf", effect = "teardown" }]', "grants.author.implement.calls.0.tool"),
-        ('[{ tool = "gitea_release_lease", effect = "delete" }]', "grants.author.implement.calls.0.effect"),
+        ([{"tool": "rm_rf", "effect": "teardown"}], "grants.author.implement.calls.0.tool"),
+        ([{"tool": "gitea_release_lease", "effect": "delete"}], "grants.author.implement.calls.0.effect"),
         (
-            '[{ tool = "gitea_release_lease", effect = "teardown", args = { issue_number = "{who}" } }]',
+            [{"tool": "gitea_release_lease", "effect": "teardown", "args": {"issue_number": "{who}"}}],
             "grants.author.implement.calls.0.args.issue_number",
         ),
-        ("[]", "grants.author.implement.calls"),
+        ([], "grants.author.implement.calls"),
     ],
 )
-def test_grant_templates_in_config_are_validated_naming_the_key(tmp_path: Path, calls: str, key: str) -> None:
-    """DESIGN 3 / issue 8.1: a template that could never compile is a config error naming its key."""
-    path = _config(tmp_path, f'[grants."author.implement"]\ncalls = {calls}\n')
+def test_grant_templates_in_config_are_validated_naming_the_key(
+    tmp_path: Path, calls: list[dict[str, Any]], key: str
+) -> None:
+    """DESIGN 3: a template that could never compile is a config error naming its key."""
+    path = _config(tmp_path, {"author.implement": {"calls": calls}})
     with pytest.raises(ConfigError) as caught:
         load_settings(path, environ={})
     assert caught.value.key == key, caught.value
 
 
 def test_a_template_for_an_unknown_role_names_its_key(tmp_path: Path) -> None:
-    path = _config(
-        tmp_path,
-        '[grants."wizard.cast"]\ncalls = [{ tool = "gitea_release_lease", effect = "teardown",'
-        ' args = { issue_number = "{issue}" } }]\n',
-    )
+    path = _config(tmp_path, {"wizard.cast": {"calls": [
+        {"tool": "gitea_release_lease", "effect": "teardown", "args": {"issue_number": "{issue}"}}]}})
     with pytest.raises(ConfigError) as caught:
         load_settings(path, environ={})
     assert caught.value.key == "grants.wizard.cast"

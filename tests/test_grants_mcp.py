@@ -28,6 +28,7 @@ from mcp import Client, ClientSession
 
 from bot.cli import main
 from bot.config import Settings, load_settings
+from bot.config_writer import write_config
 from bot.core.evidence import find_marker, marker
 from bot.mcp_server import bind_run, broker_around, build_server
 from bot.verbs.runs.broker import Broker, run_evidence_key
@@ -37,6 +38,7 @@ from state.db import Database, utcnow
 from state.grants import GrantStore
 from state.outbox import OutboxIntent, OutboxStore
 from tests.conftest import REPO_ROOT
+from tests.support import offline_config
 from tests.test_grants import _lease_and_worktree
 from tests.test_mcp_stdio import foreman_mcp
 
@@ -46,37 +48,22 @@ BEAT = ("gitea_heartbeat_lease", {"issue_number": 8})
 RELEASE = ("gitea_release_lease", {"issue_number": 8, "reason": "done"})
 
 
-def write_config(tmp_path: Path) -> Path:
+def grants_config(tmp_path: Path) -> Path:
     """A stand-alone config: SQLite under tmp_path (the lease and registration keyed org/repo), no Gitea token,
     an author on the roster and the run grant template of its leases (read, heartbeat, then the teardown)."""
-    config = tmp_path / "foreman.toml"
-    config.write_text(
-        f"""
-[webhook]
-secrets = ["grants-mcp-secret-0123456789"]
-[database]
-path = "{tmp_path / 'var' / 'foreman.db'}"
-synchronous = "NORMAL"
-[gitea]
-bot_login = "foreman-bot"
-[repository]
-owner = "Org"
-name = "repo"
-[roster]
-"author-1" = ["author"]
-[mcp.tokens]
-"{AUTHOR_TOKEN}" = "author-1"
-[grants."author.implement"]
-expires_after_s = 900
-calls = [
-  {{ tool = "gitea_get_issue_state", effect = "read",     args = {{ issue_number = "{{issue}}" }} }},
-  {{ tool = "gitea_heartbeat_lease", effect = "mutate",   args = {{ issue_number = "{{issue}}" }} }},
-  {{ tool = "gitea_release_lease",   effect = "teardown", args = {{ issue_number = "{{issue}}", reason = "done" }} }},
-]
-""",
-        encoding="utf-8",
-    )
-    return config
+    issue = {"issue_number": "{issue}"}
+    return write_config(tmp_path / "foreman.toml", offline_config(tmp_path / "var" / "foreman.db", {
+        "database": {"synchronous": "NORMAL"},
+        "gitea": {"bot_login": "foreman-bot"},
+        "repository": {"owner": "Org", "name": "repo"},
+        "roster": {"author-1": ["author"]},
+        "mcp": {"tokens": {AUTHOR_TOKEN: "author-1"}},
+        "grants": {"author.implement": {"expires_after_s": 900, "calls": [
+            {"tool": "gitea_get_issue_state", "effect": "read", "args": issue},
+            {"tool": "gitea_heartbeat_lease", "effect": "mutate", "args": issue},
+            {"tool": "gitea_release_lease", "effect": "teardown", "args": {**issue, "reason": "done"}},
+        ]}},
+    }))
 
 
 def cli(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, Any]:
@@ -124,7 +111,7 @@ async def test_a_real_foreman_mcp_session_bound_to_a_run_admits_only_the_grant(
     order; changed, out-of-order, skipped and repeated calls are denied with the bounded category before the
     tool runs (no heartbeat, no release happened); the teardown runs once; the run's evidence is queued."""
     monkeypatch.delenv("FOREMAN_CONFIG", raising=False)
-    config = write_config(tmp_path)
+    config = grants_config(tmp_path)
     settings = load_settings(config, environ={})
     database = settings.database.path
     await _lease_and_worktree(database)
@@ -205,7 +192,7 @@ async def test_a_real_foreman_mcp_session_bound_to_a_run_admits_only_the_grant(
 
 def test_an_unknown_run_token_refuses_to_start(tmp_path: Path) -> None:
     """A run token no run has is a configuration error (exit 2), before anything is served."""
-    config = write_config(tmp_path)
+    config = grants_config(tmp_path)
     done = subprocess.run(
         [sys.executable, "-m", "bot", "--config", str(config), "mcp"],
         env={"FOREMAN_MCP_TOKEN": "frun_no-such-run", "PATH": "/usr/bin:/bin"},
@@ -250,7 +237,7 @@ class Bound:
 
 @asynccontextmanager
 async def bound_run(tmp_path: Path) -> AsyncIterator[Bound]:
-    settings = load_settings(write_config(tmp_path), environ={})
+    settings = load_settings(grants_config(tmp_path), environ={})
     await _lease_and_worktree(settings.database.path)
     db = await Database.open(settings.database.path, synchronous="NORMAL")
     try:

@@ -207,9 +207,9 @@ def test_identity_comes_from_the_token_and_the_roster(tmp_path: Path) -> None:
 @pytest.mark.parametrize(("token", "needle"), [(None, "is not set"), ("tok-nope", "is not one of")])
 def test_foreman_mcp_refuses_to_start_without_a_known_token(tmp_path: Path, token: str | None, needle: str) -> None:
     """Issue 7.3: no token or an unknown one: a clear error naming the key, exit 2, nothing served."""
-    from tests.test_mcp_stdio import foreman_mcp_command, write_config
+    from tests.test_mcp_stdio import foreman_mcp_command, mcp_config
 
-    config = write_config(tmp_path)
+    config = mcp_config(tmp_path)
     env = {"PATH": "/usr/bin:/bin", **({"FOREMAN_MCP_TOKEN": token} if token else {})}
     done = subprocess.run(
         foreman_mcp_command(config), env=env, capture_output=True, text=True, timeout=30, check=False

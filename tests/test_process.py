@@ -16,8 +16,9 @@ from pathlib import Path
 import aiohttp
 import pytest
 
+from bot.config_writer import Document, merged, write_config
 from tests.conftest import REPO_ROOT
-from tests.support import SECRET, payload, webhook_headers
+from tests.support import SECRET, emulator_sections, payload, webhook_headers
 
 
 def _free_port() -> int:
@@ -30,7 +31,8 @@ class ServeProcess:
     """One service subprocess (tests/crash_service.py or `python -m bot serve`) and its files."""
 
     def __init__(
-        self, workdir: Path, *, module: str = "tests.crash_service", config: Path | None = None, extra: str = ""
+        self, workdir: Path, *, module: str = "tests.crash_service", config: Path | None = None,
+        overrides: Document | None = None,
     ) -> None:
         self.workdir = workdir
         self.module = module
@@ -39,29 +41,16 @@ class ServeProcess:
         self.log = workdir / "handlers.log"
         self.gate = workdir / "gate"
         self.stderr = workdir / "stderr.log"
-        self.config = config or self._write_config(extra)
+        self.config = config or self._write_config(overrides or {})
         self.proc: asyncio.subprocess.Process | None = None
 
-    def _write_config(self, extra: str = "") -> Path:
-        path = self.workdir / "foreman.toml"
-        path.write_text(
-            f"""
-[server]
-port = {self.port}
-shutdown_grace_s = 1.0
-[webhook]
-secrets = ["{SECRET}"]
-[database]
-path = "{self.db}"
-[worker]
-poll_interval_s = 0.05
-claim_ttl_s = 0.6
-backoff_base_s = 0.05
-{extra}
-""",
-            encoding="utf-8",
-        )
-        return path
+    def _write_config(self, overrides: Document) -> Path:
+        return write_config(self.workdir / "foreman.toml", merged({
+            "server": {"port": self.port, "shutdown_grace_s": 1.0},
+            "webhook": {"secrets": [SECRET]},
+            "database": {"path": self.db},
+            "worker": {"poll_interval_s": 0.05, "claim_ttl_s": 0.6, "backoff_base_s": 0.05},
+        }, overrides))
 
     @property
     def url(self) -> str:
@@ -230,8 +219,7 @@ async def test_embedded_default_starts_with_a_generated_secret_and_no_gitea(tmp_
 
 async def test_an_explicitly_empty_secret_list_refuses_to_start(tmp_path: Path) -> None:
     """Issue 2.2: `secrets = []` refuses to start, exit 2, with an error naming webhook.secrets."""
-    config = tmp_path / "foreman.toml"
-    config.write_text("[webhook]\nsecrets = []\n", encoding="utf-8")
+    config = write_config(tmp_path / "foreman.toml", {"webhook": {"secrets": []}})
     process = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "bot", "serve", "--config", str(config),
         cwd=tmp_path, stderr=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.DEVNULL,
@@ -248,24 +236,12 @@ async def test_an_outbox_comment_posted_just_before_a_kill_is_adopted_after_rest
     from bot.core.evidence import render_evidence
     from state.db import Database
     from state.outbox import OutboxIntent, OutboxStore
-    from tests.gitea_fixtures import BOT, OWNER, REPO, TOKENS, live_emulator
+    from tests.gitea_fixtures import OWNER, REPO, live_emulator
 
     async with live_emulator() as live:
         live.emulator.create_issue(OWNER, REPO, title="evidence", author="alice")
-        extra = f"""
-[gitea]
-url = "{live.base_url}"
-token = "{TOKENS[BOT]}"
-bot_login = "{BOT}"
-[repository]
-owner = "{OWNER}"
-name = "{REPO}"
-[outbox]
-claim_ttl_s = 0.5
-backoff_base_s = 0.05
-poll_interval_s = 0.05
-"""
-        service = ServeProcess(tmp_path, module="bot", extra=extra)
+        outbox = {"outbox": {"claim_ttl_s": 0.5, "backoff_base_s": 0.05, "poll_interval_s": 0.05}}
+        service = ServeProcess(tmp_path, module="bot", overrides=merged(emulator_sections(live.base_url), outbox))
         body = render_evidence(key="kill-1", summary="Leased #1.", state=None, evidence={"issue": 1})
         db = await Database.open(service.db)
         await OutboxStore(db).add(OutboxIntent("kill-1", 1, "comment", {"body": body}))

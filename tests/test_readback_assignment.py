@@ -16,13 +16,12 @@ import pytest
 
 from bot import invariants
 from bot.config import OutboxConfig
-from bot.core.vocabulary import status_labels
 from bot.metrics import Metrics
 from bot.outbox import OutboxSender
 from bot.verbs.allocate import AllocationCall, Allocator
 from state.leases import LeaseStore
 from state.outbox import OutboxStore
-from tests.gitea_fixtures import BOT, OWNER, REPO
+from tests.gitea_fixtures import BOT, OWNER, REPO, seed_foreman
 from tests.test_bootstrap_support import World, world
 
 
@@ -49,8 +48,7 @@ async def gitea_labels(w: World, number: int) -> set[str]:
 
 def status_labelled(w: World) -> None:
     """The repository gets foreman's status labels (the seeded ones are spelled otherwise)."""
-    for label in status_labels():
-        w.live.emulator.create_label(OWNER, REPO, label, color="#00aa00")
+    seed_foreman(w.live.emulator, {})
 
 
 async def allocate(w: World, number: int, **call: Any) -> dict[str, Any]:

@@ -15,13 +15,12 @@ from aiohttp.test_utils import TestClient
 from bot.app import Service
 from bot.config_writer import merged
 from bot.core.issue_state import IssueSnapshot
-from bot.core.vocabulary import status_labels
 from bot.emulator import EmuHook
 from bot.gitea import GiteaClient
 from state.issues import IssueStore
 from state.outbox import OutboxEntry
-from tests.gitea_fixtures import BOT, OWNER, REPO, TOKENS, LiveEmulator, live_emulator
-from tests.support import SECRET, Started, make_settings
+from tests.gitea_fixtures import BOT, OWNER, REPO, TOKENS, LiveEmulator, live_emulator, seed_foreman
+from tests.support import SECRET, Started, emulator_sections, make_settings
 
 FULL_NAME = f"{OWNER}/{REPO}"
 ROSTER_AUTHOR = "author-1"
@@ -191,15 +190,10 @@ async def open_world(
     roster = {ROSTER_AUTHOR: ["author"]} if roster is None else roster
     async with live_emulator(clock=clock, clone_protocol=clone_protocol) as live:
         emu = live.emulator
-        for login in roster:
-            if emu.find_user(login) is None:
-                emu.add_user(login, token=EXTRA_TOKENS[login])
-        for label in status_labels():
-            emu.create_label(OWNER, REPO, label, color="#00aa00")
+        seed_foreman(emu, {login: EXTRA_TOKENS[login] for login in roster if emu.find_user(login) is None})
         settings = make_settings(
             tmp_path,
-            gitea={"url": live.base_url, "token": TOKENS[BOT], "bot_login": BOT},
-            repository={"owner": OWNER, "name": REPO},
+            **emulator_sections(live.base_url),
             roster=dict(roster),
             **merged({"worker": {"concurrency": 4},
                       "outbox": {"backoff_base_s": 0.01, "backoff_max_s": 0.05, "poll_interval_s": 0.05}}, sections),
