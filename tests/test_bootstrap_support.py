@@ -102,7 +102,10 @@ def worktree_entries(checkout: Path) -> list[dict[str, str]]:
 
 
 @dataclass
-class World:
+class BootstrapWorld:
+    """The bootstrap tests' world: the seeded emulator with FILES on main, settings, a database and a bootstrap
+    context, and no service (tests/world.py's World is the one with a running service)."""
+
     live: LiveEmulator
     root: Path
     settings: Settings
@@ -176,7 +179,7 @@ class World:
 
 
 @asynccontextmanager
-async def world(
+async def open_bootstrap_world(
     *,
     clone: bool = True,
     clone_protocol: str = "http",
@@ -184,7 +187,7 @@ async def world(
     repository: Mapping[str, Any] | None = None,
     token: str | None = None,
     **bootstrap: Any,
-) -> AsyncIterator[World]:
+) -> AsyncIterator[BootstrapWorld]:
     """A seeded emulator with FILES on main, a database, settings, and (``clone``) the control checkout.
 
     The control checkout is cloned over git smart HTTP with the bot's token (``clone_protocol="http"``, the
@@ -211,7 +214,7 @@ async def world(
             if clone:
                 prepared = await ensure_control_checkout(ctx)
                 assert prepared["ok"], prepared
-            yield World(live, root, settings, db, ctx, gitea)
+            yield BootstrapWorld(live, root, settings, db, ctx, gitea)
         finally:
             await db.close()
             shutil.rmtree(root, ignore_errors=True)

@@ -323,9 +323,9 @@ async def test_the_service_start_finishes_or_compensates_the_bootstraps_a_killed
     lease's: both end terminal, and only the live one keeps a worktree."""
     from bot.verbs.bootstrap import recover_open_transitions
     from bot.verbs.bootstrap.faults import FAULT_EXIT_CODE, FAULT_PHASE_ENV
-    from tests.test_bootstrap_support import world
+    from tests.test_bootstrap_support import open_bootstrap_world
 
-    async with world() as w:
+    async with open_bootstrap_world() as w:
         live_issue, ended_issue = w.issue(), w.issue()
         await w.lease(live_issue)
         ended = await w.lease(ended_issue)

@@ -498,9 +498,9 @@ async def test_runtime_context_compares_the_live_default_branch_with_the_control
 async def test_bootstrap_and_lock_through_mcp_run_the_real_worktree_transition() -> None:
     """Issue 7 with issue 6: the tools reach bot.verbs.bootstrap after the gateway; the context follows each step."""
     from bot.verbs.runtime import caller_for
-    from tests.test_bootstrap_support import world
+    from tests.test_bootstrap_support import open_bootstrap_world
 
-    async with world() as w:
+    async with open_bootstrap_world() as w:
         number = w.issue()
         await w.lease(number, owner="alice")
         runtime = VerbRuntime(db=w.db, settings=w.settings, gitea=w.gitea, bot_login="foreman-bot")
