@@ -197,14 +197,11 @@ async def open_bootstrap_world(
     async with live_emulator(clone_protocol=clone_protocol, **(emulator or {})) as live:
         live.emulator.create_branch(OWNER, REPO, "main", files=FILES, message="Add the widgets")
         root = scratch_dir("bootstrap-")  # under /dev/shm when it exists (DESIGN §4): small repositories on tmpfs
-        settings = make_settings(
-            root,
-            roster=ROSTER,
-            repository={"owner": OWNER, "name": REPO, "checkout_root": str(root / "checkouts"),
-                        **(repository or {})},
-            gitea={"url": live.base_url, "token": token or TOKENS[BOT], "bot_login": BOT},
-            bootstrap={"lock_wait_s": 20.0, **bootstrap},
-        )
+        settings = make_settings(root, roster=ROSTER, bootstrap={"lock_wait_s": 20.0, **bootstrap}, **merged(
+            emulator_sections(live.base_url),
+            {"gitea": {"token": token or TOKENS[BOT]}, "repository": {"checkout_root": str(root / "checkouts")}},
+            {"repository": repository or {}},
+        ))
         db = await Database.open(settings.database.path, synchronous="NORMAL")
         gitea = live.client(BOT) if token is None else GiteaClient(
             live.session, base_url=live.base_url, token=token, owner=OWNER, repo=REPO, backoff_base_s=0.005,
