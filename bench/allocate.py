@@ -91,7 +91,7 @@ EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 T = TypeVar("T")
 
 
-# --- data ----------------------------------------------------------------------------------------------
+# --- data, the reference and checks -----------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Dataset:
     """What was written to the database, and the parts of it the checks need."""
@@ -230,7 +230,6 @@ def load(conn: sqlite3.Connection) -> Loaded:
     return Loaded(candidates, leases, frozenset(c["issue_number"] for c in candidates))
 
 
-# --- reference and checks ------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Expected:
     kind: str
@@ -314,7 +313,7 @@ def _shape(decision: AllocationDecision) -> tuple[Any, ...]:
     return (decision.kind, getattr(decision, "issue_number", None), tuple(r.issue_number for r in decision.ranked))
 
 
-# --- measuring -----------------------------------------------------------------------------------------
+# --- measuring --------------------------------------------------------------------------------------------------------
 def timed(fn: Callable[[], T], repeat: int, gc_off: bool = False) -> tuple[list[float], T]:
     """Run ``fn`` ``repeat`` times (a full collection before each); the samples in ms and the last result.
 
@@ -569,7 +568,7 @@ def run(options: Options) -> dict[str, Any]:
     }
 
 
-# --- output --------------------------------------------------------------------------------------------
+# --- output -----------------------------------------------------------------------------------------------------------
 def _size_label(n: int) -> str:
     return f"{n // 1000}k" if n >= 1000 and n % 1000 == 0 else str(n)
 

@@ -53,7 +53,7 @@ TARGET_P99_MS = 50.0  # ... with a p99 latency under 50 ms (the issue's targets)
 EXIT_OK, EXIT_ERROR, EXIT_USAGE = 0, 1, 2
 
 
-# --- payloads ------------------------------------------------------------------------------------------
+# --- payloads and the bare endpoint (in its own subprocess) -----------------------------------------------------------
 def _builtin_user(login: str = "example", uid: int = 1) -> dict[str, Any]:
     return {
         "id": uid,
@@ -224,7 +224,6 @@ def make_requests(template: dict[str, Any], run_tag: str, start: int, count: int
     return requests
 
 
-# --- the bare endpoint (runs in its own subprocess) ----------------------------------------------------
 def serve_bare(host: str, port: int) -> int:
     """Reads the body and answers 202, nothing else: the ceiling for the same HTTP stack and client."""
 
@@ -243,7 +242,7 @@ def serve_bare(host: str, port: int) -> int:
     return EXIT_OK
 
 
-# --- targets -------------------------------------------------------------------------------------------
+# --- targets and load -------------------------------------------------------------------------------------------------
 class BenchError(Exception):
     """The run is invalid (not merely slow)."""
 
@@ -363,7 +362,6 @@ async def wait_drained(db_path: Path, timeout_s: float) -> float:
     return time.perf_counter() - started
 
 
-# --- load ----------------------------------------------------------------------------------------------
 @dataclass
 class RoundResult:
     target: str
@@ -464,7 +462,7 @@ def aggregate(rounds: Sequence[RoundResult]) -> dict[str, Any]:
     }
 
 
-# --- the run -------------------------------------------------------------------------------------------
+# --- the run ----------------------------------------------------------------------------------------------------------
 @dataclass
 class Options:
     requests: int

@@ -1,6 +1,4 @@
-"""Issue 18 item 3 as real `foreman` processes: `--version`; `foreman leases`, `foreman journal [KEY]`,
-`foreman issue N` (text and --json) over the demo's state; help on every command and option; a closed pipe, a
-taken port and a bad MCP token each end with one clear line and the documented exit code."""
+"""`foreman` as real processes: --version, the listings over the demo's state, help, one line per refusal."""
 
 from __future__ import annotations
 

@@ -1,16 +1,16 @@
-"""Issue 9.3: a real `foreman serve` SIGKILLed at random points during a burst of ~200 signed deliveries, restarted,
-and then checked by code (``bot.invariants``): no lease without evidence, no evidence without a lease, no orphan
-worktree, no duplicate comment, no delivery lost or stuck.
+"""A real `foreman serve` SIGKILLed during a burst of ~200 deliveries, restarted, then checked by bot.invariants."""
 
-The burst is what Gitea would send while people and agents work: maintainers labelling issues `status:ready`
-(auto-allocation for author-1, bootstrap on allocation), a controller's `/allocate --owner X` comments, lease
-owners' `/release`, `/heartbeat` and `/bootstrap`, Canonical Issue State blocks from a writer (making issues
-ready again) and from a reader (untrusted), and plain chatter. The emulator signs and sends every webhook; those
-sent while the service is down are lost, as with Gitea, and replayed afterwards as the operator guide says.
-
-Seeded: ``FOREMAN_CRASH_SEED=<n>`` replays a run's choices (operations, kill points); the seed is printed and
-named in every failure. Process timing stays real, so two runs of one seed may kill at different instants.
-"""
+# Checked by code: no lease without evidence, no evidence without a lease, no orphan worktree, no duplicate comment,
+# no delivery lost or stuck.
+#
+# The burst is what Gitea would send while people and agents work: maintainers labelling issues `status:ready`
+# (auto-allocation for author-1, bootstrap on allocation), a controller's `/allocate --owner X` comments, lease
+# owners' `/release`, `/heartbeat` and `/bootstrap`, Canonical Issue State blocks from a writer (making issues
+# ready again) and from a reader (untrusted), and plain chatter. The emulator signs and sends every webhook; those
+# sent while the service is down are lost, as with Gitea, and replayed afterwards as the operator guide says.
+#
+# Seeded: ``FOREMAN_CRASH_SEED=<n>`` replays a run's choices (operations, kill points); the seed is printed and
+# named in every failure. Process timing stays real, so two runs of one seed may kill at different instants.
 
 from __future__ import annotations
 
@@ -255,7 +255,7 @@ async def scratch() -> AsyncIterator[Path]:
 
 
 async def test_sigkill_during_a_burst_of_deliveries_leaves_every_issue_consistent(scratch: Path) -> None:
-    """Issue 9.3 / Done-when: SIGKILL at 2-4 random points of a ~200-delivery burst, restart, replay what was
+    """SIGKILL at 2-4 random points of a ~200-delivery burst, restart, replay what was
     lost; then every invariant of ``bot.invariants`` holds, checked over SQLite, Gitea and the checkout."""
     seed = int(os.environ.get("FOREMAN_CRASH_SEED") or random.SystemRandom().randrange(2**32))
     print(f"crash-burst seed: {seed} (rerun with FOREMAN_CRASH_SEED={seed})")
@@ -313,7 +313,7 @@ async def test_sigkill_during_a_burst_of_deliveries_leaves_every_issue_consisten
         assert summary["leases"] >= 3 and facts.db.transitions, summary
 
 
-# ----------------------------------------------------------------------- what the burst found, pinned down
+# --- what the burst found, pinned down --------------------------------------------------------------------------------
 
 
 async def test_the_service_start_finishes_or_compensates_the_bootstraps_a_killed_process_left_open() -> None:

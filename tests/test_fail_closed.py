@@ -185,7 +185,6 @@ async def test_a_real_serve_survives_unroutable_deliveries(tmp_path: Path) -> No
         await proc.kill()
 
 
-
 async def test_a_pass_that_raises_does_not_end_its_loop(start: Started, monkeypatch: pytest.MonkeyPatch) -> None:
     """Whatever one pass of a loop raises (here: reading finished handlers), the loop lives on."""
     calls: list[str] = []

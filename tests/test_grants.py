@@ -1,5 +1,4 @@
-"""Run grants end to end over SQLite: the broker's admissions, the seed's cases, `foreman run start` and
-`foreman grants` (issue 8; seed 002 REQ 122, TEST-123's list)."""
+"""Run grants over SQLite: broker admissions, the seed's cases (seed 002 REQ 122), run start, `foreman grants`."""
 
 from __future__ import annotations
 
@@ -166,11 +165,11 @@ def _refused(admission: Admission, category: str, reason: str) -> None:
     assert admission.refusal is not None and admission.refusal["error"] == category
 
 
-# ============================================================================ the seed's list (TEST-123)
+# --- the seed's list (TEST-123) ---------------------------------------------------------------------------------------
 
 
 async def test_broker_enforces_exact_call_order_and_teardown_once(world: World) -> None:
-    """Seed REQ 122 / issue 8.2-8.3: only the exact next entry is admitted; the teardown runs once."""
+    """Seed REQ 122: only the exact next entry is admitted; the teardown runs once."""
     broker = world.broker()
     _refused((await world.call(broker, *STATE))[0], "grant_denied", "skipped")
     _refused((await world.call(broker, *TEARDOWN))[0], "grant_denied", "skipped")
@@ -211,7 +210,7 @@ async def test_broker_rejects_mcp_completion_after_grant_expiry(world: World) ->
 
 
 async def test_abort_with_inflight_call_blocks_teardown_until_call_settles(world: World) -> None:
-    """Seed REQ 122 / issue 8.3: an abort keeps the unresolved in-flight call; teardown waits for it."""
+    """Seed REQ 122: an abort keeps the unresolved in-flight call; teardown waits for it."""
     broker = world.broker()
     inflight = await broker.before_call(*LOCK)
     assert inflight.allowed
@@ -249,7 +248,7 @@ async def test_abort_with_a_call_that_never_settles_needs_independent_reconcilia
 async def test_broker_detects_host_identity_change_during_inflight_call(world: World) -> None:
     """Seed REQ 122: host identity is rechecked on completion; teardown is refused on another host and the
     exact worktree UUID is reported unresolved instead: while a call is in flight, and also once the teardown is
-    due (the call reconciled, the run aborted, the grant expired), issue 12 item 9g."""
+    due (the call reconciled, the run aborted, the grant expired)."""
     broker = world.broker()
     inflight = await broker.before_call(*LOCK)
     assert inflight.allowed
@@ -285,7 +284,7 @@ async def test_broker_detects_host_identity_change_during_inflight_call(world: W
 
 @pytest.mark.parametrize("due", ["completed", "failed", "expired"])
 async def test_a_due_teardown_is_refused_on_a_foreign_host(world: World, due: str) -> None:
-    """Seed REQ 122, issue 12 item 9g: once the teardown is due (the plan completed, a step failed, or the grant
+    """Seed REQ 122: once the teardown is due (the plan completed, a step failed, or the grant
     expired), it is still refused on a host other than the grant's (host_mismatch, the bound worktree reported
     unresolved, nothing run there); on the grant's own host it is admitted."""
     broker = world.broker()
@@ -338,7 +337,7 @@ async def test_broker_denies_changed_arguments_and_wrong_worktree_then_only_tear
 
 
 async def test_plan_only_tool_result_is_marked_inert_and_failure_does_not_retry(plan_world: World) -> None:
-    """Seed REQ 122 / issue 8.3-8.4: a plan-only result (and any command text in it) is inert; results cannot
+    """Seed REQ 122: a plan-only result (and any command text in it) is inert; results cannot
     change the grant; a failed call is never retried, on this run or on this worktree."""
     world = plan_world
     broker = world.broker()
@@ -376,7 +375,7 @@ async def test_plan_only_tool_result_is_marked_inert_and_failure_does_not_retry(
 
 
 async def test_sealed_run_grant_cannot_be_replayed_in_a_second_broker(world: World) -> None:
-    """Seed REQ 122 / issue 8.4: a grant consumed by one broker is not replayable by a second (persisted)."""
+    """Seed REQ 122: a grant consumed by one broker is not replayable by a second (persisted)."""
     first = world.broker()
     second = world.broker(await world.second_db())
     assert (await world.call(first, *LOCK))[1] is not None
@@ -410,7 +409,7 @@ async def test_sealed_run_grant_cannot_be_replayed_in_a_second_broker(world: Wor
 
 
 async def test_a_teardown_that_raises_is_failed_once_and_reported_unresolved(world: World) -> None:
-    """Issue 8.3: the teardown runs at most once; a failed one is not retried and its worktree is reported."""
+    """The teardown runs at most once; a failed one is not retried and its worktree is reported."""
     broker = world.broker()
     await broker.abort()
     ran: list[str] = []
@@ -426,18 +425,18 @@ async def test_a_teardown_that_raises_is_failed_once_and_reported_unresolved(wor
     assert not again["ok"] and again["refusal"]["details"]["reason"] == "run_closed" and ran == [TEARDOWN[0]]
 
 
-# ============================================================================ integrity and safe failures
+# --- integrity and safe failures --------------------------------------------------------------------------------------
 
 
 async def test_sealed_grants_are_immutable_in_sqlite(world: World) -> None:
-    """Issue 8.1: stored and immutable."""
+    """Stored and immutable."""
     for sql in ("UPDATE grants SET expires_at = 'never'", "DELETE FROM grants"):
         with pytest.raises(sqlite3.IntegrityError, match="immutable"):
             await world.db.reader.execute(sql)
 
 
 async def test_broker_failure_exposes_only_broker_error_and_preserves_the_run_outcome(world: World) -> None:
-    """Issue 8.5: a broker failure is the bounded ``broker_error``; the recorded outcome is never changed."""
+    """A broker failure is the bounded ``broker_error``; the recorded outcome is never changed."""
     broker = world.broker()
     await world.call(broker, *LOCK, ok=False, result={"error": "conflict"})
     assert (await world.state()).outcome == "failed"
@@ -471,7 +470,7 @@ async def test_broker_failure_exposes_only_broker_error_and_preserves_the_run_ou
 
 
 async def test_arguments_are_snapshotted_before_anything_else(world: World) -> None:
-    """Issue 8.4: the caller mutating its arguments while the broker decides changes nothing."""
+    """The caller mutating its arguments while the broker decides changes nothing."""
     args: dict[str, Any] = {"issue_number": 9}
 
     async def mutating_resolver(grant: g.Grant) -> str:
@@ -489,7 +488,7 @@ async def test_arguments_are_snapshotted_before_anything_else(world: World) -> N
 
 
 async def test_changed_policy_refuses_the_runs_calls(world: World) -> None:
-    """Issue 8.2: the policy digest is validated: a template changed since sealing refuses the run."""
+    """The policy digest is validated: a template changed since sealing refuses the run."""
     broker = Broker(
         GrantStore(world.db),
         world.grant.run_id,
@@ -510,7 +509,7 @@ def test_host_identity_is_stable_and_changes_with_its_file(tmp_path: Path) -> No
     assert host_identity(db_path) != first and host_identity(db_path).endswith("/another-host-id")
 
 
-# ============================================================================ run start, foreman grants, config
+# --- run start, foreman grants, config --------------------------------------------------------------------------------
 
 
 def _config(tmp_path: Path, grants: Document | None = None) -> Path:
@@ -583,7 +582,7 @@ def _run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, Any]
 async def test_run_start_seals_the_grant_and_its_token_binds_a_broker(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Issue 8.6 (CLI): `foreman run start --issue N --json` prints run_id, token and the grant; the token opens
+    """`foreman run start --issue N --json` prints run_id, token and the grant; the token opens
     the run's broker; `foreman grants` shows grants, digests and every decision."""
     monkeypatch.delenv("FOREMAN_CONFIG", raising=False)
     config = _config(tmp_path)
@@ -653,7 +652,7 @@ async def test_run_start_seals_the_grant_and_its_token_binds_a_broker(
 
 
 async def test_run_start_refuses_without_lease_template_or_worktree(tmp_path: Path) -> None:
-    """Issue 8.6: run start reads the authoritative facts and refuses with a structured envelope otherwise."""
+    """Run start reads the authoritative facts and refuses with a structured envelope otherwise."""
     from bot.core.errors import EnvelopeError
 
     settings = load_settings(_config(tmp_path), environ={})

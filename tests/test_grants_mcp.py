@@ -1,11 +1,8 @@
-"""Run-bound MCP sessions (issue 8 item 6 and its last "Done when" line): `foreman mcp` started with a run token
-sends every tool call through the run's broker first, then the gateway with only the compiled arguments; the
-run's end queues its evidence comment in the outbox.
+"""Run-bound MCP sessions: every tool call goes through the run's broker, then the gateway; the end queues evidence."""
 
-The first test drives a real `foreman mcp` over stdio (a subprocess, the SDK's stdio client) bound to a run that
-`foreman run start` sealed on a real lease and bootstrap journal registration. The others run the same server
-in process to turn the clock or cancel a call.
-"""
+# The first test drives a real `foreman mcp` over stdio (a subprocess, the SDK's stdio client) bound to a run that
+# `foreman run start` sealed on a real lease and bootstrap journal registration. The others run the same server
+# in process to turn the clock or cancel a call.
 
 from __future__ import annotations
 
@@ -107,7 +104,7 @@ def denied(answer: tuple[bool, dict[str, Any]], category: str, reason: str) -> N
 async def test_a_real_foreman_mcp_session_bound_to_a_run_admits_only_the_grant(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Issue 8 "Done when": a real `foreman mcp` stdio session bound to a run. The grant's calls are admitted in
+    """A real `foreman mcp` stdio session bound to a run. The grant's calls are admitted in
     order; changed, out-of-order, skipped and repeated calls are denied with the bounded category before the
     tool runs (no heartbeat, no release happened); the teardown runs once; the run's evidence is queued."""
     monkeypatch.delenv("FOREMAN_CONFIG", raising=False)
@@ -207,7 +204,7 @@ def test_an_unknown_run_token_refuses_to_start(tmp_path: Path) -> None:
     assert '"error": "invalid_config"' in done.stderr and "not the token of any run" in done.stderr
 
 
-# ============================================================================ in process
+# --- in process -------------------------------------------------------------------------------------------------------
 
 
 @dataclass
@@ -266,7 +263,7 @@ def session(bound: Bound) -> Client:
 
 
 async def test_a_late_result_is_refused_and_does_not_advance_the_plan(tmp_path: Path) -> None:
-    """Issue 8.2 through MCP: the grant expires while the call runs; its result is not handed back (the refusal
+    """Through MCP: the grant expires while the call runs; its result is not handed back (the refusal
     is, with grant_expired), the plan does not advance, and only the reserved teardown is admitted after it."""
     async with bound_run(tmp_path) as bound:
         runtime_call = bound.runtime.call

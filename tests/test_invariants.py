@@ -278,7 +278,7 @@ def test_the_report_counts_violations_per_invariant() -> None:
     assert all(str(v).startswith(v.invariant) for v in found)
 
 
-# ----------------------------------------------------------------------------------------------- the edges
+# --- the edges --------------------------------------------------------------------------------------------------------
 
 
 def _git(cwd: Path, *args: str) -> str:

@@ -1,5 +1,4 @@
-"""The MCP surface in process (the SDK's own client against our server): tools and schemas, identity, the
-gateway before every call, each verb's result and refusal (issue 7 items 1-3)."""
+"""The MCP surface in process (the SDK's client against our server): tools, schemas, identity, the gateway."""
 
 from __future__ import annotations
 
@@ -104,7 +103,7 @@ async def lease_618(runtime: VerbRuntime) -> None:
 
 @dataclass
 class FakeBootstrap:
-    """A stand-in for the worktree bootstrap (issue 6) at the runtime's seam; records what it was asked."""
+    """A stand-in for the worktree bootstrap at the runtime's seam; records what it was asked."""
 
     registered: set[int] = field(default_factory=set)
     locks: set[int] = field(default_factory=set)
@@ -146,11 +145,11 @@ def with_bootstrap(runtime: VerbRuntime, fake: WorktreeBootstrap) -> VerbRuntime
     return VerbRuntime(db=runtime.db, settings=runtime.settings, gitea=runtime.gitea, bootstrap_factory=factory)
 
 
-# --- tools and schemas -----------------------------------------------------------------------------------
+# --- tools, schemas and identity --------------------------------------------------------------------------------------
 
 
 async def test_the_tools_are_the_executable_verbs_with_the_tables_schemas(runtime: VerbRuntime) -> None:
-    """Issue 7.3: tools named as in DESIGN.md; open_pr/claim_review/merge are decided but not offered yet."""
+    """Tools named as in DESIGN.md; open_pr/claim_review/merge are decided but not offered yet."""
     async with connect(runtime, "tok-author-1") as client:
         tools = (await client.list_tools()).tools
     names = [t.name for t in tools]
@@ -172,7 +171,7 @@ async def test_the_tools_are_the_executable_verbs_with_the_tables_schemas(runtim
 
 
 def test_allocation_arguments_are_typed_in_the_schema() -> None:
-    """Issue 7.3 / seed 000 AC1, AC3: exclusions are an array of integers; candidates an array, object or text."""
+    """Seed 000 AC1, AC3: exclusions are an array of integers; candidates an array, object or text."""
     schema = VERBS["allocate_next_work"].input_schema()
     props = schema["properties"]
     assert props["exclude_issue_numbers"]["type"] == ["array", "null"]  # optional: null means left out
@@ -190,9 +189,6 @@ def test_allocation_arguments_are_typed_in_the_schema() -> None:
     assert not check.is_valid({"caller": "controller-bot"})
 
 
-# --- identity --------------------------------------------------------------------------------------------
-
-
 def test_identity_comes_from_the_token_and_the_roster(tmp_path: Path) -> None:
     settings = mcp_settings(tmp_path)
     controller = resolve_identity(settings, "tok-controller")
@@ -206,7 +202,7 @@ def test_identity_comes_from_the_token_and_the_roster(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(("token", "needle"), [(None, "is not set"), ("tok-nope", "is not one of")])
 def test_foreman_mcp_refuses_to_start_without_a_known_token(tmp_path: Path, token: str | None, needle: str) -> None:
-    """Issue 7.3: no token or an unknown one: a clear error naming the key, exit 2, nothing served."""
+    """No token or an unknown one: a clear error naming the key, exit 2, nothing served."""
     from tests.test_mcp_stdio import foreman_mcp_command, mcp_config
 
     config = mcp_config(tmp_path)
@@ -220,11 +216,11 @@ def test_foreman_mcp_refuses_to_start_without_a_known_token(tmp_path: Path, toke
     assert (error["error"], error["key"]) == ("invalid_config", "mcp.tokens") and needle in error["message"]
 
 
-# --- the gateway before every call -----------------------------------------------------------------------
+# --- the gateway before every call, then each verb --------------------------------------------------------------------
 
 
 async def test_an_identity_off_the_roster_gets_the_not_authorized_envelope(runtime: VerbRuntime) -> None:
-    """Issue 7.3 / seed 001: the envelope, exactly: error, message (= remediate), remediate, next action."""
+    """Seed 001: the envelope, exactly: error, message (= remediate), remediate, next action."""
     async with connect(runtime, "tok-stranger") as client:
         for tool in VERBS:
             if not VERBS[tool].executable:
@@ -256,7 +252,7 @@ async def test_the_role_gate_comes_before_argument_checks(runtime: VerbRuntime) 
 async def test_malformed_arguments_are_refused_as_invalid_input(
     runtime: VerbRuntime, arguments: dict[str, Any], problems: dict[str, str]
 ) -> None:
-    """Issue 7.3: typed inputs, fail closed; the caller's identity can never be passed as an argument."""
+    """Typed inputs, fail closed; the caller's identity can never be passed as an argument."""
     async with connect(runtime, "tok-author-1") as client:
         error, doc = await call(client, "gitea_heartbeat_lease", **arguments)
     assert error and doc["error"] == "invalid_input"
@@ -271,7 +267,7 @@ async def test_an_unknown_tool_is_invalid_input_naming_the_offered_ones(runtime:
 
 
 async def test_an_unexpected_failure_is_an_envelope_without_internals(runtime: VerbRuntime) -> None:
-    """Issue 7.3: never a traceback; the failure stays in the server's log."""
+    """Never a traceback; the failure stays in the server's log."""
 
     async def broken(_: VerbRuntime) -> WorktreeBootstrap:
         raise RuntimeError("secret internals /etc/passwd")
@@ -282,9 +278,6 @@ async def test_an_unexpected_failure_is_an_envelope_without_internals(runtime: V
         error, doc = await call(client, "gitea_lock_issue", issue_number=618)
     assert error and doc["error"] == "unavailable"
     assert "secret" not in json.dumps(doc) and "Traceback" not in json.dumps(doc)
-
-
-# --- allocation ------------------------------------------------------------------------------------------
 
 
 async def test_allocation_through_mcp_excludes_before_ranking_in_dry_run_and_apply(runtime: VerbRuntime) -> None:
@@ -332,17 +325,14 @@ async def test_allocation_refusals_are_envelopes_with_the_decision(runtime: Verb
         assert error and doc["error"] == "stale_pin"
         error, doc = await call(client, "gitea_allocate_next_work", candidates_json=CANARY, owner="rev-1")
         assert error and doc["error"] == "not_authorized"
-        # No owner and two authors: the next idle author by the auto-allocation policy (issue 20), a dry run here.
+        # No owner and two authors: the next idle author by the auto-allocation policy, a dry run here.
         error, doc = await call(client, "gitea_allocate_next_work", candidates_json=CANARY)
         assert not error and doc["decision"] == "select" and doc["issue_number"] == 617, doc
     assert await runtime.leases.open_leases(runtime.repo) == []
 
 
-# --- leases ----------------------------------------------------------------------------------------------
-
-
 async def test_heartbeat_and_release_are_for_the_owner_or_the_controller(runtime: VerbRuntime) -> None:
-    """Issue 7.2: ownership gates are not_authorized; a missing live lease is a tracing_gap."""
+    """Ownership gates are not_authorized; a missing live lease is a tracing_gap."""
     await lease_618(runtime)
     async with connect(runtime, "tok-author-2") as client:
         error, doc = await call(client, "gitea_heartbeat_lease", issue_number=618)
@@ -364,11 +354,8 @@ async def test_heartbeat_and_release_are_for_the_owner_or_the_controller(runtime
     assert release is not None and "reassigning" in release.payload["body"]
 
 
-# --- issue state -----------------------------------------------------------------------------------------
-
-
 async def test_posted_state_goes_through_the_outbox_and_becomes_the_issues_state(runtime: VerbRuntime) -> None:
-    """Issue 7 / DESIGN: post_issue_state posts through the outbox; LAST_UPDATED_BY is the caller, always."""
+    """DESIGN: post_issue_state posts through the outbox; LAST_UPDATED_BY is the caller, always."""
     await lease_618(runtime)
     async with connect(runtime, "tok-author-2") as client:
         error, doc = await call(client, "gitea_post_issue_state", issue_number=618, state=STATE)
@@ -393,9 +380,6 @@ async def test_posted_state_goes_through_the_outbox_and_becomes_the_issues_state
         await on_outbox_complete(IssueStore(runtime.db), runtime.settings, entry, result)
         error, doc = await call(client, "gitea_get_issue_state", issue_number=618)
     assert not error and doc["state"]["state"] == "pr-open" and doc["state_comment_id"] == 99
-
-
-# --- the worktree bootstrap seam -------------------------------------------------------------------------
 
 
 async def test_bootstrap_and_lock_say_unavailable_while_there_is_no_bootstrap(runtime: VerbRuntime) -> None:
@@ -431,11 +415,8 @@ async def test_the_bootstrap_runs_only_after_the_gateway_and_lock_needs_its_work
     assert fake.calls == [("bootstrap", 618, "author-1"), ("lock", 618, "author-1"), ("bootstrap", 618, "author-1")]
 
 
-# --- runtime context -------------------------------------------------------------------------------------
-
-
 async def test_runtime_context_names_identity_work_and_the_next_action(runtime: VerbRuntime) -> None:
-    """Issue 7.3: identity, role, repository, branch SHAs, callable verbs and an exact next action (a tool)."""
+    """Identity, role, repository, branch SHAs, callable verbs and an exact next action (a tool)."""
     async with connect(runtime, "tok-controller") as client:
         _, doc = await call(client, "gitea_get_runtime_context")
     assert doc["identity"] == {"login": "controller-bot", "roles": ["controller"], "channel": "mcp"}
@@ -496,7 +477,7 @@ async def test_runtime_context_compares_the_live_default_branch_with_the_control
 
 
 async def test_bootstrap_and_lock_through_mcp_run_the_real_worktree_transition() -> None:
-    """Issue 7 with issue 6: the tools reach bot.verbs.bootstrap after the gateway; the context follows each step."""
+    """The tools reach bot.verbs.bootstrap after the gateway; the context follows each step."""
     from bot.verbs.runtime import caller_for
     from tests.test_bootstrap_support import open_bootstrap_world
 
@@ -529,7 +510,7 @@ async def test_bootstrap_and_lock_through_mcp_run_the_real_worktree_transition()
 
 
 async def test_a_hook_around_every_call_can_refuse_or_run_with_its_own_arguments(runtime: VerbRuntime) -> None:
-    """The seam a run broker (issue 8) uses: it sees each call first; the gateway still decides what runs."""
+    """The seam a run broker uses: it sees each call first; the gateway still decides what runs."""
     seen: list[tuple[str, dict[str, Any]]] = []
 
     async def around(tool: str, arguments: dict[str, Any], run: Any) -> tuple[dict[str, Any], bool]:
@@ -550,7 +531,7 @@ async def test_a_hook_around_every_call_can_refuse_or_run_with_its_own_arguments
     assert len(await runtime.leases.open_leases(runtime.repo)) == 1
 
 
-# --- issue 12 items 7 and 8: the published schema is what is enforced; hostile values; unlisted tools ----------
+# --- the published schema is what is enforced; hostile values; unlisted tools -----------------------------------------
 
 
 def _identity_for(verb: str) -> str:
@@ -574,7 +555,7 @@ _SERVER_PROBES = [p for p in argument_probes() if p.id not in _OWNER_LEFT_OUT]
 async def test_the_server_accepts_exactly_what_its_published_schema_accepts(
     runtime: VerbRuntime, verb: str, arguments: dict[str, Any]
 ) -> None:
-    """Issue 12 item 8, the full table in process: jsonschema(the schema list_tools publishes) says invalid
+    """Full table in process: jsonschema(the schema list_tools publishes) says invalid
     exactly when the server answers invalid_input; hostile values (item 7) are invalid_input, never a crash or
     ``unavailable``."""
     async with connect(runtime, _identity_for(verb)) as client:
@@ -599,7 +580,7 @@ async def test_the_server_accepts_exactly_what_its_published_schema_accepts(
      "gitea_release_lease\n", "x" * 10_000],  # (the SDK client itself cannot send a lone surrogate in a name)
 )
 async def test_a_tool_the_server_does_not_list_is_refused_and_does_nothing(runtime: VerbRuntime, name: str) -> None:
-    """Issue 12 item 8: only listed tools run. ``release_lease`` (no ``gitea_`` prefix) used to release the lease."""
+    """Only listed tools run. ``release_lease`` (no ``gitea_`` prefix) used to release the lease."""
     await lease_618(runtime)
     queued = len(await OutboxStore(runtime.db).list())
     async with connect(runtime, "tok-controller") as client:
@@ -615,7 +596,7 @@ async def test_a_tool_the_server_does_not_list_is_refused_and_does_nothing(runti
 
 
 async def test_an_issue_number_past_int64_is_invalid_input_through_mcp(runtime: VerbRuntime) -> None:
-    """Issue 12 item 8: 2^63 (one past MAX_ISSUE_NUMBER) is refused as input, not by SQLite (``unavailable``)."""
+    """2^63 (one past MAX_ISSUE_NUMBER) is refused as input, not by SQLite (``unavailable``)."""
     async with connect(runtime, "tok-controller") as client:
         for tool in ("gitea_get_issue_state", "gitea_heartbeat_lease", "gitea_release_lease"):
             error, doc = await call(client, tool, issue_number=2**63)

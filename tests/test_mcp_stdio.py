@@ -1,9 +1,8 @@
-"""The public MCP regression (seed 000 AC8, issue 7.5): `foreman mcp` as a subprocess, the SDK's stdio client.
+"""The public MCP regression (seed 000 AC8): `foreman mcp` as a subprocess, the SDK's stdio client."""
 
-A candidate list with #617 ranked first and ``exclude_issue_numbers=[617]``: #617 is never selected or
-leased, in dry-run or apply; it is in ``skipped`` as ``excluded_by_controller``; ``candidates_json`` as a
-JSON string and as a list give the same fingerprint; an identity that may not allocate gets the envelope.
-"""
+# A candidate list with #617 ranked first and ``exclude_issue_numbers=[617]``: #617 is never selected or
+# leased, in dry-run or apply; it is in ``skipped`` as ``excluded_by_controller``; ``candidates_json`` as a
+# JSON string and as a list give the same fingerprint; an identity that may not allocate gets the envelope.
 
 from __future__ import annotations
 
@@ -114,7 +113,7 @@ async def test_ac8_an_excluded_top_ranked_issue_is_never_selected_or_leased_thro
     assert leases(tmp_path / "foreman.db") == [(618, "author-1", "live")]
 
 
-# --- issue 12 items 7 and 8 over the real stdio server -----------------------------------------------------------
+# --- the published schema and hostile input over real stdio -----------------------------------------------------------
 
 #: A representative subset of the in-process table (tests/test_verbs_table.py): the item 8 probes, an unlisted
 #: tool, and hostile values a JSON client can send.
@@ -139,7 +138,7 @@ STDIO_PROBES: list[tuple[str, dict[str, Any]]] = [
 
 
 async def test_the_stdio_server_enforces_exactly_its_published_schema(tmp_path: Path) -> None:
-    """Issue 12 item 8 over `foreman mcp` itself: for each probe, jsonschema(the schema the server lists) says
+    """Over `foreman mcp` itself: for each probe, jsonschema(the schema the server lists) says
     invalid exactly when the server answers invalid_input; an unlisted name (``release_lease``) runs nothing."""
     from tests.test_verbs_table import schema_verdict
 
@@ -171,7 +170,7 @@ def _bad_token_run(tmp_path: Path, token: bytes) -> subprocess.CompletedProcess[
 
 @pytest.mark.parametrize("token", [b"\xff", b"tok-controller-ac8\xff", b"frun_\xfe\xff", b"\xed\xa0\x80"])
 def test_a_token_that_is_not_utf8_refuses_to_start_with_one_line(tmp_path: Path, token: bytes) -> None:
-    """Issue 12 item 7: FOREMAN_MCP_TOKEN with bytes that are not UTF-8 (surrogateescape in os.environ): no
+    """FOREMAN_MCP_TOKEN with bytes that are not UTF-8 (surrogateescape in os.environ): no
     traceback, one clear line on stderr naming the variable, exit 2 (configuration), nothing on stdout."""
     done = _bad_token_run(tmp_path, token)
     stderr = done.stderr.decode("utf-8", "replace")
@@ -188,7 +187,7 @@ def test_a_token_that_is_not_utf8_refuses_to_start_with_one_line(tmp_path: Path,
 
 
 def test_arguments_the_sdk_parser_refuses_are_answered_invalid_input_on_the_wire(tmp_path: Path) -> None:
-    """Issue 12 item 7 on the raw wire: a tools/call whose JSON the SDK's parser refuses (an integer of 5,000
+    """On the raw wire: a tools/call whose JSON the SDK's parser refuses (an integer of 5,000
     digits, a lone surrogate escape) used to get no answer at all (the client waited forever). Each request is
     answered, with invalid_input, and the session goes on."""
     config = mcp_config(tmp_path)

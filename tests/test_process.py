@@ -132,7 +132,7 @@ async def proc(tmp_path: Path) -> AsyncIterator[ServeProcess]:
 async def test_a_delivery_killed_mid_handler_resumes_after_restart_without_rerunning_finished_handlers(
     proc: ServeProcess,
 ) -> None:
-    """Issue 2.4: a process SIGKILLed mid-delivery resumes it on restart; the finished sibling is not rerun."""
+    """A process SIGKILLed mid-delivery resumes it on restart; the finished sibling is not rerun."""
     await proc.start()
     assert await proc.post(payload(), "crash-1") == 202
     await proc.wait_for(lambda: "slow-start crash-1" in proc.lines(), "the slow handler to start")
@@ -149,7 +149,7 @@ async def test_a_delivery_killed_mid_handler_resumes_after_restart_without_rerun
 
 
 async def test_every_acknowledged_delivery_survives_a_kill_right_after_the_202(proc: ServeProcess) -> None:
-    """Issue 2.3: a delivery is stored before the 202, so killing the process right after loses none."""
+    """A delivery is stored before the 202, so killing the process right after loses none."""
     proc.gate.touch()
     await proc.start()
     ids = [f"ack-{i}" for i in range(25)]
@@ -165,7 +165,7 @@ async def test_every_acknowledged_delivery_survives_a_kill_right_after_the_202(p
 
 
 async def test_sigterm_lets_in_flight_work_finish_within_the_grace(proc: ServeProcess) -> None:
-    """Issue 2.8: graceful shutdown finishes in-flight work when it ends within the grace period."""
+    """Graceful shutdown finishes in-flight work when it ends within the grace period."""
     await proc.start()
     await proc.post(payload(), "grace-1")
     await proc.wait_for(lambda: "slow-start grace-1" in proc.lines(), "the slow handler to start")
@@ -178,7 +178,7 @@ async def test_sigterm_lets_in_flight_work_finish_within_the_grace(proc: ServePr
 
 
 async def test_sigterm_past_the_grace_puts_the_delivery_back_for_the_next_start(proc: ServeProcess) -> None:
-    """Issue 2.8: work that outlives the grace period is safely abandoned (queued again, attempt not counted)."""
+    """Work that outlives the grace period is safely abandoned (queued again, attempt not counted)."""
     await proc.start()
     await proc.post(payload(), "abandon-1")
     await proc.wait_for(lambda: "slow-start abandon-1" in proc.lines(), "the slow handler to start")
@@ -190,7 +190,7 @@ async def test_sigterm_past_the_grace_puts_the_delivery_back_for_the_next_start(
 
 
 async def test_embedded_default_starts_with_a_generated_secret_and_no_gitea(tmp_path: Path) -> None:
-    """Issue 2.2: no config edits needed: a secret is generated under var/ (0600), reused, and /readyz
+    """No config edits needed: a secret is generated under var/ (0600), reused, and /readyz
     reports that Gitea is not reachable instead of crashing."""
     service = ServeProcess(tmp_path, module="bot", config=tmp_path / "unused.toml")
     env = {"FOREMAN_SERVER__PORT": str(service.port), "FOREMAN_CONFIG": ""}
@@ -218,7 +218,7 @@ async def test_embedded_default_starts_with_a_generated_secret_and_no_gitea(tmp_
 
 
 async def test_an_explicitly_empty_secret_list_refuses_to_start(tmp_path: Path) -> None:
-    """Issue 2.2: `secrets = []` refuses to start, exit 2, with an error naming webhook.secrets."""
+    """`secrets = []` refuses to start, exit 2, with an error naming webhook.secrets."""
     config = write_config(tmp_path / "foreman.toml", {"webhook": {"secrets": []}})
     process = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "bot", "serve", "--config", str(config),
@@ -231,7 +231,7 @@ async def test_an_explicitly_empty_secret_list_refuses_to_start(tmp_path: Path) 
 
 
 async def test_an_outbox_comment_posted_just_before_a_kill_is_adopted_after_restart(tmp_path: Path) -> None:
-    """Issue 4.2: the process is SIGKILLed after Gitea stored the comment but before the outbox commit;
+    """The process is SIGKILLed after Gitea stored the comment but before the outbox commit;
     after the restart the marker is found and the comment adopted: exactly one comment."""
     from bot.core.evidence import render_evidence
     from state.db import Database

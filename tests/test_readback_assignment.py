@@ -1,7 +1,4 @@
-"""Read-after-write of the assignment (issue 12, items 9d and 10): what the bootstrap's proof says about Gitea's
-assignees is what Gitea says, read back after foreman's own write, and what Gitea ends with once the outbox has
-sent everything; a compensated bootstrap leaves no owner assigned, even when the allocation's assignment was still
-queued."""
+"""Read-after-write of the assignment: the proof's assignees are Gitea's; a compensated bootstrap leaves none."""
 
 from __future__ import annotations
 
@@ -63,7 +60,7 @@ async def allocate(w: BootstrapWorld, number: int, **call: Any) -> dict[str, Any
 @contextmanager
 def occupied_after_the_proof(path: Path) -> Iterator[None]:
     """Someone's directory appears at the canonical path after the apply's proof and before its bootstrap (the
-    proof runs before every lease since issue 20, so a directory there beforehand leases nothing): the bootstrap
+    proof runs before every lease, so a directory there beforehand leases nothing): the bootstrap
     then fails after the lease and is compensated."""
     import bot.verbs.allocate
     import bot.verbs.bootstrap
@@ -80,11 +77,11 @@ def occupied_after_the_proof(path: Path) -> Iterator[None]:
         yield
 
 
-# ------------------------------------------------------------------------------------------------ item 9d
+# --- the assignment read back -----------------------------------------------------------------------------------------
 
 
 async def test_the_assignment_is_read_back_from_gitea_and_a_write_gitea_ignored_is_refused() -> None:
-    """Seed 004 AC1/AC8, issue 12 item 9d: Gitea accepts an edit of an issue from its poster but silently ignores
+    """Seed 004 AC1/AC8: Gitea accepts an edit of an issue from its poster but silently ignores
     the assignees when the poster has no write access; the bootstrap reads the issue back after assigning and, as
     Gitea does not list the owner, does not complete (typed refusal naming what Gitea holds) instead of assuming
     its write took effect."""
@@ -102,11 +99,11 @@ async def test_the_assignment_is_read_back_from_gitea_and_a_write_gitea_ignored_
         assert json.loads(error)["details"]["gitea_assignees"] == await gitea_assignees(w, number)
 
 
-# ------------------------------------------------------------------------------------------------ item 10
+# --- what Gitea ends with: queued assignments and compensations -------------------------------------------------------
 
 
 async def test_a_compensated_bootstrap_leaves_the_owner_unassigned_even_with_the_assignment_still_queued() -> None:
-    """Seed 004 AC4/AC5, issue 12 item 10(i): the allocation's assignee change is still in the outbox when the
+    """Seed 004 AC4/AC5: the allocation's assignee change is still in the outbox when the
     bootstrap fails and is compensated; once the outbox has sent everything, Gitea has the issue blocked, the
     lease released, and the owner not assigned."""
     async with open_bootstrap_world(on_allocate="run") as w:
@@ -125,7 +122,7 @@ async def test_a_compensated_bootstrap_leaves_the_owner_unassigned_even_with_the
 
 
 async def test_a_completed_proof_reports_the_assignment_gitea_ends_with() -> None:
-    """Seed 004 AC8, issue 12 item 10(ii): the allocation queued the assignee change; the bootstrap's completed
+    """Seed 004 AC8: the allocation queued the assignee change; the bootstrap's completed
     proof says what Gitea says once the bootstrap has made the assignment, and Gitea ends (after the outbox sent
     everything) with the same assignees the proof reported."""
     async with open_bootstrap_world(on_allocate="run") as w:
@@ -142,7 +139,7 @@ async def test_a_completed_proof_reports_the_assignment_gitea_ends_with() -> Non
 
 
 async def test_the_allocation_reports_its_lease_as_stored_after_the_bootstrap_compensated() -> None:
-    """Seed 000 AC9 / seed 004 AC5, issue 12 item 9 (read-after-write): with `on_allocate = "run"`, the apply's
+    """Seed 000 AC9 / seed 004 AC5 (read-after-write): with `on_allocate = "run"`, the apply's
     result shows the lease as the store holds it after the bootstrap, released by the compensation, not the
     live copy the apply's transaction created."""
     async with open_bootstrap_world(on_allocate="run") as w:
@@ -155,11 +152,11 @@ async def test_the_allocation_reports_its_lease_as_stored_after_the_bootstrap_co
         assert stored is not None and doc["lease"] == stored.to_dict() and stored.status == "released"
 
 
-# ------------------------------------------------------------------------------------------------ foreman invariants
+# --- foreman invariants -----------------------------------------------------------------------------------------------
 
 
 async def test_invariants_hold_after_a_compensated_allocation_and_report_an_owner_left_assigned() -> None:
-    """Issue 12 item 10(i): over the real stores (SQLite, Gitea, the checkout), a compensated allocation leaves
+    """Over the real stores (SQLite, Gitea, the checkout), a compensated allocation leaves
     `leases.unassigned_after_failure` holding; Gitea showing the released owner assigned (what the outbox used to
     end with) is reported by that invariant."""
     async with open_bootstrap_world(on_allocate="run") as w:
@@ -180,7 +177,7 @@ async def test_invariants_hold_after_a_compensated_allocation_and_report_an_owne
 
 
 async def test_invariants_see_the_exclusions_and_the_read_back_assignment_of_a_real_allocation() -> None:
-    """Issue 12 items 10(ii) and 10(iii): a real allocation with exclusions and its completed bootstrap: the lease
+    """A real allocation with exclusions and its completed bootstrap: the lease
     row's exclusions equal its evidence comment's, the proof's assignment was read back, every invariant holds."""
     async with open_bootstrap_world(on_allocate="run") as w:
         status_labelled(w)

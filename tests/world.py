@@ -172,7 +172,6 @@ class World:
         )
 
 
-
 @asynccontextmanager
 async def open_world(
     tmp_path: Path,
