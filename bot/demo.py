@@ -232,18 +232,28 @@ class LoopHarness:
                 await asyncio.wait_for(self._log_task, 5)
 
 
-def _config(h: LoopHarness) -> dict[str, Any]:
+def demo_config(gitea_url: str, tokens: Mapping[str, str], webhook_secret: str, root: Path, mcp_token: str
+                ) -> dict[str, Any]:
+    """The foreman.toml document for ``demo/widgets`` as ``seed_demo`` made it, its files under ``root``."""
     return {
+        "webhook": {"secrets": [webhook_secret]},
+        "database": {"path": root / "foreman.db"},
+        "gitea": {"url": gitea_url, "token": tokens[BOT], "bot_login": BOT},
+        "repository": {"owner": OWNER, "name": REPO, "checkout_root": root / "checkouts"},
+        "roster": {CONTROLLER: ["controller"], AUTHOR: ["author"]},
+        "mcp": {"tokens": {mcp_token: AUTHOR}},
+    }
+
+
+def _config(h: LoopHarness) -> dict[str, Any]:
+    """``demo_config`` with the demo's own server and faster worker and outbox timings."""
+    return merged(demo_config(h.gitea_url, h.tokens, h.webhook_secret, h.root, h.mcp_token), {
         "server": {"host": "127.0.0.1", "port": 0, "shutdown_grace_s": 2.0},
-        "webhook": {"secrets": [h.webhook_secret]},
         "database": {"path": h.db_path, "synchronous": "NORMAL"},
-        "gitea": {"url": h.gitea_url, "token": h.tokens[BOT], "bot_login": BOT, "timeout_s": 10.0},
-        "repository": {"owner": OWNER, "name": REPO, "checkout_root": h.root / "checkouts"},
+        "gitea": {"timeout_s": 10.0},
         "worker": {"poll_interval_s": 0.05, "backoff_base_s": 0.2, "backoff_max_s": 2.0},
         "outbox": {"poll_interval_s": 0.05, "backoff_base_s": 0.1, "backoff_max_s": 2.0},
-        "roster": {CONTROLLER: ["controller"], AUTHOR: ["author"]},
-        "mcp": {"tokens": {h.mcp_token: AUTHOR}},
-    }
+    })
 
 
 @asynccontextmanager

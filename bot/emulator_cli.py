@@ -11,21 +11,10 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from bot.config_writer import write_config
-from bot.demo import OWNER, REPO, USERS, scratch_root, seed_demo
+from bot.demo import OWNER, REPO, USERS, demo_config, scratch_root, seed_demo
 from bot.emulator import Emulator, start_emulator
 
 HOOK_EVENTS = ("issues", "issue_comment", "pull_request", "push")
-
-
-def _config(url: str, tokens: dict[str, str], secret: str, root: Path, mcp_token: str) -> dict[str, Any]:
-    return {
-        "webhook": {"secrets": [secret]},
-        "database": {"path": root / "foreman.db"},
-        "gitea": {"url": url, "token": tokens["foreman-bot"], "bot_login": "foreman-bot"},
-        "repository": {"owner": OWNER, "name": REPO, "checkout_root": root / "checkouts"},
-        "roster": {"controller-bot": ["controller"], "author-1": ["author"]},
-        "mcp": {"tokens": {mcp_token: "author-1"}},
-    }
 
 
 async def run(out: TextIO, *, host: str, port: int, root: Path, hook_url: str | None, as_json: bool,
@@ -44,7 +33,7 @@ async def run(out: TextIO, *, host: str, port: int, root: Path, hook_url: str | 
         if hook_url:
             emu.add_hook(OWNER, REPO, url=hook_url, secret=secret, events=HOOK_EVENTS)
         config = root / "foreman.toml"
-        write_config(config, _config(url, tokens, secret, root, mcp_token),
+        write_config(config, demo_config(url, tokens, secret, root, mcp_token),
                      comment=f"written by foreman emulator: `foreman serve --config {config}`")
         config.chmod(0o600)  # it holds the bot's token and the webhook secret
         doc: dict[str, Any] = {
