@@ -41,12 +41,20 @@ class Clock:
 
 
 class Sections(TypedDict, total=False):
-    """The settings sections a world's caller sets, each laid over the world's own."""
+    """The settings sections a world's caller may set, each laid over the world's own ([gitea], [repository] and
+    the roster are the world's)."""
 
-    allocator: Mapping[str, Any]
-    bootstrap: Mapping[str, Any]
+    server: Mapping[str, Any]
+    webhook: Mapping[str, Any]
+    database: Mapping[str, Any]
     worker: Mapping[str, Any]
     outbox: Mapping[str, Any]
+    allocator: Mapping[str, Any]
+    bootstrap: Mapping[str, Any]
+    reconcile: Mapping[str, Any]
+    mcp: Mapping[str, Any]
+    grants: Mapping[str, Any]
+    dashboard: Mapping[str, Any]
 
 
 @dataclass
