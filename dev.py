@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Set-up-free entry point: `python3 dev.py run` serves, `python3 dev.py test` runs every test
-(`python3 dev.py run demo` runs the bundled demo; `python3 dev.py lint` runs ruff and mypy).
+(`python3 dev.py run demo` runs the bundled demo; `python3 dev.py lint` runs ruff, and mypy over every package
+pyproject.toml lists: bot, handlers and state strictly, tests and bench with their bodies checked).
 
 Both create ./.venv and install the project with its dev dependencies on first use (and again whenever
 pyproject.toml changes), so a fresh machine needs nothing but Python 3.11+ and git.

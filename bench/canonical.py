@@ -17,12 +17,13 @@ import json
 import sys
 import time
 from collections.abc import Callable
+from typing import TypedDict
 
 from bot.core.canonical import HEADING_TEXT, MAX_COMMENT_CHARS, parse_any_length, parse_comment
 
 SIZES = (1_000, 10_000, 100_000, 1_000_000)
 SHAPES: dict[str, Callable[[int], str]] = {
-    # The 48 KB comment of issue 12.5: an ATX heading with a long run of blanks not closed by '#'.
+    # A 48 KB comment once seen in the wild: an ATX heading with a long run of blanks not closed by '#'.
     "atx_blank_run": lambda n: "# a" + " " * n + "x",
     "atx_blank_hash_runs": lambda n: "# a" + " \t" * (n // 2) + "#x",
     "heading_hash_tail": lambda n: f"## {HEADING_TEXT}" + " #" * (n // 2),
@@ -31,6 +32,16 @@ SHAPES: dict[str, Callable[[int], str]] = {
     "many_headings": lambda n: (f"## {HEADING_TEXT}\n" * (n // 25)),
     "fences": lambda n: "```\n" * (n // 4),
 }
+
+
+class Row(TypedDict):
+    size: int
+    worst_shape: str
+    parser_ms: float
+    baseline_ms: float
+    ratio: float
+    bounded_ms: float
+    shapes_ms: dict[str, float]
 
 
 def _split_and_strip(text: str) -> list[str]:
@@ -51,9 +62,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
-    rows = []
+    rows: list[Row] = []
     for size in SIZES:
-        per_shape = {}
+        per_shape: dict[str, float] = {}
         baseline = 0.0
         for name, make in SHAPES.items():
             text = make(size)
@@ -73,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         print(f"{'size':>9} {'worst shape':<20} {'parser ms':>10} {'split+strip ms':>15} {'ratio':>7} "
               f"{'growth':>8} {'parse_comment ms':>17}")
-        previous = None
+        previous: float | None = None
         for row in rows:
             step = "" if previous is None else f"{row['parser_ms'] / previous:.1f}x"
             print(f"{row['size']:>9} {row['worst_shape']:<20} {row['parser_ms']:>10.3f} {row['baseline_ms']:>15.3f} "

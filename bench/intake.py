@@ -39,6 +39,8 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
+from bot.config_writer import write_config
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SHARED = Path(os.environ.get("FOREMAN_SHARED", str(REPO_ROOT.parent / "shared")))
 DEFAULT_PAYLOAD = SHARED / "gitea" / "payloads" / "issue_comment-created--go-playground.json"
@@ -51,7 +53,7 @@ TARGET_P99_MS = 50.0  # ... with a p99 latency under 50 ms (the issue's targets)
 EXIT_OK, EXIT_ERROR, EXIT_USAGE = 0, 1, 2
 
 
-# --- payloads ------------------------------------------------------------------------------------------
+# --- payloads and the bare endpoint (in its own subprocess) -----------------------------------------------------------
 def _builtin_user(login: str = "example", uid: int = 1) -> dict[str, Any]:
     return {
         "id": uid,
@@ -222,7 +224,6 @@ def make_requests(template: dict[str, Any], run_tag: str, start: int, count: int
     return requests
 
 
-# --- the bare endpoint (runs in its own subprocess) ----------------------------------------------------
 def serve_bare(host: str, port: int) -> int:
     """Reads the body and answers 202, nothing else: the ceiling for the same HTTP stack and client."""
 
@@ -241,7 +242,7 @@ def serve_bare(host: str, port: int) -> int:
     return EXIT_OK
 
 
-# --- targets -------------------------------------------------------------------------------------------
+# --- targets and load -------------------------------------------------------------------------------------------------
 class BenchError(Exception):
     """The run is invalid (not merely slow)."""
 
@@ -323,24 +324,12 @@ class Target:
 def write_foreman_config(workdir: Path, port: int, synchronous: str) -> tuple[Path, Path]:
     db_path = workdir / "foreman.db"
     config = workdir / "foreman.toml"
-    config.write_text(
-        "\n".join(
-            [
-                "[server]",
-                'host = "127.0.0.1"',
-                f"port = {port}",
-                "[webhook]",
-                f'secrets = ["{SECRET}"]',
-                "[database]",
-                f'path = "{db_path}"',
-                f'synchronous = "{synchronous}"',
-                "[repository]",
-                f'checkout_root = "{workdir / "checkouts"}"',
-                "",
-            ]
-        ),
-        encoding="utf-8",
-    )
+    write_config(config, {
+        "server": {"host": "127.0.0.1", "port": port},
+        "webhook": {"secrets": [SECRET]},
+        "database": {"path": db_path, "synchronous": synchronous},
+        "repository": {"checkout_root": workdir / "checkouts"},
+    })
     return config, db_path
 
 
@@ -373,7 +362,6 @@ async def wait_drained(db_path: Path, timeout_s: float) -> float:
     return time.perf_counter() - started
 
 
-# --- load ----------------------------------------------------------------------------------------------
 @dataclass
 class RoundResult:
     target: str
@@ -474,7 +462,7 @@ def aggregate(rounds: Sequence[RoundResult]) -> dict[str, Any]:
     }
 
 
-# --- the run -------------------------------------------------------------------------------------------
+# --- the run ----------------------------------------------------------------------------------------------------------
 @dataclass
 class Options:
     requests: int

@@ -22,11 +22,13 @@ from typing import IO, Any, TextIO, TypeVar
 import aiohttp
 from aiohttp import web
 
+from bot.config_writer import Document, merged, write_config
 from bot.core.canonical import parse_comment
 from bot.core.evidence import find_marker
 from bot.core.issue_state import repo_key
 from bot.core.vocabulary import status_labels
 from bot.emulator import Emulator, start_emulator
+from bot.emulator.model import Perm
 from state.db import Database, read_only, to_db_time
 from state.deliveries import DeliveryStore, StoredDelivery
 from state.issues import IssueStore
@@ -39,6 +41,13 @@ T = TypeVar("T")
 OWNER, REPO = "demo", "widgets"
 FULL_NAME = repo_key(f"{OWNER}/{REPO}")
 MAINTAINER, CONTROLLER, AUTHOR, BOT = "maintainer", "controller-bot", "author-1", "foreman-bot"
+#: The demo's accounts besides its owner: login, permission on demo/widgets, what the account stands for.
+USERS: tuple[tuple[str, Perm, str], ...] = (
+    (MAINTAINER, "admin", "labels issues status:ready, reviews"),
+    (CONTROLLER, "write", "controller: allocates work"),
+    (AUTHOR, "write", "author: receives leases"),
+    (BOT, "admin", "the bot account foreman acts as"),
+)
 ISSUE_TITLE = "Make the widget blue"
 ISSUE_BODY = "The widget should be blue.\n\nAcceptance: `widget.color` is `blue`."
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
@@ -53,6 +62,21 @@ class StepFailed(Exception):
         super().__init__(f"{step}: {message}")
         self.step = step
         self.message = message
+
+
+def seed_demo(emu: Emulator) -> dict[str, str]:
+    """``demo/widgets`` with its owner, USERS and foreman's status labels; each account's fresh API token by login."""
+    tokens = {login: f"gitea-{login}-{secrets.token_hex(12)}" for login in (OWNER, *(user[0] for user in USERS))}
+    emu.add_user(OWNER, token=tokens[OWNER], full_name="Demo organisation")
+    for login, _, _ in USERS:
+        emu.add_user(login, token=tokens[login])
+    emu.create_repo(OWNER, REPO, files={"README.md": "# widgets\n", "widget.py": "color = 'grey'\n"},
+                    description="foreman's demo repository")
+    for login, permission, _ in USERS:
+        emu.set_permission(OWNER, REPO, login, permission)
+    for label in status_labels():
+        emu.create_label(OWNER, REPO, label, color="#00aa00")
+    return tokens
 
 
 def scratch_root(prefix: str) -> Path:
@@ -208,60 +232,39 @@ class LoopHarness:
                 await asyncio.wait_for(self._log_task, 5)
 
 
-def _config(h: LoopHarness, extra: str) -> str:
-    return f"""# written by foreman demo
-[server]
-host = "127.0.0.1"
-port = 0
-shutdown_grace_s = 2.0
-[webhook]
-secrets = ["{h.webhook_secret}"]
-[database]
-path = "{h.db_path}"
-synchronous = "NORMAL"
-[gitea]
-url = "{h.gitea_url}"
-token = "{h.tokens[BOT]}"
-bot_login = "{BOT}"
-timeout_s = 10.0
-[repository]
-owner = "{OWNER}"
-name = "{REPO}"
-checkout_root = "{h.root / 'checkouts'}"
-[worker]
-poll_interval_s = 0.05
-backoff_base_s = 0.2
-backoff_max_s = 2.0
-[outbox]
-poll_interval_s = 0.05
-backoff_base_s = 0.1
-backoff_max_s = 2.0
-[roster]
-"{CONTROLLER}" = ["controller"]
-"{AUTHOR}" = ["author"]
-[mcp.tokens]
-"{h.mcp_token}" = "{AUTHOR}"
-{extra}"""
+def demo_config(gitea_url: str, tokens: Mapping[str, str], webhook_secret: str, root: Path, mcp_token: str
+                ) -> dict[str, Any]:
+    """The foreman.toml document for ``demo/widgets`` as ``seed_demo`` made it, its files under ``root``."""
+    return {
+        "webhook": {"secrets": [webhook_secret]},
+        "database": {"path": root / "foreman.db"},
+        "gitea": {"url": gitea_url, "token": tokens[BOT], "bot_login": BOT},
+        "repository": {"owner": OWNER, "name": REPO, "checkout_root": root / "checkouts"},
+        "roster": {CONTROLLER: ["controller"], AUTHOR: ["author"]},
+        "mcp": {"tokens": {mcp_token: AUTHOR}},
+    }
+
+
+def _config(h: LoopHarness) -> dict[str, Any]:
+    """``demo_config`` with the demo's own server and faster worker and outbox timings."""
+    return merged(demo_config(h.gitea_url, h.tokens, h.webhook_secret, h.root, h.mcp_token), {
+        "server": {"host": "127.0.0.1", "port": 0, "shutdown_grace_s": 2.0},
+        "database": {"path": h.db_path, "synchronous": "NORMAL"},
+        "gitea": {"timeout_s": 10.0},
+        "worker": {"poll_interval_s": 0.05, "backoff_base_s": 0.2, "backoff_max_s": 2.0},
+        "outbox": {"poll_interval_s": 0.05, "backoff_base_s": 0.1, "backoff_max_s": 2.0},
+    })
 
 
 @asynccontextmanager
-async def open_harness(root: Path, *, extra_config: str = "") -> AsyncIterator[LoopHarness]:
-    """The emulator with ``demo/widgets`` on loopback and the config for a foreman serve (not started yet)."""
+async def open_harness(root: Path, *, config: Document | None = None) -> AsyncIterator[LoopHarness]:
+    """The emulator with ``demo/widgets`` on loopback and the config (``config`` laid over the demo's) for a foreman
+    serve (not started yet)."""
     # Clone URLs over git smart HTTP (the emulator's git http-backend behind Gitea's auth rules), of a private
     # repository: the control checkout comes only with the bot's token, as from a real Gitea.
     emu = Emulator(root / "gitea", clone_protocol="http")
-    tokens = {login: f"gitea-{login}-{secrets.token_hex(12)}" for login in (OWNER, MAINTAINER, CONTROLLER, AUTHOR, BOT)}
-    emu.add_user(OWNER, token=tokens[OWNER], full_name="Demo")
-    for login in (MAINTAINER, CONTROLLER, AUTHOR, BOT):
-        emu.add_user(login, token=tokens[login])
-    emu.create_repo(OWNER, REPO, files={"README.md": "# widgets\n", "widget.py": "color = 'grey'\n"})
+    tokens = seed_demo(emu)
     emu.repo(OWNER, REPO).private = True
-    emu.set_permission(OWNER, REPO, MAINTAINER, "admin")
-    emu.set_permission(OWNER, REPO, BOT, "admin")
-    emu.set_permission(OWNER, REPO, CONTROLLER, "write")
-    emu.set_permission(OWNER, REPO, AUTHOR, "write")
-    for label in status_labels():
-        emu.create_label(OWNER, REPO, label, color="#00aa00")
     runner, gitea_url = await start_emulator(emu)
     http = aiohttp.ClientSession()
     harness = LoopHarness(
@@ -278,7 +281,7 @@ async def open_harness(root: Path, *, extra_config: str = "") -> AsyncIterator[L
         checkout=root / "checkouts" / OWNER / REPO,
         serve_log=root / "serve.log",
     )
-    harness.config_path.write_text(_config(harness, extra_config), encoding="utf-8")
+    write_config(harness.config_path, merged(_config(harness), config or {}), comment="written by foreman demo")
     try:
         yield harness
     finally:

@@ -10,52 +10,17 @@ import sys
 from pathlib import Path
 from typing import Any, TextIO
 
-from bot.core.vocabulary import status_labels
+from bot.config_writer import write_config
+from bot.demo import OWNER, REPO, USERS, demo_config, scratch_root, seed_demo
 from bot.emulator import Emulator, start_emulator
 
-OWNER, REPO = "demo", "widgets"
-USERS = (("maintainer", "admin", "labels issues status:ready, reviews"),
-         ("controller-bot", "write", "controller: allocates work"),
-         ("author-1", "write", "author: receives leases"),
-         ("foreman-bot", "admin", "the bot account foreman acts as"))
 HOOK_EVENTS = ("issues", "issue_comment", "pull_request", "push")
-
-
-def _config(url: str, tokens: dict[str, str], secret: str, root: Path, mcp_token: str) -> str:
-    return f"""# written by foreman emulator: `foreman serve --config {root / 'foreman.toml'}`
-[webhook]
-secrets = ["{secret}"]
-[database]
-path = "{root / 'foreman.db'}"
-[gitea]
-url = "{url}"
-token = "{tokens['foreman-bot']}"
-bot_login = "foreman-bot"
-[repository]
-owner = "{OWNER}"
-name = "{REPO}"
-checkout_root = "{root / 'checkouts'}"
-[roster]
-"controller-bot" = ["controller"]
-"author-1" = ["author"]
-[mcp.tokens]
-"{mcp_token}" = "author-1"
-"""
 
 
 async def run(out: TextIO, *, host: str, port: int, root: Path, hook_url: str | None, as_json: bool,
               stop: asyncio.Event | None = None) -> int:
     emu = Emulator(root / "gitea")
-    tokens = {login: f"gitea-{login}-{secrets.token_hex(12)}" for login, _, _ in USERS}
-    emu.add_user(OWNER, token=secrets.token_hex(20), full_name="Demo organisation")
-    for login, _, _ in USERS:
-        emu.add_user(login, token=tokens[login])
-    emu.create_repo(OWNER, REPO, files={"README.md": "# widgets\n", "widget.py": "color = 'grey'\n"},
-                    description="foreman's demo repository")
-    for login, perm, _ in USERS:
-        emu.set_permission(OWNER, REPO, login, perm)  # type: ignore[arg-type]
-    for label in status_labels():
-        emu.create_label(OWNER, REPO, label, color="#00aa00")
+    tokens = seed_demo(emu)
     secret = secrets.token_hex(24)
     mcp_token = f"mcp-author-1-{secrets.token_hex(12)}"
     try:
@@ -68,7 +33,9 @@ async def run(out: TextIO, *, host: str, port: int, root: Path, hook_url: str | 
         if hook_url:
             emu.add_hook(OWNER, REPO, url=hook_url, secret=secret, events=HOOK_EVENTS)
         config = root / "foreman.toml"
-        _write(config, _config(url, tokens, secret, root, mcp_token))
+        write_config(config, demo_config(url, tokens, secret, root, mcp_token),
+                     comment=f"written by foreman emulator: `foreman serve --config {config}`")
+        config.chmod(0o600)  # it holds the bot's token and the webhook secret
         doc: dict[str, Any] = {
             "url": url,
             "api": f"{url}/api/v1",
@@ -102,11 +69,6 @@ async def run(out: TextIO, *, host: str, port: int, root: Path, hook_url: str | 
     return 0
 
 
-def _write(path: Path, text: str) -> None:
-    path.write_text(text, encoding="utf-8")
-    path.chmod(0o600)  # it holds the bot's token and the webhook secret
-
-
 def main(*, host: str, port: int, root: Path | None, hook_url: str | None, as_json: bool) -> int:
     """``foreman emulator``: until SIGINT/SIGTERM. Its files go to ``root`` (default: a fresh temporary folder).
 
@@ -115,8 +77,6 @@ def main(*, host: str, port: int, root: Path | None, hook_url: str | None, as_js
     files that points `foreman serve` at it. With ``hook_url`` the repository gets a signed webhook to that
     foreman. Nothing here changes the emulator; it uses its public setup API and ``start_emulator``.
     """
-    from bot.demo import scratch_root
-
     folder = root if root is not None else scratch_root("foreman-emulator-")
     folder.mkdir(parents=True, exist_ok=True)
     return asyncio.run(run(sys.stdout, host=host, port=port, root=folder.resolve(), hook_url=hook_url,

@@ -45,7 +45,9 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if os.environ.get("FOREMAN_FAIL_ON_SKIP") != "1":
         return
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
-    skipped = len(reporter.stats.get("skipped", [])) if reporter is not None else 0
+    if reporter is None:
+        return
+    skipped = len(reporter.stats.get("skipped", []))
     if skipped and session.exitstatus == 0:
         reporter.write_line(f"FOREMAN_FAIL_ON_SKIP: {skipped} test(s) skipped; failing the run", red=True)
         session.exitstatus = 1

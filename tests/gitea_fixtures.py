@@ -1,10 +1,10 @@
-"""Helpers for tests against the Gitea emulator: a small seeded world, a live server, a webhook sink."""
+"""Helpers for tests against the Gitea emulator: the seeded acme/widgets, a live server, a webhook sink."""
 
 from __future__ import annotations
 
 import shutil
 import tempfile
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -13,6 +13,7 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
+from bot.core.vocabulary import status_labels
 from bot.emulator import Emulator, start_emulator
 from bot.gitea import GiteaClient
 
@@ -37,7 +38,7 @@ def scratch_dir(prefix: str = "gitea-emu-") -> Path:
     return Path(tempfile.mkdtemp(prefix=prefix, dir=shm if shm.is_dir() else None))
 
 
-def seed_world(emu: Emulator) -> None:
+def seed_acme_widgets(emu: Emulator) -> None:
     """Users, the ``acme/widgets`` repository with a README, permissions and labels (status/* exclusive)."""
     emu.add_user(OWNER, token=TOKENS[OWNER], full_name="Acme Corp")
     emu.add_user(BOT, token=TOKENS[BOT])
@@ -50,6 +51,14 @@ def seed_world(emu: Emulator) -> None:
     emu.set_permission(OWNER, REPO, "bob", "read")
     for name in LABELS:
         emu.create_label(OWNER, REPO, name, exclusive=name.startswith("status/"), description=f"{name} label")
+
+
+def seed_foreman(emu: Emulator, users: Mapping[str, str]) -> None:
+    """What foreman adds to the seeded acme/widgets: its roster's users (login -> token) and its status labels."""
+    for login, token in users.items():
+        emu.add_user(login, token=token)
+    for label in status_labels():
+        emu.create_label(OWNER, REPO, label, color="#00aa00")
 
 
 @dataclass
@@ -82,7 +91,7 @@ async def live_emulator(*, seed: bool = True, **emulator_options: Any) -> AsyncI
     root = scratch_dir()
     emu = Emulator(root, **emulator_options)
     if seed:
-        seed_world(emu)
+        seed_acme_widgets(emu)
     runner, base_url = await start_emulator(emu)
     session = aiohttp.ClientSession()
     try:

@@ -1,4 +1,4 @@
-"""Test harness shared by every test module: settings, signed requests, an in-process service."""
+"""Test harness shared by every test module: settings and config files, signed requests, an in-process service."""
 
 from __future__ import annotations
 
@@ -17,28 +17,48 @@ from pydantic import SecretStr
 
 from bot.app import RUNNER_OPTIONS, Service, open_service
 from bot.config import Settings
+from bot.config_writer import Document, merged
 from bot.core.dispatch import OrderedRouter
 from handlers import build_router
+from tests.gitea_fixtures import BOT, OWNER, REPO, TOKENS
 
 SECRET = "test-secret-0123456789abcdef"
 
 
 def make_settings(tmp_path: Path, **sections: Mapping[str, Any]) -> Settings:
     """Settings for a test: database under tmp_path, a known secret, fast worker timings."""
-    data: dict[str, Any] = {
-        "webhook": {"secrets": [SECRET]},
-        "database": {"path": str(tmp_path / "foreman.db"), "synchronous": "NORMAL"},
+    data = offline_config(tmp_path / "foreman.db", {
+        "database": {"synchronous": "NORMAL"},
         "gitea": {"bot_login": "foreman-bot"},
         "worker": {"backoff_base_s": 0.05, "backoff_max_s": 0.2, "poll_interval_s": 0.05, "claim_ttl_s": 1.0},
         "server": {"shutdown_grace_s": 2.0},
         # Never the default var/checkouts in the working directory: control checkouts live with the test.
         "repository": {"checkout_root": str(tmp_path / "checkouts")},
-    }
-    for name, values in sections.items():
-        data[name] = {**data.get(name, {}), **values}
+    }, sections)
     settings = Settings.model_validate(data)
     secrets = settings.webhook.secrets or [SecretStr(SECRET)]
     return settings.model_copy(update={"webhook": settings.webhook.model_copy(update={"secrets": secrets})})
+
+
+def offline_config(database: Path, *overrides: Document) -> dict[str, Any]:
+    """A foreman.toml document without Gitea: the known secret, SQLite at ``database``, ``overrides`` laid over it."""
+    return merged({"webhook": {"secrets": [SECRET]}, "database": {"path": database}}, *overrides)
+
+
+def emulator_sections(base_url: str) -> dict[str, Any]:
+    """``[gitea]`` as the seeded emulator's bot and ``[repository]`` naming its acme/widgets."""
+    return {"gitea": {"url": base_url, "token": TOKENS[BOT], "bot_login": BOT},
+            "repository": {"owner": OWNER, "name": REPO}}
+
+
+def serve_config(port: int, database: Path, base_url: str, root: Path, *overrides: Document) -> dict[str, Any]:
+    """The foreman.toml document of a `foreman serve` process against the live emulator, checkouts under ``root``."""
+    own = {"server": {"port": port, "shutdown_grace_s": 1.0}, "database": {"synchronous": "NORMAL"}}
+    return merged(offline_config(database, own), emulator_sections(base_url), {
+        "gitea": {"timeout_s": 5.0},
+        "repository": {"checkout_root": root / "checkouts"},
+        "worker": {"poll_interval_s": 0.05, "claim_ttl_s": 1.5, "backoff_base_s": 0.05, "backoff_max_s": 0.5},
+    }, *overrides)
 
 
 def sign(body: bytes, secret: str = SECRET) -> str:

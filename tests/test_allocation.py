@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from bot.config import Settings
+from bot.config_writer import write_config
 from bot.core.canonical import parse_comment
 from bot.verbs.allocate import AllocationCall, Allocator, depends_on
 from bot.verbs.runtime import VerbRuntime, caller_for, no_bootstrap
@@ -21,7 +22,7 @@ from state.db import Database
 from state.leases import LeaseStore
 from state.outbox import OutboxStore
 from tests.conftest import REPO_ROOT
-from tests.support import SECRET, make_settings
+from tests.support import make_settings, offline_config
 
 NOW = datetime(2026, 7, 21, 12, 0, tzinfo=UTC)
 ROSTER = {"controller-bot": ["controller"], "author-1": ["author"], "author-2": ["author"]}
@@ -255,7 +256,6 @@ async def test_two_processes_racing_for_the_top_issue_end_with_exactly_one_lease
     the loser gets a typed result (exit 1 with a JSON envelope), not an exception."""
     candidates = tmp_path / "candidates.json"
     candidates.write_text(json.dumps(CANARY), encoding="utf-8")
-    roster = "\n".join(f'"{login}" = {json.dumps(roles)}' for login, roles in ROSTER.items())
 
     async def allocate(config: Path, *extra: str) -> tuple[int, dict[str, Any]]:
         process = await asyncio.create_subprocess_exec(
@@ -279,12 +279,8 @@ async def test_two_processes_racing_for_the_top_issue_end_with_exactly_one_lease
 
     for race in range(2):
         database = tmp_path / f"race-{race}.db"
-        config = tmp_path / f"race-{race}.toml"
-        config.write_text(
-            f'[webhook]\nsecrets = ["{SECRET}"]\n[database]\npath = "{database}"\n'
-            f'[repository]\nowner = "acme"\nname = "widgets"\n[roster]\n{roster}\n',
-            encoding="utf-8",
-        )
+        config = write_config(tmp_path / f"race-{race}.toml", offline_config(
+            database, {"repository": {"owner": "acme", "name": "widgets"}, "roster": ROSTER}))
         _, dry = await allocate(config, "--owner", "author-1")
         assert dry["issue_number"] == 617
         results = await asyncio.gather(

@@ -103,7 +103,7 @@ async def test_three_authors_and_five_ready_issues_give_three_leases_with_worktr
     from bot.verbs.bootstrap import BootstrapContext
 
     checkout = BootstrapContext.from_service(world.service).checkout_path
-    facts = await invariants.gather(database=world.service.settings.database.path, client=world.service.gitea,
+    facts = await invariants.gather(database=world.service.settings.database.path, client=world.gitea,
                                     bot_login="foreman-bot", checkout=checkout, require_bootstrap=True)
     assert invariants.check(facts) == []
 
@@ -267,7 +267,7 @@ async def test_start_up_recovery_bootstraps_a_lease_whose_process_died_before_it
     await world.settle()
 
     async def violations() -> set[str]:
-        facts = await invariants.gather(database=service.settings.database.path, client=service.gitea,
+        facts = await invariants.gather(database=service.settings.database.path, client=world.gitea,
                                         bot_login="foreman-bot", checkout=None, require_bootstrap=True)
         return {v.invariant for v in invariants.check(facts)}
 

@@ -21,19 +21,19 @@ from state.outbox import OutboxStore
 from tests.gitea_fixtures import BOT, OWNER, REPO
 from tests.test_bootstrap_support import (
     FILES,
-    World,
+    BootstrapWorld,
     checkout_snapshot,
     git,
+    open_bootstrap_world,
     tree_snapshot,
     worktree_entries,
-    world,
 )
 
 
 async def test_success_creates_the_branch_and_a_registered_worktree_with_read_back_proof() -> None:
     """AC1, AC3, AC8, amendment 1: branch at the live base, worktree under branches/, lease bound, every phase
     journaled with its proof, the evidence comment queued with the same proof; the control checkout unchanged."""
-    async with world() as w:
+    async with open_bootstrap_world() as w:
         number = w.issue()
         lease = await w.lease(number)
         before = checkout_snapshot(w.checkout)
@@ -79,7 +79,7 @@ async def test_success_creates_the_branch_and_a_registered_worktree_with_read_ba
 async def test_replaying_the_same_request_returns_the_same_transition_and_creates_nothing_new() -> None:
     """Amendment 2: a replay (derived key, or the caller's key) returns the completed transition; no second
     branch, worktree, registration, lock or evidence comment."""
-    async with world() as w:
+    async with open_bootstrap_world() as w:
         number = w.issue()
         await w.lease(number)
         first = await w.bootstrap(number, idempotency_key="req-1")
@@ -97,7 +97,7 @@ async def test_replaying_the_same_request_returns_the_same_transition_and_create
 
 async def test_a_replay_must_prove_identity_and_carry_the_same_pin() -> None:
     """Amendment 2/3: a key is reused only by its owner, for its issue and lease, with the same pin."""
-    async with world() as w:
+    async with open_bootstrap_world() as w:
         number = w.issue()
         await w.lease(number)
         done = await w.bootstrap(number, idempotency_key="req-7")
@@ -118,7 +118,7 @@ async def test_a_replay_must_prove_identity_and_carry_the_same_pin() -> None:
 
 async def test_permission_denial_for_a_non_owner_an_unknown_login_and_an_unleased_issue() -> None:
     """AC2, AC9: only the live lease's owner may bootstrap; nothing is created for anyone else."""
-    async with world() as w:
+    async with open_bootstrap_world() as w:
         number = w.issue()
         await w.lease(number)
         unleased = w.issue("Nobody holds this")
@@ -139,7 +139,7 @@ class _LeaseEnds:
     the clock past its expiry): read 1 is the acceptance's, after the gateway let the call through and before the
     transition is claimed; read 2 is the assignment's, after the worktree exists and before the lease is bound."""
 
-    def __init__(self, w: World, lease: Lease, how: str, at_read: int) -> None:
+    def __init__(self, w: BootstrapWorld, lease: Lease, how: str, at_read: int) -> None:
         assert w.ctx.gitea is not None
         self.real, self.w, self.lease, self.how, self.at_read = w.ctx.gitea, w, lease, how, at_read
         self.now, self.reads = utcnow(), 0
@@ -165,7 +165,7 @@ class _LeaseEnds:
         return await self.real.set_assignees(number, logins)
 
 
-async def _lease_ends(w: World, number: int, how: str, at_read: int) -> None:
+async def _lease_ends(w: BootstrapWorld, number: int, how: str, at_read: int) -> None:
     lease = await w.lease(number)
     gitea = _LeaseEnds(w, lease, how, at_read)
     w.ctx = BootstrapContext(db=w.db, settings=w.settings, gitea=gitea, bot_login=BOT, clock=gitea.clock)
@@ -177,7 +177,7 @@ async def test_a_lease_that_ends_while_the_request_is_checked_is_refused_when_th
 ) -> None:
     """AC2, AC9: the ownership the gateway saw is checked again inside the transaction that claims the
     transition; a lease that ended in between is refused (``lease_ended``) and nothing is created or journaled."""
-    async with world() as w:
+    async with open_bootstrap_world() as w:
         number = w.issue()
         await _lease_ends(w, number, how, at_read=1)
         result = await w.bootstrap(number)
@@ -192,7 +192,7 @@ async def test_a_lease_that_ends_while_the_request_is_checked_is_refused_when_th
 async def test_a_lease_that_ends_before_it_is_bound_compensates_the_transition(how: str) -> None:
     """AC4, AC5: binding checks again, inside its transaction, that the lease is live and the owner's; a lease
     that ended after the worktree was made is never bound (``lease_changed``): what this transition made is undone."""
-    async with world() as w:
+    async with open_bootstrap_world() as w:
         number = w.issue()
         await _lease_ends(w, number, how, at_read=2)
         result = await w.bootstrap(number)
@@ -206,7 +206,7 @@ async def test_a_lease_that_ends_before_it_is_bound_compensates_the_transition(h
 
 async def test_a_stale_expected_base_is_refused_before_anything_is_created() -> None:
     """Amendment 3: a pin that no longer matches the live base is a typed stale_pin; the lease stays."""
-    async with world() as w:
+    async with open_bootstrap_world() as w:
         number = w.issue()
         lease = await w.lease(number)
         old = w.main_sha()
@@ -224,7 +224,7 @@ async def test_a_stale_expected_base_is_refused_before_anything_is_created() -> 
 async def test_paths_leaving_branches_through_symlinks_are_refused_and_left_alone() -> None:
     """Amendment 6: branches/ as a symlink out, or the worktree path as one, is refused; nothing is
     created and the link targets stay byte for byte."""
-    async with world() as w:
+    async with open_bootstrap_world() as w:
         outside = w.root / "outside"
         (outside / "keep").mkdir(parents=True)
         (outside / "keep" / "data.txt").write_text("precious\n", encoding="utf-8")
@@ -249,7 +249,7 @@ async def test_paths_leaving_branches_through_symlinks_are_refused_and_left_alon
 async def test_a_foreign_directory_at_the_path_rolls_back_only_the_branch_this_transition_created() -> None:
     """AC4, AC5, amendment 4 (partial branch creation rolled back): the branch this journal created is
     deleted, the foreign directory stays byte for byte, the lease is released and the Gitea side reverted."""
-    async with world() as w:
+    async with open_bootstrap_world() as w:
         number = w.issue()
         lease = await w.lease(number)
         checkout_before = checkout_snapshot(w.checkout)
@@ -283,7 +283,7 @@ async def test_a_foreign_directory_at_the_path_rolls_back_only_the_branch_this_t
 async def test_preexisting_dirty_tracked_and_untracked_work_is_preserved_byte_for_byte() -> None:
     """Amendment 6 and 8: a worktree someone made by hand at the canonical path, with a modified tracked file,
     an untracked and an ignored file, is refused as unprovable; it, its metadata and its branch stay as they are."""
-    async with world() as w:
+    async with open_bootstrap_world() as w:
         number = w.issue()
         lease = await w.lease(number)
         branch, path = w.branch(number), w.path(number)
@@ -307,7 +307,7 @@ async def test_preexisting_dirty_tracked_and_untracked_work_is_preserved_byte_fo
 async def test_a_clean_preexisting_worktree_at_the_pinned_base_is_adopted_never_recreated() -> None:
     """Amendment 1: 'valid existing worktree confirmed': a clean worktree on the issue branch at the pin is
     adopted as it is (created=false), and compensation would never remove it."""
-    async with world() as w:
+    async with open_bootstrap_world() as w:
         number = w.issue()
         await w.lease(number)
         branch, path = w.branch(number), w.path(number)
@@ -324,7 +324,7 @@ async def test_a_clean_preexisting_worktree_at_the_pinned_base_is_adopted_never_
 
 async def test_a_foreign_branch_is_never_repointed_and_a_remote_one_is_refused_up_front() -> None:
     """Amendment 3/4: an issue branch at another commit (local or on Gitea) is not ours: refused, unchanged."""
-    async with world() as w:
+    async with open_bootstrap_world() as w:
         number = w.issue()
         await w.lease(number)
         old = w.main_sha()
@@ -347,7 +347,7 @@ async def test_the_lock_verb_recognises_only_a_worktree_this_journal_registered(
     """AC3: before the bootstrap the lock is a tracing_gap naming the worktree; after it, the owner
     locks (recorded with lease and worktree, idempotently); anyone else is refused; a tampered worktree fails
     the guards."""
-    async with world() as w:
+    async with open_bootstrap_world() as w:
         number = w.issue()
         lease = await w.lease(number)
         early = await lock_issue(w.ctx, issue_number=number, caller="alice")
@@ -385,7 +385,7 @@ TOOL_NAME = "gitea_bootstrap_issue_worktree"
 
 async def test_concurrent_calls_in_one_process_produce_one_transition() -> None:
     """Amendment 8 (in-process half; the separate-process race is in test_bootstrap_process)."""
-    async with world() as w:
+    async with open_bootstrap_world() as w:
         number = w.issue()
         await w.lease(number)
         results = await asyncio.gather(*(w.bootstrap(number) for _ in range(3)))
@@ -396,7 +396,7 @@ async def test_concurrent_calls_in_one_process_produce_one_transition() -> None:
 
 async def test_several_issues_bootstrap_side_by_side() -> None:
     """Different issues do not wait for each other beyond the shared fetch."""
-    async with world() as w:
+    async with open_bootstrap_world() as w:
         numbers = [w.issue(f"Task {i}") for i in range(4)]
         for number in numbers:
             await w.lease(number)
@@ -407,7 +407,7 @@ async def test_several_issues_bootstrap_side_by_side() -> None:
 
 async def test_preflight_proves_the_owner_can_bootstrap_and_names_what_blocks_it() -> None:
     """AC10: the allocator's dry-run proof (repo reachable, path free, base known) changes nothing."""
-    async with world(clone=False) as w:
+    async with open_bootstrap_world(clone=False) as w:
         number = w.issue()
         proof = await bootstrap_preflight(w.ctx, number, "alice")
         assert proof["ok"] is True, proof
@@ -426,7 +426,7 @@ async def test_preflight_proves_the_owner_can_bootstrap_and_names_what_blocks_it
 
 async def test_a_compensated_attempt_is_followed_by_a_fresh_one_under_a_new_derived_key() -> None:
     """Amendment 2: after a compensated attempt the next request (same live lease) starts a new transition."""
-    async with world(release_lease_on_failure=False) as w:
+    async with open_bootstrap_world(release_lease_on_failure=False) as w:
         number = w.issue()
         lease = await w.lease(number)
         (w.path(number)).mkdir(parents=True)

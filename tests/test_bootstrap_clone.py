@@ -21,13 +21,13 @@ from bot.verbs import bootstrap as bootstrap_mod
 from bot.verbs.bootstrap import BootstrapContext, bootstrap_preflight
 from tests.conftest import REPO_ROOT
 from tests.gitea_fixtures import BOT, OWNER, REPO, TOKENS
-from tests.test_bootstrap_support import World, git, tree_snapshot, world
+from tests.test_bootstrap_support import BootstrapWorld, git, open_bootstrap_world, tree_snapshot
 
 #: Every git route of the emulator (githttp.py's resource, as the fault table names it).
 GIT_ROUTE = "/{owner}/{repo}/{rest}"
 
 
-def _database_text(w: World) -> str:
+def _database_text(w: BootstrapWorld) -> str:
     """Every row of every table of foreman's database, as SQL text (the journal, the outbox, leases, ...)."""
     with sqlite3.connect(w.settings.database.path) as conn:
         return "\n".join(conn.iterdump())
@@ -44,7 +44,7 @@ def _secret_free(secret: str, *texts: str) -> None:
 async def test_the_control_checkout_is_cloned_over_http_with_the_bots_token_only() -> None:
     """The bootstrap world clones over smart HTTP (git http-backend behind Gitea's rules), with the bot's token
     in an extra header: never in argv, never in ``.git/config``."""
-    async with world() as w:
+    async with open_bootstrap_world() as w:
         origin = git(w.checkout, "config", "--get", "remote.origin.url")
         assert origin == f"{w.live.base_url}/{OWNER}/{REPO}.git"
         number = w.issue()
@@ -62,7 +62,7 @@ async def test_a_wrong_token_is_a_typed_refusal_naming_gitea_token_and_never_sho
 ) -> None:
     caplog.set_level(logging.DEBUG)
     wrong = "tok-wrong-0123456789abcdef"
-    async with world(clone=False, token=wrong) as w:
+    async with open_bootstrap_world(clone=False, token=wrong) as w:
         number = w.issue()
         await w.lease(number)
         result = await w.bootstrap(number)
@@ -87,7 +87,7 @@ async def test_git_refusing_the_token_is_clone_auth_failed_in_bootstrap_and_pref
     nowhere: not in the refusal, the journal (a completed transition is there), the outbox or the logs."""
     caplog.set_level(logging.DEBUG)
     token = TOKENS[BOT]
-    async with world() as w:
+    async with open_bootstrap_world() as w:
         first = w.issue()
         await w.lease(first)
         assert (await w.bootstrap(first)).status == "completed"
@@ -111,7 +111,7 @@ async def test_git_refusing_the_token_is_clone_auth_failed_in_bootstrap_and_pref
 @pytest.mark.parametrize("clone_protocol", ["file", "http"])
 async def test_both_clone_protocols_bootstrap(clone_protocol: str) -> None:
     """``file://`` stays an explicit option: the same transition completes on both."""
-    async with world(clone_protocol=clone_protocol) as w:
+    async with open_bootstrap_world(clone_protocol=clone_protocol) as w:
         origin = git(w.checkout, "config", "--get", "remote.origin.url")
         assert origin.startswith("file://" if clone_protocol == "file" else "http://")
         number = w.issue()
@@ -171,7 +171,7 @@ UNREACHABLE_ROOT = "http://gitea.public.invalid:3000/"
 
 async def test_an_unreachable_root_url_fails_without_the_clone_url_settings() -> None:
     """Gitea up to 1.25 reports ROOT_URL clone URLs: foreman cannot reach this one (the reason for the keys)."""
-    async with world(clone=False, emulator={"root_url": UNREACHABLE_ROOT, "version": "1.25.4"}) as w:
+    async with open_bootstrap_world(clone=False, emulator={"root_url": UNREACHABLE_ROOT, "version": "1.25.4"}) as w:
         number = w.issue()
         await w.lease(number)
         result = await w.bootstrap(number)
@@ -186,7 +186,7 @@ async def test_a_configured_clone_url_reaches_gitea_when_root_url_does_not(mode:
             return {"clone_url_rewrite": {"from": UNREACHABLE_ROOT, "to": base + "/"}}
         return {"clone_url": f"{base}/{OWNER}/{REPO}.git"}
 
-    async with world(clone=False, emulator={"root_url": UNREACHABLE_ROOT, "version": "1.25.4"}) as w:
+    async with open_bootstrap_world(clone=False, emulator={"root_url": UNREACHABLE_ROOT, "version": "1.25.4"}) as w:
         # The emulator listens on a new port each time: the keys name the live one.
         repository = RepositoryConfig.model_validate({**w.settings.repository.model_dump(), **keys(w.live.base_url)})
         settings = w.settings.model_copy(update={"repository": repository})
@@ -207,7 +207,7 @@ async def test_a_configured_clone_url_reaches_gitea_when_root_url_does_not(mode:
 # --- what only the operator fixes: a changed origin, an owner Gitea cannot assign -------------------------------------
 
 
-def _worktree_state(w: World, path: Path) -> dict[str, Any]:
+def _worktree_state(w: BootstrapWorld, path: Path) -> dict[str, Any]:
     """A worktree as the agent left it: every file's bytes and mode (tracked, changed, untracked, ignored, the
     .git file), its git metadata directory (HEAD, index, lock), and what git status says."""
     admin = Path(git(path, "rev-parse", "--path-format=absolute", "--git-dir"))
@@ -230,7 +230,7 @@ async def test_a_changed_origin_is_refused_with_repoint_as_the_way_out_and_workt
     gitea.url), it reports another URL. The bootstrap refuses ``checkout_origin`` naming ``foreman checkout
     repoint``; that command (run as the operator would) points origin at the new URL after proving it serves the
     same repository, and never touches a worktree: files (changed, untracked, ignored), index, HEAD, lock."""
-    async with world() as w:
+    async with open_bootstrap_world() as w:
         first = w.issue()
         await w.lease(first)
         done = await w.bootstrap(first)
@@ -259,10 +259,7 @@ async def test_a_changed_origin_is_refused_with_repoint_as_the_way_out_and_workt
         assert refused.refusal.details["checkout_origin"] == old_origin
         assert refused.refusal.details["clone_url"] == f"{new_base}/{OWNER}/{REPO}.git"
 
-        config = w.root / "foreman.toml"
-        w.config_file()
-        text = config.read_text(encoding="utf-8").replace(f'url = "{w.live.base_url}"', f'url = "{new_base}"')
-        config.write_text(text, encoding="utf-8")
+        config = w.config_file({"gitea": {"url": new_base}})
         code, doc, err = await asyncio.to_thread(_cli, config, "checkout", "repoint", "--json")
         assert code == 0 and doc is not None, err
         assert doc["changed"] is True and doc["from"] == old_origin and doc["to"] == f"{new_base}/{OWNER}/{REPO}.git"
@@ -281,7 +278,7 @@ async def test_a_changed_origin_is_refused_with_repoint_as_the_way_out_and_workt
 
 
 async def test_repoint_refuses_a_url_that_serves_another_repository() -> None:
-    async with world() as w:
+    async with open_bootstrap_world() as w:
         w.live.emulator.create_repo(OWNER, "other", files={"README.md": "# something else\n"})
         w.live.emulator.set_permission(OWNER, "other", BOT, "admin")
         old_origin = git(w.checkout, "config", "--get", "remote.origin.url")
@@ -300,7 +297,7 @@ async def test_an_owner_gitea_cannot_assign_is_a_typed_blocker_without_a_retry_s
     """A private repository and an agent account without access: Gitea answers the assignment with a 500
     (CanBeAssigned). The bootstrap assigns through ``GiteaClient.set_assignees``: one PATCH, the typed
     ``GiteaUnassignable``, the transition compensated with ``owner_unassignable`` naming what the operator grants."""
-    async with world() as w:
+    async with open_bootstrap_world() as w:
         emu = w.live.emulator
         emu.repo(OWNER, REPO).private = True
         emu.set_permission(OWNER, REPO, "bob", "none")

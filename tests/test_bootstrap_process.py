@@ -9,10 +9,17 @@ from pathlib import Path
 from bot.core.bootstrap import FORWARD_PHASES
 from bot.verbs.bootstrap.faults import FAULT_EXIT_CODE, FAULT_PHASE_ENV, FAULT_STEP_ENV
 from state.leases import LeaseStore
-from tests.test_bootstrap_support import World, checkout_snapshot, git, tree_snapshot, worktree_entries, world
+from tests.test_bootstrap_support import (
+    BootstrapWorld,
+    checkout_snapshot,
+    git,
+    open_bootstrap_world,
+    tree_snapshot,
+    worktree_entries,
+)
 
 
-def assert_one_clean_transition(w: World, number: int) -> None:
+def assert_one_clean_transition(w: BootstrapWorld, number: int) -> None:
     """Exactly one completed transition, registration, branch, worktree and evidence entry for the issue."""
     assert w.rows("SELECT outcome FROM bootstrap_journal WHERE issue_number = ? AND outcome != 'compensated'",
                   number) == [("completed",)]
@@ -29,7 +36,7 @@ def assert_one_clean_transition(w: World, number: int) -> None:
 async def test_racing_processes_for_one_issue_produce_exactly_one_transition() -> None:
     """Amendment 8 / issue Done-when: duplicate requests from three separate processes at once: one transition,
     one branch, one worktree, one registration, one evidence comment; every process reports the same result."""
-    async with world() as w:
+    async with open_bootstrap_world() as w:
         number = w.issue()
         await w.lease(number)
         before = checkout_snapshot(w.checkout)
@@ -47,7 +54,7 @@ async def test_a_hard_exit_after_every_phase_and_git_step_is_completed_by_a_repl
     """FOREMAN_FAULT_AFTER_PHASE for each forward phase (and FOREMAN_FAULT_AFTER_STEP between a git
     mutation and its journal entry): the process dies with the phase committed; a replay completes the same
     transition, proving ownership of what the dead process made (reflog, worktree lock) and adding nothing."""
-    async with world() as w:
+    async with open_bootstrap_world() as w:
         seams = [(FAULT_PHASE_ENV, phase) for phase in FORWARD_PHASES] + [
             (FAULT_STEP_ENV, "ref_created"), (FAULT_STEP_ENV, "worktree_added")]
         issues = {}
@@ -77,7 +84,7 @@ async def test_a_hard_exit_during_compensation_is_finished_by_a_replay() -> None
     compensating process dies after compensation_required, after removing the worktree, after deleting the
     branch, or after compensation_completed; a replay finishes: branch, worktree, metadata gone, lease released
     once, the failure reported once, the control checkout unchanged."""
-    async with world() as w:
+    async with open_bootstrap_world() as w:
         seams = [(FAULT_PHASE_ENV, "compensation_required"), (FAULT_STEP_ENV, "worktree_removed"),
                  (FAULT_STEP_ENV, "branch_deleted"), (FAULT_PHASE_ENV, "compensation_completed")]
         issues: dict[int, tuple[str, str]] = {}
@@ -110,7 +117,7 @@ async def test_a_hard_exit_during_compensation_is_finished_by_a_replay() -> None
         assert checkout_snapshot(w.checkout) == before
 
 
-def _key_of(w: World, number: int) -> str:
+def _key_of(w: BootstrapWorld, number: int) -> str:
     [(key,)] = w.rows("SELECT idempotency_key FROM bootstrap_journal WHERE issue_number = ?", number)
     return str(key)
 
@@ -120,7 +127,7 @@ async def test_partial_worktree_metadata_and_partial_directories_are_repaired_or
     after the git mutation; what it left is proven to be this transition's (reflog message, worktree lock,
     content identical to the branch tree) and then repaired on replay, or rolled back when the pin went stale.
     A directory holding anything that is not provably foreman's is left byte for byte."""
-    async with world() as w:
+    async with open_bootstrap_world() as w:
         cases = ["meta_only_repair", "partial_dir_repair", "ref_rollback", "meta_only_rollback",
                  "partial_dir_rollback", "foreign_file_kept"]
         issues: dict[str, int] = {}
@@ -172,7 +179,7 @@ async def test_an_unfinished_transition_of_an_ended_lease_is_compensated_before_
     """AC5, AC7: a process dies after binding the worktree to its lease; the lease then ends and the same
     owner is leased the issue again: the old transition is compensated (its registration ended, what it made
     removed) and the new one completes from scratch; nothing of it is reused without proof."""
-    async with world() as w:
+    async with open_bootstrap_world() as w:
         number = w.issue()
         old = await w.lease(number)
         code, _, err = await w.cli("--issue", str(number), "--owner", "alice",

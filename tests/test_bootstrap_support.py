@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from bot.config import Settings
+from bot.config_writer import Document, merged, write_config
 from bot.core.bootstrap import branch_for
 from bot.gitea import GiteaClient
 from bot.verbs.bootstrap import BootstrapContext, BootstrapResult, ensure_control_checkout
@@ -28,7 +29,7 @@ from state.db import Database, utcnow
 from state.leases import Lease, LeaseStore
 from tests.conftest import REPO_ROOT
 from tests.gitea_fixtures import BOT, OWNER, REPO, TOKENS, LiveEmulator, live_emulator, scratch_dir
-from tests.support import SECRET, make_settings
+from tests.support import emulator_sections, make_settings, offline_config
 
 ROSTER = {"alice": ["author"], "bob": ["author"], "carol": ["reviewer"], "ctl": ["controller"]}
 #: What the repository holds besides the README (nested, binary, and a file that stays untouched).
@@ -102,12 +103,16 @@ def worktree_entries(checkout: Path) -> list[dict[str, str]]:
 
 
 @dataclass
-class World:
+class BootstrapWorld:
+    """The bootstrap tests' world: the seeded emulator with FILES on main, settings, a database and a bootstrap
+    context, and no service (tests/world.py's World is the one with a running service)."""
+
     live: LiveEmulator
     root: Path
     settings: Settings
     db: Database
     ctx: BootstrapContext
+    gitea: GiteaClient
 
     @property
     def checkout(self) -> Path:
@@ -153,20 +158,14 @@ class World:
         with sqlite3.connect(self.settings.database.path) as conn:
             return conn.execute(sql, params).fetchall()
 
-    def config_file(self) -> Path:
-        path = self.root / "foreman.toml"
-        if not path.exists():
-            roster = "\n".join(f'"{login}" = {json.dumps(roles)}' for login, roles in ROSTER.items())
-            path.write_text(
-                f'[webhook]\nsecrets = ["{SECRET}"]\n'
-                f'[database]\npath = "{self.settings.database.path}"\nsynchronous = "NORMAL"\n'
-                f'[gitea]\nurl = "{self.live.base_url}"\ntoken = "{TOKENS[BOT]}"\nbot_login = "{BOT}"\n'
-                f'[repository]\nowner = "{OWNER}"\nname = "{REPO}"\n'
-                f'checkout_root = "{self.settings.repository.checkout_root}"\n'
-                f"[roster]\n{roster}\n",
-                encoding="utf-8",
-            )
-        return path
+    def config_file(self, *overrides: Document) -> Path:
+        """This world's settings as a foreman.toml for the CLI, ``overrides`` laid over them (written each call)."""
+        return write_config(self.root / "foreman.toml", merged(
+            offline_config(self.settings.database.path, {"database": {"synchronous": "NORMAL"}}),
+            emulator_sections(self.live.base_url),
+            {"repository": {"checkout_root": self.settings.repository.checkout_root}, "roster": ROSTER},
+            *overrides,
+        ))
 
     async def cli(self, *args: str, env: Mapping[str, str] | None = None) -> tuple[int, dict[str, Any] | None, str]:
         """``python -m bot bootstrap ... --json`` as a separate process: (exit status, JSON doc or None, stderr)."""
@@ -183,7 +182,7 @@ class World:
 
 
 @asynccontextmanager
-async def world(
+async def open_bootstrap_world(
     *,
     clone: bool = True,
     clone_protocol: str = "http",
@@ -191,7 +190,7 @@ async def world(
     repository: Mapping[str, Any] | None = None,
     token: str | None = None,
     **bootstrap: Any,
-) -> AsyncIterator[World]:
+) -> AsyncIterator[BootstrapWorld]:
     """A seeded emulator with FILES on main, a database, settings, and (``clone``) the control checkout.
 
     The control checkout is cloned over git smart HTTP with the bot's token (``clone_protocol="http"``, the
@@ -201,14 +200,11 @@ async def world(
     async with live_emulator(clone_protocol=clone_protocol, **(emulator or {})) as live:
         live.emulator.create_branch(OWNER, REPO, "main", files=FILES, message="Add the widgets")
         root = scratch_dir("bootstrap-")  # under /dev/shm when it exists (DESIGN §4): small repositories on tmpfs
-        settings = make_settings(
-            root,
-            roster=ROSTER,
-            repository={"owner": OWNER, "name": REPO, "checkout_root": str(root / "checkouts"),
-                        **(repository or {})},
-            gitea={"url": live.base_url, "token": token or TOKENS[BOT], "bot_login": BOT},
-            bootstrap={"lock_wait_s": 20.0, **bootstrap},
-        )
+        settings = make_settings(root, roster=ROSTER, bootstrap={"lock_wait_s": 20.0, **bootstrap}, **merged(
+            emulator_sections(live.base_url),
+            {"gitea": {"token": token or TOKENS[BOT]}, "repository": {"checkout_root": str(root / "checkouts")}},
+            {"repository": repository or {}},
+        ))
         db = await Database.open(settings.database.path, synchronous="NORMAL")
         gitea = live.client(BOT) if token is None else GiteaClient(
             live.session, base_url=live.base_url, token=token, owner=OWNER, repo=REPO, backoff_base_s=0.005,
@@ -218,7 +214,7 @@ async def world(
             if clone:
                 prepared = await ensure_control_checkout(ctx)
                 assert prepared["ok"], prepared
-            yield World(live, root, settings, db, ctx)
+            yield BootstrapWorld(live, root, settings, db, ctx, gitea)
         finally:
             await db.close()
             shutil.rmtree(root, ignore_errors=True)

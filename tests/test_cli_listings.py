@@ -1,6 +1,4 @@
-"""Issue 18 item 3 as real `foreman` processes: `--version`; `foreman leases`, `foreman journal [KEY]`,
-`foreman issue N` (text and --json) over the demo's state; help on every command and option; a closed pipe, a
-taken port and a bad MCP token each end with one clear line and the documented exit code."""
+"""`foreman` as real processes: --version, the listings over the demo's state, help, one line per refusal."""
 
 from __future__ import annotations
 
@@ -26,7 +24,7 @@ from mcp.shared.exceptions import MCPError
 from bot.cli import build_parser
 from bot.cli.mcp import MCP_REFUSED_CODE
 from tests.conftest import REPO_ROOT
-from tests.test_mcp_stdio import foreman_mcp_command, write_config
+from tests.test_mcp_stdio import foreman_mcp_command, mcp_config
 
 PIPE_LINE = "foreman: standard output was closed before the output was written (broken pipe)"
 
@@ -38,9 +36,9 @@ def _env(**extra: str) -> dict[str, str]:
     return env
 
 
-def foreman(*args: str, timeout: float = 60, **kwargs: object) -> subprocess.CompletedProcess[str]:
+def foreman(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "bot", *args], capture_output=True, text=True, timeout=timeout,
-                          check=False, cwd=REPO_ROOT, env=_env(), **kwargs)  # type: ignore[call-overload]
+                          check=False, cwd=REPO_ROOT, env=_env())
 
 
 @pytest.fixture(scope="module")
@@ -143,7 +141,7 @@ def test_a_closed_pipe_ends_with_one_line_and_exit_1(demo_config: Path) -> None:
 
 
 def test_a_taken_port_ends_with_one_line_and_exit_2(tmp_path: Path) -> None:
-    config = write_config(tmp_path)
+    config = mcp_config(tmp_path)
     with socket.socket() as holder:
         holder.bind(("127.0.0.1", 0))
         holder.listen()
@@ -161,7 +159,7 @@ def test_a_taken_port_ends_with_one_line_and_exit_2(tmp_path: Path) -> None:
 
 
 async def test_a_bad_mcp_token_is_the_answer_an_mcp_client_shows(tmp_path: Path) -> None:
-    config = write_config(tmp_path)
+    config = mcp_config(tmp_path)
     command, *args = foreman_mcp_command(config)
     params = StdioServerParameters(command=command, args=args, env={"FOREMAN_MCP_TOKEN": "wrong-token"},
                                    cwd=REPO_ROOT)
@@ -183,7 +181,7 @@ async def test_a_bad_mcp_token_is_the_answer_an_mcp_client_shows(tmp_path: Path)
 
 
 def test_a_bad_mcp_token_on_the_raw_wire_answers_the_first_request_then_exits_2(tmp_path: Path) -> None:
-    config = write_config(tmp_path)
+    config = mcp_config(tmp_path)
     client = {"name": "raw", "version": "0"}
     init = {"jsonrpc": "2.0", "id": 7, "method": "initialize",
             "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": client}}

@@ -1,5 +1,4 @@
-"""Issue 12.1 (fail closed): every list-valued CLI option takes every value it is given, or refuses with exit 2
-and the JSON envelope; a scalar option given twice refuses instead of silently keeping the last value."""
+"""Every list-valued CLI option takes every value given or refuses (exit 2); a scalar given twice refuses."""
 
 from __future__ import annotations
 
@@ -13,21 +12,17 @@ from typing import Any
 import pytest
 
 from bot.cli import main
+from bot.config_writer import write_config
 from tests.conftest import REPO_ROOT
+from tests.support import offline_config
 
-SECRET = "a-secret-of-sufficient-length"
 CANDIDATES = json.dumps([{"issue_number": n} for n in (617, 5, 7, 9, 12)])
 ENVELOPE_KEYS = {"error", "message", "remediate", "exact_next_action"}
 
 
 def _config(tmp_path: Path) -> Path:
-    path = tmp_path / "foreman.toml"
-    path.write_text(
-        f'[webhook]\nsecrets = ["{SECRET}"]\n[database]\npath = "{tmp_path / "foreman.db"}"\n'
-        '[roster]\n"author-1" = ["author"]\n',
-        encoding="utf-8",
-    )
-    return path
+    return write_config(tmp_path / "foreman.toml", offline_config(tmp_path / "foreman.db",
+                                                                  {"roster": {"author-1": ["author"]}}))
 
 
 def run_cli(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -46,7 +41,7 @@ def _envelope(text: str) -> dict[str, Any]:
 
 
 def test_repeated_exclude_flags_keep_every_value_in_a_real_process(tmp_path: Path) -> None:
-    """Issue 12.1: `--exclude 617 --exclude 5 --exclude 7` excludes all three (it used to keep only 7 and select
+    """`--exclude 617 --exclude 5 --exclude 7` excludes all three (it used to keep only 7 and select
     #617, the protected one)."""
     proc = run_cli(
         "--config", str(_config(tmp_path)), "allocate", "--exclude", "617", "--exclude", "5", "--exclude", "7",
@@ -69,7 +64,7 @@ def test_repeated_exclude_flags_keep_every_value_in_a_real_process(tmp_path: Pat
 def test_exclude_takes_values_given_once_or_many_times(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], flags: list[str], excluded: list[int]
 ) -> None:
-    """Issue 12.1 / DESIGN 3: list-valued options accept repetition (`--exclude 1 --exclude 2`)."""
+    """DESIGN 3: list-valued options accept repetition (`--exclude 1 --exclude 2`)."""
     code = main(["--config", str(_config(tmp_path)), "allocate", *flags, "--candidates-json", CANDIDATES, "--json"])
     assert code == 0
     assert json.loads(capsys.readouterr().out)["exclusions"]["exclude_issue_numbers"] == excluded
@@ -79,7 +74,7 @@ def test_exclude_takes_values_given_once_or_many_times(
 def test_a_bad_exclude_value_refuses_with_exit_2_and_the_envelope(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], bad: str
 ) -> None:
-    """Issue 12.1: `--exclude abc`, `0`, 2^63 exit 2 with a clear invalid_input envelope, never a subset."""
+    """`--exclude abc`, `0`, 2^63 exit 2 with a clear invalid_input envelope, never a subset."""
     code = main(["--config", str(_config(tmp_path)), "allocate", "--exclude", "5", "--exclude", bad, "--json"])
     assert code == 2
     out = capsys.readouterr()
@@ -113,7 +108,7 @@ def test_a_bad_exclude_value_refuses_in_a_real_process_without_a_traceback(tmp_p
 def test_a_scalar_option_given_twice_refuses_instead_of_keeping_the_last(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: list[str]
 ) -> None:
-    """Issue 12.1: never a silent subset: a second value for a one-value option is refused (exit 2)."""
+    """Never a silent subset: a second value for a one-value option is refused (exit 2)."""
     assert main(["--config", str(_config(tmp_path)), *argv]) == 2
     doc = _envelope(capsys.readouterr().out)
     assert doc["error"] == "invalid_input" and "more than once" in doc["message"]
@@ -129,7 +124,7 @@ def test_config_given_at_two_levels_with_different_paths_refuses(
 
 
 def test_usage_errors_are_the_envelope_not_argparse_text(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """Issue 12: every refusal is typed: an unknown option or a missing required one exits 2 with the envelope."""
+    """Every refusal is typed: an unknown option or a missing required one exits 2 with the envelope."""
     assert main(["--config", str(_config(tmp_path)), "allocate", "--frobnicate"]) == 2
     assert _envelope(capsys.readouterr().out)["error"] == "invalid_input"
     assert main(["--config", str(_config(tmp_path)), "bootstrap", "--owner", "author-1"]) == 2

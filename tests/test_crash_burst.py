@@ -1,16 +1,16 @@
-"""Issue 9.3: a real `foreman serve` SIGKILLed at random points during a burst of ~200 signed deliveries, restarted,
-and then checked by code (``bot.invariants``): no lease without evidence, no evidence without a lease, no orphan
-worktree, no duplicate comment, no delivery lost or stuck.
+"""A real `foreman serve` SIGKILLed during a burst of ~200 deliveries, restarted, then checked by bot.invariants."""
 
-The burst is what Gitea would send while people and agents work: maintainers labelling issues `status:ready`
-(auto-allocation for author-1, bootstrap on allocation), a controller's `/allocate --owner X` comments, lease
-owners' `/release`, `/heartbeat` and `/bootstrap`, Canonical Issue State blocks from a writer (making issues
-ready again) and from a reader (untrusted), and plain chatter. The emulator signs and sends every webhook; those
-sent while the service is down are lost, as with Gitea, and replayed afterwards as the operator guide says.
-
-Seeded: ``FOREMAN_CRASH_SEED=<n>`` replays a run's choices (operations, kill points); the seed is printed and
-named in every failure. Process timing stays real, so two runs of one seed may kill at different instants.
-"""
+# Checked by code: no lease without evidence, no evidence without a lease, no orphan worktree, no duplicate comment,
+# no delivery lost or stuck.
+#
+# The burst is what Gitea would send while people and agents work: maintainers labelling issues `status:ready`
+# (auto-allocation for author-1, bootstrap on allocation), a controller's `/allocate --owner X` comments, lease
+# owners' `/release`, `/heartbeat` and `/bootstrap`, Canonical Issue State blocks from a writer (making issues
+# ready again) and from a reader (untrusted), and plain chatter. The emulator signs and sends every webhook; those
+# sent while the service is down are lost, as with Gitea, and replayed afterwards as the operator guide says.
+#
+# Seeded: ``FOREMAN_CRASH_SEED=<n>`` replays a run's choices (operations, kill points); the seed is printed and
+# named in every failure. Process timing stays real, so two runs of one seed may kill at different instants.
 
 from __future__ import annotations
 
@@ -26,15 +26,16 @@ from collections import Counter
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from bot import invariants
+from bot.config_writer import write_config
 from bot.core.canonical import CanonicalState, render
-from bot.core.vocabulary import status_labels
 from bot.emulator.webhooks import SentWebhook
-from tests.gitea_fixtures import BOT, OWNER, REPO, TOKENS, LiveEmulator, live_emulator, scratch_dir
-from tests.support import SECRET
+from tests.gitea_fixtures import BOT, OWNER, REPO, TOKENS, LiveEmulator, live_emulator, scratch_dir, seed_foreman
+from tests.support import SECRET, serve_config
 from tests.test_process import ServeProcess
 
 AUTHORS = ("author-1", "author-2", "author-3", "author-4")
@@ -48,49 +49,15 @@ OPERATIONS = 200
 READY = "status:ready"
 
 
-def _config(proc: ServeProcess, base_url: str, root: Path) -> str:
-    roster = "\n".join(f'"{a}" = ["author"]' for a in AUTHORS)
-    return f"""
-[server]
-port = {proc.port}
-shutdown_grace_s = 1.0
-[webhook]
-secrets = ["{SECRET}"]
-[database]
-path = "{proc.db}"
-synchronous = "NORMAL"
-[gitea]
-url = "{base_url}"
-token = "{TOKENS[BOT]}"
-bot_login = "{BOT}"
-timeout_s = 5.0
-[repository]
-owner = "{OWNER}"
-name = "{REPO}"
-checkout_root = "{root / 'checkouts'}"
-[worker]
-concurrency = 4
-max_attempts = 10
-poll_interval_s = 0.05
-claim_ttl_s = 1.5
-backoff_base_s = 0.05
-backoff_max_s = 0.5
-[outbox]
-concurrency = 4
-max_attempts = 10
-poll_interval_s = 0.1
-claim_ttl_s = 1.5
-backoff_base_s = 0.05
-backoff_max_s = 0.5
-[allocator]
-auto_allocate_owner = "author-1"
-[bootstrap]
-on_allocate = "run"
-lock_wait_s = 10.0
-[roster]
-"controller-bot" = ["controller"]
-{roster}
-"""
+def _config(proc: ServeProcess, base_url: str, root: Path) -> dict[str, Any]:
+    retries = {"concurrency": 4, "max_attempts": 10}
+    return serve_config(proc.port, proc.db, base_url, root, {
+        "worker": retries,
+        "outbox": {**retries, "poll_interval_s": 0.1, "claim_ttl_s": 1.5, "backoff_base_s": 0.05, "backoff_max_s": 0.5},
+        "allocator": {"auto_allocate_owner": "author-1"},
+        "bootstrap": {"on_allocate": "run", "lock_wait_s": 10.0},
+        "roster": {"controller-bot": ["controller"], **{a: ["author"] for a in AUTHORS}},
+    })
 
 
 def _state_block(state: str, who: str, author: str) -> str:
@@ -288,21 +255,18 @@ async def scratch() -> AsyncIterator[Path]:
 
 
 async def test_sigkill_during_a_burst_of_deliveries_leaves_every_issue_consistent(scratch: Path) -> None:
-    """Issue 9.3 / Done-when: SIGKILL at 2-4 random points of a ~200-delivery burst, restart, replay what was
+    """SIGKILL at 2-4 random points of a ~200-delivery burst, restart, replay what was
     lost; then every invariant of ``bot.invariants`` holds, checked over SQLite, Gitea and the checkout."""
     seed = int(os.environ.get("FOREMAN_CRASH_SEED") or random.SystemRandom().randrange(2**32))
     print(f"crash-burst seed: {seed} (rerun with FOREMAN_CRASH_SEED={seed})")
     started = time.monotonic()
     async with live_emulator() as live:
         emu = live.emulator
-        for login in ("controller-bot", *AUTHORS):
-            emu.add_user(login, token=USER_TOKENS[login])
-        for label in status_labels():
-            emu.create_label(OWNER, REPO, label, color="#00aa00")
+        seed_foreman(emu, {login: USER_TOKENS[login] for login in ("controller-bot", *AUTHORS)})
         for n in range(1, ISSUES + 1):
             emu.create_issue(OWNER, REPO, title=f"Crash burst work item {n}", author="alice")
         proc = ServeProcess(scratch, module="bot", config=scratch / "foreman.toml")
-        proc.config.write_text(_config(proc, live.base_url, scratch), encoding="utf-8")
+        write_config(proc.config, _config(proc, live.base_url, scratch))
         hook_url = f"{proc.url}/webhook"
         emu.add_hook(OWNER, REPO, url=hook_url, secret=SECRET, events=["issues"])
         burst = Burst(seed, live, proc, hook_url)
@@ -326,7 +290,7 @@ async def test_sigkill_during_a_burst_of_deliveries_leaves_every_issue_consisten
         finally:
             if proc.proc is not None and proc.proc.returncode is None:
                 await proc.kill()
-        summary = {
+        summary: dict[str, Any] = {
             "seed": seed,
             "seconds": round(time.monotonic() - started, 1),
             "operations": burst.ops,
@@ -349,7 +313,7 @@ async def test_sigkill_during_a_burst_of_deliveries_leaves_every_issue_consisten
         assert summary["leases"] >= 3 and facts.db.transitions, summary
 
 
-# ----------------------------------------------------------------------- what the burst found, pinned down
+# --- what the burst found, pinned down --------------------------------------------------------------------------------
 
 
 async def test_the_service_start_finishes_or_compensates_the_bootstraps_a_killed_process_left_open() -> None:
@@ -359,9 +323,9 @@ async def test_the_service_start_finishes_or_compensates_the_bootstraps_a_killed
     lease's: both end terminal, and only the live one keeps a worktree."""
     from bot.verbs.bootstrap import recover_open_transitions
     from bot.verbs.bootstrap.faults import FAULT_EXIT_CODE, FAULT_PHASE_ENV
-    from tests.test_bootstrap_support import world
+    from tests.test_bootstrap_support import open_bootstrap_world
 
-    async with world() as w:
+    async with open_bootstrap_world() as w:
         live_issue, ended_issue = w.issue(), w.issue()
         await w.lease(live_issue)
         ended = await w.lease(ended_issue)
@@ -385,18 +349,13 @@ async def test_an_allocation_that_resumes_the_owners_lease_runs_its_unfinished_b
     from bot.verbs.allocate import AllocationCall, Allocator
     from bot.verbs.bootstrap import BootstrapContext
     from state.db import Database
-    from tests.support import make_settings
+    from tests.support import emulator_sections, make_settings
 
     async with live_emulator() as live:
-        live.emulator.add_user("author-1", token=USER_TOKENS["author-1"])
-        for label in status_labels():
-            live.emulator.create_label(OWNER, REPO, label, color="#00aa00")
+        seed_foreman(live.emulator, {"author-1": USER_TOKENS["author-1"]})
         live.emulator.create_issue(OWNER, REPO, title="Resume me", author="alice", labels=[READY])
-        settings = make_settings(
-            tmp_path, gitea={"url": live.base_url, "token": TOKENS[BOT], "bot_login": BOT},
-            repository={"owner": OWNER, "name": REPO}, roster={"author-1": ["author"]},
-            bootstrap={"on_allocate": "off"},
-        )
+        settings = make_settings(tmp_path, **emulator_sections(live.base_url), roster={"author-1": ["author"]},
+                                 bootstrap={"on_allocate": "off"})
         db = await Database.open(settings.database.path, synchronous="NORMAL")
         try:
             call = AllocationCall(actor="operator", actor_is_operator=True, owner="author-1", dry_run=False)

@@ -16,6 +16,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import tomllib
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,6 +24,7 @@ from typing import Any
 
 import pytest
 
+from bot.config_writer import merged, write_config
 from tests.conftest import REPO_ROOT
 
 CHROMIUM = Path(os.environ.get("FOREMAN_CHROMIUM", "/usr/bin/chromium"))
@@ -121,8 +123,8 @@ def dashboard_url(demo_root: Path) -> Iterator[str]:
     """A real `foreman serve` on the demo's database (plus the seeded rows), with the dashboard on."""
     asyncio.run(_seed(demo_root / "foreman.db"))
     config = demo_root / "dashboard.toml"
-    config.write_text((demo_root / "foreman.toml").read_text(encoding="utf-8")
-                      + f'\n[dashboard]\ntoken = "{TOKEN}"\n', encoding="utf-8")
+    demo = tomllib.loads((demo_root / "foreman.toml").read_text(encoding="utf-8"))
+    write_config(config, merged(demo, {"dashboard": {"token": TOKEN}}))
     env = {k: v for k, v in os.environ.items() if not k.startswith("FOREMAN_")}
     env["PYTHONPATH"] = str(REPO_ROOT)
     env["FOREMAN_ALLOCATOR__PROTECTED_ISSUES"] = "[3]"  # so the allocator skips #3, with its reason

@@ -22,7 +22,7 @@ from bot.core.grants import Grant
 
 
 def test_canonical_json_is_key_order_and_whitespace_independent_and_typed() -> None:
-    """Issue 8.1: digests are SHA-256 over canonical JSON; true is never 1 and 1 is never 1.0."""
+    """Digests are SHA-256 over canonical JSON; true is never 1 and 1 is never 1.0."""
     assert canonical_json({"b": [1, {"d": 2, "c": "é"}], "a": None}) == '{"a":null,"b":[1,{"c":"é","d":2}]}'
     assert digest({"x": 1, "y": 2}) == digest({"y": 2, "x": 1})
     assert canonical_json({"v": True}) != canonical_json({"v": 1})
@@ -35,7 +35,7 @@ def test_canonical_json_is_key_order_and_whitespace_independent_and_typed() -> N
 def test_freeze_gives_a_deep_read_only_copy() -> None:
     source = {"a": [1, {"b": 2}]}
     frozen = freeze(source)
-    source["a"].append(3)  # type: ignore[attr-defined]
+    source["a"].append(3)
     assert frozen["a"] == (1, {"b": 2})
     with pytest.raises(TypeError):
         frozen["a"][1]["b"] = 3

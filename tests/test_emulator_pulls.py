@@ -21,7 +21,7 @@ from tests.gitea_fixtures import (
     TOKENS,
     LiveEmulator,
     live_emulator,
-    seed_world,
+    seed_acme_widgets,
     webhook_sink,
 )
 
@@ -40,7 +40,7 @@ def _kinds(deliveries: list[SentWebhook]) -> list[tuple[str, str, str | None]]:
 def test_closing_keywords_follow_gitea_references(tmp_path: Path) -> None:
     """modules/references/references.go: keyword, optional colon, ONE space, then ``#N`` or ``owner/repo#N``."""
     emu = Emulator(tmp_path)
-    seed_world(emu)
+    seed_acme_widgets(emu)
     repo = emu.repo(OWNER, REPO)
     text = (
         "Closes #1\nfixes: #2, and Resolve acme/widgets#3.\nreopens #6\n"

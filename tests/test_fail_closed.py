@@ -169,7 +169,7 @@ async def test_a_real_serve_survives_unroutable_deliveries(tmp_path: Path) -> No
                 ) as resp:
                     assert resp.status == 202
             await proc.wait_for(
-                lambda: all(proc.status(f"d-{i}") is not None and proc.status(f"d-{i}")[0] in ("done", "failed")
+                lambda: all((status := proc.status(f"d-{i}")) is not None and status[0] in ("done", "failed")
                             for i in range(12)),
                 "every delivery settled",
             )
@@ -183,7 +183,6 @@ async def test_a_real_serve_survives_unroutable_deliveries(tmp_path: Path) -> No
                 assert doc["checks"]["worker"]["loops_alive"] == doc["checks"]["worker"]["loops"]
     finally:
         await proc.kill()
-
 
 
 async def test_a_pass_that_raises_does_not_end_its_loop(start: Started, monkeypatch: pytest.MonkeyPatch) -> None:

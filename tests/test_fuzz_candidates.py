@@ -32,7 +32,8 @@ class Gen:
         r = self.r
         kind = r.randrange(8)
         if kind == 0:
-            return r.choice([0, -1, 1, 2**63 - 1, 2**63, -(2**63), 2**64])
+            edges: list[int] = [0, -1, 1, 2**63 - 1, 2**63, -(2**63), 2**64]
+            return r.choice(edges)
         if kind == 1:
             huge: int = 10 ** r.randrange(4_301, 6_000) - 1  # over the int-str limit
             return huge * r.choice([1, -1])

@@ -19,8 +19,7 @@ from typing import Any
 import aiohttp
 from multidict import CIMultiDict
 
-from bot.core.canonical import HEADING_TEXT, parse_comment
-from bot.core.canonical.parsing import MAX_COMMENT_CHARS
+from bot.core.canonical import HEADING_TEXT, MAX_COMMENT_CHARS, parse_comment
 from bot.core.intake import KNOWN_EVENTS, Delivery, Rejection, admit
 from tests.support import SECRET, payload, raw_post, sign
 from tests.test_process import ServeProcess
@@ -249,9 +248,7 @@ async def test_webhook_intake_fuzz_never_fails_anyone_and_never_holds_the_loop(t
     assert admission.worst < ADMISSION_RATIO, f"an input cost admission {admission.worst:.1f}x the largest benign one"
 
     # Every input through a real `foreman serve` on loopback, 16 at a time: its own event loop, measured by itself.
-    proc = ServeProcess(tmp_path, module="bot")
-    limit = f"[webhook]\nmax_body_bytes = {MAX_BODY_BYTES}\n"
-    proc.config.write_text(proc.config.read_text().replace("[webhook]\n", limit))
+    proc = ServeProcess(tmp_path, module="bot", overrides={"webhook": {"max_body_bytes": MAX_BODY_BYTES}})
     await proc.start("serve", "--config", str(proc.config))
     semaphore = asyncio.Semaphore(16)
     benign: list[tuple[float, int]] = []  # per window: (worst loop lag, long holds)
@@ -286,9 +283,10 @@ async def test_webhook_intake_fuzz_never_fails_anyone_and_never_holds_the_loop(t
 
             def drained() -> bool:
                 with sqlite3.connect(proc.db) as conn:
-                    return conn.execute(
+                    row: tuple[int] = conn.execute(
                         "SELECT COUNT(*) FROM deliveries WHERE status IN ('queued', 'processing')"
-                    ).fetchone()[0] == 0
+                    ).fetchone()
+                return row[0] == 0
 
             async def window(items: Sequence[tuple[dict[str, str], bytes]]) -> tuple[float, int]:
                 """Sends one window and waits for the worker to finish it: (its worst loop lag, its long holds)."""

@@ -11,7 +11,7 @@ import pytest
 
 from bot.core.canonical import render
 from bot.core.vocabulary import status_labels
-from bot.emulator.model import UNITS
+from bot.emulator.model import UNITS, Perm
 from tests.gitea_fixtures import BOT, OWNER, REPO, TOKENS
 from tests.support import Started
 from tests.test_issue_state import _state
@@ -58,7 +58,8 @@ async def test_comments_of_a_missing_issue_answer_500_and_the_client_says_issue_
     typed GiteaIssueGone."""
     from bot.gitea import GiteaIssueGone
 
-    status_list, status_post = [], []
+    status_list: list[int] = []
+    status_post: list[int] = []
     for method, body in (("GET", None), ("POST", {"body": "hello"})):
         async with world.live.session.request(
             method, world.live.api(f"/repos/{FULL_NAME}/issues/4242/comments"), json=body, headers=world.live.auth()
@@ -300,7 +301,7 @@ def _teams(world: World, *, bot_in_owners: bool = True) -> None:
         next(t for t in emu.teams_of(emu.user(OWNER)) if t.access == "owner").members.append(emu.user(BOT))
     emu.add_user("dave", token="tok-dave-0010")
     emu.add_user("erin", token="tok-erin-0011")
-    units = dict.fromkeys(UNITS, "read")
+    units: dict[str, Perm] = dict.fromkeys(UNITS, "read")
     emu.add_team(OWNER, "devs", access="read", units={**units, "repo.issues": "write"}, members=["dave"], repos=[REPO])
     emu.add_team(OWNER, "readers", access="read", units=units, members=["erin"], repos=[REPO])
 

@@ -1,5 +1,4 @@
-"""Run grants end to end over SQLite: the broker's admissions, the seed's cases, `foreman run start` and
-`foreman grants` (issue 8; seed 002 REQ 122, TEST-123's list)."""
+"""Run grants over SQLite: broker admissions, the seed's cases (seed 002 REQ 122), run start, `foreman grants`."""
 
 from __future__ import annotations
 
@@ -17,6 +16,7 @@ import pytest
 
 from bot.cli import main
 from bot.config import ConfigError, load_settings
+from bot.config_writer import Document, write_config
 from bot.core import grants as g
 from bot.verbs.runs.broker import Admission, Broker, Completion
 from bot.verbs.runs.inspect import run_teardown
@@ -25,6 +25,7 @@ from state.db import Database
 from state.grants import GrantConflict, GrantStore, WorkloadFailed
 from state.journal import JournalStore, NewTransition
 from state.leases import LeaseStore
+from tests.support import offline_config
 from tests.test_grants_core import TEMPLATE
 
 NOW = datetime(2026, 7, 1, 12, 0, 0, tzinfo=UTC)
@@ -164,11 +165,11 @@ def _refused(admission: Admission, category: str, reason: str) -> None:
     assert admission.refusal is not None and admission.refusal["error"] == category
 
 
-# ============================================================================ the seed's list (TEST-123)
+# --- the seed's list (TEST-123) ---------------------------------------------------------------------------------------
 
 
 async def test_broker_enforces_exact_call_order_and_teardown_once(world: World) -> None:
-    """Seed REQ 122 / issue 8.2-8.3: only the exact next entry is admitted; the teardown runs once."""
+    """Seed REQ 122: only the exact next entry is admitted; the teardown runs once."""
     broker = world.broker()
     _refused((await world.call(broker, *STATE))[0], "grant_denied", "skipped")
     _refused((await world.call(broker, *TEARDOWN))[0], "grant_denied", "skipped")
@@ -202,14 +203,14 @@ async def test_broker_rejects_mcp_completion_after_grant_expiry(world: World) ->
     assert state.next_position == 0 and state.inflight is None and state.outcome == "expired"
     _refused(await broker.before_call(*STATE), "grant_expired", "expired")
     # The reserved teardown cannot be skipped, expiry or not: it is admitted once, and the outcome stays.
-    admission, completion = await world.run_teardown(broker)
-    assert admission.allowed and completion is not None and completion.accepted
+    admission, torn_down = await world.run_teardown(broker)
+    assert admission.allowed and torn_down is not None and torn_down.accepted
     state = await world.state()
     assert state.outcome == "expired" and state.teardown == "done"
 
 
 async def test_abort_with_inflight_call_blocks_teardown_until_call_settles(world: World) -> None:
-    """Seed REQ 122 / issue 8.3: an abort keeps the unresolved in-flight call; teardown waits for it."""
+    """Seed REQ 122: an abort keeps the unresolved in-flight call; teardown waits for it."""
     broker = world.broker()
     inflight = await broker.before_call(*LOCK)
     assert inflight.allowed
@@ -247,7 +248,7 @@ async def test_abort_with_a_call_that_never_settles_needs_independent_reconcilia
 async def test_broker_detects_host_identity_change_during_inflight_call(world: World) -> None:
     """Seed REQ 122: host identity is rechecked on completion; teardown is refused on another host and the
     exact worktree UUID is reported unresolved instead: while a call is in flight, and also once the teardown is
-    due (the call reconciled, the run aborted, the grant expired), issue 12 item 9g."""
+    due (the call reconciled, the run aborted, the grant expired)."""
     broker = world.broker()
     inflight = await broker.before_call(*LOCK)
     assert inflight.allowed
@@ -283,7 +284,7 @@ async def test_broker_detects_host_identity_change_during_inflight_call(world: W
 
 @pytest.mark.parametrize("due", ["completed", "failed", "expired"])
 async def test_a_due_teardown_is_refused_on_a_foreign_host(world: World, due: str) -> None:
-    """Seed REQ 122, issue 12 item 9g: once the teardown is due (the plan completed, a step failed, or the grant
+    """Seed REQ 122: once the teardown is due (the plan completed, a step failed, or the grant
     expired), it is still refused on a host other than the grant's (host_mismatch, the bound worktree reported
     unresolved, nothing run there); on the grant's own host it is admitted."""
     broker = world.broker()
@@ -336,7 +337,7 @@ async def test_broker_denies_changed_arguments_and_wrong_worktree_then_only_tear
 
 
 async def test_plan_only_tool_result_is_marked_inert_and_failure_does_not_retry(plan_world: World) -> None:
-    """Seed REQ 122 / issue 8.3-8.4: a plan-only result (and any command text in it) is inert; results cannot
+    """Seed REQ 122: a plan-only result (and any command text in it) is inert; results cannot
     change the grant; a failed call is never retried, on this run or on this worktree."""
     world = plan_world
     broker = world.broker()
@@ -374,7 +375,7 @@ async def test_plan_only_tool_result_is_marked_inert_and_failure_does_not_retry(
 
 
 async def test_sealed_run_grant_cannot_be_replayed_in_a_second_broker(world: World) -> None:
-    """Seed REQ 122 / issue 8.4: a grant consumed by one broker is not replayable by a second (persisted)."""
+    """Seed REQ 122: a grant consumed by one broker is not replayable by a second (persisted)."""
     first = world.broker()
     second = world.broker(await world.second_db())
     assert (await world.call(first, *LOCK))[1] is not None
@@ -408,7 +409,7 @@ async def test_sealed_run_grant_cannot_be_replayed_in_a_second_broker(world: Wor
 
 
 async def test_a_teardown_that_raises_is_failed_once_and_reported_unresolved(world: World) -> None:
-    """Issue 8.3: the teardown runs at most once; a failed one is not retried and its worktree is reported."""
+    """The teardown runs at most once; a failed one is not retried and its worktree is reported."""
     broker = world.broker()
     await broker.abort()
     ran: list[str] = []
@@ -424,18 +425,18 @@ async def test_a_teardown_that_raises_is_failed_once_and_reported_unresolved(wor
     assert not again["ok"] and again["refusal"]["details"]["reason"] == "run_closed" and ran == [TEARDOWN[0]]
 
 
-# ============================================================================ integrity and safe failures
+# --- integrity and safe failures --------------------------------------------------------------------------------------
 
 
 async def test_sealed_grants_are_immutable_in_sqlite(world: World) -> None:
-    """Issue 8.1: stored and immutable."""
+    """Stored and immutable."""
     for sql in ("UPDATE grants SET expires_at = 'never'", "DELETE FROM grants"):
         with pytest.raises(sqlite3.IntegrityError, match="immutable"):
             await world.db.reader.execute(sql)
 
 
 async def test_broker_failure_exposes_only_broker_error_and_preserves_the_run_outcome(world: World) -> None:
-    """Issue 8.5: a broker failure is the bounded ``broker_error``; the recorded outcome is never changed."""
+    """A broker failure is the bounded ``broker_error``; the recorded outcome is never changed."""
     broker = world.broker()
     await world.call(broker, *LOCK, ok=False, result={"error": "conflict"})
     assert (await world.state()).outcome == "failed"
@@ -469,7 +470,7 @@ async def test_broker_failure_exposes_only_broker_error_and_preserves_the_run_ou
 
 
 async def test_arguments_are_snapshotted_before_anything_else(world: World) -> None:
-    """Issue 8.4: the caller mutating its arguments while the broker decides changes nothing."""
+    """The caller mutating its arguments while the broker decides changes nothing."""
     args: dict[str, Any] = {"issue_number": 9}
 
     async def mutating_resolver(grant: g.Grant) -> str:
@@ -487,7 +488,7 @@ async def test_arguments_are_snapshotted_before_anything_else(world: World) -> N
 
 
 async def test_changed_policy_refuses_the_runs_calls(world: World) -> None:
-    """Issue 8.2: the policy digest is validated: a template changed since sealing refuses the run."""
+    """The policy digest is validated: a template changed since sealing refuses the run."""
     broker = Broker(
         GrantStore(world.db),
         world.grant.run_id,
@@ -508,31 +509,21 @@ def test_host_identity_is_stable_and_changes_with_its_file(tmp_path: Path) -> No
     assert host_identity(db_path) != first and host_identity(db_path).endswith("/another-host-id")
 
 
-# ============================================================================ run start, foreman grants, config
+# --- run start, foreman grants, config --------------------------------------------------------------------------------
 
 
-def _config(tmp_path: Path, grants: str | None = None) -> Path:
-    template = (
-        grants
-        if grants is not None
-        else (
-            '[grants."author.implement"]\n'
-            "expires_after_s = 900\n"
-            "calls = [\n"
-            '  { tool = "gitea_lock_issue", effect = "mutate", args = { issue_number = "{issue}" } },\n'
-            '  { tool = "gitea_get_issue_state", effect = "read", args = { issue_number = "{issue}" } },\n'
-            '  { tool = "gitea_release_lease", effect = "teardown",'
-            ' args = { issue_number = "{issue}", reason = "done" } },\n'
-            "]\n"
-        )
-    )
-    path = tmp_path / "foreman.toml"
-    path.write_text(
-        f'[webhook]\nsecrets = ["a-secret-of-sufficient-length"]\n[database]\npath = "{tmp_path / "var" / "f.db"}"\n'
-        '[repository]\nowner = "Org"\nname = "repo"\n[roster]\n"author-1" = ["author"]\n' + template,
-        encoding="utf-8",
-    )
-    return path
+def _config(tmp_path: Path, grants: Document | None = None) -> Path:
+    issue = {"issue_number": "{issue}"}
+    template = {"author.implement": {"expires_after_s": 900, "calls": [
+        {"tool": "gitea_lock_issue", "effect": "mutate", "args": issue},
+        {"tool": "gitea_get_issue_state", "effect": "read", "args": issue},
+        {"tool": "gitea_release_lease", "effect": "teardown", "args": {**issue, "reason": "done"}},
+    ]}}
+    return write_config(tmp_path / "foreman.toml", offline_config(tmp_path / "var" / "f.db", {
+        "repository": {"owner": "Org", "name": "repo"},
+        "roster": {"author-1": ["author"]},
+        "grants": template if grants is None else grants,
+    }))
 
 
 async def _lease_and_worktree(db_path: Path, *, issue: int = 8, register: bool = True) -> None:
@@ -591,7 +582,7 @@ def _run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, Any]
 async def test_run_start_seals_the_grant_and_its_token_binds_a_broker(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Issue 8.6 (CLI): `foreman run start --issue N --json` prints run_id, token and the grant; the token opens
+    """`foreman run start --issue N --json` prints run_id, token and the grant; the token opens
     the run's broker; `foreman grants` shows grants, digests and every decision."""
     monkeypatch.delenv("FOREMAN_CONFIG", raising=False)
     config = _config(tmp_path)
@@ -661,7 +652,7 @@ async def test_run_start_seals_the_grant_and_its_token_binds_a_broker(
 
 
 async def test_run_start_refuses_without_lease_template_or_worktree(tmp_path: Path) -> None:
-    """Issue 8.6: run start reads the authoritative facts and refuses with a structured envelope otherwise."""
+    """Run start reads the authoritative facts and refuses with a structured envelope otherwise."""
     from bot.core.errors import EnvelopeError
 
     settings = load_settings(_config(tmp_path), environ={})
@@ -691,32 +682,31 @@ async def test_run_start_refuses_without_lease_template_or_worktree(tmp_path: Pa
     ("calls", "key"),
     [
         (
-            '[{ tool = "gitea_lock_issue", effect = "mutate", args = { issue_number = "{issue}" } }]',
+            [{"tool": "gitea_lock_issue", "effect": "mutate", "args": {"issue_number": "{issue}"}}],
             "grants.author.implement.calls.0.effect",
         ),
-        ('[{ tool = "rm_rf", effect = "teardown" }]', "grants.author.implement.calls.0.tool"),
-        ('[{ tool = "gitea_release_lease", effect = "delete" }]', "grants.author.implement.calls.0.effect"),
+        ([{"tool": "rm_rf", "effect": "teardown"}], "grants.author.implement.calls.0.tool"),
+        ([{"tool": "gitea_release_lease", "effect": "delete"}], "grants.author.implement.calls.0.effect"),
         (
-            '[{ tool = "gitea_release_lease", effect = "teardown", args = { issue_number = "{who}" } }]',
+            [{"tool": "gitea_release_lease", "effect": "teardown", "args": {"issue_number": "{who}"}}],
             "grants.author.implement.calls.0.args.issue_number",
         ),
-        ("[]", "grants.author.implement.calls"),
+        ([], "grants.author.implement.calls"),
     ],
 )
-def test_grant_templates_in_config_are_validated_naming_the_key(tmp_path: Path, calls: str, key: str) -> None:
-    """DESIGN 3 / issue 8.1: a template that could never compile is a config error naming its key."""
-    path = _config(tmp_path, f'[grants."author.implement"]\ncalls = {calls}\n')
+def test_grant_templates_in_config_are_validated_naming_the_key(
+    tmp_path: Path, calls: list[dict[str, Any]], key: str
+) -> None:
+    """DESIGN 3: a template that could never compile is a config error naming its key."""
+    path = _config(tmp_path, {"author.implement": {"calls": calls}})
     with pytest.raises(ConfigError) as caught:
         load_settings(path, environ={})
     assert caught.value.key == key, caught.value
 
 
 def test_a_template_for_an_unknown_role_names_its_key(tmp_path: Path) -> None:
-    path = _config(
-        tmp_path,
-        '[grants."wizard.cast"]\ncalls = [{ tool = "gitea_release_lease", effect = "teardown",'
-        ' args = { issue_number = "{issue}" } }]\n',
-    )
+    path = _config(tmp_path, {"wizard.cast": {"calls": [
+        {"tool": "gitea_release_lease", "effect": "teardown", "args": {"issue_number": "{issue}"}}]}})
     with pytest.raises(ConfigError) as caught:
         load_settings(path, environ={})
     assert caught.value.key == "grants.wizard.cast"

@@ -1,5 +1,9 @@
 """Run-bound MCP sessions: every tool call through the run's broker, then the door with the compiled arguments."""
 
+# The first test drives a real `foreman mcp` over stdio (a subprocess, the SDK's stdio client) bound to a run that
+# `foreman run start` sealed on a real lease and bootstrap journal registration. The others run the same server
+# in process to turn the clock or cancel a call.
+
 from __future__ import annotations
 
 import asyncio
@@ -8,7 +12,7 @@ import re
 import sqlite3
 import subprocess
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -21,15 +25,17 @@ from mcp import Client, ClientSession
 
 from bot.cli import main
 from bot.config import Settings, load_settings
+from bot.config_writer import write_config
 from bot.core.evidence import find_marker, marker
 from bot.mcp_server import bind_run, broker_around, build_server
 from bot.verbs.runs.broker import Broker, run_evidence_key
 from bot.verbs.runs.start import host_identity, start_run
-from bot.verbs.runtime import VerbResult, VerbRuntime, no_bootstrap
+from bot.verbs.runtime import Caller, VerbResult, VerbRuntime, no_bootstrap
 from state.db import Database, utcnow
 from state.grants import GrantStore
 from state.outbox import OutboxIntent, OutboxStore
 from tests.conftest import REPO_ROOT
+from tests.support import offline_config
 from tests.test_grants import _lease_and_worktree
 from tests.test_mcp_stdio import foreman_mcp
 
@@ -39,37 +45,22 @@ BEAT = ("gitea_heartbeat_lease", {"issue_number": 8})
 RELEASE = ("gitea_release_lease", {"issue_number": 8, "reason": "done"})
 
 
-def write_config(tmp_path: Path) -> Path:
+def grants_config(tmp_path: Path) -> Path:
     """A stand-alone config: SQLite under tmp_path (the lease and registration keyed org/repo), no Gitea token,
     an author on the roster and the run grant template of its leases (read, heartbeat, then the teardown)."""
-    config = tmp_path / "foreman.toml"
-    config.write_text(
-        f"""
-[webhook]
-secrets = ["grants-mcp-secret-0123456789"]
-[database]
-path = "{tmp_path / 'var' / 'foreman.db'}"
-synchronous = "NORMAL"
-[gitea]
-bot_login = "foreman-bot"
-[repository]
-owner = "Org"
-name = "repo"
-[roster]
-"author-1" = ["author"]
-[mcp.tokens]
-"{AUTHOR_TOKEN}" = "author-1"
-[grants."author.implement"]
-expires_after_s = 900
-calls = [
-  {{ tool = "gitea_get_issue_state", effect = "read",     args = {{ issue_number = "{{issue}}" }} }},
-  {{ tool = "gitea_heartbeat_lease", effect = "mutate",   args = {{ issue_number = "{{issue}}" }} }},
-  {{ tool = "gitea_release_lease",   effect = "teardown", args = {{ issue_number = "{{issue}}", reason = "done" }} }},
-]
-""",
-        encoding="utf-8",
-    )
-    return config
+    issue = {"issue_number": "{issue}"}
+    return write_config(tmp_path / "foreman.toml", offline_config(tmp_path / "var" / "foreman.db", {
+        "database": {"synchronous": "NORMAL"},
+        "gitea": {"bot_login": "foreman-bot"},
+        "repository": {"owner": "Org", "name": "repo"},
+        "roster": {"author-1": ["author"]},
+        "mcp": {"tokens": {AUTHOR_TOKEN: "author-1"}},
+        "grants": {"author.implement": {"expires_after_s": 900, "calls": [
+            {"tool": "gitea_get_issue_state", "effect": "read", "args": issue},
+            {"tool": "gitea_heartbeat_lease", "effect": "mutate", "args": issue},
+            {"tool": "gitea_release_lease", "effect": "teardown", "args": {**issue, "reason": "done"}},
+        ]}},
+    }))
 
 
 def cli(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, Any]:
@@ -117,7 +108,7 @@ async def test_a_real_foreman_mcp_session_bound_to_a_run_admits_only_the_grant(
     order; changed, out-of-order, skipped and repeated calls are denied with the bounded category before the
     tool runs (no heartbeat, no release happened); the teardown runs once; the run's evidence is queued."""
     monkeypatch.delenv("FOREMAN_CONFIG", raising=False)
-    config = write_config(tmp_path)
+    config = grants_config(tmp_path)
     settings = load_settings(config, environ={})
     database = settings.database.path
     await _lease_and_worktree(database)
@@ -198,7 +189,7 @@ async def test_a_real_foreman_mcp_session_bound_to_a_run_admits_only_the_grant(
 
 def test_an_unknown_run_token_refuses_to_start(tmp_path: Path) -> None:
     """A run token no run has is a configuration error (exit 2), before anything is served."""
-    config = write_config(tmp_path)
+    config = grants_config(tmp_path)
     done = subprocess.run(
         [sys.executable, "-m", "bot", "--config", str(config), "mcp"],
         env={"FOREMAN_MCP_TOKEN": "frun_no-such-run", "PATH": "/usr/bin:/bin"},
@@ -213,7 +204,7 @@ def test_an_unknown_run_token_refuses_to_start(tmp_path: Path) -> None:
     assert '"error": "invalid_config"' in done.stderr and "not the token of any run" in done.stderr
 
 
-# ============================================================================ in process
+# --- in process -------------------------------------------------------------------------------------------------------
 
 
 @dataclass
@@ -243,7 +234,7 @@ class Bound:
 
 @asynccontextmanager
 async def bound_run(tmp_path: Path) -> AsyncIterator[Bound]:
-    settings = load_settings(write_config(tmp_path), environ={})
+    settings = load_settings(grants_config(tmp_path), environ={})
     await _lease_and_worktree(settings.database.path)
     db = await Database.open(settings.database.path, synchronous="NORMAL")
     try:
@@ -278,10 +269,11 @@ async def test_a_late_result_is_refused_and_does_not_advance_the_plan(tmp_path: 
         runtime_call = bound.runtime.call
         ran: list[str] = []
 
-        async def slow_call(verb: str, caller: Any, arguments: Any, **kwargs: Any) -> VerbResult:
-            ran.append(verb)
+        async def slow_call(verb_name: str, caller: Caller, arguments: Mapping[str, object], **kwargs: Any
+                            ) -> VerbResult:
+            ran.append(verb_name)
             bound.clock.value = bound.expires_at + timedelta(seconds=1)  # the grant ran out meanwhile
-            return await runtime_call(verb, caller, arguments, **kwargs)
+            return await runtime_call(verb_name, caller, arguments, **kwargs)
 
         bound.runtime.call = slow_call  # type: ignore[method-assign]
         async with session(bound) as client:
@@ -307,7 +299,8 @@ async def test_a_call_cancelled_in_flight_aborts_the_run_and_keeps_blocking_the_
         runtime_call = bound.runtime.call
         started = asyncio.Event()
 
-        async def hanging_call(verb: str, caller: Any, arguments: Any, **kwargs: Any) -> VerbResult:
+        async def hanging_call(verb_name: str, caller: Caller, arguments: Mapping[str, object], **kwargs: Any
+                               ) -> VerbResult:
             started.set()
             await asyncio.Event().wait()
             raise AssertionError("unreachable")
@@ -318,7 +311,7 @@ async def test_a_call_cancelled_in_flight_aborts_the_run_and_keeps_blocking_the_
         async def run(arguments: dict[str, Any]) -> VerbResult:
             return await bound.runtime.call("get_issue_state", None, arguments)  # type: ignore[arg-type]
 
-        task = asyncio.create_task(around(READ[0], dict(READ[1]), run))
+        task = asyncio.ensure_future(around(READ[0], dict(READ[1]), run))
         await asyncio.wait_for(started.wait(), 10)
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
@@ -342,7 +335,8 @@ async def test_a_client_abandoning_a_call_aborts_the_run(tmp_path: Path) -> None
     """The same through the SDK: a client that gives up on a call cancels it on the server; the run is aborted."""
     async with bound_run(tmp_path) as bound:
 
-        async def hanging_call(verb: str, caller: Any, arguments: Any, **kwargs: Any) -> VerbResult:
+        async def hanging_call(verb_name: str, caller: Caller, arguments: Mapping[str, object], **kwargs: Any
+                               ) -> VerbResult:
             await asyncio.Event().wait()
             raise AssertionError("unreachable")
 
@@ -393,8 +387,8 @@ async def test_the_run_closes_even_when_its_evidence_cannot_be_queued_in_the_clo
     closes (the teardown is never left in flight by it) and the entry is written once more on its own."""
     import bot.verbs.runs.broker as broker_module
     from bot.verbs.runs.inspect import run_teardown
+    from state.outbox import enqueue as real_enqueue
 
-    real_enqueue = broker_module.enqueue
     attempts: list[str] = []
 
     async def flaky_enqueue(conn: Any, intent: Any, **kwargs: Any) -> bool:

@@ -99,8 +99,8 @@ def test_sql_lives_in_state_only() -> None:
     offenders = {
         str(path.relative_to(REPO_ROOT)): found
         for path in _sources("bot/**/*.py", "handlers/**/*.py")
-        if (found := _sql_strings(path)
-            or sorted(n for n in _imported(path, REPO_ROOT) if n.split(".")[0] == "sqlite3"))
+        if (found := [str(line) for line in _sql_strings(path)]
+            + sorted(n for n in _imported(path, REPO_ROOT) if n.split(".")[0] == "sqlite3"))
     }
     assert offenders == {}
 

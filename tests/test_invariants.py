@@ -6,6 +6,7 @@ import dataclasses
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -83,15 +84,15 @@ def test_a_consistent_state_has_no_violations() -> None:
 Mutation = Callable[[Facts], Facts]
 
 
-def _db(facts: Facts, **changes: object) -> Facts:
+def _db(facts: Facts, **changes: Any) -> Facts:
     return dataclasses.replace(facts, db=dataclasses.replace(facts.db, **changes))
 
 
-def _gitea(facts: Facts, **changes: object) -> Facts:
+def _gitea(facts: Facts, **changes: Any) -> Facts:
     return dataclasses.replace(facts, gitea=dataclasses.replace(facts.gitea, **changes))
 
 
-def _checkout(facts: Facts, **changes: object) -> Facts:
+def _checkout(facts: Facts, **changes: Any) -> Facts:
     assert facts.checkout is not None
     return dataclasses.replace(facts, checkout=dataclasses.replace(facts.checkout, **changes))
 
@@ -112,7 +113,7 @@ def _outbox_status(key: str, status: str) -> Mutation:
                                          for o in f.db.outbox))
 
 
-def _transition(key: str, **changes: object) -> Mutation:
+def _transition(key: str, **changes: Any) -> Mutation:
     def mutate(f: Facts) -> Facts:
         changed = (dataclasses.replace(t, **changes) if t.key == key else t for t in f.db.transitions)
         return _db(f, transitions=tuple(changed))
@@ -277,7 +278,7 @@ def test_the_report_counts_violations_per_invariant() -> None:
     assert all(str(v).startswith(v.invariant) for v in found)
 
 
-# ----------------------------------------------------------------------------------------------- the edges
+# --- the edges --------------------------------------------------------------------------------------------------------
 
 
 def _git(cwd: Path, *args: str) -> str:

@@ -1,8 +1,9 @@
-"""The controller loop end to end against the emulator (issue 9.1, 9.3): a maintainer's `status:ready` label →
-candidate → auto-allocation (lease, assignee, `status:in-progress`) → server-side bootstrap (branch + registered
-worktree) → evidence comment with the Canonical Issue State, posted once and read back; then the author, through
-the MCP server, locks, heartbeats, posts its state and releases. Every effect is read back from the emulator.
-"""
+"""The controller loop end to end against the emulator: `status:ready` to lease, bootstrap, evidence, then MCP."""
+
+# A maintainer's `status:ready` label → candidate → auto-allocation (lease, assignee, `status:in-progress`) →
+# server-side bootstrap (branch + registered worktree) → evidence comment with the Canonical Issue State, posted once
+# and read back; then the author, through the MCP server, locks, heartbeats, posts its state and releases. Every
+# effect is read back from the emulator.
 
 from __future__ import annotations
 
@@ -25,15 +26,15 @@ from state.journal import JournalStore
 from state.leases import LeaseStore
 from tests.gitea_fixtures import OWNER, REPO, ReceivedHook, webhook_sink
 from tests.support import SECRET, Started, wait_status
-from tests.world import FULL_NAME, World, open_world
+from tests.world import FULL_NAME, Sections, World, open_world
 
 ROSTER = {"controller-bot": ["controller"], "author-1": ["author"]}
-LOOP = {"allocator": {"auto_allocate_owner": "author-1"}, "bootstrap": {"on_allocate": "run"}}
+LOOP: Sections = {"allocator": {"auto_allocate_owner": "author-1"}, "bootstrap": {"on_allocate": "run"}}
 
 
 @pytest.fixture(params=["1.22.3", "1.26.3"])
 async def world(tmp_path: Path, start: Started, request: pytest.FixtureRequest) -> AsyncIterator[World]:
-    """The loop world, once per Gitea version the emulator switches between (issue 14 item 3)."""
+    """The loop world, once per Gitea version the emulator switches between."""
     async with open_world(tmp_path, start, roster=ROSTER, **LOOP) as opened:
         opened.live.emulator.version = request.param
         yield opened
@@ -98,7 +99,7 @@ async def tool(client: Client, name: str, **arguments: Any) -> dict[str, Any]:
 
 
 async def test_the_loop_from_a_ready_label_to_the_authors_release(world: World) -> None:
-    """Issue 9.1: label → candidate → lease → bootstrap → evidence; then lock, heartbeat, state, release by MCP."""
+    """Label → candidate → lease → bootstrap → evidence; then lock, heartbeat, state, release by MCP."""
     number = await world.open_issue("alice", "Make the widget blue")
     await label_ready(world, number)
     events = await world.store.issue_events(FULL_NAME, number)
@@ -138,13 +139,11 @@ async def test_the_loop_from_a_ready_label_to_the_authors_release(world: World) 
     assert kinds == ["acquired", "heartbeat", "released"], kinds
 
 
-
-
-# --------------------------------------------------------------------------- duplicates and replays
+# --- duplicates, replays and out of order -----------------------------------------------------------------------------
 
 
 async def test_duplicate_and_replayed_deliveries_lease_bootstrap_and_comment_once(world: World) -> None:
-    """Issue 9.3: the same delivery again, Gitea's Replay (new id, same body) and an operator's forced replay
+    """The same delivery again, Gitea's Replay (new id, same body) and an operator's forced replay
     (every handler runs again): still one lease, one worktree, one comment per effect."""
     number = await world.open_issue("alice", "Make the widget blue")
     await label_ready(world, number)
@@ -172,9 +171,6 @@ async def test_duplicate_and_replayed_deliveries_lease_bootstrap_and_comment_onc
     kinds = [e["kind"] for e in await LeaseStore(world.service.db).events(after["lease"].lease_id)]
     assert kinds == ["acquired", "resumed"], kinds  # the forced replay resumed the lease, it did not lease again
     assert len(await world.service.store.list(limit=1000)) == len({d.delivery_id for d in emu.deliveries}) - 1
-
-
-# --------------------------------------------------------------------------- out of order
 
 
 def kind(hook: ReceivedHook) -> str:
@@ -217,7 +213,7 @@ READY_BLOCK = (
 
 
 async def test_label_and_comment_deliveries_in_reverse_order_end_in_the_loop(world: World) -> None:
-    """Issue 9.3: opened, labelled ready and a maintainer's state comment, delivered newest first: the loop still
+    """Opened, labelled ready and a maintainer's state comment, delivered newest first: the loop still
     runs once, the older `opened` event never rolls the labels back, and the bot's later evidence stays current."""
     number = 1
 
@@ -241,7 +237,7 @@ async def test_label_and_comment_deliveries_in_reverse_order_end_in_the_loop(wor
 
 
 async def test_a_stale_ready_label_delivered_after_its_removal_leases_nothing(world: World) -> None:
-    """Issue 9.3: `status:ready` added then removed, the removal delivered first: the late `ready` event does not
+    """`status:ready` added then removed, the removal delivered first: the late `ready` event does not
     turn the issue back into a candidate and nothing is leased (candidates are read live from Gitea)."""
     number = await world.open_issue("alice", "Not yet")
     ready_id = world.label_id("status:ready")
@@ -261,7 +257,7 @@ async def test_a_stale_ready_label_delivered_after_its_removal_leases_nothing(wo
     assert world.labels(number) == [] and markers(world, number) == []
 
 
-# --------------------------------------------------------------------------- exclusions
+# --- exclusions, lease expiry and reclaim -----------------------------------------------------------------------------
 
 
 def evidence_json(body: str) -> dict[str, Any]:
@@ -271,7 +267,7 @@ def evidence_json(body: str) -> dict[str, Any]:
 
 
 async def test_a_protected_issue_in_the_config_is_never_allocated(tmp_path: Path, start: Started) -> None:
-    """Issue 9.3: `[allocator] protected_issues`: labelling the protected issue ready leases nothing; the next
+    """`[allocator] protected_issues`: labelling the protected issue ready leases nothing; the next
     ready issue is leased and its evidence names the protected one as skipped `protected_issue`."""
     allocator = {**LOOP["allocator"], "protected_issues": [1]}
     async with open_world(tmp_path, start, roster=ROSTER, allocator=allocator, bootstrap=LOOP["bootstrap"]) as world:
@@ -289,7 +285,7 @@ async def test_a_protected_issue_in_the_config_is_never_allocated(tmp_path: Path
 
 
 async def test_a_controllers_exclusion_in_the_allocate_comment_holds(tmp_path: Path, start: Started) -> None:
-    """Issue 9.3: `/allocate --exclude 1` with #1 ranked first: #2 runs the loop, #1 is untouched."""
+    """`/allocate --exclude 1` with #1 ranked first: #2 runs the loop, #1 is untouched."""
     async with open_world(tmp_path, start, roster=ROSTER, bootstrap=LOOP["bootstrap"]) as world:
         emu = world.live.emulator
         emu.create_issue(OWNER, REPO, title="Top", author="alice", labels=["status:ready", "priority:p0"])
@@ -307,16 +303,13 @@ async def test_a_controllers_exclusion_in_the_allocate_comment_holds(tmp_path: P
         assert await LeaseStore(world.service.db).history(FULL_NAME, 1) == []
 
 
-# --------------------------------------------------------------------------- lease expiry and reclaim
-
-
 async def test_an_expired_lease_is_refused_to_its_owner_held_through_the_grace_and_then_reclaimed(
     tmp_path: Path, start: Started
 ) -> None:
-    """Issue 9.3: past expiry the owner's heartbeat is refused (the issue is no longer leased to it); inside
+    """Past expiry the owner's heartbeat is refused (the issue is no longer leased to it); inside
     `lease_grace_s` nobody else gets the issue; after it the allocator reclaims it for another author (the old
     lease `expired` + `reclaimed`, never deleted). The first author's worktree is kept as it is, so the apply's
-    bootstrap preflight fails (`path_free`: registered to author-1) and nothing is leased (issue 20)."""
+    bootstrap preflight fails (`path_free`: registered to author-1) and nothing is leased."""
     roster = {**ROSTER, "author-2": ["author"]}
     async with open_world(tmp_path, start, roster=roster, **LOOP) as world:
         service = world.service
@@ -358,11 +351,11 @@ async def test_an_expired_lease_is_refused_to_its_owner_held_through_the_grace_a
         assert len(worktrees(world, number)) == 1  # author-1's worktree, kept byte for byte
 
 
-# --------------------------------------------------------------------------- Gitea answering 5xx
+# --- Gitea answering 5xx ----------------------------------------------------------------------------------------------
 
 
 async def test_the_loop_completes_once_gitea_recovers_from_a_5xx_spell(world: World) -> None:
-    """Issue 9.3: 5xx on every route the loop uses (candidates, the bootstrap's branch reads beyond the client's
+    """5xx on every route the loop uses (candidates, the bootstrap's branch reads beyond the client's
     own retries, comments, labels, assignees) and a comment stored whose answer was lost: the loop completes
     once Gitea answers again, with nothing duplicated."""
     emu = world.live.emulator
@@ -386,9 +379,10 @@ async def test_the_loop_completes_once_gitea_recovers_from_a_5xx_spell(world: Wo
 
 
 async def test_a_long_outage_parks_the_delivery_and_a_replay_completes_the_loop(tmp_path: Path, start: Started) -> None:
-    """Issue 9.3: Gitea down for longer than `worker.max_attempts`: the delivery is parked as failed with nothing
+    """Gitea down for longer than `worker.max_attempts`: the delivery is parked as failed with nothing
     leased; after Gitea recovers, the operator's replay runs the whole loop once."""
-    async with open_world(tmp_path, start, roster=ROSTER, worker={"max_attempts": 2}, **LOOP) as world:
+    loop: Sections = {**LOOP, "worker": {"max_attempts": 2}}
+    async with open_world(tmp_path, start, roster=ROSTER, **loop) as world:
         emu = world.live.emulator
         number = await world.open_issue("alice", "Make the widget blue")
         await world.call("alice", "POST", f"/issues/{number}/labels", {"labels": ["status:ready"]}, settle=False)
@@ -406,9 +400,9 @@ async def test_a_long_outage_parks_the_delivery_and_a_replay_completes_the_loop(
 
 
 async def test_an_allocate_comment_retries_a_bootstrap_gitea_could_not_serve(tmp_path: Path, start: Started) -> None:
-    """Issue 9.3: a controller's `/allocate` whose server-side bootstrap meets a 5xx spell longer than the client's
+    """A controller's `/allocate` whose server-side bootstrap meets a 5xx spell longer than the client's
     own retries: the delivery is retried until the bootstrap completes; one lease, one worktree, one reply."""
-    loop = {"bootstrap": {"on_allocate": "run"}, "allocator": {"auto": False}}  # only the comment allocates
+    loop: Sections = {"bootstrap": {"on_allocate": "run"}, "allocator": {"auto": False}}  # only the comment allocates
     async with open_world(tmp_path, start, roster=ROSTER, **loop) as world:
         emu = world.live.emulator
         number = await world.open_issue("alice", "Make the widget blue")

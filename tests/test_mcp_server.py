@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import jsonschema
+import jsonschema  # type: ignore[import-untyped]  # (no stubs installed; the project adds none)
 import pydantic
 import pytest
 from mcp import Client
@@ -150,7 +150,7 @@ def with_bootstrap(runtime: VerbRuntime, fake: WorktreeBootstrap) -> VerbRuntime
     return VerbRuntime(db=runtime.db, settings=runtime.settings, gitea=runtime.gitea, bootstrap_factory=factory)
 
 
-# --- tools and schemas -----------------------------------------------------------------------------------
+# --- tools, schemas and identity --------------------------------------------------------------------------------------
 
 
 async def test_the_tools_are_the_executable_verbs_with_the_tables_schemas(runtime: VerbRuntime) -> None:
@@ -194,13 +194,11 @@ def test_allocation_arguments_are_typed_in_the_schema() -> None:
     assert not check.is_valid({"caller": "controller-bot"})
 
 
-# --- identity --------------------------------------------------------------------------------------------
-
-
 def test_identity_comes_from_the_token_and_the_roster(tmp_path: Path) -> None:
     settings = mcp_settings(tmp_path)
     controller = resolve_identity(settings, "tok-controller")
-    assert (controller.login, controller.roles, controller.channel) == ("controller-bot", {"controller"}, "mcp")
+    assert (controller.login, controller.roles, controller.channel) == ("controller-bot", frozenset({"controller"}),
+                                                                        "mcp")
     assert resolve_identity(settings, "tok-stranger").roles == frozenset()
     for token in (None, "", "tok-nope", "tok-controller "):
         with pytest.raises(IdentityError):
@@ -210,9 +208,9 @@ def test_identity_comes_from_the_token_and_the_roster(tmp_path: Path) -> None:
 @pytest.mark.parametrize(("token", "needle"), [(None, "is not set"), ("tok-nope", "is not one of")])
 def test_foreman_mcp_refuses_to_start_without_a_known_token(tmp_path: Path, token: str | None, needle: str) -> None:
     """No token or an unknown one: a clear error naming the key, exit 2, nothing served."""
-    from tests.test_mcp_stdio import foreman_mcp_command, write_config
+    from tests.test_mcp_stdio import foreman_mcp_command, mcp_config
 
-    config = write_config(tmp_path)
+    config = mcp_config(tmp_path)
     env = {"PATH": "/usr/bin:/bin", **({"FOREMAN_MCP_TOKEN": token} if token else {})}
     done = subprocess.run(
         foreman_mcp_command(config), env=env, capture_output=True, text=True, timeout=30, check=False
@@ -223,7 +221,7 @@ def test_foreman_mcp_refuses_to_start_without_a_known_token(tmp_path: Path, toke
     assert (error["error"], error["key"]) == ("invalid_config", "mcp.tokens") and needle in error["message"]
 
 
-# --- the gateway before every call -----------------------------------------------------------------------
+# --- the gateway before every call, then each verb --------------------------------------------------------------------
 
 
 async def test_an_identity_off_the_roster_gets_the_not_authorized_envelope(runtime: VerbRuntime) -> None:
@@ -287,9 +285,6 @@ async def test_an_unexpected_failure_is_an_envelope_without_internals(runtime: V
     assert "secret" not in json.dumps(doc) and "Traceback" not in json.dumps(doc)
 
 
-# --- allocation ------------------------------------------------------------------------------------------
-
-
 async def test_allocation_through_mcp_excludes_before_ranking_in_dry_run_and_apply(runtime: VerbRuntime) -> None:
     """Seed 000 AC1-AC4, AC6 through the tool: #617 ranks first, is excluded, is never selected or leased."""
     async with connect(runtime, "tok-controller") as client:
@@ -341,9 +336,6 @@ async def test_allocation_refusals_are_envelopes_with_the_decision(runtime: Verb
     assert await runtime.leases.open_leases(runtime.repo) == []
 
 
-# --- leases ----------------------------------------------------------------------------------------------
-
-
 async def test_heartbeat_and_release_are_for_the_owner_or_the_controller(runtime: VerbRuntime) -> None:
     """Ownership gates are not_authorized; a missing live lease is a tracing_gap."""
     await lease_618(runtime)
@@ -365,9 +357,6 @@ async def test_heartbeat_and_release_are_for_the_owner_or_the_controller(runtime
     assert kinds == [("acquired", "controller-bot"), ("heartbeat", "author-1"), ("released", "controller-bot")]
     release = await OutboxStore(runtime.db).by_key(f"{lease.lease_id}:release")
     assert release is not None and "reassigning" in release.payload["body"]
-
-
-# --- issue state -----------------------------------------------------------------------------------------
 
 
 async def test_posted_state_goes_through_the_outbox_and_becomes_the_issues_state(runtime: VerbRuntime) -> None:
@@ -396,9 +385,6 @@ async def test_posted_state_goes_through_the_outbox_and_becomes_the_issues_state
         await on_outbox_complete(IssueStore(runtime.db), runtime.settings, entry, result)
         error, doc = await call(client, "gitea_get_issue_state", issue_number=618)
     assert not error and doc["state"]["state"] == "pr-open" and doc["state_comment_id"] == 99
-
-
-# --- the worktree bootstrap seam -------------------------------------------------------------------------
 
 
 async def test_bootstrap_and_lock_say_unavailable_while_there_is_no_bootstrap(runtime: VerbRuntime) -> None:
@@ -432,9 +418,6 @@ async def test_the_bootstrap_runs_only_after_the_gateway_and_lock_needs_its_work
         error, doc = await call(client, "gitea_bootstrap_issue_worktree", issue_number=618)
         assert error and doc["error"] == "stale_pin"
     assert fake.calls == [("bootstrap", 618, "author-1"), ("lock", 618, "author-1"), ("bootstrap", 618, "author-1")]
-
-
-# --- runtime context -------------------------------------------------------------------------------------
 
 
 async def test_runtime_context_names_identity_work_and_the_next_action(runtime: VerbRuntime) -> None:
@@ -501,12 +484,12 @@ async def test_runtime_context_compares_the_live_default_branch_with_the_control
 async def test_bootstrap_and_lock_through_mcp_run_the_real_worktree_transition() -> None:
     """The tools reach bot.verbs.bootstrap after the gateway; the context follows each step."""
     from bot.verbs.runtime import caller_for
-    from tests.test_bootstrap_support import world
+    from tests.test_bootstrap_support import open_bootstrap_world
 
-    async with world() as w:
+    async with open_bootstrap_world() as w:
         number = w.issue()
         await w.lease(number, owner="alice")
-        runtime = VerbRuntime(db=w.db, settings=w.settings, gitea=w.ctx.gitea, bot_login="foreman-bot")
+        runtime = VerbRuntime(db=w.db, settings=w.settings, gitea=w.gitea, bot_login="foreman-bot")
 
         def session(login: str) -> Client:
             return Client(build_server(runtime, caller_for(w.settings, login, "mcp")))

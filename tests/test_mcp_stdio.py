@@ -1,5 +1,9 @@
 """The public MCP regression (seed 000 AC8): `foreman mcp` as a subprocess, the SDK's stdio client."""
 
+# A candidate list with #617 ranked first and ``exclude_issue_numbers=[617]``: #617 is never selected or
+# leased, in dry-run or apply; it is in ``skipped`` as ``excluded_by_controller``; ``candidates_json`` as a
+# JSON string and as a list give the same fingerprint; an identity that may not allocate gets the envelope.
+
 from __future__ import annotations
 
 import json
@@ -16,7 +20,9 @@ import pytest
 from mcp import ClientSession, StdioServerParameters
 from mcp.client.stdio import stdio_client
 
+from bot.config_writer import write_config
 from tests.conftest import REPO_ROOT
+from tests.support import offline_config
 
 CANARY = [
     {"issue_number": 617, "title": "protected", "labels": ["priority:p0"], "created_at": "2026-07-01T10:00:00-05:00"},
@@ -27,31 +33,15 @@ CONTROLLER_TOKEN = "tok-controller-ac8"
 AUTHOR_TOKEN = "tok-author-ac8"
 
 
-def write_config(tmp_path: Path) -> Path:
+def mcp_config(tmp_path: Path) -> Path:
     """A config for a stand-alone `foreman mcp`: SQLite under tmp_path, no Gitea token, two MCP identities."""
-    config = tmp_path / "foreman.toml"
-    config.write_text(
-        f"""
-[webhook]
-secrets = ["ac8-secret-0123456789abcdef"]
-[database]
-path = "{tmp_path / 'foreman.db'}"
-synchronous = "NORMAL"
-[gitea]
-bot_login = "foreman-bot"
-[repository]
-owner = "acme"
-name = "widgets"
-[roster]
-"controller-bot" = ["controller"]
-"author-1" = ["author"]
-[mcp.tokens]
-"{CONTROLLER_TOKEN}" = "controller-bot"
-"{AUTHOR_TOKEN}" = "author-1"
-""",
-        encoding="utf-8",
-    )
-    return config
+    return write_config(tmp_path / "foreman.toml", offline_config(tmp_path / "foreman.db", {
+        "database": {"synchronous": "NORMAL"},
+        "gitea": {"bot_login": "foreman-bot"},
+        "repository": {"owner": "acme", "name": "widgets"},
+        "roster": {"controller-bot": ["controller"], "author-1": ["author"]},
+        "mcp": {"tokens": {CONTROLLER_TOKEN: "controller-bot", AUTHOR_TOKEN: "author-1"}},
+    }))
 
 
 def foreman_mcp_command(config: Path) -> list[str]:
@@ -82,7 +72,7 @@ def leases(database: Path) -> list[tuple[int, str, str]]:
 
 async def test_ac8_an_excluded_top_ranked_issue_is_never_selected_or_leased_through_mcp(tmp_path: Path) -> None:
     """Seed 000 AC8 (with AC1, AC2, AC3, AC4, AC6) through the public MCP allocation tool over stdio."""
-    config = write_config(tmp_path)
+    config = mcp_config(tmp_path)
     async with foreman_mcp(config, CONTROLLER_TOKEN) as session:
         tools = {t.name: t for t in (await session.list_tools()).tools}
         schema = tools["gitea_allocate_next_work"].input_schema
@@ -123,7 +113,7 @@ async def test_ac8_an_excluded_top_ranked_issue_is_never_selected_or_leased_thro
     assert leases(tmp_path / "foreman.db") == [(618, "author-1", "live")]
 
 
-# --- hostile input over the real stdio server -------------------------------------------------------------------------
+# --- the published schema and hostile input over real stdio -----------------------------------------------------------
 
 #: A representative subset of the in-process table (tests/test_verbs_table.py): the item 8 probes, an unlisted
 #: tool, and hostile values a JSON client can send.
@@ -152,7 +142,7 @@ async def test_the_stdio_server_enforces_exactly_its_published_schema(tmp_path: 
     invalid exactly when the server answers invalid_input; an unlisted name (``release_lease``) runs nothing."""
     from tests.test_verbs_table import schema_verdict
 
-    config = write_config(tmp_path)
+    config = mcp_config(tmp_path)
     async with foreman_mcp(config, CONTROLLER_TOKEN) as session:
         tools = {t.name: t for t in (await session.list_tools()).tools}
         await allocate(session, candidates_json=CANARY, exclude_issue_numbers=[617], dry_run=False)
@@ -171,7 +161,7 @@ async def test_the_stdio_server_enforces_exactly_its_published_schema(tmp_path: 
 
 
 def _bad_token_run(tmp_path: Path, token: bytes) -> subprocess.CompletedProcess[bytes]:
-    config = write_config(tmp_path)
+    config = mcp_config(tmp_path)
     env = {b"PATH": b"/usr/bin:/bin", b"FOREMAN_MCP_TOKEN": token}
     return subprocess.run(  # bytes env: the value is not UTF-8 on purpose
         foreman_mcp_command(config), env=env, input=b"", capture_output=True, timeout=60, check=False, cwd=REPO_ROOT
@@ -200,7 +190,7 @@ def test_arguments_the_sdk_parser_refuses_are_answered_invalid_input_on_the_wire
     """On the raw wire: a tools/call whose JSON the SDK's parser refuses (an integer of 5,000
     digits, a lone surrogate escape) used to get no answer at all (the client waited forever). Each request is
     answered, with invalid_input, and the session goes on."""
-    config = write_config(tmp_path)
+    config = mcp_config(tmp_path)
     client = {"name": "raw", "version": "0"}
     init = {"jsonrpc": "2.0", "id": 1, "method": "initialize",
             "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": client}}

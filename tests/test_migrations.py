@@ -57,7 +57,7 @@ async def test_migration_7_keeps_every_inbox_row_handler_result_and_replay(
         async with db.reader.execute("PRAGMA foreign_key_check") as cur:
             assert await cur.fetchall() == []
         async with db.reader.execute("PRAGMA integrity_check") as cur:
-            assert (await cur.fetchone())[0] == "ok"
+            assert [tuple(row) for row in await cur.fetchall()] == [("ok",)]
         async with db.transaction() as conn:
             await conn.execute("UPDATE deliveries SET status = 'ignored', ignored_reason = 'x' WHERE id = 10")
             with pytest.raises(Exception, match="FOREIGN KEY"):
@@ -97,5 +97,5 @@ async def test_a_commit_cancelled_in_flight_never_turns_into_a_rollback_error(tm
     await asyncio.gather(*pending)
     async with db.transaction() as conn:  # the write lock was released, the connection is usable
         async with conn.execute("SELECT COUNT(*) FROM schema_migrations WHERE version = 999") as cur:
-            assert (await cur.fetchone())[0] == 1  # the COMMIT that ran is kept
+            assert [tuple(row) for row in await cur.fetchall()] == [(1,)]  # the COMMIT that ran is kept
     await db.close()

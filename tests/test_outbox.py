@@ -296,7 +296,7 @@ def test_intents_are_validated_before_they_are_stored() -> None:
     with pytest.raises(OutboxInputError, match="marker"):
         OutboxIntent("k1", 1, "comment", {"body": "no marker here"})
     with pytest.raises(OutboxInputError, match="issue_number"):
-        OutboxIntent("k2", True, "labels", {"add": ["bug"]})  # type: ignore[arg-type]
+        OutboxIntent("k2", True, "labels", {"add": ["bug"]})
     with pytest.raises(OutboxInputError, match="both added and removed"):
         OutboxIntent("k3", 1, "labels", {"add": ["bug"], "remove": ["bug"]})
     with pytest.raises(OutboxInputError, match="comment_id"):

@@ -16,8 +16,9 @@ from pathlib import Path
 import aiohttp
 import pytest
 
+from bot.config_writer import Document, merged, write_config
 from tests.conftest import REPO_ROOT
-from tests.support import SECRET, payload, webhook_headers
+from tests.support import SECRET, emulator_sections, payload, webhook_headers
 
 
 def _free_port() -> int:
@@ -30,7 +31,8 @@ class ServeProcess:
     """One service subprocess (tests/crash_service.py or `python -m bot serve`) and its files."""
 
     def __init__(
-        self, workdir: Path, *, module: str = "tests.crash_service", config: Path | None = None, extra: str = ""
+        self, workdir: Path, *, module: str = "tests.crash_service", config: Path | None = None,
+        overrides: Document | None = None,
     ) -> None:
         self.workdir = workdir
         self.module = module
@@ -39,29 +41,16 @@ class ServeProcess:
         self.log = workdir / "handlers.log"
         self.gate = workdir / "gate"
         self.stderr = workdir / "stderr.log"
-        self.config = config or self._write_config(extra)
+        self.config = config or self._write_config(overrides or {})
         self.proc: asyncio.subprocess.Process | None = None
 
-    def _write_config(self, extra: str = "") -> Path:
-        path = self.workdir / "foreman.toml"
-        path.write_text(
-            f"""
-[server]
-port = {self.port}
-shutdown_grace_s = 1.0
-[webhook]
-secrets = ["{SECRET}"]
-[database]
-path = "{self.db}"
-[worker]
-poll_interval_s = 0.05
-claim_ttl_s = 0.6
-backoff_base_s = 0.05
-{extra}
-""",
-            encoding="utf-8",
-        )
-        return path
+    def _write_config(self, overrides: Document) -> Path:
+        return write_config(self.workdir / "foreman.toml", merged({
+            "server": {"port": self.port, "shutdown_grace_s": 1.0},
+            "webhook": {"secrets": [SECRET]},
+            "database": {"path": self.db},
+            "worker": {"poll_interval_s": 0.05, "claim_ttl_s": 0.6, "backoff_base_s": 0.05},
+        }, overrides))
 
     @property
     def url(self) -> str:
@@ -143,7 +132,7 @@ async def proc(tmp_path: Path) -> AsyncIterator[ServeProcess]:
 async def test_a_delivery_killed_mid_handler_resumes_after_restart_without_rerunning_finished_handlers(
     proc: ServeProcess,
 ) -> None:
-    """Issue 2.4: a process SIGKILLed mid-delivery resumes it on restart; the finished sibling is not rerun."""
+    """A process SIGKILLed mid-delivery resumes it on restart; the finished sibling is not rerun."""
     await proc.start()
     assert await proc.post(payload(), "crash-1") == 202
     await proc.wait_for(lambda: "slow-start crash-1" in proc.lines(), "the slow handler to start")
@@ -160,7 +149,7 @@ async def test_a_delivery_killed_mid_handler_resumes_after_restart_without_rerun
 
 
 async def test_every_acknowledged_delivery_survives_a_kill_right_after_the_202(proc: ServeProcess) -> None:
-    """Issue 2.3: a delivery is stored before the 202, so killing the process right after loses none."""
+    """A delivery is stored before the 202, so killing the process right after loses none."""
     proc.gate.touch()
     await proc.start()
     ids = [f"ack-{i}" for i in range(25)]
@@ -176,7 +165,7 @@ async def test_every_acknowledged_delivery_survives_a_kill_right_after_the_202(p
 
 
 async def test_sigterm_lets_in_flight_work_finish_within_the_grace(proc: ServeProcess) -> None:
-    """Issue 2.8: graceful shutdown finishes in-flight work when it ends within the grace period."""
+    """Graceful shutdown finishes in-flight work when it ends within the grace period."""
     await proc.start()
     await proc.post(payload(), "grace-1")
     await proc.wait_for(lambda: "slow-start grace-1" in proc.lines(), "the slow handler to start")
@@ -189,7 +178,7 @@ async def test_sigterm_lets_in_flight_work_finish_within_the_grace(proc: ServePr
 
 
 async def test_sigterm_past_the_grace_puts_the_delivery_back_for_the_next_start(proc: ServeProcess) -> None:
-    """Issue 2.8: work that outlives the grace period is safely abandoned (queued again, attempt not counted)."""
+    """Work that outlives the grace period is safely abandoned (queued again, attempt not counted)."""
     await proc.start()
     await proc.post(payload(), "abandon-1")
     await proc.wait_for(lambda: "slow-start abandon-1" in proc.lines(), "the slow handler to start")
@@ -201,7 +190,7 @@ async def test_sigterm_past_the_grace_puts_the_delivery_back_for_the_next_start(
 
 
 async def test_embedded_default_starts_with_a_generated_secret_and_no_gitea(tmp_path: Path) -> None:
-    """Issue 2.2: no config edits needed: a secret is generated under var/ (0600), reused, and /readyz
+    """No config edits needed: a secret is generated under var/ (0600), reused, and /readyz
     reports that Gitea is not reachable instead of crashing."""
     service = ServeProcess(tmp_path, module="bot", config=tmp_path / "unused.toml")
     env = {"FOREMAN_SERVER__PORT": str(service.port), "FOREMAN_CONFIG": ""}
@@ -229,9 +218,8 @@ async def test_embedded_default_starts_with_a_generated_secret_and_no_gitea(tmp_
 
 
 async def test_an_explicitly_empty_secret_list_refuses_to_start(tmp_path: Path) -> None:
-    """Issue 2.2: `secrets = []` refuses to start, exit 2, with an error naming webhook.secrets."""
-    config = tmp_path / "foreman.toml"
-    config.write_text("[webhook]\nsecrets = []\n", encoding="utf-8")
+    """`secrets = []` refuses to start, exit 2, with an error naming webhook.secrets."""
+    config = write_config(tmp_path / "foreman.toml", {"webhook": {"secrets": []}})
     process = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "bot", "serve", "--config", str(config),
         cwd=tmp_path, stderr=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.DEVNULL,
@@ -243,29 +231,17 @@ async def test_an_explicitly_empty_secret_list_refuses_to_start(tmp_path: Path) 
 
 
 async def test_an_outbox_comment_posted_just_before_a_kill_is_adopted_after_restart(tmp_path: Path) -> None:
-    """Issue 4.2: the process is SIGKILLed after Gitea stored the comment but before the outbox commit;
+    """The process is SIGKILLed after Gitea stored the comment but before the outbox commit;
     after the restart the marker is found and the comment adopted: exactly one comment."""
     from bot.core.evidence import render_evidence
     from state.db import Database
     from state.outbox import OutboxIntent, OutboxStore
-    from tests.gitea_fixtures import BOT, OWNER, REPO, TOKENS, live_emulator
+    from tests.gitea_fixtures import OWNER, REPO, live_emulator
 
     async with live_emulator() as live:
         live.emulator.create_issue(OWNER, REPO, title="evidence", author="alice")
-        extra = f"""
-[gitea]
-url = "{live.base_url}"
-token = "{TOKENS[BOT]}"
-bot_login = "{BOT}"
-[repository]
-owner = "{OWNER}"
-name = "{REPO}"
-[outbox]
-claim_ttl_s = 0.5
-backoff_base_s = 0.05
-poll_interval_s = 0.05
-"""
-        service = ServeProcess(tmp_path, module="bot", extra=extra)
+        outbox = {"outbox": {"claim_ttl_s": 0.5, "backoff_base_s": 0.05, "poll_interval_s": 0.05}}
+        service = ServeProcess(tmp_path, module="bot", overrides=merged(emulator_sections(live.base_url), outbox))
         body = render_evidence(key="kill-1", summary="Leased #1.", state=None, evidence={"issue": 1})
         db = await Database.open(service.db)
         await OutboxStore(db).add(OutboxIntent("kill-1", 1, "comment", {"body": body}))
@@ -276,7 +252,9 @@ poll_interval_s = 0.05
 
         def outbox_row() -> tuple[str, int]:
             with sqlite3.connect(service.db) as conn:
-                return conn.execute("SELECT status, attempts FROM outbox WHERE idempotency_key = 'kill-1'").fetchone()
+                row: tuple[str, int] = conn.execute(
+                    "SELECT status, attempts FROM outbox WHERE idempotency_key = 'kill-1'").fetchone()
+                return row
 
         comments_route = "/repos/{owner}/{repo}/issues/{index}/comments"
         live.emulator.faults.delay("POST", comments_route, 3.0, times=1, after_store=True)

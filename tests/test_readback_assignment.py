@@ -13,17 +13,16 @@ import pytest
 
 from bot import invariants
 from bot.config_sections import OutboxConfig
-from bot.core.vocabulary import status_labels
 from bot.metrics import Metrics
 from bot.outbox import OutboxSender
 from bot.verbs.allocate import AllocationCall, Allocator
 from state.leases import LeaseStore
 from state.outbox import OutboxStore
-from tests.gitea_fixtures import BOT, OWNER, REPO
-from tests.test_bootstrap_support import World, world
+from tests.gitea_fixtures import BOT, OWNER, REPO, seed_foreman
+from tests.test_bootstrap_support import BootstrapWorld, open_bootstrap_world
 
 
-async def drain_outbox(w: World) -> None:
+async def drain_outbox(w: BootstrapWorld) -> None:
     """Send every queued outbox entry to the emulator, in the outbox's own order, as the service would."""
     config = OutboxConfig(backoff_base_s=0.005, backoff_max_s=0.01, max_attempts=3, claim_ttl_s=0.2)
     sender = OutboxSender(OutboxStore(w.db), w.live.client(BOT, max_attempts=1), config, Metrics())
@@ -35,24 +34,23 @@ async def drain_outbox(w: World) -> None:
     raise AssertionError("the outbox did not settle")
 
 
-async def gitea_assignees(w: World, number: int) -> list[str]:
+async def gitea_assignees(w: BootstrapWorld, number: int) -> list[str]:
     """The issue's assignees as Gitea (the emulator's API) reports them."""
     return sorted(u.login for u in (await w.live.client(OWNER).get_issue(number)).assignees)
 
 
-async def gitea_labels(w: World, number: int) -> set[str]:
+async def gitea_labels(w: BootstrapWorld, number: int) -> set[str]:
     return set((await w.live.client(OWNER).get_issue(number)).label_names)
 
 
-def status_labelled(w: World) -> None:
+def status_labelled(w: BootstrapWorld) -> None:
     """The repository gets foreman's status labels (the seeded ones are spelled otherwise)."""
-    for label in status_labels():
-        w.live.emulator.create_label(OWNER, REPO, label, color="#00aa00")
+    seed_foreman(w.live.emulator, {})
 
 
-async def allocate(w: World, number: int, **call: Any) -> dict[str, Any]:
+async def allocate(w: BootstrapWorld, number: int, **call: Any) -> dict[str, Any]:
     """The controller's apply for ``number`` (candidates_json), with the allocator's own outbox entries."""
-    outcome = await Allocator(w.db, w.settings, w.ctx.gitea, bot_login=BOT).run(
+    outcome = await Allocator(w.db, w.settings, w.gitea, bot_login=BOT).run(
         AllocationCall(actor="ctl", owner="alice", candidates_json=[{"issue_number": number}], dry_run=False, **call)
     )
     assert outcome.lease is not None, outcome.to_dict()
@@ -65,8 +63,9 @@ def occupied_after_the_proof(path: Path) -> Iterator[None]:
     proof runs before every lease by default, so a directory there beforehand leases nothing): the bootstrap
     then fails after the lease and is compensated."""
     import bot.verbs.allocate
+    import bot.verbs.runtime
 
-    original = bot.verbs.allocate.bootstrap_through_door
+    original = bot.verbs.runtime.bootstrap_through_door  # what bot.verbs.allocate imported, patched there below
 
     async def racing(*args: Any, **kwargs: Any) -> Any:
         path.mkdir(parents=True)
@@ -86,7 +85,7 @@ async def test_the_assignment_is_read_back_from_gitea_and_a_write_gitea_ignored_
     the assignees when the poster has no write access; the bootstrap reads the issue back after assigning and, as
     Gitea does not list the owner, does not complete (typed refusal naming what Gitea holds) instead of assuming
     its write took effect."""
-    async with world() as w:
+    async with open_bootstrap_world() as w:
         number = w.live.emulator.create_issue(OWNER, REPO, title="Polish the widgets", author=BOT).number
         await w.lease(number)
         w.live.emulator.set_permission(OWNER, REPO, BOT, "read")
@@ -107,7 +106,7 @@ async def test_a_compensated_bootstrap_leaves_the_owner_unassigned_even_with_the
     """Seed 004 AC4/AC5: the allocation's assignee change is still in the outbox when the
     bootstrap fails and is compensated; once the outbox has sent everything, Gitea has the issue blocked, the
     lease released, and the owner not assigned."""
-    async with world(on_allocate="run") as w:
+    async with open_bootstrap_world(on_allocate="run") as w:
         status_labelled(w)
         number = w.issue()
         with occupied_after_the_proof(w.path(number)):
@@ -126,7 +125,7 @@ async def test_a_completed_proof_reports_the_assignment_gitea_ends_with() -> Non
     """Seed 004 AC8: the allocation queued the assignee change; the bootstrap's completed
     proof says what Gitea says once the bootstrap has made the assignment, and Gitea ends (after the outbox sent
     everything) with the same assignees the proof reported."""
-    async with world(on_allocate="run") as w:
+    async with open_bootstrap_world(on_allocate="run") as w:
         status_labelled(w)
         number = w.issue()
         doc = await allocate(w, number)
@@ -143,7 +142,7 @@ async def test_the_allocation_reports_its_lease_as_stored_after_the_bootstrap_co
     """Seed 000 AC9 / seed 004 AC5 (read-after-write): with `on_allocate = "run"`, the apply's
     result shows the lease as the store holds it after the bootstrap, released by the compensation, not the
     live copy the apply's transaction created."""
-    async with world(on_allocate="run") as w:
+    async with open_bootstrap_world(on_allocate="run") as w:
         status_labelled(w)
         number = w.issue()
         with occupied_after_the_proof(w.path(number)):
@@ -160,7 +159,7 @@ async def test_invariants_hold_after_a_compensated_allocation_and_report_an_owne
     """Over the real stores (SQLite, Gitea, the checkout), a compensated allocation leaves
     `leases.unassigned_after_failure` holding; Gitea showing the released owner assigned (what the outbox used to
     end with) is reported by that invariant."""
-    async with world(on_allocate="run") as w:
+    async with open_bootstrap_world(on_allocate="run") as w:
         status_labelled(w)
         number = w.issue()
         with occupied_after_the_proof(w.path(number)):
@@ -180,7 +179,7 @@ async def test_invariants_hold_after_a_compensated_allocation_and_report_an_owne
 async def test_invariants_see_the_exclusions_and_the_read_back_assignment_of_a_real_allocation() -> None:
     """A real allocation with exclusions and its completed bootstrap: the lease
     row's exclusions equal its evidence comment's, the proof's assignment was read back, every invariant holds."""
-    async with world(on_allocate="run") as w:
+    async with open_bootstrap_world(on_allocate="run") as w:
         status_labelled(w)
         number = w.issue()
         doc = await allocate(w, number, exclude_issue_numbers=[4242, 4241])

@@ -11,7 +11,7 @@ from pathlib import Path
 from bot.verbs.bootstrap.faults import FAULT_EXIT_CODE, FAULT_PHASE_ENV
 from state.db import utcnow
 from state.leases import LeaseStore
-from tests.test_bootstrap_support import FILES, checkout_snapshot, git, tree_snapshot, world
+from tests.test_bootstrap_support import FILES, checkout_snapshot, git, open_bootstrap_world, tree_snapshot
 
 # Each test names the mutation it catches: the code copying a value it should have read back (from the pin, an
 # earlier journal record, a constant, an assumed write) or accepting a state it should refuse. The assignment
@@ -37,7 +37,7 @@ async def test_the_proof_reads_head_branch_and_base_equivalence_from_git_for_ado
     """Seed 004 AC7/AC8: the same owner's branch, with a commit beyond the base, is
     adopted by its next lease; the proof's head_sha is the worktree's HEAD and branch_sha the branch ref, as git
     reports them (not the pin), and base_equivalent is false because git's HEAD is not the base."""
-    async with world() as w:
+    async with open_bootstrap_world() as w:
         number = w.issue()
         first = await w.lease(number)
         assert (await w.bootstrap(number)).status == "completed"
@@ -58,7 +58,7 @@ async def test_the_proof_reads_head_branch_and_base_equivalence_from_git_for_ado
 
 async def test_a_fresh_worktree_is_base_equivalent_because_git_says_so() -> None:
     """Seed 004 AC3: base_equivalent is what git says (HEAD equals the live base)."""
-    async with world() as w:
+    async with open_bootstrap_world() as w:
         number = w.issue()
         await w.lease(number)
         result = await w.bootstrap(number)
@@ -70,7 +70,7 @@ async def test_the_completed_proof_reads_the_lease_from_the_lease_store_at_proof
     """Seed 004 AC8: a transition interrupted after lock_established is completed by a replay
     after the lease was heartbeated: the proof's lease is the lease row as the store holds it when the proof is
     taken (new heartbeat and expiry), not the copy the lock_established record kept."""
-    async with world() as w:
+    async with open_bootstrap_world() as w:
         number = w.issue()
         lease = await w.lease(number)
         code, _, err = await w.cli("--issue", str(number), "--owner", "alice",
@@ -92,7 +92,7 @@ async def test_the_completed_proof_reads_the_lease_from_the_lease_store_at_proof
 async def test_an_off_branch_control_checkout_is_refused_and_left_as_it_is() -> None:
     """Seed 004 AC6: the control checkout on another branch: refused (checkout_not_clean)
     before anything is created; the checkout stays exactly where it was."""
-    async with world() as w:
+    async with open_bootstrap_world() as w:
         number = w.issue()
         await w.lease(number)
         git(w.checkout, "checkout", "-q", "-b", "someone-elses-branch")
@@ -110,7 +110,7 @@ async def test_an_off_branch_control_checkout_is_refused_and_left_as_it_is() -> 
 async def test_a_dirty_control_checkout_is_refused_and_left_as_it_is() -> None:
     """Seed 004 AC6: with `control_clean_check = "every_transition"`, a control checkout with
     a changed tracked file is refused (checkout_not_clean); nothing is created and the change stays."""
-    async with world(control_clean_check="every_transition") as w:
+    async with open_bootstrap_world(control_clean_check="every_transition") as w:
         number = w.issue()
         await w.lease(number)
         (w.checkout / "src" / "app.py").write_text("print('edited in the control checkout')\n", encoding="utf-8")
@@ -126,7 +126,7 @@ async def test_a_foreign_live_registration_is_refused_never_ended() -> None:
     """Seed 004 AC7, amendment 4: when a transition binds its worktree and the issue already
     has a live worktree registration of another owner (as a concurrent writer could leave it), the bind is
     refused (foreign_registration) and the foreign registration stays live, untouched."""
-    async with world() as w:
+    async with open_bootstrap_world() as w:
         other = w.issue("Bob's task")
         await w.lease(other, owner="bob")
         assert (await w.bootstrap(other, caller="bob")).status == "completed"
@@ -151,7 +151,7 @@ async def test_a_preexisting_directory_identical_to_the_branch_tree_is_kept_byte
     """Amendment 4 and 6: a directory someone made at the canonical path, identical to the
     branch tree (one file 0600), is not deleted and re-created: the bootstrap refuses it (path_occupied, typed,
     with a next action) and every file keeps its bytes, mode and mtime; foreman's own branch is undone."""
-    async with world() as w:
+    async with open_bootstrap_world() as w:
         number = w.issue()
         await w.lease(number)
         path = w.path(number)

@@ -14,11 +14,11 @@ from typing import Any
 import aiohttp
 import pytest
 
+from bot.config_writer import write_config
 from bot.core.canonical import CanonicalState, render
-from bot.core.vocabulary import status_labels
 from bot.emulator.webhooks import SentWebhook
-from tests.gitea_fixtures import BOT, OWNER, REPO, TOKENS, LiveEmulator, live_emulator, scratch_dir
-from tests.support import SECRET
+from tests.gitea_fixtures import BOT, OWNER, REPO, LiveEmulator, live_emulator, scratch_dir, seed_foreman
+from tests.support import SECRET, serve_config
 from tests.test_process import ServeProcess
 
 INTERVAL_S = 2.0
@@ -30,46 +30,15 @@ USER_TOKENS = {CONTROLLER: "tok-controller-0007", AUTHOR: "tok-author-1-0006"}
 READY = "status:ready"
 
 
-def _config(proc: ServeProcess, base_url: str, root: Path) -> str:
-    return f"""
-[server]
-port = {proc.port}
-shutdown_grace_s = 1.0
-[webhook]
-secrets = ["{SECRET}"]
-[database]
-path = "{proc.db}"
-synchronous = "NORMAL"
-[gitea]
-url = "{base_url}"
-token = "{TOKENS[BOT]}"
-bot_login = "{BOT}"
-timeout_s = 5.0
-[repository]
-owner = "{OWNER}"
-name = "{REPO}"
-checkout_root = "{root / 'checkouts'}"
-[worker]
-concurrency = 2
-poll_interval_s = 0.05
-claim_ttl_s = 1.5
-backoff_base_s = 0.05
-backoff_max_s = 0.5
-[outbox]
-poll_interval_s = 0.1
-backoff_base_s = 0.05
-backoff_max_s = 0.5
-[allocator]
-auto = false
-[bootstrap]
-on_allocate = "off"
-[reconcile]
-interval_s = {INTERVAL_S}
-overlap_s = 5
-[roster]
-"{CONTROLLER}" = ["controller"]
-"{AUTHOR}" = ["author"]
-"""
+def _config(proc: ServeProcess, base_url: str, root: Path) -> dict[str, Any]:
+    return serve_config(proc.port, proc.db, base_url, root, {
+        "worker": {"concurrency": 2},
+        "outbox": {"poll_interval_s": 0.1, "backoff_base_s": 0.05, "backoff_max_s": 0.5},
+        "allocator": {"auto": False},
+        "bootstrap": {"on_allocate": "off"},
+        "reconcile": {"interval_s": INTERVAL_S, "overlap_s": 5},
+        "roster": {CONTROLLER: ["controller"], AUTHOR: ["author"]},
+    })
 
 
 def _state_comment() -> str:
@@ -174,14 +143,11 @@ async def outage() -> AsyncIterator[Outage]:
     root = scratch_dir("foreman-reconcile-")
     async with live_emulator() as live:
         emu = live.emulator
-        for login, token in USER_TOKENS.items():
-            emu.add_user(login, token=token)
-        for label in status_labels():
-            emu.create_label(OWNER, REPO, label, color="#00aa00")
+        seed_foreman(emu, USER_TOKENS)
         for n in range(1, 4):
             emu.create_issue(OWNER, REPO, title=f"Catch-up work item {n}", author="alice")
         proc = ServeProcess(root, module="bot", config=root / "foreman.toml")
-        proc.config.write_text(_config(proc, live.base_url, root), encoding="utf-8")
+        write_config(proc.config, _config(proc, live.base_url, root))
         emu.add_hook(OWNER, REPO, url=f"{proc.url}/webhook", secret=SECRET, events=["issues", "issue_comment"])
         try:
             yield Outage(live, proc)

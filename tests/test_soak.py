@@ -117,7 +117,7 @@ async def test_a_soak_of_2000_deliveries_with_malformed_ones_loses_nothing_and_f
 
     def settled() -> bool:
         with sqlite3.connect(proc.db) as conn:
-            open_rows = conn.execute(
+            open_rows: int = conn.execute(
                 "SELECT COUNT(*) FROM deliveries WHERE status IN ('queued', 'processing')"
             ).fetchone()[0]
         return open_rows == 0

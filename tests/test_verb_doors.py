@@ -16,6 +16,7 @@ import pytest
 from mcp import Client
 
 from bot import cli
+from bot.config_writer import write_config
 from bot.core.evidence import find_marker, parse_evidence
 from bot.core.verbs import VERBS, role_gate
 from bot.mcp_server import build_server
@@ -25,7 +26,7 @@ from bot.verbs.runtime import VerbRuntime, caller_for, no_bootstrap
 from state.db import utcnow
 from state.leases import LeaseStore
 from tests.gitea_fixtures import OWNER, REPO
-from tests.support import SECRET, Started
+from tests.support import Started, offline_config
 from tests.world import FULL_NAME, World, open_world
 
 ROSTER = {"controller-bot": ["controller"], "author-1": ["author"], "author-2": ["author"]}
@@ -78,14 +79,8 @@ async def by_mcp(world: World, login: str, tool: str, **arguments: Any) -> dict[
 
 async def by_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, dict[str, Any]]:
     """`foreman ARGV --json` through main() (in this process, so the patched table applies): exit code, document."""
-    config = tmp_path / "cli.toml"
-    roster = "\n".join(f'"{login}" = {json.dumps(roles)}' for login, roles in ROSTER.items())
-    config.write_text(
-        f'[webhook]\nsecrets = ["{SECRET}"]\n[database]\npath = "{tmp_path / "cli.db"}"\n'
-        f'[repository]\nowner = "{OWNER}"\nname = "{REPO}"\ncheckout_root = "{tmp_path / "cli-checkouts"}"\n'
-        f"[roster]\n{roster}\n",
-        encoding="utf-8",
-    )
+    config = write_config(tmp_path / "cli.toml", offline_config(tmp_path / "cli.db", {
+        "repository": {"owner": OWNER, "name": REPO, "checkout_root": tmp_path / "cli-checkouts"}, "roster": ROSTER}))
     capsys.readouterr()
     code = await asyncio.to_thread(cli.main, [argv[0], "--config", str(config), "--json", *argv[1:]])
     return code, json.loads(capsys.readouterr().out)

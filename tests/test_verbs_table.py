@@ -1,9 +1,8 @@
-"""The verb table, decision by decision: every verb x role x precondition state gives the documented decision.
+"""The verb table, decision by decision: every verb x role x precondition state gives the documented decision."""
 
-The matrix below is written by hand from the issue's rules (issue 7, item 2; seed 001): role and ownership
-gates refuse ``not_authorized`` (NA) and come first; missing artifacts are a ``tracing_gap`` naming every
-missing token (``gap:a+b``). It is the documentation the code is held to, not derived from the code.
-"""
+# The matrix below is written by hand from seed 001's rules: role and ownership
+# gates refuse ``not_authorized`` (NA) and come first; missing artifacts are a ``tracing_gap`` naming every
+# missing token (``gap:a+b``). It is the documentation the code is held to, not derived from the code.
 
 from __future__ import annotations
 
@@ -12,7 +11,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
-import jsonschema
+import jsonschema  # type: ignore[import-untyped]  # (no stubs installed; the project adds none)
 import pytest
 
 from bot.core.gateway import GatewayContext, Role
@@ -165,7 +164,7 @@ def test_the_matrix_covers_every_verb_and_every_state() -> None:
 def test_every_verb_role_and_state_gives_the_documented_decision(
     verb: str, state: str, role: Role | None, expected: str
 ) -> None:
-    """Issue 7 "Done when": the table-driven decision for every verb x role x precondition state."""
+    """The table-driven decision for every verb x role x precondition state."""
     decision = evaluate(verb, STATES[state].context(role))
     if expected == "ok":
         assert decision.allowed
@@ -220,7 +219,7 @@ def test_arguments_are_checked_against_the_declared_parameters(
         assert (values["dry_run"], values["action"]) == (True, "implement")
 
 
-# --- issue 12 item 8: the published schema is what is enforced -------------------------------------------------
+# --- the published schema is what is enforced -------------------------------------------------------------------------
 #
 # The oracle is the published input schema read by a stock Draft 2020-12 validator; the one addition is the
 # content vocabulary (``contentMediaType: application/json`` + ``contentSchema``), which the spec leaves to the
@@ -292,7 +291,7 @@ def schema_verdict(schema: dict[str, Any], arguments: dict[str, Any]) -> bool:
         sys.set_int_max_str_digits(limit)
 
 
-#: Hostile values every argument is probed with (issue 12 item 7).
+#: Hostile values every argument is probed with.
 HOSTILE: tuple[tuple[str, object], ...] = (
     ("huge-int", HUGE),
     ("minus-huge-int", -HUGE),
@@ -371,7 +370,7 @@ KIND_PROBES: dict[str, tuple[tuple[str, object], ...]] = {
     ),
 }
 
-#: The named probes of issue 12 item 8 (each was accepted by one side and refused by the other).
+#: The named probes (each was once accepted by one side and refused by the other).
 #: The verdict column is the decision taken per probe: JSON Schema's integer admits 1.0 (as 1); a login has no
 #: leading @; one line means no line break anywhere; exclusions are an array of integers, never JSON text.
 ITEM_8_PROBES: tuple[tuple[str, str, dict[str, Any], bool], ...] = (
@@ -428,7 +427,7 @@ def checks_verdict(verb: Verb, arguments: dict[str, Any]) -> bool:
 
 @pytest.mark.parametrize(("verb", "arguments"), argument_probes())
 def test_the_checks_accept_exactly_what_the_published_schema_accepts(verb: str, arguments: dict[str, Any]) -> None:
-    """Issue 12 item 8: Verb.check_arguments (what the server enforces) and the published input schema give
+    """Verb.check_arguments (what the server enforces) and the published input schema give
     the same verdict for every offered tool and every probe, hostile values included."""
     expected = schema_verdict(VERBS[verb].input_schema(), arguments)
     assert checks_verdict(VERBS[verb], arguments) == expected
@@ -451,11 +450,11 @@ def test_integral_floats_reach_the_verbs_as_integers() -> None:
     assert problems == [] and type(values["issue_number"]) is int and values["issue_number"] == 1
     values, problems = VERBS["allocate_next_work"].check_arguments({"exclude_issue_numbers": [617.0]})
     assert problems == [] and values["exclude_issue_numbers"] == [617]
-    assert all(type(n) is int for n in values["exclude_issue_numbers"])  # type: ignore[attr-defined]
+    assert all(type(n) is int for n in values["exclude_issue_numbers"])
 
 
 def test_every_string_in_the_published_schemas_is_bounded() -> None:
-    """Issue 12 item 7: no argument string is unbounded (a long string is refused by the schema itself)."""
+    """No argument string is unbounded (a long string is refused by the schema itself)."""
 
     def walk(node: object, path: str) -> None:
         if isinstance(node, dict):

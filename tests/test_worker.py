@@ -123,7 +123,7 @@ def _seed_failed_delivery(db_path: Path) -> None:
         body = payload()
         admitted = admit(webhook_headers(body, delivery="cli-1"), body, secrets=[SECRET.encode()], max_body_bytes=10**6)
         assert not hasattr(admitted, "status")
-        await store.insert_batch([(admitted, False)])  # type: ignore[list-item]
+        await store.insert_batch([(admitted, False)])
         claimed = await store.claim_next("w")
         assert claimed is not None
         await store.park_failed(claimed.pk, "w", error="RuntimeError: boom")

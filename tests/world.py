@@ -8,18 +8,19 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
 from aiohttp.test_utils import TestClient
 
 from bot.app import Service
+from bot.config_writer import merged
 from bot.core.issue_state import IssueSnapshot
-from bot.core.vocabulary import status_labels
 from bot.emulator import EmuHook
+from bot.gitea import GiteaClient
 from state.issues import IssueStore
 from state.outbox import OutboxEntry
-from tests.gitea_fixtures import BOT, OWNER, REPO, TOKENS, LiveEmulator, live_emulator
-from tests.support import SECRET, Started, make_settings
+from tests.gitea_fixtures import BOT, OWNER, REPO, TOKENS, LiveEmulator, live_emulator, seed_foreman
+from tests.support import SECRET, Started, emulator_sections, make_settings
 
 FULL_NAME = f"{OWNER}/{REPO}"
 ROSTER_AUTHOR = "author-1"
@@ -39,6 +40,23 @@ class Clock:
         return self.now
 
 
+class Sections(TypedDict, total=False):
+    """The settings sections a world's caller may set, each laid over the world's own ([gitea], [repository] and
+    the roster are the world's)."""
+
+    server: Mapping[str, Any]
+    webhook: Mapping[str, Any]
+    database: Mapping[str, Any]
+    worker: Mapping[str, Any]
+    outbox: Mapping[str, Any]
+    allocator: Mapping[str, Any]
+    bootstrap: Mapping[str, Any]
+    reconcile: Mapping[str, Any]
+    mcp: Mapping[str, Any]
+    grants: Mapping[str, Any]
+    dashboard: Mapping[str, Any]
+
+
 @dataclass
 class World:
     """The emulator (acme/widgets) with a hook to a running foreman service."""
@@ -54,6 +72,12 @@ class World:
     @property
     def store(self) -> IssueStore:
         return IssueStore(self.service.db)
+
+    @property
+    def gitea(self) -> GiteaClient:
+        """The service's Gitea client (a world's service always has a token, so always has one)."""
+        assert self.service.gitea is not None
+        return self.service.gitea
 
     async def call(
         self, login: str, method: str, path: str, body: Any = None, *, tick: bool = True, settle: bool = True
@@ -156,7 +180,6 @@ class World:
         )
 
 
-
 @asynccontextmanager
 async def open_world(
     tmp_path: Path,
@@ -164,7 +187,7 @@ async def open_world(
     *,
     roster: Mapping[str, Sequence[str]] | None = None,
     clone_protocol: str = "http",
-    **sections: Mapping[str, Any],
+    **sections: Unpack[Sections],
 ) -> AsyncIterator[World]:
     """The emulator with every roster user and the status labels, and a service receiving its webhooks.
 
@@ -174,22 +197,13 @@ async def open_world(
     roster = {ROSTER_AUTHOR: ["author"]} if roster is None else roster
     async with live_emulator(clock=clock, clone_protocol=clone_protocol) as live:
         emu = live.emulator
-        for login in roster:
-            if emu.find_user(login) is None:
-                emu.add_user(login, token=EXTRA_TOKENS[login])
-        for label in status_labels():
-            emu.create_label(OWNER, REPO, label, color="#00aa00")
+        seed_foreman(emu, {login: EXTRA_TOKENS[login] for login in roster if emu.find_user(login) is None})
         settings = make_settings(
             tmp_path,
-            gitea={"url": live.base_url, "token": TOKENS[BOT], "bot_login": BOT},
-            repository={"owner": OWNER, "name": REPO},
+            **emulator_sections(live.base_url),
             roster=dict(roster),
-            **{
-                **sections,
-                "worker": {"concurrency": 4, **sections.get("worker", {})},
-                "outbox": {"backoff_base_s": 0.01, "backoff_max_s": 0.05, "poll_interval_s": 0.05,
-                           **sections.get("outbox", {})},
-            },
+            **merged({"worker": {"concurrency": 4},
+                      "outbox": {"backoff_base_s": 0.01, "backoff_max_s": 0.05, "poll_interval_s": 0.05}}, sections),
         )
         service, client = await start(settings)
         url = str(client.make_url("/webhook"))

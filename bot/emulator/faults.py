@@ -65,7 +65,7 @@ class Faults:
     rules: list[FaultRule] = field(default_factory=list)
 
     def fail(
-        self, method: str, route: str, *, status: int = 500, times: int = 1, message: str = "injected fault"
+        self, method: str, route: str, *, status: int = 500, times: int | None = 1, message: str = "injected fault"
     ) -> FaultRule:
         """Answer ``status`` to the next ``times`` matching requests, without performing them."""
         return self._add(FaultRule(method.upper(), _normalise_route(route), "status", times, status, message))
