@@ -276,7 +276,7 @@ async def _drive_every_route(live: LiveEmulator, sink: WebhookSink, used: set[st
     with pytest.raises(GiteaForbidden):
         await bob.edit_comment(comment.id, "not mine")
     await bot.list_issue_comments(first.number)
-    # Catch-up's reads (issue 16): Gitea's clock, and the listings with since (inclusive, whole seconds).
+    # Catch-up's reads: Gitea's clock, and the listings with since (inclusive, whole seconds).
     clock = await bot.server_time()
     assert clock is not None and int(clock.timestamp()) == emu.now()
     since = clock.strftime("%Y-%m-%dT%H:%M:%SZ")

@@ -1,12 +1,11 @@
-"""Fuzz campaign over every MCP tool (issue 12 items 7 and 8): a fixed seed, a bounded time.
+"""Fuzz campaign over every MCP tool: a fixed seed, a bounded time, every answer a success or a typed envelope."""
 
-Generated argument objects, weighted toward near-valid values and the hostile ones (integers past int64 and past
-4,300 digits, NaN/Infinity, deep nesting, lone surrogates, very long strings), go through the code path the server
-uses: ``Verb.check_arguments`` (what ``VerbRuntime.call`` validates with) for the whole corpus, timed per input and
-compared with a stock Draft 2020-12 validator of the published schema; then a few hundred of them, and unlisted tool
-names, through full dispatch (the in-process MCP server over a real SQLite runtime). Asserted: no uncaught
-exception, every answer a success or a typed envelope, no input over 50 ms in validation.
-"""
+# Generated argument objects, weighted toward near-valid values and the hostile ones (integers past int64 and past
+# 4,300 digits, NaN/Infinity, deep nesting, lone surrogates, very long strings), go through the code path the server
+# uses: ``Verb.check_arguments`` (what ``VerbRuntime.call`` validates with) for the whole corpus, timed per input and
+# compared with a stock Draft 2020-12 validator of the published schema; then a few hundred of them, and unlisted tool
+# names, through full dispatch (the in-process MCP server over a real SQLite runtime). Asserted: no uncaught
+# exception, every answer a success or a typed envelope, no input over 50 ms in validation.
 
 from __future__ import annotations
 

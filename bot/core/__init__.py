@@ -1,0 +1,1 @@
+"""The pure domain core: decisions over plain data, no I/O."""

@@ -1,6 +1,6 @@
 """The Gitea REST client: its errors, its values and the client itself."""
 
-from bot.gitea.client import MAX_PAGE_SIZE, GiteaClient, IssueState, IssueType, client_for
+from bot.gitea.client import GiteaClient, IssueType, client_for
 from bot.gitea.errors import (
     GiteaConflict,
     GiteaError,
@@ -12,6 +12,7 @@ from bot.gitea.errors import (
     GiteaUnavailable,
     refusal_text,
 )
+from bot.gitea.pulls import MAX_PAGE_SIZE, IssueState
 from bot.gitea.transport import next_page
 from bot.gitea.values import Branch, Comment, Hook, Issue, Label, PullRequest, Repository, Review, Team, User
 

@@ -1,0 +1,119 @@
+"""The pull-request calls of the Gitea client: open, read, review, merge and delete a branch."""
+
+from __future__ import annotations
+
+import urllib.parse
+from collections.abc import AsyncIterator, Mapping, Sequence
+from typing import Any, Final, Literal
+
+from bot.gitea.errors import GiteaError, GiteaInvalid, GiteaNotFound
+from bot.gitea.values import PullRequest, Review
+
+#: Gitea caps every page at ``[api] MAX_RESPONSE_ITEMS`` (50 by default).
+MAX_PAGE_SIZE: Final = 50
+
+IssueState = Literal["open", "closed", "all"]
+
+
+class PullRequestCalls:
+    """Mixed into ``GiteaClient``, whose transport (``_call``, ``_pages``) and repository path these use."""
+
+    @property
+    def _repo_path(self) -> str:
+        raise NotImplementedError
+
+    async def _call(self, method: str, path: str, *, data: Any = None, query: Mapping[str, Any] | None = None) -> Any:
+        raise NotImplementedError
+
+    def _pages(self, path: str, query: Mapping[str, str]) -> AsyncIterator[Any]:
+        raise NotImplementedError
+
+    async def create_pull(
+        self,
+        head: str,
+        *,
+        title: str,
+        base: str,
+        body: str = "",
+        assignees: Sequence[str] = (),
+        labels: Sequence[int] = (),
+    ) -> PullRequest:
+        """Open a PR from branch ``head`` into ``base``; a second open PR for the same pair is GiteaConflict (409)."""
+        data: dict[str, Any] = {"head": head, "base": base, "title": title, "body": body}
+        if assignees:
+            data["assignees"] = list(assignees)
+        if labels:
+            data["labels"] = list(labels)
+        return PullRequest.from_json(await self._call("POST", f"{self._repo_path}/pulls", data=data))
+
+    async def get_pull(self, number: int) -> PullRequest:
+        """PR ``number``; GiteaNotFound for a missing number or a plain issue."""
+        return PullRequest.from_json(await self._call("GET", f"{self._repo_path}/pulls/{int(number)}"))
+
+    async def list_pulls(
+        self, *, state: IssueState = "open", base_branch: str | None = None, limit: int = MAX_PAGE_SIZE
+    ) -> list[PullRequest]:
+        """Every matching PR over all pages, newest first (pages followed by ``Link`` as in ``iter_issues``)."""
+        query: dict[str, str] = {"state": state, "limit": str(max(1, min(limit, MAX_PAGE_SIZE)))}
+        if base_branch is not None:
+            query["base_branch"] = base_branch
+        return [PullRequest.from_json(item) async for item in self._pages(f"{self._repo_path}/pulls", query)]
+
+    async def list_reviews(self, number: int) -> list[Review]:
+        """The reviews of PR ``number``, oldest first."""
+        data = await self._call("GET", f"{self._repo_path}/pulls/{int(number)}/reviews")
+        return [Review.from_json(item) for item in data or ()]
+
+    async def submit_review(
+        self,
+        number: int,
+        event: Literal["APPROVED", "REQUEST_CHANGES", "COMMENT"],
+        *,
+        body: str = "",
+        commit_id: str = "",
+    ) -> Review:
+        """Review PR ``number`` (``commit_id``: the head the verdict is about; empty = the current head).
+
+        The PR's poster approving or requesting changes, REQUEST_CHANGES or COMMENT without a body, and a verdict
+        on a closed PR are GiteaInvalid (422). Never retried (a POST)."""
+        data = {"event": event, "body": body, "commit_id": commit_id}
+        return Review.from_json(await self._call("POST", f"{self._repo_path}/pulls/{int(number)}/reviews", data=data))
+
+    async def merge_pull(
+        self,
+        number: int,
+        *,
+        style: Literal["merge", "rebase", "rebase-merge", "squash", "fast-forward-only"] = "merge",
+        head_commit_id: str = "",
+        message: str = "",
+        delete_branch_after_merge: bool = False,
+    ) -> None:
+        """Merge PR ``number``, only if its head is still ``head_commit_id`` (when given).
+
+        A moved head is GiteaConflict (409 "head out of date"); already merged, not mergeable, a disallowed
+        style or no write access is GiteaInvalid (Gitea's 405); a closed PR is GiteaNotFound (404)."""
+        data: dict[str, Any] = {"do": style, "delete_branch_after_merge": delete_branch_after_merge}
+        if head_commit_id:
+            data["head_commit_id"] = head_commit_id
+        if message:
+            data["merge_title_field"] = message
+        path = f"{self._repo_path}/pulls/{int(number)}/merge"
+        try:
+            await self._call("POST", path, data=data)
+        except GiteaError as exc:
+            if exc.status == 405:
+                raise GiteaInvalid(exc.message, status=405, method="POST", path=path) from exc
+            raise
+
+    async def is_merged(self, number: int) -> bool:
+        """Whether PR ``number`` was merged (Gitea: 204 merged, 404 not merged or no such PR)."""
+        try:
+            await self._call("GET", f"{self._repo_path}/pulls/{int(number)}/merge")
+        except GiteaNotFound:
+            return False
+        return True
+
+    async def delete_branch(self, name: str) -> None:
+        """Delete a branch (write on code); the default or a protected branch is GiteaForbidden, a missing one
+        GiteaNotFound. Gitea closes the open PRs whose head or base it was."""
+        await self._call("DELETE", f"{self._repo_path}/branches/{urllib.parse.quote(name, safe='/')}")
