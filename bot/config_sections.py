@@ -286,3 +286,13 @@ class GrantTemplateConfig(ConfigSection):
     def template(self, key: str) -> PolicyTemplate:
         """The core's template (raises TemplateError naming each problem's path)."""
         return PolicyTemplate.from_mapping(key, self.model_dump(mode="python"))
+
+
+class LifecycleConfig(ConfigSection):
+    """The end of an issue's life (docs/operating.md, "After the merge"): what the teardown removes."""
+
+    delete_branch_after_merge: bool = True  # delete the issue branch on Gitea when it is still the merged head
+    remove_worktree: bool = True  # remove the bootstrap's worktree when clean and merged (never a dirty one)
+    # Seconds between checks for sealed runs whose grant expired or was aborted (their reserved teardown runs
+    # once, by itself); 0 turns the timer off (the check still runs at start-up).
+    run_teardown_interval_s: float = Field(default=30.0, ge=0)
