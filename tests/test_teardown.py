@@ -256,6 +256,41 @@ async def test_catch_up_after_downtime_finds_a_merge_and_tears_down_once(world: 
     assert world.labels(number) == ["status:done"]
 
 
+async def test_catch_up_finds_a_pull_request_closed_unmerged_during_downtime(world: World) -> None:
+    """The issue stays open with its labels (no issue event to catch up): only the PR's close tells."""
+    number, transition = await bootstrapped(world)
+    pr = await open_pull(world, number, transition)
+    reconciler = world.service.reconciler
+    assert reconciler is not None
+    world.hook.active = False
+    await world.call("alice", "PATCH", f"/issues/{pr}", {"state": "closed"}, settle=False)
+    world.hook.active = True
+    for _ in range(2):
+        await reconciler.run_pass(trigger="interval")
+        await drain(world)
+    assert [lease.end_reason for lease in await LeaseStore(world.service.db).history(FULL_NAME, number)] == [
+        "pr_closed"]
+    [final] = teardown_comments(world, number)
+    assert evidence_of(final)["trigger"] == "catch_up"
+
+
+def test_catch_up_plans_a_closed_pull_request_once() -> None:
+    from bot.core import reconcile as core
+    repository = {"full_name": FULL_NAME}
+    pull = {"number": 5, "state": "closed", "updated_at": "2026-01-01T00:00:00Z", "closed_at": "2026-01-01T00:00:00Z",
+            "pull_request": {"merged": True}, "labels": [], "title": "t", "body": "Closes #4"}
+    planned = core.plan(repository=repository, issues=[pull], comments=[], known=core.Known(), bot_login="bot",
+                        pass_id=1)
+    [item] = planned.issues
+    assert (item.event, item.action, item.payload["pull_request"]["merged"]) == ("pull_request", "closed", True)
+    again = core.plan(repository=repository, issues=[pull], comments=[], known=core.Known(torn_down=frozenset({5})),
+                      bot_login="bot", pass_id=2)
+    assert again.issues == () and again.skipped == {"pull_request": 1}
+    still_open = core.plan(repository=repository, issues=[{**pull, "state": "open"}], comments=[],
+                           known=core.Known(), bot_login="bot", pass_id=3)
+    assert still_open.issues == ()
+
+
 async def drain(world: World, timeout: float = 10.0) -> None:
     """Wait until the inbox holds nothing queued or processing (synthetic deliveries included), then settle."""
     loop = asyncio.get_running_loop()
