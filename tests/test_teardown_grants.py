@@ -3,15 +3,21 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
 from datetime import timedelta
 from pathlib import Path
 
 from bot.core.grants.admission import RunState, teardown_due
 from bot.verbs.runs.auto_teardown import TeardownLoop, run_due_teardowns
+from bot.verbs.runs.broker import Broker
+from bot.verbs.runs.start import host_identity, start_run
 from state.grants import GrantStore
+from state.journal import JournalStore
 from state.leases import LeaseStore
 from tests.support import Started
 from tests.test_grants_mcp import Bound, bound_run
+from tests.test_teardown import LOOP, ROSTER, bootstrapped
+from tests.world import World, open_world
 
 
 async def _lease_status(bound: Bound) -> list[tuple[str, str | None]]:
@@ -104,3 +110,41 @@ async def test_the_service_tears_down_an_aborted_run_at_start_up(tmp_path: Path,
             await asyncio.sleep(0.01)
         assert [status for status, _ in await _lease_status(bound)] == ["released"]
         assert (await bound.state())["teardown"] == "done"
+
+
+RUN_TEMPLATE = {"expires_after_s": 900, "calls": [
+    {"tool": "gitea_get_issue_state", "effect": "read", "args": {"issue_number": "{issue}"}},
+    {"tool": "gitea_release_lease", "effect": "teardown", "args": {"issue_number": "{issue}", "reason": "done"}},
+]}
+
+
+async def _aborted_run_world(tmp_path: Path, start: Started, *, remove: bool) -> AsyncIterator[tuple[World, Path]]:
+    async with open_world(tmp_path, start, roster=ROSTER, **LOOP, grants={"author.implement": RUN_TEMPLATE},
+                          lifecycle={"remove_worktree_on_run_teardown": remove}) as world:
+        number, transition = await bootstrapped(world)
+        service = world.service
+        started = await start_run(service.db, service.settings, issue_number=number, sealed_by="test")
+        path = service.settings.database.path
+        broker = Broker(GrantStore(service.db), started.run_id, host=lambda: host_identity(path))
+        assert (await broker.abort("stop")).ok
+        loop = service.run_teardowns
+        assert loop is not None
+        [report] = await loop.run_once()
+        assert report["ok"], report
+        await world.settle()
+        yield world, Path(transition.worktree_path)
+
+
+async def test_a_run_teardown_removes_the_clean_worktree_where_the_policy_says_so(tmp_path: Path,
+                                                                                   start: Started) -> None:
+    async for world, worktree in _aborted_run_world(tmp_path, start, remove=True):
+        assert not worktree.exists()
+        [registration] = await JournalStore(world.service.db).registrations(world.service.settings.repo_key, 1)
+        assert registration.end_reason is not None and registration.end_reason.startswith("run teardown: run ")
+
+
+async def test_a_run_teardown_keeps_the_worktree_by_default(tmp_path: Path, start: Started) -> None:
+    async for world, worktree in _aborted_run_world(tmp_path, start, remove=False):
+        assert worktree.is_dir()
+        leases = await LeaseStore(world.service.db).history(world.service.settings.repo_key, 1)
+        assert [lease.status for lease in leases] == ["released"]

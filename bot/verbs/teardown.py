@@ -166,14 +166,15 @@ async def teardown_issue(
 def _judge(
     checkout: gitops.ControlCheckout, registrations: Sequence[Registration], transitions: dict[int, Transition],
     default_branch: str, pull: PullRequest | None, merged_head: str | None, auth: dict[str, str],
-    remove_enabled: bool,
+    remove_enabled: bool, fetch: bool = True,
 ) -> tuple[list[_Worktree], list[tuple[str, str]]]:
     """In a thread: fetch the default branch, then judge each live registration's worktree; the PR's commits."""
     if not checkout.exists():
         return [], []
     tracking = f"refs/remotes/origin/{default_branch}"
     try:
-        checkout.fetch(default_branch, auth=auth)
+        if fetch:
+            checkout.fetch(default_branch, auth=auth)
     except gitops.GitFailure as exc:
         log.warning("teardown: could not fetch %s (%s); only a worktree at the merged head is removed",
                     default_branch, exc)
@@ -321,3 +322,33 @@ async def _commit(
              (outcome["worktree"] or {}).get("action"), (outcome["branch"] or {}).get("action"))
     return TeardownReport(call.key, "done", outcome, queued)
 
+
+
+async def remove_run_worktree(
+    db: Database, settings: Settings, issue_number: int, *, bot_login: str, reason: str
+) -> dict[str, Any] | None:
+    """After a run's reserved teardown (``[lifecycle] remove_worktree_on_run_teardown``): the issue's registered
+    worktree is removed by the same rule as after a merge (clean, and its HEAD already in the default branch as
+    the control checkout last fetched it) once no lease holds the issue; anything else is kept and reported."""
+    repo = settings.repo_key
+    if await LeaseStore(db).live_for_issue(repo, issue_number) is not None:
+        return None
+    journal = JournalStore(db)
+    live = [r for r in await journal.registrations(repo, issue_number) if r.ended_at is None]
+    if not live:
+        return None
+    transitions = {t.id: t for t in await journal.history(repo, issue_number)}
+    checkout = BootstrapContext(db=db, settings=settings, gitea=None, bot_login=bot_login).checkout()
+    default = next((t.base_branch for t in transitions.values()), "")
+    lock = _LOCKS.setdefault(f"{repo}#{issue_number}", asyncio.Lock())
+    async with lock:
+        judged, _ = await asyncio.to_thread(_judge, checkout, live, transitions, default, None, None, {},
+                                            settings.lifecycle.remove_worktree, False)
+        judged = await asyncio.to_thread(_remove, checkout, judged)
+        now = utcnow()
+        async with db.transaction() as conn:
+            for item in judged:
+                if item.decision.action in ("remove", "absent"):
+                    await journal.end_registration(conn, item.registration.id, reason=f"run teardown: {reason}",
+                                                   now=now)
+    return {"worktrees": [_worktree_doc(item) for item in judged]}

@@ -16,6 +16,7 @@ from bot.verbs.runs.broker import Broker
 from bot.verbs.runs.inspect import run_teardown
 from bot.verbs.runs.start import host_identity
 from bot.verbs.runtime import Caller, VerbResult, caller_for
+from bot.verbs.teardown import remove_run_worktree
 from state.db import Database, utcnow
 from state.grants import GrantIntegrityError, GrantStore
 
@@ -58,6 +59,11 @@ async def run_due_teardowns(
             return result.ok, result.doc
 
         report = await run_teardown(broker, run_tool)
+        if report["ok"] and settings.lifecycle.remove_worktree_on_run_teardown:
+            report["worktree"] = await remove_run_worktree(
+                db, settings, grant.issue_number, bot_login=settings.gitea.bot_login or "",
+                reason=f"run {record.run_id} ({record.state.outcome or 'expired'})",
+            )
         log.info("run %s (%s): reserved teardown ran by itself: %s", record.run_id,
                  record.state.outcome or "expired", "ok" if report["ok"] else report.get("refusal") or "failed")
         reports.append(report)
