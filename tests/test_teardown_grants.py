@@ -17,7 +17,7 @@ from state.leases import LeaseStore
 from tests.support import Started
 from tests.test_grants_mcp import Bound, bound_run
 from tests.test_teardown import LOOP, ROSTER, bootstrapped
-from tests.world import World, open_world
+from tests.world import Sections, World, open_world
 
 
 async def _lease_status(bound: Bound) -> list[tuple[str, str | None]]:
@@ -119,8 +119,9 @@ RUN_TEMPLATE = {"expires_after_s": 900, "calls": [
 
 
 async def _aborted_run_world(tmp_path: Path, start: Started, *, remove: bool) -> AsyncIterator[tuple[World, Path]]:
-    async with open_world(tmp_path, start, roster=ROSTER, **LOOP, grants={"author.implement": RUN_TEMPLATE},
-                          lifecycle={"remove_worktree_on_run_teardown": remove}) as world:
+    sections: Sections = {**LOOP, "grants": {"author.implement": RUN_TEMPLATE},
+                          "lifecycle": {"remove_worktree_on_run_teardown": remove}}
+    async with open_world(tmp_path, start, roster=ROSTER, **sections) as world:
         number, transition = await bootstrapped(world)
         service = world.service
         started = await start_run(service.db, service.settings, issue_number=number, sealed_by="test")
