@@ -8,6 +8,7 @@ from gidgethub import sansio
 
 from bot.core.dispatch import OrderedRouter
 from bot.core.reconcile import is_synthetic
+from bot.gitea import GiteaNotFound, PullRequest
 from bot.verbs.teardown import TeardownReport, teardown_for_closed_issue, teardown_for_pull
 from bot.worker import HandlerContext
 
@@ -16,6 +17,16 @@ router = OrderedRouter()
 
 def _trigger(event: sansio.Event) -> str:
     return "catch_up" if is_synthetic(event.delivery_id or "") else "webhook"
+
+
+async def _pull(ctx: HandlerContext, number: int) -> PullRequest | None:
+    """The PR as Gitea holds it now; None when it is gone (nothing to retry: a deleted PR has nothing to end)."""
+    assert ctx.deps.gitea is not None
+    try:
+        return await ctx.deps.gitea.get_pull(number)
+    except GiteaNotFound:
+        ctx.log.warning("teardown: pull request #%d is not on Gitea any more", number)
+        return None
 
 
 def _log(ctx: HandlerContext, report: TeardownReport | None) -> None:
@@ -36,7 +47,9 @@ async def on_pull_closed(event: sansio.Event, ctx: HandlerContext) -> None:
     number = (data.get("pull_request") or {}).get("number") or data.get("number")
     if deps.gitea is None or not isinstance(number, int):
         return
-    pull = await deps.gitea.get_pull(number)
+    pull = await _pull(ctx, number)
+    if pull is None:
+        return
     report = await teardown_for_pull(deps.db, deps.settings, deps.gitea, pull, bot_login=deps.bot_login(),
                                      trigger=_trigger(event), delivery_id=event.delivery_id)
     _log(ctx, report)
@@ -53,7 +66,9 @@ async def on_issue_closed(event: sansio.Event, ctx: HandlerContext) -> None:
     if deps.gitea is None or not isinstance(number, int) or issue.get("state") != "closed":
         return
     if issue.get("pull_request"):
-        pull = await deps.gitea.get_pull(number)
+        pull = await _pull(ctx, number)
+        if pull is None:
+            return
         report = await teardown_for_pull(deps.db, deps.settings, deps.gitea, pull, bot_login=deps.bot_login(),
                                          trigger=_trigger(event), delivery_id=event.delivery_id)
     else:

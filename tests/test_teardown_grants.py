@@ -68,6 +68,18 @@ async def test_a_teardown_in_flight_is_never_run_again_by_itself(tmp_path: Path)
         assert [status for status, _ in await _lease_status(bound)] == ["live"]
 
 
+async def test_another_hosts_run_is_left_to_that_host(tmp_path: Path) -> None:
+    async with bound_run(tmp_path) as bound:
+        assert (await bound.broker.abort("stop")).ok
+        refused: set[str] = set()
+        for _ in range(2):
+            assert await run_due_teardowns(bound.db, bound.settings, bound.runtime, host=lambda: "elsewhere/0000",
+                                           refused=refused) == []
+        assert refused == {bound.run_id}
+        assert [status for status, _ in await _lease_status(bound)] == ["live"]
+        assert await _teardown_decisions(bound) == []
+
+
 def test_teardown_due_is_pending_nothing_in_flight_and_ended_or_expired() -> None:
     from tests.test_grants import NOW, PLAN_ONLY_TEMPLATE, _compile
 

@@ -31,14 +31,18 @@ class Door(Protocol):
 
 async def run_due_teardowns(
     db: Database, settings: Settings, door: Door, *, now: datetime | None = None,
-    host: Callable[[], str] | None = None,
+    host: Callable[[], str] | None = None, refused: set[str] | None = None,
 ) -> list[dict[str, Any]]:
     """Run the reserved teardown of every run that is due (``teardown_due``), as ``foreman run teardown`` does:
     admitted by the run's broker, called through the door as the run's owner with the compiled arguments, settled.
     The broker's state makes it once: an admitted teardown is never pending again (a crash in between leaves it
-    in flight, for an operator's reconciliation, never for a second run)."""
+    in flight, for an operator's reconciliation, never for a second run). A run sealed on another host is that
+    host's to tear down; a teardown the broker refused (e.g. the issue's worktree is no longer the bound one) is
+    added to ``refused`` and not tried again by this process (each try would record one more denial)."""
     store = GrantStore(db)
     moment = now or utcnow()
+    this_host = host or (lambda: host_identity(settings.database.path))
+    skip = refused if refused is not None else set()
     reports: list[dict[str, Any]] = []
     for record in await store.pending_teardowns():
         try:
@@ -46,10 +50,14 @@ async def run_due_teardowns(
         except GrantIntegrityError:
             log.error("run %s: its stored grant fails its digest; its teardown is left to an operator", record.run_id)
             continue
-        if grant is None or not teardown_due(grant, record.state, moment):
+        if grant is None or record.run_id in skip or not teardown_due(grant, record.state, moment):
             continue
-        broker = Broker(store, record.run_id, host=host or (lambda: host_identity(settings.database.path)),
-                        clock=lambda: moment)
+        if grant.host_id != this_host():
+            skip.add(record.run_id)
+            log.warning("run %s was sealed on %s: its teardown is that host's (or `foreman run teardown` there)",
+                        record.run_id, grant.host_id)
+            continue
+        broker = Broker(store, record.run_id, host=this_host, clock=lambda: moment)
         caller = caller_for(settings, grant.owner, "mcp")
 
         async def run_tool(
@@ -59,6 +67,8 @@ async def run_due_teardowns(
             return result.ok, result.doc
 
         report = await run_teardown(broker, run_tool)
+        if report.get("refusal") is not None:
+            skip.add(record.run_id)
         if report["ok"] and settings.lifecycle.remove_worktree_on_run_teardown:
             report["worktree"] = await remove_run_worktree(
                 db, settings, grant.issue_number, bot_login=settings.gitea.bot_login or "",
@@ -81,6 +91,8 @@ class TeardownLoop:
         self._on_ran = on_ran
         self._task: asyncio.Task[None] | None = None
         self.passes = 0
+        #: runs whose teardown this process may not run (another host's, or refused by the broker)
+        self.refused: set[str] = set()
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._loop(), name="run-teardowns")
@@ -93,7 +105,7 @@ class TeardownLoop:
 
     async def run_once(self) -> list[dict[str, Any]]:
         try:
-            reports = await run_due_teardowns(self._db, self._settings, self._door)
+            reports = await run_due_teardowns(self._db, self._settings, self._door, refused=self.refused)
         except Exception:
             log.exception("checking for due run teardowns failed (the next check runs them)")
             return []
