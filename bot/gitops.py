@@ -612,3 +612,13 @@ def remove_clean_worktree(checkout: ControlCheckout, path: Path, lock_reason: st
     except GitFailure:
         checkout.git.attempt("worktree", "lock", "--reason", lock_reason, str(path))
         raise
+
+
+def fetch_pull_head(checkout: ControlCheckout, number: int, *, auth: Mapping[str, str]) -> str | None:
+    """The head a pull request had when it closed: Gitea's ``refs/pull/<n>/head``, which a later push to the
+    branch does not move once the PR is closed (None: it could not be fetched)."""
+    local = f"refs/foreman/pull/{int(number)}"
+    status, _, _ = checkout.git.attempt(
+        "fetch", "--quiet", "--no-tags", "origin", f"+refs/pull/{int(number)}/head:{local}", extra_env=auth
+    )
+    return checkout.rev(local) if status == 0 else None

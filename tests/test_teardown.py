@@ -342,3 +342,38 @@ async def test_a_kept_dirty_worktree_of_a_merged_issue_passes_the_invariants(wor
                                     bot_login="foreman-bot",
                                     checkout=Path(world.service.settings.repository.checkout_root) / OWNER / REPO)
     assert invariants.check(facts) == []
+
+
+async def test_the_branch_is_kept_when_configured_so(tmp_path: Path, start: Started) -> None:
+    sections: Sections = {**LOOP, "lifecycle": {"delete_branch_after_merge": False}}
+    async with open_world(tmp_path, start, roster=ROSTER, **sections) as world:
+        world.hook.events = expand_hook_events(["issues", "pull_request"])
+        number, transition = await bootstrapped(world)
+        pr = await open_pull(world, number, transition)
+        await merge(world, pr)
+        from bot.emulator import pullgit
+        assert pullgit.branch_sha(world.live.emulator.repo(OWNER, REPO).path, transition.branch) is not None
+        [final] = teardown_comments(world, number)
+        branch = evidence_of(final)["branch"]
+        assert branch["action"] == "kept" and "delete_branch_after_merge" in branch["reason"]
+        assert not Path(transition.worktree_path).exists()
+
+
+async def test_a_branch_that_moved_since_the_merged_head_is_kept_and_reported(world: World) -> None:
+    number, transition = await bootstrapped(world)
+    pr = await open_pull(world, number, transition)
+    world.hook.active = False
+    await merge(world, pr, settle=False)
+    emu = world.live.emulator
+    moved = emu.push_commit(OWNER, REPO, transition.branch, {"later.txt": "after the merge\n"}, pusher="alice")
+    world.hook.active = True
+    reconciler = world.service.reconciler
+    assert reconciler is not None
+    await reconciler.run_pass(trigger="interval")
+    await drain(world)
+    from bot.emulator import pullgit
+    assert pullgit.branch_sha(emu.repo(OWNER, REPO).path, transition.branch) == moved
+    [final] = teardown_comments(world, number)
+    branch = evidence_of(final)["branch"]
+    assert branch["action"] == "kept" and "moved" in branch["reason"]
+    assert parse_comment(final).current.who_is_next == "human"  # type: ignore[union-attr]

@@ -149,9 +149,8 @@ async def teardown_issue(
         checkout = context.checkout()
         auth = gitops.auth_env(settings.repository.effective_clone_url(repository.clone_url), settings.gitea_token())
         pull = call.pull
-        merged_head = pull.head_sha if pull is not None and pull.merged else None
-        worktrees, commits = await asyncio.to_thread(
-            _judge, checkout, live_regs, transitions, repository.default_branch, pull, merged_head, auth,
+        worktrees, commits, merged_head = await asyncio.to_thread(
+            _judge, checkout, live_regs, transitions, repository.default_branch, pull, auth,
             settings.lifecycle.remove_worktree,
         )
         worktrees = await asyncio.to_thread(_remove, checkout, worktrees)
@@ -159,18 +158,18 @@ async def teardown_issue(
         branch = await _branch(gitea, settings, call.reason, branch_name, repository.default_branch, merged_head)
         reviews = await gitea.list_reviews(pull.number) if pull is not None else []
         now = utcnow()
-        outcome = _outcome(call, leases, worktrees, branch, pull, commits, reviews)
+        outcome = _outcome(call, leases, worktrees, branch, pull, commits, reviews, merged_head)
         return await _commit(db, repo, call, outcome, worktrees, now=now, bot_login=bot_login)
 
 
 def _judge(
     checkout: gitops.ControlCheckout, registrations: Sequence[Registration], transitions: dict[int, Transition],
-    default_branch: str, pull: PullRequest | None, merged_head: str | None, auth: dict[str, str],
-    remove_enabled: bool, fetch: bool = True,
-) -> tuple[list[_Worktree], list[tuple[str, str]]]:
-    """In a thread: fetch the default branch, then judge each live registration's worktree; the PR's commits."""
+    default_branch: str, pull: PullRequest | None, auth: dict[str, str], remove_enabled: bool, fetch: bool = True,
+) -> tuple[list[_Worktree], list[tuple[str, str]], str | None]:
+    """In a thread: fetch the default branch and the PR's head as it closed (the merged head: the PR's reported
+    head follows its branch even after the merge), judge each live registration's worktree; the PR's commits."""
     if not checkout.exists():
-        return [], []
+        return [], [], pull.head_sha if pull is not None and pull.merged else None
     tracking = f"refs/remotes/origin/{default_branch}"
     try:
         if fetch:
@@ -178,6 +177,8 @@ def _judge(
     except gitops.GitFailure as exc:
         log.warning("teardown: could not fetch %s (%s); only a worktree at the merged head is removed",
                     default_branch, exc)
+    closed_head = gitops.fetch_pull_head(checkout, pull.number, auth=auth) if pull is not None and fetch else None
+    merged_head = (closed_head or pull.head_sha) if pull is not None and pull.merged else None
     judged: list[_Worktree] = []
     for registration in registrations:
         path = Path(registration.worktree_path)
@@ -195,8 +196,8 @@ def _judge(
     commits: list[tuple[str, str]] = []
     if pull is not None:
         base = next((t.base_sha for t in transitions.values() if t.phase == "completed"), None) or pull.base_sha
-        commits = gitops.commit_subjects(checkout, base, pull.head_sha)
-    return judged, commits
+        commits = gitops.commit_subjects(checkout, base, closed_head or pull.head_sha)
+    return judged, commits, merged_head
 
 
 def _remove(checkout: gitops.ControlCheckout, worktrees: list[_Worktree]) -> list[_Worktree]:
@@ -251,13 +252,14 @@ def _worktree_doc(item: _Worktree) -> dict[str, Any]:
 
 def _outcome(
     call: TeardownCall, leases: Sequence[Lease], worktrees: Sequence[_Worktree], branch: dict[str, Any] | None,
-    pull: PullRequest | None, commits: Sequence[tuple[str, str]], reviews: Sequence[Review],
+    pull: PullRequest | None, commits: Sequence[tuple[str, str]], reviews: Sequence[Review], merged_head: str | None,
 ) -> dict[str, Any]:
     pr_doc: dict[str, Any] | None = None
     if pull is not None:
         pr_doc = {
             "number": pull.number, "title": pull.title, "author": pull.user.login, "head": pull.head_ref,
-            "head_sha": pull.head_sha, "merged": pull.merged, "merge_commit": pull.merge_commit_sha,
+            "head_sha": pull.head_sha, "merged_head": merged_head, "merged": pull.merged,
+            "merge_commit": pull.merge_commit_sha,
             "merged_by": pull.merged_by.login if pull.merged_by is not None else None,
             "commits": [{"sha": sha, "subject": subject} for sha, subject in commits],
             "reviews": [{"reviewer": r.user.login if r.user else None, "state": r.state, "commit_id": r.commit_id,
@@ -342,8 +344,8 @@ async def remove_run_worktree(
     default = next((t.base_branch for t in transitions.values()), "")
     lock = _LOCKS.setdefault(f"{repo}#{issue_number}", asyncio.Lock())
     async with lock:
-        judged, _ = await asyncio.to_thread(_judge, checkout, live, transitions, default, None, None, {},
-                                            settings.lifecycle.remove_worktree, False)
+        judged, _, _ = await asyncio.to_thread(_judge, checkout, live, transitions, default, None, {},
+                                               settings.lifecycle.remove_worktree, False)
         judged = await asyncio.to_thread(_remove, checkout, judged)
         now = utcnow()
         async with db.transaction() as conn:
