@@ -325,7 +325,6 @@ async def _commit(
     return TeardownReport(call.key, "done", outcome, queued)
 
 
-
 async def remove_run_worktree(
     db: Database, settings: Settings, issue_number: int, *, bot_login: str, reason: str
 ) -> dict[str, Any] | None:
