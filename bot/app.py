@@ -6,6 +6,7 @@ import asyncio
 import dataclasses
 import logging
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -27,6 +28,8 @@ if TYPE_CHECKING:
     from bot.gitea import GiteaClient
     from bot.outbox import OutboxHooks, OutboxSender
     from bot.reconcile import Reconciler
+    from bot.verbs.runs.auto_teardown import TeardownLoop
+    from bot.verbs.runtime import Caller, VerbResult
 
 log = logging.getLogger("foreman.app")
 
@@ -145,6 +148,7 @@ class Service:
         self.lag_monitor = LoopLagMonitor(self.metrics)
         self._probe_task: asyncio.Task[None] | None = None
         self._recovery_task: asyncio.Task[None] | None = None
+        self.run_teardowns: TeardownLoop | None = None
 
     def _deps(self) -> HandlerDeps:
         """What the handlers may use, never this Service (the Gitea client joins in start())."""
@@ -180,6 +184,8 @@ class Service:
         self.writer.start()
         self.worker.start()
         self.lag_monitor.start()
+        self.run_teardowns = self._make_teardown_loop()
+        self.run_teardowns.start()
         if self.gitea is not None:
             self.reconciler = self._make_reconciler()
             await self.reconciler.start()
@@ -219,6 +225,23 @@ class Service:
             after_pass=allocate,
         )
 
+    def _make_teardown_loop(self) -> TeardownLoop:
+        """Runs' reserved teardowns by themselves (bot/verbs/runs/auto_teardown.py): a grant's expiry is the passing
+        of time, which no webhook or call announces, so the service checks at start-up and on an interval."""
+        from bot.verbs.runs.auto_teardown import TeardownLoop
+        from bot.verbs.runtime import VerbRuntime
+
+        service = self
+
+        class Door:
+            async def call(self, verb_name: str, caller: Caller, arguments: Mapping[str, object]) -> VerbResult:
+                runtime = VerbRuntime(db=service.db, settings=service.settings, gitea=service.gitea,
+                                      bot_login=service.bot_login or "", wakeup=service.outbox_wakeup)
+                return await runtime.call(verb_name, caller, arguments)
+
+        return TeardownLoop(self.db, self.settings, Door(), interval_s=self.settings.lifecycle.run_teardown_interval_s,
+                            on_ran=self.outbox_wakeup)
+
     async def _recover_bootstraps(self) -> None:
         """Worktree bootstraps a killed process left open are finished or compensated (docs/bootstrap.md)."""
         from bot.verbs.bootstrap import BootstrapContext, recover_open_transitions
@@ -243,6 +266,8 @@ class Service:
         )
 
     async def stop(self) -> None:
+        if self.run_teardowns is not None:
+            await self.run_teardowns.stop()
         if self.reconciler is not None:
             await self.reconciler.stop()
         await self.lag_monitor.stop()

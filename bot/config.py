@@ -19,6 +19,7 @@ from bot.config_sections import (
     DatabaseConfig,
     GiteaConfig,
     GrantTemplateConfig,
+    LifecycleConfig,
     McpConfig,
     OutboxConfig,
     ReconcileConfig,
@@ -72,6 +73,7 @@ class Settings(ConfigSection):
     mcp: McpConfig = McpConfig()
     grants: dict[str, GrantTemplateConfig] = Field(default_factory=dict)
     dashboard: DashboardConfig = DashboardConfig()
+    lifecycle: LifecycleConfig = LifecycleConfig()
 
     def webhook_secrets(self) -> list[bytes]:
         """The configured webhook secrets as bytes (after load_settings resolved files)."""

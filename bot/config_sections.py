@@ -286,3 +286,16 @@ class GrantTemplateConfig(ConfigSection):
     def template(self, key: str) -> PolicyTemplate:
         """The core's template (raises TemplateError naming each problem's path)."""
         return PolicyTemplate.from_mapping(key, self.model_dump(mode="python"))
+
+
+class LifecycleConfig(ConfigSection):
+    """The end of an issue's life (docs/operating.md, "After the merge"): what the teardown removes."""
+
+    delete_branch_after_merge: bool = True  # delete the issue branch on Gitea when it is still the merged head
+    remove_worktree: bool = True  # remove the bootstrap's worktree when clean and merged (never a dirty one)
+    # A run's reserved teardown also removes the issue's worktree by the same rule (clean, HEAD in the default
+    # branch); off by default: an author's worktree outlives a run so the next run resumes in it.
+    remove_worktree_on_run_teardown: bool = False
+    # Seconds between checks for sealed runs whose grant expired or was aborted (their reserved teardown runs
+    # once, by itself); 0 turns the timer off (the check still runs at start-up).
+    run_teardown_interval_s: float = Field(default=30.0, ge=0)

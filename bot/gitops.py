@@ -575,3 +575,50 @@ async def file_lock(path: Path, *, wait_s: float, poll_s: float = 0.02) -> Async
         yield True
     finally:
         os.close(fd)
+
+
+# --- teardown ---------------------------------------------------------------------------------------------------------
+
+
+def worktree_head(checkout: ControlCheckout, path: Path) -> str | None:
+    """The commit a worktree's HEAD is at, asked from inside it (None: git cannot say)."""
+    runner = GitRunner(path, env=checkout.git.env, timeout_s=checkout.timeout_s)
+    status, out, _ = runner.attempt("rev-parse", "--verify", "-q", "HEAD^{commit}")
+    return out.strip() if status == 0 and out.strip() else None
+
+
+def is_ancestor(checkout: ControlCheckout, commit: str, of: str) -> bool:
+    """``git merge-base --is-ancestor``: ``commit`` is contained in ``of`` (False also when either is unknown)."""
+    status, _, _ = checkout.git.attempt("merge-base", "--is-ancestor", commit, of)
+    return status == 0
+
+
+def commit_subjects(checkout: ControlCheckout, base: str, head: str, *, limit: int = 100) -> list[tuple[str, str]]:
+    """(sha, subject) of the commits in ``base..head``, oldest first ([] when git does not know them)."""
+    status, out, _ = checkout.git.attempt(
+        "log", "--reverse", f"--max-count={limit}", "--format=%H%x09%s", f"{base}..{head}", "--"
+    )
+    if status != 0:
+        return []
+    return [(sha, subject) for sha, _, subject in (line.partition("\t") for line in out.splitlines()) if sha]
+
+
+def remove_clean_worktree(checkout: ControlCheckout, path: Path, lock_reason: str) -> None:
+    """Unlock and remove a worktree without ``--force``: git itself refuses if anything appeared in it since it
+    was judged clean (then it is locked again with the same reason, kept, and GitFailure says why)."""
+    checkout.unlock_worktree(path)
+    try:
+        checkout.remove_worktree(path, force=False)
+    except GitFailure:
+        checkout.git.attempt("worktree", "lock", "--reason", lock_reason, str(path))
+        raise
+
+
+def fetch_pull_head(checkout: ControlCheckout, number: int, *, auth: Mapping[str, str]) -> str | None:
+    """The head a pull request had when it closed: Gitea's ``refs/pull/<n>/head``, which a later push to the
+    branch does not move once the PR is closed (None: it could not be fetched)."""
+    local = f"refs/foreman/pull/{int(number)}"
+    status, _, _ = checkout.git.attempt(
+        "fetch", "--quiet", "--no-tags", "origin", f"+refs/pull/{int(number)}/head:{local}", extra_env=auth
+    )
+    return checkout.rev(local) if status == 0 else None

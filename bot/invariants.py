@@ -11,13 +11,15 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from bot.core.evidence import find_marker, parse_evidence
-from bot.gitea import Comment, Issue, IssueState, IssueType
+from bot.core.teardown import closing_issue
+from bot.gitea import Comment, Issue, IssueState, IssueType, PullRequest
 from bot.gitops import parse_worktree_porcelain
 from state.db import read_only
 from state.deliveries import DeliveryStore
 from state.journal import JournalStore
 from state.leases import LeaseStore
 from state.outbox import OutboxStore
+from state.teardowns import TeardownStore
 
 #: Every invariant ``check`` knows, with what it means.
 INVARIANTS: dict[str, str] = {
@@ -58,6 +60,9 @@ INVARIANTS: dict[str, str] = {
     "worktrees.on_disk": "every live registration's worktree is registered in git, on its branch, and on disk",
     "worktrees.one_per_issue": "no issue has two live worktree registrations",
     "branches.journaled": "every local issue-* branch is the branch of a completed transition",
+    "lifecycle.merged_no_live_lease": "no merged issue (closed by a merged pull request) has a live lease",
+    "lifecycle.merged_no_worktree": "no worktree the bootstrap journal created is left on disk for a merged issue,"
+    " unless its teardown reported it kept (uncommitted or unmerged work)",
 }
 
 
@@ -131,12 +136,23 @@ class RegistrationFact:
 
 
 @dataclass(frozen=True, slots=True)
+class TeardownFact:
+    key: str
+    issue_number: int
+    #: the leases the teardown ended (its evidence comment is their end's evidence)
+    ended_leases: tuple[str, ...]
+    #: the worktree paths it reported kept
+    kept: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class DbFacts:
     leases: tuple[LeaseFact, ...] = ()
     outbox: tuple[OutboxFact, ...] = ()
     deliveries: tuple[DeliveryFact, ...] = ()
     transitions: tuple[TransitionFact, ...] = ()
     registrations: tuple[RegistrationFact, ...] = ()
+    teardowns: tuple[TeardownFact, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,6 +168,8 @@ class GiteaFacts:
     comments: tuple[CommentFact, ...] = ()
     #: issue number -> logins assigned (lower case)
     assignees: dict[int, frozenset[str]] = field(default_factory=dict)
+    #: the issues a merged pull request closes (by its closing keyword or its issue branch)
+    merged: frozenset[int] = frozenset()
 
 
 @dataclass(frozen=True, slots=True)
@@ -195,7 +213,7 @@ class Facts:
 def check(facts: Facts) -> list[Violation]:
     """Every violation of every invariant in ``INVARIANTS``, in a stable order."""
     found: list[Violation] = []
-    for part in (_deliveries, _outbox, _leases, _journal, _worktrees):
+    for part in (_deliveries, _outbox, _leases, _journal, _worktrees, _lifecycle):
         found.extend(part(facts))
     return found
 
@@ -282,6 +300,9 @@ def _leases(facts: Facts) -> list[Violation]:
     for t in db.transitions:
         if t.outcome == "compensated":
             failures.setdefault(t.lease_id, []).append(f"{t.key}:failure")
+    for teardown in db.teardowns:
+        for lease_id in teardown.ended_leases:
+            failures.setdefault(lease_id, []).append(f"{teardown.key}:evidence")
     for lease in db.leases:
         subject = f"{lease.lease_id} (#{lease.issue_number}, {lease.owner}, {lease.status})"
         key = f"{lease.lease_id}:evidence"
@@ -343,7 +364,7 @@ def _journal(facts: Facts) -> list[Violation]:
     named = {e.key for e in db.outbox} | set(markers)
     for key in sorted(named):
         prefix, suffix = _split(key)
-        if suffix not in ("evidence", "failure") or prefix.startswith(("lease-", "command:", "label-sync:")):
+        if suffix not in ("evidence", "failure") or prefix.startswith(_NOT_BOOTSTRAP):
             continue
         found = by_key.get(prefix)
         wanted = "completed" if suffix == "evidence" else "compensated"
@@ -406,6 +427,33 @@ def _worktrees(facts: Facts) -> list[Violation]:
 # --- edges ------------------------------------------------------------------------------------------------------------
 
 
+#: Evidence keys of other verbs than the bootstrap (their own invariants check them).
+_NOT_BOOTSTRAP = ("lease-", "command:", "label-sync:", "teardown:")
+
+
+def _lifecycle(facts: Facts) -> list[Violation]:
+    """After the merge: the issue's leases ended, the journal's worktrees gone (or reported kept)."""
+    out: list[Violation] = []
+    merged = facts.gitea.merged
+    for lease in facts.db.leases:
+        if lease.status == "live" and lease.issue_number in merged:
+            out.append(Violation("lifecycle.merged_no_live_lease", f"{lease.lease_id} (#{lease.issue_number})",
+                                 f"live lease of {lease.owner} on a merged issue"))
+    kept = {_real(path) for t in facts.db.teardowns for path in t.kept}
+    created = {t.key for t in facts.db.transitions if t.outcome == "completed"}
+    checkout = facts.checkout
+    on_disk = set(checkout.directories) | {w.path for w in checkout.worktrees} if checkout is not None else set()
+    seen: set[str] = set()
+    for r in facts.db.registrations:
+        if r.issue_number not in merged or r.transition_key not in created or r.worktree_path in seen:
+            continue
+        seen.add(r.worktree_path)
+        if r.worktree_path in on_disk and r.worktree_path not in kept:
+            out.append(Violation("lifecycle.merged_no_worktree", f"{r.worktree_path} (#{r.issue_number})",
+                                 "the bootstrap's worktree is still on disk and no teardown reported it kept"))
+    return out
+
+
 def _numbers(value: Any) -> tuple[int, ...] | None:
     if not isinstance(value, list) or not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
         return None
@@ -447,6 +495,7 @@ async def gather_db(path: Path | str) -> DbFacts:
         journal = JournalStore(db)
         transition_rows = await journal.every_transition()
         registration_rows = await journal.every_registration()
+        teardown_rows = await TeardownStore(db).every()
     outbox = tuple(
         OutboxFact(e.key, e.issue_number, e.kind, e.status, _recorded_comment_id(e.result) if e.kind == "comment"
                    else None)
@@ -470,7 +519,15 @@ async def gather_db(path: Path | str) -> DbFacts:
         RegistrationFact(key, r.issue_number, r.lease_id, r.branch, _real(r.worktree_path), r.ended_at is None)
         for key, r in registration_rows
     )
-    return DbFacts(leases, outbox, deliveries, transitions, registrations)
+    teardowns = tuple(
+        TeardownFact(
+            t.key, t.issue_number,
+            tuple(x["lease_id"] for x in t.outcome.get("leases") or () if x.get("end_reason") == t.reason),
+            tuple(w["path"] for w in t.outcome.get("worktrees") or () if w.get("action") == "kept"),
+        )
+        for t in teardown_rows
+    )
+    return DbFacts(leases, outbox, deliveries, transitions, registrations, teardowns)
 
 
 class GiteaReads(Protocol):
@@ -481,6 +538,8 @@ class GiteaReads(Protocol):
     async def get_issue(self, number: int) -> Issue: ...
 
     async def list_issue_comments(self, number: int) -> list[Comment]: ...
+
+    async def list_pulls(self, *, state: IssueState = "open") -> list[PullRequest]: ...
 
 
 async def gather_gitea(client: GiteaReads, *, numbers: Iterable[int] | None = None) -> GiteaFacts:
@@ -498,7 +557,12 @@ async def gather_gitea(client: GiteaReads, *, numbers: Iterable[int] | None = No
     for number in sorted(assignees):
         for c in await client.list_issue_comments(number):
             comments.append(CommentFact(number, c.id, c.user.login, find_marker(c.body)))
-    return GiteaFacts(tuple(comments), assignees)
+    merged = set()
+    for pull in await client.list_pulls(state="closed"):
+        closes = closing_issue(body=pull.body, title=pull.title, head_ref=pull.head_ref) if pull.merged else None
+        if closes is not None and closes != pull.number:
+            merged.add(closes)
+    return GiteaFacts(tuple(comments), assignees, frozenset(merged))
 
 
 def _real(path: str) -> str:

@@ -21,6 +21,7 @@ from state.db import Database, to_db_time, utcnow
 from state.deliveries import DeliveryStore
 from state.issues import IssueStore
 from state.reconcile import ReconcilePass, ReconcileStore
+from state.teardowns import TeardownStore
 
 log = logging.getLogger("foreman.reconcile")
 
@@ -307,6 +308,7 @@ class Reconciler:
             issues=known_issues,
             comments=await self.passes.comment_revisions(self.repo, ids),
             claimed=frozenset(await self.passes.claimed_comments(self.repo, ids)),
+            torn_down=await TeardownStore(self.db).torn_down_pulls(self.repo),
         )
 
     async def _feed(self, planned: Sequence[core.Synthetic], pass_id: int) -> list[str]:
@@ -365,4 +367,6 @@ class Reconciler:
 def _event_type(item: core.Synthetic) -> str:
     if item.kind == "comment":
         return "issue_comment"
+    if item.kind == "pull":
+        return "pull_request"
     return "issue_label" if item.action in ("label_updated", "label_cleared") else "issues"

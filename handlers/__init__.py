@@ -7,13 +7,15 @@ from gidgethub import routing
 from bot.config import Settings
 from bot.core.dispatch import OrderedRouter
 from bot.outbox import OutboxHooks
-from handlers import auto_allocate, issue_state, verb_commands
+from handlers import auto_allocate, issue_state, pull_requests, verb_commands
 from state.db import Database
 
 #: The order a delivery's handlers run in: first the features that record what Gitea said (the issue state),
 #: then those that act on it (auto-allocation, comment commands), so an action never races ahead of the
 #: observation it stands on. The worker isolates each handler: a failing one never stops those after it.
-FEATURE_ROUTERS: tuple[OrderedRouter, ...] = (issue_state.router, auto_allocate.router, verb_commands.router)
+FEATURE_ROUTERS: tuple[OrderedRouter, ...] = (
+    issue_state.router, pull_requests.router, auto_allocate.router, verb_commands.router
+)
 
 
 def build_router(*extra: routing.Router) -> OrderedRouter:

@@ -271,6 +271,16 @@ class GrantStore:
         ) as cur:
             return [_run(row) for row in await cur.fetchall()]
 
+    async def pending_teardowns(self, *, limit: int = 500) -> list[RunRecord]:
+        """Runs whose reserved teardown never started (``teardown = 'pending'``), oldest first: the candidates of
+        the automatic teardown. Once admitted, a teardown is never pending again, so it never runs twice."""
+        async with self._db.reader.execute(
+            f"SELECT {_RUN_COLUMNS} FROM {_RUN_FROM} WHERE r.teardown = 'pending'"  # noqa: S608
+            " ORDER BY r.created_at, r.run_id LIMIT ?",
+            (limit,),
+        ) as cur:
+            return [_run(row) for row in await cur.fetchall()]
+
     async def decisions(self, run_id: str) -> list[DecisionRecord]:
         async with self._db.reader.execute(
             f"SELECT {_DECISION_COLUMNS} FROM grant_decisions WHERE run_id = ? ORDER BY id",  # noqa: S608

@@ -547,4 +547,22 @@ MIGRATIONS: tuple[tuple[int, str, str], ...] = (
         );
         """,
     ),
+    (
+        13,
+        "teardowns: the end of each issue's life, once per pull request or closing",
+        """
+        CREATE TABLE teardowns (
+            key           TEXT PRIMARY KEY,
+            repo          TEXT NOT NULL,
+            issue_number  INTEGER NOT NULL,
+            reason        TEXT NOT NULL CHECK (reason IN ('merged', 'pr_closed', 'issue_closed')),
+            pr_number     INTEGER,
+            trigger       TEXT NOT NULL,
+            delivery_id   TEXT,
+            outcome_json  TEXT NOT NULL,
+            created_at    TEXT NOT NULL
+        );
+        CREATE INDEX teardowns_issue ON teardowns (repo, issue_number);
+        """,
+    ),
 )

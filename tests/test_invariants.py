@@ -207,6 +207,9 @@ CASES: dict[str, tuple[str, Mutation]] = {
         f, registrations=(*f.db.registrations, RegistrationFact(KEY, 1, "lease-1", BRANCH, PATH + "-2", True)))),
     "an issue branch no completed transition made": ("branches.journaled", lambda f: _checkout(
         f, issue_branches=(BRANCH, "issue-9-orphan"))),
+    "a merged issue with a live lease": ("lifecycle.merged_no_live_lease", lambda f: _gitea(f, merged=frozenset({1}))),
+    "a merged issue's worktree left on disk": ("lifecycle.merged_no_worktree", lambda f: _gitea(
+        f, merged=frozenset({1}))),
 }
 
 

@@ -16,7 +16,7 @@ MARKER_HEADER = "X-Foreman-Reconcile"
 DELIVERY_PREFIX = "reconcile:"
 READY_LABEL = "status:ready"
 
-Kind = Literal["issue", "comment"]
+Kind = Literal["issue", "comment", "pull"]
 
 
 def instant(text: str) -> str:
@@ -73,11 +73,12 @@ class KnownIssue:
 @dataclass(frozen=True, slots=True)
 class Known:
     """What the service already saw: issues by number, comment revisions by id (newest ``updated_at`` in stored
-    form) and the comment ids whose command a delivery has claimed."""
+    form), the comment ids whose command a delivery has claimed and the pull requests whose close was torn down."""
 
     issues: Mapping[int, KnownIssue] = field(default_factory=dict)
     comments: Mapping[int, str] = field(default_factory=dict)
     claimed: frozenset[int] = frozenset()
+    torn_down: frozenset[int] = frozenset()
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,6 +150,8 @@ def plan(
     - An issue (not a pull request) whose labels or status differ from the stored snapshot becomes one ``issues``
       event with Gitea's current issue object (the handlers diff it against what they hold; an older webhook
       that arrives later is kept in history only, as any out-of-order observation).
+    - A closed pull request whose close was never torn down (``known.torn_down``) becomes one
+      ``pull_request``/``closed`` event, once per closing (``reconcile:pull:<n>:<closed_at>``).
     - A comment never recorded becomes ``issue_comment``/``created``; one recorded at an older ``updated_at``
       becomes ``edited``. Comments the bot wrote are skipped (they never act), and so is a comment on a pull
       request unless it is a command nobody claimed (its reply says commands act on issues).
@@ -184,7 +187,11 @@ def plan(
     for number in sorted(listed):
         issue = by_number[number]
         if issue.get("pull_request") is not None:
-            skip("pull_request")
+            closed = _pull_closed(issue, repository, known, marker)
+            if closed is None:
+                skip("pull_request")
+            else:
+                planned_issues.append(closed)
             continue
         decided = _issue_action(issue, known.issues.get(number))
         if decided is None:
@@ -264,6 +271,36 @@ def plan(
             )
         )
     return Plan(tuple(planned_issues), tuple(planned_comments), tuple(sorted(missing)), skipped)
+
+
+def _pull_closed(
+    issue: Mapping[str, Any], repository: Mapping[str, Any], known: Known, marker: Mapping[str, Any]
+) -> Synthetic | None:
+    """A closed pull request whose teardown never ran becomes ``pull_request``/``closed`` (the handler reads the
+    PR back from Gitea; the issue listing's ``pull_request`` only says whether it merged)."""
+    number = int(issue["number"])
+    if issue.get("state") != "closed" or number in known.torn_down:
+        return None
+    meta = issue.get("pull_request") or {}
+    merged = bool(meta.get("merged")) if isinstance(meta, Mapping) else False
+    stamp = instant(str(issue.get("closed_at") or issue.get("updated_at") or issue.get("created_at")))
+    return Synthetic(
+        delivery_id=f"{DELIVERY_PREFIX}pull:{number}:{stamp}",
+        kind="pull",
+        event="pull_request",
+        action="closed",
+        sender_login="",
+        payload={
+            "action": "closed",
+            "number": number,
+            "pull_request": {"number": number, "state": "closed", "merged": merged,
+                             "title": issue.get("title"), "body": issue.get("body")},
+            "repository": dict(repository),
+            "sender": {"id": 0, "login": ""},
+            MARKER_FIELD: {**marker, "kind": "pull", "reason": "closed, never torn down"},
+        },
+        reason="closed, never torn down",
+    )
 
 
 def next_watermark(previous: str | None, server_now: str, newest_seen: str | None) -> str:

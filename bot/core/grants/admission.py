@@ -215,6 +215,15 @@ def closing_outcome(grant: Grant, state: RunState, now: datetime) -> RunOutcome 
     return "expired" if now >= grant.expires_at else None
 
 
+def teardown_due(grant: Grant, state: RunState, now: datetime) -> bool:
+    """The trusted side runs the reserved teardown by itself now: it never ran, nothing is in flight (an in-flight
+    call blocks it until it settles or is reconciled), and the run was aborted, failed or its grant expired (a
+    plan that reached its teardown runs it itself until the grant expires)."""
+    if state.teardown != "pending" or state.inflight is not None:
+        return False
+    return state.outcome in ("aborted", "failed") or now >= grant.expires_at
+
+
 def _pin_problem(grant: Grant, state: RunState, pins: Pins | None) -> Reason | None:
     if state.run_id != grant.run_id:
         return "run_mismatch"

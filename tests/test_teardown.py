@@ -1,0 +1,379 @@
+"""After the merge, end to end: a merged (or closed) pull request, or a closed issue, ends the issue's life once."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bot import invariants
+from bot.core.canonical import parse_comment
+from bot.core.evidence import find_marker
+from bot.core.teardown import BranchFacts, WorktreeFacts, closing_issue, decide_branch, decide_worktree
+from bot.emulator.webhooks import expand_hook_events
+from state.journal import JournalStore, Transition
+from state.leases import LeaseStore
+from state.teardowns import TeardownStore
+from tests.gitea_fixtures import OWNER, REPO
+from tests.support import Started, wait_status
+from tests.world import FULL_NAME, Sections, World, open_world
+
+ROSTER = {"controller-bot": ["controller"], "author-1": ["author"]}
+LOOP: Sections = {"allocator": {"auto_allocate_owner": "author-1"}, "bootstrap": {"on_allocate": "run"}}
+
+
+@pytest.fixture
+async def world(tmp_path: Path, start: Started) -> AsyncIterator[World]:
+    async with open_world(tmp_path, start, roster=ROSTER, **LOOP) as opened:
+        opened.hook.events = expand_hook_events(["issues", "pull_request"])
+        yield opened
+
+
+# --- the pure part ----------------------------------------------------------------------------------------------------
+
+
+def test_the_issue_a_pull_request_closes_is_its_keyword_else_its_branch() -> None:
+    assert closing_issue(body="Fixes #12 and more", title="x", head_ref="feature") == 12
+    assert closing_issue(body="see #3", title="x", head_ref="issue-7-make-it-blue") == 7
+    assert closing_issue(body="closes: #4", title="x", head_ref="issue-7-x") == 4
+    assert closing_issue(body="mentions #3 only", title="nothing", head_ref="feature") is None
+
+
+def test_a_worktree_is_removed_only_when_clean_and_merged() -> None:
+    clean = WorktreeFacts(path="/w", exists=True, created_by_foreman=True, status=(), head="a" * 40,
+                          merged_head="b" * 40, head_in_default=True)
+    assert decide_worktree(clean, remove_enabled=True).action == "remove"
+    assert decide_worktree(clean, remove_enabled=False).action == "keep"
+    dirty = WorktreeFacts(path="/w", exists=True, created_by_foreman=True, status=("?? notes.txt",), head="a" * 40,
+                          merged_head="b" * 40, head_in_default=True)
+    kept = decide_worktree(dirty, remove_enabled=True)
+    assert kept.action == "keep" and "notes.txt" in kept.reason
+    unmerged = WorktreeFacts(path="/w", exists=True, created_by_foreman=True, status=(), head="c" * 40,
+                             merged_head=None, head_in_default=False)
+    assert decide_worktree(unmerged, remove_enabled=True).action == "keep"
+    at_head = WorktreeFacts(path="/w", exists=True, created_by_foreman=True, status=(), head="c" * 40,
+                            merged_head="c" * 40, head_in_default=False)
+    assert decide_worktree(at_head, remove_enabled=True).action == "remove"
+    gone = WorktreeFacts(path="/w", exists=False, created_by_foreman=True, status=(), head=None,
+                         merged_head=None, head_in_default=False)
+    assert decide_worktree(gone, remove_enabled=True).action == "absent"
+
+
+def test_a_branch_is_deleted_only_when_merged_unmoved_and_not_the_default() -> None:
+    merged = BranchFacts(branch="issue-1-x", default_branch="main", remote_sha="a" * 40, merged_head="a" * 40)
+    assert decide_branch(merged, reason="merged", delete_enabled=True).action == "delete"
+    assert decide_branch(merged, reason="merged", delete_enabled=False).action == "keep"
+    assert decide_branch(merged, reason="pr_closed", delete_enabled=True).action == "keep"
+    moved = BranchFacts(branch="issue-1-x", default_branch="main", remote_sha="b" * 40, merged_head="a" * 40)
+    assert "moved" in decide_branch(moved, reason="merged", delete_enabled=True).reason
+    default = BranchFacts(branch="main", default_branch="main", remote_sha="a" * 40, merged_head="a" * 40)
+    assert decide_branch(default, reason="merged", delete_enabled=True).action == "keep"
+    absent = BranchFacts(branch="issue-1-x", default_branch="main", remote_sha=None, merged_head="a" * 40)
+    assert decide_branch(absent, reason="merged", delete_enabled=True).action == "absent"
+
+
+# --- end to end -------------------------------------------------------------------------------------------------------
+
+
+async def bootstrapped(world: World, title: str = "Make the widget blue") -> tuple[int, Transition]:
+    """An issue leased to author-1 and bootstrapped (branch + worktree) through the existing verbs."""
+    number = await world.open_issue("alice", title)
+    await world.call("alice", "POST", f"/issues/{number}/labels", {"labels": ["status:ready"]})
+    [transition] = await JournalStore(world.service.db).history(FULL_NAME.lower(), number)
+    assert transition.phase == "completed"
+    assert Path(transition.worktree_path).is_dir()
+    return number, transition
+
+
+async def open_pull(world: World, number: int, transition: Transition, *, body: str | None = None) -> int:
+    """A commit pushed to the issue branch on Gitea, then a pull request that closes the issue."""
+    world.live.emulator.push_commit(OWNER, REPO, transition.branch, {"feature.txt": "blue\n"}, pusher="alice",
+                                    message="Make it blue")
+    pr = await world.call("alice", "POST", "/pulls", {
+        "head": transition.branch, "base": "main", "title": "Make the widget blue",
+        "body": f"Closes #{number}" if body is None else body,
+    })
+    return int(pr["number"])
+
+
+async def merge(world: World, pr: int, *, settle: bool = True) -> None:
+    await world.call("alice", "POST", f"/pulls/{pr}/reviews", {"event": "COMMENT", "body": "looks fine"},
+                     settle=settle)
+    world.clock.now += 1
+    await world.live.client("alice").merge_pull(pr, style="merge")
+    if settle:
+        await world.settle()
+
+
+def bot_comments(world: World, number: int) -> list[str]:
+    issue = world.live.emulator.issue(OWNER, REPO, number)
+    return [c.body for c in issue.comments if c.kind == "comment" and c.poster.login == "foreman-bot"]
+
+
+def teardown_comments(world: World, number: int) -> list[str]:
+    return [b for b in bot_comments(world, number) if (find_marker(b) or "").startswith("teardown:")]
+
+
+def evidence_of(body: str) -> dict[str, Any]:
+    start = body.index("```json") + len("```json")
+    return dict(json.loads(body[start:body.index("```", start)]))
+
+
+async def test_a_merged_pull_request_ends_the_issues_life(world: World) -> None:
+    """Merged PR → every lease ended (merged), the clean worktree removed and its registration ended, the branch
+    deleted on Gitea, status:done, and one final evidence comment summing up the life, read back."""
+    number, transition = await bootstrapped(world)
+    pr = await open_pull(world, number, transition)
+    await merge(world, pr)
+    emu = world.live.emulator
+    db = world.service.db
+    history = await LeaseStore(db).history(FULL_NAME, number)
+    assert [(lease.status, lease.end_reason) for lease in history] == [("released", "merged")]
+    assert not Path(transition.worktree_path).exists()
+    [registration] = await JournalStore(db).registrations(FULL_NAME.lower(), number)
+    assert registration.ended_at is not None and registration.end_reason == f"teardown merged: removed (pr #{pr})"
+    assert emu.repo(OWNER, REPO).issues[number].closed is not None
+    from bot.emulator import pullgit
+    assert pullgit.branch_sha(emu.repo(OWNER, REPO).path, transition.branch) is None
+    assert emu.label_names(OWNER, REPO, number) == ["status:done"]
+    [final] = teardown_comments(world, number)
+    state = parse_comment(final).current
+    assert state is not None and state.state == "done" and pr in state.related_prs
+    evidence = evidence_of(final)
+    assert evidence["reason"] == "merged"
+    assert [(lease["owner"], lease["end_reason"]) for lease in evidence["leases"]] == [("author-1", "merged")]
+    assert [c["subject"] for c in evidence["pull_request"]["commits"]] == ["Make it blue"]
+    assert [r["state"] for r in evidence["pull_request"]["reviews"]] == ["COMMENT"]
+    assert evidence["pull_request"]["merge_commit"] == emu.pull_of(emu.repo(OWNER, REPO).issues[pr]).merge_commit_sha
+    assert evidence["worktree"]["action"] == "removed" and evidence["branch"]["action"] == "deleted"
+    snapshot = await world.snapshot(number)
+    assert snapshot.state is not None and snapshot.state.state == "done"
+    for entry in await world.service.outbox.list(limit=1000):
+        assert entry.status == "done", entry.summary()
+    [record] = await TeardownStore(db).for_issue(FULL_NAME.lower(), number)
+    assert record.reason == "merged" and record.pr_number == pr
+
+
+async def test_a_dirty_worktree_is_kept_byte_for_byte_and_reported(world: World) -> None:
+    number, transition = await bootstrapped(world)
+    worktree = Path(transition.worktree_path)
+    draft = b"half a thought\x00\xff\n"
+    (worktree / "notes.txt").write_bytes(draft)
+    (worktree / "README.md").write_bytes(b"# widgets, edited\n")
+    pr = await open_pull(world, number, transition)
+    await merge(world, pr)
+    assert (worktree / "notes.txt").read_bytes() == draft
+    assert (worktree / "README.md").read_bytes() == b"# widgets, edited\n"
+    [final] = teardown_comments(world, number)
+    evidence = evidence_of(final)
+    assert evidence["worktree"]["action"] == "kept"
+    assert "notes.txt" in evidence["worktree"]["reason"] and "README.md" in evidence["worktree"]["reason"]
+    assert "kept" in final.split("\n", 1)[0]
+    history = await LeaseStore(world.service.db).history(FULL_NAME, number)
+    assert [lease.end_reason for lease in history] == ["merged"]
+
+
+async def test_a_replayed_or_duplicated_pull_request_webhook_tears_down_once(world: World) -> None:
+    number, transition = await bootstrapped(world)
+    pr = await open_pull(world, number, transition)
+    await merge(world, pr)
+    emu = world.live.emulator
+    [closed] = [d for d in emu.deliveries if d.event_type == "pull_request" and d.payload["action"] == "closed"]
+    deletes = sum(1 for r in emu.requests if r.method == "DELETE" and "branches" in (r.route or ""))
+    assert deletes == 1
+    # The very same delivery again, Gitea's Replay (a new id, the same body), and a forced replay that runs
+    # every handler again.
+    async with world.client.post("/webhook", data=closed.body, headers=closed.headers) as resp:
+        assert (resp.status, (await resp.json())["status"]) == (200, "duplicate")
+    emu.replay_delivery(closed.delivery_id)
+    await world.settle()
+    await world.service.store.replay(closed.delivery_id, requested_by="test", force=True)
+    world.service.worker.wakeup.set()
+    await wait_status(world.service, closed.delivery_id, "done")
+    await world.settle()
+    assert len(teardown_comments(world, number)) == 1
+    assert sum(1 for r in emu.requests if r.method == "DELETE" and "branches" in (r.route or "")) == 1
+    assert len(await TeardownStore(world.service.db).for_issue(FULL_NAME.lower(), number)) == 1
+
+
+async def test_a_pull_request_closed_unmerged_ends_with_its_own_reason(world: World) -> None:
+    """Leases end with pr_closed; the worktree holds no unmerged commit here but the branch keeps the PR's work,
+    so the branch is kept; status:done with the reason."""
+    number, transition = await bootstrapped(world)
+    pr = await open_pull(world, number, transition)
+    await world.call("alice", "PATCH", f"/issues/{pr}", {"state": "closed"})
+    history = await LeaseStore(world.service.db).history(FULL_NAME, number)
+    assert [lease.end_reason for lease in history] == ["pr_closed"]
+    from bot.emulator import pullgit
+    assert pullgit.branch_sha(world.live.emulator.repo(OWNER, REPO).path, transition.branch) is not None
+    [final] = teardown_comments(world, number)
+    evidence = evidence_of(final)
+    assert evidence["reason"] == "pr_closed" and evidence["branch"]["action"] == "kept"
+    assert world.labels(number) == ["status:done"]
+
+
+async def test_an_issue_closed_by_a_person_ends_with_its_own_reason(world: World) -> None:
+    number, transition = await bootstrapped(world)
+    worktree = Path(transition.worktree_path)
+    await world.call("alice", "PATCH", f"/issues/{number}", {"state": "closed"})
+    history = await LeaseStore(world.service.db).history(FULL_NAME, number)
+    assert [lease.end_reason for lease in history] == ["issue_closed"]
+    # Nothing was committed in it: the clean worktree at the base is removed; the branch was never published.
+    assert not worktree.exists()
+    [final] = teardown_comments(world, number)
+    evidence = evidence_of(final)
+    assert evidence["reason"] == "issue_closed" and evidence["branch"]["action"] == "absent"
+    assert world.labels(number) == ["status:done"]
+    assert evidence["pull_request"] is None
+
+
+async def test_an_issue_the_bot_never_governed_is_left_alone(world: World) -> None:
+    number = await world.open_issue("alice", "Nothing to do with us")
+    await world.call("alice", "PATCH", f"/issues/{number}", {"state": "closed"})
+    assert teardown_comments(world, number) == []
+    assert world.labels(number) == []
+
+
+async def test_catch_up_after_downtime_finds_a_merge_and_tears_down_once(world: World) -> None:
+    number, transition = await bootstrapped(world)
+    pr = await open_pull(world, number, transition)
+    reconciler = world.service.reconciler
+    assert reconciler is not None
+    world.hook.active = False  # the service hears nothing of the merge
+    await merge(world, pr, settle=False)
+    assert await LeaseStore(world.service.db).live_for_issue(FULL_NAME, number) is not None
+    world.hook.active = True
+    for _ in range(2):
+        await reconciler.run_pass(trigger="interval")
+        await drain(world)
+    assert [lease.end_reason for lease in await LeaseStore(world.service.db).history(FULL_NAME, number)] == ["merged"]
+    assert not Path(transition.worktree_path).exists()
+    assert len(teardown_comments(world, number)) == 1
+    assert world.labels(number) == ["status:done"]
+
+
+async def test_catch_up_finds_a_pull_request_closed_unmerged_during_downtime(world: World) -> None:
+    """The issue stays open with its labels (no issue event to catch up): only the PR's close tells."""
+    number, transition = await bootstrapped(world)
+    pr = await open_pull(world, number, transition)
+    reconciler = world.service.reconciler
+    assert reconciler is not None
+    world.hook.active = False
+    await world.call("alice", "PATCH", f"/issues/{pr}", {"state": "closed"}, settle=False)
+    world.hook.active = True
+    for _ in range(2):
+        await reconciler.run_pass(trigger="interval")
+        await drain(world)
+    assert [lease.end_reason for lease in await LeaseStore(world.service.db).history(FULL_NAME, number)] == [
+        "pr_closed"]
+    [final] = teardown_comments(world, number)
+    assert evidence_of(final)["trigger"] == "catch_up"
+
+
+def test_catch_up_plans_a_closed_pull_request_once() -> None:
+    from bot.core import reconcile as core
+    repository = {"full_name": FULL_NAME}
+    pull = {"number": 5, "state": "closed", "updated_at": "2026-01-01T00:00:00Z", "closed_at": "2026-01-01T00:00:00Z",
+            "pull_request": {"merged": True}, "labels": [], "title": "t", "body": "Closes #4"}
+    planned = core.plan(repository=repository, issues=[pull], comments=[], known=core.Known(), bot_login="bot",
+                        pass_id=1)
+    [item] = planned.issues
+    assert (item.event, item.action, item.payload["pull_request"]["merged"]) == ("pull_request", "closed", True)
+    again = core.plan(repository=repository, issues=[pull], comments=[], known=core.Known(torn_down=frozenset({5})),
+                      bot_login="bot", pass_id=2)
+    assert again.issues == () and again.skipped == {"pull_request": 1}
+    still_open = core.plan(repository=repository, issues=[{**pull, "state": "open"}], comments=[],
+                           known=core.Known(), bot_login="bot", pass_id=3)
+    assert still_open.issues == ()
+
+
+async def drain(world: World, timeout: float = 10.0) -> None:
+    """Wait until the inbox holds nothing queued or processing (synthetic deliveries included), then settle."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while True:
+        rows = await world.service.store.list(limit=1000)
+        if all(row.status not in ("queued", "processing") for row in rows):
+            break
+        assert loop.time() < deadline, [r.status for r in rows]
+        await asyncio.sleep(0.02)
+    await world.settle()
+
+
+async def lifecycle_violations(world: World) -> list[invariants.Violation]:
+    facts = await invariants.gather(database=world.service.settings.database.path, client=world.gitea,
+                                    bot_login="foreman-bot",
+                                    checkout=Path(world.service.settings.repository.checkout_root) / OWNER / REPO)
+    return [v for v in invariants.check(facts) if v.invariant.startswith("lifecycle.")]
+
+
+async def test_invariants_flag_a_merged_issue_with_a_live_lease_and_a_leftover_worktree(world: World) -> None:
+    number, transition = await bootstrapped(world)
+    pr = await open_pull(world, number, transition)
+    world.hook.active = False
+    await merge(world, pr, settle=False)
+    found = await lifecycle_violations(world)
+    names = sorted(v.invariant for v in found)
+    assert names == ["lifecycle.merged_no_live_lease", "lifecycle.merged_no_worktree"], found
+    world.hook.active = True
+    reconciler = world.service.reconciler
+    assert reconciler is not None
+    await reconciler.run_pass(trigger="interval")
+    await drain(world)
+    assert await lifecycle_violations(world) == []
+    facts = await invariants.gather(database=world.service.settings.database.path, client=world.gitea,
+                                    bot_login="foreman-bot",
+                                    checkout=Path(world.service.settings.repository.checkout_root) / OWNER / REPO)
+    assert invariants.check(facts) == []
+
+
+async def test_a_kept_dirty_worktree_of_a_merged_issue_passes_the_invariants(world: World) -> None:
+    number, transition = await bootstrapped(world)
+    (Path(transition.worktree_path) / "notes.txt").write_text("draft\n")
+    pr = await open_pull(world, number, transition)
+    await merge(world, pr)
+    assert Path(transition.worktree_path).is_dir()
+    assert await lifecycle_violations(world) == []
+    facts = await invariants.gather(database=world.service.settings.database.path, client=world.gitea,
+                                    bot_login="foreman-bot",
+                                    checkout=Path(world.service.settings.repository.checkout_root) / OWNER / REPO)
+    assert invariants.check(facts) == []
+
+
+async def test_the_branch_is_kept_when_configured_so(tmp_path: Path, start: Started) -> None:
+    sections: Sections = {**LOOP, "lifecycle": {"delete_branch_after_merge": False}}
+    async with open_world(tmp_path, start, roster=ROSTER, **sections) as world:
+        world.hook.events = expand_hook_events(["issues", "pull_request"])
+        number, transition = await bootstrapped(world)
+        pr = await open_pull(world, number, transition)
+        await merge(world, pr)
+        from bot.emulator import pullgit
+        assert pullgit.branch_sha(world.live.emulator.repo(OWNER, REPO).path, transition.branch) is not None
+        [final] = teardown_comments(world, number)
+        branch = evidence_of(final)["branch"]
+        assert branch["action"] == "kept" and "delete_branch_after_merge" in branch["reason"]
+        assert not Path(transition.worktree_path).exists()
+
+
+async def test_a_branch_that_moved_since_the_merged_head_is_kept_and_reported(world: World) -> None:
+    number, transition = await bootstrapped(world)
+    pr = await open_pull(world, number, transition)
+    world.hook.active = False
+    await merge(world, pr, settle=False)
+    emu = world.live.emulator
+    moved = emu.push_commit(OWNER, REPO, transition.branch, {"later.txt": "after the merge\n"}, pusher="alice")
+    world.hook.active = True
+    reconciler = world.service.reconciler
+    assert reconciler is not None
+    await reconciler.run_pass(trigger="interval")
+    await drain(world)
+    from bot.emulator import pullgit
+    assert pullgit.branch_sha(emu.repo(OWNER, REPO).path, transition.branch) == moved
+    [final] = teardown_comments(world, number)
+    branch = evidence_of(final)["branch"]
+    assert branch["action"] == "kept" and "moved" in branch["reason"]
+    assert parse_comment(final).current.who_is_next == "human"  # type: ignore[union-attr]
