@@ -20,6 +20,7 @@ from bot.config_sections import (
     GiteaConfig,
     GrantTemplateConfig,
     McpConfig,
+    MergeConfig,
     OutboxConfig,
     ReconcileConfig,
     RepositoryConfig,
@@ -72,6 +73,7 @@ class Settings(ConfigSection):
     mcp: McpConfig = McpConfig()
     grants: dict[str, GrantTemplateConfig] = Field(default_factory=dict)
     dashboard: DashboardConfig = DashboardConfig()
+    merge: MergeConfig = MergeConfig()
 
     def webhook_secrets(self) -> list[bytes]:
         """The configured webhook secrets as bytes (after load_settings resolved files)."""

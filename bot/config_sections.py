@@ -286,3 +286,9 @@ class GrantTemplateConfig(ConfigSection):
     def template(self, key: str) -> PolicyTemplate:
         """The core's template (raises TemplateError naming each problem's path)."""
         return PolicyTemplate.from_mapping(key, self.model_dump(mode="python"))
+
+
+class MergeConfig(ConfigSection):
+    """How ``gitea_merge_pull_request`` merges: one of Gitea's merge styles (``MergePullRequestForm.Do``)."""
+
+    style: Literal["merge", "rebase", "rebase-merge", "squash", "fast-forward-only"] = "merge"
