@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
 from bot.core.canonical import parse_comment
 from bot.core.evidence import find_marker
 from bot.emulator import pullgit
+from bot.verbs.runtime import caller_for
 from tests.gitea_fixtures import OWNER, REPO
-from tests.review_support import InReview, ok, pull_state, put_in_review, reviews, tool, world
-from tests.world import World
+from tests.review_support import LOOP, ROSTER, InReview, ok, pull_state, put_in_review, reviews, runtime, tool, world
+from tests.support import Started, make_settings
+from tests.world import Sections, World, open_world
 
 __all__ = ["world"]  # the fixture
 
@@ -87,3 +94,50 @@ async def test_the_merge_comment_command_merges_for_a_merger(world: World) -> No
     await world.comment("author-3", pr.number, "/merge")
     merged, merge_commit, _ = pull_state(world, pr.pull)
     assert merged and merge_commit == main_sha(world)
+
+
+async def test_the_merge_style_comes_from_the_config(tmp_path: Path, start: Started) -> None:
+    """`[merge] style = "squash"`: one new commit on main whose only parent is the old main, holding the change."""
+    sections: Sections = {**LOOP, "merge": {"style": "squash"}}
+    async with open_world(tmp_path, start, roster=ROSTER, **sections) as world:
+        pr = await approved(world)
+        base = main_sha(world)
+        doc = await ok(world, "author-3", "gitea_merge_pull_request", issue_number=pr.number)
+        path = world.live.emulator.repo(OWNER, REPO).path
+        assert pullgit.rev(path, f"{doc['merge_commit_sha']}^") == base
+        assert pullgit.rev(path, f"{doc['merge_commit_sha']}^2") is None  # squash: no second parent
+
+
+def test_a_merge_style_gitea_does_not_have_is_refused_at_load(tmp_path: Path) -> None:
+    with pytest.raises(ValidationError, match="style"):
+        make_settings(tmp_path, merge={"style": "octopus"})
+    assert make_settings(tmp_path).merge.style == "merge"
+
+
+class _PushFirst:
+    """The service's Gitea client, with a push landing between foreman's head check and its merge call."""
+
+    def __init__(self, world: World, branch: str) -> None:
+        self._world, self._branch, self.pushed = world, branch, ""
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._world.gitea, name)
+
+    async def merge_pull(self, number: int, **options: object) -> None:
+        emu = self._world.live.emulator
+        self.pushed = emu.push_commit(OWNER, REPO, self._branch, {"widget.txt": "red\n"}, pusher="author-1")
+        await self._world.gitea.merge_pull(number, **options)  # type: ignore[arg-type]
+
+
+async def test_a_push_racing_the_merge_is_refused_by_gitea_as_a_stale_pin(world: World) -> None:
+    """Gitea's own head_commit_id check (409 "head out of date") is the last guard: a stale_pin, nothing merged."""
+    pr = await approved(world)
+    base = main_sha(world)
+    racing = _PushFirst(world, pr.branch)
+    rt = runtime(world)
+    rt.gitea = racing  # type: ignore[assignment]
+    result = await rt.call("merge_pull_request", caller_for(world.service.settings, "author-3", "mcp"),
+                           {"issue_number": pr.number})
+    assert result.refusal is not None and result.refusal.error == "stale_pin", result.doc
+    assert result.refusal.details["head"] == racing.pushed != pr.head
+    assert pull_state(world, pr.pull) == (False, None, racing.pushed) and main_sha(world) == base

@@ -244,6 +244,9 @@ class Allocator:
         source = "candidates_json"
         open_numbers: frozenset[int] = frozenset()
         candidates = call.candidates_json
+        if candidates is None and self.gitea is None and call.action == "review":
+            return _refuse("unavailable", "review candidates come from Gitea (the issues' pull requests), and this "
+                           "foreman has no Gitea client", "Nothing was leased.", "call again with candidates_json")
         if candidates is None and self.gitea is None:
             # No API to reconcile with: the stored issue state that the webhooks keep fresh.
             source = "stored_state"
