@@ -5,8 +5,10 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any, Literal, Protocol
+
+import aiosqlite
 
 from bot.core.bootstrap import branch_for
 from bot.core.canonical import CanonicalState
@@ -16,9 +18,10 @@ from bot.core.vocabulary import label_for_state, state_for_label
 from bot.gitea import GiteaError, GiteaNotFound, Issue, IssueState, IssueType
 from bot.gitea.errors import GiteaInvalid
 from bot.gitea.values import PullRequest, Review
+from bot.verbs.leases import lease_changed
 from bot.verbs.runtime import Caller, CallOptions, VerbResult, VerbRuntime, envelope, issue_of, refused
 from state.db import Database
-from state.leases import Lease, LeaseStore, LeaseTaken
+from state.leases import Lease, LeaseRefused, LeaseStore, LeaseTaken
 from state.outbox import OutboxIntent, enqueue
 
 Verdict = Literal["approve", "request_changes"]
@@ -268,7 +271,6 @@ async def _record_verdict(
     issue back to `status:in-progress` with a new implement lease for its implementer."""
     number, now = lease.issue_number, rt.clock()
     key = f"{lease.lease_id}:review"
-    back: Lease | None = None
     implementer = facts.implementer
     approve = verdict == "approve"
     state = CanonicalState(
@@ -288,33 +290,46 @@ async def _record_verdict(
         last_updated_by=rt.bot_login or "foreman",
     )
     intents: list[OutboxIntent] = []
-    async with rt.db.transaction() as conn:
-        await rt.leases.release(conn, lease.lease_id, actor=caller.login, reason="reviewed", now=now)
-        if not approve and implementer is not None and await rt.leases.live_for_issue(rt.repo, number) is None:
-            # The author's work resumes: a new implement lease for the implementer, whose bootstrap recovers its
-            # registered worktree and branch.
-            back = await rt.leases.acquire(
-                conn, repo=rt.repo, issue_number=number, owner=implementer, role="author", action="implement",
-                ttl=timedelta(seconds=rt.settings.allocator.lease_ttl_s), now=now, actor=caller.login,
-                fingerprint=None, request={"source": "request_changes", "review": review.id},
-            )
-        if not approve:
-            labels = {"add": [label_for_state("in-progress")],
-                      "remove": [label_for_state("review"), label_for_state("pr-open")]}
-            intents.append(OutboxIntent(f"{key}:labels", number, "labels", labels, delivery_id))
-        evidence = {"action": "submit_review", "verdict": verdict, "reviewer": caller.login,
-                    "review_id": review.id, "commit_id": review.commit_id, "pull": pull.number,
-                    "review_lease": lease.lease_id, "author_lease": back.lease_id if back is not None else None}
-        body = render_evidence(key=key, summary=f"{caller.login}: {verdict} on PR #{pull.number}.", state=state,
-                               evidence=evidence)
-        intents.append(OutboxIntent(key, number, "comment", {"body": body}, delivery_id))
-        for intent in intents:
-            await enqueue(conn, intent)
+    try:
+        async with rt.db.transaction() as conn:
+            back = await _end_review(rt, conn, caller, lease, review, verdict, implementer, now)
+            if not approve:
+                labels = {"add": [label_for_state("in-progress")],
+                          "remove": [label_for_state("review"), label_for_state("pr-open")]}
+                intents.append(OutboxIntent(f"{key}:labels", number, "labels", labels, delivery_id))
+            evidence = {"action": "submit_review", "verdict": verdict, "reviewer": caller.login,
+                        "review_id": review.id, "commit_id": review.commit_id, "pull": pull.number,
+                        "review_lease": lease.lease_id, "author_lease": back.lease_id if back is not None else None}
+            body = render_evidence(key=key, summary=f"{caller.login}: {verdict} on PR #{pull.number}.", state=state,
+                                   evidence=evidence)
+            intents.append(OutboxIntent(key, number, "comment", {"body": body}, delivery_id))
+            for intent in intents:
+                await enqueue(conn, intent)
+    except LeaseRefused:
+        # Gitea holds the review (with this lease's marker): a retry by the new holder of a review lease finds it.
+        return refused(verb.name, lease_changed(verb, lease))
     rt.woken()
     doc = _review_doc(number, pull, review, verdict)
     doc.update(outbox=[i.key for i in intents], lease=(await rt.leases.get(lease.lease_id) or lease).to_dict(),
                author_lease=back.to_dict() if back is not None else None)
     return rt.done(verb, caller, doc)
+
+
+async def _end_review(
+    rt: VerbRuntime, conn: aiosqlite.Connection, caller: Caller, lease: Lease, review: Review, verdict: str,
+    implementer: str | None, now: datetime,
+) -> Lease | None:
+    """The review lease ends (``reviewed``); for request_changes the implementer gets a new implement lease."""
+    await rt.leases.release(conn, lease.lease_id, actor=caller.login, reason="reviewed", now=now)
+    if verdict == "approve" or implementer is None:
+        return None
+    # The author's work resumes: the issue's only live lease was the review lease just ended, so this one cannot
+    # race; the implementer's bootstrap then recovers its registered worktree and branch.
+    return await rt.leases.acquire(
+        conn, repo=rt.repo, issue_number=lease.issue_number, owner=implementer, role="author", action="implement",
+        ttl=timedelta(seconds=rt.settings.allocator.lease_ttl_s), now=now, actor=caller.login,
+        fingerprint=None, request={"source": "request_changes", "review": review.id},
+    )
 
 
 async def submit_review_replay(
