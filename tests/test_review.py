@@ -58,6 +58,9 @@ async def test_self_review_is_refused_at_allocation_and_at_the_verb(tmp_path: Pa
 async def test_approve_records_the_verdict_on_the_head_and_hands_on_to_the_merger(world: World) -> None:
     pr = await put_in_review(world)
     claimed = await ok(world, "author-2", "gitea_claim_review", issue_number=pr.number)
+    context = await ok(world, "author-2", "gitea_get_runtime_context")
+    assert context["exact_next_action"].startswith(f"review the pull request of #{pr.number} and call "
+                                                   f"gitea_submit_review with issue_number={pr.number}")
     refused, again = await tool(world, "author-2", "gitea_claim_review", issue_number=pr.number)
     assert refused and again["error"] == "conflict", again
     doc = await ok(world, "author-2", "gitea_submit_review", issue_number=pr.number, verdict="approve")
