@@ -8,7 +8,7 @@ from bot.core.canonical import parse_comment
 from bot.core.evidence import find_marker
 from state.journal import JournalStore
 from state.leases import LeaseStore
-from tests.gitea_fixtures import OWNER, REPO
+from tests.gitea_fixtures import BOT, OWNER, REPO
 from tests.review_support import LOOP, ROSTER, ok, put_in_review, reviews, tool, world
 from tests.support import Started
 from tests.world import FULL_NAME, World, open_world
@@ -106,3 +106,15 @@ async def test_request_changes_hands_the_issue_back_to_its_author_in_the_same_wo
     assert [(lease.action, lease.owner, lease.end_reason) for lease in history] == [
         ("implement", "author-1", "pull request opened"), ("review", "author-2", "reviewed"),
         ("implement", "author-1", None)]
+
+
+async def test_a_pr_posted_by_foreman_itself_cannot_be_approved_through_gitea(world: World) -> None:
+    """Gitea refuses a verdict by the PR's own poster: with foreman's token on both sides that is an invalid_state
+    refusal, and the review lease stays with the reviewer (nothing recorded)."""
+    pr = await put_in_review(world, poster=BOT)
+    claimed = await ok(world, "author-2", "gitea_claim_review", issue_number=pr.number)
+    refused, doc = await tool(world, "author-2", "gitea_submit_review", issue_number=pr.number, verdict="approve")
+    assert refused and doc["error"] == "invalid_state" and "your own pull" in doc["message"], doc
+    assert reviews(world, pr.pull) == []
+    lease = await LeaseStore(world.service.db).get(claimed["lease"]["lease_id"])
+    assert lease is not None and lease.status == "live"
