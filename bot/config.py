@@ -21,6 +21,7 @@ from bot.config_sections import (
     GrantTemplateConfig,
     LifecycleConfig,
     McpConfig,
+    MergeConfig,
     OutboxConfig,
     ReconcileConfig,
     RepositoryConfig,
@@ -74,6 +75,7 @@ class Settings(ConfigSection):
     grants: dict[str, GrantTemplateConfig] = Field(default_factory=dict)
     dashboard: DashboardConfig = DashboardConfig()
     lifecycle: LifecycleConfig = LifecycleConfig()
+    merge: MergeConfig = MergeConfig()
 
     def webhook_secrets(self) -> list[bytes]:
         """The configured webhook secrets as bytes (after load_settings resolved files)."""

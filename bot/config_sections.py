@@ -299,3 +299,9 @@ class LifecycleConfig(ConfigSection):
     # Seconds between checks for sealed runs whose grant expired or was aborted (their reserved teardown runs
     # once, by itself); 0 turns the timer off (the check still runs at start-up).
     run_teardown_interval_s: float = Field(default=30.0, ge=0)
+
+
+class MergeConfig(ConfigSection):
+    """How ``gitea_merge_pull_request`` merges: one of Gitea's merge styles (``MergePullRequestForm.Do``)."""
+
+    style: Literal["merge", "rebase", "rebase-merge", "squash", "fast-forward-only"] = "merge"

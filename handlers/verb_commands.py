@@ -27,6 +27,8 @@ USAGE: dict[str, str] = {
     "/lock": "/lock",
     "/heartbeat": "/heartbeat",
     "/release": "/release [REASON ...]",
+    "/claim-review": "/claim-review",
+    "/merge": "/merge",
 }
 
 

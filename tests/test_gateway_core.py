@@ -295,7 +295,7 @@ def test_envelope_carries_the_same_values_as_the_shared_error_envelope() -> None
     """DESIGN section 3: the same refusal through bot.core.errors.Envelope (only its key order differs)."""
     for d in (
         evaluate("open_pr", _author_on_task(commits_ahead=0, worktree_registered=False)),
-        evaluate("merge", _ctx("author-1", "author")),
+        evaluate("merge_pull_request", _ctx("author-1", "author")),
     ):
         err = d.to_error()
         assert isinstance(err, Envelope)
@@ -306,29 +306,31 @@ def test_envelope_carries_the_same_values_as_the_shared_error_envelope() -> None
 
 
 def test_self_review_is_blocked_as_not_authorized() -> None:
-    ctx = _ctx("rev-1", "reviewer", "author", issue_number=42, pr_number=7, pr_author="rev-1")
+    ctx = _ctx("rev-1", "reviewer", "author", issue_number=42, pr_number=7, pr_author="rev-1", issue_state="review")
     d = evaluate("claim_review", ctx)
     assert (d.outcome, d.kind, d.missing) == ("reject", "not_authorized", ())
     assert "not_pr_author" in d.failed
     ok = evaluate("claim_review", replace(ctx, pr_author="author-1"))
     assert ok.allowed
+    implemented = evaluate("claim_review", replace(ctx, pr_author="author-1", implementer="rev-1"))
+    assert (implemented.kind, implemented.failed) == ("not_authorized", ("not_implementer",))
 
 
 def test_claim_review_without_a_pr_is_a_tracing_gap() -> None:
     d = evaluate("claim_review", _ctx("rev-1", "reviewer", issue_number=42))
-    assert (d.outcome, d.missing) == ("tracing_gap", ("pull_request",))
+    assert (d.outcome, d.missing) == ("tracing_gap", ("pull_request", "status_review"))
 
 
 def test_merge_by_a_non_merger_is_not_authorized() -> None:
     for roles in (("author",), ("reviewer",), ("controller",), ()):
-        d = evaluate("merge", _ctx("someone", *roles, pr_number=7, pr_author="author-1", pr_approved=True))
+        d = evaluate("merge_pull_request", _ctx("someone", *roles, pr_number=7, pr_author="author-1", pr_approved=True))
         assert (d.outcome, d.kind, d.missing) == ("reject", "not_authorized", ())
-    ok = evaluate("merge", _ctx("merger-1", "merger", pr_number=7, pr_author="author-1", pr_approved=True))
+    ok = evaluate("merge_pull_request", _ctx("merger-1", "merger", pr_number=7, pr_author="author-1", pr_approved=True))
     assert ok.allowed
 
 
 def test_merge_without_pr_or_approval_lists_both_missing() -> None:
-    d = evaluate("merge", _ctx("merger-1", "merger", issue_number=42))
+    d = evaluate("merge_pull_request", _ctx("merger-1", "merger", issue_number=42))
     assert (d.outcome, d.missing) == ("tracing_gap", ("pull_request", "approval"))
 
 
@@ -460,7 +462,7 @@ def test_next_verbs_and_tokens_are_consistent() -> None:
         tokens = [p.missing_token for p in verb.preconditions]
         assert len(set(tokens)) == len(tokens), verb.name
     assert VERBS["open_pr"].preconditions[-1] is PRECONDITION_COMMITS
-    assert PRECONDITION_PR_EXISTS in VERBS["merge"].preconditions
+    assert PRECONDITION_PR_EXISTS in VERBS["merge_pull_request"].preconditions
     assert {v.effect for v in VERBS.values()} == {"read", "mutate"}
     assert {"controller", "author", "reviewer", "merger"} == set(ALL_ROLES)
 

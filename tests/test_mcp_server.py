@@ -33,12 +33,15 @@ ROSTER = {
     "author-1": ["author"],
     "author-2": ["author"],
     "rev-1": ["reviewer"],
+    "merge-1": ["merger"],
 }
 TOKENS = {
     "tok-controller": "controller-bot",
     "tok-author-1": "author-1",
     "tok-author-2": "author-2",
     "tok-stranger": "stranger",
+    "tok-rev-1": "rev-1",
+    "tok-merge-1": "merge-1",
 }
 # Seed 000's canary: #617 ranks first (p0) and must never be selected or leased when excluded.
 CANARY = [
@@ -154,7 +157,7 @@ def with_bootstrap(runtime: VerbRuntime, fake: WorktreeBootstrap) -> VerbRuntime
 
 
 async def test_the_tools_are_the_executable_verbs_with_the_tables_schemas(runtime: VerbRuntime) -> None:
-    """Tools named as in DESIGN.md; open_pr/claim_review/merge are decided but not offered yet."""
+    """Tools named as in DESIGN.md; open_pr is decided but not offered yet."""
     async with connect(runtime, "tok-author-1") as client:
         tools = (await client.list_tools()).tools
     names = [t.name for t in tools]
@@ -167,6 +170,9 @@ async def test_the_tools_are_the_executable_verbs_with_the_tables_schemas(runtim
         "gitea_get_issue_state",
         "gitea_post_issue_state",
         "gitea_get_runtime_context",
+        "gitea_claim_review",
+        "gitea_submit_review",
+        "gitea_merge_pull_request",
     ]
     for tool in tools:
         verb = VERBS[tool.name.removeprefix("gitea_")]
@@ -541,8 +547,11 @@ async def test_a_hook_around_every_call_can_refuse_or_run_with_its_own_arguments
 
 def _identity_for(verb: str) -> str:
     # The controller may allocate; an author without a lease passes every other role gate and is then refused
-    # by a precondition, so a schema-valid call is never invalid_input and a schema-invalid one always is.
-    return "tok-controller" if verb == "allocate_next_work" else "tok-author-1"
+    # by a precondition, so a schema-valid call is never invalid_input and a schema-invalid one always is. The review
+    # and merge verbs go to their role's identity, which then meets the same preconditions.
+    special = {"allocate_next_work": "tok-controller", "claim_review": "tok-rev-1", "submit_review": "tok-rev-1",
+               "merge_pull_request": "tok-merge-1"}
+    return special.get(verb, "tok-author-1")
 
 
 class _Wire(pydantic.BaseModel):

@@ -115,7 +115,8 @@ def test_malformed_commands_are_errors(body: str) -> None:
 
 def test_commands_come_from_the_verb_table() -> None:
     """One table: every offered command is a verb's `command`, and each has its usage line."""
-    assert set(COMMANDS) == set(USAGE) == {"/allocate", "/bootstrap", "/lock", "/heartbeat", "/release"}
+    assert set(COMMANDS) == set(USAGE) == {"/allocate", "/bootstrap", "/lock", "/heartbeat", "/release",
+                                                  "/claim-review", "/merge"}
     assert all(COMMANDS[word].command == word and COMMANDS[word].executable for word in COMMANDS)
 
 

@@ -31,6 +31,7 @@ class State:
     commits: int = 0
     pr_author: str | None = None
     approved: bool = False
+    implementer: str | None = None
 
     def context(self, role: Role | None) -> GatewayContext:
         return GatewayContext(
@@ -44,6 +45,8 @@ class State:
             pr_number=7 if self.pr_author else None,
             pr_author=self.pr_author,
             pr_approved=self.approved,
+            implementer=self.implementer,
+            issue_state="review" if self.pr_author else None,  # a PR in these states is in status:review
         )
 
 
@@ -57,6 +60,8 @@ STATES: dict[str, State] = {
     "their PR": State(lease=THEM, worktree=True, commits=2, pr_author=THEM),
     "their approved PR": State(lease=THEM, worktree=True, commits=2, pr_author=THEM, approved=True),
     "my approved PR": State(lease=ME, worktree=True, commits=2, pr_author=ME, approved=True),
+    "my lease on their PR": State(lease=ME, pr_author=THEM),
+    "their PR I implemented": State(pr_author=THEM, implementer=ME),
 }
 
 # verb -> state -> decision per column (controller, author, reviewer, merger, not on the roster)
@@ -72,6 +77,8 @@ EXPECTED: dict[str, dict[str, str]] = {
         "their PR": "NA NA NA NA NA",
         "their approved PR": "NA NA NA NA NA",
         "my approved PR": "ok ok ok ok NA",
+        "my lease on their PR": "ok ok ok ok NA",
+        "their PR I implemented": "NA NA NA NA NA",
     },
     "lock_issue": {
         "no lease": "NA NA NA NA NA",
@@ -83,6 +90,8 @@ EXPECTED: dict[str, dict[str, str]] = {
         "their PR": "NA NA NA NA NA",
         "their approved PR": "NA NA NA NA NA",
         "my approved PR": "ok ok ok ok NA",
+        "my lease on their PR": "gap:worktree gap:worktree gap:worktree gap:worktree NA",
+        "their PR I implemented": "NA NA NA NA NA",
     },
     "heartbeat_lease": {
         "no lease": "gap:live_lease NA NA NA NA",
@@ -94,6 +103,8 @@ EXPECTED: dict[str, dict[str, str]] = {
         "their PR": "ok NA NA NA NA",
         "their approved PR": "ok NA NA NA NA",
         "my approved PR": "ok ok ok ok NA",
+        "my lease on their PR": "ok ok ok ok NA",
+        "their PR I implemented": "gap:live_lease NA NA NA NA",
     },
     "get_issue_state": {s: "ok ok ok ok NA" for s in STATES},
     "post_issue_state": {
@@ -106,6 +117,8 @@ EXPECTED: dict[str, dict[str, str]] = {
         "their PR": "ok NA NA NA NA",
         "their approved PR": "ok NA NA NA NA",
         "my approved PR": "ok ok ok ok NA",
+        "my lease on their PR": "ok ok ok ok NA",
+        "their PR I implemented": "ok NA NA NA NA",
     },
     "get_runtime_context": {s: "ok ok ok ok NA" for s in STATES},
     "open_pr": {
@@ -118,19 +131,36 @@ EXPECTED: dict[str, dict[str, str]] = {
         "their PR": "NA NA NA NA NA",
         "their approved PR": "NA NA NA NA NA",
         "my approved PR": "NA ok NA NA NA",
+        "my lease on their PR": "NA gap:worktree+commits NA NA NA",
+        "their PR I implemented": "NA NA NA NA NA",
     },
     "claim_review": {
-        "no lease": "NA NA gap:pull_request NA NA",
+        "no lease": "NA NA gap:pull_request+status_review NA NA",
+        "my lease": "NA NA gap:pull_request+status_review NA NA",
+        "my lease, worktree": "NA NA gap:pull_request+status_review NA NA",
+        "my lease, worktree, commits": "NA NA gap:pull_request+status_review NA NA",
+        "my expired lease": "NA NA gap:pull_request+status_review NA NA",
+        "their lease": "NA NA gap:pull_request+status_review NA NA",
+        "their PR": "NA NA ok NA NA",
+        "their approved PR": "NA NA ok NA NA",
+        "my approved PR": "NA NA NA NA NA",  # the self-review block: the PR's author
+        "my lease on their PR": "NA NA ok NA NA",  # the gate allows; the executor refuses a live lease (conflict)
+        "their PR I implemented": "NA NA NA NA NA",  # the self-review block: the implementer
+    },
+    "submit_review": {
+        "no lease": "NA NA NA NA NA",
         "my lease": "NA NA gap:pull_request NA NA",
         "my lease, worktree": "NA NA gap:pull_request NA NA",
         "my lease, worktree, commits": "NA NA gap:pull_request NA NA",
-        "my expired lease": "NA NA gap:pull_request NA NA",
-        "their lease": "NA NA gap:pull_request NA NA",
-        "their PR": "NA NA ok NA NA",
-        "their approved PR": "NA NA ok NA NA",
-        "my approved PR": "NA NA NA NA NA",  # the self-review block
+        "my expired lease": "NA NA NA NA NA",
+        "their lease": "NA NA NA NA NA",
+        "their PR": "NA NA NA NA NA",
+        "their approved PR": "NA NA NA NA NA",
+        "my approved PR": "NA NA NA NA NA",
+        "my lease on their PR": "NA NA ok NA NA",
+        "their PR I implemented": "NA NA NA NA NA",
     },
-    "merge": {
+    "merge_pull_request": {
         "no lease": "NA NA NA gap:pull_request+approval NA",
         "my lease": "NA NA NA gap:pull_request+approval NA",
         "my lease, worktree": "NA NA NA gap:pull_request+approval NA",
@@ -140,6 +170,8 @@ EXPECTED: dict[str, dict[str, str]] = {
         "their PR": "NA NA NA gap:approval NA",
         "their approved PR": "NA NA NA ok NA",
         "my approved PR": "NA NA NA ok NA",
+        "my lease on their PR": "NA NA NA gap:approval NA",
+        "their PR I implemented": "NA NA NA gap:approval NA",
     },
 }
 EXPECTED["release_lease"] = dict(EXPECTED["heartbeat_lease"])

@@ -56,6 +56,7 @@ class Sections(TypedDict, total=False):
     grants: Mapping[str, Any]
     dashboard: Mapping[str, Any]
     lifecycle: Mapping[str, Any]
+    merge: Mapping[str, Any]
 
 
 @dataclass

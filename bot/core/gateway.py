@@ -38,6 +38,10 @@ class GatewayContext:
     pr_number: int | None = None
     pr_author: str | None = None
     pr_approved: bool = False
+    #: The owner of the issue's last ``implement`` lease (the self-review block), None if it never had one.
+    implementer: str | None = None
+    #: The issue's state as its ``status:*`` label says (``review``, ...), None when unknown or not gathered.
+    issue_state: str | None = None
 
     def __post_init__(self) -> None:
         unknown = set(self.caller_roles) - set(ROLES)

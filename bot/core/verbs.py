@@ -72,6 +72,25 @@ PRECONDITION_NOT_PR_AUTHOR: Gate = Precondition(
     next_action="call gitea_get_runtime_context to find other work",
 )
 
+PRECONDITION_NOT_IMPLEMENTER: Gate = Precondition(
+    key="not_implementer",
+    check=lambda ctx: ctx.implementer is None or ctx.implementer != ctx.caller,
+    remediate="you implemented this issue (its last implement lease was yours) and cannot review it; "
+    "have a different reviewer claim it",
+    missing_token="not_implementer",  # noqa: S106
+    rejection_kind="not_authorized",
+    next_action="call gitea_get_runtime_context to find other work",
+)
+
+PRECONDITION_IN_REVIEW: Gate = Precondition(
+    key="in_review",
+    check=lambda ctx: ctx.issue_state == "review",
+    remediate="the issue is not in status:review; its author must open the pull request first",
+    missing_token="status_review",  # noqa: S106
+    message="Missing required status:review",
+    next_action="call gitea_get_issue_state to follow the issue until it is in review",
+)
+
 PRECONDITION_LIVE_LEASE: Gate = Precondition(
     key="live_lease",
     check=lambda ctx: ctx.lease_live,
@@ -353,24 +372,39 @@ _VERBS: tuple[Verb, ...] = (
     ),
     _verb(
         "claim_review",
-        "claim the review of the issue's pull request",
+        "claim the review of the issue's pull request: a review lease on it (status:review, nobody holds a lease)",
         roles=frozenset({"reviewer"}),
-        gates=(PRECONDITION_NOT_PR_AUTHOR,),
-        artifacts=(PRECONDITION_PR_EXISTS,),
+        gates=(PRECONDITION_NOT_PR_AUTHOR, PRECONDITION_NOT_IMPLEMENTER),
+        artifacts=(PRECONDITION_PR_EXISTS, PRECONDITION_IN_REVIEW),
         effect="mutate",
-        next_verbs=("get_issue_state", "post_issue_state"),
+        next_verbs=("submit_review", "heartbeat_lease"),
         params=(_issue(),),
-        executable=False,
+        command="/claim-review",
     ),
     _verb(
-        "merge",
-        "merge the approved pull request",
+        "submit_review",
+        "record a verdict (approve or request_changes) on the pull request's current head; ends the review lease",
+        roles=frozenset({"reviewer"}),
+        gates=(PRECONDITION_OWNERSHIP, PRECONDITION_NOT_PR_AUTHOR, PRECONDITION_NOT_IMPLEMENTER),
+        artifacts=(PRECONDITION_PR_EXISTS,),
+        effect="mutate",
+        next_verbs=("get_issue_state", "get_runtime_context"),
+        params=(
+            _issue(),
+            Param("verdict", "choice", "the review's verdict", required=True,
+                  choices=("approve", "request_changes")),
+            Param("body", "text", "what must change (required for request_changes)", max_length=2000),
+        ),
+    ),
+    _verb(
+        "merge_pull_request",
+        "merge the approved pull request, pinned to exactly the approved commit",
         roles=frozenset({"merger"}),
         artifacts=(PRECONDITION_PR_EXISTS, PRECONDITION_PR_APPROVED),
         effect="mutate",
-        next_verbs=("post_issue_state", "release_lease"),
+        next_verbs=("get_issue_state",),
         params=(_issue(),),
-        executable=False,
+        command="/merge",
     ),
 )
 

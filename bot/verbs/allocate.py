@@ -29,6 +29,8 @@ from bot.core.vocabulary import label_for_state
 from bot.gitea import GiteaError, GiteaNotFound, Issue, IssueState, IssueType
 from bot.verbs.bootstrap import BootstrapContext, bootstrap_preflight
 from bot.verbs.bootstrap.context import BootstrapGitea
+from bot.verbs.merge import MergeGitea
+from bot.verbs.review import ReviewGitea, review_candidates, review_lease_effects
 from bot.verbs.runtime import (
     OPERATOR_CHANNELS,
     Caller,
@@ -71,8 +73,9 @@ class CandidatesGitea(Protocol):
     async def get_issue(self, number: int) -> Issue: ...
 
 
-class AllocatorGitea(CandidatesGitea, BootstrapGitea, Protocol):
-    """What the allocator uses and hands on: its candidate reads, and the bootstrap's calls (preflight, bootstrap)."""
+class AllocatorGitea(CandidatesGitea, BootstrapGitea, ReviewGitea, MergeGitea, Protocol):
+    """What the allocator uses and hands on: its candidate reads, the bootstrap's calls (preflight, bootstrap), the
+    review candidates' reads, and (to the verbs auto-allocation runs) the merge's."""
 
 
 async def ready_candidates(gitea: CandidatesGitea) -> tuple[list[dict[str, Any]], frozenset[int]]:
@@ -224,10 +227,14 @@ class Allocator:
         ]
         return records, frozenset(issue.number for issue in open_issues)
 
-    async def gather_candidates(self) -> tuple[list[dict[str, Any]], frozenset[int]]:
-        """Open `status:ready` issues (not PRs) from Gitea, with their dependencies' open state."""
+    async def gather_candidates(self, action: str = "implement") -> tuple[list[dict[str, Any]], frozenset[int]]:
+        """Open `status:ready` issues (not PRs) from Gitea, with their dependencies' open state (for a review: the
+        `status:review` issues with their PRs)."""
         if self.gitea is None:
             raise LookupError("no Gitea client: give candidates_json, or configure gitea.token")
+        if action == "review":
+            slug = self.settings.bootstrap.slug_length
+            return await review_candidates(self.gitea, self.db, self.repo, slug_length=slug)
         return await ready_candidates(self.gitea)
 
     async def run(self, call: AllocationCall, *, now: datetime | None = None) -> AllocationOutcome:
@@ -237,6 +244,9 @@ class Allocator:
         source = "candidates_json"
         open_numbers: frozenset[int] = frozenset()
         candidates = call.candidates_json
+        if candidates is None and self.gitea is None and call.action == "review":
+            return _refuse("unavailable", "review candidates come from Gitea (the issues' pull requests), and this "
+                           "foreman has no Gitea client", "Nothing was leased.", "call again with candidates_json")
         if candidates is None and self.gitea is None:
             # No API to reconcile with: the stored issue state that the webhooks keep fresh.
             source = "stored_state"
@@ -244,7 +254,7 @@ class Allocator:
         elif candidates is None:
             source = "gitea"
             try:
-                candidates, open_numbers = await self.gather_candidates()
+                candidates, open_numbers = await self.gather_candidates(call.action)
             except GiteaError as exc:
                 return _refuse("unavailable", f"Gitea could not list the candidates: {exc}",
                                "Nothing was leased; Gitea must answer to reconcile the candidates.",
@@ -257,7 +267,7 @@ class Allocator:
             resume_own=call.resume_own,
         )
         moment = now or utcnow()
-        mode = self.settings.bootstrap.on_allocate
+        mode = self.settings.bootstrap.on_allocate if call.action == "implement" else "off"  # reviews need no worktree
         if not call.dry_run and not call.actor_is_operator and call.exclude_issue_numbers is not None:
             # A controller's exclusions stated in an apply stand for auto-allocation until it states others (a
             # dry run decides only: it writes nothing).
@@ -370,9 +380,8 @@ class Allocator:
                 return outcome
             if not isinstance(decision, SelectDecision):
                 return outcome  # wait or blocked: nothing is leased
-            if self.gitea is not None and self.settings.bootstrap.on_allocate != "off" and (
-                proven != decision.issue_number
-            ):
+            proving = self.settings.bootstrap.on_allocate != "off" and call.action == "implement"
+            if self.gitea is not None and proving and proven != decision.issue_number:
                 outcome.refusal = Envelope(
                     error="conflict",
                     message=f"the selection changed to #{decision.issue_number} after the proof; nothing was leased",
@@ -427,6 +436,8 @@ class Allocator:
 
     def _effects(self, lease: Lease, decision: SelectDecision, call: AllocationCall) -> Sequence[OutboxIntent]:
         """The Gitea side of a lease, in order: status label, assignee, then the evidence comment."""
+        if lease.action == "review":
+            return review_lease_effects(lease, self.bot_login, call.delivery_id)
         number, key = lease.issue_number, lease.lease_id
         branch_hint = f"issue-{number}"
         state = CanonicalState(

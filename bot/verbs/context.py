@@ -84,6 +84,9 @@ async def _next_action(rt: VerbRuntime, caller: Caller, mine: list[Lease]) -> st
         lease = mine[0]
         n = lease.issue_number
         until = lease.expires_at.isoformat()
+        if lease.action == "review":  # a review needs no worktree
+            return (f"review the pull request of #{n} and call gitea_submit_review with issue_number={n}; "
+                    f"call gitea_heartbeat_lease with issue_number={n} before {until}")
         bootstrap = await rt.worktree_bootstrap()
         if bootstrap is not None and not await bootstrap.worktree_registered(issue_number=n, owner=caller.login):
             return f"call gitea_bootstrap_issue_worktree with issue_number={n}"

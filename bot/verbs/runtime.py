@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 from bot.config import Settings
 from bot.core.errors import Envelope, ErrorKind
 from bot.core.gateway import Decision, GatewayContext, Role, evaluate_preconditions
-from bot.core.verbs import PRECONDITION_WORKTREE, VERBS, Verb, evaluate
+from bot.core.verbs import PRECONDITION_PR_EXISTS, PRECONDITION_WORKTREE, VERBS, Verb, evaluate
 from state.db import Database, utcnow
 from state.issues import IssueStore
 from state.leases import Lease, LeaseStore
@@ -22,8 +22,10 @@ if TYPE_CHECKING:
     from bot.verbs.allocate import AllocatorGitea
     from bot.verbs.bootstrap import BootstrapContext, BootstrapResult, LockResult
     from bot.verbs.context import BranchGitea
+    from bot.verbs.merge import MergeGitea
+    from bot.verbs.review import ReviewGitea
 
-    class VerbsGitea(AllocatorGitea, BranchGitea, Protocol):
+    class VerbsGitea(AllocatorGitea, BranchGitea, ReviewGitea, MergeGitea, Protocol):
         """What the door hands on: the allocator's Gitea (with the bootstrap's) and the runtime context's reads.
         Declared for the type checker only: the families it unites import this module."""
 
@@ -376,7 +378,19 @@ class VerbRuntime:
             lease_live=live,
             worktree_registered=worktree,
         )
+        if isinstance(issue, int) and PRECONDITION_PR_EXISTS in verb.preconditions:
+            context = await self._pull_facts(context, issue)
         return context, lease
+
+    async def _pull_facts(self, context: GatewayContext, issue: int) -> GatewayContext:
+        """The review and merge facts: the issue's PR (its author), the verdict on it, the implementer, the state."""
+        from bot.verbs.review import pull_facts
+
+        facts = await pull_facts(self, issue)
+        pull = facts.pull
+        return replace(context, pr_number=pull.number if pull is not None else None,
+                       pr_author=pull.user.login if pull is not None else None, pr_approved=facts.approved,
+                       implementer=facts.implementer, issue_state=facts.issue_state)
 
     async def worktree_registered(self, issue: int, owner: str) -> bool:
         bootstrap = await self.worktree_bootstrap()
@@ -489,7 +503,11 @@ Replayer = Callable[[VerbRuntime, Verb, Caller, Mapping[str, object]], Awaitable
 
 def replayers() -> Mapping[str, Replayer]:
     """The verbs that answer a finished request from its record before the preconditions (after the role gate)."""
-    return {"bootstrap_issue_worktree": bootstrap_replay}
+    from bot.verbs.merge import merge_replay
+    from bot.verbs.review import submit_review_replay
+
+    return {"bootstrap_issue_worktree": bootstrap_replay, "submit_review": submit_review_replay,
+            "merge_pull_request": merge_replay}
 
 
 @cache
@@ -499,6 +517,8 @@ def executors() -> Mapping[str, Executor]:
     from bot.verbs.context import runtime_context
     from bot.verbs.issue_state import get_state, post_state
     from bot.verbs.leases import heartbeat, release
+    from bot.verbs.merge import merge_pull_request
+    from bot.verbs.review import claim_review, submit_review
 
     table: dict[str, Executor] = {
         "allocate_next_work": allocate,
@@ -509,6 +529,9 @@ def executors() -> Mapping[str, Executor]:
         "get_issue_state": get_state,
         "post_issue_state": post_state,
         "get_runtime_context": runtime_context,
+        "claim_review": claim_review,
+        "submit_review": submit_review,
+        "merge_pull_request": merge_pull_request,
     }
     offered = {name for name, verb in VERBS.items() if verb.executable}
     if offered != set(table):

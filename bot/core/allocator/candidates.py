@@ -151,6 +151,8 @@ def _fast_candidate(record: Mapping[Any, Any]) -> Candidate | None:
     sends the record to the full validator, which then reports every problem exactly as before."""
     if type(record) is not dict or not record.keys() <= CANDIDATE_FIELDS or "number" in record:
         return None
+    if "barred_owners" in record:
+        return None  # rare (review candidates): the full validator reads it
     number = record.get("issue_number")
     if type(number) is not int or not 0 < number <= MAX_ISSUE_NUMBER:
         return None
@@ -289,6 +291,14 @@ def _candidate_from_record(
         problem("ready", f"expected a boolean, got {_type_name(ready)}")
         ready = True
 
+    barred: list[str] = []
+    raw_barred = record.get("barred_owners")
+    if raw_barred is not None:
+        if not isinstance(raw_barred, list | tuple) or not all(isinstance(x, str) and x for x in raw_barred):
+            problem("barred_owners", f"expected an array of logins, got {_type_name(raw_barred)}")
+        else:
+            barred = list(raw_barred)
+
     if problems or number is None:
         return None, problems
     return (
@@ -299,6 +309,7 @@ def _candidate_from_record(
             created_at=created_at,
             depends_on=tuple(sorted(set(depends_on))),
             ready=ready,
+            barred_owners=tuple(sorted(set(barred))),
         ),
         [],
     )
@@ -313,6 +324,7 @@ def _candidate_as_record(candidate: Candidate) -> dict[str, Any]:
         "created_at": candidate.created_at,
         "depends_on": list(candidate.depends_on),
         "ready": candidate.ready,
+        **({"barred_owners": list(candidate.barred_owners)} if candidate.barred_owners else {}),
     }
 
 

@@ -174,6 +174,9 @@ def decide(
         excluded = _exclusion_reason(number, candidate.labels, caller, policy)
         if excluded is not None:
             skipped.append(Skipped(number, *excluded))
+        elif owner in candidate.barred_owners:
+            skipped.append(Skipped(number, "self_review",
+                                   f"{owner} wrote or implemented #{number}'s pull request and cannot review it"))
         elif number in foreign_live:
             holder = first(foreign_live[number])
             skipped.append(

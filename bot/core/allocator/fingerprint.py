@@ -64,6 +64,7 @@ def decision_fingerprint(
                 None if c.created_at is None else (c.created_at - _UNIX_EPOCH) // _MICROSECOND,
                 c.depends_on,
                 c.ready,
+                *([True] if owner in c.barred_owners else []),  # barred for this owner (review candidates)
             ]
             for c in candidates
         ],

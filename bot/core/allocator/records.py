@@ -20,6 +20,7 @@ SkipReason = Literal[
     "not_ready",
     "dependency_open",
     "invalid_candidate",
+    "self_review",
 ]
 SKIP_REASONS: Final[tuple[SkipReason, ...]] = get_args(SkipReason)
 EXCLUSION_REASONS: Final[frozenset[SkipReason]] = frozenset(
@@ -34,7 +35,7 @@ DEFAULT_LEASE_GRACE: Final[timedelta] = timedelta(seconds=120)
 # Keys a candidate record may carry. Anything else is rejected: a misspelt "depend_on" silently
 # dropped would lease a held issue, which is exactly the fail-open the allocator exists to prevent.
 CANDIDATE_FIELDS: Final[frozenset[str]] = frozenset(
-    {"issue_number", "number", "title", "labels", "created_at", "depends_on", "ready"}
+    {"issue_number", "number", "title", "labels", "created_at", "depends_on", "ready", "barred_owners"}
 )
 _MAX_LISTED_PROBLEMS: Final[int] = 50
 
@@ -55,6 +56,8 @@ class Candidate:
     created_at: datetime | None = None
     depends_on: tuple[int, ...] = ()
     ready: bool = True
+    #: Logins that may never receive this issue's lease (a review candidate's PR author and implementer).
+    barred_owners: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -64,6 +67,7 @@ class Candidate:
             "created_at": self.created_at.isoformat() if self.created_at else None,
             "depends_on": list(self.depends_on),
             "ready": self.ready,
+            **({"barred_owners": list(self.barred_owners)} if self.barred_owners else {}),
         }
 
 

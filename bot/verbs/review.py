@@ -1,0 +1,354 @@
+"""The review verbs: find an issue's pull request, gather review candidates, claim a review and submit a verdict."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from datetime import datetime, timedelta
+from typing import Any, Literal, Protocol
+
+import aiosqlite
+
+from bot.core.bootstrap import branch_for
+from bot.core.canonical import CanonicalState
+from bot.core.evidence import render_evidence
+from bot.core.verbs import Verb
+from bot.core.vocabulary import label_for_state, state_for_label
+from bot.gitea import GiteaError, GiteaNotFound, Issue, IssueState, IssueType
+from bot.gitea.errors import GiteaInvalid
+from bot.gitea.values import PullRequest, Review
+from bot.verbs.leases import lease_changed
+from bot.verbs.runtime import Caller, CallOptions, VerbResult, VerbRuntime, envelope, issue_of, refused
+from state.db import Database
+from state.leases import Lease, LeaseRefused, LeaseStore, LeaseTaken
+from state.outbox import OutboxIntent, enqueue
+
+Verdict = Literal["approve", "request_changes"]
+_EVENTS: Mapping[str, Literal["APPROVED", "REQUEST_CHANGES"]] = {
+    "approve": "APPROVED", "request_changes": "REQUEST_CHANGES",
+}
+_MARKER = re.compile(r"<!-- foreman:review (lease-[0-9a-f]+) -->")
+
+
+class PullsGitea(Protocol):
+    """The Gitea reads that find an issue's pull request and its reviews."""
+
+    async def get_issue(self, number: int) -> Issue: ...
+
+    async def list_pulls(
+        self, *, state: IssueState = ..., base_branch: str | None = ..., limit: int = ...
+    ) -> list[PullRequest]: ...
+
+    async def list_reviews(self, number: int) -> list[Review]: ...
+
+
+class ReviewGitea(PullsGitea, Protocol):
+    """What the review verbs use: the pull-request reads, the issue listing and the review API."""
+
+    async def list_issues(
+        self, *, state: IssueState = ..., labels: Sequence[str] = ..., type_: IssueType | None = ..., limit: int = ...
+    ) -> list[Issue]: ...
+
+    async def submit_review(
+        self, number: int, event: Literal["APPROVED", "REQUEST_CHANGES", "COMMENT"], *, body: str = ...,
+        commit_id: str = ...,
+    ) -> Review: ...
+
+
+# --- the pull request of an issue -------------------------------------------------------------------------------------
+
+
+async def pull_for_issue(
+    gitea: PullsGitea, issue: Issue, *, slug_length: int, include_merged: bool = False
+) -> PullRequest | None:
+    """The issue's pull request: the open PR whose head is the issue's canonical branch (``branch_for``); with
+    ``include_merged`` a merged one too (a replayed merge). The one place that answers "which PR is this issue's"."""
+    branch = branch_for(issue.number, issue.title, slug_length=slug_length)
+    state: IssueState = "all" if include_merged else "open"
+    found = [p for p in await gitea.list_pulls(state=state) if p.head_ref == branch and (p.state == "open" or p.merged)]
+    if not found:
+        return None
+    return min(found, key=lambda p: (p.state != "open", -p.number))  # an open one first, then the newest
+
+
+def latest_verdict(reviews: Sequence[Review]) -> Review | None:
+    """The PR's latest official, undismissed verdict (APPROVED or REQUEST_CHANGES), or None."""
+    verdicts = [r for r in reviews if r.official and not r.dismissed and r.state in ("APPROVED", "REQUEST_CHANGES")]
+    return max(verdicts, key=lambda r: r.id) if verdicts else None
+
+
+async def implementer_of(leases: LeaseStore, repo: str, issue: int) -> Lease | None:
+    """The issue's last ``implement`` lease (its owner is the implementer the self-review block names)."""
+    implements = [lease for lease in await leases.history(repo, issue) if lease.action == "implement"]
+    return implements[-1] if implements else None
+
+
+@dataclass(frozen=True, slots=True)
+class PullFacts:
+    """What the review and merge gates read: the issue, its PR, the verdict on it, the implementer, the state."""
+
+    issue: Issue | None
+    pull: PullRequest | None
+    verdict: Review | None
+    implementer: str | None
+    issue_state: str | None
+
+    @property
+    def approved(self) -> bool:
+        return self.verdict is not None and self.verdict.state == "APPROVED"
+
+
+def issue_state_of(issue: Issue) -> str | None:
+    states = sorted(s for s in (state_for_label(name) for name in issue.label_names) if s is not None)
+    return states[0] if len(states) == 1 else None
+
+
+async def pull_facts(rt: VerbRuntime, number: int) -> PullFacts:
+    """The PR facts of issue ``number`` (no Gitea, or Gitea cannot answer: no PR, which the gates refuse)."""
+    implementer = await implementer_of(rt.leases, rt.repo, number)
+    owner = implementer.owner if implementer is not None else None
+    if rt.gitea is None:
+        return PullFacts(None, None, None, owner, None)
+    try:
+        issue = await rt.gitea.get_issue(number)
+        pull = await pull_for_issue(rt.gitea, issue, slug_length=rt.settings.bootstrap.slug_length)
+        verdict = latest_verdict(await rt.gitea.list_reviews(pull.number)) if pull is not None else None
+    except GiteaNotFound:
+        return PullFacts(None, None, None, owner, None)
+    return PullFacts(issue, pull, verdict, owner, issue_state_of(issue))
+
+
+# --- review candidates ------------------------------------------------------------------------------------------------
+
+
+async def review_candidates(
+    gitea: ReviewGitea, db: Database, repo: str, *, slug_length: int
+) -> tuple[list[dict[str, Any]], frozenset[int]]:
+    """Open `status:review` issues with an open PR, each barring its PR's author and implementer from the lease."""
+    review = label_for_state("review")
+    leases = LeaseStore(db)
+    records: list[dict[str, Any]] = []
+    for issue in await gitea.list_issues(state="open", labels=[review], type_="issues"):
+        if issue.is_pull or review not in issue.label_names:
+            continue
+        pull = await pull_for_issue(gitea, issue, slug_length=slug_length)
+        if pull is None:
+            continue  # nothing to review yet
+        implementer = await implementer_of(leases, repo, issue.number)
+        barred = {pull.user.login} | ({implementer.owner} if implementer is not None else set())
+        record: dict[str, Any] = {"issue_number": issue.number, "title": issue.title,
+                                  "labels": sorted(issue.label_names), "barred_owners": sorted(barred)}
+        if issue.created_at is not None:
+            record["created_at"] = issue.created_at.isoformat()
+        records.append(record)
+    return records, frozenset(r["issue_number"] for r in records)
+
+
+def review_lease_effects(lease: Lease, bot_login: str, cause: str | None) -> tuple[OutboxIntent, ...]:
+    """The Gitea side of a review lease: its evidence comment (the issue stays in `status:review`)."""
+    number, key = lease.issue_number, f"{lease.lease_id}:evidence"
+    state = CanonicalState(
+        state="review",
+        who_is_next="reviewer",
+        next_action=f"{lease.owner}: review the pull request and call gitea_submit_review for #{number}",
+        next_prompt=(
+            f"You hold review lease {lease.lease_id} on #{number} until {lease.expires_at.isoformat()}.\n"
+            f"Read the pull request, then call gitea_submit_review with verdict approve or request_changes."
+        ),
+        what_happened=f"leased the review of #{number} to {lease.owner}",
+        why="the issue is in status:review and the reviewer neither wrote nor implemented its pull request",
+        related_prs=(),
+        blockers="none",
+        validation="lease row committed; this comment is read back by foreman",
+        last_updated_by=bot_login or "foreman",
+    )
+    body = render_evidence(key=key, summary=f"Leased the review of #{number} to {lease.owner}.", state=state,
+                           evidence={"action": "review_lease", "lease": lease.to_dict()})
+    return (OutboxIntent(key, number, "comment", {"body": body}, cause),)
+
+
+# --- claim_review -----------------------------------------------------------------------------------------------------
+
+
+async def claim_review(
+    rt: VerbRuntime, verb: Verb, caller: Caller, values: Mapping[str, object], lease: Lease | None,
+    delivery_id: str | None, options: CallOptions,
+) -> VerbResult:
+    number = issue_of(values)
+    now = rt.clock()
+    if lease is not None and lease.is_live(now):
+        return refused(verb.name, envelope(
+            "conflict", f"#{number} is leased to {lease.owner} for {lease.action}; nobody else may claim it now",
+            "Wait until the lease ends, or review another issue.",
+            "call gitea_get_runtime_context to find other work", reason="leased", lease=lease.to_dict()))
+    try:
+        async with rt.db.transaction() as conn:
+            review_lease = await rt.leases.acquire(
+                conn, repo=rt.repo, issue_number=number, owner=caller.login, role="reviewer", action="review",
+                ttl=timedelta(seconds=rt.settings.allocator.lease_ttl_s), now=now, actor=caller.login,
+                fingerprint=None, request={"source": "claim_review"}, reclaim=lease,
+                grace=timedelta(seconds=rt.settings.allocator.lease_grace_s),
+            )
+            intents = review_lease_effects(review_lease, rt.bot_login, delivery_id)
+            for intent in intents:
+                await enqueue(conn, intent)
+    except LeaseTaken as exc:
+        return refused(verb.name, envelope(
+            "conflict", f"{exc}; nothing was claimed", "Another lease won the race for this issue.",
+            f"call gitea_get_issue_state with issue_number={number}"))
+    rt.woken()
+    return rt.done(verb, caller, {"issue_number": number, "lease": review_lease.to_dict(),
+                                  "outbox": [i.key for i in intents]})
+
+
+# --- submit_review ----------------------------------------------------------------------------------------------------
+
+
+def _marker(lease_id: str) -> str:
+    return f"<!-- foreman:review {lease_id} -->"
+
+
+def _found(reviews: Sequence[Review], lease_id: str) -> Review | None:
+    """The review this lease already submitted (its body carries the lease's marker), if any."""
+    for review in reviews:
+        match = _MARKER.search(review.body)
+        if match is not None and match.group(1) == lease_id:
+            return review
+    return None
+
+
+def _review_doc(number: int, pull: PullRequest, review: Review, verdict: str) -> dict[str, Any]:
+    return {"issue_number": number, "pull_number": pull.number, "verdict": verdict,
+            "review": {"id": review.id, "state": review.state, "commit_id": review.commit_id}}
+
+
+async def submit_review(
+    rt: VerbRuntime, verb: Verb, caller: Caller, values: Mapping[str, object], lease: Lease | None,
+    delivery_id: str | None, options: CallOptions,
+) -> VerbResult:
+    assert lease is not None  # the ownership precondition held
+    number = issue_of(values)
+    verdict = str(values["verdict"])
+    text = str(values.get("body") or "").strip()
+    if lease.action != "review":
+        return refused(verb.name, envelope(
+            "not_authorized", f"your lease on #{number} is for {lease.action}, not a review",
+            "Only the holder of a review lease submits a verdict.", f"call gitea_claim_review for #{number}"))
+    if verdict == "request_changes" and not text:
+        return refused(verb.name, envelope(
+            "invalid_input", "request_changes needs a body saying what must change",
+            "Say what must change in body.", f"call {verb.tool} again with body set", problems=[
+                {"argument": "body", "problem": "required for request_changes"}]))
+    facts = await pull_facts(rt, number)
+    pull = facts.pull
+    if pull is None or rt.gitea is None:
+        return refused(verb.name, envelope(
+            "invalid_state", f"#{number} has no open pull request any more", "Read the issue's state.",
+            f"call gitea_get_issue_state with issue_number={number}"))
+    try:
+        review = _found(await rt.gitea.list_reviews(pull.number), lease.lease_id)
+        if review is None:
+            body = f"{text}\n\n{_marker(lease.lease_id)}" if text else _marker(lease.lease_id)
+            review = await rt.gitea.submit_review(pull.number, _EVENTS[verdict], body=body, commit_id=pull.head_sha)
+    except GiteaInvalid as exc:
+        return refused(verb.name, envelope(
+            "invalid_state", f"Gitea refused the review of PR #{pull.number}: {exc.message}",
+            "Gitea refuses a verdict on a closed PR and by the PR's own poster (foreman's identity).",
+            f"call gitea_get_issue_state with issue_number={number}", gitea_status=exc.status))
+    except GiteaError as exc:
+        return refused(verb.name, envelope(
+            "unavailable", f"Gitea could not take the review of PR #{pull.number}: {exc}",
+            "Nothing was recorded; a retry finds a review Gitea did take.", f"call {verb.tool} again"))
+    return await _record_verdict(rt, verb, caller, lease, facts, pull, review, verdict, text, delivery_id)
+
+
+async def _record_verdict(
+    rt: VerbRuntime, verb: Verb, caller: Caller, lease: Lease, facts: PullFacts, pull: PullRequest, review: Review,
+    verdict: str, text: str, delivery_id: str | None,
+) -> VerbResult:
+    """In one transaction: the review lease ends (reviewed), the evidence comment, and for request_changes the
+    issue back to `status:in-progress` with a new implement lease for its implementer."""
+    number, now = lease.issue_number, rt.clock()
+    key = f"{lease.lease_id}:review"
+    implementer = facts.implementer
+    approve = verdict == "approve"
+    state = CanonicalState(
+        state="review" if approve else "in-progress",
+        who_is_next="merger" if approve else "author",
+        next_action=(f"a merger calls gitea_merge_pull_request for #{number}" if approve else
+                     f"{implementer or 'the author'}: call gitea_bootstrap_issue_worktree for #{number} (the same "
+                     "worktree and branch come back), address the review and push again"),
+        next_prompt=(f"PR #{pull.number} is approved at {review.commit_id}; merge exactly that commit." if approve
+                     else f"Changes requested on PR #{pull.number}:\n{text}"),
+        what_happened=f"{caller.login} {'approved' if approve else 'requested changes on'} PR #{pull.number} "
+        f"at {review.commit_id}",
+        why="the verdict of the review lease's holder, through Gitea's review API",
+        related_prs=(pull.number,),
+        blockers="none" if approve else text.replace("\n", " ")[:200],
+        validation=f"Gitea review {review.id} ({review.state}) on commit {review.commit_id}",
+        last_updated_by=rt.bot_login or "foreman",
+    )
+    intents: list[OutboxIntent] = []
+    try:
+        async with rt.db.transaction() as conn:
+            back = await _end_review(rt, conn, caller, lease, review, verdict, implementer, now)
+            if not approve:
+                labels = {"add": [label_for_state("in-progress")],
+                          "remove": [label_for_state("review"), label_for_state("pr-open")]}
+                intents.append(OutboxIntent(f"{key}:labels", number, "labels", labels, delivery_id))
+            evidence = {"action": "submit_review", "verdict": verdict, "reviewer": caller.login,
+                        "review_id": review.id, "commit_id": review.commit_id, "pull": pull.number,
+                        "review_lease": lease.lease_id, "author_lease": back.lease_id if back is not None else None}
+            body = render_evidence(key=key, summary=f"{caller.login}: {verdict} on PR #{pull.number}.", state=state,
+                                   evidence=evidence)
+            intents.append(OutboxIntent(key, number, "comment", {"body": body}, delivery_id))
+            for intent in intents:
+                await enqueue(conn, intent)
+    except LeaseRefused:
+        # Gitea holds the review (with this lease's marker): a retry by the new holder of a review lease finds it.
+        return refused(verb.name, lease_changed(verb, lease))
+    rt.woken()
+    doc = _review_doc(number, pull, review, verdict)
+    doc.update(outbox=[i.key for i in intents], lease=(await rt.leases.get(lease.lease_id) or lease).to_dict(),
+               author_lease=back.to_dict() if back is not None else None)
+    return rt.done(verb, caller, doc)
+
+
+async def _end_review(
+    rt: VerbRuntime, conn: aiosqlite.Connection, caller: Caller, lease: Lease, review: Review, verdict: str,
+    implementer: str | None, now: datetime,
+) -> Lease | None:
+    """The review lease ends (``reviewed``); for request_changes the implementer gets a new implement lease."""
+    await rt.leases.release(conn, lease.lease_id, actor=caller.login, reason="reviewed", now=now)
+    if verdict == "approve" or implementer is None:
+        return None
+    # The author's work resumes: the issue's only live lease was the review lease just ended, so this one cannot
+    # race; the implementer's bootstrap then recovers its registered worktree and branch.
+    return await rt.leases.acquire(
+        conn, repo=rt.repo, issue_number=lease.issue_number, owner=implementer, role="author", action="implement",
+        ttl=timedelta(seconds=rt.settings.allocator.lease_ttl_s), now=now, actor=caller.login,
+        fingerprint=None, request={"source": "request_changes", "review": review.id},
+    )
+
+
+async def submit_review_replay(
+    rt: VerbRuntime, verb: Verb, caller: Caller, values: Mapping[str, object]
+) -> VerbResult | None:
+    """A verdict the caller already recorded (its review lease ended ``reviewed``, Gitea holds the review with the
+    lease's marker), answered as it was; None for anything else (the preconditions then decide)."""
+    number = issue_of(values)
+    mine = [lease for lease in await rt.leases.history(rt.repo, number)
+            if lease.owner == caller.login and lease.action == "review"]
+    if not mine or mine[-1].status == "live" or mine[-1].end_reason != "reviewed" or rt.gitea is None:
+        return None
+    last = mine[-1]
+    facts = await pull_facts(rt, number)
+    if facts.pull is None:
+        return None
+    review = _found(await rt.gitea.list_reviews(facts.pull.number), last.lease_id)
+    if review is None or review.state != _EVENTS.get(str(values["verdict"])):
+        return None
+    doc = _review_doc(number, facts.pull, review, str(values["verdict"]))
+    doc.update(adopted=True, outbox=[f"{last.lease_id}:review"], lease=last.to_dict())
+    return replace(rt.done(verb, caller, doc))

@@ -1,0 +1,120 @@
+"""Review end to end against the emulator: allocation to a reviewer, the self-review block, and both verdicts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from bot.core.canonical import parse_comment
+from bot.core.evidence import find_marker
+from state.journal import JournalStore
+from state.leases import LeaseStore
+from tests.gitea_fixtures import BOT, OWNER, REPO
+from tests.review_support import LOOP, ROSTER, ok, put_in_review, reviews, tool, world
+from tests.support import Started
+from tests.world import FULL_NAME, World, open_world
+
+__all__ = ["world"]  # the fixture
+
+
+def evidence(world: World, number: int, marker: str) -> str:
+    issue = world.live.emulator.issue(OWNER, REPO, number)
+    [body] = [c.body for c in issue.comments if c.kind == "comment" and find_marker(c.body) == marker]
+    return body
+
+
+async def test_review_allocation_leases_a_status_review_issue_to_a_reviewer(world: World) -> None:
+    """allocate_next_work(action=review) picks the issue in status:review and leases it for review."""
+    pr = await put_in_review(world)
+    doc = await ok(world, "controller-bot", "gitea_allocate_next_work", action="review", owner="author-2",
+                   dry_run=False)
+    lease = doc["lease"]
+    assert (lease["issue_number"], lease["owner"], lease["role"], lease["action"]) == (
+        pr.number, "author-2", "reviewer", "review")
+    state = parse_comment(evidence(world, pr.number, f"{lease['lease_id']}:evidence")).current
+    assert state is not None and (state.state, state.who_is_next) == ("review", "reviewer")
+    assert "gitea_submit_review" in state.next_action
+    assert world.labels(pr.number) == ["status:review"]  # a review lease leaves the status as it is
+
+
+async def test_self_review_is_refused_at_allocation_and_at_the_verb(tmp_path: Path, start: Started) -> None:
+    """The implementer (the last implement lease's owner) and the PR's author are never the reviewer."""
+    roster = {**ROSTER, "author-1": ["author", "reviewer"], "author-3": ["reviewer", "merger"]}
+    async with open_world(tmp_path, start, roster=roster, **LOOP) as world:
+        pr = await put_in_review(world, poster="author-3")  # author-1 implemented it, author-3 opened the PR
+        for owner in ("author-1", "author-3"):
+            doc = await ok(world, "controller-bot", "gitea_allocate_next_work", action="review", owner=owner,
+                           dry_run=False)
+            assert doc["decision"] == "wait" and doc["applied"] is False, doc
+            assert [(s["issue_number"], s["reason"]) for s in doc["skipped"]] == [(pr.number, "self_review")]
+        refused, doc = await tool(world, "author-1", "gitea_claim_review", issue_number=pr.number)
+        assert refused and doc["error"] == "not_authorized" and "implemented" in doc["remediate"], doc
+        refused, doc = await tool(world, "author-3", "gitea_claim_review", issue_number=pr.number)
+        assert refused and doc["error"] == "not_authorized" and "wrote this pull request" in doc["remediate"], doc
+        assert await LeaseStore(world.service.db).open_leases(FULL_NAME) == []
+        claimed = await ok(world, "author-2", "gitea_claim_review", issue_number=pr.number)
+        assert (claimed["lease"]["owner"], claimed["lease"]["action"]) == ("author-2", "review")
+
+
+async def test_approve_records_the_verdict_on_the_head_and_hands_on_to_the_merger(world: World) -> None:
+    pr = await put_in_review(world)
+    claimed = await ok(world, "author-2", "gitea_claim_review", issue_number=pr.number)
+    context = await ok(world, "author-2", "gitea_get_runtime_context")
+    assert context["exact_next_action"].startswith(f"review the pull request of #{pr.number} and call "
+                                                   f"gitea_submit_review with issue_number={pr.number}")
+    refused, again = await tool(world, "author-2", "gitea_claim_review", issue_number=pr.number)
+    assert refused and again["error"] == "conflict", again
+    doc = await ok(world, "author-2", "gitea_submit_review", issue_number=pr.number, verdict="approve")
+    assert doc["review"]["commit_id"] == pr.head and doc["lease"]["end_reason"] == "reviewed"
+    assert reviews(world, pr.pull) == [("APPROVED", pr.head, True)]
+    state = parse_comment(evidence(world, pr.number, f"{claimed['lease']['lease_id']}:review")).current
+    assert state is not None and (state.state, state.who_is_next) == ("review", "merger")
+    assert "gitea_merge_pull_request" in state.next_action
+    # A replay adopts the recorded verdict: one review on Gitea, one evidence comment.
+    replay = await ok(world, "author-2", "gitea_submit_review", issue_number=pr.number, verdict="approve")
+    assert replay["adopted"] is True and replay["review"] == doc["review"]
+    assert reviews(world, pr.pull) == [("APPROVED", pr.head, True)]
+    evidence(world, pr.number, f"{claimed['lease']['lease_id']}:review")
+
+
+async def test_request_changes_hands_the_issue_back_to_its_author_in_the_same_worktree(world: World) -> None:
+    pr = await put_in_review(world)
+    journal = JournalStore(world.service.db)
+    [before] = await journal.history(FULL_NAME.lower(), pr.number)
+    await ok(world, "author-2", "gitea_claim_review", issue_number=pr.number)
+    refused, doc = await tool(world, "author-2", "gitea_submit_review", issue_number=pr.number,
+                              verdict="request_changes")
+    assert refused and doc["error"] == "invalid_input", doc  # request_changes needs a body
+    doc = await ok(world, "author-2", "gitea_submit_review", issue_number=pr.number, verdict="request_changes",
+                   body="The widget must be navy, not blue.")
+    assert reviews(world, pr.pull) == [("REQUEST_CHANGES", pr.head, True)]
+    back = doc["author_lease"]
+    assert (back["owner"], back["action"], back["status"]) == ("author-1", "implement", "live")
+    assert world.labels(pr.number) == ["status:in-progress"]
+    state = (await world.snapshot(pr.number)).state
+    assert state is not None and (state.state, state.who_is_next) == ("in-progress", "author")
+    assert "gitea_bootstrap_issue_worktree" in state.next_action
+    # The author's bootstrap recovers its worktree and branch (nothing created) under the new lease.
+    boot = await ok(world, "author-1", "gitea_bootstrap_issue_worktree", issue_number=pr.number)
+    proof = boot["proof"]
+    assert proof["created"] == {"branch": False, "worktree": False}, proof
+    assert (proof["branch"], proof["registration"]["worktree_path"]) == (before.branch, before.worktree_path)
+    assert proof["registration"]["lease_id"] == back["lease_id"]
+    assert (Path(before.worktree_path) / "README.md").is_file()
+    locked = await ok(world, "author-1", "gitea_lock_issue", issue_number=pr.number)
+    assert locked["status"] == "locked"
+    history = await LeaseStore(world.service.db).history(FULL_NAME, pr.number)
+    assert [(lease.action, lease.owner, lease.end_reason) for lease in history] == [
+        ("implement", "author-1", "pull request opened"), ("review", "author-2", "reviewed"),
+        ("implement", "author-1", None)]
+
+
+async def test_a_pr_posted_by_foreman_itself_cannot_be_approved_through_gitea(world: World) -> None:
+    """Gitea refuses a verdict by the PR's own poster: with foreman's token on both sides that is an invalid_state
+    refusal, and the review lease stays with the reviewer (nothing recorded)."""
+    pr = await put_in_review(world, poster=BOT)
+    claimed = await ok(world, "author-2", "gitea_claim_review", issue_number=pr.number)
+    refused, doc = await tool(world, "author-2", "gitea_submit_review", issue_number=pr.number, verdict="approve")
+    assert refused and doc["error"] == "invalid_state" and "your own pull" in doc["message"], doc
+    assert reviews(world, pr.pull) == []
+    lease = await LeaseStore(world.service.db).get(claimed["lease"]["lease_id"])
+    assert lease is not None and lease.status == "live"
