@@ -174,6 +174,7 @@ def test_skipped_accounting_names_a_distinct_reason_for_each_cause() -> None:
         {"issue_number": 8, "depends_on": [10]},  # #10 is a candidate, hence open
         {"issue_number": 9, "depends_on": [51]},  # #51 is not known to be open
         {"issue_number": 10, "labels": ["priority:p3"]},
+        {"issue_number": 11, "duplicate": "open pull request #12 closes #11"},
     ]
     decision = run(
         candidates, [1], leases=[lease(4), lease(5, minutes=-1)], policy=policy, open_issues=frozenset({50})
@@ -187,9 +188,10 @@ def test_skipped_accounting_names_a_distinct_reason_for_each_cause() -> None:
         6: "not_ready",
         7: "dependency_open",
         8: "dependency_open",
+        11: "duplicate_work",
     }
     assert [r.issue_number for r in decision.ranked] == [10, 9]
-    assert decision.considered == len(decision.ranked) + len(decision.skipped) == 10
+    assert decision.considered == len(decision.ranked) + len(decision.skipped) == 11
     # own_claim only arises with resume_own=False (auto-allocation giving an owner a further issue).
     assert set(reasons(decision).values()) | {"invalid_candidate", "own_claim"} == set(SKIP_REASONS)
     assert BLOCK_REASONS == ("excluded_owned_lease",)

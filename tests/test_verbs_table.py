@@ -31,6 +31,7 @@ class State:
     commits: int = 0
     pr_author: str | None = None
     approved: bool = False
+    locked: bool = False
 
     def context(self, role: Role | None) -> GatewayContext:
         return GatewayContext(
@@ -44,6 +45,7 @@ class State:
             pr_number=7 if self.pr_author else None,
             pr_author=self.pr_author,
             pr_approved=self.approved,
+            locked=self.locked,
         )
 
 
@@ -51,12 +53,12 @@ STATES: dict[str, State] = {
     "no lease": State(),
     "my lease": State(lease=ME),
     "my lease, worktree": State(lease=ME, worktree=True),
-    "my lease, worktree, commits": State(lease=ME, worktree=True, commits=2),
-    "my expired lease": State(lease=ME, live=False, worktree=True, commits=2),
-    "their lease": State(lease=THEM, worktree=True, commits=2),
-    "their PR": State(lease=THEM, worktree=True, commits=2, pr_author=THEM),
-    "their approved PR": State(lease=THEM, worktree=True, commits=2, pr_author=THEM, approved=True),
-    "my approved PR": State(lease=ME, worktree=True, commits=2, pr_author=ME, approved=True),
+    "my lease, worktree, commits": State(lease=ME, worktree=True, commits=2, locked=True),
+    "my expired lease": State(lease=ME, live=False, worktree=True, commits=2, locked=True),
+    "their lease": State(lease=THEM, worktree=True, commits=2, locked=True),
+    "their PR": State(lease=THEM, worktree=True, commits=2, pr_author=THEM, locked=True),
+    "their approved PR": State(lease=THEM, worktree=True, commits=2, pr_author=THEM, approved=True, locked=True),
+    "my approved PR": State(lease=ME, worktree=True, commits=2, pr_author=ME, approved=True, locked=True),
 }
 
 # verb -> state -> decision per column (controller, author, reviewer, merger, not on the roster)
@@ -108,7 +110,18 @@ EXPECTED: dict[str, dict[str, str]] = {
         "my approved PR": "ok ok ok ok NA",
     },
     "get_runtime_context": {s: "ok ok ok ok NA" for s in STATES},
-    "open_pr": {
+    "publish_worktree": {
+        "no lease": "NA NA NA NA NA",
+        "my lease": "NA gap:worktree+issue_lock NA NA NA",
+        "my lease, worktree": "NA gap:issue_lock NA NA NA",
+        "my lease, worktree, commits": "NA ok NA NA NA",
+        "my expired lease": "NA NA NA NA NA",
+        "their lease": "NA NA NA NA NA",
+        "their PR": "NA NA NA NA NA",
+        "their approved PR": "NA NA NA NA NA",
+        "my approved PR": "NA ok NA NA NA",
+    },
+    "open_pull_request": {
         "no lease": "NA NA NA NA NA",
         "my lease": "NA gap:worktree+commits NA NA NA",
         "my lease, worktree": "NA gap:commits NA NA NA",
@@ -119,6 +132,7 @@ EXPECTED: dict[str, dict[str, str]] = {
         "their approved PR": "NA NA NA NA NA",
         "my approved PR": "NA ok NA NA NA",
     },
+    "assess_work_issue_duplicate": {s: "ok ok ok ok NA" for s in STATES},
     "claim_review": {
         "no lease": "NA NA gap:pull_request NA NA",
         "my lease": "NA NA gap:pull_request NA NA",

@@ -38,6 +38,7 @@ class GatewayContext:
     pr_number: int | None = None
     pr_author: str | None = None
     pr_approved: bool = False
+    locked: bool = False
 
     def __post_init__(self) -> None:
         unknown = set(self.caller_roles) - set(ROLES)

@@ -29,6 +29,7 @@ from bot.core.vocabulary import label_for_state
 from bot.gitea import GiteaError, GiteaNotFound, Issue, IssueState, IssueType
 from bot.verbs.bootstrap import BootstrapContext, bootstrap_preflight
 from bot.verbs.bootstrap.context import BootstrapGitea
+from bot.verbs.duplicates import DuplicatesGitea, mark_duplicates
 from bot.verbs.runtime import (
     OPERATOR_CHANNELS,
     Caller,
@@ -71,7 +72,7 @@ class CandidatesGitea(Protocol):
     async def get_issue(self, number: int) -> Issue: ...
 
 
-class AllocatorGitea(CandidatesGitea, BootstrapGitea, Protocol):
+class AllocatorGitea(CandidatesGitea, BootstrapGitea, DuplicatesGitea, Protocol):
     """What the allocator uses and hands on: its candidate reads, and the bootstrap's calls (preflight, bootstrap)."""
 
 
@@ -228,7 +229,7 @@ class Allocator:
         """Open `status:ready` issues (not PRs) from Gitea, with their dependencies' open state."""
         if self.gitea is None:
             raise LookupError("no Gitea client: give candidates_json, or configure gitea.token")
-        return await ready_candidates(self.gitea)
+        return await mark_duplicates(self.db, self.repo, self.gitea, await ready_candidates(self.gitea))
 
     async def run(self, call: AllocationCall, *, now: datetime | None = None) -> AllocationOutcome:
         refused = self._check_owner(call)

@@ -182,6 +182,9 @@ def _fast_candidate(record: Mapping[Any, Any]) -> Candidate | None:
         ready = True
     elif type(ready) is not bool:
         return None
+    duplicate = record.get("duplicate")
+    if duplicate is not None and (type(duplicate) is not str or not duplicate or _has_surrogate(duplicate)):
+        return None
     return Candidate(
         issue_number=number,
         title=title,
@@ -189,6 +192,7 @@ def _fast_candidate(record: Mapping[Any, Any]) -> Candidate | None:
         created_at=created_at,
         depends_on=tuple(sorted(set(deps))) if len(deps) > 1 else tuple(deps),
         ready=ready,
+        duplicate=duplicate,
     )
 
 
@@ -289,6 +293,11 @@ def _candidate_from_record(
         problem("ready", f"expected a boolean, got {_type_name(ready)}")
         ready = True
 
+    duplicate = record.get("duplicate")
+    if duplicate is not None and (not isinstance(duplicate, str) or not duplicate or _has_surrogate(duplicate)):
+        problem("duplicate", "expected a non-empty string (the duplicate-work finding) or null")
+        duplicate = None
+
     if problems or number is None:
         return None, problems
     return (
@@ -299,6 +308,7 @@ def _candidate_from_record(
             created_at=created_at,
             depends_on=tuple(sorted(set(depends_on))),
             ready=ready,
+            duplicate=duplicate,
         ),
         [],
     )
@@ -313,6 +323,7 @@ def _candidate_as_record(candidate: Candidate) -> dict[str, Any]:
         "created_at": candidate.created_at,
         "depends_on": list(candidate.depends_on),
         "ready": candidate.ready,
+        "duplicate": candidate.duplicate,
     }
 
 

@@ -32,6 +32,9 @@ _GRANT_USES: Final[Mapping[str, tuple[frozenset[GrantEffect], Mapping[str, Any]]
         "get_issue_state": (frozenset({"read", "plan_only"}), MappingProxyType({})),
         "post_issue_state": (frozenset({"mutate"}), MappingProxyType({})),
         "get_runtime_context": (frozenset({"read", "plan_only"}), MappingProxyType({})),
+        "publish_worktree": (frozenset({"mutate"}), MappingProxyType({})),
+        "open_pull_request": (frozenset({"mutate"}), MappingProxyType({})),
+        "assess_work_issue_duplicate": (frozenset({"read", "plan_only"}), MappingProxyType({})),
     }
 )
 
