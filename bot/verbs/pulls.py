@@ -131,7 +131,7 @@ async def _record(
 ) -> dict[str, Any]:
     """Record the PR on the issue and queue ``status:pr-open``, ``status:review`` and the evidence, in one
     transaction (keys per PR: a replay queues nothing new)."""
-    prefix = f"pr:{rt.repo}#{issue}:{pr.number}"
+    prefix = f"pr:{issue}:{pr.number}"
     in_progress, pr_open, review = (label_for_state(s) for s in ("in-progress", "pr-open", "review"))
     doc: dict[str, Any] = {
         "issue_number": issue, "pull_request": pr.number, "head": pr.head_ref, "head_sha": pr.head_sha,
