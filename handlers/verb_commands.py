@@ -1,4 +1,4 @@
-"""Comment commands (`/allocate`, `/bootstrap`, `/lock`, `/heartbeat`, `/release`): verbs answered by a reply."""
+"""Comment commands (`/allocate`, `/bootstrap`, `/lock`, `/release`, `/publish`, ...): verbs answered by a reply."""
 
 from __future__ import annotations
 
@@ -27,6 +27,8 @@ USAGE: dict[str, str] = {
     "/lock": "/lock",
     "/heartbeat": "/heartbeat",
     "/release": "/release [REASON ...]",
+    "/publish": "/publish MESSAGE ...",
+    "/open-pr": "/open-pr",
 }
 
 
@@ -115,6 +117,10 @@ def _arguments(word: str, words: list[str]) -> dict[str, Any]:
         if any(w.startswith("--") for w in words):
             raise CommandError(word, "the reason is plain words; /release takes no options")
         return {"reason": " ".join(words)} if words else {}
+    if word == "/publish":
+        if not words or any(w.startswith("--") for w in words):
+            raise CommandError(word, "the commit message is plain words after /publish; it takes no options")
+        return {"message": " ".join(words)}
     if words:
         raise CommandError(word, f"{word} takes no arguments")
     return {}

@@ -13,7 +13,7 @@ from mcp import Client
 
 from bot import gitops
 from bot.core.canonical import parse_comment
-from bot.core.evidence import find_marker
+from bot.core.evidence import find_marker, parse_evidence
 from bot.mcp_server import build_server
 from bot.verbs.runtime import VerbRuntime, caller_for
 from state.journal import JournalStore
@@ -217,3 +217,38 @@ async def test_publish_before_the_lock_is_a_tracing_gap_naming_the_lock(world: W
     refused, doc = await call_tool(world, "author-1", "gitea_publish_worktree", issue_number=issue.number,
                                    message="Too early")
     assert refused and doc["error"] == "tracing_gap" and doc["missing"] == ["issue_lock"], doc
+
+
+def reply_refusal(world: World, number: int) -> dict[str, Any]:
+    """The refusal in the latest comment-command reply on the issue."""
+    comments = world.live.emulator.issue(OWNER, REPO, number).comments
+    [reply] = [c.body for c in comments if (find_marker(c.body) or "").startswith("command:")][-1:]
+    evidence = parse_evidence(reply)
+    assert evidence is not None and "refusal" in evidence, reply
+    return dict(evidence["refusal"])
+
+
+@pytest.mark.parametrize("login", ["author-2", "author-3"])
+async def test_a_refusal_is_the_same_envelope_by_comment_and_by_mcp(world: World, login: str) -> None:
+    number = await leased_and_locked(world)
+    worktree, branch = await worktree_of(world, number)
+    (worktree / "f.txt").write_text("f\n", encoding="utf-8")
+    for body, tool, arguments in (("/publish Take it over", "gitea_publish_worktree", {"message": "Take it over"}),
+                                  ("/open-pr", "gitea_open_pull_request", {})):
+        await world.comment(login, number, body)
+        by_comment = reply_refusal(world, number)
+        _, by_mcp = await call_tool(world, login, tool, issue_number=number, **arguments)
+        assert by_comment["error"] == "not_authorized" and by_comment == {k: by_mcp[k] for k in by_comment}
+    assert remote_sha(world, branch) is None
+
+
+async def test_the_owner_publishes_and_opens_the_pull_request_by_comment(world: World) -> None:
+    number = await leased_and_locked(world)
+    worktree, branch = await worktree_of(world, number)
+    (worktree / "g.txt").write_text("g\n", encoding="utf-8")
+    await world.comment("author-1", number, "/publish Add g by comment")
+    sha = remote_sha(world, branch)
+    assert sha is not None and "g.txt" in tree_of(world, sha)
+    await world.comment("author-1", number, "/open-pr")
+    [pr] = await world.gitea.list_pulls(state="open")
+    assert (pr.head_ref, pr.head_sha) == (branch, sha) and world.labels(number) == ["status:review"]

@@ -361,6 +361,7 @@ _VERBS: tuple[Verb, ...] = (
             Param("message", "text", "the commit message (one line)", required=True, max_length=500),
             Param("idempotency_key", "key", "replaying the same key adopts the same commit and resumes its push"),
         ),
+        command="/publish",
     ),
     _verb(
         "open_pull_request",
@@ -371,6 +372,7 @@ _VERBS: tuple[Verb, ...] = (
         effect="mutate",
         next_verbs=("get_issue_state", "release_lease"),
         params=(_issue(),),
+        command="/open-pr",
     ),
     _verb(
         "assess_work_issue_duplicate",
