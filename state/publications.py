@@ -123,6 +123,16 @@ class PublicationStore:
         assert found is not None
         return found
 
+    async def unfinished(self, repo: str, issue_number: int, lease_id: str, message_digest: str) -> Publication | None:
+        """The latest publish of this lease and message that did not reach ``pushed`` (a crash or a refusal)."""
+        async with self._db.reader.execute(
+            f"SELECT {_P_COLUMNS} FROM publications WHERE repo = ? AND issue_number = ? AND lease_id = ?"  # noqa: S608
+            " AND message_digest = ? AND phase IN ('started', 'committed') ORDER BY id DESC LIMIT 1",
+            (repo, issue_number, lease_id, message_digest),
+        ) as cur:
+            row = await cur.fetchone()
+        return _publication(row) if row is not None else None
+
     async def pushed_branches(self, repo: str, branch: str) -> list[Publication]:
         """The publishes of ours that pushed ``branch`` to Gitea (phase pushed or verified)."""
         async with self._db.reader.execute(

@@ -76,3 +76,22 @@ async def test_without_a_published_branch_the_pull_request_is_a_tracing_gap_nami
     assert refused and doc["error"] == "tracing_gap" and doc["missing"] == ["commits"], doc
     assert "gitea_publish_worktree" in doc["exact_next_action"]
     assert await world.gitea.list_pulls(state="open") == []
+
+
+async def test_gitea_answering_already_exists_is_adopted(world: World, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The PR appeared between foreman's look and its create (Gitea's 409): adopted, never a second one."""
+    from bot.verbs import pulls
+
+    number, branch, _ = await published(world)
+    theirs = await world.gitea.create_pull(branch, title="raced", base="main", body="")
+    real = pulls.open_pull
+    looks: list[str] = []
+
+    async def blind_once(gitea: pulls.PullsGitea, head: str) -> object:
+        looks.append(head)
+        return None if len(looks) == 1 else await real(gitea, head)
+
+    monkeypatch.setattr(pulls, "open_pull", blind_once)
+    refused, doc = await call_tool(world, "author-1", "gitea_open_pull_request", issue_number=number)
+    assert not refused and doc["pull_request"] == theirs.number and doc["adopted"], doc
+    assert len(looks) == 2 and len(await world.gitea.list_pulls(state="open")) == 1

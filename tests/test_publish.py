@@ -252,3 +252,26 @@ async def test_the_owner_publishes_and_opens_the_pull_request_by_comment(world: 
     await world.comment("author-1", number, "/open-pr")
     [pr] = await world.gitea.list_pulls(state="open")
     assert (pr.head_ref, pr.head_sha) == (branch, sha) and world.labels(number) == ["status:review"]
+
+
+async def test_without_a_key_the_same_message_resumes_a_publish_a_crash_left_unpushed(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    number = await leased_and_locked(world)
+    worktree, branch = await worktree_of(world, number)
+    (worktree / "h.txt").write_text("h\n", encoding="utf-8")
+
+    def crash(self: gitops.ControlCheckout, *args: Any, **kwargs: Any) -> str | None:
+        raise Crash
+
+    service = world.service
+    door = VerbRuntime(db=service.db, settings=service.settings, gitea=service.gitea, bot_login="foreman-bot")
+    with monkeypatch.context() as patch:
+        patch.setattr(gitops.ControlCheckout, "push_branch", crash)
+        with pytest.raises(Crash):
+            await door.call("publish_worktree", caller_for(service.settings, "author-1", "mcp"),
+                            {"issue_number": number, "message": "H"})
+    [pub] = await PublicationStore(world.service.db).for_issue(FULL_NAME.lower(), number)
+    refused, doc = await call_tool(world, "author-1", "gitea_publish_worktree", issue_number=number, message="H")
+    assert not refused and doc["commit"] == pub.commit_sha == remote_sha(world, branch), doc
+    assert len(await PublicationStore(world.service.db).for_issue(FULL_NAME.lower(), number)) == 1

@@ -25,7 +25,8 @@ class GatewayContext:
 
     ``worktree_registered`` means: a worktree registered under ``branches/`` on the issue's branch
     (the branches-only guard is the edge's job when it gathers this fact). ``commits_ahead`` counts
-    commits on the issue branch beyond its base. ``pr_author`` is ``None`` when there is no PR.
+    commits on the issue branch beyond its base. ``pr_author`` is ``None`` when there is no PR. ``locked``: the
+    issue is locked to the lease owner's registered worktree.
     """
 
     caller: str

@@ -98,6 +98,10 @@ async def _run(
     parent = await asyncio.to_thread(checkout.branch_sha, branch)
     key = _key(values, lease, message, parent)
     pub = await store.get(rt.repo, key)
+    if pub is None and not isinstance(values.get("idempotency_key"), str):
+        # Without a key, the same message again resumes this lease's publish that a crash or a refusal left
+        # unfinished (its commit may already be the branch head, which changed the derived key).
+        pub = await store.unfinished(rt.repo, issue, lease.lease_id, _digest(message))
     if pub is not None and pub.message_digest != _digest(message):
         raise _Refused(envelope(
             "conflict", f"idempotency key {values.get('idempotency_key')!r} was used with another message",
