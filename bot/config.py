@@ -21,6 +21,7 @@ from bot.config_sections import (
     GrantTemplateConfig,
     McpConfig,
     OutboxConfig,
+    PublishConfig,
     ReconcileConfig,
     RepositoryConfig,
     ServerConfig,
@@ -72,6 +73,7 @@ class Settings(ConfigSection):
     mcp: McpConfig = McpConfig()
     grants: dict[str, GrantTemplateConfig] = Field(default_factory=dict)
     dashboard: DashboardConfig = DashboardConfig()
+    publish: PublishConfig = PublishConfig()
 
     def webhook_secrets(self) -> list[bytes]:
         """The configured webhook secrets as bytes (after load_settings resolved files)."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import urllib.parse
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -286,3 +287,26 @@ class GrantTemplateConfig(ConfigSection):
     def template(self, key: str) -> PolicyTemplate:
         """The core's template (raises TemplateError naming each problem's path)."""
         return PolicyTemplate.from_mapping(key, self.model_dump(mode="python"))
+
+
+class PublishConfig(ConfigSection):
+    """The publish verb (docs/mcp.md, "Publishing, the pull request and duplicate work")."""
+
+    # login = "Name <e-mail>": the git author of that roster login's commits (default "<login> <login@users.noreply>").
+    authors: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("authors")
+    @classmethod
+    def _identities(cls, value: dict[str, str]) -> dict[str, str]:
+        for login, identity in value.items():
+            if _IDENTITY.fullmatch(identity) is None:
+                raise ValueError(f"{login}: expected \"Name <e-mail>\" on one line, got {identity!r}")
+        return value
+
+    def author_of(self, login: str) -> tuple[str, str]:
+        """(name, e-mail) of ``login``'s commits."""
+        found = _IDENTITY.fullmatch(self.authors.get(login, ""))
+        return (found.group(1).strip(), found.group(2)) if found else (login, f"{login}@users.noreply")
+
+
+_IDENTITY = re.compile(r"([^<>\r\n]*[^<>\s][^<>\r\n]*) <([^<>\s]+)>")

@@ -275,3 +275,27 @@ async def test_without_a_key_the_same_message_resumes_a_publish_a_crash_left_unp
     refused, doc = await call_tool(world, "author-1", "gitea_publish_worktree", issue_number=number, message="H")
     assert not refused and doc["commit"] == pub.commit_sha == remote_sha(world, branch), doc
     assert len(await PublicationStore(world.service.db).for_issue(FULL_NAME.lower(), number)) == 1
+
+
+async def test_the_configured_author_identity_signs_the_commit(tmp_path: Path, start: Started) -> None:
+    async with open_world(tmp_path, start, roster=ROSTER,
+                          publish={"authors": {"author-1": "Author One <one@example.com>"}}) as world:
+        number = await leased_and_locked(world)
+        worktree, _ = await worktree_of(world, number)
+        (worktree / "i.txt").write_text("i\n", encoding="utf-8")
+        refused, doc = await call_tool(world, "author-1", "gitea_publish_worktree", issue_number=number,
+                                       message="Signed")
+        assert not refused, doc
+        log = subprocess.run(["git", "-C", str(worktree), "log", "-1", "--format=%an <%ae>"],
+                             capture_output=True, text=True, check=True).stdout.strip()
+        assert log == "Author One <one@example.com>"
+
+
+@pytest.mark.parametrize("identity", ["no address", "Name <a b>", "<only@address>", "Name <x@y>\nmore"])
+def test_an_author_identity_that_is_not_name_and_address_is_refused(identity: str) -> None:
+    from pydantic import ValidationError
+
+    from bot.config import Settings
+
+    with pytest.raises(ValidationError, match="author-1"):
+        Settings.model_validate({"publish": {"authors": {"author-1": identity}}})

@@ -55,6 +55,7 @@ class Sections(TypedDict, total=False):
     mcp: Mapping[str, Any]
     grants: Mapping[str, Any]
     dashboard: Mapping[str, Any]
+    publish: Mapping[str, Any]
 
 
 @dataclass

@@ -40,11 +40,6 @@ class _Refused(Exception):
         self.envelope = envelope
 
 
-def author_identity(login: str) -> tuple[str, str]:
-    """The git author of a roster login's commits: its login, at a no-reply address."""
-    return login, f"{login}@users.noreply"
-
-
 def _key(values: Mapping[str, object], lease: Lease, message: str, parent: str | None) -> str:
     given = values.get("idempotency_key")
     if isinstance(given, str):
@@ -114,7 +109,8 @@ async def _run(
                                     owner=lease.owner, branch=branch, worktree_path=str(worktree),
                                     message_digest=_digest(message), parent_sha=parent, now=rt.clock())
     if pub.phase == "started":
-        sha = await asyncio.to_thread(_commit, checkout, worktree, branch, pub, message, caller.login)
+        author = rt.settings.publish.author_of(caller.login)
+        sha = await asyncio.to_thread(_commit, checkout, worktree, branch, pub, message, author)
         async with rt.db.transaction() as conn:
             pub = await store.advance(conn, pub, "committed", commit_sha=sha, now=rt.clock())
     if pub.phase == "committed":
@@ -125,7 +121,7 @@ async def _run(
 
 
 def _commit(checkout: gitops.ControlCheckout, worktree: Path, branch: str, pub: Publication, message: str,
-            login: str) -> str:
+            author: tuple[str, str]) -> str:
     """The publish's commit: adopted when the branch head already carries its trailer (a crash after the commit),
     else made from every change inside the worktree (a path that leaves it is refused, nothing committed)."""
     trailer = f"{TRAILER}: {pub.key}"
@@ -143,7 +139,7 @@ def _commit(checkout: gitops.ControlCheckout, worktree: Path, branch: str, pub: 
             f"remove the symbolic link(s) {', '.join(escaping[:3])} from the worktree, then call "
             f"gitea_publish_worktree again for #{pub.issue_number}",
             paths=escaping[:50]))
-    sha = checkout.commit_worktree(worktree, f"{message}\n\n{trailer}\n", author=author_identity(login)) if (
+    sha = checkout.commit_worktree(worktree, f"{message}\n\n{trailer}\n", author=author) if (
         changes) else None
     if sha is None:
         raise _Refused(Envelope(
