@@ -23,6 +23,7 @@ from bot.config_sections import (
     McpConfig,
     MergeConfig,
     OutboxConfig,
+    PublishConfig,
     ReconcileConfig,
     RepositoryConfig,
     ServerConfig,
@@ -76,6 +77,7 @@ class Settings(ConfigSection):
     dashboard: DashboardConfig = DashboardConfig()
     lifecycle: LifecycleConfig = LifecycleConfig()
     merge: MergeConfig = MergeConfig()
+    publish: PublishConfig = PublishConfig()
 
     def webhook_secrets(self) -> list[bytes]:
         """The configured webhook secrets as bytes (after load_settings resolved files)."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import urllib.parse
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -305,3 +306,26 @@ class MergeConfig(ConfigSection):
     """How ``gitea_merge_pull_request`` merges: one of Gitea's merge styles (``MergePullRequestForm.Do``)."""
 
     style: Literal["merge", "rebase", "rebase-merge", "squash", "fast-forward-only"] = "merge"
+
+
+class PublishConfig(ConfigSection):
+    """The publish verb (docs/mcp.md, "Publishing, the pull request and duplicate work")."""
+
+    # login = "Name <e-mail>": the git author of that roster login's commits (default "<login> <login@users.noreply>").
+    authors: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("authors")
+    @classmethod
+    def _identities(cls, value: dict[str, str]) -> dict[str, str]:
+        for login, identity in value.items():
+            if _IDENTITY.fullmatch(identity) is None:
+                raise ValueError(f"{login}: expected \"Name <e-mail>\" on one line, got {identity!r}")
+        return value
+
+    def author_of(self, login: str) -> tuple[str, str]:
+        """(name, e-mail) of ``login``'s commits."""
+        found = _IDENTITY.fullmatch(self.authors.get(login, ""))
+        return (found.group(1).strip(), found.group(2)) if found else (login, f"{login}@users.noreply")
+
+
+_IDENTITY = re.compile(r"([^<>\r\n]*[^<>\s][^<>\r\n]*) <([^<>\s]+)>")

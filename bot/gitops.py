@@ -466,6 +466,60 @@ class ControlCheckout:
         return [item for item in out.split("\0") if item]
 
 
+    def worktree_changes(self, path: Path) -> list[str]:
+        """The paths (relative to the worktree) of every tracked change and untracked file, no rename pairing."""
+        out = GitRunner(path, env=self.git.env, timeout_s=self.timeout_s).run(
+            "--no-optional-locks", "status", "--porcelain=v1", "-z", "--untracked-files=all", "--no-renames")
+        return [item[3:] for item in out.split("\0") if len(item) > 3]
+
+    def commit_worktree(self, path: Path, message: str, *, author: tuple[str, str]) -> str | None:
+        """Stage everything inside the worktree (``git add -A -- .`` run there) and commit it as ``author``
+        (name, e-mail; the committer is the bot). None when nothing is staged (no commit made)."""
+        runner = GitRunner(path, env={**self.git.env, "GIT_AUTHOR_NAME": author[0], "GIT_AUTHOR_EMAIL": author[1]},
+                           timeout_s=self.timeout_s)
+        runner.run("add", "-A", "--", ".")
+        status, _, err = runner.attempt("diff", "--cached", "--quiet", timed=True)
+        if status == 0:
+            return None
+        if status != 1:
+            raise GitFailure(("diff", "--cached"), status, err)
+        status, _, err = runner.attempt("-c", "commit.gpgsign=false", "commit", "--no-verify", "-q", "-m", message,
+                                        timed=True)
+        if status != 0:
+            raise GitFailure(("commit",), status, err)
+        return runner.run("rev-parse", "--verify", "HEAD").strip()
+
+    def commit_message(self, sha: str) -> str:
+        status, out, _ = self.git.attempt("log", "-1", "--format=%B", sha)
+        return out if status == 0 else ""
+
+    def is_ancestor(self, older: str, newer: str) -> bool:
+        """``older`` is ``newer`` or one of its ancestors (False when either is unknown here)."""
+        status, _, _ = self.git.attempt("merge-base", "--is-ancestor", older, newer)
+        return status == 0
+
+    def commits_between(self, base: str, head: str) -> int | None:
+        """How many commits ``head`` has that ``base`` has not (None when either is unknown here)."""
+        status, out, _ = self.git.attempt("rev-list", "--count", f"{base}..{head}")
+        return int(out.strip()) if status == 0 and out.strip().isdigit() else None
+
+    def remote_branch(self, branch: str, *, auth: Mapping[str, str]) -> str | None:
+        """The sha ``refs/heads/<branch>`` has on origin now (None: no such branch there)."""
+        out = self.git.run("ls-remote", "origin", f"refs/heads/{branch}", extra_env=auth)
+        return out.split("\t", 1)[0].strip() or None
+
+    def push_branch(self, branch: str, sha: str, *, auth: Mapping[str, str]) -> str | None:
+        """Push ``sha`` to origin's ``refs/heads/<branch>``, never forced; None when pushed, else git's refusal
+        (a non-fast-forward). Any other failure raises GitFailure."""
+        status, _, err = self.git.attempt("push", "--quiet", "origin", f"{sha}:refs/heads/{branch}", extra_env=auth,
+                                          timed=True)
+        if status == 0:
+            return None
+        if any(word in err for word in ("rejected", "non-fast-forward", "fetch first")):
+            return err.strip()[-400:]
+        raise GitFailure(("push", "origin", branch), status, err)
+
+
 # --- file system ------------------------------------------------------------------------------------------------------
 
 

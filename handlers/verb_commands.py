@@ -1,4 +1,4 @@
-"""Comment commands (`/allocate`, `/bootstrap`, `/lock`, `/heartbeat`, `/release`): verbs answered by a reply."""
+"""Comment commands (`/allocate`, `/bootstrap`, `/lock`, `/release`, `/publish`, ...): verbs answered by a reply."""
 
 from __future__ import annotations
 
@@ -29,6 +29,8 @@ USAGE: dict[str, str] = {
     "/release": "/release [REASON ...]",
     "/claim-review": "/claim-review",
     "/merge": "/merge",
+    "/publish": "/publish MESSAGE ...",
+    "/open-pr": "/open-pr",
 }
 
 
@@ -117,6 +119,10 @@ def _arguments(word: str, words: list[str]) -> dict[str, Any]:
         if any(w.startswith("--") for w in words):
             raise CommandError(word, "the reason is plain words; /release takes no options")
         return {"reason": " ".join(words)} if words else {}
+    if word == "/publish":
+        if not words or any(w.startswith("--") for w in words):
+            raise CommandError(word, "the commit message is plain words after /publish; it takes no options")
+        return {"message": " ".join(words)}
     if words:
         raise CommandError(word, f"{word} takes no arguments")
     return {}

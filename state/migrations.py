@@ -548,7 +548,44 @@ MIGRATIONS: tuple[tuple[int, str, str], ...] = (
         """,
     ),
     (
-        13,
+        11,
+        "publishing an issue branch (commit, push, read-back journal) and the pull request opened for an issue",
+        """
+        CREATE TABLE publications (
+            id             INTEGER PRIMARY KEY,
+            repo           TEXT NOT NULL,
+            issue_number   INTEGER NOT NULL,
+            key            TEXT NOT NULL,
+            lease_id       TEXT NOT NULL,
+            owner          TEXT NOT NULL,
+            branch         TEXT NOT NULL,
+            worktree_path  TEXT NOT NULL,
+            message_digest TEXT NOT NULL,
+            phase          TEXT NOT NULL CHECK (phase IN ('started', 'committed', 'pushed', 'verified')),
+            parent_sha     TEXT,
+            commit_sha     TEXT,
+            remote_before  TEXT,
+            result_json    TEXT,
+            created_at     TEXT NOT NULL,
+            updated_at     TEXT NOT NULL,
+            UNIQUE (repo, key)
+        );
+        CREATE INDEX publications_by_branch ON publications (repo, branch, phase);
+        CREATE TABLE issue_pulls (
+            repo         TEXT NOT NULL,
+            issue_number INTEGER NOT NULL,
+            pr_number    INTEGER NOT NULL,
+            head         TEXT NOT NULL,
+            base         TEXT NOT NULL,
+            opened_by    TEXT NOT NULL,
+            adopted      INTEGER NOT NULL DEFAULT 0,
+            recorded_at  TEXT NOT NULL,
+            PRIMARY KEY (repo, issue_number, pr_number)
+        );
+        """,
+    ),
+    (
+        12,
         "teardowns: the end of each issue's life, once per pull request or closing",
         """
         CREATE TABLE teardowns (

@@ -175,6 +175,7 @@ def test_skipped_accounting_names_a_distinct_reason_for_each_cause() -> None:
         {"issue_number": 9, "depends_on": [51]},  # #51 is not known to be open
         {"issue_number": 10, "labels": ["priority:p3"]},
         {"issue_number": 11, "barred_owners": [ME, "someone"]},  # a review candidate whose PR the owner wrote
+        {"issue_number": 12, "duplicate": "open pull request #13 closes #12"},
     ]
     decision = run(
         candidates, [1], leases=[lease(4), lease(5, minutes=-1)], policy=policy, open_issues=frozenset({50})
@@ -189,9 +190,10 @@ def test_skipped_accounting_names_a_distinct_reason_for_each_cause() -> None:
         7: "dependency_open",
         8: "dependency_open",
         11: "self_review",
+        12: "duplicate_work",
     }
     assert [r.issue_number for r in decision.ranked] == [10, 9]
-    assert decision.considered == len(decision.ranked) + len(decision.skipped) == 11
+    assert decision.considered == len(decision.ranked) + len(decision.skipped) == len(candidates) == 12
     # own_claim only arises with resume_own=False (auto-allocation giving an owner a further issue).
     assert set(reasons(decision).values()) | {"invalid_candidate", "own_claim"} == set(SKIP_REASONS)
     assert BLOCK_REASONS == ("excluded_owned_lease",)

@@ -294,7 +294,7 @@ def test_not_authorized_envelope_matches_seed_example_literally(shared_dir: Path
 def test_envelope_carries_the_same_values_as_the_shared_error_envelope() -> None:
     """DESIGN section 3: the same refusal through bot.core.errors.Envelope (only its key order differs)."""
     for d in (
-        evaluate("open_pr", _author_on_task(commits_ahead=0, worktree_registered=False)),
+        evaluate("open_pull_request", _author_on_task(commits_ahead=0, worktree_registered=False)),
         evaluate("merge_pull_request", _ctx("author-1", "author")),
     ):
         err = d.to_error()
@@ -335,21 +335,21 @@ def test_merge_without_pr_or_approval_lists_both_missing() -> None:
 
 
 def test_open_pr_without_commits_is_a_tracing_gap_naming_commits() -> None:
-    d = evaluate("open_pr", _author_on_task(commits_ahead=0))
+    d = evaluate("open_pull_request", _author_on_task(commits_ahead=0))
     assert (d.outcome, d.kind, d.missing) == ("tracing_gap", "tracing_gap", ("commits",))
     assert d.message == "Missing required commit(s)"
-    assert evaluate("open_pr", _author_on_task()).allowed
+    assert evaluate("open_pull_request", _author_on_task()).allowed
 
 
 def test_open_pr_lists_every_missing_artifact_in_table_order() -> None:
-    d = evaluate("open_pr", _author_on_task(commits_ahead=0, worktree_registered=False))
+    d = evaluate("open_pull_request", _author_on_task(commits_ahead=0, worktree_registered=False))
     assert d.missing == ("worktree", "commits")
-    assert d.remediate == VERBS["open_pr"].preconditions[2].remediate
+    assert d.remediate == VERBS["open_pull_request"].preconditions[2].remediate
 
 
 def test_open_pr_on_someone_elses_issue_is_not_authorized_before_any_gap() -> None:
     ctx = _author_on_task(lease_owner="author-2", commits_ahead=0, worktree_registered=False)
-    d = evaluate("open_pr", ctx)
+    d = evaluate("open_pull_request", ctx)
     assert (d.outcome, d.kind, d.missing) == ("reject", "not_authorized", ())
     assert d.failed[0] == PRECONDITION_OWNERSHIP.key
 
@@ -461,7 +461,7 @@ def test_next_verbs_and_tokens_are_consistent() -> None:
         assert set(verb.next_verbs) <= set(VERBS), verb.name
         tokens = [p.missing_token for p in verb.preconditions]
         assert len(set(tokens)) == len(tokens), verb.name
-    assert VERBS["open_pr"].preconditions[-1] is PRECONDITION_COMMITS
+    assert VERBS["open_pull_request"].preconditions[-1] is PRECONDITION_COMMITS
     assert PRECONDITION_PR_EXISTS in VERBS["merge_pull_request"].preconditions
     assert {v.effect for v in VERBS.values()} == {"read", "mutate"}
     assert {"controller", "author", "reviewer", "merger"} == set(ALL_ROLES)
@@ -486,8 +486,8 @@ def test_markdown_table_has_one_row_per_verb_in_order() -> None:
     md = render_verb_table_markdown()
     rows = md.splitlines()[2:]
     assert [r.split("|")[1].strip().strip("`") for r in rows] == list(VERBS)
-    open_pr = rows[list(VERBS).index("open_pr")]
-    assert "`gitea_open_pr`" in open_pr and "`commits` (tracing_gap)" in open_pr
+    open_pr = rows[list(VERBS).index("open_pull_request")]
+    assert "`gitea_open_pull_request`" in open_pr and "`commits` (tracing_gap)" in open_pr
     assert md == render_verb_table_markdown()
 
 

@@ -100,6 +100,8 @@ def test_malformed_or_repeated_scalar_comment_arguments_refuse(body: str) -> Non
         ("/bootstrap", "bootstrap_issue_worktree", {}),
         ("/bootstrap --expected-base abc --key k1", "bootstrap_issue_worktree",
          {"expected_base": "abc", "idempotency_key": "k1"}),
+        ("/publish Add the parser", "publish_worktree", {"message": "Add the parser"}),
+        ("/open-pr", "open_pull_request", {}),
     ],
 )
 def test_every_command_names_its_verb(body: str, verb: str, arguments: dict[str, Any]) -> None:
@@ -107,7 +109,8 @@ def test_every_command_names_its_verb(body: str, verb: str, arguments: dict[str,
     assert command is not None and command.verb is VERBS[verb] and command.arguments == arguments
 
 
-@pytest.mark.parametrize("body", ["/heartbeat now", "/lock 5", "/release --force", "/bootstrap --base x"])
+@pytest.mark.parametrize("body", ["/heartbeat now", "/lock 5", "/release --force", "/bootstrap --base x", "/publish",
+                                  "/publish --force now", "/open-pr 5"])
 def test_malformed_commands_are_errors(body: str) -> None:
     with pytest.raises(CommandError):
         parse_command(body)
@@ -116,7 +119,7 @@ def test_malformed_commands_are_errors(body: str) -> None:
 def test_commands_come_from_the_verb_table() -> None:
     """One table: every offered command is a verb's `command`, and each has its usage line."""
     assert set(COMMANDS) == set(USAGE) == {"/allocate", "/bootstrap", "/lock", "/heartbeat", "/release",
-                                                  "/claim-review", "/merge"}
+                                           "/claim-review", "/merge", "/publish", "/open-pr"}
     assert all(COMMANDS[word].command == word and COMMANDS[word].executable for word in COMMANDS)
 
 

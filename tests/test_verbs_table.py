@@ -32,6 +32,7 @@ class State:
     pr_author: str | None = None
     approved: bool = False
     implementer: str | None = None
+    locked: bool = False
 
     def context(self, role: Role | None) -> GatewayContext:
         return GatewayContext(
@@ -47,6 +48,7 @@ class State:
             pr_approved=self.approved,
             implementer=self.implementer,
             issue_state="review" if self.pr_author else None,  # a PR in these states is in status:review
+            locked=self.locked,
         )
 
 
@@ -54,12 +56,12 @@ STATES: dict[str, State] = {
     "no lease": State(),
     "my lease": State(lease=ME),
     "my lease, worktree": State(lease=ME, worktree=True),
-    "my lease, worktree, commits": State(lease=ME, worktree=True, commits=2),
-    "my expired lease": State(lease=ME, live=False, worktree=True, commits=2),
-    "their lease": State(lease=THEM, worktree=True, commits=2),
-    "their PR": State(lease=THEM, worktree=True, commits=2, pr_author=THEM),
-    "their approved PR": State(lease=THEM, worktree=True, commits=2, pr_author=THEM, approved=True),
-    "my approved PR": State(lease=ME, worktree=True, commits=2, pr_author=ME, approved=True),
+    "my lease, worktree, commits": State(lease=ME, worktree=True, commits=2, locked=True),
+    "my expired lease": State(lease=ME, live=False, worktree=True, commits=2, locked=True),
+    "their lease": State(lease=THEM, worktree=True, commits=2, locked=True),
+    "their PR": State(lease=THEM, worktree=True, commits=2, pr_author=THEM, locked=True),
+    "their approved PR": State(lease=THEM, worktree=True, commits=2, pr_author=THEM, approved=True, locked=True),
+    "my approved PR": State(lease=ME, worktree=True, commits=2, pr_author=ME, approved=True, locked=True),
     "my lease on their PR": State(lease=ME, pr_author=THEM),
     "their PR I implemented": State(pr_author=THEM, implementer=ME),
 }
@@ -121,7 +123,20 @@ EXPECTED: dict[str, dict[str, str]] = {
         "their PR I implemented": "ok NA NA NA NA",
     },
     "get_runtime_context": {s: "ok ok ok ok NA" for s in STATES},
-    "open_pr": {
+    "publish_worktree": {
+        "no lease": "NA NA NA NA NA",
+        "my lease": "NA gap:worktree+issue_lock NA NA NA",
+        "my lease, worktree": "NA gap:issue_lock NA NA NA",
+        "my lease, worktree, commits": "NA ok NA NA NA",
+        "my expired lease": "NA NA NA NA NA",
+        "their lease": "NA NA NA NA NA",
+        "their PR": "NA NA NA NA NA",
+        "their approved PR": "NA NA NA NA NA",
+        "my approved PR": "NA ok NA NA NA",
+        "my lease on their PR": "NA gap:worktree+issue_lock NA NA NA",
+        "their PR I implemented": "NA NA NA NA NA",
+    },
+    "open_pull_request": {
         "no lease": "NA NA NA NA NA",
         "my lease": "NA gap:worktree+commits NA NA NA",
         "my lease, worktree": "NA gap:commits NA NA NA",
@@ -134,6 +149,7 @@ EXPECTED: dict[str, dict[str, str]] = {
         "my lease on their PR": "NA gap:worktree+commits NA NA NA",
         "their PR I implemented": "NA NA NA NA NA",
     },
+    "assess_work_issue_duplicate": {s: "ok ok ok ok NA" for s in STATES},
     "claim_review": {
         "no lease": "NA NA gap:pull_request+status_review NA NA",
         "my lease": "NA NA gap:pull_request+status_review NA NA",

@@ -57,6 +57,7 @@ class Sections(TypedDict, total=False):
     dashboard: Mapping[str, Any]
     lifecycle: Mapping[str, Any]
     merge: Mapping[str, Any]
+    publish: Mapping[str, Any]
 
 
 @dataclass

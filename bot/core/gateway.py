@@ -25,7 +25,8 @@ class GatewayContext:
 
     ``worktree_registered`` means: a worktree registered under ``branches/`` on the issue's branch
     (the branches-only guard is the edge's job when it gathers this fact). ``commits_ahead`` counts
-    commits on the issue branch beyond its base. ``pr_author`` is ``None`` when there is no PR.
+    commits on the issue branch beyond its base. ``pr_author`` is ``None`` when there is no PR. ``locked``: the
+    issue is locked to the lease owner's registered worktree.
     """
 
     caller: str
@@ -42,6 +43,7 @@ class GatewayContext:
     implementer: str | None = None
     #: The issue's state as its ``status:*`` label says (``review``, ...), None when unknown or not gathered.
     issue_state: str | None = None
+    locked: bool = False
 
     def __post_init__(self) -> None:
         unknown = set(self.caller_roles) - set(ROLES)

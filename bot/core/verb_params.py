@@ -95,6 +95,8 @@ _CANDIDATE_SCHEMA: dict[str, Any] = {
         "created_at": {**_nullable(_string(_RFC3339, 64)), "description": "RFC 3339 with an offset"},
         "depends_on": _nullable(_array(_ISSUE_SCHEMA, MAX_LIST)),
         "ready": {"type": ["boolean", "null"]},
+        "duplicate": {**_nullable(_string(_ANY_TEXT, MAX_LINE, min_length=1)),
+                      "description": "a duplicate-work finding: the candidate is skipped duplicate_work"},
     },
     "anyOf": [{"required": ["issue_number"]}, {"required": ["number"]}],
     "additionalProperties": False,

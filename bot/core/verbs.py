@@ -108,10 +108,18 @@ PRECONDITION_WORKTREE: Gate = Precondition(
     message="Missing required worktree",
 )
 
+PRECONDITION_LOCK: Gate = Precondition(
+    key="issue_locked",
+    check=lambda ctx: ctx.locked,
+    remediate="the issue is not locked to your worktree; call gitea_lock_issue first",
+    missing_token="issue_lock",  # noqa: S106
+    message="Missing required issue lock",
+)
+
 PRECONDITION_COMMITS: Gate = Precondition(
     key="commits",
     check=lambda ctx: ctx.commits_ahead > 0,
-    remediate="commit at least once on the issue branch, with a non-empty message, before opening a PR",
+    remediate="the issue branch on Gitea has no commit beyond the default branch; call gitea_publish_worktree",
     missing_token="commits",  # noqa: S106
     message="Missing required commit(s)",
 )
@@ -119,7 +127,7 @@ PRECONDITION_COMMITS: Gate = Precondition(
 PRECONDITION_PR_EXISTS: Gate = Precondition(
     key="pr_exists",
     check=lambda ctx: ctx.pr_number is not None,
-    remediate="no pull request for this issue yet; the author must call gitea_open_pr first",
+    remediate="no pull request for this issue yet; the author must call gitea_open_pull_request first",
     missing_token="pull_request",  # noqa: S106
     message="Missing required pull request",
     next_action="call gitea_get_issue_state to follow the issue until its PR is open",
@@ -345,7 +353,7 @@ _VERBS: tuple[Verb, ...] = (
         roles=ALL_ROLES,
         gates=(PRECONDITION_OWNERSHIP_OR_CONTROLLER,),
         effect="mutate",
-        next_verbs=("open_pr", "release_lease"),
+        next_verbs=("open_pull_request", "release_lease"),
         params=(
             _issue(),
             Param("state", "state", "the new state", required=True),
@@ -360,15 +368,42 @@ _VERBS: tuple[Verb, ...] = (
         next_verbs=("get_issue_state", "allocate_next_work"),
     ),
     _verb(
-        "open_pr",
-        "open a pull request from the issue branch",
+        "publish_worktree",
+        "commit the worktree's changes with your message and push the issue branch (never forced)",
+        roles=frozenset({"author"}),
+        gates=(PRECONDITION_OWNERSHIP,),
+        artifacts=(PRECONDITION_WORKTREE, PRECONDITION_LOCK),
+        effect="mutate",
+        next_verbs=("open_pull_request", "get_issue_state"),
+        params=(
+            _issue(),
+            Param("message", "text", "the commit message (one line)", required=True, max_length=500),
+            Param("idempotency_key", "key", "replaying the same key adopts the same commit and resumes its push"),
+        ),
+        command="/publish",
+    ),
+    _verb(
+        "open_pull_request",
+        "open the issue's pull request (head: the issue branch, base: the default branch; one per issue)",
         roles=frozenset({"author"}),
         gates=(PRECONDITION_OWNERSHIP,),
         artifacts=(PRECONDITION_WORKTREE, PRECONDITION_COMMITS),
         effect="mutate",
-        next_verbs=("post_issue_state", "release_lease"),
+        next_verbs=("get_issue_state", "release_lease"),
         params=(_issue(),),
-        executable=False,
+        command="/open-pr",
+    ),
+    _verb(
+        "assess_work_issue_duplicate",
+        "find duplicate work on an issue: a linked open pull request, a conflicting branch, an active claim",
+        roles=ALL_ROLES,
+        effect="read",
+        next_verbs=("get_issue_state", "allocate_next_work"),
+        params=(
+            _issue(),
+            Param("phase", "choice", "when the assessment is made", default="pre_claim",
+                  choices=("pre_claim", "pre_pr")),
+        ),
     ),
     _verb(
         "claim_review",

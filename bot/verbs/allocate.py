@@ -29,6 +29,7 @@ from bot.core.vocabulary import label_for_state
 from bot.gitea import GiteaError, GiteaNotFound, Issue, IssueState, IssueType
 from bot.verbs.bootstrap import BootstrapContext, bootstrap_preflight
 from bot.verbs.bootstrap.context import BootstrapGitea
+from bot.verbs.duplicates import DuplicatesGitea, mark_duplicates
 from bot.verbs.merge import MergeGitea
 from bot.verbs.review import ReviewGitea, review_candidates, review_lease_effects
 from bot.verbs.runtime import (
@@ -73,7 +74,7 @@ class CandidatesGitea(Protocol):
     async def get_issue(self, number: int) -> Issue: ...
 
 
-class AllocatorGitea(CandidatesGitea, BootstrapGitea, ReviewGitea, MergeGitea, Protocol):
+class AllocatorGitea(CandidatesGitea, BootstrapGitea, ReviewGitea, MergeGitea, DuplicatesGitea, Protocol):
     """What the allocator uses and hands on: its candidate reads, the bootstrap's calls (preflight, bootstrap), the
     review candidates' reads, and (to the verbs auto-allocation runs) the merge's."""
 
@@ -235,7 +236,7 @@ class Allocator:
         if action == "review":
             slug = self.settings.bootstrap.slug_length
             return await review_candidates(self.gitea, self.db, self.repo, slug_length=slug)
-        return await ready_candidates(self.gitea)
+        return await mark_duplicates(self.db, self.repo, self.gitea, await ready_candidates(self.gitea))
 
     async def run(self, call: AllocationCall, *, now: datetime | None = None) -> AllocationOutcome:
         refused = self._check_owner(call)

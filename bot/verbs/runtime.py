@@ -13,7 +13,15 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 from bot.config import Settings
 from bot.core.errors import Envelope, ErrorKind
 from bot.core.gateway import Decision, GatewayContext, Role, evaluate_preconditions
-from bot.core.verbs import PRECONDITION_PR_EXISTS, PRECONDITION_WORKTREE, VERBS, Verb, evaluate
+from bot.core.verbs import (
+    PRECONDITION_COMMITS,
+    PRECONDITION_LOCK,
+    PRECONDITION_PR_EXISTS,
+    PRECONDITION_WORKTREE,
+    VERBS,
+    Verb,
+    evaluate,
+)
 from state.db import Database, utcnow
 from state.issues import IssueStore
 from state.leases import Lease, LeaseStore
@@ -364,12 +372,19 @@ class VerbRuntime:
         issue = values.get("issue_number") if verb.issue_scoped else None
         lease: Lease | None = None
         live = False
-        worktree = False
+        worktree = locked = False
+        commits = 0
         if isinstance(issue, int):
             lease = await self.leases.live_for_issue(self.repo, issue)
             live = lease is not None and lease.is_live(self.clock())
             if lease is not None and live and PRECONDITION_WORKTREE in verb.preconditions:
                 worktree = await self.worktree_registered(issue, lease.owner)
+            if lease is not None and live and PRECONDITION_LOCK in verb.preconditions:
+                locked = await self.issue_locked(issue, lease.owner)
+            if lease is not None and live and PRECONDITION_COMMITS in verb.preconditions:
+                from bot.verbs.pulls import commits_ahead
+
+                commits = await commits_ahead(self, issue)
         context = GatewayContext(
             caller=caller.login,
             caller_roles=caller.roles,
@@ -377,6 +392,8 @@ class VerbRuntime:
             lease_owner=lease.owner if lease is not None else None,
             lease_live=live,
             worktree_registered=worktree,
+            commits_ahead=commits,
+            locked=locked,
         )
         if isinstance(issue, int) and PRECONDITION_PR_EXISTS in verb.preconditions:
             context = await self._pull_facts(context, issue)
@@ -397,6 +414,10 @@ class VerbRuntime:
         if bootstrap is None:
             return False
         return await bootstrap.worktree_registered(issue_number=issue, owner=owner)
+
+    async def issue_locked(self, issue: int, owner: str) -> bool:
+        bootstrap = await self.worktree_bootstrap()
+        return bootstrap is not None and await bootstrap.locked(issue_number=issue, owner=owner)
 
     def next_tools(self, verb: Verb, caller: Caller) -> list[str]:
         """The verb's suggested next tools that exist and whose role gate the caller passes."""
@@ -515,9 +536,12 @@ def executors() -> Mapping[str, Executor]:
     """Each offered verb's executor, by verb family (imported on first use: the families import this door)."""
     from bot.verbs.allocate import allocate
     from bot.verbs.context import runtime_context
+    from bot.verbs.duplicates import assess_duplicate
     from bot.verbs.issue_state import get_state, post_state
     from bot.verbs.leases import heartbeat, release
     from bot.verbs.merge import merge_pull_request
+    from bot.verbs.publish import publish
+    from bot.verbs.pulls import open_pull_request
     from bot.verbs.review import claim_review, submit_review
 
     table: dict[str, Executor] = {
@@ -532,6 +556,9 @@ def executors() -> Mapping[str, Executor]:
         "claim_review": claim_review,
         "submit_review": submit_review,
         "merge_pull_request": merge_pull_request,
+        "publish_worktree": publish,
+        "open_pull_request": open_pull_request,
+        "assess_work_issue_duplicate": assess_duplicate,
     }
     offered = {name for name, verb in VERBS.items() if verb.executable}
     if offered != set(table):

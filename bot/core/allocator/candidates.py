@@ -184,6 +184,9 @@ def _fast_candidate(record: Mapping[Any, Any]) -> Candidate | None:
         ready = True
     elif type(ready) is not bool:
         return None
+    duplicate = record.get("duplicate")
+    if duplicate is not None and (type(duplicate) is not str or not duplicate or _has_surrogate(duplicate)):
+        return None
     return Candidate(
         issue_number=number,
         title=title,
@@ -191,6 +194,7 @@ def _fast_candidate(record: Mapping[Any, Any]) -> Candidate | None:
         created_at=created_at,
         depends_on=tuple(sorted(set(deps))) if len(deps) > 1 else tuple(deps),
         ready=ready,
+        duplicate=duplicate,
     )
 
 
@@ -298,6 +302,10 @@ def _candidate_from_record(
             problem("barred_owners", f"expected an array of logins, got {_type_name(raw_barred)}")
         else:
             barred = list(raw_barred)
+    duplicate = record.get("duplicate")
+    if duplicate is not None and (not isinstance(duplicate, str) or not duplicate or _has_surrogate(duplicate)):
+        problem("duplicate", "expected a non-empty string (the duplicate-work finding) or null")
+        duplicate = None
 
     if problems or number is None:
         return None, problems
@@ -310,6 +318,7 @@ def _candidate_from_record(
             depends_on=tuple(sorted(set(depends_on))),
             ready=ready,
             barred_owners=tuple(sorted(set(barred))),
+            duplicate=duplicate,
         ),
         [],
     )
@@ -325,6 +334,7 @@ def _candidate_as_record(candidate: Candidate) -> dict[str, Any]:
         "depends_on": list(candidate.depends_on),
         "ready": candidate.ready,
         **({"barred_owners": list(candidate.barred_owners)} if candidate.barred_owners else {}),
+        "duplicate": candidate.duplicate,
     }
 
 

@@ -187,6 +187,8 @@ def decide(
         elif number in own_live:
             owned[number] = first(own_live[number])
             eligible.append(candidate)
+        elif candidate.duplicate is not None:
+            skipped.append(Skipped(number, "duplicate_work", f"#{number}: {candidate.duplicate}"))
         elif number in foreign_grace:
             holder = first(foreign_grace[number])
             skipped.append(

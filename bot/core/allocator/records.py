@@ -21,6 +21,7 @@ SkipReason = Literal[
     "dependency_open",
     "invalid_candidate",
     "self_review",
+    "duplicate_work",
 ]
 SKIP_REASONS: Final[tuple[SkipReason, ...]] = get_args(SkipReason)
 EXCLUSION_REASONS: Final[frozenset[SkipReason]] = frozenset(
@@ -35,7 +36,7 @@ DEFAULT_LEASE_GRACE: Final[timedelta] = timedelta(seconds=120)
 # Keys a candidate record may carry. Anything else is rejected: a misspelt "depend_on" silently
 # dropped would lease a held issue, which is exactly the fail-open the allocator exists to prevent.
 CANDIDATE_FIELDS: Final[frozenset[str]] = frozenset(
-    {"issue_number", "number", "title", "labels", "created_at", "depends_on", "ready", "barred_owners"}
+    {"issue_number", "number", "title", "labels", "created_at", "depends_on", "ready", "barred_owners", "duplicate"}
 )
 _MAX_LISTED_PROBLEMS: Final[int] = 50
 
@@ -47,7 +48,8 @@ class Candidate:
     ``labels`` and ``depends_on`` are kept sorted and de-duplicated (their order carries no meaning);
     ``created_at`` is timezone-aware. ``ready`` is False when the source says the issue lacks
     ``status:ready`` (the Gitea fetch sets it from the label; a ``candidates_json`` record may send
-    ``"ready": false``; omitted means ready, as before).
+    ``"ready": false``; omitted means ready, as before). ``duplicate`` is the finding of the duplicate-work
+    assessment (a linked open PR, a conflicting branch) that makes it skipped ``duplicate_work``; None: none.
     """
 
     issue_number: int
@@ -58,9 +60,10 @@ class Candidate:
     ready: bool = True
     #: Logins that may never receive this issue's lease (a review candidate's PR author and implementer).
     barred_owners: tuple[str, ...] = ()
+    duplicate: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "issue_number": self.issue_number,
             "title": self.title,
             "labels": list(self.labels),
@@ -69,6 +72,9 @@ class Candidate:
             "ready": self.ready,
             **({"barred_owners": list(self.barred_owners)} if self.barred_owners else {}),
         }
+        if self.duplicate is not None:
+            out["duplicate"] = self.duplicate
+        return out
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

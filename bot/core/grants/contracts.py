@@ -35,6 +35,9 @@ _GRANT_USES: Final[Mapping[str, tuple[frozenset[GrantEffect], Mapping[str, Any]]
         "claim_review": (frozenset({"mutate"}), MappingProxyType({})),
         "submit_review": (frozenset({"mutate"}), MappingProxyType({})),
         "merge_pull_request": (frozenset({"mutate"}), MappingProxyType({})),
+        "publish_worktree": (frozenset({"mutate"}), MappingProxyType({})),
+        "open_pull_request": (frozenset({"mutate"}), MappingProxyType({})),
+        "assess_work_issue_duplicate": (frozenset({"read", "plan_only"}), MappingProxyType({})),
     }
 )
 

@@ -1,0 +1,230 @@
+"""The publish verb: commit the worktree's changes as the author, push the issue branch (never forced), read it back."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Protocol
+
+from bot import gitops
+from bot.core.canonical import CanonicalState
+from bot.core.errors import Envelope
+from bot.core.evidence import render_evidence
+from bot.core.verbs import Verb
+from bot.gitea import Branch, GiteaError, GiteaNotFound
+from bot.verbs.bootstrap.context import BootstrapContext
+from bot.verbs.runtime import Caller, CallOptions, VerbResult, VerbRuntime, envelope, issue_of, refused
+from state.journal import JournalStore, Registration
+from state.leases import Lease
+from state.outbox import OutboxIntent, enqueue
+from state.publications import Publication, PublicationStore
+
+log = logging.getLogger("foreman.verbs")
+
+#: The trailer that ties a commit to its publish: a replay (or a resume after a crash) adopts the commit carrying it.
+TRAILER = "Foreman-Publish"
+
+
+class PublishGitea(Protocol):
+    """The Gitea read the publish makes: the branch it pushed, read back."""
+
+    async def get_branch(self, name: str) -> Branch: ...
+
+
+class _Refused(Exception):
+    def __init__(self, envelope: Envelope) -> None:
+        super().__init__(envelope.message)
+        self.envelope = envelope
+
+
+def _key(values: Mapping[str, object], lease: Lease, message: str, parent: str | None) -> str:
+    given = values.get("idempotency_key")
+    if isinstance(given, str):
+        return f"publish:{lease.issue_number}:{given}"
+    digest = hashlib.sha256(f"{lease.lease_id}\0{message}\0{parent}".encode()).hexdigest()[:20]
+    return f"publish:{lease.issue_number}:{digest}"
+
+
+def _digest(message: str) -> str:
+    return hashlib.sha256(message.encode()).hexdigest()
+
+
+async def publish(
+    rt: VerbRuntime, verb: Verb, caller: Caller, values: Mapping[str, object], lease: Lease | None,
+    delivery_id: str | None, options: CallOptions,
+) -> VerbResult:
+    assert lease is not None  # the ownership precondition held
+    issue = issue_of(values)
+    message = str(values["message"])
+    registration = await JournalStore(rt.db).live_registration(rt.repo, issue)
+    if rt.gitea is None or registration is None:
+        return refused(verb.name, envelope(
+            "unavailable", f"{verb.tool} needs foreman's Gitea connection and the issue's registered worktree",
+            "An operator must run foreman with gitea.token and the worktree bootstrap.",
+            f"call gitea_get_issue_state with issue_number={issue}"))
+    ctx = BootstrapContext.from_service(rt)
+    checkout = ctx.checkout()
+    async with gitops.file_lock(ctx.locks_dir() / f"publish-{issue}.lock", wait_s=30) as held:
+        if not held:
+            return refused(verb.name, envelope(
+                "conflict", f"another publish of #{issue} is running", "Wait for it to finish.",
+                f"call {verb.tool} again with issue_number={issue} and the same idempotency_key"))
+        try:
+            return await _run(rt, verb, caller, values, lease, registration, checkout, ctx, message, delivery_id)
+        except _Refused as exc:
+            return refused(verb.name, exc.envelope)
+
+
+async def _run(
+    rt: VerbRuntime, verb: Verb, caller: Caller, values: Mapping[str, object], lease: Lease,
+    registration: Registration, checkout: gitops.ControlCheckout, ctx: BootstrapContext, message: str,
+    delivery_id: str | None,
+) -> VerbResult:
+    store = PublicationStore(rt.db)
+    issue, branch = lease.issue_number, registration.branch
+    worktree = Path(registration.worktree_path)
+    if gitops.escapes_root(checkout.branches_root, worktree):
+        raise _Refused(envelope(
+            "invalid_state", f"the registered worktree {worktree} is not below {checkout.branches_root}",
+            "foreman publishes only a worktree under branches/.", f"call gitea_bootstrap_issue_worktree for #{issue}"))
+    parent = await asyncio.to_thread(checkout.branch_sha, branch)
+    key = _key(values, lease, message, parent)
+    pub = await store.get(rt.repo, key)
+    if pub is None and not isinstance(values.get("idempotency_key"), str):
+        # Without a key, the same message again resumes this lease's publish that a crash or a refusal left
+        # unfinished (its commit may already be the branch head, which changed the derived key).
+        pub = await store.unfinished(rt.repo, issue, lease.lease_id, _digest(message))
+    if pub is not None and pub.message_digest != _digest(message):
+        raise _Refused(envelope(
+            "conflict", f"idempotency key {values.get('idempotency_key')!r} was used with another message",
+            "A key names one publish.", f"call {verb.tool} with a new idempotency_key"))
+    if pub is not None and pub.phase == "verified":
+        return rt.done(verb, caller, {**(pub.result or {}), "replayed": True})
+    if pub is None:
+        async with rt.db.transaction() as conn:
+            pub = await store.start(conn, repo=rt.repo, issue_number=issue, key=key, lease_id=lease.lease_id,
+                                    owner=lease.owner, branch=branch, worktree_path=str(worktree),
+                                    message_digest=_digest(message), parent_sha=parent, now=rt.clock())
+    if pub.phase == "started":
+        author = rt.settings.publish.author_of(caller.login)
+        sha = await asyncio.to_thread(_commit, checkout, worktree, branch, pub, message, author)
+        async with rt.db.transaction() as conn:
+            pub = await store.advance(conn, pub, "committed", commit_sha=sha, now=rt.clock())
+    if pub.phase == "committed":
+        remote = await asyncio.to_thread(_push, checkout, ctx, pub)
+        async with rt.db.transaction() as conn:
+            pub = await store.advance(conn, pub, "pushed", remote_before=remote or "", now=rt.clock())
+    return await _verify(rt, verb, caller, pub, delivery_id)
+
+
+def _commit(checkout: gitops.ControlCheckout, worktree: Path, branch: str, pub: Publication, message: str,
+            author: tuple[str, str]) -> str:
+    """The publish's commit: adopted when the branch head already carries its trailer (a crash after the commit),
+    else made from every change inside the worktree (a path that leaves it is refused, nothing committed)."""
+    trailer = f"{TRAILER}: {pub.key}"
+    head = checkout.branch_sha(branch)
+    if head is not None and head != pub.parent_sha and trailer in checkout.commit_message(head):
+        return head
+    changes = checkout.worktree_changes(worktree)
+    escaping = sorted(p for p in changes if gitops.escapes_root(worktree, worktree / p))
+    if escaping:
+        raise _Refused(envelope(
+            "invalid_input",
+            f"{len(escaping)} changed path(s) leave the worktree (a symbolic link or a path outside it): "
+            + ", ".join(escaping[:10]),
+            "Nothing was committed: foreman commits only files inside the worktree.",
+            f"remove the symbolic link(s) {', '.join(escaping[:3])} from the worktree, then call "
+            f"gitea_publish_worktree again for #{pub.issue_number}",
+            paths=escaping[:50]))
+    sha = checkout.commit_worktree(worktree, f"{message}\n\n{trailer}\n", author=author) if (
+        changes) else None
+    if sha is None:
+        raise _Refused(Envelope(
+            error="tracing_gap", message="Missing required commit(s): the worktree has no change to commit",
+            remediate="change files in the worktree before publishing",
+            exact_next_action=f"edit files in {worktree}, then call gitea_publish_worktree for #{pub.issue_number}",
+            missing=("commits",)))
+    return sha
+
+
+def _push(checkout: gitops.ControlCheckout, ctx: BootstrapContext, pub: Publication) -> str | None:
+    """Push the publish's commit; a remote branch that is not an ancestor of it is a ``stale_pin`` (never forced).
+    Returns where the remote branch was before (None: it did not exist)."""
+    assert pub.commit_sha is not None
+    url = checkout.origin_url() or ""
+    auth = gitops.auth_env(url, ctx.settings.gitea_token())
+    remote = checkout.remote_branch(pub.branch, auth=auth)
+    if remote == pub.commit_sha:
+        return remote
+    refusal = None
+    if remote is not None and not checkout.is_ancestor(remote, pub.commit_sha):
+        refusal = f"{pub.branch} on Gitea is at {remote}, not an ancestor of {pub.commit_sha}"
+    else:
+        refusal = checkout.push_branch(pub.branch, pub.commit_sha, auth=auth)
+    if refusal is not None:
+        raise _Refused(stale_branch(pub, remote, refusal))
+    return remote
+
+
+def stale_branch(pub: Publication, remote: str | None, detail: str) -> Envelope:
+    return envelope(
+        "stale_pin",
+        f"branch {pub.branch} moved on Gitea (now {(remote or 'unknown')[:12]}) and your commit "
+        f"{(pub.commit_sha or '')[:12]} does not build on it; nothing was pushed (foreman never force-pushes)",
+        "Your commit stays in the worktree; someone must bring the branch and the worktree together.",
+        f"call gitea_post_issue_state with issue_number={pub.issue_number}, state blocked, who_is_next controller "
+        f"and blockers naming branch {pub.branch} moved on Gitea",
+        branch=pub.branch, remote_sha=remote, local_sha=pub.commit_sha, git=detail[-300:])
+
+
+async def _verify(rt: VerbRuntime, verb: Verb, caller: Caller, pub: Publication,
+                  delivery_id: str | None) -> VerbResult:
+    """Read the branch back from Gitea; when it is the commit, record ``verified`` and queue the evidence in one
+    transaction."""
+    gitea: PublishGitea | None = rt.gitea
+    assert gitea is not None and pub.commit_sha is not None
+    try:
+        seen: str | None = (await gitea.get_branch(pub.branch)).commit_id
+    except GiteaNotFound:
+        seen = None
+    except GiteaError as exc:
+        return refused(verb.name, envelope(
+            "unavailable", f"Gitea did not answer the read-back of {pub.branch}: {exc}", "The push may have landed.",
+            f"call {verb.tool} again for #{pub.issue_number} with the same idempotency_key"))
+    if seen != pub.commit_sha:
+        return refused(verb.name, envelope(
+            "conflict", f"after the push Gitea shows {pub.branch} at {seen}, not {pub.commit_sha}",
+            "The branch changed right after the push (or the push did not land).",
+            f"call gitea_get_issue_state with issue_number={pub.issue_number}",
+            branch=pub.branch, seen=seen, commit=pub.commit_sha))
+    key = f"{pub.key}:evidence"
+    result: dict[str, Any] = {
+        "issue_number": pub.issue_number, "branch": pub.branch, "commit": pub.commit_sha,
+        "parent": pub.parent_sha, "remote_before": pub.remote_before or None, "publication": pub.key,
+        "read_back": {"branch": pub.branch, "commit_id": seen}, "outbox": [key], "replayed": False,
+    }
+    state = CanonicalState(
+        state="in-progress",
+        who_is_next="author",
+        next_action="open the pull request with gitea_open_pull_request",
+        next_prompt=f"{pub.branch} is on Gitea at {pub.commit_sha[:12]}. Call gitea_open_pull_request for "
+                    f"#{pub.issue_number}, or publish more changes first.",
+        what_happened=f"{caller.login} committed {pub.commit_sha[:12]} in branches/{pub.branch} and pushed it",
+        why=f"{caller.login} holds the lease and the lock of #{pub.issue_number} and published its worktree",
+        related_prs=(),
+        blockers="none",
+        validation=f"Gitea's branch {pub.branch} read back at {seen}",
+        last_updated_by=rt.bot_login or rt.settings.gitea.bot_login or "foreman",
+    )
+    body = render_evidence(key=key, summary=f"Published {pub.branch} at {pub.commit_sha[:12]} for {caller.login}.",
+                           state=state, evidence={"action": "publish_worktree", "channel": caller.channel,
+                                                  "delivery": delivery_id, **result})
+    store = PublicationStore(rt.db)
+    async with rt.db.transaction() as conn:
+        await store.advance(conn, pub, "verified", result=result, now=rt.clock())
+        await enqueue(conn, OutboxIntent(key, pub.issue_number, "comment", {"body": body}, delivery_id))
+    rt.woken()
+    return rt.done(verb, caller, result)

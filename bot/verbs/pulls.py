@@ -1,0 +1,166 @@
+"""The open-pull-request verb (one PR per issue, adopted on a replay) and the commits-ahead fact its gateway reads."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+from typing import Any, Protocol, runtime_checkable
+
+from bot.core.canonical import CanonicalState
+from bot.core.evidence import render_evidence
+from bot.core.verbs import Verb
+from bot.core.vocabulary import label_for_state
+from bot.gitea import Branch, GiteaConflict, GiteaError, GiteaNotFound, Issue, PullRequest, Repository
+from bot.gitea.pulls import IssueState
+from bot.verbs.bootstrap.context import BootstrapContext
+from bot.verbs.runtime import Caller, CallOptions, VerbResult, VerbRuntime, envelope, issue_of, refused
+from state.journal import JournalStore
+from state.leases import Lease
+from state.outbox import OutboxIntent, enqueue
+from state.publications import PublicationStore
+
+
+@runtime_checkable
+class PullsGitea(Protocol):
+    """The Gitea calls of opening a pull request (``bot.gitea.GiteaClient`` has them; a door whose Gitea lacks
+    them answers ``unavailable``)."""
+
+    async def get_repo(self) -> Repository: ...
+    async def get_branch(self, name: str) -> Branch: ...
+    async def get_issue(self, number: int) -> Issue: ...
+    async def get_pull(self, number: int) -> PullRequest: ...
+    async def list_pulls(
+        self, *, state: IssueState = ..., base_branch: str | None = ..., limit: int = ...
+    ) -> list[PullRequest]: ...
+    async def create_pull(
+        self, head: str, *, title: str, base: str, body: str = ..., assignees: Any = ..., labels: Any = ...
+    ) -> PullRequest: ...
+
+
+def pulls_gitea(rt: VerbRuntime) -> PullsGitea | None:
+    return rt.gitea if isinstance(rt.gitea, PullsGitea) else None
+
+
+def closing_body(issue: int, branch: str, login: str) -> str:
+    """The PR body: a closing keyword Gitea (and the emulator) parse, then where it came from."""
+    return f"Closes #{issue}\n\nOpened by foreman for {login} from `{branch}`."
+
+
+async def commits_ahead(rt: VerbRuntime, issue: int) -> int:
+    """How many commits the issue branch on Gitea has beyond the default branch (0: absent or not ahead).
+
+    Counted in the control checkout (it pushed the branch, so it has its commits); a default-branch commit it
+    has not fetched yet counts the branch as one ahead when the two differ."""
+    gitea = pulls_gitea(rt)
+    registration = await JournalStore(rt.db).live_registration(rt.repo, issue)
+    if gitea is None or registration is None:
+        return 0
+    try:
+        repo = await gitea.get_repo()
+        head = (await gitea.get_branch(registration.branch)).commit_id
+        base = (await gitea.get_branch(repo.default_branch)).commit_id
+    except GiteaError:
+        return 0
+    if head == base:
+        return 0
+    checkout = BootstrapContext.from_service(rt).checkout()
+    count = await asyncio.to_thread(checkout.commits_between, base, head)
+    return 1 if count is None else count
+
+
+async def open_pull(gitea: PullsGitea, branch: str) -> PullRequest | None:
+    """The open PR whose head is ``branch``, if any."""
+    return next((pr for pr in await gitea.list_pulls(state="open") if pr.head_ref == branch), None)
+
+
+async def open_pull_request(
+    rt: VerbRuntime, verb: Verb, caller: Caller, values: Mapping[str, object], lease: Lease | None,
+    delivery_id: str | None, options: CallOptions,
+) -> VerbResult:
+    issue = issue_of(values)
+    gitea = pulls_gitea(rt)
+    registration = await JournalStore(rt.db).live_registration(rt.repo, issue)
+    if gitea is None or registration is None:
+        return refused(verb.name, envelope(
+            "unavailable", f"{verb.tool} needs foreman's Gitea connection and the issue's registered worktree",
+            "An operator must run foreman with gitea.token.", f"call gitea_get_issue_state with issue_number={issue}"))
+    branch = registration.branch
+    store = PublicationStore(rt.db)
+    try:
+        repo = await gitea.get_repo()
+        pr, adopted = await _adopt(gitea, store, rt.repo, issue, branch)
+        if pr is None:
+            title = (await gitea.get_issue(issue)).title
+            try:
+                pr = await gitea.create_pull(branch, title=title, base=repo.default_branch,
+                                             body=closing_body(issue, branch, caller.login))
+            except GiteaConflict:  # Gitea's "pull request already exists": adopt it, never a second one
+                pr, adopted = await open_pull(gitea, branch), True
+    except GiteaError as exc:
+        return refused(verb.name, envelope(
+            "unavailable", f"Gitea refused or did not answer while opening the PR of #{issue}: {exc}",
+            "Nothing is recorded until the PR is read back.", f"call {verb.tool} again with issue_number={issue}"))
+    if pr is None:
+        return refused(verb.name, envelope(
+            "conflict", f"Gitea says a PR from {branch} exists but none is open", "Read the issue's PRs.",
+            f"call gitea_assess_work_issue_duplicate with issue_number={issue} and phase pre_pr"))
+    doc = await _record(rt, caller, issue, pr, branch, repo.default_branch, adopted, delivery_id)
+    rt.woken()
+    return rt.done(verb, caller, doc)
+
+
+async def _adopt(
+    gitea: PullsGitea, store: PublicationStore, repo: str, issue: int, branch: str
+) -> tuple[PullRequest | None, bool]:
+    """The issue's open PR already there: the one recorded, else one Gitea lists with the issue branch as head."""
+    recorded = await store.pull_for_issue(repo, issue)
+    if recorded is not None:
+        try:
+            pr = await gitea.get_pull(recorded.pr_number)
+        except GiteaNotFound:
+            pr = None
+        if pr is not None and pr.state == "open" and pr.head_ref == branch:
+            return pr, True
+    found = await open_pull(gitea, branch)
+    return found, found is not None
+
+
+async def _record(
+    rt: VerbRuntime, caller: Caller, issue: int, pr: PullRequest, branch: str, base: str, adopted: bool,
+    delivery_id: str | None,
+) -> dict[str, Any]:
+    """Record the PR on the issue and queue ``status:pr-open``, ``status:review`` and the evidence, in one
+    transaction (keys per PR: a replay queues nothing new)."""
+    prefix = f"pr:{issue}:{pr.number}"
+    in_progress, pr_open, review = (label_for_state(s) for s in ("in-progress", "pr-open", "review"))
+    doc: dict[str, Any] = {
+        "issue_number": issue, "pull_request": pr.number, "head": pr.head_ref, "head_sha": pr.head_sha,
+        "base": pr.base_ref, "url": pr.html_url, "adopted": adopted,
+        "outbox": [f"{prefix}:pr-open", f"{prefix}:review", f"{prefix}:evidence"],
+    }
+    state = CanonicalState(
+        state="review",
+        who_is_next="reviewer",
+        next_action=f"a reviewer reviews pull request #{pr.number}",
+        next_prompt=f"Pull request #{pr.number} ({branch} into {base}) closes #{issue}.\n"
+                    "Review it: approve, or request changes with a body.",
+        what_happened=f"{'adopted' if adopted else 'opened'} pull request #{pr.number} from {branch} into {base}",
+        why=f"{caller.login} holds the lease of #{issue} and published its branch",
+        related_prs=(pr.number,),
+        blockers="none",
+        validation=f"pull request #{pr.number} read back from Gitea with head {pr.head_ref} at {pr.head_sha[:12]}",
+        last_updated_by=rt.bot_login or rt.settings.gitea.bot_login or "foreman",
+    )
+    body = render_evidence(key=f"{prefix}:evidence", summary=f"Pull request #{pr.number} is open for #{issue}.",
+                           state=state, evidence={"action": "open_pull_request", "channel": caller.channel,
+                                                  "delivery": delivery_id, **doc})
+    store = PublicationStore(rt.db)
+    async with rt.db.transaction() as conn:
+        await store.record_pull(conn, repo=rt.repo, issue_number=issue, pr_number=pr.number, head=branch, base=base,
+                                opened_by=caller.login, adopted=adopted, now=rt.clock())
+        await enqueue(conn, OutboxIntent(f"{prefix}:pr-open", issue, "labels",
+                                         {"add": [pr_open], "remove": [in_progress]}, delivery_id))
+        await enqueue(conn, OutboxIntent(f"{prefix}:review", issue, "labels",
+                                         {"add": [review], "remove": [pr_open]}, delivery_id))
+        await enqueue(conn, OutboxIntent(f"{prefix}:evidence", issue, "comment", {"body": body}, delivery_id))
+    return doc

@@ -1,0 +1,97 @@
+"""Opening the issue's pull request through the door, against the emulator: one PR per issue, labels, evidence."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from bot.core.evidence import find_marker
+from state.publications import PublicationStore
+from tests.gitea_fixtures import OWNER, REPO
+from tests.support import Started
+from tests.test_publish import ROSTER, call_tool, leased_and_locked, states, worktree_of
+from tests.world import FULL_NAME, World, open_world
+
+
+@pytest.fixture
+async def world(tmp_path: Path, start: Started) -> AsyncIterator[World]:
+    async with open_world(tmp_path, start, roster=ROSTER) as opened:
+        yield opened
+
+
+async def published(world: World) -> tuple[int, str, str]:
+    number = await leased_and_locked(world, title="Open a pull request")
+    worktree, branch = await worktree_of(world, number)
+    (worktree / "change.txt").write_text("changed\n", encoding="utf-8")
+    refused, doc = await call_tool(world, "author-1", "gitea_publish_worktree", issue_number=number,
+                                   message="Change it")
+    assert not refused, doc
+    return number, branch, str(doc["commit"])
+
+
+async def test_publish_then_open_the_pull_request_with_labels_and_evidence_read_back(world: World) -> None:
+    number, branch, sha = await published(world)
+    refused, doc = await call_tool(world, "author-1", "gitea_open_pull_request", issue_number=number)
+    assert not refused, doc
+    emu = world.live.emulator
+    pr = await world.gitea.get_pull(doc["pull_request"])
+    assert (pr.head_ref, pr.head_sha, pr.base_ref, pr.state) == (branch, sha, "main", "open")
+    assert f"Closes #{number}" in pr.body and pr.title == "Open a pull request"
+    assert world.labels(number) == ["status:review"]
+    last = states(world, number)[-1]
+    assert (last.state, last.who_is_next) == ("review", "reviewer") and last.related_prs == (pr.number,)
+    for entry in await world.service.outbox.list(limit=1000):
+        assert entry.status == "done", entry.summary()
+    recorded = await PublicationStore(world.service.db).pull_for_issue(FULL_NAME.lower(), number)
+    assert recorded is not None and (recorded.pr_number, recorded.head) == (pr.number, branch)
+    assert [p.number for p in await world.gitea.list_pulls(state="open")] == [pr.number]
+    assert emu.issue(OWNER, REPO, number).state == "open"
+
+
+async def test_a_replay_adopts_the_pull_request_never_a_second_one(world: World) -> None:
+    number, _, _ = await published(world)
+    _, first = await call_tool(world, "author-1", "gitea_open_pull_request", issue_number=number)
+    refused, second = await call_tool(world, "author-1", "gitea_open_pull_request", issue_number=number)
+    assert not refused and second["pull_request"] == first["pull_request"] and second["adopted"], second
+    assert len(await world.gitea.list_pulls(state="open")) == 1
+    evidence = [c for c in world.live.emulator.issue(OWNER, REPO, number).comments
+                if (find_marker(c.body) or "").startswith("pr:")]
+    assert len(evidence) == 1
+
+
+async def test_a_pull_request_someone_opened_from_the_branch_is_adopted(world: World) -> None:
+    """Not recorded by foreman, found by list_pulls (as after a crash between Gitea's answer and the record)."""
+    number, branch, _ = await published(world)
+    theirs = await world.gitea.create_pull(branch, title="by hand", base="main", body="work in progress")
+    refused, doc = await call_tool(world, "author-1", "gitea_open_pull_request", issue_number=number)
+    assert not refused and doc["pull_request"] == theirs.number and doc["adopted"], doc
+    assert len(await world.gitea.list_pulls(state="open")) == 1
+
+
+async def test_without_a_published_branch_the_pull_request_is_a_tracing_gap_naming_commits(world: World) -> None:
+    number = await leased_and_locked(world)
+    refused, doc = await call_tool(world, "author-1", "gitea_open_pull_request", issue_number=number)
+    assert refused and doc["error"] == "tracing_gap" and doc["missing"] == ["commits"], doc
+    assert "gitea_publish_worktree" in doc["exact_next_action"]
+    assert await world.gitea.list_pulls(state="open") == []
+
+
+async def test_gitea_answering_already_exists_is_adopted(world: World, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The PR appeared between foreman's look and its create (Gitea's 409): adopted, never a second one."""
+    from bot.verbs import pulls
+
+    number, branch, _ = await published(world)
+    theirs = await world.gitea.create_pull(branch, title="raced", base="main", body="")
+    real = pulls.open_pull
+    looks: list[str] = []
+
+    async def blind_once(gitea: pulls.PullsGitea, head: str) -> object:
+        looks.append(head)
+        return None if len(looks) == 1 else await real(gitea, head)
+
+    monkeypatch.setattr(pulls, "open_pull", blind_once)
+    refused, doc = await call_tool(world, "author-1", "gitea_open_pull_request", issue_number=number)
+    assert not refused and doc["pull_request"] == theirs.number and doc["adopted"], doc
+    assert len(looks) == 2 and len(await world.gitea.list_pulls(state="open")) == 1

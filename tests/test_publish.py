@@ -1,0 +1,301 @@
+"""Publishing an issue worktree through the door, against the emulator: commit, push (never forced), read back."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from mcp import Client
+
+from bot import gitops
+from bot.core.canonical import parse_comment
+from bot.core.evidence import find_marker, parse_evidence
+from bot.mcp_server import build_server
+from bot.verbs.runtime import VerbRuntime, caller_for
+from state.journal import JournalStore
+from state.publications import PublicationStore
+from tests.gitea_fixtures import OWNER, REPO
+from tests.support import Started
+from tests.world import FULL_NAME, World, open_world
+
+ROSTER = {"controller-bot": ["controller"], "author-1": ["author"], "author-2": ["author"],
+          "author-3": ["reviewer"]}
+
+
+async def call_tool(world: World, login: str, tool: str, **arguments: Any) -> tuple[bool, dict[str, Any]]:
+    """(refused, document) of one MCP tool call by ``login`` through the MCP server in process, then settle."""
+    service = world.service
+    runtime = VerbRuntime(db=service.db, settings=service.settings, gitea=service.gitea, bot_login="foreman-bot",
+                          wakeup=service.outbox_wakeup)
+    async with Client(build_server(runtime, caller_for(service.settings, login, "mcp"))) as client:
+        result = await client.call_tool(tool, arguments)
+    await world.settle()
+    assert result.structured_content is not None
+    return bool(result.is_error), dict(result.structured_content)
+
+
+async def leased_and_locked(world: World, title: str = "Add a feature") -> int:
+    """A ready issue leased to author-1 by comment, bootstrapped, and locked to its worktree."""
+    issue = world.live.emulator.create_issue(OWNER, REPO, title=title, author="alice", labels=["status:ready"])
+    await world.comment("controller-bot", issue.number, "/allocate --owner author-1")
+    await world.comment("author-1", issue.number, "/lock")
+    return issue.number
+
+
+async def worktree_of(world: World, number: int) -> tuple[Path, str]:
+    registration = await JournalStore(world.service.db).live_registration(FULL_NAME.lower(), number)
+    assert registration is not None
+    return Path(registration.worktree_path), registration.branch
+
+
+def remote_sha(world: World, branch: str) -> str | None:
+    repo = world.live.emulator.repo(OWNER, REPO)
+    found = subprocess.run(["git", "-C", str(repo.path), "rev-parse", "--verify", "-q", f"refs/heads/{branch}"],
+                           capture_output=True, text=True, check=False)
+    return found.stdout.strip() or None
+
+
+def tree_of(world: World, sha: str) -> list[str]:
+    repo = world.live.emulator.repo(OWNER, REPO)
+    out = subprocess.run(["git", "-C", str(repo.path), "ls-tree", "-r", "--name-only", sha],
+                         capture_output=True, text=True, check=True)
+    return out.stdout.split()
+
+
+def states(world: World, number: int) -> list[Any]:
+    comments = world.live.emulator.issue(OWNER, REPO, number).comments
+    found = [parse_comment(c.body).current for c in comments if find_marker(c.body)]
+    return [s for s in found if s is not None]
+
+
+@pytest.fixture
+async def world(tmp_path: Path, start: Started) -> AsyncIterator[World]:
+    async with open_world(tmp_path, start, roster=ROSTER) as opened:
+        yield opened
+
+
+async def test_publish_commits_as_the_author_pushes_the_branch_and_reads_it_back(world: World) -> None:
+    number = await leased_and_locked(world)
+    worktree, branch = await worktree_of(world, number)
+    (worktree / "feature.txt").write_text("a feature\n", encoding="utf-8")
+    (worktree / "src").mkdir()
+    (worktree / "src" / "new.py").write_text("x = 1\n", encoding="utf-8")
+    refused, doc = await call_tool(world, "author-1", "gitea_publish_worktree", issue_number=number,
+                                   message="Add the feature", idempotency_key="p1")
+    assert not refused, doc
+    sha = doc["commit"]
+    assert doc["branch"] == branch and doc["read_back"] == {"branch": branch, "commit_id": sha}
+    assert remote_sha(world, branch) == sha
+    assert {"feature.txt", "src/new.py", "README.md"} <= set(tree_of(world, sha))
+    log = subprocess.run(["git", "-C", str(worktree), "log", "-1", "--format=%an <%ae>|%cn|%s"],
+                         capture_output=True, text=True, check=True).stdout.strip()
+    assert log == "author-1 <author-1@users.noreply>|foreman-bot|Add the feature"
+    [pub] = await PublicationStore(world.service.db).for_issue(FULL_NAME.lower(), number)
+    assert (pub.phase, pub.commit_sha) == ("verified", sha)
+    last = states(world, number)[-1]
+    assert (last.state, last.who_is_next) == ("in-progress", "author")
+    assert "gitea_open_pull_request" in last.next_action
+    assert "gitea_open_pull_request" in doc["next"]
+
+
+async def test_an_empty_change_is_a_tracing_gap_naming_commits(world: World) -> None:
+    number = await leased_and_locked(world)
+    _, branch = await worktree_of(world, number)
+    refused, doc = await call_tool(world, "author-1", "gitea_publish_worktree", issue_number=number,
+                                   message="Nothing")
+    assert refused and doc["error"] == "tracing_gap" and doc["missing"] == ["commits"], doc
+    assert remote_sha(world, branch) is None
+
+
+async def test_a_branch_moved_on_gitea_is_a_stale_pin_and_nothing_is_forced(world: World) -> None:
+    number = await leased_and_locked(world)
+    worktree, branch = await worktree_of(world, number)
+    (worktree / "a.txt").write_text("one\n", encoding="utf-8")
+    refused, doc = await call_tool(world, "author-1", "gitea_publish_worktree", issue_number=number,
+                                   message="First")
+    assert not refused, doc
+    moved = world.live.emulator.push_commit(OWNER, REPO, branch, {"theirs.txt": "theirs\n"}, pusher="alice")
+    assert moved != doc["commit"]
+    (worktree / "b.txt").write_text("two\n", encoding="utf-8")
+    refused, doc = await call_tool(world, "author-1", "gitea_publish_worktree", issue_number=number,
+                                   message="Second", idempotency_key="second")
+    assert refused and doc["error"] == "stale_pin", doc
+    assert doc["details"]["remote_sha"] == moved and "gitea_post_issue_state" in doc["exact_next_action"]
+    assert remote_sha(world, branch) == moved  # never forced
+    # The commit stays journalled: a replay with the same key is refused the same way, and still pushes nothing.
+    refused, again = await call_tool(world, "author-1", "gitea_publish_worktree", issue_number=number,
+                                     message="Second", idempotency_key="second")
+    assert refused and again["error"] == "stale_pin" and remote_sha(world, branch) == moved
+
+
+async def test_nothing_outside_the_worktree_is_committed(world: World, tmp_path: Path) -> None:
+    number = await leased_and_locked(world)
+    worktree, branch = await worktree_of(world, number)
+    outside = tmp_path / "secret.txt"
+    outside.write_text("not yours\n", encoding="utf-8")
+    stray = worktree.parent / "stray.txt"  # beside the worktree, under branches/
+    stray.write_text("stray\n", encoding="utf-8")
+    os.symlink(outside, worktree / "link.txt")
+    (worktree / "ok.txt").write_text("ok\n", encoding="utf-8")
+    refused, doc = await call_tool(world, "author-1", "gitea_publish_worktree", issue_number=number,
+                                   message="With a link")
+    assert refused and doc["error"] == "invalid_input" and doc["details"]["paths"] == ["link.txt"], doc
+    assert remote_sha(world, branch) is None
+    (worktree / "link.txt").unlink()
+    refused, doc = await call_tool(world, "author-1", "gitea_publish_worktree", issue_number=number,
+                                   message="Without the link")
+    assert not refused, doc
+    files = tree_of(world, doc["commit"])
+    assert "ok.txt" in files and "stray.txt" not in files and "secret.txt" not in files and "link.txt" not in files
+
+
+async def test_a_replay_with_the_same_key_adopts_the_same_commit(world: World) -> None:
+    number = await leased_and_locked(world)
+    worktree, branch = await worktree_of(world, number)
+    (worktree / "c.txt").write_text("c\n", encoding="utf-8")
+    _, first = await call_tool(world, "author-1", "gitea_publish_worktree", issue_number=number, message="C",
+                               idempotency_key="k")
+    (worktree / "later.txt").write_text("later\n", encoding="utf-8")
+    refused, second = await call_tool(world, "author-1", "gitea_publish_worktree", issue_number=number,
+                                      message="C", idempotency_key="k")
+    assert not refused and second["replayed"] and second["commit"] == first["commit"], second
+    count = subprocess.run(["git", "-C", str(worktree), "rev-list", "--count", f"{first['parent']}..HEAD"],
+                           capture_output=True, text=True, check=True).stdout.strip()
+    assert count == "1" and remote_sha(world, branch) == first["commit"]
+    evidence = [c for c in world.live.emulator.issue(OWNER, REPO, number).comments
+                if (find_marker(c.body) or "").startswith("publish:")]
+    assert len(evidence) == 1
+
+
+class Crash(BaseException):
+    """The process dying at a seeded point."""
+
+
+async def test_a_crash_between_commit_and_push_resumes_with_the_same_commit(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The journal row is left at ``committed`` (the push never ran): the replay pushes that commit, no second."""
+    number = await leased_and_locked(world)
+    worktree, branch = await worktree_of(world, number)
+    (worktree / "d.txt").write_text("d\n", encoding="utf-8")
+    def crash(self: gitops.ControlCheckout, *args: Any, **kwargs: Any) -> str | None:
+        raise Crash  # not an Exception: nothing on the way catches it, as nothing survives a SIGKILL
+
+    with monkeypatch.context() as patch:
+        patch.setattr(gitops.ControlCheckout, "push_branch", crash)
+        service = world.service
+        door = VerbRuntime(db=service.db, settings=service.settings, gitea=service.gitea, bot_login="foreman-bot")
+        with pytest.raises(Crash):  # through the door itself (MCP's task group would wrap it in a group)
+            await door.call("publish_worktree", caller_for(service.settings, "author-1", "mcp"),
+                            {"issue_number": number, "message": "D", "idempotency_key": "crash"})
+    [pub] = await PublicationStore(world.service.db).for_issue(FULL_NAME.lower(), number)
+    assert pub.phase == "committed" and remote_sha(world, branch) is None
+    refused, doc = await call_tool(world, "author-1", "gitea_publish_worktree", issue_number=number, message="D",
+                                   idempotency_key="crash")
+    assert not refused and doc["commit"] == pub.commit_sha and remote_sha(world, branch) == pub.commit_sha
+
+
+@pytest.mark.parametrize(("login", "why"), [("author-2", "not leased to you"), ("author-3", "author role"),
+                                             ("controller-bot", "author role"), ("alice", "author role")])
+async def test_a_non_owner_or_non_author_is_refused_by_the_door(world: World, login: str, why: str) -> None:
+    number = await leased_and_locked(world)
+    worktree, branch = await worktree_of(world, number)
+    (worktree / "e.txt").write_text("e\n", encoding="utf-8")
+    for tool, arguments in (("gitea_publish_worktree", {"message": "E"}), ("gitea_open_pull_request", {})):
+        refused, doc = await call_tool(world, login, tool, issue_number=number, **arguments)
+        assert refused and doc["error"] == "not_authorized" and why in doc["message"], doc
+    assert remote_sha(world, branch) is None
+
+
+async def test_publish_before_the_lock_is_a_tracing_gap_naming_the_lock(world: World) -> None:
+    issue = world.live.emulator.create_issue(OWNER, REPO, title="Unlocked", author="alice", labels=["status:ready"])
+    await world.comment("controller-bot", issue.number, "/allocate --owner author-1")
+    refused, doc = await call_tool(world, "author-1", "gitea_publish_worktree", issue_number=issue.number,
+                                   message="Too early")
+    assert refused and doc["error"] == "tracing_gap" and doc["missing"] == ["issue_lock"], doc
+
+
+def reply_refusal(world: World, number: int) -> dict[str, Any]:
+    """The refusal in the latest comment-command reply on the issue."""
+    comments = world.live.emulator.issue(OWNER, REPO, number).comments
+    [reply] = [c.body for c in comments if (find_marker(c.body) or "").startswith("command:")][-1:]
+    evidence = parse_evidence(reply)
+    assert evidence is not None and "refusal" in evidence, reply
+    return dict(evidence["refusal"])
+
+
+@pytest.mark.parametrize("login", ["author-2", "author-3"])
+async def test_a_refusal_is_the_same_envelope_by_comment_and_by_mcp(world: World, login: str) -> None:
+    number = await leased_and_locked(world)
+    worktree, branch = await worktree_of(world, number)
+    (worktree / "f.txt").write_text("f\n", encoding="utf-8")
+    for body, tool, arguments in (("/publish Take it over", "gitea_publish_worktree", {"message": "Take it over"}),
+                                  ("/open-pr", "gitea_open_pull_request", {})):
+        await world.comment(login, number, body)
+        by_comment = reply_refusal(world, number)
+        _, by_mcp = await call_tool(world, login, tool, issue_number=number, **arguments)
+        assert by_comment["error"] == "not_authorized" and by_comment == {k: by_mcp[k] for k in by_comment}
+    assert remote_sha(world, branch) is None
+
+
+async def test_the_owner_publishes_and_opens_the_pull_request_by_comment(world: World) -> None:
+    number = await leased_and_locked(world)
+    worktree, branch = await worktree_of(world, number)
+    (worktree / "g.txt").write_text("g\n", encoding="utf-8")
+    await world.comment("author-1", number, "/publish Add g by comment")
+    sha = remote_sha(world, branch)
+    assert sha is not None and "g.txt" in tree_of(world, sha)
+    await world.comment("author-1", number, "/open-pr")
+    [pr] = await world.gitea.list_pulls(state="open")
+    assert (pr.head_ref, pr.head_sha) == (branch, sha) and world.labels(number) == ["status:review"]
+
+
+async def test_without_a_key_the_same_message_resumes_a_publish_a_crash_left_unpushed(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    number = await leased_and_locked(world)
+    worktree, branch = await worktree_of(world, number)
+    (worktree / "h.txt").write_text("h\n", encoding="utf-8")
+
+    def crash(self: gitops.ControlCheckout, *args: Any, **kwargs: Any) -> str | None:
+        raise Crash
+
+    service = world.service
+    door = VerbRuntime(db=service.db, settings=service.settings, gitea=service.gitea, bot_login="foreman-bot")
+    with monkeypatch.context() as patch:
+        patch.setattr(gitops.ControlCheckout, "push_branch", crash)
+        with pytest.raises(Crash):
+            await door.call("publish_worktree", caller_for(service.settings, "author-1", "mcp"),
+                            {"issue_number": number, "message": "H"})
+    [pub] = await PublicationStore(world.service.db).for_issue(FULL_NAME.lower(), number)
+    refused, doc = await call_tool(world, "author-1", "gitea_publish_worktree", issue_number=number, message="H")
+    assert not refused and doc["commit"] == pub.commit_sha == remote_sha(world, branch), doc
+    assert len(await PublicationStore(world.service.db).for_issue(FULL_NAME.lower(), number)) == 1
+
+
+async def test_the_configured_author_identity_signs_the_commit(tmp_path: Path, start: Started) -> None:
+    async with open_world(tmp_path, start, roster=ROSTER,
+                          publish={"authors": {"author-1": "Author One <one@example.com>"}}) as world:
+        number = await leased_and_locked(world)
+        worktree, _ = await worktree_of(world, number)
+        (worktree / "i.txt").write_text("i\n", encoding="utf-8")
+        refused, doc = await call_tool(world, "author-1", "gitea_publish_worktree", issue_number=number,
+                                       message="Signed")
+        assert not refused, doc
+        log = subprocess.run(["git", "-C", str(worktree), "log", "-1", "--format=%an <%ae>"],
+                             capture_output=True, text=True, check=True).stdout.strip()
+        assert log == "Author One <one@example.com>"
+
+
+@pytest.mark.parametrize("identity", ["no address", "Name <a b>", "<only@address>", "Name <x@y>\nmore"])
+def test_an_author_identity_that_is_not_name_and_address_is_refused(identity: str) -> None:
+    from pydantic import ValidationError
+
+    from bot.config import Settings
+
+    with pytest.raises(ValidationError, match="author-1"):
+        Settings.model_validate({"publish": {"authors": {"author-1": identity}}})
