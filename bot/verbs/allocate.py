@@ -246,7 +246,9 @@ class Allocator:
         open_numbers: frozenset[int] = frozenset()
         candidates = call.candidates_json
         if candidates is None and self.gitea is None and call.action == "review":
-            return _refuse("unavailable", "review candidates come from Gitea (the issues' pull requests), and this "
+            # Not a failure of the service: without Gitea this request needs its candidates given (as any other
+            # allocation without Gitea reads the stored state, which has no pull requests).
+            return _refuse("invalid_input", "review candidates come from Gitea (the issues' pull requests), and this "
                            "foreman has no Gitea client", "Nothing was leased.", "call again with candidates_json")
         if candidates is None and self.gitea is None:
             # No API to reconcile with: the stored issue state that the webhooks keep fresh.
