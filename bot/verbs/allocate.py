@@ -33,7 +33,6 @@ from bot.verbs.duplicates import DuplicatesGitea, mark_duplicates
 from bot.verbs.merge import MergeGitea
 from bot.verbs.review import ReviewGitea, review_candidates, review_lease_effects
 from bot.verbs.runtime import (
-    OPERATOR_CHANNELS,
     Caller,
     CallOptions,
     Channel,
@@ -581,7 +580,7 @@ async def allocate(
         expected_fingerprint=expected if isinstance(expected, str) else None,
         action=action,
         delivery_id=delivery_id,
-        actor_is_operator=caller.channel in OPERATOR_CHANNELS,
+        actor_is_operator=caller.operator,
         channel=caller.channel,
         resume_own=options.resume_own,
         max_live=options.max_live,

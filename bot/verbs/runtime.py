@@ -44,7 +44,6 @@ log = logging.getLogger("foreman.verbs")
 Channel = Literal["mcp", "comment", "cli", "auto", "recovery", "dashboard"]
 #: The channels of the operator: its command line, auto-allocation and the dashboard's preview.
 OperatorChannel = Literal["cli", "auto", "dashboard"]
-OPERATOR_CHANNELS: frozenset[Channel] = frozenset({"cli", "auto", "dashboard"})
 #: The roles the operator's channels act with. Whoever runs foreman on this configuration and database is its
 #: operator; auto-allocation is switched on by that configuration (``[allocator] auto``).
 OPERATOR_ROLES: frozenset[Role] = frozenset({"controller"})
@@ -52,11 +51,16 @@ OPERATOR_ROLES: frozenset[Role] = frozenset({"controller"})
 
 @dataclass(frozen=True, slots=True)
 class Caller:
-    """Who calls a verb: a login and its roster roles (from configuration, never from arguments)."""
+    """Who calls a verb: a login and its roster roles (from configuration, never from arguments).
+
+    ``operator`` is True only for the caller ``operator_caller`` makes: who calls decides, never the channel (a
+    roster identity whose call came by an operator's channel is still that identity).
+    """
 
     login: str
     roles: frozenset[Role]
     channel: Channel
+    operator: bool = False
 
 
 def caller_for(settings: Settings, login: str, channel: Channel) -> Caller:
@@ -67,7 +71,7 @@ def caller_for(settings: Settings, login: str, channel: Channel) -> Caller:
 def operator_caller(login: str, channel: OperatorChannel) -> Caller:
     """The operator (command line, dashboard) or foreman allocating on its own: ``OPERATOR_ROLES``, never the
     roster's."""
-    return Caller(login=login, roles=OPERATOR_ROLES, channel=channel)
+    return Caller(login=login, roles=OPERATOR_ROLES, channel=channel, operator=True)
 
 
 @dataclass(frozen=True, slots=True)
