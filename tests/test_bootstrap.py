@@ -441,3 +441,20 @@ async def test_a_compensated_attempt_is_followed_by_a_fresh_one_under_a_new_deri
         Path(w.path(number)).rmdir()
         retried = await w.bootstrap(number)
         assert retried.status == "completed" and retried.idempotency_key != failed.idempotency_key
+
+
+async def test_another_identitys_finished_key_reveals_nothing_to_a_caller_without_the_lease() -> None:
+    """A caller without the lease who passes another identity's finished idempotency key gets the refusal any caller
+    without the lease gets: the door's replay answers only the key's own identity."""
+    async with open_bootstrap_world() as w:
+        number = w.issue()
+        await w.lease(number)
+        done = await w.bootstrap(number, idempotency_key="req-7")
+        assert done.status == "completed", done.to_dict()
+        guessed = await w.bootstrap(number, caller="bob", idempotency_key="req-7")
+        unknown = await w.bootstrap(number, caller="bob", idempotency_key="req-never-used")
+        assert guessed.refusal is not None and unknown.refusal is not None, (guessed.to_dict(), unknown.to_dict())
+        assert guessed.refusal.to_dict() == unknown.refusal.to_dict()
+        assert "another identity" not in guessed.refusal.message
+        assert w.rows("SELECT COUNT(*) FROM bootstrap_journal") == [(1,)]
+

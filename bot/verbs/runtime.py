@@ -147,7 +147,9 @@ class WorktreeBootstrap(Protocol):
 
     async def replay(
         self, *, issue_number: int, caller: str, idempotency_key: str, expected_base: str | None
-    ) -> BootstrapAnswer | None: ...
+    ) -> BootstrapAnswer | None:
+        """The recorded answer to the caller's own finished request ``idempotency_key``; None for any other key
+        (new, unfinished, or another identity's: that one is not revealed)."""
 
     async def lock(self, *, issue_number: int, caller: str) -> BootstrapAnswer: ...
 
@@ -218,6 +220,9 @@ class _ModuleBootstrap:
     ) -> BootstrapAnswer | None:
         from bot.verbs.bootstrap.transition import replay_finished
 
+        existing = await self._journal.get(idempotency_key)
+        if existing is None or existing.owner != caller:
+            return None  # not the caller's own request: the preconditions answer, whether or not the key exists
         result = await replay_finished(self._ctx, issue_number=issue_number, caller=caller,
                                        idempotency_key=idempotency_key, expected_base=expected_base)
         return None if result is None else self._answer(result)
