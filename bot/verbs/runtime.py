@@ -76,15 +76,18 @@ def operator_caller(login: str, channel: OperatorChannel) -> Caller:
 
 @dataclass(frozen=True, slots=True)
 class CallOptions:
-    """What an in-process caller (auto-allocation) adds to a call; no MCP tool or comment command can set it.
+    """What an in-process caller (auto-allocation, the command line) adds to a call; no MCP tool or comment command
+    can set it, so none of the tool schema's bounds (sized for one agent's call) apply to it.
 
     ``resume_own`` False gives an owner that holds a live lease another issue; ``max_live`` refuses an apply when the
-    owner already holds that many live leases; ``now`` pins the allocator's clock.
+    owner already holds that many live leases; ``now`` pins the allocator's clock. ``exclusions`` are excluded on
+    top of the call's own ``exclude_issue_numbers`` (and never stated as a controller's standing exclusions).
     """
 
     resume_own: bool = True
     max_live: int | None = None
     now: datetime | None = None
+    exclusions: frozenset[int] = frozenset()
 
 
 @dataclass(frozen=True, slots=True)
