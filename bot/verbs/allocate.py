@@ -588,7 +588,7 @@ async def allocate(
     call = AllocationCall(
         actor=caller.login,
         owner=owner.lstrip("@"),
-        candidates_json=values.get("candidates_json"),
+        candidates_json=values.get("candidates_json") if options.candidates is None else options.candidates,
         exclude_issue_numbers=values.get("exclude_issue_numbers"),
         also_excluded=options.exclusions,
         dry_run=bool(values["dry_run"]),

@@ -27,6 +27,7 @@ from state.issues import IssueStore
 from state.leases import Lease, LeaseStore
 
 if TYPE_CHECKING:
+    from bot.core.allocator import Candidate
     from bot.verbs.allocate import AllocatorGitea
     from bot.verbs.bootstrap import BootstrapContext, BootstrapResult, LockResult
     from bot.verbs.context import BranchGitea
@@ -81,13 +82,15 @@ class CallOptions:
 
     ``resume_own`` False gives an owner that holds a live lease another issue; ``max_live`` refuses an apply when the
     owner already holds that many live leases; ``now`` pins the allocator's clock. ``exclusions`` are excluded on
-    top of the call's own ``exclude_issue_numbers`` (and never stated as a controller's standing exclusions).
+    top of the call's own ``exclude_issue_numbers`` (and never stated as a controller's standing exclusions);
+    ``candidates``, already normalized, are decided on in place of ``candidates_json``.
     """
 
     resume_own: bool = True
     max_live: int | None = None
     now: datetime | None = None
     exclusions: frozenset[int] = frozenset()
+    candidates: tuple[Candidate, ...] | None = None
 
 
 @dataclass(frozen=True, slots=True)
