@@ -375,3 +375,24 @@ async def test_the_next_trigger_finishes_a_lease_left_without_its_bootstrap(worl
     await assert_bootstrapped(world, 2, "author-1")
     kinds = [e["kind"] for e in await LeaseStore(service.db).events(outcome.lease.lease_id)]
     assert kinds == ["acquired", "resumed"], kinds
+
+
+async def test_auto_allocation_survives_more_standing_exclusions_than_one_call_may_state(
+    tmp_path: Path, start: Started
+) -> None:
+    """Standing exclusions of every controller (1200 here) are more than one call's `exclude_issue_numbers` may
+    state (1000): auto-allocation hands them to the allocator in-process, so the apply still leases."""
+    from bot.verbs.auto_allocate import recent_decisions
+    from state.exclusions import ExclusionStore
+
+    roster = {"controller-bot": ["controller"], "author-2": ["author"]}
+    async with open_world(tmp_path, start, roster=roster) as world:
+        service = world.service
+        store = ExclusionStore(service.db)
+        await store.state(service.settings.repo_key, "controller-bot", range(1000, 1600), at=utcnow(), via="mcp")
+        await store.state(service.settings.repo_key, "controller-x", range(2000, 2600), at=utcnow(), via="mcp")
+        number = await world.open_issue("alice", "Task")
+        await world.call("alice", "POST", f"/issues/{number}/labels", {"labels": ["status:ready"]})
+        [decision, *_] = await recent_decisions(service.db, FULL_NAME.lower())
+        assert [a.get("error") for a in decision["applies"]] == [None], decision["applies"]
+        assert [lease.owner for lease in await LeaseStore(service.db).history(FULL_NAME, number)] == ["author-2"]

@@ -441,3 +441,48 @@ async def test_a_compensated_attempt_is_followed_by_a_fresh_one_under_a_new_deri
         Path(w.path(number)).rmdir()
         retried = await w.bootstrap(number)
         assert retried.status == "completed" and retried.idempotency_key != failed.idempotency_key
+
+
+async def test_another_identitys_finished_key_reveals_nothing_to_a_caller_without_the_lease() -> None:
+    """A caller without the lease who passes another identity's finished idempotency key gets the refusal any caller
+    without the lease gets: the door's replay answers only the key's own identity."""
+    async with open_bootstrap_world() as w:
+        number = w.issue()
+        await w.lease(number)
+        done = await w.bootstrap(number, idempotency_key="req-7")
+        assert done.status == "completed", done.to_dict()
+        guessed = await w.bootstrap(number, caller="bob", idempotency_key="req-7")
+        unknown = await w.bootstrap(number, caller="bob", idempotency_key="req-never-used")
+        assert guessed.refusal is not None and unknown.refusal is not None, (guessed.to_dict(), unknown.to_dict())
+        assert guessed.refusal.to_dict() == unknown.refusal.to_dict()
+        assert "another identity" not in guessed.refusal.message
+        assert w.rows("SELECT COUNT(*) FROM bootstrap_journal") == [(1,)]
+
+
+async def test_a_lease_taken_over_after_the_door_decided_is_refused_and_nothing_is_journaled() -> None:
+    """The transition checks the lease's owner itself (at entry and at the claim), not only the door before it."""
+    from bot.verbs.bootstrap import bootstrap_issue_worktree
+
+    async with open_bootstrap_world() as w:
+        number = w.issue()
+        await w.release(await w.lease(number, owner="alice"))
+        await w.lease(number, owner="bob")
+        result = await bootstrap_issue_worktree(w.ctx, issue_number=number, caller="alice")
+        assert result.status == "refused" and result.refusal is not None, result.to_dict()
+        assert result.refusal.details.get("reason") == "lease_ended", result.to_dict()
+        assert w.rows("SELECT COUNT(*) FROM bootstrap_journal") == [(0,)]
+
+
+async def test_start_up_recovery_acts_with_the_owners_roster_roles_only() -> None:
+    """Recovery resumes for the lease's owner with that owner's roster roles: an owner off the roster is refused
+    at the door, nothing is journaled, and its lease is released as unworkable."""
+    from bot.verbs.bootstrap import recover_open_transitions
+
+    async with open_bootstrap_world() as w:
+        number = w.issue()
+        lease = await w.lease(number, owner="mallory")  # leased before mallory left the roster
+        [result] = await recover_open_transitions(w.ctx)
+        assert result.status == "refused" and result.refusal is not None, result.to_dict()
+        assert result.refusal.error == "not_authorized", result.to_dict()
+        assert w.rows("SELECT COUNT(*) FROM bootstrap_journal") == [(0,)]
+        assert w.rows("SELECT status FROM leases WHERE lease_id = ?", lease.lease_id) == [("released",)]

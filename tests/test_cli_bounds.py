@@ -12,6 +12,7 @@ import pytest
 
 from bot.cli import main
 from bot.cli.allocate import parse_candidates_option
+from bot.core.allocator import normalize_candidates
 from bot.core.errors import EnvelopeError
 from tests.test_cli_lists import ENVELOPE_KEYS, _config, run_cli
 
@@ -90,7 +91,7 @@ def test_the_cli_candidates_parser_refuses_any_depth_or_integer_typed(text: str)
 def test_the_cli_candidates_parser_reads_a_file_and_refuses_unreadable_ones(tmp_path: Path) -> None:
     good = tmp_path / "good.json"
     good.write_text('[{"issue_number": 5}]', encoding="utf-8")
-    assert parse_candidates_option(f"@{good}") == '[{"issue_number": 5}]'
+    assert parse_candidates_option(f"@{good}") == tuple(normalize_candidates('[{"issue_number": 5}]'))
     assert parse_candidates_option(None) is None
     binary = tmp_path / "binary.json"
     binary.write_bytes(b'[{"issue_number": 5, "title": "\xff\xfe"}]')

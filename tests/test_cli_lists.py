@@ -129,3 +129,26 @@ def test_usage_errors_are_the_envelope_not_argparse_text(tmp_path: Path, capsys:
     assert _envelope(capsys.readouterr().out)["error"] == "invalid_input"
     assert main(["--config", str(_config(tmp_path)), "bootstrap", "--owner", "author-1"]) == 2
     assert "--issue" in _envelope(capsys.readouterr().out)["message"]
+
+
+def test_cli_allocate_takes_candidates_the_allocator_takes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`--candidates-json @FILE` holds to its own documented limit (the allocator's), not to one MCP call's."""
+    path = tmp_path / "many.json"
+    path.write_text(json.dumps([{"issue_number": n} for n in range(1, 1202)]), encoding="utf-8")
+    code = main(["--config", str(_config(tmp_path)), "allocate", "--candidates-json", f"@{path}", "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert code == 0, out.get("message")
+    assert out["issue_number"] == 1
+
+
+def test_cli_allocate_takes_more_exclusions_than_one_mcp_call_may_state(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    excluded = [str(n) for n in range(1, 1202)]
+    candidates = json.dumps([{"issue_number": n} for n in (5, 1201, 1300)])
+    code = main(["--config", str(_config(tmp_path)), "allocate", "--exclude", *excluded,
+                 "--candidates-json", candidates, "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert code == 0, out.get("message")
+    assert out["issue_number"] == 1300
+    assert out["exclusions"]["exclude_issue_numbers"] == list(range(1, 1202))

@@ -69,3 +69,26 @@ async def test_an_apply_states_the_controllers_exclusions(world: World) -> None:
                                 {"owner": "author-1", "exclude_issue_numbers": [1], "dry_run": False})
     assert result.ok and result.doc["lease"]["issue_number"] == 2, result.doc
     assert written(world)["exclusions"] == [(f"{OWNER}/{REPO}".lower(), "controller-bot", "[1]")]
+
+
+async def test_an_operators_apply_states_no_standing_exclusions(world: World) -> None:
+    """The operator (its command line) is no controller: its exclusions hold for its own call only."""
+    from bot.verbs.runtime import operator_caller
+
+    service = world.service
+    runtime = VerbRuntime(db=service.db, settings=service.settings, gitea=service.gitea, bot_login="foreman-bot")
+    result = await runtime.call("allocate_next_work", operator_caller("operator:root", "cli"),
+                                {"owner": "author-1", "exclude_issue_numbers": [1], "dry_run": False})
+    assert result.ok and result.doc["lease"]["issue_number"] == 2, result.doc
+    assert written(world)["exclusions"] == []
+
+
+async def test_a_roster_caller_on_an_operator_channel_is_not_the_operator(world: World) -> None:
+    """Who calls decides, not the channel: a roster controller whose call came by the command line's channel still
+    states its exclusions, as through MCP."""
+    service = world.service
+    runtime = VerbRuntime(db=service.db, settings=service.settings, gitea=service.gitea, bot_login="foreman-bot")
+    result = await runtime.call("allocate_next_work", caller_for(service.settings, "controller-bot", "cli"),
+                                {"owner": "author-1", "exclude_issue_numbers": [1], "dry_run": False})
+    assert result.ok and result.doc["lease"]["issue_number"] == 2, result.doc
+    assert written(world)["exclusions"] == [(f"{OWNER}/{REPO}".lower(), "controller-bot", "[1]")]

@@ -139,3 +139,12 @@ def test_the_contract_digest_covers_each_arguments_schema_but_not_its_wording() 
     }
     assert '"description"' not in canonical_json(doc)
     assert g.CONTRACT_DIGEST == digest(doc)
+
+
+def test_a_whole_number_written_with_a_fraction_cannot_be_sealed() -> None:
+    """The gateway takes 617.0 as 617 (JSON Schema's integer), but a grant seals exact values: 1.0 is not 1."""
+    verb = VERBS["allocate_next_work"]
+    _values, problems = verb.check_arguments({"exclude_issue_numbers": [617.0]})
+    assert problems == []
+    with pytest.raises(g.TemplateError, match="without a fraction"):
+        _seal(_template(verb, {"exclude_issue_numbers": [617.0], "dry_run": True}))

@@ -12,16 +12,18 @@ from bot.config import Settings
 from state.db import Database
 
 if TYPE_CHECKING:
+    from bot.core.allocator import Candidate
     from bot.verbs.runtime import Caller
 
 
-def parse_candidates_option(value: str | None) -> str | None:
+def parse_candidates_option(value: str | None) -> tuple[Candidate, ...] | None:
     """--candidates-json: JSON text, or @FILE to read it from (UTF-8, at most the allocator's input limit).
 
-    Returns the text, checked by the allocator's own normalizer (the allocator normalizes it again, by the same
-    rules, so the fingerprint is the one a dry run shows). Raises EnvelopeError (invalid_input): an unreadable,
-    non-UTF-8 or oversized file, or candidates the normalizer refuses (InputError, whatever the depth, size or
-    integers of the input). Never any other exception.
+    Returns the candidates as the allocator's own normalizer makes them (handed to the door in-process, so the
+    allocator's limits hold, not one MCP call's; it normalizes them again, by the same rules, so the fingerprint is
+    the one a dry run shows). Raises EnvelopeError (invalid_input): an unreadable, non-UTF-8 or oversized file, or
+    candidates the normalizer refuses (InputError, whatever the depth, size or integers of the input). Never any
+    other exception.
     """
     from bot.core.allocator import MAX_INPUT_CHARS, normalize_candidates
     from bot.core.errors import Envelope, EnvelopeError
@@ -51,8 +53,7 @@ def parse_candidates_option(value: str | None) -> str | None:
             raise unreadable(exc.strerror or type(exc).__name__) from None
         if len(text) > MAX_INPUT_CHARS:
             raise unreadable(f"longer than {MAX_INPUT_CHARS} characters")
-    normalize_candidates(text)  # InputError is an EnvelopeError
-    return text
+    return tuple(normalize_candidates(text))  # InputError is an EnvelopeError
 
 
 def cmd_allocate(settings: Settings, args: argparse.Namespace) -> int:
@@ -61,7 +62,7 @@ def cmd_allocate(settings: Settings, args: argparse.Namespace) -> int:
     from bot.core.allocator import InputError
     from bot.core.errors import EnvelopeError
     from bot.gitea import client_for
-    from bot.verbs.runtime import VerbRuntime
+    from bot.verbs.runtime import CallOptions, VerbRuntime
 
     try:
         candidates = parse_candidates_option(args.candidates_json)
@@ -100,13 +101,14 @@ def cmd_allocate(settings: Settings, args: argparse.Namespace) -> int:
             emit(waiting, as_json=args.json, text="wait: every author is busy")
             return EXIT_OK
         arguments: dict[str, object] = {"owner": chosen, "action": args.action, "dry_run": not args.apply}
-        given = {"candidates_json": candidates, "exclude_issue_numbers": args.exclude,
-                 "expected_fingerprint": args.expect_fingerprint}
-        arguments.update({name: value for name, value in given.items() if value is not None})
+        if args.expect_fingerprint is not None:
+            arguments["expected_fingerprint"] = args.expect_fingerprint
+        # The candidates and exclusions in-process: the allocator's limits hold for them, not one MCP call's.
+        options = CallOptions(candidates=candidates, exclusions=frozenset(args.exclude or ()))
         async with aiohttp.ClientSession() as session:
             runtime = VerbRuntime(db=db, settings=settings, gitea=client_for(session, settings),
                                   bot_login=settings.gitea.bot_login)
-            result = await runtime.call("allocate_next_work", _operator(), arguments)
+            result = await runtime.call("allocate_next_work", _operator(), arguments, options=options)
         doc: dict[str, Any] = {**rendered(result), "owner": chosen, "auto": auto}
         summary = (
             f"{doc.get('decision')}: issue {doc.get('issue_number')} for {chosen}"

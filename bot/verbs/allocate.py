@@ -33,7 +33,6 @@ from bot.verbs.duplicates import DuplicatesGitea, mark_duplicates
 from bot.verbs.merge import MergeGitea
 from bot.verbs.review import ReviewGitea, review_candidates, review_lease_effects
 from bot.verbs.runtime import (
-    OPERATOR_CHANNELS,
     Caller,
     CallOptions,
     Channel,
@@ -118,6 +117,9 @@ class AllocationCall:
     owner: str  # who would receive the lease
     candidates_json: object = None  # None: open `status:ready` issues from Gitea (or the stored state)
     exclude_issue_numbers: object = None
+    # Excluded too, never stated as standing: an in-process caller's (auto-allocation's union of every controller's
+    # standing exclusions, the command line's ``--exclude``), unbounded by the tool schema.
+    also_excluded: frozenset[int] = frozenset()
     dry_run: bool = True
     expected_fingerprint: str | None = None
     action: str = "implement"
@@ -265,7 +267,7 @@ class Allocator:
         request = AllocationRequest(
             owner=call.owner,
             candidates=candidates,
-            exclude_issue_numbers=call.exclude_issue_numbers,
+            exclude_issue_numbers=_merged_exclusions(call),
             open_issue_numbers=open_numbers,
             resume_own=call.resume_own,
         )
@@ -529,6 +531,17 @@ def _proof_refusal(proof: dict[str, Any], decision: SelectDecision, call: Alloca
     )
 
 
+def _merged_exclusions(call: AllocationCall) -> object:
+    """The call's own exclusions with those an in-process caller adds; as received when they are refused (the
+    decision then names every problem)."""
+    if not call.also_excluded:
+        return call.exclude_issue_numbers
+    try:
+        return sorted(normalize_exclusions(call.exclude_issue_numbers) | call.also_excluded)
+    except InputError:
+        return call.exclude_issue_numbers
+
+
 def _why(decision: SelectDecision) -> str:
     top = decision.ranked[0] if decision.ranked else None
     skipped = len(decision.skipped)
@@ -577,13 +590,14 @@ async def allocate(
     call = AllocationCall(
         actor=caller.login,
         owner=owner.lstrip("@"),
-        candidates_json=values.get("candidates_json"),
+        candidates_json=values.get("candidates_json") if options.candidates is None else options.candidates,
         exclude_issue_numbers=values.get("exclude_issue_numbers"),
+        also_excluded=options.exclusions,
         dry_run=bool(values["dry_run"]),
         expected_fingerprint=expected if isinstance(expected, str) else None,
         action=action,
         delivery_id=delivery_id,
-        actor_is_operator=caller.channel in OPERATOR_CHANNELS,
+        actor_is_operator=caller.operator,
         channel=caller.channel,
         resume_own=options.resume_own,
         max_live=options.max_live,

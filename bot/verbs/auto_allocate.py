@@ -137,11 +137,11 @@ async def _run(db: Database, settings: Settings, gitea: AllocatorGitea, bot_logi
     done: set[str] = set()
 
     async def apply(owner: str, *, resume: bool) -> AllocationOutcome:
-        arguments: dict[str, object] = {"owner": owner, "dry_run": False}
-        if excluded:
-            arguments["exclude_issue_numbers"] = sorted(excluded)
-        options = CallOptions(resume_own=resume, max_live=None if resume else cfg.max_leases_per_author, now=now)
-        result = await door.call("allocate_next_work", CALLER, arguments, delivery_id=delivery_id, options=options)
+        # The exclusions in-process: their union is not bounded by what one call's exclude_issue_numbers may state.
+        options = CallOptions(resume_own=resume, max_live=None if resume else cfg.max_leases_per_author, now=now,
+                              exclusions=frozenset(excluded))
+        result = await door.call("allocate_next_work", CALLER, {"owner": owner, "dry_run": False},
+                                 delivery_id=delivery_id, options=options)
         outcome = result.outcome
         if not isinstance(outcome, AllocationOutcome):  # the door refused before the allocator ran
             outcome = AllocationOutcome(decision=None, refusal=result.refusal, dry_run=False)

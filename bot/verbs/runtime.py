@@ -27,6 +27,7 @@ from state.issues import IssueStore
 from state.leases import Lease, LeaseStore
 
 if TYPE_CHECKING:
+    from bot.core.allocator import Candidate
     from bot.verbs.allocate import AllocatorGitea
     from bot.verbs.bootstrap import BootstrapContext, BootstrapResult, LockResult
     from bot.verbs.context import BranchGitea
@@ -44,7 +45,6 @@ log = logging.getLogger("foreman.verbs")
 Channel = Literal["mcp", "comment", "cli", "auto", "recovery", "dashboard"]
 #: The channels of the operator: its command line, auto-allocation and the dashboard's preview.
 OperatorChannel = Literal["cli", "auto", "dashboard"]
-OPERATOR_CHANNELS: frozenset[Channel] = frozenset({"cli", "auto", "dashboard"})
 #: The roles the operator's channels act with. Whoever runs foreman on this configuration and database is its
 #: operator; auto-allocation is switched on by that configuration (``[allocator] auto``).
 OPERATOR_ROLES: frozenset[Role] = frozenset({"controller"})
@@ -52,11 +52,16 @@ OPERATOR_ROLES: frozenset[Role] = frozenset({"controller"})
 
 @dataclass(frozen=True, slots=True)
 class Caller:
-    """Who calls a verb: a login and its roster roles (from configuration, never from arguments)."""
+    """Who calls a verb: a login and its roster roles (from configuration, never from arguments).
+
+    ``operator`` is True only for the caller ``operator_caller`` makes: who calls decides, never the channel (a
+    roster identity whose call came by an operator's channel is still that identity).
+    """
 
     login: str
     roles: frozenset[Role]
     channel: Channel
+    operator: bool = False
 
 
 def caller_for(settings: Settings, login: str, channel: Channel) -> Caller:
@@ -67,20 +72,25 @@ def caller_for(settings: Settings, login: str, channel: Channel) -> Caller:
 def operator_caller(login: str, channel: OperatorChannel) -> Caller:
     """The operator (command line, dashboard) or foreman allocating on its own: ``OPERATOR_ROLES``, never the
     roster's."""
-    return Caller(login=login, roles=OPERATOR_ROLES, channel=channel)
+    return Caller(login=login, roles=OPERATOR_ROLES, channel=channel, operator=True)
 
 
 @dataclass(frozen=True, slots=True)
 class CallOptions:
-    """What an in-process caller (auto-allocation) adds to a call; no MCP tool or comment command can set it.
+    """What an in-process caller (auto-allocation, the command line) adds to a call; no MCP tool or comment command
+    can set it, so none of the tool schema's bounds (sized for one agent's call) apply to it.
 
     ``resume_own`` False gives an owner that holds a live lease another issue; ``max_live`` refuses an apply when the
-    owner already holds that many live leases; ``now`` pins the allocator's clock.
+    owner already holds that many live leases; ``now`` pins the allocator's clock. ``exclusions`` are excluded on
+    top of the call's own ``exclude_issue_numbers`` (and never stated as a controller's standing exclusions);
+    ``candidates``, already normalized, are decided on in place of ``candidates_json``.
     """
 
     resume_own: bool = True
     max_live: int | None = None
     now: datetime | None = None
+    exclusions: frozenset[int] = frozenset()
+    candidates: tuple[Candidate, ...] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,7 +153,9 @@ class WorktreeBootstrap(Protocol):
 
     async def replay(
         self, *, issue_number: int, caller: str, idempotency_key: str, expected_base: str | None
-    ) -> BootstrapAnswer | None: ...
+    ) -> BootstrapAnswer | None:
+        """The recorded answer to the caller's own finished request ``idempotency_key``; None for any other key
+        (new, unfinished, or another identity's: that one is not revealed)."""
 
     async def lock(self, *, issue_number: int, caller: str) -> BootstrapAnswer: ...
 
@@ -214,6 +226,9 @@ class _ModuleBootstrap:
     ) -> BootstrapAnswer | None:
         from bot.verbs.bootstrap.transition import replay_finished
 
+        existing = await self._journal.get(idempotency_key)
+        if existing is None or existing.owner != caller:
+            return None  # not the caller's own request: the preconditions answer, whether or not the key exists
         result = await replay_finished(self._ctx, issue_number=issue_number, caller=caller,
                                        idempotency_key=idempotency_key, expected_base=expected_base)
         return None if result is None else self._answer(result)
