@@ -2,24 +2,20 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import errno
-import fcntl
-import hashlib
 import os
 import re
 import shutil
-import stat
-import time
 import urllib.parse
 import uuid
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from git.cmd import Git
+
+from bot.worktree_files import read_text
 
 ZERO_OID = "0" * 40
 _OID_RE = re.compile(r"[0-9a-f]{40}|[0-9a-f]{64}")
@@ -227,15 +223,8 @@ class WorktreeView:
 
 def symbolic_head(head_file: Path) -> str | None:
     """The ref a HEAD file names (``ref: refs/heads/x``), None when detached or unreadable."""
-    text = _read_text(head_file)
+    text = read_text(head_file)
     return text[5:].strip() if text and text.startswith("ref: ") else None
-
-
-def _read_text(path: Path) -> str | None:
-    try:
-        return path.read_text(encoding="utf-8").strip()
-    except (FileNotFoundError, NotADirectoryError):
-        return None
 
 
 class ControlCheckout:
@@ -282,7 +271,7 @@ class ControlCheckout:
     def ensure_excluded(self) -> None:
         """``branches/`` is listed in ``.git/info/exclude`` (so worktrees never show in the checkout's status)."""
         exclude = self.git_dir / "info" / "exclude"
-        current = _read_text(exclude) or ""
+        current = read_text(exclude) or ""
         if "/branches/" in current.splitlines():
             return
         exclude.parent.mkdir(parents=True, exist_ok=True)
@@ -354,11 +343,11 @@ class ControlCheckout:
     def read_ref(self, ref: str) -> str | None:
         """A ref's object id as git stored it: the loose ref file, else ``packed-refs``, else ``git rev-parse``
         (another ref backend). Reading the files git wrote is the read-after-write without a process."""
-        text = _read_text(self.git_dir / ref) if ref.startswith("refs/") and ".." not in ref else None
+        text = read_text(self.git_dir / ref) if ref.startswith("refs/") and ".." not in ref else None
         if text is not None and _OID_RE.fullmatch(text):
             return text
         if text is None:
-            for line in (_read_text(self.git_dir / "packed-refs") or "").splitlines():
+            for line in (read_text(self.git_dir / "packed-refs") or "").splitlines():
                 sha, _, name = line.partition(" ")
                 if name == ref and _OID_RE.fullmatch(sha):
                     return sha
@@ -434,7 +423,7 @@ class ControlCheckout:
         found: list[AdminDir] = []
         for child in sorted(root.iterdir()):
             if child.is_dir() and not child.is_symlink():
-                found.append(AdminDir(child.name, child, _read_text(child / "gitdir"), _read_text(child / "locked")))
+                found.append(AdminDir(child.name, child, read_text(child / "gitdir"), read_text(child / "locked")))
         return found
 
     def remove_admin_dir(self, admin: AdminDir) -> None:
@@ -518,117 +507,6 @@ class ControlCheckout:
         if any(word in err for word in ("rejected", "non-fast-forward", "fetch first")):
             return err.strip()[-400:]
         raise GitFailure(("push", "origin", branch), status, err)
-
-
-# --- file system ------------------------------------------------------------------------------------------------------
-
-
-def blob_id(data: bytes) -> str:
-    """git's object id of a blob holding ``data`` (SHA-1 repositories)."""
-    return hashlib.sha1(b"blob %d\0" % len(data) + data, usedforsecurity=False).hexdigest()
-
-
-def content_problems(
-    root: Path, files: Mapping[str, tuple[str, str]], *, git_file_ok: Callable[[str], bool] | None
-) -> list[str]:
-    """Why removing ``root`` could lose content: any file that is not a byte-identical blob of ``files`` at the
-    same path and mode, or anything else at all. ``git_file_ok`` judges the content of a ``root/.git`` file.
-    Empty: everything there is reproducible from the tree (a half-made checkout of it)."""
-    problems: list[str] = []
-    prefixes = {str(Path(name).parent) for name in files} | {"."}
-    for name in list(prefixes):
-        parent = Path(name)
-        while str(parent) != ".":
-            parent = parent.parent
-            prefixes.add(str(parent))
-    for current, dirs, names in os.walk(root, followlinks=False):
-        rel_dir = os.path.relpath(current, root)
-        for name in list(dirs):
-            rel = os.path.normpath(os.path.join(rel_dir, name))
-            if os.path.islink(os.path.join(current, name)):
-                names.append(name)  # a symlink to a directory: judge it as a file
-                dirs.remove(name)
-            elif rel not in prefixes:
-                problems.append(f"{rel}/: a directory the tree does not have")
-                dirs.remove(name)
-        for name in names:
-            full = os.path.join(current, name)
-            rel = os.path.normpath(os.path.join(rel_dir, name))
-            if rel == ".git":
-                text = _read_text(Path(full)) if os.path.isfile(full) and not os.path.islink(full) else None
-                if git_file_ok is None or text is None or not git_file_ok(text):
-                    problems.append(".git: not the worktree's own git file")
-                continue
-            expected = files.get(rel)
-            if expected is None:
-                problems.append(f"{rel}: not in the tree")
-                continue
-            mode, blob = expected
-            info = os.lstat(full)
-            if stat.S_ISLNK(info.st_mode):
-                data, actual_mode = os.fsencode(os.readlink(full)), "120000"
-            elif stat.S_ISREG(info.st_mode):
-                data = Path(full).read_bytes()
-                actual_mode = "100755" if info.st_mode & stat.S_IXUSR else "100644"
-            else:
-                problems.append(f"{rel}: not a regular file or symbolic link")
-                continue
-            if actual_mode != mode or blob_id(data) != blob:
-                problems.append(f"{rel}: differs from the tree")
-    return problems
-
-
-def escapes_root(root: Path, path: Path) -> bool:
-    """True when ``root`` or anything between it and ``path`` is a symbolic link, or ``path`` resolves
-    outside ``root``. (Checked before anything is created there, and again before a worktree is trusted.)"""
-    if root.is_symlink():
-        return True
-    real_root = Path(os.path.realpath(root))
-    if real_root != Path(os.path.realpath(root.parent)) / root.name:
-        return True
-    current = root
-    for part in path.relative_to(root).parts:
-        current = current / part
-        try:
-            info = os.lstat(current)
-        except FileNotFoundError:
-            break
-        if stat.S_ISLNK(info.st_mode):
-            return True
-    resolved = Path(os.path.realpath(path))
-    return resolved != real_root and real_root not in resolved.parents
-
-
-def remove_tree(path: Path) -> None:
-    """Remove a directory the caller proved holds only reproducible content."""
-    shutil.rmtree(path)
-
-
-@contextlib.asynccontextmanager
-async def file_lock(path: Path, *, wait_s: float, poll_s: float = 0.02) -> AsyncIterator[bool]:
-    """An exclusive ``flock`` on ``path``: yields True once held, False if not held within ``wait_s``.
-
-    The kernel drops the lock when the holder exits, however it exits, so a crashed process never leaves a
-    transition claimed. Two holders in one process exclude each other too (one open file each).
-    """
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
-    try:
-        deadline = time.monotonic() + wait_s
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except OSError as exc:
-                if exc.errno not in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
-                    raise
-            if time.monotonic() >= deadline:
-                yield False
-                return
-            await asyncio.sleep(poll_s)
-        yield True
-    finally:
-        os.close(fd)
 
 
 # --- teardown ---------------------------------------------------------------------------------------------------------

@@ -168,7 +168,7 @@ def branches_root(checkout: PurePosixPath) -> PurePosixPath:
 def check_canonical(checkout: PurePosixPath, path: PurePosixPath) -> PurePosixPath:
     """``path`` itself (normalized) when it lies strictly below ``<checkout>/branches/``; PathRejected otherwise.
 
-    Lexical only: symbolic links are the edge's job (``bot.gitops.escapes_root``).
+    Lexical only: symbolic links are the edge's job (``bot.worktree_files.escapes_root``).
     """
     if not checkout.is_absolute():
         raise PathRejected(f"the control checkout path {str(checkout)!r} must be absolute")

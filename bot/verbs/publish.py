@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
-from bot import gitops
+from bot import gitops, worktree_files
 from bot.core.canonical import CanonicalState
 from bot.core.errors import Envelope
 from bot.core.evidence import render_evidence
@@ -67,7 +67,7 @@ async def publish(
             f"call gitea_get_issue_state with issue_number={issue}"))
     ctx = BootstrapContext.from_service(rt)
     checkout = ctx.checkout()
-    async with gitops.file_lock(ctx.locks_dir() / f"publish-{issue}.lock", wait_s=30) as held:
+    async with worktree_files.file_lock(ctx.locks_dir() / f"publish-{issue}.lock", wait_s=30) as held:
         if not held:
             return refused(verb.name, envelope(
                 "conflict", f"another publish of #{issue} is running", "Wait for it to finish.",
@@ -86,7 +86,7 @@ async def _run(
     store = PublicationStore(rt.db)
     issue, branch = lease.issue_number, registration.branch
     worktree = Path(registration.worktree_path)
-    if gitops.escapes_root(checkout.branches_root, worktree):
+    if worktree_files.escapes_root(checkout.branches_root, worktree):
         raise _Refused(envelope(
             "invalid_state", f"the registered worktree {worktree} is not below {checkout.branches_root}",
             "foreman publishes only a worktree under branches/.", f"call gitea_bootstrap_issue_worktree for #{issue}"))
@@ -129,7 +129,7 @@ def _commit(checkout: gitops.ControlCheckout, worktree: Path, branch: str, pub: 
     if head is not None and head != pub.parent_sha and trailer in checkout.commit_message(head):
         return head
     changes = checkout.worktree_changes(worktree)
-    escaping = sorted(p for p in changes if gitops.escapes_root(worktree, worktree / p))
+    escaping = sorted(p for p in changes if worktree_files.escapes_root(worktree, worktree / p))
     if escaping:
         raise _Refused(envelope(
             "invalid_input",

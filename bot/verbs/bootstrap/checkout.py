@@ -7,7 +7,7 @@ import json
 import logging
 from typing import Any
 
-from bot import gitops
+from bot import gitops, worktree_files
 from bot.core.bootstrap import Blocked
 from bot.core.errors import Envelope
 from bot.gitea import GiteaError
@@ -72,7 +72,7 @@ async def prepare_control_checkout(
         return head_ref, head_sha, (checkout.status() if every else [])
 
     lock = ctx.locks_dir() / "checkout.lock"
-    async with gitops.file_lock(lock, wait_s=max(cfg.lock_wait_s, 60)) as held:
+    async with worktree_files.file_lock(lock, wait_s=max(cfg.lock_wait_s, 60)) as held:
         if not held:
             raise TransientFailure("the control checkout is busy (another clone or fetch did not finish)")
         try:
@@ -185,7 +185,7 @@ async def repoint_control_checkout(ctx: BootstrapContext) -> dict[str, Any]:
         return {"ok": True, "changed": True, "from": old, "sha": base, "record": str(checkout.git_dir / ORIGIN_RECORD)}
 
     lock = ctx.locks_dir() / "checkout.lock"
-    async with gitops.file_lock(lock, wait_s=max(ctx.settings.bootstrap.lock_wait_s, 60)) as held:
+    async with worktree_files.file_lock(lock, wait_s=max(ctx.settings.bootstrap.lock_wait_s, 60)) as held:
         if not held:
             return refused(make_envelope("conflict", "the control checkout is busy (a clone or fetch is running)",
                                          "Nothing was changed.", again))

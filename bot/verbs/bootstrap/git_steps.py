@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from bot import gitops
+from bot import gitops, worktree_files
 from bot.core.bootstrap import (
     Blocked,
     BranchFacts,
@@ -84,12 +84,12 @@ class GitSteps(RunState):
 
     def _path_step(self, t: Transition) -> dict[str, Any]:
         root, path = self.checkout.branches_root, Path(t.worktree_path)
-        if gitops.escapes_root(root, path):
+        if worktree_files.escapes_root(root, path):
             raise StepFailed(Blocked("invalid_state", "path_escapes_root", f"{path} is or goes through a symbolic link"
                                      " out of branches/"))
         root_existed = root.exists()
         root.mkdir(exist_ok=True)
-        if gitops.escapes_root(root, path):
+        if worktree_files.escapes_root(root, path):
             raise StepFailed(Blocked("invalid_state", "path_escapes_root", "branches/ became a symbolic link"))
         facts = self._worktree_facts(t)
         plan = plan_worktree(facts, branch=t.branch, pin=t.base_sha, branch_created_by_this=self._created_branch(t))
@@ -116,7 +116,7 @@ class GitSteps(RunState):
         admin = self.checkout.admin_dir_for(path)
         reserved_empty = self._reserved_empty(t)
         if not exists and admin is None:
-            return WorktreeFacts(False, False, gitops.escapes_root(root, path), None, None, False, False, False,
+            return WorktreeFacts(False, False, worktree_files.escapes_root(root, path), None, None, False, False, False,
                                  False, False, prior, reserved_empty)
         entry = self.checkout.worktree_at(path)
         admin_ours = entry is None and admin is not None and self._admin_ours(t, admin.locked)
@@ -131,11 +131,11 @@ class GitSteps(RunState):
             sha = creation[0] if creation else self.checkout.branch_sha(t.branch)
             if sha:
                 files = self.checkout.tree_files(sha)
-                proven = not gitops.content_problems(path, files, git_file_ok=self._git_file_ok)
+                proven = not worktree_files.content_problems(path, files, git_file_ok=self._git_file_ok)
         return WorktreeFacts(
             path_exists=exists,
             path_is_symlink=path.is_symlink(),
-            escapes_root=gitops.escapes_root(root, path),
+            escapes_root=worktree_files.escapes_root(root, path),
             entry_branch=(entry.branch or "") if entry is not None else None,
             entry_head=entry.head if entry is not None else None,
             # git never calls a locked worktree prunable: a registration without its directory is, for us
@@ -174,7 +174,7 @@ class GitSteps(RunState):
             self.checkout.remove_worktree(path, force=force)
             removed.append("registration")
         if os.path.lexists(path) and path.is_dir() and not path.is_symlink():
-            gitops.remove_tree(path)
+            worktree_files.remove_tree(path)
             removed.append("directory")
         for admin in ours:
             if admin.path.is_dir():
@@ -212,7 +212,7 @@ class GitSteps(RunState):
     def _registration_step(self, t: Transition) -> dict[str, Any]:
         path = Path(t.worktree_path)
         problems: list[str] = []
-        if gitops.escapes_root(self.checkout.branches_root, path):
+        if worktree_files.escapes_root(self.checkout.branches_root, path):
             problems.append("the path is or goes through a symbolic link out of branches/")
         view = self.checkout.worktree_view(path)
         entry: gitops.WorktreeEntry | None = self.seen.get("entry") or self.checkout.worktree_at(path)

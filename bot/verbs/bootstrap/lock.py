@@ -7,7 +7,7 @@ import os
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from bot import gitops
+from bot import gitops, worktree_files
 from bot.core.bootstrap import PathRejected, worktree_lock_reason, worktree_path_for
 from bot.core.gateway import GatewayContext
 from bot.core.verbs import evaluate
@@ -93,7 +93,7 @@ def _guard_worktree(ctx: BootstrapContext, transition: Transition, created: bool
         worktree_path_for(PurePosixPath(transition.checkout_path), transition.branch)
     except PathRejected as exc:
         problems.append(str(exc))
-    if gitops.escapes_root(checkout.branches_root, path):
+    if worktree_files.escapes_root(checkout.branches_root, path):
         problems.append("the path is or goes through a symbolic link out of branches/")
     entry = checkout.worktree_at(path) if checkout.exists() else None
     view: dict[str, str] | None = None

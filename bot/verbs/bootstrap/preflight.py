@@ -8,7 +8,7 @@ from datetime import datetime, timedelta
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from bot import gitops
+from bot import gitops, worktree_files
 from bot.core.bootstrap import PathRejected, branch_for, worktree_path_for
 from bot.core.errors import Envelope
 from bot.gitea import GiteaError
@@ -99,7 +99,7 @@ async def bootstrap_preflight(
     def path_state() -> dict[str, Any]:
         assert path is not None
         root = ctx.checkout_path / "branches"
-        escapes = ctx.checkout_path.exists() and gitops.escapes_root(root, path)
+        escapes = ctx.checkout_path.exists() and worktree_files.escapes_root(root, path)
         entry = ctx.checkout().worktree_at(path) if ctx.checkout().exists() else None
         return {"exists": os.path.lexists(path), "escapes_root": escapes,
                 "registered": entry.to_dict() if entry is not None else None}

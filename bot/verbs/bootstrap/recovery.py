@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 
-from bot import gitops
+from bot import worktree_files
 from bot.verbs.bootstrap.context import BootstrapContext, BootstrapResult
 from bot.verbs.bootstrap.transition import BootstrapRun
 from bot.verbs.runtime import bootstrap_through_door, caller_for
@@ -31,7 +31,7 @@ async def recover_open_transitions(ctx: BootstrapContext) -> list[BootstrapResul
                                                   {"issue_number": t.issue_number, "idempotency_key": t.key})
         else:
             lock_path = ctx.locks_dir() / f"issue-{t.issue_number}.lock"
-            async with gitops.file_lock(lock_path, wait_s=ctx.settings.bootstrap.lock_wait_s) as held:
+            async with worktree_files.file_lock(lock_path, wait_s=ctx.settings.bootstrap.lock_wait_s) as held:
                 current = await journal.get(t.key) if held else None
                 if current is None or current.outcome != "open":
                     continue

@@ -6,7 +6,7 @@ import asyncio
 from pathlib import Path, PurePosixPath
 from typing import Literal
 
-from bot import gitops
+from bot import gitops, worktree_files
 from bot.core.bootstrap import Blocked, PathRejected, branch_for, derive_key, is_issue_branch, worktree_path_for
 from bot.core.errors import Envelope
 from bot.gitea import Branch, GiteaError, GiteaNotFound, GiteaUnavailable, Issue, Repository
@@ -57,7 +57,7 @@ async def bootstrap_issue_worktree(
     if ctx.gitea is None:
         return refused_result(issue_number, unavailable(issue_number, "foreman has no Gitea connection configured"))
     lock_path = ctx.locks_dir() / f"issue-{issue_number}.lock"
-    async with gitops.file_lock(lock_path, wait_s=ctx.settings.bootstrap.lock_wait_s) as held:
+    async with worktree_files.file_lock(lock_path, wait_s=ctx.settings.bootstrap.lock_wait_s) as held:
         if not held:
             return refused_result(issue_number, make_envelope(
                 "conflict",
@@ -265,7 +265,7 @@ class BootstrapRun(Binding, Compensation):
                 have_base = self.checkout.rev(base) is not None
             others = [name.removeprefix("refs/heads/") for name in refs if name.startswith("refs/heads/")]
             others = [b for b in others if is_issue_branch(b, self.n) and b != branch]
-            return gitops.escapes_root(self.checkout.branches_root, path), others, have_base
+            return worktree_files.escapes_root(self.checkout.branches_root, path), others, have_base
 
         try:
             escapes, others, have_base = await asyncio.to_thread(local_checks)
