@@ -21,6 +21,7 @@ from mcp.server.stdio import stdio_server
 
 from bot.config import Settings
 from bot.core.errors import Envelope
+from bot.core.gateway import GatewayContext, evaluate_preconditions
 from bot.core.grants import Grant, broker_refusal
 from bot.core.verbs import TOOLS, VERBS, Verb
 from bot.verbs.runs.broker import Broker
@@ -117,9 +118,16 @@ def unreadable_arguments(name: str, why: str) -> Envelope:
     )
 
 
-def offered_tools() -> list[types.Tool]:
-    """The tools an MCP server offers: every executable verb of the table, in table order."""
-    return [tool_for(verb) for verb in VERBS.values() if verb.executable]
+def offered_tools(caller: Caller | None = None) -> list[types.Tool]:
+    """The tools an MCP server offers, in table order: every executable verb, or (for ``caller``) those whose role
+    gate its roles pass. A tool left out of the list still answers through the door (the same refusal as a comment
+    command gets), so the list only saves an agent from calling what it may never call."""
+    return [tool_for(v) for v in VERBS.values() if v.executable and (caller is None or _may_call(v, caller))]
+
+
+def _may_call(verb: Verb, caller: Caller) -> bool:
+    identity = GatewayContext(caller=caller.login, caller_roles=caller.roles)
+    return evaluate_preconditions(verb.preconditions[:1], identity).allowed
 
 
 def result_of(doc: dict[str, Any], *, is_error: bool) -> types.CallToolResult:
@@ -151,7 +159,7 @@ def build_server(
     ``tools`` / ``instructions``: what the server offers and says instead of the defaults (a run-bound session
     offers only its grant's tools and names its exact calls).
     """
-    offered = list(tools) if tools is not None else offered_tools()
+    offered = list(tools) if tools is not None else offered_tools(caller)
     repository = f"{runtime.settings.repository.owner}/{runtime.settings.repository.name}"
 
     async def list_tools(
@@ -159,7 +167,8 @@ def build_server(
     ) -> types.ListToolsResult:
         return types.ListToolsResult(tools=offered)
 
-    listed = {tool.name for tool in offered}
+    # What a call may name: a bound run's tools only; otherwise every offered verb, listed for this role or not.
+    listed = {tool.name for tool in offered} if tools is not None else {tool.name for tool in offered_tools()}
 
     async def call_tool(ctx: ServerRequestContext[Any], params: types.CallToolRequestParams) -> types.CallToolResult:
         verb = TOOLS.get(params.name)
@@ -352,7 +361,7 @@ async def serve_stdio(settings: Settings, caller: Caller | None = None, *, run_t
         else:
             server = build_server(runtime, caller)
             serving = f"{caller.login} ({', '.join(sorted(caller.roles)) or 'no roster role'})"
-            count = len(offered_tools())
+            count = len(offered_tools(caller))
         log.info("mcp: serving %s on %s over stdio; %d tools", serving, runtime.repo, count)
         async with _wire_stdin() as lines, stdio_server(stdin=cast(Any, lines)) as (read_stream, write_stream):
             await server.run(read_stream, write_stream, server.create_initialization_options())

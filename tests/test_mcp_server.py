@@ -156,32 +156,52 @@ def with_bootstrap(runtime: VerbRuntime, fake: WorktreeBootstrap) -> VerbRuntime
 # --- tools, schemas and identity --------------------------------------------------------------------------------------
 
 
-async def test_the_tools_are_the_executable_verbs_with_the_tables_schemas(runtime: VerbRuntime) -> None:
-    """Tools named as in DESIGN.md; every verb of the table is offered."""
-    async with connect(runtime, "tok-author-1") as client:
+EVERY_ROLE = [
+    "gitea_bootstrap_issue_worktree",
+    "gitea_lock_issue",
+    "gitea_heartbeat_lease",
+    "gitea_release_lease",
+    "gitea_get_issue_state",
+    "gitea_post_issue_state",
+    "gitea_get_runtime_context",
+]
+
+
+@pytest.mark.parametrize(
+    ("token", "expected"),
+    [
+        ("tok-controller", ["gitea_allocate_next_work", *EVERY_ROLE, "gitea_assess_work_issue_duplicate"]),
+        ("tok-author-1", [*EVERY_ROLE, "gitea_publish_worktree", "gitea_open_pull_request",
+                          "gitea_assess_work_issue_duplicate"]),
+        ("tok-rev-1", [*EVERY_ROLE, "gitea_assess_work_issue_duplicate", "gitea_claim_review",
+                       "gitea_submit_review"]),
+        ("tok-merge-1", [*EVERY_ROLE, "gitea_assess_work_issue_duplicate", "gitea_merge_pull_request"]),
+        ("tok-stranger", []),
+    ],
+)
+async def test_each_role_is_offered_the_tools_it_may_call_with_the_tables_schemas(
+    runtime: VerbRuntime, token: str, expected: list[str]
+) -> None:
+    """Tools named as in DESIGN.md, in table order, and only those the caller's roles may call (DESIGN: tools
+    appear only to the roles that may call them)."""
+    async with connect(runtime, token) as client:
         tools = (await client.list_tools()).tools
-    names = [t.name for t in tools]
-    assert names == [
-        "gitea_allocate_next_work",
-        "gitea_bootstrap_issue_worktree",
-        "gitea_lock_issue",
-        "gitea_heartbeat_lease",
-        "gitea_release_lease",
-        "gitea_get_issue_state",
-        "gitea_post_issue_state",
-        "gitea_get_runtime_context",
-        "gitea_publish_worktree",
-        "gitea_open_pull_request",
-        "gitea_assess_work_issue_duplicate",
-        "gitea_claim_review",
-        "gitea_submit_review",
-        "gitea_merge_pull_request",
-    ]
+    assert [t.name for t in tools] == expected
     for tool in tools:
         verb = VERBS[tool.name.removeprefix("gitea_")]
         assert tool.input_schema == verb.input_schema()
         jsonschema.Draft202012Validator.check_schema(tool.input_schema)
         assert tool.annotations is not None and tool.annotations.read_only_hint == (verb.effect == "read")
+
+
+async def test_a_tool_not_listed_for_the_caller_is_refused_by_the_door_not_as_unknown(runtime: VerbRuntime) -> None:
+    """The list only saves an agent a call: naming another role's tool gets the gateway's not_authorized (the
+    same refusal a comment command gets), not an unknown-tool answer."""
+    async with connect(runtime, "tok-author-1") as client:
+        result = await client.call_tool("gitea_merge_pull_request", {"issue_number": 1})
+    doc = result.structured_content
+    assert result.is_error and doc is not None and doc["error"] == "not_authorized", doc
+    assert "merger role" in doc["message"], doc
 
 
 def test_allocation_arguments_are_typed_in_the_schema() -> None:
