@@ -108,13 +108,22 @@ async def test_request_changes_hands_the_issue_back_to_its_author_in_the_same_wo
         ("implement", "author-1", None)]
 
 
+def review_posts(world: World) -> int:
+    return sum(1 for r in world.live.emulator.requests if r.method == "POST" and "reviews" in (r.route or ""))
+
+
 async def test_a_pr_posted_by_foreman_itself_cannot_be_approved_through_gitea(world: World) -> None:
-    """Gitea refuses a verdict by the PR's own poster: with foreman's token on both sides that is an invalid_state
-    refusal, and the review lease stays with the reviewer (nothing recorded)."""
+    """Gitea refuses a verdict by the PR's own poster: with foreman's token on both sides (the reviewer has no
+    token of its own) that is an invalid_state refusal before Gitea is asked, naming the operator's fix, and the
+    review lease stays with the reviewer (nothing recorded)."""
     pr = await put_in_review(world, poster=BOT)
     claimed = await ok(world, "author-2", "gitea_claim_review", issue_number=pr.number)
+    posts = review_posts(world)
     refused, doc = await tool(world, "author-2", "gitea_submit_review", issue_number=pr.number, verdict="approve")
-    assert refused and doc["error"] == "invalid_state" and "your own pull" in doc["message"], doc
+    assert refused and doc["error"] == "invalid_state" and "PR's poster" in doc["message"], doc
+    assert doc["details"]["reason"] == "review_by_pr_poster" and doc["details"]["poster"] == BOT, doc
+    assert "gitea.identity_tokens.author-2" in doc["exact_next_action"], doc
     assert reviews(world, pr.pull) == []
+    assert review_posts(world) == posts  # refused before Gitea was asked
     lease = await LeaseStore(world.service.db).get(claimed["lease"]["lease_id"])
     assert lease is not None and lease.status == "live"
