@@ -127,3 +127,20 @@ async def test_a_pr_posted_by_foreman_itself_cannot_be_approved_through_gitea(wo
     assert review_posts(world) == posts  # refused before Gitea was asked
     lease = await LeaseStore(world.service.db).get(claimed["lease"]["lease_id"])
     assert lease is not None and lease.status == "live"
+
+
+async def test_a_reviewer_with_its_own_gitea_token_approves_a_pr_foreman_posted(tmp_path: Path, start: Started) -> None:
+    """With `gitea.identity_tokens` for the reviewer, the verdict is posted as the reviewer's own account, so Gitea
+    takes an approval of a PR the bot posted (official: the reviewer writes to the repository)."""
+    from tests.world import EXTRA_TOKENS
+
+    tokens = {"author-2": EXTRA_TOKENS["author-2"]}
+    async with open_world(tmp_path, start, roster=ROSTER, gitea={"identity_tokens": tokens}, **LOOP) as world:
+        world.live.emulator.set_permission(OWNER, REPO, "author-2", "write")
+        pr = await put_in_review(world, poster=BOT)
+        await ok(world, "author-2", "gitea_claim_review", issue_number=pr.number)
+        doc = await ok(world, "author-2", "gitea_submit_review", issue_number=pr.number, verdict="approve")
+        assert doc["review"]["state"] == "APPROVED"
+        emu = world.live.emulator
+        [review] = emu.pull_of(emu.issue(OWNER, REPO, pr.pull)).reviews
+        assert (review.reviewer.login, review.state, review.official) == ("author-2", "APPROVED", True)
