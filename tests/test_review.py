@@ -11,7 +11,7 @@ from state.leases import LeaseStore
 from tests.gitea_fixtures import BOT, OWNER, REPO
 from tests.review_support import LOOP, ROSTER, ok, put_in_review, reviews, tool, world
 from tests.support import Started
-from tests.world import FULL_NAME, World, open_world
+from tests.world import EXTRA_TOKENS, FULL_NAME, Sections, World, open_world
 
 __all__ = ["world"]  # the fixture
 
@@ -132,10 +132,8 @@ async def test_a_pr_posted_by_foreman_itself_cannot_be_approved_through_gitea(wo
 async def test_a_reviewer_with_its_own_gitea_token_approves_a_pr_foreman_posted(tmp_path: Path, start: Started) -> None:
     """With `gitea.identity_tokens` for the reviewer, the verdict is posted as the reviewer's own account, so Gitea
     takes an approval of a PR the bot posted (official: the reviewer writes to the repository)."""
-    from tests.world import EXTRA_TOKENS
-
-    tokens = {"author-2": EXTRA_TOKENS["author-2"]}
-    async with open_world(tmp_path, start, roster=ROSTER, gitea={"identity_tokens": tokens}, **LOOP) as world:
+    sections: Sections = {**LOOP, "gitea": {"identity_tokens": {"author-2": EXTRA_TOKENS["author-2"]}}}
+    async with open_world(tmp_path, start, roster=ROSTER, **sections) as world:
         world.live.emulator.set_permission(OWNER, REPO, "author-2", "write")
         pr = await put_in_review(world, poster=BOT)
         await ok(world, "author-2", "gitea_claim_review", issue_number=pr.number)
