@@ -214,3 +214,21 @@ async def test_a_replayed_pull_request_webhook_tears_down_once(world: World) -> 
     assert len(emu.issue(OWNER, REPO, number).comments) == comments
     assert sum(1 for r in emu.requests if r.method == "DELETE" and "branches" in (r.route or "")) == 1
     await assert_torn_down(world, number, pr, tree, merged=True)
+
+
+async def test_a_merge_foreman_posted_itself_still_tears_the_issue_down(tmp_path: Path, start: Started) -> None:
+    """A merger without a Gitea token of its own: the merge is posted with the bot's token, and its `pull_request`
+    closed webhook (sent by the bot) still ends the issue's life at once, not at the next catch-up."""
+    tokens = {login: EXTRA_TOKENS[login] for login in (AUTHOR, REVIEWER)}
+    async with open_world(tmp_path, start, roster=ROSTER, gitea={"identity_tokens": tokens},
+                          bootstrap={"on_allocate": "run"}, reconcile={"interval_s": 0}) as world:
+        for login in ROSTER:
+            world.live.emulator.set_permission(OWNER, REPO, login, "write")
+        world.hook.events = expand_hook_events(["issues", "pull_request"])
+        number, tree = await ready(world)
+        opened = await author_round(world, number, tree, "blue\n", "Make the widget blue")
+        await review(world, number, "approve")
+        await ok(world, MERGER, "gitea_merge_pull_request", issue_number=number)
+        record = pull_record(world, opened["pull_request"])
+        assert record.merged_by is not None and record.merged_by.login == BOT
+        await assert_torn_down(world, number, opened["pull_request"], tree, merged=True)
