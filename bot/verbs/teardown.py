@@ -353,7 +353,8 @@ async def remove_run_worktree(
     if await LeaseStore(db).live_for_issue(repo, issue_number) is not None:
         return None
     journal = JournalStore(db)
-    live = [r for r in await journal.registrations(repo, issue_number) if r.ended_at is None]
+    registrations = await journal.registrations(repo, issue_number)
+    live = [r for r in registrations if r.ended_at is None]
     if not live:
         return None
     transitions = {t.id: t for t in await journal.history(repo, issue_number)}
@@ -362,7 +363,7 @@ async def remove_run_worktree(
     lock = _lock(db, repo, issue_number)
     async with lock:
         judged, _, _ = await asyncio.to_thread(_judge, checkout, live, transitions, default, None, {},
-                                               settings.lifecycle.remove_worktree, False)
+                                               settings.lifecycle.remove_worktree, False, registrations)
         judged = await asyncio.to_thread(_remove, checkout, judged)
         now = utcnow()
         async with db.transaction() as conn:
