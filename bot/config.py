@@ -98,6 +98,13 @@ class Settings(ConfigSection):
     def gitea_token(self) -> str | None:
         return self.gitea.token.get_secret_value() if self.gitea.token else None
 
+    def identity_token(self, login: str) -> str | None:
+        """The roster identity's own Gitea token (``gitea.identity_tokens``), or None: it then acts as the bot."""
+        for name, token in self.gitea.identity_tokens.items():
+            if name.lower() == login.lower():
+                return token.get_secret_value()
+        return None
+
     @property
     def repo_key(self) -> str:
         """The key every store files the configured repository under (``owner/name`` in lower case)."""
@@ -242,6 +249,40 @@ def _resolve_mcp_token_files(settings: Settings, base: Path, errors: list[tuple[
     return settings.model_copy(update={"mcp": mcp})
 
 
+def _resolve_identity_tokens(settings: Settings, base: Path, errors: list[tuple[str, str]]) -> Settings:
+    """gitea.identity_token_files (login = file) merged into gitea.identity_tokens; every login must be a roster
+    identity, and its token neither the bot's nor another identity's (a shared token is one Gitea account)."""
+    gitea = settings.gitea
+    tokens = dict(gitea.identity_tokens)
+    for login, path in sorted(gitea.identity_token_files.items()):
+        key = f"gitea.identity_token_files.{login}"
+        if login in tokens:
+            errors.append((key, f"give gitea.identity_tokens.{login} or {key}, not both"))
+            continue
+        token = _read_secret_file(key, path if path.is_absolute() else base / path, errors)
+        if token is None:
+            continue
+        if not token or any(c.isspace() for c in token):
+            errors.append((key, f"{path} must hold one token (no spaces or line breaks)"))
+        else:
+            tokens[login] = SecretStr(token)
+    roster = {login.lower() for login in settings.roster}
+    owners: dict[str, str] = {}
+    bot = settings.gitea_token()
+    for login, secret in sorted(tokens.items()):
+        key = f"gitea.identity_tokens.{login}"
+        value = secret.get_secret_value()
+        if login.lower() not in roster:
+            errors.append((key, f"{login!r} is not a roster identity (add it to [roster] or remove its token)"))
+        elif bot is not None and value == bot:
+            errors.append((key, "is the bot's gitea.token: give the identity its own account's token"))
+        elif value in owners:
+            errors.append((key, f"is also {owners[value]}'s token: each identity needs its own Gitea account"))
+        owners.setdefault(value, login)
+    gitea = gitea.model_copy(update={"identity_tokens": tokens})
+    return settings.model_copy(update={"gitea": gitea})
+
+
 def _raw_problems(data: Mapping[str, Any], base: Path, errors: list[tuple[str, str]]) -> None:
     """When validation failed, still report unreadable secret files and short secrets (every error at once)."""
     for section, key in (("webhook", "secrets_file"), ("gitea", "token_file")):
@@ -334,6 +375,7 @@ def load_settings(
     settings = _resolve_paths(settings, base)
     settings = _resolve_secret_files(settings, errors)
     settings = _resolve_mcp_token_files(settings, base, errors)
+    settings = _resolve_identity_tokens(settings, base, errors)
     _check_secrets(settings, errors)
     _check_grants(settings, errors)
     if errors:

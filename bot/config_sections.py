@@ -81,6 +81,19 @@ class GiteaConfig(ConfigSection):
     bot_login: str = "foreman-bot"
     timeout_s: float = Field(default=10.0, gt=0)
     probe_interval_s: float = Field(default=30.0, gt=0)
+    #: login = that roster identity's own Gitea token (its PRs and reviews are posted as it, not as the bot).
+    identity_tokens: dict[str, SecretStr] = Field(default_factory=dict)
+    #: login = a file holding that identity's Gitea token; merged into identity_tokens at load.
+    identity_token_files: dict[str, Path] = Field(default_factory=dict)
+
+    @field_validator("identity_tokens")
+    @classmethod
+    def _one_token_each(cls, value: dict[str, SecretStr]) -> dict[str, SecretStr]:
+        for login, token in value.items():
+            text = token.get_secret_value()
+            if not text or any(c.isspace() for c in text):
+                raise ValueError(f"the token of {login!r} must be one token (not empty, no spaces or line breaks)")
+        return value
 
     @field_validator("url")
     @classmethod

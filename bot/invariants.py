@@ -36,7 +36,8 @@ INVARIANTS: dict[str, str] = {
     "leases.no_evidence_without_lease": "every lease key in the outbox or in a Gitea marker names a stored lease",
     "leases.end_evidence": "every released lease has evidence of its end: its release comment, the failure"
     " comment of the compensated bootstrap that released it, or the comment of an allocation that released it"
-    " because its worktree could not be bootstrapped (<lease>:unworkable)",
+    " because its worktree could not be bootstrapped (<lease>:unworkable), the verdict comment of a review lease"
+    " (<lease>:review), or the teardown that ended it",
     "leases.assigned": "every live lease's owner is an assignee of its issue in Gitea",
     "leases.unassigned_after_failure": "the owner of a lease foreman released because its bootstrap failed or could"
     " not run (end reason `bootstrap failed: ...` or `unworkable: ...`) is no assignee of the issue in Gitea, unless"
@@ -314,7 +315,8 @@ def _leases(facts: Facts) -> list[Violation]:
         elif (problem := _once(markers, key)) is not None:
             out.append(Violation("leases.evidence", subject, problem))
         if lease.status == "released":
-            ends = [f"{lease.lease_id}:release", f"{lease.lease_id}:unworkable", *failures.get(lease.lease_id, [])]
+            ends = [f"{lease.lease_id}:release", f"{lease.lease_id}:unworkable", f"{lease.lease_id}:review",
+                    *failures.get(lease.lease_id, [])]
             if not any(markers.get(k, 0) == 1 and entries.get(k) is not None for k in ends):
                 out.append(Violation("leases.end_evidence", subject, f"none of {ends} is in Gitea exactly once"))
         assigned = facts.gitea.assignees.get(lease.issue_number, frozenset())
@@ -428,7 +430,7 @@ def _worktrees(facts: Facts) -> list[Violation]:
 
 
 #: Evidence keys of other verbs than the bootstrap (their own invariants check them).
-_NOT_BOOTSTRAP = ("lease-", "command:", "label-sync:", "teardown:")
+_NOT_BOOTSTRAP = ("lease-", "command:", "label-sync:", "teardown:", "publish:", "pr:")
 
 
 def _lifecycle(facts: Facts) -> list[Violation]:

@@ -29,13 +29,13 @@ def _free_port() -> int:
 
 async def check_config(
     tmp_path: Path, *, url: str, token: str, owner: str = OWNER, name: str = REPO, bot_login: str = BOT,
-    json_flag: bool = True,
+    json_flag: bool = True, more: str = "",
 ) -> tuple[int, str, str]:
     config = tmp_path / "foreman.toml"
     config.write_text(
         f'[webhook]\nsecrets = ["{SECRET}"]\n[database]\npath = "db/foreman.db"\n'
         f'[gitea]\nurl = "{url}"\ntoken = "{token}"\nbot_login = "{bot_login}"\ntimeout_s = 2.0\n'
-        f'[repository]\nowner = "{owner}"\nname = "{name}"\n',
+        f'[repository]\nowner = "{owner}"\nname = "{name}"\n' + more,
         encoding="utf-8",
     )
     env = {k: v for k, v in os.environ.items() if not k.startswith("FOREMAN_")}
@@ -70,6 +70,21 @@ async def test_check_config_text_output_lists_each_check(tmp_path: Path) -> None
         code, out, _ = await check_config(tmp_path, url=live.base_url, token=TOKENS[BOT], json_flag=False)
     assert code == 0
     assert all(name in out for name in ("gitea_reachable", "token", "repository", "permission"))
+
+
+async def test_check_config_checks_each_identity_token_is_its_logins_account(tmp_path: Path) -> None:
+    roster = '[roster]\nalice = ["author"]\nbob = ["reviewer"]\n'
+    async with live_emulator() as live:
+        good = roster + f'[gitea.identity_tokens]\nalice = "{TOKENS["alice"]}"\nbob = "{TOKENS["bob"]}"\n'
+        code, out, err = await check_config(tmp_path, url=live.base_url, token=TOKENS[BOT], more=good)
+        assert code == 0, out + err
+        assert _checks(json.loads(out))["identity_tokens"]["status"] == "ok"
+        swapped = roster + f'[gitea.identity_tokens]\nalice = "{TOKENS["bob"]}"\nbob = "not-a-token"\n'
+        code, out, err = await check_config(tmp_path, url=live.base_url, token=TOKENS[BOT], more=swapped)
+    assert code == 1, out + err
+    check = _checks(json.loads(out))["identity_tokens"]
+    assert check["status"] == "failed" and "alice: the token belongs to bob" in check["detail"], check
+    assert "bob: Gitea refused its token" in check["detail"] and TOKENS["bob"] not in out
 
 
 @pytest.mark.parametrize(

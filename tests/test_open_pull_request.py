@@ -95,3 +95,40 @@ async def test_gitea_answering_already_exists_is_adopted(world: World, monkeypat
     refused, doc = await call_tool(world, "author-1", "gitea_open_pull_request", issue_number=number)
     assert not refused and doc["pull_request"] == theirs.number and doc["adopted"], doc
     assert len(looks) == 2 and len(await world.gitea.list_pulls(state="open")) == 1
+
+
+async def test_a_second_round_on_the_same_pull_request_moves_the_labels_again(world: World) -> None:
+    """After requested changes the issue is back in status:in-progress; the author's next publish updates the
+    same PR and opening it again (adopted) queues the label changes of the new head, back to status:review."""
+    number, _, first = await published(world)
+    _, opened = await call_tool(world, "author-1", "gitea_open_pull_request", issue_number=number)
+    assert world.labels(number) == ["status:review"]
+    await world.call("alice", "PUT", f"/issues/{number}/labels", {"labels": ["status:in-progress"]})
+    worktree, _ = await worktree_of(world, number)
+    (worktree / "change.txt").write_text("changed again\n", encoding="utf-8")
+    refused, doc = await call_tool(world, "author-1", "gitea_publish_worktree", issue_number=number,
+                                   message="Address the review")
+    assert not refused, doc
+    refused, again = await call_tool(world, "author-1", "gitea_open_pull_request", issue_number=number)
+    assert not refused and again["pull_request"] == opened["pull_request"] and again["adopted"], again
+    assert again["head_sha"] == doc["commit"] != first and set(again["outbox"]).isdisjoint(opened["outbox"])
+    assert world.labels(number) == ["status:review"]
+    assert len(await world.gitea.list_pulls(state="all")) == 1
+    evidence = [c for c in world.live.emulator.issue(OWNER, REPO, number).comments
+                if (find_marker(c.body) or "").startswith("pr:")]
+    assert len(evidence) == 2
+
+
+async def test_a_retitled_issue_still_finds_the_pull_request_foreman_recorded(world: World) -> None:
+    """The review and merge verbs find the issue's PR from foreman's record first: a new title (another canonical
+    branch name) does not lose it."""
+    from bot.verbs.review import pull_for_issue
+
+    number, branch, _ = await published(world)
+    _, opened = await call_tool(world, "author-1", "gitea_open_pull_request", issue_number=number)
+    await world.call("alice", "PATCH", f"/issues/{number}", {"title": "A new name for it"})
+    issue = await world.gitea.get_issue(number)
+    settings = world.service.settings
+    found = await pull_for_issue(world.gitea, world.service.db, settings.repo_key, issue,
+                                 slug_length=settings.bootstrap.slug_length)
+    assert found is not None and (found.number, found.head_ref) == (opened["pull_request"], branch)

@@ -11,7 +11,7 @@ from state.leases import LeaseStore
 from tests.gitea_fixtures import BOT, OWNER, REPO
 from tests.review_support import LOOP, ROSTER, ok, put_in_review, reviews, tool, world
 from tests.support import Started
-from tests.world import FULL_NAME, World, open_world
+from tests.world import EXTRA_TOKENS, FULL_NAME, Sections, World, open_world
 
 __all__ = ["world"]  # the fixture
 
@@ -108,13 +108,37 @@ async def test_request_changes_hands_the_issue_back_to_its_author_in_the_same_wo
         ("implement", "author-1", None)]
 
 
+def review_posts(world: World) -> int:
+    return sum(1 for r in world.live.emulator.requests if r.method == "POST" and "reviews" in (r.route or ""))
+
+
 async def test_a_pr_posted_by_foreman_itself_cannot_be_approved_through_gitea(world: World) -> None:
-    """Gitea refuses a verdict by the PR's own poster: with foreman's token on both sides that is an invalid_state
-    refusal, and the review lease stays with the reviewer (nothing recorded)."""
+    """Gitea refuses a verdict by the PR's own poster: with foreman's token on both sides (the reviewer has no
+    token of its own) that is an invalid_state refusal before Gitea is asked, naming the operator's fix, and the
+    review lease stays with the reviewer (nothing recorded)."""
     pr = await put_in_review(world, poster=BOT)
     claimed = await ok(world, "author-2", "gitea_claim_review", issue_number=pr.number)
+    posts = review_posts(world)
     refused, doc = await tool(world, "author-2", "gitea_submit_review", issue_number=pr.number, verdict="approve")
-    assert refused and doc["error"] == "invalid_state" and "your own pull" in doc["message"], doc
+    assert refused and doc["error"] == "invalid_state" and "PR's poster" in doc["message"], doc
+    assert doc["details"]["reason"] == "review_by_pr_poster" and doc["details"]["poster"] == BOT, doc
+    assert "gitea.identity_tokens.author-2" in doc["exact_next_action"], doc
     assert reviews(world, pr.pull) == []
+    assert review_posts(world) == posts  # refused before Gitea was asked
     lease = await LeaseStore(world.service.db).get(claimed["lease"]["lease_id"])
     assert lease is not None and lease.status == "live"
+
+
+async def test_a_reviewer_with_its_own_gitea_token_approves_a_pr_foreman_posted(tmp_path: Path, start: Started) -> None:
+    """With `gitea.identity_tokens` for the reviewer, the verdict is posted as the reviewer's own account, so Gitea
+    takes an approval of a PR the bot posted (official: the reviewer writes to the repository)."""
+    sections: Sections = {**LOOP, "gitea": {"identity_tokens": {"author-2": EXTRA_TOKENS["author-2"]}}}
+    async with open_world(tmp_path, start, roster=ROSTER, **sections) as world:
+        world.live.emulator.set_permission(OWNER, REPO, "author-2", "write")
+        pr = await put_in_review(world, poster=BOT)
+        await ok(world, "author-2", "gitea_claim_review", issue_number=pr.number)
+        doc = await ok(world, "author-2", "gitea_submit_review", issue_number=pr.number, verdict="approve")
+        assert doc["review"]["state"] == "APPROVED"
+        emu = world.live.emulator
+        [review] = emu.pull_of(emu.issue(OWNER, REPO, pr.pull)).reviews
+        assert (review.reviewer.login, review.state, review.official) == ("author-2", "APPROVED", True)

@@ -41,9 +41,10 @@ class Clock:
 
 
 class Sections(TypedDict, total=False):
-    """The settings sections a world's caller may set, each laid over the world's own ([gitea], [repository] and
-    the roster are the world's)."""
+    """The settings sections a world's caller may set, each laid over the world's own ([repository] and the
+    roster are the world's; [gitea] keys are laid over the emulator's url, token and bot login)."""
 
+    gitea: Mapping[str, Any]
     server: Mapping[str, Any]
     webhook: Mapping[str, Any]
     database: Mapping[str, Any]
@@ -201,12 +202,13 @@ async def open_world(
     async with live_emulator(clock=clock, clone_protocol=clone_protocol) as live:
         emu = live.emulator
         seed_foreman(emu, {login: EXTRA_TOKENS[login] for login in roster if emu.find_user(login) is None})
+        own = {key: value for key, value in sections.items() if key != "gitea"}
         settings = make_settings(
             tmp_path,
-            **emulator_sections(live.base_url),
+            **merged(emulator_sections(live.base_url), {"gitea": sections.get("gitea", {})}),
             roster=dict(roster),
             **merged({"worker": {"concurrency": 4},
-                      "outbox": {"backoff_base_s": 0.01, "backoff_max_s": 0.05, "poll_interval_s": 0.05}}, sections),
+                      "outbox": {"backoff_base_s": 0.01, "backoff_max_s": 0.05, "poll_interval_s": 0.05}}, own),
         )
         service, client = await start(settings)
         url = str(client.make_url("/webhook"))

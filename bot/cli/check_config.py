@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from bot.cli.common import EXIT_OK, EXIT_REFUSED, emit
 from bot.config import Settings
+
+if TYPE_CHECKING:
+    from bot.gitea import GiteaClient
 
 #: The repository permissions (Gitea's permission API) that let the bot label, assign, comment and push branches.
 WRITE_PERMISSIONS = ("write", "admin", "owner")
@@ -103,7 +106,29 @@ async def _gitea_checks(settings: Settings) -> list[dict[str, Any]]:
             return checks
         checks.append(_check("permission", "ok", f"{login} has {permission} permission on {repo}",
                              permission=permission))
+        if settings.gitea.identity_tokens:
+            checks.append(await _identity_check(client, settings))
     return checks
+
+
+async def _identity_check(client: GiteaClient, settings: Settings) -> dict[str, Any]:
+    """Each ``gitea.identity_tokens`` token is accepted and is its own login's account (GET /user with it)."""
+    from bot.gitea import GiteaError
+
+    wrong: list[str] = []
+    for login, secret in sorted(settings.gitea.identity_tokens.items()):
+        try:
+            found = (await client.with_token(secret.get_secret_value()).get_own_user()).login
+        except GiteaError as exc:
+            wrong.append(f"{login}: Gitea refused its token ({_short(exc)})")
+            continue
+        if found.casefold() != login.casefold():
+            wrong.append(f"{login}: the token belongs to {found}")
+    logins = ", ".join(sorted(settings.gitea.identity_tokens))
+    if wrong:
+        return _failed("identity_tokens", "invalid_input", "; ".join(wrong),
+                       "Give each gitea.identity_tokens (or identity_token_files) login a token of its own account.")
+    return _check("identity_tokens", "ok", f"each identity's token is its own account's: {logins}")
 
 
 def _short(exc: Exception) -> str:

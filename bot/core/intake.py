@@ -259,7 +259,11 @@ def _has_lone_surrogate(payload: object) -> bool:
 
 
 def is_self_event(delivery: Delivery, bot_login: str | None) -> bool:
-    """Gitea does not filter by actor: the bot's own changes come back as webhooks and are ignored."""
+    """Gitea does not filter by actor: the bot's own changes come back as webhooks and are ignored, except a pull
+    request's close: a merge foreman posted with the bot's token ends the issue's life like anyone's (the
+    teardown happens once per pull request, and writes nothing that closes a pull request again)."""
+    if delivery.event == "pull_request" and delivery.action == "closed":
+        return False
     return bool(bot_login) and delivery.sender_login is not None and (
         delivery.sender_login.lower() == (bot_login or "").lower()
     )

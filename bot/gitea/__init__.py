@@ -1,6 +1,6 @@
 """The Gitea REST client: its errors, its values and the client itself."""
 
-from bot.gitea.client import GiteaClient, IssueType, client_for
+from bot.gitea.client import Acting, GiteaClient, IssueType, client_as, client_for
 from bot.gitea.errors import (
     GiteaConflict,
     GiteaError,
@@ -18,6 +18,7 @@ from bot.gitea.values import Branch, Comment, Hook, Issue, Label, PullRequest, R
 
 __all__ = [
     "MAX_PAGE_SIZE",
+    "Acting",
     "Branch",
     "Comment",
     "GiteaClient",
@@ -39,6 +40,7 @@ __all__ = [
     "Review",
     "Team",
     "User",
+    "client_as",
     "client_for",
     "next_page",
     "refusal_text",

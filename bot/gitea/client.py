@@ -5,8 +5,9 @@ from __future__ import annotations
 import email.utils
 import urllib.parse
 from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
 
 import aiohttp
 import gidgethub
@@ -72,6 +73,9 @@ class GiteaClient(PullRequestCalls):
         self.owner = owner
         self.repo = repo
         self.base_url = base_url.rstrip("/")
+        self._session = session
+        self._options: dict[str, Any] = {"requester": requester, "timeout_s": timeout_s,
+                                         "max_attempts": max_attempts, "backoff_base_s": backoff_base_s}
         self._gh = RetryingAPI(
             session,
             requester,
@@ -84,6 +88,11 @@ class GiteaClient(PullRequestCalls):
 
     def __repr__(self) -> str:
         return f"GiteaClient({self.base_url!r}, {self.owner}/{self.repo})"
+
+    def with_token(self, token: str) -> GiteaClient:
+        """The same repository, session and timings, authenticated by ``token`` (another Gitea account)."""
+        return GiteaClient(self._session, base_url=self.base_url, token=token, owner=self.owner, repo=self.repo,
+                           **self._options)
 
     @property
     def _repo_path(self) -> str:
@@ -487,6 +496,27 @@ class GiteaClient(PullRequestCalls):
         """Create a repository label (``color`` as ``#rrggbb`` or ``rrggbb``)."""
         data = {"name": name, "color": color, "description": description, "exclusive": exclusive}
         return Label.from_json(await self._call("POST", f"{self._repo_path}/labels", data=data))
+
+
+G = TypeVar("G")
+
+
+@dataclass(frozen=True, slots=True)
+class Acting(Generic[G]):
+    """A Gitea client acting for a roster identity, and the Gitea account its calls are posted as."""
+
+    client: G | GiteaClient
+    login: str
+    own_token: bool
+
+
+def client_as(gitea: G, settings: Settings, login: str, *, bot_login: str = "") -> Acting[G]:
+    """The client that acts as ``login``: with the identity's own token (``gitea.identity_tokens``) when it has
+    one, else ``gitea`` itself, which posts as the bot. The one place that chooses whose account a call uses."""
+    token = settings.identity_token(login)
+    if token is not None and isinstance(gitea, GiteaClient):
+        return Acting(gitea.with_token(token), login, True)
+    return Acting(gitea, bot_login or settings.gitea.bot_login, False)
 
 
 def client_for(session: aiohttp.ClientSession, settings: Settings, **options: Any) -> GiteaClient | None:

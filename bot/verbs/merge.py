@@ -9,7 +9,7 @@ from bot.core.canonical import CanonicalState
 from bot.core.errors import Envelope
 from bot.core.evidence import render_evidence
 from bot.core.verbs import Verb
-from bot.gitea import GiteaError
+from bot.gitea import GiteaError, client_as
 from bot.gitea.errors import GiteaConflict, GiteaInvalid
 from bot.gitea.values import PullRequest
 from bot.verbs.review import PullsGitea, latest_verdict, pull_for_issue
@@ -86,7 +86,7 @@ async def merge_pull_request(
         return refused(verb.name, envelope("unavailable", "foreman runs without a Gitea client",
                                            "An operator must configure gitea.token.", "call gitea_get_runtime_context"))
     issue = await gitea.get_issue(number)
-    pull = await pull_for_issue(gitea, issue, slug_length=rt.settings.bootstrap.slug_length)
+    pull = await pull_for_issue(gitea, rt.db, rt.repo, issue, slug_length=rt.settings.bootstrap.slug_length)
     verdict = latest_verdict(await gitea.list_reviews(pull.number)) if pull is not None else None
     if pull is None or verdict is None or verdict.state != "APPROVED":
         return refused(verb.name, envelope(
@@ -95,8 +95,9 @@ async def merge_pull_request(
     approved = verdict.commit_id
     if verdict.stale or pull.head_sha != approved:  # never hand Gitea a merge of unreviewed code
         return refused(verb.name, _stale(number, pull, approved, "checked before merging"))
+    merger = client_as(gitea, rt.settings, caller.login, bot_login=rt.bot_login).client
     try:
-        await gitea.merge_pull(pull.number, style=rt.settings.merge.style, head_commit_id=approved)
+        await merger.merge_pull(pull.number, style=rt.settings.merge.style, head_commit_id=approved)
     except GiteaConflict as exc:
         return refused(verb.name, _stale(number, await gitea.get_pull(pull.number), approved, exc.message))
     except GiteaInvalid as exc:
@@ -127,7 +128,7 @@ async def merge_replay(
     if rt.gitea is None:
         return None
     issue = await rt.gitea.get_issue(number)
-    pull = await pull_for_issue(rt.gitea, issue, slug_length=rt.settings.bootstrap.slug_length,
+    pull = await pull_for_issue(rt.gitea, rt.db, rt.repo, issue, slug_length=rt.settings.bootstrap.slug_length,
                                 include_merged=True)
     if pull is None or not pull.merged:
         return None

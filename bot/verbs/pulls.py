@@ -10,7 +10,7 @@ from bot.core.canonical import CanonicalState
 from bot.core.evidence import render_evidence
 from bot.core.verbs import Verb
 from bot.core.vocabulary import label_for_state
-from bot.gitea import Branch, GiteaConflict, GiteaError, GiteaNotFound, Issue, PullRequest, Repository
+from bot.gitea import Branch, GiteaConflict, GiteaError, GiteaNotFound, Issue, PullRequest, Repository, client_as
 from bot.gitea.pulls import IssueState
 from bot.verbs.bootstrap.context import BootstrapContext
 from bot.verbs.runtime import Caller, CallOptions, VerbResult, VerbRuntime, envelope, issue_of, refused
@@ -91,9 +91,10 @@ async def open_pull_request(
         pr, adopted = await _adopt(gitea, store, rt.repo, issue, branch)
         if pr is None:
             title = (await gitea.get_issue(issue)).title
+            poster = client_as(gitea, rt.settings, caller.login, bot_login=rt.bot_login).client
             try:
-                pr = await gitea.create_pull(branch, title=title, base=repo.default_branch,
-                                             body=closing_body(issue, branch, caller.login))
+                pr = await poster.create_pull(branch, title=title, base=repo.default_branch,
+                                              body=closing_body(issue, branch, caller.login))
             except GiteaConflict:  # Gitea's "pull request already exists": adopt it, never a second one
                 pr, adopted = await open_pull(gitea, branch), True
     except GiteaError as exc:
@@ -130,8 +131,9 @@ async def _record(
     delivery_id: str | None,
 ) -> dict[str, Any]:
     """Record the PR on the issue and queue ``status:pr-open``, ``status:review`` and the evidence, in one
-    transaction (keys per PR: a replay queues nothing new)."""
-    prefix = f"pr:{issue}:{pr.number}"
+    transaction (keys per PR and head: a replay queues nothing new, a round after requested changes moves the
+    labels again)."""
+    prefix = f"pr:{issue}:{pr.number}:{pr.head_sha[:12]}"
     in_progress, pr_open, review = (label_for_state(s) for s in ("in-progress", "pr-open", "review"))
     doc: dict[str, Any] = {
         "issue_number": issue, "pull_request": pr.number, "head": pr.head_ref, "head_sha": pr.head_sha,

@@ -12,10 +12,11 @@ import aiosqlite
 
 from bot.core.bootstrap import branch_for
 from bot.core.canonical import CanonicalState
+from bot.core.errors import Envelope
 from bot.core.evidence import render_evidence
 from bot.core.verbs import Verb
 from bot.core.vocabulary import label_for_state, state_for_label
-from bot.gitea import GiteaError, GiteaNotFound, Issue, IssueState, IssueType
+from bot.gitea import GiteaError, GiteaNotFound, Issue, IssueState, IssueType, client_as
 from bot.gitea.errors import GiteaInvalid
 from bot.gitea.values import PullRequest, Review
 from bot.verbs.leases import lease_changed
@@ -23,6 +24,7 @@ from bot.verbs.runtime import Caller, CallOptions, VerbResult, VerbRuntime, enve
 from state.db import Database
 from state.leases import Lease, LeaseRefused, LeaseStore, LeaseTaken
 from state.outbox import OutboxIntent, enqueue
+from state.publications import PublicationStore
 
 Verdict = Literal["approve", "request_changes"]
 _EVENTS: Mapping[str, Literal["APPROVED", "REQUEST_CHANGES"]] = {
@@ -35,6 +37,8 @@ class PullsGitea(Protocol):
     """The Gitea reads that find an issue's pull request and its reviews."""
 
     async def get_issue(self, number: int) -> Issue: ...
+
+    async def get_pull(self, number: int) -> PullRequest: ...
 
     async def list_pulls(
         self, *, state: IssueState = ..., base_branch: str | None = ..., limit: int = ...
@@ -60,10 +64,20 @@ class ReviewGitea(PullsGitea, Protocol):
 
 
 async def pull_for_issue(
-    gitea: PullsGitea, issue: Issue, *, slug_length: int, include_merged: bool = False
+    gitea: PullsGitea, db: Database, repo: str, issue: Issue, *, slug_length: int, include_merged: bool = False
 ) -> PullRequest | None:
-    """The issue's pull request: the open PR whose head is the issue's canonical branch (``branch_for``); with
-    ``include_merged`` a merged one too (a replayed merge). The one place that answers "which PR is this issue's"."""
+    """The issue's pull request: the one foreman recorded opening for it (``PublicationStore.pull_for_issue``, so a
+    retitled issue keeps its PR), else the open PR whose head is the issue's canonical branch (``branch_for``: a
+    PR opened outside foreman); with ``include_merged`` a merged one too (a replayed merge). The one place that
+    answers "which PR is this issue's"."""
+    recorded = await PublicationStore(db).pull_for_issue(repo, issue.number)
+    if recorded is not None:
+        try:
+            pull = await gitea.get_pull(recorded.pr_number)
+        except GiteaNotFound:
+            pull = None
+        if pull is not None and (pull.state == "open" or (include_merged and pull.merged)):
+            return pull
     branch = branch_for(issue.number, issue.title, slug_length=slug_length)
     state: IssueState = "all" if include_merged else "open"
     found = [p for p in await gitea.list_pulls(state=state) if p.head_ref == branch and (p.state == "open" or p.merged)]
@@ -112,7 +126,7 @@ async def pull_facts(rt: VerbRuntime, number: int) -> PullFacts:
         return PullFacts(None, None, None, owner, None)
     try:
         issue = await rt.gitea.get_issue(number)
-        pull = await pull_for_issue(rt.gitea, issue, slug_length=rt.settings.bootstrap.slug_length)
+        pull = await pull_for_issue(rt.gitea, rt.db, rt.repo, issue, slug_length=rt.settings.bootstrap.slug_length)
         verdict = latest_verdict(await rt.gitea.list_reviews(pull.number)) if pull is not None else None
     except GiteaNotFound:
         return PullFacts(None, None, None, owner, None)
@@ -132,7 +146,7 @@ async def review_candidates(
     for issue in await gitea.list_issues(state="open", labels=[review], type_="issues"):
         if issue.is_pull or review not in issue.label_names:
             continue
-        pull = await pull_for_issue(gitea, issue, slug_length=slug_length)
+        pull = await pull_for_issue(gitea, db, repo, issue, slug_length=slug_length)
         if pull is None:
             continue  # nothing to review yet
         implementer = await implementer_of(leases, repo, issue.number)
@@ -223,6 +237,21 @@ def _review_doc(number: int, pull: PullRequest, review: Review, verdict: str) ->
             "review": {"id": review.id, "state": review.state, "commit_id": review.commit_id}}
 
 
+def _own_pull(number: int, pull: PullRequest, reviewer: str, own_token: bool) -> Envelope:
+    """Gitea refuses a verdict from the PR's poster: refused before asking it, the review lease kept."""
+    poster = pull.user.login
+    fix = (f"An operator sets gitea.identity_tokens.{reviewer} (or gitea.identity_token_files.{reviewer}) to "
+           f"{reviewer}'s own Gitea token, so the review is posted as {reviewer}, not as {poster}."
+           if not own_token else f"{reviewer}'s configured Gitea token is {poster}'s account, which posted the PR.")
+    return envelope(
+        "invalid_state",
+        f"the verdict on PR #{pull.number} would be posted by {poster}, the Gitea account that posted the PR, and "
+        "Gitea refuses a verdict from a PR's poster; nothing was sent and your review lease is kept",
+        fix, f"ask an operator to set gitea.identity_tokens.{reviewer} to {reviewer}'s own Gitea token, then call "
+        f"gitea_submit_review again with issue_number={number}",
+        reason="review_by_pr_poster", poster=poster, reviewer=reviewer, pull_number=pull.number)
+
+
 async def submit_review(
     rt: VerbRuntime, verb: Verb, caller: Caller, values: Mapping[str, object], lease: Lease | None,
     delivery_id: str | None, options: CallOptions,
@@ -246,15 +275,19 @@ async def submit_review(
         return refused(verb.name, envelope(
             "invalid_state", f"#{number} has no open pull request any more", "Read the issue's state.",
             f"call gitea_get_issue_state with issue_number={number}"))
+    acting = client_as(rt.gitea, rt.settings, caller.login, bot_login=rt.bot_login)
     try:
         review = _found(await rt.gitea.list_reviews(pull.number), lease.lease_id)
         if review is None:
+            if acting.login.lower() == pull.user.login.lower():
+                return refused(verb.name, _own_pull(number, pull, caller.login, acting.own_token))
             body = f"{text}\n\n{_marker(lease.lease_id)}" if text else _marker(lease.lease_id)
-            review = await rt.gitea.submit_review(pull.number, _EVENTS[verdict], body=body, commit_id=pull.head_sha)
+            review = await acting.client.submit_review(pull.number, _EVENTS[verdict], body=body,
+                                                       commit_id=pull.head_sha)
     except GiteaInvalid as exc:
         return refused(verb.name, envelope(
             "invalid_state", f"Gitea refused the review of PR #{pull.number}: {exc.message}",
-            "Gitea refuses a verdict on a closed PR and by the PR's own poster (foreman's identity).",
+            "Gitea refuses a verdict on a closed PR and by the PR's own poster.",
             f"call gitea_get_issue_state with issue_number={number}", gitea_status=exc.status))
     except GiteaError as exc:
         return refused(verb.name, envelope(
@@ -303,6 +336,13 @@ async def _record_verdict(
             body = render_evidence(key=key, summary=f"{caller.login}: {verdict} on PR #{pull.number}.", state=state,
                                    evidence=evidence)
             intents.append(OutboxIntent(key, number, "comment", {"body": body}, delivery_id))
+            if back is not None:  # every lease has its evidence comment, the author's handed-back one too
+                lease_key = f"{back.lease_id}:evidence"
+                lease_body = render_evidence(
+                    key=lease_key, summary=f"Leased #{number} back to {back.owner} to address the review.",
+                    state=state, evidence={"action": "request_changes_lease", "lease": back.to_dict(),
+                                           "review_id": review.id})
+                intents.append(OutboxIntent(lease_key, number, "comment", {"body": lease_body}, delivery_id))
             for intent in intents:
                 await enqueue(conn, intent)
     except LeaseRefused:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -39,8 +40,13 @@ from state.teardowns import TeardownStore
 
 log = logging.getLogger("foreman.teardown")
 
-#: One teardown at a time per issue in this process (a duplicated webhook runs on another worker at once).
-_LOCKS: dict[str, asyncio.Lock] = {}
+#: One teardown at a time per issue of a database (a duplicated webhook runs on another worker at once); per
+#: database, because a lock belongs to the event loop that first waits on it and each service runs its own.
+_LOCKS: weakref.WeakKeyDictionary[Database, dict[str, asyncio.Lock]] = weakref.WeakKeyDictionary()
+
+
+def _lock(db: Database, repo: str, issue_number: int) -> asyncio.Lock:
+    return _LOCKS.setdefault(db, {}).setdefault(f"{repo}#{issue_number}", asyncio.Lock())
 
 
 class TeardownGitea(Protocol):
@@ -128,7 +134,7 @@ async def teardown_issue(
     end, ``status:done`` and the final evidence comment. Every effect before the transaction is idempotent, so a
     crash before it is repaired by the next delivery or catch-up."""
     repo, number = settings.repo_key, call.issue_number
-    lock = _LOCKS.setdefault(f"{repo}#{number}", asyncio.Lock())
+    lock = _lock(db, repo, number)
     async with lock:
         store = TeardownStore(db)
         recorded = await store.get(call.key)
@@ -151,7 +157,7 @@ async def teardown_issue(
         pull = call.pull
         worktrees, commits, merged_head = await asyncio.to_thread(
             _judge, checkout, live_regs, transitions, repository.default_branch, pull, auth,
-            settings.lifecycle.remove_worktree,
+            settings.lifecycle.remove_worktree, True, registrations,
         )
         worktrees = await asyncio.to_thread(_remove, checkout, worktrees)
         branch_name = pull.head_ref if pull is not None else (registrations[-1].branch if registrations else "")
@@ -165,6 +171,7 @@ async def teardown_issue(
 def _judge(
     checkout: gitops.ControlCheckout, registrations: Sequence[Registration], transitions: dict[int, Transition],
     default_branch: str, pull: PullRequest | None, auth: dict[str, str], remove_enabled: bool, fetch: bool = True,
+    history: Sequence[Registration] = (),
 ) -> tuple[list[_Worktree], list[tuple[str, str]], str | None]:
     """In a thread: fetch the default branch and the PR's head as it closed (the merged head: the PR's reported
     head follows its branch even after the merge), judge each live registration's worktree; the PR's commits."""
@@ -185,12 +192,13 @@ def _judge(
         exists = path.is_dir() and not path.is_symlink() and checkout.worktree_at(path) is not None
         status = tuple(checkout.worktree_status(path)) if exists else ()
         head = gitops.worktree_head(checkout, path) if exists else None
+        origin = _origin(registration, history)
         facts = WorktreeFacts(
-            path=str(path), exists=exists, created_by_foreman=registration.created_worktree, status=status,
+            path=str(path), exists=exists, created_by_foreman=origin.created_worktree, status=status,
             head=head, merged_head=merged_head,
             head_in_default=head is not None and gitops.is_ancestor(checkout, head, tracking),
         )
-        transition = transitions.get(registration.journal_id)
+        transition = transitions.get(origin.journal_id)
         reason = worktree_lock_reason(transition.key) if transition is not None else ""
         judged.append(_Worktree(registration, facts, decide_worktree(facts, remove_enabled=remove_enabled), reason))
     commits: list[tuple[str, str]] = []
@@ -198,6 +206,16 @@ def _judge(
         base = next((t.base_sha for t in transitions.values() if t.phase == "completed"), None) or pull.base_sha
         commits = gitops.commit_subjects(checkout, base, closed_head or pull.head_sha)
     return judged, commits, merged_head
+
+
+def _origin(registration: Registration, history: Sequence[Registration]) -> Registration:
+    """The registration that created this worktree: itself, or the one of the same path a later bootstrap of the
+    same owner superseded (a request for changes resumes the work in the worktree foreman created and locked)."""
+    if registration.created_worktree:
+        return registration
+    earlier = [r for r in history if r.id < registration.id and r.worktree_path == registration.worktree_path
+               and r.owner == registration.owner and (r.end_reason or "").startswith("superseded by ")]
+    return next((r for r in sorted(earlier, key=lambda r: -r.id) if r.created_worktree), registration)
 
 
 def _remove(checkout: gitops.ControlCheckout, worktrees: list[_Worktree]) -> list[_Worktree]:
@@ -335,16 +353,17 @@ async def remove_run_worktree(
     if await LeaseStore(db).live_for_issue(repo, issue_number) is not None:
         return None
     journal = JournalStore(db)
-    live = [r for r in await journal.registrations(repo, issue_number) if r.ended_at is None]
+    registrations = await journal.registrations(repo, issue_number)
+    live = [r for r in registrations if r.ended_at is None]
     if not live:
         return None
     transitions = {t.id: t for t in await journal.history(repo, issue_number)}
     checkout = BootstrapContext(db=db, settings=settings, gitea=None, bot_login=bot_login).checkout()
     default = next((t.base_branch for t in transitions.values()), "")
-    lock = _LOCKS.setdefault(f"{repo}#{issue_number}", asyncio.Lock())
+    lock = _lock(db, repo, issue_number)
     async with lock:
         judged, _, _ = await asyncio.to_thread(_judge, checkout, live, transitions, default, None, {},
-                                               settings.lifecycle.remove_worktree, False)
+                                               settings.lifecycle.remove_worktree, False, registrations)
         judged = await asyncio.to_thread(_remove, checkout, judged)
         now = utcnow()
         async with db.transaction() as conn:

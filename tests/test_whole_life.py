@@ -1,0 +1,234 @@
+"""The whole life of an issue end to end against the emulator, through MCP tool calls as four identities."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bot import invariants
+from bot.core.canonical import parse_comment
+from bot.core.evidence import find_marker
+from bot.emulator import pullgit
+from bot.emulator.webhooks import expand_hook_events
+from bot.verbs.bootstrap import BootstrapContext
+from state.journal import JournalStore
+from state.leases import LeaseStore
+from state.teardowns import TeardownStore
+from tests.gitea_fixtures import BOT, OWNER, REPO
+from tests.review_support import ok, tool
+from tests.support import Started
+from tests.world import EXTRA_TOKENS, FULL_NAME, World, open_world
+
+CONTROLLER, AUTHOR, REVIEWER, MERGER = "controller-bot", "author-1", "author-2", "author-3"
+ROSTER = {CONTROLLER: ["controller"], AUTHOR: ["author"], REVIEWER: ["reviewer"], MERGER: ["merger"]}
+TITLE = "Make the widget blue"
+
+
+@pytest.fixture
+async def world(tmp_path: Path, start: Started) -> AsyncIterator[World]:
+    """Each identity has its own Gitea account and token (in the emulator and in [gitea.identity_tokens])."""
+    tokens = {login: EXTRA_TOKENS[login] for login in ROSTER}
+    async with open_world(tmp_path, start, roster=ROSTER, gitea={"identity_tokens": tokens},
+                          bootstrap={"on_allocate": "run"}) as opened:
+        for login in ROSTER:
+            opened.live.emulator.set_permission(OWNER, REPO, login, "write")
+        opened.hook.events = expand_hook_events(["issues", "pull_request"])
+        yield opened
+
+
+@dataclass(frozen=True)
+class Worktree:
+    path: Path
+    branch: str
+
+
+async def ready(world: World) -> tuple[int, Worktree]:
+    """A person labels the issue `status:ready`: auto-allocation leases it to the author, with a worktree."""
+    number = await world.open_issue("alice", TITLE)
+    await world.call("alice", "POST", f"/issues/{number}/labels", {"labels": ["status:ready"]})
+    [lease] = await LeaseStore(world.service.db).history(FULL_NAME, number)
+    assert (lease.owner, lease.action, lease.status) == (AUTHOR, "implement", "live")
+    registration = await JournalStore(world.service.db).live_registration(FULL_NAME.lower(), number)
+    assert registration is not None and Path(registration.worktree_path).is_dir()
+    assert world.labels(number) == ["status:in-progress"]
+    return number, Worktree(Path(registration.worktree_path), registration.branch)
+
+
+async def author_round(world: World, number: int, tree: Worktree, content: str, message: str) -> dict[str, Any]:
+    """The author locks, writes in the worktree, publishes, opens (or updates) the PR and hands the issue on."""
+    await ok(world, AUTHOR, "gitea_lock_issue", issue_number=number)
+    (tree.path / "widget.txt").write_text(content, encoding="utf-8")
+    published = await ok(world, AUTHOR, "gitea_publish_worktree", issue_number=number, message=message)
+    assert pullgit.branch_sha(repo_path(world), tree.branch) == published["commit"]
+    opened = await ok(world, AUTHOR, "gitea_open_pull_request", issue_number=number)
+    assert opened["head_sha"] == published["commit"]
+    assert world.labels(number) == ["status:review"]
+    await ok(world, AUTHOR, "gitea_release_lease", issue_number=number, reason="pull request opened")
+    return opened
+
+
+async def review(world: World, number: int, verdict: str, body: str = "") -> dict[str, Any]:
+    """The controller allocates the review to the reviewer, who submits the verdict."""
+    allocated = await ok(world, CONTROLLER, "gitea_allocate_next_work", action="review", owner=REVIEWER,
+                         dry_run=False)
+    assert (allocated["lease"]["issue_number"], allocated["lease"]["action"]) == (number, "review"), allocated
+    arguments: dict[str, Any] = {"issue_number": number, "verdict": verdict}
+    if body:
+        arguments["body"] = body
+    return await ok(world, REVIEWER, "gitea_submit_review", **arguments)
+
+
+def repo_path(world: World) -> Path:
+    return Path(world.live.emulator.repo(OWNER, REPO).path)
+
+
+def pull_record(world: World, pr: int) -> Any:
+    emu = world.live.emulator
+    return emu.pull_of(emu.issue(OWNER, REPO, pr))
+
+
+def teardown_comments(world: World, number: int) -> list[str]:
+    issue = world.live.emulator.issue(OWNER, REPO, number)
+    return [c.body for c in issue.comments
+            if c.kind == "comment" and c.poster.login == BOT and (find_marker(c.body) or "").startswith("teardown:")]
+
+
+def evidence_of(body: str) -> dict[str, Any]:
+    start = body.index("```json") + len("```json")
+    return dict(json.loads(body[start:body.index("```", start)]))
+
+
+async def assert_invariants(world: World) -> None:
+    for entry in await world.service.outbox.list(limit=10_000):
+        assert entry.status == "done", entry.summary()
+    checkout = BootstrapContext.from_service(world.service).checkout_path
+    facts = await invariants.gather(database=world.service.settings.database.path, client=world.gitea,
+                                    bot_login=BOT, checkout=checkout, require_bootstrap=True)
+    assert invariants.check(facts) == []
+
+
+async def assert_torn_down(world: World, number: int, pr: int, tree: Worktree, *, merged: bool) -> dict[str, Any]:
+    """Every lease ended, the worktree removed (merged) or kept, the branch deleted (merged), status:done, one
+    final evidence comment read back from Gitea, and the invariants hold."""
+    db = world.service.db
+    assert [lease for lease in await LeaseStore(db).history(FULL_NAME, number) if lease.status == "live"] == []
+    assert tree.path.exists() is not merged
+    assert (pullgit.branch_sha(repo_path(world), tree.branch) is None) is merged
+    assert world.labels(number) == ["status:done"]
+    assert (world.live.emulator.issue(OWNER, REPO, number).closed is not None) is merged  # "Closes #N" on a merge
+    [final] = teardown_comments(world, number)
+    state = parse_comment(final).current
+    assert state is not None and state.state == "done" and pr in state.related_prs
+    evidence = evidence_of(final)
+    assert evidence["reason"] == ("merged" if merged else "pr_closed")
+    [record] = await TeardownStore(db).for_issue(FULL_NAME.lower(), number)
+    assert record.pr_number == pr
+    await assert_invariants(world)
+    return evidence
+
+
+async def test_the_whole_life_of_an_issue(world: World) -> None:
+    """status:ready → lease and worktree → lock → write → publish → PR (posted as the author) → review (posted as
+    the reviewer) → approve → merge by the merger → the closed webhook tears the issue down."""
+    number, tree = await ready(world)
+    opened = await author_round(world, number, tree, "blue\n", "Make the widget blue")
+    pr = opened["pull_request"]
+    record = pull_record(world, pr)
+    assert record.issue.poster.login == AUTHOR and f"Closes #{number}" in record.issue.body
+    approved = await review(world, number, "approve")
+    assert approved["review"]["commit_id"] == opened["head_sha"]
+    [verdict] = record.reviews
+    assert (verdict.reviewer.login, verdict.state, verdict.official) == (REVIEWER, "APPROVED", True)
+    refused, doc = await tool(world, REVIEWER, "gitea_merge_pull_request", issue_number=number)
+    assert refused and doc["error"] == "not_authorized", doc
+    merged = await ok(world, MERGER, "gitea_merge_pull_request", issue_number=number)
+    assert record.merged is not None and record.merge_commit_sha == merged["merge_commit_sha"]
+    assert pullgit.branch_sha(repo_path(world), "main") == merged["merge_commit_sha"]
+    evidence = await assert_torn_down(world, number, pr, tree, merged=True)
+    assert [(lease["owner"], lease["action"]) for lease in evidence["leases"]] == [
+        (AUTHOR, "implement"), (REVIEWER, "review")]
+    assert [c["subject"] for c in evidence["pull_request"]["commits"]] == ["Make the widget blue"]
+    assert evidence["pull_request"]["merge_commit"] == merged["merge_commit_sha"]
+    assert evidence["worktree"]["action"] == "removed" and evidence["branch"]["action"] == "deleted"
+
+
+async def test_request_changes_and_back_updates_the_same_pull_request(world: World) -> None:
+    """Changes requested: the author's work resumes in the same worktree, the publish updates the SAME PR (the push
+    synchronizes it), the labels go back to status:review, then approve and merge."""
+    number, tree = await ready(world)
+    first = await author_round(world, number, tree, "blue\n", "Make the widget blue")
+    pr = first["pull_request"]
+    changes = await review(world, number, "request_changes", "The widget must be navy.")
+    assert changes["author_lease"]["owner"] == AUTHOR
+    assert world.labels(number) == ["status:in-progress"]
+    boot = await ok(world, AUTHOR, "gitea_bootstrap_issue_worktree", issue_number=number)
+    assert boot["proof"]["created"] == {"branch": False, "worktree": False}
+    assert Path(boot["proof"]["registration"]["worktree_path"]) == tree.path
+    second = await author_round(world, number, tree, "navy\n", "Make the widget navy")
+    assert second["pull_request"] == pr and second["adopted"] is True
+    assert second["head_sha"] != first["head_sha"]
+    assert [p.number for p in await world.gitea.list_pulls(state="all")] == [pr]
+    emu = world.live.emulator
+    synchronized = [d for d in emu.deliveries if d.event_type == "pull_request_sync"]
+    assert [(d.payload["action"], d.payload["pull_request"]["number"], d.payload["pull_request"]["head"]["sha"])
+            for d in synchronized] == [("synchronized", pr, second["head_sha"])]
+    approved = await review(world, number, "approve")
+    assert approved["review"]["commit_id"] == second["head_sha"]
+    assert [(r.reviewer.login, r.state) for r in pull_record(world, pr).reviews] == [
+        (REVIEWER, "REQUEST_CHANGES"), (REVIEWER, "APPROVED")]
+    merged = await ok(world, MERGER, "gitea_merge_pull_request", issue_number=number)
+    assert pullgit.branch_sha(repo_path(world), "main") == merged["merge_commit_sha"]
+    evidence = await assert_torn_down(world, number, pr, tree, merged=True)
+    assert [c["subject"] for c in evidence["pull_request"]["commits"]] == [
+        "Make the widget blue", "Make the widget navy"]
+
+
+async def test_a_pull_request_closed_unmerged_ends_the_life_as_pr_closed(world: World) -> None:
+    number, tree = await ready(world)
+    opened = await author_round(world, number, tree, "blue\n", "Make the widget blue")
+    pr = opened["pull_request"]
+    await world.call("alice", "PATCH", f"/issues/{pr}", {"state": "closed"})
+    assert pull_record(world, pr).merged is None
+    evidence = await assert_torn_down(world, number, pr, tree, merged=False)
+    assert evidence["worktree"]["action"] == "kept" and evidence["branch"]["action"] == "kept"
+
+
+async def test_a_replayed_pull_request_webhook_tears_down_once(world: World) -> None:
+    number, tree = await ready(world)
+    opened = await author_round(world, number, tree, "blue\n", "Make the widget blue")
+    pr = opened["pull_request"]
+    await review(world, number, "approve")
+    await ok(world, MERGER, "gitea_merge_pull_request", issue_number=number)
+    await assert_torn_down(world, number, pr, tree, merged=True)
+    emu = world.live.emulator
+    [closed] = [d for d in emu.deliveries if d.event_type == "pull_request" and d.payload["action"] == "closed"]
+    comments = len(emu.issue(OWNER, REPO, number).comments)
+    emu.replay_delivery(closed.delivery_id)
+    await world.settle()
+    assert len(teardown_comments(world, number)) == 1
+    assert len(emu.issue(OWNER, REPO, number).comments) == comments
+    assert sum(1 for r in emu.requests if r.method == "DELETE" and "branches" in (r.route or "")) == 1
+    await assert_torn_down(world, number, pr, tree, merged=True)
+
+
+async def test_a_merge_foreman_posted_itself_still_tears_the_issue_down(tmp_path: Path, start: Started) -> None:
+    """A merger without a Gitea token of its own: the merge is posted with the bot's token, and its `pull_request`
+    closed webhook (sent by the bot) still ends the issue's life at once, not at the next catch-up."""
+    tokens = {login: EXTRA_TOKENS[login] for login in (AUTHOR, REVIEWER)}
+    async with open_world(tmp_path, start, roster=ROSTER, gitea={"identity_tokens": tokens},
+                          bootstrap={"on_allocate": "run"}, reconcile={"interval_s": 0}) as world:
+        for login in ROSTER:
+            world.live.emulator.set_permission(OWNER, REPO, login, "write")
+        world.hook.events = expand_hook_events(["issues", "pull_request"])
+        number, tree = await ready(world)
+        opened = await author_round(world, number, tree, "blue\n", "Make the widget blue")
+        await review(world, number, "approve")
+        await ok(world, MERGER, "gitea_merge_pull_request", issue_number=number)
+        record = pull_record(world, opened["pull_request"])
+        assert record.merged_by is not None and record.merged_by.login == BOT
+        await assert_torn_down(world, number, opened["pull_request"], tree, merged=True)
