@@ -41,11 +41,16 @@ T = TypeVar("T")
 OWNER, REPO = "demo", "widgets"
 FULL_NAME = repo_key(f"{OWNER}/{REPO}")
 MAINTAINER, CONTROLLER, AUTHOR, BOT = "maintainer", "controller-bot", "author-1", "foreman-bot"
+REVIEWER, MERGER = "reviewer-1", "merger-1"
+#: The four roster identities of an issue's whole life, each with its own Gitea and MCP token (``life_config``).
+LIFE_ROSTER = {CONTROLLER: ["controller"], AUTHOR: ["author"], REVIEWER: ["reviewer"], MERGER: ["merger"]}
 #: The demo's accounts besides its owner: login, permission on demo/widgets, what the account stands for.
 USERS: tuple[tuple[str, Perm, str], ...] = (
     (MAINTAINER, "admin", "labels issues status:ready, reviews"),
     (CONTROLLER, "write", "controller: allocates work"),
     (AUTHOR, "write", "author: receives leases"),
+    (REVIEWER, "write", "reviewer: reviews pull requests"),
+    (MERGER, "write", "merger: merges approved pull requests"),
     (BOT, "admin", "the bot account foreman acts as"),
 )
 ISSUE_TITLE = "Make the widget blue"
@@ -106,7 +111,7 @@ class LoopHarness:
     gitea_url: str
     http: aiohttp.ClientSession
     tokens: dict[str, str]  # Gitea access tokens by login
-    mcp_token: str  # the author's foreman MCP token
+    mcp_tokens: dict[str, str]  # foreman MCP tokens by roster login (the demo's config lists the author's only)
     webhook_secret: str
     config_path: Path
     db_path: Path
@@ -126,7 +131,8 @@ class LoopHarness:
         async with self.http.request(method, url, json=body, headers=headers) as resp:
             if resp.status >= 300:
                 raise StepFailed("gitea", f"{method} {path} as {login} answered {resp.status}: {await resp.text()}")
-            return None if resp.status == 204 else await resp.json()
+            raw = await resp.text()  # 204, and Gitea's merge answers 200 with an empty body
+            return json.loads(raw) if raw else None
 
     async def comments(self, number: int) -> list[dict[str, Any]]:
         """The issue's comments as Gitea serves them (read as the maintainer)."""
@@ -202,12 +208,12 @@ class LoopHarness:
             return None
         return doc if doc.get("ready") and doc["checks"]["gitea"]["ok"] else None
 
-    async def register_hook(self) -> dict[str, Any]:
+    async def register_hook(self, events: tuple[str, ...] = ("issues",)) -> dict[str, Any]:
         """The maintainer adds the repository webhook through the API, as an operator does in Gitea's UI."""
         hook: dict[str, Any] = await self.api(MAINTAINER, "POST", "/hooks", {
             "type": "gitea",
             "config": {"url": self.webhook_url, "content_type": "json", "secret": self.webhook_secret},
-            "events": ["issues"],
+            "events": list(events),
             "active": True,
         })
         self.hook_id = int(hook["id"])
@@ -245,9 +251,18 @@ def demo_config(gitea_url: str, tokens: Mapping[str, str], webhook_secret: str, 
     }
 
 
+def life_config(h: LoopHarness) -> Document:
+    """Laid over ``_config`` for the whole life: the four roster identities, each with its own tokens."""
+    return {
+        "roster": LIFE_ROSTER,
+        "gitea": {"identity_tokens": {login: h.tokens[login] for login in LIFE_ROSTER}},
+        "mcp": {"tokens": {h.mcp_tokens[login]: login for login in LIFE_ROSTER}},
+    }
+
+
 def _config(h: LoopHarness) -> dict[str, Any]:
     """``demo_config`` with the demo's own server and faster worker and outbox timings."""
-    return merged(demo_config(h.gitea_url, h.tokens, h.webhook_secret, h.root, h.mcp_token), {
+    return merged(demo_config(h.gitea_url, h.tokens, h.webhook_secret, h.root, h.mcp_tokens[AUTHOR]), {
         "server": {"host": "127.0.0.1", "port": 0, "shutdown_grace_s": 2.0},
         "database": {"path": h.db_path, "synchronous": "NORMAL"},
         "gitea": {"timeout_s": 10.0},
@@ -257,9 +272,10 @@ def _config(h: LoopHarness) -> dict[str, Any]:
 
 
 @asynccontextmanager
-async def open_harness(root: Path, *, config: Document | None = None) -> AsyncIterator[LoopHarness]:
-    """The emulator with ``demo/widgets`` on loopback and the config (``config`` laid over the demo's) for a foreman
-    serve (not started yet)."""
+async def open_harness(root: Path, *, config: Document | None = None, life: bool = False
+                       ) -> AsyncIterator[LoopHarness]:
+    """The emulator with ``demo/widgets`` on loopback and the config (``life_config`` when ``life``, then
+    ``config``, laid over the demo's) for a foreman serve (not started yet)."""
     # Clone URLs over git smart HTTP (the emulator's git http-backend behind Gitea's auth rules), of a private
     # repository: the control checkout comes only with the bot's token, as from a real Gitea.
     emu = Emulator(root / "gitea", clone_protocol="http")
@@ -274,14 +290,15 @@ async def open_harness(root: Path, *, config: Document | None = None) -> AsyncIt
         gitea_url=gitea_url,
         http=http,
         tokens=tokens,
-        mcp_token=f"mcp-{AUTHOR}-{secrets.token_hex(12)}",
+        mcp_tokens={login: f"mcp-{login}-{secrets.token_hex(12)}" for login in LIFE_ROSTER},
         webhook_secret=secrets.token_hex(24),
         config_path=root / "foreman.toml",
         db_path=root / "foreman.db",
         checkout=root / "checkouts" / OWNER / REPO,
         serve_log=root / "serve.log",
     )
-    write_config(harness.config_path, merged(_config(harness), config or {}), comment="written by foreman demo")
+    document = merged(_config(harness), life_config(harness)) if life else _config(harness)
+    write_config(harness.config_path, merged(document, config or {}), comment="written by foreman demo")
     try:
         yield harness
     finally:
@@ -304,15 +321,15 @@ async def until(step: str, probe: Callable[[], Awaitable[T | None]], timeout_s: 
 
 
 @asynccontextmanager
-async def mcp_session(h: LoopHarness, errlog: TextIO) -> AsyncIterator[Any]:
-    """``foreman mcp`` as a subprocess with the author's token, and an initialized SDK client session."""
+async def mcp_session(h: LoopHarness, errlog: TextIO, login: str = AUTHOR) -> AsyncIterator[Any]:
+    """``foreman mcp`` as a subprocess with ``login``'s token, and an initialized SDK client session."""
     from mcp import ClientSession, StdioServerParameters
     from mcp.client.stdio import stdio_client
 
     params = StdioServerParameters(
         command=sys.executable,
         args=["-m", "bot", "--config", str(h.config_path), "mcp"],
-        env=_subprocess_env({"FOREMAN_MCP_TOKEN": h.mcp_token}),
+        env=_subprocess_env({"FOREMAN_MCP_TOKEN": h.mcp_tokens[login]}),
         cwd=h.root,
     )
     async with stdio_client(params, errlog=errlog) as (read, write), ClientSession(read, write) as session:
