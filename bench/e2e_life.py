@@ -41,6 +41,7 @@ from bot.demo import (
 from bot.emulator import pullgit
 from bot.gitops import auth_env
 
+MILESTONES = ("bootstrap_evidence_verified", "published", "pull_request_opened", "approved", "merged", "torn_down")
 LIFE_STEPS = ("worktree_add", "commit", "push", "pr_create", "review", "merge")
 
 
@@ -63,6 +64,8 @@ class LifeRun:
     errors: list[str] = field(default_factory=list)
     wall_s: float = 0.0
     serve_peak_rss_kib: int = 0
+    deliveries: int = 0
+    deliveries_refused: list[str] = field(default_factory=list)  # what foreman answered, when not 2xx
 
 
 async def _bootstrapped(h: LoopHarness, n: int, timeout_s: float) -> sqlite3.Row:
@@ -243,6 +246,8 @@ async def bench_life(issues: int, baseline_samples: int, timeout_s: float, root:
             await _life_baselines(h, run, len(run.bare_ms["merge"]))
         await h.emulator.drain_webhooks()
         await _check_life(h, run)
+        run.deliveries = len(h.emulator.deliveries)
+        run.deliveries_refused = [f"{d.event_type} {d.status}" for d in h.emulator.deliveries if not d.ok]
         assert h.serve is not None
         run.serve_peak_rss_kib = _peak_rss_kib(h.serve.pid)
     return run
@@ -273,10 +278,13 @@ def life_report(run: LifeRun, issues: int) -> dict[str, Any]:
         "bare_ms": {**bare, "sum_of_medians": bare_sum},
         "ratio_merged_p50_to_bare": merged_ms["p50"] / bare_sum,
         "ratio_torn_down_p50_to_bare": torn_down["p50"] / bare_sum,
+        # Reported, not a failed check: SQLite's lock is shared by foreman serve and the four `foreman mcp`.
+        "deliveries": run.deliveries,
+        "deliveries_refused": len(run.deliveries_refused),
+        "deliveries_refused_sample": run.deliveries_refused[:10],
         "peak_rss_mib": {
             "bench_process_with_emulator": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0,
             "foreman_serve": run.serve_peak_rss_kib / 1024.0,
-            "largest_child": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024.0,
         },
         "measured_at": datetime.now().astimezone().isoformat(timespec="seconds"),
     }
@@ -292,7 +300,7 @@ def life_text(doc: dict[str, Any]) -> str:
         f" min {merged_ms['min']:.0f}, max {merged_ms['max']:.0f})",
         f"label -> torn down (final evidence comment verified): p50 {down['p50']:.0f} ms, p99 {down['p99']:.0f} ms"
         f" (mean {down['mean']:.0f}, min {down['min']:.0f}, max {down['max']:.0f})",
-        "  p50 milestones: " + ", ".join(f"{name.replace('_', ' ')} {value:.0f} ms" for name, value in ms.items()),
+        "  p50 milestones: " + ", ".join(f"{name.replace('_', ' ')} {ms[name]:.0f} ms" for name in MILESTONES),
         f"throughput: {doc['throughput_per_min']:.1f} issues/minute ({doc['issues']} whole lives in"
         f" {doc['wall_s']:.1f} s)",
         f"same-run bare operations (medians of {bare['merge']['n']}): "
@@ -301,8 +309,8 @@ def life_text(doc: dict[str, Any]) -> str:
         f"ratio p50 / bare: merged {doc['ratio_merged_p50_to_bare']:.1f}x, torn down"
         f" {doc['ratio_torn_down_p50_to_bare']:.1f}x",
         f"peak RSS: foreman serve {rss['foreman_serve']:.0f} MiB, this process (with the emulator)"
-        f" {rss['bench_process_with_emulator']:.0f} MiB,"
-        f" largest child (serve, mcp, git) {rss['largest_child']:.0f} MiB",
+        f" {rss['bench_process_with_emulator']:.0f} MiB",
+        f"webhook deliveries foreman did not accept (2xx): {doc['deliveries_refused']} of {doc['deliveries']}",
         "checks: two ended leases (author, reviewer), worktree removed, branch deleted, status:done, issue closed,"
         " PR merged, one teardown comment and one comment per marker; outbox all done; no failed delivery: "
         + ("PASS" if doc["ok"] else "FAIL"),

@@ -56,4 +56,5 @@ def test_the_whole_life_mode_runs_every_life_and_reports_every_figure() -> None:
     bare = doc["bare_ms"]
     assert [bare[step]["n"] for step in ("worktree_add", "commit", "push", "pr_create", "review", "merge")] == [2] * 6
     assert bare["sum_of_medians"] > 0 and doc["ratio_merged_p50_to_bare"] > 0
+    assert doc["deliveries"] > 0 and 0 <= doc["deliveries_refused"] <= doc["deliveries"]
     assert doc["peak_rss_mib"]["foreman_serve"] > 0 and doc["peak_rss_mib"]["bench_process_with_emulator"] > 0
