@@ -27,6 +27,7 @@ from bot.core.canonical import parse_comment
 from bot.core.evidence import find_marker
 from bot.core.issue_state import repo_key
 from bot.core.vocabulary import status_labels
+from bot.demo_life import publish_and_open, review_merge_teardown
 from bot.emulator import Emulator, start_emulator
 from bot.emulator.model import Perm
 from state.db import Database, read_only, to_db_time
@@ -370,7 +371,7 @@ async def _loop(h: LoopHarness, p: Printer, timeout_s: float) -> None:
     main_sha = h.git("--git-dir", str(repo.path), "rev-parse", repo.default_branch, cwd=h.root).strip()
     p.step("gitea", f"emulator on {h.gitea_url}: {OWNER}/{REPO} (bare repo {repo.path.relative_to(h.root)}, "
                     f"{repo.default_branch} at {main_sha[:12]}); users {MAINTAINER} (admin), {CONTROLLER}, "
-                    f"{AUTHOR}, {BOT} (bot, admin); labels {', '.join(status_labels())}")
+                    f"{AUTHOR}, {REVIEWER}, {MERGER}, {BOT} (bot, admin); labels {', '.join(status_labels())}")
 
     await h.start_serve(timeout_s)
     assert h.serve is not None
@@ -378,9 +379,9 @@ async def _loop(h: LoopHarness, p: Printer, timeout_s: float) -> None:
                     f"as {BOT}")
     p.step("config", "allocation by the defaults: a ready issue goes to the next idle roster author (least live "
                      "leases, then longest idle; one lease each), proven before the lease and bootstrapped with it")
-    hook = await h.register_hook()
+    hook = await h.register_hook(("issues", "pull_request"))
     p.step("webhook", f"{MAINTAINER} registered hook #{hook['id']} -> {h.webhook_url} (JSON, signed with the "
-                      "shared secret, issue events)")
+                      "shared secret, issue and pull request events)")
 
     issue = await h.api(MAINTAINER, "POST", "/issues", {"title": ISSUE_TITLE, "body": ISSUE_BODY})
     n = int(issue["number"])
@@ -481,10 +482,16 @@ async def _loop(h: LoopHarness, p: Printer, timeout_s: float) -> None:
             context = await call_tool(session, "mcp", "gitea_get_runtime_context")
             p.step("mcp", f"{AUTHOR} connected through `foreman mcp` (stdio, its own token; {len(tools)} tools); "
                           f"it says: {context['exact_next_action']}")
-            await _author(h, p, session, n, lease_id, timeout_s)
+            pr = await _author(h, p, session, n, lease_id, worktree, branch, timeout_s)
+        final = await review_merge_teardown(h, p, n, pr, worktree, branch, timeout_s, errlog)
+    timeline = await h.comments(n)
+    lines = [f"#{c['id']:<4} {c['user']['login']:<12} {find_marker(c['body']) or '(no marker)'}" for c in timeline]
+    p.block(f"{OWNER}/{REPO}#{n}: every comment, in Gitea's order", "\n".join(lines))
+    p.block(f"final evidence comment #{final['id']}", final["body"])
 
 
-async def _author(h: LoopHarness, p: Printer, session: Any, n: int, lease_id: str, timeout_s: float) -> None:
+async def _author(h: LoopHarness, p: Printer, session: Any, n: int, lease_id: str, worktree: Path, branch: str,
+                  timeout_s: float) -> int:
     locked = await call_tool(session, "lock", "gitea_lock_issue", issue_number=n)
     async with h.foreman_db() as db:
         lock = await JournalStore(db).live_lock(FULL_NAME, n)
@@ -527,6 +534,7 @@ async def _author(h: LoopHarness, p: Printer, session: Any, n: int, lease_id: st
     p.step("state", f"gitea_post_issue_state: comment #{comment['id']} posted once, read back, and now #{n}'s "
                     f"state (WHO_IS_NEXT controller, LAST_UPDATED_BY {AUTHOR})")
 
+    pr = await publish_and_open(h, p, session, n, worktree, branch)
     released = await call_tool(session, "release", "gitea_release_lease", issue_number=n, reason="done")
     ended = await _lease(h, lease_id)
     if released["lease"]["status"] != "released" or ended.status != "released":
@@ -534,11 +542,7 @@ async def _author(h: LoopHarness, p: Printer, session: Any, n: int, lease_id: st
     final = await _verified_comment(h, "release", n, f"{lease_id}:release", timeout_s)
     p.step("release", f"gitea_release_lease: lease {lease_id} released ({ended.end_reason}); evidence comment "
                       f"#{final['id']} posted once and read back")
-
-    timeline = await h.comments(n)
-    lines = [f"#{c['id']:<4} {c['user']['login']:<12} {find_marker(c['body']) or '(no marker)'}" for c in timeline]
-    p.block(f"{OWNER}/{REPO}#{n}: every comment, in Gitea's order", "\n".join(lines))
-    p.block(f"final evidence comment #{final['id']}", final["body"])
+    return pr
 
 
 async def _state_comment_id(h: LoopHarness, n: int) -> int | None:
@@ -592,7 +596,7 @@ async def run_demo(out: TextIO, *, keep: bool = False, timeout_s: float = 30.0) 
     failed: StepFailed | None = None
     tail = ""
     try:
-        async with open_harness(root) as h:
+        async with open_harness(root, life=True) as h:
             try:
                 await _loop(h, p, timeout_s)
             except StepFailed as exc:
