@@ -27,7 +27,7 @@ from bot.core.canonical import parse_comment
 from bot.core.evidence import find_marker
 from bot.core.issue_state import repo_key
 from bot.core.vocabulary import status_labels
-from bot.demo_life import publish_and_open, review_merge_teardown
+from bot.demo_life import author_steps, review_merge_teardown
 from bot.emulator import Emulator, start_emulator
 from bot.emulator.model import Perm
 from state.db import Database, read_only, to_db_time
@@ -482,67 +482,12 @@ async def _loop(h: LoopHarness, p: Printer, timeout_s: float) -> None:
             context = await call_tool(session, "mcp", "gitea_get_runtime_context")
             p.step("mcp", f"{AUTHOR} connected through `foreman mcp` (stdio, its own token; {len(tools)} tools); "
                           f"it says: {context['exact_next_action']}")
-            pr = await _author(h, p, session, n, lease_id, worktree, branch, timeout_s)
+            pr = await author_steps(h, p, session, n, lease_id, worktree, branch, timeout_s)
         final = await review_merge_teardown(h, p, n, pr, worktree, branch, timeout_s, errlog)
     timeline = await h.comments(n)
     lines = [f"#{c['id']:<4} {c['user']['login']:<12} {find_marker(c['body']) or '(no marker)'}" for c in timeline]
     p.block(f"{OWNER}/{REPO}#{n}: every comment, in Gitea's order", "\n".join(lines))
     p.block(f"final evidence comment #{final['id']}", final["body"])
-
-
-async def _author(h: LoopHarness, p: Printer, session: Any, n: int, lease_id: str, worktree: Path, branch: str,
-                  timeout_s: float) -> int:
-    locked = await call_tool(session, "lock", "gitea_lock_issue", issue_number=n)
-    async with h.foreman_db() as db:
-        lock = await JournalStore(db).live_lock(FULL_NAME, n)
-    if locked.get("status") != "locked" or lock is None:
-        raise StepFailed("lock", f"no live issue lock after gitea_lock_issue: {locked.get('status')}")
-    p.step("lock", f"gitea_lock_issue: #{n} locked to {AUTHOR}'s worktree on {lock.branch} (lock {lock.lock_id})")
-
-    before = to_db_time((await _lease(h, lease_id)).expires_at)
-    await asyncio.sleep(0.01)
-    beat = await call_tool(session, "heartbeat", "gitea_heartbeat_lease", issue_number=n)
-    after = to_db_time((await _lease(h, lease_id)).expires_at)
-    async with h.foreman_db() as db:
-        beats = [event for event in await LeaseStore(db).events(lease_id) if event["kind"] == "heartbeat"]
-    if not after > before or len(beats) != 1:
-        raise StepFailed("heartbeat", f"the lease was not extended ({before} -> {after})")
-    if beat["lease"]["lease_id"] != lease_id:
-        raise StepFailed("heartbeat", f"gitea_heartbeat_lease answered for another lease: {beat['lease']}")
-    p.step("heartbeat", f"gitea_heartbeat_lease: lease {lease_id} now expires {after} (was {before})")
-
-    state = {
-        "state": "in-progress",
-        "who_is_next": "controller",
-        "next_action": f"review {AUTHOR}'s change on its branch and allocate the follow-up",
-        "next_prompt": f"#{n}: the widget is blue on the issue branch; review it and decide what comes next.",
-        "what_happened": f"{AUTHOR} locked its worktree, made the change and heartbeated its lease",
-        "why": "the demo's author finished its step",
-        "related_prs": [],
-        "blockers": "none",
-        "validation": "foreman demo verified each step against Gitea and foreman's database",
-    }
-    posted = await call_tool(session, "state", "gitea_post_issue_state", issue_number=n, state=state,
-                             summary=f"{AUTHOR} hands #{n} back to the controller.")
-    [state_key] = posted["outbox"]
-    comment = await _verified_comment(h, "state", n, state_key, timeout_s)
-
-    async def current() -> int | None:
-        return 1 if await _state_comment_id(h, n) == comment["id"] else None
-
-    await until("state", current, timeout_s, "the author's state never became the issue's current state")
-    p.step("state", f"gitea_post_issue_state: comment #{comment['id']} posted once, read back, and now #{n}'s "
-                    f"state (WHO_IS_NEXT controller, LAST_UPDATED_BY {AUTHOR})")
-
-    pr = await publish_and_open(h, p, session, n, worktree, branch)
-    released = await call_tool(session, "release", "gitea_release_lease", issue_number=n, reason="done")
-    ended = await _lease(h, lease_id)
-    if released["lease"]["status"] != "released" or ended.status != "released":
-        raise StepFailed("release", f"the lease is {ended.status} after gitea_release_lease")
-    final = await _verified_comment(h, "release", n, f"{lease_id}:release", timeout_s)
-    p.step("release", f"gitea_release_lease: lease {lease_id} released ({ended.end_reason}); evidence comment "
-                      f"#{final['id']} posted once and read back")
-    return pr
 
 
 async def _state_comment_id(h: LoopHarness, n: int) -> int | None:
