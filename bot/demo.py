@@ -50,9 +50,12 @@ USERS: tuple[tuple[str, Perm, str], ...] = (
     (MAINTAINER, "admin", "labels issues status:ready, reviews"),
     (CONTROLLER, "write", "controller: allocates work"),
     (AUTHOR, "write", "author: receives leases"),
+    (BOT, "admin", "the bot account foreman acts as"),
+)
+#: The accounts ``foreman demo`` and bench/e2e.py add for the rest of an issue's life.
+LIFE_USERS: tuple[tuple[str, Perm, str], ...] = (
     (REVIEWER, "write", "reviewer: reviews pull requests"),
     (MERGER, "write", "merger: merges approved pull requests"),
-    (BOT, "admin", "the bot account foreman acts as"),
 )
 ISSUE_TITLE = "Make the widget blue"
 ISSUE_BODY = "The widget should be blue.\n\nAcceptance: `widget.color` is `blue`."
@@ -70,15 +73,16 @@ class StepFailed(Exception):
         self.message = message
 
 
-def seed_demo(emu: Emulator) -> dict[str, str]:
-    """``demo/widgets`` with its owner, USERS and foreman's status labels; each account's fresh API token by login."""
-    tokens = {login: f"gitea-{login}-{secrets.token_hex(12)}" for login in (OWNER, *(user[0] for user in USERS))}
+def seed_demo(emu: Emulator, users: tuple[tuple[str, Perm, str], ...] = USERS) -> dict[str, str]:
+    """``demo/widgets`` with its owner, ``users`` and foreman's status labels; each account's fresh API token by
+    login."""
+    tokens = {login: f"gitea-{login}-{secrets.token_hex(12)}" for login in (OWNER, *(user[0] for user in users))}
     emu.add_user(OWNER, token=tokens[OWNER], full_name="Demo organisation")
-    for login, _, _ in USERS:
+    for login, _, _ in users:
         emu.add_user(login, token=tokens[login])
     emu.create_repo(OWNER, REPO, files={"README.md": "# widgets\n", "widget.py": "color = 'grey'\n"},
                     description="foreman's demo repository")
-    for login, permission, _ in USERS:
+    for login, permission, _ in users:
         emu.set_permission(OWNER, REPO, login, permission)
     for label in status_labels():
         emu.create_label(OWNER, REPO, label, color="#00aa00")
@@ -280,7 +284,7 @@ async def open_harness(root: Path, *, config: Document | None = None, life: bool
     # Clone URLs over git smart HTTP (the emulator's git http-backend behind Gitea's auth rules), of a private
     # repository: the control checkout comes only with the bot's token, as from a real Gitea.
     emu = Emulator(root / "gitea", clone_protocol="http")
-    tokens = seed_demo(emu)
+    tokens = seed_demo(emu, USERS + LIFE_USERS)
     emu.repo(OWNER, REPO).private = True
     runner, gitea_url = await start_emulator(emu)
     http = aiohttp.ClientSession()
