@@ -1,6 +1,8 @@
 """End-to-end loop benchmark: a `status:ready` label event to the verified evidence comment, issue after issue.
 
-    .venv/bin/python -m bench.e2e [--issues 200] [--baseline-samples 10] [--timeout 60] [--json] [--keep]
+    .venv/bin/python -m bench.e2e [--life] [--issues 200] [--baseline-samples 10] [--timeout 60] [--json] [--keep]
+
+``--life`` times each issue's whole life instead (bench/e2e_life.py; docs/benchmarks.md says what it measures).
 
 Set-up (not timed), the same as ``foreman demo`` (``bot.demo.open_harness``): the Gitea emulator in this process on
 loopback, with a real bare repository, users and the status labels; a real ``foreman serve`` subprocess (SQLite in
@@ -306,9 +308,16 @@ def text(doc: dict[str, Any]) -> str:
     ])
 
 
+def _first_failure(exc: BaseException) -> BaseException:
+    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        exc = exc.exceptions[0]
+    return exc
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m bench.e2e", description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--issues", type=int, default=200, help="issues run through the loop, one at a time")
+    parser.add_argument("--life", action="store_true", help="the whole life: label -> merged -> torn down")
     parser.add_argument("--baseline-samples", type=int, default=10, help="samples of each bare operation")
     parser.add_argument("--timeout", type=float, default=60.0, help="seconds one issue may take")
     parser.add_argument("--tmpdir", type=Path, default=None, help="where everything goes (default /dev/shm)")
@@ -330,13 +339,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     else:
         root = scratch_root("bench-e2e-")
     try:
-        run = asyncio.run(bench(args.issues, args.baseline_samples, args.timeout, root))
-    except StepFailed as exc:
-        print(f"bench.e2e failed: {exc} (files kept in {root})", file=sys.stderr)
+        if args.life:
+            from bench.e2e_life import bench_life, life_report, life_text  # it imports this module's helpers
+
+            life = asyncio.run(bench_life(args.issues, args.baseline_samples, args.timeout, root))
+            doc, errors, shown = life_report(life, args.issues), life.errors, life_text
+        else:
+            run = asyncio.run(bench(args.issues, args.baseline_samples, args.timeout, root))
+            doc, errors, shown = report(run, args.issues), run.errors, text
+    except (StepFailed, ExceptionGroup) as exc:  # a step that fails inside an MCP session comes in a group
+        print(f"bench.e2e failed: {_first_failure(exc)} (files kept in {root})", file=sys.stderr)
         return EXIT_FAILED
-    doc = report(run, args.issues)
-    print(json.dumps(doc, indent=2, sort_keys=True) if args.json else text(doc))
-    if args.keep or run.errors:
+    print(json.dumps(doc, indent=2, sort_keys=True) if args.json else shown(doc))
+    if args.keep or errors:
         print(f"files kept in {root}", file=sys.stderr)
     else:
         shutil.rmtree(root, ignore_errors=True)

@@ -27,6 +27,7 @@ from bot.core.canonical import parse_comment
 from bot.core.evidence import find_marker
 from bot.core.issue_state import repo_key
 from bot.core.vocabulary import status_labels
+from bot.demo_life import author_steps, review_merge_teardown
 from bot.emulator import Emulator, start_emulator
 from bot.emulator.model import Perm
 from state.db import Database, read_only, to_db_time
@@ -41,12 +42,20 @@ T = TypeVar("T")
 OWNER, REPO = "demo", "widgets"
 FULL_NAME = repo_key(f"{OWNER}/{REPO}")
 MAINTAINER, CONTROLLER, AUTHOR, BOT = "maintainer", "controller-bot", "author-1", "foreman-bot"
+REVIEWER, MERGER = "reviewer-1", "merger-1"
+#: The four roster identities of an issue's whole life, each with its own Gitea and MCP token (``life_config``).
+LIFE_ROSTER = {CONTROLLER: ["controller"], AUTHOR: ["author"], REVIEWER: ["reviewer"], MERGER: ["merger"]}
 #: The demo's accounts besides its owner: login, permission on demo/widgets, what the account stands for.
 USERS: tuple[tuple[str, Perm, str], ...] = (
     (MAINTAINER, "admin", "labels issues status:ready, reviews"),
     (CONTROLLER, "write", "controller: allocates work"),
     (AUTHOR, "write", "author: receives leases"),
     (BOT, "admin", "the bot account foreman acts as"),
+)
+#: The accounts ``foreman demo`` and bench/e2e.py add for the rest of an issue's life.
+LIFE_USERS: tuple[tuple[str, Perm, str], ...] = (
+    (REVIEWER, "write", "reviewer: reviews pull requests"),
+    (MERGER, "write", "merger: merges approved pull requests"),
 )
 ISSUE_TITLE = "Make the widget blue"
 ISSUE_BODY = "The widget should be blue.\n\nAcceptance: `widget.color` is `blue`."
@@ -64,15 +73,16 @@ class StepFailed(Exception):
         self.message = message
 
 
-def seed_demo(emu: Emulator) -> dict[str, str]:
-    """``demo/widgets`` with its owner, USERS and foreman's status labels; each account's fresh API token by login."""
-    tokens = {login: f"gitea-{login}-{secrets.token_hex(12)}" for login in (OWNER, *(user[0] for user in USERS))}
+def seed_demo(emu: Emulator, users: tuple[tuple[str, Perm, str], ...] = USERS) -> dict[str, str]:
+    """``demo/widgets`` with its owner, ``users`` and foreman's status labels; each account's fresh API token by
+    login."""
+    tokens = {login: f"gitea-{login}-{secrets.token_hex(12)}" for login in (OWNER, *(user[0] for user in users))}
     emu.add_user(OWNER, token=tokens[OWNER], full_name="Demo organisation")
-    for login, _, _ in USERS:
+    for login, _, _ in users:
         emu.add_user(login, token=tokens[login])
     emu.create_repo(OWNER, REPO, files={"README.md": "# widgets\n", "widget.py": "color = 'grey'\n"},
                     description="foreman's demo repository")
-    for login, permission, _ in USERS:
+    for login, permission, _ in users:
         emu.set_permission(OWNER, REPO, login, permission)
     for label in status_labels():
         emu.create_label(OWNER, REPO, label, color="#00aa00")
@@ -106,7 +116,7 @@ class LoopHarness:
     gitea_url: str
     http: aiohttp.ClientSession
     tokens: dict[str, str]  # Gitea access tokens by login
-    mcp_token: str  # the author's foreman MCP token
+    mcp_tokens: dict[str, str]  # foreman MCP tokens by roster login (the demo's config lists the author's only)
     webhook_secret: str
     config_path: Path
     db_path: Path
@@ -126,7 +136,8 @@ class LoopHarness:
         async with self.http.request(method, url, json=body, headers=headers) as resp:
             if resp.status >= 300:
                 raise StepFailed("gitea", f"{method} {path} as {login} answered {resp.status}: {await resp.text()}")
-            return None if resp.status == 204 else await resp.json()
+            raw = await resp.text()  # 204, and Gitea's merge answers 200 with an empty body
+            return json.loads(raw) if raw else None
 
     async def comments(self, number: int) -> list[dict[str, Any]]:
         """The issue's comments as Gitea serves them (read as the maintainer)."""
@@ -202,12 +213,12 @@ class LoopHarness:
             return None
         return doc if doc.get("ready") and doc["checks"]["gitea"]["ok"] else None
 
-    async def register_hook(self) -> dict[str, Any]:
+    async def register_hook(self, events: tuple[str, ...] = ("issues",)) -> dict[str, Any]:
         """The maintainer adds the repository webhook through the API, as an operator does in Gitea's UI."""
         hook: dict[str, Any] = await self.api(MAINTAINER, "POST", "/hooks", {
             "type": "gitea",
             "config": {"url": self.webhook_url, "content_type": "json", "secret": self.webhook_secret},
-            "events": ["issues"],
+            "events": list(events),
             "active": True,
         })
         self.hook_id = int(hook["id"])
@@ -245,9 +256,18 @@ def demo_config(gitea_url: str, tokens: Mapping[str, str], webhook_secret: str, 
     }
 
 
+def life_config(h: LoopHarness) -> Document:
+    """Laid over ``_config`` for the whole life: the four roster identities, each with its own tokens."""
+    return {
+        "roster": LIFE_ROSTER,
+        "gitea": {"identity_tokens": {login: h.tokens[login] for login in LIFE_ROSTER}},
+        "mcp": {"tokens": {h.mcp_tokens[login]: login for login in LIFE_ROSTER}},
+    }
+
+
 def _config(h: LoopHarness) -> dict[str, Any]:
     """``demo_config`` with the demo's own server and faster worker and outbox timings."""
-    return merged(demo_config(h.gitea_url, h.tokens, h.webhook_secret, h.root, h.mcp_token), {
+    return merged(demo_config(h.gitea_url, h.tokens, h.webhook_secret, h.root, h.mcp_tokens[AUTHOR]), {
         "server": {"host": "127.0.0.1", "port": 0, "shutdown_grace_s": 2.0},
         "database": {"path": h.db_path, "synchronous": "NORMAL"},
         "gitea": {"timeout_s": 10.0},
@@ -257,13 +277,14 @@ def _config(h: LoopHarness) -> dict[str, Any]:
 
 
 @asynccontextmanager
-async def open_harness(root: Path, *, config: Document | None = None) -> AsyncIterator[LoopHarness]:
-    """The emulator with ``demo/widgets`` on loopback and the config (``config`` laid over the demo's) for a foreman
-    serve (not started yet)."""
+async def open_harness(root: Path, *, config: Document | None = None, life: bool = False
+                       ) -> AsyncIterator[LoopHarness]:
+    """The emulator with ``demo/widgets`` on loopback and the config (``life_config`` when ``life``, then
+    ``config``, laid over the demo's) for a foreman serve (not started yet)."""
     # Clone URLs over git smart HTTP (the emulator's git http-backend behind Gitea's auth rules), of a private
     # repository: the control checkout comes only with the bot's token, as from a real Gitea.
     emu = Emulator(root / "gitea", clone_protocol="http")
-    tokens = seed_demo(emu)
+    tokens = seed_demo(emu, USERS + LIFE_USERS)
     emu.repo(OWNER, REPO).private = True
     runner, gitea_url = await start_emulator(emu)
     http = aiohttp.ClientSession()
@@ -274,14 +295,15 @@ async def open_harness(root: Path, *, config: Document | None = None) -> AsyncIt
         gitea_url=gitea_url,
         http=http,
         tokens=tokens,
-        mcp_token=f"mcp-{AUTHOR}-{secrets.token_hex(12)}",
+        mcp_tokens={login: f"mcp-{login}-{secrets.token_hex(12)}" for login in LIFE_ROSTER},
         webhook_secret=secrets.token_hex(24),
         config_path=root / "foreman.toml",
         db_path=root / "foreman.db",
         checkout=root / "checkouts" / OWNER / REPO,
         serve_log=root / "serve.log",
     )
-    write_config(harness.config_path, merged(_config(harness), config or {}), comment="written by foreman demo")
+    document = merged(_config(harness), life_config(harness)) if life else _config(harness)
+    write_config(harness.config_path, merged(document, config or {}), comment="written by foreman demo")
     try:
         yield harness
     finally:
@@ -304,15 +326,15 @@ async def until(step: str, probe: Callable[[], Awaitable[T | None]], timeout_s: 
 
 
 @asynccontextmanager
-async def mcp_session(h: LoopHarness, errlog: TextIO) -> AsyncIterator[Any]:
-    """``foreman mcp`` as a subprocess with the author's token, and an initialized SDK client session."""
+async def mcp_session(h: LoopHarness, errlog: TextIO, login: str = AUTHOR) -> AsyncIterator[Any]:
+    """``foreman mcp`` as a subprocess with ``login``'s token, and an initialized SDK client session."""
     from mcp import ClientSession, StdioServerParameters
     from mcp.client.stdio import stdio_client
 
     params = StdioServerParameters(
         command=sys.executable,
         args=["-m", "bot", "--config", str(h.config_path), "mcp"],
-        env=_subprocess_env({"FOREMAN_MCP_TOKEN": h.mcp_token}),
+        env=_subprocess_env({"FOREMAN_MCP_TOKEN": h.mcp_tokens[login]}),
         cwd=h.root,
     )
     async with stdio_client(params, errlog=errlog) as (read, write), ClientSession(read, write) as session:
@@ -353,7 +375,7 @@ async def _loop(h: LoopHarness, p: Printer, timeout_s: float) -> None:
     main_sha = h.git("--git-dir", str(repo.path), "rev-parse", repo.default_branch, cwd=h.root).strip()
     p.step("gitea", f"emulator on {h.gitea_url}: {OWNER}/{REPO} (bare repo {repo.path.relative_to(h.root)}, "
                     f"{repo.default_branch} at {main_sha[:12]}); users {MAINTAINER} (admin), {CONTROLLER}, "
-                    f"{AUTHOR}, {BOT} (bot, admin); labels {', '.join(status_labels())}")
+                    f"{AUTHOR}, {REVIEWER}, {MERGER}, {BOT} (bot, admin); labels {', '.join(status_labels())}")
 
     await h.start_serve(timeout_s)
     assert h.serve is not None
@@ -361,9 +383,9 @@ async def _loop(h: LoopHarness, p: Printer, timeout_s: float) -> None:
                     f"as {BOT}")
     p.step("config", "allocation by the defaults: a ready issue goes to the next idle roster author (least live "
                      "leases, then longest idle; one lease each), proven before the lease and bootstrapped with it")
-    hook = await h.register_hook()
+    hook = await h.register_hook(("issues", "pull_request"))
     p.step("webhook", f"{MAINTAINER} registered hook #{hook['id']} -> {h.webhook_url} (JSON, signed with the "
-                      "shared secret, issue events)")
+                      "shared secret, issue and pull request events)")
 
     issue = await h.api(MAINTAINER, "POST", "/issues", {"title": ISSUE_TITLE, "body": ISSUE_BODY})
     n = int(issue["number"])
@@ -464,60 +486,8 @@ async def _loop(h: LoopHarness, p: Printer, timeout_s: float) -> None:
             context = await call_tool(session, "mcp", "gitea_get_runtime_context")
             p.step("mcp", f"{AUTHOR} connected through `foreman mcp` (stdio, its own token; {len(tools)} tools); "
                           f"it says: {context['exact_next_action']}")
-            await _author(h, p, session, n, lease_id, timeout_s)
-
-
-async def _author(h: LoopHarness, p: Printer, session: Any, n: int, lease_id: str, timeout_s: float) -> None:
-    locked = await call_tool(session, "lock", "gitea_lock_issue", issue_number=n)
-    async with h.foreman_db() as db:
-        lock = await JournalStore(db).live_lock(FULL_NAME, n)
-    if locked.get("status") != "locked" or lock is None:
-        raise StepFailed("lock", f"no live issue lock after gitea_lock_issue: {locked.get('status')}")
-    p.step("lock", f"gitea_lock_issue: #{n} locked to {AUTHOR}'s worktree on {lock.branch} (lock {lock.lock_id})")
-
-    before = to_db_time((await _lease(h, lease_id)).expires_at)
-    await asyncio.sleep(0.01)
-    beat = await call_tool(session, "heartbeat", "gitea_heartbeat_lease", issue_number=n)
-    after = to_db_time((await _lease(h, lease_id)).expires_at)
-    async with h.foreman_db() as db:
-        beats = [event for event in await LeaseStore(db).events(lease_id) if event["kind"] == "heartbeat"]
-    if not after > before or len(beats) != 1:
-        raise StepFailed("heartbeat", f"the lease was not extended ({before} -> {after})")
-    if beat["lease"]["lease_id"] != lease_id:
-        raise StepFailed("heartbeat", f"gitea_heartbeat_lease answered for another lease: {beat['lease']}")
-    p.step("heartbeat", f"gitea_heartbeat_lease: lease {lease_id} now expires {after} (was {before})")
-
-    state = {
-        "state": "in-progress",
-        "who_is_next": "controller",
-        "next_action": f"review {AUTHOR}'s change on its branch and allocate the follow-up",
-        "next_prompt": f"#{n}: the widget is blue on the issue branch; review it and decide what comes next.",
-        "what_happened": f"{AUTHOR} locked its worktree, made the change and heartbeated its lease",
-        "why": "the demo's author finished its step",
-        "related_prs": [],
-        "blockers": "none",
-        "validation": "foreman demo verified each step against Gitea and foreman's database",
-    }
-    posted = await call_tool(session, "state", "gitea_post_issue_state", issue_number=n, state=state,
-                             summary=f"{AUTHOR} hands #{n} back to the controller.")
-    [state_key] = posted["outbox"]
-    comment = await _verified_comment(h, "state", n, state_key, timeout_s)
-
-    async def current() -> int | None:
-        return 1 if await _state_comment_id(h, n) == comment["id"] else None
-
-    await until("state", current, timeout_s, "the author's state never became the issue's current state")
-    p.step("state", f"gitea_post_issue_state: comment #{comment['id']} posted once, read back, and now #{n}'s "
-                    f"state (WHO_IS_NEXT controller, LAST_UPDATED_BY {AUTHOR})")
-
-    released = await call_tool(session, "release", "gitea_release_lease", issue_number=n, reason="done")
-    ended = await _lease(h, lease_id)
-    if released["lease"]["status"] != "released" or ended.status != "released":
-        raise StepFailed("release", f"the lease is {ended.status} after gitea_release_lease")
-    final = await _verified_comment(h, "release", n, f"{lease_id}:release", timeout_s)
-    p.step("release", f"gitea_release_lease: lease {lease_id} released ({ended.end_reason}); evidence comment "
-                      f"#{final['id']} posted once and read back")
-
+            pr = await author_steps(h, p, session, n, lease_id, worktree, branch, timeout_s)
+        final = await review_merge_teardown(h, p, n, pr, worktree, branch, timeout_s, errlog)
     timeline = await h.comments(n)
     lines = [f"#{c['id']:<4} {c['user']['login']:<12} {find_marker(c['body']) or '(no marker)'}" for c in timeline]
     p.block(f"{OWNER}/{REPO}#{n}: every comment, in Gitea's order", "\n".join(lines))
@@ -575,7 +545,7 @@ async def run_demo(out: TextIO, *, keep: bool = False, timeout_s: float = 30.0) 
     failed: StepFailed | None = None
     tail = ""
     try:
-        async with open_harness(root) as h:
+        async with open_harness(root, life=True) as h:
             try:
                 await _loop(h, p, timeout_s)
             except StepFailed as exc:

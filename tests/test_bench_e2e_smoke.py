@@ -38,3 +38,23 @@ def test_bad_arguments_are_a_usage_error() -> None:
     done = subprocess.run([sys.executable, "-m", "bench.e2e", "--issues", "0"], cwd=REPO_ROOT,
                           capture_output=True, text=True, timeout=60, check=False)
     assert done.returncode == 2 and "--issues" in done.stderr
+
+
+def test_the_whole_life_mode_runs_every_life_and_reports_every_figure() -> None:
+    """`--life`: each issue from its label to the merge and the teardown through `foreman mcp` as four identities."""
+    argv = [sys.executable, "-m", "bench.e2e", "--life", "--issues", "2", "--baseline-samples", "2", "--json"]
+    done = subprocess.run(argv, cwd=REPO_ROOT, capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    doc = json.loads(done.stdout)
+    assert (doc["mode"], doc["ok"], doc["errors"], doc["issues"]) == ("life", True, [], 2)
+    merged, torn_down = doc["label_to_merged_ms"], doc["label_to_torn_down_ms"]
+    assert merged["n"] == torn_down["n"] == 2 and 0 < merged["p50"] <= merged["p99"]
+    order = ["bootstrap_evidence_verified", "published", "pull_request_opened", "approved", "merged", "torn_down"]
+    steps = [doc["milestones_p50_ms"][name] for name in order]
+    assert steps == sorted(steps) and steps[-1] == torn_down["p50"] and steps[-2] == merged["p50"]
+    assert doc["throughput_per_min"] > 0 and doc["wall_s"] > 0
+    bare = doc["bare_ms"]
+    assert [bare[step]["n"] for step in ("worktree_add", "commit", "push", "pr_create", "review", "merge")] == [2] * 6
+    assert bare["sum_of_medians"] > 0 and doc["ratio_merged_p50_to_bare"] > 0
+    assert doc["deliveries"] > 0 and 0 <= doc["deliveries_refused"] <= doc["deliveries"]
+    assert doc["peak_rss_mib"]["foreman_serve"] > 0 and doc["peak_rss_mib"]["bench_process_with_emulator"] > 0

@@ -43,7 +43,7 @@ def foreman(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]
 
 @pytest.fixture(scope="module")
 def demo_config() -> Iterator[Path]:
-    """The demo's kept files: one issue leased, bootstrapped, locked and released."""
+    """The demo's kept files: one issue leased, bootstrapped, locked, published, reviewed, merged, torn down."""
     import bot.demo
 
     out = io.StringIO()
@@ -96,9 +96,11 @@ def test_leases_journal_and_issue_over_the_demo_state(demo_config: Path) -> None
     leases = foreman("--config", str(demo_config), "leases", "--json")
     assert leases.returncode == 0, leases.stderr
     doc = json.loads(leases.stdout)
-    (lease,) = doc["recent"]
+    review, lease = doc["recent"]  # newest first: the demo's whole life ends with the reviewer's lease
     assert (lease["issue_number"], lease["owner"], lease["role"], lease["action"], lease["status"]) == (
         1, "author-1", "author", "implement", "released")
+    assert (review["issue_number"], review["owner"], review["action"], review["status"]) == (
+        1, "reviewer-1", "review", "released")
     assert doc["live"] == [] and lease["end_reason"] == "done"
     text = foreman("--config", str(demo_config), "leases")
     assert text.returncode == 0 and lease["lease_id"] in text.stdout and "author-1" in text.stdout
