@@ -8,6 +8,7 @@ import os
 import shutil
 import sqlite3
 import stat
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
@@ -85,15 +86,22 @@ def from_db_time(text: str) -> datetime:
     return datetime.strptime(text, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=UTC)
 
 
+#: What a lock held elsewhere (another process, or a read on this connection) answers: worth waiting for.
+_BUSY = frozenset({"SQLITE_BUSY", "SQLITE_BUSY_SNAPSHOT", "SQLITE_LOCKED"})
+
+
 class Database:
     """An opened SQLite database. All writes go through ``transaction()``, one at a time."""
 
-    def __init__(self, conn: aiosqlite.Connection, path: Path, *, synchronous: str = "FULL") -> None:
+    def __init__(
+        self, conn: aiosqlite.Connection, path: Path, *, synchronous: str = "FULL", busy_timeout_ms: int = 5000
+    ) -> None:
         self._conn = conn
         self.path = path
         self._write_lock = asyncio.Lock()
         self._synchronous = synchronous
         self._current_sync = synchronous
+        self._busy_timeout_s = busy_timeout_ms / 1000
 
     @classmethod
     async def open(cls, path: Path, *, synchronous: str = "FULL", busy_timeout_ms: int = 5000) -> Database:
@@ -109,7 +117,7 @@ class Database:
         await conn.execute(f"PRAGMA synchronous={synchronous}")
         await conn.execute(f"PRAGMA busy_timeout={int(busy_timeout_ms)}")
         await conn.execute("PRAGMA foreign_keys=ON")
-        db = cls(conn, path, synchronous=synchronous)
+        db = cls(conn, path, synchronous=synchronous, busy_timeout_ms=busy_timeout_ms)
         await db._migrate()
         _private(path)
         return db
@@ -123,7 +131,7 @@ class Database:
         conn = await aiosqlite.connect(f"file:{quote(str(path))}?mode=ro", uri=True, isolation_level=None)
         conn.row_factory = sqlite3.Row
         await conn.execute(f"PRAGMA busy_timeout={int(busy_timeout_ms)}")
-        return cls(conn, path)
+        return cls(conn, path, busy_timeout_ms=busy_timeout_ms)
 
     async def close(self) -> None:
         await self._conn.close()
@@ -159,7 +167,7 @@ class Database:
             if wanted != self._current_sync:
                 await self._conn.execute(f"PRAGMA synchronous={wanted}")
                 self._current_sync = wanted
-            await self._conn.execute("BEGIN IMMEDIATE")
+            await self._begin()
             try:
                 yield self._conn
                 await self._conn.execute("COMMIT")
@@ -168,6 +176,22 @@ class Database:
                 if self._conn.in_transaction:
                     await asyncio.shield(self._rollback())
                 raise
+
+    async def _begin(self) -> None:
+        """BEGIN IMMEDIATE, waiting up to the busy timeout where SQLite will not: it answers SQLITE_BUSY_SNAPSHOT at
+        once while a read on this connection (another task's, not finished) holds a snapshot older than another
+        process's commit; the read ends within a few queued statements, then the write can start."""
+        deadline = time.monotonic() + self._busy_timeout_s
+        pause = 0.001
+        while True:
+            try:
+                await self._conn.execute("BEGIN IMMEDIATE")
+                return
+            except sqlite3.OperationalError as exc:
+                if getattr(exc, "sqlite_errorname", "") not in _BUSY or time.monotonic() >= deadline:
+                    raise
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, 0.05)
 
     async def _rollback(self) -> None:
         """ROLLBACK if a transaction is still open when it runs. A COMMIT whose caller was cancelled is still

@@ -1,7 +1,8 @@
-"""The database edge opened read-only: it reads what a writer committed and refuses to write or create."""
+"""The database edge: opened read-only it reads what a writer committed and refuses to write; writes wait for reads."""
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
 from pathlib import Path
 
@@ -29,3 +30,35 @@ async def test_a_read_only_database_is_never_created(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError):
         await Database.open_read_only(tmp_path / "missing.db")
     assert not (tmp_path / "missing.db").exists()
+
+
+async def test_a_write_waits_for_a_read_left_pending_while_another_process_commits(tmp_path: Path) -> None:
+    """SQLite answers BEGIN IMMEDIATE with SQLITE_BUSY_SNAPSHOT at once, without its busy timeout, while the same
+    connection still reads an older snapshot and another process (a `foreman mcp`) has committed since. Every read
+    shares the one connection, so a read another task has not finished made that write fail: a webhook then went
+    unstored. The write must wait for the read instead."""
+    db = await Database.open(tmp_path / "f.db")
+    try:
+        async with db.transaction() as conn:
+            await conn.execute("CREATE TABLE t (x INTEGER)")
+            await conn.executemany("INSERT INTO t VALUES (?)", [(i,) for i in range(50)])
+        cursor = await db.reader.execute("SELECT x FROM t")
+        assert await cursor.fetchone() is not None  # a read in progress: its snapshot is held
+        other = sqlite3.connect(tmp_path / "f.db", isolation_level=None)
+        other.execute("INSERT INTO t VALUES (1000)")  # another process commits after that snapshot
+        other.close()
+
+        async def write() -> None:
+            async with db.transaction() as conn:
+                await conn.execute("INSERT INTO t VALUES (2000)")
+
+        writing = asyncio.create_task(write())
+        await asyncio.sleep(0.05)
+        assert not writing.done() or writing.exception() is None, writing.exception()
+        await cursor.fetchall()
+        await cursor.close()
+        await asyncio.wait_for(writing, 5)
+        async with db.reader.execute("SELECT COUNT(*) FROM t") as cur:
+            assert [tuple(row) for row in await cur.fetchall()] == [(52,)]
+    finally:
+        await db.close()
