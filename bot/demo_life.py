@@ -3,16 +3,16 @@
 from __future__ import annotations
 
 import asyncio
-import sqlite3
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 from bot.core.canonical import parse_comment
 from bot.core.teardown import pull_key
 from bot.emulator import pullgit
-from state.db import to_db_time
+from state.db import read_only, to_db_time
 from state.journal import JournalStore
 from state.leases import LeaseStore
+from state.outbox import OutboxStore
 
 if TYPE_CHECKING:
     from bot.demo import LoopHarness, Printer
@@ -129,7 +129,7 @@ async def review_merge_teardown(h: LoopHarness, p: Printer, n: int, pr: int, wor
 
     async def in_review() -> bool | None:
         # foreman writes labels through its outbox, and the review allocation reads its candidates from Gitea.
-        if _busy(h.db_path, n):
+        if await _busy(h.db_path, n):
             return None
         seen = await h.api(MAINTAINER, "GET", f"/issues/{n}")
         return True if [label["name"] for label in seen["labels"]] == ["status:review"] else None
@@ -174,12 +174,7 @@ async def review_merge_teardown(h: LoopHarness, p: Printer, n: int, pr: int, wor
     return final
 
 
-def _busy(db_path: Path, n: int) -> bool:
+async def _busy(db_path: Path, n: int) -> bool:
     """Whether an outbox entry of the issue is not sent yet, or its completion hook has not run."""
-    conn = sqlite3.connect(f"file:{db_path}?mode=ro", uri=True, timeout=5.0)
-    try:
-        row = conn.execute("SELECT COUNT(*) FROM outbox WHERE issue_number = ? AND (status != 'done'"
-                           " OR hooked_at IS NULL)", (n,)).fetchone()
-    finally:
-        conn.close()
-    return bool(row[0])
+    async with read_only(db_path) as db:
+        return await OutboxStore(db).unsettled_for_issue(n) > 0

@@ -299,6 +299,15 @@ class OutboxStore:
         ) as cur:
             return [_entry(row) for row in await cur.fetchall()]
 
+    async def unsettled_for_issue(self, issue_number: int) -> int:
+        """How many of one issue's entries are not sent yet or have not had their completion hook run."""
+        async with self._db.reader.execute(
+            "SELECT COUNT(*) FROM outbox WHERE issue_number = ? AND (status != 'done' OR hooked_at IS NULL)",
+            (issue_number,),
+        ) as cur:
+            counted = [int(row[0]) for row in await cur.fetchall()]
+        return counted[0]
+
     async def evidence_comments(self, *, limit: int) -> list[OutboxEntry]:
         """The newest comment entries whose key ends in ``:evidence`` (the bot's evidence comments)."""
         async with self._db.reader.execute(

@@ -402,3 +402,21 @@ async def test_store_reads_comment_statuses_by_key_prefix_with_no_wildcards(tmp_
         assert await store.comment_statuses("auto-proof:9:") == []
     finally:
         await db.close()
+
+
+async def test_store_counts_an_issues_entries_until_sent_and_hooked(tmp_path: Path) -> None:
+    """An entry is settled only when it is done AND its completion hook ran; other issues do not count."""
+    db = await Database.open(tmp_path / "foreman.db")
+    try:
+        store = OutboxStore(db)
+        await store.add(comment_intent("k:1", 1))
+        await store.add(comment_intent("k:2", 2))
+        assert (await store.unsettled_for_issue(1), await store.unsettled_for_issue(3)) == (1, 0)
+        [first] = [e for e in await store.due_heads(claim_ttl_s=60, limit=10) if e.issue_number == 1]
+        claimed = await store.claim(first, "s")
+        assert claimed is not None and await store.complete(claimed, {"comment_id": 1})
+        assert await store.unsettled_for_issue(1) == 1  # sent, but its hook has not run
+        await store.mark_hooked(claimed.id)
+        assert (await store.unsettled_for_issue(1), await store.unsettled_for_issue(2)) == (0, 1)
+    finally:
+        await db.close()
