@@ -220,23 +220,9 @@ async def test_foreman_allocate_json_shows_the_automatic_decisions(
     import json
 
     from bot.cli import main
-    from tests.gitea_fixtures import BOT, TOKENS
-    from tests.support import SECRET
 
     await five_ready(world)
-    settings = world.service.settings
-    env = {
-        "FOREMAN_CONFIG": "",
-        "FOREMAN_DATABASE__PATH": str(settings.database.path),
-        "FOREMAN_WEBHOOK__SECRETS": json.dumps([SECRET]),
-        "FOREMAN_GITEA__URL": world.live.base_url,
-        "FOREMAN_GITEA__TOKEN": TOKENS[BOT],
-        "FOREMAN_GITEA__BOT_LOGIN": BOT,
-        "FOREMAN_REPOSITORY__OWNER": OWNER,
-        "FOREMAN_REPOSITORY__NAME": REPO,
-        "FOREMAN_REPOSITORY__CHECKOUT_ROOT": str(settings.repository.checkout_root),
-        **{f"FOREMAN_ROSTER__{login}": json.dumps(roles) for login, roles in ROSTER.items()},
-    }
+    env = world.cli_env()
     for name, value in env.items():
         monkeypatch.setenv(name, value)
     assert await asyncio.to_thread(main, ["allocate", "--json"]) == 0

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +13,8 @@ import pytest
 from bot.core.canonical import render
 from bot.core.vocabulary import status_labels
 from bot.emulator.model import UNITS, Perm
+from state.db import utcnow
+from state.leases import Lease, LeaseStore
 from tests.gitea_fixtures import BOT, OWNER, REPO, TOKENS
 from tests.support import Started
 from tests.test_issue_state import _state
@@ -27,6 +30,15 @@ async def world(tmp_path: Path, start: Started) -> AsyncIterator[World]:
 
 # --- label_cleared; missing issues, assignees, deleted issues ---------------------------------------------------------
 
+
+
+async def _lease_to_author(world: World, number: int) -> Lease:
+    """A live implement lease of author-1 on ``number``, written straight to the store (no allocation)."""
+    async with world.service.db.transaction() as conn:
+        return await LeaseStore(world.service.db).acquire(
+            conn, repo=FULL_NAME, issue_number=number, owner="author-1", role="author", action="implement",
+            ttl=timedelta(hours=1), now=utcnow(), actor="test", fingerprint=None, request={},
+        )
 
 async def test_label_cleared_is_read_as_no_labels_though_the_payload_lists_the_old_ones(world: World) -> None:
     """models/issues/issue_label.go clearIssueLabels loads the labels, deletes them and never reloads, and
@@ -175,10 +187,7 @@ async def test_an_assignee_change_that_gitea_accepts_still_replaces_the_set(worl
 async def test_issues_deleted_ends_the_leases_and_cancels_the_outbox(tmp_path: Path, start: Started) -> None:
     """services/webhook/notifier.go DeleteIssue sends issues/deleted from 1.25 (absent in 1.22.3): the bot
     releases the issue's live lease and cancels its open outbox entries (they would only ever 500)."""
-    from datetime import timedelta
 
-    from state.db import utcnow
-    from state.leases import LeaseStore
     from state.outbox import OutboxIntent
 
     async with open_world(
@@ -186,21 +195,7 @@ async def test_issues_deleted_ends_the_leases_and_cancels_the_outbox(tmp_path: P
     ) as world:
         emu = world.live.emulator
         number = await world.open_issue()
-        leases = LeaseStore(world.service.db)
-        async with world.service.db.transaction() as conn:
-            lease = await leases.acquire(
-                conn,
-                repo=FULL_NAME,
-                issue_number=number,
-                owner="author-1",
-                role="author",
-                action="implement",
-                ttl=timedelta(hours=1),
-                now=utcnow(),
-                actor="test",
-                fingerprint=None,
-                request={},
-            )
+        lease = await _lease_to_author(world, number)
         emu.faults.fail("GET", COMMENTS_ROUTE, status=503, times=8)
         key = "test-comment-then-deleted"
         await world.service.outbox.add(
@@ -218,7 +213,7 @@ async def test_issues_deleted_ends_the_leases_and_cancels_the_outbox(tmp_path: P
         await world.call(OWNER, "DELETE", f"/issues/{number}")
         [deleted] = [d for d in emu.deliveries if d.action == "deleted"]
         assert (deleted.event_type, deleted.payload["issue"]["number"]) == ("issues", number)
-        found = await leases.get(lease.lease_id)
+        found = await LeaseStore(world.service.db).get(lease.lease_id)
         assert found is not None and (found.status, found.end_reason) == ("released", "issue_deleted")
         entry = await world.service.outbox.by_key(key)
         assert entry is not None and entry.status == "parked"
@@ -417,31 +412,14 @@ async def test_on_1_22_a_deleted_issue_is_found_by_the_outbox_and_its_leases_end
 ) -> None:
     """1.22.3 sends no issues/deleted: the first write to the gone issue (GiteaIssueGone) does the same
     bookkeeping: lease released, the issue's other open entries cancelled, an issue_deleted blocker."""
-    from datetime import timedelta
 
-    from state.db import utcnow
-    from state.leases import LeaseStore
     from state.outbox import OutboxIntent
 
     async with open_world(tmp_path, start, allocator={"auto": False}) as world:
         emu = world.live.emulator
         emu.version = "1.22.3"
         number = await world.open_issue()
-        leases = LeaseStore(world.service.db)
-        async with world.service.db.transaction() as conn:
-            lease = await leases.acquire(
-                conn,
-                repo=FULL_NAME,
-                issue_number=number,
-                owner="author-1",
-                role="author",
-                action="implement",
-                ttl=timedelta(hours=1),
-                now=utcnow(),
-                actor="test",
-                fingerprint=None,
-                request={},
-            )
+        lease = await _lease_to_author(world, number)
         await world.call(OWNER, "DELETE", f"/issues/{number}")
         assert not [d for d in emu.deliveries if d.action == "deleted"]
         first, second = "test-gone-first", "test-gone-second"
@@ -458,6 +436,6 @@ async def test_on_1_22_a_deleted_issue_is_found_by_the_outbox_and_its_leases_end
         assert head is not None and head.status == "parked" and (head.last_error or "").startswith("GiteaIssueGone")
         assert after is not None and (after.status, after.attempts) == ("parked", 0)
         assert (after.last_error or "").startswith("cancelled: issue_deleted")
-        found = await leases.get(lease.lease_id)
+        found = await LeaseStore(world.service.db).get(lease.lease_id)
         assert found is not None and (found.status, found.end_reason) == ("released", "issue_deleted")
         assert [b["kind"] for b in await world.store.blockers(FULL_NAME, number)] == ["issue_deleted"]

@@ -429,24 +429,11 @@ async def test_foreman_invariants_reports_a_consistent_loop_and_catches_a_remove
     import shutil
 
     from bot.cli import main
-    from tests.gitea_fixtures import BOT, TOKENS
 
     number = await world.open_issue("alice", "Make the widget blue")
     await label_ready(world, number)
     await assert_looped(world, number)
-    settings = world.service.settings
-    env = {
-        "FOREMAN_CONFIG": "",
-        "FOREMAN_DATABASE__PATH": str(settings.database.path),
-        "FOREMAN_WEBHOOK__SECRETS": json.dumps([SECRET]),
-        "FOREMAN_GITEA__URL": world.live.base_url,
-        "FOREMAN_GITEA__TOKEN": TOKENS[BOT],
-        "FOREMAN_GITEA__BOT_LOGIN": BOT,
-        "FOREMAN_REPOSITORY__OWNER": OWNER,
-        "FOREMAN_REPOSITORY__NAME": REPO,
-        "FOREMAN_REPOSITORY__CHECKOUT_ROOT": str(settings.repository.checkout_root),
-        "FOREMAN_BOOTSTRAP__ON_ALLOCATE": "run",
-    }
+    env = {**world.cli_env(), "FOREMAN_BOOTSTRAP__ON_ALLOCATE": "run"}
     for name, value in env.items():
         monkeypatch.setenv(name, value)
     assert await asyncio.to_thread(main, ["invariants", "--json"]) == 0

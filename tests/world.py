@@ -83,6 +83,23 @@ class World:
         assert self.service.gitea is not None
         return self.service.gitea
 
+    def cli_env(self) -> dict[str, str]:
+        """The environment a `foreman` command needs to act on this world without a config file (the service's
+        database, Gitea, repository and roster), as an operator's shell would set it."""
+        settings = self.service.settings
+        return {
+            "FOREMAN_CONFIG": "",
+            "FOREMAN_DATABASE__PATH": str(settings.database.path),
+            "FOREMAN_WEBHOOK__SECRETS": json.dumps([SECRET]),
+            "FOREMAN_GITEA__URL": self.live.base_url,
+            "FOREMAN_GITEA__TOKEN": TOKENS[BOT],
+            "FOREMAN_GITEA__BOT_LOGIN": BOT,
+            "FOREMAN_REPOSITORY__OWNER": OWNER,
+            "FOREMAN_REPOSITORY__NAME": REPO,
+            "FOREMAN_REPOSITORY__CHECKOUT_ROOT": str(settings.repository.checkout_root),
+            **{f"FOREMAN_ROSTER__{login}": json.dumps(roles) for login, roles in settings.roster.items()},
+        }
+
     async def call(
         self, login: str, method: str, path: str, body: Any = None, *, tick: bool = True, settle: bool = True
     ) -> Any:
