@@ -9,18 +9,21 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from mcp import Client
 
 from bot import invariants
 from bot.core.canonical import parse_comment
 from bot.core.evidence import find_marker
 from bot.emulator import pullgit
 from bot.emulator.webhooks import expand_hook_events
+from bot.mcp_server import build_server
 from bot.verbs.bootstrap import BootstrapContext
+from bot.verbs.runtime import caller_for
 from state.journal import JournalStore
 from state.leases import LeaseStore
 from state.teardowns import TeardownStore
 from tests.gitea_fixtures import BOT, OWNER, REPO
-from tests.review_support import ok, tool
+from tests.review_support import ok, runtime, tool
 from tests.support import Started
 from tests.world import EXTRA_TOKENS, FULL_NAME, World, open_world
 
@@ -232,3 +235,35 @@ async def test_a_merge_foreman_posted_itself_still_tears_the_issue_down(tmp_path
         record = pull_record(world, opened["pull_request"])
         assert record.merged_by is not None and record.merged_by.login == BOT
         await assert_torn_down(world, number, opened["pull_request"], tree, merged=True)
+
+
+async def unsettled(world: World, login: str, name: str, **arguments: Any) -> dict[str, Any]:
+    """One MCP tool call as ``login`` that waits for nothing the outbox does (the test holds the sender)."""
+    async with Client(build_server(runtime(world), caller_for(world.service.settings, login, "mcp"))) as client:
+        result = await client.call_tool(name, arguments)
+    assert not result.is_error and result.structured_content is not None, result.structured_content
+    return dict(result.structured_content)
+
+
+async def test_the_publish_evidence_sent_after_the_pr_opened_never_puts_in_progress_back(world: World) -> None:
+    """The agent opens the PR before the publish's evidence comment (its state: in-progress) was sent: once it is,
+    its label sync must not act on that older state while the PR's state (review) waits in the outbox; the labels
+    go in-progress → pr-open → review and stay there, and a held sync records why."""
+    number, tree = await ready(world)
+    await ok(world, AUTHOR, "gitea_lock_issue", issue_number=number)
+    (tree.path / "widget.txt").write_text("blue\n", encoding="utf-8")
+    sender = world.service.outbox_sender
+    assert sender is not None
+    await sender.stop()
+    await unsettled(world, AUTHOR, "gitea_publish_worktree", issue_number=number, message="Make the widget blue")
+    opened = await unsettled(world, AUTHOR, "gitea_open_pull_request", issue_number=number)
+    sender.start()
+    await world.settle()
+    assert world.labels(number) == ["status:review"]
+    entries = sorted(await world.service.outbox.list(limit=10_000), key=lambda e: e.id)
+    [review_labels] = [e.id for e in entries if e.key == opened["outbox"][1]]
+    after = [e.key for e in entries if e.id > review_labels and e.kind == "labels"]
+    assert [key for key in after if key.startswith("label-sync:")] == [], after
+    held = [s for s in await world.store.label_syncs(FULL_NAME, number) if s["outcome"] == "held"]
+    assert [(s["target_label"], s["reason"].split(":")[0]) for s in held] == [
+        ("status:in-progress", "a newer state is queued")], held
