@@ -71,7 +71,10 @@ async def author_round(world: World, number: int, tree: Worktree, content: str, 
     opened = await ok(world, AUTHOR, "gitea_open_pull_request", issue_number=number)
     assert opened["head_sha"] == published["commit"]
     assert world.labels(number) == ["status:review"]
-    await ok(world, AUTHOR, "gitea_release_lease", issue_number=number, reason="pull request opened")
+    ended = (await LeaseStore(world.service.db).history(FULL_NAME, number))[-1]
+    assert (ended.owner, ended.status, ended.end_reason) == (AUTHOR, "released", "pull_request_opened")
+    assert opened["handed_over"] == {"lease_id": ended.lease_id, "reason": "pull_request_opened",
+                                     "who_is_next": "reviewer"}
     return opened
 
 
@@ -267,3 +270,6 @@ async def test_the_publish_evidence_sent_after_the_pr_opened_never_puts_in_progr
     held = [s for s in await world.store.label_syncs(FULL_NAME, number) if s["outcome"] == "held"]
     assert [(s["target_label"], s["reason"].split(":")[0]) for s in held] == [
         ("status:in-progress", "a newer state is queued")], held
+    allocated = await ok(world, CONTROLLER, "gitea_allocate_next_work", action="review", owner=REVIEWER,
+                         dry_run=False)
+    assert allocated["lease"]["issue_number"] == number, allocated
