@@ -22,7 +22,7 @@ from bot.verbs.runtime import caller_for
 from state.journal import JournalStore
 from state.leases import LeaseStore
 from state.teardowns import TeardownStore
-from tests.gitea_fixtures import BOT, OWNER, REPO
+from tests.gitea_fixtures import BOT, OWNER, REPO, TOKENS
 from tests.review_support import ok, runtime, tool
 from tests.support import Started
 from tests.world import EXTRA_TOKENS, FULL_NAME, World, open_world
@@ -273,3 +273,24 @@ async def test_the_publish_evidence_sent_after_the_pr_opened_never_puts_in_progr
     allocated = await ok(world, CONTROLLER, "gitea_allocate_next_work", action="review", owner=REVIEWER,
                          dry_run=False)
     assert allocated["lease"]["issue_number"] == number, allocated
+
+
+async def test_a_merge_that_ends_a_live_lease_runs_auto_allocation(world: World) -> None:
+    """Changes were requested (the author holds a lease again) and a person merges the PR on Gitea anyway: the
+    teardown ends that lease (merged) and auto-allocation runs with trigger merge, as after a release."""
+    from state.auto_allocations import AutoAllocationStore
+
+    number, tree = await ready(world)
+    opened = await author_round(world, number, tree, "blue\n", "Make the widget blue")
+    changes = await review(world, number, "request_changes", "The widget must be navy.")
+    assert changes["author_lease"]["owner"] == AUTHOR
+    merge = world.live.api(f"/repos/{FULL_NAME}/pulls/{opened['pull_request']}/merge")
+    async with world.live.session.post(merge, json={"Do": "merge"},
+                                       headers={"Authorization": f"token {TOKENS['alice']}"}) as resp:
+        assert resp.status == 200, await resp.text()
+    await world.settle()
+    leases = await LeaseStore(world.service.db).history(FULL_NAME, number)
+    assert (leases[-1].owner, leases[-1].status, leases[-1].end_reason) == (AUTHOR, "released", "merged")
+    triggers = [d.trigger for d in await AutoAllocationStore(world.service.db).recent(FULL_NAME.lower(), limit=50)]
+    assert triggers.count("merge") == 1, triggers
+    assert triggers.count("pull_request_opened") == 1, triggers
