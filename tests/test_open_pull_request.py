@@ -133,6 +133,34 @@ async def test_opening_the_pull_request_ends_the_authoring_lease_and_a_replay_an
     assert [e.key for e in await world.service.outbox.list(limit=1000) if e.key.endswith(":release")] == []
 
 
+async def test_a_lease_that_ended_while_the_pr_was_opened_still_records_the_pr(
+    world: World, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The lease passed the gate, then ended (an expiry sweep) before the record: the PR, its labels and evidence
+    are recorded all the same (the PR is open on Gitea), and the answer says no lease was handed over."""
+    from bot.verbs import pulls
+
+    number, _, _ = await published(world)
+    real = pulls.open_pull
+    db = world.service.db
+
+    async def expire_first(gitea: pulls.PullsGitea, head: str) -> object:
+        lease = await LeaseStore(db).live_for_issue(FULL_NAME, number)
+        assert lease is not None
+        async with db.transaction() as conn:
+            await LeaseStore(db).release(conn, lease.lease_id, actor="test", reason="expired", now=lease.expires_at)
+        return await real(gitea, head)
+
+    monkeypatch.setattr(pulls, "open_pull", expire_first)
+    refused, doc = await call_tool(world, "author-1", "gitea_open_pull_request", issue_number=number)
+    assert not refused and doc["handed_over"]["lease_id"] is None, doc
+    recorded = await PublicationStore(db).pull_for_issue(FULL_NAME.lower(), number)
+    assert recorded is not None and recorded.pr_number == doc["pull_request"]
+    assert world.labels(number) == ["status:review"]
+    [lease] = await LeaseStore(db).history(FULL_NAME, number)
+    assert lease.end_reason == "expired"
+
+
 async def test_a_retitled_issue_still_finds_the_pull_request_foreman_recorded(world: World) -> None:
     """The review and merge verbs find the issue's PR from foreman's record first: a new title (another canonical
     branch name) does not lose it."""

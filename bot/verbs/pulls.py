@@ -126,10 +126,10 @@ async def open_pull_request_replay(
     lease they check): the caller's latest lease on the issue ended ``pull_request_opened`` by a call with the same
     idempotency key (none matches none), and the caller holds no live lease on it (then it is a new round)."""
     issue = issue_of(values)
-    mine = [lease for lease in await rt.leases.history(rt.repo, issue) if lease.owner == caller.login]
-    if not mine or mine[-1].status == "live" or mine[-1].end_reason != HANDOVER_REASON:
+    ended = await _handed_over(rt, issue, caller.login)
+    if ended is None:
         return None
-    released = [e for e in await rt.leases.events(mine[-1].lease_id) if e["kind"] == "released"]
+    released = [e for e in await rt.leases.events(ended.lease_id) if e["kind"] == "released"]
     detail = released[-1]["detail"] if released else {}
     key = values.get("idempotency_key")
     if not isinstance(detail.get("result"), dict) or detail.get("idempotency_key") != (
@@ -145,11 +145,19 @@ async def release_after_handover_replay(
     after ``gitea_open_pull_request``, an agent releasing out of habit): answered with that ended lease, changing
     nothing (never another identity's live lease); None for anything else (the door decides as always)."""
     issue = issue_of(values)
-    mine = [lease for lease in await rt.leases.history(rt.repo, issue) if lease.owner == caller.login]
+    ended = await _handed_over(rt, issue, caller.login)
+    if ended is None:
+        return None
+    return rt.done(verb, caller, {"issue_number": issue, "lease": ended.to_dict(), "already_ended": HANDOVER_REASON,
+                                  "outbox": []})
+
+
+async def _handed_over(rt: VerbRuntime, issue: int, login: str) -> Lease | None:
+    """``login``'s latest lease on the issue, when the PR's opening ended it (None: live, none, or ended so)."""
+    mine = [lease for lease in await rt.leases.history(rt.repo, issue) if lease.owner == login]
     if not mine or mine[-1].status == "live" or mine[-1].end_reason != HANDOVER_REASON:
         return None
-    return rt.done(verb, caller, {"issue_number": issue, "lease": mine[-1].to_dict(), "already_ended": HANDOVER_REASON,
-                                  "outbox": []})
+    return mine[-1]
 
 
 async def _adopt(
