@@ -52,9 +52,8 @@ ISSUES = 3
 #: or, for the teardown, the service seen handling the PR's closed webhook after the merge.
 POINTS = ("publish", "open_pr", "review", "merge", "teardown")
 FULL_NAME = f"{OWNER}/{REPO}"
-#: The kill plan of a plain run (every point covered: publish, open PR, merge and the teardown); any other seed
-#: through FOREMAN_CRASH_SEED.
-DEFAULT_SEED = 2
+#: The seed of a plain run (it spreads the five kills over all three lives); any other through FOREMAN_CRASH_SEED.
+DEFAULT_SEED = 9
 
 
 @dataclass(frozen=True)
@@ -66,9 +65,8 @@ class Kill:
 
 
 def plan_kills(rng: random.Random) -> list[Kill]:
-    """Four kill points on distinct (life, point) pairs, every point but one covered, the teardown always."""
-    points = [*rng.sample(POINTS[:-1], 3), "teardown"]
-    return [Kill(rng.randrange(ISSUES), point, rng.uniform(0.0, 0.15), rng.uniform(0.1, 0.4)) for point in points]
+    """One kill at every point, each in a seeded life, after a seeded delay, for a seeded downtime."""
+    return [Kill(rng.randrange(ISSUES), point, rng.uniform(0.0, 0.15), rng.uniform(0.1, 0.4)) for point in POINTS]
 
 
 def _config(proc: ServeProcess, base_url: str, root: Path) -> dict[str, Any]:
@@ -247,4 +245,4 @@ async def test_sigkill_during_whole_lives_ends_every_issue_once_and_consistent(s
         assert {n: [t.reason for t in found] for n, found in teardowns.items()} == {n: ["merged"] for n in numbers}
         branches = scratch / "checkouts" / OWNER / REPO / "branches"
         assert not branches.exists() or list(branches.iterdir()) == [], (seed, list(branches.iterdir()))
-        assert len(lives.done) == len(kills), summary
+        assert len(lives.done) == len(kills) and set(lives.redriven) == set(POINTS[:-1]), summary
