@@ -15,6 +15,7 @@ from typing import Any, Protocol
 
 from bot.core import reconcile as core
 from bot.core.intake import Delivery
+from bot.core.issue_state import repo_key
 from bot.metrics import Metrics
 from bot.tasks import cancel_and_wait
 from state.db import Database, to_db_time, utcnow
@@ -117,7 +118,7 @@ class Reconciler:
         self.db = db
         self.store = store
         self.gitea = gitea
-        self.repo = f"{owner}/{name}"
+        self.repo = repo_key(f"{owner}/{name}")  # the key every store files the repository under
         self.owner, self.name = owner, name
         self.interval_s = interval_s
         self.overlap_s = overlap_s

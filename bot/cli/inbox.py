@@ -36,7 +36,7 @@ async def _reconcile_summary(settings: Settings, db: Database, *, as_json: bool)
     from state.reconcile import ReconcileStore
 
     store = ReconcileStore(db)
-    repo = f"{settings.repository.owner}/{settings.repository.name}"
+    repo = settings.repo_key
     last, ok = await store.last_pass(repo), await store.last_pass(repo, succeeded=True)
     doc = {
         "repository": repo,
