@@ -160,3 +160,22 @@ async def test_two_repositories_each_with_issue_1_stay_apart_and_an_unlisted_rep
     ready = await t.readyz()
     assert sorted(ready["checks"]["repositories"]) == [GADGETS, WIDGETS]
     assert t.db("SELECT DISTINCT repo FROM reconcile_passes ORDER BY repo") == [(GADGETS,), (WIDGETS,)]
+
+    # Stopped, each repository's #1 gets a label no webhook brings; after the restart each one's catch-up reads
+    # its own repository and records it on its own issue #1 (nothing crosses over).
+    await t.proc.kill()
+    t.emu.add_labels(OWNER, REPO, 1, ["bug"], actor="alice", notify=True)
+    t.emu.add_labels(OWNER, SIBLING, 1, ["feature"], actor="alice", notify=True)
+    await t.emu.drain_webhooks()
+    await t.proc.start("serve", "--config", str(t.proc.config))
+
+    def labels_of(repo: str) -> set[str]:
+        rows = t.db("SELECT labels_json FROM issues WHERE repo = ? AND number = 1", (repo,))
+        return {label["name"] for label in json.loads(rows[0][0])} if rows and rows[0][0] else set()
+
+    await t.wait(lambda: "bug" in labels_of(WIDGETS) and "feature" in labels_of(GADGETS), "catch-up of both")
+    assert "feature" not in labels_of(WIDGETS) and "bug" not in labels_of(GADGETS)
+    passes = t.db("SELECT repo, found_json FROM reconcile_passes WHERE trigger = 'start' AND outcome = 'ok'"
+                  " ORDER BY id")
+    found = {repo: json.loads(doc) for repo, doc in passes[-2:]}
+    assert sorted(found) == [GADGETS, WIDGETS] and all(sum(doc.values()) >= 1 for doc in found.values()), passes
