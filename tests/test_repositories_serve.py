@@ -6,6 +6,7 @@ import asyncio
 import json
 import shutil
 import sqlite3
+import sys
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -74,6 +75,18 @@ class TwoRepositories:
         journals = self.db("SELECT outcome FROM bootstrap_journal WHERE repo = ?", (f"{OWNER}/{name}",))
         return (IN_PROGRESS in facts["labels"] and facts["assignees"] == [author] and journals == [("completed",)]
                 and not self.db("SELECT 1 FROM outbox WHERE status != 'done' OR hooked_at IS NULL"))
+
+
+async def _cli(t: TwoRepositories, *args: str) -> tuple[int, dict[str, Any]]:
+    """`foreman --config <the service's config> ARGS` beside the service: its exit code and JSON output."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "bot", "--config", str(t.proc.config), *args,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, cwd=t.proc.workdir,
+    )
+    out, err = await asyncio.wait_for(proc.communicate(), timeout=30)
+    assert proc.returncode is not None and out, err.decode()
+    doc: dict[str, Any] = json.loads(out)
+    return proc.returncode, doc
 
 
 def _config(proc: ServeProcess, base_url: str, root: Path) -> dict[str, Any]:
@@ -160,6 +173,19 @@ async def test_two_repositories_each_with_issue_1_stay_apart_and_an_unlisted_rep
     ready = await t.readyz()
     assert sorted(ready["checks"]["repositories"]) == [GADGETS, WIDGETS]
     assert t.db("SELECT DISTINCT repo FROM reconcile_passes ORDER BY repo") == [(GADGETS,), (WIDGETS,)]
+
+    # The CLI: a command on one repository needs --repository (the envelope lists them); the inbox's catch-up
+    # figures are shown per repository.
+    code, doc = await _cli(t, "leases", "--json")
+    assert code == 2 and doc["error"] == "invalid_input" and doc["repositories"] == [WIDGETS, GADGETS]
+    assert doc["exact_next_action"].startswith(f"foreman --repository {WIDGETS} leases")
+    code, doc = await _cli(t, "--repository", "Acme/Gadgets", "leases", "--live", "--json")
+    assert code == 0 and [(r["issue_number"], r["owner"]) for r in doc["live"]] == [(1, GADGETS_AUTHOR)]
+    code, doc = await _cli(t, "leases", "--repository", "acme/nowhere", "--json")
+    assert code == 2 and "acme/nowhere" in doc["message"] and doc["repositories"] == [WIDGETS, GADGETS]
+    code, doc = await _cli(t, "deliveries", "--reconcile", "--json")
+    assert code == 0 and [d["repository"] for d in doc["repositories"]] == [WIDGETS, GADGETS]
+    assert all(d["last_success"] is not None for d in doc["repositories"])
 
     # Stopped, each repository's #1 gets a label no webhook brings; after the restart each one's catch-up reads
     # its own repository and records it on its own issue #1 (nothing crosses over).
