@@ -61,11 +61,11 @@ def seed_foreman(emu: Emulator, users: Mapping[str, str]) -> None:
         emu.create_label(OWNER, REPO, label, color="#00aa00")
 
 
-def seed_sibling_repository(emu: Emulator, name: str, *, authors: Mapping[str, str] = {}) -> None:  # noqa: B006
+def seed_sibling_repository(emu: Emulator, name: str, *, authors: Mapping[str, str] | None = None) -> None:
     """Another repository of ``acme``, seeded as ``seed_acme_widgets`` and ``seed_foreman`` seed acme/widgets (a
     README, the same permissions and labels, foreman's status labels), with ``authors`` (login -> token) added as
     users who may write to it: two repositories served by one process, each with its own issue numbers."""
-    for login, token in authors.items():
+    for login, token in (authors or {}).items():
         if emu.find_user(login) is None:
             emu.add_user(login, token=token)
     emu.create_repo(OWNER, name, files={"README.md": f"# {name}\n"})
