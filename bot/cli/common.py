@@ -19,8 +19,9 @@ if TYPE_CHECKING:
 EXIT_OK, EXIT_REFUSED, EXIT_USAGE = 0, 1, 2
 
 
-#: Commands over the whole inbox or outbox (every repository's): they run without --repository.
-ALL_REPOSITORIES_COMMANDS = frozenset({"check-config", "deliveries", "replay", "outbox"})
+#: Commands that work across every served repository and so run without --repository: the whole inbox and
+#: outbox, and `foreman mcp` (it serves the repositories whose roster names its identity; ``repository`` argument).
+ALL_REPOSITORIES_COMMANDS = frozenset({"check-config", "deliveries", "replay", "outbox", "mcp"})
 
 
 def repository_view(settings: Settings, given: str | None, *, command: str) -> Settings | dict[str, Any]:
