@@ -16,7 +16,7 @@ from bot.verbs.runtime import VerbRuntime, caller_for, no_bootstrap
 from state.db import Database
 from state.outbox import OutboxStore
 from tests.test_mcp_server import ALLOCATE, STATE, TOKENS, call
-from tests.test_repositories_config import SECRET
+from tests.support import SECRET
 
 WIDGETS, GADGETS = "acme/widgets", "acme/gadgets"
 CONFIG = f"""
