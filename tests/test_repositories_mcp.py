@@ -15,8 +15,8 @@ from bot.mcp_server import RepositoryDoor, build_server, open_runtimes, reposito
 from bot.verbs.runtime import VerbRuntime, caller_for, no_bootstrap
 from state.db import Database
 from state.outbox import OutboxStore
-from tests.test_mcp_server import ALLOCATE, STATE, TOKENS, call
 from tests.support import SECRET
+from tests.test_mcp_server import ALLOCATE, STATE, TOKENS, call
 
 WIDGETS, GADGETS = "acme/widgets", "acme/gadgets"
 CONFIG = f"""
