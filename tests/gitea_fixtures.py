@@ -86,11 +86,12 @@ class LiveEmulator:
     base_url: str
     session: aiohttp.ClientSession
 
-    def client(self, login: str = BOT, **options: Any) -> GiteaClient:
-        """A GiteaClient for ``acme/widgets`` authenticated as ``login`` (fast backoff for tests)."""
+    def client(self, login: str = BOT, *, repo: str = REPO, **options: Any) -> GiteaClient:
+        """A GiteaClient for ``acme/<repo>`` (default acme/widgets) authenticated as ``login`` (fast backoff for
+        tests)."""
         options.setdefault("backoff_base_s", 0.005)
         options.setdefault("timeout_s", 5.0)
-        return GiteaClient(self.session, base_url=self.base_url, token=TOKENS[login], owner=OWNER, repo=REPO, **options)
+        return GiteaClient(self.session, base_url=self.base_url, token=TOKENS[login], owner=OWNER, repo=repo, **options)
 
     def api(self, path: str) -> str:
         """Absolute URL of an API path (``/repos/...``)."""
