@@ -157,6 +157,7 @@ class Service:
             view = self.settings.for_repository(key)
             hooks = self.hooks_for(view) if self.hooks_for is not None else None
             self.repositories[key] = RepositoryBundle(key, view, self._deps(view), hooks=hooks)
+        self.metrics.serve_repositories(list(self.repositories))
         self.worker = Worker(
             self.store, self.router, self.settings.worker, self.metrics,
             routes={key: bundle.deps for key, bundle in self.repositories.items()},

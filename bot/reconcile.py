@@ -245,6 +245,7 @@ class Reconciler:
             self.status.last_error = message
             self.status.errors_total += 1
             self.metrics.reconcile_errors.inc()
+            self.metrics.reconcile_repository_errors.labels(self.repo).inc()
             log.error("catch-up pass %d could not read Gitea (%s); the watermark stays, the next pass in %.0fs "
                       "reads the same window", pass_id, message, self.interval_s)
             await self._finish(pass_id, "error", None, calls, read_issues, read_comments, found, message)
@@ -284,9 +285,11 @@ class Reconciler:
             self.status.last_success_at = time.time()
             self.status._mark = last.watermark
             self.metrics.reconcile_last_success.set(self.status.last_success_at)
+            self.metrics.reconcile_repository_last_success.labels(self.repo).set(self.status.last_success_at)
             for kind, count in last.found.items():
                 self.status.found_total[kind] = self.status.found_total.get(kind, 0) + count
                 self.metrics.reconcile_found.labels(kind).inc(count)
+                self.metrics.reconcile_repository_found.labels(self.repo, kind).inc(count)
         with contextlib.suppress(Exception):
             await self.passes.beat(self.repo)
         return last
