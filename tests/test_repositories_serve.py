@@ -208,8 +208,8 @@ async def test_two_repositories_each_with_issue_1_stay_apart_and_an_unlisted_rep
     async with aiohttp.ClientSession() as session, session.get(f"{t.proc.url}/metrics") as resp:
         metrics = await resp.text()
     for repo in (WIDGETS, GADGETS):  # labelled by the configured repositories only, never by a payload's
-        found = [line for line in metrics.splitlines()
+        series = [line for line in metrics.splitlines()
                  if line.startswith("foreman_reconcile_repository_found_total{") and f'repository="{repo}"' in line
                  and 'kind="issue"' in line]
-        assert found and float(found[0].rsplit(" ", 1)[1]) >= 1, metrics
+        assert series and float(series[0].rsplit(" ", 1)[1]) >= 1, metrics
     assert UNLISTED not in metrics
