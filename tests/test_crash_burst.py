@@ -332,6 +332,9 @@ async def test_sigkill_during_a_burst_of_deliveries_leaves_every_issue_consisten
                 repo=f"{OWNER}/{name}",
             ) for name in REPOSITORIES}
             violations = [v for name in REPOSITORIES for v in invariants.check(each[name])]
+            with sqlite3.connect(f"file:{proc.db}?mode=ro", uri=True) as conn:  # every door filed its entries
+                unfiled = conn.execute("SELECT idempotency_key FROM outbox WHERE repo NOT IN (?, ?)",
+                                       tuple(f"{OWNER}/{name}" for name in REPOSITORIES)).fetchall()
             assert await proc.terminate() == 0
         finally:
             if proc.proc is not None and proc.proc.returncode is None:
@@ -360,6 +363,7 @@ async def test_sigkill_during_a_burst_of_deliveries_leaves_every_issue_consisten
             f"seed {seed}: {len(violations)} violation(s):\n" + "\n".join(map(str, violations[:40]))
             + f"\nsummary: {json.dumps(summary)}\nservice stderr (tail):\n{stderr_tail}"
         )
+        assert not unfiled, f"seed {seed}: outbox entries under no served repository: {unfiled[:10]}"
         assert len(burst.kills) == len(kills) >= 3 and any(k.startswith("outage@") for k in burst.kills), summary
         assert all(summary[name]["leases"] >= 2 and each[name].db.transitions for name in REPOSITORIES), summary
 

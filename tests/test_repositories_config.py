@@ -111,3 +111,56 @@ async def test_outbox_entries_of_two_repositories_issue_1_stay_apart(tmp_path: P
         assert [e.key for e in await store.for_issue(1, repo="acme/gadgets")] == ["merge:1:2:labels", "second"]
     finally:
         await db.close()
+
+
+def test_a_repositorys_own_grants_are_checked_naming_their_key(tmp_path: Path) -> None:
+    bad = TWO + ('[repositories.grants."author.implement"]\n'
+                 'calls = [{ tool = "gitea_get_issue_state", effect = "read" }]\n')  # no reserved teardown last
+    with pytest.raises(ConfigError) as caught:
+        _load(tmp_path, bad)
+    assert all(key.startswith("repositories.1.grants.author.implement") for key, _ in caught.value.errors), (
+        caught.value.errors)
+
+
+async def test_entries_stored_before_repositories_are_the_first_repositorys(tmp_path: Path) -> None:
+    """An entry without a repository (stored before schema 13, or by a door that named none) is filed under the
+    first configured repository when the service starts, and counts as its own meanwhile."""
+    db = await Database.open(tmp_path / "f.db")
+    try:
+        store = OutboxStore(db)
+        assert await store.add(OutboxIntent("old", 3, "labels", {"add": ["x"]}))
+        assert [e.repo for e in await store.for_issue(3, repo="acme/widgets")] == [""]
+        assert await store.adopt_unscoped("acme/widgets") == 1
+        assert await store.adopt_unscoped("acme/widgets") == 0
+        assert [e.repo for e in await store.list(limit=10)] == ["acme/widgets"]
+    finally:
+        await db.close()
+
+
+async def test_the_sender_parks_an_entry_of_a_repository_no_longer_served(tmp_path: Path) -> None:
+    """An entry whose repository left the configuration is parked naming it (never sent to another repository)."""
+    from bot.config_sections import OutboxConfig
+    from bot.metrics import Metrics
+    from bot.outbox import OutboxSender
+
+    db = await Database.open(tmp_path / "f.db")
+    try:
+        store = OutboxStore(db)
+        with acting_for("acme/gone"):
+            assert await store.add(OutboxIntent("k", 1, "labels", {"add": ["x"]}))
+        sent: list[str] = []
+
+        class Nowhere:
+            owner = "acme"
+
+            def __getattr__(self, name: str) -> object:
+                sent.append(name)
+                raise AssertionError(f"{name} must not be called")
+
+        sender = OutboxSender(store, Nowhere(), OutboxConfig(), Metrics(),  # type: ignore[arg-type]
+                              clients=lambda repo: None)
+        assert await sender.run_once() == 1
+        [entry] = await store.list(limit=10)
+        assert entry.status == "parked" and "acme/gone" in (entry.last_error or "") and sent == []
+    finally:
+        await db.close()

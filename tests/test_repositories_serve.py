@@ -201,6 +201,7 @@ async def test_two_repositories_each_with_issue_1_stay_apart_and_an_unlisted_rep
 
     await t.wait(lambda: "bug" in labels_of(WIDGETS) and "feature" in labels_of(GADGETS), "catch-up of both")
     assert "feature" not in labels_of(WIDGETS) and "bug" not in labels_of(GADGETS)
+    assert not t.db("SELECT idempotency_key FROM outbox WHERE repo NOT IN (?, ?)", (WIDGETS, GADGETS))
     passes = t.db("SELECT repo, found_json FROM reconcile_passes WHERE trigger = 'start' AND outcome = 'ok'"
                   " ORDER BY id")
     found = {repo: json.loads(doc) for repo, doc in passes[-2:]}
