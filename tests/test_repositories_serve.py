@@ -36,6 +36,7 @@ WIDGETS, GADGETS = f"{OWNER}/{REPO}", f"{OWNER}/{SIBLING}"
 #: One roster each: widgets' authors come from the top-level [roster], gadgets' from its entry's own roster.
 WIDGETS_AUTHOR, GADGETS_AUTHOR = "author-1", "author-2"
 READY, IN_PROGRESS = "status:ready", "status:in-progress"
+DASHBOARD_TOKEN = "dashboard-token-0123456789"  # noqa: S105 (a test's)
 
 
 class TwoRepositories:
@@ -48,6 +49,12 @@ class TwoRepositories:
     def db(self, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
         with sqlite3.connect(self.proc.db) as conn:
             return conn.execute(sql, params).fetchall()
+
+    async def dashboard(self, path: str) -> tuple[int, Any]:
+        headers = {"Authorization": f"Bearer {DASHBOARD_TOKEN}"}
+        async with aiohttp.ClientSession() as session, session.get(f"{self.proc.url}/dashboard{path}",
+                                                                   headers=headers) as resp:
+            return resp.status, await (resp.json() if "json" in resp.content_type else resp.text())
 
     async def readyz(self) -> dict[str, Any]:
         async with aiohttp.ClientSession() as session, session.get(f"{self.proc.url}/readyz") as resp:
@@ -95,6 +102,7 @@ def _config(proc: ServeProcess, base_url: str, root: Path) -> dict[str, Any]:
         "outbox": {"poll_interval_s": 0.1, "backoff_base_s": 0.05, "backoff_max_s": 0.5},
         "reconcile": {"interval_s": 0, "overlap_s": 5},
         "roster": {WIDGETS_AUTHOR: ["author"]},
+        "dashboard": {"token": DASHBOARD_TOKEN},
     })
     checkouts = document.pop("repository")["checkout_root"]
     document["repositories"] = [
@@ -173,6 +181,21 @@ async def test_two_repositories_each_with_issue_1_stay_apart_and_an_unlisted_rep
     ready = await t.readyz()
     assert sorted(ready["checks"]["repositories"]) == [GADGETS, WIDGETS]
     assert t.db("SELECT DISTINCT repo FROM reconcile_passes ORDER BY repo") == [(GADGETS,), (WIDGETS,)]
+
+    # The dashboard shows one repository at a time (?repository=, default the first), listing every served one.
+    status, doc = await t.dashboard("/api/overview?repository=acme/gadgets")
+    assert status == 200 and [(r["key"], r["selected"]) for r in doc["repositories"]] == [(WIDGETS, False),
+                                                                                          (GADGETS, True)]
+    assert [(r["issue_number"], r["owner"]) for r in doc["leases"]["live"]] == [(1, GADGETS_AUTHOR)]
+    status, doc = await t.dashboard("/api/overview")
+    assert status == 200 and [(r["issue_number"], r["owner"]) for r in doc["leases"]["live"]] == [(1, WIDGETS_AUTHOR)]
+    status, doc = await t.dashboard("/api/issues/1?repository=acme/gadgets")
+    assert status == 200 and doc["repository"] == GADGETS and doc["bot_writes"]
+    assert all(w["repo"] == GADGETS for w in doc["bot_writes"])
+    status, page = await t.dashboard("/?repository=acme/gadgets")
+    assert status == 200 and 'href="/dashboard/issues/1?repository=acme%2Fgadgets"' in page
+    status, doc = await t.dashboard("/api/leases?repository=acme/nowhere")
+    assert status == 400 and doc["error"] == "invalid_input" and doc["details"]["repositories"] == [WIDGETS, GADGETS]
 
     # The CLI: a command on one repository needs --repository (the envelope lists them); the inbox's catch-up
     # figures are shown per repository.
