@@ -36,7 +36,7 @@ WIDGETS, GADGETS = f"{OWNER}/{REPO}", f"{OWNER}/{SIBLING}"
 #: One roster each: widgets' authors come from the top-level [roster], gadgets' from its entry's own roster.
 WIDGETS_AUTHOR, GADGETS_AUTHOR = "author-1", "author-2"
 READY, IN_PROGRESS = "status:ready", "status:in-progress"
-DASHBOARD_TOKEN = "dashboard-token-0123456789"  # noqa: S105 (a test's)
+DASHBOARD_TOKEN = "dashboard-token-0123456789"
 
 
 class TwoRepositories:
