@@ -181,14 +181,14 @@ class Service:
         """The first repository's runs' teardown loop (every bundle has its own)."""
         return self.first.run_teardowns
 
-    def _deps(self, settings: Settings, gitea: GiteaClient | None = None) -> HandlerDeps:
-        """What one repository's handlers may use, never this Service (the Gitea client joins in start())."""
+    def _deps(self, settings: Settings) -> HandlerDeps:
+        """What one repository's handlers may use, never this Service (the Gitea client joins in start()); each
+        repository has its own permission cache (a login's permission is per repository)."""
         return HandlerDeps(
             settings=settings,
             db=self.db,
             bot_login=lambda: self.bot_login or "",
             outbox_wakeup=self.outbox_wakeup,
-            gitea=gitea,
         )
 
     def outbox_wakeup(self) -> None:

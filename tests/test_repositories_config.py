@@ -164,3 +164,18 @@ async def test_the_sender_parks_an_entry_of_a_repository_no_longer_served(tmp_pa
         assert entry.status == "parked" and "acme/gone" in (entry.last_error or "") and sent == []
     finally:
         await db.close()
+
+
+async def test_check_config_checks_every_served_repository(tmp_path: Path) -> None:
+    """A listed repository Gitea does not have fails its own check, named; the others still pass theirs."""
+    from bot.cli.check_config import _gitea_checks
+    from tests.gitea_fixtures import BOT, TOKENS, live_emulator
+
+    async with live_emulator() as live:
+        text = TWO.replace('name = "gadgets"', 'name = "missing"') + (
+            f'[gitea]\nurl = "{live.base_url}"\ntoken = "{TOKENS[BOT]}"\nbot_login = "{BOT}"\n')
+        checks = await _gitea_checks(_load(tmp_path, text))
+    assert [(c["check"], c.get("repository"), c["status"]) for c in checks][3:] == [
+        ("repository", "acme/widgets", "ok"), ("permission", "acme/widgets", "ok"),
+        ("repository", "acme/missing", "failed"), ("permission", "acme/missing", "skipped")]
+    assert "acme/missing" in checks[5]["detail"]

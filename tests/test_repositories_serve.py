@@ -206,6 +206,11 @@ async def test_two_repositories_each_with_issue_1_stay_apart_and_an_unlisted_rep
     assert code == 0 and [(r["issue_number"], r["owner"]) for r in doc["live"]] == [(1, GADGETS_AUTHOR)]
     code, doc = await _cli(t, "leases", "--repository", "acme/nowhere", "--json")
     assert code == 2 and "acme/nowhere" in doc["message"] and doc["repositories"] == [WIDGETS, GADGETS]
+    code, doc = await _cli(t, "check-config", "--json")  # every served repository exists and the bot may write
+    assert code == 0, doc
+    assert [(c["check"], c["repository"], c["status"]) for c in doc["checks"] if "repository" in c] == [
+        ("repository", WIDGETS, "ok"), ("permission", WIDGETS, "ok"),
+        ("repository", GADGETS, "ok"), ("permission", GADGETS, "ok")]
     code, doc = await _cli(t, "deliveries", "--reconcile", "--json")
     assert code == 0 and [d["repository"] for d in doc["repositories"]] == [WIDGETS, GADGETS]
     assert all(d["last_success"] is not None for d in doc["repositories"])
