@@ -350,6 +350,9 @@ class RepositoryEntry(RepositoryConfig):
     top-level ``[roster]``, ``[allocator]``, ``[merge]`` and ``[grants]`` (each replaces the top-level table
     whole for this repository; left out, the top-level one applies)."""
 
+    #: Required in an entry (the single table's defaults would name a repository nobody meant).
+    owner: str = Field(min_length=1)
+    name: str = Field(min_length=1)
     roster: dict[str, list[Role]] | None = None
     allocator: AllocatorConfig | None = None
     merge: MergeConfig | None = None
