@@ -88,7 +88,8 @@ def test_a_list_from_the_environment_takes_every_element_or_refuses_naming_the_k
         ("repositories = 'acme/widgets'\n", "repositories"),
         ("[[repositories]]\nowner = 'acme'\n", "repositories.0.name"),
         ("[[repositories]]\nowner = 'acme'\nname = 'w'\n[[repositories]]\nname = 'g'\n", "repositories.1.owner"),
-        ("[[repositories]]\nowner = 'acme'\nname = 'w'\nroster = { alice = 'author' }\n", "repositories.0.roster.alice"),
+        ("[[repositories]]\nowner = 'acme'\nname = 'w'\nroster = { alice = 'author' }\n",
+         "repositories.0.roster.alice"),
     ],
 )
 def test_a_list_from_toml_takes_every_element_or_refuses_naming_the_key(tmp_path: Path, text: str, key: str) -> None:
