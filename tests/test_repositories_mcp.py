@@ -2,21 +2,25 @@
 
 from __future__ import annotations
 
+import sqlite3
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
-from mcp import Client
+from mcp import Client, ClientSession, StdioServerParameters
+from mcp.client.stdio import stdio_client
 
 from bot.config import Settings
 from bot.mcp_server import RepositoryDoor, build_server, open_runtimes, repositories_of, resolve_identity
 from bot.verbs.runtime import VerbRuntime, caller_for, no_bootstrap
 from state.db import Database
 from state.outbox import OutboxStore
+from tests.conftest import REPO_ROOT
 from tests.support import SECRET
 from tests.test_mcp_server import ALLOCATE, STATE, TOKENS, call
+from tests.test_mcp_stdio import foreman_mcp, foreman_mcp_command
 
 WIDGETS, GADGETS = "acme/widgets", "acme/gadgets"
 CONFIG = f"""
@@ -103,3 +107,27 @@ async def test_an_identity_in_one_repository_keeps_the_schema_and_needs_no_repos
         assert not error and doc["lease"] is None
         error, doc = await call(client, "gitea_get_issue_state", issue_number=618, repository=GADGETS)
         assert error and doc["error"] == "invalid_input" and "repository" in doc["message"]
+
+
+async def test_foreman_mcp_serves_the_repositories_of_its_identity(tmp_path: Path) -> None:
+    """The real `foreman mcp` process: the controller (on both rosters) names the repository of each call; with
+    `--repository` the same identity is served that one repository, its tools as always."""
+    config = tmp_path / "foreman.toml"
+    config.write_text(CONFIG.replace('synchronous = "NORMAL"', f'synchronous = "NORMAL"\npath = "{tmp_path}/f.db"'),
+                      encoding="utf-8")
+    async with foreman_mcp(config, "tok-controller") as client:
+        assert "repository" in _schema(await client.list_tools(), "gitea_allocate_next_work")["properties"]
+        result = await client.call_tool("gitea_allocate_next_work", {**ALLOCATE, "exclude_issue_numbers": [617],
+                                                                     "dry_run": False, "repository": GADGETS})
+        assert not result.is_error, result.structured_content
+        refused = await client.call_tool("gitea_get_runtime_context", {})
+        assert refused.is_error and refused.structured_content is not None
+        assert refused.structured_content["details"]["repositories"] == [WIDGETS, GADGETS]
+    with sqlite3.connect(tmp_path / "f.db") as conn:
+        assert conn.execute("SELECT repo, issue_number FROM leases").fetchall() == [(GADGETS, 618)]
+    command, *args = foreman_mcp_command(config)
+    params = StdioServerParameters(command=command, args=[*args[:-1], "--repository", WIDGETS, "mcp"],
+                                   env={"FOREMAN_MCP_TOKEN": "tok-controller"}, cwd=REPO_ROOT)
+    async with stdio_client(params) as (read, write), ClientSession(read, write) as session:
+        await session.initialize()
+        assert "repository" not in _schema(await session.list_tools(), "gitea_allocate_next_work")["properties"]
