@@ -6,7 +6,7 @@ import asyncio
 import dataclasses
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -14,7 +14,7 @@ import aiohttp
 from aiohttp import web
 
 from bot.config import Settings
-from bot.core.dispatch import OrderedRouter, served_names
+from bot.core.dispatch import OrderedRouter
 from bot.core.intake import Delivery, Rejection, admit, content_encoding_refusal, is_self_event, metric_event
 from bot.handler_deps import HandlerDeps
 from bot.metrics import LoopLagMonitor, Metrics
@@ -22,11 +22,11 @@ from bot.tasks import cancel_and_wait
 from bot.worker import Worker
 from state.db import Database, DatabaseNotWritable
 from state.deliveries import DeliveryStore, InsertResult
-from state.outbox import OutboxStore
+from state.outbox import OutboxEntry, OutboxStore, acting_for
 
 if TYPE_CHECKING:
     from bot.gitea import GiteaClient
-    from bot.outbox import OutboxHooks, OutboxSender
+    from bot.outbox import OutboxGitea, OutboxHooks, OutboxSender
     from bot.reconcile import Reconciler
     from bot.verbs.runs.auto_teardown import TeardownLoop
     from bot.verbs.runtime import Caller, VerbResult
@@ -117,6 +117,21 @@ class GiteaStatus:
 
 
 @dataclass
+class RepositoryBundle:
+    """What the service holds for one served repository: its settings view (``Settings.for_repository``), its
+    handlers' dependencies, its Gitea client (sharing the service's session and bot identity), its catch-up,
+    its runs' teardown loop and its outbox hooks. Nothing in one bundle reads or writes another's repository."""
+
+    key: str
+    settings: Settings
+    deps: HandlerDeps
+    gitea: GiteaClient | None = None
+    reconciler: Reconciler | None = None
+    run_teardowns: TeardownLoop | None = None
+    hooks: OutboxHooks | None = None
+
+
+@dataclass
 class Service:
     """Everything one running instance owns; started and stopped as a unit."""
 
@@ -127,37 +142,53 @@ class Service:
     gitea_status: GiteaStatus = field(default_factory=GiteaStatus)
     http: aiohttp.ClientSession | None = None
     gitea: GiteaClient | None = None
-    outbox_hooks: OutboxHooks | None = None
+    #: Each repository's outbox hooks from its settings view (the composition root passes the issue state's).
+    hooks_for: Callable[[Settings], OutboxHooks] | None = None
 
     def __post_init__(self) -> None:
         self.store = DeliveryStore(self.db)
         self.outbox = OutboxStore(self.db)
         self.outbox_sender: OutboxSender | None = None
-        self.reconciler: Reconciler | None = None
         self.writer = GroupCommitWriter(self.store)
         self.bot_login: str | None = self.settings.gitea.bot_login
-        repository = self.settings.repository
+        #: Every served repository's bundle by its key, in configuration order (the first is ``[repository]``'s).
+        self.repositories: dict[str, RepositoryBundle] = {}
+        for key in self.settings.repository_keys():
+            view = self.settings.for_repository(key)
+            hooks = self.hooks_for(view) if self.hooks_for is not None else None
+            self.repositories[key] = RepositoryBundle(key, view, self._deps(view), hooks=hooks)
+        self.metrics.serve_repositories(list(self.repositories))
         self.worker = Worker(
-            self.store,
-            self.router,
-            self.settings.worker,
-            self.metrics,
-            deps=self._deps(),
-            served=served_names([(repository.owner, repository.name)]),
+            self.store, self.router, self.settings.worker, self.metrics,
+            routes={key: bundle.deps for key, bundle in self.repositories.items()},
         )
         self.lag_monitor = LoopLagMonitor(self.metrics)
         self._probe_task: asyncio.Task[None] | None = None
         self._recovery_task: asyncio.Task[None] | None = None
-        self.run_teardowns: TeardownLoop | None = None
 
-    def _deps(self) -> HandlerDeps:
-        """What the handlers may use, never this Service (the Gitea client joins in start())."""
+    @property
+    def first(self) -> RepositoryBundle:
+        """The first configured repository's bundle (the one ``[repository]`` when there is one)."""
+        return next(iter(self.repositories.values()))
+
+    @property
+    def reconciler(self) -> Reconciler | None:
+        """The first repository's catch-up (every bundle has its own: ``repositories``)."""
+        return self.first.reconciler
+
+    @property
+    def run_teardowns(self) -> TeardownLoop | None:
+        """The first repository's runs' teardown loop (every bundle has its own)."""
+        return self.first.run_teardowns
+
+    def _deps(self, settings: Settings) -> HandlerDeps:
+        """What one repository's handlers may use, never this Service (the Gitea client joins in start()); each
+        repository has its own permission cache (a login's permission is per repository)."""
         return HandlerDeps(
-            settings=self.settings,
+            settings=settings,
             db=self.db,
             bot_login=lambda: self.bot_login or "",
             outbox_wakeup=self.outbox_wakeup,
-            gitea=self.gitea,
         )
 
     def outbox_wakeup(self) -> None:
@@ -171,9 +202,16 @@ class Service:
             from bot.outbox import OutboxSender
 
             self.http = aiohttp.ClientSession()
-            self.gitea = client_for(self.http, self.settings)
-            assert self.gitea is not None
-            self.worker.deps = dataclasses.replace(self.worker.deps, gitea=self.gitea)
+            for bundle in self.repositories.values():
+                # One session and one bot identity; each client bound to its own repository.
+                bundle.gitea = client_for(self.http, bundle.settings)
+                bundle.deps = dataclasses.replace(bundle.deps, gitea=bundle.gitea)
+            self.gitea = self.first.gitea
+            self.worker.routes = {key: bundle.deps for key, bundle in self.repositories.items()}
+            adopted = await self.outbox.adopt_unscoped(self.first.key)
+            if adopted:
+                log.info("outbox: %d entries stored before entries were filed by repository are %s's", adopted,
+                         self.first.key)
             self.outbox_sender = self._make_outbox_sender(OutboxSender)
             self.outbox_sender.start()
             self._probe_task = asyncio.create_task(self._probe_loop(), name="gitea-probe")
@@ -184,50 +222,56 @@ class Service:
         self.writer.start()
         self.worker.start()
         self.lag_monitor.start()
-        self.run_teardowns = self._make_teardown_loop()
-        self.run_teardowns.start()
-        if self.gitea is not None:
-            self.reconciler = self._make_reconciler()
-            await self.reconciler.start()
+        for bundle in self.repositories.values():
+            with acting_for(bundle.key):  # the loop's task (created here) files its entries under its repository
+                bundle.run_teardowns = self._make_teardown_loop(bundle)
+                bundle.run_teardowns.start()
+        for bundle in self.repositories.values():
+            if bundle.gitea is not None:
+                with acting_for(bundle.key):
+                    bundle.reconciler = self._make_reconciler(bundle)
+                    await bundle.reconciler.start()
 
-    def _make_reconciler(self) -> Reconciler:
-        """Catch-up (bot/reconcile.py): feeds what no webhook brought through the inbox; after each pass one
-        auto-allocation (trigger ``catch_up``), so an expired lease frees its author."""
+    def _make_reconciler(self, bundle: RepositoryBundle) -> Reconciler:
+        """Catch-up of one repository (bot/reconcile.py): feeds what no webhook brought through the inbox; after
+        each pass one auto-allocation (trigger ``catch_up``), so an expired lease frees its author."""
         from bot.reconcile import Reconciler
 
-        assert self.gitea is not None
-        gitea = self.gitea
+        assert bundle.gitea is not None
+        gitea, settings = bundle.gitea, bundle.settings
 
         def wake() -> None:
             self.worker.wakeup.set()
 
         async def allocate() -> None:
-            if not self.settings.auto_allocation():
+            if not settings.auto_allocation():
                 return
             from bot.verbs.auto_allocate import auto_allocate
 
-            await auto_allocate(self.db, self.settings, gitea, bot_login=self.bot_login or "", trigger="catch_up",
-                                wakeup=self.outbox_wakeup)
+            with acting_for(bundle.key):
+                await auto_allocate(self.db, settings, gitea, bot_login=self.bot_login or "", trigger="catch_up",
+                                    wakeup=self.outbox_wakeup)
             self.outbox_wakeup()
 
-        repository = self.settings.repository
+        repository = settings.repository
         return Reconciler(
             db=self.db,
             store=self.store,
             gitea=gitea,
             owner=repository.owner,
             name=repository.name,
-            interval_s=self.settings.reconcile.interval_s,
-            overlap_s=self.settings.reconcile.overlap_s,
+            interval_s=settings.reconcile.interval_s,
+            overlap_s=settings.reconcile.overlap_s,
             metrics=self.metrics,
             bot_login=lambda: self.bot_login or "",
             wakeup=wake,
             after_pass=allocate,
         )
 
-    def _make_teardown_loop(self) -> TeardownLoop:
-        """Runs' reserved teardowns by themselves (bot/verbs/runs/auto_teardown.py): a grant's expiry is the passing
-        of time, which no webhook or call announces, so the service checks at start-up and on an interval."""
+    def _make_teardown_loop(self, bundle: RepositoryBundle) -> TeardownLoop:
+        """One repository's runs' reserved teardowns by themselves (bot/verbs/runs/auto_teardown.py): a grant's
+        expiry is the passing of time, which no webhook or call announces, so the service checks at start-up and
+        on an interval."""
         from bot.verbs.runs.auto_teardown import TeardownLoop
         from bot.verbs.runtime import VerbRuntime
 
@@ -235,41 +279,68 @@ class Service:
 
         class Door:
             async def call(self, verb_name: str, caller: Caller, arguments: Mapping[str, object]) -> VerbResult:
-                runtime = VerbRuntime(db=service.db, settings=service.settings, gitea=service.gitea,
+                runtime = VerbRuntime(db=service.db, settings=bundle.settings, gitea=bundle.gitea,
                                       bot_login=service.bot_login or "", wakeup=service.outbox_wakeup)
                 return await runtime.call(verb_name, caller, arguments)
 
-        return TeardownLoop(self.db, self.settings, Door(), interval_s=self.settings.lifecycle.run_teardown_interval_s,
-                            on_ran=self.outbox_wakeup)
+        return TeardownLoop(self.db, bundle.settings, Door(),
+                            interval_s=bundle.settings.lifecycle.run_teardown_interval_s, on_ran=self.outbox_wakeup)
 
     async def _recover_bootstraps(self) -> None:
-        """Worktree bootstraps a killed process left open are finished or compensated (docs/bootstrap.md)."""
+        """Worktree bootstraps a killed process left open are finished or compensated (docs/bootstrap.md), in
+        each served repository."""
         from bot.verbs.bootstrap import BootstrapContext, recover_open_transitions
 
-        try:
-            if await recover_open_transitions(BootstrapContext.from_service(self)):
-                self.outbox_wakeup()
-        except Exception:
-            log.exception("recovering open worktree bootstraps failed (the next bootstrap of each issue recovers it)")
+        for bundle in self.repositories.values():
+            context = BootstrapContext(db=self.db, settings=bundle.settings, gitea=bundle.gitea,
+                                       bot_login=self.bot_login or self.settings.gitea.bot_login)
+            try:
+                with acting_for(bundle.key):
+                    if await recover_open_transitions(context):
+                        self.outbox_wakeup()
+            except Exception:
+                log.exception("recovering open worktree bootstraps of %s failed (the next bootstrap of each issue "
+                              "recovers it)", bundle.key)
+
+    def _outbox_client(self, repo: str) -> OutboxGitea | None:
+        """The client of an outbox entry's repository (an unscoped entry's: the first repository's)."""
+        bundle = self.repositories.get(repo or self.first.key)
+        return bundle.gitea if bundle is not None else None
+
+    async def _on_outbox_complete(self, entry: OutboxEntry, result: dict[str, Any]) -> None:
+        bundle = self.repositories.get(entry.repo or self.first.key)
+        hooks = bundle.hooks if bundle is not None else None
+        if bundle is not None and hooks is not None and hooks.on_complete is not None:
+            with acting_for(bundle.key):
+                await hooks.on_complete(entry, result)
+
+    async def _on_outbox_failure(self, entry: OutboxEntry) -> None:
+        bundle = self.repositories.get(entry.repo or self.first.key)
+        hooks = bundle.hooks if bundle is not None else None
+        if bundle is not None and hooks is not None and hooks.on_failure is not None:
+            with acting_for(bundle.key):
+                await hooks.on_failure(entry)
 
     def _make_outbox_sender(self, sender_class: type[OutboxSender]) -> OutboxSender:
-        """The sender, with the hooks the composition root passed in (``open_service``: the issue state's)."""
+        """The one sender of every repository's entries, each sent with its repository's client, its result
+        reported to its repository's hooks (``open_service``: the issue state's)."""
         assert self.gitea is not None
-        hooks = self.outbox_hooks
         return sender_class(
             self.outbox,
             self.gitea,
             self.settings.outbox,
             self.metrics,
-            on_complete=hooks.on_complete if hooks is not None else None,
-            on_failure=hooks.on_failure if hooks is not None else None,
+            on_complete=self._on_outbox_complete,
+            on_failure=self._on_outbox_failure,
+            clients=self._outbox_client,
         )
 
     async def stop(self) -> None:
-        if self.run_teardowns is not None:
-            await self.run_teardowns.stop()
-        if self.reconciler is not None:
-            await self.reconciler.stop()
+        for bundle in self.repositories.values():
+            if bundle.run_teardowns is not None:
+                await bundle.run_teardowns.stop()
+            if bundle.reconciler is not None:
+                await bundle.reconciler.stop()
         await self.lag_monitor.stop()
         await self.worker.stop(self.settings.server.shutdown_grace_s)
         await self.writer.stop()
@@ -414,12 +485,15 @@ class Service:
         checks["gitea"] = {"ok": bool(status.reachable), "detail": status.detail, "login": status.login}
         # Informative, never failing readiness: the webhook door works while Gitea cannot be read, and what a
         # failed pass missed is read again by the next one (docs/operating.md "Catch-up").
-        checks["reconcile"] = (
-            self.reconciler.status.to_dict(self.settings.reconcile.interval_s)
-            if self.reconciler is not None
-            else {"ok": None, "detail": "off (no Gitea token: nothing can be read back)"}
-        )
+        per_repository = {key: self._reconcile_check(bundle) for key, bundle in self.repositories.items()}
+        checks["reconcile"] = per_repository[self.first.key]  # the first repository's (as with one repository)
+        checks["repositories"] = {key: {"reconcile": check} for key, check in per_repository.items()}
         return web.json_response({"ready": ready, "checks": checks}, status=200 if ready else 503)
+
+    def _reconcile_check(self, bundle: RepositoryBundle) -> dict[str, Any]:
+        if bundle.reconciler is None:
+            return {"ok": None, "detail": "off (no Gitea token: nothing can be read back)"}
+        return bundle.reconciler.status.to_dict(bundle.settings.reconcile.interval_s)
 
     async def handle_metrics(self, request: web.Request) -> web.Response:
         self.metrics.worker_loops_alive.set(self.worker.loops_alive())
@@ -464,4 +538,4 @@ async def open_service(settings: Settings, router: OrderedRouter) -> Service:
         synchronous=settings.database.synchronous,
         busy_timeout_ms=settings.database.busy_timeout_ms,
     )
-    return Service(settings=settings, router=router, db=db, outbox_hooks=outbox_hooks(db, settings))
+    return Service(settings=settings, router=router, db=db, hooks_for=lambda view: outbox_hooks(db, view))

@@ -26,6 +26,7 @@ from bot.config_sections import (
     PublishConfig,
     ReconcileConfig,
     RepositoryConfig,
+    RepositoryEntry,
     ServerConfig,
     WebhookConfig,
     WorkerConfig,
@@ -66,6 +67,9 @@ class Settings(ConfigSection):
     database: DatabaseConfig = DatabaseConfig()
     gitea: GiteaConfig = GiteaConfig()
     repository: RepositoryConfig = RepositoryConfig()
+    #: ``[[repositories]]``: many repositories in one process (exclusive with ``[repository]``); empty: the one
+    #: ``[repository]`` is served. See ``served_repositories`` and ``for_repository``.
+    repositories: list[RepositoryEntry] = Field(default_factory=list)
     worker: WorkerConfig = WorkerConfig()
     outbox: OutboxConfig = OutboxConfig()
     allocator: AllocatorConfig = AllocatorConfig()
@@ -109,6 +113,49 @@ class Settings(ConfigSection):
     def repo_key(self) -> str:
         """The key every store files the configured repository under (``owner/name`` in lower case)."""
         return issue_state.repo_key(f"{self.repository.owner}/{self.repository.name}")
+
+    def served_repositories(self) -> list[RepositoryEntry]:
+        """Every repository this process serves, in configuration order: the ``[[repositories]]`` entries, or
+        the one ``[repository]`` (as an entry without overrides)."""
+        if self.repositories:
+            return list(self.repositories)
+        return [RepositoryEntry.model_validate(self.repository.model_dump())]
+
+    def repository_keys(self) -> list[str]:
+        """The repo keys of ``served_repositories``, in configuration order."""
+        return [repo_key_of(entry) for entry in self.served_repositories()]
+
+    def find_repository(self, full_name: str) -> str | None:
+        """The served repository's key for ``owner/name`` (case-insensitive), or None when it is not served."""
+        key = issue_state.repo_key(full_name)
+        return key if key in self.repository_keys() else None
+
+    def for_repository(self, key: str) -> Settings:
+        """The settings of one served repository (``key`` from ``repository_keys``): ``repository`` is that
+        entry, its overrides applied, ``repositories`` empty, so every consumer reads ``settings.repository``
+        and ``settings.repo_key`` as with one ``[repository]``. KeyError for a repository not served."""
+        for entry in self.served_repositories():
+            if repo_key_of(entry) != key:
+                continue
+            update: dict[str, Any] = {"repository": entry.base(), "repositories": []}
+            for name in ("roster", "allocator", "merge", "grants"):
+                override = getattr(entry, name)
+                if override is not None:
+                    update[name] = override
+            return self.model_copy(update=update)
+        raise KeyError(key)
+
+    def all_roster_logins(self) -> set[str]:
+        """Every login on the top-level roster or on any repository's own roster, in lower case."""
+        logins = {login.lower() for login in self.roster}
+        for entry in self.repositories:
+            logins.update(login.lower() for login in entry.roster or {})
+        return logins
+
+
+def repo_key_of(repository: RepositoryConfig) -> str:
+    """The store key of a configured repository: ``owner/name`` in lower case."""
+    return issue_state.repo_key(f"{repository.owner}/{repository.name}")
 
 
 def _loc_to_key(loc: tuple[int | str, ...]) -> str:
@@ -195,7 +242,41 @@ def _resolve_paths(settings: Settings, base: Path) -> Settings:
         value = getattr(model, key)
         if value is not None and not value.is_absolute():
             sections[section] = model.model_copy(update={key: Path(os.path.normpath(base / value))})
+    entries = [_resolved_entry(entry, base) for entry in settings.repositories]
+    if entries != settings.repositories:
+        sections["repositories"] = entries
     return settings.model_copy(update=sections) if sections else settings
+
+
+def _resolved_entry(entry: RepositoryEntry, base: Path) -> RepositoryEntry:
+    root = entry.checkout_root
+    if root.is_absolute():
+        return entry
+    return entry.model_copy(update={"checkout_root": Path(os.path.normpath(base / root))})
+
+
+def _check_repositories(settings: Settings, errors: list[tuple[str, str]]) -> None:
+    """``[repository]`` and ``[[repositories]]`` are exclusive; no repository is listed twice (Gitea's owner and
+    repository names are case-insensitive, so ``Org/Repo`` and ``org/repo`` are one)."""
+    if not settings.repositories:
+        return
+    if "repository" in settings.model_fields_set:
+        errors.append(("repositories", "give [repository] (one repository) or [[repositories]] (many), not both: "
+                       "move the [repository] table into a [[repositories]] entry"))
+    seen: dict[str, int] = {}
+    for index, entry in enumerate(settings.repositories):
+        key = repo_key_of(entry)
+        if key in seen:
+            errors.append((f"repositories.{index}", f"{entry.owner}/{entry.name} is also repositories.{seen[key]} "
+                           "(owner and name are case-insensitive): list each repository once"))
+        seen.setdefault(key, index)
+
+
+def _first_repository(settings: Settings) -> Settings:
+    """With ``[[repositories]]``, ``settings.repository`` is the first entry (never the defaulted org/repo)."""
+    if not settings.repositories:
+        return settings
+    return settings.model_copy(update={"repository": settings.repositories[0].base()})
 
 
 def _secret_from_file(
@@ -266,7 +347,7 @@ def _resolve_identity_tokens(settings: Settings, base: Path, errors: list[tuple[
             errors.append((key, f"{path} must hold one token (no spaces or line breaks)"))
         else:
             tokens[login] = SecretStr(token)
-    roster = {login.lower() for login in settings.roster}
+    roster = settings.all_roster_logins()
     owners: dict[str, str] = {}
     bot = settings.gitea_token()
     for login, secret in sorted(tokens.items()):
@@ -316,13 +397,17 @@ def _check_secret_values(found: list[SecretStr], errors: list[tuple[str, str]]) 
 
 def _check_grants(settings: Settings, errors: list[tuple[str, str]]) -> None:
     """Every run-grant template must compile in principle; each error names the exact key of its problem."""
-    for key, template in settings.grants.items():
-        try:
-            template.template(key)
-        except TemplateError as exc:
-            for path, message in exc.problems:
-                suffix = "" if path == "<key>" else f".{path}"
-                errors.append((f"grants.{key}{suffix}", message))
+    tables = [("grants", settings.grants)]
+    tables += [(f"repositories.{i}.grants", entry.grants) for i, entry in enumerate(settings.repositories)
+               if entry.grants is not None]
+    for prefix, grants in tables:
+        for key, template in grants.items():
+            try:
+                template.template(key)
+            except TemplateError as exc:
+                for path, message in exc.problems:
+                    suffix = "" if path == "<key>" else f".{path}"
+                    errors.append((f"{prefix}.{key}{suffix}", message))
 
 
 def _config_source(path: Path | None, env: Mapping[str, str]) -> tuple[Path, str | None]:
@@ -372,7 +457,8 @@ def load_settings(
         errors.extend((_loc_to_key(e["loc"]), e["msg"]) for e in exc.errors())
         _raw_problems(data, base, errors)
         raise ConfigError.of(errors) from None
-    settings = _resolve_paths(settings, base)
+    _check_repositories(settings, errors)
+    settings = _first_repository(_resolve_paths(settings, base))
     settings = _resolve_secret_files(settings, errors)
     settings = _resolve_mcp_token_files(settings, base, errors)
     settings = _resolve_identity_tokens(settings, base, errors)

@@ -17,6 +17,7 @@ from pydantic import (
     field_validator,
 )
 
+from bot.core.gateway import Role
 from bot.core.grants import TOOL_CONTRACTS, GrantEffect, PolicyTemplate
 from bot.core.vocabulary import MAX_ISSUE_NUMBER
 
@@ -342,3 +343,23 @@ class PublishConfig(ConfigSection):
 
 
 _IDENTITY = re.compile(r"([^<>\r\n]*[^<>\s][^<>\r\n]*) <([^<>\s]+)>")
+
+
+class RepositoryEntry(RepositoryConfig):
+    """One ``[[repositories]]`` entry: a repository this process serves, with optional overrides of the
+    top-level ``[roster]``, ``[allocator]``, ``[merge]`` and ``[grants]`` (each replaces the top-level table
+    whole for this repository; left out, the top-level one applies)."""
+
+    #: Required in an entry (the single table's defaults would name a repository nobody meant).
+    owner: str = Field(min_length=1)
+    name: str = Field(min_length=1)
+    roster: dict[str, list[Role]] | None = None
+    allocator: AllocatorConfig | None = None
+    merge: MergeConfig | None = None
+    grants: dict[str, GrantTemplateConfig] | None = None
+
+    def base(self) -> RepositoryConfig:
+        """The ``[repository]`` part (what every consumer of ``settings.repository`` reads)."""
+        return RepositoryConfig.model_validate(
+            {name: getattr(self, name) for name in RepositoryConfig.model_fields}
+        )

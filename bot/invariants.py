@@ -501,8 +501,9 @@ def _recorded_comment_id(result: dict[str, Any] | None) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
-async def gather_db(path: Path | str) -> DbFacts:
-    """Read the facts from a foreman database, read-only (safe beside a running service: WAL readers)."""
+async def gather_db(path: Path | str, *, repo: str | None = None) -> DbFacts:
+    """Read the facts from a foreman database, read-only (safe beside a running service: WAL readers); with
+    ``repo`` (a repo key), only that repository's rows (the deliveries are the whole inbox's)."""
     async with read_only(path) as db:
         entries = await OutboxStore(db).every_entry()
         lease_rows = await LeaseStore(db).every_lease()
@@ -511,6 +512,12 @@ async def gather_db(path: Path | str) -> DbFacts:
         transition_rows = await journal.every_transition()
         registration_rows = await journal.every_registration()
         teardown_rows = await TeardownStore(db).every()
+    if repo is not None:
+        entries = [e for e in entries if e.repo in (repo, "")]  # "": stored before entries had a repository
+        lease_rows = [lease for lease in lease_rows if lease.repo == repo]
+        transition_rows = [t for t in transition_rows if t.repo == repo]
+        registration_rows = [(key, r) for key, r in registration_rows if r.repo == repo]
+        teardown_rows = [t for t in teardown_rows if t.repo == repo]
     outbox = tuple(
         OutboxFact(e.key, e.issue_number, e.kind, e.status, _recorded_comment_id(e.result) if e.kind == "comment"
                    else None)
@@ -618,9 +625,11 @@ async def gather(
     checkout: Path | str | None,
     acknowledged: Sequence[tuple[str, str]] | None = None,
     require_bootstrap: bool = False,
+    repo: str | None = None,
 ) -> Facts:
-    """All facts, from a quiet service's database, Gitea and control checkout."""
-    db = await gather_db(database)
+    """All facts, from a quiet service's database, Gitea and control checkout; with ``repo``, of that one
+    repository (``client`` and ``checkout`` must be its own)."""
+    db = await gather_db(database, repo=repo)
     gitea = await gather_gitea(client)
     return Facts(
         db=db,

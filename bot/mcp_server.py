@@ -9,7 +9,7 @@ import json
 import logging
 import os
 import re
-from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any, cast
@@ -74,7 +74,7 @@ def resolve_identity(settings: Settings, token: str | None) -> Caller:
     return caller_for(settings, login, "mcp")
 
 
-def tool_for(verb: Verb) -> types.Tool:
+def tool_for(verb: Verb, *, repository: bool = False) -> types.Tool:
     """The MCP tool of a verb: its name, summary, gates and input schema from the verb table."""
     gates = "; ".join(
         f"{p.key} ({p.rejection_kind})" for p in verb.preconditions
@@ -86,7 +86,7 @@ def tool_for(verb: Verb) -> types.Tool:
     return types.Tool(
         name=verb.tool,
         description=description,
-        input_schema=verb.input_schema(),
+        input_schema=verb.input_schema(repository=repository),
         annotations=types.ToolAnnotations(
             read_only_hint=verb.effect == "read",
             destructive_hint=False,
@@ -118,11 +118,52 @@ def unreadable_arguments(name: str, why: str) -> Envelope:
     )
 
 
-def offered_tools(caller: Caller | None = None) -> list[types.Tool]:
+def offered_tools(caller: Caller | None = None, *, repository: bool = False) -> list[types.Tool]:
     """The tools an MCP server offers, in table order: every executable verb, or (for ``caller``) those whose role
     gate its roles pass. A tool left out of the list still answers through the door (the same refusal as a comment
-    command gets), so the list only saves an agent from calling what it may never call."""
-    return [tool_for(v) for v in VERBS.values() if v.executable and (caller is None or _may_call(v, caller))]
+    command gets), so the list only saves an agent from calling what it may never call. ``repository``: each takes
+    the ``repository`` argument (an identity in several repositories)."""
+    return [tool_for(v, repository=repository) for v in VERBS.values()
+            if v.executable and (caller is None or _may_call(v, caller))]
+
+
+@dataclass(frozen=True, slots=True)
+class RepositoryDoor:
+    """One repository an identity works in: that repository's runtime (its settings view, its Gitea client) and
+    the identity as that repository's roster knows it."""
+
+    runtime: VerbRuntime
+    caller: Caller
+
+
+def choose_repository(tool: str, arguments: dict[str, Any], doors: Mapping[str, RepositoryDoor]) -> str | Envelope:
+    """The repository key a call acts on, taking ``repository`` off ``arguments``: the one given (owner/name,
+    case-insensitive), else the only one; several and none given, or one the identity does not work in, is an
+    ``invalid_input`` envelope listing the repositories it may use."""
+    given = arguments.pop("repository", None)
+    keys = list(doors)
+    choices = ", ".join(keys)
+    if given is None:
+        if len(keys) == 1:
+            return keys[0]
+        return Envelope(
+            error="invalid_input",
+            message=f"{tool}: you work in {len(keys)} repositories ({choices}); the call names none",
+            remediate="Say which repository the call acts on with the repository argument (owner/name).",
+            exact_next_action=f"call {tool} again with repository set to one of: {choices}",
+            details={"repositories": keys},
+        )
+    key = given.lower() if isinstance(given, str) else None
+    if key is None or key not in doors:
+        shown = ascii(given)[:150]
+        return Envelope(
+            error="invalid_input",
+            message=f"{tool}: repository {shown} is not one you work in ({choices})",
+            remediate="Use one of the repositories whose roster names you.",
+            exact_next_action=f"call {tool} again with repository set to one of: {choices}",
+            details={"repositories": keys},
+        )
+    return key
 
 
 def _may_call(verb: Verb, caller: Caller) -> bool:
@@ -153,14 +194,23 @@ def build_server(
     around: Around | None = None,
     tools: Sequence[types.Tool] | None = None,
     instructions: str | None = None,
+    doors: Mapping[str, RepositoryDoor] | None = None,
 ) -> Server[Any]:
     """An MCP server whose tools run as ``caller`` through ``runtime`` (identity fixed at start).
 
     ``tools`` / ``instructions``: what the server offers and says instead of the defaults (a run-bound session
-    offers only its grant's tools and names its exact calls).
+    offers only its grant's tools and names its exact calls). ``doors``: the repositories the identity works in,
+    when more than one; every tool then takes ``repository`` and runs through that repository's runtime.
     """
-    offered = list(tools) if tools is not None else offered_tools(caller)
-    repository = f"{runtime.settings.repository.owner}/{runtime.settings.repository.name}"
+    many = doors is not None and len(doors) > 1
+    if tools is not None:
+        offered = list(tools)
+    elif doors is not None and many:  # what the identity may call in any of its repositories
+        offered = [tool_for(v, repository=True) for v in VERBS.values()
+                   if v.executable and any(_may_call(v, door.caller) for door in doors.values())]
+    else:
+        offered = offered_tools(caller)
+    repository = ", ".join(doors) if doors is not None and many else runtime.settings.repo_key
 
     async def list_tools(
         ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
@@ -169,6 +219,13 @@ def build_server(
 
     # What a call may name: a bound run's tools only; otherwise every offered verb, listed for this role or not.
     listed = {tool.name for tool in offered} if tools is not None else {tool.name for tool in offered_tools()}
+    if doors is not None and many:
+        roles = "; ".join(f"{key}: {', '.join(sorted(door.caller.roles)) or 'no roster role'}"
+                          for key, door in doors.items())
+        instructions = instructions or (
+            f"You act as {caller.login} in {len(doors)} repositories ({roles}). Every tool takes repository "
+            "(owner/name): give it on each call. Start with gitea_get_runtime_context in the repository you work in: "
+            "it names what you may call now and the exact next action.")
 
     async def call_tool(ctx: ServerRequestContext[Any], params: types.CallToolRequestParams) -> types.CallToolResult:
         verb = TOOLS.get(params.name)
@@ -176,7 +233,13 @@ def build_server(
         async def run(arguments: dict[str, Any]) -> VerbResult:
             if verb is None:  # only a listed tool runs, whatever a hook passes on
                 return refused(params.name, unknown_tool(params.name, offered))
-            return await runtime.call(verb.name, caller, arguments)
+            if doors is None or not many:
+                return await runtime.call(verb.name, caller, arguments)
+            chosen = choose_repository(params.name, arguments, doors)
+            if isinstance(chosen, Envelope):
+                return refused(verb.name, chosen)
+            door = doors[chosen]
+            return await door.runtime.call(verb.name, door.caller, arguments)
 
         unreadable = (params.meta or {}).get(UNREADABLE_META)
         if unreadable is not None:  # the wire carried arguments no JSON parser of the SDK reads (see _readable)
@@ -319,6 +382,18 @@ async def open_runtime(
     settings: Settings, *, bootstrap_factory: BootstrapFactory | None = None, wakeup: Callable[[], None] | None = None
 ) -> AsyncIterator[VerbRuntime]:
     """A runtime over the configured database and (when a token is configured) Gitea, closed afterwards."""
+    async with open_runtimes(settings, [settings.repo_key], bootstrap_factory=bootstrap_factory,
+                             wakeup=wakeup) as runtimes:
+        yield runtimes[settings.repo_key]
+
+
+@asynccontextmanager
+async def open_runtimes(
+    settings: Settings, keys: Sequence[str], *, bootstrap_factory: BootstrapFactory | None = None,
+    wakeup: Callable[[], None] | None = None,
+) -> AsyncIterator[dict[str, VerbRuntime]]:
+    """One runtime per served repository in ``keys`` (each with its settings view and its own client), over one
+    database and one HTTP session, closed afterwards."""
     import aiohttp
 
     from bot.gitea import client_for
@@ -330,14 +405,42 @@ async def open_runtime(
     )
     try:
         async with aiohttp.ClientSession() as session:
-            gitea = client_for(session, settings)
-            runtime = VerbRuntime(db=db, settings=settings, gitea=gitea, bot_login=settings.gitea.bot_login or "")
-            if bootstrap_factory is not None:
-                runtime.bootstrap_factory = bootstrap_factory
-            runtime.wakeup = wakeup
-            yield runtime
+            runtimes: dict[str, VerbRuntime] = {}
+            for key in keys:
+                view = settings.for_repository(key)
+                runtime = VerbRuntime(db=db, settings=view, gitea=client_for(session, view),
+                                      bot_login=settings.gitea.bot_login or "")
+                if bootstrap_factory is not None:
+                    runtime.bootstrap_factory = bootstrap_factory
+                runtime.wakeup = wakeup
+                runtimes[key] = runtime
+            yield runtimes
     finally:
         await db.close()
+
+
+def repositories_of(settings: Settings, login: str) -> list[str]:
+    """The served repositories whose roster names ``login`` (case-insensitive), in configuration order; all of
+    them when none does (the identity is served, and each call refused ``not_authorized``)."""
+    keys = settings.repository_keys()
+    mine = [key for key in keys
+            if login.lower() in {name.lower() for name in settings.for_repository(key).roster}]
+    return mine or keys
+
+
+async def _run_binding(runtimes: Mapping[str, VerbRuntime], token: str | None) -> tuple[VerbRuntime, RunBinding] | None:
+    """The run a run token names, bound through its grant's repository's runtime (a sealed grant is bound to
+    its repository: its policy template and roster are that repository's)."""
+    first = next(iter(runtimes.values()))
+    binding = await bind_run(first, token)
+    if binding is None:
+        return None
+    runtime = runtimes.get(binding.grant.repo, first)
+    if runtime is not first:
+        binding = await bind_run(runtime, token)
+        if binding is None:
+            return None
+    return runtime, binding
 
 
 async def serve_stdio(settings: Settings, caller: Caller | None = None, *, run_token: str | None = None) -> int:
@@ -349,20 +452,26 @@ async def serve_stdio(settings: Settings, caller: Caller | None = None, *, run_t
     """
     if caller is None and (run_token is None or _utf8(run_token) is None):
         return 2
-    async with open_runtime(settings) as runtime:
+    keys = settings.repository_keys() if caller is None else repositories_of(settings, caller.login)
+    async with open_runtimes(settings, keys) as runtimes:
+        runtime = next(iter(runtimes.values()))
         if caller is None:
-            binding = await bind_run(runtime, run_token)
-            if binding is None:
+            bound = await _run_binding(runtimes, run_token)
+            if bound is None:
                 log.error("mcp: %s is not the token of any run; start one with `foreman run start`", TOKEN_ENV)
                 return 2
+            runtime, binding = bound
             server = binding.build_server(runtime)
             serving = f"run {binding.grant.run_id} of {binding.caller.login} (#{binding.grant.issue_number})"
             count = len(binding.tools())
         else:
-            server = build_server(runtime, caller)
+            doors = {key: RepositoryDoor(rt, caller_for(rt.settings, caller.login, "mcp"))
+                     for key, rt in runtimes.items()}
+            runtime = next(iter(runtimes.values()))
+            server = build_server(runtime, doors[runtime.settings.repo_key].caller, doors=doors)
             serving = f"{caller.login} ({', '.join(sorted(caller.roles)) or 'no roster role'})"
             count = len(offered_tools(caller))
-        log.info("mcp: serving %s on %s over stdio; %d tools", serving, runtime.repo, count)
+        log.info("mcp: serving %s on %s over stdio; %d tools", serving, ", ".join(runtimes), count)
         async with _wire_stdin() as lines, stdio_server(stdin=cast(Any, lines)) as (read_stream, write_stream):
             await server.run(read_stream, write_stream, server.create_initialization_options())
     return 0

@@ -126,6 +126,22 @@ class Metrics:
             "foreman_reconcile_seconds", "Time of one catch-up pass", registry=self.registry,
             buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
         )
+        # The same per served repository; the label is a configured repository's key, never a payload's.
+        self.reconcile_repository_last_success = Gauge(
+            "foreman_reconcile_repository_last_success_timestamp_seconds",
+            "When a repository's last catch-up pass finished reading Gitea (unix seconds; 0: none in this process)",
+            ["repository"], registry=self.registry,
+        )
+        self.reconcile_repository_found = Counter(
+            "foreman_reconcile_repository_found_total",
+            "Events catch-up found in a repository that no webhook had brought, by kind (issue, comment)",
+            ["repository", "kind"], registry=self.registry,
+        )
+        self.reconcile_repository_errors = Counter(
+            "foreman_reconcile_repository_errors_total",
+            "Catch-up passes that could not read a repository (its watermark stayed)",
+            ["repository"], registry=self.registry,
+        )
         self.reconcile_down_seconds = Gauge(
             "foreman_reconcile_down_seconds",
             "The window without the service found at start: from the last heartbeat to the start (seconds)",
@@ -149,6 +165,14 @@ class Metrics:
             "foreman_bootstrap_oldest_open_age_seconds", "Age of the oldest open bootstrap transition (0: none)",
             registry=self.registry,
         )
+
+    def serve_repositories(self, keys: list[str]) -> None:
+        """Create every served repository's catch-up series at zero (a repository never read still shows)."""
+        for key in keys:
+            self.reconcile_repository_last_success.labels(key)
+            self.reconcile_repository_errors.labels(key)
+            for kind in ("issue", "comment"):
+                self.reconcile_repository_found.labels(key, kind)
 
     async def refresh_state(self, db: Database) -> None:
         """Lease and journal gauges from the database (read-only, one query each); called on every scrape."""

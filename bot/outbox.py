@@ -122,9 +122,13 @@ class OutboxSender:
         *,
         on_complete: CompletionHook | None = None,
         on_failure: FailureHook | None = None,
+        clients: Callable[[str], OutboxGitea | None] | None = None,
     ) -> None:
         self.store = store
         self.gitea = gitea
+        #: The client of an entry's repository (many repositories in one process); None: not served here.
+        #: Without it every entry goes through ``gitea``.
+        self.clients = clients
         self.config = config
         self.metrics = metrics
         self.on_complete = on_complete
@@ -254,48 +258,62 @@ class OutboxSender:
         await self.store.retry_later(entry, error=error, next_attempt_at=utcnow() + timedelta(seconds=delay))
 
     # --- per kind: write, then read back and compare ------------------------------------------------------------------
+    def client_of(self, entry: OutboxEntry) -> OutboxGitea:
+        """The Gitea client of the entry's repository; GiteaError (the entry is parked) when this process does not
+        serve it."""
+        if self.clients is None:
+            return self.gitea
+        client = self.clients(entry.repo)
+        if client is None:
+            raise GiteaError(f"repository {entry.repo!r} is not served by this process (not in [[repositories]]): "
+                             "serve it again and `foreman outbox retry` the entry, or leave it parked")
+        return client
+
     async def send(self, entry: OutboxEntry) -> _Sent:
+        gitea = self.client_of(entry)
         if entry.kind == "comment":
-            return await self._comment(entry)
+            return await self._comment(gitea, entry)
         if entry.kind == "edit_comment":
             comment_id = int(entry.payload["comment_id"])
-            await self.gitea.edit_comment(comment_id, entry.payload["body"])
-            return await self._verify_comment(entry, comment_id, {"comment_id": comment_id, "adopted": False})
+            await gitea.edit_comment(comment_id, entry.payload["body"])
+            return await self._verify_comment(gitea, entry, comment_id, {"comment_id": comment_id, "adopted": False})
         if entry.kind == "labels":
-            return await self._labels(entry)
-        return await self._assignees(entry)
+            return await self._labels(gitea, entry)
+        return await self._assignees(gitea, entry)
 
-    async def _comment(self, entry: OutboxEntry) -> _Sent:
+    async def _comment(self, gitea: OutboxGitea, entry: OutboxEntry) -> _Sent:
         """Adopt a comment that already carries this key's marker (an earlier attempt whose answer was lost,
         or a crash before the commit); otherwise post it. Either way, verify it by reading it back."""
-        comments = await self.gitea.list_issue_comments(entry.issue_number)
+        comments = await gitea.list_issue_comments(entry.issue_number)
         mine = [c for c in comments if find_marker(c.body) == entry.key]
         if mine:
             comment_id, adopted = mine[0].id, True
             if len(mine) > 1:
                 log.warning("outbox %s: %d comments carry this marker; adopting the oldest", entry.key, len(mine))
         else:
-            comment_id, adopted = (await self.gitea.create_comment(entry.issue_number, entry.payload["body"])).id, False
+            comment_id, adopted = (await gitea.create_comment(entry.issue_number, entry.payload["body"])).id, False
         result = {"comment_id": comment_id, "adopted": adopted, "duplicates": [c.id for c in mine[1:]]}
-        return await self._verify_comment(entry, comment_id, result)
+        return await self._verify_comment(gitea, entry, comment_id, result)
 
-    async def _verify_comment(self, entry: OutboxEntry, comment_id: int, result: dict[str, Any]) -> _Sent:
+    async def _verify_comment(
+        self, gitea: OutboxGitea, entry: OutboxEntry, comment_id: int, result: dict[str, Any]
+    ) -> _Sent:
         intended = entry.payload["body"]
         for attempt in range(1, self.config.verify_attempts + 1):
-            comment = await self.gitea.get_comment(comment_id)
+            comment = await gitea.get_comment(comment_id)
             observed = comment.body
             if observed == intended:
                 return _Sent({**result, **_comment_result(comment), "verified": True, "verify_attempts": attempt})
             if attempt < self.config.verify_attempts:
                 log.warning("outbox %s: comment %d differs from the intent; writing it again", entry.key, comment_id)
-                await self.gitea.edit_comment(comment_id, intended)
+                await gitea.edit_comment(comment_id, intended)
         raise VerificationMismatch(
             f"comment {comment_id} does not hold the intended body after {self.config.verify_attempts} checks",
             observed={"intended": intended, "observed": observed},
             result=result,
         )
 
-    async def _labels(self, entry: OutboxEntry) -> _Sent:
+    async def _labels(self, gitea: OutboxGitea, entry: OutboxEntry) -> _Sent:
         """Add, then remove by id (deltas: labels someone else set meanwhile stay), then read the issue back.
 
         Removal waits until every added label is on the issue: Gitea ignores an unknown label name, and
@@ -306,19 +324,19 @@ class OutboxSender:
         remove = set(entry.payload.get("remove", []))
         result: dict[str, Any] = {"labels": []}
         for _ in range(self.config.verify_attempts):
-            current = {label.name: label.id for label in await self.gitea.list_issue_labels(number)}
+            current = {label.name: label.id for label in await gitea.list_issue_labels(number)}
             missing = sorted(add - set(current))
             if missing:
-                ids = await self._label_ids(missing)
+                ids = await self._label_ids(gitea, missing)
                 refs: list[int] | list[str] = [ids[name] for name in missing if name in ids]
                 # Unresolvable names are sent as names (Gitea ignores them; verification names the gap).
                 if len(refs) < len(missing):
                     refs = missing
-                current = {label.name: label.id for label in await self.gitea.add_labels(number, refs)}
+                current = {label.name: label.id for label in await gitea.add_labels(number, refs)}
             if add <= set(current):
                 for name in sorted(remove & set(current)):
-                    await self.gitea.remove_label(number, current[name])
-            result = _labels_result(await self.gitea.get_issue(number))
+                    await gitea.remove_label(number, current[name])
+            result = _labels_result(await gitea.get_issue(number))
             names = set(result["labels"])
             if add <= names and not (remove & names):
                 return _Sent({**result, "verified": True})
@@ -328,16 +346,16 @@ class OutboxSender:
             result=result,
         )
 
-    async def _label_ids(self, names: list[str]) -> dict[str, int]:
+    async def _label_ids(self, gitea: OutboxGitea, names: list[str]) -> dict[str, int]:
         """Label ids by name: the repository's labels, then (for names still missing) the owner org's.
 
         Adding by id works for org labels in every version; by name, Gitea 1.22 resolves repository labels
         only (routers/api/v1/repo/issue_label.go prepareForReplaceOrAdd), so a sync by name would never
         verify where the ``status:*`` labels are org labels."""
-        found = {label.name: label.id for label in await self.gitea.list_repo_labels() if label.name in names}
+        found = {label.name: label.id for label in await gitea.list_repo_labels() if label.name in names}
         if set(names) - set(found):
             try:
-                org_labels = await self.gitea.list_org_labels(self.gitea.owner)
+                org_labels = await gitea.list_org_labels(gitea.owner)
             except GiteaNotFound:
                 org_labels = []  # a user-owned repository
             for label in org_labels:
@@ -345,13 +363,13 @@ class OutboxSender:
                     found.setdefault(label.name, label.id)
         return found
 
-    async def _assignees(self, entry: OutboxEntry) -> _Sent:
+    async def _assignees(self, gitea: OutboxGitea, entry: OutboxEntry) -> _Sent:
         wanted = {login.lower() for login in entry.payload["assignees"]}
         observed: set[str] = set()
         for _ in range(self.config.verify_attempts):
             # Add first, then remove: a login Gitea cannot assign never costs the others (set_assignees).
-            await self.gitea.set_assignees(entry.issue_number, sorted(entry.payload["assignees"]))
-            issue = await self.gitea.get_issue(entry.issue_number)
+            await gitea.set_assignees(entry.issue_number, sorted(entry.payload["assignees"]))
+            issue = await gitea.get_issue(entry.issue_number)
             observed = {user.login.lower() for user in issue.assignees}
             if observed == wanted:
                 return _Sent({"assignees": sorted(observed), "verified": True})

@@ -15,6 +15,7 @@ from typing import Any, Protocol
 
 from bot.core import reconcile as core
 from bot.core.intake import Delivery
+from bot.core.issue_state import repo_key
 from bot.metrics import Metrics
 from bot.tasks import cancel_and_wait
 from state.db import Database, to_db_time, utcnow
@@ -117,7 +118,7 @@ class Reconciler:
         self.db = db
         self.store = store
         self.gitea = gitea
-        self.repo = f"{owner}/{name}"
+        self.repo = repo_key(f"{owner}/{name}")  # the key every store files the repository under
         self.owner, self.name = owner, name
         self.interval_s = interval_s
         self.overlap_s = overlap_s
@@ -244,6 +245,7 @@ class Reconciler:
             self.status.last_error = message
             self.status.errors_total += 1
             self.metrics.reconcile_errors.inc()
+            self.metrics.reconcile_repository_errors.labels(self.repo).inc()
             log.error("catch-up pass %d could not read Gitea (%s); the watermark stays, the next pass in %.0fs "
                       "reads the same window", pass_id, message, self.interval_s)
             await self._finish(pass_id, "error", None, calls, read_issues, read_comments, found, message)
@@ -283,9 +285,11 @@ class Reconciler:
             self.status.last_success_at = time.time()
             self.status._mark = last.watermark
             self.metrics.reconcile_last_success.set(self.status.last_success_at)
+            self.metrics.reconcile_repository_last_success.labels(self.repo).set(self.status.last_success_at)
             for kind, count in last.found.items():
                 self.status.found_total[kind] = self.status.found_total.get(kind, 0) + count
                 self.metrics.reconcile_found.labels(kind).inc(count)
+                self.metrics.reconcile_repository_found.labels(self.repo, kind).inc(count)
         with contextlib.suppress(Exception):
             await self.passes.beat(self.repo)
         return last

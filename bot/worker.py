@@ -8,7 +8,7 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -25,6 +25,7 @@ from bot.metrics import Metrics
 from bot.tasks import cancel_and_wait
 from state.db import utcnow
 from state.deliveries import DeliveryStore, StoredDelivery
+from state.outbox import acting_for
 
 log = logging.getLogger("foreman.worker")
 
@@ -52,16 +53,15 @@ class Worker:
         config: WorkerConfig,
         metrics: Metrics,
         *,
-        deps: HandlerDeps,
-        served: frozenset[str] = frozenset(),
+        routes: Mapping[str, HandlerDeps],
     ) -> None:
         self.store = store
-        self.served = served
         self.router = router
         self.config = config
         self.metrics = metrics
-        #: Replaced (never mutated) by the composition root when the Gitea client exists, before start().
-        self.deps = deps
+        #: Each served repository's key (``owner/name`` in lower case) -> its handlers' dependencies. Replaced
+        #: (never mutated) by the composition root when the Gitea clients exist, before start().
+        self.routes: dict[str, HandlerDeps] = dict(routes)
         self.worker_id = f"worker-{uuid.uuid4().hex[:12]}"
         self.wakeup = asyncio.Event()
         self.last_tick = time.monotonic()
@@ -70,6 +70,18 @@ class Worker:
         self._inflight: dict[int, asyncio.Task[None]] = {}
         #: Deliveries whose settling commit is being retried (pk -> since when, epoch seconds).
         self.settles_retrying: dict[int, float] = {}
+
+    @property
+    def served(self) -> frozenset[str]:
+        """The served repositories' ``owner/name``, case-folded (what ``refuse_dispatch`` checks)."""
+        return frozenset(key.casefold() for key in self.routes)
+
+    def route(self, payload: Any) -> tuple[str, HandlerDeps]:
+        """The repository key and dependencies of a delivery ``refuse_dispatch`` let through (its
+        ``repository.full_name`` is served, compared case-insensitively)."""
+        folded = str(payload["repository"]["full_name"]).casefold()
+        key = next(key for key in self.routes if key.casefold() == folded)
+        return key, self.routes[key]
 
     # --- lifecycle ----------------------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -186,7 +198,9 @@ class Worker:
             if refusal is not None:
                 await self._durably(delivery, owner, lambda: self._settle_refusal(delivery, owner, refusal))
             else:
-                results, unrecorded = await self.run_handlers(delivery, payload)
+                key, deps = self.route(payload)
+                with acting_for(key):
+                    results, unrecorded = await self.run_handlers(delivery, payload, deps=deps)
 
                 async def settle() -> None:
                     await self._settle(delivery, owner, results, unrecorded)
@@ -263,20 +277,23 @@ class Worker:
                 self.metrics.worker_settles_retrying.set(len(self.settles_retrying))
 
     async def run_handlers(
-        self, delivery: StoredDelivery, payload: Any = None
+        self, delivery: StoredDelivery, payload: Any = None, *, deps: HandlerDeps | None = None
     ) -> tuple[dict[str, str | None], dict[str, str | None]]:
         """Run every matching handler not yet done for this delivery, in the router's declared order; one failure
         never stops the others.
 
         Returns (every result of this run, the results not yet recorded): handler → error (None: done). Each
         result is recorded as soon as a later sibling is about to run (so a crash never repeats a finished
-        sibling); the last one is recorded in the commit that settles the delivery (one commit fewer).
+        sibling); the last one is recorded in the commit that settles the delivery (one commit fewer). ``deps``:
+        the delivery's repository's (default: the first served repository's).
         """
         data = json.loads(delivery.body) if payload is None else payload
+        if deps is None:
+            deps = next(iter(self.routes.values()))
         event = sansio.Event(data, event=delivery.event, delivery_id=delivery.delivery_id)
         already = await self.store.done_handlers(delivery.pk)
         adapter = logging.LoggerAdapter(log, {"delivery": delivery.delivery_id, "event": delivery.event})
-        context = HandlerContext(delivery=delivery, log=adapter, deps=self.deps)
+        context = HandlerContext(delivery=delivery, log=adapter, deps=deps)
         results: dict[str, str | None] = {}
         pending: dict[str, str | None] = {}
         try:

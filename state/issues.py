@@ -284,7 +284,7 @@ class IssueStore:
                 await leases.release(conn, lease_id, actor="foreman", reason=ISSUE_DELETED, now=moment)
                 ended += 1
             reason = f"{ISSUE_DELETED} by {sender}" if sender else f"{ISSUE_DELETED} (found by the outbox)"
-            cancelled = await cancel_issue_entries(conn, number, reason=reason, now=moment)
+            cancelled = await cancel_issue_entries(conn, number, reason=reason, now=moment, repo=repo)
             return ended, cancelled, False
 
     async def record_outbox_labels(self, repo: str, entry: OutboxEntry, result: dict[str, Any]) -> IssueSnapshot:

@@ -45,9 +45,9 @@ async def plan_sync(
                            now)
         return
     async with conn.execute(
-        "SELECT payload_json FROM outbox WHERE issue_number = ? AND kind = 'labels'"
+        "SELECT payload_json FROM outbox WHERE repo IN (?, '') AND issue_number = ? AND kind = 'labels'"
         " AND status IN ('pending', 'sending') ORDER BY id",
-        (snapshot.number,),
+        (snapshot.repo, snapshot.number),
     ) as cur:
         open_changes = [json.loads(row[0]) for row in await cur.fetchall()]
     projected = project_labels(snapshot.label_names, open_changes)

@@ -602,4 +602,15 @@ MIGRATIONS: tuple[tuple[int, str, str], ...] = (
         CREATE INDEX teardowns_issue ON teardowns (repo, issue_number);
         """,
     ),
+    (
+        13,
+        "outbox: each entry filed under its repository (many repositories in one process)",
+        """
+        ALTER TABLE outbox ADD COLUMN repo TEXT NOT NULL DEFAULT '';
+        DROP INDEX outbox_idempotency_key;
+        CREATE UNIQUE INDEX outbox_idempotency_key ON outbox (repo, idempotency_key);
+        DROP INDEX outbox_issue;
+        CREATE INDEX outbox_issue ON outbox (repo, issue_number, id);
+        """,
+    ),
 )

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import json
 import sqlite3
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Literal
@@ -17,6 +20,23 @@ OutboxKind = Literal["comment", "edit_comment", "labels", "assignees"]
 OutboxStatus = Literal["pending", "sending", "done", "verification_failed", "parked"]
 KINDS: tuple[OutboxKind, ...] = ("comment", "edit_comment", "labels", "assignees")
 OUTBOX_STATUSES: tuple[OutboxStatus, ...] = ("pending", "sending", "done", "verification_failed", "parked")
+
+
+#: The repository (its repo key) the running task acts for. Each door that runs work for one repository sets it
+#: (``acting_for``): the worker per delivery, the verb door per call, catch-up, start-up recovery, the outbox
+#: hooks. ``enqueue`` files the entry under it, and the sender sends it with that repository's client.
+#: Unset (``""``): an entry of the first configured repository (what every entry was before many repositories).
+ACTING_REPO: ContextVar[str] = ContextVar("foreman_acting_repo", default="")
+
+
+@contextmanager
+def acting_for(repo: str) -> Iterator[None]:
+    """Within the block, outbox entries are filed under ``repo`` (a repo key, ``owner/name`` in lower case)."""
+    token = ACTING_REPO.set(repo)
+    try:
+        yield
+    finally:
+        ACTING_REPO.reset(token)
 
 
 class OutboxInputError(ValueError):
@@ -94,6 +114,8 @@ class OutboxEntry:
     created_at: str
     sent_at: str | None
     version: int
+    #: The repository's key ("" for an entry stored before entries were filed by repository: the first one's).
+    repo: str = ""
 
     def summary(self) -> dict[str, Any]:
         return {
@@ -110,12 +132,13 @@ class OutboxEntry:
             "delivery": self.delivery_id,
             "created_at": self.created_at,
             "sent_at": self.sent_at,
+            "repo": self.repo,
         }
 
 
 _COLUMNS = (
     "id, idempotency_key, issue_number, kind, payload_json, status, attempts, next_attempt_at, result_json,"
-    " observed_json, last_error, delivery_id, created_at, sent_at, version"
+    " observed_json, last_error, delivery_id, created_at, sent_at, version, repo"
 )
 
 
@@ -131,13 +154,15 @@ def _loads(text: str | None) -> Any:
 async def enqueue(conn: aiosqlite.Connection, intent: OutboxIntent, *, now: datetime | None = None) -> bool:
     """Store an intent INSIDE the caller's open transaction (so it commits or rolls back with its cause).
 
-    Returns False when the idempotency key is already stored: processing the same cause twice adds nothing.
+    Returns False when the idempotency key is already stored for the repository: processing the same cause twice
+    adds nothing. The entry is filed under the repository the task acts for (``ACTING_REPO``).
     """
     moment = to_db_time(now or utcnow())
     cursor = await conn.execute(
-        "INSERT INTO outbox (idempotency_key, issue_number, kind, payload_json, status, delivery_id,"
-        " created_at, updated_at) VALUES (?, ?, ?, ?, 'pending', ?, ?, ?) ON CONFLICT DO NOTHING",
+        "INSERT INTO outbox (repo, idempotency_key, issue_number, kind, payload_json, status, delivery_id,"
+        " created_at, updated_at) VALUES (?, ?, ?, ?, ?, 'pending', ?, ?, ?) ON CONFLICT DO NOTHING",
         (
+            ACTING_REPO.get(),
             intent.key,
             intent.issue_number,
             intent.kind,
@@ -152,16 +177,20 @@ async def enqueue(conn: aiosqlite.Connection, intent: OutboxIntent, *, now: date
     return inserted
 
 
-async def cancel_issue_entries(conn: aiosqlite.Connection, issue_number: int, *, reason: str, now: datetime) -> int:
+async def cancel_issue_entries(
+    conn: aiosqlite.Connection, issue_number: int, *, reason: str, now: datetime, repo: str | None = None
+) -> int:
     """Inside the caller's transaction: the issue's open entries that no sender holds (pending, or
     verification_failed) are parked as ``cancelled: REASON`` and marked hooked (no failure hook: nothing was
-    tried). An entry being sent settles on its own (a deleted issue answers GiteaIssueGone)."""
+    tried). An entry being sent settles on its own (a deleted issue answers GiteaIssueGone). Only the entries of
+    the repository the task acts for (``repo``, else ``ACTING_REPO``): another repository's issue of the same
+    number is untouched."""
     moment = to_db_time(now)
     cursor = await conn.execute(
         "UPDATE outbox SET status = 'parked', last_error = ?, claimed_by = NULL, claimed_at = NULL,"
         " hooked_at = ?, updated_at = ?, version = version + 1"
-        " WHERE issue_number = ? AND status IN ('pending', 'verification_failed')",
-        (f"cancelled: {reason}", moment, moment, issue_number),
+        " WHERE repo IN (?, '') AND issue_number = ? AND status IN ('pending', 'verification_failed')",
+        (f"cancelled: {reason}", moment, moment, ACTING_REPO.get() if repo is None else repo, issue_number),
     )
     count = cursor.rowcount
     await cursor.close()
@@ -187,7 +216,7 @@ class OutboxStore:
         async with self._db.reader.execute(
             f"SELECT {_COLUMNS} FROM outbox o WHERE o.id IN"  # noqa: S608
             " (SELECT MIN(id) FROM outbox WHERE status IN ('pending', 'sending', 'verification_failed', 'parked')"
-            "  GROUP BY issue_number)"
+            "  GROUP BY repo, issue_number)"
             " AND ((o.status = 'pending' AND (o.next_attempt_at IS NULL OR o.next_attempt_at <= ?))"
             "   OR (o.status = 'sending' AND o.claimed_at < ?))"
             " ORDER BY o.id LIMIT ?",
@@ -252,6 +281,15 @@ class OutboxStore:
                 (to_db_time(utcnow()), error, entry_id),
             )
 
+    async def adopt_unscoped(self, repo: str) -> int:
+        """File every entry stored before entries were filed by repository (``repo = ''``) under ``repo``, the
+        first configured repository (the one such a database served). Returns how many."""
+        async with self._db.transaction() as conn:
+            cursor = await conn.execute("UPDATE outbox SET repo = ? WHERE repo = ''", (repo,))
+            count = cursor.rowcount
+            await cursor.close()
+        return count
+
     async def unhooked(self, *, limit: int = 50) -> list[OutboxEntry]:
         """Settled entries whose hook never ran (the process died in between)."""
         async with self._db.reader.execute(
@@ -292,10 +330,14 @@ class OutboxStore:
             row = await cur.fetchone()
         return _entry(row) if row is not None else None
 
-    async def for_issue(self, issue_number: int) -> list[OutboxEntry]:
-        """Every entry of one issue, oldest first, in one read."""
+    async def for_issue(self, issue_number: int, *, repo: str | None = None) -> list[OutboxEntry]:
+        """Every entry of one issue, oldest first, in one read (of the repository ``repo`` when given; its
+        unscoped entries count as its own)."""
+        where, params = "issue_number = ?", list[object]([issue_number])
+        if repo is not None:
+            where, params = where + " AND repo IN (?, '')", [*params, repo]
         async with self._db.reader.execute(
-            f"SELECT {_COLUMNS} FROM outbox WHERE issue_number = ? ORDER BY id", (issue_number,)  # noqa: S608
+            f"SELECT {_COLUMNS} FROM outbox WHERE {where} ORDER BY id", params  # noqa: S608
         ) as cur:
             return [_entry(row) for row in await cur.fetchall()]
 

@@ -61,6 +61,23 @@ def seed_foreman(emu: Emulator, users: Mapping[str, str]) -> None:
         emu.create_label(OWNER, REPO, label, color="#00aa00")
 
 
+def seed_sibling_repository(emu: Emulator, name: str, *, authors: Mapping[str, str] | None = None) -> None:
+    """Another repository of ``acme``, seeded as ``seed_acme_widgets`` and ``seed_foreman`` seed acme/widgets (a
+    README, the same permissions and labels, foreman's status labels), with ``authors`` (login -> token) added as
+    users who may write to it: two repositories served by one process, each with its own issue numbers."""
+    for login, token in (authors or {}).items():
+        if emu.find_user(login) is None:
+            emu.add_user(login, token=token)
+    emu.create_repo(OWNER, name, files={"README.md": f"# {name}\n"})
+    emu.set_permission(OWNER, name, BOT, "admin")
+    emu.set_permission(OWNER, name, "alice", "write")
+    emu.set_permission(OWNER, name, "bob", "read")
+    for label in LABELS:
+        emu.create_label(OWNER, name, label, exclusive=label.startswith("status/"), description=f"{label} label")
+    for label in status_labels():
+        emu.create_label(OWNER, name, label, color="#00aa00")
+
+
 @dataclass
 class LiveEmulator:
     """A seeded emulator served on loopback, with a client session for tests."""
@@ -69,11 +86,12 @@ class LiveEmulator:
     base_url: str
     session: aiohttp.ClientSession
 
-    def client(self, login: str = BOT, **options: Any) -> GiteaClient:
-        """A GiteaClient for ``acme/widgets`` authenticated as ``login`` (fast backoff for tests)."""
+    def client(self, login: str = BOT, *, repo: str = REPO, **options: Any) -> GiteaClient:
+        """A GiteaClient for ``acme/<repo>`` (default acme/widgets) authenticated as ``login`` (fast backoff for
+        tests)."""
         options.setdefault("backoff_base_s", 0.005)
         options.setdefault("timeout_s", 5.0)
-        return GiteaClient(self.session, base_url=self.base_url, token=TOKENS[login], owner=OWNER, repo=REPO, **options)
+        return GiteaClient(self.session, base_url=self.base_url, token=TOKENS[login], owner=OWNER, repo=repo, **options)
 
     def api(self, path: str) -> str:
         """Absolute URL of an API path (``/repos/...``)."""

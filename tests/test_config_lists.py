@@ -35,7 +35,7 @@ def test_every_list_valued_key_is_known_to_this_audit() -> None:
             found.add(section)
     assert found == {
         "webhook.secrets", "allocator.priority_labels", "allocator.protected_issues", "allocator.protected_labels",
-        "roster",
+        "roster", "repositories",
     }
 
 
@@ -85,6 +85,11 @@ def test_a_list_from_the_environment_takes_every_element_or_refuses_naming_the_k
         ("[allocator]\nprotected_labels = ['', 'keep']\n", "allocator.protected_labels.0"),
         ("[roster]\nalice = 'author'\n", "roster.alice"),
         ("[webhook]\nsecrets = 'a-secret-of-sufficient-length'\n", "webhook.secrets"),
+        ("repositories = 'acme/widgets'\n", "repositories"),
+        ("[[repositories]]\nowner = 'acme'\n", "repositories.0.name"),
+        ("[[repositories]]\nowner = 'acme'\nname = 'w'\n[[repositories]]\nname = 'g'\n", "repositories.1.owner"),
+        ("[[repositories]]\nowner = 'acme'\nname = 'w'\nroster = { alice = 'author' }\n",
+         "repositories.0.roster.alice"),
     ],
 )
 def test_a_list_from_toml_takes_every_element_or_refuses_naming_the_key(tmp_path: Path, text: str, key: str) -> None:
@@ -106,3 +111,7 @@ def test_good_lists_keep_every_element(tmp_path: Path) -> None:
     assert settings.allocator.priority_labels == ["p0", "p1", "p2"]
     assert settings.roster["alice"] == ["author", "reviewer"]
     assert len(settings.webhook_secrets()) == 2
+    many = _load(tmp_path, "[[repositories]]\nowner = 'acme'\nname = 'w'\n[[repositories]]\nowner = 'acme'\n"
+                 "name = 'g'\nroster = { alice = ['author', 'reviewer'] }\n")
+    assert many.repository_keys() == ["acme/w", "acme/g"]
+    assert many.for_repository("acme/g").roster == {"alice": ["author", "reviewer"]}

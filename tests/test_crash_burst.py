@@ -1,4 +1,5 @@
-"""A real `foreman serve` SIGKILLed during a burst of ~200 deliveries, restarted, then checked by bot.invariants."""
+"""A real `foreman serve` of two repositories SIGKILLed and stopped during a burst of ~200 deliveries, restarted,
+then checked by bot.invariants for each repository."""
 
 # Checked by code: no lease without evidence, no evidence without a lease, no orphan worktree, no duplicate comment,
 # no delivery lost or stuck.
@@ -8,6 +9,9 @@
 # owners' `/release`, `/heartbeat` and `/bootstrap`, Canonical Issue State blocks from a writer (making issues
 # ready again) and from a reader (untrusted), and plain chatter. The emulator signs and sends every webhook; those
 # sent while the service is down are lost, as with Gitea, and replayed afterwards as the operator guide says.
+# Two repositories of one organization (acme/widgets and acme/gadgets, each with issues #1-#16) are served by the
+# one process over one org hook; every operation picks one of them. One of the stops is an outage: the service is
+# stopped while maintainers label issues of both repositories ready, and started again after.
 #
 # Seeded: ``FOREMAN_CRASH_SEED=<n>`` replays a run's choices (operations, kill points); the seed is printed and
 # named in every failure. Process timing stays real, so two runs of one seed may kill at different instants.
@@ -34,7 +38,17 @@ from bot import invariants
 from bot.config_writer import write_config
 from bot.core.canonical import CanonicalState, render
 from bot.emulator.webhooks import SentWebhook
-from tests.gitea_fixtures import BOT, OWNER, REPO, TOKENS, LiveEmulator, live_emulator, scratch_dir, seed_foreman
+from tests.gitea_fixtures import (
+    BOT,
+    OWNER,
+    REPO,
+    TOKENS,
+    LiveEmulator,
+    live_emulator,
+    scratch_dir,
+    seed_foreman,
+    seed_sibling_repository,
+)
 from tests.support import SECRET, serve_config
 from tests.test_process import ServeProcess
 
@@ -47,17 +61,22 @@ USER_TOKENS = {
 ISSUES = 16
 OPERATIONS = 200
 READY = "status:ready"
+SIBLING = "gadgets"
+REPOSITORIES = (REPO, SIBLING)
 
 
 def _config(proc: ServeProcess, base_url: str, root: Path) -> dict[str, Any]:
     retries = {"concurrency": 4, "max_attempts": 10}
-    return serve_config(proc.port, proc.db, base_url, root, {
+    document = serve_config(proc.port, proc.db, base_url, root, {
         "worker": retries,
         "outbox": {**retries, "poll_interval_s": 0.1, "claim_ttl_s": 1.5, "backoff_base_s": 0.05, "backoff_max_s": 0.5},
         "allocator": {"auto_allocate_owner": "author-1"},
         "bootstrap": {"on_allocate": "run", "lock_wait_s": 10.0},
         "roster": {"controller-bot": ["controller"], **{a: ["author"] for a in AUTHORS}},
     })
+    checkouts = document.pop("repository")["checkout_root"]
+    document["repositories"] = [{"owner": OWNER, "name": name, "checkout_root": checkouts} for name in REPOSITORIES]
+    return document
 
 
 def _state_block(state: str, who: str, author: str) -> str:
@@ -81,17 +100,22 @@ def _state_block(state: str, who: str, author: str) -> str:
 @dataclass(frozen=True)
 class Kill:
     at_op: int  # not before the driver has done this many operations
-    moment: str  # "anytime", or the first moment seen inside a "bootstrap", an "outbox" send or a "handler"
+    #: "anytime", or the first moment seen inside a "bootstrap", an "outbox" send or a "handler" (SIGKILL); or
+    #: "outage": SIGTERM, then issues of both repositories are labelled ready while the service is down
+    moment: str
     delay: float  # seconds to wait first
     down: float  # seconds the service stays down
 
 
 def plan_kills(rng: random.Random) -> list[Kill]:
-    """2-4 kill points: spread over the burst, each with its moment, delay and downtime; the last one near the
-    end of the burst and inside a bootstrap, where fewer later deliveries could hide what it left behind."""
-    at_ops = sorted(rng.sample(range(15, OPERATIONS - 20, 8), rng.randint(1, 3)))
+    """3-5 stops: spread over the burst, each with its moment, delay and downtime; one of them an outage; the last
+    one near the end of the burst and inside a bootstrap, where fewer later deliveries could hide what it left
+    behind."""
+    at_ops = sorted(rng.sample(range(15, OPERATIONS - 20, 8), rng.randint(2, 4)))
+    outage = rng.randrange(len(at_ops))
     moments = ["anytime", "bootstrap", "outbox", "handler"]
-    kills = [Kill(at, rng.choice(moments), rng.uniform(0.0, 0.3), rng.uniform(0.1, 0.8)) for at in at_ops]
+    kills = [Kill(at, "outage" if i == outage else rng.choice(moments), rng.uniform(0.0, 0.3), rng.uniform(0.1, 0.8))
+             for i, at in enumerate(at_ops)]
     return [*kills, Kill(OPERATIONS - rng.randint(0, 10), "bootstrap", rng.uniform(0.0, 0.2), rng.uniform(0.1, 0.8))]
 
 
@@ -104,63 +128,73 @@ class Burst:
     proc: ServeProcess
     hook_url: str
     rng: random.Random = field(init=False)
+    #: The outages' own choices (the driver's RNG runs concurrently: sharing it would make a seed's runs differ).
+    outage_rng: random.Random = field(init=False)
     done_ops: int = 0
     kills: list[str] = field(default_factory=list)
     ops: dict[str, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.rng = random.Random(self.seed)
+        self.outage_rng = random.Random(self.seed ^ 0x0DD)
 
-    def live_leases(self) -> list[tuple[int, str]]:
-        """(issue, owner) of the live leases, read from the database (the driver acts like an informed user)."""
+    def live_leases(self, name: str) -> list[tuple[int, str]]:
+        """(issue, owner) of the live leases of repository ``name``, read from the database (the driver acts like
+        an informed user)."""
         if not self.proc.db.exists():
             return []
         try:
             with sqlite3.connect(f"file:{self.proc.db}?mode=ro", uri=True) as conn:
-                rows = conn.execute("SELECT issue_number, owner FROM leases WHERE status = 'live'").fetchall()
+                rows = conn.execute("SELECT issue_number, owner FROM leases WHERE status = 'live' AND repo = ?",
+                                    (f"{OWNER}/{name}",)).fetchall()
         except sqlite3.Error:
             return []
         return [(int(n), str(o)) for n, o in rows]
 
-    async def api(self, login: str, method: str, path: str, body: object) -> None:
+    async def api(self, login: str, method: str, path: str, body: object, *, name: str = REPO) -> None:
         session = self.live.session
-        url = self.live.api(f"/repos/{OWNER}/{REPO}{path}")
+        url = self.live.api(f"/repos/{OWNER}/{name}{path}")
         headers = {"Authorization": f"token {USER_TOKENS[login]}"}
         async with session.request(method, url, json=body, headers=headers) as resp:
             assert resp.status < 300, f"seed {self.seed}: {method} {path} as {login}: {resp.status} {await resp.text()}"
 
-    async def comment(self, login: str, number: int, body: str) -> None:
-        await self.api(login, "POST", f"/issues/{number}/comments", {"body": body})
-
     async def operation(self) -> None:
-        """One user action through the emulator's API (one webhook delivery to foreman)."""
+        """One user action in one of the two repositories through the emulator's API (one webhook delivery)."""
         rng = self.rng
+        name = rng.choice(REPOSITORIES)
         number = rng.randint(1, ISSUES)
-        leases = self.live_leases()
+        leases = self.live_leases(name)
+
+        async def api(login: str, method: str, path: str, body: object) -> None:
+            await self.api(login, method, path, body, name=name)
+
+        async def comment(login: str, number: int, body: str) -> None:
+            await api(login, "POST", f"/issues/{number}/comments", {"body": body})
+
         kind = rng.choices(
             ["label", "ready_state", "allocate", "release", "heartbeat", "bootstrap", "untrusted", "chatter"],
             weights=[22, 12, 24, 16, 5, 5, 6, 10],
         )[0]
         self.ops[kind] = self.ops.get(kind, 0) + 1
         if kind == "label":
-            await self.api("alice", "POST", f"/issues/{number}/labels", {"labels": [READY]})
+            await api("alice", "POST", f"/issues/{number}/labels", {"labels": [READY]})
         elif kind == "ready_state":
             leased = {n for n, _ in leases}
             free = [n for n in range(1, ISSUES + 1) if n not in leased] or [number]
-            await self.comment("alice", rng.choice(free), _state_block("ready", "controller", "alice"))
+            await comment("alice", rng.choice(free), _state_block("ready", "controller", "alice"))
         elif kind == "allocate":
-            await self.comment("controller-bot", number, f"/allocate --owner {rng.choice(AUTHORS)}")
+            await comment("controller-bot", number, f"/allocate --owner {rng.choice(AUTHORS)}")
         elif kind in ("release", "heartbeat", "bootstrap"):
             if leases and rng.random() < 0.85:
                 number, owner = rng.choice(sorted(leases))
             else:
                 owner = rng.choice(AUTHORS)  # most likely not the owner: a not_authorized reply
             command = {"release": "/release done for now", "heartbeat": "/heartbeat", "bootstrap": "/bootstrap"}
-            await self.comment(owner, number, command[kind])
+            await comment(owner, number, command[kind])
         elif kind == "untrusted":
-            await self.comment("bob", number, _state_block("done", "human", "bob"))
+            await comment("bob", number, _state_block("done", "human", "bob"))
         else:
-            await self.comment(rng.choice(["bob", "alice"]), number, f"note {rng.randrange(10**6)}")
+            await comment(rng.choice(["bob", "alice"]), number, f"note {rng.randrange(10**6)}")
 
     async def drive(self) -> None:
         for _ in range(OPERATIONS):
@@ -189,12 +223,19 @@ class Burst:
             while self.done_ops < kill.at_op:
                 await asyncio.sleep(0.01)
             await asyncio.sleep(kill.delay)
-            if kill.moment != "anytime":
+            if kill.moment not in ("anytime", "outage"):
                 deadline = time.monotonic() + 2.0
                 while not self.busy(kill.moment) and time.monotonic() < deadline:
                     await asyncio.sleep(0.003)
-            await self.proc.kill()
-            self.kills.append(f"{kill.moment}@{self.done_ops}")
+            if kill.moment == "outage":
+                assert await self.proc.terminate() == 0, f"seed {self.seed}: the service did not stop cleanly"
+                self.kills.append(f"outage@{self.done_ops}")
+                for name in REPOSITORIES:  # labelled while nobody listens: these webhooks are lost
+                    for number in sorted(self.outage_rng.sample(range(1, ISSUES + 1), 2)):
+                        await self.api("alice", "POST", f"/issues/{number}/labels", {"labels": [READY]}, name=name)
+            else:
+                await self.proc.kill()
+                self.kills.append(f"{kill.moment}@{self.done_ops}")
             await asyncio.sleep(kill.down)
             await self.proc.start("serve", "--config", str(self.proc.config))
 
@@ -263,12 +304,15 @@ async def test_sigkill_during_a_burst_of_deliveries_leaves_every_issue_consisten
     async with live_emulator() as live:
         emu = live.emulator
         seed_foreman(emu, {login: USER_TOKENS[login] for login in ("controller-bot", *AUTHORS)})
-        for n in range(1, ISSUES + 1):
-            emu.create_issue(OWNER, REPO, title=f"Crash burst work item {n}", author="alice")
+        seed_sibling_repository(emu, SIBLING)
+        for name in REPOSITORIES:
+            for n in range(1, ISSUES + 1):
+                emu.create_issue(OWNER, name, title=f"Crash burst work item {n} of {name}", author="alice")
+        emu.make_org(OWNER)
         proc = ServeProcess(scratch, module="bot", config=scratch / "foreman.toml")
         write_config(proc.config, _config(proc, live.base_url, scratch))
         hook_url = f"{proc.url}/webhook"
-        emu.add_hook(OWNER, REPO, url=hook_url, secret=SECRET, events=["issues"])
+        emu.add_org_hook(OWNER, url=hook_url, secret=SECRET, events=["issues"])
         burst = Burst(seed, live, proc, hook_url)
         kills = plan_kills(random.Random(seed ^ 0x5EED))
         try:
@@ -276,20 +320,34 @@ async def test_sigkill_during_a_burst_of_deliveries_leaves_every_issue_consisten
             await asyncio.gather(burst.drive(), burst.crash(kills))
             replayed = await burst.replay_lost()
             await burst.settle()
-            facts = await invariants.gather(
+            acknowledged = [(d.delivery_id, hashlib.sha256(d.body).hexdigest())
+                            for d in burst.hook_deliveries() if d.ok]
+            each = {name: await invariants.gather(
                 database=proc.db,
-                client=live.client(),
+                client=live.client(repo=name),
                 bot_login=BOT,
-                checkout=scratch / "checkouts" / OWNER / REPO,
-                acknowledged=[(d.delivery_id, hashlib.sha256(d.body).hexdigest())
-                              for d in burst.hook_deliveries() if d.ok],
+                checkout=scratch / "checkouts" / OWNER / name,
+                acknowledged=acknowledged,
                 require_bootstrap=True,
-            )
-            violations = invariants.check(facts)
+                repo=f"{OWNER}/{name}",
+            ) for name in REPOSITORIES}
+            violations = [v for name in REPOSITORIES for v in invariants.check(each[name])]
+            with sqlite3.connect(f"file:{proc.db}?mode=ro", uri=True) as conn:  # every door filed its entries
+                unfiled = conn.execute("SELECT idempotency_key FROM outbox WHERE repo NOT IN (?, ?)",
+                                       tuple(f"{OWNER}/{name}" for name in REPOSITORIES)).fetchall()
             assert await proc.terminate() == 0
         finally:
             if proc.proc is not None and proc.proc.returncode is None:
                 await proc.kill()
+        def figures(facts: invariants.Facts) -> dict[str, Any]:
+            return {
+                "leases": len(facts.db.leases),
+                "live_leases": sum(1 for lease in facts.db.leases if lease.status == "live"),
+                "transitions": dict(sorted(Counter(t.outcome for t in facts.db.transitions).items())),
+                "outbox": len(facts.db.outbox),
+                "worktrees": len(facts.checkout.worktrees) if facts.checkout else 0,
+            }
+
         summary: dict[str, Any] = {
             "seed": seed,
             "seconds": round(time.monotonic() - started, 1),
@@ -297,11 +355,7 @@ async def test_sigkill_during_a_burst_of_deliveries_leaves_every_issue_consisten
             "kills": burst.kills,
             "hook_deliveries": len(burst.hook_deliveries()),
             "replayed": replayed,
-            "leases": len(facts.db.leases),
-            "live_leases": sum(1 for lease in facts.db.leases if lease.status == "live"),
-            "transitions": dict(sorted(Counter(t.outcome for t in facts.db.transitions).items())),
-            "outbox": len(facts.db.outbox),
-            "worktrees": len(facts.checkout.worktrees) if facts.checkout else 0,
+            **{name: figures(facts) for name, facts in each.items()},
         }
         print("crash-burst summary:", json.dumps(summary))
         stderr_tail = proc.stderr.read_text(errors="replace")[-3000:]
@@ -309,8 +363,9 @@ async def test_sigkill_during_a_burst_of_deliveries_leaves_every_issue_consisten
             f"seed {seed}: {len(violations)} violation(s):\n" + "\n".join(map(str, violations[:40]))
             + f"\nsummary: {json.dumps(summary)}\nservice stderr (tail):\n{stderr_tail}"
         )
-        assert len(burst.kills) == len(kills) >= 2, summary
-        assert summary["leases"] >= 3 and facts.db.transitions, summary
+        assert not unfiled, f"seed {seed}: outbox entries under no served repository: {unfiled[:10]}"
+        assert len(burst.kills) == len(kills) >= 3 and any(k.startswith("outage@") for k in burst.kills), summary
+        assert all(summary[name]["leases"] >= 2 and each[name].db.transitions for name in REPOSITORIES), summary
 
 
 # --- what the burst found, pinned down --------------------------------------------------------------------------------

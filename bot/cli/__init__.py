@@ -17,7 +17,7 @@ from bot import logs
 from bot.cli.allocate import cmd_allocate
 from bot.cli.bootstrap import cmd_bootstrap, cmd_checkout
 from bot.cli.check_config import cmd_check_config
-from bot.cli.common import EXIT_REFUSED, EXIT_USAGE
+from bot.cli.common import EXIT_REFUSED, EXIT_USAGE, repository_view
 from bot.cli.inbox import cmd_deliveries, cmd_outbox, cmd_replay
 from bot.cli.invariants import cmd_invariants
 from bot.cli.listings import cmd_issue, cmd_journal, cmd_leases
@@ -144,11 +144,15 @@ def build_parser() -> argparse.ArgumentParser:
                         help="print the version and exit")
     parser.add_argument("--config", type=Path, metavar="PATH",
                         help="TOML config (default: $FOREMAN_CONFIG, else config/foreman.toml)")
+    parser.add_argument("--repository", metavar="OWNER/NAME",
+                        help="the served repository a command acts on (default: the only one; required when "
+                        "[[repositories]] lists more than one)")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def add(name: str, help_text: str) -> argparse.ArgumentParser:
         cmd = sub.add_parser(name, help=help_text, description=help_text[0].upper() + help_text[1:] + ".")
         cmd.add_argument("--config", dest="sub_config", type=Path, default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+        cmd.add_argument("--repository", dest="sub_repository", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
         return cmd
 
     def add_json(cmd: argparse.ArgumentParser) -> None:
@@ -276,6 +280,14 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
                 "foreman --config PATH <command> ...",
             )
         args.config = sub_config
+    sub_repository = getattr(args, "sub_repository", None)
+    if sub_repository is not None:
+        if args.repository is not None and args.repository != sub_repository:
+            raise UsageError(
+                f"foreman: --repository given twice ({args.repository}, {sub_repository}); give it once",
+                "foreman --repository OWNER/NAME <command> ...",
+            )
+        args.repository = sub_repository
     return args
 
 
@@ -324,6 +336,11 @@ def _main(argv: Sequence[str] | None) -> int:
     logs.configure(json_lines=settings.server.log_json, level=settings.server.log_level)
     if args.command == "serve":
         return asyncio.run(serve(settings))
+    view = repository_view(settings, args.repository, command=args.command)
+    if isinstance(view, dict):
+        print(json.dumps(view, indent=2, sort_keys=True))
+        return EXIT_USAGE
+    settings = view
     commands: dict[str, Callable[[Settings, argparse.Namespace], int]] = {
         "check-config": cmd_check_config,
         "deliveries": cmd_deliveries,

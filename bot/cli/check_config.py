@@ -25,16 +25,17 @@ def _failed(name: str, error: str, detail: str, remediate: str, **extra: Any) ->
 
 
 async def _gitea_checks(settings: Settings) -> list[dict[str, Any]]:
-    """Reachable, token accepted, token is gitea.bot_login's, repository exists, the bot may write to it.
+    """Reachable, token accepted, token is gitea.bot_login's, then for each served repository: it exists, the bot
+    may write to it.
 
     Each check runs only when the one before passed; the rest are reported as skipped (never as passed).
     """
     import aiohttp
 
-    from bot.gitea import GiteaError, GiteaForbidden, GiteaNotFound, GiteaUnavailable, client_for
+    from bot.gitea import GiteaForbidden, client_for
 
     names = ("gitea_reachable", "token", "bot_login", "repository", "permission")
-    url, repo = settings.gitea.url, f"{settings.repository.owner}/{settings.repository.name}"
+    url = settings.gitea.url
     checks: list[dict[str, Any]] = []
 
     def skip_rest(why: str) -> list[dict[str, Any]]:
@@ -76,39 +77,59 @@ async def _gitea_checks(settings: Settings) -> list[dict[str, Any]]:
             ))
             return skip_rest("needs bot_login")
         checks.append(_check("bot_login", "ok", f"gitea.bot_login is the token's account ({login})"))
-        try:
-            found = await client.get_repo()
-            checks.append(_check("repository", "ok", f"{found.full_name or repo} exists", full_name=found.full_name))
-        except GiteaNotFound:
-            checks.append(_failed(
-                "repository", "not_found", f"{repo} does not exist on {url}, or {login} cannot see it",
-                "Fix repository.owner / repository.name, or give the bot's account access to the repository.",
-            ))
-            return skip_rest("needs repository")
-        except GiteaError as exc:
-            checks.append(_failed("repository", "unavailable", f"GET {repo}: {_short(exc)}",
-                                  "Make sure Gitea answers, then run foreman check-config again."))
-            return skip_rest("needs repository")
-        try:
-            permission = await client.get_user_permission(login)
-        except GiteaError as exc:
-            error = "unavailable" if isinstance(exc, GiteaUnavailable) else "not_authorized"
-            checks.append(_failed("permission", error, f"cannot read {login}'s permission on {repo}: {_short(exc)}",
-                                  f"Give {login} write permission on {repo} (Collaborators, or a team)."))
+        passed = True
+        for key in settings.repository_keys():
+            view = settings.for_repository(key)
+            repository_client = client_for(session, view, timeout_s=min(5.0, settings.gitea.timeout_s),
+                                           max_attempts=1)
+            assert repository_client is not None  # the same token as the client above
+            found = await _repository_checks(repository_client, key, login, url)
+            checks.extend(found)
+            passed = passed and all(c["status"] == "ok" for c in found)
+        if not passed:
             return checks
-        if permission not in WRITE_PERMISSIONS:
-            checks.append(_failed(
-                "permission", "not_authorized",
-                f"{login} has {permission!r} permission on {repo}; the bot needs write (labels, assignees, comments, "
-                "branches)", f"Give {login} write permission on {repo} (Collaborators, or a team).",
-                permission=permission,
-            ))
-            return checks
-        checks.append(_check("permission", "ok", f"{login} has {permission} permission on {repo}",
-                             permission=permission))
         if settings.gitea.identity_tokens:
             checks.append(await _identity_check(client, settings))
     return checks
+
+
+async def _repository_checks(client: GiteaClient, repo: str, login: str, url: str) -> list[dict[str, Any]]:
+    """One served repository: it exists (``repository``), and ``login`` may write to it (``permission``, skipped
+    when the repository check failed). Each check names the repository."""
+    from bot.gitea import GiteaError, GiteaNotFound, GiteaUnavailable
+
+    def named(check: dict[str, Any]) -> dict[str, Any]:
+        return {**check, "repository": repo}
+
+    try:
+        found = await client.get_repo()
+        repository = named(_check("repository", "ok", f"{found.full_name or repo} exists", full_name=found.full_name))
+    except GiteaNotFound:
+        repository = named(_failed(
+            "repository", "not_found", f"{repo} does not exist on {url}, or {login} cannot see it",
+            "Fix repository.owner / repository.name, or give the bot's account access to the repository.",
+        ))
+    except GiteaError as exc:
+        repository = named(_failed("repository", "unavailable", f"GET {repo}: {_short(exc)}",
+                                   "Make sure Gitea answers, then run foreman check-config again."))
+    if repository["status"] != "ok":
+        return [repository, named(_check("permission", "skipped", "needs repository"))]
+    try:
+        permission = await client.get_user_permission(login)
+    except GiteaError as exc:
+        error = "unavailable" if isinstance(exc, GiteaUnavailable) else "not_authorized"
+        return [repository, named(_failed("permission", error,
+                                          f"cannot read {login}'s permission on {repo}: {_short(exc)}",
+                                          f"Give {login} write permission on {repo} (Collaborators, or a team)."))]
+    if permission not in WRITE_PERMISSIONS:
+        return [repository, named(_failed(
+            "permission", "not_authorized",
+            f"{login} has {permission!r} permission on {repo}; the bot needs write (labels, assignees, comments, "
+            "branches)", f"Give {login} write permission on {repo} (Collaborators, or a team).",
+            permission=permission,
+        ))]
+    return [repository, named(_check("permission", "ok", f"{login} has {permission} permission on {repo}",
+                                     permission=permission))]
 
 
 async def _identity_check(client: GiteaClient, settings: Settings) -> dict[str, Any]:

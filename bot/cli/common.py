@@ -19,6 +19,32 @@ if TYPE_CHECKING:
 EXIT_OK, EXIT_REFUSED, EXIT_USAGE = 0, 1, 2
 
 
+#: Commands that work across every served repository and so run without --repository: the whole inbox and
+#: outbox, and `foreman mcp` (it serves the repositories whose roster names its identity; ``repository`` argument).
+ALL_REPOSITORIES_COMMANDS = frozenset({"check-config", "deliveries", "replay", "outbox", "mcp"})
+
+
+def repository_view(settings: Settings, given: str | None, *, command: str) -> Settings | dict[str, Any]:
+    """The settings of the repository a command acts on (``--repository``, else the only served one), or the
+    ``invalid_input`` envelope naming the served repositories: an unknown repository, or none given where
+    [[repositories]] lists several and the command acts on one."""
+    keys = settings.repository_keys()
+    choices = ", ".join(keys)
+    if given is not None:
+        key = settings.find_repository(given)
+        if key is None:
+            return {"error": "invalid_input", "message": f"--repository {given!r} is not served here ({choices})",
+                    "remediate": "give one of the served repositories ([repository] or [[repositories]])",
+                    "exact_next_action": f"foreman --repository {keys[0]} {command} ...", "repositories": keys}
+        return settings.for_repository(key)
+    if len(keys) == 1 or command in ALL_REPOSITORIES_COMMANDS:
+        return settings if len(keys) > 1 else settings.for_repository(keys[0])
+    return {"error": "invalid_input",
+            "message": f"`foreman {command}` acts on one repository and this config serves {len(keys)}: {choices}",
+            "remediate": "say which with --repository OWNER/NAME",
+            "exact_next_action": f"foreman --repository {keys[0]} {command} ...", "repositories": keys}
+
+
 def emit(doc: Any, *, as_json: bool, text: str | None = None) -> None:
     if as_json:
         print(json.dumps(doc, indent=2, sort_keys=True, default=str))

@@ -32,33 +32,37 @@ def cmd_deliveries(settings: Settings, args: argparse.Namespace) -> int:
 
 
 async def _reconcile_summary(settings: Settings, db: Database, *, as_json: bool) -> int:
-    """`foreman deliveries --reconcile`: the last catch-up pass, the last that succeeded, and the down window."""
+    """`foreman deliveries --reconcile`: per served repository, the last catch-up pass, the last that succeeded,
+    and the down window (one document for one repository; ``{"repositories": [...]}`` for several)."""
     from state.reconcile import ReconcileStore
 
     store = ReconcileStore(db)
-    repo = f"{settings.repository.owner}/{settings.repository.name}"
-    last, ok = await store.last_pass(repo), await store.last_pass(repo, succeeded=True)
-    doc = {
-        "repository": repo,
-        "interval_s": settings.reconcile.interval_s,
-        "last_pass": last.to_dict() if last else None,
-        "last_success": ok.to_dict() if ok else None,
-        "watermark": await store.watermark(repo),
-    }
-    if last is None:
-        text = f"no catch-up pass recorded for {repo} (the service runs one at start when gitea.token is set)"
-    else:
+    docs, texts = [], []
+    for repo in settings.repository_keys():
+        last, ok = await store.last_pass(repo), await store.last_pass(repo, succeeded=True)
+        doc = {
+            "repository": repo,
+            "interval_s": settings.reconcile.interval_s,
+            "last_pass": last.to_dict() if last else None,
+            "last_success": ok.to_dict() if ok else None,
+            "watermark": await store.watermark(repo),
+        }
+        docs.append(doc)
+        if last is None:
+            texts.append(f"no catch-up pass recorded for {repo} (the service runs one at start when gitea.token "
+                         "is set)")
+            continue
         found = ", ".join(f"{k} {v}" for k, v in sorted(last.found.items())) or "nothing"
-        text = (
-            f"last catch-up pass {last.id} ({last.trigger}, {last.outcome}) finished {last.finished_at}: read "
-            f"{last.read_issues} issues and {last.read_comments} comments since {last.since} in {last.calls} API "
-            f"calls; found {found} that no webhook had brought"
-            + (f"; error: {last.error}" if last.error else "")
+        texts.append(
+            f"{repo}: last catch-up pass {last.id} ({last.trigger}, {last.outcome}) finished {last.finished_at}: "
+            f"read {last.read_issues} issues and {last.read_comments} comments since {last.since} in {last.calls} "
+            f"API calls; found {found} that no webhook had brought"
+            + (f"; error (could not read it): {last.error}" if last.error else "")
             + (f"\ndown window before it: from {last.down_from}, {last.down_seconds:.0f} s" if last.down_from
                and last.down_seconds is not None else "")
             + f"\nwatermark: {doc['watermark']}"
         )
-    emit(doc, as_json=as_json, text=text)
+    emit(docs[0] if len(docs) == 1 else {"repositories": docs}, as_json=as_json, text="\n\n".join(texts))
     return EXIT_OK
 
 

@@ -39,6 +39,7 @@ def cmd_invariants(settings: Settings, args: argparse.Namespace) -> int:
                 bot_login=settings.gitea.bot_login,
                 checkout=checkout,
                 require_bootstrap=settings.bootstrap.on_allocate == "run",
+                repo=settings.repo_key,  # the repository of --repository (its client and checkout above)
             )
         doc = invariants.report(invariants.check(facts))
         text = "every invariant holds" if doc["ok"] else "\n".join(

@@ -49,7 +49,8 @@ def refuse_dispatch(payload: object, served: frozenset[str]) -> Refusal | None:
     if not isinstance(full_name, str) or not full_name:
         return Refusal("ignored", "no_repository: the payload names no repository")
     if full_name.casefold() not in served:
-        return Refusal("ignored", f"foreign_repository: {_shown(full_name)} is not served here")
+        return Refusal("ignored", f"foreign_repository: {_shown(full_name)} is not served here (not in "
+                                  "[repository] or [[repositories]])")
     return None
 
 

@@ -29,6 +29,7 @@ ParamKind = Literal[
     "key",
     "choice",
     "state",
+    "repository",
 ]
 
 # One definition is the truth: each argument's JSON Schema (Draft 2020-12) is what the MCP tool publishes and
@@ -38,6 +39,8 @@ ParamKind = Literal[
 
 _NO_SURROGATE = r"\uD800-\uDFFF"
 _LOGIN = r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,39}"
+#: ``owner/name`` of a repository (Gitea's owner and repository name characters).
+_REPOSITORY_NAME = _LOGIN + r"/[A-Za-z0-9_.-]{1,100}"
 _SHA = r"[0-9a-f]{40}(?:[0-9a-f]{24})?"
 _FINGERPRINT = r"[0-9a-f]{64}"
 _KEY = r"[A-Za-z0-9][A-Za-z0-9._:-]{0,99}"  # as bot.core.bootstrap accepts them
@@ -204,6 +207,7 @@ _KIND_PROBLEMS: dict[str, str] = {
     "fingerprint": "expected the dry run's fingerprint (64 lower-case hex digits)",
     "key": "expected 1-100 of [A-Za-z0-9._:-], alphanumeric first",
     "state": "expected a Canonical Issue State object",
+    "repository": "expected a repository as owner/name",
 }
 
 
@@ -280,6 +284,8 @@ class Param:
             out = _string(_KEY, 100)
         elif kind == "choice":
             out = {"type": "string", "enum": list(self.choices)}
+        elif kind == "repository":
+            out = _string(_REPOSITORY_NAME, 141)
         else:
             out = dict(_STATE_SCHEMA)
         inner = out.get("description")

@@ -143,6 +143,14 @@ PRECONDITION_PR_APPROVED: Gate = Precondition(
 )
 
 
+#: The argument every tool takes where its identity works in more than one served repository (its login on more
+#: than one repository's roster): which one the call acts on. The MCP server takes it off the call and hands the
+#: rest to that repository's door, so no verb ever receives it; a sealed grant is bound to its repository instead.
+REPOSITORY_PARAM = Param(
+    "repository", "repository", "the repository the call acts on, as owner/name (default: the only one you work in)"
+)
+
+
 def _issue(description: str = "the issue number") -> Param:
     return Param("issue_number", "issue_number", description, required=True)
 
@@ -192,12 +200,14 @@ class Verb:
         """Whether the verb acts on one issue (its ``issue_number`` argument)."""
         return any(p.name == "issue_number" for p in self.params)
 
-    def input_schema(self) -> dict[str, Any]:
-        """The JSON Schema of the verb's arguments (an object; unknown arguments are refused)."""
+    def input_schema(self, *, repository: bool = False) -> dict[str, Any]:
+        """The JSON Schema of the verb's arguments (an object; unknown arguments are refused); with ``repository``
+        also the optional ``repository`` argument (``REPOSITORY_PARAM``) of an identity in several repositories."""
+        params = (*self.params, REPOSITORY_PARAM) if repository else self.params
         return {
             "type": "object",
-            "properties": {p.name: p.published_schema() for p in self.params},
-            "required": [p.name for p in self.params if p.required],
+            "properties": {p.name: p.published_schema() for p in params},
+            "required": [p.name for p in params if p.required],
             "additionalProperties": False,
         }
 

@@ -82,11 +82,14 @@ def _outbox_doc(entry: OutboxEntry) -> dict[str, Any]:
     return {**entry.summary(), "intended": entry.payload}
 
 
-async def outbox(db: Database, *, limit: int = 50, issue: int | None = None) -> dict[str, Any]:
+async def outbox(db: Database, *, limit: int = 50, issue: int | None = None, repo: str | None = None
+                 ) -> dict[str, Any]:
+    """The outbox's counts and the entries that need attention (every repository's), or one issue's entries
+    (of the repository ``repo``)."""
     store = OutboxStore(db)
     counts = await store.counts()
     if issue is not None:
-        return {"counts": counts, "entries": [_outbox_doc(e) for e in await store.for_issue(issue)]}
+        return {"counts": counts, "entries": [_outbox_doc(e) for e in await store.for_issue(issue, repo=repo)]}
     open_entries: list[dict[str, Any]] = []
     for status in OUTBOX_OPEN:
         open_entries.extend(_outbox_doc(e) for e in await store.list(status=status, limit=limit))
@@ -225,7 +228,7 @@ async def issue_view(db: Database, settings: Settings, number: int, *, now: date
         "leases": lease_doc["recent"],
         "lease_events": events,
         "bootstrap": await journal(db, settings, issue=number, limit=1000),
-        "bot_writes": (await outbox(db, issue=number))["entries"],
+        "bot_writes": (await outbox(db, issue=number, repo=repo))["entries"],
         "worktrees": await worktrees(db, settings, number),
         "grants": await grants(db, issue=number),
         "decisions": [d for d in await recorded_decisions(db, settings, limit=1000)

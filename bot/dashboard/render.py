@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import html
 import json
+import urllib.parse
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from contextvars import ContextVar
 from typing import Any
 
 Row = Mapping[str, Any]
@@ -60,9 +62,20 @@ def as_json(value: object) -> str:
     return f"<pre>{e(json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False, default=str))}</pre>"
 
 
+#: The query every issue link of the page being rendered carries: ``?repository=<key>`` when the service serves
+#: several repositories (set by ``overview_page`` and ``issue_page`` from their document), else nothing.
+_LINK_QUERY: ContextVar[str] = ContextVar("dashboard_link_query", default="")
+
+
+def _link_query(doc: Row) -> str:
+    served = doc.get("repositories") or []
+    selected = next((r.get("key") for r in served if r.get("selected")), None)
+    return f"?{urllib.parse.urlencode({'repository': selected})}" if len(served) > 1 and selected else ""
+
+
 def issue_link(number: object) -> str:
     if isinstance(number, int) and not isinstance(number, bool) and number > 0:
-        return f'<a href="/dashboard/issues/{number}">#{number}</a>'
+        return f'<a href="/dashboard/issues/{number}{e(_LINK_QUERY.get())}">#{number}</a>'
     return e(number)
 
 
@@ -199,7 +212,22 @@ def counts(doc: Mapping[str, int]) -> str:
 
 
 def overview_page(doc: Row) -> str:
-    repos = table(doc.get("repositories", []), [("repository", field("key")), ("Gitea", field("gitea_url"))],
+    token = _LINK_QUERY.set(_link_query(doc))
+    try:
+        return _overview_page(doc)
+    finally:
+        _LINK_QUERY.reset(token)
+
+
+def _repository_cell(row: Row) -> str:
+    if row.get("link"):
+        shown = f"{e(row.get('key'))} (shown)" if row.get("selected") else e(row.get("key"))
+        return f'<a href="{e(row["link"])}">{shown}</a>'
+    return e(row.get("key"))
+
+
+def _overview_page(doc: Row) -> str:
+    repos = table(doc.get("repositories", []), [("repository", _repository_cell), ("Gitea", field("gitea_url"))],
                   empty="no repository configured", test_id="repositories")
     alloc = doc.get("allocator", {})
     ready = table(alloc.get("ready_candidates", []), [
@@ -243,6 +271,14 @@ def _intended(row: Row) -> str:
 
 
 def issue_page(doc: Row) -> str:
+    token = _LINK_QUERY.set(_link_query(doc))
+    try:
+        return _issue_page(doc)
+    finally:
+        _LINK_QUERY.reset(token)
+
+
+def _issue_page(doc: Row) -> str:
     number = doc.get("issue_number")
     snap = doc.get("snapshot")
     state = (

@@ -7,6 +7,7 @@ import hmac
 import json
 import logging
 import re
+import urllib.parse
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -123,33 +124,76 @@ class Dashboard:
             ))
         return number
 
+    def _view(self, request: web.Request) -> Settings | web.Response:
+        """The settings of the repository a page shows: ``?repository=owner/name``, else the first served one; a
+        repository not served is a 400 envelope listing them."""
+        keys = self.settings.repository_keys()
+        given = request.query.get("repository")
+        if given is None:
+            return self.settings.for_repository(keys[0])
+        key = self.settings.find_repository(given)
+        if key is None:
+            return _refusal(400, Envelope(
+                error="invalid_input",
+                message=f"repository {given[:150]!r} is not served here ({', '.join(keys)})",
+                remediate="Pick one of the served repositories.",
+                exact_next_action=f"open {PREFIX}?repository={keys[0]}",
+                details={"repositories": keys},
+            ))
+        return self.settings.for_repository(key)
+
+    def _served(self, view: Settings) -> list[dict[str, Any]]:
+        """Every served repository, the one shown marked; each with the link that shows it."""
+        several = len(self.settings.repository_keys()) > 1
+        return [{"owner": entry.owner, "name": entry.name, "key": key, "gitea_url": self.settings.gitea.url,
+                 "selected": key == view.repo_key,
+                 "link": f"{PREFIX}?{urllib.parse.urlencode({'repository': key})}" if several else None}
+                for key, entry in zip(self.settings.repository_keys(), self.settings.served_repositories(),
+                                      strict=True)]
+
+    async def _overview(self, request: web.Request) -> dict[str, Any] | web.Response:
+        view = self._view(request)
+        if isinstance(view, web.Response):
+            return view
+        return {**await model.overview(self.db, view), "repositories": self._served(view)}
+
+    async def _issue_doc(self, request: web.Request) -> dict[str, Any] | web.Response:
+        number = self._issue_number(request)
+        view = self._view(request)
+        if isinstance(number, web.Response):
+            return number
+        if isinstance(view, web.Response):
+            return view
+        return {**await model.issue_view(self.db, view, number), "repositories": self._served(view)}
+
     async def overview(self, request: web.Request) -> web.Response:
-        return self._html(render.overview_page(await model.overview(self.db, self.settings)))
+        doc = await self._overview(request)
+        return doc if isinstance(doc, web.Response) else self._html(render.overview_page(doc))
 
     async def issue(self, request: web.Request) -> web.Response:
-        number = self._issue_number(request)
-        if isinstance(number, web.Response):
-            return number
-        return self._html(render.issue_page(await model.issue_view(self.db, self.settings, number)))
+        doc = await self._issue_doc(request)
+        return doc if isinstance(doc, web.Response) else self._html(render.issue_page(doc))
 
     async def api_overview(self, request: web.Request) -> web.Response:
-        return self._json(await model.overview(self.db, self.settings))
+        doc = await self._overview(request)
+        return doc if isinstance(doc, web.Response) else self._json(doc)
 
     async def api_issue(self, request: web.Request) -> web.Response:
-        number = self._issue_number(request)
-        if isinstance(number, web.Response):
-            return number
-        return self._json(await model.issue_view(self.db, self.settings, number))
+        doc = await self._issue_doc(request)
+        return doc if isinstance(doc, web.Response) else self._json(doc)
 
     async def api_section(self, request: web.Request) -> web.Response:
         name = request.match_info["section"]
+        view = self._view(request)
+        if isinstance(view, web.Response):
+            return view
         readers: dict[str, Callable[[], Awaitable[Any]]] = {
-            "leases": lambda: model.leases(self.db, self.settings),
-            "journal": lambda: model.journal(self.db, self.settings),
+            "leases": lambda: model.leases(self.db, view),
+            "journal": lambda: model.journal(self.db, view),
             "outbox": lambda: model.outbox(self.db),
-            "deliveries": lambda: model.deliveries(self.db, self.settings),
+            "deliveries": lambda: model.deliveries(self.db, view),
             "grants": lambda: model.grants(self.db),
-            "allocator": self._allocator,
+            "allocator": lambda: self._allocator(view),
         }
         reader = readers.get(name)
         if reader is None:
@@ -160,10 +204,10 @@ class Dashboard:
             ))
         return self._json(await reader())
 
-    async def _allocator(self) -> dict[str, Any]:
-        return {"ready_candidates": await model.ready_candidates(self.db, self.settings),
-                "now": await model.current_decisions(self.db, self.settings),
-                "recorded": await model.recorded_decisions(self.db, self.settings)}
+    async def _allocator(self, view: Settings) -> dict[str, Any]:
+        return {"ready_candidates": await model.ready_candidates(self.db, view),
+                "now": await model.current_decisions(self.db, view),
+                "recorded": await model.recorded_decisions(self.db, view)}
 
     def add_routes(self, app: web.Application) -> None:
         g = self._guarded

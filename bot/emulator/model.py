@@ -116,6 +116,22 @@ class EmuHook:
     updated: int = 0
 
 
+@dataclass(eq=False)
+class EmuOrgHook:
+    """An organization's webhook (``POST /orgs/{org}/hooks``): Gitea sends it every event of every repository
+    the organization owns, besides the repository's own hooks (services/webhook/webhook.go ``PrepareWebhooks``:
+    the repository's hooks, then its owner's when that is an organization), with the installation-target headers
+    saying ``organization``."""
+
+    id: int
+    org: EmuUser
+    url: str
+    secret: str
+    events: frozenset[str]
+    content_type: str = "json"
+    active: bool = True
+
+
 #: Repository unit names as the team API spells them (``unit.Type.Name``/``units_map`` keys).
 UNITS: Final = (
     "repo.code",

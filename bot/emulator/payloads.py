@@ -10,6 +10,7 @@ from bot.emulator.model import (
     EmuHook,
     EmuIssue,
     EmuLabel,
+    EmuOrgHook,
     EmuRepo,
     EmuUser,
 )
@@ -24,6 +25,9 @@ class EmulatorWebhooks(EmulatorState):
         for hook in repo.hooks:
             if hook.active and event_type in hook.events:
                 self._sender.enqueue(hook_target(hook, self), event_type, payload)
+        for org_hook in self._org_hooks:
+            if org_hook.org is repo.owner and org_hook.active and event_type in org_hook.events:
+                self._sender.enqueue(org_hook_target(org_hook, self), event_type, payload)
 
     def _emit_issue(
         self,
@@ -94,6 +98,11 @@ class EmulatorWebhooks(EmulatorState):
             "is_pull": issue.is_pull,
         }
         self._emit(issue.repo, "pull_request_comment" if issue.is_pull else "issue_comment", payload)
+
+
+def org_hook_target(hook: EmuOrgHook, emu: EmulatorState) -> HookTarget:
+    return HookTarget(target_headers=emu.at_least("1.24"), hook_id=hook.id, url=hook.url,
+                      secret=hook.secret.encode("utf-8"), content_type=hook.content_type, target_type="organization")
 
 
 def hook_target(hook: EmuHook, emu: EmulatorState) -> HookTarget:

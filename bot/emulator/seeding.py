@@ -13,12 +13,14 @@ from bot.emulator.model import (
     EmuHook,
     EmuIssue,
     EmuLabel,
+    EmuOrgHook,
     EmuRepo,
     EmuTeam,
     EmuUser,
     Perm,
 )
 from bot.emulator.operations import EmulatorOperations
+from bot.emulator.webhooks import expand_hook_events
 
 
 class EmulatorSeeding(EmulatorOperations):
@@ -219,6 +221,19 @@ class EmulatorSeeding(EmulatorOperations):
             active=active,
             authorization_header=authorization_header,
         )
+
+    def add_org_hook(
+        self, org: str, *, url: str, secret: str = "", events: Sequence[str] = ("issues",), active: bool = True
+    ) -> EmuOrgHook:
+        """Register an organization's ``gitea`` webhook as ``POST /orgs/{org}/hooks`` would: it is sent every
+        event of every repository ``org`` owns (``PrepareWebhooks``), headers naming the target ``organization``."""
+        owner = self.user(org)
+        if not owner.is_org:
+            raise ValueError(f"{org} is not an organization")
+        hook = EmuOrgHook(id=next(self._ids.hook), org=owner, url=url, secret=secret,
+                          events=expand_hook_events(events), active=active)
+        self._org_hooks.append(hook)
+        return hook
 
     def create_issue(
         self,

@@ -17,6 +17,7 @@ from bot.emulator.model import (
     EmuComment,
     EmuIssue,
     EmuLabel,
+    EmuOrgHook,
     EmuRepo,
     EmuTeam,
     EmuUser,
@@ -99,6 +100,7 @@ class EmulatorState:
         self._labels: dict[int, EmuLabel] = {}
         self._comments: dict[int, EmuComment] = {}
         self._teams: dict[int, EmuTeam] = {}
+        self._org_hooks: list[EmuOrgHook] = []
         self._app: web.Application | None = None
 
     def now(self) -> int:

@@ -181,6 +181,8 @@ class HookTarget:
     authorization: str = ""
     #: False for Gitea before 1.24 (no installation-target headers).
     target_headers: bool = True
+    #: What the installation-target headers name: ``repository`` for a repository's hook, ``organization``.
+    target_type: str = "repository"
 
 
 @dataclass(slots=True)
@@ -264,7 +266,7 @@ class WebhookSender:
                 secret=target.secret,
                 content_type=target.content_type,
                 authorization=target.authorization,
-                target_type="repository" if target.target_headers else None,
+                target_type=target.target_type if target.target_headers else None,
             ),
             body=body,
             json_body=json_body,

@@ -25,6 +25,7 @@ from bot.core.verbs import (
 from state.db import Database, utcnow
 from state.issues import IssueStore
 from state.leases import Lease, LeaseStore
+from state.outbox import acting_for
 
 if TYPE_CHECKING:
     from bot.core.allocator import Candidate
@@ -320,7 +321,8 @@ class VerbRuntime:
         an ``unavailable`` envelope that carries no internals. The caller's identity is never an argument.
         """
         try:
-            return await self._call(verb_name, caller, arguments, delivery_id, options or CallOptions())
+            with acting_for(self.settings.repo_key):  # its outbox entries are filed under its repository
+                return await self._call(verb_name, caller, arguments, delivery_id, options or CallOptions())
         except Exception:
             log.exception("%s by %s failed unexpectedly", verb_name, caller.login)
             return refused(

@@ -52,6 +52,8 @@ async def run_due_teardowns(
             continue
         if grant is None or record.run_id in skip or not teardown_due(grant, record.state, moment):
             continue
+        if grant.repo != settings.repo_key:  # another served repository's run: its own loop tears it down
+            continue
         if grant.host_id != this_host():
             skip.add(record.run_id)
             log.warning("run %s was sealed on %s: its teardown is that host's (or `foreman run teardown` there)",
