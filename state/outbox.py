@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import json
-import sqlite3
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Literal
 
-import aiosqlite
-
 from bot.core.evidence import find_marker
 from state.db import Database, from_row, to_db_time, utcnow
+from state.sql import Connection, Row
 
 OutboxKind = Literal["comment", "edit_comment", "labels", "assignees"]
 OutboxStatus = Literal["pending", "sending", "done", "verification_failed", "parked"]
@@ -119,7 +117,7 @@ _COLUMNS = (
 )
 
 
-def _entry(row: sqlite3.Row) -> OutboxEntry:
+def _entry(row: Row) -> OutboxEntry:
     return from_row(OutboxEntry, row, key=row["idempotency_key"], payload=json.loads(row["payload_json"]),
                     result=_loads(row["result_json"]), observed=_loads(row["observed_json"]))
 
@@ -128,7 +126,7 @@ def _loads(text: str | None) -> Any:
     return json.loads(text) if text else None
 
 
-async def enqueue(conn: aiosqlite.Connection, intent: OutboxIntent, *, now: datetime | None = None) -> bool:
+async def enqueue(conn: Connection, intent: OutboxIntent, *, now: datetime | None = None) -> bool:
     """Store an intent INSIDE the caller's open transaction (so it commits or rolls back with its cause).
 
     Returns False when the idempotency key is already stored: processing the same cause twice adds nothing.
@@ -152,7 +150,7 @@ async def enqueue(conn: aiosqlite.Connection, intent: OutboxIntent, *, now: date
     return inserted
 
 
-async def cancel_issue_entries(conn: aiosqlite.Connection, issue_number: int, *, reason: str, now: datetime) -> int:
+async def cancel_issue_entries(conn: Connection, issue_number: int, *, reason: str, now: datetime) -> int:
     """Inside the caller's transaction: the issue's open entries that no sender holds (pending, or
     verification_failed) are parked as ``cancelled: REASON`` and marked hooked (no failure hook: nothing was
     tried). An entry being sent settles on its own (a deleted issue answers GiteaIssueGone)."""
@@ -198,10 +196,13 @@ class OutboxStore:
     async def claim(self, entry: OutboxEntry, sender_id: str) -> OutboxEntry | None:
         """Mark an entry as being sent (before anything reaches Gitea); None if someone else changed it."""
         moment = to_db_time(utcnow())
+        # PostgreSQL: the entry's row is locked, and one another sender holds is passed over, not waited for.
+        skip_locked = " FOR UPDATE SKIP LOCKED" if self._db.dialect == "postgresql" else ""
         async with self._db.transaction() as conn:
             async with conn.execute(
                 "UPDATE outbox SET status = 'sending', attempts = attempts + 1, claimed_by = ?, claimed_at = ?,"  # noqa: S608
-                f" updated_at = ?, version = version + 1 WHERE id = ? AND version = ? RETURNING {_COLUMNS}",
+                " updated_at = ?, version = version + 1"
+                f" WHERE id = (SELECT id FROM outbox WHERE id = ? AND version = ?{skip_locked}) RETURNING {_COLUMNS}",
                 (sender_id, moment, moment, entry.id, entry.version),
             ) as cur:
                 row = await cur.fetchone()
