@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from _typeshed import DataclassInstance
 
     from bot.config_sections import DatabaseConfig
+    from state.db_sqlite import SqliteDatabase
 
 Record = TypeVar("Record", bound="DataclassInstance")
 
@@ -82,14 +83,14 @@ class Database:
     where: str
 
     @classmethod
-    async def open(cls, path: Path, *, synchronous: str = "FULL", busy_timeout_ms: int = 5000) -> Database:
+    async def open(cls, path: Path, *, synchronous: str = "FULL", busy_timeout_ms: int = 5000) -> SqliteDatabase:
         """The SQLite database at ``path``, created and migrated."""
         from state.db_sqlite import SqliteDatabase
 
         return await SqliteDatabase.open_file(path, synchronous=synchronous, busy_timeout_ms=busy_timeout_ms)
 
     @classmethod
-    async def open_read_only(cls, path: Path, *, busy_timeout_ms: int = 5000) -> Database:
+    async def open_read_only(cls, path: Path, *, busy_timeout_ms: int = 5000) -> SqliteDatabase:
         """A SQLite database another process writes, for reads only: never created or migrated, writes refused."""
         from state.db_sqlite import SqliteDatabase
 

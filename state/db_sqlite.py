@@ -85,7 +85,11 @@ class SqliteDatabase(Database):
         await conn.execute(f"PRAGMA busy_timeout={int(busy_timeout_ms)}")
         await conn.execute("PRAGMA foreign_keys=ON")
         db = cls(conn, path, synchronous=synchronous, busy_timeout_ms=busy_timeout_ms)
-        await db._migrate()
+        try:
+            await db._migrate()
+        except BaseException:
+            await conn.close()
+            raise
         _private(path)
         return db
 

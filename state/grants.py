@@ -347,7 +347,7 @@ class GrantStore:
         closing = state.closed and not before.closed
         cursor = await conn.execute(
             "UPDATE grant_runs SET next_position = ?, inflight_json = ?, outcome = ?, teardown = ?,"
-            " closed_at = CASE WHEN ? THEN ? ELSE closed_at END, updated_at = ?, version = version + 1"
+            " closed_at = CASE WHEN ? = 1 THEN ? ELSE closed_at END, updated_at = ?, version = version + 1"
             " WHERE run_id = ? AND version = ?",
             (
                 state.next_position,

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 import sqlite3
-from collections.abc import Generator, Iterable
+from collections.abc import Generator, Iterable, Iterator
 from typing import Any, Literal, Protocol
 from urllib.parse import urlsplit, urlunsplit
 
@@ -26,6 +26,10 @@ class Row(Protocol):
 
     def __getitem__(self, key: int | str, /) -> Any: ...
 
+    def __iter__(self) -> Iterator[Any]: ...
+
+    def __len__(self) -> int: ...
+
     def keys(self) -> list[str]: ...
 
 
@@ -36,6 +40,8 @@ class Cursor(Protocol):
     async def fetchone(self) -> Row | None: ...
 
     async def fetchall(self) -> Iterable[Row]: ...
+
+    async def close(self) -> None: ...
 
 
 class CursorResult(Protocol):

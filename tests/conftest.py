@@ -128,6 +128,7 @@ async def open_db(backend: str, pg_schemas: PostgresSchemas) -> AsyncIterator[Db
     opened: list[Database] = []
 
     async def opener(path: Path, *, synchronous: str = "FULL", busy_timeout_ms: int = 5000) -> Database:
+        db: Database
         if backend == "sqlite":
             db = await Database.open(path, synchronous=synchronous, busy_timeout_ms=busy_timeout_ms)
         else:
@@ -139,6 +140,12 @@ async def open_db(backend: str, pg_schemas: PostgresSchemas) -> AsyncIterator[Db
     yield opener
     for db in opened:
         await db.close()
+
+
+def sqlite_path(db: Database) -> Path:
+    """The file of a SQLite database (for a test that opens it with sqlite3 itself)."""
+    assert isinstance(db, SqliteDatabase)
+    return db.path
 
 
 def database_env(db: Database, folder: Path) -> dict[str, str]:
