@@ -115,6 +115,16 @@ DbOpener = Callable[..., Awaitable[Database]]
 
 
 @pytest.fixture
+def postgres_url() -> Any:
+    """For a test about PostgreSQL itself: a URL with a fresh schema (skipped where no server is reachable)."""
+    if not postgres_reachable():
+        pytest.skip(POSTGRES_MISSING)
+    schemas = PostgresSchemas()
+    yield schemas.new()
+    schemas.drop()
+
+
+@pytest.fixture
 def database_url(backend: str, pg_schemas: PostgresSchemas) -> str | None:
     """A PostgreSQL URL with a fresh schema on the postgresql backend; None on SQLite (use a path)."""
     return pg_schemas.new() if backend == "postgresql" else None
