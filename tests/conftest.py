@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import sqlite3
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -150,6 +151,20 @@ async def open_db(backend: str, pg_schemas: PostgresSchemas) -> AsyncIterator[Db
     yield opener
     for db in opened:
         await db.close()
+
+
+#: What a read of a database another process writes may raise while that process starts, dies or migrates.
+READ_ERRORS = (sqlite3.Error, psycopg.Error)
+
+
+def read_rows(target: Path | str, sql: str) -> list[tuple[Any, ...]]:
+    """Rows of one query against a database a foreman process writes, read-only: a SQLite file or a PostgreSQL
+    URL (so a test watching a `foreman serve` reads either backend the same way)."""
+    if isinstance(target, str):
+        with psycopg.connect(target, autocommit=True, connect_timeout=3) as conn:
+            return [tuple(row) for row in conn.execute(sql).fetchall()]
+    with sqlite3.connect(f"file:{target}?mode=ro", uri=True) as lite:
+        return [tuple(row) for row in lite.execute(sql).fetchall()]
 
 
 def sqlite_path(db: Database) -> Path:

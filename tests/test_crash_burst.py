@@ -20,7 +20,6 @@ import json
 import os
 import random
 import shutil
-import sqlite3
 import time
 from collections import Counter
 from collections.abc import AsyncIterator
@@ -34,6 +33,7 @@ from bot import invariants
 from bot.config_writer import write_config
 from bot.core.canonical import CanonicalState, render
 from bot.emulator.webhooks import SentWebhook
+from tests.conftest import READ_ERRORS, read_rows
 from tests.gitea_fixtures import BOT, OWNER, REPO, TOKENS, LiveEmulator, live_emulator, scratch_dir, seed_foreman
 from tests.support import SECRET, serve_config
 from tests.test_process import ServeProcess
@@ -49,15 +49,19 @@ OPERATIONS = 200
 READY = "status:ready"
 
 
-def _config(proc: ServeProcess, base_url: str, root: Path) -> dict[str, Any]:
+def _config(proc: ServeProcess, base_url: str, root: Path, database_url: str | None = None) -> dict[str, Any]:
     retries = {"concurrency": 4, "max_attempts": 10}
-    return serve_config(proc.port, proc.db, base_url, root, {
+    database: dict[str, Any] = {} if database_url is None else {"database": {"url": database_url}}
+    config = serve_config(proc.port, proc.db, base_url, root, database, {
         "worker": retries,
         "outbox": {**retries, "poll_interval_s": 0.1, "claim_ttl_s": 1.5, "backoff_base_s": 0.05, "backoff_max_s": 0.5},
         "allocator": {"auto_allocate_owner": "author-1"},
         "bootstrap": {"on_allocate": "run", "lock_wait_s": 10.0},
         "roster": {"controller-bot": ["controller"], **{a: ["author"] for a in AUTHORS}},
     })
+    if database_url is not None:
+        del config["database"]["path"]  # PostgreSQL: [database] url alone
+    return config
 
 
 def _state_block(state: str, who: str, author: str) -> str:
@@ -103,6 +107,8 @@ class Burst:
     live: LiveEmulator
     proc: ServeProcess
     hook_url: str
+    #: Where the service keeps its state: the SQLite file, or the PostgreSQL URL.
+    database: Path | str
     rng: random.Random = field(init=False)
     done_ops: int = 0
     kills: list[str] = field(default_factory=list)
@@ -113,12 +119,11 @@ class Burst:
 
     def live_leases(self) -> list[tuple[int, str]]:
         """(issue, owner) of the live leases, read from the database (the driver acts like an informed user)."""
-        if not self.proc.db.exists():
+        if isinstance(self.database, Path) and not self.database.exists():
             return []
         try:
-            with sqlite3.connect(f"file:{self.proc.db}?mode=ro", uri=True) as conn:
-                rows = conn.execute("SELECT issue_number, owner FROM leases WHERE status = 'live'").fetchall()
-        except sqlite3.Error:
+            rows = read_rows(self.database, "SELECT issue_number, owner FROM leases WHERE status = 'live'")
+        except READ_ERRORS:
             return []
         return [(int(n), str(o)) for n, o in rows]
 
@@ -176,9 +181,8 @@ class Burst:
             "handler": "SELECT COUNT(*) FROM deliveries WHERE status = 'processing'",
         }[moment]
         try:
-            with sqlite3.connect(f"file:{self.proc.db}?mode=ro", uri=True) as conn:
-                return bool(conn.execute(query).fetchone()[0])
-        except sqlite3.Error:
+            return bool(read_rows(self.database, query)[0][0])
+        except READ_ERRORS:
             return False
 
     async def crash(self, kills: list[Kill]) -> None:
@@ -217,16 +221,14 @@ class Burst:
         raise AssertionError(f"seed {self.seed}: deliveries still unacknowledged after 5 rounds of replay")
 
     def queues(self) -> tuple[int, ...]:
-        with sqlite3.connect(f"file:{self.proc.db}?mode=ro", uri=True) as conn:
-            open_deliveries = conn.execute(
-                "SELECT COUNT(*) FROM deliveries WHERE status IN ('queued', 'processing')"
-            ).fetchone()[0]
-            open_outbox = conn.execute(
-                "SELECT COUNT(*) FROM outbox WHERE status IN ('pending', 'sending')"
-                " OR (status IN ('done', 'verification_failed', 'parked') AND hooked_at IS NULL)"
-            ).fetchone()[0]
-            total = conn.execute("SELECT (SELECT COUNT(*) FROM deliveries) + (SELECT COUNT(*) FROM outbox)").fetchone()
-        return int(open_deliveries), int(open_outbox), int(total[0])
+        [(open_deliveries, open_outbox, total)] = read_rows(
+            self.database,
+            "SELECT (SELECT COUNT(*) FROM deliveries WHERE status IN ('queued', 'processing')),"
+            " (SELECT COUNT(*) FROM outbox WHERE status IN ('pending', 'sending')"
+            " OR (status IN ('done', 'verification_failed', 'parked') AND hooked_at IS NULL)),"
+            " (SELECT COUNT(*) FROM deliveries) + (SELECT COUNT(*) FROM outbox)",
+        )
+        return int(open_deliveries), int(open_outbox), int(total)
 
     async def settle(self, timeout: float = 40.0) -> None:
         """Until nothing is queued, processing, pending, sending or waiting for its hook, three polls in a row."""
@@ -254,9 +256,12 @@ async def scratch() -> AsyncIterator[Path]:
             shutil.rmtree(root, ignore_errors=True)
 
 
-async def test_sigkill_during_a_burst_of_deliveries_leaves_every_issue_consistent(scratch: Path) -> None:
-    """SIGKILL at 2-4 random points of a ~200-delivery burst, restart, replay what was
-    lost; then every invariant of ``bot.invariants`` holds, checked over SQLite, Gitea and the checkout."""
+async def test_sigkill_during_a_burst_of_deliveries_leaves_every_issue_consistent(
+    scratch: Path, database_url: str | None
+) -> None:
+    """SIGKILL at 2-4 random points of a ~200-delivery burst, restart, replay what was lost; then every
+    invariant of ``bot.invariants`` holds, checked over the database (SQLite, then PostgreSQL), Gitea and the
+    checkout."""
     seed = int(os.environ.get("FOREMAN_CRASH_SEED") or random.SystemRandom().randrange(2**32))
     print(f"crash-burst seed: {seed} (rerun with FOREMAN_CRASH_SEED={seed})")
     started = time.monotonic()
@@ -266,10 +271,11 @@ async def test_sigkill_during_a_burst_of_deliveries_leaves_every_issue_consisten
         for n in range(1, ISSUES + 1):
             emu.create_issue(OWNER, REPO, title=f"Crash burst work item {n}", author="alice")
         proc = ServeProcess(scratch, module="bot", config=scratch / "foreman.toml")
-        write_config(proc.config, _config(proc, live.base_url, scratch))
+        write_config(proc.config, _config(proc, live.base_url, scratch, database_url))
         hook_url = f"{proc.url}/webhook"
         emu.add_hook(OWNER, REPO, url=hook_url, secret=SECRET, events=["issues"])
-        burst = Burst(seed, live, proc, hook_url)
+        database: Path | str = proc.db if database_url is None else database_url
+        burst = Burst(seed, live, proc, hook_url, database)
         kills = plan_kills(random.Random(seed ^ 0x5EED))
         try:
             await proc.start("serve", "--config", str(proc.config))
@@ -277,7 +283,7 @@ async def test_sigkill_during_a_burst_of_deliveries_leaves_every_issue_consisten
             replayed = await burst.replay_lost()
             await burst.settle()
             facts = await invariants.gather(
-                database=proc.db,
+                database=database,
                 client=live.client(),
                 bot_login=BOT,
                 checkout=scratch / "checkouts" / OWNER / REPO,
