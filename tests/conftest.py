@@ -91,6 +91,8 @@ class PostgresSchemas:
         return with_search_path(POSTGRES_URL, name)
 
     def drop(self) -> None:
+        if not self.names:
+            return
         with psycopg.connect(POSTGRES_URL, autocommit=True) as conn:
             for name in self.names:
                 conn.execute(f"DROP SCHEMA IF EXISTS {name} CASCADE")
@@ -107,6 +109,15 @@ def backend(request: pytest.FixtureRequest) -> str:
 
 @pytest.fixture
 def pg_schemas(backend: str) -> Any:
+    schemas = PostgresSchemas()
+    yield schemas
+    schemas.drop()
+
+
+@pytest.fixture
+def postgres_schemas() -> Any:
+    """Schemas a test creates when it wants them (``new()``), dropped at its end. Ask for it before ``start``:
+    fixtures are torn down in reverse, so the schemas outlive the services using them."""
     schemas = PostgresSchemas()
     yield schemas
     schemas.drop()
