@@ -40,7 +40,7 @@ async def world(
 ) -> AsyncIterator[World]:
     """The loop world, once per Gitea version the emulator switches between, and on PostgreSQL once."""
     version, backend = request.param
-    sections: Sections = dict(LOOP)
+    sections: Sections = {**LOOP}
     if backend == "postgresql":
         if not postgres_reachable():
             pytest.skip(POSTGRES_MISSING)

@@ -9,16 +9,33 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import os
+import random
+import shutil
+import time
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from datetime import timedelta
+from pathlib import Path
+from typing import Any
 
+import aiohttp
 import pytest
+from aiohttp import web
 
+from bot import invariants
+from bot.config_writer import write_config
 from bot.core.intake import Delivery
 from state.db import Database, utcnow
 from state.db_postgres import PostgresDatabase
 from state.deliveries import DeliveryStore
 from state.leases import LeaseStore, LeaseTaken
 from state.sql import IntegrityError
+from tests.gitea_fixtures import BOT, OWNER, REPO, live_emulator, scratch_dir, seed_foreman
+from tests.support import SECRET
+from tests.test_crash_burst import AUTHORS, ISSUES, USER_TOKENS, Burst, Kill, _config, plan_kills
+from tests.test_process import ServeProcess
 
 NOW = utcnow()
 
@@ -129,3 +146,139 @@ async def test_one_live_lease_per_issue_across_replicas_and_a_refused_insert_lea
     finally:
         for db in (one, two):
             await db.close()
+
+
+# --- two `foreman serve` replicas behind a load balancer, one SIGKILLed at seeded points ----------------------------
+
+
+class Balancer:
+    """A load balancer in front of the replicas: each webhook to a seeded choice among them; a replica that does
+    not answer is a 502 to Gitea (which never retries: the burst's operator replays what was not acknowledged)."""
+
+    def __init__(self, replicas: list[ServeProcess], rng: random.Random) -> None:
+        self.replicas = replicas
+        self.rng = rng
+        self.port = 0
+        self.sent: Counter[int] = Counter()
+        self._runner: web.AppRunner | None = None
+        self._session: aiohttp.ClientSession | None = None
+
+    async def start(self) -> str:
+        app = web.Application()
+        app.router.add_post("/webhook", self._forward)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        self._session = aiohttp.ClientSession()
+        return f"http://127.0.0.1:{self.port}/webhook"
+
+    async def _forward(self, request: web.Request) -> web.Response:
+        index = self.rng.randrange(len(self.replicas))
+        body = await request.read()
+        headers = {k: v for k, v in request.headers.items() if k.lower() not in ("host", "content-length")}
+        assert self._session is not None
+        try:
+            async with self._session.post(f"{self.replicas[index].url}/webhook", data=body, headers=headers) as resp:
+                self.sent[index] += 1
+                return web.Response(status=resp.status, body=await resp.read(), content_type=resp.content_type)
+        except aiohttp.ClientError:
+            return web.Response(status=502, text="replica down")
+
+    async def stop(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+
+@dataclass
+class ReplicaBurst(Burst):
+    """The crash burst's driver, killing one of several replicas (a seeded choice) at each kill point."""
+
+    replicas: list[ServeProcess] = field(default_factory=list)
+    victims: list[int] = field(default_factory=list)
+
+    async def crash(self, kills: list[Kill]) -> None:
+        for kill in kills:
+            while self.done_ops < kill.at_op:
+                await asyncio.sleep(0.01)
+            await asyncio.sleep(kill.delay)
+            if kill.moment != "anytime":
+                deadline = time.monotonic() + 2.0
+                while not self.busy(kill.moment) and time.monotonic() < deadline:
+                    await asyncio.sleep(0.003)
+            index = self.rng.randrange(len(self.replicas))
+            victim = self.replicas[index]
+            await victim.kill()
+            self.victims.append(index)
+            self.kills.append(f"{kill.moment}@{self.done_ops}:replica-{index}")
+            await asyncio.sleep(kill.down)
+            await victim.start("serve", "--config", str(victim.config))
+
+
+@pytest.fixture
+def scratch() -> Iterator[Path]:
+    root = scratch_dir("foreman-replicas-")
+    yield root
+    shutil.rmtree(root, ignore_errors=True)
+
+
+async def test_two_replicas_on_one_postgresql_survive_a_burst_with_one_sigkilled(
+    scratch: Path, postgres_url: str
+) -> None:
+    """Two `foreman serve` processes on one PostgreSQL schema and one shared checkout root, a ~200-delivery burst
+    split between them by a load balancer, one of them SIGKILLed at 2-4 seeded points and restarted, the lost
+    deliveries replayed: every acknowledged delivery processed exactly once, one lease per issue, one comment per
+    evidence marker, one worktree per transition (`bot.invariants` over PostgreSQL, Gitea and the checkout)."""
+    seed = int(os.environ.get("FOREMAN_CRASH_SEED") or random.SystemRandom().randrange(2**32))
+    print(f"replica-burst seed: {seed} (rerun with FOREMAN_CRASH_SEED={seed})")
+    async with live_emulator() as live:
+        emu = live.emulator
+        seed_foreman(emu, {login: USER_TOKENS[login] for login in ("controller-bot", *AUTHORS)})
+        for n in range(1, ISSUES + 1):
+            emu.create_issue(OWNER, REPO, title=f"Replica burst work item {n}", author="alice")
+        replicas = []
+        for name in ("a", "b"):
+            (scratch / name).mkdir()
+            proc = ServeProcess(scratch / name, module="bot", config=scratch / name / "foreman.toml")
+            write_config(proc.config, _config(proc, live.base_url, scratch, postgres_url))
+            replicas.append(proc)
+        balancer = Balancer(replicas, random.Random(seed ^ 0xB41))
+        hook_url = await balancer.start()
+        emu.add_hook(OWNER, REPO, url=hook_url, secret=SECRET, events=["issues"])
+        burst = ReplicaBurst(seed, live, replicas[0], hook_url, postgres_url, replicas=replicas)
+        kills = plan_kills(random.Random(seed ^ 0x5EED))
+        try:
+            for proc in replicas:
+                await proc.start("serve", "--config", str(proc.config))
+            await asyncio.gather(burst.drive(), burst.crash(kills))
+            replayed = await burst.replay_lost()
+            await burst.settle()
+            facts = await invariants.gather(
+                database=postgres_url,
+                client=live.client(),
+                bot_login=BOT,
+                checkout=scratch / "checkouts" / OWNER / REPO,
+                acknowledged=[(d.delivery_id, hashlib.sha256(d.body).hexdigest())
+                              for d in burst.hook_deliveries() if d.ok],
+                require_bootstrap=True,
+            )
+            violations = invariants.check(facts)
+            for proc in replicas:
+                assert await proc.terminate() == 0
+        finally:
+            for proc in replicas:
+                if proc.proc is not None and proc.proc.returncode is None:
+                    await proc.kill()
+            await balancer.stop()
+        summary: dict[str, Any] = {"seed": seed, "kills": burst.kills, "split": dict(balancer.sent), "replayed": replayed,
+                   "leases": len(facts.db.leases), "transitions": len(facts.db.transitions)}
+        print("replica-burst summary:", json.dumps(summary))
+        tails = "\n".join(p.stderr.read_text(errors="replace")[-1500:] for p in replicas)
+        assert not violations, (f"seed {seed}: {len(violations)} violation(s):\n"
+                                + "\n".join(map(str, violations[:40])) + f"\n{summary}\n{tails}")
+        assert min(balancer.sent[0], balancer.sent[1]) > 20, summary  # both replicas really took deliveries
+        assert len(burst.kills) == len(kills) >= 2, summary
+        assert summary["leases"] >= 3 and facts.db.transitions, summary
