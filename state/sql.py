@@ -11,7 +11,7 @@ import re
 import sqlite3
 from collections.abc import Generator, Iterable, Iterator
 from typing import Any, Literal, Protocol
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import quote, urlsplit, urlunsplit
 
 import psycopg
 
@@ -89,3 +89,11 @@ def redact_url(url: str) -> str:
     if parts.password is not None:
         netloc = f"{parts.username or ''}:***@{parts.hostname or ''}" + (f":{parts.port}" if parts.port else "")
     return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+
+
+def with_search_path(url: str, schema: str) -> str:
+    """``url`` whose sessions work in ``schema`` (libpq's options parameter: -c search_path=...)."""
+    parts = urlsplit(url)
+    option = "options=" + quote(f"-c search_path={schema}")
+    query = f"{parts.query}&{option}" if parts.query else option
+    return urlunsplit((parts.scheme, parts.netloc, parts.path, query, parts.fragment))

@@ -9,7 +9,6 @@ import sqlite3
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote, urlsplit, urlunsplit
 
 import psycopg
 import pytest
@@ -17,6 +16,7 @@ import pytest
 from state.db import Database
 from state.db_postgres import PostgresDatabase
 from state.db_sqlite import SqliteDatabase
+from state.sql import with_search_path
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SHARED = Path(os.environ.get("FOREMAN_SHARED", str(REPO_ROOT.parent / "shared")))
@@ -66,14 +66,6 @@ def postgres_reachable() -> bool:
         except psycopg.Error:
             _reachable.append(False)
     return _reachable[0]
-
-
-def with_search_path(url: str, schema: str) -> str:
-    """``url`` whose sessions use ``schema`` (libpq's options parameter, -c search_path=...)."""
-    parts = urlsplit(url)
-    option = "options=" + quote(f"-c search_path={schema}")
-    query = f"{parts.query}&{option}" if parts.query else option
-    return urlunsplit((parts.scheme, parts.netloc, parts.path, query, parts.fragment))
 
 
 class PostgresSchemas:

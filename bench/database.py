@@ -1,0 +1,54 @@
+"""The benchmarks' view of foreman's database while a `foreman serve` writes it: a SQLite file or a PostgreSQL URL.
+
+``--database-url`` makes a benchmark run once more on PostgreSQL, beside the SQLite run: each PostgreSQL run
+works in a schema of its own on that server, created for it and dropped after (kept with ``--keep``).
+"""
+
+from __future__ import annotations
+
+import secrets
+import sqlite3
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+from state.sql import with_search_path
+
+#: Where a foreman keeps its state: the SQLite file, or the PostgreSQL URL (with its schema).
+Target = Path | str
+
+
+def rows(target: Target, sql: str, params: tuple[Any, ...] = ()) -> list[dict[str, Any]]:
+    """Rows of one read-only query (``?`` placeholders), each a dict by column name."""
+    if isinstance(target, str):
+        with psycopg.connect(target, autocommit=True, connect_timeout=5) as conn:
+            cursor = conn.execute(sql.replace("?", "%s"), params)
+            names = [c.name for c in cursor.description or ()]
+            return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
+    conn = sqlite3.connect(f"file:{target}?mode=ro", uri=True, timeout=5.0)
+    try:
+        conn.row_factory = sqlite3.Row
+        return [dict(row) for row in conn.execute(sql, params).fetchall()]
+    finally:
+        conn.close()
+
+
+def exists(target: Target) -> bool:
+    return isinstance(target, str) or target.exists()
+
+
+@contextmanager
+def scratch_schema(url: str, *, keep: bool = False) -> Iterator[str]:
+    """A new schema on the server at ``url`` for one run: the URL whose sessions use it; dropped afterwards."""
+    name = f"foreman_bench_{secrets.token_hex(4)}"
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(f"CREATE SCHEMA {name}")
+    try:
+        yield with_search_path(url, name)
+    finally:
+        if not keep:
+            with psycopg.connect(url, autocommit=True) as conn:
+                conn.execute(f"DROP SCHEMA IF EXISTS {name} CASCADE")
