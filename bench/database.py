@@ -28,12 +28,12 @@ def rows(target: Target, sql: str, params: tuple[Any, ...] = ()) -> list[dict[st
             cursor = conn.execute(sql.replace("?", "%s"), params)
             names = [c.name for c in cursor.description or ()]
             return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
-    conn = sqlite3.connect(f"file:{target}?mode=ro", uri=True, timeout=5.0)
+    lite = sqlite3.connect(f"file:{target}?mode=ro", uri=True, timeout=5.0)
     try:
-        conn.row_factory = sqlite3.Row
-        return [dict(row) for row in conn.execute(sql, params).fetchall()]
+        lite.row_factory = sqlite3.Row
+        return [dict(row) for row in lite.execute(sql, params).fetchall()]
     finally:
-        conn.close()
+        lite.close()
 
 
 def exists(target: Target) -> bool:
