@@ -132,13 +132,15 @@ class PgConnection:
         if not self.in_transaction or not query.lstrip()[:6].upper().startswith(_WRITES):
             await cursor.execute(query, _arguments(parameters))
             return PgCursor(cursor)
-        await self.raw.execute("SAVEPOINT foreman_statement")
         try:
-            await cursor.execute(query, _arguments(parameters))
+            # One round trip for the three (pipeline mode): the savepoint, the statement, its release.
+            async with self.raw.pipeline():
+                await self.raw.execute("SAVEPOINT foreman_statement")
+                await cursor.execute(query, _arguments(parameters))
+                await self.raw.execute("RELEASE SAVEPOINT foreman_statement")
         except psycopg.Error:
             await self.raw.execute("ROLLBACK TO SAVEPOINT foreman_statement")
             raise
-        await self.raw.execute("RELEASE SAVEPOINT foreman_statement")
         return PgCursor(cursor)
 
     async def _executemany(self, sql: str, parameters: Iterable[Iterable[Any]]) -> PgCursor:
@@ -203,12 +205,13 @@ class PostgresDatabase(Database):
         """BEGIN, the schema's advisory lock (every replica's writes one at a time), ... COMMIT; or ROLLBACK."""
         async with self._write_lock:
             conn = self._writer
-            await conn.raw.execute("BEGIN")
             conn.in_transaction = True
             try:
-                await conn.raw.execute("SELECT pg_advisory_xact_lock(hashtext(current_schema()))")
-                if not durable:
-                    await conn.raw.execute("SET LOCAL synchronous_commit = off")
+                # One round trip (the simple query protocol takes several statements): BEGIN, the lock, the commit mode.
+                await conn.raw.execute(
+                    "BEGIN; SELECT pg_advisory_xact_lock(hashtext(current_schema()))"
+                    + ("" if durable else "; SET LOCAL synchronous_commit = off")
+                )
                 yield conn
                 await conn.raw.execute("COMMIT")
             except BaseException:

@@ -11,7 +11,7 @@ import re
 import sqlite3
 from collections.abc import Generator, Iterable, Iterator
 from typing import Any, Literal, Protocol
-from urllib.parse import quote, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 
 import psycopg
 
@@ -92,8 +92,11 @@ def redact_url(url: str) -> str:
 
 
 def with_search_path(url: str, schema: str) -> str:
-    """``url`` whose sessions work in ``schema`` (libpq's options parameter: -c search_path=...)."""
+    """``url`` whose sessions work in ``schema`` (libpq's options parameter, -c search_path=..., added to any
+    options the URL already carries)."""
     parts = urlsplit(url)
-    option = "options=" + quote(f"-c search_path={schema}")
-    query = f"{parts.query}&{option}" if parts.query else option
-    return urlunsplit((parts.scheme, parts.netloc, parts.path, query, parts.fragment))
+    query = parse_qsl(parts.query, keep_blank_values=True)
+    options = " ".join([*(value for key, value in query if key == "options"), f"-c search_path={schema}"])
+    kept = [(key, value) for key, value in query if key != "options"]
+    encoded = urlencode([*kept, ("options", options)], quote_via=quote)
+    return urlunsplit((parts.scheme, parts.netloc, parts.path, encoded, parts.fragment))
