@@ -273,8 +273,10 @@ async def test_two_replicas_on_one_postgresql_survive_a_burst_with_one_sigkilled
                 if proc.proc is not None and proc.proc.returncode is None:
                     await proc.kill()
             await balancer.stop()
-        summary: dict[str, Any] = {"seed": seed, "kills": burst.kills, "split": dict(balancer.sent), "replayed": replayed,
-                   "leases": len(facts.db.leases), "transitions": len(facts.db.transitions)}
+        summary: dict[str, Any] = {
+            "seed": seed, "kills": burst.kills, "split": dict(balancer.sent), "replayed": replayed,
+            "leases": len(facts.db.leases), "transitions": len(facts.db.transitions),
+        }
         print("replica-burst summary:", json.dumps(summary))
         tails = "\n".join(p.stderr.read_text(errors="replace")[-1500:] for p in replicas)
         assert not violations, (f"seed {seed}: {len(violations)} violation(s):\n"
