@@ -116,9 +116,26 @@ class _Pending:
 class PgConnection:
     """A psycopg connection shaped like the stores' ``Connection``: ``?`` placeholders, rows by name and index."""
 
-    def __init__(self, conn: psycopg.AsyncConnection[Any]) -> None:
+    def __init__(self, conn: psycopg.AsyncConnection[Any], conninfo: str, setup: Sequence[str] = ()) -> None:
         self.raw = conn
         self.in_transaction = False
+        self._conninfo = conninfo
+        self._setup = tuple(setup)
+
+    @classmethod
+    async def open(cls, conninfo: str, setup: Sequence[str] = ()) -> PgConnection:
+        conn = cls(await psycopg.AsyncConnection.connect(conninfo, autocommit=True), conninfo, setup)
+        for statement in conn._setup:
+            await conn.raw.execute(statement)
+        return conn
+
+    async def reconnect_if_lost(self) -> None:
+        """A new session when the server ended this one (a restart, a failover, an administrator): the work that
+        was in flight on it failed; what comes next works again. Never inside a transaction."""
+        if not (self.raw.closed or self.raw.broken) or self.in_transaction:
+            return
+        fresh = await PgConnection.open(self._conninfo, self._setup)
+        self.raw = fresh.raw
 
     def execute(self, sql: str, parameters: Iterable[Any] | None = None) -> _Pending:
         return _Pending(self._execute(sql, parameters))
@@ -128,6 +145,7 @@ class PgConnection:
 
     async def _execute(self, sql: str, parameters: Iterable[Any] | None) -> PgCursor:
         query = _translate(sql)
+        await self.reconnect_if_lost()
         cursor = psycopg.AsyncRawCursor(self.raw, row_factory=_row_factory)
         if not self.in_transaction or not query.lstrip()[:6].upper().startswith(_WRITES):
             await cursor.execute(query, _arguments(parameters))
@@ -171,15 +189,14 @@ class PostgresDatabase(Database):
             conninfo = psycopg.conninfo.make_conninfo(
                 url, options=f"{options} -c default_transaction_read_only=on".strip()
             )
+        # The longest a write waits for another replica's lock, like SQLite's busy timeout.
+        setup = [f"SET lock_timeout = {int(busy_timeout_ms)}"] if busy_timeout_ms else []
         try:
-            writer = await psycopg.AsyncConnection.connect(conninfo, autocommit=True)
-            reader = await psycopg.AsyncConnection.connect(conninfo, autocommit=True)
+            writer = await PgConnection.open(conninfo, setup)
+            reader = await PgConnection.open(conninfo)
         except psycopg.OperationalError as exc:
             raise DatabaseNotWritable("unavailable", f"cannot connect to {redact_url(url)}: {exc}") from None
-        if busy_timeout_ms:
-            # The longest a write waits for another replica's lock, like SQLite's busy timeout.
-            await writer.execute(f"SET lock_timeout = {int(busy_timeout_ms)}")
-        db = cls(PgConnection(writer), PgConnection(reader), url, read_only=read_only)
+        db = cls(writer, reader, url, read_only=read_only)
         if not read_only:
             try:
                 await db._migrate()
@@ -205,6 +222,7 @@ class PostgresDatabase(Database):
         """BEGIN, the schema's advisory lock (every replica's writes one at a time), ... COMMIT; or ROLLBACK."""
         async with self._write_lock:
             conn = self._writer
+            await conn.reconnect_if_lost()
             conn.in_transaction = True
             try:
                 # One round trip (the simple query protocol takes several statements): BEGIN, the lock, the commit mode.

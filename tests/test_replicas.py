@@ -7,6 +7,7 @@ would hold; the process-level burst is at the end of this file.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import json
 import os
@@ -21,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import psycopg
 import pytest
 from aiohttp import web
 
@@ -284,3 +286,27 @@ async def test_two_replicas_on_one_postgresql_survive_a_burst_with_one_sigkilled
         assert min(balancer.sent[0], balancer.sent[1]) > 20, summary  # both replicas really took deliveries
         assert len(burst.kills) == len(kills) >= 2, summary
         assert summary["leases"] >= 3 and facts.db.transitions, summary
+
+
+async def test_a_replica_whose_sessions_the_server_ended_works_again_on_the_next_call(postgres_url: str) -> None:
+    """A server restart or an administrator ends the sessions: the call in flight fails, the next ones (reads and
+    write transactions) open new sessions instead of failing until foreman restarts."""
+    db = await PostgresDatabase.connect(postgres_url)
+    try:
+        store = DeliveryStore(db)
+        await store.insert_batch([(_delivery(1), False)])
+        assert isinstance(db, PostgresDatabase)
+        sessions = [db._writer.raw.info.backend_pid, db._reader.raw.info.backend_pid]
+        with psycopg.connect(postgres_url, autocommit=True) as admin:
+            ended = admin.execute("SELECT pg_terminate_backend(pid) FROM unnest(%s::int[]) AS pid", (sessions,))
+            assert [row[0] for row in ended.fetchall()] == [True, True]
+        for _ in range(2):  # the first call of each connection may find it dead; then it reconnects
+            with contextlib.suppress(psycopg.OperationalError):
+                await store.counts()
+            with contextlib.suppress(psycopg.OperationalError):
+                await store.insert_batch([(_delivery(2), False)])
+        assert (await store.counts())["queued"] == 2
+        [result] = await store.insert_batch([(_delivery(3), False)])
+        assert result.outcome == "queued"
+    finally:
+        await db.close()
