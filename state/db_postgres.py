@@ -172,12 +172,11 @@ class PostgresDatabase(Database):
 
     dialect: Dialect = "postgresql"
 
-    def __init__(self, writer: PgConnection, reader: PgConnection, url: str, *, read_only: bool) -> None:
+    def __init__(self, writer: PgConnection, reader: PgConnection, url: str) -> None:
         self._writer = writer
         self._reader = reader
         self.url = url
         self.where = redact_url(url)
-        self._read_only = read_only
         self._write_lock = asyncio.Lock()
 
     @classmethod
@@ -196,7 +195,7 @@ class PostgresDatabase(Database):
             reader = await PgConnection.open(conninfo)
         except psycopg.OperationalError as exc:
             raise DatabaseNotWritable("unavailable", f"cannot connect to {redact_url(url)}: {exc}") from None
-        db = cls(writer, reader, url, read_only=read_only)
+        db = cls(writer, reader, url)
         if not read_only:
             try:
                 await db._migrate()
@@ -239,8 +238,13 @@ class PostgresDatabase(Database):
                 conn.in_transaction = False
 
     async def _rollback(self) -> None:
-        if self._writer.raw.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
-            await self._writer.raw.execute("ROLLBACK")
+        """ROLLBACK if a transaction is open. A session the server ended has none left (and the error that ended
+        it is the one to raise, not ROLLBACK's)."""
+        raw = self._writer.raw
+        if raw.closed or raw.broken:
+            return
+        if raw.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+            await raw.execute("ROLLBACK")
 
     async def check_writable(self, *, min_free_bytes: int = MIN_FREE_BYTES) -> None:
         """A real write (a table created and a row inserted, rolled back): refused on a read-only server or
