@@ -75,6 +75,8 @@ class DatabaseConfig(ConfigSection):
     path: Path = Path("var/foreman.db")
     #: PostgreSQL instead: postgresql://user[:password]@host[:port]/dbname[?options]. Never logged as given.
     url: SecretStr | None = None
+    #: A file holding that URL (one with a password in it need not be in the config).
+    url_file: Path | None = None
     synchronous: Literal["FULL", "NORMAL"] = "FULL"
     busy_timeout_ms: int = Field(default=5000, ge=0)
 
@@ -87,10 +89,9 @@ class DatabaseConfig(ConfigSection):
 
     @model_validator(mode="after")
     def _one_backend(self) -> DatabaseConfig:
-        if self.url is not None and "path" in self.model_fields_set:
-            raise ValueError(
-                "database.path (SQLite) and database.url (PostgreSQL) are both set: keep the one to use"
-            )
+        if (self.url is not None or self.url_file is not None) and "path" in self.model_fields_set:
+            url_key = "database.url" if self.url is not None else "database.url_file"
+            raise ValueError(f"database.path (SQLite) and {url_key} (PostgreSQL) are both set: keep the one to use")
         return self
 
     @property

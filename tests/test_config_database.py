@@ -168,3 +168,17 @@ async def test_check_writable_passes_on_postgresql_and_fails_on_a_read_only_sess
     with pytest.raises(DatabaseNotWritable) as unreachable:
         await PostgresDatabase.connect("postgresql://nobody:pw-not-shown@127.0.0.1:1/none?connect_timeout=2")
     assert unreachable.value.reason == "unavailable" and "pw-not-shown" not in str(unreachable.value)
+
+
+def test_the_url_can_come_from_a_file_and_a_file_without_one_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "db-url").write_text("postgresql://foreman:from-a-file@db.example/foreman\n")
+    settings = _settings(tmp_path, 'url_file = "db-url"')
+    assert settings.database.postgres_url() == "postgresql://foreman:from-a-file@db.example/foreman"
+    assert settings.database.describe() == "postgresql://foreman:***@db.example/foreman"
+    (tmp_path / "not-a-url").write_text("foreman.db\n")
+    with pytest.raises(ConfigError, match=r"database\.url_file.*postgresql://"):
+        _settings(tmp_path, 'url_file = "not-a-url"')
+    with pytest.raises(ConfigError, match=r"database\.url_file.*not both"):
+        _settings(tmp_path, 'url_file = "db-url"\nurl = "postgresql://h/db"')
+    with pytest.raises(ConfigError, match=r"database\.path.*database\.url_file"):
+        _settings(tmp_path, 'url_file = "db-url"\npath = "f.db"')
