@@ -94,16 +94,10 @@ async def _one_life(h: LoopHarness, sessions: dict[str, Any], n: int, timeout_s:
     published_ms = since()
     opened = await call_tool(author, "pr", "gitea_open_pull_request", issue_number=n)
     pr_ms = since()
-    await call_tool(author, "release", "gitea_release_lease", issue_number=n, reason="pull request opened")
+    # Opening the PR ended the author's lease (the hand-over): no release. The review allocation reads its
+    # candidates from Gitea, where foreman's outbox puts status:review (a label sync never acts on an older state).
 
     async def in_review() -> bool | None:
-        # The review allocation reads its candidates from Gitea, and foreman writes labels through its outbox, where
-        # a label sync of an earlier state comment can briefly put status:in-progress back: wait until every write
-        # on the issue is sent and its completion hook has run, then read the label.
-        busy = _query(h, "SELECT COUNT(*) AS c FROM outbox WHERE issue_number = ? AND (status != 'done'"
-                         " OR hooked_at IS NULL)", (n,))
-        if busy[0]["c"]:
-            return None
         seen = await h.api(MAINTAINER, "GET", f"/issues/{n}")
         return True if [label["name"] for label in seen["labels"]] == ["status:review"] else None
 

@@ -20,7 +20,8 @@ if TYPE_CHECKING:
 
 async def author_steps(h: LoopHarness, p: Printer, session: Any, n: int, lease_id: str, worktree: Path, branch: str,
                        timeout_s: float) -> int:
-    """The author locks, heartbeats, posts its state, publishes, opens the PR and releases, each read back."""
+    """The author locks, heartbeats, posts its state, publishes and opens the PR (which ends its lease), each read
+    back."""
     from bot.demo import (
         AUTHOR,
         FULL_NAME,
@@ -75,13 +76,14 @@ async def author_steps(h: LoopHarness, p: Printer, session: Any, n: int, lease_i
                     f"state (WHO_IS_NEXT controller, LAST_UPDATED_BY {AUTHOR})")
 
     pr = await publish_and_open(h, p, session, n, worktree, branch)
-    released = await call_tool(session, "release", "gitea_release_lease", issue_number=n, reason="done")
     ended = await _lease(h, lease_id)
-    if released["lease"]["status"] != "released" or ended.status != "released":
-        raise StepFailed("release", f"the lease is {ended.status} after gitea_release_lease")
-    final = await _verified_comment(h, "release", n, f"{lease_id}:release", timeout_s)
-    p.step("release", f"gitea_release_lease: lease {lease_id} released ({ended.end_reason}); evidence comment "
-                      f"#{final['id']} posted once and read back")
+    if ended.status != "released" or ended.end_reason != "pull_request_opened":
+        raise StepFailed("release", f"the lease is {ended.status} ({ended.end_reason}) after gitea_open_pull_request")
+    released = await call_tool(session, "release", "gitea_release_lease", issue_number=n, reason="done")
+    if released.get("already_ended") != "pull_request_opened" or released["lease"]["lease_id"] != lease_id:
+        raise StepFailed("release", f"gitea_release_lease after the hand-over answered {released}")
+    p.step("release", f"gitea_open_pull_request handed #{n} to review: lease {lease_id} released ({ended.end_reason})"
+                      " with the PR's record; gitea_release_lease afterwards answers already_ended, nothing queued")
     return pr
 
 

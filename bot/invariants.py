@@ -37,7 +37,8 @@ INVARIANTS: dict[str, str] = {
     "leases.end_evidence": "every released lease has evidence of its end: its release comment, the failure"
     " comment of the compensated bootstrap that released it, or the comment of an allocation that released it"
     " because its worktree could not be bootstrapped (<lease>:unworkable), the verdict comment of a review lease"
-    " (<lease>:review), or the teardown that ended it",
+    " (<lease>:review), the evidence of the pull request whose opening ended it (pull_request_opened), or the"
+    " teardown that ended it",
     "leases.assigned": "every live lease's owner is an assignee of its issue in Gitea",
     "leases.unassigned_after_failure": "the owner of a lease foreman released because its bootstrap failed or could"
     " not run (end reason `bootstrap failed: ...` or `unworkable: ...`) is no assignee of the issue in Gitea, unless"
@@ -154,6 +155,8 @@ class DbFacts:
     transitions: tuple[TransitionFact, ...] = ()
     registrations: tuple[RegistrationFact, ...] = ()
     teardowns: tuple[TeardownFact, ...] = ()
+    #: (lease, the key of the pull request's evidence comment whose opening ended that lease)
+    handovers: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -304,6 +307,8 @@ def _leases(facts: Facts) -> list[Violation]:
     for teardown in db.teardowns:
         for lease_id in teardown.ended_leases:
             failures.setdefault(lease_id, []).append(f"{teardown.key}:evidence")
+    for lease_id, pr_key in db.handovers:
+        failures.setdefault(lease_id, []).append(pr_key)
     for lease in db.leases:
         subject = f"{lease.lease_id} (#{lease.issue_number}, {lease.owner}, {lease.status})"
         key = f"{lease.lease_id}:evidence"
@@ -474,6 +479,14 @@ def _decided_exclusions(payload: dict[str, Any]) -> tuple[int, ...] | None:
     return _numbers(exclusions.get("exclude_issue_numbers")) if isinstance(exclusions, dict) else None
 
 
+def _handed_over(payload: dict[str, Any]) -> str | None:
+    """``handed_over.lease_id`` from a pull request's evidence comment, as queued (None: no lease ended)."""
+    doc = parse_evidence(payload.get("body", "")) if isinstance(payload, dict) else None
+    handed = doc.get("handed_over") if doc is not None else None
+    lease_id = handed.get("lease_id") if isinstance(handed, dict) else None
+    return lease_id if isinstance(lease_id, str) else None
+
+
 def _assignment_read_back(owner: str, result: dict[str, Any] | None) -> bool:
     """A completed transition's proof says Gitea, read back after the assignment, lists the owner."""
     assignment = result.get("assignment") if isinstance(result, dict) else None
@@ -529,7 +542,11 @@ async def gather_db(path: Path | str) -> DbFacts:
         )
         for t in teardown_rows
     )
-    return DbFacts(leases, outbox, deliveries, transitions, registrations, teardowns)
+    handovers = tuple(
+        (lease_id, e.key) for e in entries if e.kind == "comment" and e.key.startswith("pr:")
+        and e.key.endswith(":evidence") and (lease_id := _handed_over(e.payload)) is not None
+    )
+    return DbFacts(leases, outbox, deliveries, transitions, registrations, teardowns, handovers)
 
 
 class GiteaReads(Protocol):

@@ -138,6 +138,7 @@ class OutboxSender:
         self._stopping = False
 
     def start(self) -> None:
+        self._stopping = False  # a stopped sender may be started again
         self._task = asyncio.create_task(self._loop(), name=self.sender_id)
 
     def alive(self) -> bool:

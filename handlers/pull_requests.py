@@ -9,6 +9,7 @@ from gidgethub import sansio
 from bot.core.dispatch import OrderedRouter
 from bot.core.reconcile import is_synthetic
 from bot.gitea import GiteaNotFound, PullRequest
+from bot.verbs.auto_allocate import auto_allocate_after
 from bot.verbs.teardown import TeardownReport, teardown_for_closed_issue, teardown_for_pull
 from bot.worker import HandlerContext
 
@@ -29,13 +30,26 @@ async def _pull(ctx: HandlerContext, number: int) -> PullRequest | None:
         return None
 
 
-def _log(ctx: HandlerContext, report: TeardownReport | None) -> None:
+#: The auto-allocation trigger of a teardown that ended leases, by its reason.
+_TRIGGERS = {"merged": "merge", "pr_closed": "pr_closed", "issue_closed": "issue_closed"}
+
+
+async def _after(ctx: HandlerContext, event: sansio.Event, report: TeardownReport | None) -> None:
+    """Log the teardown, wake the outbox; when it ended leases, their owners are free: auto-allocation runs (as
+    after a release; its failure never undoes the teardown, the next trigger or catch-up allocates instead)."""
     if report is None:
         ctx.log.info("teardown: not an issue foreman governed")
         return
     ctx.log.info("teardown %s: %s", report.key, report.status)
     if report.outbox:
         ctx.deps.outbox_wakeup()
+    if report.status == "done" and report.ended:
+        deps = ctx.deps
+        trigger = _TRIGGERS.get(str(report.outcome.get("reason")), "teardown")
+        auto = await auto_allocate_after(deps.db, deps.settings, deps.gitea, bot_login=deps.bot_login(),
+                                         trigger=trigger, delivery_id=event.delivery_id, wakeup=deps.outbox_wakeup)
+        if auto is not None:
+            ctx.log.info("auto-allocation after the teardown (%s): %s", trigger, auto)
 
 
 @router.register("pull_request", action="closed")
@@ -52,7 +66,7 @@ async def on_pull_closed(event: sansio.Event, ctx: HandlerContext) -> None:
         return
     report = await teardown_for_pull(deps.db, deps.settings, deps.gitea, pull, bot_login=deps.bot_login(),
                                      trigger=_trigger(event), delivery_id=event.delivery_id)
-    _log(ctx, report)
+    await _after(ctx, event, report)
 
 
 @router.register("issues", action="closed")
@@ -77,4 +91,4 @@ async def on_issue_closed(event: sansio.Event, ctx: HandlerContext) -> None:
             deps.db, deps.settings, deps.gitea, number, closed_at, bot_login=deps.bot_login(),
             trigger=_trigger(event), delivery_id=event.delivery_id,
         )
-    _log(ctx, report)
+    await _after(ctx, event, report)

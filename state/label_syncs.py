@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 
-from bot.core.canonical import CanonicalState
+from bot.core.canonical import CanonicalState, parse_comment
 from bot.core.issue_state import (
     IssueSnapshot,
     LabelSync,
@@ -33,26 +33,14 @@ async def plan_sync(
 
     The plan is made against the stored labels with the outbox's still-open label entries applied, so a
     change already on its way is not queued again, and one that an open entry would undo is queued after it.
+    A state older than a Canonical Issue State still queued in the outbox queues nothing: a ``held`` row says
+    which entry's state it yields to (that entry's completion plans the sync of the newer state).
     """
     assert plan.target is not None
     labels_before = json.dumps(snapshot.label_names)
     if plan.status == "held":
-        cursor = await conn.execute(
-            "INSERT INTO issue_label_syncs (repo, number, state_record_id, target_label, outcome, reason,"
-            " labels_before_json, delivery_id, recorded_at) VALUES (?, ?, ?, ?, 'held', ?, ?, ?, ?)"
-            " ON CONFLICT DO NOTHING",
-            (
-                snapshot.repo,
-                snapshot.number,
-                record_id,
-                plan.target,
-                "two status labels at once",
-                labels_before,
-                cause,
-                now,
-            ),
-        )
-        await cursor.close()
+        await _insert_held(conn, snapshot, record_id, plan.target, "two status labels at once", labels_before, cause,
+                           now)
         return
     async with conn.execute(
         "SELECT payload_json FROM outbox WHERE issue_number = ? AND kind = 'labels'"
@@ -63,6 +51,14 @@ async def plan_sync(
     projected = project_labels(snapshot.label_names, open_changes)
     if [name for name in projected if is_status_label(name)] == [plan.target]:
         return  # in sync, or an open outbox entry will make it so
+    newer = await _newer_queued_state(conn, snapshot.number)
+    if newer is not None:
+        # Never act on a state older than one already queued: the change would be undone by that state's own sync.
+        newer_key, newer_state = newer
+        reason = (f"a newer state is queued: STATE {state.state} is older than STATE {newer_state.state} in outbox"
+                  f" entry {newer_key}, whose own label sync follows once it is sent")
+        await _insert_held(conn, snapshot, record_id, plan.target, reason, labels_before, cause, now)
+        return
     key = label_sync_key(
         snapshot.repo,
         snapshot.number,
@@ -79,6 +75,45 @@ async def plan_sync(
         " labels_before_json, outbox_key, delivery_id, recorded_at) VALUES (?, ?, ?, ?, 'queued', ?, ?, ?, ?, ?)"
         " ON CONFLICT DO NOTHING",
         (snapshot.repo, snapshot.number, record_id, plan.target, reason, labels_before, key, cause, now),
+    )
+    await cursor.close()
+
+
+async def _newer_queued_state(conn: Connection, number: int) -> tuple[str, CanonicalState] | None:
+    """The latest Canonical Issue State still waiting in the outbox for this issue (key, state), if any.
+
+    The outbox sends one issue's entries in order, so a state comment still to be sent lands after whatever
+    caused this sync (a bot comment just sent, a person's comment or label change already on Gitea) and
+    becomes the current state."""
+    async with conn.execute(
+        "SELECT idempotency_key, payload_json FROM outbox WHERE issue_number = ?"
+        " AND kind IN ('comment', 'edit_comment') AND status IN ('pending', 'sending') ORDER BY id DESC",
+        (number,),
+    ) as cur:
+        rows = await cur.fetchall()
+    for key, payload in rows:
+        queued = parse_comment(str(json.loads(payload).get("body") or "")).current
+        if queued is not None:
+            return str(key), queued
+    return None
+
+
+async def _insert_held(
+    conn: Connection,
+    snapshot: IssueSnapshot,
+    record_id: int,
+    target: str,
+    reason: str,
+    labels_before: str,
+    cause: str,
+    now: str,
+) -> None:
+    """A sync that queues nothing, with why (one row per state record and label set)."""
+    cursor = await conn.execute(
+        "INSERT INTO issue_label_syncs (repo, number, state_record_id, target_label, outcome, reason,"
+        " labels_before_json, delivery_id, recorded_at) VALUES (?, ?, ?, ?, 'held', ?, ?, ?, ?)"
+        " ON CONFLICT DO NOTHING",
+        (snapshot.repo, snapshot.number, record_id, target, reason, labels_before, cause, now),
     )
     await cursor.close()
 

@@ -297,9 +297,10 @@ class LeaseStore:
         return found
 
     async def release(
-        self, conn: Connection, lease_id: str, *, actor: str, reason: str, now: datetime
+        self, conn: Connection, lease_id: str, *, actor: str, reason: str, now: datetime, **detail: Any
     ) -> None:
-        """Inside the caller's transaction: end a live lease (the caller checked who may)."""
+        """Inside the caller's transaction: end a live lease (the caller checked who may); ``detail`` is kept on
+        the ``released`` event."""
         cursor = await conn.execute(
             "UPDATE leases SET status = 'released', ended_at = ?, end_reason = ?, version = version + 1"
             " WHERE lease_id = ? AND status = 'live'",
@@ -307,7 +308,7 @@ class LeaseStore:
         )
         if cursor.rowcount != 1:
             raise LeaseRefused(f"lease {lease_id} is not live")
-        await _event(conn, lease_id, "released", actor, now, reason=reason)
+        await _event(conn, lease_id, "released", actor, now, **detail, reason=reason)
 
     async def sweep_expired(self, repo: str, *, grace: timedelta, now: datetime | None = None) -> int:
         """Record leases past expiry and grace as expired (they stay as history)."""

@@ -126,6 +126,21 @@ async def test_a_release_hands_the_next_ready_issue_to_the_freed_author_once(wor
     assert len([b for b in bodies(world, 5) if (find_marker(b) or "").startswith("auto-wait:")]) == 1
 
 
+async def test_a_teardown_that_ends_a_lease_hands_the_next_ready_issue_to_the_freed_author(world: World) -> None:
+    """A person closes an issue its author still works on: the teardown ends the lease and auto-allocation runs
+    (trigger issue_closed, as a release or a merge does), so the waiting ready issue goes to that author, once."""
+    from state.auto_allocations import AutoAllocationStore
+
+    await five_ready(world)
+    await world.call("alice", "PATCH", "/issues/2", {"state": "closed"})
+    assert await live(world) == {1: "author-1", 3: "author-3", 4: "author-2"}
+    await assert_bootstrapped(world, 4, "author-2")
+    [ended] = await LeaseStore(world.service.db).history(FULL_NAME, 2)
+    assert (ended.status, ended.end_reason) == ("released", "issue_closed")
+    triggers = [d.trigger for d in await AutoAllocationStore(world.service.db).recent(FULL_NAME.lower(), limit=50)]
+    assert triggers.count("issue_closed") == 1, triggers
+
+
 async def test_a_replayed_or_caught_up_ready_label_never_leases_twice(world: World) -> None:
     await five_ready(world)
     emu = world.live.emulator

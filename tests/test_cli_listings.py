@@ -101,7 +101,7 @@ def test_leases_journal_and_issue_over_the_demo_state(demo_config: Path) -> None
         1, "author-1", "author", "implement", "released")
     assert (review["issue_number"], review["owner"], review["action"], review["status"]) == (
         1, "reviewer-1", "review", "released")
-    assert doc["live"] == [] and lease["end_reason"] == "done"
+    assert doc["live"] == [] and lease["end_reason"] == "pull_request_opened"  # the hand-over to review
     text = foreman("--config", str(demo_config), "leases")
     assert text.returncode == 0 and lease["lease_id"] in text.stdout and "author-1" in text.stdout
     assert foreman("--config", str(demo_config), "leases", "--live").stdout.strip() == "(no leases)"

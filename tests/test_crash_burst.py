@@ -107,8 +107,8 @@ class Burst:
     live: LiveEmulator
     proc: ServeProcess
     hook_url: str
-    #: Where the service keeps its state: the SQLite file, or the PostgreSQL URL.
-    database: Path | str
+    #: Where the service keeps its state: the PostgreSQL URL, or (None) the process's SQLite file.
+    database_url: str | None = None
     rng: random.Random = field(init=False)
     done_ops: int = 0
     kills: list[str] = field(default_factory=list)
@@ -116,6 +116,10 @@ class Burst:
 
     def __post_init__(self) -> None:
         self.rng = random.Random(self.seed)
+
+    @property
+    def database(self) -> Path | str:
+        return self.proc.db if self.database_url is None else self.database_url
 
     def live_leases(self) -> list[tuple[int, str]]:
         """(issue, owner) of the live leases, read from the database (the driver acts like an informed user)."""
@@ -274,8 +278,7 @@ async def test_sigkill_during_a_burst_of_deliveries_leaves_every_issue_consisten
         write_config(proc.config, _config(proc, live.base_url, scratch, database_url))
         hook_url = f"{proc.url}/webhook"
         emu.add_hook(OWNER, REPO, url=hook_url, secret=SECRET, events=["issues"])
-        database: Path | str = proc.db if database_url is None else database_url
-        burst = Burst(seed, live, proc, hook_url, database)
+        burst = Burst(seed, live, proc, hook_url, database_url)
         kills = plan_kills(random.Random(seed ^ 0x5EED))
         try:
             await proc.start("serve", "--config", str(proc.config))
@@ -283,7 +286,7 @@ async def test_sigkill_during_a_burst_of_deliveries_leaves_every_issue_consisten
             replayed = await burst.replay_lost()
             await burst.settle()
             facts = await invariants.gather(
-                database=database,
+                database=burst.database,
                 client=live.client(),
                 bot_login=BOT,
                 checkout=scratch / "checkouts" / OWNER / REPO,

@@ -34,7 +34,7 @@ def test_foreman_demo_runs_the_loop_and_exits_0() -> None:
     assert "lease lease-" in out and "Gitea now shows assignee author-1 and label status:in-progress" in out
     assert "WHO_IS_NEXT: author" in out and "NEXT_ACTION: author-1: lock #1 with gitea_lock_issue" in out
     assert "NEXT_PROMPT:" in out and "<!-- foreman:evidence bootstrap-1-" in out
-    assert "gitea_lock_issue: #1 locked" in out and "released (done)" in out
+    assert "gitea_lock_issue: #1 locked" in out and "released (pull_request_opened)" in out
     # The whole life: four identities, each through its own `foreman mcp`, each step read back from Gitea.
     assert re.search(r"commit [0-9a-f]{12} by author-1 pushed to issue-1-make-the-widget-blue", out), out
     assert "PR #2 issue-1-make-the-widget-blue -> main, posted as author-1, body \"Closes #1\"" in out

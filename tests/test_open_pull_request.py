@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from bot.core.evidence import find_marker
+from state.leases import LeaseStore
 from state.publications import PublicationStore
 from tests.gitea_fixtures import OWNER, REPO
 from tests.support import Started
@@ -54,7 +55,8 @@ async def test_a_replay_adopts_the_pull_request_never_a_second_one(world: World)
     number, _, _ = await published(world)
     _, first = await call_tool(world, "author-1", "gitea_open_pull_request", issue_number=number)
     refused, second = await call_tool(world, "author-1", "gitea_open_pull_request", issue_number=number)
-    assert not refused and second["pull_request"] == first["pull_request"] and second["adopted"], second
+    recorded = {key: value for key, value in first.items() if key != "auto_allocation"}
+    assert not refused and second == {**recorded, "replayed": True}, second
     assert len(await world.gitea.list_pulls(state="open")) == 1
     evidence = [c for c in world.live.emulator.issue(OWNER, REPO, number).comments
                 if (find_marker(c.body) or "").startswith("pr:")]
@@ -97,26 +99,66 @@ async def test_gitea_answering_already_exists_is_adopted(world: World, monkeypat
     assert len(looks) == 2 and len(await world.gitea.list_pulls(state="open")) == 1
 
 
-async def test_a_second_round_on_the_same_pull_request_moves_the_labels_again(world: World) -> None:
-    """After requested changes the issue is back in status:in-progress; the author's next publish updates the
-    same PR and opening it again (adopted) queues the label changes of the new head, back to status:review."""
-    number, _, first = await published(world)
-    _, opened = await call_tool(world, "author-1", "gitea_open_pull_request", issue_number=number)
-    assert world.labels(number) == ["status:review"]
-    await world.call("alice", "PUT", f"/issues/{number}/labels", {"labels": ["status:in-progress"]})
-    worktree, _ = await worktree_of(world, number)
-    (worktree / "change.txt").write_text("changed again\n", encoding="utf-8")
-    refused, doc = await call_tool(world, "author-1", "gitea_publish_worktree", issue_number=number,
-                                   message="Address the review")
-    assert not refused, doc
-    refused, again = await call_tool(world, "author-1", "gitea_open_pull_request", issue_number=number)
-    assert not refused and again["pull_request"] == opened["pull_request"] and again["adopted"], again
-    assert again["head_sha"] == doc["commit"] != first and set(again["outbox"]).isdisjoint(opened["outbox"])
-    assert world.labels(number) == ["status:review"]
+async def test_opening_the_pull_request_ends_the_authoring_lease_and_a_replay_answers_the_record(
+    world: World,
+) -> None:
+    """The hand-over: the PR's record and the lease's end (pull_request_opened) in one transaction; the same key
+    from the same caller answers the recorded result (the ended lease no longer passes the ownership gate), another
+    key is refused with the next action; a release afterwards (a run's reserved teardown) changes nothing."""
+    number, _, _ = await published(world)
+    refused, opened = await call_tool(world, "author-1", "gitea_open_pull_request", issue_number=number,
+                                      idempotency_key="open-1")
+    assert not refused, opened
+    [lease] = await LeaseStore(world.service.db).history(FULL_NAME, number)
+    assert (lease.status, lease.end_reason) == ("released", "pull_request_opened")
+    assert opened["handed_over"]["lease_id"] == lease.lease_id and "gitea_release_lease" not in opened["next"]
+    [released] = [e for e in await LeaseStore(world.service.db).events(lease.lease_id) if e["kind"] == "released"]
+    assert released["detail"]["idempotency_key"] == "open-1"
+    assert released["detail"]["pull_request"] == opened["pull_request"]
+    refused, again = await call_tool(world, "author-1", "gitea_open_pull_request", issue_number=number,
+                                     idempotency_key="open-1")
+    assert not refused and again["replayed"] and again["pull_request"] == opened["pull_request"], again
+    assert again["outbox"] == opened["outbox"]
+    refused, other = await call_tool(world, "author-1", "gitea_open_pull_request", issue_number=number,
+                                     idempotency_key="open-2")
+    assert refused and other["error"] == "not_authorized", other
+    assert "gitea_get_runtime_context" in other["exact_next_action"]
+    refused, teardown = await call_tool(world, "author-1", "gitea_release_lease", issue_number=number, reason="done")
+    assert not refused and teardown["already_ended"] == "pull_request_opened", teardown
+    assert teardown["lease"]["lease_id"] == lease.lease_id and teardown["outbox"] == []
     assert len(await world.gitea.list_pulls(state="all")) == 1
     evidence = [c for c in world.live.emulator.issue(OWNER, REPO, number).comments
                 if (find_marker(c.body) or "").startswith("pr:")]
-    assert len(evidence) == 2
+    assert len(evidence) == 1
+    assert [e.key for e in await world.service.outbox.list(limit=1000) if e.key.endswith(":release")] == []
+
+
+async def test_a_lease_that_ended_while_the_pr_was_opened_still_records_the_pr(
+    world: World, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The lease passed the gate, then ended (an expiry sweep) before the record: the PR, its labels and evidence
+    are recorded all the same (the PR is open on Gitea), and the answer says no lease was handed over."""
+    from bot.verbs import pulls
+
+    number, _, _ = await published(world)
+    real = pulls.open_pull
+    db = world.service.db
+
+    async def expire_first(gitea: pulls.PullsGitea, head: str) -> object:
+        lease = await LeaseStore(db).live_for_issue(FULL_NAME, number)
+        assert lease is not None
+        async with db.transaction() as conn:
+            await LeaseStore(db).release(conn, lease.lease_id, actor="test", reason="expired", now=lease.expires_at)
+        return await real(gitea, head)
+
+    monkeypatch.setattr(pulls, "open_pull", expire_first)
+    refused, doc = await call_tool(world, "author-1", "gitea_open_pull_request", issue_number=number)
+    assert not refused and doc["handed_over"]["lease_id"] is None, doc
+    recorded = await PublicationStore(db).pull_for_issue(FULL_NAME.lower(), number)
+    assert recorded is not None and recorded.pr_number == doc["pull_request"]
+    assert world.labels(number) == ["status:review"]
+    [lease] = await LeaseStore(db).history(FULL_NAME, number)
+    assert lease.end_reason == "expired"
 
 
 async def test_a_retitled_issue_still_finds_the_pull_request_foreman_recorded(world: World) -> None:

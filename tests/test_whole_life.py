@@ -9,18 +9,21 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from mcp import Client
 
 from bot import invariants
 from bot.core.canonical import parse_comment
 from bot.core.evidence import find_marker
 from bot.emulator import pullgit
 from bot.emulator.webhooks import expand_hook_events
+from bot.mcp_server import build_server
 from bot.verbs.bootstrap import BootstrapContext
+from bot.verbs.runtime import caller_for
 from state.journal import JournalStore
 from state.leases import LeaseStore
 from state.teardowns import TeardownStore
-from tests.gitea_fixtures import BOT, OWNER, REPO
-from tests.review_support import ok, tool
+from tests.gitea_fixtures import BOT, OWNER, REPO, TOKENS
+from tests.review_support import ok, runtime, tool
 from tests.support import Started
 from tests.world import EXTRA_TOKENS, FULL_NAME, World, open_world
 
@@ -68,7 +71,10 @@ async def author_round(world: World, number: int, tree: Worktree, content: str, 
     opened = await ok(world, AUTHOR, "gitea_open_pull_request", issue_number=number)
     assert opened["head_sha"] == published["commit"]
     assert world.labels(number) == ["status:review"]
-    await ok(world, AUTHOR, "gitea_release_lease", issue_number=number, reason="pull request opened")
+    ended = (await LeaseStore(world.service.db).history(FULL_NAME, number))[-1]
+    assert (ended.owner, ended.status, ended.end_reason) == (AUTHOR, "released", "pull_request_opened")
+    assert opened["handed_over"] == {"lease_id": ended.lease_id, "reason": "pull_request_opened",
+                                     "who_is_next": "reviewer"}
     return opened
 
 
@@ -232,3 +238,59 @@ async def test_a_merge_foreman_posted_itself_still_tears_the_issue_down(tmp_path
         record = pull_record(world, opened["pull_request"])
         assert record.merged_by is not None and record.merged_by.login == BOT
         await assert_torn_down(world, number, opened["pull_request"], tree, merged=True)
+
+
+async def unsettled(world: World, login: str, name: str, **arguments: Any) -> dict[str, Any]:
+    """One MCP tool call as ``login`` that waits for nothing the outbox does (the test holds the sender)."""
+    async with Client(build_server(runtime(world), caller_for(world.service.settings, login, "mcp"))) as client:
+        result = await client.call_tool(name, arguments)
+    assert not result.is_error and result.structured_content is not None, result.structured_content
+    return dict(result.structured_content)
+
+
+async def test_the_publish_evidence_sent_after_the_pr_opened_never_puts_in_progress_back(world: World) -> None:
+    """The agent opens the PR before the publish's evidence comment (its state: in-progress) was sent: once it is,
+    its label sync must not act on that older state while the PR's state (review) waits in the outbox; the labels
+    go in-progress → pr-open → review and stay there, and a held sync records why."""
+    number, tree = await ready(world)
+    await ok(world, AUTHOR, "gitea_lock_issue", issue_number=number)
+    (tree.path / "widget.txt").write_text("blue\n", encoding="utf-8")
+    sender = world.service.outbox_sender
+    assert sender is not None
+    await sender.stop()
+    await unsettled(world, AUTHOR, "gitea_publish_worktree", issue_number=number, message="Make the widget blue")
+    opened = await unsettled(world, AUTHOR, "gitea_open_pull_request", issue_number=number)
+    sender.start()
+    await world.settle()
+    assert world.labels(number) == ["status:review"]
+    entries = sorted(await world.service.outbox.list(limit=10_000), key=lambda e: e.id)
+    [review_labels] = [e.id for e in entries if e.key == opened["outbox"][1]]
+    after = [e.key for e in entries if e.id > review_labels and e.kind == "labels"]
+    assert [key for key in after if key.startswith("label-sync:")] == [], after
+    held = [s for s in await world.store.label_syncs(FULL_NAME, number) if s["outcome"] == "held"]
+    assert [(s["target_label"], s["reason"].split(":")[0]) for s in held] == [
+        ("status:in-progress", "a newer state is queued")], held
+    allocated = await ok(world, CONTROLLER, "gitea_allocate_next_work", action="review", owner=REVIEWER,
+                         dry_run=False)
+    assert allocated["lease"]["issue_number"] == number, allocated
+
+
+async def test_a_merge_that_ends_a_live_lease_runs_auto_allocation(world: World) -> None:
+    """Changes were requested (the author holds a lease again) and a person merges the PR on Gitea anyway: the
+    teardown ends that lease (merged) and auto-allocation runs with trigger merge, as after a release."""
+    from state.auto_allocations import AutoAllocationStore
+
+    number, tree = await ready(world)
+    opened = await author_round(world, number, tree, "blue\n", "Make the widget blue")
+    changes = await review(world, number, "request_changes", "The widget must be navy.")
+    assert changes["author_lease"]["owner"] == AUTHOR
+    merge = world.live.api(f"/repos/{FULL_NAME}/pulls/{opened['pull_request']}/merge")
+    async with world.live.session.post(merge, json={"Do": "merge"},
+                                       headers={"Authorization": f"token {TOKENS['alice']}"}) as resp:
+        assert resp.status == 200, await resp.text()
+    await world.settle()
+    leases = await LeaseStore(world.service.db).history(FULL_NAME, number)
+    assert (leases[-1].owner, leases[-1].status, leases[-1].end_reason) == (AUTHOR, "released", "merged")
+    triggers = [d.trigger for d in await AutoAllocationStore(world.service.db).recent(FULL_NAME.lower(), limit=50)]
+    assert triggers.count("merge") == 1, triggers
+    assert triggers.count("pull_request_opened") == 1, triggers

@@ -384,13 +384,18 @@ _VERBS: tuple[Verb, ...] = (
     ),
     _verb(
         "open_pull_request",
-        "open the issue's pull request (head: the issue branch, base: the default branch; one per issue)",
+        "open the issue's pull request (head: the issue branch, base: the default branch; one per issue) and hand"
+        " the issue to review: your lease ends (pull_request_opened)",
         roles=frozenset({"author"}),
         gates=(PRECONDITION_OWNERSHIP,),
         artifacts=(PRECONDITION_WORKTREE, PRECONDITION_COMMITS),
         effect="mutate",
-        next_verbs=("get_issue_state", "release_lease"),
-        params=(_issue(),),
+        next_verbs=("get_issue_state", "get_runtime_context"),
+        params=(
+            _issue(),
+            Param("idempotency_key", "key", "replaying the same key answers the recorded pull request, after the"
+                  " hand-over ended your lease"),
+        ),
         command="/open-pr",
     ),
     _verb(

@@ -323,3 +323,24 @@ async def _record(db: Database, settings: Settings, report: AutoReport, delivery
                   now: datetime | None) -> None:
     await AutoAllocationStore(db).record(settings.repo_key, decided_at=now or utcnow(), trigger=report.trigger,
                                          delivery_id=delivery_id, doc=report.to_dict())
+
+
+async def auto_allocate_after(
+    db: Database, settings: Settings, gitea: AllocatorGitea | None, *, bot_login: str, trigger: str,
+    delivery_id: str | None, wakeup: Callable[[], None] | None,
+) -> dict[str, Any] | None:
+    """Auto-allocation after something freed an author (a release, the PR-open hand-over, a merge's teardown).
+
+    Its failure never undoes or fails what freed the author: it is reported (and logged), and the next trigger or
+    catch-up allocates instead. None when auto-allocation is off or there is no Gitea client."""
+    if not settings.auto_allocation() or gitea is None:
+        return None
+    try:
+        report = await auto_allocate(db, settings, gitea, bot_login=bot_login, trigger=trigger,
+                                     delivery_id=delivery_id, wakeup=wakeup)
+    except Exception as exc:  # reported in the result and the log; what freed the author stands
+        log.warning("auto-allocation after %s failed: %s: %s", trigger, type(exc).__name__, exc)
+        return {"error": "unavailable", "message": f"{type(exc).__name__}: {exc}"}
+    if report.outbox and wakeup is not None:
+        wakeup()
+    return {"trigger": trigger, "leased": report.leased, "waiting": report.waiting, "blocked": report.blocked}

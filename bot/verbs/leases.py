@@ -77,21 +77,10 @@ async def release(
 
 
 async def _auto_allocate_after_release(rt: VerbRuntime, delivery_id: str | None) -> dict[str, Any] | None:
-    """Run auto-allocation after a release; its failure never undoes or fails the release (the next trigger
-    or catch-up run allocates instead)."""
-    from bot.verbs.auto_allocate import auto_allocate
+    from bot.verbs.auto_allocate import auto_allocate_after
 
-    if not rt.settings.auto_allocation() or rt.gitea is None:
-        return None
-    try:
-        report = await auto_allocate(rt.db, rt.settings, rt.gitea, bot_login=rt.bot_login,
-                                     trigger="release", delivery_id=delivery_id, wakeup=rt.wakeup)
-    except Exception as exc:  # reported in the result and the log; the release stands
-        log.warning("auto-allocation after a release failed: %s: %s", type(exc).__name__, exc)
-        return {"error": "unavailable", "message": f"{type(exc).__name__}: {exc}"}
-    if report.outbox:
-        rt.woken()
-    return {"leased": report.leased, "waiting": report.waiting, "blocked": report.blocked}
+    return await auto_allocate_after(rt.db, rt.settings, rt.gitea, bot_login=rt.bot_login, trigger="release",
+                                     delivery_id=delivery_id, wakeup=rt.wakeup)
 
 
 def lease_changed(verb: Verb, lease: Lease) -> Envelope:

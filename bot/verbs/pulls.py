@@ -12,12 +12,16 @@ from bot.core.verbs import Verb
 from bot.core.vocabulary import label_for_state
 from bot.gitea import Branch, GiteaConflict, GiteaError, GiteaNotFound, Issue, PullRequest, Repository, client_as
 from bot.gitea.pulls import IssueState
+from bot.verbs.auto_allocate import auto_allocate_after
 from bot.verbs.bootstrap.context import BootstrapContext
 from bot.verbs.runtime import Caller, CallOptions, VerbResult, VerbRuntime, envelope, issue_of, refused
 from state.journal import JournalStore
-from state.leases import Lease
+from state.leases import Lease, LeaseRefused
 from state.outbox import OutboxIntent, enqueue
 from state.publications import PublicationStore
+
+#: The end reason of the authoring lease the PR's opening ends (the issue is handed to review).
+HANDOVER_REASON = "pull_request_opened"
 
 
 @runtime_checkable
@@ -105,9 +109,55 @@ async def open_pull_request(
         return refused(verb.name, envelope(
             "conflict", f"Gitea says a PR from {branch} exists but none is open", "Read the issue's PRs.",
             f"call gitea_assess_work_issue_duplicate with issue_number={issue} and phase pre_pr"))
-    doc = await _record(rt, caller, issue, pr, branch, repo.default_branch, adopted, delivery_id)
+    key = values.get("idempotency_key")
+    doc = await _record(rt, caller, issue, pr, branch, repo.default_branch, adopted, delivery_id, lease,
+                        key if isinstance(key, str) else None)
     rt.woken()
-    return rt.done(verb, caller, doc)
+    # The author is free now: the next ready issue goes to the next idle author, as after a release.
+    auto = await auto_allocate_after(rt.db, rt.settings, rt.gitea, bot_login=rt.bot_login,
+                                     trigger=HANDOVER_REASON, delivery_id=delivery_id, wakeup=rt.wakeup)
+    return rt.done(verb, caller, {**doc, **({"auto_allocation": auto} if auto is not None else {})})
+
+
+async def open_pull_request_replay(
+    rt: VerbRuntime, verb: Verb, caller: Caller, values: Mapping[str, object]
+) -> VerbResult | None:
+    """The caller's own finished call, answered from its record before the preconditions (the hand-over ended the
+    lease they check): the caller's latest lease on the issue ended ``pull_request_opened`` by a call with the same
+    idempotency key (none matches none), and the caller holds no live lease on it (then it is a new round)."""
+    issue = issue_of(values)
+    ended = await _handed_over(rt, issue, caller.login)
+    if ended is None:
+        return None
+    released = [e for e in await rt.leases.events(ended.lease_id) if e["kind"] == "released"]
+    detail = released[-1]["detail"] if released else {}
+    key = values.get("idempotency_key")
+    if not isinstance(detail.get("result"), dict) or detail.get("idempotency_key") != (
+            key if isinstance(key, str) else None):
+        return None
+    return rt.done(verb, caller, {**detail["result"], "replayed": True})
+
+
+async def release_after_handover_replay(
+    rt: VerbRuntime, verb: Verb, caller: Caller, values: Mapping[str, object]
+) -> VerbResult | None:
+    """``gitea_release_lease`` by an author whose lease the PR's opening already ended (a run's reserved teardown
+    after ``gitea_open_pull_request``, an agent releasing out of habit): answered with that ended lease, changing
+    nothing (never another identity's live lease); None for anything else (the door decides as always)."""
+    issue = issue_of(values)
+    ended = await _handed_over(rt, issue, caller.login)
+    if ended is None:
+        return None
+    return rt.done(verb, caller, {"issue_number": issue, "lease": ended.to_dict(), "already_ended": HANDOVER_REASON,
+                                  "outbox": []})
+
+
+async def _handed_over(rt: VerbRuntime, issue: int, login: str) -> Lease | None:
+    """``login``'s latest lease on the issue, when the PR's opening ended it (None: live, none, or ended so)."""
+    mine = [lease for lease in await rt.leases.history(rt.repo, issue) if lease.owner == login]
+    if not mine or mine[-1].status == "live" or mine[-1].end_reason != HANDOVER_REASON:
+        return None
+    return mine[-1]
 
 
 async def _adopt(
@@ -128,22 +178,25 @@ async def _adopt(
 
 async def _record(
     rt: VerbRuntime, caller: Caller, issue: int, pr: PullRequest, branch: str, base: str, adopted: bool,
-    delivery_id: str | None,
+    delivery_id: str | None, lease: Lease | None, key: str | None,
 ) -> dict[str, Any]:
-    """Record the PR on the issue and queue ``status:pr-open``, ``status:review`` and the evidence, in one
-    transaction (keys per PR and head: a replay queues nothing new, a round after requested changes moves the
-    labels again)."""
+    """Record the PR on the issue, end the authoring lease (``pull_request_opened``, the answer kept on its
+    release for a replay) and queue ``status:pr-open``, ``status:review`` and the evidence, in one transaction
+    (keys per PR and head: a replay queues nothing new, a round after requested changes moves the labels
+    again). A lease that ended meanwhile (expired) is reported, never an error: the PR is open either way."""
     prefix = f"pr:{issue}:{pr.number}:{pr.head_sha[:12]}"
     in_progress, pr_open, review = (label_for_state(s) for s in ("in-progress", "pr-open", "review"))
     doc: dict[str, Any] = {
         "issue_number": issue, "pull_request": pr.number, "head": pr.head_ref, "head_sha": pr.head_sha,
         "base": pr.base_ref, "url": pr.html_url, "adopted": adopted,
         "outbox": [f"{prefix}:pr-open", f"{prefix}:review", f"{prefix}:evidence"],
+        "handed_over": {"lease_id": lease.lease_id if lease is not None else None, "reason": HANDOVER_REASON,
+                        "who_is_next": "reviewer"},
     }
     state = CanonicalState(
         state="review",
         who_is_next="reviewer",
-        next_action=f"a reviewer reviews pull request #{pr.number}",
+        next_action=f"a reviewer is allocated the review of pull request #{pr.number} (the author's lease ended)",
         next_prompt=f"Pull request #{pr.number} ({branch} into {base}) closes #{issue}.\n"
                     "Review it: approve, or request changes with a body.",
         what_happened=f"{'adopted' if adopted else 'opened'} pull request #{pr.number} from {branch} into {base}",
@@ -165,4 +218,11 @@ async def _record(
         await enqueue(conn, OutboxIntent(f"{prefix}:review", issue, "labels",
                                          {"add": [review], "remove": [pr_open]}, delivery_id))
         await enqueue(conn, OutboxIntent(f"{prefix}:evidence", issue, "comment", {"body": body}, delivery_id))
+        if lease is not None:
+            try:
+                await rt.leases.release(conn, lease.lease_id, actor=caller.login, reason=HANDOVER_REASON,
+                                        now=rt.clock(), pull_request=pr.number, head_sha=pr.head_sha,
+                                        idempotency_key=key, result=doc)
+            except LeaseRefused:
+                doc["handed_over"]["lease_id"] = None  # it ended meanwhile (expired, swept): nothing to end
     return doc

@@ -540,10 +540,12 @@ Replayer = Callable[[VerbRuntime, Verb, Caller, Mapping[str, object]], Awaitable
 def replayers() -> Mapping[str, Replayer]:
     """The verbs that answer a finished request from its record before the preconditions (after the role gate)."""
     from bot.verbs.merge import merge_replay
+    from bot.verbs.pulls import open_pull_request_replay, release_after_handover_replay
     from bot.verbs.review import submit_review_replay
 
     return {"bootstrap_issue_worktree": bootstrap_replay, "submit_review": submit_review_replay,
-            "merge_pull_request": merge_replay}
+            "merge_pull_request": merge_replay, "open_pull_request": open_pull_request_replay,
+            "release_lease": release_after_handover_replay}
 
 
 @cache

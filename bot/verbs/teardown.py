@@ -79,6 +79,8 @@ class TeardownReport:
     status: Literal["done", "replayed", "skipped"]
     outcome: dict[str, Any] = field(default_factory=dict)
     outbox: list[str] = field(default_factory=list)
+    #: the live leases this teardown ended (their owners are free: auto-allocation follows)
+    ended: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True)
@@ -322,9 +324,11 @@ async def _commit(
                                   delivery_id=call.delivery_id, outcome=outcome, now=now):
             recorded = await store.get(call.key, conn)
             return TeardownReport(call.key, "replayed", recorded.outcome if recorded else {})
+        ended: list[str] = []
         for lease in await lease_store.open_leases(repo, conn):
             if lease.issue_number == number:
                 await lease_store.release(conn, lease.lease_id, actor="foreman", reason=call.reason, now=now)
+                ended.append(lease.lease_id)
         for item in worktrees:
             if item.decision.action in ("remove", "absent"):
                 where = f" (pr #{pr})" if pr else ""
@@ -340,7 +344,7 @@ async def _commit(
                 queued.append(intent.key)
     log.info("teardown %s of #%d (%s): worktree %s, branch %s", call.key, number, call.reason,
              (outcome["worktree"] or {}).get("action"), (outcome["branch"] or {}).get("action"))
-    return TeardownReport(call.key, "done", outcome, queued)
+    return TeardownReport(call.key, "done", outcome, queued, ended)
 
 
 async def remove_run_worktree(
