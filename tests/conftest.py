@@ -68,6 +68,12 @@ def postgres_reachable() -> bool:
     return _reachable[0]
 
 
+def _close_read_sessions(url: str) -> None:
+    session = _read_sessions.pop(url, None)
+    if session is not None:
+        session.close()
+
+
 class PostgresSchemas:
     """Fresh schemas on the test server, each dropped (with everything in it) at the end of the test."""
 
@@ -85,6 +91,8 @@ class PostgresSchemas:
     def drop(self) -> None:
         if not self.names:
             return
+        for url in [u for u in _read_sessions if any(f"search_path%3D{name}" in u for name in self.names)]:
+            _close_read_sessions(url)
         with psycopg.connect(POSTGRES_URL, autocommit=True) as conn:
             for name in self.names:
                 conn.execute(f"DROP SCHEMA IF EXISTS {name} CASCADE")
@@ -160,12 +168,18 @@ async def open_db(backend: str, pg_schemas: PostgresSchemas) -> AsyncIterator[Db
 READ_ERRORS = (sqlite3.Error, psycopg.Error)
 
 
+_read_sessions: dict[str, psycopg.Connection[Any]] = {}
+
+
 def read_rows(target: Path | str, sql: str) -> list[tuple[Any, ...]]:
     """Rows of one query against a database a foreman process writes, read-only: a SQLite file or a PostgreSQL
     URL (so a test watching a `foreman serve` reads either backend the same way)."""
     if isinstance(target, str):
-        with psycopg.connect(target, autocommit=True, connect_timeout=3) as conn:
-            return [tuple(row) for row in conn.execute(sql).fetchall()]
+        session = _read_sessions.get(target)
+        if session is None or session.closed or session.broken:
+            # Kept between calls: a poll every few milliseconds must not have the server start a backend each time.
+            session = _read_sessions[target] = psycopg.connect(target, autocommit=True, connect_timeout=3)
+        return [tuple(row) for row in session.execute(sql).fetchall()]
     with sqlite3.connect(f"file:{target}?mode=ro", uri=True) as lite:
         return [tuple(row) for row in lite.execute(sql).fetchall()]
 
