@@ -3,6 +3,8 @@
     .venv/bin/python -m bench.e2e [--life] [--issues 200] [--baseline-samples 10] [--timeout 60] [--json] [--keep]
 
 ``--life`` times each issue's whole life instead (bench/e2e_life.py; docs/benchmarks.md says what it measures).
+``--database-url URL`` runs the loop once more with foreman on PostgreSQL (a schema of its own at URL), after the
+SQLite run, and reports both.
 
 Set-up (not timed), the same as ``foreman demo`` (``bot.demo.open_harness``): the Gitea emulator in this process on
 loopback, with a real bare repository, users and the status labels; a real ``foreman serve`` subprocess (SQLite in
@@ -37,7 +39,6 @@ import argparse
 import asyncio
 import json
 import shutil
-import sqlite3
 import statistics
 import subprocess
 import sys
@@ -50,6 +51,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from bench.database import rows, scratch_schema
 from bot.core.evidence import find_marker
 from bot.demo import (
     AUTHOR,
@@ -69,17 +71,12 @@ from state.db import from_db_time
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
 
-def _query(h: LoopHarness, sql: str, params: tuple[Any, ...] = ()) -> list[sqlite3.Row]:
-    """Rows from foreman's SQLite file, opened read-only (foreman serve keeps writing in WAL mode)."""
-    conn = sqlite3.connect(f"file:{h.db_path}?mode=ro", uri=True, timeout=5.0)
-    try:
-        conn.row_factory = sqlite3.Row
-        return list(conn.execute(sql, params).fetchall())
-    finally:
-        conn.close()
+def _query(h: LoopHarness, sql: str, params: tuple[Any, ...] = ()) -> list[dict[str, Any]]:
+    """Rows from foreman's database, read-only (foreman serve keeps writing): its SQLite file or PostgreSQL."""
+    return rows(h.database_url or h.db_path, sql, params)
 
 
-def _outbox_done(h: LoopHarness, key: str) -> sqlite3.Row | None:
+def _outbox_done(h: LoopHarness, key: str) -> dict[str, Any] | None:
     rows = _query(h, "SELECT status, result_json, sent_at FROM outbox WHERE idempotency_key = ?", (key,))
     if rows and rows[0]["status"] in ("verification_failed", "parked"):
         raise StepFailed("outbox", f"foreman's outbox entry {key} ended {rows[0]['status']}")
@@ -215,9 +212,12 @@ def _check(h: LoopHarness, issues: Sequence[int], run: Run) -> None:
     run.errors.extend(f"delivery {r['delivery_id']} failed" for r in failed)
 
 
-async def bench(issues: int, baseline_samples: int, timeout_s: float, root: Path) -> Run:
+async def bench(
+    issues: int, baseline_samples: int, timeout_s: float, root: Path, database_url: str | None = None
+) -> Run:
     run = Run()
-    async with open_harness(root) as h:
+    database = None if database_url is None else {"database": {"url": database_url}}
+    async with open_harness(root, config=database) as h:
         await h.start_serve(timeout_s)
         await h.register_hook()
         numbers = []
@@ -308,6 +308,10 @@ def text(doc: dict[str, Any]) -> str:
     ])
 
 
+def _both(doc: dict[str, Any]) -> str:
+    return f"SQLite\n{text(doc['sqlite'])}\n\nPostgreSQL\n{text(doc['postgresql'])}"
+
+
 def _first_failure(exc: BaseException) -> BaseException:
     while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
         exc = exc.exceptions[0]
@@ -323,6 +327,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--tmpdir", type=Path, default=None, help="where everything goes (default /dev/shm)")
     parser.add_argument("--json", action="store_true", help="print one JSON document")
     parser.add_argument("--keep", action="store_true", help="keep the directory (config, database, logs)")
+    parser.add_argument("--database-url", metavar="URL",
+                        help="also run on PostgreSQL at URL (a schema of its own there), after the SQLite run")
     return parser
 
 
@@ -347,6 +353,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         else:
             run = asyncio.run(bench(args.issues, args.baseline_samples, args.timeout, root))
             doc, errors, shown = report(run, args.issues), run.errors, text
+            if args.database_url is not None:
+                with scratch_schema(args.database_url, keep=args.keep) as url:
+                    on_pg = asyncio.run(bench(args.issues, args.baseline_samples, args.timeout, root / "pg", url))
+                pg_doc = report(on_pg, args.issues)
+                doc, errors = {"sqlite": doc, "postgresql": pg_doc, "ok": doc["ok"] and pg_doc["ok"]}, [
+                    *errors, *on_pg.errors]
+                shown = _both
     except (StepFailed, ExceptionGroup) as exc:  # a step that fails inside an MCP session comes in a group
         print(f"bench.e2e failed: {_first_failure(exc)} (files kept in {root})", file=sys.stderr)
         return EXIT_FAILED

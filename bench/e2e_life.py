@@ -7,7 +7,6 @@ import contextlib
 import json
 import os
 import resource
-import sqlite3
 import statistics
 import time
 from collections import Counter
@@ -68,8 +67,8 @@ class LifeRun:
     deliveries_refused: list[str] = field(default_factory=list)  # what foreman answered, when not 2xx
 
 
-async def _bootstrapped(h: LoopHarness, n: int, timeout_s: float) -> sqlite3.Row:
-    async def probe() -> sqlite3.Row | None:
+async def _bootstrapped(h: LoopHarness, n: int, timeout_s: float) -> dict[str, Any]:
+    async def probe() -> dict[str, Any] | None:
         rows = _query(h, "SELECT j.worktree_path, o.sent_at FROM bootstrap_journal j JOIN outbox o"
                          " ON o.idempotency_key = j.idempotency_key || ':evidence'"
                          " WHERE j.issue_number = ? AND j.phase = 'completed' AND o.status = 'done'", (n,))
@@ -114,7 +113,7 @@ async def _one_life(h: LoopHarness, sessions: dict[str, Any], n: int, timeout_s:
     pr = int(opened["pull_request"])
     key = f"{pull_key(FULL_NAME.lower(), n, pr)}:evidence"
 
-    async def torn_down() -> sqlite3.Row | None:
+    async def torn_down() -> dict[str, Any] | None:
         labels = _outbox_done(h, key.removesuffix(":evidence") + ":labels")
         return _outbox_done(h, key) if labels is not None else None
 

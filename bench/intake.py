@@ -1,12 +1,13 @@
 """Webhook intake benchmark: `foreman serve` versus a bare aiohttp endpoint, same load, same run.
 
-    .venv/bin/python -m bench.intake [--requests N] [--concurrency 32] [--rounds 2] [--json]
+    .venv/bin/python -m bench.intake [--requests N] [--concurrency 32] [--rounds 2] [--database-url URL] [--json]
 
 Both targets run as subprocesses on loopback; one aiohttp client (this process) sends signed, unique ~6 KB
 Gitea ``issue_comment`` deliveries to them in alternation (warm-up, then bare, foreman, bare, foreman ...).
 Every round sends the very same requests to both targets. After a foreman round (but the last) the benchmark
 waits until the service's worker has drained what it stored, so that backlog never runs during a bare round.
-After the service is stopped, its SQLite database is opened with the stdlib and the stored rows counted.
+After the service is stopped, its database is opened read-only and the stored rows counted. ``--database-url``
+runs the same benchmark once more with the service on PostgreSQL (a schema of its own there), after the SQLite run.
 
 Exit status: 0 when the run was valid (a missed performance target is reported, not fatal); 1 on an
 error (a non-202 answer, a missing row, a target that would not start or stop); 2 on bad usage.
@@ -26,7 +27,6 @@ import os
 import shutil
 import signal
 import socket
-import sqlite3
 import sys
 import tempfile
 import time
@@ -39,6 +39,8 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
+from bench.database import Target as DatabaseTarget
+from bench.database import exists, rows, scratch_schema
 from bot.config_writer import write_config
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -321,41 +323,39 @@ class Target:
         return process_cpu_s(self.proc.pid) if self.proc is not None else None
 
 
-def write_foreman_config(workdir: Path, port: int, synchronous: str) -> tuple[Path, Path]:
+def write_foreman_config(
+    workdir: Path, port: int, synchronous: str, database_url: str | None
+) -> tuple[Path, DatabaseTarget]:
+    """The service's config: SQLite in ``workdir``, or PostgreSQL at ``database_url``; returns where it stores."""
     db_path = workdir / "foreman.db"
     config = workdir / "foreman.toml"
+    database: dict[str, Any] = {"synchronous": synchronous}
+    database.update({"path": db_path} if database_url is None else {"url": database_url})
     write_config(config, {
         "server": {"host": "127.0.0.1", "port": port},
         "webhook": {"secrets": [SECRET]},
-        "database": {"path": db_path, "synchronous": synchronous},
+        "database": database,
         "repository": {"checkout_root": workdir / "checkouts"},
     })
-    return config, db_path
+    return config, db_path if database_url is None else database_url
 
 
-def count_rows(db_path: Path) -> tuple[int, dict[str, int]]:
-    conn = sqlite3.connect(f"file:{db_path}?mode=ro", uri=True)
-    try:
-        total = conn.execute("SELECT COUNT(*) FROM deliveries").fetchone()[0]
-        by_status = dict(conn.execute("SELECT status, COUNT(*) FROM deliveries GROUP BY status").fetchall())
-    finally:
-        conn.close()
+def count_rows(target: DatabaseTarget) -> tuple[int, dict[str, int]]:
+    total = rows(target, "SELECT COUNT(*) AS n FROM deliveries")[0]["n"]
+    grouped = rows(target, "SELECT status, COUNT(*) AS n FROM deliveries GROUP BY status")
+    by_status = {r["status"]: r["n"] for r in grouped}
     return int(total), {str(k): int(v) for k, v in by_status.items()}
 
 
-def pending_rows(db_path: Path) -> int:
-    conn = sqlite3.connect(f"file:{db_path}?mode=ro", uri=True, timeout=5)
-    try:
-        row = conn.execute("SELECT COUNT(*) FROM deliveries WHERE status IN ('queued', 'processing')").fetchone()
-    finally:
-        conn.close()
-    return int(row[0])
+def pending_rows(target: DatabaseTarget) -> int:
+    found = rows(target, "SELECT COUNT(*) AS n FROM deliveries WHERE status IN ('queued', 'processing')")
+    return int(found[0]["n"])
 
 
-async def wait_drained(db_path: Path, timeout_s: float) -> float:
+async def wait_drained(target: DatabaseTarget, timeout_s: float) -> float:
     """Wait until the service's worker has settled everything stored so far; returns the seconds waited."""
     started = time.perf_counter()
-    while pending_rows(db_path) > 0:
+    while pending_rows(target) > 0:
         if time.perf_counter() - started > timeout_s:
             raise BenchError(f"the worker did not drain the inbox within {timeout_s:.0f}s")
         await asyncio.sleep(0.05)
@@ -476,12 +476,15 @@ class Options:
     keep: bool
 
 
-async def run(options: Options, template: dict[str, Any], payload_source: str) -> dict[str, Any]:
+async def run(
+    options: Options, template: dict[str, Any], payload_source: str, database_url: str | None = None
+) -> dict[str, Any]:
+    """One benchmark run: on SQLite, or on PostgreSQL at ``database_url`` (a schema of its own there)."""
     run_tag = uuid.uuid4().hex[:12]
     sample = make_body(template, run_tag, 0)
     workdir = Path(tempfile.mkdtemp(prefix="foreman-bench-", dir=options.tmpdir))
     foreman_port = free_port()
-    config_path, db_path = write_foreman_config(workdir, foreman_port, options.synchronous)
+    config_path, db_path = write_foreman_config(workdir, foreman_port, options.synchronous, database_url)
     foreman_argv = [sys.executable]
     if options.profile:
         foreman_argv += ["-m", "cProfile", "-o", options.profile]
@@ -535,18 +538,18 @@ async def run(options: Options, template: dict[str, Any], payload_source: str) -
             else:
                 if code not in (0, None):
                     errors.append(f"{target.name} exited with {code} after SIGTERM:\n{target.log_tail()}")
-    rows, rows_by_status = 0, dict[str, int]()
-    if db_path.exists():
-        rows, rows_by_status = count_rows(db_path)
-    if rows != sent_to_foreman:
-        errors.append(f"foreman stored {rows} rows for {sent_to_foreman} requests sent")
+    stored, rows_by_status = 0, dict[str, int]()
+    if exists(db_path):
+        stored, rows_by_status = count_rows(db_path)
+    if stored != sent_to_foreman:
+        errors.append(f"foreman stored {stored} rows for {sent_to_foreman} requests sent")
     bare_doc = aggregate(results["bare"]) if results["bare"] else None
     foreman_doc = aggregate(results["foreman"]) if results["foreman"] else None
     ratio = None
     if bare_doc and foreman_doc and bare_doc["deliveries_per_s"]:
         ratio = round(foreman_doc["deliveries_per_s"] / bare_doc["deliveries_per_s"], 3)
     if foreman_doc is not None:
-        foreman_doc.update(rows_expected=sent_to_foreman, rows_stored=rows, rows_by_status=rows_by_status)
+        foreman_doc.update(rows_expected=sent_to_foreman, rows_stored=stored, rows_by_status=rows_by_status)
     p99 = foreman_doc["p99_ms"] if foreman_doc else None
     settings: dict[str, Any] = {
         "requests_per_round": options.requests,
@@ -556,6 +559,7 @@ async def run(options: Options, template: dict[str, Any], payload_source: str) -
         "payload": payload_source,
         "payload_bytes": len(sample),
         "synchronous": options.synchronous,
+        "database": "sqlite" if database_url is None else "postgresql",
         "workdir": str(workdir),
         "cpus": os.cpu_count(),
         "python": sys.version.split()[0],
@@ -593,7 +597,7 @@ def render_text(doc: dict[str, Any]) -> str:
     lines = [
         f"intake benchmark: {s['rounds']} round(s) x {s['requests_per_round']} requests per target"
         f" (+{s['warmup']} warm-up), concurrency {s['concurrency']}, {s['payload_bytes']} B bodies"
-        f" from {s['payload']}, synchronous={s['synchronous']}, {s['cpus']} CPUs",
+        f" from {s['payload']}, {s['database']}, synchronous={s['synchronous']}, {s['cpus']} CPUs",
         "",
         f"{'target':<8} {'round':>5} {'deliveries/s':>12} {'p50 ms':>8} {'p99 ms':>8}"
         f" {'srv cpu ms/req':>14} {'cli cpu ms/req':>14} {'drain s':>8}",
@@ -656,6 +660,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--synchronous", choices=("FULL", "NORMAL"), default="FULL", help="service's SQLite mode")
     parser.add_argument("--tmpdir", help="where the temp database goes (default: the system temp dir)")
+    parser.add_argument("--database-url", metavar="URL",
+                        help="also run on PostgreSQL at URL (a schema of its own there), after the SQLite run")
     parser.add_argument("--profile", metavar="PATH", help="run the service under cProfile, stats to PATH")
     parser.add_argument("--keep", action="store_true", help="keep the temp dir (database, logs, config)")
     parser.add_argument("--json", action="store_true", help="print one JSON document instead of a table")
@@ -685,8 +691,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(json.dumps({"error": "bad_payload", "message": str(exc)}), file=sys.stderr)
         return EXIT_USAGE
     doc = asyncio.run(run(options, template, payload_source))
-    print(json.dumps(doc, indent=2) if args.json else render_text(doc))
-    return EXIT_OK if doc["ok"] else EXIT_ERROR
+    if args.database_url is None:
+        print(json.dumps(doc, indent=2) if args.json else render_text(doc))
+        return EXIT_OK if doc["ok"] else EXIT_ERROR
+    with scratch_schema(args.database_url, keep=args.keep) as url:
+        on_postgres = asyncio.run(run(options, template, payload_source, url))
+    both = {"sqlite": doc, "postgresql": on_postgres, "ok": doc["ok"] and on_postgres["ok"]}
+    if args.json:
+        print(json.dumps(both, indent=2))
+    else:
+        print("SQLite\n" + render_text(doc) + "\n\nPostgreSQL\n" + render_text(on_postgres))
+    return EXIT_OK if both["ok"] else EXIT_ERROR
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ from bot.handler_deps import HandlerDeps
 from bot.metrics import LoopLagMonitor, Metrics
 from bot.tasks import cancel_and_wait
 from bot.worker import Worker
-from state.db import Database, DatabaseNotWritable
+from state.db import Database, DatabaseNotWritable, open_database
 from state.deliveries import DeliveryStore, InsertResult
 from state.outbox import OutboxEntry, OutboxStore, acting_for
 
@@ -533,9 +533,5 @@ async def open_service(settings: Settings, router: OrderedRouter) -> Service:
     """The composition root: the service, its handlers' router and the issue state's outbox hooks, wired."""
     from handlers import outbox_hooks
 
-    db = await Database.open(
-        settings.database.path,
-        synchronous=settings.database.synchronous,
-        busy_timeout_ms=settings.database.busy_timeout_ms,
-    )
+    db = await open_database(settings.database)
     return Service(settings=settings, router=router, db=db, hooks_for=lambda view: outbox_hooks(db, view))

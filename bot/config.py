@@ -221,6 +221,7 @@ PATH_KEYS: tuple[tuple[str, str], ...] = (
     ("webhook", "secrets_file"),
     ("gitea", "token_file"),
     ("dashboard", "token_file"),
+    ("database", "url_file"),
 )
 
 
@@ -293,7 +294,7 @@ def _secret_from_file(
 
 
 def _resolve_secret_files(settings: Settings, errors: list[tuple[str, str]]) -> Settings:
-    """webhook.secrets_file (one secret a line), gitea.token_file and dashboard.token_file."""
+    """webhook.secrets_file (one secret a line), gitea.token_file, dashboard.token_file, database.url_file."""
     webhook, gitea, dashboard = settings.webhook, settings.gitea, settings.dashboard
     text = _secret_from_file("webhook", "secrets", webhook.secrets, webhook.secrets_file, errors)
     if text is not None:
@@ -307,7 +308,14 @@ def _resolve_secret_files(settings: Settings, errors: list[tuple[str, str]]) -> 
         errors.append(("dashboard.token_file", f"{dashboard.token_file} holds fewer than 16 characters"))
     elif text is not None:
         dashboard = dashboard.model_copy(update={"token": SecretStr(text)})
-    return settings.model_copy(update={"webhook": webhook, "gitea": gitea, "dashboard": dashboard})
+    database = settings.database
+    url = _secret_from_file("database", "url", database.url, database.url_file, errors)
+    if url is not None and not url.startswith(("postgresql://", "postgres://")):
+        errors.append(("database.url_file", f"{database.url_file} does not hold a postgresql:// URL"))
+    elif url is not None:
+        database = database.model_copy(update={"url": SecretStr(url)})
+    return settings.model_copy(update={"webhook": webhook, "gitea": gitea, "dashboard": dashboard,
+                                       "database": database})
 
 
 def _resolve_mcp_token_files(settings: Settings, base: Path, errors: list[tuple[str, str]]) -> Settings:

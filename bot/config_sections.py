@@ -15,11 +15,13 @@ from pydantic import (
     Strict,
     ValidationInfo,
     field_validator,
+    model_validator,
 )
 
 from bot.core.gateway import Role
 from bot.core.grants import TOOL_CONTRACTS, GrantEffect, PolicyTemplate
 from bot.core.vocabulary import MAX_ISSUE_NUMBER
+from state.sql import redact_url
 
 #: An issue number in a config list: a real integer (never a bool, float or numeric string), 1..2^63-1.
 IssueNumber = Annotated[int, Strict(), Field(gt=0, le=MAX_ISSUE_NUMBER)]
@@ -70,9 +72,40 @@ class WebhookConfig(ConfigSection):
 
 
 class DatabaseConfig(ConfigSection):
+    #: SQLite (the embedded default): the database file.
     path: Path = Path("var/foreman.db")
+    #: PostgreSQL instead: postgresql://user[:password]@host[:port]/dbname[?options]. Never logged as given.
+    url: SecretStr | None = None
+    #: A file holding that URL (one with a password in it need not be in the config).
+    url_file: Path | None = None
     synchronous: Literal["FULL", "NORMAL"] = "FULL"
     busy_timeout_ms: int = Field(default=5000, ge=0)
+
+    @field_validator("url")
+    @classmethod
+    def _url_is_postgresql(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is not None and not value.get_secret_value().startswith(("postgresql://", "postgres://")):
+            raise ValueError("must be a postgresql:// URL (postgresql://user@host:5432/dbname)")
+        return value
+
+    @model_validator(mode="after")
+    def _one_backend(self) -> DatabaseConfig:
+        if (self.url is not None or self.url_file is not None) and "path" in self.model_fields_set:
+            url_key = "database.url" if self.url is not None else "database.url_file"
+            raise ValueError(f"database.path (SQLite) and {url_key} (PostgreSQL) are both set: keep the one to use")
+        return self
+
+    @property
+    def backend(self) -> Literal["sqlite", "postgresql"]:
+        return "sqlite" if self.url is None else "postgresql"
+
+    def postgres_url(self) -> str | None:
+        return None if self.url is None else self.url.get_secret_value()
+
+    def describe(self) -> str:
+        """The database for logs and check-config: the SQLite path, or the URL with its password hidden."""
+        url = self.postgres_url()
+        return str(self.path) if url is None else redact_url(url)
 
 
 class GiteaConfig(ConfigSection):

@@ -122,6 +122,8 @@ class LoopHarness:
     db_path: Path
     checkout: Path
     serve_log: Path
+    #: PostgreSQL instead of the SQLite file at db_path (bench/e2e.py --database-url).
+    database_url: str | None = None
     serve: asyncio.subprocess.Process | None = None
     webhook_url: str = ""
     hook_id: int | None = None
@@ -150,7 +152,7 @@ class LoopHarness:
     @asynccontextmanager
     async def foreman_db(self) -> AsyncIterator[Database]:
         """foreman's database for one look, opened read-only (foreman serve keeps writing in WAL mode)."""
-        async with read_only(self.db_path) as db:
+        async with read_only(self.database_url or self.db_path) as db:
             yield db
 
     async def verified_entry(self, key: str) -> OutboxEntry | None:
@@ -303,7 +305,11 @@ async def open_harness(root: Path, *, config: Document | None = None, life: bool
         serve_log=root / "serve.log",
     )
     document = merged(_config(harness), life_config(harness)) if life else _config(harness)
-    write_config(harness.config_path, merged(document, config or {}), comment="written by foreman demo")
+    document = merged(document, config or {})
+    harness.database_url = document["database"].get("url")
+    if harness.database_url is not None:  # PostgreSQL: [database] url alone
+        del document["database"]["path"]
+    write_config(harness.config_path, document, comment="written by foreman demo")
     try:
         yield harness
     finally:

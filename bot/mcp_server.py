@@ -27,7 +27,7 @@ from bot.core.verbs import TOOLS, VERBS, Verb
 from bot.verbs.runs.broker import Broker
 from bot.verbs.runs.start import is_run_token
 from bot.verbs.runtime import BootstrapFactory, Caller, VerbResult, VerbRuntime, caller_for, refused
-from state.db import Database
+from state.db import open_database
 from state.grants import GrantStore
 
 log = logging.getLogger("foreman.mcp")
@@ -398,11 +398,7 @@ async def open_runtimes(
 
     from bot.gitea import client_for
 
-    db = await Database.open(
-        settings.database.path,
-        synchronous=settings.database.synchronous,
-        busy_timeout_ms=settings.database.busy_timeout_ms,
-    )
+    db = await open_database(settings.database)
     try:
         async with aiohttp.ClientSession() as session:
             runtimes: dict[str, VerbRuntime] = {}

@@ -1,1 +1,1 @@
-"""The SQLite store: the schema and one module per aggregate."""
+"""The store (SQLite or PostgreSQL): the schema and one module per aggregate."""

@@ -1,32 +1,31 @@
-"""The SQLite edge: one connection for writes (explicit BEGIN IMMEDIATE transactions), WAL, migrations."""
+"""The database edge both backends share: the record helpers, the typed refusals, the migration runner, the openers.
+
+``Database`` is what every store holds: ``transaction()`` (one write transaction at a time, serialized across
+processes), ``reader`` (autocommit reads), ``check_writable()``, ``close()``. SQLite (state/db_sqlite.py) is the
+embedded default; PostgreSQL (state/db_postgres.py) serves several replicas. ``open_database`` picks by config.
+"""
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
-import os
-import shutil
-import sqlite3
-import stat
-import time
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
-from urllib.parse import quote
-
-import aiosqlite
 
 from state.migrations import MIGRATIONS
+from state.migrations_pg import render_postgres
+from state.sql import Connection, Dialect, Row
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
 
+    from bot.config_sections import DatabaseConfig
+    from state.db_sqlite import SqliteDatabase
+
 Record = TypeVar("Record", bound="DataclassInstance")
 
-#: Files SQLite keeps beside the database in WAL mode; SQLite creates them with the database file's mode.
-SIDE_FILES = ("-wal", "-shm")
 #: check_writable() refuses when the database's file system has less free space than this.
 MIN_FREE_BYTES = 2 * 1024 * 1024
 
@@ -42,33 +41,23 @@ class DatabaseNotWritable(RuntimeError):
         self.reason = reason
 
 
-class _ProbeDone(Exception):
-    """Raised inside the probe transaction to roll it back."""
+class SchemaTooNew(RuntimeError):
+    """The database was migrated by a newer foreman: this one does not know its schema and must not write it."""
+
+    def __init__(self, found: int, known: int, where: str) -> None:
+        self.found = found
+        self.known = known
+        self.exact_next_action = (
+            f"run a foreman that knows schema version {found} against {where}, or restore a backup taken before"
+            " the upgrade"
+        )
+        super().__init__(
+            f"the database {where} has schema version {found}; this foreman knows up to version {known}:"
+            f" {self.exact_next_action}"
+        )
 
 
-def _owner_may_write(path: Path) -> bool:
-    """os.access, and for a file we own the owner's write bit too (root passes os.access on a chmod 0400 file,
-    but an operator who made the database read-only meant it)."""
-    try:
-        info = path.stat()
-    except FileNotFoundError:
-        return True
-    if info.st_uid == os.geteuid() and not info.st_mode & stat.S_IWUSR:
-        return False
-    return os.access(path, os.W_OK)
-
-
-def _private(path: Path) -> None:
-    """Mode 0600 for the database and its side files (webhook bodies and tokens' digests live there)."""
-    for candidate in (path, *(path.with_name(path.name + suffix) for suffix in SIDE_FILES)):
-        try:
-            if stat.S_IMODE(candidate.stat().st_mode) != 0o600:
-                os.chmod(candidate, 0o600)
-        except FileNotFoundError:
-            continue
-
-
-def from_row(cls: type[Record], row: sqlite3.Row, **fields: Any) -> Record:
+def from_row(cls: type[Record], row: Row, **fields: Any) -> Record:
     """A record dataclass from a row whose columns carry its field names; ``fields`` gives those that do not."""
     return cls(**{f.name: fields[f.name] if f.name in fields else row[f.name] for f in dataclasses.fields(cls)})
 
@@ -86,187 +75,110 @@ def from_db_time(text: str) -> datetime:
     return datetime.strptime(text, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=UTC)
 
 
-#: What a lock held elsewhere (another process, or a read on this connection) answers: worth waiting for.
-_BUSY = frozenset({"SQLITE_BUSY", "SQLITE_BUSY_SNAPSHOT", "SQLITE_LOCKED"})
-
-
 class Database:
-    """An opened SQLite database. All writes go through ``transaction()``, one at a time."""
+    """An opened database. All writes go through ``transaction()``, one at a time across every process."""
 
-    def __init__(
-        self, conn: aiosqlite.Connection, path: Path, *, synchronous: str = "FULL", busy_timeout_ms: int = 5000
-    ) -> None:
-        self._conn = conn
-        self.path = path
-        self._write_lock = asyncio.Lock()
-        self._synchronous = synchronous
-        self._current_sync = synchronous
-        self._busy_timeout_s = busy_timeout_ms / 1000
+    dialect: Dialect
+    #: What the database is, for messages and logs: a file path, or a PostgreSQL URL without its password.
+    where: str
 
     @classmethod
-    async def open(cls, path: Path, *, synchronous: str = "FULL", busy_timeout_ms: int = 5000) -> Database:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        # Created 0600 before SQLite opens it: SQLite gives the -wal and -shm files the database file's mode.
-        os.close(os.open(path, os.O_RDWR | os.O_CREAT, 0o600))
-        _private(path)
-        conn = await aiosqlite.connect(str(path), isolation_level=None)
-        conn.row_factory = sqlite3.Row
-        if synchronous not in ("FULL", "NORMAL"):
-            raise ValueError("synchronous must be FULL or NORMAL")
-        await conn.execute("PRAGMA journal_mode=WAL")
-        await conn.execute(f"PRAGMA synchronous={synchronous}")
-        await conn.execute(f"PRAGMA busy_timeout={int(busy_timeout_ms)}")
-        await conn.execute("PRAGMA foreign_keys=ON")
-        db = cls(conn, path, synchronous=synchronous, busy_timeout_ms=busy_timeout_ms)
-        await db._migrate()
-        _private(path)
-        return db
+    async def open(cls, path: Path, *, synchronous: str = "FULL", busy_timeout_ms: int = 5000) -> SqliteDatabase:
+        """The SQLite database at ``path``, created and migrated."""
+        from state.db_sqlite import SqliteDatabase
+
+        return await SqliteDatabase.open_file(path, synchronous=synchronous, busy_timeout_ms=busy_timeout_ms)
 
     @classmethod
-    async def open_read_only(cls, path: Path, *, busy_timeout_ms: int = 5000) -> Database:
-        """A database another process writes, for reads only: never created or migrated, every write refused."""
-        if not await asyncio.to_thread(path.is_file):
-            # Checked first: aiosqlite's thread outlives a failed connect and may call back into a closed loop.
-            raise FileNotFoundError(f"no database at {path}")
-        conn = await aiosqlite.connect(f"file:{quote(str(path))}?mode=ro", uri=True, isolation_level=None)
-        conn.row_factory = sqlite3.Row
-        await conn.execute(f"PRAGMA busy_timeout={int(busy_timeout_ms)}")
-        return cls(conn, path, busy_timeout_ms=busy_timeout_ms)
+    async def open_read_only(cls, path: Path, *, busy_timeout_ms: int = 5000) -> SqliteDatabase:
+        """A SQLite database another process writes, for reads only: never created or migrated, writes refused."""
+        from state.db_sqlite import SqliteDatabase
+
+        return await SqliteDatabase.open_file_read_only(path, busy_timeout_ms=busy_timeout_ms)
+
+    def transaction(self, *, durable: bool = True) -> AbstractAsyncContextManager[Connection]:
+        """One write transaction: committed at the end of the block, rolled back on any exception.
+
+        ``durable=False``: it survives a process crash but may be lost on power loss. Only bookkeeping whose
+        loss means "do it again" (worker claims, handler results) uses it; an acknowledged delivery is always
+        committed durably.
+        """
+        raise NotImplementedError
+
+    @property
+    def reader(self) -> Connection:
+        """For reads outside a transaction (autocommit: each statement sees the latest commit)."""
+        raise NotImplementedError
+
+    async def check_writable(self, *, min_free_bytes: int = MIN_FREE_BYTES) -> None:
+        """Raise DatabaseNotWritable unless the database can take a write now (used by /readyz)."""
+        raise NotImplementedError
 
     async def close(self) -> None:
-        await self._conn.close()
+        raise NotImplementedError
+
+    async def schema_version(self) -> int:
+        async with self.reader.execute("SELECT MAX(version) FROM schema_migrations") as cur:
+            row = await cur.fetchone()
+        return int(row[0]) if row is not None and row[0] is not None else 0
+
+    async def _prepare_schema(self, conn: Connection) -> None:
+        """Backend objects every migration may use (PostgreSQL: its trigger and JSON functions)."""
 
     async def _migrate(self) -> None:
+        """Apply the numbered migrations not applied yet, in one transaction; refuse a newer schema."""
+        known = max(version for version, _, _ in MIGRATIONS)
         async with self.transaction() as conn:
             await conn.execute(
                 "CREATE TABLE IF NOT EXISTS schema_migrations "
                 "(version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at TEXT NOT NULL)"
             )
             async with conn.execute("SELECT version FROM schema_migrations") as cur:
-                applied = {row[0] for row in await cur.fetchall()}
+                applied = {int(row[0]) for row in await cur.fetchall()}
+            if applied and max(applied) > known:
+                raise SchemaTooNew(max(applied), known, self.where)
+            await self._prepare_schema(conn)
             for version, name, sql in MIGRATIONS:
                 if version in applied:
                     continue
-                for statement in _split_sql(sql):
+                text = render_postgres(version, sql) if self.dialect == "postgresql" else sql
+                for statement in _split_sql(text):
                     await conn.execute(statement)
                 await conn.execute(
                     "INSERT INTO schema_migrations (version, name, applied_at) VALUES (?, ?, ?)",
                     (version, name, to_db_time(utcnow())),
                 )
 
-    @asynccontextmanager
-    async def transaction(self, *, durable: bool = True) -> AsyncIterator[aiosqlite.Connection]:
-        """BEGIN IMMEDIATE ... COMMIT, or ROLLBACK on any exception (including cancellation).
 
-        ``durable=False`` commits with synchronous=NORMAL: it survives a process crash but may be lost on
-        power loss. Only bookkeeping whose loss means "do it again" (worker claims, handler results) uses
-        it; an acknowledged delivery is always committed with the configured (default FULL) setting.
-        """
-        async with self._write_lock:
-            wanted = self._synchronous if durable else "NORMAL"
-            if wanted != self._current_sync:
-                await self._conn.execute(f"PRAGMA synchronous={wanted}")
-                self._current_sync = wanted
-            await self._begin()
-            try:
-                yield self._conn
-                await self._conn.execute("COMMIT")
-            except BaseException:
-                # Also when COMMIT itself failed or was cancelled: never leave the write lock held.
-                if self._conn.in_transaction:
-                    await asyncio.shield(self._rollback())
-                raise
+def is_postgres_url(target: str) -> bool:
+    return target.startswith(("postgresql://", "postgres://"))
 
-    async def _begin(self) -> None:
-        """BEGIN IMMEDIATE, waiting up to the busy timeout where SQLite will not: it answers SQLITE_BUSY_SNAPSHOT at
-        once while a read on this connection (another task's, not finished) holds a snapshot older than another
-        process's commit; the read ends within a few queued statements, then the write can start."""
-        deadline = time.monotonic() + self._busy_timeout_s
-        pause = 0.001
-        while True:
-            try:
-                await self._conn.execute("BEGIN IMMEDIATE")
-                return
-            except sqlite3.OperationalError as exc:
-                if getattr(exc, "sqlite_errorname", "") not in _BUSY or time.monotonic() >= deadline:
-                    raise
-            await asyncio.sleep(pause)
-            pause = min(pause * 2, 0.05)
 
-    async def _rollback(self) -> None:
-        """ROLLBACK if a transaction is still open when it runs. A COMMIT whose caller was cancelled is still
-        queued on the database thread ahead of it and may have ended the transaction by then; that is no error."""
-        try:
-            await self._conn.execute("ROLLBACK")
-        except sqlite3.OperationalError:
-            if self._conn.in_transaction:
-                raise
+async def open_database(config: DatabaseConfig) -> Database:
+    """The configured database, created and migrated: PostgreSQL at ``database.url``, else SQLite at
+    ``database.path``. Every opener (serve, the CLI, foreman mcp) goes through here."""
+    url = config.postgres_url()
+    if url is not None:
+        from state.db_postgres import PostgresDatabase
 
-    @property
-    def reader(self) -> aiosqlite.Connection:
-        """For reads outside a transaction (autocommit: each statement sees the latest commit)."""
-        return self._conn
-
-    async def check_writable(self, *, min_free_bytes: int = MIN_FREE_BYTES) -> None:
-        """Raise DatabaseNotWritable unless the database can take a write now (used by /readyz).
-
-        Checks, in order: the file and its folder are writable (mode bits included); the file system has
-        ``min_free_bytes`` free; and a real write that needs new pages (a table and a page-sized row, rolled
-        back, so nothing is left behind) is accepted by SQLite, which refuses it with SQLITE_READONLY on a
-        read-only database and SQLITE_FULL on a full one.
-        """
-        folder = self.path.parent
-        for candidate in (self.path, *(self.path.with_name(self.path.name + s) for s in SIDE_FILES)):
-            if not _owner_may_write(candidate):
-                mode = stat.S_IMODE(candidate.stat().st_mode)
-                raise DatabaseNotWritable("read_only", f"the database file {candidate} is read-only (mode {mode:04o})")
-        if not _owner_may_write(folder):
-            raise DatabaseNotWritable(
-                "read_only", f"the database folder {folder} is read-only: SQLite cannot create its -wal/-shm files"
-            )
-        try:
-            free = shutil.disk_usage(folder).free
-        except OSError as exc:
-            raise DatabaseNotWritable("unavailable", f"cannot read the free space of {folder}: {exc}") from exc
-        if free < min_free_bytes:
-            raise DatabaseNotWritable(
-                "full", f"only {free} bytes free on the file system of {folder} (at least {min_free_bytes} needed)"
-            )
-        try:
-            async with self.transaction() as conn:
-                async with conn.execute("PRAGMA page_size") as cur:
-                    row = await cur.fetchone()
-                page_size = int(row[0]) if row is not None else 4096
-                await conn.execute("CREATE TABLE foreman_write_probe (pad BLOB)")
-                await conn.execute("INSERT INTO foreman_write_probe (pad) VALUES (zeroblob(?))", (page_size,))
-                raise _ProbeDone
-        except _ProbeDone:
-            return
-        except sqlite3.Error as exc:
-            raise _not_writable(exc, self.path) from exc
+        return await PostgresDatabase.connect(url, busy_timeout_ms=config.busy_timeout_ms)
+    return await Database.open(config.path, synchronous=config.synchronous, busy_timeout_ms=config.busy_timeout_ms)
 
 
 @asynccontextmanager
-async def read_only(path: Path | str) -> AsyncIterator[Database]:
-    """``Database.open_read_only`` for the length of a block (a demo or checker beside a running service)."""
-    db = await Database.open_read_only(Path(path))
+async def read_only(target: Path | str) -> AsyncIterator[Database]:
+    """A database another process writes, read-only, for the length of a block (a demo or checker beside a
+    running service): a SQLite file path, or a PostgreSQL URL (a read-only session there)."""
+    if isinstance(target, str) and is_postgres_url(target):
+        from state.db_postgres import PostgresDatabase
+
+        db: Database = await PostgresDatabase.connect(target, read_only=True)
+    else:
+        db = await Database.open_read_only(Path(target))
     try:
         yield db
     finally:
         await db.close()
-
-
-def _not_writable(exc: sqlite3.Error, path: Path) -> DatabaseNotWritable:
-    name = getattr(exc, "sqlite_errorname", "") or ""
-    text = str(exc)
-    if name.startswith("SQLITE_READONLY") or "readonly" in text:
-        return DatabaseNotWritable("read_only", f"the database {path} is read-only: {text}")
-    if name.startswith("SQLITE_FULL") or "full" in text:
-        return DatabaseNotWritable("full", f"the database {path} is full: {text}")
-    if name.startswith(("SQLITE_BUSY", "SQLITE_LOCKED")) or "locked" in text:
-        return DatabaseNotWritable("locked", f"the database {path} is locked by another writer: {text}")
-    kind = name or type(exc).__name__
-    return DatabaseNotWritable("unavailable", f"the database {path} refused a write: {kind}: {text}")
 
 
 def _split_sql(sql: str) -> list[str]:

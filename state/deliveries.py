@@ -3,17 +3,15 @@
 from __future__ import annotations
 
 import json
-import sqlite3
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Literal
 
-import aiosqlite
-
 from bot.core.intake import Delivery
 from bot.core.issue_state import repo_key
 from state.db import Database, from_db_time, from_row, to_db_time, utcnow
+from state.sql import Connection, Row
 
 DeliveryStatus = Literal["queued", "processing", "done", "failed", "ignored_self", "ignored"]
 #: ``ignored``: stored but for no handler (another repository, say), with ``ignored_reason``.
@@ -72,11 +70,11 @@ _COLUMNS = (
 )
 
 
-def _row(row: sqlite3.Row) -> StoredDelivery:
+def _row(row: Row) -> StoredDelivery:
     return from_row(StoredDelivery, row, pk=row["id"], body=bytes(row["body"]))
 
 
-async def _record_handler(conn: aiosqlite.Connection, pk: int, handler: str, error: str | None) -> None:
+async def _record_handler(conn: Connection, pk: int, handler: str, error: str | None) -> None:
     await conn.execute(
         "INSERT INTO delivery_handlers (delivery_pk, handler, status, attempts, last_error, updated_at)"
         " VALUES (?, ?, ?, 1, ?, ?)"
@@ -151,11 +149,13 @@ class DeliveryStore:
         async with self._db.reader.execute(due, (moment,)) as cur:
             if await cur.fetchone() is None:
                 return None  # idle: no write lock taken
+        # PostgreSQL: the due row is locked, and a row another claim holds is passed over, not waited for.
+        skip_locked = " FOR UPDATE SKIP LOCKED" if self._db.dialect == "postgresql" else ""
         async with self._db.transaction(durable=False) as conn:
             async with conn.execute(
                 "UPDATE deliveries SET status = 'processing', claimed_by = ?, heartbeat_at = ?,"  # noqa: S608
                 " attempts = attempts + 1, version = version + 1"
-                f" WHERE id = ({due}) AND status = 'queued' RETURNING {_COLUMNS}",
+                f" WHERE id = ({due}{skip_locked}) AND status = 'queued' RETURNING {_COLUMNS}",
                 (worker_id, moment, moment),
             ) as cur:
                 row = await cur.fetchone()
@@ -287,11 +287,21 @@ class DeliveryStore:
 
     async def for_issue(self, repo: str, number: int, *, limit: int = 50) -> list[StoredDelivery]:
         """The newest deliveries whose body names this repository (any case) and issue or pull request."""
+        if self._db.dialect == "postgresql":
+            where = (
+                "lower(foreman_json_or_null(body) #>> '{repository,full_name}') = ?"
+                " AND coalesce(foreman_json_or_null(body) #>> '{issue,number}',"
+                " foreman_json_or_null(body) #>> '{pull_request,number}') = CAST(? AS TEXT)"
+            )
+        else:
+            where = (
+                "json_valid(CAST(body AS TEXT))"
+                " AND lower(json_extract(CAST(body AS TEXT), '$.repository.full_name')) = ?"
+                " AND coalesce(json_extract(CAST(body AS TEXT), '$.issue.number'),"
+                " json_extract(CAST(body AS TEXT), '$.pull_request.number')) = ?"
+            )
         async with self._db.reader.execute(
-            f"SELECT {_COLUMNS} FROM deliveries WHERE json_valid(CAST(body AS TEXT))"  # noqa: S608
-            " AND lower(json_extract(CAST(body AS TEXT), '$.repository.full_name')) = ?"
-            " AND coalesce(json_extract(CAST(body AS TEXT), '$.issue.number'),"
-            " json_extract(CAST(body AS TEXT), '$.pull_request.number')) = ? ORDER BY id DESC LIMIT ?",
+            f"SELECT {_COLUMNS} FROM deliveries WHERE {where} ORDER BY id DESC LIMIT ?",  # noqa: S608
             (repo_key(repo), number, limit),
         ) as cur:
             return [_row(row) for row in await cur.fetchall()]

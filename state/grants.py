@@ -4,16 +4,14 @@ from __future__ import annotations
 
 import json
 import logging
-import sqlite3
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any, Literal
 
-import aiosqlite
-
 from bot.core.grants import Grant, InFlight, RunState, Verdict
 from state.db import Database, from_row, to_db_time
+from state.sql import Connection, IntegrityError, Row
 
 log = logging.getLogger("foreman.grants")
 
@@ -22,7 +20,7 @@ DecisionKind = Literal["admitted", "denied", "accepted", "refused", "aborted", "
 
 #: Called inside the transaction that closes a run (its teardown ran, failed or was reconciled), after the closing
 #: write and its decision: what the run's end must be committed with (the evidence comment's outbox entry).
-CloseHook = Callable[[aiosqlite.Connection, Grant, RunState], Awaitable[None]]
+CloseHook = Callable[[Connection, Grant, RunState], Awaitable[None]]
 
 
 class GrantConflict(Exception):
@@ -136,7 +134,7 @@ _DECISION_COLUMNS = (
 )
 
 
-def _state(row: sqlite3.Row) -> RunState:
+def _state(row: Row) -> RunState:
     inflight = InFlight.from_dict(json.loads(row["inflight_json"])) if row["inflight_json"] else None
     return RunState(
         run_id=row["run_id"],
@@ -148,11 +146,11 @@ def _state(row: sqlite3.Row) -> RunState:
     )
 
 
-def _run(row: sqlite3.Row) -> RunRecord:
+def _run(row: Row) -> RunRecord:
     return from_row(RunRecord, row, state=_state(row))
 
 
-def _decision(row: sqlite3.Row) -> DecisionRecord:
+def _decision(row: Row) -> DecisionRecord:
     return from_row(DecisionRecord, row, inert=bool(row["inert"]), detail=json.loads(row["detail_json"]))
 
 
@@ -224,7 +222,7 @@ class GrantStore:
                     " VALUES (?, ?, ?, ?, ?)",
                     (grant.run_id, token_sha256, grant.worktree.uuid, moment, moment),
                 )
-            except sqlite3.IntegrityError as exc:
+            except IntegrityError as exc:
                 raise GrantConflict(_conflict_message(str(exc), grant)) from exc
             record = await self.run(grant.run_id, conn)
         assert record is not None
@@ -232,7 +230,7 @@ class GrantStore:
 
     # --- reads --------------------------------------------------------------------------------------------------------
 
-    async def grant(self, run_id: str, conn: aiosqlite.Connection | None = None) -> Grant | None:
+    async def grant(self, run_id: str, conn: Connection | None = None) -> Grant | None:
         """The sealed grant, checked against its digest (GrantIntegrityError if it does not match)."""
         async with (conn or self._db.reader).execute(
             "SELECT grant_digest, body_json FROM grants WHERE run_id = ?", (run_id,)
@@ -248,7 +246,7 @@ class GrantStore:
             raise GrantIntegrityError(f"stored grant of {run_id} does not match its recorded digest")
         return grant
 
-    async def run(self, run_id: str, conn: aiosqlite.Connection | None = None) -> RunRecord | None:
+    async def run(self, run_id: str, conn: Connection | None = None) -> RunRecord | None:
         async with (conn or self._db.reader).execute(
             f"SELECT {_RUN_COLUMNS} FROM {_RUN_FROM} WHERE r.run_id = ?",  # noqa: S608
             (run_id,),
@@ -323,7 +321,7 @@ class GrantStore:
                 version = await self._write_state(conn, record, verdict.state, context.now)
             try:
                 await self._insert_decision(conn, verdict, version, context)
-            except sqlite3.IntegrityError as exc:
+            except IntegrityError as exc:
                 raise StateRaced(f"run {run_id}: {exc}") from exc
             if on_close is not None and verdict.state.closed and not record.state.closed:
                 closed_state = replace(verdict.state, version=version)
@@ -336,20 +334,20 @@ class GrantStore:
                 log.exception("run %s closed, but what its end records could not be written", run_id)
         return grant, verdict
 
-    async def decision_counts(self, run_id: str, conn: aiosqlite.Connection | None = None) -> dict[str, int]:
+    async def decision_counts(self, run_id: str, conn: Connection | None = None) -> dict[str, int]:
         """How many decisions of each kind the run has (``admitted``, ``denied``, ...)."""
         async with (conn or self._db.reader).execute(
             "SELECT kind, COUNT(*) AS n FROM grant_decisions WHERE run_id = ? GROUP BY kind ORDER BY kind", (run_id,)
         ) as cur:
             return {row["kind"]: int(row["n"]) for row in await cur.fetchall()}
 
-    async def _write_state(self, conn: aiosqlite.Connection, record: RunRecord, state: RunState, now: datetime) -> int:
+    async def _write_state(self, conn: Connection, record: RunRecord, state: RunState, now: datetime) -> int:
         before = record.state
         moment = to_db_time(now)
         closing = state.closed and not before.closed
         cursor = await conn.execute(
             "UPDATE grant_runs SET next_position = ?, inflight_json = ?, outcome = ?, teardown = ?,"
-            " closed_at = CASE WHEN ? THEN ? ELSE closed_at END, updated_at = ?, version = version + 1"
+            " closed_at = CASE WHEN ? = 1 THEN ? ELSE closed_at END, updated_at = ?, version = version + 1"
             " WHERE run_id = ? AND version = ?",
             (
                 state.next_position,
@@ -368,7 +366,7 @@ class GrantStore:
         return before.version + 1
 
     async def _insert_decision(
-        self, conn: aiosqlite.Connection, verdict: Verdict, version: int, context: DecisionContext
+        self, conn: Connection, verdict: Verdict, version: int, context: DecisionContext
     ) -> None:
         kind = decision_kind(verdict)
         call = verdict.call
@@ -431,7 +429,7 @@ class GrantStore:
         return True
 
 
-async def _guarded(conn: aiosqlite.Connection, hook: CloseHook, grant: Grant, state: RunState) -> bool:
+async def _guarded(conn: Connection, hook: CloseHook, grant: Grant, state: RunState) -> bool:
     """Run a close hook under a savepoint; False (its writes rolled back, the transaction intact) if it failed."""
     await conn.execute("SAVEPOINT run_close")
     try:

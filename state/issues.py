@@ -3,11 +3,8 @@
 from __future__ import annotations
 
 import json
-import sqlite3
 from collections.abc import Iterable
 from typing import Any
-
-import aiosqlite
 
 from bot.core.canonical import CanonicalState
 from bot.core.issue_state import (
@@ -35,6 +32,7 @@ from bot.core.vocabulary import is_status_label, label_for_state
 from state.db import Database, to_db_time, utcnow
 from state.label_syncs import failed_sync, insert_sync, plan_sync, queued_sync
 from state.outbox import OutboxEntry, cancel_issue_entries
+from state.sql import Connection, Row
 
 
 class ConcurrentUpdate(RuntimeError):
@@ -51,7 +49,7 @@ def _labels_from_json(text: str | None) -> tuple[IssueLabel, ...] | None:
     return tuple(IssueLabel(int(item["id"]), str(item["name"])) for item in json.loads(text))
 
 
-def _record_from_row(row: sqlite3.Row) -> CommentRecord:
+def _record_from_row(row: Row) -> CommentRecord:
     state_json = row["state_json"]
     trusted = row["trusted"]
     return CommentRecord(
@@ -361,14 +359,14 @@ class IssueStore:
             return await self._set_state(conn, current, None, now, keep_state=True, cause=None)
 
     # --- internals ----------------------------------------------------------------------------------------------------
-    async def _ensure_issue(self, conn: aiosqlite.Connection, repo: str, number: int, now: str) -> None:
+    async def _ensure_issue(self, conn: Connection, repo: str, number: int, now: str) -> None:
         await conn.execute(
             "INSERT INTO issues (repo, number, created_at, updated_at) VALUES (?, ?, ?, ?)"
             " ON CONFLICT (repo, number) DO NOTHING",
             (repo, number, now, now),
         )
 
-    async def _records(self, conn: aiosqlite.Connection, repo: str, number: int) -> list[CommentRecord]:
+    async def _records(self, conn: Connection, repo: str, number: int) -> list[CommentRecord]:
         async with conn.execute(
             f"SELECT {_RECORD_COLUMNS} FROM issue_comment_records"  # noqa: S608
             " WHERE repo = ? AND number = ? ORDER BY id",
@@ -376,7 +374,7 @@ class IssueStore:
         ) as cur:
             return [_record_from_row(row) for row in await cur.fetchall()]
 
-    async def _snapshot(self, conn: aiosqlite.Connection, repo: str, number: int) -> IssueSnapshot | None:
+    async def _snapshot(self, conn: Connection, repo: str, number: int) -> IssueSnapshot | None:
         async with conn.execute("SELECT * FROM issues WHERE repo = ? AND number = ?", (repo, number)) as cur:
             row = await cur.fetchone()
         if row is None:
@@ -403,7 +401,7 @@ class IssueStore:
         )
 
     async def _apply_observation(
-        self, conn: aiosqlite.Connection, snapshot: IssueSnapshot, issue: IssueObservation, source: str, now: str
+        self, conn: Connection, snapshot: IssueSnapshot, issue: IssueObservation, source: str, now: str
     ) -> IssueSnapshot:
         """Store a newer label set and status; raise or resolve the conflicting-status-labels blocker."""
         names = [label.name for label in issue.labels]
@@ -441,7 +439,7 @@ class IssueStore:
         )
 
     async def _update(
-        self, conn: aiosqlite.Connection, snapshot: IssueSnapshot, assignments: str, values: tuple[Any, ...], what: str
+        self, conn: Connection, snapshot: IssueSnapshot, assignments: str, values: tuple[Any, ...], what: str
     ) -> IssueSnapshot:
         """One conditional write of the issue's row (its version must still be the snapshot's), read back."""
         cursor = await conn.execute(
@@ -459,7 +457,7 @@ class IssueStore:
 
     async def _set_state(
         self,
-        conn: aiosqlite.Connection,
+        conn: Connection,
         snapshot: IssueSnapshot,
         record: CommentRecord | None,
         now: str,

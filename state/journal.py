@@ -3,17 +3,15 @@
 from __future__ import annotations
 
 import json
-import sqlite3
 import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
 
-import aiosqlite
-
 from bot.core.bootstrap import Outcome, Phase, may_follow, outcome_of
 from state.db import Database, from_row, to_db_time
+from state.sql import Connection, IntegrityError, Row
 
 
 class JournalConflict(Exception):
@@ -194,17 +192,17 @@ def _dumps(value: Any) -> str:
     return json.dumps(value, sort_keys=True, default=str)
 
 
-def _transition(row: sqlite3.Row) -> Transition:
+def _transition(row: Row) -> Transition:
     return from_row(Transition, row, key=row["idempotency_key"], inputs=json.loads(row["inputs_json"]),
                     error=_loads(row["error_json"]), result=_loads(row["result_json"]))
 
 
-def _registration(row: sqlite3.Row) -> Registration:
+def _registration(row: Row) -> Registration:
     return from_row(Registration, row, created_branch=bool(row["created_branch"]),
                     created_worktree=bool(row["created_worktree"]))
 
 
-def _lock(row: sqlite3.Row) -> IssueLock:
+def _lock(row: Row) -> IssueLock:
     return from_row(IssueLock, row, proof=json.loads(row["proof_json"]))
 
 
@@ -235,22 +233,22 @@ class JournalStore:
     def __init__(self, db: Database) -> None:
         self._db = db
 
-    def _source(self, conn: aiosqlite.Connection | None) -> aiosqlite.Connection:
+    def _source(self, conn: Connection | None) -> Connection:
         return conn or self._db.reader
 
-    async def _one(self, conn: aiosqlite.Connection | None, sql: str, params: tuple[Any, ...]) -> sqlite3.Row | None:
+    async def _one(self, conn: Connection | None, sql: str, params: tuple[Any, ...]) -> Row | None:
         async with self._source(conn).execute(sql, params) as cur:
-            row: sqlite3.Row | None = await cur.fetchone()
+            row: Row | None = await cur.fetchone()
         return row
 
     # --- transitions --------------------------------------------------------------------------------------------------
 
-    async def get(self, key: str, conn: aiosqlite.Connection | None = None) -> Transition | None:
+    async def get(self, key: str, conn: Connection | None = None) -> Transition | None:
         row = await self._one(conn, f"SELECT {_T_COLUMNS} FROM bootstrap_journal WHERE idempotency_key = ?", (key,))  # noqa: S608
         return _transition(row) if row is not None else None
 
     async def open_for_issue(
-        self, repo: str, issue_number: int, conn: aiosqlite.Connection | None = None
+        self, repo: str, issue_number: int, conn: Connection | None = None
     ) -> Transition | None:
         row = await self._one(
             conn,
@@ -267,7 +265,7 @@ class JournalStore:
         ) as cur:
             return [_transition(row) for row in await cur.fetchall()]
 
-    async def completed_for_lease(self, lease_id: str, conn: aiosqlite.Connection | None = None) -> Transition | None:
+    async def completed_for_lease(self, lease_id: str, conn: Connection | None = None) -> Transition | None:
         row = await self._one(
             conn,
             f"SELECT {_T_COLUMNS} FROM bootstrap_journal WHERE lease_id = ? AND outcome = 'completed'",  # noqa: S608
@@ -330,7 +328,7 @@ class JournalStore:
             rows = list(await cur.fetchall())
         return {row["outcome"]: row["n"] for row in rows}, next((row["oldest"] for row in rows if row["oldest"]), None)
 
-    async def phases(self, journal_id: int, conn: aiosqlite.Connection | None = None) -> list[PhaseRecord]:
+    async def phases(self, journal_id: int, conn: Connection | None = None) -> list[PhaseRecord]:
         async with self._source(conn).execute(
             "SELECT phase, proof_json, runner, recorded_at FROM bootstrap_phases WHERE journal_id = ? ORDER BY id",
             (journal_id,),
@@ -344,6 +342,8 @@ class JournalStore:
         """The phases of several transitions in one read, each transition's oldest first."""
         ids = sorted(set(journal_ids))
         found: dict[int, list[PhaseRecord]] = {journal_id: [] for journal_id in ids}
+        if not ids:
+            return found  # "IN ()" is SQLite's, not PostgreSQL's
         marks = ", ".join("?" for _ in ids)
         async with self._db.reader.execute(
             "SELECT journal_id, phase, proof_json, runner, recorded_at FROM bootstrap_phases"  # noqa: S608
@@ -362,7 +362,7 @@ class JournalStore:
         return json.loads(row["proof_json"]) if row is not None else None
 
     async def accept(
-        self, conn: aiosqlite.Connection, new: NewTransition, *, proof: dict[str, Any], runner: str, now: datetime
+        self, conn: Connection, new: NewTransition, *, proof: dict[str, Any], runner: str, now: datetime
     ) -> Transition:
         """Record the request (phase ``accepted``) with its inputs. JournalConflict when the key, the issue's
         open transition, the path or the lease's completed transition is already taken."""
@@ -377,7 +377,7 @@ class JournalStore:
                 ),
             ) as cur:
                 row = await cur.fetchone()
-        except sqlite3.IntegrityError as exc:
+        except IntegrityError as exc:
             raise JournalConflict(str(exc)) from exc
         assert row is not None
         transition = _transition(row)
@@ -385,7 +385,7 @@ class JournalStore:
         return transition
 
     async def _record_phase(
-        self, conn: aiosqlite.Connection, journal_id: int, phase: Phase, proof: dict[str, Any], runner: str,
+        self, conn: Connection, journal_id: int, phase: Phase, proof: dict[str, Any], runner: str,
         moment: str,
     ) -> None:
         try:
@@ -394,12 +394,12 @@ class JournalStore:
                 " VALUES (?, ?, ?, ?, ?)",
                 (journal_id, phase, _dumps(proof), runner, moment),
             )
-        except sqlite3.IntegrityError as exc:
+        except IntegrityError as exc:
             raise JournalRaced(f"phase {phase} of transition {journal_id} is already recorded") from exc
 
     async def advance(
         self,
-        conn: aiosqlite.Connection,
+        conn: Connection,
         transition: Transition,
         phase: Phase,
         *,
@@ -428,7 +428,7 @@ class JournalStore:
         await self._record_phase(conn, transition.id, phase, proof, runner, moment)
         return _transition(row)
 
-    async def note_error(self, conn: aiosqlite.Connection, transition: Transition, error: dict[str, Any],
+    async def note_error(self, conn: Connection, transition: Transition, error: dict[str, Any],
                          *, now: datetime) -> Transition:
         """Record why the transition cannot go on (without changing its phase)."""
         async with conn.execute(
@@ -444,7 +444,7 @@ class JournalStore:
     # --- registrations ------------------------------------------------------------------------------------------------
 
     async def live_registration(
-        self, repo: str, issue_number: int, conn: aiosqlite.Connection | None = None
+        self, repo: str, issue_number: int, conn: Connection | None = None
     ) -> Registration | None:
         row = await self._one(
             conn,
@@ -455,7 +455,7 @@ class JournalStore:
         return _registration(row) if row is not None else None
 
     async def registration_for_journal(
-        self, journal_id: int, conn: aiosqlite.Connection | None = None
+        self, journal_id: int, conn: Connection | None = None
     ) -> Registration | None:
         row = await self._one(
             conn,
@@ -482,7 +482,7 @@ class JournalStore:
             return [(row["journal_key"], _registration(row)) for row in await cur.fetchall()]
 
     async def register(
-        self, conn: aiosqlite.Connection, transition: Transition, *, created_branch: bool, created_worktree: bool,
+        self, conn: Connection, transition: Transition, *, created_branch: bool, created_worktree: bool,
         now: datetime,
     ) -> Registration:
         try:
@@ -495,12 +495,12 @@ class JournalStore:
                 ),
             ) as cur:
                 row = await cur.fetchone()
-        except sqlite3.IntegrityError as exc:
+        except IntegrityError as exc:
             raise JournalConflict(str(exc)) from exc
         assert row is not None
         return _registration(row)
 
-    async def end_registration(self, conn: aiosqlite.Connection, registration_id: int, *, reason: str,
+    async def end_registration(self, conn: Connection, registration_id: int, *, reason: str,
                                now: datetime) -> bool:
         cursor = await conn.execute(
             "UPDATE worktree_registrations SET ended_at = ?, end_reason = ? WHERE id = ? AND ended_at IS NULL",
@@ -511,7 +511,7 @@ class JournalStore:
     # --- issue locks --------------------------------------------------------------------------------------------------
 
     async def live_lock(
-        self, repo: str, issue_number: int, conn: aiosqlite.Connection | None = None
+        self, repo: str, issue_number: int, conn: Connection | None = None
     ) -> IssueLock | None:
         row = await self._one(
             conn,
@@ -521,7 +521,7 @@ class JournalStore:
         return _lock(row) if row is not None else None
 
     async def lock(
-        self, conn: aiosqlite.Connection, registration: Registration, *, proof: dict[str, Any], now: datetime
+        self, conn: Connection, registration: Registration, *, proof: dict[str, Any], now: datetime
     ) -> IssueLock:
         lock_id = f"lock-{uuid.uuid4().hex}"
         try:
@@ -533,12 +533,12 @@ class JournalStore:
                 ),
             ) as cur:
                 row = await cur.fetchone()
-        except sqlite3.IntegrityError as exc:
+        except IntegrityError as exc:
             raise JournalConflict(str(exc)) from exc
         assert row is not None
         return _lock(row)
 
-    async def release_lock(self, conn: aiosqlite.Connection, lock_id: str, *, reason: str, now: datetime) -> bool:
+    async def release_lock(self, conn: Connection, lock_id: str, *, reason: str, now: datetime) -> bool:
         cursor = await conn.execute(
             "UPDATE issue_locks SET released_at = ?, release_reason = ? WHERE lock_id = ? AND released_at IS NULL",
             (to_db_time(now), reason, lock_id),

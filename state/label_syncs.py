@@ -3,10 +3,7 @@
 from __future__ import annotations
 
 import json
-import sqlite3
 from collections.abc import Sequence
-
-import aiosqlite
 
 from bot.core.canonical import CanonicalState, parse_comment
 from bot.core.issue_state import (
@@ -20,10 +17,11 @@ from bot.core.issue_state import (
 )
 from bot.core.vocabulary import is_status_label
 from state.outbox import OutboxIntent, enqueue
+from state.sql import Connection, Row
 
 
 async def plan_sync(
-    conn: aiosqlite.Connection,
+    conn: Connection,
     snapshot: IssueSnapshot,
     record_id: int,
     state: CanonicalState,
@@ -81,7 +79,7 @@ async def plan_sync(
     await cursor.close()
 
 
-async def _newer_queued_state(conn: aiosqlite.Connection, number: int) -> tuple[str, CanonicalState] | None:
+async def _newer_queued_state(conn: Connection, number: int) -> tuple[str, CanonicalState] | None:
     """The latest Canonical Issue State still waiting in the outbox for this issue (key, state), if any.
 
     The outbox sends one issue's entries in order, so a state comment still to be sent lands after whatever
@@ -101,7 +99,7 @@ async def _newer_queued_state(conn: aiosqlite.Connection, number: int) -> tuple[
 
 
 async def _insert_held(
-    conn: aiosqlite.Connection,
+    conn: Connection,
     snapshot: IssueSnapshot,
     record_id: int,
     target: str,
@@ -120,17 +118,17 @@ async def _insert_held(
     await cursor.close()
 
 
-async def queued_sync(conn: aiosqlite.Connection, key: str) -> sqlite3.Row | None:
+async def queued_sync(conn: Connection, key: str) -> Row | None:
     async with conn.execute(
         "SELECT * FROM issue_label_syncs WHERE outbox_key = ? AND outcome = 'queued'", (key,)
     ) as cur:
-        row: sqlite3.Row | None = await cur.fetchone()
+        row: Row | None = await cur.fetchone()
     return row
 
 
 async def insert_sync(
-    conn: aiosqlite.Connection,
-    queued: sqlite3.Row,
+    conn: Connection,
+    queued: Row,
     *,
     outcome: SyncOutcome,
     reason: str,
@@ -161,7 +159,7 @@ async def insert_sync(
 
 
 async def failed_sync(
-    conn: aiosqlite.Connection, snapshot: IssueSnapshot, record_id: int, target: str
+    conn: Connection, snapshot: IssueSnapshot, record_id: int, target: str
 ) -> LabelSync | None:
     """``label_missing`` or ``failed`` when the latest settled sync of this state record and target failed."""
     async with conn.execute(

@@ -3,17 +3,15 @@
 from __future__ import annotations
 
 import json
-import sqlite3
 import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Literal
 
-import aiosqlite
-
 from bot.core.allocator import LiveLease
 from state.db import Database, from_db_time, to_db_time, utcnow
+from state.sql import Connection, IntegrityError, Row
 
 LeaseStatus = Literal["live", "released", "expired"]
 LeaseEventKind = Literal["acquired", "resumed", "heartbeat", "released", "expired", "reclaimed"]
@@ -81,7 +79,7 @@ _COLUMNS = (
 )
 
 
-def _lease(row: sqlite3.Row) -> Lease:
+def _lease(row: Row) -> Lease:
     return Lease(
         lease_id=row["lease_id"],
         repo=row["repo"],
@@ -101,7 +99,7 @@ def _lease(row: sqlite3.Row) -> Lease:
 
 
 async def _event(
-    conn: aiosqlite.Connection, lease_id: str, kind: LeaseEventKind, actor: str, at: datetime, **detail: Any
+    conn: Connection, lease_id: str, kind: LeaseEventKind, actor: str, at: datetime, **detail: Any
 ) -> None:
     await conn.execute(
         "INSERT INTO lease_events (lease_id, kind, actor, at, detail_json) VALUES (?, ?, ?, ?, ?)",
@@ -115,7 +113,7 @@ class LeaseStore:
     def __init__(self, db: Database) -> None:
         self._db = db
 
-    async def open_leases(self, repo: str, conn: aiosqlite.Connection | None = None) -> list[Lease]:
+    async def open_leases(self, repo: str, conn: Connection | None = None) -> list[Lease]:
         """Leases still marked live (some may be past expiry, inside their grace period)."""
         source = conn or self._db.reader
         async with source.execute(
@@ -176,9 +174,10 @@ class LeaseStore:
             where, params = where + " AND issue_number = ?", [*params, issue]
         if marked_live:
             where += " AND status = 'live'"
+        bound = "" if limit is None else " LIMIT ?"  # SQLite's LIMIT -1 is an error on PostgreSQL
         async with self._db.reader.execute(
-            f"SELECT {_COLUMNS} FROM leases WHERE {where} ORDER BY id DESC LIMIT ?",  # noqa: S608
-            (*params, -1 if limit is None else limit),
+            f"SELECT {_COLUMNS} FROM leases WHERE {where} ORDER BY id DESC{bound}",  # noqa: S608
+            (*params,) if limit is None else (*params, limit),
         ) as cur:
             return [_lease(row) for row in await cur.fetchall()]
 
@@ -210,7 +209,7 @@ class LeaseStore:
 
     async def acquire(
         self,
-        conn: aiosqlite.Connection,
+        conn: Connection,
         *,
         repo: str,
         issue_number: int,
@@ -257,7 +256,7 @@ class LeaseStore:
                     request_json,
                 ),
             )
-        except sqlite3.IntegrityError as exc:
+        except IntegrityError as exc:
             raise LeaseTaken(f"issue #{issue_number} already has a live lease") from exc
         await _event(
             conn, lease_id, "acquired", actor, now, issue_number=issue_number, owner=owner, ttl_s=ttl.total_seconds()
@@ -279,7 +278,7 @@ class LeaseStore:
             request=json.loads(request_json),
         )
 
-    async def record_resume(self, conn: aiosqlite.Connection, lease: Lease, *, actor: str, now: datetime) -> None:
+    async def record_resume(self, conn: Connection, lease: Lease, *, actor: str, now: datetime) -> None:
         await _event(conn, lease.lease_id, "resumed", actor, now, owner=lease.owner)
 
     async def heartbeat(self, lease_id: str, *, owner: str, ttl: timedelta, now: datetime | None = None) -> Lease:
@@ -298,7 +297,7 @@ class LeaseStore:
         return found
 
     async def release(
-        self, conn: aiosqlite.Connection, lease_id: str, *, actor: str, reason: str, now: datetime, **detail: Any
+        self, conn: Connection, lease_id: str, *, actor: str, reason: str, now: datetime, **detail: Any
     ) -> None:
         """Inside the caller's transaction: end a live lease (the caller checked who may); ``detail`` is kept on
         the ``released`` event."""

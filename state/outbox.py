@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import sqlite3
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -11,10 +10,9 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Literal
 
-import aiosqlite
-
 from bot.core.evidence import find_marker
 from state.db import Database, from_row, to_db_time, utcnow
+from state.sql import Connection, Row
 
 OutboxKind = Literal["comment", "edit_comment", "labels", "assignees"]
 OutboxStatus = Literal["pending", "sending", "done", "verification_failed", "parked"]
@@ -142,7 +140,7 @@ _COLUMNS = (
 )
 
 
-def _entry(row: sqlite3.Row) -> OutboxEntry:
+def _entry(row: Row) -> OutboxEntry:
     return from_row(OutboxEntry, row, key=row["idempotency_key"], payload=json.loads(row["payload_json"]),
                     result=_loads(row["result_json"]), observed=_loads(row["observed_json"]))
 
@@ -151,7 +149,7 @@ def _loads(text: str | None) -> Any:
     return json.loads(text) if text else None
 
 
-async def enqueue(conn: aiosqlite.Connection, intent: OutboxIntent, *, now: datetime | None = None) -> bool:
+async def enqueue(conn: Connection, intent: OutboxIntent, *, now: datetime | None = None) -> bool:
     """Store an intent INSIDE the caller's open transaction (so it commits or rolls back with its cause).
 
     Returns False when the idempotency key is already stored for the repository: processing the same cause twice
@@ -178,7 +176,7 @@ async def enqueue(conn: aiosqlite.Connection, intent: OutboxIntent, *, now: date
 
 
 async def cancel_issue_entries(
-    conn: aiosqlite.Connection, issue_number: int, *, reason: str, now: datetime, repo: str | None = None
+    conn: Connection, issue_number: int, *, reason: str, now: datetime, repo: str | None = None
 ) -> int:
     """Inside the caller's transaction: the issue's open entries that no sender holds (pending, or
     verification_failed) are parked as ``cancelled: REASON`` and marked hooked (no failure hook: nothing was
@@ -227,10 +225,13 @@ class OutboxStore:
     async def claim(self, entry: OutboxEntry, sender_id: str) -> OutboxEntry | None:
         """Mark an entry as being sent (before anything reaches Gitea); None if someone else changed it."""
         moment = to_db_time(utcnow())
+        # PostgreSQL: the entry's row is locked, and one another sender holds is passed over, not waited for.
+        skip_locked = " FOR UPDATE SKIP LOCKED" if self._db.dialect == "postgresql" else ""
         async with self._db.transaction() as conn:
             async with conn.execute(
                 "UPDATE outbox SET status = 'sending', attempts = attempts + 1, claimed_by = ?, claimed_at = ?,"  # noqa: S608
-                f" updated_at = ?, version = version + 1 WHERE id = ? AND version = ? RETURNING {_COLUMNS}",
+                " updated_at = ?, version = version + 1"
+                f" WHERE id = (SELECT id FROM outbox WHERE id = ? AND version = ?{skip_locked}) RETURNING {_COLUMNS}",
                 (sender_id, moment, moment, entry.id, entry.version),
             ) as cur:
                 row = await cur.fetchone()

@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import json
-import sqlite3
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
 
-import aiosqlite
-
 from state.db import Database, to_db_time
+from state.sql import Connection, Row
 
 PublishPhase = Literal["started", "committed", "pushed", "verified"]
 
@@ -73,7 +71,7 @@ class IssuePull:
                 "base": self.base, "opened_by": self.opened_by, "adopted": self.adopted}
 
 
-def _publication(row: sqlite3.Row) -> Publication:
+def _publication(row: Row) -> Publication:
     data = dict(row)
     raw = data.pop("result_json")
     return Publication(**data, result=json.loads(raw) if raw else None)
@@ -83,7 +81,7 @@ class PublicationStore:
     def __init__(self, db: Database) -> None:
         self._db = db
 
-    async def get(self, repo: str, key: str, conn: aiosqlite.Connection | None = None) -> Publication | None:
+    async def get(self, repo: str, key: str, conn: Connection | None = None) -> Publication | None:
         source = conn if conn is not None else self._db.reader
         async with source.execute(
             f"SELECT {_P_COLUMNS} FROM publications WHERE repo = ? AND key = ?", (repo, key)  # noqa: S608
@@ -92,7 +90,7 @@ class PublicationStore:
         return _publication(row) if row is not None else None
 
     async def start(
-        self, conn: aiosqlite.Connection, *, repo: str, issue_number: int, key: str, lease_id: str, owner: str,
+        self, conn: Connection, *, repo: str, issue_number: int, key: str, lease_id: str, owner: str,
         branch: str, worktree_path: str, message_digest: str, parent_sha: str | None, now: datetime,
     ) -> Publication:
         """Record a new publish (phase ``started``); an existing key is returned as it is."""
@@ -108,7 +106,7 @@ class PublicationStore:
         return found
 
     async def advance(
-        self, conn: aiosqlite.Connection, publication: Publication, phase: PublishPhase, *, now: datetime,
+        self, conn: Connection, publication: Publication, phase: PublishPhase, *, now: datetime,
         commit_sha: str | None = None, remote_before: str | None = None, result: dict[str, Any] | None = None,
     ) -> Publication:
         """Move a publish on to ``phase``, keeping what earlier phases recorded unless given again."""
@@ -152,7 +150,7 @@ class PublicationStore:
     # --- pull requests ------------------------------------------------------------------------------------------------
 
     async def record_pull(
-        self, conn: aiosqlite.Connection, *, repo: str, issue_number: int, pr_number: int, head: str, base: str,
+        self, conn: Connection, *, repo: str, issue_number: int, pr_number: int, head: str, base: str,
         opened_by: str, adopted: bool, now: datetime,
     ) -> None:
         await conn.execute(

@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import json
-import sqlite3
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-import aiosqlite
-
 from state.db import Database, to_db_time
+from state.sql import Connection, Row
 
 _COLUMNS = "key, repo, issue_number, reason, pr_number, trigger, delivery_id, outcome_json, created_at"
 
@@ -35,7 +33,7 @@ class TeardownRecord:
         }
 
 
-def _record(row: sqlite3.Row) -> TeardownRecord:
+def _record(row: Row) -> TeardownRecord:
     return TeardownRecord(
         key=row["key"], repo=row["repo"], issue_number=int(row["issue_number"]), reason=row["reason"],
         pr_number=row["pr_number"], trigger=row["trigger"], delivery_id=row["delivery_id"],
@@ -47,7 +45,7 @@ class TeardownStore:
     def __init__(self, db: Database) -> None:
         self._db = db
 
-    async def get(self, key: str, conn: aiosqlite.Connection | None = None) -> TeardownRecord | None:
+    async def get(self, key: str, conn: Connection | None = None) -> TeardownRecord | None:
         source = conn or self._db.reader
         async with source.execute(f"SELECT {_COLUMNS} FROM teardowns WHERE key = ?", (key,)) as cur:  # noqa: S608
             row = await cur.fetchone()
@@ -73,7 +71,7 @@ class TeardownStore:
             return frozenset(int(row[0]) for row in await cur.fetchall())
 
     async def record(
-        self, conn: aiosqlite.Connection, *, key: str, repo: str, issue_number: int, reason: str,
+        self, conn: Connection, *, key: str, repo: str, issue_number: int, reason: str,
         pr_number: int | None, trigger: str, delivery_id: str | None, outcome: dict[str, Any], now: datetime,
     ) -> bool:
         """Inside the caller's transaction; False when the key was recorded already (nothing is written)."""

@@ -35,6 +35,8 @@ def make_settings(tmp_path: Path, **sections: Mapping[str, Any]) -> Settings:
         # Never the default var/checkouts in the working directory: control checkouts live with the test.
         "repository": {"checkout_root": str(tmp_path / "checkouts")},
     }, sections)
+    if "url" in data["database"]:  # PostgreSQL: [database] url alone
+        del data["database"]["path"]
     settings = Settings.model_validate(data)
     secrets = settings.webhook.secrets or [SecretStr(SECRET)]
     return settings.model_copy(update={"webhook": settings.webhook.model_copy(update={"secrets": secrets})})

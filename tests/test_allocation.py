@@ -21,7 +21,7 @@ from bot.verbs.runtime import VerbRuntime, caller_for, no_bootstrap
 from state.db import Database
 from state.leases import LeaseStore
 from state.outbox import OutboxStore
-from tests.conftest import REPO_ROOT
+from tests.conftest import REPO_ROOT, sqlite_path
 from tests.support import make_settings, offline_config
 
 NOW = datetime(2026, 7, 21, 12, 0, tzinfo=UTC)
@@ -223,7 +223,7 @@ async def test_the_database_itself_refuses_a_second_live_lease(allocator: Alloca
     """One live lease per issue is a unique index, not only code."""
     await allocator.run(call(dry_run=False), now=NOW)
     with pytest.raises(sqlite3.IntegrityError):
-        with sqlite3.connect(allocator.db.path) as conn:
+        with sqlite3.connect(sqlite_path(allocator.db)) as conn:
             conn.execute(
                 "INSERT INTO leases (lease_id, repo, issue_number, owner, role, action, acquired_at, expires_at,"
                 " heartbeat_at, status, request_json) VALUES ('x', ?, 617, 'a', 'author', 'implement', 't', 't',"
@@ -334,7 +334,7 @@ async def test_without_a_gitea_client_candidates_come_from_the_stored_issue_stat
         (3, 0, [{"id": 1, "name": "status:ready"}, {"id": 9, "name": "priority:p0"}]),  # closed
         (4, 1, [{"id": 2, "name": "status:in-progress"}]),
     ]
-    with sqlite3.connect(allocator.db.path) as conn:
+    with sqlite3.connect(sqlite_path(allocator.db)) as conn:
         for number, is_open, labels in rows:
             conn.execute(
                 "INSERT INTO issues (repo, number, is_open, labels_json, created_at, updated_at)"

@@ -6,11 +6,14 @@ from datetime import timedelta
 from pathlib import Path
 
 from state.auto_allocations import AutoAllocationStore, AutoDecision
-from state.db import Database, to_db_time, utcnow
+from state.db import to_db_time, utcnow
+from tests.conftest import DbOpener
 
 
-async def test_decisions_are_recorded_and_read_back_newest_first_per_repository(tmp_path: Path) -> None:
-    db = await Database.open(tmp_path / "foreman.db")
+async def test_decisions_are_recorded_and_read_back_newest_first_per_repository(
+    open_db: DbOpener, tmp_path: Path
+) -> None:
+    db = await open_db(tmp_path / "foreman.db")
     try:
         store = AutoAllocationStore(db)
         now = utcnow()

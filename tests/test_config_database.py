@@ -9,7 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from state.db import Database, DatabaseNotWritable
+from bot.config import ConfigError, Settings, load_settings
+from state.db import Database, DatabaseNotWritable, read_only
+from state.db_postgres import PostgresDatabase
+from state.sql import redact_url
 
 
 def _mode(path: Path) -> int:
@@ -116,3 +119,66 @@ async def test_check_writable_fails_when_the_disk_is_nearly_full(tmp_path: Path)
         await db.check_writable(min_free_bytes=1)
     finally:
         await db.close()
+
+
+# --- PostgreSQL: [database] url -----------------------------------------------------------------------------------
+
+
+def _settings(tmp_path: Path, database: str) -> Settings:
+    config = tmp_path / "foreman.toml"
+    config.write_text(f"[database]\n{database}\n[webhook]\nsecrets = [\"a-long-enough-test-secret\"]\n")
+    return load_settings(config, environ={})
+
+
+def test_a_postgresql_url_selects_postgresql_and_is_shown_without_its_password(tmp_path: Path) -> None:
+    settings = _settings(tmp_path, 'url = "postgresql://foreman:s3cret-pw@db.example:5433/foreman?sslmode=require"')
+    assert settings.database.backend == "postgresql"
+    assert settings.database.describe() == "postgresql://foreman:***@db.example:5433/foreman?sslmode=require"
+    assert "s3cret-pw" not in repr(settings.database) and "s3cret-pw" not in settings.database.describe()
+    assert settings.database.postgres_url() == "postgresql://foreman:s3cret-pw@db.example:5433/foreman?sslmode=require"
+    assert redact_url("postgresql://h/db?user=u&password=pw2&sslmode=require") == (
+        "postgresql://h/db?user=u&password=***&sslmode=require")
+    assert _settings(tmp_path, 'path = "f.db"').database.backend == "sqlite"
+
+
+def test_path_and_url_together_are_refused_naming_both_keys(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as refused:
+        _settings(tmp_path, 'path = "f.db"\nurl = "postgresql://foreman@127.0.0.1/foreman"')
+    assert "database.path" in str(refused.value) and "database.url" in str(refused.value)
+
+
+def test_a_url_of_another_scheme_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"database\.url.*postgresql://"):
+        _settings(tmp_path, 'url = "mysql://foreman@127.0.0.1/foreman"')
+
+
+async def test_check_writable_passes_on_postgresql_and_fails_on_a_read_only_session(postgres_url: str) -> None:
+    """/readyz on PostgreSQL: a real write, rolled back; a read-only session (a standby, or
+    default_transaction_read_only) is `read_only`, and an unreachable server is a typed refusal, not a traceback."""
+    db = await PostgresDatabase.connect(postgres_url)
+    try:
+        await db.check_writable()
+    finally:
+        await db.close()
+    async with read_only(postgres_url) as reader:
+        with pytest.raises(DatabaseNotWritable) as refused:
+            await reader.check_writable()
+        assert refused.value.reason == "read_only"
+        assert await reader.schema_version() > 0
+    with pytest.raises(DatabaseNotWritable) as unreachable:
+        await PostgresDatabase.connect("postgresql://nobody:pw-not-shown@127.0.0.1:1/none?connect_timeout=2")
+    assert unreachable.value.reason == "unavailable" and "pw-not-shown" not in str(unreachable.value)
+
+
+def test_the_url_can_come_from_a_file_and_a_file_without_one_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "db-url").write_text("postgresql://foreman:from-a-file@db.example/foreman\n")
+    settings = _settings(tmp_path, 'url_file = "db-url"')
+    assert settings.database.postgres_url() == "postgresql://foreman:from-a-file@db.example/foreman"
+    assert settings.database.describe() == "postgresql://foreman:***@db.example/foreman"
+    (tmp_path / "not-a-url").write_text("foreman.db\n")
+    with pytest.raises(ConfigError, match=r"database\.url_file.*postgresql://"):
+        _settings(tmp_path, 'url_file = "not-a-url"')
+    with pytest.raises(ConfigError, match=r"database\.url_file.*not both"):
+        _settings(tmp_path, 'url_file = "db-url"\nurl = "postgresql://h/db"')
+    with pytest.raises(ConfigError, match=r"database\.path.*database\.url_file"):
+        _settings(tmp_path, 'url_file = "db-url"\npath = "f.db"')

@@ -24,7 +24,6 @@ import json
 import os
 import random
 import shutil
-import sqlite3
 import time
 from collections import Counter
 from collections.abc import AsyncIterator
@@ -38,6 +37,7 @@ from bot import invariants
 from bot.config_writer import write_config
 from bot.core.canonical import CanonicalState, render
 from bot.emulator.webhooks import SentWebhook
+from tests.conftest import READ_ERRORS, read_rows
 from tests.gitea_fixtures import (
     BOT,
     OWNER,
@@ -65,9 +65,10 @@ SIBLING = "gadgets"
 REPOSITORIES = (REPO, SIBLING)
 
 
-def _config(proc: ServeProcess, base_url: str, root: Path) -> dict[str, Any]:
+def _config(proc: ServeProcess, base_url: str, root: Path, database_url: str | None = None) -> dict[str, Any]:
     retries = {"concurrency": 4, "max_attempts": 10}
-    document = serve_config(proc.port, proc.db, base_url, root, {
+    database: dict[str, Any] = {} if database_url is None else {"database": {"url": database_url}}
+    document = serve_config(proc.port, proc.db, base_url, root, database, {
         "worker": retries,
         "outbox": {**retries, "poll_interval_s": 0.1, "claim_ttl_s": 1.5, "backoff_base_s": 0.05, "backoff_max_s": 0.5},
         "allocator": {"auto_allocate_owner": "author-1"},
@@ -76,6 +77,8 @@ def _config(proc: ServeProcess, base_url: str, root: Path) -> dict[str, Any]:
     })
     checkouts = document.pop("repository")["checkout_root"]
     document["repositories"] = [{"owner": OWNER, "name": name, "checkout_root": checkouts} for name in REPOSITORIES]
+    if database_url is not None:
+        del document["database"]["path"]  # PostgreSQL: [database] url alone
     return document
 
 
@@ -127,6 +130,8 @@ class Burst:
     live: LiveEmulator
     proc: ServeProcess
     hook_url: str
+    #: Where the service keeps its state: the PostgreSQL URL, or (None) the process's SQLite file.
+    database_url: str | None = None
     rng: random.Random = field(init=False)
     #: The outages' own choices (the driver's RNG runs concurrently: sharing it would make a seed's runs differ).
     outage_rng: random.Random = field(init=False)
@@ -138,16 +143,19 @@ class Burst:
         self.rng = random.Random(self.seed)
         self.outage_rng = random.Random(self.seed ^ 0x0DD)
 
+    @property
+    def database(self) -> Path | str:
+        return self.proc.db if self.database_url is None else self.database_url
+
     def live_leases(self, name: str) -> list[tuple[int, str]]:
         """(issue, owner) of the live leases of repository ``name``, read from the database (the driver acts like
         an informed user)."""
-        if not self.proc.db.exists():
+        if isinstance(self.database, Path) and not self.database.exists():
             return []
         try:
-            with sqlite3.connect(f"file:{self.proc.db}?mode=ro", uri=True) as conn:
-                rows = conn.execute("SELECT issue_number, owner FROM leases WHERE status = 'live' AND repo = ?",
-                                    (f"{OWNER}/{name}",)).fetchall()
-        except sqlite3.Error:
+            rows = read_rows(self.database, "SELECT issue_number, owner FROM leases"  # noqa: S608 (test constants)
+                             f" WHERE status = 'live' AND repo = '{OWNER}/{name}'")
+        except READ_ERRORS:
             return []
         return [(int(n), str(o)) for n, o in rows]
 
@@ -210,9 +218,8 @@ class Burst:
             "handler": "SELECT COUNT(*) FROM deliveries WHERE status = 'processing'",
         }[moment]
         try:
-            with sqlite3.connect(f"file:{self.proc.db}?mode=ro", uri=True) as conn:
-                return bool(conn.execute(query).fetchone()[0])
-        except sqlite3.Error:
+            return bool(read_rows(self.database, query)[0][0])
+        except READ_ERRORS:
             return False
 
     async def crash(self, kills: list[Kill]) -> None:
@@ -227,17 +234,29 @@ class Burst:
                 deadline = time.monotonic() + 2.0
                 while not self.busy(kill.moment) and time.monotonic() < deadline:
                     await asyncio.sleep(0.003)
+            stopped = self.stopped_by(kill)
             if kill.moment == "outage":
-                assert await self.proc.terminate() == 0, f"seed {self.seed}: the service did not stop cleanly"
+                for proc in stopped:
+                    assert await proc.terminate() == 0, f"seed {self.seed}: the service did not stop cleanly"
                 self.kills.append(f"outage@{self.done_ops}")
                 for name in REPOSITORIES:  # labelled while nobody listens: these webhooks are lost
                     for number in sorted(self.outage_rng.sample(range(1, ISSUES + 1), 2)):
                         await self.api("alice", "POST", f"/issues/{number}/labels", {"labels": [READY]}, name=name)
             else:
-                await self.proc.kill()
-                self.kills.append(f"{kill.moment}@{self.done_ops}")
+                for proc in stopped:
+                    await proc.kill()
+                self.kills.append(f"{kill.moment}@{self.done_ops}{self.named(stopped)}")
             await asyncio.sleep(kill.down)
-            await self.proc.start("serve", "--config", str(self.proc.config))
+            for proc in stopped:
+                await proc.start("serve", "--config", str(proc.config))
+
+    def stopped_by(self, kill: Kill) -> list[ServeProcess]:
+        """The processes a stop takes down: the one service."""
+        return [self.proc]
+
+    def named(self, stopped: list[ServeProcess]) -> str:
+        """What the kill log adds about which processes were stopped (nothing when there is one service)."""
+        return ""
 
     def hook_deliveries(self) -> list[SentWebhook]:
         return [d for d in self.live.emulator.deliveries if d.url == self.hook_url]
@@ -258,16 +277,14 @@ class Burst:
         raise AssertionError(f"seed {self.seed}: deliveries still unacknowledged after 5 rounds of replay")
 
     def queues(self) -> tuple[int, ...]:
-        with sqlite3.connect(f"file:{self.proc.db}?mode=ro", uri=True) as conn:
-            open_deliveries = conn.execute(
-                "SELECT COUNT(*) FROM deliveries WHERE status IN ('queued', 'processing')"
-            ).fetchone()[0]
-            open_outbox = conn.execute(
-                "SELECT COUNT(*) FROM outbox WHERE status IN ('pending', 'sending')"
-                " OR (status IN ('done', 'verification_failed', 'parked') AND hooked_at IS NULL)"
-            ).fetchone()[0]
-            total = conn.execute("SELECT (SELECT COUNT(*) FROM deliveries) + (SELECT COUNT(*) FROM outbox)").fetchone()
-        return int(open_deliveries), int(open_outbox), int(total[0])
+        [(open_deliveries, open_outbox, total)] = read_rows(
+            self.database,
+            "SELECT (SELECT COUNT(*) FROM deliveries WHERE status IN ('queued', 'processing')),"
+            " (SELECT COUNT(*) FROM outbox WHERE status IN ('pending', 'sending')"
+            " OR (status IN ('done', 'verification_failed', 'parked') AND hooked_at IS NULL)),"
+            " (SELECT COUNT(*) FROM deliveries) + (SELECT COUNT(*) FROM outbox)",
+        )
+        return int(open_deliveries), int(open_outbox), int(total)
 
     async def settle(self, timeout: float = 40.0) -> None:
         """Until nothing is queued, processing, pending, sending or waiting for its hook, three polls in a row."""
@@ -295,9 +312,12 @@ async def scratch() -> AsyncIterator[Path]:
             shutil.rmtree(root, ignore_errors=True)
 
 
-async def test_sigkill_during_a_burst_of_deliveries_leaves_every_issue_consistent(scratch: Path) -> None:
-    """SIGKILL at 2-4 random points of a ~200-delivery burst, restart, replay what was
-    lost; then every invariant of ``bot.invariants`` holds, checked over SQLite, Gitea and the checkout."""
+async def test_sigkill_during_a_burst_of_deliveries_leaves_every_issue_consistent(
+    scratch: Path, database_url: str | None
+) -> None:
+    """SIGKILL at 2-4 random points of a ~200-delivery burst over two repositories, restart, replay what was lost;
+    then every invariant of ``bot.invariants`` holds in each repository, checked over the database (SQLite, then
+    PostgreSQL), Gitea and the checkout."""
     seed = int(os.environ.get("FOREMAN_CRASH_SEED") or random.SystemRandom().randrange(2**32))
     print(f"crash-burst seed: {seed} (rerun with FOREMAN_CRASH_SEED={seed})")
     started = time.monotonic()
@@ -310,10 +330,10 @@ async def test_sigkill_during_a_burst_of_deliveries_leaves_every_issue_consisten
                 emu.create_issue(OWNER, name, title=f"Crash burst work item {n} of {name}", author="alice")
         emu.make_org(OWNER)
         proc = ServeProcess(scratch, module="bot", config=scratch / "foreman.toml")
-        write_config(proc.config, _config(proc, live.base_url, scratch))
+        write_config(proc.config, _config(proc, live.base_url, scratch, database_url))
         hook_url = f"{proc.url}/webhook"
         emu.add_org_hook(OWNER, url=hook_url, secret=SECRET, events=["issues"])
-        burst = Burst(seed, live, proc, hook_url)
+        burst = Burst(seed, live, proc, hook_url, database_url)
         kills = plan_kills(random.Random(seed ^ 0x5EED))
         try:
             await proc.start("serve", "--config", str(proc.config))
@@ -323,7 +343,7 @@ async def test_sigkill_during_a_burst_of_deliveries_leaves_every_issue_consisten
             acknowledged = [(d.delivery_id, hashlib.sha256(d.body).hexdigest())
                             for d in burst.hook_deliveries() if d.ok]
             each = {name: await invariants.gather(
-                database=proc.db,
+                database=burst.database,
                 client=live.client(repo=name),
                 bot_login=BOT,
                 checkout=scratch / "checkouts" / OWNER / name,
@@ -332,9 +352,10 @@ async def test_sigkill_during_a_burst_of_deliveries_leaves_every_issue_consisten
                 repo=f"{OWNER}/{name}",
             ) for name in REPOSITORIES}
             violations = [v for name in REPOSITORIES for v in invariants.check(each[name])]
-            with sqlite3.connect(f"file:{proc.db}?mode=ro", uri=True) as conn:  # every door filed its entries
-                unfiled = conn.execute("SELECT idempotency_key FROM outbox WHERE repo NOT IN (?, ?)",
-                                       tuple(f"{OWNER}/{name}" for name in REPOSITORIES)).fetchall()
+            served = ", ".join(f"'{OWNER}/{name}'" for name in REPOSITORIES)
+            unfiled = read_rows(  # every door filed its entries
+                burst.database, f"SELECT idempotency_key FROM outbox WHERE repo NOT IN ({served})"  # noqa: S608
+            )
             assert await proc.terminate() == 0
         finally:
             if proc.proc is not None and proc.proc.returncode is None:

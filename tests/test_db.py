@@ -6,9 +6,11 @@ import asyncio
 import sqlite3
 from pathlib import Path
 
+import psycopg
 import pytest
 
 from state.db import Database, read_only
+from state.db_postgres import PostgresDatabase
 from state.outbox import OutboxIntent, OutboxStore
 
 
@@ -62,3 +64,19 @@ async def test_a_write_waits_for_a_read_left_pending_while_another_process_commi
             assert [tuple(row) for row in await cur.fetchall()] == [(52,)]
     finally:
         await db.close()
+
+
+async def test_a_read_only_postgresql_session_sees_the_writers_commits_and_refuses_writes(postgres_url: str) -> None:
+    """`read_only(url)` (the demo, `foreman invariants`): a session that never migrates and refuses every write,
+    reading what another process commits."""
+    writer = await PostgresDatabase.connect(postgres_url)
+    try:
+        async with read_only(postgres_url) as db:
+            assert await OutboxStore(db).counts() == dict.fromkeys(await OutboxStore(writer).counts(), 0)
+            await OutboxStore(writer).add(OutboxIntent("k", 1, "labels", {"add": ["x"]}))
+            assert (await OutboxStore(db).counts())["pending"] == 1
+            with pytest.raises(psycopg.errors.ReadOnlySqlTransaction):
+                await OutboxStore(db).add(OutboxIntent("k2", 1, "labels", {"add": ["y"]}))
+        assert [e.key for e in await OutboxStore(writer).every_entry()] == ["k"]
+    finally:
+        await writer.close()

@@ -4,22 +4,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
-
-import pytest
 
 from bot.core.intake import Delivery
 from state.db import Database
 from state.deliveries import DeliveryStore
-
-
-@pytest.fixture
-async def db(tmp_path: Path) -> AsyncIterator[Database]:
-    opened = await Database.open(tmp_path / "foreman.db")
-    yield opened
-    await opened.close()
 
 
 def _delivery(delivery_id: str, event: str, action: str | None, payload: Any) -> Delivery:

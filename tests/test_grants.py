@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import sqlite3
 import uuid as uuid_mod
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -25,6 +24,8 @@ from state.db import Database
 from state.grants import GrantConflict, GrantStore, WorkloadFailed
 from state.journal import JournalStore, NewTransition
 from state.leases import LeaseStore
+from state.sql import IntegrityError
+from tests.conftest import DbOpener
 from tests.support import offline_config
 from tests.test_grants_core import TEMPLATE
 
@@ -69,6 +70,7 @@ class World:
     clock: Dial
     host: Dial
     worktree: Dial
+    opener: DbOpener
     ran: list[tuple[str, dict[str, Any], str | None]] = field(default_factory=list)
     extra: list[Database] = field(default_factory=list)
 
@@ -87,7 +89,7 @@ class World:
         )
 
     async def second_db(self) -> Database:
-        db = await Database.open(self.path, synchronous="NORMAL")
+        db = await self.opener(self.path, synchronous="NORMAL")
         self.extra.append(db)
         return db
 
@@ -133,27 +135,29 @@ def _compile(template: dict[str, Any], *, uuid: str = BOUND, host: str = HOST_A)
     return g.compile_grant(tpl, facts, run_id=f"run-{uuid_mod.uuid4().hex}", host_id=host, now=NOW)
 
 
-async def _world(tmp_path: Path, template: dict[str, Any]) -> World:
+async def _world(tmp_path: Path, template: dict[str, Any], opener: DbOpener) -> World:
     path = tmp_path / "foreman.db"
-    db = await Database.open(path, synchronous="NORMAL")
+    db = await opener(path, synchronous="NORMAL")
     grant = _compile(template)
     await GrantStore(db).seal(grant, token_sha256=token_digest("frun_test"), sealed_by="test", now=NOW)
     return World(
-        path=path, db=db, grant=grant, clock=Dial(NOW + timedelta(seconds=1)), host=Dial(HOST_A), worktree=Dial(BOUND)
+        path=path, db=db, grant=grant, clock=Dial(NOW + timedelta(seconds=1)), host=Dial(HOST_A), worktree=Dial(BOUND),
+        opener=opener,
     )
 
 
 @pytest.fixture
-async def world(tmp_path: Path) -> AsyncIterator[World]:
-    w = await _world(tmp_path, TEMPLATE)
+async def world(tmp_path: Path, open_db: DbOpener) -> AsyncIterator[World]:
+    """A sealed run, once on SQLite and once on PostgreSQL."""
+    w = await _world(tmp_path, TEMPLATE, open_db)
     yield w
     for db in (w.db, *w.extra):
         await db.close()
 
 
 @pytest.fixture
-async def plan_world(tmp_path: Path) -> AsyncIterator[World]:
-    w = await _world(tmp_path, PLAN_ONLY_TEMPLATE)
+async def plan_world(tmp_path: Path, open_db: DbOpener) -> AsyncIterator[World]:
+    w = await _world(tmp_path, PLAN_ONLY_TEMPLATE, open_db)
     yield w
     for db in (w.db, *w.extra):
         await db.close()
@@ -394,7 +398,7 @@ async def test_sealed_run_grant_cannot_be_replayed_in_a_second_broker(world: Wor
     other_run = _compile(TEMPLATE, host="host-a/second-run")
     with pytest.raises(GrantConflict, match="open run"):
         await GrantStore(world.db).seal(other_run, token_sha256=token_digest("frun_3"), sealed_by="t", now=NOW)
-    with pytest.raises(sqlite3.IntegrityError):
+    with pytest.raises(IntegrityError):
         await world.db.reader.execute(
             "INSERT INTO grant_decisions (run_id, kind, reason, position, host_id, broker_id, state_version, at,"
             " detail_json) VALUES (?, 'admitted', 'admitted', 0, 'h', 'b', 0, 'now', '{}')",
@@ -428,11 +432,15 @@ async def test_a_teardown_that_raises_is_failed_once_and_reported_unresolved(wor
 # --- integrity and safe failures --------------------------------------------------------------------------------------
 
 
-async def test_sealed_grants_are_immutable_in_sqlite(world: World) -> None:
-    """Stored and immutable."""
+async def test_sealed_grants_are_immutable_in_the_database(world: World) -> None:
+    """Stored and immutable: the database itself refuses (a trigger on both backends), inside a transaction too."""
     for sql in ("UPDATE grants SET expires_at = 'never'", "DELETE FROM grants"):
-        with pytest.raises(sqlite3.IntegrityError, match="immutable"):
+        with pytest.raises(IntegrityError, match="immutable"):
             await world.db.reader.execute(sql)
+        with pytest.raises(IntegrityError, match="immutable"):
+            async with world.db.transaction() as conn:
+                await conn.execute(sql)
+    assert await GrantStore(world.db).grant(world.grant.run_id) == world.grant
 
 
 async def test_broker_failure_exposes_only_broker_error_and_preserves_the_run_outcome(world: World) -> None:
@@ -456,7 +464,8 @@ async def test_broker_failure_exposes_only_broker_error_and_preserves_the_run_ou
     assert aborted.ok and aborted.state is not None and aborted.state["outcome"] == "failed"
     before = await world.state()
     # A stored grant changed behind the broker's back is not trusted either.
-    await world.db.reader.execute("DROP TRIGGER grants_sealed_no_update")
+    table = " ON grants" if world.db.dialect == "postgresql" else ""  # PostgreSQL names a trigger's table
+    await world.db.reader.execute(f"DROP TRIGGER grants_sealed_no_update{table}")
     await world.db.reader.execute(
         'UPDATE grants SET body_json = replace(body_json, \'"reason":"done"\', \'"reason":"gone"\')'
     )

@@ -2,11 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from datetime import timedelta
-from pathlib import Path
-
-import pytest
 
 from bot.core.bootstrap import FORWARD_PHASES
 from state.db import Database, to_db_time, utcnow
@@ -14,13 +10,6 @@ from state.journal import JournalStore, NewTransition, Registration, Transition
 from state.leases import Lease, LeaseStore
 
 NOW = utcnow()
-
-
-@pytest.fixture
-async def db(tmp_path: Path) -> AsyncIterator[Database]:
-    opened = await Database.open(tmp_path / "foreman.db")
-    yield opened
-    await opened.close()
 
 
 async def _lease(db: Database, number: int, *, repo: str = "acme/widgets") -> Lease:

@@ -2,23 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from datetime import timedelta
-from pathlib import Path
-
-import pytest
 
 from state.db import Database, utcnow
 from state.leases import Lease, LeaseStore
 
 NOW = utcnow()
-
-
-@pytest.fixture
-async def db(tmp_path: Path) -> AsyncIterator[Database]:
-    opened = await Database.open(tmp_path / "foreman.db")
-    yield opened
-    await opened.close()
 
 
 async def _lease(db: Database, number: int, owner: str, *, repo: str = "acme/widgets", ago_h: float = 0,

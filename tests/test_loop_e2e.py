@@ -24,6 +24,7 @@ from bot.verbs.allocate import AllocationCall, Allocator
 from bot.verbs.runtime import VerbRuntime, caller_for
 from state.journal import JournalStore
 from state.leases import LeaseStore
+from tests.conftest import POSTGRES_MISSING, PostgresSchemas, postgres_reachable
 from tests.gitea_fixtures import OWNER, REPO, ReceivedHook, webhook_sink
 from tests.support import SECRET, Started, wait_status
 from tests.world import FULL_NAME, Sections, World, open_world
@@ -32,11 +33,20 @@ ROSTER = {"controller-bot": ["controller"], "author-1": ["author"]}
 LOOP: Sections = {"allocator": {"auto_allocate_owner": "author-1"}, "bootstrap": {"on_allocate": "run"}}
 
 
-@pytest.fixture(params=["1.22.3", "1.26.3"])
-async def world(tmp_path: Path, start: Started, request: pytest.FixtureRequest) -> AsyncIterator[World]:
-    """The loop world, once per Gitea version the emulator switches between."""
-    async with open_world(tmp_path, start, roster=ROSTER, **LOOP) as opened:
-        opened.live.emulator.version = request.param
+@pytest.fixture(params=[("1.22.3", "sqlite"), ("1.26.3", "sqlite"), ("1.26.3", "postgresql")],
+                ids=["1.22.3", "1.26.3", "1.26.3-postgresql"])
+async def world(
+    tmp_path: Path, postgres_schemas: PostgresSchemas, start: Started, request: pytest.FixtureRequest
+) -> AsyncIterator[World]:
+    """The loop world, once per Gitea version the emulator switches between, and on PostgreSQL once."""
+    version, backend = request.param
+    sections: Sections = {**LOOP}
+    if backend == "postgresql":
+        if not postgres_reachable():
+            pytest.skip(POSTGRES_MISSING)
+        sections["database"] = {"url": postgres_schemas.new()}
+    async with open_world(tmp_path, start, roster=ROSTER, **sections) as opened:
+        opened.live.emulator.version = version
         yield opened
 
 

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
+import json
 from pathlib import Path
 
 import pytest
 
 import state.db as state_db
-from state.db import Database
+from state.db import Database, SchemaTooNew
 from state.migrations import MIGRATIONS
+from state.sql import IntegrityError
+from tests.conftest import DbOpener, database_env
 
 STATUSES_V6 = ("queued", "processing", "done", "failed", "ignored_self")
 
@@ -99,3 +103,71 @@ async def test_a_commit_cancelled_in_flight_never_turns_into_a_rollback_error(tm
         async with conn.execute("SELECT COUNT(*) FROM schema_migrations WHERE version = 999") as cur:
             assert [tuple(row) for row in await cur.fetchall()] == [(1,)]  # the COMMIT that ran is kept
     await db.close()
+
+
+async def test_a_database_migrated_by_a_newer_foreman_is_refused_unchanged(
+    open_db: DbOpener, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A schema version this foreman does not know is refused at open on both backends (a typed error naming
+    both versions and what to run), before any migration or write; `foreman` answers with the envelope."""
+    known = max(version for version, _, _ in MIGRATIONS)
+    db = await open_db(tmp_path / "foreman.db")
+    async with db.transaction() as conn:
+        await conn.execute(
+            "INSERT INTO schema_migrations (version, name, applied_at) VALUES (?, 'from the future', 't')",
+            (known + 1,),
+        )
+    await db.close()
+    with pytest.raises(SchemaTooNew) as refused:
+        await open_db(tmp_path / "foreman.db")
+    assert (refused.value.found, refused.value.known) == (known + 1, known)
+    assert f"schema version {known + 1}" in str(refused.value) and f"up to version {known}" in str(refused.value)
+    assert "restore a backup" in refused.value.exact_next_action
+
+    from bot.cli import main
+
+    for name, value in database_env(db, tmp_path).items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("FOREMAN_WEBHOOK__SECRETS", '["a-long-enough-test-secret"]')
+    assert await asyncio.to_thread(main, ["leases", "--json"]) == 1
+    envelope = json.loads(capsys.readouterr().err)
+    assert envelope["error"] == "schema_too_new"
+    assert (envelope["found_version"], envelope["known_version"]) == (known + 1, known)
+    assert envelope["exact_next_action"] == refused.value.exact_next_action
+
+    monkeypatch.setattr(state_db, "MIGRATIONS", (*MIGRATIONS, (known + 1, "from the future", "SELECT 1;")))
+    again = await open_db(tmp_path / "foreman.db")  # the foreman that knows it opens it
+    assert await again.schema_version() == known + 1
+
+
+async def test_migration_7_keeps_the_inbox_rows_on_both_backends(
+    open_db: DbOpener, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Migration 7 (a rebuild on SQLite, ALTER TABLE on PostgreSQL) keeps every row, allows 'ignored' and adds
+    ignored_reason; ids still come from the database after it."""
+    monkeypatch.setattr(state_db, "MIGRATIONS", tuple(m for m in MIGRATIONS if m[0] <= 6))
+    db = await open_db(tmp_path / "foreman.db")
+    async with db.transaction() as conn:
+        await conn.execute(
+            "INSERT INTO deliveries (delivery_id, body_sha256, event, headers_json, body, received_at, status)"
+            " VALUES ('d-1', 'h-1', 'issues', '{}', ?, 't', 'queued')",
+            (b"{}",),
+        )
+        with pytest.raises(IntegrityError):
+            await conn.execute("UPDATE deliveries SET status = 'ignored'")
+    await db.close()
+    monkeypatch.setattr(state_db, "MIGRATIONS", MIGRATIONS)
+    db = await open_db(tmp_path / "foreman.db")
+    async with db.transaction() as conn:
+        await conn.execute("UPDATE deliveries SET status = 'ignored', ignored_reason = 'another repository'")
+        async with conn.execute(
+            "INSERT INTO deliveries (delivery_id, body_sha256, event, headers_json, body, received_at, status)"
+            " VALUES ('d-2', 'h-2', 'issues', '{}', ?, 't', 'queued') RETURNING id",
+            (b"{}",),
+        ) as cur:
+            row = await cur.fetchone()
+    assert row is not None and row[0] == 2
+    async with db.reader.execute("SELECT id, delivery_id, status, ignored_reason FROM deliveries ORDER BY id") as cur:
+        assert [tuple(r) for r in await cur.fetchall()] == [
+            (1, "d-1", "ignored", "another repository"), (2, "d-2", "queued", None)]
+    assert await db.schema_version() == max(version for version, _, _ in MIGRATIONS)

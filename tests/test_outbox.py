@@ -21,6 +21,7 @@ from bot.metrics import Metrics
 from bot.outbox import OutboxSender
 from state.db import Database
 from state.outbox import OutboxEntry, OutboxInputError, OutboxIntent, OutboxStore, enqueue
+from tests.conftest import DbOpener, database_env
 from tests.gitea_fixtures import OWNER, REPO, LiveEmulator, live_emulator
 
 COMMENTS = "/repos/{owner}/{repo}/issues/{index}/comments"
@@ -66,11 +67,11 @@ class Rig:
 
 
 @pytest.fixture
-async def rig(tmp_path: Path) -> AsyncIterator[Rig]:
+async def rig(open_db: DbOpener, tmp_path: Path) -> AsyncIterator[Rig]:
     async with live_emulator() as live:
         for title in ("first", "second"):
             live.emulator.create_issue(OWNER, REPO, title=title, author="alice")
-        db = await Database.open(tmp_path / "foreman.db", synchronous="NORMAL")
+        db = await open_db(tmp_path / "foreman.db", synchronous="NORMAL")
         store = OutboxStore(db)
         config = OutboxConfig(backoff_base_s=0.005, backoff_max_s=0.01, max_attempts=3, claim_ttl_s=0.2)
         metrics = Metrics()
@@ -154,7 +155,7 @@ async def test_a_changed_body_is_rewritten_once_then_verified(rig: Rig) -> None:
 
 
 async def test_a_body_that_keeps_changing_is_recorded_as_verification_failed_with_both_versions(
-    rig: Rig, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+    rig: Rig, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     """A persistent mismatch ends as verification_failed with both versions, shown by the CLI."""
     rig.live.emulator.faults.alter_stored("POST", COMMENTS, suffix=" [x]")
@@ -170,9 +171,9 @@ async def test_a_body_that_keeps_changing_is_recorded_as_verification_failed_wit
 
     from bot.cli import main
 
-    monkeypatch.setenv("FOREMAN_DATABASE__PATH", str(rig.db.path))
+    for name, value in database_env(rig.db, tmp_path).items():
+        monkeypatch.setenv(name, value)
     monkeypatch.setenv("FOREMAN_WEBHOOK__SECRETS", '["a-long-enough-test-secret"]')
-    monkeypatch.setenv("FOREMAN_CONFIG", "")
     assert await asyncio.to_thread(main, ["outbox", "--status", "verification_failed", "--json"]) == 0
     [listed] = json.loads(capsys.readouterr().out)
     assert listed["key"] == "bad-1" and listed["observed"]["observed"].endswith(" [x]")
@@ -358,8 +359,8 @@ async def test_a_hook_that_a_dead_process_never_ran_is_run_on_the_next_pass(rig:
     assert await rig.store.unhooked() == []
 
 
-async def test_store_reads_an_issues_entries_and_every_entry_oldest_first(tmp_path: Path) -> None:
-    db = await Database.open(tmp_path / "foreman.db")
+async def test_store_reads_an_issues_entries_and_every_entry_oldest_first(open_db: DbOpener, tmp_path: Path) -> None:
+    db = await open_db(tmp_path / "foreman.db")
     try:
         store = OutboxStore(db)
         for key, number in (("a", 1), ("b", 2), ("c", 1)):
@@ -372,8 +373,8 @@ async def test_store_reads_an_issues_entries_and_every_entry_oldest_first(tmp_pa
         await db.close()
 
 
-async def test_store_reads_the_newest_evidence_comments(tmp_path: Path) -> None:
-    db = await Database.open(tmp_path / "foreman.db")
+async def test_store_reads_the_newest_evidence_comments(open_db: DbOpener, tmp_path: Path) -> None:
+    db = await open_db(tmp_path / "foreman.db")
     try:
         store = OutboxStore(db)
         for key in ("lease-1:evidence", "lease-1:release", "run-2:evidence", "lease-3:evidence"):
@@ -386,9 +387,9 @@ async def test_store_reads_the_newest_evidence_comments(tmp_path: Path) -> None:
         await db.close()
 
 
-async def test_store_reads_comment_statuses_by_key_prefix_with_no_wildcards(tmp_path: Path) -> None:
+async def test_store_reads_comment_statuses_by_key_prefix_with_no_wildcards(open_db: DbOpener, tmp_path: Path) -> None:
     """A prefix is matched as text: ``_`` and ``%`` in it match only themselves."""
-    db = await Database.open(tmp_path / "foreman.db")
+    db = await open_db(tmp_path / "foreman.db")
     try:
         store = OutboxStore(db)
         for key in ("auto-proof:1:0", "auto-proof:1:1", "auto-proof:12:0", "auto-proofX1:0", "a_b:0", "axb:0"):
@@ -404,9 +405,9 @@ async def test_store_reads_comment_statuses_by_key_prefix_with_no_wildcards(tmp_
         await db.close()
 
 
-async def test_store_counts_an_issues_entries_until_sent_and_hooked(tmp_path: Path) -> None:
+async def test_store_counts_an_issues_entries_until_sent_and_hooked(open_db: DbOpener, tmp_path: Path) -> None:
     """An entry is settled only when it is done AND its completion hook ran; other issues do not count."""
-    db = await Database.open(tmp_path / "foreman.db")
+    db = await open_db(tmp_path / "foreman.db")
     try:
         store = OutboxStore(db)
         await store.add(comment_intent("k:1", 1))

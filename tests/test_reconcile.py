@@ -17,6 +17,7 @@ from bot.reconcile import PAGE_SIZE, Reconciler
 from state.db import Database
 from state.deliveries import DeliveryStore
 from state.reconcile import CommandClaims, ReconcileStore
+from tests.conftest import DbOpener
 from tests.gitea_fixtures import BOT, OWNER, REPO, LiveEmulator, live_emulator
 from tests.support import Started
 from tests.world import open_world
@@ -162,8 +163,10 @@ def _rfc3339(unix: int) -> str:
 # --- command claims ---------------------------------------------------------------------------------------------------
 
 
-async def test_a_command_is_claimed_once_per_comment_and_kept_by_its_own_retries(tmp_path: Path) -> None:
-    db = await Database.open(tmp_path / "f.db")
+async def test_a_command_is_claimed_once_per_comment_and_kept_by_its_own_retries(
+    open_db: DbOpener, tmp_path: Path
+) -> None:
+    db = await open_db(tmp_path / "f.db")
     try:
         claims = CommandClaims(db)
         assert await claims.claim("Acme/Widgets", 5, "webhook-1") is None
@@ -179,9 +182,9 @@ async def test_a_command_is_claimed_once_per_comment_and_kept_by_its_own_retries
 
 
 @pytest.fixture
-async def world(tmp_path: Path) -> AsyncIterator[tuple[LiveEmulator, Database]]:
+async def world(open_db: DbOpener, tmp_path: Path) -> AsyncIterator[tuple[LiveEmulator, Database]]:
     async with live_emulator() as live:
-        db = await Database.open(tmp_path / "foreman.db")
+        db = await open_db(tmp_path / "foreman.db")
         try:
             yield live, db
         finally:

@@ -85,8 +85,11 @@ async def test_a_delivery_that_keeps_failing_is_parked_then_replayed(tmp_path: P
     assert calls == Counter({"steady": 1, "flaky": 4})
 
 
-async def test_racing_workers_process_each_delivery_exactly_once(tmp_path: Path, start: Started) -> None:
-    """Several worker loops claim concurrently; conditional claims give each delivery one run."""
+async def test_racing_workers_process_each_delivery_exactly_once(
+    tmp_path: Path, database_url: str | None, start: Started
+) -> None:
+    """Several worker loops claim concurrently; conditional claims give each delivery one run (SQLite and
+    PostgreSQL)."""
     seen: Counter[str] = Counter()
     router = routing.Router()
 
@@ -95,7 +98,9 @@ async def test_racing_workers_process_each_delivery_exactly_once(tmp_path: Path,
         await asyncio.sleep(random.uniform(0, 0.01))
         seen[event.delivery_id] += 1
 
-    service, client = await start(make_settings(tmp_path, worker={"concurrency": 4}), build_router(router))
+    database = {} if database_url is None else {"database": {"url": database_url}}
+    settings = make_settings(tmp_path, worker={"concurrency": 4}, **database)
+    service, client = await start(settings, build_router(router))
     ids = [f"race-{i}" for i in range(40)]
     statuses = await asyncio.gather(*(_post(client, payload(number=i + 1), d) for i, d in enumerate(ids)))
     assert set(statuses) == {202}

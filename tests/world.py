@@ -19,6 +19,7 @@ from bot.emulator import EmuHook
 from bot.gitea import GiteaClient
 from state.issues import IssueStore
 from state.outbox import OutboxEntry
+from tests.conftest import database_env
 from tests.gitea_fixtures import BOT, OWNER, REPO, TOKENS, LiveEmulator, live_emulator, seed_foreman
 from tests.support import SECRET, Started, emulator_sections, make_settings
 
@@ -88,8 +89,7 @@ class World:
         database, Gitea, repository and roster), as an operator's shell would set it."""
         settings = self.service.settings
         return {
-            "FOREMAN_CONFIG": "",
-            "FOREMAN_DATABASE__PATH": str(settings.database.path),
+            **database_env(self.service.db, Path(settings.repository.checkout_root).parent),
             "FOREMAN_WEBHOOK__SECRETS": json.dumps([SECRET]),
             "FOREMAN_GITEA__URL": self.live.base_url,
             "FOREMAN_GITEA__TOKEN": TOKENS[BOT],

@@ -27,6 +27,7 @@ from bot.cli.serve import serve
 from bot.cli.state import cmd_state_parse
 from bot.config import ConfigError, Settings, load_settings
 from bot.core.vocabulary import MAX_ISSUE_NUMBER, is_issue_number
+from state.db import DatabaseNotWritable, SchemaTooNew
 from state.deliveries import STATUSES
 from state.outbox import OUTBOX_STATUSES
 
@@ -334,6 +335,35 @@ def _main(argv: Sequence[str] | None) -> int:
         print(json.dumps(config_error_envelope(exc), sort_keys=True), file=sys.stderr)
         return EXIT_USAGE
     logs.configure(json_lines=settings.server.log_json, level=settings.server.log_level)
+    try:
+        return _run_command(settings, args)
+    except (SchemaTooNew, DatabaseNotWritable) as exc:
+        print(json.dumps(database_refusal(exc), sort_keys=True), file=sys.stderr)
+        return EXIT_REFUSED
+
+
+def database_refusal(exc: SchemaTooNew | DatabaseNotWritable) -> dict[str, Any]:
+    """The envelope of a database foreman cannot open: a newer schema, or a server it cannot reach or write."""
+    if isinstance(exc, SchemaTooNew):
+        return {
+            "error": "schema_too_new",
+            "message": str(exc),
+            "found_version": exc.found,
+            "known_version": exc.known,
+            "remediate": "Run the foreman release that migrated this database (or a newer one); this one must not"
+                         " write a schema it does not know.",
+            "exact_next_action": exc.exact_next_action,
+        }
+    return {
+        "error": "database_unavailable",
+        "reason": exc.reason,
+        "message": str(exc),
+        "remediate": "Make the configured database reachable and writable (database.path or database.url).",
+        "exact_next_action": "fix database.url or database.path, then run foreman check-config",
+    }
+
+
+def _run_command(settings: Settings, args: argparse.Namespace) -> int:
     if args.command == "serve":
         return asyncio.run(serve(settings))
     view = repository_view(settings, args.repository, command=args.command)

@@ -179,7 +179,7 @@ def cmd_check_config(settings: Settings, args: argparse.Namespace) -> int:
                 else "none configured: one is generated under var/ on first start"
             ),
         },
-        "database": str(settings.database.path),
+        "database": settings.database.describe(),
         "gitea": gitea,
         "checks": checks,
     }

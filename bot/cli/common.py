@@ -7,7 +7,7 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from bot.config import Settings
-from state.db import Database
+from state.db import Database, open_database
 from state.deliveries import DeliveryStore
 
 if TYPE_CHECKING:
@@ -67,7 +67,7 @@ def refused(exc: LookupError | ValueError, *, listing: str) -> int:
 
 
 async def with_db(settings: Settings, work: Callable[[Database], Awaitable[int]]) -> int:
-    db = await Database.open(settings.database.path, busy_timeout_ms=settings.database.busy_timeout_ms)
+    db = await open_database(settings.database)
     try:
         return await work(db)
     finally:

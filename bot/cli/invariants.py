@@ -34,7 +34,7 @@ def cmd_invariants(settings: Settings, args: argparse.Namespace) -> int:
                 return EXIT_USAGE
             checkout = BootstrapContext(db=db, settings=settings, gitea=gitea, bot_login="").checkout_path
             facts = await invariants.gather(
-                database=settings.database.path,
+                database=settings.database.postgres_url() or settings.database.path,
                 client=gitea,
                 bot_login=settings.gitea.bot_login,
                 checkout=checkout,

@@ -49,7 +49,7 @@ async def serve(settings: Settings, router: OrderedRouter | None = None) -> int:
         settings.server.host,
         port,
         settings.webhook.path,
-        settings.database.path,
+        settings.database.describe(),
     )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

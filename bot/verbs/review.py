@@ -8,8 +8,6 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any, Literal, Protocol
 
-import aiosqlite
-
 from bot.core.bootstrap import branch_for
 from bot.core.canonical import CanonicalState
 from bot.core.errors import Envelope
@@ -25,6 +23,7 @@ from state.db import Database
 from state.leases import Lease, LeaseRefused, LeaseStore, LeaseTaken
 from state.outbox import OutboxIntent, enqueue
 from state.publications import PublicationStore
+from state.sql import Connection
 
 Verdict = Literal["approve", "request_changes"]
 _EVENTS: Mapping[str, Literal["APPROVED", "REQUEST_CHANGES"]] = {
@@ -356,7 +355,7 @@ async def _record_verdict(
 
 
 async def _end_review(
-    rt: VerbRuntime, conn: aiosqlite.Connection, caller: Caller, lease: Lease, review: Review, verdict: str,
+    rt: VerbRuntime, conn: Connection, caller: Caller, lease: Lease, review: Review, verdict: str,
     implementer: str | None, now: datetime,
 ) -> Lease | None:
     """The review lease ends (``reviewed``); for request_changes the implementer gets a new implement lease."""

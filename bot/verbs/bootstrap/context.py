@@ -9,8 +9,6 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
-import aiosqlite
-
 from bot import gitops
 from bot.config import Settings
 from bot.core.bootstrap import Phase
@@ -19,6 +17,7 @@ from bot.core.gateway import ROLES, Role
 from bot.gitea import Branch, Issue, Repository
 from state.db import Database, utcnow
 from state.leases import Lease, LeaseStore
+from state.sql import Connection
 
 TOOL = "gitea_bootstrap_issue_worktree"
 
@@ -155,6 +154,6 @@ class LockResult:
         return doc
 
 
-async def live_lease_in(conn: aiosqlite.Connection, leases: LeaseStore, repo: str, lease_id: str) -> Lease | None:
+async def live_lease_in(conn: Connection, leases: LeaseStore, repo: str, lease_id: str) -> Lease | None:
     """The lease ``lease_id`` if it is still marked live, read inside the caller's transaction."""
     return next((lease for lease in await leases.open_leases(repo, conn) if lease.lease_id == lease_id), None)

@@ -10,8 +10,6 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-import aiosqlite
-
 from bot.config import Settings
 from bot.core.digest import digest, text_digest
 from bot.core.evidence import render_evidence
@@ -38,6 +36,7 @@ from bot.verbs.runs.start import host_identity, policy_template, registered_work
 from state.db import Database, utcnow
 from state.grants import CloseHook, DecisionContext, GrantStore, StateRaced
 from state.outbox import OutboxIntent, enqueue
+from state.sql import Connection
 
 log = logging.getLogger("foreman.grants")
 
@@ -282,7 +281,7 @@ class Broker:
             # again on the state it left. Twice in a row is a broker_error.
             return await self._store.decide(self.run_id, decide, context, on_close=self._on_close)
 
-    async def _queue_evidence(self, conn: aiosqlite.Connection, grant: Grant, state: RunState) -> None:
+    async def _queue_evidence(self, conn: Connection, grant: Grant, state: RunState) -> None:
         counts = await self._store.decision_counts(grant.run_id, conn)
         queued = await enqueue(conn, run_evidence_intent(grant, state, counts), now=self._clock())
         log.info(

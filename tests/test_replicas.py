@@ -1,0 +1,322 @@
+"""Several processes on one PostgreSQL store: the write guarantees SQLite's single writer gave, kept across replicas.
+
+Each "replica" here is its own PostgresDatabase (its own server connections), as two `foreman serve` processes
+would hold; the process-level burst is at the end of this file.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import os
+import random
+import shutil
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import psycopg
+import pytest
+from aiohttp import web
+
+from bot import invariants
+from bot.config_writer import write_config
+from bot.core.intake import Delivery
+from state.db import Database, utcnow
+from state.db_postgres import PostgresDatabase
+from state.deliveries import DeliveryStore
+from state.leases import LeaseStore, LeaseTaken
+from state.sql import IntegrityError
+from tests.gitea_fixtures import BOT, OWNER, live_emulator, scratch_dir, seed_foreman, seed_sibling_repository
+from tests.support import SECRET
+from tests.test_crash_burst import (
+    AUTHORS,
+    ISSUES,
+    REPOSITORIES,
+    SIBLING,
+    USER_TOKENS,
+    Burst,
+    Kill,
+    _config,
+    plan_kills,
+)
+from tests.test_process import ServeProcess
+
+NOW = utcnow()
+
+
+async def _replicas(url: str, count: int = 2) -> list[Database]:
+    return [await PostgresDatabase.connect(url) for _ in range(count)]
+
+
+def _delivery(n: int) -> Delivery:
+    body = json.dumps({"action": "opened", "n": n}).encode()
+    return Delivery(delivery_id=f"d-{n}", event="issues", event_type="issues", action="opened", sender_login="alice",
+                    body=body, body_sha256=hashlib.sha256(body).hexdigest(), headers={}, payload=None)
+
+
+async def test_write_transactions_of_two_replicas_never_interleave(postgres_url: str) -> None:
+    """A read-then-write inside one transaction sees no other replica's write in between (PostgreSQL's READ
+    COMMITTED alone would lose updates here: both read the same count, both write count + 1)."""
+    one, two = await _replicas(postgres_url)
+    try:
+        async with one.transaction() as conn:
+            await conn.execute("CREATE TABLE counter (n INTEGER NOT NULL)")
+            await conn.execute("INSERT INTO counter (n) VALUES (0)")
+
+        async def bump(db: Database, times: int) -> None:
+            for _ in range(times):
+                async with db.transaction() as conn:
+                    async with conn.execute("SELECT n FROM counter") as cur:
+                        row = await cur.fetchone()
+                    assert row is not None
+                    await asyncio.sleep(0)  # let the other replica try to write in between
+                    await conn.execute("UPDATE counter SET n = ?", (row["n"] + 1,))
+
+        await asyncio.gather(bump(one, 40), bump(two, 40))
+        async with two.reader.execute("SELECT n FROM counter") as cur:
+            assert [tuple(r) for r in await cur.fetchall()] == [(80,)]
+    finally:
+        for db in (one, two):
+            await db.close()
+
+
+async def test_racing_replicas_claim_each_delivery_exactly_once(postgres_url: str) -> None:
+    one, two = await _replicas(postgres_url)
+    try:
+        stored = await DeliveryStore(one).insert_batch([(_delivery(n), False) for n in range(30)])
+        assert {r.outcome for r in stored} == {"queued"}
+        claimed: dict[str, list[int]] = {"one": [], "two": []}
+
+        async def drain(name: str, db: Database) -> None:
+            store = DeliveryStore(db)
+            while (found := await store.claim_next(f"worker-{name}")) is not None:
+                claimed[name].append(found.pk)
+                assert await store.finish(found.pk, f"worker-{name}")
+
+        await asyncio.gather(drain("one", one), drain("two", two))
+        every = claimed["one"] + claimed["two"]
+        assert sorted(every) == sorted(r.pk for r in stored if r.pk is not None)
+        assert len(every) == len(set(every)) == 30
+        assert (await DeliveryStore(two).counts())["done"] == 30
+    finally:
+        for db in (one, two):
+            await db.close()
+
+
+async def test_a_dead_replicas_claim_is_taken_over_once_its_heartbeat_lapses(postgres_url: str) -> None:
+    one, two = await _replicas(postgres_url)
+    try:
+        await DeliveryStore(one).insert_batch([(_delivery(1), False)])
+        taken = await DeliveryStore(one).claim_next("worker-one")
+        assert taken is not None
+        await one.close()  # the replica dies: its claim stays, heartbeating no more
+        store = DeliveryStore(two)
+        assert await store.claim_next("worker-two") is None  # still claimed
+        assert await store.reclaim_stale(ttl_s=60) == 0  # not lapsed yet
+        assert await store.reclaim_stale(ttl_s=60, now=utcnow() + timedelta(seconds=61)) == 1
+        again = await store.claim_next("worker-two")
+        assert again is not None and again.pk == taken.pk and again.attempts == 2
+        assert await store.finish(again.pk, "worker-two")
+        assert not await store.finish(taken.pk, "worker-one")  # the dead claim cannot settle it any more
+    finally:
+        await two.close()
+
+
+async def test_one_live_lease_per_issue_across_replicas_and_a_refused_insert_leaves_the_transaction_usable(
+    postgres_url: str,
+) -> None:
+    """The unique index refuses a second live lease whichever replica asks; the refusal is caught inside the
+    transaction and the transaction goes on and commits (on PostgreSQL a failed statement would otherwise abort
+    the whole transaction: each write runs under a savepoint)."""
+    one, two = await _replicas(postgres_url)
+    try:
+        async with one.transaction() as conn:
+            first = await LeaseStore(one).acquire(
+                conn, repo="acme/widgets", issue_number=7, owner="author-1", role="author", action="implement",
+                ttl=timedelta(hours=1), now=NOW, actor="t", fingerprint=None, request={})
+        async with two.transaction() as conn:
+            with pytest.raises(LeaseTaken):
+                await LeaseStore(two).acquire(
+                    conn, repo="acme/widgets", issue_number=7, owner="author-2", role="author", action="implement",
+                    ttl=timedelta(hours=1), now=NOW, actor="t", fingerprint=None, request={})
+            with pytest.raises(IntegrityError):
+                await conn.execute("UPDATE leases SET status = 'bogus'")
+            other = await LeaseStore(two).acquire(
+                conn, repo="acme/widgets", issue_number=8, owner="author-2", role="author", action="implement",
+                ttl=timedelta(hours=1), now=NOW, actor="t", fingerprint=None, request={})
+        live = [(lease.issue_number, lease.owner) for lease in await LeaseStore(one).open_leases("acme/widgets")]
+        assert sorted(live) == [(7, "author-1"), (8, "author-2")]
+        assert first.lease_id != other.lease_id
+    finally:
+        for db in (one, two):
+            await db.close()
+
+
+# --- two `foreman serve` replicas behind a load balancer, one SIGKILLed at seeded points ----------------------------
+
+
+class Balancer:
+    """A load balancer in front of the replicas: each webhook to a seeded choice among them; a replica that does
+    not answer is a 502 to Gitea (which never retries: the burst's operator replays what was not acknowledged)."""
+
+    def __init__(self, replicas: list[ServeProcess], rng: random.Random) -> None:
+        self.replicas = replicas
+        self.rng = rng
+        self.port = 0
+        self.sent: Counter[int] = Counter()
+        self._runner: web.AppRunner | None = None
+        self._session: aiohttp.ClientSession | None = None
+
+    async def start(self) -> str:
+        app = web.Application()
+        app.router.add_post("/webhook", self._forward)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        self._session = aiohttp.ClientSession()
+        return f"http://127.0.0.1:{self.port}/webhook"
+
+    async def _forward(self, request: web.Request) -> web.Response:
+        index = self.rng.randrange(len(self.replicas))
+        body = await request.read()
+        headers = {k: v for k, v in request.headers.items() if k.lower() not in ("host", "content-length")}
+        assert self._session is not None
+        try:
+            async with self._session.post(f"{self.replicas[index].url}/webhook", data=body, headers=headers) as resp:
+                self.sent[index] += 1
+                return web.Response(status=resp.status, body=await resp.read(), content_type=resp.content_type)
+        except aiohttp.ClientError:
+            return web.Response(status=502, text="replica down")
+
+    async def stop(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+
+@dataclass
+class ReplicaBurst(Burst):
+    """The crash burst's driver, killing one of several replicas (a seeded choice) at each kill point."""
+
+    replicas: list[ServeProcess] = field(default_factory=list)
+    victims: list[int] = field(default_factory=list)
+
+    def stopped_by(self, kill: Kill) -> list[ServeProcess]:
+        """An outage stops every replica (nobody listens); a kill takes down one, a seeded choice."""
+        if kill.moment == "outage":
+            return list(self.replicas)
+        index = self.rng.randrange(len(self.replicas))
+        self.victims.append(index)
+        return [self.replicas[index]]
+
+    def named(self, stopped: list[ServeProcess]) -> str:
+        return "".join(f":replica-{self.replicas.index(proc)}" for proc in stopped)
+
+
+@pytest.fixture
+def scratch() -> Iterator[Path]:
+    root = scratch_dir("foreman-replicas-")
+    yield root
+    shutil.rmtree(root, ignore_errors=True)
+
+
+async def test_two_replicas_on_one_postgresql_survive_a_burst_with_one_sigkilled(
+    scratch: Path, postgres_url: str
+) -> None:
+    """Two `foreman serve` processes on one PostgreSQL schema and one shared checkout root serving two repositories
+    over one organization hook, a ~200-delivery burst
+    split between them by a load balancer, one of them SIGKILLed at 2-4 seeded points and restarted, the lost
+    deliveries replayed: every acknowledged delivery processed exactly once, one lease per issue, one comment per
+    evidence marker, one worktree per transition (`bot.invariants` over PostgreSQL, Gitea and the checkout)."""
+    seed = int(os.environ.get("FOREMAN_CRASH_SEED") or random.SystemRandom().randrange(2**32))
+    print(f"replica-burst seed: {seed} (rerun with FOREMAN_CRASH_SEED={seed})")
+    async with live_emulator() as live:
+        emu = live.emulator
+        seed_foreman(emu, {login: USER_TOKENS[login] for login in ("controller-bot", *AUTHORS)})
+        seed_sibling_repository(emu, SIBLING)
+        for name in REPOSITORIES:
+            for n in range(1, ISSUES + 1):
+                emu.create_issue(OWNER, name, title=f"Replica burst work item {n} of {name}", author="alice")
+        emu.make_org(OWNER)
+        replicas = []
+        for name in ("a", "b"):
+            (scratch / name).mkdir()
+            proc = ServeProcess(scratch / name, module="bot", config=scratch / name / "foreman.toml")
+            write_config(proc.config, _config(proc, live.base_url, scratch, postgres_url))
+            replicas.append(proc)
+        balancer = Balancer(replicas, random.Random(seed ^ 0xB41))
+        hook_url = await balancer.start()
+        emu.add_org_hook(OWNER, url=hook_url, secret=SECRET, events=["issues"])
+        burst = ReplicaBurst(seed, live, replicas[0], hook_url, postgres_url, replicas=replicas)
+        kills = plan_kills(random.Random(seed ^ 0x5EED))
+        try:
+            for proc in replicas:
+                await proc.start("serve", "--config", str(proc.config))
+            await asyncio.gather(burst.drive(), burst.crash(kills))
+            replayed = await burst.replay_lost()
+            await burst.settle()
+            acknowledged = [(d.delivery_id, hashlib.sha256(d.body).hexdigest())
+                            for d in burst.hook_deliveries() if d.ok]
+            each = {name: await invariants.gather(
+                database=postgres_url,
+                client=live.client(repo=name),
+                bot_login=BOT,
+                checkout=scratch / "checkouts" / OWNER / name,
+                acknowledged=acknowledged,
+                require_bootstrap=True,
+                repo=f"{OWNER}/{name}",
+            ) for name in REPOSITORIES}
+            violations = [v for name in REPOSITORIES for v in invariants.check(each[name])]
+            for proc in replicas:
+                assert await proc.terminate() == 0
+        finally:
+            for proc in replicas:
+                if proc.proc is not None and proc.proc.returncode is None:
+                    await proc.kill()
+            await balancer.stop()
+        summary: dict[str, Any] = {
+            "seed": seed, "kills": burst.kills, "split": dict(balancer.sent), "replayed": replayed,
+            "leases": {name: len(each[name].db.leases) for name in REPOSITORIES},
+            "transitions": {name: len(each[name].db.transitions) for name in REPOSITORIES},
+        }
+        print("replica-burst summary:", json.dumps(summary))
+        tails = "\n".join(p.stderr.read_text(errors="replace")[-1500:] for p in replicas)
+        assert not violations, (f"seed {seed}: {len(violations)} violation(s):\n"
+                                + "\n".join(map(str, violations[:40])) + f"\n{summary}\n{tails}")
+        assert min(balancer.sent[0], balancer.sent[1]) > 20, summary  # both replicas really took deliveries
+        assert len(burst.kills) == len(kills) >= 2, summary
+        assert all(len(each[name].db.leases) >= 2 and each[name].db.transitions for name in REPOSITORIES), summary
+
+
+async def test_a_replica_whose_sessions_the_server_ended_works_again_on_the_next_call(postgres_url: str) -> None:
+    """A server restart or an administrator ends the sessions: the call in flight fails, the next ones (reads and
+    write transactions) open new sessions instead of failing until foreman restarts."""
+    db = await PostgresDatabase.connect(postgres_url)
+    try:
+        store = DeliveryStore(db)
+        await store.insert_batch([(_delivery(1), False)])
+        assert isinstance(db, PostgresDatabase)
+        sessions = [db._writer.raw.info.backend_pid, db._reader.raw.info.backend_pid]
+        with psycopg.connect(postgres_url, autocommit=True) as admin:
+            ended = admin.execute("SELECT pg_terminate_backend(pid) FROM unnest(%s::int[]) AS pid", (sessions,))
+            assert [row[0] for row in ended.fetchall()] == [True, True]
+        for _ in range(2):  # the first call of each connection may find it dead; then it reconnects
+            with contextlib.suppress(psycopg.OperationalError):
+                await store.counts()
+            with contextlib.suppress(psycopg.OperationalError):
+                await store.insert_batch([(_delivery(2), False)])
+        assert (await store.counts())["queued"] == 2
+        [result] = await store.insert_batch([(_delivery(3), False)])
+        assert result.outcome == "queued"
+    finally:
+        await db.close()
