@@ -143,8 +143,11 @@ async def release_after_handover_replay(
 ) -> VerbResult | None:
     """``gitea_release_lease`` by an author whose lease the PR's opening already ended (a run's reserved teardown
     after ``gitea_open_pull_request``, an agent releasing out of habit): answered with that ended lease, changing
-    nothing (never another identity's live lease); None for anything else (the door decides as always)."""
+    nothing. None (the door decides as always: the ownership gate refuses another identity's live lease) when the
+    issue has a live lease, whoever holds it, or the caller's latest lease on it did not end so."""
     issue = issue_of(values)
+    if await rt.leases.live_for_issue(rt.repo, issue) is not None:
+        return None
     ended = await _handed_over(rt, issue, caller.login)
     if ended is None:
         return None
@@ -206,18 +209,10 @@ async def _record(
         validation=f"pull request #{pr.number} read back from Gitea with head {pr.head_ref} at {pr.head_sha[:12]}",
         last_updated_by=rt.bot_login or rt.settings.gitea.bot_login or "foreman",
     )
-    body = render_evidence(key=f"{prefix}:evidence", summary=f"Pull request #{pr.number} is open for #{issue}.",
-                           state=state, evidence={"action": "open_pull_request", "channel": caller.channel,
-                                                  "delivery": delivery_id, **doc})
     store = PublicationStore(rt.db)
     async with rt.db.transaction() as conn:
-        await store.record_pull(conn, repo=rt.repo, issue_number=issue, pr_number=pr.number, head=branch, base=base,
-                                opened_by=caller.login, adopted=adopted, now=rt.clock())
-        await enqueue(conn, OutboxIntent(f"{prefix}:pr-open", issue, "labels",
-                                         {"add": [pr_open], "remove": [in_progress]}, delivery_id))
-        await enqueue(conn, OutboxIntent(f"{prefix}:review", issue, "labels",
-                                         {"add": [review], "remove": [pr_open]}, delivery_id))
-        await enqueue(conn, OutboxIntent(f"{prefix}:evidence", issue, "comment", {"body": body}, delivery_id))
+        # The lease ends first: the evidence then says what really happened (a lease that ended meanwhile,
+        # expired or released, is no hand-over, and its evidence must not name it).
         if lease is not None:
             try:
                 await rt.leases.release(conn, lease.lease_id, actor=caller.login, reason=HANDOVER_REASON,
@@ -225,4 +220,14 @@ async def _record(
                                         idempotency_key=key, result=doc)
             except LeaseRefused:
                 doc["handed_over"]["lease_id"] = None  # it ended meanwhile (expired, swept): nothing to end
+        body = render_evidence(key=f"{prefix}:evidence", summary=f"Pull request #{pr.number} is open for #{issue}.",
+                               state=state, evidence={"action": "open_pull_request", "channel": caller.channel,
+                                                      "delivery": delivery_id, **doc})
+        await store.record_pull(conn, repo=rt.repo, issue_number=issue, pr_number=pr.number, head=branch, base=base,
+                                opened_by=caller.login, adopted=adopted, now=rt.clock())
+        await enqueue(conn, OutboxIntent(f"{prefix}:pr-open", issue, "labels",
+                                         {"add": [pr_open], "remove": [in_progress]}, delivery_id))
+        await enqueue(conn, OutboxIntent(f"{prefix}:review", issue, "labels",
+                                         {"add": [review], "remove": [pr_open]}, delivery_id))
+        await enqueue(conn, OutboxIntent(f"{prefix}:evidence", issue, "comment", {"body": body}, delivery_id))
     return doc
