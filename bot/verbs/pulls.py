@@ -12,7 +12,7 @@ from bot.core.verbs import Verb
 from bot.core.vocabulary import label_for_state
 from bot.gitea import Branch, GiteaConflict, GiteaError, GiteaNotFound, Issue, PullRequest, Repository, client_as
 from bot.gitea.pulls import IssueState
-from bot.verbs.auto_allocate import auto_allocate_after
+from bot.verbs.auto_allocate import queue_auto_allocation
 from bot.verbs.bootstrap.context import BootstrapContext
 from bot.verbs.runtime import Caller, CallOptions, VerbResult, VerbRuntime, envelope, issue_of, refused
 from state.journal import JournalStore
@@ -113,10 +113,14 @@ async def open_pull_request(
     doc = await _record(rt, caller, issue, pr, branch, repo.default_branch, adopted, delivery_id, lease,
                         key if isinstance(key, str) else None)
     rt.woken()
-    # The author is free now: the next ready issue goes to the next idle author, as after a release.
-    auto = await auto_allocate_after(rt.db, rt.settings, rt.gitea, bot_login=rt.bot_login,
-                                     trigger=HANDOVER_REASON, delivery_id=delivery_id, wakeup=rt.wakeup)
-    return rt.done(verb, caller, {**doc, **({"auto_allocation": auto} if auto is not None else {})})
+    # The author is free now: the next ready issue goes to the next idle author, as after a release, run by the
+    # service from the inbox (never inside this call: the caller does not wait for another bootstrap).
+    ended = doc["handed_over"]["lease_id"]
+    if ended is not None:
+        queued = await queue_auto_allocation(rt.db, rt.settings, trigger=HANDOVER_REASON, key=ended)
+        if queued is not None:
+            doc = {**doc, "auto_allocation": {"trigger": HANDOVER_REASON, "queued": queued}}
+    return rt.done(verb, caller, doc)
 
 
 async def open_pull_request_replay(
