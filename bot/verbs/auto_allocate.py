@@ -20,6 +20,7 @@ from bot.core.intake import Delivery
 from bot.core.vocabulary import label_for_state
 from bot.gitea import GiteaError
 from bot.verbs.allocate import AllocationOutcome, Allocator, AllocatorGitea
+from bot.verbs.handback import resume_hand_backs
 from bot.verbs.runtime import CallOptions, VerbRuntime, no_bootstrap, operator_caller
 from state.auto_allocations import AutoAllocationStore
 from state.db import Database, utcnow
@@ -170,6 +171,15 @@ async def _run(db: Database, settings: Settings, gitea: AllocatorGitea, bot_logi
             # The lease stands; the retry resumes it and its bootstrap (step 1 below).
             raise AutoUnavailable(f"#{bootstrap.get('issue_number')}: {bootstrap.get('message')}")
 
+    # 0. Issues whose requested changes wait for their implementer (max_leases_per_author was reached): leased back
+    # to the implementer with room now, before any new work (step 1 then finishes their bootstrap).
+    back = await resume_hand_backs(db, settings, actor=ACTOR, now=now or utcnow(), bot_login=bot_login,
+                                   delivery_id=delivery_id)
+    if back:
+        report.resumed.extend(back)
+        report.outbox = True
+        if wakeup is not None:
+            wakeup()
     if named:
         # One named owner: the allocator as before (its live lease is resumed, its bootstrap finished).
         outcome = await apply(named, resume=True)
