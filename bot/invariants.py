@@ -284,6 +284,8 @@ def _once(markers: Counter[str], key: str) -> str | None:
 #: How the end reason of a lease foreman released for a failed or impossible bootstrap begins (bot.verbs.bootstrap,
 #: bot.verbs.allocate): such a release also takes the owner off the issue's assignees.
 _FAILED_ENDS = ("bootstrap failed", "unworkable")
+#: The end reason of an authoring lease the opening of its issue's pull request ended (bot/verbs/pulls.py).
+HANDOVER_REASON = "pull_request_opened"
 
 
 def _leases(facts: Facts) -> list[Violation]:
@@ -549,9 +551,12 @@ async def gather_db(path: Path | str, *, repo: str | None = None) -> DbFacts:
         )
         for t in teardown_rows
     )
+    # A PR's evidence is a lease's end record only when the PR's opening really ended it (a lease released or
+    # expired meanwhile has its own end record to show).
+    handed_over = {lease.lease_id for lease in lease_rows if lease.end_reason == HANDOVER_REASON}
     handovers = tuple(
         (lease_id, e.key) for e in entries if e.kind == "comment" and e.key.startswith("pr:")
-        and e.key.endswith(":evidence") and (lease_id := _handed_over(e.payload)) is not None
+        and e.key.endswith(":evidence") and (lease_id := _handed_over(e.payload)) in handed_over
     )
     return DbFacts(leases, outbox, deliveries, transitions, registrations, teardowns, handovers)
 

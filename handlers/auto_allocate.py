@@ -8,7 +8,7 @@ from gidgethub import sansio
 
 from bot.core.dispatch import OrderedRouter
 from bot.core.vocabulary import label_for_state
-from bot.verbs.auto_allocate import auto_allocate
+from bot.verbs.auto_allocate import TRIGGER_ACTION, TRIGGER_EVENT, auto_allocate
 from bot.worker import HandlerContext
 
 router = OrderedRouter()
@@ -35,6 +35,25 @@ async def on_ready_label(event: sansio.Event, ctx: HandlerContext) -> None:
         delivery_id=event.delivery_id, wakeup=deps.outbox_wakeup,
     )
     ctx.log.info("auto-allocation: leased %s, resumed %s, blocked %s, waiting %s",
+                 report.leased, report.resumed, report.blocked, report.waiting)
+    if report.outbox:
+        deps.outbox_wakeup()
+
+
+@router.register(TRIGGER_EVENT, action=TRIGGER_ACTION)
+async def on_queued_trigger(event: sansio.Event, ctx: HandlerContext) -> None:
+    """Run an auto-allocation a verb queued in the inbox (the PR-open hand-over freed its author); a failure fails
+    the handler and the worker retries it, as for a webhook's."""
+    deps = ctx.deps
+    data: dict[str, Any] = event.data
+    if not deps.settings.auto_allocation() or deps.gitea is None:
+        return
+    trigger = str(data.get("trigger") or "queued")[:40]
+    report = await auto_allocate(
+        deps.db, deps.settings, deps.gitea, bot_login=deps.bot_login(), trigger=trigger,
+        delivery_id=event.delivery_id, wakeup=deps.outbox_wakeup,
+    )
+    ctx.log.info("auto-allocation (%s): leased %s, resumed %s, blocked %s, waiting %s", trigger,
                  report.leased, report.resumed, report.blocked, report.waiting)
     if report.outbox:
         deps.outbox_wakeup()

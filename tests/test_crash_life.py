@@ -1,13 +1,20 @@
 """A real `foreman serve` SIGKILLed at seeded points during whole lives, restarted, the agents' calls re-driven.
 
-Three issues live concurrently: a maintainer labels each `status:ready` (auto-allocation and the bootstrap run in
-the service), its author locks, writes, publishes and opens the pull request, the reviewer claims and approves,
-the merger merges, and the `pull_request` closed webhook tears the issue down in the service. The agents' calls go
+Four issues live concurrently for three authors: a maintainer labels each `status:ready` (auto-allocation and the
+bootstrap run in the service), its author locks, writes, publishes and opens the pull request, the reviewer claims
+and approves, the merger merges, and the `pull_request` closed webhook tears the issue down in the service. The
+fourth issue waits until a pull request's opening frees its author (the hand-over's queued auto-allocation, or a
+later trigger, gives that author the next issue). The agents' calls go
 through the one door from this process over the service's database, as `foreman mcp` does beside `foreman serve`.
 The service is SIGKILLed at seeded points (after a publish, a PR's opening, a verdict, a merge, and inside a
 teardown), left down for a moment (the webhooks Gitea sends meanwhile are lost, then replayed as the operator guide
 says), started again, and the agent re-drives its last call with the same idempotency key. Then every invariant of
-``bot.invariants`` holds, and: one PR per issue, one merge each, one teardown record per issue, no worktree left.
+``bot.invariants`` holds, and: one PR per issue, one merge each, one teardown record per issue, no worktree left,
+each issue's status label matching its final Canonical Issue State (`status:done`).
+
+Not covered: a kill between Gitea's create_pull and the PR's record (the agents' door runs in this process, so
+killing the service cannot land there; the adoption of a PR Gitea already holds is tested in
+tests/test_open_pull_request.py).
 
 Seeded: the kill plan comes from ``FOREMAN_CRASH_SEED=<n>`` (``DEFAULT_SEED`` without it); the seed is printed and
 named in every failure.
@@ -21,6 +28,7 @@ import hashlib
 import json
 import os
 import random
+import sqlite3
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -31,6 +39,7 @@ from typing import Any
 from bot import invariants
 from bot.config import load_settings
 from bot.config_writer import write_config
+from bot.core.canonical import parse_comment
 from bot.core.teardown import closing_issue
 from bot.mcp_server import open_runtime
 from bot.verbs.runtime import VerbResult, VerbRuntime, caller_for
@@ -47,7 +56,9 @@ CONTROLLER, REVIEWER, MERGER = "controller-bot", "reviewer-1", "merger-1"
 ROSTER = {CONTROLLER: ["controller"], **{a: ["author"] for a in AUTHORS}, REVIEWER: ["reviewer"],
           MERGER: ["merger"]}
 TOKENS = {login: f"tok-{login}-life" for login in ROSTER}
-ISSUES = 3
+ISSUES = 4
+#: The lives the kills are spread over (the first three; the fourth is the one that waits for a freed author).
+KILLED_LIVES = 3
 #: The points a kill may follow: the agent's call of that step answered (the service is sending its effects),
 #: or, for the teardown, the service seen handling the PR's closed webhook after the merge.
 POINTS = ("publish", "open_pr", "review", "merge", "teardown")
@@ -66,7 +77,7 @@ class Kill:
 
 def plan_kills(rng: random.Random) -> list[Kill]:
     """One kill at every point, each in a seeded life, after a seeded delay, for a seeded downtime."""
-    return [Kill(rng.randrange(ISSUES), point, rng.uniform(0.0, 0.15), rng.uniform(0.1, 0.4)) for point in POINTS]
+    return [Kill(rng.randrange(KILLED_LIVES), point, rng.uniform(0.0, 0.15), rng.uniform(0.1, 0.4)) for point in POINTS]
 
 
 def _config(proc: ServeProcess, base_url: str, root: Path) -> dict[str, Any]:
@@ -94,6 +105,8 @@ class Lives:
     kills: list[Kill]
     done: list[str] = field(default_factory=list)  # the kills made, as "point#issue"
     redriven: dict[str, int] = field(default_factory=dict)
+    pulls: dict[int, int] = field(default_factory=dict)  # issue -> its PR, once opened
+    teardown_kills: list[str] = field(default_factory=list)  # what the teardown kill saw before it landed
     service_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
     async def call(self, login: str, verb: str, **arguments: Any) -> VerbResult:
@@ -116,7 +129,7 @@ class Lives:
             assert time.monotonic() < deadline, f"seed {self.seed}: never {what}"
             await asyncio.sleep(0.1)
 
-    async def point(self, index: int, point: str) -> bool:
+    async def point(self, index: int, number: int, point: str) -> bool:
         """Kill the service if the plan says so at this point of this life; True when it did."""
         planned = [k for k in self.kills if (k.issue, k.point) == (index, point)]
         if not planned:
@@ -125,7 +138,8 @@ class Lives:
         async with self.service_lock:
             await asyncio.sleep(kill.delay)
             if point == "teardown":
-                await self.until("busy with the teardown", lambda: self._busy(index), timeout=10.0)
+                await self.until(f"busy with #{number}'s teardown", lambda: self._tearing_down(number),
+                                 timeout=10.0)
             await self.proc.kill()
             self.done.append(f"{point}#{index}")
             await asyncio.sleep(kill.down)
@@ -133,9 +147,21 @@ class Lives:
             await self.burst.replay_lost()
         return True
 
-    async def _busy(self, index: int) -> bool:
-        """The service is handling a delivery or sending an outbox entry (a teardown's effects, after a merge)."""
-        return any(self.burst.queues()[:2]) or await self.torn_down(index)
+    async def _tearing_down(self, number: int) -> bool:
+        """The service stored this issue's PR-closed delivery (it is queued or being handled) or recorded its
+        teardown: the kill lands inside, or right after, this issue's teardown (what it saw is kept)."""
+        pr = self.pulls[number]
+        with sqlite3.connect(f"file:{self.proc.db}?mode=ro", uri=True) as conn:
+            rows = conn.execute("SELECT status, body FROM deliveries WHERE event = 'pull_request'"
+                                " AND action = 'closed'").fetchall()
+        statuses = sorted(status for status, body in rows
+                          if (json.loads(bytes(body)).get("pull_request") or {}).get("number") == pr)
+        torn = await self.torn_down(number)
+        if not torn and not any(status in ("queued", "processing") for status in statuses):
+            return False
+        self.teardown_kills.append(f"#{number}: closed delivery {statuses or 'not stored'}, teardown "
+                                   f"{'recorded' if torn else 'not recorded'}")
+        return True
 
     async def torn_down(self, number: int) -> bool:
         return bool(await TeardownStore(self.runtime.db).for_issue(FULL_NAME.lower(), number))
@@ -144,9 +170,11 @@ class Lives:
         """After a kill at this point: the agent calls again with the same key, and gets the same answer."""
         again = await self.until_ok(login, verb, f"re-driving {label}", **arguments)
         self.redriven[label] = self.redriven.get(label, 0) + 1
-        for key in ("pull_request", "commit", "merge_commit_sha", "head_sha"):
-            if key in first:
-                assert again.get(key) == first[key], f"seed {self.seed}: {label} answered {again} after {first}"
+        compared = [key for key in ("pull_request", "commit", "merge_commit_sha", "head_sha", "pull_number", "verdict")
+                    if key in first]
+        assert compared, f"seed {self.seed}: {label}: nothing to compare in {first}"
+        for key in compared:
+            assert again.get(key) == first[key], f"seed {self.seed}: {label} answered {again} after {first}"
 
     async def life(self, index: int, number: int) -> None:
         """One issue from `status:ready` to its teardown, as the four identities would drive it."""
@@ -168,21 +196,22 @@ class Lives:
         publish: dict[str, Any] = {"issue_number": number, "message": f"Live #{number}",
                                    "idempotency_key": f"publish-{number}"}
         published = await self.until_ok(author, "publish_worktree", f"publishing #{number}", **publish)
-        if await self.point(index, "publish"):
+        if await self.point(index, number, "publish"):
             await self.redrive("publish", published, author, "publish_worktree", **publish)
         opening: dict[str, Any] = {"issue_number": number, "idempotency_key": f"open-{number}"}
         opened = await self.until_ok(author, "open_pull_request", f"opening #{number}'s PR", **opening)
-        if await self.point(index, "open_pr"):
+        self.pulls[number] = int(opened["pull_request"])
+        if await self.point(index, number, "open_pr"):
             await self.redrive("open_pr", opened, author, "open_pull_request", **opening)
         await self.until_ok(REVIEWER, "claim_review", f"claiming #{number}'s review", issue_number=number)
         verdict: dict[str, Any] = {"issue_number": number, "verdict": "approve"}
         approved = await self.until_ok(REVIEWER, "submit_review", f"approving #{number}", **verdict)
-        if await self.point(index, "review"):
+        if await self.point(index, number, "review"):
             await self.redrive("review", approved, REVIEWER, "submit_review", **verdict)
         merged = await self.until_ok(MERGER, "merge_pull_request", f"merging #{number}", issue_number=number)
-        if await self.point(index, "merge"):
+        if await self.point(index, number, "merge"):
             await self.redrive("merge", merged, MERGER, "merge_pull_request", issue_number=number)
-        await self.point(index, "teardown")
+        await self.point(index, number, "teardown")
         await self.until(f"torn down #{number}", lambda: self.torn_down(number))
 
 
@@ -214,7 +243,7 @@ async def test_sigkill_during_whole_lives_ends_every_issue_once_and_consistent(s
             async with agents(proc.config) as runtime:
                 burst = Burst(seed, live, proc, hook_url)
                 lives = Lives(seed, live, proc, burst, runtime, kills)
-                await asyncio.wait_for(asyncio.gather(*(lives.life(i, n) for i, n in enumerate(numbers))), 50)
+                await asyncio.wait_for(asyncio.gather(*(lives.life(i, n) for i, n in enumerate(numbers))), 90)
                 await burst.replay_lost()
                 await burst.settle()
                 facts = await invariants.gather(
@@ -226,13 +255,15 @@ async def test_sigkill_during_whole_lives_ends_every_issue_once_and_consistent(s
                 )
                 violations = invariants.check(facts)
                 teardowns = {n: await TeardownStore(runtime.db).for_issue(FULL_NAME.lower(), n) for n in numbers}
+                histories = {n: await LeaseStore(runtime.db).history(FULL_NAME.lower(), n) for n in numbers}
             assert await proc.terminate() == 0
         finally:
             if proc.proc is not None and proc.proc.returncode is None:
                 await proc.kill()
         pulls = await live.client().list_pulls(state="all")
         summary = {"seed": seed, "seconds": round(time.monotonic() - started, 1), "kills": lives.done,
-                   "redriven": lives.redriven, "pulls": len(pulls), "outbox": len(facts.db.outbox)}
+                   "redriven": lives.redriven, "pulls": len(pulls), "outbox": len(facts.db.outbox),
+                   "teardown_kill": lives.teardown_kills}
         print("crash-life summary:", json.dumps(summary))
         tail = proc.stderr.read_text(errors="replace")[-3000:]
         assert not violations, (f"seed {seed}: {len(violations)} violation(s):\n"
@@ -246,3 +277,16 @@ async def test_sigkill_during_whole_lives_ends_every_issue_once_and_consistent(s
         branches = scratch / "checkouts" / OWNER / REPO / "branches"
         assert not branches.exists() or list(branches.iterdir()) == [], (seed, list(branches.iterdir()))
         assert len(lives.done) == len(kills) and set(lives.redriven) == set(POINTS[:-1]), summary
+        assert len(lives.teardown_kills) == 1, summary
+        # The held label syncs hold across kills: each issue's status label is its final state's (done).
+        for n in numbers:
+            issue = emu.issue(OWNER, REPO, n)
+            states = [s for c in issue.comments if (s := parse_comment(c.body).current) is not None]
+            status = sorted(label for label in emu.label_names(OWNER, REPO, n) if label.startswith("status:"))
+            assert states and states[-1].state == "done" and status == ["status:done"], (seed, n, status, states[-1:])
+        # The last issue waited for an author a pull request's opening freed (its lease ended before this one began).
+        [waiting] = [lease for lease in histories[numbers[-1]] if lease.action == "implement"]
+        freed = [lease for n in numbers[:-1] for lease in histories[n]
+                 if lease.owner == waiting.owner and lease.end_reason == "pull_request_opened"
+                 and lease.ended_at is not None and lease.ended_at <= waiting.acquired_at]
+        assert freed, (seed, waiting, {n: [(x.owner, x.end_reason) for x in h] for n, h in histories.items()})

@@ -363,3 +363,31 @@ def test_a_live_lease_with_an_open_transition_of_its_own_is_bootstrapping_not_un
         dataclasses.replace(t, lease_id="lease-9") if t.key == "bootstrap-4-cccc" else t
         for t in opened.db.transitions))
     assert sorted(v.invariant for v in invariants.check(foreign)) == ["journal.terminal", "leases.bootstrapped"]
+
+
+@pytest.mark.parametrize(("end_reason", "counted"), [("pull_request_opened", True), ("done", False)])
+async def test_gather_db_counts_a_pull_requests_evidence_as_an_end_record_only_for_a_handed_over_lease(
+    tmp_path: Path, end_reason: str, counted: bool,
+) -> None:
+    """A PR's evidence naming a lease is that lease's end record only when the lease ended pull_request_opened
+    (one released `done` meanwhile needs its own release comment)."""
+    from datetime import timedelta
+
+    from state.db import Database, utcnow
+    from state.leases import LeaseStore
+    from state.outbox import OutboxIntent, enqueue
+
+    db = await Database.open(tmp_path / "foreman.db")
+    now = utcnow()
+    async with db.transaction() as conn:
+        lease = await LeaseStore(db).acquire(
+            conn, repo="acme/widgets", issue_number=1, owner="author-1", role="author", action="implement",
+            ttl=timedelta(hours=1), now=now, actor="controller-bot", fingerprint=None, request={})
+        await LeaseStore(db).release(conn, lease.lease_id, actor="author-1", reason=end_reason, now=now)
+        key = "pr:1:2:abcdef012345:evidence"
+        body = render_evidence(key=key, summary="Pull request #2 is open for #1.", state=None,
+                               evidence={"handed_over": {"lease_id": lease.lease_id}})
+        await enqueue(conn, OutboxIntent(key, 1, "comment", {"body": body}))
+    await db.close()
+    facts = await invariants.gather_db(tmp_path / "foreman.db")
+    assert facts.handovers == (((lease.lease_id, key),) if counted else ()), facts.handovers

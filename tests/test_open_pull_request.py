@@ -7,9 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from bot.core.evidence import find_marker
+from bot.core.evidence import find_marker, parse_evidence
 from state.leases import LeaseStore
 from state.publications import PublicationStore
+from tests.conftest import sqlite_path
 from tests.gitea_fixtures import OWNER, REPO
 from tests.support import Started
 from tests.test_publish import ROSTER, call_tool, leased_and_locked, states, worktree_of
@@ -174,3 +175,90 @@ async def test_a_retitled_issue_still_finds_the_pull_request_foreman_recorded(wo
     found = await pull_for_issue(world.gitea, world.service.db, settings.repo_key, issue,
                                  slug_length=settings.bootstrap.slug_length)
     assert found is not None and (found.number, found.head_ref) == (opened["pull_request"], branch)
+
+
+def pr_evidence(world: World, number: int) -> dict[str, object]:
+    """The PR's evidence comment on the issue, as Gitea holds it (its evidence block)."""
+    [body] = [c.body for c in world.live.emulator.issue(OWNER, REPO, number).comments
+              if (find_marker(c.body) or "").startswith("pr:")]
+    doc = parse_evidence(body)
+    assert doc is not None
+    return doc
+
+
+async def test_a_lease_released_while_the_pr_was_opened_is_no_hand_over_in_answer_evidence_or_invariants(
+    world: World, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The author released the lease (done) between the gate and the record: the answer, the PR's evidence comment
+    and the invariants' reading all say no lease was handed over (the lease's end record is its release's)."""
+    from bot import invariants
+    from bot.verbs import pulls
+
+    number, _, _ = await published(world)
+    real = pulls.open_pull
+    db = world.service.db
+
+    async def release_first(gitea: pulls.PullsGitea, head: str) -> object:
+        lease = await LeaseStore(db).live_for_issue(FULL_NAME, number)
+        if lease is not None:
+            async with db.transaction() as conn:
+                await LeaseStore(db).release(conn, lease.lease_id, actor="author-1", reason="done",
+                                             now=lease.acquired_at)
+        return await real(gitea, head)
+
+    monkeypatch.setattr(pulls, "open_pull", release_first)
+    refused, doc = await call_tool(world, "author-1", "gitea_open_pull_request", issue_number=number)
+    assert not refused and doc["handed_over"]["lease_id"] is None, doc
+    [lease] = await LeaseStore(db).history(FULL_NAME, number)
+    assert lease.end_reason == "done"
+    handed = pr_evidence(world, number)["handed_over"]
+    assert isinstance(handed, dict) and handed["lease_id"] is None, handed
+    facts = await invariants.gather_db(sqlite_path(db))
+    assert facts.handovers == (), facts.handovers
+
+
+async def test_release_after_the_hand_over_never_answers_for_a_live_review_lease(
+    tmp_path: Path, start: Started,
+) -> None:
+    """An author who is also a controller opened the PR (lease ended pull_request_opened); a reviewer then holds a
+    live review lease: the author's release is no replay of the hand-over: the door decides as always (a controller
+    may end another's lease), and the answer never says already_ended while a lease is live."""
+    roster = {**ROSTER, "author-1": ["author", "controller"]}
+    async with open_world(tmp_path, start, roster=roster) as world:
+        number, _, _ = await published(world)
+        refused, opened = await call_tool(world, "author-1", "gitea_open_pull_request", issue_number=number)
+        assert not refused, opened
+        refused, claimed = await call_tool(world, "author-3", "gitea_claim_review", issue_number=number)
+        assert not refused, claimed
+        review = claimed["lease"]["lease_id"]
+        refused, doc = await call_tool(world, "author-1", "gitea_release_lease", issue_number=number,
+                                       reason="done")
+        assert not refused and "already_ended" not in doc, doc
+        assert doc["lease"]["lease_id"] == review, doc
+        ended = await LeaseStore(world.service.db).get(review)
+        assert ended is not None and (ended.status, ended.end_reason) == ("released", "done")
+
+
+async def test_a_released_lease_released_again_is_refused_no_hand_over_replay(world: World) -> None:
+    """Only a lease the PR's opening ended is answered already_ended: release, then release again is the door's
+    refusal (no live lease to end), as before the hand-over existed."""
+    number = await leased_and_locked(world)
+    refused, first = await call_tool(world, "author-1", "gitea_release_lease", issue_number=number, reason="done")
+    assert not refused and "already_ended" not in first, first
+    refused, again = await call_tool(world, "author-1", "gitea_release_lease", issue_number=number, reason="done")
+    # The door's refusal of a release with no live lease (the ownership gate comes first).
+    assert refused and again["error"] == "not_authorized" and "already_ended" not in again, again
+
+
+async def test_the_hand_over_replay_answers_only_the_lease_owner(world: World) -> None:
+    """Another author replaying the author's key, and a reviewer releasing after the hand-over, are the door's
+    refusals (neither held the lease the PR's opening ended)."""
+    number, _, _ = await published(world)
+    refused, opened = await call_tool(world, "author-1", "gitea_open_pull_request", issue_number=number,
+                                      idempotency_key="open-1")
+    assert not refused, opened
+    refused, other = await call_tool(world, "author-2", "gitea_open_pull_request", issue_number=number,
+                                     idempotency_key="open-1")
+    assert refused and "replayed" not in other and other["error"] in ("not_authorized", "tracing_gap"), other
+    refused, release = await call_tool(world, "author-3", "gitea_release_lease", issue_number=number, reason="done")
+    assert refused and "already_ended" not in release and release["error"] == "not_authorized", release

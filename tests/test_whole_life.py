@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -220,6 +221,11 @@ async def test_a_replayed_pull_request_webhook_tears_down_once(world: World) -> 
     assert len(emu.issue(OWNER, REPO, number).comments) == comments
     assert sum(1 for r in emu.requests if r.method == "DELETE" and "branches" in (r.route or "")) == 1
     await assert_torn_down(world, number, pr, tree, merged=True)
+    # Every lease had ended before the merge (hand-over, verdict): the teardown freed no author, so no trigger.
+    from state.auto_allocations import AutoAllocationStore
+
+    triggers = [d.trigger for d in await AutoAllocationStore(world.service.db).recent(FULL_NAME.lower(), limit=50)]
+    assert "merge" not in triggers and "issue_closed" not in triggers, triggers
 
 
 async def test_a_merge_foreman_posted_itself_still_tears_the_issue_down(tmp_path: Path, start: Started) -> None:
@@ -282,6 +288,7 @@ async def test_a_merge_that_ends_a_live_lease_runs_auto_allocation(world: World)
 
     number, tree = await ready(world)
     opened = await author_round(world, number, tree, "blue\n", "Make the widget blue")
+    await trigger_ran(world, opened["auto_allocation"]["queued"])
     changes = await review(world, number, "request_changes", "The widget must be navy.")
     assert changes["author_lease"]["owner"] == AUTHOR
     merge = world.live.api(f"/repos/{FULL_NAME}/pulls/{opened['pull_request']}/merge")
@@ -294,3 +301,66 @@ async def test_a_merge_that_ends_a_live_lease_runs_auto_allocation(world: World)
     triggers = [d.trigger for d in await AutoAllocationStore(world.service.db).recent(FULL_NAME.lower(), limit=50)]
     assert triggers.count("merge") == 1, triggers
     assert triggers.count("pull_request_opened") == 1, triggers
+    # A replayed closed webhook finds the teardown recorded: no second trigger.
+    emu = world.live.emulator
+    [closed] = [d for d in emu.deliveries if d.event_type == "pull_request" and d.payload["action"] == "closed"]
+    emu.replay_delivery(closed.delivery_id)
+    await world.settle()
+    triggers = [d.trigger for d in await AutoAllocationStore(world.service.db).recent(FULL_NAME.lower(), limit=50)]
+    assert triggers.count("merge") == 1, triggers
+
+
+async def trigger_ran(world: World, delivery_id: str) -> None:
+    """Wait (bounded) until the service's worker ran a trigger a verb queued in the inbox, then settle."""
+    from state.deliveries import DeliveryStore
+
+    deadline = asyncio.get_running_loop().time() + 10
+    while (stored := await DeliveryStore(world.service.db).get(delivery_id)) is None or stored.status != "done":
+        assert asyncio.get_running_loop().time() < deadline, stored
+        await asyncio.sleep(0.02)
+    await world.settle()
+
+
+async def test_the_hand_over_queues_auto_allocation_and_requested_changes_wait_for_the_busy_author(
+    world: World,
+) -> None:
+    """The PR's opening answers at once with a queued trigger the service runs (the freed author gets the next
+    ready issue); changes requested then while the author holds max_leases_per_author (1) leases lease nothing
+    (the state says the author must finish the other work first); once the author releases that work, the
+    release's auto-allocation leases the reviewed issue back to them, in the same worktree."""
+    from state.auto_allocations import AutoAllocationStore
+
+    number, tree = await ready(world)
+    second = await world.open_issue("alice", "Make the widget round")
+    await world.call("alice", "POST", f"/issues/{second}/labels", {"labels": ["status:ready"]})
+    leases = LeaseStore(world.service.db)
+    assert await leases.live_for_issue(FULL_NAME, second) is None  # the author is busy with the first
+    opened = await author_round(world, number, tree, "blue\n", "Make the widget blue")
+    queued = opened["auto_allocation"]["queued"]
+    assert opened["auto_allocation"] == {"trigger": "pull_request_opened", "queued": queued}, opened
+    await trigger_ran(world, queued)
+    decisions = await AutoAllocationStore(world.service.db).recent(FULL_NAME.lower(), limit=50)
+    assert [(d.trigger, d.delivery_id) for d in decisions if d.trigger == "pull_request_opened"] == [
+        ("pull_request_opened", queued)]
+    other = await leases.live_for_issue(FULL_NAME, second)
+    assert other is not None and (other.owner, other.action) == (AUTHOR, "implement")
+    changes = await review(world, number, "request_changes", "The widget must be navy.")
+    assert changes["author_lease"] is None, changes
+    assert await leases.live_for_issue(FULL_NAME, number) is None
+    assert [lease.owner for lease in await leases.open_leases(FULL_NAME)] == [AUTHOR]
+    assert world.labels(number) == ["status:in-progress"]
+    [verdict] = [c.body for c in world.live.emulator.issue(OWNER, REPO, number).comments
+                 if find_marker(c.body) == f"{changes['lease']['lease_id']}:review"]
+    state = parse_comment(verdict).current
+    assert state is not None and state.who_is_next == "author", verdict
+    assert f"#{second}" in state.next_action and "max_leases_per_author = 1" in state.next_action, state
+    assert evidence_of(verdict)["awaiting_author"] == AUTHOR
+    await ok(world, AUTHOR, "gitea_release_lease", issue_number=second, reason="done")
+    back = await leases.live_for_issue(FULL_NAME, number)
+    assert back is not None and (back.owner, back.action) == (AUTHOR, "implement"), back
+    assert any(find_marker(c.body) == f"{back.lease_id}:evidence"
+               for c in world.live.emulator.issue(OWNER, REPO, number).comments)
+    boot = await ok(world, AUTHOR, "gitea_bootstrap_issue_worktree", issue_number=number)
+    assert Path(boot["proof"]["registration"]["worktree_path"]) == tree.path
+    second_round = await author_round(world, number, tree, "navy\n", "Make the widget navy")
+    assert second_round["pull_request"] == opened["pull_request"]

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import json
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -14,12 +16,15 @@ from bot.core.allocator import AllocationRequest, SelectDecision, decide
 from bot.core.authors import AuthorPick, author_loads, rank_authors
 from bot.core.canonical import CanonicalState
 from bot.core.evidence import render_evidence
+from bot.core.intake import Delivery
 from bot.core.vocabulary import label_for_state
 from bot.gitea import GiteaError
 from bot.verbs.allocate import AllocationOutcome, Allocator, AllocatorGitea
+from bot.verbs.handback import resume_hand_backs
 from bot.verbs.runtime import CallOptions, VerbRuntime, no_bootstrap, operator_caller
 from state.auto_allocations import AutoAllocationStore
 from state.db import Database, utcnow
+from state.deliveries import DeliveryStore
 from state.exclusions import ExclusionStore
 from state.journal import JournalStore
 from state.leases import LeaseStore
@@ -166,6 +171,15 @@ async def _run(db: Database, settings: Settings, gitea: AllocatorGitea, bot_logi
             # The lease stands; the retry resumes it and its bootstrap (step 1 below).
             raise AutoUnavailable(f"#{bootstrap.get('issue_number')}: {bootstrap.get('message')}")
 
+    # 0. Issues whose requested changes wait for their implementer (max_leases_per_author was reached): leased back
+    # to the implementer with room now, before any new work (step 1 then finishes their bootstrap).
+    back = await resume_hand_backs(db, settings, actor=ACTOR, now=now or utcnow(), bot_login=bot_login,
+                                   delivery_id=delivery_id)
+    if back:
+        report.resumed.extend(back)
+        report.outbox = True
+        if wakeup is not None:
+            wakeup()
     if named:
         # One named owner: the allocator as before (its live lease is resumed, its bootstrap finished).
         outcome = await apply(named, resume=True)
@@ -344,3 +358,30 @@ async def auto_allocate_after(
     if report.outbox and wakeup is not None:
         wakeup()
     return {"trigger": trigger, "leased": report.leased, "waiting": report.waiting, "blocked": report.blocked}
+
+
+#: The inbox event of a queued auto-allocation trigger (handlers/auto_allocate.py runs it in the service).
+TRIGGER_EVENT = "foreman_trigger"
+TRIGGER_ACTION = "auto_allocate"
+#: Queued triggers' delivery ids start so (``foreman deliveries`` lists them beside the webhooks).
+TRIGGER_PREFIX = "foreman:auto-allocate:"
+
+
+async def queue_auto_allocation(db: Database, settings: Settings, *, trigger: str, key: str) -> str | None:
+    """Queue one auto-allocation for the service's worker to run (off the caller's path: a verb's caller never waits
+    for another author's allocation and bootstrap); its delivery id is its key, so a replay queues nothing twice.
+
+    The id of the queued trigger; None when auto-allocation is off. Queued after the caller's own commit: a crash
+    in between loses only this trigger, and the next one (or catch-up's allocation after each pass) allocates."""
+    if not settings.auto_allocation():
+        return None
+    repository = settings.repository
+    delivery_id = f"{TRIGGER_PREFIX}{trigger}:{key}"
+    payload = {"action": TRIGGER_ACTION, "trigger": trigger, "key": key,
+               "repository": {"full_name": f"{repository.owner}/{repository.name}"}}
+    body = json.dumps(payload, sort_keys=True, separators=(",", ":")).encode()
+    delivery = Delivery(delivery_id=delivery_id, event=TRIGGER_EVENT, event_type=TRIGGER_EVENT, action=TRIGGER_ACTION,
+                        sender_login=None, body=body, body_sha256=hashlib.sha256(body).hexdigest(),
+                        headers={"X-Foreman-Trigger": trigger}, payload=payload)
+    await DeliveryStore(db).insert_batch([(delivery, False)])
+    return delivery_id

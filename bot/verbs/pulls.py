@@ -12,7 +12,7 @@ from bot.core.verbs import Verb
 from bot.core.vocabulary import label_for_state
 from bot.gitea import Branch, GiteaConflict, GiteaError, GiteaNotFound, Issue, PullRequest, Repository, client_as
 from bot.gitea.pulls import IssueState
-from bot.verbs.auto_allocate import auto_allocate_after
+from bot.verbs.auto_allocate import queue_auto_allocation
 from bot.verbs.bootstrap.context import BootstrapContext
 from bot.verbs.runtime import Caller, CallOptions, VerbResult, VerbRuntime, envelope, issue_of, refused
 from state.journal import JournalStore
@@ -113,10 +113,14 @@ async def open_pull_request(
     doc = await _record(rt, caller, issue, pr, branch, repo.default_branch, adopted, delivery_id, lease,
                         key if isinstance(key, str) else None)
     rt.woken()
-    # The author is free now: the next ready issue goes to the next idle author, as after a release.
-    auto = await auto_allocate_after(rt.db, rt.settings, rt.gitea, bot_login=rt.bot_login,
-                                     trigger=HANDOVER_REASON, delivery_id=delivery_id, wakeup=rt.wakeup)
-    return rt.done(verb, caller, {**doc, **({"auto_allocation": auto} if auto is not None else {})})
+    # The author is free now: the next ready issue goes to the next idle author, as after a release, run by the
+    # service from the inbox (never inside this call: the caller does not wait for another bootstrap).
+    ended = doc["handed_over"]["lease_id"]
+    if ended is not None:
+        queued = await queue_auto_allocation(rt.db, rt.settings, trigger=HANDOVER_REASON, key=ended)
+        if queued is not None:
+            doc = {**doc, "auto_allocation": {"trigger": HANDOVER_REASON, "queued": queued}}
+    return rt.done(verb, caller, doc)
 
 
 async def open_pull_request_replay(
@@ -143,8 +147,11 @@ async def release_after_handover_replay(
 ) -> VerbResult | None:
     """``gitea_release_lease`` by an author whose lease the PR's opening already ended (a run's reserved teardown
     after ``gitea_open_pull_request``, an agent releasing out of habit): answered with that ended lease, changing
-    nothing (never another identity's live lease); None for anything else (the door decides as always)."""
+    nothing. None (the door decides as always: the ownership gate refuses another identity's live lease) when the
+    issue has a live lease, whoever holds it, or the caller's latest lease on it did not end so."""
     issue = issue_of(values)
+    if await rt.leases.live_for_issue(rt.repo, issue) is not None:
+        return None
     ended = await _handed_over(rt, issue, caller.login)
     if ended is None:
         return None
@@ -206,18 +213,10 @@ async def _record(
         validation=f"pull request #{pr.number} read back from Gitea with head {pr.head_ref} at {pr.head_sha[:12]}",
         last_updated_by=rt.bot_login or rt.settings.gitea.bot_login or "foreman",
     )
-    body = render_evidence(key=f"{prefix}:evidence", summary=f"Pull request #{pr.number} is open for #{issue}.",
-                           state=state, evidence={"action": "open_pull_request", "channel": caller.channel,
-                                                  "delivery": delivery_id, **doc})
     store = PublicationStore(rt.db)
     async with rt.db.transaction() as conn:
-        await store.record_pull(conn, repo=rt.repo, issue_number=issue, pr_number=pr.number, head=branch, base=base,
-                                opened_by=caller.login, adopted=adopted, now=rt.clock())
-        await enqueue(conn, OutboxIntent(f"{prefix}:pr-open", issue, "labels",
-                                         {"add": [pr_open], "remove": [in_progress]}, delivery_id))
-        await enqueue(conn, OutboxIntent(f"{prefix}:review", issue, "labels",
-                                         {"add": [review], "remove": [pr_open]}, delivery_id))
-        await enqueue(conn, OutboxIntent(f"{prefix}:evidence", issue, "comment", {"body": body}, delivery_id))
+        # The lease ends first: the evidence then says what really happened (a lease that ended meanwhile,
+        # expired or released, is no hand-over, and its evidence must not name it).
         if lease is not None:
             try:
                 await rt.leases.release(conn, lease.lease_id, actor=caller.login, reason=HANDOVER_REASON,
@@ -225,4 +224,14 @@ async def _record(
                                         idempotency_key=key, result=doc)
             except LeaseRefused:
                 doc["handed_over"]["lease_id"] = None  # it ended meanwhile (expired, swept): nothing to end
+        body = render_evidence(key=f"{prefix}:evidence", summary=f"Pull request #{pr.number} is open for #{issue}.",
+                               state=state, evidence={"action": "open_pull_request", "channel": caller.channel,
+                                                      "delivery": delivery_id, **doc})
+        await store.record_pull(conn, repo=rt.repo, issue_number=issue, pr_number=pr.number, head=branch, base=base,
+                                opened_by=caller.login, adopted=adopted, now=rt.clock())
+        await enqueue(conn, OutboxIntent(f"{prefix}:pr-open", issue, "labels",
+                                         {"add": [pr_open], "remove": [in_progress]}, delivery_id))
+        await enqueue(conn, OutboxIntent(f"{prefix}:review", issue, "labels",
+                                         {"add": [review], "remove": [pr_open]}, delivery_id))
+        await enqueue(conn, OutboxIntent(f"{prefix}:evidence", issue, "comment", {"body": body}, delivery_id))
     return doc

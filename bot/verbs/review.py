@@ -17,6 +17,7 @@ from bot.core.vocabulary import label_for_state, state_for_label
 from bot.gitea import GiteaError, GiteaNotFound, Issue, IssueState, IssueType, client_as
 from bot.gitea.errors import GiteaInvalid
 from bot.gitea.values import PullRequest, Review
+from bot.verbs.handback import AWAITING, busy_leases, lease_back
 from bot.verbs.leases import lease_changed
 from bot.verbs.runtime import Caller, CallOptions, VerbResult, VerbRuntime, envelope, issue_of, refused
 from state.db import Database
@@ -305,10 +306,18 @@ async def _record_verdict(
     key = f"{lease.lease_id}:review"
     implementer = facts.implementer
     approve = verdict == "approve"
+    cap = rt.settings.allocator.max_leases_per_author
+    # The implementer at max_leases_per_author (the hand-over freed them for other work): no second lease; the
+    # issue waits for them, and auto-allocation leases it back once one of their leases ends.
+    busy = [] if approve or implementer is None else await busy_leases(rt.leases, rt.repo, implementer, now)
+    waiting = len(busy) >= cap
+    others = ", ".join(f"#{held.issue_number}" for held in busy)
     state = CanonicalState(
         state="review" if approve else "in-progress",
         who_is_next="merger" if approve else "author",
         next_action=(f"a merger calls gitea_merge_pull_request for #{number}" if approve else
+                     f"{implementer}: finish or release your other work ({others}) first (max_leases_per_author = "
+                     f"{cap}); then auto-allocation leases #{number} back to you" if waiting else
                      f"{implementer or 'the author'}: call gitea_bootstrap_issue_worktree for #{number} (the same "
                      "worktree and branch come back), address the review and push again"),
         next_prompt=(f"PR #{pull.number} is approved at {review.commit_id}; merge exactly that commit." if approve
@@ -317,31 +326,31 @@ async def _record_verdict(
         f"at {review.commit_id}",
         why="the verdict of the review lease's holder, through Gitea's review API",
         related_prs=(pull.number,),
-        blockers="none" if approve else text.replace("\n", " ")[:200],
+        blockers="none" if approve else (f"{implementer} holds {others} (max_leases_per_author = {cap}); "
+                                         if waiting else "") + text.replace("\n", " ")[:200],
         validation=f"Gitea review {review.id} ({review.state}) on commit {review.commit_id}",
         last_updated_by=rt.bot_login or "foreman",
     )
     intents: list[OutboxIntent] = []
     try:
         async with rt.db.transaction() as conn:
-            back = await _end_review(rt, conn, caller, lease, review, verdict, implementer, now)
+            back, back_evidence = await _end_review(rt, conn, caller, lease, review, verdict, implementer, now,
+                                                    state, waiting=waiting, pull_number=pull.number,
+                                                    delivery_id=delivery_id)
             if not approve:
                 labels = {"add": [label_for_state("in-progress")],
                           "remove": [label_for_state("review"), label_for_state("pr-open")]}
                 intents.append(OutboxIntent(f"{key}:labels", number, "labels", labels, delivery_id))
             evidence = {"action": "submit_review", "verdict": verdict, "reviewer": caller.login,
                         "review_id": review.id, "commit_id": review.commit_id, "pull": pull.number,
-                        "review_lease": lease.lease_id, "author_lease": back.lease_id if back is not None else None}
+                        "review_lease": lease.lease_id, "author_lease": back.lease_id if back is not None else None,
+                        **({"awaiting_author": implementer, "author_busy_with": [b.issue_number for b in busy]}
+                           if waiting else {})}
             body = render_evidence(key=key, summary=f"{caller.login}: {verdict} on PR #{pull.number}.", state=state,
                                    evidence=evidence)
             intents.append(OutboxIntent(key, number, "comment", {"body": body}, delivery_id))
-            if back is not None:  # every lease has its evidence comment, the author's handed-back one too
-                lease_key = f"{back.lease_id}:evidence"
-                lease_body = render_evidence(
-                    key=lease_key, summary=f"Leased #{number} back to {back.owner} to address the review.",
-                    state=state, evidence={"action": "request_changes_lease", "lease": back.to_dict(),
-                                           "review_id": review.id})
-                intents.append(OutboxIntent(lease_key, number, "comment", {"body": lease_body}, delivery_id))
+            if back_evidence is not None:  # every lease has its evidence comment, the author's handed-back one too
+                intents.append(back_evidence)
             for intent in intents:
                 await enqueue(conn, intent)
     except LeaseRefused:
@@ -356,19 +365,22 @@ async def _record_verdict(
 
 async def _end_review(
     rt: VerbRuntime, conn: Connection, caller: Caller, lease: Lease, review: Review, verdict: str,
-    implementer: str | None, now: datetime,
-) -> Lease | None:
-    """The review lease ends (``reviewed``); for request_changes the implementer gets a new implement lease."""
-    await rt.leases.release(conn, lease.lease_id, actor=caller.login, reason="reviewed", now=now)
-    if verdict == "approve" or implementer is None:
-        return None
+    implementer: str | None, now: datetime, state: CanonicalState, *, waiting: bool, pull_number: int,
+    delivery_id: str | None,
+) -> tuple[Lease | None, OutboxIntent | None]:
+    """The review lease ends (``reviewed``); for request_changes the implementer gets a new implement lease (and
+    its evidence comment to queue), unless they hold ``max_leases_per_author`` live leases: then the release
+    records whom the issue waits for (``awaiting_author``) and auto-allocation leases it back later
+    (bot/verbs/handback.py)."""
+    wait = {AWAITING: implementer, "pull_request": pull_number, "review_id": review.id} if (
+        waiting and verdict != "approve") else {}
+    await rt.leases.release(conn, lease.lease_id, actor=caller.login, reason="reviewed", now=now, **wait)
+    if verdict == "approve" or implementer is None or waiting:
+        return None, None
     # The author's work resumes: the issue's only live lease was the review lease just ended, so this one cannot
     # race; the implementer's bootstrap then recovers its registered worktree and branch.
-    return await rt.leases.acquire(
-        conn, repo=rt.repo, issue_number=lease.issue_number, owner=implementer, role="author", action="implement",
-        ttl=timedelta(seconds=rt.settings.allocator.lease_ttl_s), now=now, actor=caller.login,
-        fingerprint=None, request={"source": "request_changes", "review": review.id},
-    )
+    return await lease_back(rt.leases, conn, rt.settings, issue=lease.issue_number, implementer=implementer,
+                            review_id=review.id, actor=caller.login, now=now, state=state, delivery_id=delivery_id)
 
 
 async def submit_review_replay(
