@@ -10,6 +10,7 @@ from typing import Any
 from aiohttp.test_utils import TestClient
 
 from bot.app import Service
+from bot.dashboard.render import _LINK_QUERY, issue_link
 from bot.dashboard.routes import COOKIE, session_value
 from state.db import utcnow
 from state.leases import LeaseStore
@@ -252,3 +253,14 @@ async def test_run_grants_show_every_admission_decision_and_no_token(tmp_path: P
     assert "admission" in {item["kind"] for item in issue["timeline"]}
     for page in (html, json.dumps(run), json.dumps(issue)):
         assert run_token not in page and token_digest(run_token) not in page
+
+
+def test_issue_links_are_bare_with_one_repository_and_name_it_with_several() -> None:
+    """Found by the browser test: with one repository the issue link carried a dash (the empty-value placeholder)
+    after the number, ``/dashboard/issues/1-``, a page that does not exist."""
+    assert issue_link(1) == '<a href="/dashboard/issues/1">#1</a>'
+    token = _LINK_QUERY.set("?repository=acme%2Fgadgets")
+    try:
+        assert issue_link(7) == '<a href="/dashboard/issues/7?repository=acme%2Fgadgets">#7</a>'
+    finally:
+        _LINK_QUERY.reset(token)

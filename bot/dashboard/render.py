@@ -75,7 +75,7 @@ def _link_query(doc: Row) -> str:
 
 def issue_link(number: object) -> str:
     if isinstance(number, int) and not isinstance(number, bool) and number > 0:
-        return f'<a href="/dashboard/issues/{number}{e(_LINK_QUERY.get())}">#{number}</a>'
+        return f'<a href="/dashboard/issues/{number}{html.escape(_LINK_QUERY.get(), quote=True)}">#{number}</a>'
     return e(number)
 
 
