@@ -32,7 +32,7 @@ def test_slot_constructors_equal_the_generated_init_field_for_field() -> None:
     fast = new_candidate(*args)
     names = [f.name for f in dataclasses.fields(Candidate)]
     assert len(names) == len(args)
-    plain = Candidate(**dict(zip(names, args, strict=True)))
+    plain = Candidate(**dict(zip(names, args, strict=True)))  # type: ignore[arg-type]
     assert fast == plain and hash(fast) == hash(plain) and _fields(fast) == _fields(plain)
     with pytest.raises(dataclasses.FrozenInstanceError):
         fast.title = "changed"  # type: ignore[misc]
@@ -40,7 +40,7 @@ def test_slot_constructors_equal_the_generated_init_field_for_field() -> None:
     ranked_args = (1, 617, "priority:p0", when, "lease-1")
     assert len(ranked_args) == len(dataclasses.fields(RankedCandidate))
     assert new_ranked(*ranked_args) == RankedCandidate(
-        **dict(zip([f.name for f in dataclasses.fields(RankedCandidate)], ranked_args, strict=True))
+        **dict(zip([f.name for f in dataclasses.fields(RankedCandidate)], ranked_args, strict=True))  # type: ignore[arg-type]
     )
     assert len(dataclasses.fields(Skipped)) == 3
     assert new_skipped(617, "not_ready", "x") == Skipped(617, "not_ready", "x")

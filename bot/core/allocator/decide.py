@@ -182,7 +182,9 @@ def _decide(
     by_number = {c.issue_number: c for c in candidates}
     open_numbers = request.open_issue_numbers | by_number.keys()
     # created_at as UTC microseconds (utc_micros inlined: once per candidate, for the fingerprint and the rank)
-    created_micros = [None if (when := c.created_at) is None else (when - UNIX_EPOCH) // MICROSECOND for c in candidates]
+    created_micros = [
+        None if (when := c.created_at) is None else (when - UNIX_EPOCH) // MICROSECOND for c in candidates
+    ]
     fingerprint, parts = decision_fingerprint(
         owner, candidates, caller, request.open_issue_numbers, policy, leases, now, created_micros
     )
@@ -235,7 +237,8 @@ def _decide(
                              f"{owner} wrote or implemented #{number}'s pull request and cannot review it"))
         elif number in foreign_live:
             holder = first(foreign_live[number])
-            skip(new_skipped(number, "foreign_claim", f"#{number} is leased to {holder.owner} (lease {holder.lease_id})"))
+            skip(new_skipped(number, "foreign_claim",
+                             f"#{number} is leased to {holder.owner} (lease {holder.lease_id})"))
         elif number in own_live and not request.resume_own:
             skip(new_skipped(number, "own_claim", f"#{number} is already leased to {owner}"))
         elif number in own_live:

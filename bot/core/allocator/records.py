@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Final, Literal, get_args
@@ -289,28 +289,20 @@ def input_envelope(problems: Sequence[InputProblem]) -> Envelope:
 # slots directly, which is exactly what ``__init__`` does for these classes (they have no ``__post_init__``);
 # tests/test_allocator_fast_paths.py checks they equal the regular constructor field for field.
 _new = object.__new__
-(_c_number, _c_title, _c_labels, _c_created, _c_deps, _c_ready, _c_barred, _c_duplicate) = (
-    Candidate.issue_number.__set__,  # type: ignore[attr-defined]
-    Candidate.title.__set__,  # type: ignore[attr-defined]
-    Candidate.labels.__set__,  # type: ignore[attr-defined]
-    Candidate.created_at.__set__,  # type: ignore[attr-defined]
-    Candidate.depends_on.__set__,  # type: ignore[attr-defined]
-    Candidate.ready.__set__,  # type: ignore[attr-defined]
-    Candidate.barred_owners.__set__,  # type: ignore[attr-defined]
-    Candidate.duplicate.__set__,  # type: ignore[attr-defined]
+
+
+def _slot_setters(cls: type, *names: str) -> tuple[Callable[[Any, Any], None], ...]:
+    """Each named slot's descriptor ``__set__``: it bypasses the frozen ``__setattr__``, as ``__init__`` does."""
+    return tuple(vars(cls)[name].__set__ for name in names)
+
+
+(_c_number, _c_title, _c_labels, _c_created, _c_deps, _c_ready, _c_barred, _c_duplicate) = _slot_setters(
+    Candidate, "issue_number", "title", "labels", "created_at", "depends_on", "ready", "barred_owners", "duplicate"
 )
-(_r_rank, _r_number, _r_priority, _r_created, _r_owned) = (
-    RankedCandidate.rank.__set__,  # type: ignore[attr-defined]
-    RankedCandidate.issue_number.__set__,  # type: ignore[attr-defined]
-    RankedCandidate.priority_label.__set__,  # type: ignore[attr-defined]
-    RankedCandidate.created_at.__set__,  # type: ignore[attr-defined]
-    RankedCandidate.owned_lease_id.__set__,  # type: ignore[attr-defined]
+(_r_rank, _r_number, _r_priority, _r_created, _r_owned) = _slot_setters(
+    RankedCandidate, "rank", "issue_number", "priority_label", "created_at", "owned_lease_id"
 )
-(_s_number, _s_reason, _s_detail) = (
-    Skipped.issue_number.__set__,  # type: ignore[attr-defined]
-    Skipped.reason.__set__,  # type: ignore[attr-defined]
-    Skipped.detail.__set__,  # type: ignore[attr-defined]
-)
+(_s_number, _s_reason, _s_detail) = _slot_setters(Skipped, "issue_number", "reason", "detail")
 
 
 def new_candidate(
