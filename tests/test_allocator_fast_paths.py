@@ -17,6 +17,7 @@ from bot.core.allocator.fingerprint import _candidate_rows_digest, utc_micros
 from bot.core.allocator.records import new_candidate, new_ranked, new_skipped
 from bot.core.digest import fingerprint_digest
 from bot.core.vocabulary import MAX_ISSUE_NUMBER
+from tests.work_count import counted, lines_executed
 
 NOW = datetime(2026, 7, 21, 12, 0, tzinfo=UTC)
 
@@ -160,3 +161,31 @@ def test_decide_pauses_the_collector_leaves_no_cycles_and_restores_its_state(ena
                 gc.enable()
     finally:
         (gc.enable if was else gc.disable)()
+
+
+def _records(n: int) -> list[dict[str, Any]]:
+    rng = random.Random(n)
+    labels = ["priority:p1", "kind:bug", "area:x"]
+    return [
+        {"issue_number": i, "title": f"t{i}", "labels": rng.sample(labels, rng.randint(0, 2)),
+         "created_at": f"2026-0{rng.randint(1, 9)}-1{rng.randint(0, 9)}T0{rng.randint(0, 9)}:00:00"
+                       f"+0{rng.randint(0, 9)}:00",
+         "depends_on": [i - 1] if i % 20 == 0 else []}
+        for i in range(1, n + 1)
+    ]
+
+
+def test_decide_work_grows_linearly_with_the_candidates() -> None:
+    """Counted, not timed: the Python lines and the function calls one decide executes for 10x the candidates are at
+    most ~10x (the rank sort is a single C call), so no per-candidate step may scan the others."""
+    work, lines = {}, {}
+    for n in (400, 4_000):
+        request = AllocationRequest(owner="me", candidates=_records(n), exclude_issue_numbers=list(range(1, n, 10)),
+                                    open_issue_numbers=frozenset(range(1, n + 1)))
+        leases = [LiveLease(issue_number=i, owner="other", role="r", lease_id=f"L{i}", expires_at=NOW + timedelta(1))
+                  for i in range(5, n, 10)]
+        decision, raised, work[n] = counted(lambda r=request, ls=leases: decide(r, RankingPolicy(), ls, NOW))
+        assert raised is None and decision is not None and decision.kind == "select"
+        _, lines[n] = lines_executed(lambda r=request, ls=leases: decide(r, RankingPolicy(), ls, NOW))
+    assert work[4_000] <= 10.5 * work[400], work
+    assert lines[4_000] <= 10.5 * lines[400], lines

@@ -58,3 +58,21 @@ def counted(
     finally:
         sys.setprofile(None)
         sys.set_int_max_str_digits(digits)
+
+
+def lines_executed(call: Callable[[], T]) -> tuple[T, int]:
+    """Run ``call``; its result and the Python lines it executed (``sys.settrace``): a loop inside one function shows
+    here, where a count of calls would not see it."""
+    lines = 0
+
+    def trace(frame: Any, event: str, arg: Any) -> Any:
+        nonlocal lines
+        if event == "line":
+            lines += 1
+        return trace
+
+    sys.settrace(trace)
+    try:
+        return call(), lines
+    finally:
+        sys.settrace(None)
