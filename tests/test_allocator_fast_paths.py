@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import gc
 import random
 from datetime import UTC, datetime, timedelta, timezone
@@ -178,14 +179,16 @@ def _records(n: int) -> list[dict[str, Any]]:
 def test_decide_work_grows_linearly_with_the_candidates() -> None:
     """Counted, not timed: the Python lines and the function calls one decide executes for 10x the candidates are at
     most ~10x (the rank sort is a single C call), so no per-candidate step may scan the others."""
-    work, lines = {}, {}
+    work: dict[int, int] = {}
+    lines: dict[int, int] = {}
     for n in (400, 4_000):
         request = AllocationRequest(owner="me", candidates=_records(n), exclude_issue_numbers=list(range(1, n, 10)),
                                     open_issue_numbers=frozenset(range(1, n + 1)))
         leases = [LiveLease(issue_number=i, owner="other", role="r", lease_id=f"L{i}", expires_at=NOW + timedelta(1))
                   for i in range(5, n, 10)]
-        decision, raised, work[n] = counted(lambda r=request, ls=leases: decide(r, RankingPolicy(), ls, NOW))
+        run = functools.partial(decide, request, RankingPolicy(), leases, NOW)
+        decision, raised, work[n] = counted(run)
         assert raised is None and decision is not None and decision.kind == "select"
-        _, lines[n] = lines_executed(lambda r=request, ls=leases: decide(r, RankingPolicy(), ls, NOW))
+        _, lines[n] = lines_executed(run)
     assert work[4_000] <= 10.5 * work[400], work
     assert lines[4_000] <= 10.5 * lines[400], lines
