@@ -65,6 +65,10 @@ def test_benchmark_runs_and_its_correctness_checks_pass() -> None:
     assert step["from"] == 200 and step["to"] == 2000 and step["result"] in {"PASS", "MISS"}
     assert step["n_log_n_expects"] > step["linear_expects"] == 10
     assert doc["targets"]["decide_10k_ms"]["result"] is None  # 10k was not measured
+    assert doc["targets"]["resume_10k_ms"]["result"] is None
+    for row in doc["sizes"]:  # peak memory, and what one decide allocates, per size
+        assert row["memory"]["peak_rss_mib"] > 0 and row["memory"]["decide_alloc_peak_mib"] > 0
+    assert step["decide_alloc_growth"] > 1
     assert doc["targets"]["growth_n_log_n"]["result"] in {"PASS", "MISS"}
 
 
@@ -76,6 +80,8 @@ def test_text_output_prints_both_figures_and_the_verdicts() -> None:
     assert "load ms" in out and "decide ms" in out and "decide/load" in out
     assert "n log n expects" in out
     assert "target decide at 10k < 50.0 ms: n/a" in out
+    assert "target resume at 10k < 50.0 ms: n/a" in out
+    assert "peak RSS MiB" in out
     assert "shuffled order): PASS" in out
 
 

@@ -40,6 +40,9 @@ def test_the_benchmark_runs_and_reports_both_figures_of_the_same_run() -> None:
     assert doc["baseline_ms"]["n"] == doc["transition_ms"]["n"] == 2
     assert doc["baseline_ms"]["median"] > 0 and doc["transition_ms"]["median"] > 0 and doc["ratio"] > 0
     assert doc["target"]["ratio_at_most"] == 1.3 and doc["target"]["result"] in {"PASS", "MISS"}
+    paired = doc["paired_ratio"]  # the verdict's figure: the median of the back-to-back pairs' ratios
+    assert 0 < paired["min"] <= paired["median"] <= paired["max"] and doc["target"]["on"] == "paired_ratio.median"
+    assert doc["peak_rss_mib"]["service"] > 0
     concurrent = doc["concurrent_result"]
     assert concurrent["issues"] == concurrent["completed"] == 3 and concurrent["plain_worktree_add_wall_ms"] > 0
     assert doc["registered_worktrees"] == 5

@@ -8,7 +8,14 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any, Final
 
-from bot.core.allocator.records import CANDIDATE_FIELDS, Candidate, InputError, InputProblem, is_issue_number
+from bot.core.allocator.records import (
+    CANDIDATE_FIELDS,
+    Candidate,
+    InputError,
+    InputProblem,
+    is_issue_number,
+    new_candidate,
+)
 from bot.core.jsontext import JSONTextError, strict_loads
 from bot.core.vocabulary import MAX_ISSUE_NUMBER
 
@@ -19,6 +26,8 @@ _RFC3339 = re.compile(
     r"\d{4}-\d{2}-\d{2}[Tt]\d{2}:\d{2}:\d{2}(\.\d+)?([Zz]|[+-]\d{2}:\d{2})",
     re.ASCII,
 )
+# The keys the fast path takes; a record with any other (the alias, barred_owners) goes to the full validator.
+_FAST_FIELDS: Final[frozenset[str]] = CANDIDATE_FIELDS - {"number", "barred_owners"}
 
 
 class _DuplicateKeyObject(dict[str, Any]):
@@ -139,33 +148,30 @@ def _parse_rfc3339(value: str) -> datetime | None:
         return None
 
 
-def _exact_array(value: object) -> Sequence[Any] | None:
-    """An exact list or tuple as it is, null (omitted) as empty; anything else None (for the full validator)."""
-    if value is None:
-        return ()
-    return value if type(value) is list or type(value) is tuple else None
-
-
-def _fast_candidate(record: Mapping[Any, Any]) -> Candidate | None:
+def _fast_candidate(record: Mapping[Any, Any], label_sets: dict[tuple[str, ...], tuple[str, ...]]) -> Candidate | None:
     """The common valid record (plain dict, known keys, exact types) without collecting problems; None
-    sends the record to the full validator, which then reports every problem exactly as before."""
-    if type(record) is not dict or not record.keys() <= CANDIDATE_FIELDS or "number" in record:
-        return None
-    if "barred_owners" in record:
-        return None  # rare (review candidates): the full validator reads it
-    number = record.get("issue_number")
+    sends the record to the full validator, which then reports every problem exactly as before.
+
+    ``label_sets`` shares one tuple per distinct label set among the candidates of one call (few distinct sets,
+    many issues): fewer objects for the cyclic GC to walk, and cheaper lookups keyed by them later."""
+    if type(record) is not dict or not record.keys() <= _FAST_FIELDS:
+        return None  # "number" (the alias) and "barred_owners" (review candidates) are the full validator's
+    get = record.get
+    number = get("issue_number")
     if type(number) is not int or not 0 < number <= MAX_ISSUE_NUMBER:
         return None
-    title = record.get("title")
-    if title is not None and (type(title) is not str or _has_surrogate(title)):
+    title = get("title")
+    if title is not None and (type(title) is not str or (not title.isascii() and _has_surrogate(title))):
         return None
-    labels = _exact_array(record.get("labels"))
+    labels = get("labels")
     if labels is None:
+        labels = ()
+    elif type(labels) is not list and type(labels) is not tuple:
         return None
     for label in labels:
-        if type(label) is not str or not label or _has_surrogate(label):
+        if type(label) is not str or not label or (not label.isascii() and _has_surrogate(label)):
             return None
-    raw_created = record.get("created_at")
+    raw_created = get("created_at")
     created_at = None
     if raw_created is not None:
         if type(raw_created) is not str:
@@ -173,28 +179,32 @@ def _fast_candidate(record: Mapping[Any, Any]) -> Candidate | None:
         created_at = _parse_rfc3339(raw_created)
         if created_at is None:
             return None
-    deps = _exact_array(record.get("depends_on"))
+    deps = get("depends_on")
     if deps is None:
+        deps = ()
+    elif type(deps) is not list and type(deps) is not tuple:
         return None
     for dep in deps:
         if type(dep) is not int or not 0 < dep <= MAX_ISSUE_NUMBER or dep == number:
             return None
-    ready = record.get("ready", True)
+    ready = get("ready", True)
     if ready is None:
         ready = True
     elif type(ready) is not bool:
         return None
-    duplicate = record.get("duplicate")
+    duplicate = get("duplicate")
     if duplicate is not None and (type(duplicate) is not str or not duplicate or _has_surrogate(duplicate)):
         return None
-    return Candidate(
-        issue_number=number,
-        title=title,
-        labels=tuple(sorted(set(labels))) if len(labels) > 1 else tuple(labels),
-        created_at=created_at,
-        depends_on=tuple(sorted(set(deps))) if len(deps) > 1 else tuple(deps),
-        ready=ready,
-        duplicate=duplicate,
+    label_set = tuple(sorted(set(labels))) if len(labels) > 1 else tuple(labels)
+    return new_candidate(
+        number,
+        title,
+        label_sets.setdefault(label_set, label_set),
+        created_at,
+        tuple(sorted(set(deps))) if len(deps) > 1 else tuple(deps),
+        ready,
+        (),
+        duplicate,
     )
 
 
@@ -368,22 +378,27 @@ def normalize_candidates(raw: object) -> list[Candidate]:
     problems: list[InputProblem] = []
     candidates: list[Candidate] = []
     first_index: dict[int, int] = {}
+    fast = _fast_candidate
+    label_sets: dict[tuple[str, ...], tuple[str, ...]] = {}
     for index, element in enumerate(elements):
-        if isinstance(element, Candidate):
-            record: Mapping[Any, Any] = _candidate_as_record(element)
-        elif isinstance(element, dict):
-            record = element
-        else:
-            got = _type_name(element)
-            problems.append(InputProblem(input=name, index=index, field="", problem=f"expected an object, got {got}"))
-            continue
-        candidate = _fast_candidate(record)
-        found: list[InputProblem] = []
+        candidate = fast(element, label_sets) if type(element) is dict else None
         if candidate is None:
-            candidate, found = _candidate_from_record(record, index, name)
-        problems.extend(found)
-        if candidate is None:
-            continue
+            if isinstance(element, Candidate):
+                record: Mapping[Any, Any] = _candidate_as_record(element)
+            elif isinstance(element, dict):
+                record = element
+            else:
+                got = _type_name(element)
+                problems.append(
+                    InputProblem(input=name, index=index, field="", problem=f"expected an object, got {got}")
+                )
+                continue
+            candidate = fast(record, label_sets)
+            if candidate is None:
+                candidate, found = _candidate_from_record(record, index, name)
+                problems.extend(found)
+                if candidate is None:
+                    continue
         number = candidate.issue_number
         if number in first_index:
             problems.append(

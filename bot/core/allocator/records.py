@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Final, Literal, get_args
@@ -282,3 +282,69 @@ def input_envelope(problems: Sequence[InputProblem]) -> Envelope:
         exact_next_action="Fix the elements listed in details.problems and call gitea_allocate_next_work again.",
         details=details,
     )
+
+
+# Building a frozen slotted dataclass through its generated ``__init__`` costs about 2 us (keyword parsing and
+# one ``object.__setattr__`` per field); a decide over 10k candidates builds tens of thousands. These set the
+# slots directly, which is exactly what ``__init__`` does for these classes (they have no ``__post_init__``);
+# tests/test_allocator_fast_paths.py checks they equal the regular constructor field for field.
+_new = object.__new__
+
+
+def _slot_setters(cls: type, *names: str) -> tuple[Callable[[Any, Any], None], ...]:
+    """Each named slot's descriptor ``__set__``: it bypasses the frozen ``__setattr__``, as ``__init__`` does."""
+    return tuple(vars(cls)[name].__set__ for name in names)
+
+
+(_c_number, _c_title, _c_labels, _c_created, _c_deps, _c_ready, _c_barred, _c_duplicate) = _slot_setters(
+    Candidate, "issue_number", "title", "labels", "created_at", "depends_on", "ready", "barred_owners", "duplicate"
+)
+(_r_rank, _r_number, _r_priority, _r_created, _r_owned) = _slot_setters(
+    RankedCandidate, "rank", "issue_number", "priority_label", "created_at", "owned_lease_id"
+)
+(_s_number, _s_reason, _s_detail) = _slot_setters(Skipped, "issue_number", "reason", "detail")
+
+
+def new_candidate(
+    issue_number: int,
+    title: str | None,
+    labels: tuple[str, ...],
+    created_at: datetime | None,
+    depends_on: tuple[int, ...],
+    ready: bool,
+    barred_owners: tuple[str, ...],
+    duplicate: str | None,
+) -> Candidate:
+    """``Candidate(...)`` for already validated values, without the generated ``__init__``'s overhead."""
+    c: Candidate = _new(Candidate)
+    _c_number(c, issue_number)
+    _c_title(c, title)
+    _c_labels(c, labels)
+    _c_created(c, created_at)
+    _c_deps(c, depends_on)
+    _c_ready(c, ready)
+    _c_barred(c, barred_owners)
+    _c_duplicate(c, duplicate)
+    return c
+
+
+def new_ranked(
+    rank: int, issue_number: int, priority_label: str | None, created_at: datetime | None, owned_lease_id: str | None
+) -> RankedCandidate:
+    """``RankedCandidate(...)`` without the generated ``__init__``'s overhead."""
+    r: RankedCandidate = _new(RankedCandidate)
+    _r_rank(r, rank)
+    _r_number(r, issue_number)
+    _r_priority(r, priority_label)
+    _r_created(r, created_at)
+    _r_owned(r, owned_lease_id)
+    return r
+
+
+def new_skipped(issue_number: int | None, reason: SkipReason, detail: str) -> Skipped:
+    """``Skipped(...)`` without the generated ``__init__``'s overhead."""
+    s: Skipped = _new(Skipped)
+    _s_number(s, issue_number)
+    _s_reason(s, reason)
+    _s_detail(s, detail)
+    return s
