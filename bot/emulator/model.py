@@ -132,6 +132,21 @@ class EmuOrgHook:
     active: bool = True
 
 
+@dataclass(eq=False)
+class EmuSystemHook:
+    """A site administrator's system webhook (``POST /admin/hooks`` with ``config.is_system_webhook = "true"``):
+    Gitea sends it every event of every repository on the instance, whoever owns it, after the repository's and its
+    owner's hooks (``PrepareWebhooks`` appends ``GetSystemWebhooks``), with the installation-target headers saying
+    ``system`` (services/webhook/deliver.go)."""
+
+    id: int
+    url: str
+    secret: str
+    events: frozenset[str]
+    content_type: str = "json"
+    active: bool = True
+
+
 #: Repository unit names as the team API spells them (``unit.Type.Name``/``units_map`` keys).
 UNITS: Final = (
     "repo.code",

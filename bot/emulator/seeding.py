@@ -14,6 +14,7 @@ from bot.emulator.model import (
     EmuIssue,
     EmuLabel,
     EmuOrgHook,
+    EmuSystemHook,
     EmuRepo,
     EmuTeam,
     EmuUser,
@@ -233,6 +234,17 @@ class EmulatorSeeding(EmulatorOperations):
         hook = EmuOrgHook(id=next(self._ids.hook), org=owner, url=url, secret=secret,
                           events=expand_hook_events(events), active=active)
         self._org_hooks.append(hook)
+        return hook
+
+    def add_system_hook(
+        self, *, url: str, secret: str = "", events: Sequence[str] = ("issues",), active: bool = True
+    ) -> EmuSystemHook:
+        """Register a system webhook as a site administrator's ``POST /admin/hooks`` with
+        ``config.is_system_webhook = "true"`` would: it is sent every event of every repository on the instance,
+        user-owned ones included (``PrepareWebhooks``), headers naming the target ``system``."""
+        hook = EmuSystemHook(id=next(self._ids.hook), url=url, secret=secret, events=expand_hook_events(events),
+                             active=active)
+        self._system_hooks.append(hook)
         return hook
 
     def create_issue(

@@ -18,6 +18,7 @@ from bot.emulator.model import (
     EmuIssue,
     EmuLabel,
     EmuOrgHook,
+    EmuSystemHook,
     EmuRepo,
     EmuTeam,
     EmuUser,
@@ -101,6 +102,7 @@ class EmulatorState:
         self._comments: dict[int, EmuComment] = {}
         self._teams: dict[int, EmuTeam] = {}
         self._org_hooks: list[EmuOrgHook] = []
+        self._system_hooks: list[EmuSystemHook] = []
         self._app: web.Application | None = None
 
     def now(self) -> int:
