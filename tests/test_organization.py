@@ -1,4 +1,5 @@
-"""Gitea's system webhooks against a real `foreman serve`: one admin hook brings every repository's events."""
+"""A whole organization served by a real `foreman serve` (its repositories discovered from Gitea while running),
+and Gitea's system webhooks (one admin hook brings every repository's events)."""
 
 from __future__ import annotations
 
@@ -8,13 +9,13 @@ import shutil
 import sqlite3
 import time
 from collections.abc import AsyncIterator, Callable
-from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 
 from bot.config_writer import write_config
-from tests.gitea_fixtures import OWNER, REPO, LiveEmulator, live_emulator, scratch_dir
+from tests.gitea_fixtures import OWNER, REPO, LiveEmulator, live_emulator, scratch_dir, seed_sibling_repository
 from tests.support import SECRET, serve_config
 from tests.test_process import ServeProcess
 
@@ -92,3 +93,94 @@ async def test_a_system_hook_brings_a_configured_repository_handled_and_another_
                for _, reason, _ in ignored)
     assert not t.db("SELECT 1 FROM issues WHERE repo = ?", (f"{STRAY_OWNER}/{STRAY}",))
     assert not [c for c in t.emu.issue(STRAY_OWNER, STRAY, stray.number).comments]
+
+
+# --- a whole organization ---------------------------------------------------------------------------------------------
+
+SIBLING, EXCLUDED, LATER = "gadgets", "legacy", "tools"
+GADGETS, LEGACY, TOOLS = f"{OWNER}/{SIBLING}", f"{OWNER}/{EXCLUDED}", f"{OWNER}/{LATER}"
+ORG_REPOS = f"/api/v1/orgs/{OWNER}/repos"
+
+
+async def readyz(t: SystemHooked) -> dict[str, Any]:
+    async with aiohttp.ClientSession() as session, session.get(f"{t.proc.url}/readyz") as resp:
+        doc: dict[str, Any] = await resp.json()
+        return doc
+
+
+async def served(t: SystemHooked) -> list[str]:
+    return sorted((await readyz(t))["checks"]["repositories"])
+
+
+@pytest.fixture
+async def organization() -> AsyncIterator[SystemHooked]:
+    """acme as an organization with widgets, gadgets and an excluded legacy, one org hook to a `foreman serve`
+    whose config names only ``[organization] name = "acme"`` (no repository) and a short catch-up interval."""
+    root = scratch_dir("foreman-org-")
+    async with live_emulator(clone_protocol="http") as live:
+        emu = live.emulator
+        for name in (SIBLING, EXCLUDED):
+            seed_sibling_repository(emu, name)
+        emu.make_org(OWNER)
+        proc = ServeProcess(root, module="bot", config=root / "foreman.toml")
+        document = serve_config(proc.port, proc.db, live.base_url, root, {"reconcile": {"interval_s": 0.3}})
+        checkouts = document.pop("repository")["checkout_root"]
+        document["organization"] = {"name": OWNER, "exclude": [EXCLUDED.upper()], "checkout_root": checkouts}
+        write_config(proc.config, document)
+        emu.add_org_hook(OWNER, url=f"{proc.url}/webhook", secret=SECRET, events=["issues", "issue_comment"])
+        try:
+            yield SystemHooked(live, proc)
+        finally:
+            if proc.proc is not None and proc.proc.returncode is None:
+                await proc.kill()
+            shutil.rmtree(root, ignore_errors=True)
+
+
+async def test_an_organization_is_discovered_a_new_repository_served_and_an_archived_one_let_go(
+    organization: SystemHooked,
+) -> None:
+    t = organization
+    await t.proc.start("serve", "--config", str(t.proc.config))
+    # The start-up listing served widgets and gadgets; legacy is excluded (the list is case-insensitive).
+    assert await served(t) == [GADGETS, WIDGETS]
+    found = (await readyz(t))["checks"]["organization"]
+    assert found["ok"] is True and found["discovered"] == [REPO, SIBLING]
+    assert found["skipped"] == {LEGACY: "excluded (organization.exclude)"}
+
+    for name in (REPO, SIBLING, EXCLUDED):
+        t.emu.create_issue(OWNER, name, title=f"Work item of {name}", author="alice", notify=True)
+    await t.emu.drain_webhooks()
+    for key in (WIDGETS, GADGETS):
+        await t.wait(lambda key=key: bool(t.db("SELECT 1 FROM issues WHERE repo = ?", (key,)))  # type: ignore[misc]
+                     and all(status == "done" for status, _, _ in t.deliveries_of(key)), f"{key}'s issue stored")
+    ignored = t.deliveries_of(LEGACY)
+    assert ignored and all(status == "ignored" and reason is not None and LEGACY in reason
+                           and reason.startswith("foreign_repository") for status, reason, _ in ignored)
+    assert not t.db("SELECT 1 FROM issues WHERE repo = ?", (LEGACY,))
+
+    # A repository created while the service runs is served from the next pass, with its own catch-up.
+    seed_sibling_repository(t.emu, LATER)
+    await t.wait(lambda: bool(t.db("SELECT 1 FROM reconcile_passes WHERE repo = ?", (TOOLS,))),
+                 "the new repository's start-up catch-up")
+    assert await served(t) == [GADGETS, TOOLS, WIDGETS]
+    issue = t.emu.create_issue(OWNER, LATER, title="New work", author="alice", notify=True)
+    await t.emu.drain_webhooks()
+    await t.wait(lambda: bool(t.db("SELECT 1 FROM issues WHERE repo = ? AND number = ?", (TOOLS, issue.number))),
+                 "the new repository's issue stored")
+
+    # An archived repository stops being served at the next pass, with a log line; its deliveries are ignored.
+    t.emu.archive_repo(OWNER, SIBLING)
+    await t.wait(lambda: "acme/gadgets is no longer served (archived)" in t.proc.stderr.read_text(),
+                 "the archived repository let go")
+    assert await served(t) == [TOOLS, WIDGETS]
+    before = len(t.deliveries_of(GADGETS))
+    t.emu.create_issue(OWNER, SIBLING, title="After archiving", author="alice", notify=True)
+    await t.emu.drain_webhooks()
+    await t.wait(lambda: len(t.deliveries_of(GADGETS)) > before and t.deliveries_of(GADGETS)[-1][0] == "ignored",
+                 "the archived repository's delivery ignored")
+
+    # Each pass is one listing call (three repositories fit one page of 50).
+    passes = (await readyz(t))["checks"]["organization"]["passes"]
+    listings = [r for r in t.emu.requests if r.path == ORG_REPOS]
+    assert passes >= 3 and abs(len(listings) - passes) <= 1
+    assert all(dict(r.query).get("limit") == "50" for r in listings)

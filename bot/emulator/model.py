@@ -207,6 +207,8 @@ class EmuRepo:
     issues: dict[int, EmuIssue] = field(default_factory=dict)
     hooks: list[EmuHook] = field(default_factory=list)
     next_number: int = 1
+    #: Archived (read-only); ``archived_at`` its unix time.
+    archived_at: int = 0
 
     @property
     def full_name(self) -> str:

@@ -11,8 +11,8 @@ from bot.emulator.model import (
     EmuIssue,
     EmuLabel,
     EmuOrgHook,
-    EmuSystemHook,
     EmuRepo,
+    EmuSystemHook,
     EmuUser,
 )
 from bot.emulator.state import JSON, EmulatorState

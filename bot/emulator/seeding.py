@@ -14,8 +14,8 @@ from bot.emulator.model import (
     EmuIssue,
     EmuLabel,
     EmuOrgHook,
-    EmuSystemHook,
     EmuRepo,
+    EmuSystemHook,
     EmuTeam,
     EmuUser,
     Perm,
@@ -199,6 +199,13 @@ class EmulatorSeeding(EmulatorOperations):
     ) -> EmuLabel:
         """Create a repository label."""
         return self._op_create_label(self.repo(owner, name), label, color, description, exclusive, False)
+
+    def archive_repo(self, owner: str, name: str) -> EmuRepo:
+        """Archive a repository (``POST /repos/{owner}/{repo}/archive`` / ``PATCH archived: true``): listings
+        report ``archived: true``."""
+        repo = self.repo(owner, name)
+        repo.archived_at = self.now()
+        return repo
 
     def add_hook(
         self,

@@ -18,8 +18,8 @@ from bot.emulator.model import (
     EmuIssue,
     EmuLabel,
     EmuOrgHook,
-    EmuSystemHook,
     EmuRepo,
+    EmuSystemHook,
     EmuTeam,
     EmuUser,
     Perm,
@@ -122,6 +122,10 @@ class EmulatorState:
     def users(self) -> list[EmuUser]:
         """Every account, organizations included, by id."""
         return sorted(self._users.values(), key=lambda u: u.id)
+
+    def repos(self) -> list[EmuRepo]:
+        """Every repository, by id."""
+        return sorted(self._repos.values(), key=lambda r: r.id)
 
     def find_user(self, login: str) -> EmuUser | None:
         """The user called ``login``, or None."""
