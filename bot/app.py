@@ -254,17 +254,17 @@ class Service:
         log.warning("organization: %s is no longer served (%s); its deliveries are ignored from now on", key, reason)
 
     async def _apply_discovery(self, verdict: Discovered) -> None:
+        from bot.discovery import discovery_changes
+
         org = self.settings.organization
         assert org is not None
-        explicit = {repo_key_of(entry) for entry in self._explicit}
-        wanted = {repo_key_of(org.entry_for(name)): name for name in verdict.serve}
-        for key, name in wanted.items():
-            if key not in self.repositories:
-                await self.serve_discovered(org.entry_for(name))
-                log.info("organization %s: serving %s (discovered)", org.name, key)
-        skipped = {repo_key_of(org.entry_for(full.split("/", 1)[1])): why for full, why in verdict.skipped.items()}
-        for key in [k for k in self._discovered if k not in wanted and k not in explicit]:
-            await self.stop_serving(key, skipped.get(key, f"no longer listed in {org.name}"))
+        changes = discovery_changes(org, verdict, served=self.repositories.keys(), discovered=self._discovered.keys(),
+                                    explicit={repo_key_of(entry) for entry in self._explicit})
+        for entry in changes.serve:
+            bundle = await self.serve_discovered(entry)
+            log.info("organization %s: serving %s (discovered)", org.name, bundle.key)
+        for key, reason in changes.let_go.items():
+            await self.stop_serving(key, reason)
 
     def _deps(self, settings: Settings) -> HandlerDeps:
         """What one repository's handlers may use, never this Service (the Gitea client joins in start()); each

@@ -6,12 +6,13 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
-from bot.config_sections import OrganizationConfig
+from bot.config import repo_key_of
+from bot.config_sections import OrganizationConfig, RepositoryEntry
 from bot.tasks import cancel_and_wait
 
 log = logging.getLogger("foreman.discovery")
@@ -60,6 +61,28 @@ def plan_discovery(org: OrganizationConfig, listing: Sequence[ListedRepository])
         else:
             serve.append(repo.name)
     return Discovered(tuple(serve), skipped)
+
+
+@dataclass(frozen=True, slots=True)
+class DiscoveryChanges:
+    """What one verdict changes in a running service: entries to start serving, and keys to let go (why)."""
+
+    serve: tuple[RepositoryEntry, ...]
+    let_go: Mapping[str, str]
+
+
+def discovery_changes(org: OrganizationConfig, verdict: Discovered, *, served: Collection[str],
+                      discovered: Collection[str], explicit: Collection[str]) -> DiscoveryChanges:
+    """Compare a verdict with what is served (keys as ``repo_key_of``): a listed repository not served yet is
+    served with the organization's defaults, unless an explicit ``[[repositories]]`` entry already serves it (the
+    entry's overrides win); a discovered one no longer listed, archived or excluded is let go. Explicit entries
+    are never let go."""
+    wanted = {repo_key_of(org.entry_for(name)): org.entry_for(name) for name in verdict.serve}
+    reasons = {repo_key_of(org.entry_for(full.split("/", 1)[1])): why for full, why in verdict.skipped.items()}
+    serve = tuple(entry for key, entry in wanted.items() if key not in served and key not in explicit)
+    let_go = {key: reasons.get(key, f"no longer listed in {org.name}")
+              for key in discovered if key not in wanted and key not in explicit}
+    return DiscoveryChanges(serve, let_go)
 
 
 @dataclass

@@ -8,6 +8,7 @@ import json
 import shutil
 import sqlite3
 import time
+import tomllib
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -184,3 +185,31 @@ async def test_an_organization_is_discovered_a_new_repository_served_and_an_arch
     listings = [r for r in t.emu.requests if r.path == ORG_REPOS]
     assert passes >= 3 and abs(len(listings) - passes) <= 1
     assert all(dict(r.query).get("limit") == "50" for r in listings)
+
+
+async def test_an_organization_gitea_cannot_list_serves_only_its_explicit_entry_until_a_pass_works(
+    organization: SystemHooked,
+) -> None:
+    t = organization
+    document = tomllib.loads(t.proc.config.read_text())
+    root = document["organization"]["checkout_root"]
+    document["repositories"] = [{"owner": OWNER, "name": REPO, "checkout_root": root}]
+    write_config(t.proc.config, document)
+    listing_down = t.emu.faults.fail("GET", "/orgs/{org}/repos", status=500, times=None)
+    await t.proc.start("serve", "--config", str(t.proc.config))
+    # Fail closed: the explicit entry is served, nothing guessed; /readyz says why and stays ready.
+    doc = await readyz(t)
+    assert doc["ready"] is True and sorted(doc["checks"]["repositories"]) == [WIDGETS]
+    found = doc["checks"]["organization"]
+    assert found["ok"] is False and "500" in found["last_error"] and found["discovered"] is None
+    t.emu.create_issue(OWNER, SIBLING, title="Not served yet", author="alice", notify=True)
+    await t.emu.drain_webhooks()
+    await t.wait(lambda: bool(t.deliveries_of(GADGETS)) and t.deliveries_of(GADGETS)[0][0] == "ignored",
+                 "the undiscovered repository's delivery ignored")
+    # Gitea answers again: the next pass serves what it lists.
+    t.emu.faults.rules.remove(listing_down)
+    await t.wait(lambda: bool(t.db("SELECT 1 FROM reconcile_passes WHERE repo = ?", (GADGETS,))),
+                 "gadgets served after Gitea came back")
+    found = (await readyz(t))["checks"]["organization"]
+    assert found["ok"] is True and found["errors_total"] >= 1 and found["discovered"] == [REPO, SIBLING]
+    assert await served(t) == [GADGETS, WIDGETS]
