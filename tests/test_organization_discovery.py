@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from bot.cli.common import repository_view
 from bot.config import ConfigError, Settings, load_settings
 from bot.discovery import Discovered, discovery_changes, plan_discovery
 from bot.gitea import GiteaClient
@@ -57,6 +58,16 @@ def test_an_organization_serves_its_explicit_entries_and_gives_discovered_ones_i
     gadgets = running.for_repository("acme/gadgets")
     assert gadgets.authors() == ["author-2"] and gadgets.repository.checkout_root == tmp_path / "elsewhere"
     assert "author-3" in settings.all_roster_logins()
+
+
+def test_a_command_on_one_repository_with_only_an_organization_is_a_typed_refusal(tmp_path: Path) -> None:
+    settings = _load(tmp_path, HEAD + '[organization]\nname = "acme"\n')
+    refusal = repository_view(settings, None, command="leases")
+    assert isinstance(refusal, dict) and refusal["error"] == "invalid_input" and refusal["repositories"] == []
+    assert "discovered by `foreman serve` only" in refusal["message"]
+    assert refusal["exact_next_action"].startswith('add [[repositories]] owner = "acme"')
+    assert repository_view(settings, "acme/widgets", command="leases")["error"] == "invalid_input"  # type: ignore[index]
+    assert repository_view(settings, None, command="deliveries") is settings  # every repository's inbox: none
 
 
 def test_without_an_explicit_entry_nothing_is_served_until_discovery(tmp_path: Path) -> None:
