@@ -213,3 +213,21 @@ async def test_an_organization_gitea_cannot_list_serves_only_its_explicit_entry_
     found = (await readyz(t))["checks"]["organization"]
     assert found["ok"] is True and found["errors_total"] >= 1 and found["discovered"] == [REPO, SIBLING]
     assert await served(t) == [GADGETS, WIDGETS]
+
+
+async def test_an_organization_alone_that_gitea_cannot_list_serves_nothing_and_says_so(
+    organization: SystemHooked,
+) -> None:
+    t = organization
+    t.emu.faults.fail("GET", "/orgs/{org}/repos", status=500, times=None)
+    await t.proc.start("serve", "--config", str(t.proc.config))
+    doc = await readyz(t)
+    assert doc["ready"] is True and doc["checks"]["repositories"] == {}
+    reconcile = doc["checks"]["reconcile"]
+    assert reconcile["ok"] is None and "no repository served yet" in reconcile["detail"]
+    assert doc["checks"]["organization"]["ok"] is False
+    t.emu.create_issue(OWNER, REPO, title="Nothing is served", author="alice", notify=True)
+    await t.emu.drain_webhooks()
+    await t.wait(lambda: bool(t.deliveries_of(WIDGETS)) and t.deliveries_of(WIDGETS)[0][0] == "ignored",
+                 "the delivery ignored while nothing is served")
+    assert not t.db("SELECT 1 FROM issues") and not t.db("SELECT 1 FROM reconcile_passes")
