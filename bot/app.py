@@ -13,18 +13,21 @@ from typing import TYPE_CHECKING, Any
 import aiohttp
 from aiohttp import web
 
-from bot.config import Settings
+from bot.config import Settings, repo_key_of
+from bot.config_sections import RepositoryEntry
 from bot.core.dispatch import OrderedRouter
 from bot.core.intake import Delivery, Rejection, admit, content_encoding_refusal, is_self_event, metric_event
+from bot.group_commit import GroupCommitWriter
 from bot.handler_deps import HandlerDeps
 from bot.metrics import LoopLagMonitor, Metrics
 from bot.tasks import cancel_and_wait
 from bot.worker import Worker
 from state.db import Database, DatabaseNotWritable, open_database
-from state.deliveries import DeliveryStore, InsertResult
+from state.deliveries import DeliveryStore
 from state.outbox import OutboxEntry, OutboxStore, acting_for
 
 if TYPE_CHECKING:
+    from bot.discovery import Discovered, OrgDiscovery
     from bot.gitea import GiteaClient
     from bot.outbox import OutboxGitea, OutboxHooks, OutboxSender
     from bot.reconcile import Reconciler
@@ -38,75 +41,6 @@ SERVICE_KEY: web.AppKey[Service] = web.AppKey("service")
 #: decompression off, a body that claims a Content-Encoding reaches intake untouched and is refused there (415)
 #: instead of failing inside the HTTP parser (a dropped connection and a traceback).
 RUNNER_OPTIONS: dict[str, Any] = {"auto_decompress": False}
-_MAX_BATCH = 256
-
-
-class GroupCommitWriter:
-    """One task stores whatever deliveries are waiting in a single transaction, then answers them all.
-
-    A request is acknowledged only after its row is committed, so a 202 always means "stored".
-    """
-
-    def __init__(self, store: DeliveryStore) -> None:
-        self._store = store
-        self._queue: asyncio.Queue[tuple[Delivery, bool, asyncio.Future[InsertResult]]] = asyncio.Queue()
-        self._task: asyncio.Task[None] | None = None
-
-    def start(self) -> None:
-        self._task = asyncio.create_task(self._run(), name="group-commit-writer")
-
-    def alive(self) -> bool:
-        return self._task is not None and not self._task.done()
-
-    async def stop(self) -> None:
-        await cancel_and_wait(self._task)
-        while not self._queue.empty():
-            _, _, future = self._queue.get_nowait()
-            if not future.done():
-                future.set_exception(RuntimeError("service is shutting down"))
-
-    async def submit(self, delivery: Delivery, is_self: bool) -> InsertResult:
-        future: asyncio.Future[InsertResult] = asyncio.get_running_loop().create_future()
-        await self._queue.put((delivery, is_self, future))
-        return await future
-
-    async def _run(self) -> None:
-        while True:
-            batch = [await self._queue.get()]
-            while len(batch) < _MAX_BATCH and not self._queue.empty():
-                batch.append(self._queue.get_nowait())
-            try:
-                results = await self._store.insert_batch([(d, s) for d, s, _ in batch])
-            except Exception as exc:
-                if len(batch) == 1:
-                    log.exception("storing a delivery failed")
-                    _answer(batch[0][2], exc)
-                    continue
-                # One bad row must not fail its neighbours: store each on its own, so only the rows that
-                # really cannot be stored are refused (all of them only when the database itself is down).
-                log.warning("storing %d deliveries together failed (%s); storing each alone", len(batch), exc)
-                for delivery, is_self, future in batch:
-                    try:
-                        (result,) = await self._store.insert_batch([(delivery, is_self)])
-                    except Exception as row_exc:
-                        log.exception("storing delivery %s failed", delivery.delivery_id)
-                        _answer(future, row_exc)
-                    else:
-                        _answer(future, result)
-                continue
-            for (_, _, future), result in zip(batch, results, strict=True):
-                _answer(future, result)
-
-
-def _answer(future: asyncio.Future[InsertResult], outcome: InsertResult | BaseException) -> None:
-    """Answer one waiting request (it may have gone away: a client that disconnected cancels its future)."""
-    if future.done():
-        return
-    if isinstance(outcome, BaseException):
-        future.set_exception(outcome)
-    else:
-        future.set_result(outcome)
-
 
 @dataclass
 class GiteaStatus:
@@ -154,10 +88,12 @@ class Service:
         #: Every served repository's bundle by its key, in configuration order (the first is ``[repository]``'s).
         self.repositories: dict[str, RepositoryBundle] = {}
         for key in self.settings.repository_keys():
-            view = self.settings.for_repository(key)
-            hooks = self.hooks_for(view) if self.hooks_for is not None else None
-            self.repositories[key] = RepositoryBundle(key, view, self._deps(view), hooks=hooks)
+            self.repositories[key] = self._bundle(self.settings, key)
         self.metrics.serve_repositories(list(self.repositories))
+        #: ``[organization]``: the explicit entries (always served) and the discovered ones (by key).
+        self._explicit: list[RepositoryEntry] = list(self.settings.repositories)
+        self._discovered: dict[str, RepositoryEntry] = {}
+        self.discovery: OrgDiscovery | None = None
         self.worker = Worker(
             self.store, self.router, self.settings.worker, self.metrics,
             routes={key: bundle.deps for key, bundle in self.repositories.items()},
@@ -168,18 +104,99 @@ class Service:
 
     @property
     def first(self) -> RepositoryBundle:
-        """The first configured repository's bundle (the one ``[repository]`` when there is one)."""
+        """The first configured repository's bundle (the one ``[repository]`` when there is one); StopIteration
+        only with ``[organization]`` while nothing is served yet (``first_key`` is None then)."""
         return next(iter(self.repositories.values()))
+
+    @property
+    def first_key(self) -> str | None:
+        """The first served repository's key, or None while none is (an organization not read yet)."""
+        return next(iter(self.repositories), None)
 
     @property
     def reconciler(self) -> Reconciler | None:
         """The first repository's catch-up (every bundle has its own: ``repositories``)."""
-        return self.first.reconciler
+        return self.first.reconciler if self.repositories else None
 
     @property
     def run_teardowns(self) -> TeardownLoop | None:
         """The first repository's runs' teardown loop (every bundle has its own)."""
-        return self.first.run_teardowns
+        return self.first.run_teardowns if self.repositories else None
+
+    def _bundle(self, settings: Settings, key: str) -> RepositoryBundle:
+        view = settings.for_repository(key)
+        hooks = self.hooks_for(view) if self.hooks_for is not None else None
+        return RepositoryBundle(key, view, self._deps(view), hooks=hooks)
+
+    def _connect(self, bundle: RepositoryBundle) -> None:
+        """Give a bundle its Gitea client: one session and one bot identity, bound to its own repository."""
+        from bot.gitea import client_for
+
+        assert self.http is not None
+        bundle.gitea = client_for(self.http, bundle.settings)
+        bundle.deps = dataclasses.replace(bundle.deps, gitea=bundle.gitea)
+
+    def _reroute(self) -> None:
+        """The worker's routes from the served bundles (replaced, never mutated: a running loop keeps its own)."""
+        self.worker.routes = {key: bundle.deps for key, bundle in self.repositories.items()}
+
+    async def _start_bundle(self, bundle: RepositoryBundle) -> None:
+        """Start one repository's runs' teardown loop and, with a Gitea client, its catch-up."""
+        with acting_for(bundle.key):  # the loop's task (created here) files its entries under its repository
+            bundle.run_teardowns = self._make_teardown_loop(bundle)
+            bundle.run_teardowns.start()
+        if bundle.gitea is not None:
+            with acting_for(bundle.key):
+                bundle.reconciler = self._make_reconciler(bundle)
+                await bundle.reconciler.start()
+
+    async def _stop_bundle(self, bundle: RepositoryBundle) -> None:
+        if bundle.run_teardowns is not None:
+            await bundle.run_teardowns.stop()
+        if bundle.reconciler is not None:
+            await bundle.reconciler.stop()
+
+    # An organization's repositories, served and let go while running (bot/discovery.py).
+
+    def _serve_entries(self) -> None:
+        self.settings = self.settings.with_repositories([*self._explicit, *self._discovered.values()])
+
+    async def serve_discovered(self, entry: RepositoryEntry) -> RepositoryBundle:
+        """Serve a repository discovered while running: its bundle built, connected, routed and started."""
+        key = repo_key_of(entry)
+        self._discovered[key] = entry
+        self._serve_entries()
+        bundle = self._bundle(self.settings, key)
+        if self.http is not None:
+            self._connect(bundle)
+        self.repositories[key] = bundle
+        self.metrics.serve_repositories([key])
+        self._reroute()
+        await self._start_bundle(bundle)
+        return bundle
+
+    async def stop_serving(self, key: str, reason: str) -> None:
+        """Stop serving a discovered repository (removed, archived or excluded): from now on its deliveries are
+        ignored as any unserved repository's; what it stored stays."""
+        bundle = self.repositories.pop(key)
+        self._discovered.pop(key, None)
+        self._serve_entries()
+        self._reroute()
+        await self._stop_bundle(bundle)
+        log.warning("organization: %s is no longer served (%s); its deliveries are ignored from now on", key, reason)
+
+    async def _apply_discovery(self, verdict: Discovered) -> None:
+        from bot.discovery import discovery_changes
+
+        org = self.settings.organization
+        assert org is not None
+        changes = discovery_changes(org, verdict, served=self.repositories.keys(), discovered=self._discovered.keys(),
+                                    explicit={repo_key_of(entry) for entry in self._explicit})
+        for entry in changes.serve:
+            bundle = await self.serve_discovered(entry)
+            log.info("organization %s: serving %s (discovered)", org.name, bundle.key)
+        for key, reason in changes.let_go.items():
+            await self.stop_serving(key, reason)
 
     def _deps(self, settings: Settings) -> HandlerDeps:
         """What one repository's handlers may use, never this Service (the Gitea client joins in start()); each
@@ -203,15 +220,15 @@ class Service:
 
             self.http = aiohttp.ClientSession()
             for bundle in self.repositories.values():
-                # One session and one bot identity; each client bound to its own repository.
-                bundle.gitea = client_for(self.http, bundle.settings)
-                bundle.deps = dataclasses.replace(bundle.deps, gitea=bundle.gitea)
-            self.gitea = self.first.gitea
-            self.worker.routes = {key: bundle.deps for key, bundle in self.repositories.items()}
-            adopted = await self.outbox.adopt_unscoped(self.first.key)
+                self._connect(bundle)
+            # With an organization and no explicit entry there is no bundle yet: a client of the service's own.
+            self.gitea = self.first.gitea if self.repositories else client_for(self.http, self.settings)
+            self._reroute()
+            first = self.first_key
+            adopted = await self.outbox.adopt_unscoped(first) if first is not None else 0
             if adopted:
                 log.info("outbox: %d entries stored before entries were filed by repository are %s's", adopted,
-                         self.first.key)
+                         first)
             self.outbox_sender = self._make_outbox_sender(OutboxSender)
             self.outbox_sender.start()
             self._probe_task = asyncio.create_task(self._probe_loop(), name="gitea-probe")
@@ -222,15 +239,26 @@ class Service:
         self.writer.start()
         self.worker.start()
         self.lag_monitor.start()
-        for bundle in self.repositories.values():
-            with acting_for(bundle.key):  # the loop's task (created here) files its entries under its repository
-                bundle.run_teardowns = self._make_teardown_loop(bundle)
-                bundle.run_teardowns.start()
-        for bundle in self.repositories.values():
-            if bundle.gitea is not None:
-                with acting_for(bundle.key):
-                    bundle.reconciler = self._make_reconciler(bundle)
-                    await bundle.reconciler.start()
+        for bundle in list(self.repositories.values()):
+            await self._start_bundle(bundle)
+        await self._start_discovery()
+
+    async def _start_discovery(self) -> None:
+        """``[organization]``: list its repositories now (the client's retries; a failure leaves only the explicit
+        entries served, never a guessed set) and again every ``[reconcile] interval_s``."""
+        org = self.settings.organization
+        if org is None:
+            return
+        if self.gitea is None:
+            log.warning("organization %s: no gitea.token configured, so its repositories cannot be listed; serving "
+                        "the explicit [[repositories]] entries only", org.name)
+            return
+        from bot.discovery import OrgDiscovery
+
+        self.discovery = OrgDiscovery(org, self.gitea, self._apply_discovery,
+                                      interval_s=self.settings.reconcile.interval_s)
+        await self.discovery.run_pass()
+        self.discovery.start()
 
     def _make_reconciler(self, bundle: RepositoryBundle) -> Reconciler:
         """Catch-up of one repository (bot/reconcile.py): feeds what no webhook brought through the inbox; after
@@ -304,18 +332,18 @@ class Service:
 
     def _outbox_client(self, repo: str) -> OutboxGitea | None:
         """The client of an outbox entry's repository (an unscoped entry's: the first repository's)."""
-        bundle = self.repositories.get(repo or self.first.key)
+        bundle = self.repositories.get(repo or self.first_key or "")
         return bundle.gitea if bundle is not None else None
 
     async def _on_outbox_complete(self, entry: OutboxEntry, result: dict[str, Any]) -> None:
-        bundle = self.repositories.get(entry.repo or self.first.key)
+        bundle = self.repositories.get(entry.repo or self.first_key or "")
         hooks = bundle.hooks if bundle is not None else None
         if bundle is not None and hooks is not None and hooks.on_complete is not None:
             with acting_for(bundle.key):
                 await hooks.on_complete(entry, result)
 
     async def _on_outbox_failure(self, entry: OutboxEntry) -> None:
-        bundle = self.repositories.get(entry.repo or self.first.key)
+        bundle = self.repositories.get(entry.repo or self.first_key or "")
         hooks = bundle.hooks if bundle is not None else None
         if bundle is not None and hooks is not None and hooks.on_failure is not None:
             with acting_for(bundle.key):
@@ -336,11 +364,10 @@ class Service:
         )
 
     async def stop(self) -> None:
+        if self.discovery is not None:
+            await self.discovery.stop()
         for bundle in self.repositories.values():
-            if bundle.run_teardowns is not None:
-                await bundle.run_teardowns.stop()
-            if bundle.reconciler is not None:
-                await bundle.reconciler.stop()
+            await self._stop_bundle(bundle)
         await self.lag_monitor.stop()
         await self.worker.stop(self.settings.server.shutdown_grace_s)
         await self.writer.stop()
@@ -486,8 +513,15 @@ class Service:
         # Informative, never failing readiness: the webhook door works while Gitea cannot be read, and what a
         # failed pass missed is read again by the next one (docs/operating.md "Catch-up").
         per_repository = {key: self._reconcile_check(bundle) for key, bundle in self.repositories.items()}
-        checks["reconcile"] = per_repository[self.first.key]  # the first repository's (as with one repository)
+        first = self.first_key  # the first repository's (as with one repository)
+        checks["reconcile"] = per_repository[first] if first is not None else {
+            "ok": None, "detail": "no repository served yet (the organization's repositories are not listed yet)"}
         checks["repositories"] = {key: {"reconcile": check} for key, check in per_repository.items()}
+        org = self.settings.organization
+        if org is not None:  # informative, like catch-up: the explicit entries are served meanwhile
+            checks["organization"] = self.discovery.status.to_dict(org.name, self.settings.reconcile.interval_s) \
+                if self.discovery is not None else {"ok": None, "organization": org.name,
+                                                    "detail": "off (no Gitea token: nothing can be listed)"}
         return web.json_response({"ready": ready, "checks": checks}, status=200 if ready else 503)
 
     def _reconcile_check(self, bundle: RepositoryBundle) -> dict[str, Any]:

@@ -22,6 +22,7 @@ from bot.config_sections import (
     LifecycleConfig,
     McpConfig,
     MergeConfig,
+    OrganizationConfig,
     OutboxConfig,
     PublishConfig,
     ReconcileConfig,
@@ -70,6 +71,10 @@ class Settings(ConfigSection):
     #: ``[[repositories]]``: many repositories in one process (exclusive with ``[repository]``); empty: the one
     #: ``[repository]`` is served. See ``served_repositories`` and ``for_repository``.
     repositories: list[RepositoryEntry] = Field(default_factory=list)
+    #: ``[organization]``: every repository of one organization, discovered while running (bot/discovery.py);
+    #: ``repositories`` then holds the explicit entries (served whatever the discovery finds) and, in a running
+    #: service, the discovered ones after them (``with_repositories``).
+    organization: OrganizationConfig | None = None
     worker: WorkerConfig = WorkerConfig()
     outbox: OutboxConfig = OutboxConfig()
     allocator: AllocatorConfig = AllocatorConfig()
@@ -117,7 +122,7 @@ class Settings(ConfigSection):
     def served_repositories(self) -> list[RepositoryEntry]:
         """Every repository this process serves, in configuration order: the ``[[repositories]]`` entries, or
         the one ``[repository]`` (as an entry without overrides)."""
-        if self.repositories:
+        if self.repositories or self.organization is not None:
             return list(self.repositories)
         return [RepositoryEntry.model_validate(self.repository.model_dump())]
 
@@ -137,7 +142,7 @@ class Settings(ConfigSection):
         for entry in self.served_repositories():
             if repo_key_of(entry) != key:
                 continue
-            update: dict[str, Any] = {"repository": entry.base(), "repositories": []}
+            update: dict[str, Any] = {"repository": entry.base(), "repositories": [], "organization": None}
             for name in ("roster", "allocator", "merge", "grants"):
                 override = getattr(entry, name)
                 if override is not None:
@@ -145,11 +150,21 @@ class Settings(ConfigSection):
             return self.model_copy(update=update)
         raise KeyError(key)
 
+    def with_repositories(self, entries: list[RepositoryEntry]) -> Settings:
+        """These settings serving ``entries`` (the service's view after an organization's discovery pass);
+        ``repository`` is the first of them, as ``load_settings`` makes it."""
+        update: dict[str, Any] = {"repositories": list(entries)}
+        if entries:
+            update["repository"] = entries[0].base()
+        return self.model_copy(update=update)
+
     def all_roster_logins(self) -> set[str]:
         """Every login on the top-level roster or on any repository's own roster, in lower case."""
         logins = {login.lower() for login in self.roster}
         for entry in self.repositories:
             logins.update(login.lower() for login in entry.roster or {})
+        if self.organization is not None:
+            logins.update(login.lower() for login in self.organization.roster or {})
         return logins
 
 
@@ -246,6 +261,12 @@ def _resolve_paths(settings: Settings, base: Path) -> Settings:
     entries = [_resolved_entry(entry, base) for entry in settings.repositories]
     if entries != settings.repositories:
         sections["repositories"] = entries
+    org = settings.organization
+    if org is not None:  # a discovered repository's root: the organization's, else [repository]'s default
+        root = org.checkout_root or (sections.get("repository") or settings.repository).checkout_root
+        root = root if root.is_absolute() else Path(os.path.normpath(base / root))
+        if root != org.checkout_root:
+            sections["organization"] = org.model_copy(update={"checkout_root": root})
     return settings.model_copy(update=sections) if sections else settings
 
 
@@ -259,6 +280,16 @@ def _resolved_entry(entry: RepositoryEntry, base: Path) -> RepositoryEntry:
 def _check_repositories(settings: Settings, errors: list[tuple[str, str]]) -> None:
     """``[repository]`` and ``[[repositories]]`` are exclusive; no repository is listed twice (Gitea's owner and
     repository names are case-insensitive, so ``Org/Repo`` and ``org/repo`` are one)."""
+    if settings.organization is not None and "repository" in settings.model_fields_set:
+        errors.append(("organization", "give [organization] (and [[repositories]] entries overriding its "
+                       "defaults) or [repository], not both: move the [repository] table into a [[repositories]] "
+                       "entry"))
+    if settings.organization is not None:
+        org = settings.organization.name.casefold()
+        for index, entry in enumerate(settings.repositories):
+            if entry.owner.casefold() == org and settings.organization.excludes(entry.name):
+                errors.append((f"repositories.{index}", f"{entry.owner}/{entry.name} is also in organization.exclude:"
+                               " drop it from one of the two"))
     if not settings.repositories:
         return
     if "repository" in settings.model_fields_set:

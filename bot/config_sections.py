@@ -396,3 +396,45 @@ class RepositoryEntry(RepositoryConfig):
         return RepositoryConfig.model_validate(
             {name: getattr(self, name) for name in RepositoryConfig.model_fields}
         )
+
+
+class OrganizationConfig(ConfigSection):
+    """``[organization]``: serve every repository of one Gitea organization, discovered from
+    ``GET /orgs/{name}/repos`` at start and at each catch-up interval (bot/discovery.py). Each discovered
+    repository gets these defaults; a ``[[repositories]]`` entry for one of them overrides them whole."""
+
+    #: The organization's login (case-insensitive, as Gitea's).
+    name: str = Field(min_length=1)
+    #: Repository names of the organization never served (case-insensitive); their deliveries are ignored.
+    exclude: list[str] = Field(default_factory=list)
+    #: The checkout root of every discovered repository (worktrees under ``<checkout_root>/<owner>/<name>``);
+    #: left out, ``[repository] checkout_root``'s default (``load_settings`` fills it in).
+    checkout_root: Path | None = None
+    #: The roster of every discovered repository; left out, the top-level ``[roster]``.
+    roster: dict[str, list[Role]] | None = None
+
+    @field_validator("name")
+    @classmethod
+    def _a_login(cls, value: str) -> str:
+        if "/" in value or value != value.strip():
+            raise ValueError(f"{value!r} is no organization login (no slash, no surrounding spaces)")
+        return value
+
+    @field_validator("exclude")
+    @classmethod
+    def _repository_names(cls, value: list[str]) -> list[str]:
+        bad = [name for name in value if not name.strip() or "/" in name]
+        if bad:
+            raise ValueError(f"{bad!r}: list bare repository names of the organization (no owner/, not empty)")
+        return value
+
+    def excludes(self, name: str) -> bool:
+        """Whether repository ``name`` of the organization is excluded (case-insensitive)."""
+        return name.casefold() in {excluded.casefold() for excluded in self.exclude}
+
+    def entry_for(self, name: str) -> RepositoryEntry:
+        """The served entry of discovered repository ``name``: the organization's defaults."""
+        fields: dict[str, Any] = {"owner": self.name, "name": name, "roster": self.roster}
+        if self.checkout_root is not None:
+            fields["checkout_root"] = self.checkout_root
+        return RepositoryEntry.model_validate(fields)

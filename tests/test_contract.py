@@ -303,6 +303,7 @@ async def _drive_every_route(live: LiveEmulator, sink: WebhookSink, used: set[st
     assert [x.name for x in await guild.list_org_labels("guild")] == ["status:ready"]
     with pytest.raises(GiteaNotFound):
         await guild.list_org_labels(OWNER)
+    assert [r.full_name for r in await guild.list_org_repos("guild")] == ["guild/tools"]
     teams = await guild.list_repo_teams()
     assert {(t.name, t.permission, t.units_map.get("repo.issues")) for t in teams} == {
         ("devs", "read", "write"),

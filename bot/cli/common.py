@@ -30,6 +30,18 @@ def repository_view(settings: Settings, given: str | None, *, command: str) -> S
     [[repositories]] lists several and the command acts on one."""
     keys = settings.repository_keys()
     choices = ", ".join(keys)
+    if not keys:  # [organization] alone: its repositories are discovered by `foreman serve`, not by a command
+        if command in ALL_REPOSITORIES_COMMANDS:
+            return settings
+        org = settings.organization.name if settings.organization is not None else "OWNER"
+        return {"error": "invalid_input",
+                "message": f"`foreman {command}` acts on one repository and this config lists none: [organization] "
+                           f"{org}'s repositories are discovered by `foreman serve` only",
+                "remediate": "add a [[repositories]] entry for the repository (it overrides the organization's "
+                             "defaults for it), then give --repository",
+                "exact_next_action": f"add [[repositories]] owner = \"{org}\" name = \"NAME\" to the config, then "
+                                     f"run foreman --repository {org}/NAME {command} ...",
+                "repositories": keys}
     if given is not None:
         key = settings.find_repository(given)
         if key is None:

@@ -59,6 +59,7 @@ from bot.emulator.routes_repo import (
     get_team_member,
     get_version,
     list_org_labels,
+    list_org_repos,
     list_repo_teams,
 )
 from bot.emulator.state import ApiError
@@ -135,6 +136,7 @@ ROUTES: Final[tuple[Route, ...]] = (
     Route("GET", f"{_REPO}/teams", list_repo_teams),
     Route("GET", "/teams/{id}/members/{username}", get_team_member),
     Route("GET", "/orgs/{org}/labels", list_org_labels),
+    Route("GET", "/orgs/{org}/repos", list_org_repos),
     Route("POST", f"{_REPO}/labels", create_label),
     Route("DELETE", f"{_REPO}/branches/{{branch}}", delete_branch),
     Route("GET", f"{_REPO}/pulls", list_pulls),

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from bot.emulator.payloads import hook_target, org_hook_target
+from bot.emulator.payloads import hook_target, org_hook_target, system_hook_target
 from bot.emulator.pulls import EmulatorPulls
 from bot.emulator.webhooks import SentWebhook
 
@@ -52,8 +52,11 @@ class Emulator(EmulatorPulls):
         hook = next((h for r in self._repos.values() for h in r.hooks if h.id == original.hook_id), None)
         if hook is not None:
             return self._sender.replay(original, hook_target(hook, self))
-        org_hook = next(h for h in self._org_hooks if h.id == original.hook_id)
-        return self._sender.replay(original, org_hook_target(org_hook, self))
+        org_hook = next((h for h in self._org_hooks if h.id == original.hook_id), None)
+        if org_hook is not None:
+            return self._sender.replay(original, org_hook_target(org_hook, self))
+        system_hook = next(h for h in self._system_hooks if h.id == original.hook_id)
+        return self._sender.replay(original, system_hook_target(system_hook, self))
 
     async def aclose(self) -> None:
         """Stop pending deliveries and release the delivery HTTP session."""

@@ -132,6 +132,21 @@ class EmuOrgHook:
     active: bool = True
 
 
+@dataclass(eq=False)
+class EmuSystemHook:
+    """A site administrator's system webhook (``POST /admin/hooks`` with ``config.is_system_webhook = "true"``):
+    Gitea sends it every event of every repository on the instance, whoever owns it, after the repository's and its
+    owner's hooks (``PrepareWebhooks`` appends ``GetSystemWebhooks``), with the installation-target headers saying
+    ``system`` (services/webhook/deliver.go)."""
+
+    id: int
+    url: str
+    secret: str
+    events: frozenset[str]
+    content_type: str = "json"
+    active: bool = True
+
+
 #: Repository unit names as the team API spells them (``unit.Type.Name``/``units_map`` keys).
 UNITS: Final = (
     "repo.code",
@@ -192,6 +207,8 @@ class EmuRepo:
     issues: dict[int, EmuIssue] = field(default_factory=dict)
     hooks: list[EmuHook] = field(default_factory=list)
     next_number: int = 1
+    #: Archived (read-only); ``archived_at`` its unix time.
+    archived_at: int = 0
 
     @property
     def full_name(self) -> str:

@@ -12,6 +12,7 @@ from bot.emulator.model import (
     EmuLabel,
     EmuOrgHook,
     EmuRepo,
+    EmuSystemHook,
     EmuUser,
 )
 from bot.emulator.state import JSON, EmulatorState
@@ -28,6 +29,9 @@ class EmulatorWebhooks(EmulatorState):
         for org_hook in self._org_hooks:
             if org_hook.org is repo.owner and org_hook.active and event_type in org_hook.events:
                 self._sender.enqueue(org_hook_target(org_hook, self), event_type, payload)
+        for system_hook in self._system_hooks:
+            if system_hook.active and event_type in system_hook.events:
+                self._sender.enqueue(system_hook_target(system_hook, self), event_type, payload)
 
     def _emit_issue(
         self,
@@ -103,6 +107,11 @@ class EmulatorWebhooks(EmulatorState):
 def org_hook_target(hook: EmuOrgHook, emu: EmulatorState) -> HookTarget:
     return HookTarget(target_headers=emu.at_least("1.24"), hook_id=hook.id, url=hook.url,
                       secret=hook.secret.encode("utf-8"), content_type=hook.content_type, target_type="organization")
+
+
+def system_hook_target(hook: EmuSystemHook, emu: EmulatorState) -> HookTarget:
+    return HookTarget(target_headers=emu.at_least("1.24"), hook_id=hook.id, url=hook.url,
+                      secret=hook.secret.encode("utf-8"), content_type=hook.content_type, target_type="system")
 
 
 def hook_target(hook: EmuHook, emu: EmulatorState) -> HookTarget:

@@ -12,6 +12,7 @@ from bot.emulator.core import Emulator
 from bot.emulator.http_helpers import (
     NOT_FOUND_MESSAGE,
     json_response,
+    link_header,
     list_options,
     read_json_body,
     request_access,
@@ -160,6 +161,22 @@ async def get_team_member(emu: Emulator, request: web.Request) -> web.StreamResp
     if user not in team.members:
         raise ApiError(404, NOT_FOUND_MESSAGE)
     return json_response(convert.user_json(emu, user, doer))
+
+
+async def list_org_repos(emu: Emulator, request: web.Request) -> web.StreamResponse:
+    """GET /orgs/{org}/repos (routers/api/v1/user/repo.go ListOrgRepos -> listUserRepos): the org's repositories
+    by id, private ones too for a signed-in caller, page/limit as ``GetListOptions`` (30, at most 50); the page
+    keeps only those the caller may see (site admin, or any unit access), while X-Total-Count and Link count
+    every repository the search found."""
+    org = emu.find_user(request.match_info["org"])
+    if org is None or not org.is_org:
+        raise ApiError(404, NOT_FOUND_MESSAGE)
+    doer = request_doer(request)
+    found = sorted((r for r in emu.repos() if r.owner is org), key=lambda r: r.id)
+    page, limit = list_options(request)
+    shown = [(r, emu.perm_of(r, doer)) for r in found[(page - 1) * limit : page * limit]]
+    visible = [convert.repo_json(emu, r, perm) for r, perm in shown if doer.admin or perm != "none"]
+    return json_response(visible, headers=total_count_headers(len(found), link_header(emu, request, len(found), limit)))
 
 
 async def list_org_labels(emu: Emulator, request: web.Request) -> web.StreamResponse:

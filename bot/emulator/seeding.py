@@ -15,6 +15,7 @@ from bot.emulator.model import (
     EmuLabel,
     EmuOrgHook,
     EmuRepo,
+    EmuSystemHook,
     EmuTeam,
     EmuUser,
     Perm,
@@ -199,6 +200,13 @@ class EmulatorSeeding(EmulatorOperations):
         """Create a repository label."""
         return self._op_create_label(self.repo(owner, name), label, color, description, exclusive, False)
 
+    def archive_repo(self, owner: str, name: str) -> EmuRepo:
+        """Archive a repository (``POST /repos/{owner}/{repo}/archive`` / ``PATCH archived: true``): listings
+        report ``archived: true``."""
+        repo = self.repo(owner, name)
+        repo.archived_at = self.now()
+        return repo
+
     def add_hook(
         self,
         owner: str,
@@ -233,6 +241,17 @@ class EmulatorSeeding(EmulatorOperations):
         hook = EmuOrgHook(id=next(self._ids.hook), org=owner, url=url, secret=secret,
                           events=expand_hook_events(events), active=active)
         self._org_hooks.append(hook)
+        return hook
+
+    def add_system_hook(
+        self, *, url: str, secret: str = "", events: Sequence[str] = ("issues",), active: bool = True
+    ) -> EmuSystemHook:
+        """Register a system webhook as a site administrator's ``POST /admin/hooks`` with
+        ``config.is_system_webhook = "true"`` would: it is sent every event of every repository on the instance,
+        user-owned ones included (``PrepareWebhooks``), headers naming the target ``system``."""
+        hook = EmuSystemHook(id=next(self._ids.hook), url=url, secret=secret, events=expand_hook_events(events),
+                             active=active)
+        self._system_hooks.append(hook)
         return hook
 
     def create_issue(

@@ -19,6 +19,7 @@ from bot.emulator.model import (
     EmuLabel,
     EmuOrgHook,
     EmuRepo,
+    EmuSystemHook,
     EmuTeam,
     EmuUser,
     Perm,
@@ -101,6 +102,7 @@ class EmulatorState:
         self._comments: dict[int, EmuComment] = {}
         self._teams: dict[int, EmuTeam] = {}
         self._org_hooks: list[EmuOrgHook] = []
+        self._system_hooks: list[EmuSystemHook] = []
         self._app: web.Application | None = None
 
     def now(self) -> int:
@@ -120,6 +122,10 @@ class EmulatorState:
     def users(self) -> list[EmuUser]:
         """Every account, organizations included, by id."""
         return sorted(self._users.values(), key=lambda u: u.id)
+
+    def repos(self) -> list[EmuRepo]:
+        """Every repository, by id."""
+        return sorted(self._repos.values(), key=lambda r: r.id)
 
     def find_user(self, login: str) -> EmuUser | None:
         """The user called ``login``, or None."""

@@ -181,7 +181,7 @@ class HookTarget:
     authorization: str = ""
     #: False for Gitea before 1.24 (no installation-target headers).
     target_headers: bool = True
-    #: What the installation-target headers name: ``repository`` for a repository's hook, ``organization``.
+    #: What the installation-target headers name: ``repository``, ``organization`` or ``system`` (whose hook it is).
     target_type: str = "repository"
 
 

@@ -470,6 +470,13 @@ class GiteaClient(PullRequestCalls):
             page += 1
         return labels
 
+    async def list_org_repos(self, org: str, *, page_size: int = MAX_PAGE_SIZE) -> list[Repository]:
+        """Every repository of organization ``org`` the token may see (``GET /orgs/{org}/repos``: by id, private
+        ones included, ``archived`` in each), page by page while ``Link`` has a ``rel="next"``: one call per
+        ``page_size`` repositories (Gitea caps it at 50). GiteaNotFound when ``org`` is no organization."""
+        query = {"limit": str(max(1, min(page_size, MAX_PAGE_SIZE)))}
+        return [Repository.from_json(item) async for item in self._pages(f"/orgs/{_q(org)}/repos", query)]
+
     async def list_repo_teams(self) -> list[Team]:
         """The teams with access to the repository (``GET /repos/{o}/{r}/teams``); [] for a user-owned one
         (Gitea answers 405 there)."""
