@@ -23,7 +23,7 @@ import psycopg
 from psycopg import errors as pg_errors
 
 from state.db import MIN_FREE_BYTES, Database, DatabaseNotWritable
-from state.migrations_pg import PRELUDE, WRITE_PROBE
+from state.migrations_pg import PRELUDE
 from state.sql import Connection, Dialect, placeholders_to_dollar, redact_url, scrub
 
 _WRITES = ("INSERT", "UPDATE", "DELETE")
@@ -304,7 +304,7 @@ class PostgresDatabase(Database):
         del min_free_bytes  # the server's disk is the server's: its refusal of the write is the answer
         try:
             async with self.transaction() as conn:
-                async with conn.execute(f"UPDATE {WRITE_PROBE} SET probes = probes + 1 RETURNING probes") as cur:
+                async with conn.execute("UPDATE foreman_write_probe SET probes = probes + 1 RETURNING probes") as cur:
                     if await cur.fetchone() is None:
                         raise DatabaseNotWritable("unavailable", f"the database {self.where} lost its probe row")
                 raise _ProbeDone

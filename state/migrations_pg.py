@@ -2,7 +2,8 @@
 
 SQLite's text is the source; what PostgreSQL spells differently is rendered here, column by column:
 ``INTEGER PRIMARY KEY`` ids become identity columns, integers 64-bit, ``BLOB`` ``BYTEA``, ``REAL``
-``DOUBLE PRECISION``, ``TEXT`` collated ``"C"`` (binary, SQLite's order), and SQLite's ``RAISE(ABORT)`` triggers one plpgsql trigger function. A migration that only
+``DOUBLE PRECISION``, ``TEXT`` collated ``"C"`` (binary, SQLite's order), and SQLite's ``RAISE(ABORT)``
+triggers one plpgsql trigger function. A migration that only
 exists because SQLite cannot alter a CHECK in place (a table rebuild) has its PostgreSQL form in
 ``POSTGRES_FORM``: the same end state, reached with ALTER TABLE.
 """
@@ -31,15 +32,9 @@ PRELUDE = (
     END;
     $$
     """,
-)
-
-#: The one-row table check_writable() updates (and rolls back): a real write without a catalog write.
-WRITE_PROBE = "foreman_write_probe"
-
-PRELUDE = (
-    *PRELUDE,
-    f"CREATE TABLE IF NOT EXISTS {WRITE_PROBE} (id BIGINT PRIMARY KEY CHECK (id = 1), probes BIGINT NOT NULL)",
-    f"INSERT INTO {WRITE_PROBE} (id, probes) VALUES (1, 0) ON CONFLICT DO NOTHING",
+    # The one-row table check_writable() updates (and rolls back): a real write without a catalog write.
+    "CREATE TABLE IF NOT EXISTS foreman_write_probe (id BIGINT PRIMARY KEY CHECK (id = 1), probes BIGINT NOT NULL)",
+    "INSERT INTO foreman_write_probe (id, probes) VALUES (1, 0) ON CONFLICT DO NOTHING",
 )
 
 #: Migrations whose SQLite text is a table rebuild: their PostgreSQL form, reaching the same schema.
