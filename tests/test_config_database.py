@@ -161,6 +161,9 @@ async def test_check_writable_passes_on_postgresql_and_fails_on_a_read_only_sess
     db = await PostgresDatabase.connect(postgres_url)
     try:
         await db.check_writable()
+        await db.check_writable()
+        async with db.reader.execute("SELECT probes FROM foreman_write_probe") as cur:
+            assert [tuple(row) for row in await cur.fetchall()] == [(0,)]  # the probe's write was rolled back
     finally:
         await db.close()
     async with read_only(postgres_url) as reader:
