@@ -222,7 +222,9 @@ async def test_a_url_libpq_cannot_parse_is_refused_without_echoing_its_password(
 
 
 @pytest.mark.parametrize("command", [("invariants", "--json"), ("leases", "--json")])
-async def test_a_multi_host_url_that_cannot_connect_is_a_typed_refusal(tmp_path: Path, command: tuple[str, ...]) -> None:
+async def test_a_multi_host_url_that_cannot_connect_is_a_typed_refusal(
+    tmp_path: Path, command: tuple[str, ...]
+) -> None:
     """libpq's failover form (several host:port) and a port out of range are URLs urllib cannot take apart:
     still shown redacted, and a server not reachable there is the database_unavailable envelope."""
     url = "postgresql://postgres:multi-host-pw@127.0.0.1:1,127.0.0.1:2/test?connect_timeout=2"

@@ -14,7 +14,7 @@ import random
 import shutil
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
@@ -29,8 +29,8 @@ from aiohttp import web
 from bot import invariants
 from bot.config_writer import write_config
 from bot.core.intake import Delivery
-from state.db import Database, utcnow
-from state.db_postgres import CONNECTION_DEFAULTS, PostgresDatabase
+from state.db import Database, DatabaseNotWritable, utcnow
+from state.db_postgres import CONNECTION_DEFAULTS, PgConnection, PostgresDatabase
 from state.deliveries import DeliveryStore
 from state.leases import LeaseStore, LeaseTaken
 from state.sql import IntegrityError
@@ -504,3 +504,25 @@ async def test_text_columns_order_bytewise_as_on_sqlite(postgres_url: str) -> No
                 assert [r[0] for r in await cur.fetchall()] != sorted(["b", "B", "a", "_", "A"])
     finally:
         await db.close()
+
+
+async def test_a_connect_whose_second_session_fails_leaves_no_session_open(
+    postgres_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The writer's session opened, the reader's refused: the refusal is typed and the writer's session closed
+    (a replica retrying its start would otherwise leak one server session per attempt)."""
+    opened: list[PgConnection] = []
+    real = PgConnection.open
+
+    async def open_second_refused(conninfo: str, setup: Sequence[str] = ()) -> PgConnection:
+        if opened:
+            raise psycopg.OperationalError("the server refused the second session")
+        conn = await real(conninfo, setup)
+        opened.append(conn)
+        return conn
+
+    monkeypatch.setattr(PgConnection, "open", staticmethod(open_second_refused))
+    with pytest.raises(DatabaseNotWritable) as refused:
+        await PostgresDatabase.connect(postgres_url)
+    assert refused.value.reason == "unavailable" and "second session" in str(refused.value)
+    assert len(opened) == 1 and opened[0].raw.closed

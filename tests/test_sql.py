@@ -47,10 +47,10 @@ def test_a_dollar_quoted_body_is_kept_whole() -> None:
     assert placeholders_to_dollar("SELECT col$x$ FROM t WHERE y = ?") == "SELECT col$x$ FROM t WHERE y = $1"
 
 
-@pytest.mark.parametrize("operator", ["?|", "?&"])
-def test_the_jsonb_operators_are_refused_at_translation(operator: str) -> None:
+@pytest.mark.parametrize("statement", ["SELECT 1 FROM t WHERE d ?| ARRAY['a']", "SELECT 1 FROM t WHERE d ?& ARRAY['']"])
+def test_the_jsonb_operators_are_refused_at_translation(statement: str) -> None:
     with pytest.raises(AmbiguousPlaceholder, match="JSONB operator"):
-        placeholders_to_dollar(f"SELECT 1 FROM t WHERE doc {operator} ARRAY['a']")
+        placeholders_to_dollar(statement)
 
 
 def test_the_url_forms_libpq_takes_are_shown_without_their_password() -> None:
