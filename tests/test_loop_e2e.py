@@ -290,8 +290,8 @@ async def test_a_protected_issue_in_the_config_is_never_allocated(
     """`[allocator] protected_issues`: labelling the protected issue ready leases nothing; the next
     ready issue is leased and its evidence names the protected one as skipped `protected_issue`."""
     allocator = {**LOOP["allocator"], "protected_issues": [1]}
-    async with open_world(tmp_path, start, roster=ROSTER, allocator=allocator, bootstrap=LOOP["bootstrap"],
-                          **database) as world:
+    sections: Sections = {"allocator": allocator, "bootstrap": LOOP["bootstrap"], **database}
+    async with open_world(tmp_path, start, roster=ROSTER, **sections) as world:
         emu = world.live.emulator
         emu.create_issue(OWNER, REPO, title="Protected", author="alice", labels=["priority:p0"])
         emu.create_issue(OWNER, REPO, title="Ordinary", author="alice")
@@ -309,7 +309,8 @@ async def test_a_controllers_exclusion_in_the_allocate_comment_holds(
     tmp_path: Path, database: Sections, start: Started
 ) -> None:
     """`/allocate --exclude 1` with #1 ranked first: #2 runs the loop, #1 is untouched."""
-    async with open_world(tmp_path, start, roster=ROSTER, bootstrap=LOOP["bootstrap"], **database) as world:
+    sections: Sections = {"bootstrap": LOOP["bootstrap"], **database}
+    async with open_world(tmp_path, start, roster=ROSTER, **sections) as world:
         emu = world.live.emulator
         emu.create_issue(OWNER, REPO, title="Top", author="alice", labels=["status:ready", "priority:p0"])
         emu.create_issue(OWNER, REPO, title="Next", author="alice", labels=["status:ready"])
@@ -334,7 +335,8 @@ async def test_an_expired_lease_is_refused_to_its_owner_held_through_the_grace_a
     lease `expired` + `reclaimed`, never deleted). The first author's worktree is kept as it is, so the apply's
     bootstrap preflight fails (`path_free`: registered to author-1) and nothing is leased."""
     roster = {**ROSTER, "author-2": ["author"]}
-    async with open_world(tmp_path, start, roster=roster, **LOOP, **database) as world:
+    sections: Sections = {**LOOP, **database}
+    async with open_world(tmp_path, start, roster=roster, **sections) as world:
         service = world.service
         number = await world.open_issue("alice", "Make the widget blue")
         await label_ready(world, number)
