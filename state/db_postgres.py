@@ -4,7 +4,9 @@ Writes: one connection per process, one transaction at a time (an asyncio lock, 
 transaction first takes a transaction-scoped advisory lock on the schema, so write transactions serialize across
 every replica exactly as SQLite's BEGIN IMMEDIATE serializes them across processes: a store's read-then-write
 inside one transaction sees no other writer in between. Reads: a second connection in autocommit (each statement
-sees the latest commit). ``durable=False`` commits with ``synchronous_commit = off`` for that transaction only.
+sees the latest commit). Each transaction pins what the server's defaults would otherwise decide: READ COMMITTED
+(a write that waited for the lock sees the other's commit) and ``synchronous_commit`` (on when durable, off for
+``durable=False``). A session the server ended while idle is replaced at the next BEGIN or read, which succeeds.
 
 Inside a transaction every INSERT/UPDATE/DELETE runs under a savepoint, so a statement refused by a constraint
 leaves the transaction usable, as SQLite does (PostgreSQL would otherwise abort the whole transaction): a store
