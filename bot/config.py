@@ -36,6 +36,7 @@ from bot.core import issue_state
 from bot.core.gateway import Role
 from bot.core.grants import TemplateError
 from bot.core.jsontext import JSONTextError, strict_loads
+from state.sql import postgres_url_problem
 
 DEFAULT_CONFIG_PATH = Path("config/foreman.toml")
 ENV_PREFIX = "FOREMAN_"
@@ -343,6 +344,8 @@ def _resolve_secret_files(settings: Settings, errors: list[tuple[str, str]]) -> 
     url = _secret_from_file("database", "url", database.url, database.url_file, errors)
     if url is not None and not url.startswith(("postgresql://", "postgres://")):
         errors.append(("database.url_file", f"{database.url_file} does not hold a postgresql:// URL"))
+    elif url is not None and (problem := postgres_url_problem(url)) is not None:
+        errors.append(("database.url_file", f"{database.url_file}: {problem}"))
     elif url is not None:
         database = database.model_copy(update={"url": SecretStr(url)})
     return settings.model_copy(update={"webhook": webhook, "gitea": gitea, "dashboard": dashboard,

@@ -21,7 +21,7 @@ from pydantic import (
 from bot.core.gateway import Role
 from bot.core.grants import TOOL_CONTRACTS, GrantEffect, PolicyTemplate
 from bot.core.vocabulary import MAX_ISSUE_NUMBER
-from state.sql import redact_url
+from state.sql import postgres_url_problem, redact_url
 
 #: An issue number in a config list: a real integer (never a bool, float or numeric string), 1..2^63-1.
 IssueNumber = Annotated[int, Strict(), Field(gt=0, le=MAX_ISSUE_NUMBER)]
@@ -86,6 +86,9 @@ class DatabaseConfig(ConfigSection):
     def _url_is_postgresql(cls, value: SecretStr | None) -> SecretStr | None:
         if value is not None and not value.get_secret_value().startswith(("postgresql://", "postgres://")):
             raise ValueError("must be a postgresql:// URL (postgresql://user@host:5432/dbname)")
+        problem = None if value is None else postgres_url_problem(value.get_secret_value())
+        if problem is not None:
+            raise ValueError(problem)
         return value
 
     @model_validator(mode="after")

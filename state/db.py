@@ -122,6 +122,17 @@ class Database:
             row = await cur.fetchone()
         return int(row[0]) if row is not None and row[0] is not None else 0
 
+    async def _has_schema_table(self) -> bool:
+        """Whether schema_migrations exists (a database never migrated has none)."""
+        raise NotImplementedError
+
+    async def _refuse_newer_schema(self) -> None:
+        """For a read-only open (never migrated): SchemaTooNew when a newer foreman migrated the database, whose
+        tables this one would misread."""
+        known = max(version for version, _, _ in MIGRATIONS)
+        if await self._has_schema_table() and (found := await self.schema_version()) > known:
+            raise SchemaTooNew(found, known, self.where)
+
     async def _prepare_schema(self, conn: Connection) -> None:
         """Backend objects every migration may use (PostgreSQL: its trigger and JSON functions)."""
 

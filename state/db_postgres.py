@@ -4,7 +4,9 @@ Writes: one connection per process, one transaction at a time (an asyncio lock, 
 transaction first takes a transaction-scoped advisory lock on the schema, so write transactions serialize across
 every replica exactly as SQLite's BEGIN IMMEDIATE serializes them across processes: a store's read-then-write
 inside one transaction sees no other writer in between. Reads: a second connection in autocommit (each statement
-sees the latest commit). ``durable=False`` commits with ``synchronous_commit = off`` for that transaction only.
+sees the latest commit). Each transaction pins what the server's defaults would otherwise decide: READ COMMITTED
+(a write that waited for the lock sees the other's commit) and ``synchronous_commit`` (on when durable, off for
+``durable=False``). A session the server ended while idle is replaced at the next BEGIN or read, which succeeds.
 
 Inside a transaction every INSERT/UPDATE/DELETE runs under a savepoint, so a statement refused by a constraint
 leaves the transaction usable, as SQLite does (PostgreSQL would otherwise abort the whole transaction): a store
@@ -24,9 +26,23 @@ from psycopg import errors as pg_errors
 
 from state.db import MIN_FREE_BYTES, Database, DatabaseNotWritable
 from state.migrations_pg import PRELUDE
-from state.sql import Connection, Dialect, placeholders_to_dollar, redact_url
+from state.sql import Connection, Dialect, placeholders_to_dollar, redact_url, scrub
 
 _WRITES = ("INSERT", "UPDATE", "DELETE")
+
+#: A writer session left idle inside a transaction this long (its process hung or its host vanished) is ended by
+#: the server, which releases the schema's advisory lock every other replica's writes wait for.
+IDLE_IN_TRANSACTION_TIMEOUT_MS = 30_000
+
+#: Connection parameters added unless the URL sets them: a host that vanishes is noticed in about a minute
+#: (TCP keepalives, and unacknowledged data given up after tcp_user_timeout), not after the kernel's ~2 hours.
+CONNECTION_DEFAULTS = {
+    "keepalives": "1",
+    "keepalives_idle": "30",
+    "keepalives_interval": "10",
+    "keepalives_count": "3",
+    "tcp_user_timeout": "60000",
+}
 
 
 class PgRow(tuple[Any, ...]):
@@ -132,7 +148,7 @@ class PgConnection:
     async def reconnect_if_lost(self) -> None:
         """A new session when the server ended this one (a restart, a failover, an administrator): the work that
         was in flight on it failed; what comes next works again. Never inside a transaction."""
-        if not (self.raw.closed or self.raw.broken) or self.in_transaction:
+        if not self.lost or self.in_transaction:
             return
         fresh = await PgConnection.open(self._conninfo, self._setup)
         self.raw = fresh.raw
@@ -140,16 +156,26 @@ class PgConnection:
     def execute(self, sql: str, parameters: Iterable[Any] | None = None) -> _Pending:
         return _Pending(self._execute(sql, parameters))
 
-    def executemany(self, sql: str, parameters: Iterable[Iterable[Any]]) -> _Pending:
-        return _Pending(self._executemany(sql, parameters))
+    @property
+    def lost(self) -> bool:
+        return self.raw.closed or self.raw.broken
 
     async def _execute(self, sql: str, parameters: Iterable[Any] | None) -> PgCursor:
         query = _translate(sql)
         await self.reconnect_if_lost()
+        is_write = query.lstrip()[:6].upper().startswith(_WRITES)
+        if not self.in_transaction:
+            try:
+                return await self._run(query, parameters)
+            except psycopg.OperationalError:
+                # A session the server ended while idle is only noticed now; a read is safe to send again.
+                if is_write or not self.lost:
+                    raise
+                await self.reconnect_if_lost()
+                return await self._run(query, parameters)
+        if not is_write:
+            return await self._run(query, parameters)
         cursor = psycopg.AsyncRawCursor(self.raw, row_factory=_row_factory)
-        if not self.in_transaction or not query.lstrip()[:6].upper().startswith(_WRITES):
-            await cursor.execute(query, _arguments(parameters))
-            return PgCursor(cursor)
         try:
             # One round trip for the three (pipeline mode): the savepoint, the statement, its release.
             async with self.raw.pipeline():
@@ -157,13 +183,15 @@ class PgConnection:
                 await cursor.execute(query, _arguments(parameters))
                 await self.raw.execute("RELEASE SAVEPOINT foreman_statement")
         except psycopg.Error:
+            if self.lost:
+                raise  # the session died: its error is the one to tell, there is no savepoint to go back to
             await self.raw.execute("ROLLBACK TO SAVEPOINT foreman_statement")
             raise
         return PgCursor(cursor)
 
-    async def _executemany(self, sql: str, parameters: Iterable[Iterable[Any]]) -> PgCursor:
+    async def _run(self, query: str, parameters: Iterable[Any] | None) -> PgCursor:
         cursor = psycopg.AsyncRawCursor(self.raw, row_factory=_row_factory)
-        await cursor.executemany(_translate(sql), [_arguments(p) for p in parameters])
+        await cursor.execute(query, _arguments(parameters))
         return PgCursor(cursor)
 
 
@@ -181,32 +209,42 @@ class PostgresDatabase(Database):
 
     @classmethod
     async def connect(cls, url: str, *, busy_timeout_ms: int = 5000, read_only: bool = False) -> PostgresDatabase:
-        """Connect (twice: writes and reads) and migrate, unless ``read_only`` (never migrated, writes refused)."""
-        conninfo = url
-        if read_only:
-            options = psycopg.conninfo.conninfo_to_dict(url).get("options") or ""
-            conninfo = psycopg.conninfo.make_conninfo(
-                url, options=f"{options} -c default_transaction_read_only=on".strip()
-            )
-        # The longest a write waits for another replica's lock, like SQLite's busy timeout.
-        setup = [f"SET lock_timeout = {int(busy_timeout_ms)}"] if busy_timeout_ms else []
+        """Connect (twice: writes and reads) and migrate, unless ``read_only`` (never migrated, writes refused;
+        a schema newer than this foreman's refused all the same)."""
+        # The longest a write waits for another replica's lock, like SQLite's busy timeout; 0 is "do not wait"
+        # (PostgreSQL's lock_timeout = 0 would wait forever), so the shortest PostgreSQL takes: 1 ms.
+        setup = [
+            f"SET lock_timeout = {max(1, int(busy_timeout_ms))}",
+            f"SET idle_in_transaction_session_timeout = {IDLE_IN_TRANSACTION_TIMEOUT_MS}",
+        ]
+        writer: PgConnection | None = None
         try:
+            conninfo = session_conninfo(url, read_only=read_only)
             writer = await PgConnection.open(conninfo, setup)
             reader = await PgConnection.open(conninfo)
-        except psycopg.OperationalError as exc:
-            raise DatabaseNotWritable("unavailable", f"cannot connect to {redact_url(url)}: {exc}") from None
+        except (psycopg.Error, ValueError) as exc:
+            if writer is not None:
+                await writer.raw.close()
+            raise DatabaseNotWritable("unavailable", _connect_failure(exc, url)) from None
         db = cls(writer, reader, url)
-        if not read_only:
-            try:
+        try:
+            if read_only:
+                await db._refuse_newer_schema()
+            else:
                 await db._migrate()
-            except BaseException:
-                await db.close()
-                raise
+        except BaseException:
+            await db.close()
+            raise
         return db
 
     async def close(self) -> None:
         await self._writer.raw.close()
         await self._reader.raw.close()
+
+    async def _has_schema_table(self) -> bool:
+        async with self.reader.execute("SELECT to_regclass('schema_migrations') IS NOT NULL") as cur:
+            row = await cur.fetchone()
+        return bool(row is not None and row[0])
 
     @property
     def reader(self) -> Connection:
@@ -224,11 +262,7 @@ class PostgresDatabase(Database):
             await conn.reconnect_if_lost()
             conn.in_transaction = True
             try:
-                # One round trip (the simple query protocol takes several statements): BEGIN, the lock, the commit mode.
-                await conn.raw.execute(
-                    "BEGIN; SELECT pg_advisory_xact_lock(hashtext(current_schema()))"
-                    + ("" if durable else "; SET LOCAL synchronous_commit = off")
-                )
+                await self._begin(conn, durable)
                 yield conn
                 await conn.raw.execute("COMMIT")
             except BaseException:
@@ -237,23 +271,44 @@ class PostgresDatabase(Database):
             finally:
                 conn.in_transaction = False
 
+    async def _begin(self, conn: PgConnection, durable: bool) -> None:
+        """One round trip (the simple query protocol takes several statements): BEGIN at READ COMMITTED whatever
+        the server's default (a write waiting for the lock must then see the other replica's commit), the commit
+        mode (durable: on, whatever the server's default), the schema's lock. A session the server ended while
+        idle fails here with nothing applied: one new session, and BEGIN once more."""
+        statement = (
+            f"BEGIN ISOLATION LEVEL READ COMMITTED; SET LOCAL synchronous_commit = {'on' if durable else 'off'};"
+            " SELECT pg_advisory_xact_lock(hashtext(current_schema()))"
+        )
+        try:
+            await conn.raw.execute(statement)
+        except psycopg.OperationalError:
+            if not conn.lost:
+                raise
+            conn.in_transaction = False
+            await conn.reconnect_if_lost()
+            conn.in_transaction = True
+            await conn.raw.execute(statement)
+
     async def _rollback(self) -> None:
         """ROLLBACK if a transaction is open. A session the server ended has none left (and the error that ended
         it is the one to raise, not ROLLBACK's)."""
         raw = self._writer.raw
-        if raw.closed or raw.broken:
+        if self._writer.lost:
             return
         if raw.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
             await raw.execute("ROLLBACK")
 
     async def check_writable(self, *, min_free_bytes: int = MIN_FREE_BYTES) -> None:
-        """A real write (a table created and a row inserted, rolled back): refused on a read-only server or
-        session (a standby, default_transaction_read_only), a full disk, or a lock held past lock_timeout."""
+        """A real write (the probe table's one row updated, rolled back; no catalog write): refused on a
+        read-only server or session (a standby, default_transaction_read_only), a full disk, or a lock held past
+        lock_timeout."""
         del min_free_bytes  # the server's disk is the server's: its refusal of the write is the answer
         try:
             async with self.transaction() as conn:
-                await conn.execute("CREATE TEMPORARY TABLE foreman_write_probe (pad BYTEA) ON COMMIT DROP")
-                await conn.execute("INSERT INTO foreman_write_probe (pad) VALUES (?)", (b"\0" * 8192,))
+                async with conn.execute("UPDATE foreman_write_probe SET probes = probes + 1 RETURNING probes") as cur:
+                    if await cur.fetchone() is None:
+                        raise DatabaseNotWritable("unavailable", f"the database {self.where} lost its probe row")
                 raise _ProbeDone
         except _ProbeDone:
             return
@@ -263,6 +318,26 @@ class PostgresDatabase(Database):
 
 class _ProbeDone(Exception):
     """Raised inside the probe transaction to roll it back."""
+
+
+def session_conninfo(url: str, *, read_only: bool = False) -> str:
+    """The conninfo both sessions open: the URL, the keepalive defaults it does not set, and for a read-only
+    database default_transaction_read_only. Raises psycopg.ProgrammingError on a URL libpq cannot parse (its
+    message may quote the URL: never show it)."""
+    given = psycopg.conninfo.conninfo_to_dict(url)
+    extra: dict[str, Any] = {key: value for key, value in CONNECTION_DEFAULTS.items() if key not in given}
+    if read_only:
+        extra["options"] = f"{given.get('options') or ''} -c default_transaction_read_only=on".strip()
+    return psycopg.conninfo.make_conninfo(url, **extra)
+
+
+def _connect_failure(exc: Exception, url: str) -> str:
+    """What a failed connect says: the redacted URL and the error's class; a server's answer (unreachable,
+    refused login) too, with any password it might quote hidden; never a parse error's text (it quotes the URL)."""
+    where = redact_url(url)
+    if isinstance(exc, psycopg.OperationalError):
+        return f"cannot connect to {where}: {scrub(str(exc).strip(), url)}"
+    return f"cannot connect to {where}: the URL is not one libpq accepts ({type(exc).__name__})"
 
 
 def _not_writable(exc: psycopg.Error, where: str) -> DatabaseNotWritable:

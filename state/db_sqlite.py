@@ -102,10 +102,21 @@ class SqliteDatabase(Database):
         conn = await aiosqlite.connect(f"file:{quote(str(path))}?mode=ro", uri=True, isolation_level=None)
         conn.row_factory = sqlite3.Row
         await conn.execute(f"PRAGMA busy_timeout={int(busy_timeout_ms)}")
-        return cls(conn, path, busy_timeout_ms=busy_timeout_ms)
+        db = cls(conn, path, busy_timeout_ms=busy_timeout_ms)
+        try:
+            await db._refuse_newer_schema()
+        except BaseException:
+            await conn.close()
+            raise
+        return db
 
     async def close(self) -> None:
         await self._conn.close()
+
+    async def _has_schema_table(self) -> bool:
+        sql = "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'schema_migrations'"
+        async with self._conn.execute(sql) as cur:
+            return await cur.fetchone() is not None
 
     @asynccontextmanager
     async def transaction(self, *, durable: bool = True) -> AsyncIterator[aiosqlite.Connection]:

@@ -2,7 +2,8 @@
 
 SQLite's text is the source; what PostgreSQL spells differently is rendered here, column by column:
 ``INTEGER PRIMARY KEY`` ids become identity columns, integers 64-bit, ``BLOB`` ``BYTEA``, ``REAL``
-``DOUBLE PRECISION``, and SQLite's ``RAISE(ABORT)`` triggers one plpgsql trigger function. A migration that only
+``DOUBLE PRECISION``, ``TEXT`` collated ``"C"`` (binary, SQLite's order), and SQLite's ``RAISE(ABORT)``
+triggers one plpgsql trigger function. A migration that only
 exists because SQLite cannot alter a CHECK in place (a table rebuild) has its PostgreSQL form in
 ``POSTGRES_FORM``: the same end state, reached with ALTER TABLE.
 """
@@ -31,6 +32,9 @@ PRELUDE = (
     END;
     $$
     """,
+    # The one-row table check_writable() updates (and rolls back): a real write without a catalog write.
+    "CREATE TABLE IF NOT EXISTS foreman_write_probe (id BIGINT PRIMARY KEY CHECK (id = 1), probes BIGINT NOT NULL)",
+    "INSERT INTO foreman_write_probe (id, probes) VALUES (1, 0) ON CONFLICT DO NOTHING",
 )
 
 #: Migrations whose SQLite text is a table rebuild: their PostgreSQL form, reaching the same schema.
@@ -39,7 +43,7 @@ POSTGRES_FORM: dict[int, str] = {
         ALTER TABLE deliveries DROP CONSTRAINT deliveries_status_check;
         ALTER TABLE deliveries ADD CONSTRAINT deliveries_status_check CHECK (status IN
             ('queued', 'processing', 'done', 'failed', 'ignored_self', 'ignored'));
-        ALTER TABLE deliveries ADD COLUMN ignored_reason TEXT;
+        ALTER TABLE deliveries ADD COLUMN ignored_reason TEXT COLLATE "C";
         """,
 }
 
@@ -52,6 +56,8 @@ _RENAMES = (
     (re.compile(r"\bINTEGER\b"), "BIGINT"),
     (re.compile(r"\bBLOB\b"), "BYTEA"),
     (re.compile(r"\bREAL\b"), "DOUBLE PRECISION"),
+    # Binary order, as SQLite orders text: ORDER BY on a text key is the same whatever the database's collation.
+    (re.compile(r"\bTEXT\b(?!\s+COLLATE)"), 'TEXT COLLATE "C"'),
 )
 
 

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
 import stat
+import sys
 from pathlib import Path
 
 import pytest
@@ -13,6 +15,7 @@ from bot.config import ConfigError, Settings, load_settings
 from state.db import Database, DatabaseNotWritable, read_only
 from state.db_postgres import PostgresDatabase
 from state.sql import redact_url
+from tests.conftest import REPO_ROOT
 
 
 def _mode(path: Path) -> int:
@@ -158,6 +161,9 @@ async def test_check_writable_passes_on_postgresql_and_fails_on_a_read_only_sess
     db = await PostgresDatabase.connect(postgres_url)
     try:
         await db.check_writable()
+        await db.check_writable()
+        async with db.reader.execute("SELECT probes FROM foreman_write_probe") as cur:
+            assert [tuple(row) for row in await cur.fetchall()] == [(0,)]  # the probe's write was rolled back
     finally:
         await db.close()
     async with read_only(postgres_url) as reader:
@@ -182,3 +188,69 @@ def test_the_url_can_come_from_a_file_and_a_file_without_one_is_refused(tmp_path
         _settings(tmp_path, 'url_file = "db-url"\nurl = "postgresql://h/db"')
     with pytest.raises(ConfigError, match=r"database\.path.*database\.url_file"):
         _settings(tmp_path, 'url_file = "db-url"\npath = "f.db"')
+
+
+async def _foreman(tmp_path: Path, database_url: str, *command: str) -> tuple[int, str]:
+    """`python -m bot COMMAND` over a config naming ``database_url``: exit code and stdout + stderr."""
+    config = tmp_path / "foreman.toml"
+    config.write_text(
+        f'[webhook]\nsecrets = ["a-long-enough-test-secret"]\n[database]\nurl = "{database_url}"\n'
+        '[gitea]\nurl = "http://127.0.0.1:1"\ntoken = "not-a-real-token"\ntimeout_s = 1.0\n'
+        '[repository]\nowner = "acme"\nname = "widgets"\n',
+        encoding="utf-8",
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FOREMAN_")}
+    env["PYTHONPATH"] = str(REPO_ROOT)
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "bot", *command, "--config", str(config), cwd=tmp_path, env=env,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(process.communicate(), timeout=60)
+    assert process.returncode is not None
+    return process.returncode, out.decode() + err.decode()
+
+
+@pytest.mark.parametrize("command", [("invariants", "--json"), ("check-config", "--json"), ("leases", "--json")])
+async def test_a_url_libpq_cannot_parse_is_refused_without_echoing_its_password(
+    tmp_path: Path, command: tuple[str, ...]
+) -> None:
+    """libpq's parse error quotes the bad token (here the password): the CLI refuses at config load with the
+    URL redacted, never a traceback or the password."""
+    code, output = await _foreman(tmp_path, "postgresql://postgres:p%zzsecretpw@127.0.0.1/test", *command)
+    assert code != 0 and "secretpw" not in output and "Traceback" not in output, output
+    assert "postgresql://postgres:***@127.0.0.1/test" in output and "database.url" in output, output
+
+
+@pytest.mark.parametrize("command", [("invariants", "--json"), ("leases", "--json")])
+async def test_a_multi_host_url_that_cannot_connect_is_a_typed_refusal(
+    tmp_path: Path, command: tuple[str, ...]
+) -> None:
+    """libpq's failover form (several host:port) and a port out of range are URLs urllib cannot take apart:
+    still shown redacted, and a server not reachable there is the database_unavailable envelope."""
+    url = "postgresql://postgres:multi-host-pw@127.0.0.1:1,127.0.0.1:2/test?connect_timeout=2"
+    code, output = await _foreman(tmp_path, url, *command)
+    assert code != 0 and "multi-host-pw" not in output and "Traceback" not in output, output
+    assert '"database_unavailable"' in output and "postgresql://postgres:***@127.0.0.1:1,127.0.0.1:2/test" in output
+    code, output = await _foreman(tmp_path, "postgresql://postgres:big-port-pw@127.0.0.1:99999/test", *command)
+    assert code != 0 and "big-port-pw" not in output and "Traceback" not in output, output
+
+
+async def test_connect_refuses_an_unparsable_url_typed_and_redacted() -> None:
+    """The opener itself (a URL that came by another way than the config) refuses typed, naming only the class."""
+    with pytest.raises(DatabaseNotWritable) as refused:
+        await PostgresDatabase.connect("postgresql://postgres:p%zzsecretpw@127.0.0.1/test")
+    assert refused.value.reason == "unavailable"
+    assert "secretpw" not in str(refused.value) and "ProgrammingError" in str(refused.value)
+    assert "postgresql://postgres:***@127.0.0.1/test" in str(refused.value)
+    with pytest.raises(DatabaseNotWritable) as read_refused:
+        async with read_only("postgresql://postgres:p%zzsecretpw@127.0.0.1/test"):
+            pass
+    assert "secretpw" not in str(read_refused.value)
+
+
+def test_a_url_file_libpq_cannot_parse_is_refused_redacted(tmp_path: Path) -> None:
+    (tmp_path / "db-url").write_text("postgresql://foreman:p%zzfile-pw@db.example/foreman\n")
+    with pytest.raises(ConfigError) as refused:
+        _settings(tmp_path, 'url_file = "db-url"')
+    assert "database.url_file" in str(refused.value) and "file-pw" not in str(refused.value)
+    assert "postgresql://foreman:***@db.example/foreman" in str(refused.value)

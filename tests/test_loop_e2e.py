@@ -50,6 +50,14 @@ async def world(
         yield opened
 
 
+@pytest.fixture
+def database(backend: str, postgres_schemas: PostgresSchemas) -> Sections:
+    """The config's database section on this backend (conftest's ``backend``: SQLite, then PostgreSQL): none for
+    SQLite's embedded default, a fresh schema's URL for PostgreSQL. Asked for before ``start``, so the schema
+    outlives the service."""
+    return {"database": {"url": postgres_schemas.new()}} if backend == "postgresql" else {}
+
+
 def comments(world: World, number: int) -> list[tuple[int, str, str]]:
     """(id, author, body) of the issue's plain comments, as Gitea holds them."""
     issue = world.live.emulator.issue(OWNER, REPO, number)
@@ -276,11 +284,14 @@ def evidence_json(body: str) -> dict[str, Any]:
     return dict(json.loads(body[start : body.index("\n```", start)]))
 
 
-async def test_a_protected_issue_in_the_config_is_never_allocated(tmp_path: Path, start: Started) -> None:
+async def test_a_protected_issue_in_the_config_is_never_allocated(
+    tmp_path: Path, database: Sections, start: Started
+) -> None:
     """`[allocator] protected_issues`: labelling the protected issue ready leases nothing; the next
     ready issue is leased and its evidence names the protected one as skipped `protected_issue`."""
     allocator = {**LOOP["allocator"], "protected_issues": [1]}
-    async with open_world(tmp_path, start, roster=ROSTER, allocator=allocator, bootstrap=LOOP["bootstrap"]) as world:
+    sections: Sections = {"allocator": allocator, "bootstrap": LOOP["bootstrap"], **database}
+    async with open_world(tmp_path, start, roster=ROSTER, **sections) as world:
         emu = world.live.emulator
         emu.create_issue(OWNER, REPO, title="Protected", author="alice", labels=["priority:p0"])
         emu.create_issue(OWNER, REPO, title="Ordinary", author="alice")
@@ -294,9 +305,12 @@ async def test_a_protected_issue_in_the_config_is_never_allocated(tmp_path: Path
         assert {"issue_number": 1, "reason": "protected_issue"}.items() <= skipped[0].items(), skipped
 
 
-async def test_a_controllers_exclusion_in_the_allocate_comment_holds(tmp_path: Path, start: Started) -> None:
+async def test_a_controllers_exclusion_in_the_allocate_comment_holds(
+    tmp_path: Path, database: Sections, start: Started
+) -> None:
     """`/allocate --exclude 1` with #1 ranked first: #2 runs the loop, #1 is untouched."""
-    async with open_world(tmp_path, start, roster=ROSTER, bootstrap=LOOP["bootstrap"]) as world:
+    sections: Sections = {"bootstrap": LOOP["bootstrap"], **database}
+    async with open_world(tmp_path, start, roster=ROSTER, **sections) as world:
         emu = world.live.emulator
         emu.create_issue(OWNER, REPO, title="Top", author="alice", labels=["status:ready", "priority:p0"])
         emu.create_issue(OWNER, REPO, title="Next", author="alice", labels=["status:ready"])
@@ -314,14 +328,15 @@ async def test_a_controllers_exclusion_in_the_allocate_comment_holds(tmp_path: P
 
 
 async def test_an_expired_lease_is_refused_to_its_owner_held_through_the_grace_and_then_reclaimed(
-    tmp_path: Path, start: Started
+    tmp_path: Path, database: Sections, start: Started
 ) -> None:
     """Past expiry the owner's heartbeat is refused (the issue is no longer leased to it); inside
     `lease_grace_s` nobody else gets the issue; after it the allocator reclaims it for another author (the old
     lease `expired` + `reclaimed`, never deleted). The first author's worktree is kept as it is, so the apply's
     bootstrap preflight fails (`path_free`: registered to author-1) and nothing is leased."""
     roster = {**ROSTER, "author-2": ["author"]}
-    async with open_world(tmp_path, start, roster=roster, **LOOP) as world:
+    sections: Sections = {**LOOP, **database}
+    async with open_world(tmp_path, start, roster=roster, **sections) as world:
         service = world.service
         number = await world.open_issue("alice", "Make the widget blue")
         await label_ready(world, number)
@@ -388,10 +403,12 @@ async def test_the_loop_completes_once_gitea_recovers_from_a_5xx_spell(world: Wo
     assert stored is not None and stored.attempts > 1  # the handler was retried until the bootstrap could run
 
 
-async def test_a_long_outage_parks_the_delivery_and_a_replay_completes_the_loop(tmp_path: Path, start: Started) -> None:
+async def test_a_long_outage_parks_the_delivery_and_a_replay_completes_the_loop(
+    tmp_path: Path, database: Sections, start: Started
+) -> None:
     """Gitea down for longer than `worker.max_attempts`: the delivery is parked as failed with nothing
     leased; after Gitea recovers, the operator's replay runs the whole loop once."""
-    loop: Sections = {**LOOP, "worker": {"max_attempts": 2}}
+    loop: Sections = {**LOOP, "worker": {"max_attempts": 2}, **database}
     async with open_world(tmp_path, start, roster=ROSTER, **loop) as world:
         emu = world.live.emulator
         number = await world.open_issue("alice", "Make the widget blue")
@@ -409,10 +426,12 @@ async def test_a_long_outage_parks_the_delivery_and_a_replay_completes_the_loop(
         await assert_looped(world, number)
 
 
-async def test_an_allocate_comment_retries_a_bootstrap_gitea_could_not_serve(tmp_path: Path, start: Started) -> None:
+async def test_an_allocate_comment_retries_a_bootstrap_gitea_could_not_serve(
+    tmp_path: Path, database: Sections, start: Started
+) -> None:
     """A controller's `/allocate` whose server-side bootstrap meets a 5xx spell longer than the client's
     own retries: the delivery is retried until the bootstrap completes; one lease, one worktree, one reply."""
-    loop: Sections = {"bootstrap": {"on_allocate": "run"}, "allocator": {"auto": False}}  # only the comment allocates
+    loop: Sections = {"bootstrap": {"on_allocate": "run"}, "allocator": {"auto": False}, **database}  # only /allocate
     async with open_world(tmp_path, start, roster=ROSTER, **loop) as world:
         emu = world.live.emulator
         number = await world.open_issue("alice", "Make the widget blue")

@@ -9,10 +9,11 @@ from pathlib import Path
 import pytest
 
 import state.db as state_db
-from state.db import Database, SchemaTooNew
+from state.db import Database, SchemaTooNew, read_only
+from state.db_postgres import PostgresDatabase
 from state.migrations import MIGRATIONS
 from state.sql import IntegrityError
-from tests.conftest import DbOpener, database_env
+from tests.conftest import DbOpener, database_env, sqlite_path
 
 STATUSES_V6 = ("queued", "processing", "done", "failed", "ignored_self")
 
@@ -171,3 +172,24 @@ async def test_migration_7_keeps_the_inbox_rows_on_both_backends(
         assert [tuple(r) for r in await cur.fetchall()] == [
             (1, "d-1", "ignored", "another repository"), (2, "d-2", "queued", None)]
     assert await db.schema_version() == max(version for version, _, _ in MIGRATIONS)
+
+
+async def test_a_read_only_open_refuses_a_schema_newer_than_this_foreman_too(
+    open_db: DbOpener, tmp_path: Path
+) -> None:
+    """The read-only openers (a checker or demo beside a running service) never migrate, and must not misread a
+    newer foreman's tables either: SchemaTooNew there too, on both backends; the known version still opens."""
+    known = max(version for version, _, _ in MIGRATIONS)
+    db = await open_db(tmp_path / "foreman.db")
+    target: Path | str = db.url if isinstance(db, PostgresDatabase) else sqlite_path(db)
+    async with read_only(target) as reader:
+        assert await reader.schema_version() == known
+    async with db.transaction() as conn:
+        await conn.execute(
+            "INSERT INTO schema_migrations (version, name, applied_at) VALUES (?, 'from the future', 't')",
+            (known + 1,),
+        )
+    with pytest.raises(SchemaTooNew) as refused:
+        async with read_only(target):
+            pass
+    assert (refused.value.found, refused.value.known) == (known + 1, known)

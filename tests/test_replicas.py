@@ -7,18 +7,19 @@ would hold; the process-level burst is at the end of this file.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hashlib
 import json
 import os
 import random
 import shutil
+import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 
 import aiohttp
 import psycopg
@@ -28,8 +29,8 @@ from aiohttp import web
 from bot import invariants
 from bot.config_writer import write_config
 from bot.core.intake import Delivery
-from state.db import Database, utcnow
-from state.db_postgres import PostgresDatabase
+from state.db import Database, DatabaseNotWritable, utcnow
+from state.db_postgres import CONNECTION_DEFAULTS, PgConnection, PostgresDatabase
 from state.deliveries import DeliveryStore
 from state.leases import LeaseStore, LeaseTaken
 from state.sql import IntegrityError
@@ -298,25 +299,230 @@ async def test_two_replicas_on_one_postgresql_survive_a_burst_with_one_sigkilled
         assert all(len(each[name].db.leases) >= 2 and each[name].db.transitions for name in REPOSITORIES), summary
 
 
-async def test_a_replica_whose_sessions_the_server_ended_works_again_on_the_next_call(postgres_url: str) -> None:
-    """A server restart or an administrator ends the sessions: the call in flight fails, the next ones (reads and
-    write transactions) open new sessions instead of failing until foreman restarts."""
+async def test_a_replica_whose_sessions_the_server_ended_while_idle_works_on_the_very_next_call(
+    postgres_url: str,
+) -> None:
+    """A server restart or an administrator ends the sessions while they are idle: the next call (a read, a write
+    transaction) opens a new session and succeeds; it never fails first (a lone webhook would get a 503, and Gitea
+    never retries)."""
     db = await PostgresDatabase.connect(postgres_url)
     try:
         store = DeliveryStore(db)
         await store.insert_batch([(_delivery(1), False)])
-        assert isinstance(db, PostgresDatabase)
-        sessions = [db._writer.raw.info.backend_pid, db._reader.raw.info.backend_pid]
-        with psycopg.connect(postgres_url, autocommit=True) as admin:
-            ended = admin.execute("SELECT pg_terminate_backend(pid) FROM unnest(%s::int[]) AS pid", (sessions,))
-            assert [row[0] for row in ended.fetchall()] == [True, True]
-        for _ in range(2):  # the first call of each connection may find it dead; then it reconnects
-            with contextlib.suppress(psycopg.OperationalError):
-                await store.counts()
-            with contextlib.suppress(psycopg.OperationalError):
-                await store.insert_batch([(_delivery(2), False)])
-        assert (await store.counts())["queued"] == 2
-        [result] = await store.insert_batch([(_delivery(3), False)])
-        assert result.outcome == "queued"
+        for call in ("read", "write"):
+            sessions = [db._writer.raw.info.backend_pid, db._reader.raw.info.backend_pid]
+            _terminate(postgres_url, sessions)
+            if call == "read":
+                assert (await store.counts())["queued"] == 1
+            [result] = await store.insert_batch([(_delivery(2 if call == "read" else 3), False)])
+            assert result.outcome == "queued"
+        assert (await store.counts())["queued"] == 3
     finally:
         await db.close()
+
+
+def _terminate(url: str, pids: list[int]) -> None:
+    with psycopg.connect(url, autocommit=True) as admin:
+        ended = admin.execute("SELECT pg_terminate_backend(pid) FROM unnest(%s::int[]) AS pid", (pids,))
+        assert [row[0] for row in ended.fetchall()] == [True] * len(pids)
+        # Terminated means gone: wait (bounded) until the server no longer lists them.
+        for _ in range(200):
+            left = admin.execute("SELECT count(*) FROM pg_stat_activity WHERE pid = ANY(%s)", (pids,)).fetchone()
+            if left is not None and left[0] == 0:
+                return
+            time.sleep(0.01)
+
+
+async def test_a_session_that_dies_inside_a_write_raises_its_own_error(postgres_url: str) -> None:
+    """The writer's session ended in the middle of a transaction: the statement fails with the server's error
+    (not "the connection is closed" from going back to the savepoint), and the next transaction works."""
+    db = await PostgresDatabase.connect(postgres_url)
+    try:
+        with pytest.raises(psycopg.OperationalError) as died:
+            async with db.transaction() as conn:
+                await conn.execute("CREATE TABLE t (x INTEGER)")
+                _terminate(postgres_url, [db._writer.raw.info.backend_pid])
+                await conn.execute("INSERT INTO t (x) VALUES (?)", (1,))
+        assert "connection is closed" not in str(died.value), died.value
+        async with db.transaction() as conn:
+            await conn.execute("CREATE TABLE t (x INTEGER)")  # the first transaction was rolled back
+    finally:
+        await db.close()
+
+
+async def _settings_inside(db: Database, durable: bool) -> dict[str, str]:
+    names = ("synchronous_commit", "transaction_isolation", "idle_in_transaction_session_timeout", "lock_timeout")
+    async with db.transaction(durable=durable) as conn:
+        values = {}
+        for name in names:
+            async with conn.execute("SELECT current_setting(?)", (name,)) as cur:
+                row = await cur.fetchone()
+                assert row is not None
+                values[name] = row[0]
+    return values
+
+
+async def test_each_transaction_pins_its_commit_mode_and_isolation_whatever_the_servers_defaults(
+    postgres_url: str,
+) -> None:
+    """A server (or role, or URL) whose defaults are synchronous_commit = off and repeatable read: a durable
+    transaction still commits with synchronous_commit on, a non-durable one off, and both run READ COMMITTED."""
+    url = with_options(postgres_url, "-c synchronous_commit=off -c default_transaction_isolation=repeatable\\ read")
+    db = await PostgresDatabase.connect(url, busy_timeout_ms=0)
+    try:
+        durable = await _settings_inside(db, durable=True)
+        quick = await _settings_inside(db, durable=False)
+        assert (durable["synchronous_commit"], quick["synchronous_commit"]) == ("on", "off")
+        assert durable["transaction_isolation"] == quick["transaction_isolation"] == "read committed"
+        assert durable["idle_in_transaction_session_timeout"] == "30s"
+        assert durable["lock_timeout"] == "1ms"  # busy_timeout_ms = 0: do not wait (0 would wait forever)
+        async with db.reader.execute("SELECT current_setting('transaction_isolation')") as cur:
+            row = await cur.fetchone()
+        assert row is not None and row[0] == "repeatable read"  # the URL's option did reach the session
+    finally:
+        await db.close()
+
+
+def with_options(url: str, options: str) -> str:
+    parts = urlsplit(url)
+    query = parse_qsl(parts.query, keep_blank_values=True)
+    joined = " ".join([*(value for key, value in query if key == "options"), options])
+    kept = [(key, value) for key, value in query if key != "options"]
+    return urlunsplit((parts.scheme, parts.netloc, parts.path, urlencode([*kept, ("options", joined)], quote_via=quote),
+                       parts.fragment))
+
+
+async def test_replicas_on_a_repeatable_read_server_still_never_lose_an_update(postgres_url: str) -> None:
+    """Under default_transaction_isolation = repeatable read a replica waiting on the advisory lock would read a
+    snapshot from before the other's commit (its first statement took it): BEGIN pins READ COMMITTED."""
+    url = with_options(postgres_url, "-c default_transaction_isolation=repeatable\\ read")
+    one, two = await _replicas(url)
+    try:
+        async with one.transaction() as conn:
+            await conn.execute("CREATE TABLE counter (n INTEGER NOT NULL)")
+            await conn.execute("INSERT INTO counter (n) VALUES (0)")
+        entered = asyncio.Event()
+        release = asyncio.Event()
+
+        async def first() -> None:
+            async with one.transaction() as conn:
+                async with conn.execute("SELECT n FROM counter") as cur:
+                    row = await cur.fetchone()
+                entered.set()
+                await release.wait()
+                assert row is not None
+                await conn.execute("UPDATE counter SET n = ?", (row["n"] + 1,))
+
+        async def second() -> None:
+            await entered.wait()
+            async with two.transaction() as conn:  # waits on the lock until first commits
+                async with conn.execute("SELECT n FROM counter") as cur:
+                    row = await cur.fetchone()
+                assert row is not None
+                await conn.execute("UPDATE counter SET n = ?", (row["n"] + 1,))
+
+        async def let_go() -> None:
+            await entered.wait()
+            # Wait (bounded) until the second replica is really waiting on the advisory lock.
+            for _ in range(500):
+                async with one.reader.execute(
+                    "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
+                ) as cur:
+                    row = await cur.fetchone()
+                if row is not None and row[0] >= 1:
+                    break
+                await asyncio.sleep(0.01)
+            release.set()
+
+        await asyncio.wait_for(asyncio.gather(first(), second(), let_go()), timeout=60)
+        async with two.reader.execute("SELECT n FROM counter") as cur:
+            assert [tuple(r) for r in await cur.fetchall()] == [(2,)]
+    finally:
+        for db in (one, two):
+            await db.close()
+
+
+async def test_a_zero_busy_timeout_refuses_at_once_instead_of_waiting_forever(postgres_url: str) -> None:
+    """busy_timeout_ms = 0 means "do not wait" on PostgreSQL as on SQLite: a write while another replica holds
+    the lock is refused (lock_timeout), not left waiting for as long as the other holds it."""
+    holder = await PostgresDatabase.connect(postgres_url)
+    waiter = await PostgresDatabase.connect(postgres_url, busy_timeout_ms=0)
+    try:
+        async with holder.transaction():
+            with pytest.raises(psycopg.errors.LockNotAvailable):
+                # The hang guard only: without the fix this waits until the holder commits, i.e. forever here.
+                await asyncio.wait_for(_one_write(waiter), timeout=60)
+        await _one_write(waiter)  # free again: it writes
+    finally:
+        for db in (holder, waiter):
+            await db.close()
+
+
+async def _one_write(db: Database) -> None:
+    async with db.transaction() as conn:
+        await conn.execute("CREATE TABLE IF NOT EXISTS w (x INTEGER)")
+
+
+async def test_sessions_carry_keepalives_unless_the_url_sets_them(postgres_url: str) -> None:
+    """A replica host that vanishes is noticed by TCP keepalives and tcp_user_timeout, not after ~2 hours; a
+    URL's own values are kept."""
+    db = await PostgresDatabase.connect(postgres_url)
+    own = await PostgresDatabase.connect(postgres_url + "&keepalives_idle=7")
+    try:
+        for conn in (db._writer, db._reader):
+            given = conn.raw.info.get_parameters()
+            assert {key: given.get(key) for key in CONNECTION_DEFAULTS} == CONNECTION_DEFAULTS
+        assert own._writer.raw.info.get_parameters()["keepalives_idle"] == "7"
+    finally:
+        for each in (db, own):
+            await each.close()
+
+
+async def test_text_columns_order_bytewise_as_on_sqlite(postgres_url: str) -> None:
+    """Every text column is collated "C": ORDER BY on a text key is binary, as SQLite orders, whatever the
+    database's collation; and on a column of another collation (ICU English) the order would differ."""
+    db = await PostgresDatabase.connect(postgres_url)
+    try:
+        async with db.reader.execute(
+            "SELECT table_name, column_name, collation_name FROM information_schema.columns"
+            " WHERE table_schema = current_schema() AND data_type = 'text'"
+            " AND table_name <> 'schema_migrations'"  # the runner's own bookkeeping, never ordered by text
+        ) as cur:
+            columns = [tuple(row) for row in await cur.fetchall()]
+        assert len(columns) > 20
+        assert [c for c in columns if c[2] != "C"] == []
+        async with db.transaction() as conn:
+            await conn.execute("CREATE TABLE keys (k TEXT COLLATE \"C\", icu TEXT)")
+            for key in ("b", "B", "a", "_", "A"):
+                await conn.execute("INSERT INTO keys (k, icu) VALUES (?, ?)", (key, key))
+        async with db.reader.execute("SELECT k FROM keys ORDER BY k") as cur:
+            assert [row[0] for row in await cur.fetchall()] == sorted(["b", "B", "a", "_", "A"])
+        async with db.reader.execute("SELECT count(*) FROM pg_collation WHERE collname = 'en-x-icu'") as cur:
+            row = await cur.fetchone()
+        if row is not None and row[0]:
+            async with db.reader.execute('SELECT icu FROM keys ORDER BY icu COLLATE "en-x-icu"') as cur:
+                assert [r[0] for r in await cur.fetchall()] != sorted(["b", "B", "a", "_", "A"])
+    finally:
+        await db.close()
+
+
+async def test_a_connect_whose_second_session_fails_leaves_no_session_open(
+    postgres_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The writer's session opened, the reader's refused: the refusal is typed and the writer's session closed
+    (a replica retrying its start would otherwise leak one server session per attempt)."""
+    opened: list[PgConnection] = []
+    real = PgConnection.open
+
+    async def open_second_refused(conninfo: str, setup: Sequence[str] = ()) -> PgConnection:
+        if opened:
+            raise psycopg.OperationalError("the server refused the second session")
+        conn = await real(conninfo, setup)
+        opened.append(conn)
+        return conn
+
+    monkeypatch.setattr(PgConnection, "open", staticmethod(open_second_refused))
+    with pytest.raises(DatabaseNotWritable) as refused:
+        await PostgresDatabase.connect(postgres_url)
+    assert refused.value.reason == "unavailable" and "second session" in str(refused.value)
+    assert len(opened) == 1 and opened[0].raw.closed
