@@ -246,7 +246,7 @@ async def _maybe_block(db: Database, allocator: Allocator, outcome: AllocationOu
     excluded.add(number)
     report.blocked.append(number)
     prefix = f"auto-proof:{number}:"
-    statuses = await OutboxStore(db).comment_statuses(prefix)
+    statuses = await OutboxStore(db).comment_statuses(prefix, repo=allocator.repo)
     if any(status in ("pending", "sending") for status in statuses):
         return True  # the same refusal is already on its way
     key = f"{prefix}{len(statuses)}"
