@@ -24,9 +24,10 @@ from bot.verbs.runs.inspect import run_teardown
 from bot.verbs.runtime import VerbRuntime, caller_for, no_bootstrap
 from state.db import Database
 from state.grants import GrantStore
-from state.outbox import OutboxIntent, OutboxRepositoryUnknown, OutboxStore
+from state.outbox import ACTING_REPO, OutboxIntent, OutboxRepositoryUnknown, OutboxStore
 from tests.conftest import REPO_ROOT
 from tests.test_grants import REPO, _lease_and_worktree
+from tests.support import Started
 from tests.test_grants_mcp import cli, grants_config
 
 WIDGETS = "acme/widgets"  # served first; the runs below are of REPO (org/repo), served second
@@ -176,3 +177,36 @@ async def test_a_run_of_a_repository_the_config_does_not_serve_is_refused_and_na
     assert entry["repository_served"] is False
     assert await asyncio.to_thread(main, ["grants", "--config", only_widgets]) == 0
     assert f"REPOSITORY {REPO} NOT SERVED" in capsys.readouterr().out
+
+
+async def test_each_repositorys_teardown_loop_acts_for_its_repository(
+    tmp_path: Path, start: Started, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The service started with two repositories: the second's teardown loop tears down its aborted run, and
+    the loop's task acts for that repository (what each door entered from it, and anything it files, sees)."""
+    settings = load_settings(two_repositories(tmp_path), environ={})
+    run_id, _ = await started_run(settings)
+    db = await Database.open(settings.database.path, synchronous="NORMAL")
+    try:
+        broker = Broker(GrantStore(db), run_id, host=lambda: host_identity(settings.database.path))
+        assert (await broker.abort("stopped while the service was down")).ok
+    finally:
+        await db.close()
+    seen: list[tuple[str, str]] = []
+    door = VerbRuntime.call
+
+    async def recording(self: VerbRuntime, verb_name: str, caller: Any, arguments: Any, **kwargs: Any) -> Any:
+        seen.append((self.settings.repo_key, ACTING_REPO.get()))  # the calling task's repository, at the door
+        return await door(self, verb_name, caller, arguments, **kwargs)
+
+    monkeypatch.setattr(VerbRuntime, "call", recording)
+    service, _client = await start(settings)
+    loop = service.repositories[REPO].run_teardowns
+    assert loop is not None
+    for _ in range(500):
+        if loop.passes >= 1:
+            break
+        await asyncio.sleep(0.01)
+    assert seen == [(REPO, REPO)]
+    record = await GrantStore(service.db).run(run_id)
+    assert record is not None and record.state.teardown == "done"
