@@ -22,12 +22,13 @@ from bot.verbs.runs.start import host_identity, start_run
 from bot.core.verbs import TOOLS
 from bot.verbs.runs.inspect import run_teardown
 from bot.verbs.runtime import VerbRuntime, caller_for, no_bootstrap
+from bot.worker import Worker
 from state.db import Database
 from state.grants import GrantStore
 from state.outbox import ACTING_REPO, OutboxIntent, OutboxRepositoryUnknown, OutboxStore
 from tests.conftest import REPO_ROOT
 from tests.test_grants import REPO, _lease_and_worktree
-from tests.support import Started
+from tests.support import Started, payload, wait_status, webhook_headers
 from tests.test_grants_mcp import cli, grants_config
 
 WIDGETS = "acme/widgets"  # served first; the runs below are of REPO (org/repo), served second
@@ -210,3 +211,27 @@ async def test_each_repositorys_teardown_loop_acts_for_its_repository(
     assert seen == [(REPO, REPO)]
     record = await GrantStore(service.db).run(run_id)
     assert record is not None and record.state.teardown == "done"
+
+
+async def test_the_worker_runs_each_delivery_acting_for_its_repository(
+    tmp_path: Path, start: Started, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two deliveries through the real intake and worker, one per served repository (the second first): each
+    delivery's handlers run acting for the repository the payload names, never the first served one."""
+    settings = load_settings(two_repositories(tmp_path), environ={})
+    seen: list[str] = []
+    handlers = Worker.run_handlers
+
+    async def recording(self: Worker, *args: Any, **kwargs: Any) -> Any:
+        seen.append(ACTING_REPO.get())
+        return await handlers(self, *args, **kwargs)
+
+    monkeypatch.setattr(Worker, "run_handlers", recording)
+    service, client = await start(settings)
+    widgets = {"id": 2, "name": "widgets", "full_name": "acme/widgets", "owner": {"login": "acme"}}
+    for body in (payload("opened", number=3), payload("opened", number=3, repository=widgets)):
+        headers = webhook_headers(body)
+        resp = await client.post("/webhook", data=body, headers=headers)
+        assert resp.status == 202, await resp.text()
+        await wait_status(service, headers["X-Gitea-Delivery"], "done")
+    assert seen == [REPO, WIDGETS]
