@@ -10,25 +10,26 @@ import sys
 import tomllib
 from pathlib import Path
 from typing import Any
+
 import pytest
 
 from bot.cli import main
 from bot.config import Settings, load_settings
 from bot.config_writer import write_config
 from bot.core.errors import EnvelopeError
+from bot.core.verbs import TOOLS
 from bot.mcp_server import _run_binding, open_runtimes
 from bot.verbs.runs.broker import Broker, run_evidence_key
-from bot.verbs.runs.start import host_identity, start_run
-from bot.core.verbs import TOOLS
 from bot.verbs.runs.inspect import run_teardown
+from bot.verbs.runs.start import host_identity, start_run
 from bot.verbs.runtime import VerbRuntime, caller_for, no_bootstrap
 from bot.worker import Worker
 from state.db import Database
 from state.grants import GrantStore
 from state.outbox import ACTING_REPO, OutboxIntent, OutboxRepositoryUnknown, OutboxStore
 from tests.conftest import REPO_ROOT
-from tests.test_grants import REPO, _lease_and_worktree
 from tests.support import Started, payload, wait_status, webhook_headers
+from tests.test_grants import REPO, _lease_and_worktree
 from tests.test_grants_mcp import cli, grants_config
 
 WIDGETS = "acme/widgets"  # served first; the runs below are of REPO (org/repo), served second
