@@ -312,7 +312,8 @@ class Service:
                 return await runtime.call(verb_name, caller, arguments)
 
         return TeardownLoop(self.db, bundle.settings, Door(),
-                            interval_s=bundle.settings.lifecycle.run_teardown_interval_s, on_ran=self.outbox_wakeup)
+                            interval_s=bundle.settings.lifecycle.run_teardown_interval_s, on_ran=self.outbox_wakeup,
+                            served=tuple(self.repositories))
 
     async def _recover_bootstraps(self) -> None:
         """Worktree bootstraps a killed process left open are finished or compensated (docs/bootstrap.md), in
@@ -331,19 +332,20 @@ class Service:
                               "recovers it)", bundle.key)
 
     def _outbox_client(self, repo: str) -> OutboxGitea | None:
-        """The client of an outbox entry's repository (an unscoped entry's: the first repository's)."""
-        bundle = self.repositories.get(repo or self.first_key or "")
+        """The client of an outbox entry's repository; None (the entry is parked) for one this process does not
+        serve, and for one filed under no repository (start-up adoption gave every older entry the first's)."""
+        bundle = self.repositories.get(repo)
         return bundle.gitea if bundle is not None else None
 
     async def _on_outbox_complete(self, entry: OutboxEntry, result: dict[str, Any]) -> None:
-        bundle = self.repositories.get(entry.repo or self.first_key or "")
+        bundle = self.repositories.get(entry.repo)
         hooks = bundle.hooks if bundle is not None else None
         if bundle is not None and hooks is not None and hooks.on_complete is not None:
             with acting_for(bundle.key):
                 await hooks.on_complete(entry, result)
 
     async def _on_outbox_failure(self, entry: OutboxEntry) -> None:
-        bundle = self.repositories.get(entry.repo or self.first_key or "")
+        bundle = self.repositories.get(entry.repo)
         hooks = bundle.hooks if bundle is not None else None
         if bundle is not None and hooks is not None and hooks.on_failure is not None:
             with acting_for(bundle.key):

@@ -16,6 +16,7 @@ from bot.gitea import Comment, Issue, IssueState, IssueType, PullRequest
 from bot.gitops import parse_worktree_porcelain
 from state.db import read_only
 from state.deliveries import DeliveryStore
+from state.grants import GrantStore
 from state.journal import JournalStore
 from state.leases import LeaseStore
 from state.outbox import OutboxStore
@@ -31,6 +32,10 @@ INVARIANTS: dict[str, str] = {
     "outbox.comment_once": "every sent comment entry's marker is on exactly one bot comment in Gitea, the one"
     " the entry recorded",
     "outbox.no_stray_comment": "every bot comment carrying a foreman marker has an outbox entry with that key",
+    "outbox.filed_by_repository": "no outbox entry has repo '' (start-up adoption files every such entry under the"
+    " first repository; one filed later is a door that set no repository)",
+    "outbox.run_evidence_repository": "every run's evidence entry (run:<id>:summary) is filed under its grant's"
+    " repository",
     "leases.one_live_per_issue": "no issue has two live leases",
     "leases.evidence": "every lease has its evidence comment (<lease>:evidence) sent, verified and in Gitea once",
     "leases.no_evidence_without_lease": "every lease key in the outbox or in a Gitea marker names a stored lease",
@@ -104,6 +109,8 @@ class OutboxFact:
     kind: str
     status: str
     comment_id: int | None = None  # what a sent comment entry recorded
+    #: the repository the entry is filed under (None: not gathered, as in hand-built facts)
+    repo: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,6 +164,8 @@ class DbFacts:
     teardowns: tuple[TeardownFact, ...] = ()
     #: (lease, the key of the pull request's evidence comment whose opening ended that lease)
     handovers: tuple[tuple[str, str], ...] = ()
+    #: (run id, its grant's repository) of every run
+    run_repos: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -270,9 +279,25 @@ def _outbox(facts: Facts) -> list[Violation]:
             elif e.comment_id is not None and by_marker[e.key] != [e.comment_id]:
                 out.append(Violation("outbox.comment_once", e.key, f"recorded comment {e.comment_id}, Gitea has"
                                      f" the marker on {by_marker[e.key]}"))
+    out.extend(_filed_by_repository(facts))
     for marker, count in sorted(markers.items()):
         if marker not in keys:
             out.append(Violation("outbox.no_stray_comment", marker, f"on {count} bot comment(s) with no outbox entry"))
+    return out
+
+
+def _filed_by_repository(facts: Facts) -> list[Violation]:
+    out: list[Violation] = []
+    run_repos = dict(facts.db.run_repos)
+    for e in facts.db.outbox:
+        if e.repo == "":
+            out.append(Violation("outbox.filed_by_repository", e.key, "filed under no repository (repo '')"))
+        prefix, suffix = _split(e.key)
+        run_id = prefix.removeprefix("run:")
+        if e.repo is not None and suffix == "summary" and prefix.startswith("run:") and run_id in run_repos \
+                and run_repos[run_id] != e.repo:
+            out.append(Violation("outbox.run_evidence_repository", e.key,
+                                 f"filed under {e.repo!r}, its run's grant is of {run_repos[run_id]!r}"))
     return out
 
 
@@ -514,15 +539,17 @@ async def gather_db(path: Path | str, *, repo: str | None = None) -> DbFacts:
         transition_rows = await journal.every_transition()
         registration_rows = await journal.every_registration()
         teardown_rows = await TeardownStore(db).every()
+        run_rows = await GrantStore(db).runs(limit=1_000_000)
     if repo is not None:
-        entries = [e for e in entries if e.repo in (repo, "")]  # "": stored before entries had a repository
+        # An entry filed under no repository belongs to none: shown in every repository's check, a violation.
+        entries = [e for e in entries if e.repo in (repo, "")]
         lease_rows = [lease for lease in lease_rows if lease.repo == repo]
         transition_rows = [t for t in transition_rows if t.repo == repo]
         registration_rows = [(key, r) for key, r in registration_rows if r.repo == repo]
         teardown_rows = [t for t in teardown_rows if t.repo == repo]
     outbox = tuple(
         OutboxFact(e.key, e.issue_number, e.kind, e.status, _recorded_comment_id(e.result) if e.kind == "comment"
-                   else None)
+                   else None, e.repo)
         for e in entries
     )
     decided = {e.key.removesuffix(":evidence"): _decided_exclusions(e.payload) for e in entries
@@ -558,7 +585,8 @@ async def gather_db(path: Path | str, *, repo: str | None = None) -> DbFacts:
         (lease_id, e.key) for e in entries if e.kind == "comment" and e.key.startswith("pr:")
         and e.key.endswith(":evidence") and (lease_id := _handed_over(e.payload)) in handed_over
     )
-    return DbFacts(leases, outbox, deliveries, transitions, registrations, teardowns, handovers)
+    run_repos = tuple((run.run_id, run.repo) for run in run_rows)
+    return DbFacts(leases, outbox, deliveries, transitions, registrations, teardowns, handovers, run_repos)
 
 
 class GiteaReads(Protocol):

@@ -20,7 +20,7 @@ from mcp.server import Server, ServerRequestContext
 from mcp.server.stdio import stdio_server
 
 from bot.config import Settings
-from bot.core.errors import Envelope
+from bot.core.errors import Envelope, EnvelopeError
 from bot.core.gateway import GatewayContext, evaluate_preconditions
 from bot.core.grants import Grant, broker_refusal
 from bot.core.verbs import TOOLS, VERBS, Verb
@@ -426,12 +426,24 @@ def repositories_of(settings: Settings, login: str) -> list[str]:
 
 async def _run_binding(runtimes: Mapping[str, VerbRuntime], token: str | None) -> tuple[VerbRuntime, RunBinding] | None:
     """The run a run token names, bound through its grant's repository's runtime (a sealed grant is bound to
-    its repository: its policy template and roster are that repository's)."""
+    its repository: its policy template and roster are that repository's). A run of a repository this process
+    does not serve is refused (EnvelopeError), never bound through another repository's runtime."""
     first = next(iter(runtimes.values()))
     binding = await bind_run(first, token)
     if binding is None:
         return None
-    runtime = runtimes.get(binding.grant.repo, first)
+    grant = binding.grant
+    runtime = runtimes.get(grant.repo)
+    if runtime is None:
+        raise EnvelopeError(Envelope(
+            error="invalid_input",
+            message=f"run {grant.run_id} acts for {grant.repo}, which this foreman mcp does not serve"
+            f" (it serves {', '.join(runtimes)})",
+            remediate=f"start foreman mcp for the run's repository: --repository {grant.repo} (listed in"
+            " [[repositories]]), or add it to [[repositories]]",
+            exact_next_action=f"foreman --repository {grant.repo} mcp",
+            details={"run_id": grant.run_id, "repository": grant.repo, "served": list(runtimes)},
+        ))
     if runtime is not first:
         binding = await bind_run(runtime, token)
         if binding is None:
@@ -444,7 +456,8 @@ async def serve_stdio(settings: Settings, caller: Caller | None = None, *, run_t
 
     With ``caller`` (an ``[mcp.tokens]`` identity) the session is as it always was; with ``run_token`` it is bound
     to that run (:func:`bind_run`); a run token no run has is refused (exit 2) before anything is served. A run
-    token that is not UTF-8 names no run: exit 2 at once (the caller prints the one line that says so).
+    token that is not UTF-8 names no run: exit 2 at once (the caller prints the one line that says so). A run of a
+    repository not served here raises EnvelopeError (the caller prints the refusal).
     """
     if caller is None and (run_token is None or _utf8(run_token) is None):
         return 2

@@ -43,7 +43,7 @@ async def plan_sync(
                            now)
         return
     async with conn.execute(
-        "SELECT payload_json FROM outbox WHERE repo IN (?, '') AND issue_number = ? AND kind = 'labels'"
+        "SELECT payload_json FROM outbox WHERE repo = ? AND issue_number = ? AND kind = 'labels'"
         " AND status IN ('pending', 'sending') ORDER BY id",
         (snapshot.repo, snapshot.number),
     ) as cur:
@@ -51,7 +51,7 @@ async def plan_sync(
     projected = project_labels(snapshot.label_names, open_changes)
     if [name for name in projected if is_status_label(name)] == [plan.target]:
         return  # in sync, or an open outbox entry will make it so
-    newer = await _newer_queued_state(conn, snapshot.number)
+    newer = await _newer_queued_state(conn, snapshot.repo, snapshot.number)
     if newer is not None:
         # Never act on a state older than one already queued: the change would be undone by that state's own sync.
         newer_key, newer_state = newer
@@ -67,7 +67,7 @@ async def plan_sync(
         [snapshot.label_names, snapshot.snapshot_as_of, projected],
     )
     change = sync_change(plan.target, snapshot.label_names, projected)
-    if not await enqueue(conn, OutboxIntent(key, snapshot.number, "labels", change, cause)):
+    if not await enqueue(conn, OutboxIntent(key, snapshot.number, "labels", change, cause), repo=snapshot.repo):
         return  # this cause was handled before (a retried or replayed delivery)
     reason = f"STATE {state.state} is mirrored by {plan.target}; queued as outbox entry {key}"
     cursor = await conn.execute(
@@ -79,16 +79,17 @@ async def plan_sync(
     await cursor.close()
 
 
-async def _newer_queued_state(conn: Connection, number: int) -> tuple[str, CanonicalState] | None:
-    """The latest Canonical Issue State still waiting in the outbox for this issue (key, state), if any.
+async def _newer_queued_state(conn: Connection, repo: str, number: int) -> tuple[str, CanonicalState] | None:
+    """The latest Canonical Issue State still waiting in the outbox for this repository's issue (key, state), if
+    any (another repository's issue of the same number has its own states).
 
     The outbox sends one issue's entries in order, so a state comment still to be sent lands after whatever
     caused this sync (a bot comment just sent, a person's comment or label change already on Gitea) and
     becomes the current state."""
     async with conn.execute(
-        "SELECT idempotency_key, payload_json FROM outbox WHERE issue_number = ?"
+        "SELECT idempotency_key, payload_json FROM outbox WHERE repo = ? AND issue_number = ?"
         " AND kind IN ('comment', 'edit_comment') AND status IN ('pending', 'sending') ORDER BY id DESC",
-        (number,),
+        (repo, number),
     ) as cur:
         rows = await cur.fetchall()
     for key, payload in rows:

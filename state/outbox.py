@@ -22,8 +22,9 @@ OUTBOX_STATUSES: tuple[OutboxStatus, ...] = ("pending", "sending", "done", "veri
 
 #: The repository (its repo key) the running task acts for. Each door that runs work for one repository sets it
 #: (``acting_for``): the worker per delivery, the verb door per call, catch-up, start-up recovery, the outbox
-#: hooks. ``enqueue`` files the entry under it, and the sender sends it with that repository's client.
-#: Unset (``""``): an entry of the first configured repository (what every entry was before many repositories).
+#: hooks. ``enqueue`` files the entry under it (unless given ``repo=``), and the sender sends it with that
+#: repository's client. Unset (``""``): no repository is known, and ``enqueue`` refuses (a door that forgot to set
+#: it fails loudly instead of filing the entry under whichever repository happens to be first).
 ACTING_REPO: ContextVar[str] = ContextVar("foreman_acting_repo", default="")
 
 
@@ -39,6 +40,22 @@ def acting_for(repo: str) -> Iterator[None]:
 
 class OutboxInputError(ValueError):
     """An intent that cannot be sent as given (refused before it is stored)."""
+
+
+class OutboxRepositoryUnknown(OutboxInputError):
+    """An intent enqueued with no repository: neither ``repo=`` nor ``ACTING_REPO`` names one."""
+
+
+def filing_repo(repo: str | None = None) -> str:
+    """The repository an entry is filed under: ``repo`` when given, else the one the task acts for; refused
+    (OutboxRepositoryUnknown) when neither names one."""
+    chosen = ACTING_REPO.get() if repo is None else repo
+    if not chosen:
+        raise OutboxRepositoryUnknown(
+            "an outbox entry needs its repository: pass repo= or run inside acting_for(repo) (a door that acts "
+            "for one repository sets it)"
+        )
+    return chosen
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,18 +166,22 @@ def _loads(text: str | None) -> Any:
     return json.loads(text) if text else None
 
 
-async def enqueue(conn: Connection, intent: OutboxIntent, *, now: datetime | None = None) -> bool:
+async def enqueue(
+    conn: Connection, intent: OutboxIntent, *, now: datetime | None = None, repo: str | None = None
+) -> bool:
     """Store an intent INSIDE the caller's open transaction (so it commits or rolls back with its cause).
 
     Returns False when the idempotency key is already stored for the repository: processing the same cause twice
-    adds nothing. The entry is filed under the repository the task acts for (``ACTING_REPO``).
+    adds nothing. The entry is filed under ``repo`` when given, else the repository the task acts for
+    (``ACTING_REPO``); with neither it is refused (OutboxRepositoryUnknown) before anything is stored.
     """
+    filed_under = filing_repo(repo)
     moment = to_db_time(now or utcnow())
     cursor = await conn.execute(
         "INSERT INTO outbox (repo, idempotency_key, issue_number, kind, payload_json, status, delivery_id,"
         " created_at, updated_at) VALUES (?, ?, ?, ?, ?, 'pending', ?, ?, ?) ON CONFLICT DO NOTHING",
         (
-            ACTING_REPO.get(),
+            filed_under,
             intent.key,
             intent.issue_number,
             intent.kind,
@@ -183,16 +204,22 @@ async def cancel_issue_entries(
     tried). An entry being sent settles on its own (a deleted issue answers GiteaIssueGone). Only the entries of
     the repository the task acts for (``repo``, else ``ACTING_REPO``): another repository's issue of the same
     number is untouched."""
+    filed_under = filing_repo(repo)
     moment = to_db_time(now)
     cursor = await conn.execute(
         "UPDATE outbox SET status = 'parked', last_error = ?, claimed_by = NULL, claimed_at = NULL,"
         " hooked_at = ?, updated_at = ?, version = version + 1"
-        " WHERE repo IN (?, '') AND issue_number = ? AND status IN ('pending', 'verification_failed')",
-        (f"cancelled: {reason}", moment, moment, ACTING_REPO.get() if repo is None else repo, issue_number),
+        " WHERE repo = ? AND issue_number = ? AND status IN ('pending', 'verification_failed')",
+        (f"cancelled: {reason}", moment, moment, filed_under, issue_number),
     )
     count = cursor.rowcount
     await cursor.close()
     return count
+
+
+def _scoped(where: str, params: list[Any], repo: str | None) -> tuple[str, list[Any]]:
+    """``where`` narrowed to one repository's entries when ``repo`` is given."""
+    return (f"repo = ? AND {where}", [repo, *params]) if repo is not None else (where, params)
 
 
 class OutboxStore:
@@ -201,10 +228,11 @@ class OutboxStore:
     def __init__(self, db: Database) -> None:
         self._db = db
 
-    async def add(self, intent: OutboxIntent) -> bool:
-        """Enqueue on its own (for callers with no state change of their own)."""
+    async def add(self, intent: OutboxIntent, *, repo: str | None = None) -> bool:
+        """Enqueue on its own (for callers with no state change of their own); ``repo`` as for ``enqueue``."""
+        filed_under = filing_repo(repo)
         async with self._db.transaction() as conn:
-            return await enqueue(conn, intent)
+            return await enqueue(conn, intent, repo=filed_under)
 
     async def due_heads(self, *, claim_ttl_s: float, limit: int, now: datetime | None = None) -> list[OutboxEntry]:
         """The oldest open entry of each issue, if it is due: pending and past its backoff, or sending with
@@ -323,49 +351,55 @@ class OutboxStore:
             row = await cur.fetchone()
         return _entry(row) if row is not None else None
 
-    async def by_key(self, key: str) -> OutboxEntry | None:
+    async def by_key(self, key: str, *, repo: str | None = None) -> OutboxEntry | None:
+        """The entry of ``repo`` with idempotency key ``key`` (keys are unique per repository); without ``repo``
+        the oldest of any repository (an operator's look-up across the whole outbox)."""
+        where, params = _scoped("idempotency_key = ?", [key], repo)
         async with self._db.reader.execute(
-            f"SELECT {_COLUMNS} FROM outbox WHERE idempotency_key = ?",  # noqa: S608
-            (key,),
+            f"SELECT {_COLUMNS} FROM outbox WHERE {where} ORDER BY id LIMIT 1",  # noqa: S608
+            params,
         ) as cur:
             row = await cur.fetchone()
         return _entry(row) if row is not None else None
 
     async def for_issue(self, issue_number: int, *, repo: str | None = None) -> list[OutboxEntry]:
-        """Every entry of one issue, oldest first, in one read (of the repository ``repo`` when given; its
-        unscoped entries count as its own)."""
+        """Every entry of one issue, oldest first, in one read (of the repository ``repo`` when given)."""
         where, params = "issue_number = ?", list[object]([issue_number])
         if repo is not None:
-            where, params = where + " AND repo IN (?, '')", [*params, repo]
+            where, params = where + " AND repo = ?", [*params, repo]
         async with self._db.reader.execute(
             f"SELECT {_COLUMNS} FROM outbox WHERE {where} ORDER BY id", params  # noqa: S608
         ) as cur:
             return [_entry(row) for row in await cur.fetchall()]
 
-    async def unsettled_for_issue(self, issue_number: int) -> int:
-        """How many of one issue's entries are not sent yet or have not had their completion hook run."""
+    async def unsettled_for_issue(self, issue_number: int, *, repo: str | None = None) -> int:
+        """How many of one issue's entries (of ``repo`` when given) are not sent yet or have not had their
+        completion hook run."""
+        where, params = _scoped("issue_number = ? AND (status != 'done' OR hooked_at IS NULL)", [issue_number], repo)
         async with self._db.reader.execute(
-            "SELECT COUNT(*) FROM outbox WHERE issue_number = ? AND (status != 'done' OR hooked_at IS NULL)",
-            (issue_number,),
+            f"SELECT COUNT(*) FROM outbox WHERE {where}",  # noqa: S608
+            params,
         ) as cur:
             counted = [int(row[0]) for row in await cur.fetchall()]
         return counted[0]
 
-    async def evidence_comments(self, *, limit: int) -> list[OutboxEntry]:
-        """The newest comment entries whose key ends in ``:evidence`` (the bot's evidence comments)."""
+    async def evidence_comments(self, *, limit: int, repo: str | None = None) -> list[OutboxEntry]:
+        """The newest comment entries (of ``repo`` when given) whose key ends in ``:evidence`` (the bot's evidence
+        comments)."""
+        where, params = _scoped("kind = 'comment' AND idempotency_key LIKE '%:evidence'", [], repo)
         async with self._db.reader.execute(
-            f"SELECT {_COLUMNS} FROM outbox WHERE kind = 'comment' AND idempotency_key LIKE '%:evidence'"  # noqa: S608
-            " ORDER BY id DESC LIMIT ?",
-            (limit,),
+            f"SELECT {_COLUMNS} FROM outbox WHERE {where} ORDER BY id DESC LIMIT ?",  # noqa: S608
+            [*params, limit],
         ) as cur:
             return [_entry(row) for row in await cur.fetchall()]
 
-    async def comment_statuses(self, key_prefix: str) -> list[OutboxStatus]:
-        """The status of every comment entry whose key starts with ``key_prefix``, oldest first."""
+    async def comment_statuses(self, key_prefix: str, *, repo: str) -> list[OutboxStatus]:
+        """The status of every comment entry of ``repo`` whose key starts with ``key_prefix``, oldest first."""
         pattern = key_prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
         async with self._db.reader.execute(
-            "SELECT status FROM outbox WHERE idempotency_key LIKE ? ESCAPE '\\' AND kind = 'comment' ORDER BY id",
-            (pattern,),
+            "SELECT status FROM outbox WHERE repo = ? AND idempotency_key LIKE ? ESCAPE '\\' AND kind = 'comment'"
+            " ORDER BY id",
+            (repo, pattern),
         ) as cur:
             return [row["status"] for row in await cur.fetchall()]
 

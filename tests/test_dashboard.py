@@ -60,7 +60,8 @@ async def _seed(service: Service, client: TestClient[Any, Any]) -> dict[str, Any
             conn, repo="org/repo", issue_number=9, owner="author-2", role="author", action="implement",
             ttl=timedelta(hours=1), now=now, actor="operator:test", fingerprint="fp-1", request={"exclude": [4]},
         )
-    await service.outbox.add(OutboxIntent("t:labels", 7, "labels", {"add": ["status:in-progress"], "remove": []}))
+    await service.outbox.add(OutboxIntent("t:labels", 7, "labels", {"add": ["status:in-progress"], "remove": []}),
+                             repo="org/repo")
     entry = await service.outbox.by_key("t:labels")
     assert entry is not None
     claimed = await service.outbox.claim(entry, "test-sender")

@@ -86,7 +86,8 @@ async def _seed(db_path: Path) -> None:
             await issues.record_issue_event(observed, repo="demo/widgets", action="opened", sender="maintainer",
                                             delivery_id=f"seed-{number}")
         outbox = OutboxStore(db)
-        await outbox.add(OutboxIntent("seed-2:labels", 2, "labels", {"add": ["status:in-progress"], "remove": []}))
+        await outbox.add(OutboxIntent("seed-2:labels", 2, "labels", {"add": ["status:in-progress"], "remove": []}),
+                         repo="demo/widgets")
         entry = await outbox.by_key("seed-2:labels")
         assert entry is not None
         claimed = await outbox.claim(entry, "seed")

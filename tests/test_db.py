@@ -20,10 +20,10 @@ async def test_a_read_only_database_sees_the_writers_commits_and_refuses_writes(
     try:
         async with read_only(path) as db:
             assert await OutboxStore(db).counts() == dict.fromkeys(await OutboxStore(writer).counts(), 0)
-            await OutboxStore(writer).add(OutboxIntent("k", 1, "labels", {"add": ["x"]}))
+            await OutboxStore(writer).add(OutboxIntent("k", 1, "labels", {"add": ["x"]}), repo="org/repo")
             assert (await OutboxStore(db).counts())["pending"] == 1
             with pytest.raises(sqlite3.OperationalError, match="readonly"):
-                await OutboxStore(db).add(OutboxIntent("k2", 1, "labels", {"add": ["y"]}))
+                await OutboxStore(db).add(OutboxIntent("k2", 1, "labels", {"add": ["y"]}), repo="org/repo")
     finally:
         await writer.close()
 
@@ -73,10 +73,10 @@ async def test_a_read_only_postgresql_session_sees_the_writers_commits_and_refus
     try:
         async with read_only(postgres_url) as db:
             assert await OutboxStore(db).counts() == dict.fromkeys(await OutboxStore(writer).counts(), 0)
-            await OutboxStore(writer).add(OutboxIntent("k", 1, "labels", {"add": ["x"]}))
+            await OutboxStore(writer).add(OutboxIntent("k", 1, "labels", {"add": ["x"]}), repo="org/repo")
             assert (await OutboxStore(db).counts())["pending"] == 1
             with pytest.raises(psycopg.errors.ReadOnlySqlTransaction):
-                await OutboxStore(db).add(OutboxIntent("k2", 1, "labels", {"add": ["y"]}))
+                await OutboxStore(db).add(OutboxIntent("k2", 1, "labels", {"add": ["y"]}), repo="org/repo")
         assert [e.key for e in await OutboxStore(writer).every_entry()] == ["k"]
     finally:
         await writer.close()

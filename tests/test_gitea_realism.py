@@ -93,7 +93,7 @@ async def test_an_outbox_comment_on_a_missing_issue_parks_at_once_with_a_typed_b
     from state.outbox import OutboxIntent
 
     key = "test-comment-on-gone"
-    await world.service.outbox.add(
+    await world.service.outbox.add(repo=world.service.settings.repo_key, intent=
         OutboxIntent(
             key=key, issue_number=4242, kind="comment", payload={"body": f"hello <!-- foreman:evidence {key} -->"}
         )
@@ -128,7 +128,7 @@ async def test_patch_with_an_unassignable_user_keeps_the_other_assignees(world: 
     assert raw_status == 500 and [u.login for u in emu.issue(OWNER, REPO, number).assignees] == []
     await world.call("alice", "PATCH", f"/issues/{number}", {"assignees": ["alice", "bob"]})
     key = "test-assign-carol"
-    await world.service.outbox.add(
+    await world.service.outbox.add(repo=world.service.settings.repo_key, intent=
         OutboxIntent(key=key, issue_number=number, kind="assignees", payload={"assignees": ["alice", "carol"]})
     )
     world.service.outbox_wakeup()
@@ -151,7 +151,7 @@ async def test_patch_with_an_unknown_user_changes_nothing_and_parks_typed(world:
     number = await world.open_issue()
     await world.call("alice", "PATCH", f"/issues/{number}", {"assignees": ["bob"]})
     key = "test-assign-ghost"
-    await world.service.outbox.add(
+    await world.service.outbox.add(repo=world.service.settings.repo_key, intent=
         OutboxIntent(key=key, issue_number=number, kind="assignees", payload={"assignees": ["ghost"]})
     )
     world.service.outbox_wakeup()
@@ -174,7 +174,7 @@ async def test_an_assignee_change_that_gitea_accepts_still_replaces_the_set(worl
     number = await world.open_issue()
     await world.call("alice", "PATCH", f"/issues/{number}", {"assignees": ["bob"]})
     key = "test-assign-alice"
-    await world.service.outbox.add(
+    await world.service.outbox.add(repo=world.service.settings.repo_key, intent=
         OutboxIntent(key=key, issue_number=number, kind="assignees", payload={"assignees": ["alice"]})
     )
     world.service.outbox_wakeup()
@@ -198,7 +198,7 @@ async def test_issues_deleted_ends_the_leases_and_cancels_the_outbox(tmp_path: P
         lease = await _lease_to_author(world, number)
         emu.faults.fail("GET", COMMENTS_ROUTE, status=503, times=8)
         key = "test-comment-then-deleted"
-        await world.service.outbox.add(
+        await world.service.outbox.add(repo=world.service.settings.repo_key, intent=
             OutboxIntent(
                 key=key, issue_number=number, kind="comment", payload={"body": f"x <!-- foreman:evidence {key} -->"}
             )
@@ -424,7 +424,7 @@ async def test_on_1_22_a_deleted_issue_is_found_by_the_outbox_and_its_leases_end
         assert not [d for d in emu.deliveries if d.action == "deleted"]
         first, second = "test-gone-first", "test-gone-second"
         for key in (first, second):
-            await world.service.outbox.add(
+            await world.service.outbox.add(repo=world.service.settings.repo_key, intent=
                 OutboxIntent(
                     key=key, issue_number=number, kind="comment", payload={"body": f"x <!-- foreman:evidence {key} -->"}
                 )

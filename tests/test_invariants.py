@@ -143,6 +143,13 @@ CASES: dict[str, tuple[str, Mutation]] = {
         dataclasses.replace(o, comment_id=4242) if o.key == "command:77:reply" else o for o in f.db.outbox))),
     "a bot comment without an outbox entry": ("outbox.no_stray_comment", lambda f: _gitea(
         f, comments=(*f.gitea.comments, CommentFact(1, 900, BOT, "command:88:reply")))),
+    "an outbox entry filed under no repository": ("outbox.filed_by_repository", lambda f: _db(f, outbox=tuple(
+        dataclasses.replace(o, repo="") if o.key == "lease-1:labels" else o for o in f.db.outbox))),
+    "a run's evidence filed under another repository than its grant's": (
+        "outbox.run_evidence_repository", lambda f: _db(
+            f, run_repos=(("run-1", "acme/gadgets"),),
+            outbox=(*f.db.outbox, OutboxFact("run:run-1:summary", 1, "comment", "done", 980, "acme/widgets")),
+        )),
     "two live leases on one issue": ("leases.one_live_per_issue", _add_lease(LeaseFact("lease-1b", 1, "author-1",
                                                                                        "live"))),
     "a lease without its evidence entry": ("leases.evidence", lambda f: _db(
@@ -323,13 +330,14 @@ async def test_gather_db_and_gitea_read_a_real_database_and_the_emulator(tmp_pat
             conn, repo="acme/widgets", issue_number=1, owner="author-1", role="author", action="implement",
             ttl=timedelta(hours=1), now=utcnow(), actor="controller-bot", fingerprint=None, request={})
         body = render_evidence(key=f"{lease.lease_id}:evidence", summary="Leased #1.", state=None, evidence={})
-        await enqueue(conn, OutboxIntent(f"{lease.lease_id}:evidence", 1, "comment", {"body": body}))
+        await enqueue(conn, OutboxIntent(f"{lease.lease_id}:evidence", 1, "comment", {"body": body}),
+                      repo="acme/widgets")
     entry = await OutboxStore(db).by_key(f"{lease.lease_id}:evidence")
     assert entry is not None
     await db.close()
     facts = await invariants.gather_db(tmp_path / "foreman.db")
     assert facts.leases == (LeaseFact(lease.lease_id, 1, "author-1", "live"),)
-    assert facts.outbox == (OutboxFact(f"{lease.lease_id}:evidence", 1, "comment", "pending"),)
+    assert facts.outbox == (OutboxFact(f"{lease.lease_id}:evidence", 1, "comment", "pending", None, "acme/widgets"),)
     async with live_emulator() as live:
         live.emulator.create_issue(OWNER, REPO, title="one", author="alice", assignees=["alice"])
         live.emulator.create_comment(OWNER, REPO, 1, author="foreman-bot", body=body)
@@ -387,7 +395,7 @@ async def test_gather_db_counts_a_pull_requests_evidence_as_an_end_record_only_f
         key = "pr:1:2:abcdef012345:evidence"
         body = render_evidence(key=key, summary="Pull request #2 is open for #1.", state=None,
                                evidence={"handed_over": {"lease_id": lease.lease_id}})
-        await enqueue(conn, OutboxIntent(key, 1, "comment", {"body": body}))
+        await enqueue(conn, OutboxIntent(key, 1, "comment", {"body": body}), repo="acme/widgets")
     await db.close()
     facts = await invariants.gather_db(tmp_path / "foreman.db")
     assert facts.handovers == (((lease.lease_id, key),) if counted else ()), facts.handovers

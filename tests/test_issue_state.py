@@ -484,7 +484,8 @@ async def test_the_bots_own_state_comment_becomes_the_state_and_a_later_human_bl
     key = f"lease-{number}:evidence"
     bot_state = _state("in-progress", last_updated_by=BOT)
     body = render_evidence(key=key, summary=f"Leased #{number} to author-1.", state=bot_state, evidence={"n": number})
-    assert await world.service.outbox.add(OutboxIntent(key, number, "comment", {"body": body}))
+    assert await world.service.outbox.add(OutboxIntent(key, number, "comment", {"body": body}),
+                                    repo=world.service.settings.repo_key)
     world.service.outbox_wakeup()
     await world.settle()
     entry = await world.service.outbox.by_key(key)

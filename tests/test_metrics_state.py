@@ -34,7 +34,7 @@ async def test_metrics_carry_build_info_and_state_gauges(tmp_path: Path, start: 
         await store.acquire(conn, repo="org/repo", issue_number=2, owner="b", role="author", action="implement",
                             ttl=timedelta(hours=1), now=now - timedelta(hours=2), actor="t", fingerprint=None,
                             request={})
-    await service.outbox.add(OutboxIntent("m:labels", 1, "labels", {"add": ["x"], "remove": []}))
+    await service.outbox.add(OutboxIntent("m:labels", 1, "labels", {"add": ["x"], "remove": []}), repo="org/repo")
     resp = await client.get("/metrics")
     assert resp.status == 200
     # The exposition format generate_latest writes, named with its version (as prometheus_client serves it).

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -20,7 +20,7 @@ from bot.core.evidence import find_marker, marker, render_evidence, render_failu
 from bot.metrics import Metrics
 from bot.outbox import OutboxSender
 from state.db import Database
-from state.outbox import OutboxEntry, OutboxInputError, OutboxIntent, OutboxStore, enqueue
+from state.outbox import OutboxEntry, OutboxInputError, OutboxIntent, OutboxStore, acting_for, enqueue
 from tests.conftest import DbOpener, database_env
 from tests.gitea_fixtures import OWNER, REPO, LiveEmulator, live_emulator
 
@@ -64,6 +64,16 @@ class Rig:
         found = await self.store.by_key(key)
         assert found is not None
         return found
+
+
+KEY = f"{OWNER}/{REPO}".lower()
+
+
+@pytest.fixture(autouse=True)
+def _acting_for_the_repository() -> Iterator[None]:
+    """These tests enqueue directly, as a door does: for the one repository of the emulator."""
+    with acting_for(KEY):
+        yield
 
 
 @pytest.fixture
@@ -398,9 +408,9 @@ async def test_store_reads_comment_statuses_by_key_prefix_with_no_wildcards(open
         [first, *_] = await store.due_heads(claim_ttl_s=60, limit=10)
         claimed = await store.claim(first, "s")
         assert claimed is not None and await store.complete(claimed, {"comment_id": 1})
-        assert await store.comment_statuses("auto-proof:1:") == ["done", "pending"]
-        assert await store.comment_statuses("a_b:") == ["pending"]
-        assert await store.comment_statuses("auto-proof:9:") == []
+        assert await store.comment_statuses("auto-proof:1:", repo=KEY) == ["done", "pending"]
+        assert await store.comment_statuses("a_b:", repo=KEY) == ["pending"]
+        assert await store.comment_statuses("auto-proof:9:", repo=KEY) == []
     finally:
         await db.close()
 

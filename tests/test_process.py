@@ -244,7 +244,7 @@ async def test_an_outbox_comment_posted_just_before_a_kill_is_adopted_after_rest
         service = ServeProcess(tmp_path, module="bot", overrides=merged(emulator_sections(live.base_url), outbox))
         body = render_evidence(key="kill-1", summary="Leased #1.", state=None, evidence={"issue": 1})
         db = await Database.open(service.db)
-        await OutboxStore(db).add(OutboxIntent("kill-1", 1, "comment", {"body": body}))
+        await OutboxStore(db).add(OutboxIntent("kill-1", 1, "comment", {"body": body}), repo="acme/widgets")
         await db.close()
 
         def comments() -> list[str]:

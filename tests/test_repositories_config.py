@@ -123,13 +123,16 @@ def test_a_repositorys_own_grants_are_checked_naming_their_key(tmp_path: Path) -
 
 
 async def test_entries_stored_before_repositories_are_the_first_repositorys(tmp_path: Path) -> None:
-    """An entry without a repository (stored before schema 13, or by a door that named none) is filed under the
-    first configured repository when the service starts, and counts as its own meanwhile."""
+    """An entry without a repository (stored before schema 13) is filed under the first configured repository
+    when the service starts; until then it is no repository's (no scoped read returns it)."""
     db = await Database.open(tmp_path / "f.db")
     try:
         store = OutboxStore(db)
-        assert await store.add(OutboxIntent("old", 3, "labels", {"add": ["x"]}))
-        assert [e.repo for e in await store.for_issue(3, repo="acme/widgets")] == [""]
+        assert await store.add(OutboxIntent("old", 3, "labels", {"add": ["x"]}), repo="acme/widgets")
+        async with db.transaction() as conn:  # as schema 13 left a row stored before it: repo ''
+            await conn.execute("UPDATE outbox SET repo = '' WHERE idempotency_key = 'old'")
+        assert await store.for_issue(3, repo="acme/widgets") == []
+        assert [e.repo for e in await store.for_issue(3)] == [""]
         assert await store.adopt_unscoped("acme/widgets") == 1
         assert await store.adopt_unscoped("acme/widgets") == 0
         assert [e.repo for e in await store.list(limit=10)] == ["acme/widgets"]

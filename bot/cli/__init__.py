@@ -366,6 +366,11 @@ def database_refusal(exc: SchemaTooNew | DatabaseNotWritable) -> dict[str, Any]:
 def _run_command(settings: Settings, args: argparse.Namespace) -> int:
     if args.command == "serve":
         return asyncio.run(serve(settings))
+    if args.command == "run" and args.run_command != "start":
+        # A run's own commands act for its grant's repository (bot/cli/runs.py checks --repository against it).
+        return cmd_run(settings, args)
+    if args.command == "grants":  # every run, each marked when its repository is not served (bot/cli/runs.py)
+        return cmd_grants(settings, args)
     view = repository_view(settings, args.repository, command=args.command)
     if isinstance(view, dict):
         print(json.dumps(view, indent=2, sort_keys=True))

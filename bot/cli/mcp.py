@@ -16,6 +16,7 @@ from bot.config import Settings
 def cmd_mcp(settings: Settings, args: argparse.Namespace) -> int:
     """MCP over stdio for the identity of FOREMAN_MCP_TOKEN, or bound to the run of a run token (docs/grants.md);
     without a known token, refuse to start (exit 2)."""
+    from bot.core.errors import EnvelopeError
     from bot.mcp_server import IdentityError, resolve_identity, serve_stdio, token_from_environment
     from bot.verbs.runs.start import is_run_token
 
@@ -28,7 +29,13 @@ def cmd_mcp(settings: Settings, args: argparse.Namespace) -> int:
             print(json.dumps(refusal), file=sys.stderr)
             answer_refusal_on_the_wire(refusal)
             return EXIT_USAGE
-        code = asyncio.run(serve_stdio(settings, run_token=token))
+        try:
+            code = asyncio.run(serve_stdio(settings, run_token=token))
+        except EnvelopeError as refused:  # a run of a repository this process does not serve
+            refusal = refused.envelope.to_dict()
+            print(json.dumps(refusal), file=sys.stderr)
+            answer_refusal_on_the_wire(refusal)
+            return EXIT_USAGE
         if code != EXIT_OK:
             message = "FOREMAN_MCP_TOKEN is not the token of any run; `foreman run start` prints a run's token"
             refusal = _mcp_token_refusal(message)

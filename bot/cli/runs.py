@@ -13,8 +13,31 @@ from bot.config import Settings
 from state.db import Database
 
 
+def run_view(settings: Settings, grant_repo: str, given: str | None, run_id: str, *, command: str = "teardown"
+             ) -> Settings | dict[str, Any]:
+    """The settings of a run's own repository (its grant's), or the ``invalid_input`` envelope: a run of a
+    repository this config does not serve, or an explicit ``--repository`` that is not the run's."""
+    if given is not None and settings.find_repository(given) != grant_repo:
+        return {"error": "invalid_input",
+                "message": f"run {run_id} acts for {grant_repo}, not --repository {given}",
+                "remediate": "a run's own commands act for its grant's repository: leave --repository out",
+                "exact_next_action": f"foreman run {command} {run_id} (the same command, without --repository)",
+                "repository": grant_repo}
+    if grant_repo not in settings.repository_keys():
+        return {"error": "invalid_input",
+                "message": f"run {run_id} acts for {grant_repo}, which this config does not serve"
+                f" ({', '.join(settings.repository_keys())})",
+                "remediate": f"add {grant_repo} to [[repositories]] (or use the config that serves it)",
+                "exact_next_action": f"add [[repositories]] owner/name {grant_repo} to the config, then run"
+                " foreman check-config", "repository": grant_repo}
+    return settings.for_repository(grant_repo)
+
+
 def cmd_run(settings: Settings, args: argparse.Namespace) -> int:
-    """`run start` compiles and seals a grant; `run abort` / `run reconcile` are the operator's side of a run."""
+    """`run start` compiles and seals a grant; `run abort` / `run reconcile` are the operator's side of a run.
+
+    ``settings`` is the ``--repository`` view for `run start`, and the whole config for a run's own commands: they
+    act for the run's grant's repository (``run_view``)."""
     from bot.core.errors import EnvelopeError
     from bot.verbs.runs.broker import Broker
     from bot.verbs.runs.start import host_identity, start_run
@@ -38,7 +61,8 @@ def cmd_run(settings: Settings, args: argparse.Namespace) -> int:
             emit(started.to_dict(), as_json=args.json, text=text)
             return EXIT_OK
         store = GrantStore(db)
-        if await store.run(args.run_id) is None:
+        record = await store.run(args.run_id)
+        if record is None:
             emit(
                 {
                     "error": "not_found",
@@ -49,9 +73,14 @@ def cmd_run(settings: Settings, args: argparse.Namespace) -> int:
                 as_json=True,
             )
             return EXIT_REFUSED
-        broker = Broker(store, args.run_id, host=lambda: host_identity(settings.database.path))
+        view = run_view(settings, record.repo, getattr(args, "repository", None), args.run_id,
+                        command=args.run_command)
+        if isinstance(view, dict):
+            emit(view, as_json=True)
+            return EXIT_REFUSED
+        broker = Broker(store, args.run_id, host=lambda: host_identity(view.database.path))
         if args.run_command == "teardown":
-            doc = await _teardown(broker)
+            doc = await _teardown(broker, view)
             emit(doc, as_json=args.json)
             return EXIT_OK if doc["ok"] else EXIT_REFUSED
         if args.run_command == "abort":
@@ -61,7 +90,7 @@ def cmd_run(settings: Settings, args: argparse.Namespace) -> int:
         emit(result.to_dict(), as_json=args.json)
         return EXIT_OK if result.ok else EXIT_REFUSED
 
-    async def _teardown(broker: Broker) -> dict[str, Any]:
+    async def _teardown(broker: Broker, view: Settings) -> dict[str, Any]:
         # The reserved teardown, run by the operator through the same gateway as the agent's calls, as the
         # run's owner (a run the agent abandoned is still torn down exactly once, with the compiled arguments).
         from bot.core.verbs import TOOLS
@@ -70,8 +99,8 @@ def cmd_run(settings: Settings, args: argparse.Namespace) -> int:
         from bot.verbs.runtime import caller_for
 
         grant = await broker.grant()
-        async with open_runtime(settings) as runtime:
-            caller = caller_for(settings, grant.owner, "mcp")
+        async with open_runtime(view) as runtime:
+            caller = caller_for(view, grant.owner, "mcp")
 
             async def run_tool(tool: str, arguments: dict[str, Any]) -> tuple[bool, dict[str, Any]]:
                 result = await runtime.call(TOOLS[tool].name, caller, arguments)
@@ -101,12 +130,16 @@ def cmd_grants(settings: Settings, args: argparse.Namespace) -> int:
             )
             return EXIT_REFUSED
         lines: list[str] = []
+        served = settings.repository_keys()
         for entry in doc["runs"]:
             run, grant = entry["run"], entry["grant"]
+            # A run of a repository no longer configured: no teardown loop of this config runs it.
+            entry["repository_served"] = run["repo"] in served
             lines.append(
                 f"{run['run_id']} #{run['issue_number']} {run['policy']} {run['owner']} grant {run['grant_digest']}"
                 f" next={run['next_position']} outcome={run['outcome'] or '-'} teardown={run['teardown']}"
                 + ("" if entry["grant_integrity"] == "intact" else f" GRANT {entry['grant_integrity']}")
+                + ("" if entry["repository_served"] else f" REPOSITORY {run['repo']} NOT SERVED (no teardown loop)")
             )
             if grant is not None:
                 lines.append(f"  policy {grant['policy']['digest']} contract {grant['contract_digest']}")

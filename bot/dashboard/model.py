@@ -107,13 +107,16 @@ async def deliveries(db: Database, settings: Settings, *, limit: int = 50, issue
     return {"counts": counts, "recent": [d.summary() for d in found]}
 
 
-async def grants(db: Database, *, limit: int = 50, issue: int | None = None) -> list[dict[str, Any]]:
-    """Run grants (never their tokens: only a digest is stored, and it is not shown) with every decision."""
+async def grants(db: Database, *, repo: str, limit: int = 50, issue: int | None = None) -> list[dict[str, Any]]:
+    """One repository's run grants (never their tokens: only a digest is stored, and it is not shown) with every
+    decision."""
     store = GrantStore(db)
-    out = []
-    for record in await store.runs(limit=limit if issue is None else 1000):
-        if issue is not None and record.issue_number != issue:
+    out: list[dict[str, Any]] = []
+    for record in await store.runs(limit=1000):
+        if record.repo != repo or (issue is not None and record.issue_number != issue):
             continue
+        if issue is None and len(out) >= limit:
+            break
         run = scrub(record.summary())
         try:
             grant = await store.grant(record.run_id)
@@ -128,7 +131,7 @@ async def grants(db: Database, *, limit: int = 50, issue: int | None = None) -> 
 
 async def ready_candidates(db: Database, settings: Settings) -> list[dict[str, Any]]:
     ready = label_for_state("ready")
-    out = []
+    out: list[dict[str, Any]] = []
     for snapshot in await IssueStore(db).open_issues(settings.repo_key):
         if ready in snapshot.label_names:
             out.append({"issue_number": snapshot.number, "labels": sorted(snapshot.label_names),
@@ -143,7 +146,7 @@ async def current_decisions(db: Database, settings: Settings) -> list[dict[str, 
     from bot.verbs.allocate import AllocationOutcome
     from bot.verbs.runtime import VerbRuntime, no_bootstrap, operator_caller
 
-    out = []
+    out: list[dict[str, Any]] = []
     runtime = VerbRuntime(db=db, settings=settings, bot_login=settings.gitea.bot_login, bootstrap_factory=no_bootstrap)
     caller = operator_caller("dashboard", "dashboard")
     for owner in settings.authors():
@@ -165,7 +168,7 @@ async def recorded_decisions(db: Database, settings: Settings, *, limit: int = 2
         doc = decision.doc
         out.append({"source": "auto", "at": decision.decided_at, "trigger": decision.trigger,
                     "delivery": decision.delivery_id, **scrub(doc if isinstance(doc, dict) else {"doc": doc})})
-    for entry in await OutboxStore(db).evidence_comments(limit=limit * 4):
+    for entry in await OutboxStore(db).evidence_comments(limit=limit * 4, repo=settings.repo_key):
         evidence = parse_evidence(entry.payload.get("body", ""))
         if evidence is None or evidence.get("action") != "allocate":
             continue
@@ -201,7 +204,7 @@ async def overview(db: Database, settings: Settings, *, now: datetime | None = N
         "bootstrap": await journal(db, settings, limit=limit),
         "outbox": await outbox(db, limit=limit),
         "deliveries": await deliveries(db, settings, limit=limit),
-        "grants": await grants(db, limit=limit),
+        "grants": await grants(db, repo=settings.repo_key, limit=limit),
     }
 
 
@@ -230,7 +233,7 @@ async def issue_view(db: Database, settings: Settings, number: int, *, now: date
         "bootstrap": await journal(db, settings, issue=number, limit=1000),
         "bot_writes": (await outbox(db, issue=number, repo=repo))["entries"],
         "worktrees": await worktrees(db, settings, number),
-        "grants": await grants(db, issue=number),
+        "grants": await grants(db, repo=repo, issue=number),
         "decisions": [d for d in await recorded_decisions(db, settings, limit=1000)
                       if d.get("issue_number") == number or number in _numbers_in(d)],
     }

@@ -192,7 +192,7 @@ class Dashboard:
             "journal": lambda: model.journal(self.db, view),
             "outbox": lambda: model.outbox(self.db),
             "deliveries": lambda: model.deliveries(self.db, view),
-            "grants": lambda: model.grants(self.db),
+            "grants": lambda: model.grants(self.db, repo=view.repo_key),
             "allocator": lambda: self._allocator(view),
         }
         reader = readers.get(name)

@@ -47,7 +47,7 @@ from state.db import Database, utcnow
 from state.exclusions import ExclusionStore
 from state.issues import IssueStore
 from state.leases import Lease, LeaseStore, LeaseTaken
-from state.outbox import OutboxIntent, enqueue
+from state.outbox import OutboxIntent, acting_for, enqueue
 
 # An issue body line such as "Depends: #12, #14" (the seed documents use "Parent / Depends / Blocks").
 _DEPENDS_RE = re.compile(r"^\s*(?:[-*]\s*)?\**depends(?: on)?\**\s*:\s*(.+)$", re.IGNORECASE | re.MULTILINE)
@@ -241,6 +241,10 @@ class Allocator:
         return await mark_duplicates(self.db, self.repo, self.gitea, await ready_candidates(self.gitea))
 
     async def run(self, call: AllocationCall, *, now: datetime | None = None) -> AllocationOutcome:
+        with acting_for(self.repo):  # an allocation acts for its repository: its entries are filed under it
+            return await self._run(call, now=now)
+
+    async def _run(self, call: AllocationCall, *, now: datetime | None = None) -> AllocationOutcome:
         refused = self._check_owner(call)
         if refused is not None:
             return refused

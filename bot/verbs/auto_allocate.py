@@ -28,7 +28,7 @@ from state.deliveries import DeliveryStore
 from state.exclusions import ExclusionStore
 from state.journal import JournalStore
 from state.leases import LeaseStore
-from state.outbox import OutboxIntent, OutboxStore, enqueue
+from state.outbox import OutboxIntent, OutboxStore, acting_for, enqueue
 
 log = logging.getLogger("foreman.auto_allocate")
 
@@ -122,7 +122,8 @@ async def auto_allocate(
     lock = _LOCKS.setdefault((id(db), settings.repo_key), asyncio.Lock())
     async with lock:
         try:
-            await _run(db, settings, gitea, bot_login, report, delivery_id, now, wakeup)
+            with acting_for(settings.repo_key):  # an auto-allocation acts for its repository (its entries too)
+                await _run(db, settings, gitea, bot_login, report, delivery_id, now, wakeup)
         finally:
             await _record(db, settings, report, delivery_id, now)
     return report
@@ -246,7 +247,7 @@ async def _maybe_block(db: Database, allocator: Allocator, outcome: AllocationOu
     excluded.add(number)
     report.blocked.append(number)
     prefix = f"auto-proof:{number}:"
-    statuses = await OutboxStore(db).comment_statuses(prefix)
+    statuses = await OutboxStore(db).comment_statuses(prefix, repo=allocator.repo)
     if any(status in ("pending", "sending") for status in statuses):
         return True  # the same refusal is already on its way
     key = f"{prefix}{len(statuses)}"

@@ -10,11 +10,18 @@ from bot.verbs.bootstrap.transition import BootstrapRun
 from bot.verbs.runtime import bootstrap_through_door, caller_for
 from state.journal import JournalStore
 from state.leases import LeaseStore
+from state.outbox import acting_for
 
 log = logging.getLogger("foreman.bootstrap")
 
 
 async def recover_open_transitions(ctx: BootstrapContext) -> list[BootstrapResult]:
+    """The recovery of ``ctx``'s repository, acting for it (its entries are filed under it)."""
+    with acting_for(ctx.repo):
+        return await _recover_open_transitions(ctx)
+
+
+async def _recover_open_transitions(ctx: BootstrapContext) -> list[BootstrapResult]:
     """Finish or undo what a dead process left half-way (the service runs this when it starts): a transition of
     a live lease is resumed through the door for its owner, exactly as the owner's replay of the same key would; a
     transition whose lease has ended meanwhile (released, expired) is compensated now instead of when the next lease

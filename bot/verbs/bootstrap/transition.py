@@ -29,6 +29,7 @@ from bot.verbs.bootstrap.refusals import (
 )
 from state.journal import JournalConflict, JournalRaced, NewTransition, Transition
 from state.leases import Lease
+from state.outbox import acting_for
 
 
 async def bootstrap_issue_worktree(
@@ -65,7 +66,8 @@ async def bootstrap_issue_worktree(
                 "Wait for it to finish; a repeat of the same request then returns its result.",
                 call_again(issue_number, idempotency_key),
             ), idempotency_key)
-        return await BootstrapRun(ctx, issue_number, caller).execute(idempotency_key, expected_base)
+        with acting_for(ctx.repo):  # a bootstrap acts for its repository: its entries are filed under it
+            return await BootstrapRun(ctx, issue_number, caller).execute(idempotency_key, expected_base)
 
 
 def lease_ended() -> Envelope:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from typing import Any, Protocol
 
@@ -31,14 +31,17 @@ class Door(Protocol):
 
 async def run_due_teardowns(
     db: Database, settings: Settings, door: Door, *, now: datetime | None = None,
-    host: Callable[[], str] | None = None, refused: set[str] | None = None,
+    host: Callable[[], str] | None = None, refused: set[str] | None = None, served: Sequence[str] = (),
 ) -> list[dict[str, Any]]:
     """Run the reserved teardown of every run that is due (``teardown_due``), as ``foreman run teardown`` does:
     admitted by the run's broker, called through the door as the run's owner with the compiled arguments, settled.
     The broker's state makes it once: an admitted teardown is never pending again (a crash in between leaves it
     in flight, for an operator's reconciliation, never for a second run). A run sealed on another host is that
     host's to tear down; a teardown the broker refused (e.g. the issue's worktree is no longer the bound one) is
-    added to ``refused`` and not tried again by this process (each try would record one more denial)."""
+    added to ``refused`` and not tried again by this process (each try would record one more denial).
+
+    ``served``: every repository this process serves (first first). A due run of none of them has no loop to tear
+    it down: the first repository's loop logs it once (and adds it to ``refused``); `foreman grants` names it."""
     store = GrantStore(db)
     moment = now or utcnow()
     this_host = host or (lambda: host_identity(settings.database.path))
@@ -53,6 +56,11 @@ async def run_due_teardowns(
         if grant is None or record.run_id in skip or not teardown_due(grant, record.state, moment):
             continue
         if grant.repo != settings.repo_key:  # another served repository's run: its own loop tears it down
+            if served and grant.repo not in served and settings.repo_key == served[0]:
+                skip.add(record.run_id)
+                log.warning("run %s acts for %s, which no configured repository serves: no teardown loop runs it;"
+                            " serve %s again ([[repositories]]) or `foreman run teardown %s` with a config that"
+                            " serves it", record.run_id, grant.repo, grant.repo, record.run_id)
             continue
         if grant.host_id != this_host():
             skip.add(record.run_id)
@@ -87,8 +95,10 @@ class TeardownLoop:
     every ``interval_s`` (0: start-up only). Expiry is the passing of time, which no webhook or call announces."""
 
     def __init__(self, db: Database, settings: Settings, door: Door, *, interval_s: float,
-                 on_ran: Callable[[], None] | None = None) -> None:
+                 on_ran: Callable[[], None] | None = None, served: Sequence[str] = ()) -> None:
         self._db, self._settings, self._door = db, settings, door
+        #: every repository the process serves (``run_due_teardowns``)
+        self.served = tuple(served)
         self.interval_s = interval_s
         self._on_ran = on_ran
         self._task: asyncio.Task[None] | None = None
@@ -107,7 +117,8 @@ class TeardownLoop:
 
     async def run_once(self) -> list[dict[str, Any]]:
         try:
-            reports = await run_due_teardowns(self._db, self._settings, self._door, refused=self.refused)
+            reports = await run_due_teardowns(self._db, self._settings, self._door, refused=self.refused,
+                                              served=self.served)
         except Exception:
             log.exception("checking for due run teardowns failed (the next check runs them)")
             return []

@@ -283,7 +283,9 @@ class Broker:
 
     async def _queue_evidence(self, conn: Connection, grant: Grant, state: RunState) -> None:
         counts = await self._store.decision_counts(grant.run_id, conn)
-        queued = await enqueue(conn, run_evidence_intent(grant, state, counts), now=self._clock())
+        # Filed under the run's own repository: this runs outside any door (the run-bound `foreman mcp`, `foreman
+        # run teardown/abort`), where no task-wide repository is set.
+        queued = await enqueue(conn, run_evidence_intent(grant, state, counts), now=self._clock(), repo=grant.repo)
         log.info(
             "run %s closed (outcome %s, teardown %s): evidence %s %s",
             grant.run_id,
