@@ -186,12 +186,19 @@ class Lives:
             registration = await JournalStore(db).live_registration(FULL_NAME.lower(), number)
             return lease is not None and registration is not None and registration.lease_id == lease.lease_id
 
-        await self.until(f"bootstrapped #{number}", bootstrapped)
-        lease = await LeaseStore(db).live_for_issue(FULL_NAME.lower(), number)
-        registration = await JournalStore(db).live_registration(FULL_NAME.lower(), number)
-        assert lease is not None and registration is not None
-        author = lease.owner
-        await self.until_ok(author, "lock_issue", f"locking #{number}", issue_number=number)
+        deadline = time.monotonic() + 40.0
+        while True:  # an agent told "not leased to you" finds its work again (the lease may have moved on a restart)
+            await self.until(f"bootstrapped #{number}", bootstrapped)
+            lease = await LeaseStore(db).live_for_issue(FULL_NAME.lower(), number)
+            registration = await JournalStore(db).live_registration(FULL_NAME.lower(), number)
+            if lease is None or registration is None:
+                continue
+            author = lease.owner
+            locked = await self.call(author, "lock_issue", issue_number=number)
+            if locked.ok:
+                break
+            assert time.monotonic() < deadline, f"seed {self.seed}: locking #{number} kept refusing: {locked.doc}"
+            await asyncio.sleep(0.1)
         Path(registration.worktree_path, f"life-{number}.txt").write_text(f"the life of #{number}\n", encoding="utf-8")
         publish: dict[str, Any] = {"issue_number": number, "message": f"Live #{number}",
                                    "idempotency_key": f"publish-{number}"}
@@ -203,9 +210,16 @@ class Lives:
         self.pulls[number] = int(opened["pull_request"])
         if await self.point(index, number, "open_pr"):
             await self.redrive("open_pr", opened, author, "open_pull_request", **opening)
-        await self.until_ok(REVIEWER, "claim_review", f"claiming #{number}'s review", issue_number=number)
         verdict: dict[str, Any] = {"issue_number": number, "verdict": "approve"}
-        approved = await self.until_ok(REVIEWER, "submit_review", f"approving #{number}", **verdict)
+        deadline = time.monotonic() + 40.0
+        while True:  # a review lease ended under the reviewer (e.g. unworkable after a restart) is claimed again
+            await self.until_ok(REVIEWER, "claim_review", f"claiming #{number}'s review", issue_number=number)
+            review = await self.call(REVIEWER, "submit_review", **verdict)
+            if review.ok:
+                approved = review.doc
+                break
+            assert time.monotonic() < deadline, f"seed {self.seed}: approving #{number} kept refusing: {review.doc}"
+            await asyncio.sleep(0.1)
         if await self.point(index, number, "review"):
             await self.redrive("review", approved, REVIEWER, "submit_review", **verdict)
         merged = await self.until_ok(MERGER, "merge_pull_request", f"merging #{number}", issue_number=number)
@@ -285,7 +299,7 @@ async def test_sigkill_during_whole_lives_ends_every_issue_once_and_consistent(s
             status = sorted(label for label in emu.label_names(OWNER, REPO, n) if label.startswith("status:"))
             assert states and states[-1].state == "done" and status == ["status:done"], (seed, n, status, states[-1:])
         # The last issue waited for an author a pull request's opening freed (its lease ended before this one began).
-        [waiting] = [lease for lease in histories[numbers[-1]] if lease.action == "implement"]
+        waiting = next(lease for lease in histories[numbers[-1]] if lease.action == "implement")
         freed = [lease for n in numbers[:-1] for lease in histories[n]
                  if lease.owner == waiting.owner and lease.end_reason == "pull_request_opened"
                  and lease.ended_at is not None and lease.ended_at <= waiting.acquired_at]
