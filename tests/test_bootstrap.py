@@ -486,3 +486,22 @@ async def test_start_up_recovery_acts_with_the_owners_roster_roles_only() -> Non
         assert result.refusal.error == "not_authorized", result.to_dict()
         assert w.rows("SELECT COUNT(*) FROM bootstrap_journal") == [(0,)]
         assert w.rows("SELECT status FROM leases WHERE lease_id = ?", lease.lease_id) == [("released",)]
+
+
+async def test_start_up_recovery_leaves_a_live_review_lease_alone() -> None:
+    """A review lease needs no worktree: recovery never bootstraps it, never releases it as unworkable, and queues
+    nothing (the crash test of the whole life caught the old recovery ending a reviewer's lease `unworkable:
+    invalid_state` on a restart and adding `status:blocked` beside `status:review`, which stranded the issue)."""
+    from bot.verbs.bootstrap import recover_open_transitions
+
+    async with open_bootstrap_world() as w:
+        number = w.issue()
+        async with w.db.transaction() as conn:
+            review = await LeaseStore(w.db).acquire(
+                conn, repo=w.ctx.repo, issue_number=number, owner="carol", role="reviewer", action="review",
+                ttl=timedelta(seconds=3600), now=utcnow(), actor="ctl", fingerprint=None, request={},
+            )
+        assert await recover_open_transitions(w.ctx) == []
+        assert w.rows("SELECT status, end_reason FROM leases WHERE lease_id = ?", review.lease_id) == [("live", None)]
+        assert w.rows("SELECT COUNT(*) FROM bootstrap_journal") == [(0,)]
+        assert w.rows("SELECT COUNT(*) FROM outbox") == [(0,)]

@@ -36,8 +36,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from bot import invariants
 from bot.config import load_settings
 from bot.config_writer import write_config
@@ -67,6 +65,11 @@ POINTS = ("publish", "open_pr", "review", "merge", "teardown")
 FULL_NAME = f"{OWNER}/{REPO}"
 #: The seed of a plain run (it spreads the five kills over all three lives); any other through FOREMAN_CRASH_SEED.
 DEFAULT_SEED = 9
+#: Bounds that catch a hang, never a timing assertion: one step's wait, and all four lives. Each kill's restart is
+#: a new Python process (imports, recovery, catch-up); on a loaded 2-core machine one took 15 s, and the fourth
+#: issue waits through two of them before it is even leased.
+STEP_S = 90.0
+LIVES_S = 240.0
 
 
 @dataclass(frozen=True)
@@ -117,7 +120,7 @@ class Lives:
     async def until_ok(self, login: str, verb: str, what: str, **arguments: Any) -> dict[str, Any]:
         """Call until the door answers ok: a refusal that waits on the service (a label not synced yet, a lease
         the service has not made) is called again, as an agent following ``exact_next_action`` would."""
-        deadline = time.monotonic() + 30.0
+        deadline = time.monotonic() + STEP_S
         while True:
             result = await self.call(login, verb, **arguments)
             if result.ok:
@@ -125,7 +128,7 @@ class Lives:
             assert time.monotonic() < deadline, f"seed {self.seed}: {what}: {verb} kept refusing: {result.doc}"
             await asyncio.sleep(0.1)
 
-    async def until(self, what: str, check: Callable[[], Awaitable[bool]], timeout: float = 40.0) -> None:
+    async def until(self, what: str, check: Callable[[], Awaitable[bool]], timeout: float = STEP_S) -> None:
         deadline = time.monotonic() + timeout
         while not await check():
             assert time.monotonic() < deadline, f"seed {self.seed}: never {what}"
@@ -141,7 +144,7 @@ class Lives:
             await asyncio.sleep(kill.delay)
             if point == "teardown":
                 await self.until(f"busy with #{number}'s teardown", lambda: self._tearing_down(number),
-                                 timeout=10.0)
+                                 timeout=STEP_S)
             await self.proc.kill()
             self.done.append(f"{point}#{index}")
             await asyncio.sleep(kill.down)
@@ -188,7 +191,7 @@ class Lives:
             registration = await JournalStore(db).live_registration(FULL_NAME.lower(), number)
             return lease is not None and registration is not None and registration.lease_id == lease.lease_id
 
-        deadline = time.monotonic() + 40.0
+        deadline = time.monotonic() + STEP_S
         while True:  # an agent told "not leased to you" finds its work again (the lease may have moved on a restart)
             await self.until(f"bootstrapped #{number}", bootstrapped)
             lease = await LeaseStore(db).live_for_issue(FULL_NAME.lower(), number)
@@ -213,7 +216,7 @@ class Lives:
         if await self.point(index, number, "open_pr"):
             await self.redrive("open_pr", opened, author, "open_pull_request", **opening)
         verdict: dict[str, Any] = {"issue_number": number, "verdict": "approve"}
-        deadline = time.monotonic() + 40.0
+        deadline = time.monotonic() + STEP_S
         while True:  # a review lease ended under the reviewer (e.g. unworkable after a restart) is claimed again
             await self.until_ok(REVIEWER, "claim_review", f"claiming #{number}'s review", issue_number=number)
             review = await self.call(REVIEWER, "submit_review", **verdict)
@@ -238,8 +241,6 @@ async def agents(config: Path) -> AsyncIterator[VerbRuntime]:
         yield runtime
 
 
-@pytest.mark.xfail(strict=False, reason="known bug under load: after a kill an issue's label can stay short of "
-                   "status:review for over 30 s (a held label sync not re-planned?); passes on a quiet machine")
 async def test_sigkill_during_whole_lives_ends_every_issue_once_and_consistent(scratch: Path) -> None:  # noqa: F811
     seed = int(os.environ.get("FOREMAN_CRASH_SEED") or DEFAULT_SEED)
     print(f"crash-life seed: {seed} (rerun with FOREMAN_CRASH_SEED={seed})")
@@ -261,7 +262,7 @@ async def test_sigkill_during_whole_lives_ends_every_issue_once_and_consistent(s
             async with agents(proc.config) as runtime:
                 burst = Burst(seed, live, proc, hook_url)
                 lives = Lives(seed, live, proc, burst, runtime, kills)
-                await asyncio.wait_for(asyncio.gather(*(lives.life(i, n) for i, n in enumerate(numbers))), 90)
+                await asyncio.wait_for(asyncio.gather(*(lives.life(i, n) for i, n in enumerate(numbers))), LIVES_S)
                 await burst.replay_lost()
                 await burst.settle()
                 facts = await invariants.gather(
@@ -302,9 +303,25 @@ async def test_sigkill_during_whole_lives_ends_every_issue_once_and_consistent(s
             states = [s for c in issue.comments if (s := parse_comment(c.body).current) is not None]
             status = sorted(label for label in emu.label_names(OWNER, REPO, n) if label.startswith("status:"))
             assert states and states[-1].state == "done" and status == ["status:done"], (seed, n, status, states[-1:])
-        # The last issue waited for an author a pull request's opening freed (its lease ended before this one began).
+        ends = {n: [(x.action, x.owner, x.end_reason) for x in h] for n, h in histories.items()}
+        # The last issue waited for an author another issue freed (that lease ended before this one began): a pull
+        # request's opening, or a bootstrap a kill interrupted and whose resumption found the base moved on (a
+        # stale pin is compensated, never rebased; the issue is leased again).
         waiting = next(lease for lease in histories[numbers[-1]] if lease.action == "implement")
         freed = [lease for n in numbers[:-1] for lease in histories[n]
-                 if lease.owner == waiting.owner and lease.end_reason == "pull_request_opened"
+                 if lease.owner == waiting.owner and _freeing(lease.end_reason)
                  and lease.ended_at is not None and lease.ended_at <= waiting.acquired_at]
-        assert freed, (seed, waiting, {n: [(x.owner, x.end_reason) for x in h] for n, h in histories.items()})
+        assert freed, (seed, waiting, ends)
+        # No lease ended for any other reason: the start-up recovery once bootstrapped a live review lease (no
+        # worktree), ended it `unworkable: invalid_state` and added `status:blocked` beside `status:review`.
+        assert not [end for found in ends.values() for end in found
+                    if end[2] not in ("pull_request_opened", "reviewed") and not _stale_pin(end[2])], (seed, ends)
+
+
+def _stale_pin(reason: str | None) -> bool:
+    """A bootstrap resumed after a kill found the default branch moved from its pin (another issue merged)."""
+    return bool(reason and reason.startswith("bootstrap failed: ") and " moved from the pinned " in reason)
+
+
+def _freeing(reason: str | None) -> bool:
+    return reason == "pull_request_opened" or _stale_pin(reason)

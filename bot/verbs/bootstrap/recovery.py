@@ -51,16 +51,17 @@ async def _recover_open_transitions(ctx: BootstrapContext) -> list[BootstrapResu
 
 
 async def _bootstrap_unstarted_leases(ctx: BootstrapContext) -> list[BootstrapResult]:
-    """A process killed between an allocation's lease commit and its bootstrap's first phase left a live lease with
-    no transition at all: its bootstrap is run now through the door for the owner, as the allocation would have;
-    refused (not `unavailable`), the lease is released as unworkable, exactly as the allocation does."""
+    """A process killed between an allocation's lease commit and its bootstrap's first phase left a live implement
+    lease with no transition at all: its bootstrap is run now through the door for the owner, as the allocation
+    would have; refused (not `unavailable`), the lease is released as unworkable, exactly as the allocation does.
+    Review and merge leases need no worktree and are left alone."""
     from bot.verbs.allocate import AllocationCall, Allocator
 
     results: list[BootstrapResult] = []
     journal, leases = JournalStore(ctx.db), LeaseStore(ctx.db)
     for lease in await leases.open_leases(ctx.repo):
-        if not lease.is_live(ctx.clock()):
-            continue
+        if not lease.is_live(ctx.clock()) or lease.action != "implement":
+            continue  # only an implement lease has a worktree (a review or merge lease never bootstraps)
         if any(t.lease_id == lease.lease_id for t in await journal.history(ctx.repo, lease.issue_number)):
             continue
         result = await bootstrap_through_door(ctx, caller_for(ctx.settings, lease.owner, "recovery"),
