@@ -12,9 +12,8 @@ says), started again, and the agent re-drives its last call with the same idempo
 ``bot.invariants`` holds, and: one PR per issue, one merge each, one teardown record per issue, no worktree left,
 each issue's status label matching its final Canonical Issue State (`status:done`).
 
-Not covered: a kill between Gitea's create_pull and the PR's record (the agents' door runs in this process, so
-killing the service cannot land there; the adoption of a PR Gitea already holds is tested in
-tests/test_open_pull_request.py).
+A kill between Gitea's create_pull and the PR's record cannot land here (the agents' door runs in this process):
+tests/test_crash_open_pr.py kills the service there, through the `/open-pr` command.
 
 Seeded: the kill plan comes from ``FOREMAN_CRASH_SEED=<n>`` (``DEFAULT_SEED`` without it); the seed is printed and
 named in every failure.

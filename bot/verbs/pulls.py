@@ -14,6 +14,7 @@ from bot.gitea import Branch, GiteaConflict, GiteaError, GiteaNotFound, Issue, P
 from bot.gitea.pulls import IssueState
 from bot.verbs.auto_allocate import queue_auto_allocation
 from bot.verbs.bootstrap.context import BootstrapContext
+from bot.verbs.bootstrap.faults import FAULT_STEP_ENV, crash_seam
 from bot.verbs.runtime import Caller, CallOptions, VerbResult, VerbRuntime, envelope, issue_of, refused
 from state.journal import JournalStore
 from state.leases import Lease, LeaseRefused
@@ -101,6 +102,10 @@ async def open_pull_request(
                                               body=closing_body(issue, branch, caller.login))
             except GiteaConflict:  # Gitea's "pull request already exists": adopt it, never a second one
                 pr, adopted = await open_pull(gitea, branch), True
+            else:
+                # Gitea holds the PR, foreman has no record of it yet: a process that dies here is answered by the
+                # next call's adoption (tests/test_crash_open_pr.py kills `foreman serve` at this seam).
+                crash_seam(FAULT_STEP_ENV, "pull_created")
     except GiteaError as exc:
         return refused(verb.name, envelope(
             "unavailable", f"Gitea refused or did not answer while opening the PR of #{issue}: {exc}",
