@@ -47,7 +47,7 @@ INVARIANTS: dict[str, str] = {
     "leases.assigned": "every live lease's owner is an assignee of its issue in Gitea",
     "leases.unassigned_after_failure": "the owner of a lease foreman released because its bootstrap failed or could"
     " not run (end reason `bootstrap failed: ...` or `unworkable: ...`) is no assignee of the issue in Gitea, unless"
-    " that owner holds a live lease of it again",
+    " that owner leased it again later (a live lease, or one that ended since)",
     "leases.exclusions_recorded": "every lease an allocation made records the exclusions its decision applied: the"
     " lease row's `exclude` equals `exclusions.exclude_issue_numbers` of its evidence comment",
     "leases.bootstrapped": "every live lease has a completed bootstrap transition, or an open one of that lease that"
@@ -156,7 +156,7 @@ class TeardownFact:
 
 @dataclass(frozen=True, slots=True)
 class DbFacts:
-    leases: tuple[LeaseFact, ...] = ()
+    leases: tuple[LeaseFact, ...] = ()  # oldest first (the store's order of acquisition)
     outbox: tuple[OutboxFact, ...] = ()
     deliveries: tuple[DeliveryFact, ...] = ()
     transitions: tuple[TransitionFact, ...] = ()
@@ -320,7 +320,9 @@ def _leases(facts: Facts) -> list[Violation]:
     entries = {e.key: e for e in db.outbox}
     lease_ids = {lease.lease_id for lease in db.leases}
     live = Counter(lease.issue_number for lease in db.leases if lease.status == "live")
-    live_owners = {(lease.issue_number, lease.owner.lower()) for lease in db.leases if lease.status == "live"}
+    # The leases come oldest first: a failed lease followed by a later lease of the same owner on the same issue
+    # (live, or ended as any lease may) leaves the assignment to that later lease.
+    latest_of_owner = {(lease.issue_number, lease.owner.lower()): lease.lease_id for lease in db.leases}
     for number, count in sorted(live.items()):
         if count > 1:
             out.append(Violation("leases.one_live_per_issue", f"#{number}", f"{count} live leases"))
@@ -359,7 +361,8 @@ def _leases(facts: Facts) -> list[Violation]:
                 out.append(Violation("leases.bootstrapped", subject, "no completed bootstrap transition, and no open"
                                      " one of this lease for start-up recovery to finish"))
         elif (lease.status == "released" and (lease.end_reason or "").startswith(_FAILED_ENDS)
-              and lease.owner.lower() in assigned and (lease.issue_number, lease.owner.lower()) not in live_owners):
+              and lease.owner.lower() in assigned
+              and latest_of_owner[(lease.issue_number, lease.owner.lower())] == lease.lease_id):
             out.append(Violation("leases.unassigned_after_failure", subject, f"released ({lease.end_reason}) but"
                                  f" still assigned in Gitea: {sorted(assigned)}"))
         if (lease.exclude is not None and lease.decided_exclude is not None

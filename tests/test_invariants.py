@@ -271,6 +271,25 @@ def test_an_owner_who_leased_the_issue_again_may_stay_assigned_after_an_earlier_
     assert invariants.check(dataclasses.replace(unknown, require_bootstrap=True)) == []
 
 
+def test_an_owner_who_leased_the_issue_again_and_handed_it_over_may_stay_assigned() -> None:
+    """A failed lease, then a later lease of the same owner that ended normally (the pull request's opening): the
+    assignment is the later lease's (the crash test of the whole life saw this after a stale pin); the failed
+    lease is judged only while it is the owner's latest on the issue."""
+    base = consistent()
+    later = _db(
+        _add_lease(LeaseFact("lease-7", 3, "author-1", "released", "pull_request_opened"))(base),
+        outbox=(*base.db.outbox, OutboxFact("lease-7:evidence", 3, "comment", "done", 980)),
+    )
+    later = _gitea(later, assignees={**later.gitea.assignees, 3: frozenset({"author-1"})},
+                   comments=(*later.gitea.comments, CommentFact(3, 980, BOT, "lease-7:evidence")))
+    found = {v.invariant: v for v in invariants.check(later)}
+    assert "leases.unassigned_after_failure" not in found, found
+    # Another owner's later lease does not excuse the failed one's owner.
+    other = _db(later, leases=tuple(dataclasses.replace(lease, owner="author-2") if lease.lease_id == "lease-7"
+                                    else lease for lease in later.db.leases))
+    assert "leases.unassigned_after_failure" in {v.invariant for v in invariants.check(other)}
+
+
 def test_the_checkout_and_acknowledgements_are_optional() -> None:
     """Without a control checkout the worktree invariants see none on disk (a live registration is then a
     violation); without Gitea's delivery list `deliveries.none_lost` is not checked."""
