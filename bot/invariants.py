@@ -44,15 +44,16 @@ INVARIANTS: dict[str, str] = {
     " because its worktree could not be bootstrapped (<lease>:unworkable), the verdict comment of a review lease"
     " (<lease>:review), the evidence of the pull request whose opening ended it (pull_request_opened), or the"
     " teardown that ended it",
-    "leases.assigned": "every live lease's owner is an assignee of its issue in Gitea",
+    "leases.assigned": "every live implement lease's owner is an assignee of its issue in Gitea (a review lease"
+    " assigns nobody)",
     "leases.unassigned_after_failure": "the owner of a lease foreman released because its bootstrap failed or could"
     " not run (end reason `bootstrap failed: ...` or `unworkable: ...`) is no assignee of the issue in Gitea, unless"
     " that owner leased it again later (a live lease, or one that ended since)",
     "leases.exclusions_recorded": "every lease an allocation made records the exclusions its decision applied: the"
     " lease row's `exclude` equals `exclusions.exclude_issue_numbers` of its evidence comment",
-    "leases.bootstrapped": "every live lease has a completed bootstrap transition, or an open one of that lease that"
-    " start-up recovery finishes or compensates (when bootstrap runs on allocation): an allocation proves before it"
-    " leases, and one whose bootstrap is refused releases the lease at once",
+    "leases.bootstrapped": "every live implement lease has a completed bootstrap transition, or an open one of that"
+    " lease that start-up recovery finishes or compensates (when bootstrap runs on allocation): an allocation proves"
+    " before it leases, and one whose bootstrap is refused releases the lease at once",
     "journal.terminal": "no bootstrap transition is left open (every one completed or compensated)",
     "journal.evidence": "a completed transition has its evidence comment, a compensated one its failure comment",
     "journal.no_evidence_without_transition": "every bootstrap evidence or failure key names a stored transition"
@@ -100,6 +101,8 @@ class LeaseFact:
     exclude: tuple[int, ...] | None = None
     #: the exclusions its allocation decision applied, as its evidence comment records them; None: not recorded
     decided_exclude: tuple[int, ...] | None = None
+    #: implement (bootstrapped and assigned), or review / merge (neither: only the evidence comment)
+    action: str = "implement"
 
 
 @dataclass(frozen=True, slots=True)
@@ -354,7 +357,7 @@ def _leases(facts: Facts) -> list[Violation]:
             if not any(markers.get(k, 0) == 1 and entries.get(k) is not None for k in ends):
                 out.append(Violation("leases.end_evidence", subject, f"none of {ends} is in Gitea exactly once"))
         assigned = facts.gitea.assignees.get(lease.issue_number, frozenset())
-        if lease.status == "live":
+        if lease.status == "live" and lease.action == "implement":
             if lease.owner.lower() not in assigned:
                 out.append(Violation("leases.assigned", subject, f"Gitea's assignees are {sorted(assigned)}"))
             if facts.require_bootstrap and lease.lease_id not in completed | bootstrapping:
@@ -559,7 +562,7 @@ async def gather_db(path: Path | str, *, repo: str | None = None) -> DbFacts:
                if e.kind == "comment" and e.key.startswith("lease-") and e.key.endswith(":evidence")}
     leases = tuple(
         LeaseFact(lease.lease_id, lease.issue_number, lease.owner, lease.status, lease.end_reason,
-                  _recorded_exclusions(lease.request), decided.get(lease.lease_id))
+                  _recorded_exclusions(lease.request), decided.get(lease.lease_id), lease.action)
         for lease in lease_rows
     )
     deliveries = tuple(DeliveryFact(*digest) for digest in digests)

@@ -290,6 +290,22 @@ def test_an_owner_who_leased_the_issue_again_and_handed_it_over_may_stay_assigne
     assert "leases.unassigned_after_failure" in {v.invariant for v in invariants.check(other)}
 
 
+def test_a_live_review_lease_needs_no_worktree_and_no_assignment() -> None:
+    """A reviewer's lease (claim_review) posts only its evidence: it is neither bootstrapped nor assigned, and
+    `foreman invariants` run while a review is under way reports nothing for it."""
+    base = consistent()
+    review = _db(
+        _add_lease(LeaseFact("lease-8", 2, "reviewer-1", "live", action="review"))(base),
+        outbox=(*base.db.outbox, OutboxFact("lease-8:evidence", 2, "comment", "done", 990)),
+    )
+    review = _gitea(review, comments=(*review.gitea.comments, CommentFact(2, 990, BOT, "lease-8:evidence")))
+    assert invariants.check(review) == []
+    # The same lease as an implement lease still needs both.
+    implement = _db(review, leases=tuple(dataclasses.replace(lease, action="implement")
+                                         if lease.lease_id == "lease-8" else lease for lease in review.db.leases))
+    assert sorted(v.invariant for v in invariants.check(implement)) == ["leases.assigned", "leases.bootstrapped"]
+
+
 def test_the_checkout_and_acknowledgements_are_optional() -> None:
     """Without a control checkout the worktree invariants see none on disk (a live registration is then a
     violation); without Gitea's delivery list `deliveries.none_lost` is not checked."""
