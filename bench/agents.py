@@ -314,10 +314,11 @@ async def _set_up(h: LoopHarness, logins: list[str], timeout_s: float) -> dict[s
     return owned
 
 
-def _check(h: LoopHarness, owned: dict[str, int], driver: dict[str, Any], load: dict[str, Any],
-           errors: list[str]) -> None:
-    calls = driver["calls"]
-    bad = [c for c in calls if not c["ok"]]
+def answer_errors(driver: dict[str, Any], load: dict[str, Any], stored_ids: set[str]) -> list[str]:
+    """What the children saw go wrong: a tool call refused or broken, a session that died, a webhook answered
+    other than 202 (by either target), a delivery foreman answered but did not store."""
+    errors: list[str] = []
+    bad = [c for c in driver["calls"] if not c["ok"]]
     errors.extend(f"{c['login']} {c['tool']} round {c['round']}: {c.get('error')}" for c in bad[:10])
     if len(bad) > 10:
         errors.append(f"... {len(bad)} failed tool calls in all")
@@ -325,11 +326,19 @@ def _check(h: LoopHarness, owned: dict[str, int], driver: dict[str, Any], load: 
     for name, answers in load["answers"].items():
         statuses = Counter(status for status, _ in answers)
         if set(statuses) != {202}:
-            errors.append(f"webhooks to {name}: answers {dict(statuses)}")
+            errors.append(f"webhooks to {name}: answers {dict(sorted(statuses.items()))}")
     ids = load["delivery_ids"]
-    stored = len(set(ids) & {r["delivery_id"] for r in _query(h, "SELECT delivery_id FROM deliveries")})
+    stored = len(set(ids) & stored_ids)
     if stored != len(ids):
         errors.append(f"{stored} of {len(ids)} webhooks stored")
+    return errors
+
+
+def _check(h: LoopHarness, owned: dict[str, int], driver: dict[str, Any], load: dict[str, Any],
+           errors: list[str]) -> None:
+    calls = driver["calls"]
+    stored = {r["delivery_id"] for r in _query(h, "SELECT delivery_id FROM deliveries")}
+    errors.extend(answer_errors(driver, load, stored))
     beats = Counter(c["login"] for c in calls if c["tool"] == "gitea_heartbeat_lease" and c["ok"])
     posts = Counter(c["login"] for c in calls if c["tool"] == "gitea_post_issue_state" and c["ok"] and c["queued"])
     for login, n in owned.items():
