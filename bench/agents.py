@@ -61,6 +61,7 @@ from typing import Any
 
 import aiohttp
 
+from bench.database import footprint
 from bench.e2e import _query, summary
 from bench.harness import children_of, own_peak_rss_mib, peak_rss_kib, rss_kib
 from bench.intake import process_cpu_s
@@ -222,8 +223,9 @@ class Child:
 
     @classmethod
     async def start(cls, name: str, argv: list[str], env: dict[str, str], stderr: Any) -> Child:
+        # The result is one JSON line of every call and answer: megabytes at full size, past asyncio's 64 KiB.
         proc = await asyncio.create_subprocess_exec(*argv, env=env, stdin=asyncio.subprocess.PIPE,
-                                                    stdout=asyncio.subprocess.PIPE, stderr=stderr)
+                                                    stdout=asyncio.subprocess.PIPE, stderr=stderr, limit=2**28)
         return cls(name, proc)
 
     async def ready(self, timeout_s: float) -> str:
@@ -398,6 +400,7 @@ async def bench(sessions: int, seconds: float, rate: float, period: float, timeo
                 serve_pid = h.serve.pid
                 rss_before, cpu_before = rss_kib(serve_pid), process_cpu_s(serve_pid) or 0.0
                 log_at = h.serve_log.stat().st_size
+                db_before = footprint(h.database_url or h.db_path)["bytes"]
                 load_before = os.getloadavg()
                 epoch = time.time() + 1.0
                 driver.go(epoch)
@@ -432,6 +435,8 @@ async def bench(sessions: int, seconds: float, rate: float, period: float, timeo
         doc["drain_s"] = time.monotonic() - drain_began
         _check(h, owned, driver_doc, load_doc, errors)
         doc["serve_peak_rss_kib"] = peak_rss_kib(serve_pid)
+        doc["database_bytes"] = {"before_window": db_before, "after_drain": footprint(h.database_url or h.db_path)[
+            "bytes"]}
     doc.update(_figures(driver_doc, load_doc, before, after, holds))
     doc["rss_mib"] = {
         "serve_peak": doc.pop("serve_peak_rss_kib") / 1024.0, "serve_before_window": rss_before / 1024.0,
@@ -518,7 +523,9 @@ def text(doc: dict[str, Any]) -> str:
         f" {rss['serve_after_window']:.0f} MiB after), foreman mcp sum {rss['mcp_sum']:.0f} MiB, max"
         f" {rss['mcp_max']:.0f} MiB; driver {rss['driver']:.0f}, load generator {rss['load_generator']:.0f},"
         f" this process (emulator) {rss['bench_process_with_emulator']:.0f} MiB",
-        f"outbox and inbox drained {doc['drain_s']:.1f} s after the window",
+        f"outbox and inbox drained {doc['drain_s']:.1f} s after the window; the database grew from"
+        f" {doc['database_bytes']['before_window'] / 2**20:.1f} to {doc['database_bytes']['after_drain'] / 2**20:.1f}"
+        " MiB (file and WAL)",
         "checks: every call ok, every webhook 202 and stored, leases live with one event per heartbeat, every state"
         f" comment posted, outbox done: {'PASS' if doc['ok'] else 'FAIL'}",
         *(f"  {error}" for error in doc["errors"]),
@@ -556,7 +563,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         root = scratch_root("bench-agents-")
     try:
         doc = asyncio.run(bench(args.sessions, args.seconds, args.rate, args.period, args.timeout, root))
-    except (StepFailed, ExceptionGroup) as exc:
+    except (StepFailed, ExceptionGroup, OSError, ValueError) as exc:  # a child that failed: one line, no traceback
         while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
             exc = exc.exceptions[0]
         print(f"bench.agents failed: {exc} (files kept in {root})", file=sys.stderr)

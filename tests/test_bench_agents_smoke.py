@@ -1,18 +1,25 @@
 """Smoke test of the many-agents benchmark (bench/agents.py): a few `foreman mcp` sessions beside a small webhook rate
-against a real `foreman serve`; every check passes and every figure is reported. No timing is asserted (issue 19)."""
+against a real `foreman serve`; every check passes and every figure is reported; and the helpers it shares with the
+other benchmarks (bench/harness.py, bench/database.py's footprint). No timing is asserted (issue 19)."""
 
 from __future__ import annotations
 
 import json
 import os
+import sqlite3
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
+import psycopg
+import pytest
+
 from bench.agents import BASELINE, TOOLS, _figures, _rounds, answer_errors
+from bench.database import footprint, scratch_schema
 from bench.harness import signed_requests
 from bench.intake import sign
-from tests.conftest import REPO_ROOT
+from tests.conftest import POSTGRES_MISSING, POSTGRES_URL, REPO_ROOT, postgres_reachable
 
 
 def test_rounds_count_each_session_from_its_own_phase() -> None:
@@ -87,3 +94,35 @@ def test_bad_arguments_are_a_usage_error() -> None:
     done = subprocess.run([sys.executable, "-m", "bench.agents", "--sessions", "0"], cwd=REPO_ROOT,
                           capture_output=True, text=True, timeout=60, check=False)
     assert done.returncode == 2 and "--sessions" in done.stderr
+
+
+# --- the database's footprint (bench/database.py): its size and, on PostgreSQL, its backends' peak RSS ----------------
+
+
+def test_the_footprint_of_a_sqlite_database_grows_with_its_rows(tmp_path: Path) -> None:
+    path = tmp_path / "grows.db"
+    conn = sqlite3.connect(path)
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute("CREATE TABLE t (x TEXT)")
+    conn.commit()
+    empty = footprint(path)
+    conn.executemany("INSERT INTO t VALUES (?)", [("x" * 1000,)] * 1000)
+    conn.commit()
+    full = footprint(path)
+    conn.close()
+    assert full["bytes"] >= empty["bytes"] + 1000 * 1000 and full["backend_peak_rss_kib"] == []
+
+
+def test_the_footprint_on_postgresql_counts_the_runs_own_backends_and_its_schema() -> None:
+    """The scratch schema's sessions carry its name, so the run's server processes are found among all others."""
+    if not postgres_reachable():
+        pytest.skip(POSTGRES_MISSING)
+    with scratch_schema(POSTGRES_URL) as url, psycopg.connect(url, autocommit=True) as writer, psycopg.connect(
+            POSTGRES_URL, autocommit=True):  # a session of another run: not counted
+        writer.execute("CREATE TABLE t (x TEXT)")
+        before = footprint(url)
+        writer.execute("INSERT INTO t SELECT repeat('x', 1000) FROM generate_series(1, 1000)")
+        after = footprint(url)
+    assert after["bytes"] >= before["bytes"] + 1000 * 1000
+    assert len(before["backend_peak_rss_kib"]) == len(after["backend_peak_rss_kib"]) == 1
+    assert after["backend_peak_rss_kib"][0] > 0
