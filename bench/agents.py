@@ -63,7 +63,7 @@ import aiohttp
 
 from bench.database import footprint
 from bench.e2e import _query, summary
-from bench.harness import children_of, own_peak_rss_mib, peak_rss_kib, rss_kib
+from bench.harness import children_of, machine_busy_s, own_peak_rss_mib, peak_rss_kib, rss_kib
 from bench.intake import process_cpu_s
 from bot.core.evidence import find_marker
 from bot.demo import MAINTAINER, OWNER, REPO, LoopHarness, StepFailed, _subprocess_env, open_harness, scratch_root
@@ -398,7 +398,10 @@ async def bench(sessions: int, seconds: float, rate: float, period: float, timeo
                 before = await _serve_view(h)
                 assert h.serve is not None
                 serve_pid = h.serve.pid
-                rss_before, cpu_before = rss_kib(serve_pid), process_cpu_s(serve_pid) or 0.0
+                ours = {"serve": serve_pid, "agents driver": driver.proc.pid, "load generator": load.proc.pid,
+                        "bare endpoint": bare.pid, "this process (emulator)": os.getpid()}
+                rss_before, cpu_before = rss_kib(serve_pid), {k: process_cpu_s(v) or 0.0 for k, v in ours.items()}
+                busy_before, span_began = machine_busy_s(), time.monotonic()
                 log_at = h.serve_log.stat().st_size
                 db_before = footprint(h.database_url or h.db_path)["bytes"]
                 load_before = os.getloadavg()
@@ -409,10 +412,11 @@ async def bench(sessions: int, seconds: float, rate: float, period: float, timeo
                 while time.time() < epoch + seconds:
                     await asyncio.sleep(min(5.0, max(0.05, epoch + seconds - time.time())))
                     rss_series.append(rss_kib(serve_pid) / 1024.0)
+                cpu_s = {k: (process_cpu_s(v) or 0.0) - cpu_before[k] for k, v in ours.items()}
+                busy_s, span_s = machine_busy_s() - busy_before, time.monotonic() - span_began
                 load_doc = await load.result(timeout_s + seconds)
                 driver_doc = await driver.result(timeout_s + seconds)
                 after = await _serve_view(h)
-                doc["serve_cpu_s"] = (process_cpu_s(serve_pid) or 0.0) - cpu_before
                 doc["load_average"] = {"before": load_before, "after": os.getloadavg()}
                 holds = [line for line in h.serve_log.read_text(encoding="utf-8")[log_at:].splitlines()
                          if "event loop was held" in line]
@@ -446,7 +450,11 @@ async def bench(sessions: int, seconds: float, rate: float, period: float, timeo
         "driver": driver_doc["driver_peak_rss_mib"], "load_generator": load_doc["peak_rss_mib"],
         "bench_process_with_emulator": own_peak_rss_mib(),
     }
-    doc["mcp_processes"], doc["mcp_cpu_s"] = driver_doc["mcp_processes"], driver_doc["mcp_cpu_s"]
+    doc["mcp_processes"] = driver_doc["mcp_processes"]
+    cpu_s["all foreman mcp"] = driver_doc["mcp_cpu_s"]
+    # What the machine did in the window besides this benchmark: the other sessions' work on the same two cores.
+    doc["cpu_s_in_window"] = {**cpu_s, "machine busy": busy_s, "others": busy_s - sum(cpu_s.values())}
+    doc["cpu_span_s"] = span_s  # the window and the second before it
     doc["ok"], doc["errors"] = not errors, errors[:30]
     doc["measured_at"] = datetime.now().astimezone().isoformat(timespec="seconds")
     return doc
@@ -517,8 +525,9 @@ def text(doc: dict[str, Any]) -> str:
         f" ({lag['held_over_50ms_logged']} holds logged)",
         f"clients' own loops: load schedule slip max {doc['load_schedule_slip_ms_max']:.1f} ms, agents driver lag max"
         f" {doc['driver_lag_max_ms']:.1f} ms",
-        f"CPU in the window: serve {doc['serve_cpu_s']:.1f} s, all foreman mcp {doc['mcp_cpu_s']:.1f} s"
-        f" (of {2 * doc['seconds']:.0f} core-seconds on 2 cores)",
+        "CPU seconds in the window: " + ", ".join(f"{k} {v:.1f}" for k, v in doc["cpu_s_in_window"].items())
+        + f" (of {(os.cpu_count() or 1) * doc['cpu_span_s']:.0f} core-seconds: {doc['cpu_span_s']:.1f} s on"
+        f" {os.cpu_count()} cores)",
         f"peak RSS: serve {rss['serve_peak']:.0f} MiB (RSS {rss['serve_before_window']:.0f} MiB before the window,"
         f" {rss['serve_after_window']:.0f} MiB after), foreman mcp sum {rss['mcp_sum']:.0f} MiB, max"
         f" {rss['mcp_max']:.0f} MiB; driver {rss['driver']:.0f}, load generator {rss['load_generator']:.0f},"

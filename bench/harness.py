@@ -55,6 +55,16 @@ def own_peak_rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
+def machine_busy_s() -> float:
+    """CPU seconds the whole machine has spent busy since boot, all cores (``/proc/stat``: all but idle and iowait)."""
+    try:
+        fields = [int(v) for v in Path("/proc/stat").read_text(encoding="utf-8").split("\n", 1)[0].split()[1:9]]
+    except (OSError, ValueError):
+        return 0.0
+    user, nice, system, _idle, _iowait, irq, softirq, steal = fields
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+
+
 def children_of(pid: int) -> list[int]:
     """The pids whose parent is ``pid`` (Linux ``/proc``)."""
     found = []
