@@ -438,6 +438,11 @@ async def bench(sessions: int, seconds: float, rate: float, period: float, timeo
         await _until("drain", drained, timeout_s + seconds, "the outbox and inbox never drained")
         doc["drain_s"] = time.monotonic() - drain_began
         _check(h, owned, driver_doc, load_doc, errors)
+        # Gitea's own webhooks (labels, assignees, the state comments coming back): reported, as bench/e2e.py --life
+        # does; a delivery foreman did not answer 2xx is an event only its catch-up pass can bring back.
+        sent = await h.emulator.drain_webhooks()
+        doc["gitea_webhooks"] = {"sent": len(sent), "not_2xx": [f"{d.event_type} {d.status} {d.error or ''}".strip()
+                                                                 for d in sent if not d.ok][:10]}
         doc["serve_peak_rss_kib"] = peak_rss_kib(serve_pid)
         doc["database_bytes"] = {"before_window": db_before, "after_drain": footprint(h.database_url or h.db_path)[
             "bytes"]}
@@ -532,6 +537,8 @@ def text(doc: dict[str, Any]) -> str:
         f" {rss['serve_after_window']:.0f} MiB after), foreman mcp sum {rss['mcp_sum']:.0f} MiB, max"
         f" {rss['mcp_max']:.0f} MiB; driver {rss['driver']:.0f}, load generator {rss['load_generator']:.0f},"
         f" this process (emulator) {rss['bench_process_with_emulator']:.0f} MiB",
+        f"Gitea's own webhooks to serve (set-up included): {doc['gitea_webhooks']['sent']} sent,"
+        f" {len(doc['gitea_webhooks']['not_2xx'])} not answered 2xx {doc['gitea_webhooks']['not_2xx']}",
         f"outbox and inbox drained {doc['drain_s']:.1f} s after the window; the database grew from"
         f" {doc['database_bytes']['before_window'] / 2**20:.1f} to {doc['database_bytes']['after_drain'] / 2**20:.1f}"
         " MiB (file and WAL)",
