@@ -93,6 +93,37 @@ def _state(login: str, n: int, round_no: int) -> dict[str, Any]:
     }
 
 
+async def _timed_rounds(session: Any, spec: dict[str, Any], agent: dict[str, Any], index: int, epoch: float,
+                        calls: list[dict[str, Any]]) -> None:
+    """Session ``index``'s rounds from ``epoch`` + index/N of a period, one per period: the baseline, then the tools."""
+    login, n, period = agent["login"], agent["issue"], spec["period"]
+    offset = index / len(spec["agents"]) * period
+    round_no = 0
+    while (at := offset + round_no * period) < spec["seconds"]:
+        await asyncio.sleep(max(0.0, epoch + at - time.time()))
+        for tool, arguments in ((BASELINE, None), ("gitea_heartbeat_lease", {"issue_number": n}),
+                                ("gitea_post_issue_state", {"issue_number": n, "state": _state(login, n, round_no)})):
+            began = time.perf_counter()
+            record: dict[str, Any] = {"login": login, "tool": tool, "round": round_no}
+            try:
+                if arguments is None:
+                    listed = await session.list_tools()
+                    record["ok"] = bool(listed.tools)
+                else:
+                    result = await session.call_tool(tool, arguments)
+                    doc = result.structured_content
+                    record["ok"] = not result.is_error and isinstance(doc, dict)
+                    if not record["ok"]:
+                        record["error"] = json.dumps(doc, sort_keys=True)[:300]
+                    elif tool == "gitea_post_issue_state":
+                        record["queued"] = bool(doc.get("queued", True))
+            except Exception as exc:  # a broken session is a failed call, reported
+                record["ok"], record["error"] = False, f"{type(exc).__name__}: {exc}"[:300]
+            record["ms"] = (time.perf_counter() - began) * 1000.0
+            calls.append(record)
+        round_no += 1
+
+
 async def _agent(spec: dict[str, Any], agent: dict[str, Any], index: int, gate: asyncio.Semaphore,
                  started: asyncio.Event, go: asyncio.Future[float], done: asyncio.Event,
                  calls: list[dict[str, Any]], errlog: Any) -> None:
@@ -103,6 +134,7 @@ async def _agent(spec: dict[str, Any], agent: dict[str, Any], index: int, gate: 
         command=sys.executable, args=["-m", "bot", "--config", spec["config"], "mcp"],
         env=_subprocess_env({"FOREMAN_MCP_TOKEN": agent["token"]}), cwd=spec["root"])
     await gate.acquire()
+    holding = True
     try:
         async with stdio_client(params, errlog=errlog) as (read, write), ClientSession(read, write) as session:
             await session.initialize()
@@ -115,41 +147,14 @@ async def _agent(spec: dict[str, Any], agent: dict[str, Any], index: int, gate: 
                           "ok": not warm.is_error, "ms": 0.0, **({"error": str(warm.structured_content)[:300]}
                                                                  if warm.is_error else {})})
             gate.release()
-            gate = None  # type: ignore[assignment]
+            holding = False
             spec["_ready"] += 1
             if spec["_ready"] == len(spec["agents"]):
                 started.set()
-            epoch = await go
-            login, n, period = agent["login"], agent["issue"], spec["period"]
-            offset = index / len(spec["agents"]) * period
-            round_no = 0
-            while (at := offset + round_no * period) < spec["seconds"]:
-                await asyncio.sleep(max(0.0, epoch + at - time.time()))
-                for tool, arguments in ((BASELINE, None), ("gitea_heartbeat_lease", {"issue_number": n}),
-                                        ("gitea_post_issue_state", {"issue_number": n,
-                                                                    "state": _state(login, n, round_no)})):
-                    began = time.perf_counter()
-                    record: dict[str, Any] = {"login": login, "tool": tool, "round": round_no}
-                    try:
-                        if arguments is None:
-                            listed = await session.list_tools()
-                            record["ok"] = bool(listed.tools)
-                        else:
-                            result = await session.call_tool(tool, arguments)
-                            doc = result.structured_content
-                            record["ok"] = not result.is_error and isinstance(doc, dict)
-                            if not record["ok"]:
-                                record["error"] = json.dumps(doc, sort_keys=True)[:300]
-                            elif tool == "gitea_post_issue_state":
-                                record["queued"] = bool(doc.get("queued", True))
-                    except Exception as exc:  # a broken session is a failed call, reported
-                        record["ok"], record["error"] = False, f"{type(exc).__name__}: {exc}"[:300]
-                    record["ms"] = (time.perf_counter() - began) * 1000.0
-                    calls.append(record)
-                round_no += 1
+            await _timed_rounds(session, spec, agent, index, await go, calls)
             await done.wait()  # every process stays up until the driver has read the peak RSS of all
     finally:
-        if gate is not None:
+        if holding:
             gate.release()
 
 
