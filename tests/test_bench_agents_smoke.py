@@ -126,3 +126,16 @@ def test_the_footprint_on_postgresql_counts_the_runs_own_backends_and_its_schema
     assert after["bytes"] >= before["bytes"] + 1000 * 1000
     assert len(before["backend_peak_rss_kib"]) == len(after["backend_peak_rss_kib"]) == 1
     assert after["backend_peak_rss_kib"][0] > 0
+
+
+def test_the_canonical_benchmark_reports_memory_per_size() -> None:
+    """bench/canonical.py (issue 19 item 6): peak RSS after each size, never falling, and what one parse allocates,
+    growing with the text."""
+    done = subprocess.run([sys.executable, "-m", "bench.canonical", "--repeat", "1", "--json"], cwd=REPO_ROOT,
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    rows = json.loads(done.stdout)["rows"]
+    rss = [row["peak_rss_mib"] for row in rows]
+    alloc = [row["parse_alloc_peak_mib"] for row in rows]
+    assert len(rows) == 4 and rss == sorted(rss) and rss[0] > 0
+    assert alloc == sorted(alloc) and alloc[-1] > 10 * alloc[1] > 0
