@@ -1,0 +1,167 @@
+"""Helpers the benchmarks share: peak memory of a process, and signed webhooks sent at a fixed rate from a process
+of their own.
+
+    BENCH_LOAD_SECRET=S .venv/bin/python -m bench.harness load --url URL [--bare-url URL] --rate 50 --seconds 60
+
+``load`` (a child of bench/agents.py) prints ``ready`` once its bodies are built and signed, waits for one line on
+stdin (``go EPOCH``: the wall-clock second to start at), then sends ``--rate`` deliveries per second for
+``--seconds`` on a fixed schedule (the k-th at EPOCH + k / rate, whatever the answers before it took: an open loop,
+so a slow answer cannot slow the load down), the same delivery to ``--bare-url`` at the same tick when given, and
+prints one JSON document: every answer's status and latency per target, how late the schedule ran (this process's
+own loop), its peak RSS.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import resource
+import sys
+import time
+import uuid
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from bench.intake import EVENT, load_template, make_body, sign
+
+# --- memory -----------------------------------------------------------------------------------------------------------
+
+
+def _status_kib(pid: int, key: str) -> int:
+    try:
+        status = Path(f"/proc/{pid}/status").read_text(encoding="utf-8")
+    except OSError:
+        return 0
+    return next((int(line.split()[1]) for line in status.splitlines() if line.startswith(key)), 0)
+
+
+def peak_rss_kib(pid: int) -> int:
+    """The process's peak resident set (``VmHWM``, KiB; 0 once it is gone or off Linux)."""
+    return _status_kib(pid, "VmHWM:")
+
+
+def rss_kib(pid: int) -> int:
+    """The process's resident set now (``VmRSS``, KiB)."""
+    return _status_kib(pid, "VmRSS:")
+
+
+def own_peak_rss_mib() -> float:
+    """This process's peak resident set so far, MiB (``getrusage``: Linux reports KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def machine_busy_s() -> float:
+    """CPU seconds the whole machine has spent busy since boot, all cores (``/proc/stat``: all but idle and iowait)."""
+    try:
+        fields = [int(v) for v in Path("/proc/stat").read_text(encoding="utf-8").split("\n", 1)[0].split()[1:9]]
+    except (OSError, ValueError):
+        return 0.0
+    user, nice, system, _idle, _iowait, irq, softirq, steal = fields
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+
+
+def children_of(pid: int) -> list[int]:
+    """The pids whose parent is ``pid`` (Linux ``/proc``)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text(encoding="utf-8").rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(fields[1]) == pid:
+            found.append(int(stat.parent.name))
+    return sorted(found)
+
+
+# --- webhooks at a fixed rate -----------------------------------------------------------------------------------------
+
+
+def signed_requests(secret: str, count: int, run_tag: str) -> list[tuple[bytes, dict[str, str]]]:
+    """``count`` unique ``issue_comment`` deliveries (bench/intake.py's bodies, ~6.5 KB), signed with ``secret``."""
+    template, _ = load_template(None)
+    out = []
+    for seq in range(count):
+        body = make_body(template, run_tag, seq)
+        out.append((body, {"Content-Type": "application/json", "X-Gitea-Event": EVENT, "X-Gitea-Event-Type": EVENT,
+                           "X-Gitea-Delivery": str(uuid.uuid4()), "X-Gitea-Signature": sign(body, secret)}))
+    return out
+
+
+async def _send(http: aiohttp.ClientSession, url: str, body: bytes, headers: dict[str, str],
+                sink: list[tuple[int, float]]) -> None:
+    started = time.perf_counter()
+    try:
+        async with http.post(url, data=body, headers=headers) as resp:
+            await resp.read()
+            status = resp.status
+    except (aiohttp.ClientError, TimeoutError):
+        status = 0
+    sink.append((status, (time.perf_counter() - started) * 1000.0))
+
+
+async def paced_load(urls: dict[str, str], requests: Sequence[tuple[bytes, dict[str, str]]], rate: float,
+                     start_epoch: float) -> dict[str, Any]:
+    """Send ``requests`` to every url at ``rate`` per second from ``start_epoch``: answers and schedule slip."""
+    answers: dict[str, list[tuple[int, float]]] = {name: [] for name in urls}
+    slip_ms: list[float] = []
+    tasks: list[asyncio.Task[None]] = []
+    timeout = aiohttp.ClientTimeout(total=30)
+    async with aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(limit=0)) as http:
+        await asyncio.sleep(max(0.0, start_epoch - time.time()))
+        t0 = time.perf_counter()
+        for k, (body, headers) in enumerate(requests):
+            due = t0 + k / rate
+            await asyncio.sleep(max(0.0, due - time.perf_counter()))
+            slip_ms.append((time.perf_counter() - due) * 1000.0)
+            for name, url in urls.items():
+                tasks.append(asyncio.create_task(_send(http, url, body, headers, answers[name])))
+        sent_s = time.perf_counter() - t0
+        await asyncio.gather(*tasks)
+    return {
+        "answers": {name: [[status, round(ms, 3)] for status, ms in got] for name, got in answers.items()},
+        "delivery_ids": [headers["X-Gitea-Delivery"] for _, headers in requests],
+        "schedule_slip_ms_max": max(slip_ms, default=0.0),
+        "sent_s": sent_s,
+        "peak_rss_mib": own_peak_rss_mib(),
+    }
+
+
+def _load_main(args: argparse.Namespace) -> int:
+    urls = {"foreman": args.url, **({"bare": args.bare_url} if args.bare_url else {})}
+    secret = os.environ.get("BENCH_LOAD_SECRET", "")
+    if not secret:
+        print("bench.harness load: set BENCH_LOAD_SECRET to the webhook secret (never on the command line)",
+              file=sys.stderr)
+        return 2
+    requests = signed_requests(secret, max(1, round(args.rate * args.seconds)), uuid.uuid4().hex[:12])
+    print("ready", flush=True)
+    line = sys.stdin.readline().split()
+    if len(line) != 2 or line[0] != "go":
+        print(f"bench.harness load: expected 'go EPOCH' on stdin, got {line!r}", file=sys.stderr)
+        return 2
+    doc = asyncio.run(paced_load(urls, requests, args.rate, float(line[1])))
+    print(json.dumps(doc), flush=True)
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.harness", description=(__doc__ or "").split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    load = sub.add_parser("load", help="signed webhooks at a fixed rate (a child of a benchmark)")
+    load.add_argument("--url", required=True)
+    load.add_argument("--bare-url", default=None)
+    load.add_argument("--rate", type=float, required=True)
+    load.add_argument("--seconds", type=float, required=True)
+    args = parser.parse_args(argv)
+    if args.rate <= 0 or args.seconds <= 0:
+        parser.error("--rate and --seconds must be positive")
+    return _load_main(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
