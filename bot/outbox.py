@@ -190,9 +190,15 @@ class OutboxSender:
 
     def _chain_done(self, task: asyncio.Task[int]) -> None:
         self._chains.discard(task)
-        if not task.cancelled() and task.exception() is not None:
-            log.error("outbox chain failed: %s", task.exception())
-        self.wakeup.set()  # a slot is free, or the chain stopped early: look again
+        if task.cancelled():
+            return
+        failure = task.exception()
+        if failure is not None:
+            # As a failed pass: looked at again at the next poll, never at once (a failure that repeats, such as
+            # a database that cannot be read, must not spin).
+            log.error("outbox chain failed", exc_info=failure)
+            return
+        self.wakeup.set()  # a slot is free: look again
 
     async def _depth(self) -> None:
         """The outbox depth gauge, at most once a second (it counts every row; /metrics refreshes it too)."""

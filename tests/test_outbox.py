@@ -246,6 +246,39 @@ async def test_the_running_sender_sends_what_is_committed_while_it_looks(rig: Ri
         await rig.sender.stop()
 
 
+async def test_a_chain_that_fails_is_looked_at_again_at_the_next_poll_not_at_once(rig: Rig) -> None:
+    """A chain that raises (here the claim: a database that cannot be written) leaves its entry for the next poll:
+    the running sender does not spin on it."""
+    rig.sender.config = OutboxConfig(poll_interval_s=60.0, claim_ttl_s=0.2)
+    looks, claims = 0, 0
+    due_heads = rig.store.due_heads
+
+    async def counted(**kwargs: Any) -> list[OutboxEntry]:
+        nonlocal looks
+        looks += 1
+        return await due_heads(**kwargs)
+
+    async def failing(entry: OutboxEntry, sender_id: str) -> OutboxEntry | None:
+        nonlocal claims
+        claims += 1
+        raise RuntimeError("database is locked")
+
+    rig.store.due_heads = counted  # type: ignore[method-assign]
+    rig.store.claim = failing  # type: ignore[method-assign]
+    await rig.store.add(comment_intent("fails"))
+    rig.sender.start()
+    try:
+        for _ in range(500):
+            if claims:
+                break
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.3)  # room for a spin to show; the next poll is a minute away
+        assert (claims, looks) == (1, 1)
+    finally:
+        await rig.sender.stop()
+    assert (await rig.entry("fails")).status == "pending"
+
+
 async def test_a_poisoned_entry_parks_and_holds_back_only_its_own_issue(rig: Rig) -> None:
     """A 4xx parks the entry; later entries of that issue wait, other issues go on."""
     rig.live.emulator.faults.fail("POST", COMMENTS, status=422, times=1)
