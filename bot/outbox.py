@@ -144,7 +144,7 @@ class OutboxSender:
         self._handling: set[int] = set()
         #: The issues (repository, number) a chain of this sender is sending: one chain per issue at a time.
         self._issues: set[tuple[str, int]] = set()
-        self._chains: set[asyncio.Task[int]] = set()
+        self._chains: dict[asyncio.Task[int], tuple[str, int]] = {}
         self._task: asyncio.Task[None] | None = None
         self._stopping = False
         self._depth_at = -1.0e9
@@ -173,23 +173,25 @@ class OutboxSender:
 
     async def _dispatch(self) -> int:
         """Start a chain for every due head whose issue has none running, up to ``concurrency`` chains."""
-        recovered = await self.recover_hooks()
         room = self.config.concurrency - len(self._chains)
+        if room <= 0:
+            return 0  # every chain is busy: the first to end wakes the sender
+        recovered = await self.recover_hooks()
         started = 0
-        if room > 0:
-            for head in await self.store.due_heads(claim_ttl_s=self.config.claim_ttl_s, limit=room + len(self._issues)):
-                if (head.repo, head.issue_number) in self._issues or started >= room:
-                    continue
-                self._issues.add((head.repo, head.issue_number))
-                task = asyncio.create_task(self._chain(head), name=f"{self.sender_id}-{head.issue_number}")
-                self._chains.add(task)
-                task.add_done_callback(self._chain_done)
-                started += 1
+        for head in await self.store.due_heads(claim_ttl_s=self.config.claim_ttl_s, limit=room + len(self._issues)):
+            issue = (head.repo, head.issue_number)
+            if issue in self._issues or started >= room:
+                continue
+            self._issues.add(issue)
+            task = asyncio.create_task(self._chain(head), name=f"{self.sender_id}-{head.issue_number}")
+            self._chains[task] = issue
+            task.add_done_callback(self._chain_done)
+            started += 1
         await self._depth()
         return started + recovered
 
     def _chain_done(self, task: asyncio.Task[int]) -> None:
-        self._chains.discard(task)
+        self._issues.discard(self._chains.pop(task))  # also for a chain cancelled before it ever ran
         if task.cancelled():
             return
         failure = task.exception()
@@ -215,17 +217,20 @@ class OutboxSender:
         recovered = await self.recover_hooks()
         heads = await self.store.due_heads(claim_ttl_s=self.config.claim_ttl_s, limit=self.config.concurrency)
         heads = [head for head in heads if (head.repo, head.issue_number) not in self._issues]
-        for head in heads:
-            self._issues.add((head.repo, head.issue_number))
-        handled = await asyncio.gather(*(self._chain(head) for head in heads))
+        mine = {(head.repo, head.issue_number) for head in heads}
+        self._issues |= mine
+        try:
+            handled = await asyncio.gather(*(self._chain(head) for head in heads))
+        finally:
+            self._issues -= mine
         self._depth_at = -1.0e9
         await self._depth()
         return sum(handled) + recovered
 
     async def _chain(self, head: OutboxEntry) -> int:
         """Send ``head``, then each next entry of its issue while the one before ended ``done``. The caller
-        registered the issue in ``_issues``; the chain removes it when it ends. Returns how many were handled."""
-        issue = (head.repo, head.issue_number)
+        holds the issue in ``_issues`` until the chain ended (no second chain of it starts meanwhile). Returns how
+        many entries were handled."""
         handled = 0
         self.in_flight += 1
         try:
@@ -241,7 +246,6 @@ class OutboxSender:
                     break
                 entry = await self.store.next_head(entry.repo, entry.issue_number)
         finally:
-            self._issues.discard(issue)
             self.in_flight -= 1
         return handled
 
