@@ -69,6 +69,9 @@ from bot.demo import (
 from state.db import from_db_time
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+#: Issue 19 item 3: the loop's p50 at most 3x the bare operations it needs, and flat over the run (the last fifth's
+#: p50 at most 1.25x the first fifth's).
+RATIO_TARGET, FLAT_TARGET = 3.0, 1.25
 
 
 def _query(h: LoopHarness, sql: str, params: tuple[Any, ...] = ()) -> list[dict[str, Any]]:
@@ -76,8 +79,14 @@ def _query(h: LoopHarness, sql: str, params: tuple[Any, ...] = ()) -> list[dict[
     return rows(h.database_url or h.db_path, sql, params)
 
 
+#: foreman's key of the demo repository: every read below names it, so that it is an indexed look-up (the benchmark
+#: polls while the loop runs; a scan that grows with the issues would load the machine it measures).
+REPO_KEY = f"{OWNER}/{REPO}".lower()
+
+
 def _outbox_done(h: LoopHarness, key: str) -> dict[str, Any] | None:
-    rows = _query(h, "SELECT status, result_json, sent_at FROM outbox WHERE idempotency_key = ?", (key,))
+    rows = _query(h, "SELECT status, result_json, sent_at FROM outbox WHERE repo = ? AND idempotency_key = ?",
+                  (REPO_KEY, key))
     if rows and rows[0]["status"] in ("verification_failed", "parked"):
         raise StepFailed("outbox", f"foreman's outbox entry {key} ended {rows[0]['status']}")
     return rows[0] if rows and rows[0]["status"] == "done" else None
@@ -110,6 +119,8 @@ class Sample:
     bootstrap_ms: float  # bootstrap journal reached `completed`
     evidence_ms: float  # the bootstrap's evidence comment verified: the latency
     release_ms: float  # the author's gitea_release_lease through MCP, answered
+    serve_hwm_kib: int = 0  # foreman serve's peak RSS so far (VmHWM), read after the issue
+    serve_rss_kib: int = 0  # foreman serve's RSS now (VmRSS)
 
 
 @dataclass
@@ -119,6 +130,19 @@ class Run:
     comment_post_get_ms: list[float] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     wall_s: float = 0.0
+
+
+def memory_kib(pid: int | None) -> tuple[int, int]:
+    """(VmHWM, VmRSS) of a live process in KiB, from /proc; (0, 0) where there is no /proc or no process."""
+    found = {"VmHWM": 0, "VmRSS": 0}
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text(encoding="ascii").splitlines():
+            name, _, value = line.partition(":")
+            if name in found:
+                found[name] = int(value.split()[0])
+    except (OSError, ValueError):
+        pass
+    return found["VmHWM"], found["VmRSS"]
 
 
 def _ms(db_time: str, t0: float) -> float:
@@ -131,22 +155,20 @@ async def _one_issue(h: LoopHarness, session: Any, n: int, timeout_s: float) -> 
     label_ms = (time.time() - t0) * 1000.0
 
     async def evidence() -> tuple[Any, Any] | None:
-        rows = _query(
+        journal = _query(
             h,
-            "SELECT j.lease_id, j.updated_at AS completed_at, o.sent_at FROM bootstrap_journal j JOIN outbox o"
-            " ON o.idempotency_key = j.idempotency_key || ':evidence'"
-            " WHERE j.issue_number = ? AND j.phase = 'completed' AND o.status = 'done'",
-            (n,),
+            "SELECT idempotency_key, lease_id, updated_at AS completed_at, outcome, error_json FROM bootstrap_journal"
+            " WHERE repo = ? AND issue_number = ? AND outcome IN ('completed', 'compensated')",
+            (REPO_KEY, n),
         )
-        if not rows:
-            failed = _query(h, "SELECT outcome, error_json FROM bootstrap_journal WHERE issue_number = ?"
-                             " AND outcome = 'compensated'", (n,))
-            if failed:
-                raise StepFailed("bootstrap", f"#{n}: {failed[0]['error_json']}")
+        if journal and journal[0]["outcome"] == "compensated":
+            raise StepFailed("bootstrap", f"#{n}: {journal[0]['error_json']}")
+        sent = _outbox_done(h, f"{journal[0]['idempotency_key']}:evidence") if journal else None
+        if sent is None:
             return None
-        lease = _query(h, "SELECT acquired_at FROM leases WHERE lease_id = ?", (rows[0]["lease_id"],))
-        allocation = _outbox_done(h, f"{rows[0]['lease_id']}:evidence")
-        return (rows[0], lease[0]) if allocation is not None else None
+        lease = _query(h, "SELECT acquired_at FROM leases WHERE lease_id = ?", (journal[0]["lease_id"],))
+        allocation = _outbox_done(h, f"{journal[0]['lease_id']}:evidence")
+        return ({**journal[0], "sent_at": sent["sent_at"]}, lease[0]) if allocation is not None else None
 
     row, lease = await until("evidence", evidence, timeout_s, f"#{n}: no verified evidence comment")
     allocation = _outbox_done(h, f"{row['lease_id']}:evidence")
@@ -195,10 +217,11 @@ async def _baselines(h: LoopHarness, run: Run, scratch_issue: int, k: int) -> No
 def _check(h: LoopHarness, issues: Sequence[int], run: Run) -> None:
     emu = h.emulator
     for n in issues:
-        leases = _query(h, "SELECT owner, status FROM leases WHERE issue_number = ?", (n,))
+        leases = _query(h, "SELECT owner, status FROM leases WHERE repo = ? AND issue_number = ?", (REPO_KEY, n))
         if [(r["owner"], r["status"]) for r in leases] != [(AUTHOR, "released")]:
             run.errors.append(f"#{n}: leases {[tuple(r) for r in leases]}")
-        journal = _query(h, "SELECT phase, worktree_path FROM bootstrap_journal WHERE issue_number = ?", (n,))
+        journal = _query(h, "SELECT phase, worktree_path FROM bootstrap_journal WHERE repo = ? AND issue_number = ?",
+                         (REPO_KEY, n))
         if [r["phase"] for r in journal] != ["completed"] or not Path(journal[0]["worktree_path"], ".git").is_file():
             run.errors.append(f"#{n}: bootstrap {[tuple(r) for r in journal]}")
             continue
@@ -235,8 +258,11 @@ async def bench(
         with (root / "mcp.log").open("w", encoding="utf-8") as errlog:
             async with mcp_session(h, errlog) as session:
                 started = time.monotonic()
+                pid = h.serve.pid if h.serve is not None else None
                 for i, n in enumerate(numbers):
-                    run.samples.append(await _one_issue(h, session, n, timeout_s))
+                    sample = await _one_issue(h, session, n, timeout_s)
+                    sample.serve_hwm_kib, sample.serve_rss_kib = memory_kib(pid)
+                    run.samples.append(sample)
                     if i == 0 or (i % every == 0 and len(run.worktree_add_ms) < baseline_samples):
                         pause = time.monotonic()
                         await _baselines(h, run, scratch, len(run.worktree_add_ms))
@@ -254,6 +280,9 @@ def report(run: Run, issues: int) -> dict[str, Any]:
     bare_comment = statistics.median(run.comment_post_get_ms)
     size = len(run.samples)
     fifths = [part for k in range(5) if (part := run.samples[k * size // 5 : (k + 1) * size // 5])]
+    by_fifth = [percentile([s.evidence_ms for s in part], 50) for part in fifths]
+    flat = by_fifth[-1] / by_fifth[0]
+    ratio = latency["p50"] / (bare_wt + bare_comment)
     return {
         "issues": issues,
         "ok": not run.errors,
@@ -268,8 +297,17 @@ def report(run: Run, issues: int) -> dict[str, Any]:
         },
         "release_ms": summary([s.release_ms for s in run.samples]),
         # p50 of each fifth of the run, in order: does the loop slow down as issues (and worktrees) accumulate?
-        "latency_p50_by_fifth_ms": [percentile([s.evidence_ms for s in part], 50) for part in fifths],
+        "latency_p50_by_fifth_ms": by_fifth,
         "bootstrap_p50_by_fifth_ms": [percentile([s.bootstrap_ms - s.lease_ms for s in part], 50) for part in fifths],
+        "lease_p50_by_fifth_ms": [percentile([s.lease_ms for s in part], 50) for part in fifths],
+        # foreman serve's peak RSS (VmHWM) and RSS at the end of each fifth: does its memory grow with the work?
+        "serve_hwm_by_fifth_kib": [part[-1].serve_hwm_kib for part in fifths],
+        "serve_rss_by_fifth_kib": [part[-1].serve_rss_kib for part in fifths],
+        "flat_ratio": flat,
+        "flat_target": FLAT_TARGET,
+        "flat_pass": flat <= FLAT_TARGET,
+        "ratio_target": RATIO_TARGET,
+        "ratio_pass": ratio <= RATIO_TARGET,
         "wall_s": run.wall_s,
         "throughput_per_min": issues * 60.0 / run.wall_s if run.wall_s else 0.0,
         "bare_ms": {
@@ -277,7 +315,7 @@ def report(run: Run, issues: int) -> dict[str, Any]:
             "comment_post_get": summary(run.comment_post_get_ms),
             "sum_of_medians": bare_wt + bare_comment,
         },
-        "ratio_p50_to_bare": latency["p50"] / (bare_wt + bare_comment),
+        "ratio_p50_to_bare": ratio,
         "measured_at": datetime.now().astimezone().isoformat(timespec="seconds"),
     }
 
@@ -298,10 +336,17 @@ def text(doc: dict[str, Any]) -> str:
         f"same-run bare operations (medians of {bare['git_worktree_add']['n']}): git worktree add"
         f" {bare['git_worktree_add']['p50']:.1f} ms, comment POST+GET {bare['comment_post_get']['p50']:.1f} ms;"
         f" sum {bare['sum_of_medians']:.1f} ms",
-        f"ratio loop p50 / bare: {doc['ratio_p50_to_bare']:.1f}x",
+        f"ratio loop p50 / bare: {doc['ratio_p50_to_bare']:.1f}x (target <= {doc['ratio_target']:.0f}x):"
+        f" {'PASS' if doc['ratio_pass'] else 'MISS'}",
         "p50 latency by fifth of the run: " + ", ".join(f"{v:.0f}" for v in doc["latency_p50_by_fifth_ms"])
-        + " ms (of which the bootstrap, lease to completed: "
+        + " ms (lease committed: " + ", ".join(f"{v:.0f}" for v in doc["lease_p50_by_fifth_ms"])
+        + " ms; the bootstrap, lease to completed: "
         + ", ".join(f"{v:.0f}" for v in doc["bootstrap_p50_by_fifth_ms"]) + " ms)",
+        f"flat: last fifth / first fifth p50 {doc['flat_ratio']:.2f}x (target <= {doc['flat_target']:.2f}x):"
+        f" {'PASS' if doc['flat_pass'] else 'MISS'}",
+        "foreman serve memory at the end of each fifth: peak RSS (VmHWM) "
+        + ", ".join(f"{v / 1024:.1f}" for v in doc["serve_hwm_by_fifth_kib"]) + " MiB; RSS "
+        + ", ".join(f"{v / 1024:.1f}" for v in doc["serve_rss_by_fifth_kib"]) + " MiB",
         "checks: one lease, one bootstrap, one worktree and one comment per evidence marker per issue; outbox all"
         f" done; no failed delivery: {'PASS' if doc['ok'] else 'FAIL'}",
         *(f"  {error}" for error in doc["errors"]),

@@ -107,6 +107,10 @@ def _comment_result(comment: Comment) -> dict[str, Any]:
 class OutboxSender:
     """Sends due outbox heads: issues in parallel, one issue's entries strictly in order.
 
+    Each issue with a due head gets one chain: its head is sent, and as soon as it is ``done`` (and its hook ran)
+    the issue's next entry follows in the same chain, without waiting for other issues or the next pass. A new
+    entry wakes the sender (``wakeup``); it also polls every ``poll_interval_s``.
+
     ``on_complete`` runs after an entry was verified and recorded ``done``; ``on_failure`` after an entry
     was recorded ``verification_failed`` or ``parked``. A hook that raises is logged; it never changes what
     was recorded (the entry stays done). Hooks run in the sender's task, once per settled entry; a hook a crash
@@ -135,11 +139,15 @@ class OutboxSender:
         self.on_failure = on_failure
         self.sender_id = f"outbox-{uuid.uuid4().hex[:12]}"
         self.wakeup = asyncio.Event()
-        #: Entries being handled right now (claimed, sending, settling or running a hook).
+        #: Chains running right now (an entry claimed, sending, settling or running a hook, or the next looked up).
         self.in_flight = 0
         self._handling: set[int] = set()
+        #: The issues (repository, number) a chain of this sender is sending: one chain per issue at a time.
+        self._issues: set[tuple[str, int]] = set()
+        self._chains: dict[asyncio.Task[int], tuple[str, int]] = {}
         self._task: asyncio.Task[None] | None = None
         self._stopping = False
+        self._depth_at = -1.0e9
 
     def start(self) -> None:
         self._stopping = False  # a stopped sender may be started again
@@ -150,44 +158,102 @@ class OutboxSender:
 
     async def stop(self) -> None:
         self._stopping = True
-        await cancel_and_wait(self._task)
+        await cancel_and_wait(self._task, *self._chains)
 
     async def _loop(self) -> None:
         while not self._stopping:
+            # Cleared before looking: an entry committed while this pass reads is never missed (its wake-up stays).
+            self.wakeup.clear()
             try:
-                sent = await self.run_once()
+                await self._dispatch()
             except Exception:
                 log.exception("outbox pass failed")
-                sent = 0
-            if sent:
-                continue
-            self.wakeup.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.wakeup.wait(), timeout=self.config.poll_interval_s)
 
+    async def _dispatch(self) -> int:
+        """Start a chain for every due head whose issue has none running, up to ``concurrency`` chains."""
+        room = self.config.concurrency - len(self._chains)
+        if room <= 0:
+            return 0  # every chain is busy: the first to end wakes the sender
+        recovered = await self.recover_hooks()
+        started = 0
+        for head in await self.store.due_heads(claim_ttl_s=self.config.claim_ttl_s, limit=room + len(self._issues)):
+            issue = (head.repo, head.issue_number)
+            if issue in self._issues or started >= room:
+                continue
+            self._issues.add(issue)
+            task = asyncio.create_task(self._chain(head), name=f"{self.sender_id}-{head.issue_number}")
+            self._chains[task] = issue
+            task.add_done_callback(self._chain_done)
+            started += 1
+        await self._depth()
+        return started + recovered
+
+    def _chain_done(self, task: asyncio.Task[int]) -> None:
+        self._issues.discard(self._chains.pop(task))  # also for a chain cancelled before it ever ran
+        if task.cancelled():
+            return
+        failure = task.exception()
+        if failure is not None:
+            # As a failed pass: looked at again at the next poll, never at once (a failure that repeats, such as
+            # a database that cannot be read, must not spin).
+            log.error("outbox chain failed", exc_info=failure)
+            return
+        self.wakeup.set()  # a slot is free: look again
+
+    async def _depth(self) -> None:
+        """The outbox depth gauge, at most once a second (it counts every row; /metrics refreshes it too)."""
+        moment = time.monotonic()
+        if moment - self._depth_at < 1.0:
+            return
+        self._depth_at = moment
+        for status, count in (await self.store.counts()).items():
+            self.metrics.outbox_depth.labels(status).set(count)
+
     async def run_once(self) -> int:
-        """One pass: every due head (one per issue) is sent concurrently. Returns how many were handled."""
+        """One pass: every due head (one per issue) is sent concurrently, each issue's following entries after it
+        in order. Returns how many entries were handled."""
         recovered = await self.recover_hooks()
         heads = await self.store.due_heads(claim_ttl_s=self.config.claim_ttl_s, limit=self.config.concurrency)
-        await asyncio.gather(*(self._handle(entry) for entry in heads))
-        counts = await self.store.counts()
-        for status, count in counts.items():
-            self.metrics.outbox_depth.labels(status).set(count)
-        return len(heads) + recovered
-
-    async def _handle(self, head: OutboxEntry) -> None:
-        self.in_flight += 1
-        self._handling.add(head.id)
+        heads = [head for head in heads if (head.repo, head.issue_number) not in self._issues]
+        mine = {(head.repo, head.issue_number) for head in heads}
+        self._issues |= mine
         try:
-            await self._handle_claimed(head)
+            handled = await asyncio.gather(*(self._chain(head) for head in heads))
         finally:
-            self._handling.discard(head.id)
-            self.in_flight -= 1
+            self._issues -= mine
+        self._depth_at = -1.0e9
+        await self._depth()
+        return sum(handled) + recovered
 
-    async def _handle_claimed(self, head: OutboxEntry) -> None:
+    async def _chain(self, head: OutboxEntry) -> int:
+        """Send ``head``, then each next entry of its issue while the one before ended ``done``. The caller
+        holds the issue in ``_issues`` until the chain ended (no second chain of it starts meanwhile). Returns how
+        many entries were handled."""
+        handled = 0
+        self.in_flight += 1
+        try:
+            entry: OutboxEntry | None = head
+            while entry is not None:
+                self._handling.add(entry.id)
+                try:
+                    done = await self._handle_claimed(entry)
+                finally:
+                    self._handling.discard(entry.id)
+                handled += 1
+                if not done or self._stopping:
+                    break
+                entry = await self.store.next_head(entry.repo, entry.issue_number)
+        finally:
+            self.in_flight -= 1
+        return handled
+
+    async def _handle_claimed(self, head: OutboxEntry) -> bool:
+        """Claim, send, verify and settle one entry; True when it ended ``done`` here (its issue's next may go)."""
         entry = await self.store.claim(head, self.sender_id)
         if entry is None:
-            return
+            return False
         started = time.perf_counter()
         try:
             sent = await self.send(entry)
@@ -206,9 +272,11 @@ class OutboxSender:
                 await self._failed(entry)
         else:
             if not await self.store.complete(entry, sent.result):
-                return  # another sender took the entry over (stale claim) and settles it
+                return False  # another sender took the entry over (stale claim) and settles it
             self.metrics.outbox_send_seconds.labels(entry.kind).observe(time.perf_counter() - started)
             await self._completed(entry, sent.result)
+            return True
+        return False
 
     async def _completed(self, entry: OutboxEntry, result: dict[str, Any]) -> None:
         error: str | None = None

@@ -250,6 +250,21 @@ class OutboxStore:
         ) as cur:
             return [_entry(row) for row in await cur.fetchall()]
 
+    async def next_head(self, repo: str, issue_number: int, *, now: datetime | None = None) -> OutboxEntry | None:
+        """The issue's oldest open entry if it is pending and due: what its sender sends next, right after the
+        entry before it settled (one indexed read of that issue's open entries, however large the outbox is)."""
+        async with self._db.reader.execute(
+            f"SELECT {_COLUMNS} FROM outbox WHERE repo = ? AND issue_number = ?"  # noqa: S608
+            " AND status IN ('pending', 'sending', 'verification_failed', 'parked') ORDER BY id LIMIT 1",
+            (repo, issue_number),
+        ) as cur:
+            row = await cur.fetchone()
+        if row is None:
+            return None
+        entry = _entry(row)
+        due = entry.next_attempt_at is None or entry.next_attempt_at <= to_db_time(now or utcnow())
+        return entry if entry.status == "pending" and due else None
+
     async def claim(self, entry: OutboxEntry, sender_id: str) -> OutboxEntry | None:
         """Mark an entry as being sent (before anything reaches Gitea); None if someone else changed it."""
         moment = to_db_time(utcnow())

@@ -14,7 +14,7 @@ from bot.core.canonical import parse_comment
 from bot.core.evidence import find_marker
 from bot.mcp_server import build_server
 from bot.verbs.allocate import AllocationCall, Allocator
-from bot.verbs.runtime import VerbRuntime, caller_for
+from bot.verbs.runtime import VerbRuntime, bootstrap_through_door, caller_for
 from state.db import utcnow
 from state.journal import JournalStore
 from state.leases import LeaseStore
@@ -397,3 +397,35 @@ async def test_auto_allocation_survives_more_standing_exclusions_than_one_call_m
         [decision, *_] = await recent_decisions(service.db, FULL_NAME.lower())
         assert [a.get("error") for a in decision["applies"]] == [None], decision["applies"]
         assert [lease.owner for lease in await LeaseStore(service.db).history(FULL_NAME, number)] == ["author-2"]
+
+
+async def test_a_leases_effects_and_its_bootstrap_evidence_wake_the_sender_when_committed(
+    tmp_path: Path, start: Started, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The sender is woken once the lease's label, assignee and evidence are committed, before the bootstrap starts
+    (they go out while it runs), and again once the bootstrap's evidence is committed, before the bootstrap returns:
+    never left for the sender's next poll."""
+    from bot.verbs import allocate
+    from bot.verbs.auto_allocate import auto_allocate
+
+    async with open_world(tmp_path, start, roster=ROSTER, allocator={"auto": False}) as world:
+        world.live.emulator.create_issue(OWNER, REPO, title="Task 1", author="alice", labels=["status:ready"])
+        service = world.service
+        seen: list[str] = []
+
+        async def bootstrap(*args: Any, **kwargs: Any) -> Any:
+            seen.append("bootstrap")
+            try:
+                return await bootstrap_through_door(*args, **kwargs)
+            finally:
+                seen.append("bootstrap returned")
+
+        monkeypatch.setattr(allocate, "bootstrap_through_door", bootstrap)
+        settings = service.settings.model_copy(update={"allocator": service.settings.allocator.model_copy(
+            update={"auto": True})})
+        report = await auto_allocate(service.db, settings, service.gitea, bot_login="foreman-bot", trigger="test",
+                                     wakeup=lambda: seen.append("wake"))
+        assert report.leased == [1]
+        assert seen[:4] == ["wake", "bootstrap", "wake", "bootstrap returned"], seen
+        keys = [e.key.split(":")[-1] for e in sorted(await service.outbox.list(limit=100), key=lambda e: e.id)]
+        assert keys == ["labels", "assignee", "evidence", "evidence"]

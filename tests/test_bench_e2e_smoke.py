@@ -5,10 +5,11 @@ is asserted."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
-from bench.e2e import percentile, summary
+from bench.e2e import memory_kib, percentile, summary
 from tests.conftest import REPO_ROOT
 
 
@@ -32,6 +33,20 @@ def test_the_benchmark_runs_the_loop_and_reports_every_figure() -> None:
     bare = doc["bare_ms"]
     assert bare["git_worktree_add"]["n"] == bare["comment_post_get"]["n"] == 2
     assert bare["sum_of_medians"] > 0 and doc["ratio_p50_to_bare"] > 0
+    # The targets beside the figures (issue 19): the ratio to the bare operations, and flatness over the fifths.
+    assert doc["ratio_pass"] == (doc["ratio_p50_to_bare"] <= doc["ratio_target"] == 3.0)
+    fifths = doc["latency_p50_by_fifth_ms"]
+    assert len(fifths) == len(doc["lease_p50_by_fifth_ms"]) == len(doc["serve_hwm_by_fifth_kib"]) >= 1
+    assert doc["flat_ratio"] == fifths[-1] / fifths[0] and doc["flat_pass"] == (doc["flat_ratio"] <= 1.25)
+    # foreman serve's memory, read from /proc after each issue: the peak never falls, and is at least the RSS.
+    peaks, now = doc["serve_hwm_by_fifth_kib"], doc["serve_rss_by_fifth_kib"]
+    assert peaks == sorted(peaks) and all(p >= r > 0 for p, r in zip(peaks, now, strict=True))
+
+
+def test_memory_is_read_from_proc_and_nothing_for_a_process_that_is_gone() -> None:
+    peak, rss = memory_kib(os.getpid())
+    assert peak >= rss > 0
+    assert memory_kib(2**31 - 1) == (0, 0)
 
 
 def test_bad_arguments_are_a_usage_error() -> None:

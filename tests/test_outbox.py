@@ -205,6 +205,80 @@ async def test_entries_of_one_issue_are_sent_in_order(rig: Rig) -> None:
     assert [find_marker(body) for body in rig.bodies()] == keys
 
 
+async def test_an_issues_next_entry_follows_as_soon_as_the_one_before_is_done(rig: Rig) -> None:
+    """One pass sends an issue's whole queue in order (each entry right after the one before it was verified and
+    hooked), not one entry per pass; another issue's entries go out beside it."""
+    keys = [f"chain-{i}" for i in range(3)]
+    for key in keys:
+        await rig.store.add(comment_intent(key, summary=f"step {key}"))
+    await rig.store.add(comment_intent("beside", number=2))
+    assert await rig.sender.run_once() == 4
+    assert [find_marker(body) for body in rig.bodies()] == keys and len(rig.bodies(2)) == 1
+    assert await rig.sender.run_once() == 0
+
+
+async def test_the_running_sender_sends_what_is_committed_while_it_looks(rig: Rig) -> None:
+    """The running sender, polling only once a minute, still sends every entry it was woken for, including one
+    committed while it was reading the due heads (the wake-up is never cleared after the look)."""
+    rig.sender.config = OutboxConfig(poll_interval_s=60.0, claim_ttl_s=0.2)
+    looked = asyncio.Event()
+    due_heads = rig.store.due_heads
+
+    async def slow_look(**kwargs: Any) -> list[OutboxEntry]:
+        found = await due_heads(**kwargs)
+        if not looked.is_set():
+            looked.set()
+            await rig.store.add(comment_intent("during-look"))  # committed after the read, before the wait
+            rig.sender.wakeup.set()
+        return found
+
+    rig.store.due_heads = slow_look  # type: ignore[method-assign]
+    rig.sender.start()
+    try:
+        await asyncio.wait_for(looked.wait(), timeout=10)
+        for _ in range(500):
+            entry = await rig.store.by_key("during-look")
+            if entry is not None and entry.status == "done":
+                break
+            await asyncio.sleep(0.01)
+        assert (await rig.entry("during-look")).status == "done"
+    finally:
+        await rig.sender.stop()
+
+
+async def test_a_chain_that_fails_is_looked_at_again_at_the_next_poll_not_at_once(rig: Rig) -> None:
+    """A chain that raises (here the claim: a database that cannot be written) leaves its entry for the next poll:
+    the running sender does not spin on it."""
+    rig.sender.config = OutboxConfig(poll_interval_s=60.0, claim_ttl_s=0.2)
+    looks, claims = 0, 0
+    due_heads = rig.store.due_heads
+
+    async def counted(**kwargs: Any) -> list[OutboxEntry]:
+        nonlocal looks
+        looks += 1
+        return await due_heads(**kwargs)
+
+    async def failing(entry: OutboxEntry, sender_id: str) -> OutboxEntry | None:
+        nonlocal claims
+        claims += 1
+        raise RuntimeError("database is locked")
+
+    rig.store.due_heads = counted  # type: ignore[method-assign]
+    rig.store.claim = failing  # type: ignore[method-assign]
+    await rig.store.add(comment_intent("fails"))
+    rig.sender.start()
+    try:
+        for _ in range(500):
+            if claims:
+                break
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.3)  # room for a spin to show; the next poll is a minute away
+        assert (claims, looks) == (1, 1)
+    finally:
+        await rig.sender.stop()
+    assert (await rig.entry("fails")).status == "pending"
+
+
 async def test_a_poisoned_entry_parks_and_holds_back_only_its_own_issue(rig: Rig) -> None:
     """A 4xx parks the entry; later entries of that issue wait, other issues go on."""
     rig.live.emulator.faults.fail("POST", COMMENTS, status=422, times=1)

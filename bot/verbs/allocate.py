@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Literal, Protocol
@@ -181,11 +181,14 @@ def _refuse(kind: Literal["not_authorized", "invalid_input", "unavailable"], mes
 class Allocator:
     """Runs allocation calls against the database (leases, outbox) and, for candidates and the bootstrap, Gitea."""
 
-    def __init__(self, db: Database, settings: Settings, gitea: AllocatorGitea | None, *, bot_login: str) -> None:
+    def __init__(self, db: Database, settings: Settings, gitea: AllocatorGitea | None, *, bot_login: str,
+                 wakeup: Callable[[], None] | None = None) -> None:
         self.db = db
         self.settings = settings
         self.gitea = gitea
         self.bot_login = bot_login
+        #: Called once outbox entries were committed (the service's sender sends them at once, not at its next poll).
+        self.wakeup = wakeup
         self.leases = LeaseStore(db)
         cfg = settings.allocator
         self.policy = RankingPolicy(
@@ -312,6 +315,10 @@ class Allocator:
                 proven = planned.issue_number
         # The lease is acquired now, after the proof (unless the caller pins the time).
         outcome = await self._apply(call, request, now or utcnow(), source, proven=proven)
+        if outcome.outbox_keys and self.wakeup is not None:
+            # The lease's label, assignee and evidence go out while its bootstrap runs (each issue's entries stay in
+            # order: the bootstrap's evidence follows them).
+            self.wakeup()
         if mode == "run" and outcome.lease is not None and outcome.refusal is None and self.gitea is not None:
             # Outside the lease transaction: the bootstrap journals its own phases, and on failure it
             # compensates and releases the lease itself. A resumed lease runs it too (idempotent: a completed
@@ -368,7 +375,8 @@ class Allocator:
         return [intent.key for intent in intents]
 
     def _bootstrap_context(self) -> BootstrapContext:
-        return BootstrapContext(db=self.db, settings=self.settings, gitea=self.gitea, bot_login=self.bot_login)
+        return BootstrapContext(db=self.db, settings=self.settings, gitea=self.gitea, bot_login=self.bot_login,
+                                wakeup=self.wakeup)
 
     async def _apply(
         self, call: AllocationCall, request: AllocationRequest, now: datetime, source: str, *, proven: int | None = None
@@ -606,7 +614,8 @@ async def allocate(
         resume_own=options.resume_own,
         max_live=options.max_live,
     )
-    outcome = await Allocator(rt.db, rt.settings, rt.gitea, bot_login=rt.bot_login).run(call, now=options.now)
+    outcome = await Allocator(rt.db, rt.settings, rt.gitea, bot_login=rt.bot_login, wakeup=rt.wakeup).run(
+        call, now=options.now)
     if outcome.applied:
         rt.woken()
     doc = {"verb": verb.name, **outcome.to_dict()}

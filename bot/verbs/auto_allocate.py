@@ -132,7 +132,8 @@ async def auto_allocate(
 async def _run(db: Database, settings: Settings, gitea: AllocatorGitea, bot_login: str, report: AutoReport,
                delivery_id: str | None, now: datetime | None, wakeup: Callable[[], None] | None) -> None:
     allocator = Allocator(db, settings, gitea, bot_login=bot_login)  # its candidates and policy, for what waits
-    door = VerbRuntime(db=db, settings=settings, gitea=gitea, bot_login=bot_login, bootstrap_factory=no_bootstrap)
+    door = VerbRuntime(db=db, settings=settings, gitea=gitea, bot_login=bot_login, bootstrap_factory=no_bootstrap,
+                       wakeup=wakeup)
     repo = settings.repo_key
     cfg = settings.allocator
     named = cfg.auto_allocate_owner or None

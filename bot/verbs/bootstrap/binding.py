@@ -158,6 +158,7 @@ class Binding(RunState):
             t = await self.journal.advance(conn, t, "completed", proof=result, runner=self.runner, now=now,
                                            result=result)
             await enqueue(conn, self._evidence(t, result), now=now)
+        self.ctx.woken()  # the evidence goes out now, while the call returns
         crash_seam(FAULT_PHASE_ENV, "completed")
         return t
 

@@ -134,6 +134,8 @@ class Compensation(GitSteps):
             else:
                 t = await self.journal.advance(conn, t, "compensation_completed", proof=proof, runner=self.runner,
                                                now=now, error=envelope.to_dict(), result=proof)
+        if outbox:
+            self.ctx.woken()
         if plan.blocked:
             return BootstrapResult(self.n, "blocked", t.key, t.phase, envelope, proof=proof,
                                    journal=await self._journal_view(t), outbox=outbox)

@@ -55,6 +55,9 @@ class BootstrapContext:
     gitea: BootstrapGitea | None
     bot_login: str
     clock: Callable[[], datetime] = utcnow
+    #: Called once the bootstrap committed outbox entries (its evidence, a compensation's): the service's sender
+    #: sends them at once instead of at its next poll. None: nobody to wake (the CLI, a stand-alone foreman mcp).
+    wakeup: Callable[[], None] | None = None
     #: "<checkout path>\0<clone URL>" pairs whose origin was found to be that URL (checked once per process and URL).
     verified_origins: set[str] = field(default_factory=set, repr=False)
 
@@ -65,11 +68,17 @@ class BootstrapContext:
             settings=service.settings,
             gitea=service.gitea,
             bot_login=service.bot_login or service.settings.gitea.bot_login,
+            wakeup=getattr(service, "wakeup", None),
         )
 
     @property
     def repo(self) -> str:
         return self.settings.repo_key
+
+    def woken(self) -> None:
+        """Tell the outbox sender that entries were committed (nothing when there is no one to tell)."""
+        if self.wakeup is not None:
+            self.wakeup()
 
     @property
     def checkout_root(self) -> Path:

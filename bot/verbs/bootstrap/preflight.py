@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+from collections.abc import Callable
 from datetime import datetime, timedelta
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -11,7 +12,7 @@ from typing import Any
 from bot import gitops, worktree_files
 from bot.core.bootstrap import PathRejected, branch_for, worktree_path_for
 from bot.core.errors import Envelope
-from bot.gitea import GiteaError
+from bot.gitea import GiteaError, Issue, Repository
 from bot.verbs.bootstrap.checkout import effective_clone_url
 from bot.verbs.bootstrap.context import BootstrapContext
 from bot.verbs.bootstrap.refusals import api_refusal, git_envelope, origin_envelope
@@ -46,25 +47,54 @@ async def bootstrap_preflight(
     if ctx.gitea is None:
         checks["repo_reachable"] = {"ok": False, "detail": "no Gitea connection configured"}
         return done()
-    try:
-        repo, issue = await asyncio.gather(ctx.gitea.get_repo(), ctx.gitea.get_issue(issue_number))
-        base = (await ctx.gitea.get_branch(repo.default_branch)).commit_id
-    except GiteaError as exc:
-        refusal = api_refusal(exc, "allocate again")
-        checks["repo_reachable"] = {"ok": False, "detail": str(exc), **(_check_refusal(refusal) if refusal else {})}
-        return done()
-    clone_url = effective_clone_url(ctx, repo.clone_url)
-    url_problem = gitops.clone_url_problem(clone_url)
+    gitea = ctx.gitea
     token = ctx.settings.gitea_token()
 
-    def remote() -> dict[str, Any]:
+    def remote(clone_url: str, default_branch: str) -> dict[str, Any]:
         runner = gitops.GitRunner(ctx.checkout_root if ctx.checkout_root.is_dir() else Path("/"),
                                   env=gitops.git_env(ctx.bot_login), timeout_s=ctx.settings.bootstrap.git_timeout_s)
-        status, out, err = runner.attempt("ls-remote", "--", clone_url, f"refs/heads/{repo.default_branch}",
+        status, out, err = runner.attempt("ls-remote", "--", clone_url, f"refs/heads/{default_branch}",
                                           extra_env=gitops.auth_env(clone_url, token))
         remote_sha = out.split("\t", 1)[0].strip() if status == 0 and out.strip() else None
         return {"git_reachable": status == 0, "git_base": remote_sha,
                 "git_error": err.strip()[-300:] if status else None}
+
+    probes: list[asyncio.Task[dict[str, Any]]] = []
+
+    async def repository() -> Repository:
+        # git's own view of the remote (the slowest probe) starts as soon as the repository is known, beside the
+        # API's read of the base.
+        found = await gitea.get_repo()
+        url = effective_clone_url(ctx, found.clone_url)
+        if gitops.clone_url_problem(url) is None:
+            probes.append(asyncio.create_task(asyncio.to_thread(remote, url, found.default_branch)))
+        return found
+
+    async def base_of(found: asyncio.Future[Repository]) -> str:
+        return (await gitea.get_branch((await found).default_branch)).commit_id
+
+    reading = asyncio.ensure_future(repository())
+    try:
+        base, issue = await asyncio.gather(base_of(reading), gitea.get_issue(issue_number))
+        repo = await reading
+        return await _proved(ctx, issue_number, owner, checks, doc, done, repo, issue, base, probes)
+    except GiteaError as exc:
+        refusal = api_refusal(exc, "allocate again")
+        checks["repo_reachable"] = {"ok": False, "detail": str(exc), **(_check_refusal(refusal) if refusal else {})}
+        return done()
+    finally:
+        # A proof that ended early drops what is still running (a git probe's process ends by itself, bounded by
+        # git_timeout_s); its result is never read.
+        for task in (reading, *probes):
+            task.cancel()
+
+
+async def _proved(ctx: BootstrapContext, issue_number: int, owner: str, checks: dict[str, dict[str, Any]],
+                  doc: dict[str, Any], done: Callable[[], dict[str, Any]], repo: Repository, issue: Issue, base: str,
+                  probes: list[asyncio.Task[dict[str, Any]]]) -> dict[str, Any]:
+    """The checks after the API reads: the local git probes beside the remote one already running."""
+    clone_url = effective_clone_url(ctx, repo.clone_url)
+    url_problem = gitops.clone_url_problem(clone_url)
 
     def local() -> dict[str, Any]:
         checkout = ctx.checkout()
@@ -105,10 +135,11 @@ async def bootstrap_preflight(
                 "registered": entry.to_dict() if entry is not None else None}
 
     # The git probes are read-only and independent: run side by side (the proof runs before every lease).
-    probes = [asyncio.to_thread(remote), asyncio.to_thread(local)]
+    local_probes = [asyncio.to_thread(local)]
     if path is not None:
-        probes.append(asyncio.to_thread(path_state))
-    found_remote, found, *rest = await asyncio.gather(*probes)
+        local_probes.append(asyncio.to_thread(path_state))
+    found, *rest = await asyncio.gather(*local_probes)
+    found_remote = await probes[0]
     checks["repo_reachable"] = {"ok": bool(found_remote["git_reachable"]), "clone_url": clone_url,
                                 "reported_clone_url": repo.clone_url,
                                 "default_branch": repo.default_branch, "detail": found_remote["git_error"]}
