@@ -12,10 +12,10 @@ from typing import Any
 import pytest
 
 from bot.core.allocator import AllocationRequest, Candidate, LiveLease, RankedCandidate, RankingPolicy, Skipped, decide
-from bot.core.allocator.candidates import normalize_candidates
+from bot.core.allocator.candidates import LabelSets, Row, _row_of, normalize_candidates
 from bot.core.allocator.decide import _rank
-from bot.core.allocator.fingerprint import _candidate_rows_digest, utc_micros
-from bot.core.allocator.records import new_candidate, new_ranked, new_skipped
+from bot.core.allocator.fingerprint import candidate_rows_digest, relevant_label_texts, utc_micros
+from bot.core.allocator.records import new_candidate, new_skipped
 from bot.core.digest import fingerprint_digest
 from bot.core.vocabulary import MAX_ISSUE_NUMBER
 from tests.work_count import counted, lines_executed
@@ -39,11 +39,6 @@ def test_slot_constructors_equal_the_generated_init_field_for_field() -> None:
     with pytest.raises(dataclasses.FrozenInstanceError):
         fast.title = "changed"  # type: ignore[misc]
 
-    ranked_args = (1, 617, "priority:p0", when, "lease-1")
-    assert len(ranked_args) == len(dataclasses.fields(RankedCandidate))
-    assert new_ranked(*ranked_args) == RankedCandidate(
-        **dict(zip([f.name for f in dataclasses.fields(RankedCandidate)], ranked_args, strict=True))  # type: ignore[arg-type]
-    )
     assert len(dataclasses.fields(Skipped)) == 3
     assert new_skipped(617, "not_ready", "x") == Skipped(617, "not_ready", "x")
 
@@ -68,6 +63,11 @@ def _random_candidates(rng: random.Random, count: int) -> list[Candidate]:
     return sorted(out, key=lambda c: c.issue_number)
 
 
+def _rows(candidates: list[Candidate]) -> tuple[list[Row], LabelSets]:
+    label_sets = LabelSets()
+    return [_row_of(c, label_sets) for c in candidates], label_sets
+
+
 @pytest.mark.parametrize("seed", range(5))
 def test_candidate_rows_text_is_the_canonical_dump_of_the_same_rows(seed: int) -> None:
     """The fingerprint's candidate part, written row by row, is byte for byte the canonical digest of the rows."""
@@ -80,8 +80,9 @@ def test_candidate_rows_text_is_the_canonical_dump_of_the_same_rows(seed: int) -
              list(c.depends_on), c.ready, *([True] if owner in c.barred_owners else [])]
             for c in candidates
         ]
-        micros = [utc_micros(c.created_at) for c in candidates]
-        assert _candidate_rows_digest(owner, candidates, micros, relevant) == fingerprint_digest(rows)
+        candidate_rows, label_sets = _rows(candidates)
+        texts = relevant_label_texts(label_sets.sets, relevant)
+        assert candidate_rows_digest(owner, candidate_rows, texts) == fingerprint_digest(rows)
 
 
 @pytest.mark.parametrize("seed", range(5))
@@ -102,9 +103,13 @@ def test_integer_rank_keys_order_as_the_plain_tuple_key(seed: int) -> None:
 
     owned = {candidates[3].issue_number: LiveLease(issue_number=candidates[3].issue_number, owner="me", role="r",
                                                    lease_id="L", expires_at=NOW)}
-    ordered, ranked = _rank(candidates, [utc_micros(c.created_at) for c in candidates], owned, policy)
+    candidate_rows, label_sets = _rows(sorted(candidates, key=lambda c: c.issue_number))  # as decide passes them
+    set_priority = [min([prio[label] for label in labels if label in prio], default=len(prio))
+                    for labels in label_sets.sets]
+    ordered, ranked = _rank(candidate_rows, set_priority, owned, policy)
     expected = sorted(candidates, key=plain_key)
-    assert ordered == expected
+    assert [row[0] for row in ordered] == [c.issue_number for c in expected]
+    assert all(isinstance(r, RankedCandidate) for r in ranked)
     assert [r.issue_number for r in ranked] == [c.issue_number for c in expected]
     assert [r.rank for r in ranked] == list(range(1, len(expected) + 1))
     for r, c in zip(ranked, expected, strict=True):
