@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from operator import itemgetter
 from typing import Any, Final
@@ -199,11 +199,13 @@ class LabelSets:
     ``sets[k]`` is a sorted, de-duplicated tuple of label names shared by every candidate whose row names ``k``;
     ``_index`` maps every label tuple already seen (as received, or sorted) to its ``k``."""
 
-    __slots__ = ("_index", "sets")
+    __slots__ = ("_index", "known", "sets")
 
     def __init__(self) -> None:
         self.sets: list[tuple[str, ...]] = [()]
         self._index: dict[tuple[object, ...], int] = {(): 0}
+        #: ``k`` of a label tuple seen before (validated then), else None; raises TypeError when unhashable.
+        self.known = self._index.get
 
     def index(self, received: tuple[object, ...]) -> int | None:
         """``k`` of a label tuple as received, or None when it holds anything but non-empty label names.
@@ -238,7 +240,9 @@ class LabelSets:
 _known_instant = _INSTANTS.get
 
 
-def _fast_row(record: dict[Any, Any], label_sets: LabelSets) -> Row | None:
+def _fast_row(
+    record: dict[Any, Any], label_sets: LabelSets, known_labels: Callable[[tuple[object, ...]], int | None]
+) -> Row | None:
     """The common valid record (plain dict, known keys, exact types) without collecting problems; None sends the
     record to the full validator, which then reports every problem exactly as before."""
     if not record.keys() <= _FAST_FIELDS:
@@ -253,10 +257,13 @@ def _fast_row(record: dict[Any, Any], label_sets: LabelSets) -> Row | None:
     labels = get("labels")
     if labels is None:
         k: int | None = 0
-    elif type(labels) is list:
-        k = label_sets.index(tuple(labels))
-    elif type(labels) is tuple:
-        k = label_sets.index(labels)
+    elif type(labels) is list or type(labels) is tuple:
+        try:
+            k = known_labels(tuple(labels))  # a label set seen before in this call: validated then
+        except TypeError:  # an unhashable element (an array or object) is no label name
+            return None
+        if k is None:
+            k = label_sets.index(tuple(labels))
     else:
         return None
     if k is None:
@@ -494,8 +501,9 @@ def normalize_rows(raw: object) -> tuple[list[Row], LabelSets]:
     first_index: dict[int, int] = {}
     fast = _fast_row
     label_sets = LabelSets()
+    known_labels = label_sets.known
     for index, element in enumerate(elements):
-        row = fast(element, label_sets) if type(element) is dict else None
+        row = fast(element, label_sets, known_labels) if type(element) is dict else None
         if row is None:
             if isinstance(element, Candidate):
                 record: Mapping[Any, Any] = _candidate_as_record(element)
