@@ -11,11 +11,22 @@ from typing import Any
 
 import pytest
 
-from bot.core.allocator import AllocationRequest, Candidate, LiveLease, RankedCandidate, RankingPolicy, Skipped, decide
-from bot.core.allocator.candidates import normalize_candidates
+from bot.core.allocator import (
+    AllocationRequest,
+    Candidate,
+    InputError,
+    LiveLease,
+    RankedCandidate,
+    RankingPolicy,
+    Skipped,
+    decide,
+    forget_instants,
+)
+from bot.core.allocator import candidates as candidates_module
+from bot.core.allocator.candidates import LabelSets, Row, _row_of, normalize_candidates
 from bot.core.allocator.decide import _rank
-from bot.core.allocator.fingerprint import _candidate_rows_digest, utc_micros
-from bot.core.allocator.records import new_candidate, new_ranked, new_skipped
+from bot.core.allocator.fingerprint import candidate_rows_digest, relevant_label_texts, utc_micros
+from bot.core.allocator.records import new_candidate, new_skipped
 from bot.core.digest import fingerprint_digest
 from bot.core.vocabulary import MAX_ISSUE_NUMBER
 from tests.work_count import counted, lines_executed
@@ -39,11 +50,6 @@ def test_slot_constructors_equal_the_generated_init_field_for_field() -> None:
     with pytest.raises(dataclasses.FrozenInstanceError):
         fast.title = "changed"  # type: ignore[misc]
 
-    ranked_args = (1, 617, "priority:p0", when, "lease-1")
-    assert len(ranked_args) == len(dataclasses.fields(RankedCandidate))
-    assert new_ranked(*ranked_args) == RankedCandidate(
-        **dict(zip([f.name for f in dataclasses.fields(RankedCandidate)], ranked_args, strict=True))  # type: ignore[arg-type]
-    )
     assert len(dataclasses.fields(Skipped)) == 3
     assert new_skipped(617, "not_ready", "x") == Skipped(617, "not_ready", "x")
 
@@ -68,6 +74,11 @@ def _random_candidates(rng: random.Random, count: int) -> list[Candidate]:
     return sorted(out, key=lambda c: c.issue_number)
 
 
+def _rows(candidates: list[Candidate]) -> tuple[list[Row], LabelSets]:
+    label_sets = LabelSets()
+    return [_row_of(c, label_sets) for c in candidates], label_sets
+
+
 @pytest.mark.parametrize("seed", range(5))
 def test_candidate_rows_text_is_the_canonical_dump_of_the_same_rows(seed: int) -> None:
     """The fingerprint's candidate part, written row by row, is byte for byte the canonical digest of the rows."""
@@ -80,8 +91,9 @@ def test_candidate_rows_text_is_the_canonical_dump_of_the_same_rows(seed: int) -
              list(c.depends_on), c.ready, *([True] if owner in c.barred_owners else [])]
             for c in candidates
         ]
-        micros = [utc_micros(c.created_at) for c in candidates]
-        assert _candidate_rows_digest(owner, candidates, micros, relevant) == fingerprint_digest(rows)
+        candidate_rows, label_sets = _rows(candidates)
+        texts = relevant_label_texts(label_sets.sets, relevant)
+        assert candidate_rows_digest(owner, candidate_rows, texts) == fingerprint_digest(rows)
 
 
 @pytest.mark.parametrize("seed", range(5))
@@ -102,9 +114,13 @@ def test_integer_rank_keys_order_as_the_plain_tuple_key(seed: int) -> None:
 
     owned = {candidates[3].issue_number: LiveLease(issue_number=candidates[3].issue_number, owner="me", role="r",
                                                    lease_id="L", expires_at=NOW)}
-    ordered, ranked = _rank(candidates, [utc_micros(c.created_at) for c in candidates], owned, policy)
+    candidate_rows, label_sets = _rows(sorted(candidates, key=lambda c: c.issue_number))  # as decide passes them
+    set_priority = [min([prio[label] for label in labels if label in prio], default=len(prio))
+                    for labels in label_sets.sets]
+    ordered, ranked = _rank(candidate_rows, set_priority, owned, policy)
     expected = sorted(candidates, key=plain_key)
-    assert ordered == expected
+    assert [row[0] for row in ordered] == [c.issue_number for c in expected]
+    assert all(isinstance(r, RankedCandidate) for r in ranked)
     assert [r.issue_number for r in ranked] == [c.issue_number for c in expected]
     assert [r.rank for r in ranked] == list(range(1, len(expected) + 1))
     for r, c in zip(ranked, expected, strict=True):
@@ -192,3 +208,54 @@ def test_decide_work_grows_linearly_with_the_candidates() -> None:
         _, lines[n] = lines_executed(run)
     assert work[4_000] <= 10.5 * work[400], work
     assert lines[4_000] <= 10.5 * lines[400], lines
+
+
+def _dated(texts: list[str]) -> list[dict[str, Any]]:
+    return [{"issue_number": i, "labels": ["priority:p1"], "created_at": text} for i, text in enumerate(texts, 1)]
+
+
+def test_a_remembered_created_at_decides_exactly_as_a_first_reading() -> None:
+    """Seed AC4: the created_at memo changes no decision and no fingerprint; a text it refused is refused again."""
+    texts = ["2026-01-02T03:04:05Z", "2026-01-02T05:04:05+02:00", "2025-12-31T23:59:59.5-05:00",
+             "0001-01-01T00:00:00+05:00", "9999-12-31T23:59:59.999999Z", "2026-07-20t21:35:15z"]
+    request = AllocationRequest(owner="me", candidates=_dated(texts))
+    forget_instants()
+    first = decide(request, RankingPolicy(), [], NOW).to_dict()
+    again = decide(request, RankingPolicy(), [], NOW).to_dict()
+    assert first == again and first["decision"] == "select"
+    assert "2026-07-20t21:35:15z" not in candidates_module._INSTANTS  # lowercase: the full validator's, never kept
+    assert [r["issue_number"] for r in first["ranked"]] == [4, 3, 1, 2, 6, 5]  # 1 and 2 are the same instant
+    for bad in ("2026-02-30T00:00:00Z", "2026-01-01T00:00:00", "2026-01-01 00:00:00Z", "2026-01-01T00:00:00+24:00"):
+        for _ in range(2):  # first reading, then again: never remembered as valid
+            refused = decide(AllocationRequest(owner="me", candidates=_dated([bad])), RankingPolicy(), [], NOW)
+            assert refused.kind == "invalid" and refused.skipped[0].reason == "invalid_candidate"
+        assert bad not in candidates_module._INSTANTS
+
+
+def test_the_created_at_memo_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A process that sees ever new issues keeps at most _INSTANTS_MAX texts (it is emptied when full)."""
+    monkeypatch.setattr(candidates_module, "_INSTANTS_MAX", 8)
+    forget_instants()
+    for start in range(0, 40, 5):
+        texts = [f"2026-01-01T00:00:{second:02d}Z" for second in range(start, start + 5)]
+        request = AllocationRequest(owner="me", candidates=_dated(texts))
+        assert decide(request, RankingPolicy(), [], NOW).kind == "select"
+        assert len(candidates_module._INSTANTS) <= 8
+    forget_instants()
+
+
+def test_a_label_set_seen_before_does_not_let_an_invalid_one_through() -> None:
+    """AC3: the per-call label set index only answers for tuples equal to validated ones; the rest is validated."""
+    records: list[dict[str, Any]] = [
+        {"issue_number": 1, "labels": ["priority:p0", "kind:bug"]},
+        {"issue_number": 2, "labels": ("kind:bug", "priority:p0")},
+        {"issue_number": 3, "labels": [["priority:p0"], "kind:bug"]},
+        {"issue_number": 4, "labels": ["priority:p0", ""]},
+        {"issue_number": 5, "labels": ["priority:p0", 7]},
+        {"issue_number": 6, "labels": ["priority:p0", "kind:bug", "priority:p0"]},
+    ]
+    with pytest.raises(InputError) as caught:
+        normalize_candidates(records)
+    assert [(p.index, p.field) for p in caught.value.problems] == [(2, "labels[0]"), (3, "labels[1]"), (4, "labels[1]")]
+    good = normalize_candidates([records[0], records[1], records[5]])
+    assert [c.labels for c in good] == [("kind:bug", "priority:p0")] * 3

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from bot.core.allocator.candidates import MAX_INPUT_CHARS, normalize_candidates, normalize_exclusions
+from bot.core.allocator.candidates import MAX_INPUT_CHARS, forget_instants, normalize_candidates, normalize_exclusions
 from bot.core.allocator.decide import check_apply, decide
 from bot.core.allocator.decisions import (
     AllocationDecision,
@@ -63,6 +63,7 @@ __all__ = [
     "WaitReason",
     "check_apply",
     "decide",
+    "forget_instants",
     "normalize_candidates",
     "normalize_exclusions",
 ]

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping, Sequence
-from datetime import datetime
+from collections.abc import Callable, Mapping, Sequence
+from datetime import UTC, datetime, timedelta
+from operator import itemgetter
 from typing import Any, Final
 
 from bot.core.allocator.records import (
@@ -26,8 +27,8 @@ _RFC3339 = re.compile(
     r"\d{4}-\d{2}-\d{2}[Tt]\d{2}:\d{2}:\d{2}(\.\d+)?([Zz]|[+-]\d{2}:\d{2})",
     re.ASCII,
 )
-# The keys the fast path takes; a record with any other (the alias, barred_owners) goes to the full validator.
-_FAST_FIELDS: Final[frozenset[str]] = CANDIDATE_FIELDS - {"number", "barred_owners"}
+# The keys the fast path takes; a record with any other (the alias `number`) goes to the full validator.
+_FAST_FIELDS: Final[frozenset[str]] = CANDIDATE_FIELDS - {"number"}
 
 
 class _DuplicateKeyObject(dict[str, Any]):
@@ -148,14 +149,104 @@ def _parse_rfc3339(value: str) -> datetime | None:
         return None
 
 
-def _fast_candidate(record: Mapping[Any, Any], label_sets: dict[tuple[str, ...], tuple[str, ...]]) -> Candidate | None:
-    """The common valid record (plain dict, known keys, exact types) without collecting problems; None
-    sends the record to the full validator, which then reports every problem exactly as before.
+# The common shape, taken without collecting problems: uppercase ``T`` and ``Z`` (fromisoformat reads both; a
+# lowercase ``t`` or ``z`` goes to the full validator, which uppercases it first, exactly as before).
+_FAST_RFC3339 = re.compile(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(?:\.\d+)?(?:Z|[+-]\d{2}:\d{2})", re.ASCII).fullmatch
+_from_iso = datetime.fromisoformat
+_UNIX_EPOCH: Final[datetime] = datetime(1970, 1, 1, tzinfo=UTC)
+_MICROSECOND: Final[timedelta] = timedelta(microseconds=1)
 
-    ``label_sets`` shares one tuple per distinct label set among the candidates of one call (few distinct sets,
-    many issues): fewer objects for the cyclic GC to walk, and cheaper lookups keyed by them later."""
-    if type(record) is not dict or not record.keys() <= _FAST_FIELDS:
-        return None  # "number" (the alias) and "barred_owners" (review candidates) are the full validator's
+# created_at texts already read, with what they mean: the aware datetime and its instant in UTC microseconds (the
+# rank's and the fingerprint's key). Reading one costs about 12k machine instructions (the pattern, the parse, the
+# offset arithmetic), most of a candidate's validation; an issue's created_at never changes, and the same issues
+# come back on every allocation (dry run, proof, apply; each auto-allocation run), so each text is read once per
+# process. Only texts that passed the pattern and the calendar are kept; a datetime is immutable, so sharing it is
+# safe. Bounded: emptied when full (a few hundred bytes an entry, ~35 MB at the bound).
+_INSTANTS: dict[str, tuple[datetime, int]] = {}
+_INSTANTS_MAX: Final[int] = 1 << 17
+
+
+def _read_instant(text: str) -> tuple[datetime, int] | None:
+    """The datetime and UTC microseconds of a created_at text in the common shape (remembered), or None."""
+    if _FAST_RFC3339(text) is None:
+        return None
+    try:  # the pattern pins the shape; fromisoformat checks the calendar and keeps microseconds
+        when = _from_iso(text)
+    except ValueError:
+        return None
+    instant = (when, (when - _UNIX_EPOCH) // _MICROSECOND)
+    if len(_INSTANTS) >= _INSTANTS_MAX:
+        _INSTANTS.clear()
+    _INSTANTS[text] = instant
+    return instant
+
+
+def forget_instants() -> None:
+    """Empty the created_at memo (benchmarks measure a first allocation with it; tests check what it holds)."""
+    _INSTANTS.clear()
+
+
+#: One validated candidate as the decision reads it: ``(issue_number, title, label set index, created_at,
+#: created_at as UTC microseconds, depends_on, ready, barred_owners, duplicate, plain)``. ``plain`` is True when
+#: nothing but the issue's number and labels can hold it back (no dependencies, ready, nobody barred, no duplicate
+#: finding). Plain tuples: one C-level allocation each, where a frozen dataclass costs about a microsecond.
+Row = tuple[int, str | None, int, datetime | None, int | None, tuple[int, ...], bool, tuple[str, ...], str | None, bool]
+
+
+class LabelSets:
+    """The distinct label sets of one call's candidates, each validated and sorted once (few sets, many issues).
+
+    ``sets[k]`` is a sorted, de-duplicated tuple of label names shared by every candidate whose row names ``k``;
+    ``_index`` maps every label tuple already seen (as received, or sorted) to its ``k``."""
+
+    __slots__ = ("_index", "known", "sets")
+
+    def __init__(self) -> None:
+        self.sets: list[tuple[str, ...]] = [()]
+        self._index: dict[tuple[object, ...], int] = {(): 0}
+        #: ``k`` of a label tuple seen before (validated then), else None; raises TypeError when unhashable.
+        self.known = self._index.get
+
+    def index(self, received: tuple[object, ...]) -> int | None:
+        """``k`` of a label tuple as received, or None when it holds anything but non-empty label names.
+
+        A hit means ``received`` equals, element by element, a tuple that was validated: among JSON values only a
+        string equals a string, so it holds exactly those names."""
+        try:
+            return self._index[received]
+        except KeyError:
+            pass
+        except TypeError:  # an unhashable element (an array or object) is no label name
+            return None
+        for label in received:
+            if type(label) is not str or not label or (not label.isascii() and _has_surrogate(label)):
+                return None
+        return self.canonical(received)  # type: ignore[arg-type]
+
+    def canonical(self, labels: Sequence[str]) -> int:
+        """``k`` of validated label names (any order, repeats allowed)."""
+        key = tuple(labels)
+        k = self._index.get(key)
+        if k is None:
+            ordered = tuple(sorted(set(key)))
+            k = self._index.get(ordered)
+            if k is None:
+                k = self._index[ordered] = len(self.sets)
+                self.sets.append(ordered)
+            self._index[key] = k
+        return k
+
+
+_known_instant = _INSTANTS.get
+
+
+def _fast_row(
+    record: dict[Any, Any], label_sets: LabelSets, known_labels: Callable[[tuple[object, ...]], int | None]
+) -> Row | None:
+    """The common valid record (plain dict, known keys, exact types) without collecting problems; None sends the
+    record to the full validator, which then reports every problem exactly as before."""
+    if not record.keys() <= _FAST_FIELDS:
+        return None  # "number" (the alias) and anything unknown are the full validator's
     get = record.get
     number = get("issue_number")
     if type(number) is not int or not 0 < number <= MAX_ISSUE_NUMBER:
@@ -165,47 +256,67 @@ def _fast_candidate(record: Mapping[Any, Any], label_sets: dict[tuple[str, ...],
         return None
     labels = get("labels")
     if labels is None:
-        labels = ()
-    elif type(labels) is not list and type(labels) is not tuple:
+        k: int | None = 0
+    elif type(labels) is list or type(labels) is tuple:
+        try:
+            k = known_labels(tuple(labels))  # a label set seen before in this call: validated then
+        except TypeError:  # an unhashable element (an array or object) is no label name
+            return None
+        if k is None:
+            k = label_sets.index(tuple(labels))
+    else:
         return None
-    for label in labels:
-        if type(label) is not str or not label or (not label.isascii() and _has_surrogate(label)):
+    if k is None:
+        return None
+    created = get("created_at")
+    if created is None:
+        micros = None
+    elif type(created) is str:
+        instant = _known_instant(created) or _read_instant(created)
+        if instant is None:
             return None
-    raw_created = get("created_at")
-    created_at = None
-    if raw_created is not None:
-        if type(raw_created) is not str:
-            return None
-        created_at = _parse_rfc3339(raw_created)
-        if created_at is None:
-            return None
+        created, micros = instant
+    else:
+        return None
     deps = get("depends_on")
     if deps is None:
         deps = ()
-    elif type(deps) is not list and type(deps) is not tuple:
+    elif type(deps) is list or type(deps) is tuple:
+        for dep in deps:
+            if type(dep) is not int or not 0 < dep <= MAX_ISSUE_NUMBER or dep == number:
+                return None
+        deps = tuple(sorted(set(deps))) if len(deps) > 1 else tuple(deps)
+    else:
         return None
-    for dep in deps:
-        if type(dep) is not int or not 0 < dep <= MAX_ISSUE_NUMBER or dep == number:
-            return None
     ready = get("ready", True)
     if ready is None:
         ready = True
     elif type(ready) is not bool:
         return None
+    barred = get("barred_owners")
+    if barred is None:
+        barred = ()
+    elif type(barred) is list or type(barred) is tuple:
+        for login in barred:
+            if type(login) is not str or not login:
+                return None
+        barred = tuple(sorted(set(barred))) if len(barred) > 1 else tuple(barred)
+    else:
+        return None
     duplicate = get("duplicate")
     if duplicate is not None and (type(duplicate) is not str or not duplicate or _has_surrogate(duplicate)):
         return None
-    label_set = tuple(sorted(set(labels))) if len(labels) > 1 else tuple(labels)
-    return new_candidate(
-        number,
-        title,
-        label_sets.setdefault(label_set, label_set),
-        created_at,
-        tuple(sorted(set(deps))) if len(deps) > 1 else tuple(deps),
-        ready,
-        (),
-        duplicate,
-    )
+    return (number, title, k, created, micros, deps, ready, barred, duplicate,
+            not deps and ready and not barred and duplicate is None)
+
+
+def _row_of(candidate: Candidate, label_sets: LabelSets) -> Row:
+    """The row of a candidate the full validator built."""
+    when = candidate.created_at
+    deps, ready, barred, duplicate = candidate.depends_on, candidate.ready, candidate.barred_owners, candidate.duplicate
+    return (candidate.issue_number, candidate.title, label_sets.canonical(candidate.labels), when,
+            None if when is None else (when - _UNIX_EPOCH) // _MICROSECOND, deps, ready, barred, duplicate,
+            not deps and ready and not barred and duplicate is None)
 
 
 def _candidate_from_record(
@@ -362,6 +473,15 @@ def normalize_candidates(raw: object) -> list[Candidate]:
     is not an array of positive integers (or names the issue itself), a non-boolean ``ready``, unknown
     or repeated keys, and duplicate issue numbers. ``null`` for an optional field means omitted.
     """
+    rows, label_sets = normalize_rows(raw)
+    sets = label_sets.sets
+    return [new_candidate(number, title, sets[k], when, deps, ready, barred, duplicate)
+            for number, title, k, when, _micros, deps, ready, barred, duplicate, _plain in rows]
+
+
+def normalize_rows(raw: object) -> tuple[list[Row], LabelSets]:
+    """:func:`normalize_candidates` as the decision reads it: the same checks, the same refusals, rows instead of
+    :class:`Candidate` objects (sorted by issue number) and the label sets their rows index."""
     name = "candidates_json"
     value: object = raw
     if isinstance(raw, str):
@@ -376,13 +496,15 @@ def normalize_candidates(raw: object) -> list[Candidate]:
         raise _refused(name, f"expected an array of candidate objects or one object, got {_type_name(value)}")
 
     problems: list[InputProblem] = []
-    candidates: list[Candidate] = []
+    rows: list[Row] = []
+    append = rows.append
     first_index: dict[int, int] = {}
-    fast = _fast_candidate
-    label_sets: dict[tuple[str, ...], tuple[str, ...]] = {}
+    fast = _fast_row
+    label_sets = LabelSets()
+    known_labels = label_sets.known
     for index, element in enumerate(elements):
-        candidate = fast(element, label_sets) if type(element) is dict else None
-        if candidate is None:
+        row = fast(element, label_sets, known_labels) if type(element) is dict else None
+        if row is None:
             if isinstance(element, Candidate):
                 record: Mapping[Any, Any] = _candidate_as_record(element)
             elif isinstance(element, dict):
@@ -393,13 +515,12 @@ def normalize_candidates(raw: object) -> list[Candidate]:
                     InputProblem(input=name, index=index, field="", problem=f"expected an object, got {got}")
                 )
                 continue
-            candidate = fast(record, label_sets)
+            candidate, found = _candidate_from_record(record, index, name)
+            problems.extend(found)
             if candidate is None:
-                candidate, found = _candidate_from_record(record, index, name)
-                problems.extend(found)
-                if candidate is None:
-                    continue
-        number = candidate.issue_number
+                continue
+            row = _row_of(candidate, label_sets)
+        number = row[0]
         if number in first_index:
             problems.append(
                 InputProblem(input=name, index=index, field="issue_number", issue_number=number,
@@ -407,10 +528,14 @@ def normalize_candidates(raw: object) -> list[Candidate]:
             )
             continue
         first_index[number] = index
-        candidates.append(candidate)
+        append(row)
     if problems:
         raise InputError(problems)
-    return sorted(candidates, key=lambda c: c.issue_number)
+    rows.sort(key=_issue_number_of)
+    return rows, label_sets
+
+
+_issue_number_of = itemgetter(0)
 
 
 def normalize_exclusions(raw: object) -> frozenset[int]:

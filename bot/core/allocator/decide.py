@@ -6,9 +6,11 @@ import gc
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
+from itertools import count, repeat
+from operator import itemgetter
 from typing import Any, Final
 
-from bot.core.allocator.candidates import normalize_candidates, normalize_exclusions
+from bot.core.allocator.candidates import LabelSets, Row, normalize_exclusions, normalize_rows
 from bot.core.allocator.decisions import (
     AllocationDecision,
     BlockedDecision,
@@ -17,12 +19,11 @@ from bot.core.allocator.decisions import (
     SelectDecision,
     WaitDecision,
 )
-from bot.core.allocator.fingerprint import MICROSECOND, UNIX_EPOCH, decision_fingerprint, lease_state
+from bot.core.allocator.fingerprint import LeaseRow, decision_fingerprint, relevant_label_texts
 from bot.core.allocator.records import (
     EXCLUSION_REASONS,
     AllocationRequest,
     Blocker,
-    Candidate,
     InputError,
     InputProblem,
     LiveLease,
@@ -33,7 +34,7 @@ from bot.core.allocator.records import (
     WaitReason,
     exclusions_view,
     input_envelope,
-    new_ranked,
+    new_candidate,
     new_skipped,
     require_aware,
 )
@@ -77,53 +78,48 @@ def _exclusion_reason(
 # One integer per eligible candidate orders them exactly as the tuple (priority, undated, created_at UTC
 # microseconds, issue number) would: integers are not tracked by the cyclic GC and sort in C without a key
 # function. Bits, high to low: priority index and the undated flag, created_at shifted to be non-negative (64 bits:
-# years 1 to 9999 are within +-2**62 microseconds of 1970), the issue number (63 bits, MAX_ISSUE_NUMBER).
-_NUMBER_BITS: Final[int] = 63
+# years 1 to 9999 are within +-2**62 microseconds of 1970), the candidate's position among the eligible ones, which
+# are in issue number order (so the position orders as the number does, and names the candidate after the sort).
+_POSITION_BITS: Final[int] = 63
 _WHEN_BITS: Final[int] = 64
 _WHEN_SHIFT: Final[int] = 2**62
-_NUMBER_MASK: Final[int] = (1 << _NUMBER_BITS) - 1
+_POSITION_MASK: Final[int] = (1 << _POSITION_BITS) - 1
+_issue_number = itemgetter(0)
+_created_at = itemgetter(3)
 
 
 def _rank(
-    eligible: Sequence[Candidate],
-    eligible_micros: Sequence[int | None],
+    eligible: Sequence[Row],
+    set_priority: Sequence[int],
     owned: Mapping[int, LiveLease],
     policy: RankingPolicy,
-) -> tuple[list[Candidate], tuple[RankedCandidate, ...]]:
+) -> tuple[list[Row], tuple[RankedCandidate, ...]]:
     """Priority label (policy order, unlabelled last), then ``created_at`` (undated last), then issue number.
 
-    ``eligible_micros`` is each candidate's ``created_at`` in UTC microseconds: integers compare far faster than
-    aware datetimes with different offsets, and order the same instants the same way."""
-    prio = {label: i for i, label in enumerate(policy.priority_labels)}
-    unlabelled = len(prio)
-    priority_of: dict[tuple[str, ...], int] = {}  # label sets repeat: each one's priority is looked up once
-    by_number: dict[int, Candidate] = {}
-    keys: list[int] = []
-    append = keys.append
-    for c, micros in zip(eligible, eligible_micros, strict=True):
-        labels = c.labels
-        p = priority_of.get(labels)
-        if p is None:
-            p = priority_of[labels] = min([prio[label] for label in labels if label in prio], default=unlabelled)
-        number = c.issue_number
-        by_number[number] = c
-        head = (p << 1) << _WHEN_BITS | (micros + _WHEN_SHIFT) if micros is not None else (p << 1 | 1) << _WHEN_BITS
-        append(head << _NUMBER_BITS | number)
+    ``eligible`` is in issue number order; ``set_priority[k]`` is the priority index of label set ``k`` (the
+    policy's order, ``len(priority_labels)`` when unlabelled). The rows carry ``created_at`` in UTC microseconds:
+    integers compare far faster than aware datetimes with different offsets, and order the same instants the same
+    way."""
+    dated = [(p << 1) << _WHEN_BITS for p in set_priority]
+    undated = [(p << 1 | 1) << _WHEN_BITS << _POSITION_BITS for p in set_priority]
+    keys = [
+        undated[row[2]] | i if (micros := row[4]) is None
+        else (dated[row[2]] | (micros + _WHEN_SHIFT)) << _POSITION_BITS | i
+        for i, row in enumerate(eligible)
+    ]
     keys.sort()
+    # From here on, all in C: the rows in rank order, then one named tuple per rank.
+    ordered = list(map(eligible.__getitem__, map(int.__and__, keys, repeat(_POSITION_MASK))))
     labels_by_rank = (*policy.priority_labels, None)
-    get_owned = owned.get
-    shift = _NUMBER_BITS + _WHEN_BITS + 1
-    ordered = [by_number[key & _NUMBER_MASK] for key in keys]
-    ranked = tuple(
-        new_ranked(
-            i,
-            c.issue_number,
-            labels_by_rank[key >> shift],
-            c.created_at,
-            None if (lease := get_owned(c.issue_number)) is None else lease.lease_id,
-        )
-        for i, (key, c) in enumerate(zip(keys, ordered, strict=True), 1)
-    )
+    priority_shift = _POSITION_BITS + _WHEN_BITS + 1
+    priority_labels = map(labels_by_rank.__getitem__, map(int.__rshift__, keys, repeat(priority_shift)))
+    owned_ids: Iterable[str | None] = repeat(None)
+    if owned:
+        owned_ids = [None if (lease := owned.get(row[0])) is None else lease.lease_id for row in ordered]
+    ranked: tuple[RankedCandidate, ...] = tuple(map(
+        tuple.__new__, repeat(RankedCandidate),
+        zip(count(1), map(_issue_number, ordered), priority_labels, map(_created_at, ordered), owned_ids),
+    ))
     return ordered, ranked
 
 
@@ -166,9 +162,10 @@ def _decide(
         caller = normalize_exclusions(request.exclude_issue_numbers)
     except InputError as exc:
         caller_raw_problems.extend(exc.problems)
-    candidates: list[Candidate] = []
+    rows: list[Row] = []
+    label_sets = LabelSets()
     try:
-        candidates = normalize_candidates(request.candidates)
+        rows, label_sets = normalize_rows(request.candidates)
     except InputError as exc:
         caller_raw_problems.extend(exc.problems)
     if not isinstance(request.owner, str) or not request.owner:
@@ -179,60 +176,74 @@ def _decide(
         return _invalid(caller_raw_problems, policy, caller)
 
     owner = request.owner
-    by_number = {c.issue_number: c for c in candidates}
-    open_numbers = request.open_issue_numbers | by_number.keys()
-    # created_at as UTC microseconds (utc_micros inlined: once per candidate, for the fingerprint and the rank)
-    created_micros = [
-        None if (when := c.created_at) is None else (when - UNIX_EPOCH) // MICROSECOND for c in candidates
-    ]
+    sets = label_sets.sets
+    numbers = {row[0] for row in rows}
+    # What the policy makes of each distinct label set, once: its priority index, whether it is protected, and
+    # its labels that the fingerprint reads.
+    prio = {label: i for i, label in enumerate(policy.priority_labels)}
+    set_priority = [min([prio[label] for label in labels if label in prio], default=len(prio)) for labels in sets]
+    protected_labels = policy.protected_labels
+    set_protected = [bool(protected_labels) and not protected_labels.isdisjoint(labels) for labels in sets]
+
+    # Each lease's state once (fingerprint.lease_state, inlined), for the decision and for the fingerprint.
+    own_live: dict[int, list[LiveLease]] = {}
+    foreign_live: dict[int, list[LiveLease]] = {}
+    foreign_grace: dict[int, list[LiveLease]] = {}
+    lease_rows: list[LeaseRow] = []
+    grace = policy.lease_grace
+    for lease in leases:
+        login, expires = lease.owner, lease.expires_at
+        if expires > now:
+            state = "live"
+        elif login != owner and now < expires + grace:
+            state = "grace"
+        else:
+            continue
+        number = lease.issue_number
+        if number in numbers or login == owner:
+            lease_rows.append((number, login, lease.lease_id, lease.role, state))
+        if state == "grace":
+            foreign_grace.setdefault(number, []).append(lease)
+        else:
+            (own_live if login == owner else foreign_live).setdefault(number, []).append(lease)
+
+    dependencies = {d for row in rows if not row[9] and row[5] for d in row[5]}
     fingerprint, parts = decision_fingerprint(
-        owner, candidates, caller, request.open_issue_numbers, policy, leases, now, created_micros
+        owner, rows, relevant_label_texts(sets, frozenset(policy.priority_labels) | protected_labels), numbers,
+        dependencies, caller, request.open_issue_numbers, policy, lease_rows,
     )
     common: dict[str, Any] = {
         "fingerprint": fingerprint,
         "fingerprint_parts": parts,
-        "considered": len(candidates),
+        "considered": len(rows),
         "exclusions": exclusions_view(caller, policy),
     }
-
-    own_live: dict[int, list[LiveLease]] = {}
-    foreign_live: dict[int, list[LiveLease]] = {}
-    foreign_grace: dict[int, list[LiveLease]] = {}
-    for lease in leases:
-        state = lease_state(lease, owner, policy, now)
-        if state == "live":
-            (own_live if lease.owner == owner else foreign_live).setdefault(lease.issue_number, []).append(lease)
-        elif state == "grace":
-            foreign_grace.setdefault(lease.issue_number, []).append(lease)
 
     def first(found: list[LiveLease]) -> LiveLease:
         return min(found, key=lambda lease: (lease.owner, lease.lease_id))
 
-    # Own live leases on excluded issues, candidates or not: they would be stranded (AC5).
-    blockers: list[Blocker] = []
-    for number, held in sorted(own_live.items() if request.resume_own else ()):
-        candidate = by_number.get(number)
-        excluded = _exclusion_reason(number, candidate.labels if candidate else (), caller, policy)
-        if excluded is not None:
-            blockers.append(
-                Blocker(issue_number=number, reason="excluded_owned_lease", lease=first(held), excluded_as=excluded[0])
-            )
-
+    # A candidate that is none of these, plain (no dependencies, ready, nobody barred, no duplicate finding) and
+    # without a protected label is eligible as it stands; every other one takes the checks in their order.
+    attention = caller | policy.protected_issue_numbers | own_live.keys() | foreign_live.keys() | foreign_grace.keys()
+    open_numbers = request.open_issue_numbers | numbers
     skipped: list[Skipped] = []
     skip = skipped.append
-    eligible: list[Candidate] = []
-    eligible_micros: list[int | None] = []
+    eligible: list[Row] = []
+    keep = eligible.append
     owned: dict[int, LiveLease] = {}
-    protected_numbers, protected_labels = policy.protected_issue_numbers, policy.protected_labels
-    for candidate, micros in zip(candidates, created_micros, strict=True):
-        number = candidate.issue_number
-        if number in caller or number in protected_numbers or (
-            protected_labels and not protected_labels.isdisjoint(candidate.labels)
-        ):
-            excluded = _exclusion_reason(number, candidate.labels, caller, policy)
-            assert excluded is not None
+    own_rows: dict[int, Row] = {}
+    for row in rows:
+        number = row[0]
+        if row[9] and number not in attention and not set_protected[row[2]]:
+            keep(row)
+            continue
+        excluded = _exclusion_reason(number, sets[row[2]], caller, policy)
+        barred = row[7]
+        if number in own_live:
+            own_rows[number] = row
+        if excluded is not None:
             skip(new_skipped(number, *excluded))
-        elif candidate.barred_owners and owner in candidate.barred_owners:
+        elif barred and owner in barred:
             skip(new_skipped(number, "self_review",
                              f"{owner} wrote or implemented #{number}'s pull request and cannot review it"))
         elif number in foreign_live:
@@ -243,10 +254,9 @@ def _decide(
             skip(new_skipped(number, "own_claim", f"#{number} is already leased to {owner}"))
         elif number in own_live:
             owned[number] = first(own_live[number])
-            eligible.append(candidate)
-            eligible_micros.append(micros)
-        elif candidate.duplicate is not None:
-            skip(new_skipped(number, "duplicate_work", f"#{number}: {candidate.duplicate}"))
+            keep(row)
+        elif row[8] is not None:
+            skip(new_skipped(number, "duplicate_work", f"#{number}: {row[8]}"))
         elif number in foreign_grace:
             holder = first(foreign_grace[number])
             skip(
@@ -254,40 +264,51 @@ def _decide(
                             f"#{number}: lease {holder.lease_id} of {holder.owner} expired at "
                             f"{holder.expires_at.isoformat()}, reclaimable after the {policy.lease_grace} grace")
             )
-        elif not candidate.ready:
+        elif not row[6]:
             skip(new_skipped(number, "not_ready", f"#{number} is not marked status:ready"))
-        elif candidate.depends_on and not open_numbers.isdisjoint(candidate.depends_on):
-            held_by = sorted(d for d in candidate.depends_on if d in open_numbers)
+        elif row[5] and not open_numbers.isdisjoint(row[5]):
+            held_by = sorted(d for d in row[5] if d in open_numbers)
             skip(
                 new_skipped(number, "dependency_open",
                             f"#{number} depends on open issue(s) {', '.join(f'#{d}' for d in held_by)}")
             )
         else:
-            eligible.append(candidate)
-            eligible_micros.append(micros)
+            keep(row)
 
-    ranked_candidates, ranked = _rank(eligible, eligible_micros, owned, policy)
+    # Own live leases on excluded issues, candidates or not: they would be stranded (AC5).
+    blockers: list[Blocker] = []
+    for number, held in sorted(own_live.items() if request.resume_own else ()):
+        own_row = own_rows.get(number)
+        excluded = _exclusion_reason(number, sets[own_row[2]] if own_row else (), caller, policy)
+        if excluded is not None:
+            blockers.append(
+                Blocker(issue_number=number, reason="excluded_owned_lease", lease=first(held), excluded_as=excluded[0])
+            )
+
+    ranked_rows, ranked = _rank(eligible, set_priority, owned, policy)
     common["ranked"] = ranked
     common["skipped"] = tuple(skipped)
 
     if blockers:
         return BlockedDecision(**common, blockers=tuple(blockers), envelope=_blocked_envelope(blockers))
 
-    resumable = [owned[c.issue_number] for c in ranked_candidates if c.issue_number in owned]
+    resumable = [owned[row[0]] for row in ranked_rows if row[0] in owned] if owned else []
     if not resumable and request.resume_own:
         # The owner's live lease on an issue outside the candidate set is still its current work.
         resumable = [
             first(held) for number, held in sorted(own_live.items())
-            if number not in by_number and number not in foreign_live
+            if number not in numbers and number not in foreign_live
         ]
     if resumable:
         return ResumeDecision(**common, lease=resumable[0])
 
-    if ranked_candidates:
-        return SelectDecision(**common, candidate=ranked_candidates[0])
+    if ranked_rows:
+        number, title, k, when, _micros, deps, ready, barred, duplicate, _plain = ranked_rows[0]
+        top = new_candidate(number, title, sets[k], when, deps, ready, barred, duplicate)
+        return SelectDecision(**common, candidate=top)
 
     wait_reason: WaitReason
-    if not candidates:
+    if not rows:
         wait_reason = "no_candidates"
     elif all(s.reason in EXCLUSION_REASONS for s in skipped):
         wait_reason = "all_excluded"
