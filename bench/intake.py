@@ -264,6 +264,20 @@ def process_cpu_s(pid: int) -> float | None:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def process_memory_kb(pid: int) -> dict[str, int] | None:
+    """VmRSS (resident now) and VmHWM (peak resident) of a process in KiB (Linux /proc); None elsewhere."""
+    try:
+        text = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return None
+    found = {}
+    for line in text.splitlines():
+        name, _, value = line.partition(":")
+        if name in ("VmRSS", "VmHWM"):
+            found[name] = int(value.split()[0])
+    return found if len(found) == 2 else None
+
+
 def _child_env() -> dict[str, str]:
     # The temp config is the whole configuration: no FOREMAN_* override from the caller leaks in.
     return {k: v for k, v in os.environ.items() if not k.startswith("FOREMAN_")}
@@ -322,6 +336,9 @@ class Target:
     def cpu_s(self) -> float | None:
         return process_cpu_s(self.proc.pid) if self.proc is not None else None
 
+    def memory_kb(self) -> dict[str, int] | None:
+        return process_memory_kb(self.proc.pid) if self.proc is not None else None
+
 
 def write_foreman_config(
     workdir: Path, port: int, synchronous: str, database_url: str | None
@@ -373,6 +390,8 @@ class RoundResult:
     server_cpu_s: float | None
     client_cpu_s: float
     drain_s: float | None = None
+    memory_kb: dict[str, int] | None = None  # the target's VmRSS / VmHWM right after the round
+
 
     def summary(self) -> dict[str, Any]:
         return {
@@ -385,7 +404,13 @@ class RoundResult:
             "server_cpu_ms_per_request": _per_request_ms(self.server_cpu_s, self.requests),
             "client_cpu_ms_per_request": _per_request_ms(self.client_cpu_s, self.requests),
             "worker_drain_s": None if self.drain_s is None else round(self.drain_s, 3),
+            "rss_mib": _mib(self.memory_kb, "VmRSS"),
+            "peak_rss_mib": _mib(self.memory_kb, "VmHWM"),
         }
+
+
+def _mib(memory_kb: dict[str, int] | None, name: str) -> float | None:
+    return None if memory_kb is None else round(memory_kb[name] / 1024, 1)
 
 
 def _per_request_ms(cpu_s: float | None, requests: int) -> float | None:
@@ -429,11 +454,14 @@ async def send_round(target: Target, requests: Sequence[tuple[bytes, dict[str, s
         await asyncio.gather(*(worker(session) for _ in range(concurrency)))
         seconds = time.perf_counter() - started
         cpu1, client1 = target.cpu_s(), time.process_time()
+    memory = target.memory_kb()
     statuses: dict[int, int] = {}
     for code in codes:
         statuses[code] = statuses.get(code, 0) + 1
     server_cpu = None if cpu0 is None or cpu1 is None else cpu1 - cpu0
-    return RoundResult(target.name, len(requests), seconds, latencies, statuses, bad, server_cpu, client1 - client0)
+    return RoundResult(
+        target.name, len(requests), seconds, latencies, statuses, bad, server_cpu, client1 - client0, memory_kb=memory
+    )
 
 
 def aggregate(rounds: Sequence[RoundResult]) -> dict[str, Any]:
@@ -445,6 +473,7 @@ def aggregate(rounds: Sequence[RoundResult]) -> dict[str, Any]:
         for code, n in r.statuses.items():
             statuses[code] = statuses.get(code, 0) + n
     server_cpu = [r.server_cpu_s for r in rounds]
+    first, last = rounds[0].memory_kb, rounds[-1].memory_kb
     return {
         "requests": requests,
         "seconds": round(seconds, 4),
@@ -458,6 +487,12 @@ def aggregate(rounds: Sequence[RoundResult]) -> dict[str, Any]:
             None if None in server_cpu else _per_request_ms(sum(c or 0.0 for c in server_cpu), requests)
         ),
         "client_cpu_ms_per_request": _per_request_ms(sum(r.client_cpu_s for r in rounds), requests),
+        # Peak resident memory over the whole run so far (the kernel's high-water mark), and how the resident
+        # memory after round 1 compares with the resident memory after the last round.
+        "peak_rss_mib": _mib(last, "VmHWM"),
+        "rss_first_round_mib": _mib(first, "VmRSS"),
+        "rss_last_round_mib": _mib(last, "VmRSS"),
+        "rss_growth_mib": None if first is None or last is None else round((last["VmRSS"] - first["VmRSS"]) / 1024, 1),
         "rounds": [r.summary() for r in rounds],
     }
 
@@ -600,17 +635,19 @@ def render_text(doc: dict[str, Any]) -> str:
         f" from {s['payload']}, {s['database']}, synchronous={s['synchronous']}, {s['cpus']} CPUs",
         "",
         f"{'target':<8} {'round':>5} {'deliveries/s':>12} {'p50 ms':>8} {'p99 ms':>8}"
-        f" {'srv cpu ms/req':>14} {'cli cpu ms/req':>14} {'drain s':>8}",
+        f" {'srv cpu ms/req':>14} {'cli cpu ms/req':>14} {'drain s':>8} {'rss MiB':>8} {'peak MiB':>8}",
     ]
 
     def row(name: str, label: str, d: dict[str, Any]) -> str:
         cpu = d.get("server_cpu_ms_per_request")
         client = d["client_cpu_ms_per_request"]
         drain = d.get("worker_drain_s")
+        rss, peak = d.get("rss_mib", d.get("rss_last_round_mib")), d.get("peak_rss_mib")
         return (
             f"{name:<8} {label:>5} {d['deliveries_per_s']:>12.1f} {d['p50_ms']:>8.2f} {d['p99_ms']:>8.2f}"
             f" {'-' if cpu is None else f'{cpu:.3f}':>14} {client:>14.3f}"
             f" {'-' if drain is None else f'{drain:.2f}':>8}"
+            f" {'-' if rss is None else f'{rss:.1f}':>8} {'-' if peak is None else f'{peak:.1f}':>8}"
         )
 
     for name in ("bare", "foreman"):
@@ -627,6 +664,13 @@ def render_text(doc: dict[str, Any]) -> str:
             f"foreman answers: {f['statuses']}; rows stored {f['rows_stored']} of {f['rows_expected']}"
             f" ({f['rows_by_status']})",
         ]
+    for name in ("bare", "foreman"):
+        d = doc[name]
+        if d is not None and d["rss_growth_mib"] is not None:
+            lines.append(
+                f"{name} memory: peak RSS {d['peak_rss_mib']} MiB; RSS after round 1 {d['rss_first_round_mib']} MiB,"
+                f" after the last {d['rss_last_round_mib']} MiB (growth {d['rss_growth_mib']:+.1f} MiB)"
+            )
     t = doc["targets"]
     lines += [
         f"ratio foreman/bare (throughput): {doc['ratio']}",

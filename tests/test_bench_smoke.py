@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from bench.intake import builtin_payload, load_template, make_requests, percentile, sign
+from bench.intake import builtin_payload, load_template, make_requests, percentile, process_memory_kb, sign
 from tests.conftest import SHARED
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -38,6 +39,12 @@ def test_requests_are_unique_signed_and_about_6_kb() -> None:
         assert json.loads(body)["action"] == "created"
 
 
+def test_process_memory_reads_the_peak_and_resident_set_of_a_process() -> None:
+    memory = process_memory_kb(os.getpid())
+    assert memory is not None and memory["VmHWM"] >= memory["VmRSS"] > 1024
+    assert process_memory_kb(2**22 + 1) is None  # no such process
+
+
 def test_percentile_is_nearest_rank() -> None:
     values = [float(v) for v in range(1, 101)]
     assert percentile(values, 50) == 50.0
@@ -58,6 +65,10 @@ def test_benchmark_runs_both_targets_and_every_delivery_is_stored(tmp_path: Path
         assert target["statuses"] == {"202": 200}
         assert target["all_202"] is True
         assert target["deliveries_per_s"] > 0
+        # Peak RSS of the server process from /proc (a Python service holds at least a few MiB resident).
+        assert target["peak_rss_mib"] >= target["rss_last_round_mib"] > 1
+        assert target["rss_growth_mib"] == 0.0  # one round: its first is its last
+        assert target["rounds"][0]["peak_rss_mib"] == target["peak_rss_mib"]
     foreman = doc["foreman"]
     assert foreman["rows_expected"] == 220  # warm-up included: every accepted request is a stored row
     assert foreman["rows_stored"] == 220
