@@ -129,14 +129,15 @@ class SqliteDatabase(Database):
             if wanted != self._current_sync:
                 await self._conn.execute(f"PRAGMA synchronous={wanted}")
                 self._current_sync = wanted
-            await self._begin()
             try:
+                await self._begin()
                 yield self._conn
                 await self._conn.execute("COMMIT")
             except BaseException:
-                # Also when COMMIT itself failed or was cancelled: never leave the write lock held.
-                if self._conn.in_transaction:
-                    await asyncio.shield(self._rollback())
+                # Also when BEGIN or COMMIT failed or was cancelled: never leave the write lock held. A cancelled
+                # BEGIN may still run on the database thread after the loop saw the cancellation, so the ROLLBACK
+                # is queued behind it whatever ``in_transaction`` says now (it finds none: no error).
+                await asyncio.shield(self._rollback())
                 raise
 
     async def _begin(self) -> None:

@@ -106,6 +106,36 @@ async def test_a_commit_cancelled_in_flight_never_turns_into_a_rollback_error(tm
     await db.close()
 
 
+async def test_a_begin_cancelled_in_flight_leaves_no_transaction_open(tmp_path: Path) -> None:
+    """A task cancelled while its BEGIN IMMEDIATE waits on the database thread (another process holds SQLite's write
+    lock): the BEGIN still runs once the lock is free, so the ROLLBACK must be queued after it whatever the loop
+    sees at the cancellation. On the old code the transaction stayed open on the connection and every later write
+    failed (`cannot start a transaction within a transaction`)."""
+    import sqlite3
+
+    db = await Database.open(tmp_path / "foreman.db")
+    other = sqlite3.connect(tmp_path / "foreman.db", isolation_level=None)
+    other.execute("BEGIN IMMEDIATE")  # another process's write transaction: our BEGIN waits in SQLite's busy handler
+
+    async def write() -> None:
+        async with db.transaction() as conn:
+            await conn.execute("INSERT INTO schema_migrations (version, name, applied_at) VALUES (998, 'x', 't')")
+
+    task = asyncio.ensure_future(write())
+    await asyncio.sleep(0.2)  # the BEGIN is waiting on the database thread
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    other.execute("ROLLBACK")  # the waiting BEGIN now succeeds on the thread
+    other.close()
+    await asyncio.sleep(0.2)
+    async with db.transaction() as conn:  # the connection holds no stray transaction
+        await conn.execute("INSERT INTO schema_migrations (version, name, applied_at) VALUES (997, 'y', 't')")
+    async with db.reader.execute("SELECT version FROM schema_migrations WHERE version >= 997") as cur:
+        assert [tuple(row) for row in await cur.fetchall()] == [(997,)]
+    await db.close()
+
+
 async def test_a_database_migrated_by_a_newer_foreman_is_refused_unchanged(
     open_db: DbOpener, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
