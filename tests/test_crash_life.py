@@ -167,6 +167,16 @@ class Lives:
                                    f"{'recorded' if torn else 'not recorded'}")
         return True
 
+    async def facts(self, root: Path) -> invariants.Facts:
+        """What ``foreman invariants`` checks: the service's database, Gitea, the checkout, the acknowledged hooks."""
+        return await invariants.gather(
+            database=self.proc.db, client=self.live.client(), bot_login=BOT,
+            checkout=root / "checkouts" / OWNER / REPO,
+            acknowledged=[(d.delivery_id, hashlib.sha256(d.body).hexdigest())
+                          for d in self.burst.hook_deliveries() if d.ok],
+            require_bootstrap=True,
+        )
+
     async def torn_down(self, number: int) -> bool:
         return bool(await TeardownStore(self.runtime.db).for_issue(FULL_NAME.lower(), number))
 
@@ -264,13 +274,7 @@ async def test_sigkill_during_whole_lives_ends_every_issue_once_and_consistent(s
                 await asyncio.wait_for(asyncio.gather(*(lives.life(i, n) for i, n in enumerate(numbers))), LIVES_S)
                 await burst.replay_lost()
                 await burst.settle()
-                facts = await invariants.gather(
-                    database=proc.db, client=live.client(), bot_login=BOT,
-                    checkout=scratch / "checkouts" / OWNER / REPO,
-                    acknowledged=[(d.delivery_id, hashlib.sha256(d.body).hexdigest())
-                                  for d in burst.hook_deliveries() if d.ok],
-                    require_bootstrap=True,
-                )
+                facts = await lives.facts(scratch)
                 violations = invariants.check(facts)
                 teardowns = {n: await TeardownStore(runtime.db).for_issue(FULL_NAME.lower(), n) for n in numbers}
                 histories = {n: await LeaseStore(runtime.db).history(FULL_NAME.lower(), n) for n in numbers}

@@ -10,7 +10,6 @@ records it, ends the author's lease (``pull_request_opened``) and moves the labe
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import sqlite3
 from pathlib import Path
 
@@ -20,7 +19,7 @@ from bot.verbs.bootstrap.faults import FAULT_EXIT_CODE, FAULT_STEP_ENV
 from state.journal import JournalStore
 from state.leases import LeaseStore
 from state.publications import PublicationStore
-from tests.gitea_fixtures import BOT, OWNER, REPO, live_emulator, seed_foreman
+from tests.gitea_fixtures import OWNER, REPO, live_emulator, seed_foreman
 from tests.support import SECRET
 from tests.test_crash_burst import Burst, scratch  # noqa: F401 (the fixture)
 from tests.test_crash_life import FULL_NAME, ROSTER, STEP_S, TOKENS, Lives, _config, agents
@@ -88,14 +87,7 @@ async def test_a_kill_after_gitea_created_the_pull_request_is_answered_by_adopti
                 [ended] = [x for x in await LeaseStore(db).history(FULL_NAME.lower(), number)
                            if x.lease_id == lease.lease_id]
                 assert ended.status == "released" and ended.end_reason == "pull_request_opened", ended
-                facts = await invariants.gather(
-                    database=proc.db, client=live.client(), bot_login=BOT,
-                    checkout=scratch / "checkouts" / OWNER / REPO,
-                    acknowledged=[(d.delivery_id, hashlib.sha256(d.body).hexdigest())
-                                  for d in burst.hook_deliveries() if d.ok],
-                    require_bootstrap=True,
-                )
-                violations = invariants.check(facts)
+                violations = invariants.check(await lives.facts(scratch))
             assert await proc.terminate() == 0
         finally:
             if proc.proc is not None and proc.proc.returncode is None:
