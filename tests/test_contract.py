@@ -23,6 +23,7 @@ import inspect
 import json
 import re
 from collections.abc import AsyncIterator, Callable
+from datetime import UTC
 from typing import Any
 
 import pytest
@@ -279,7 +280,12 @@ async def _drive_every_route(live: LiveEmulator, sink: WebhookSink, used: set[st
     # Catch-up's reads: Gitea's clock, and the listings with since (inclusive, whole seconds).
     clock = await bot.server_time()
     assert clock is not None and int(clock.timestamp()) == emu.now()
-    since = clock.strftime("%Y-%m-%dT%H:%M:%SZ")
+    # ``since`` exactly the issue's last update (the comment's creation bumped it; its edit came later): both
+    # listings must include what was updated at that very second. (The clock read above may already be a second
+    # later on a loaded machine, which made this flaky.)
+    updated = (await bot.get_issue(first.number)).updated_at
+    assert updated is not None
+    since = updated.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     assert comment.id in [c.id async for c in bot.iter_repo_comments(since=since, limit=1)]
     assert first.number in [i.number async for i in bot.iter_issues(state="all", type_=None, since=since)]
     await bot.delete_comment(comment.id)
