@@ -17,6 +17,7 @@ from bot.config import Settings, repo_key_of
 from bot.config_sections import RepositoryEntry
 from bot.core.dispatch import OrderedRouter
 from bot.core.intake import Delivery, Rejection, admit, content_encoding_refusal, is_self_event, metric_event
+from bot.core.intake_burst import ArrivalWindow, BurstPolicy
 from bot.group_commit import GroupCommitWriter
 from bot.handler_deps import HandlerDeps
 from bot.metrics import LoopLagMonitor, Metrics
@@ -94,9 +95,15 @@ class Service:
         self._explicit: list[RepositoryEntry] = list(self.settings.repositories)
         self._discovered: dict[str, RepositoryEntry] = {}
         self.discovery: OrgDiscovery | None = None
+        worker = self.settings.worker
+        #: The webhook door's admissions, which the worker's loops stand aside for while they come in a burst.
+        self.intake_window = ArrivalWindow(
+            BurstPolicy(burst_per_s=worker.intake_burst_per_s, max_stand_aside_s=worker.max_stand_aside_s)
+        )
         self.worker = Worker(
             self.store, self.router, self.settings.worker, self.metrics,
             routes={key: bundle.deps for key, bundle in self.repositories.items()},
+            intake=self.intake_window,
         )
         self.lag_monitor = LoopLagMonitor(self.metrics)
         self._probe_task: asyncio.Task[None] | None = None
@@ -458,6 +465,7 @@ class Service:
             self.metrics.deliveries.labels("unverified", f"rejected_{verdict.status}").inc()
             log.info("webhook refused %d %s: %s", verdict.status, verdict.error, verdict.message)
             return web.json_response(verdict.body(), status=verdict.status)
+        self.intake_window.arrived(time.monotonic())
         is_self = is_self_event(verdict, self.bot_login)
         event_label = metric_event(verdict.event)
         try:

@@ -232,6 +232,10 @@ class WorkerConfig(ConfigSection):
     poll_interval_s: float = Field(default=0.5, gt=0)
     # A claim whose heartbeat is older than this belongs to a dead process and is taken back.
     claim_ttl_s: float = Field(default=30.0, gt=0)
+    # While signed deliveries arrive faster than this (a burst), the drain loops wait before each claim, at most
+    # max_stand_aside_s each time, so the webhook door answers Gitea first (bot/core/intake_burst.py). 0: never.
+    intake_burst_per_s: float = Field(default=200.0, ge=0, le=1_000_000)
+    max_stand_aside_s: float = Field(default=0.2, ge=0, le=5)
 
 
 class OutboxConfig(ConfigSection):

@@ -90,6 +90,12 @@ class Metrics:
             "Deliveries whose settling commit failed and is being retried (a loop stuck on the database)",
             registry=self.registry,
         )
+        self.worker_stood_aside = Counter(
+            "foreman_worker_stood_aside_seconds_total",
+            "Seconds the worker's drain loops waited before a claim while the webhook door answered a burst"
+            " (worker.intake_burst_per_s; each wait at most worker.max_stand_aside_s)",
+            registry=self.registry,
+        )
         self.event_loop_lag = Histogram(
             "foreman_event_loop_lag_seconds",
             "How late the event loop ran a timer: time one callback held the loop",

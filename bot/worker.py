@@ -19,6 +19,8 @@ from bot.config_sections import WorkerConfig
 from bot.core import backoff
 from bot.core.dispatch import OrderedRouter, Refusal, refuse_dispatch
 from bot.core.intake import metric_event
+from bot.core.intake_burst import ArrivalWindow, stand_aside_for
+from bot.core.jsontext import UNSURE, quick_loads
 from bot.handler_deps import HandlerDeps
 from bot.logs import delivery_var
 from bot.metrics import Metrics
@@ -54,6 +56,7 @@ class Worker:
         metrics: Metrics,
         *,
         routes: Mapping[str, HandlerDeps],
+        intake: ArrivalWindow | None = None,
     ) -> None:
         self.store = store
         self.router = router
@@ -62,6 +65,8 @@ class Worker:
         #: Each served repository's key (``owner/name`` in lower case) -> its handlers' dependencies. Replaced
         #: (never mutated) by the composition root when the Gitea clients exist, before start().
         self.routes: dict[str, HandlerDeps] = dict(routes)
+        #: The webhook door's recent admissions: while they come in a burst, a loop waits before its claim.
+        self.intake = intake
         self.worker_id = f"worker-{uuid.uuid4().hex[:12]}"
         self.wakeup = asyncio.Event()
         self.last_tick = time.monotonic()
@@ -138,6 +143,7 @@ class Worker:
     async def _drain_once(self, owner: str) -> None:
         """Claim one delivery as ``owner`` (this loop's own claim id) and process it, or wait for work."""
         self.last_tick = time.monotonic()
+        await self._stand_aside()
         try:
             claimed = await self.store.claim_next(owner)
         except Exception:
@@ -163,6 +169,21 @@ class Worker:
             raise
         finally:
             self._inflight.pop(claimed.pk, None)
+
+    async def _stand_aside(self) -> None:
+        """Wait while the webhook door answers a burst of signed deliveries, never longer than the policy's bound
+        (bot/core/intake_burst.py): what arrives is stored already, and is claimed the moment the burst ends."""
+        if self.intake is None:
+            return
+        since = time.monotonic()
+        while not self._stopping.is_set():
+            pause = stand_aside_for(self.intake, now=time.monotonic(), since=since)
+            if pause <= 0:
+                break
+            await asyncio.sleep(pause)
+        waited = time.monotonic() - since
+        if waited > 0.0005:
+            self.metrics.worker_stood_aside.inc(waited)
 
     async def _reaper(self) -> None:
         """Take back claims of dead processes (their heartbeat stopped) so their deliveries resume."""
@@ -221,7 +242,9 @@ class Worker:
     def _dispatchable(self, delivery: StoredDelivery) -> tuple[Any, Refusal | None]:
         """The payload (parsed once) and why it reaches no handler (another repository, an unroutable shape)."""
         try:
-            payload = json.loads(delivery.body)
+            payload = quick_loads(delivery.body)
+            if payload is UNSURE:
+                payload = json.loads(delivery.body)
         except (ValueError, RecursionError) as exc:
             return None, Refusal("failed", f"undispatchable: the stored body is not JSON ({type(exc).__name__})")
         return payload, refuse_dispatch(payload, self.served)

@@ -9,7 +9,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from bot.core.jsontext import JSONTextError, strict_loads
+from bot.core.jsontext import UNSURE, JSONTextError, quick_loads, strict_loads
 
 # Header names as Gitea sends them; the X-GitHub-* copies are the fallback (FACTS.md section 1).
 EVENT_HEADERS = ("X-Gitea-Event", "X-GitHub-Event", "X-Gogs-Event")
@@ -224,10 +224,12 @@ def _parse_json(body: bytes) -> dict[str, Any] | Rejection:
             f"body has {separators} separators and {containers} brackets; the limits are {MAX_JSON_SEPARATORS} "
             f"and {MAX_JSON_CONTAINERS}, far above any Gitea delivery",
         )
-    try:
-        payload = strict_loads(body, object_pairs_hook=None)  # repeated keys: the last wins, as before
-    except JSONTextError as exc:
-        return Rejection(400, "malformed_json", f"body is not valid JSON: {exc}")
+    payload = quick_loads(body, containers=containers)
+    if payload is UNSURE:
+        try:
+            payload = strict_loads(body, object_pairs_hook=None)  # repeated keys: the last wins, as before
+        except JSONTextError as exc:
+            return Rejection(400, "malformed_json", f"body is not valid JSON: {exc}")
     if not isinstance(payload, dict):
         return Rejection(400, "malformed_json", "body is JSON but not an object")
     if _SURROGATE_ESCAPE.search(body) and _has_lone_surrogate(payload):

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import Any, Final, Literal
+
+import orjson
 
 JSONTextProblem = Literal["syntax", "constant", "too_deep", "long_integer", "repeated_key"]
 
@@ -53,3 +55,39 @@ def strict_loads(
         if "digits" in str(exc):
             raise JSONTextError("long_integer", "an integer has more than 4,300 digits") from None
         raise JSONTextError("syntax", str(exc)[:200]) from None
+
+
+#: An integer literal of 19 or more digits may be past 64 bits, which orjson reads as a float (json as an int).
+#: Found as a run of 19 nines once every digit is a nine (C speed; a regular expression costs 10x more).
+_DIGITS_AS_NINES = bytes.maketrans(b"0123456789", b"9" * 10)
+_LONG_RUN = b"9" * 19
+#: Opening brackets below which no text can nest deep enough for json's recursion limit (about 1,000 levels
+#: under the caller's frames): json would refuse a deeper text as ``too_deep`` where orjson reads 1,024 levels.
+QUICK_MAX_CONTAINERS = 500
+
+
+class _Unsure:
+    """The answer of ``quick_loads`` when only the standard decoder may read the text."""
+
+
+UNSURE: Final = _Unsure()
+
+
+def quick_loads(text: bytes, *, containers: int | None = None) -> Any:
+    """What ``json.loads(text)`` returns, read by orjson (about 3x faster), or ``UNSURE`` where the two could differ.
+
+    orjson reads a subset of what ``json.loads`` reads, each value equal and of the same type, except integers past
+    64 bits (it makes them floats; any 19-digit run is left to json) and nesting json's recursion limit refuses
+    (texts with ``QUICK_MAX_CONTAINERS`` brackets or more are left to json). Everything orjson refuses (NaN,
+    Infinity, lone surrogates, a byte-order mark, UTF-16, bad syntax) is ``UNSURE`` too: json decides it, so the
+    callers' acceptance and error messages are exactly json's. ``containers``: the count of ``{`` and ``[`` when
+    the caller has it already.
+    """
+    if containers is None:
+        containers = text.count(b"{") + text.count(b"[")
+    if containers >= QUICK_MAX_CONTAINERS or _LONG_RUN in text.translate(_DIGITS_AS_NINES):
+        return UNSURE
+    try:
+        return orjson.loads(text)
+    except orjson.JSONDecodeError:
+        return UNSURE
