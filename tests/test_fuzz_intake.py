@@ -391,7 +391,8 @@ def test_a_body_over_a_cap_is_refused_before_the_step_it_would_make_expensive() 
     complex_ = b'{"action":[' + b"0," * (MAX_JSON_SEPARATORS + 1) + b"0]}"
     assert len(complex_) <= MAX_BODY_BYTES
     for body, error, never in (
-        (oversized, "payload_too_large", {"signature_matches", "compare_digest", "quick_loads", "strict_loads", "loads"}),
+        (oversized, "payload_too_large",
+         {"signature_matches", "compare_digest", "quick_loads", "strict_loads", "loads"}),
         (complex_, "payload_too_complex", {"quick_loads", "strict_loads", "loads", "raw_decode"}),
     ):
         headers = CIMultiDict(webhook_headers(body))
