@@ -8,7 +8,7 @@ embedded default; PostgreSQL (state/db_postgres.py) serves several replicas. ``o
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from datetime import UTC, datetime
 from pathlib import Path
@@ -104,6 +104,15 @@ class Database:
         committed durably.
         """
         raise NotImplementedError
+
+    async def write_rows(self, sql: str, parameters: Sequence[Any]) -> list[Row]:
+        """One write statement as a durable transaction of its own, and the rows it returns (``RETURNING``).
+
+        The webhook door's group commit stores a batch this way: on SQLite one trip to the database thread
+        (an autocommit statement is atomic: all its rows or none), where a transaction block takes three.
+        """
+        async with self.transaction() as conn, conn.execute(sql, parameters) as cursor:
+            return list(await cursor.fetchall())
 
     @property
     def reader(self) -> Connection:

@@ -8,15 +8,16 @@ import shutil
 import sqlite3
 import stat
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 from urllib.parse import quote
 
 import aiosqlite
 
 from state.db import MIN_FREE_BYTES, Database, DatabaseNotWritable
-from state.sql import Dialect
+from state.sql import Dialect, Row
 
 #: Files SQLite keeps beside the database in WAL mode; SQLite creates them with the database file's mode.
 SIDE_FILES = ("-wal", "-shm")
@@ -125,10 +126,7 @@ class SqliteDatabase(Database):
         ``durable=False`` commits with synchronous=NORMAL; durable ones with the configured (default FULL).
         """
         async with self._write_lock:
-            wanted = self._synchronous if durable else "NORMAL"
-            if wanted != self._current_sync:
-                await self._conn.execute(f"PRAGMA synchronous={wanted}")
-                self._current_sync = wanted
+            await self._use_synchronous(self._synchronous if durable else "NORMAL")
             try:
                 await self._begin()
                 yield self._conn
@@ -139,6 +137,30 @@ class SqliteDatabase(Database):
                 # is queued behind it whatever ``in_transaction`` says now (it finds none: no error).
                 await asyncio.shield(self._rollback())
                 raise
+
+    async def _use_synchronous(self, wanted: str) -> None:
+        """The commit mode of the next write (only under the write lock)."""
+        if wanted != self._current_sync:
+            await self._conn.execute(f"PRAGMA synchronous={wanted}")
+            self._current_sync = wanted
+
+    async def write_rows(self, sql: str, parameters: Sequence[Any]) -> list[Row]:
+        """One durable autocommit statement, executed and read in ONE trip to the database thread (no BEGIN /
+        COMMIT around it: SQLite commits a statement outside a transaction when it completes, and undoes all of it
+        when it fails). The write lock keeps every other transaction on this connection out meanwhile; a lock
+        another process holds is waited for as ``_begin`` does (SQLite's busy handler, then short pauses)."""
+        async with self._write_lock:
+            await self._use_synchronous(self._synchronous)
+            deadline = time.monotonic() + self._busy_timeout_s
+            pause = 0.001
+            while True:
+                try:
+                    return list(await self._conn.execute_fetchall(sql, parameters))
+                except sqlite3.OperationalError as exc:
+                    if getattr(exc, "sqlite_errorname", "") not in _BUSY or time.monotonic() >= deadline:
+                        raise
+                await asyncio.sleep(pause)
+                pause = min(pause * 2, 0.05)
 
     async def _begin(self) -> None:
         """BEGIN IMMEDIATE, waiting up to the busy timeout where SQLite will not: it answers SQLITE_BUSY_SNAPSHOT at

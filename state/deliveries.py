@@ -94,7 +94,7 @@ class DeliveryStore:
     async def insert_batch(
         self, batch: Sequence[tuple[Delivery, bool]], *, now: datetime | None = None
     ) -> list[InsertResult]:
-        """Store admitted deliveries in ONE transaction (group commit); (delivery, is_self) pairs.
+        """Store admitted deliveries in ONE statement and transaction (group commit); (delivery, is_self) pairs.
 
         A delivery whose id or raw-body hash is already stored is a duplicate and changes nothing.
         """
@@ -117,19 +117,18 @@ class DeliveryStore:
                 received if is_self else None,
             )
         values = ", ".join(["(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"] * len(batch))
-        # One statement for the whole batch: two trips to aiosqlite's thread instead of two per row.
-        # Rows skipped by ON CONFLICT are not RETURNed; VALUES rows are inserted in order, so within
-        # a batch the first of two equal ids or bodies wins, as with one INSERT per row.
-        async with self._db.transaction() as conn:
-            async with conn.execute(
-                "INSERT INTO deliveries (delivery_id, body_sha256, event, event_type, action, sender_login,"  # noqa: S608
-                f" headers_json, body, received_at, status, finished_at) VALUES {values}"
-                " ON CONFLICT DO NOTHING RETURNING id, delivery_id, body_sha256",
-                params,
-            ) as cursor:
-                # Keyed by id AND body: a row skipped for its body must not take the pk of a later row with
-                # its id (each 202 belongs to its own request).
-                inserted = {(row[1], row[2]): row[0] for row in await cursor.fetchall()}
+        # One statement for the whole batch, its own durable transaction (on SQLite one trip to the database
+        # thread). Rows skipped by ON CONFLICT are not RETURNed; VALUES rows are inserted in order, so within a
+        # batch the first of two equal ids or bodies wins, as with one INSERT per row.
+        stored = await self._db.write_rows(
+            "INSERT INTO deliveries (delivery_id, body_sha256, event, event_type, action, sender_login,"  # noqa: S608
+            f" headers_json, body, received_at, status, finished_at) VALUES {values}"
+            " ON CONFLICT DO NOTHING RETURNING id, delivery_id, body_sha256",
+            params,
+        )
+        # Keyed by id AND body: a row skipped for its body must not take the pk of a later row with its id (each
+        # 202 belongs to its own request).
+        inserted = {(row[1], row[2]): row[0] for row in stored}
         results: list[InsertResult] = []
         for delivery, is_self in batch:
             pk = inserted.pop((delivery.delivery_id, delivery.body_sha256), None)

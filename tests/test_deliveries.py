@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from typing import Any
@@ -54,3 +55,41 @@ async def test_digests_are_every_deliverys_id_body_hash_and_status_oldest_first(
     first, second = _delivery("x", "issues", "opened", {"n": 1}), _delivery("y", "push", None, {"n": 2})
     await store.insert_batch([(first, False), (second, True)])
     assert await store.digests() == [("x", first.body_sha256, "queued"), ("y", second.body_sha256, "ignored_self")]
+
+
+async def test_a_batch_is_one_durable_statement_on_sqlite(tmp_path: Any) -> None:
+    """The group commit's batch is one autocommit INSERT: no BEGIN/COMMIT trips around it, and after a non-durable
+    transaction (a worker's claim, synchronous NORMAL) the commit mode is set back to FULL before it."""
+    from state.db_sqlite import SqliteDatabase
+
+    db = await SqliteDatabase.open_file(tmp_path / "foreman.db", synchronous="FULL")
+    try:
+        seen: list[str] = []
+        await db.reader.set_trace_callback(seen.append)  # type: ignore[attr-defined]
+        async with db.transaction(durable=False) as conn:
+            await conn.execute("SELECT 1")
+        seen.clear()
+        store = DeliveryStore(db)
+        results = await store.insert_batch([(_delivery(f"d-{n}", "issues", "opened", {"n": n}), False)
+                                            for n in range(3)])
+        assert [r.outcome for r in results] == ["queued"] * 3
+        assert [s.split()[0] for s in seen] == ["PRAGMA", "INSERT"], seen
+        assert seen[0] == "PRAGMA synchronous=FULL"
+    finally:
+        await db.close()
+
+
+async def test_a_batch_whose_statement_fails_stores_none_of_its_rows(db: Database) -> None:
+    """All of a batch or nothing: one row the table refuses (event NOT NULL) fails the statement, and its
+    neighbours in that statement are not stored either (the group commit then stores each alone)."""
+    store = DeliveryStore(db)
+    good = _delivery("d-good", "issues", "opened", {"n": 1})
+    bad = dataclasses.replace(good, delivery_id="d-bad", body_sha256="0" * 64, event=None)  # type: ignore[arg-type]
+    try:
+        await store.insert_batch([(good, False), (bad, False)])
+    except Exception:  # noqa: BLE001 (the backend's own integrity error)
+        pass
+    else:
+        raise AssertionError("a NULL event was stored")
+    assert await store.get("d-good") is None
+    assert [r.outcome for r in await store.insert_batch([(good, False)])] == ["queued"]
