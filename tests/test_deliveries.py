@@ -69,7 +69,7 @@ async def test_a_batch_is_one_durable_statement_on_sqlite(tmp_path: Any) -> None
     db = await SqliteDatabase.open_file(tmp_path / "foreman.db", synchronous="FULL")
     try:
         seen: list[str] = []
-        await db.reader.set_trace_callback(seen.append)  # type: ignore[attr-defined]
+        await db.reader.set_trace_callback(seen.append)
         async with db.transaction(durable=False) as conn:
             await conn.execute("SELECT 1")
         seen.clear()
