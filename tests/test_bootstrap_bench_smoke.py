@@ -53,3 +53,22 @@ def test_bad_arguments_are_a_usage_error() -> None:
     done = subprocess.run([sys.executable, "-m", "bench.bootstrap", "--repeat", "0"], cwd=REPO_ROOT,
                           capture_output=True, text=True, timeout=60, check=False)
     assert done.returncode == 2 and "--repeat" in done.stderr
+
+
+def test_the_scale_benchmark_runs_both_revisions_side_by_side() -> None:
+    """bench/bootstrap_scale.py (issue 19, item 3): both workers run their own code against one checkout, every
+    size reports both sides and the plain add, and the worktrees reach each size; no timing is asserted."""
+    argv = [sys.executable, "-m", "bench.bootstrap_scale", "--sizes", "1,4", "--repeat", "1", "--before", "HEAD",
+            "--files", "10", "--json"]
+    done = subprocess.run(argv, cwd=REPO_ROOT, capture_output=True, text=True, timeout=180, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    doc = json.loads(done.stdout)
+    assert doc["ok"] is True and doc["errors"] == []
+    assert doc["code"]["after"] == str(REPO_ROOT) and doc["code"]["before"] != str(REPO_ROOT)
+    assert [row["size"] for row in doc["rows"]] == [1, 4]
+    assert all(row["worktrees_at_start"] >= row["size"] for row in doc["rows"])
+    for row in doc["rows"]:
+        assert {name: len(values) for name, values in row["samples_ms"].items()} == {
+            "before": 1, "after": 1, "plain_add": 1}
+    assert set(doc["growth_last_over_first"]) == {"before", "after", "plain_add"}
+    assert len(doc["load_start"]) == 3 and len(doc["load_end"]) == 3

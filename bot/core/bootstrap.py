@@ -120,9 +120,14 @@ def branch_for(issue_number: int, title: str, *, slug_length: int = DEFAULT_SLUG
     return name
 
 
+def issue_branch_prefix(issue_number: int) -> str:
+    """What every branch of the issue starts with: ``issue-<N>-``."""
+    return f"issue-{issue_number}-"
+
+
 def is_issue_branch(name: str, issue_number: int) -> bool:
     """True for any ``issue-<N>-*`` branch of this issue (used to spot a second branch for one issue)."""
-    return name.startswith(f"issue-{issue_number}-")
+    return name.startswith(issue_branch_prefix(issue_number))
 
 
 def derive_key(repo: str, issue_number: int, lease_id: str, attempt: int) -> str:

@@ -47,7 +47,8 @@ async def prepare_control_checkout(
     """Clone the control checkout on first use, fetch the default branch, check it is where it must be.
 
     The fetch is skipped only when ``origin/<default>`` already is ``live_base`` (what Gitea reported a moment
-    ago): fetching would change nothing then. The refs read here are kept in ``seen`` for the steps that follow.
+    ago): fetching would change nothing then. The refs read here (the tracking ref and HEAD's branch) are kept in
+    ``seen`` for the steps that follow.
     """
     cfg = ctx.settings.bootstrap
     auth = gitops.auth_env(clone_url, ctx.settings.gitea_token())
@@ -61,13 +62,15 @@ async def prepare_control_checkout(
         elif verified not in ctx.verified_origins and (origin := checkout.origin_url()) != clone_url:
             raise OperatorMustFix(origin_envelope(issue_number, origin, clone_url))
         checkout.ensure_excluded()
-        refs = checkout.refs("refs/heads/", tracking)
+        # Only the refs needed here, each read on its own: listing refs/heads/ would cost one read per branch.
+        head_ref = gitops.symbolic_head(checkout.git_dir / "HEAD")
+        wanted = (tracking, head_ref) if head_ref else (tracking,)
+        refs = checkout.exact_refs(*wanted)
         if live_base is None or refs.get(tracking) != live_base:
             checkout.fetch(default_branch, auth=auth)
-            refs = checkout.refs("refs/heads/", tracking)
+            refs = checkout.exact_refs(*wanted)
             seen["fetched"] = True
         seen["refs"] = refs
-        head_ref = gitops.symbolic_head(checkout.git_dir / "HEAD")
         head_sha = refs.get(head_ref) if head_ref else checkout.rev("HEAD")
         return head_ref, head_sha, (checkout.status() if every else [])
 

@@ -44,7 +44,7 @@ class Compensation(GitSteps):
         branch_ours = bool(reflog) and reflog[0][1] == reflog_message(t.key)
         created_sha = reflog[0][0] if branch_ours else None
         branch_sha = self.checkout.branch_sha(t.branch)
-        wt = self._worktree_facts(t)
+        wt = self._worktree_facts(t, every=True)  # a failure's undo looks at every registration (git's own list)
         entry_dir_present = wt.path_exists and not wt.path_is_symlink
         present = wt.entry_branch is not None or wt.admin_dir_by_this or entry_dir_present
         # An unregistered directory is ours only if the path was reserved free (a directory that was there before,

@@ -11,6 +11,7 @@ from bot.core.bootstrap import (
     Blocked,
     BranchFacts,
     WorktreeFacts,
+    is_issue_branch,
     plan_branch,
     plan_worktree,
     reflog_message,
@@ -60,10 +61,11 @@ class GitSteps(RunState):
                            prior_same_owner=t.inputs.get("prior_key") is not None, checked_out_elsewhere=elsewhere)
 
     def _branch_step(self, t: Transition) -> dict[str, Any]:
-        # This call's refs (read while accepting) say whether the branch existed; creation is create-only anyway,
-        # so a branch that appeared since makes it fail instead of being overwritten.
-        refs = self.seen.get("refs")
-        facts = self._branch_facts(t, known_absent=refs is not None and f"refs/heads/{t.branch}" not in refs)
+        # This call's reads of the issue's branches (while accepting) say whether the branch existed; creation is
+        # create-only anyway, so a branch that appeared since makes it fail instead of being overwritten.
+        refs = self.seen.get("issue_refs")
+        facts = self._branch_facts(t, known_absent=refs is not None and is_issue_branch(t.branch, t.issue_number)
+                                   and f"refs/heads/{t.branch}" not in refs)
         plan = plan_branch(facts, pin=t.base_sha)
         if plan == "create":
             made = self.checkout.create_branch(t.branch, t.base_sha, reflog_message(t.key))
@@ -107,18 +109,21 @@ class GitSteps(RunState):
     def _git_file_ok(self, text: str) -> bool:
         return text.startswith(f"gitdir: {self.checkout.git_dir}/worktrees/")
 
-    def _worktree_facts(self, t: Transition) -> WorktreeFacts:
+    def _worktree_facts(self, t: Transition, *, every: bool = False) -> WorktreeFacts:
         """What is at the canonical path. Nothing there and no metadata naming it (the usual case) is decided
-        from the file system alone; anything else is examined with git (registration, status, content)."""
+        from the file system alone; anything else is examined with git (registration, status, content).
+
+        The registration is read directly (``ControlCheckout.worktree_at``, ``admin_dir_for``: the path's own
+        metadata, whatever the number of worktrees); ``every`` looks at every registration instead (git's list)."""
         root, path = self.checkout.branches_root, Path(t.worktree_path)
         prior = t.inputs.get("prior_key") is not None
         exists = os.path.lexists(path)
-        admin = self.checkout.admin_dir_for(path)
+        admin = self.checkout.scanned_admin_dir_for(path) if every else self.checkout.admin_dir_for(path)
         reserved_empty = self._reserved_empty(t)
         if not exists and admin is None:
             return WorktreeFacts(False, False, worktree_files.escapes_root(root, path), None, None, False, False, False,
                                  False, False, prior, reserved_empty)
-        entry = self.checkout.worktree_at(path)
+        entry = self.checkout.listed_worktree_at(path) if every else self.checkout.worktree_at(path)
         admin_ours = entry is None and admin is not None and self._admin_ours(t, admin.locked)
         locked_ours = entry is not None and entry.locked == worktree_lock_reason(t.key)
         is_dir = exists and path.is_dir() and not path.is_symlink()
@@ -167,7 +172,7 @@ class GitSteps(RunState):
         removed: list[str] = []
         # Which metadata is ours is read before anything changes (unlocking deletes the lock that proves it).
         ours = [a for a in self.checkout.admin_dirs() if a.worktree_path == str(path) and self._admin_ours(t, a.locked)]
-        entry = self.checkout.worktree_at(path)
+        entry = self.checkout.listed_worktree_at(path)
         has_dir = os.path.lexists(path) and path.is_dir() and not path.is_symlink()
         if entry is not None and entry.locked == reason and has_dir:
             self.checkout.unlock_worktree(path)
@@ -192,7 +197,18 @@ class GitSteps(RunState):
         if plan == "repair":
             repaired = self._remove_partial(t)
         if plan in ("create", "repair"):
-            self.checkout.add_worktree(path, t.branch, worktree_lock_reason(t.key))
+            try:
+                self.checkout.add_worktree(path, t.branch, worktree_lock_reason(t.key))
+            except gitops.GitFailure as exc:
+                # git looked at every registration and found one at the path (its directory gone) under a name
+                # the direct read does not look at (moved there by `git worktree move`): judged as if seen before.
+                if "is a missing but" not in exc.stderr:
+                    raise
+                late = plan_worktree(self._worktree_facts(t, every=True), branch=t.branch, pin=t.base_sha,
+                                     branch_created_by_this=self._created_branch(t))
+                if isinstance(late, Blocked):
+                    raise StepFailed(late) from exc
+                raise
             self.fresh = True
             crash_seam(FAULT_STEP_ENV, "worktree_added")
         entry = self.checkout.worktree_at(path)

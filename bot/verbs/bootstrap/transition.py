@@ -7,7 +7,15 @@ from pathlib import Path, PurePosixPath
 from typing import Literal
 
 from bot import gitops, worktree_files
-from bot.core.bootstrap import Blocked, PathRejected, branch_for, derive_key, is_issue_branch, worktree_path_for
+from bot.core.bootstrap import (
+    Blocked,
+    PathRejected,
+    branch_for,
+    derive_key,
+    is_issue_branch,
+    issue_branch_prefix,
+    worktree_path_for,
+)
 from bot.core.errors import Envelope
 from bot.gitea import Branch, GiteaError, GiteaNotFound, GiteaUnavailable, Issue, Repository
 from bot.verbs.bootstrap.binding import Binding
@@ -260,12 +268,15 @@ class BootstrapRun(Binding, Compensation):
 
         def local_checks() -> tuple[bool, list[str], bool]:
             tracking = f"refs/remotes/origin/{repo.default_branch}"
-            refs: dict[str, str] = self.seen.get("refs") or self.checkout.refs("refs/heads/", tracking)
+            refs: dict[str, str] = self.seen.get("refs") or self.checkout.exact_refs(tracking)
             have_base = refs.get(tracking) == base or self.checkout.rev(base) is not None
             if not have_base:  # the base moved between the fetch and the API read: fetch once more
                 self.checkout.fetch(repo.default_branch, auth=self._auth(self.clone_url))
                 have_base = self.checkout.rev(base) is not None
-            others = [name.removeprefix("refs/heads/") for name in refs if name.startswith("refs/heads/")]
+            # This issue's branches only (found by name: the other branches are not read).
+            issue_refs = self.checkout.branch_refs(issue_branch_prefix(self.n))
+            self.seen["issue_refs"] = issue_refs
+            others = [name.removeprefix("refs/heads/") for name in issue_refs]
             others = [b for b in others if is_issue_branch(b, self.n) and b != branch]
             return worktree_files.escapes_root(self.checkout.branches_root, path), others, have_base
 
