@@ -379,6 +379,35 @@ async def test_repository_is_a_real_bare_git_repository(live: LiveEmulator) -> N
     assert main.raw["commit"]["message"] == "Initial commit\n"
 
 
+async def test_the_branch_api_follows_the_bare_repository_and_reads_a_commit_once(
+    live: LiveEmulator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """GET .../branches/{branch}: the head git has now (a moved branch answers its new commit), slashes allowed;
+    a name git forbids, a missing branch, or a folder of branches is 404 (Gitea: "branch does not exist"). The
+    branch is resolved without a git process, and a commit's metadata, once read, is not read again."""
+    emu = live.emulator
+    first = emu.create_branch(OWNER, REPO, "feature/one", files={"a.txt": "1\n"}, message="first")
+    client = live.client()
+    assert ((await client.get_branch("feature/one")).commit_id, (await client.get_branch("feature/one")).raw[
+        "commit"]["message"]) == (first, "first\n")
+    second = emu.create_branch(OWNER, REPO, "feature/one", files={"a.txt": "2\n"}, message="second")
+    moved = await client.get_branch("feature/one")
+    assert (moved.commit_id, moved.raw["commit"]["message"]) == (second, "second\n")
+    for name in ("nope", "feature", "feature/.hidden", "main@{1}", "main.lock"):
+        status, data, _ = await _call(live, "GET", f"/repos/{OWNER}/{REPO}/branches/{name}")
+        assert status == 404, (name, data)
+    spawned: list[object] = []
+    real_popen = subprocess.Popen
+
+    def counting_popen(*args: object, **kwargs: object) -> object:
+        spawned.append(args[0] if args else kwargs.get("args"))
+        return real_popen(*args, **kwargs)  # type: ignore[call-overload]
+
+    monkeypatch.setattr(subprocess, "Popen", counting_popen)
+    again = await client.get_branch("feature/one")
+    assert again.commit_id == second and spawned == []
+
+
 async def test_drop_after_store_really_stores(hooked: LiveEmulator) -> None:
     """The write happens (and its webhook goes out), but the connection is cut before any answer."""
     hooked.emulator.create_issue(OWNER, REPO, title="x", author="alice")

@@ -69,25 +69,43 @@ def commit_files(
         return sha
 
 
+#: A commit's metadata never changes (its sha names its content): read once per repository and sha, a bounded memo
+#: (emptied when full). Reading it takes GitPython a `git cat-file` process; resolving the branch takes none.
+_COMMITS: dict[tuple[str, str], CommitInfo] = {}
+_COMMITS_MAX = 4096
+
+
 def branch_head(path: Path, branch: str) -> CommitInfo | None:
     """The head commit of ``branch`` (slashes allowed), or None when there is no such branch."""
     with git.Repo(path) as repo:
-        ref = f"refs/heads/{branch}"
         try:
-            commit = repo.commit(ref)
+            # The loose ref or packed-refs, read in-process; an invalid or missing name is a ValueError.
+            sha = git.SymbolicReference.dereference_recursive(repo, f"refs/heads/{branch}")
+        except (ValueError, OSError):
+            return None
+        key = (str(path), sha)
+        known = _COMMITS.get(key)
+        if known is not None:
+            return known
+        try:
+            commit = repo.commit(sha)
+            message = commit.message
+            info = CommitInfo(
+                sha=commit.hexsha,
+                message=message if isinstance(message, str) else message.decode("utf-8", "replace"),
+                author_name=str(commit.author.name),
+                author_email=str(commit.author.email),
+                committer_name=str(commit.committer.name),
+                committer_email=str(commit.committer.email),
+                authored_at=commit.authored_datetime,
+                committed_at=commit.committed_datetime,
+            )
         except (git.BadName, ValueError):
             return None
-        message = commit.message
-        return CommitInfo(
-            sha=commit.hexsha,
-            message=message if isinstance(message, str) else message.decode("utf-8", "replace"),
-            author_name=str(commit.author.name),
-            author_email=str(commit.author.email),
-            committer_name=str(commit.committer.name),
-            committer_email=str(commit.committer.email),
-            authored_at=commit.authored_datetime,
-            committed_at=commit.committed_datetime,
-        )
+    if len(_COMMITS) >= _COMMITS_MAX:
+        _COMMITS.clear()
+    _COMMITS[key] = info
+    return info
 
 
 class _Reader:
