@@ -440,6 +440,8 @@ class Service:
         chunks: list[bytes] = []
         size = 0
         try:
+            if declared is not None:  # aiohttp reads exactly the declared length (at most the limit): in one call
+                return await request.read()
             async for chunk in request.content.iter_chunked(65536):
                 size += len(chunk)
                 if size > limit:
