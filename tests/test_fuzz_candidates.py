@@ -20,9 +20,12 @@ from bot.core.errors import EnvelopeError
 from tests.work_count import counted
 
 SEED = 20261212
-INPUTS = 20_000
-# The most any input of this corpus takes today is about 1,850 calls (a document of a few records); work that grows with
-# the length of a string or the depth of nesting (a per-character loop, a recursion) runs into the tens of thousands.
+#: 8,000 inputs (16,000 calls): with this seed every class of input (``CLASSES``) appears at least 4 times, which
+#: the test asserts; the 20,000 run before held the same classes, only more repetitions of each.
+INPUTS = 8_000
+# The most any input of this corpus takes today is about 1,300 calls (1,850 over 20,000 inputs: a document of a few
+# records); work that grows with the length of a string or the depth of nesting (a per-character loop, a recursion)
+# runs into the tens of thousands.
 MAX_CALLS_PER_INPUT = 4_000
 MAX_PROBLEM_CHARS = 400
 FIELDS = ("issue_number", "number", "title", "labels", "created_at", "depends_on", "ready")
@@ -30,15 +33,40 @@ TOKENS = ("[", "]", "{", "}", ",", ":", '"', "NaN", "Infinity", "-Infinity", "nu
           "\\ud800", "0x10", "1.0", "01", " ", "\n", "\x00", "\u2028", "\ufeff")
 
 
+NUMBERS = ("111", "-99", "NaN", "Infinity", "-Infinity", "1e999", "1E400", "-0", "0", "9223372036854775808", "1.0",
+           "017")
+WHERES = ('{"issue_number": %s}', '[{"issue_number": 1, "depends_on": [%s]}]', "[%s]",
+          '{"issue_number": 1, "ready": %s}', "%s")
+DEPTHS = (5, 50, 900, 1_100, 5_000)
+TEXT_DEPTHS = (10, 999, 1_000, 1_001, 5_000, 60_000)
+OPENERS = ("[", '{"a":', '[{"issue_number":1,"labels":')
+#: Every class of input the generator makes (``Gen.seen``): each kind of each choice, every deep text (depth, opener,
+#: closed or not) and every odd number in every place.
+CLASSES: frozenset[tuple[object, ...]] = frozenset({
+    *(("text", kind) for kind in range(5)),  # deep, odd number, token soup, mutated JSON, JSON of a document
+    *(("deep", depth, opener, closed) for depth in TEXT_DEPTHS for opener in OPENERS for closed in (False, True)),
+    *(("number", number, where) for number in NUMBERS for where in WHERES),
+    *(("document", kind) for kind in range(3)),  # a value, a record, a list of records
+    *(("value", kind) for kind in range(5)),  # list, object, deep nesting, not JSON at all, scalar
+    *(("nested", depth) for depth in DEPTHS),
+    *(("integer", kind) for kind in range(4)),  # edge, over the int-str limit, 30 digits, small
+    *(("string", kind) for kind in range(4)),  # any code point, long, date-like, label-like
+    *(("mutate", op) for op in range(3)),
+    ("candidate",),  # a Candidate object among the records
+})
+
+
 class Gen:
-    """Seeded generator of hostile values and texts."""
+    """Seeded generator of hostile values and texts; ``seen`` is the classes of input it made (``CLASSES``)."""
 
     def __init__(self, seed: int) -> None:
         self.r = random.Random(seed)
+        self.seen: set[tuple[object, ...]] = set()
 
     def integer(self) -> int:
         r = self.r
         kind = r.randrange(8)
+        self.seen.add(("integer", min(kind, 3)))
         if kind == 0:
             edges: list[int] = [0, -1, 1, 2**63 - 1, 2**63, -(2**63), 2**64]
             return r.choice(edges)
@@ -52,6 +80,7 @@ class Gen:
     def string(self) -> str:
         r = self.r
         kind = r.randrange(6)
+        self.seen.add(("string", min(kind, 3)))
         if kind == 0:
             return "".join(chr(r.randrange(0x10FFFF)) for _ in range(r.randrange(20)))  # surrogates included
         if kind == 1:
@@ -61,9 +90,12 @@ class Gen:
         return r.choice(["priority:p0", "status:ready", "bug", "", " ", "\u0661\u0662"])
 
     def nested(self, depth: int) -> Any:
+        """A scalar inside ``depth`` levels, each a list or an object (a seeded coin each). The coins are the bits of
+        one ``getrandbits`` call: one ``random()`` call per level made this the campaign's costliest step."""
+        self.seen.add(("nested", depth))
         value: Any = self.scalar()
-        for _ in range(depth):
-            value = [value] if self.r.random() < 0.5 else {"k": value}
+        for coin in format(self.r.getrandbits(depth), f"0{depth}b"):
+            value = [value] if coin == "1" else {"k": value}
         return value
 
     def scalar(self) -> Any:
@@ -76,12 +108,13 @@ class Gen:
     def value(self, depth: int = 0) -> Any:
         r = self.r
         kind = r.randrange(10)
+        self.seen.add(("value", kind if kind in (2, 3) or (kind < 2 and depth < 3) else 4))
         if kind == 0 and depth < 3:
             return [self.value(depth + 1) for _ in range(r.randrange(5))]
         if kind == 1 and depth < 3:
             return {self.key(): self.value(depth + 1) for _ in range(r.randrange(4))}
         if kind == 2:
-            return self.nested(r.choice([5, 50, 900, 1_100, 5_000]))
+            return self.nested(r.choice(DEPTHS))
         if kind == 3:
             return r.choice([set(), (1, 2), b"bytes", frozenset({1}), object()])
         return self.scalar()
@@ -105,12 +138,14 @@ class Gen:
         if r.random() < 0.2:
             rec[self.key()] = self.value()
         if r.random() < 0.05:
+            self.seen.add(("candidate",))
             return Candidate(issue_number=r.randrange(1, 1_000), title=self.string()[:50])
         return rec
 
     def document(self) -> Any:
         r = self.r
         kind = r.randrange(4)
+        self.seen.add(("document", min(kind, 2)))
         if kind == 0:
             return self.value()
         if kind == 1:
@@ -120,15 +155,18 @@ class Gen:
     def text(self) -> str:
         r = self.r
         kind = r.randrange(7)
+        self.seen.add(("text", min(kind, 4)))
         if kind == 0:  # deep nesting of brackets or objects, closed or not
-            depth = r.choice([10, 999, 1_000, 1_001, 5_000, 60_000])
+            depth = r.choice(TEXT_DEPTHS)
             opener, closer = r.choice([("[", "]"), ('{"a":', "}"), ('[{"issue_number":1,"labels":', "}]")])
-            return opener * depth + (closer * depth if r.random() < 0.5 else "")
+            closed = r.random() < 0.5
+            self.seen.add(("deep", depth, opener, closed))
+            return opener * depth + (closer * depth if closed else "")
         if kind == 1:  # huge or odd numbers in otherwise valid records
             number = r.choice(["1" * r.randrange(4_290, 6_000), "-" + "9" * 4_400, "NaN", "Infinity", "-Infinity",
                                "1e999", "1E400", "-0", "0", "9223372036854775808", "1.0", "017"])
-            where = r.choice(['{"issue_number": %s}', '[{"issue_number": 1, "depends_on": [%s]}]', "[%s]",
-                              '{"issue_number": 1, "ready": %s}', "%s"])
+            where = r.choice(WHERES)
+            self.seen.add(("number", number if len(number) < 30 else number[:3], where))  # the long ones: 111, -99
             return where % number
         if kind == 2:  # token soup
             return "".join(r.choice(TOKENS) for _ in range(r.randrange(1, 60)))
@@ -142,6 +180,7 @@ class Gen:
             for _ in range(r.randrange(1, 6)):
                 at = r.randrange(len(chars) + 1)
                 op = r.randrange(3)
+                self.seen.add(("mutate", op))
                 if op == 0 and chars:
                     chars[min(at, len(chars) - 1)] = r.choice(TOKENS)
                 elif op == 1:
@@ -195,5 +234,6 @@ def test_fuzz_candidates_json_normalizes_or_refuses_typed_with_bounded_work() ->
             if failure is not None:
                 failures.append(f"#{index} {name}: {failure}")
     assert failures == [], f"{len(failures)} failures: {failures[:10]}"
+    assert gen.seen == CLASSES, f"classes never made: {sorted(CLASSES - gen.seen, key=str)}"
     elapsed = time.perf_counter() - started
     print(f"\nfuzz: {INPUTS} inputs, {2 * INPUTS} calls in {elapsed:.1f} s; most work {most} calls")

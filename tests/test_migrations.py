@@ -121,14 +121,23 @@ async def test_a_begin_cancelled_in_flight_leaves_no_transaction_open(tmp_path: 
         async with db.transaction() as conn:
             await conn.execute("INSERT INTO schema_migrations (version, name, applied_at) VALUES (998, 'x', 't')")
 
+    released: list[bool] = []
+
+    def release() -> None:
+        other.execute("ROLLBACK")  # the waiting BEGIN now succeeds on the thread
+        other.close()
+        released.append(True)
+
     task = asyncio.ensure_future(write())
     await asyncio.sleep(0.2)  # the BEGIN is waiting on the database thread
     task.cancel()
+    # The other process lets go while the cancelled BEGIN still waits (not after the task ended: the task waits for
+    # its ROLLBACK, queued behind that BEGIN, which would otherwise only give up at the 5 s busy timeout).
+    asyncio.get_running_loop().call_later(0.2, release)
     with pytest.raises(asyncio.CancelledError):
         await task
-    other.execute("ROLLBACK")  # the waiting BEGIN now succeeds on the thread
-    other.close()
     await asyncio.sleep(0.2)
+    assert released  # the other process let go before the write below
     async with db.transaction() as conn:  # the connection holds no stray transaction
         await conn.execute("INSERT INTO schema_migrations (version, name, applied_at) VALUES (997, 'y', 't')")
     async with db.reader.execute("SELECT version FROM schema_migrations WHERE version >= 997") as cur:
