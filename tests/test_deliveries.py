@@ -83,6 +83,28 @@ async def test_a_batch_is_one_durable_statement_on_sqlite(tmp_path: Any) -> None
         await db.close()
 
 
+async def test_a_batch_is_committed_while_another_read_on_the_connection_is_unfinished(tmp_path: Any) -> None:
+    """The autocommit statement commits when it completes even while another task's read cursor on the same
+    connection is open mid-result (SQLite keeps that read's snapshot): another process sees the rows at once."""
+    from state.db_sqlite import SqliteDatabase
+
+    db = await SqliteDatabase.open_file(tmp_path / "foreman.db", synchronous="FULL")
+    try:
+        store = DeliveryStore(db)
+        await store.insert_batch([(_delivery(f"d-{n}", "issues", "opened", {"n": n}), False) for n in range(3)])
+        async with db.reader.execute("SELECT id FROM deliveries ORDER BY id") as unfinished:
+            assert await unfinished.fetchone() is not None  # two rows still to read: the statement is active
+            await store.insert_batch([(_delivery("d-late", "issues", "opened", {"n": 9}), False)])
+            other = sqlite3.connect(tmp_path / "foreman.db")
+            try:
+                seen = other.execute("SELECT COUNT(*) FROM deliveries WHERE delivery_id = 'd-late'").fetchone()
+            finally:
+                other.close()
+            assert seen == (1,)
+    finally:
+        await db.close()
+
+
 async def test_a_batch_whose_statement_fails_stores_none_of_its_rows(db: Database) -> None:
     """All of a batch or nothing: one row the table refuses (event NOT NULL) fails the statement, and its
     neighbours in that statement are not stored either (the group commit then stores each alone)."""
