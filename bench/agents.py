@@ -38,7 +38,9 @@ and CPU seconds used in the window.
 
 Checks (exit 1 if one fails): every tool call answered without error; every webhook 202 (both targets) and every
 delivery stored; each lease still live with one heartbeat event per heartbeat call; the outbox drained with every
-entry done, and each issue holds every state comment its author queued. Exit 2 for bad usage.
+entry done, and each issue holds every state comment its author queued; the sessions were ended only after every
+webhook of the window was answered (N processes ending at once take the machine for a moment: ending them while the
+window's last webhooks were in flight made those answers late at both targets alike). Exit 2 for bad usage.
 """
 
 from __future__ import annotations
@@ -194,12 +196,16 @@ async def _drive(spec: dict[str, Any]) -> dict[str, Any]:
         mcp = children_of(os.getpid())
         peaks = [peak_rss_kib(pid) for pid in mcp]
         cpu = sum((process_cpu_s(pid) or 0.0) - cpu_before.get(pid, 0.0) for pid in mcp)
+        # The sessions stay up until the parent has every webhook's answer: N processes ending at once take the
+        # machine for a moment, which would land on the window's last webhooks (both targets' answers, alike).
+        await asyncio.to_thread(sys.stdin.readline)
+        ended_at = time.time()
         done.set()
         results = await asyncio.gather(*tasks, return_exceptions=True)
     failures = [f"{type(r).__name__}: {r}"[:300] for r in results if isinstance(r, BaseException)]
     return {"calls": calls, "startup_s": startup_s, "mcp_processes": len(mcp), "mcp_peak_rss_kib": peaks,
             "mcp_cpu_s": cpu, "driver_lag_max_ms": lag["max_s"] * 1000.0, "driver_peak_rss_mib": own_peak_rss_mib(),
-            "session_failures": failures}
+            "session_failures": failures, "sessions_ended_at": ended_at}
 
 
 def _driver_main(spec_path: Path) -> int:
@@ -246,6 +252,11 @@ class Child:
     def go(self, epoch: float) -> None:
         assert self.proc.stdin is not None
         self.proc.stdin.write(f"go {epoch:.6f}\n".encode())
+
+    def release(self) -> None:
+        """The agents driver may end its sessions now (the window's webhooks are all answered)."""
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(b"release\n")
 
     async def result(self, timeout_s: float) -> dict[str, Any]:
         assert self.proc.stdout is not None
@@ -334,6 +345,8 @@ def answer_errors(driver: dict[str, Any], load: dict[str, Any], stored_ids: set[
         statuses = Counter(status for status, _ in answers)
         if set(statuses) != {202}:
             errors.append(f"webhooks to {name}: answers {dict(sorted(statuses.items()))}")
+    if driver["sessions_ended_at"] < load["answered_at"]:
+        errors.append("the sessions ended before every webhook of the window was answered")
     ids = load["delivery_ids"]
     stored = len(set(ids) & stored_ids)
     if stored != len(ids):
@@ -420,12 +433,13 @@ async def bench(sessions: int, seconds: float, rate: float, period: float, timeo
                 cpu_s = {k: (process_cpu_s(v) or 0.0) - cpu_before[k] for k, v in ours.items()}
                 busy_s, span_s = machine_busy_s() - busy_before, time.monotonic() - span_began
                 load_doc = await load.result(timeout_s + seconds)
-                driver_doc = await driver.result(timeout_s + seconds)
                 after = await _serve_view(h)
                 doc["load_average"] = {"before": load_before, "after": os.getloadavg()}
                 holds = [line for line in h.serve_log.read_text(encoding="utf-8")[log_at:].splitlines()
                          if "event loop was held" in line]
                 rss_after = rss_kib(serve_pid)
+                driver.release()  # only now: the sessions' ending is not part of the window
+                driver_doc = await driver.result(timeout_s + seconds)
             finally:
                 await driver.stop()
                 await load.stop()

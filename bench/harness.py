@@ -122,7 +122,9 @@ async def paced_load(urls: dict[str, str], requests: Sequence[tuple[bytes, dict[
                 tasks.append(asyncio.create_task(_send(http, url, body, headers, answers[name])))
         sent_s = time.perf_counter() - t0
         await asyncio.gather(*tasks)
+        answered_at = time.time()
     return {
+        "answered_at": answered_at,
         "answers": {name: [[status, round(ms, 3)] for status, ms in got] for name, got in answers.items()},
         "delivery_ids": [headers["X-Gitea-Delivery"] for _, headers in requests],
         "schedule_slip_ms_max": max(slip_ms, default=0.0),

@@ -64,9 +64,13 @@ def test_targets_are_missed_exactly_when_the_figures_exceed_them() -> None:
 
 def test_a_refused_call_a_non_202_answer_or_an_unstored_delivery_fails_the_run() -> None:
     ok_driver: dict[str, Any] = {"calls": [{"login": "a", "tool": "gitea_heartbeat_lease", "round": 0, "ok": True}],
-                 "session_failures": []}
-    load: dict[str, Any] = {"answers": {"foreman": [[202, 1.0]], "bare": [[202, 1.0]]}, "delivery_ids": ["d1"]}
+                 "session_failures": [], "sessions_ended_at": 101.0}
+    load: dict[str, Any] = {"answers": {"foreman": [[202, 1.0]], "bare": [[202, 1.0]]}, "delivery_ids": ["d1"],
+                            "answered_at": 100.0}
     assert answer_errors(ok_driver, load, {"d1", "other"}) == []
+    # 100 sessions ending at once take the machine: the window's last webhooks must be answered before.
+    early = {**ok_driver, "sessions_ended_at": 99.0}
+    assert answer_errors(early, load, {"d1"}) == ["the sessions ended before every webhook of the window was answered"]
     refused = {**ok_driver, "calls": [{**ok_driver["calls"][0], "ok": False, "error": "not_authorized"}]}
     assert answer_errors(refused, load, {"d1"}) == ["a gitea_heartbeat_lease round 0: not_authorized"]
     assert answer_errors({**ok_driver, "session_failures": ["EOF"]}, load, {"d1"}) == ["EOF"]
