@@ -8,7 +8,7 @@ import re
 import shutil
 import urllib.parse
 import uuid
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -394,12 +394,8 @@ class ControlCheckout:
                         loose.add(f"refs/heads/{rel}")
             else:
                 loose.add(f"refs/heads/{entry.name}")
-        packed: dict[str, str] = {}
         wanted = f"refs/heads/{prefix}"
-        for line in (read_text(self.git_dir / "packed-refs") or "").splitlines():
-            oid, _, name = line.partition(" ")
-            if name.startswith(wanted) and _OID_RE.fullmatch(oid):
-                packed[name] = oid
+        packed = {name: oid for name, oid in self._packed_refs() if name.startswith(wanted)}
         found: dict[str, str] = {}
         for name in sorted({*loose, *packed}):
             if _refname_problem(name.removeprefix("refs/heads/")):
@@ -435,11 +431,8 @@ class ControlCheckout:
         text = text.strip() if text is not None else None
         if text is not None and _OID_RE.fullmatch(text):
             return text
-        if text is None:
-            for line in (read_text(self.git_dir / "packed-refs") or "").splitlines():
-                sha, _, name = line.partition(" ")
-                if name == ref and _OID_RE.fullmatch(sha):
-                    return sha
+        if text is None and (packed := self._packed(ref)) is not None:
+            return packed
         return self.rev(ref)
 
     def reflog(self, branch: str) -> list[tuple[str, str]]:
@@ -603,11 +596,15 @@ class ControlCheckout:
         return sha, ref
 
     def _packed(self, ref: str) -> str | None:
+        """``ref``'s object id in ``packed-refs`` (None: not packed)."""
+        return next((oid for name, oid in self._packed_refs() if name == ref), None)
+
+    def _packed_refs(self) -> Iterator[tuple[str, str]]:
+        """(refname, object id) of every ref line of ``packed-refs`` (its header and peeled ``^`` lines skipped)."""
         for line in (read_text(self.git_dir / "packed-refs") or "").splitlines():
-            sha, _, name = line.partition(" ")
-            if name == ref and _OID_RE.fullmatch(sha):
-                return sha
-        return None
+            oid, _, name = line.partition(" ")
+            if _OID_RE.fullmatch(oid):
+                yield name, oid
 
     def add_worktree(self, path: Path, branch: str, lock_reason: str) -> None:
         """``git worktree add --lock --reason R <path> <branch>``: git writes the lock (our proof) first."""

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import time
 import uuid
@@ -16,11 +15,10 @@ from typing import Any
 from gidgethub import sansio
 
 from bot.config_sections import WorkerConfig
-from bot.core import backoff
+from bot.core import backoff, jsontext
 from bot.core.dispatch import OrderedRouter, Refusal, refuse_dispatch
 from bot.core.intake import metric_event
 from bot.core.intake_burst import ArrivalWindow, stand_aside_for
-from bot.core.jsontext import UNSURE, quick_loads
 from bot.handler_deps import HandlerDeps
 from bot.logs import delivery_var
 from bot.metrics import Metrics
@@ -242,9 +240,7 @@ class Worker:
     def _dispatchable(self, delivery: StoredDelivery) -> tuple[Any, Refusal | None]:
         """The payload (parsed once) and why it reaches no handler (another repository, an unroutable shape)."""
         try:
-            payload = quick_loads(delivery.body)
-            if payload is UNSURE:
-                payload = json.loads(delivery.body)
+            payload = jsontext.loads(delivery.body)
         except (ValueError, RecursionError) as exc:
             return None, Refusal("failed", f"undispatchable: the stored body is not JSON ({type(exc).__name__})")
         return payload, refuse_dispatch(payload, self.served)
@@ -310,7 +306,7 @@ class Worker:
         sibling); the last one is recorded in the commit that settles the delivery (one commit fewer). ``deps``:
         the delivery's repository's (default: the first served repository's).
         """
-        data = json.loads(delivery.body) if payload is None else payload
+        data = jsontext.loads(delivery.body) if payload is None else payload
         if deps is None:
             deps = next(iter(self.routes.values()))
         event = sansio.Event(data, event=delivery.event, delivery_id=delivery.delivery_id)

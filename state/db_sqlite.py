@@ -8,16 +8,18 @@ import shutil
 import sqlite3
 import stat
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import quote
 
 import aiosqlite
 
 from state.db import MIN_FREE_BYTES, Database, DatabaseNotWritable
 from state.sql import Dialect, Row
+
+T = TypeVar("T")
 
 #: Files SQLite keeps beside the database in WAL mode; SQLite creates them with the database file's mode.
 SIDE_FILES = ("-wal", "-shm")
@@ -148,30 +150,25 @@ class SqliteDatabase(Database):
         """One durable autocommit statement, executed and read in ONE trip to the database thread (no BEGIN /
         COMMIT around it: SQLite commits a statement outside a transaction when it completes, and undoes all of it
         when it fails). The write lock keeps every other transaction on this connection out meanwhile; a lock
-        another process holds is waited for as ``_begin`` does (SQLite's busy handler, then short pauses)."""
+        another process holds is waited for as ``_begin`` waits for it."""
         async with self._write_lock:
             await self._use_synchronous(self._synchronous)
-            deadline = time.monotonic() + self._busy_timeout_s
-            pause = 0.001
-            while True:
-                try:
-                    return list(await self._conn.execute_fetchall(sql, parameters))
-                except sqlite3.OperationalError as exc:
-                    if getattr(exc, "sqlite_errorname", "") not in _BUSY or time.monotonic() >= deadline:
-                        raise
-                await asyncio.sleep(pause)
-                pause = min(pause * 2, 0.05)
+            return list(await self._while_busy(lambda: self._conn.execute_fetchall(sql, parameters)))
 
     async def _begin(self) -> None:
-        """BEGIN IMMEDIATE, waiting up to the busy timeout where SQLite will not: it answers SQLITE_BUSY_SNAPSHOT at
-        once while a read on this connection (another task's, not finished) holds a snapshot older than another
-        process's commit; the read ends within a few queued statements, then the write can start."""
+        """BEGIN IMMEDIATE, waiting up to the busy timeout where SQLite will not (``_while_busy``)."""
+        await self._while_busy(lambda: self._conn.execute("BEGIN IMMEDIATE"))
+
+    async def _while_busy(self, attempt: Callable[[], Awaitable[T]]) -> T:
+        """``attempt()`` again after short pauses while SQLite answers busy, up to the busy timeout. SQLite's own busy
+        handler does not cover SQLITE_BUSY_SNAPSHOT, answered at once while a read on this connection (another
+        task's, not finished) holds a snapshot older than another process's commit; the read ends within a few
+        queued statements, then the write can start."""
         deadline = time.monotonic() + self._busy_timeout_s
         pause = 0.001
         while True:
             try:
-                await self._conn.execute("BEGIN IMMEDIATE")
-                return
+                return await attempt()
             except sqlite3.OperationalError as exc:
                 if getattr(exc, "sqlite_errorname", "") not in _BUSY or time.monotonic() >= deadline:
                     raise

@@ -98,3 +98,13 @@ def test_the_webhook_door_keeps_a_long_integer_an_integer(number: bytes) -> None
     verdict = admit(webhook_headers(body, delivery="d-long"), body, secrets=[SECRET.encode()], max_body_bytes=1 << 20)
     assert isinstance(verdict, Delivery)
     assert same(verdict.payload["big"], int(number))
+
+
+def test_loads_is_json_loads_for_what_orjson_reads_and_what_it_leaves() -> None:
+    """The worker's reading of a stored body: json.loads's value and errors, quick or not."""
+    from bot.core import jsontext
+
+    for text in (b'{"a": [1, 2.5, "x"]}', b'{"big": 123456789012345678901234567890}', b"\xef\xbb\xbf{}"):
+        assert same(jsontext.loads(text), json.loads(text))
+    with pytest.raises(json.JSONDecodeError):
+        jsontext.loads(b'{"a": ')

@@ -12,7 +12,6 @@ from bot.core.bootstrap import (
     PathRejected,
     branch_for,
     derive_key,
-    is_issue_branch,
     issue_branch_prefix,
     worktree_path_for,
 )
@@ -277,7 +276,7 @@ class BootstrapRun(Binding, Compensation):
             issue_refs = self.checkout.branch_refs(issue_branch_prefix(self.n))
             self.seen["issue_refs"] = issue_refs
             others = [name.removeprefix("refs/heads/") for name in issue_refs]
-            others = [b for b in others if is_issue_branch(b, self.n) and b != branch]
+            others = [b for b in others if b != branch]
             return worktree_files.escapes_root(self.checkout.branches_root, path), others, have_base
 
         try:
