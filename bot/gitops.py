@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import re
 import shutil
+import time
 import urllib.parse
 import uuid
 from collections.abc import Iterator, Mapping
@@ -94,13 +96,70 @@ def git_refusal(stderr: str) -> str | None:
     return None
 
 
-class GitRunner:
-    """Runs ``git <args>`` in one directory with a fixed environment and timeout."""
+#: The git subcommands that add or delete a worktree registration (``.git/worktrees/<name>``).
+_CHANGES_REGISTRATIONS = frozenset({("worktree", "add"), ("worktree", "move"), ("worktree", "remove"),
+                                    ("worktree", "prune"), ("worktree", "repair")})
 
-    def __init__(self, cwd: Path, *, env: Mapping[str, str], timeout_s: float) -> None:
+
+class WorktreeRegistry:
+    """One repository's worktree registrations, held for the length of one git command.
+
+    git writes a new registration's files one by one and takes no lock while it does (worktree.c), and every command
+    that lists the worktrees (``worktree add`` itself, ``worktree list``, ``branch -f``, ``fetch``, ``rev-list
+    --all``) dies when it meets one half-written: "fatal: failed to read .git/worktrees/<name>/commondir". So two
+    bootstraps of one repository at once could fail each other. Every git command foreman runs in the repository
+    holds this lock shared; the ones that add or delete a registration hold it alone. It is an ``flock`` on a file in
+    the git directory, so it holds across foreman's processes and threads alike (an agent's own git commands in its
+    worktree are not under it: git alone decides those).
+    """
+
+    def __init__(self, git_dir: Path, *, wait_s: float) -> None:
+        self.path = git_dir / "foreman-worktrees.lock"
+        self.wait_s = wait_s
+
+    @contextlib.contextmanager
+    def held(self, args: tuple[str, ...]) -> Iterator[None]:
+        """Held alone for a command that changes the registrations, shared for any other; nothing is held while the
+        repository does not exist yet (a clone: no worktree to meet)."""
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        except (FileNotFoundError, NotADirectoryError):
+            yield
+            return
+        except OSError as exc:
+            raise GitFailure(args, None, f"cannot open {self.path}: {exc.strerror}") from exc
+        try:
+            self._acquire(fd, fcntl.LOCK_EX if tuple(args[:2]) in _CHANGES_REGISTRATIONS else fcntl.LOCK_SH, args)
+            yield
+        finally:
+            os.close(fd)  # closing the descriptor releases the lock
+
+    def _acquire(self, fd: int, mode: int, args: tuple[str, ...]) -> None:
+        deadline = time.monotonic() + self.wait_s
+        pause = 0.001
+        while True:
+            try:
+                fcntl.flock(fd, mode | fcntl.LOCK_NB)
+                return
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    raise GitFailure(args, None, (
+                        f"another git command kept this repository's worktree registrations ({self.path}) for "
+                        f"{self.wait_s:g} s; retry once it has ended")) from None
+                time.sleep(pause)
+                pause = min(pause * 2, 0.02)
+
+
+class GitRunner:
+    """Runs ``git <args>`` in one directory with a fixed environment and timeout (under the repository's
+    ``WorktreeRegistry`` when it has one)."""
+
+    def __init__(self, cwd: Path, *, env: Mapping[str, str], timeout_s: float,
+                 registry: WorktreeRegistry | None = None) -> None:
         self.cwd = cwd
         self.env = dict(env)
         self.timeout_s = timeout_s
+        self.registry = registry
         self._git = Git(str(cwd))
 
     def attempt(
@@ -113,15 +172,16 @@ class GitRunner:
         """
         env = {**self.env, **(extra_env or {})}
         watched = timed if timed is not None else bool(set(args[:2]) & _TIMED)
-        status, out, err = self._git.execute(
-            ["git", *args],
-            with_extended_output=True,
-            with_exceptions=False,
-            kill_after_timeout=self.timeout_s if watched else None,
-            env=env,
-            shell=False,
-            strip_newline_in_stdout=False,
-        )
+        with self.registry.held(args) if self.registry is not None else contextlib.nullcontext():
+            status, out, err = self._git.execute(
+                ["git", *args],
+                with_extended_output=True,
+                with_exceptions=False,
+                kill_after_timeout=self.timeout_s if watched else None,
+                env=env,
+                shell=False,
+                strip_newline_in_stdout=False,
+            )
         return int(status or 0), str(out), str(err)
 
     def run(self, *args: str, extra_env: Mapping[str, str] | None = None) -> str:
@@ -261,8 +321,14 @@ class ControlCheckout:
 
     def __init__(self, path: Path, *, env: Mapping[str, str], timeout_s: float) -> None:
         self.path = path
-        self.git = GitRunner(path, env=env, timeout_s=timeout_s)
+        self.registry = WorktreeRegistry(path / ".git", wait_s=timeout_s)
+        self.git = GitRunner(path, env=env, timeout_s=timeout_s, registry=self.registry)
         self.timeout_s = timeout_s
+
+    def runner_in(self, worktree: Path, env: Mapping[str, str] | None = None) -> GitRunner:
+        """git run inside one of this repository's worktrees (under its registry, the checkout's environment)."""
+        return GitRunner(worktree, env=env if env is not None else self.git.env, timeout_s=self.timeout_s,
+                         registry=self.registry)
 
     @property
     def git_dir(self) -> Path:
@@ -635,7 +701,7 @@ class ControlCheckout:
 
     def worktree_view(self, path: Path) -> WorktreeView:
         """Asked from inside the worktree: its top level, common and own git dirs, HEAD and HEAD's ref."""
-        runner = GitRunner(path, env=self.git.env, timeout_s=self.timeout_s)
+        runner = self.runner_in(path)
         out = runner.run(
             "rev-parse", "--path-format=absolute", "--show-toplevel", "--git-common-dir", "--git-dir",
             "--verify", "HEAD",
@@ -665,7 +731,7 @@ class ControlCheckout:
 
     def worktree_status(self, path: Path) -> list[str]:
         """Every tracked change, untracked and ignored file in a worktree (empty: nothing would be lost)."""
-        runner = GitRunner(path, env=self.git.env, timeout_s=self.timeout_s)
+        runner = self.runner_in(path)
         out = runner.run(
             "--no-optional-locks", "status", "--porcelain=v1", "-z", "--untracked-files=all", "--ignored"
         )
@@ -674,15 +740,14 @@ class ControlCheckout:
 
     def worktree_changes(self, path: Path) -> list[str]:
         """The paths (relative to the worktree) of every tracked change and untracked file, no rename pairing."""
-        out = GitRunner(path, env=self.git.env, timeout_s=self.timeout_s).run(
+        out = self.runner_in(path).run(
             "--no-optional-locks", "status", "--porcelain=v1", "-z", "--untracked-files=all", "--no-renames")
         return [item[3:] for item in out.split("\0") if len(item) > 3]
 
     def commit_worktree(self, path: Path, message: str, *, author: tuple[str, str]) -> str | None:
         """Stage everything inside the worktree (``git add -A -- .`` run there) and commit it as ``author``
         (name, e-mail; the committer is the bot). None when nothing is staged (no commit made)."""
-        runner = GitRunner(path, env={**self.git.env, "GIT_AUTHOR_NAME": author[0], "GIT_AUTHOR_EMAIL": author[1]},
-                           timeout_s=self.timeout_s)
+        runner = self.runner_in(path, {**self.git.env, "GIT_AUTHOR_NAME": author[0], "GIT_AUTHOR_EMAIL": author[1]})
         runner.run("add", "-A", "--", ".")
         status, _, err = runner.attempt("diff", "--cached", "--quiet", timed=True)
         if status == 0:
@@ -731,7 +796,7 @@ class ControlCheckout:
 
 def worktree_head(checkout: ControlCheckout, path: Path) -> str | None:
     """The commit a worktree's HEAD is at, asked from inside it (None: git cannot say)."""
-    runner = GitRunner(path, env=checkout.git.env, timeout_s=checkout.timeout_s)
+    runner = checkout.runner_in(path)
     status, out, _ = runner.attempt("rev-parse", "--verify", "-q", "HEAD^{commit}")
     return out.strip() if status == 0 and out.strip() else None
 

@@ -1,0 +1,147 @@
+"""Two bootstraps of one repository at once (CI, 2026-12-06: "fatal: failed to read
+.git/worktrees/issue-3-concurrent-task-0/commondir: Success"): git writes a new registration's files one by one and
+takes no lock, and every command that lists the worktrees dies on one half-written. Foreman's git commands in a
+repository hold its ``WorktreeRegistry``: shared to run, alone to add or delete a registration."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from bot.gitops import ControlCheckout, GitFailure, WorktreeRegistry, git_env
+from tests.test_bootstrap_support import git
+from tests.test_gitops_registration import _root
+
+
+@pytest.fixture
+def checkout() -> Iterator[Path]:
+    root = _root()
+    path = root / "checkout"
+    path.mkdir()
+    git(path, "init", "-q", "-b", "main")
+    (path / "README.md").write_text("# r\n", encoding="utf-8")
+    git(path, "add", "README.md")
+    git(path, "commit", "-q", "-m", "init")
+    for name in ("issue-1-a", "issue-2-b", "issue-3-c"):
+        git(path, "branch", name)
+    try:
+        yield path
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def control(path: Path, timeout_s: float = 60) -> ControlCheckout:
+    return ControlCheckout(path, env=git_env("foreman-bot"), timeout_s=timeout_s)
+
+
+def half_written(path: Path) -> Path:
+    """What another ``git worktree add`` has made at the instant git dies on it: the directory, its ``gitdir``, and
+    a ``commondir`` opened but not yet written."""
+    admin = path / ".git" / "worktrees" / "elsewhere"
+    admin.mkdir(parents=True)
+    (admin / "gitdir").write_text(str(path / "branches" / "elsewhere" / ".git") + "\n", encoding="utf-8")
+    (admin / "commondir").write_text("", encoding="utf-8")
+    return admin
+
+
+class Background:
+    """One call on a thread; its outcome (the value or the exception) once it ended."""
+
+    def __init__(self, call: object) -> None:
+        self.outcome: list[object] = []
+
+        def run() -> None:
+            try:
+                self.outcome.append(call())  # type: ignore[operator]
+            except Exception as exc:  # the test inspects it
+                self.outcome.append(exc)
+
+        self.thread = threading.Thread(target=run, daemon=True)
+        self.thread.start()
+
+    def running_after(self, seconds: float) -> bool:
+        self.thread.join(seconds)
+        return self.thread.is_alive()
+
+    def result(self) -> object:
+        self.thread.join(60)
+        assert not self.thread.is_alive()
+        return self.outcome[0]
+
+
+def test_git_itself_dies_on_a_half_written_registration(checkout: Path) -> None:
+    """The fact the lock exists for (git 2.39 and later, worktree.c / setup.c): without it, the add fails."""
+    half_written(checkout)
+    done = subprocess.run(["git", "worktree", "add", "--quiet", str(checkout / "branches" / "x"), "issue-1-a"],
+                          cwd=checkout, capture_output=True, text=True, check=False)
+    assert done.returncode == 128 and "commondir" in done.stderr, done
+    assert not (checkout / ".git" / "worktrees" / "x").exists()
+
+
+def test_an_add_waits_while_another_add_is_writing_its_registration(checkout: Path) -> None:
+    other = WorktreeRegistry(checkout / ".git", wait_s=60)
+    target = checkout / "branches" / "issue-1-a"
+    with other.held(("worktree", "add")):  # another bootstrap's `git worktree add`, mid-way
+        admin = half_written(checkout)
+        add = Background(lambda: control(checkout).add_worktree(target, "issue-1-a", "foreman lease 1"))
+        assert add.running_after(0.3), f"the add ran while another add held the registrations: {add.outcome}"
+        shutil.rmtree(admin)  # the other add ends (here: gone again; a finished one is complete)
+    assert add.result() is None
+    entry = control(checkout).listed_worktree_at(target)
+    assert entry is not None and entry.branch == "issue-1-a" and entry.locked == "foreman lease 1"
+
+
+@pytest.mark.parametrize("reader", ["list", "branch_force", "refs"])
+def test_every_command_in_the_repository_waits_for_a_change_and_readers_share(checkout: Path, reader: str) -> None:
+    calls = {
+        "list": lambda c: c.worktrees(),
+        "branch_force": lambda c: c.git.run("branch", "-f", "issue-3-c", "main"),
+        "refs": lambda c: c.refs("refs/heads/"),
+    }
+    registry = WorktreeRegistry(checkout / ".git", wait_s=60)
+    with registry.held(("worktree", "remove")):
+        admin = half_written(checkout)
+        read = Background(lambda: calls[reader](control(checkout)))
+        assert read.running_after(0.3), f"{reader} ran while a registration was being changed: {read.outcome}"
+        shutil.rmtree(admin)
+    assert not isinstance(read.result(), Exception)
+    with registry.held(("fetch", "--quiet")):  # a reader: another reader runs beside it at once
+        shared = Background(lambda: calls[reader](control(checkout)))
+        assert not shared.running_after(30)
+        assert not isinstance(shared.result(), Exception)
+        change = Background(lambda: control(checkout).add_worktree(checkout / "branches" / "issue-2-b",
+                                                                   "issue-2-b", "foreman lease 2"))
+        assert change.running_after(0.3), "an add ran beside a command that was reading the registrations"
+    assert change.result() is None
+
+
+def test_the_wait_is_bounded_and_says_what_to_do(checkout: Path) -> None:
+    with WorktreeRegistry(checkout / ".git", wait_s=60).held(("worktree", "add")):
+        with pytest.raises(GitFailure) as caught:
+            control(checkout, timeout_s=0.2).worktrees()
+    assert "worktree registrations" in str(caught.value) and "retry once it has ended" in str(caught.value)
+    assert control(checkout).worktrees()[0].path == str(checkout)  # released with the block
+
+
+def test_many_adds_at_once_all_register(checkout: Path) -> None:
+    """Eight adds on eight threads, three rounds (the bootstrap benchmark's concurrent section, smaller)."""
+    for round_ in range(3):
+        names = [f"issue-{10 + round_ * 8 + i}-t" for i in range(8)]
+        for name in names:
+            git(checkout, "branch", name)
+        adds = [Background(lambda n=name: control(checkout).add_worktree(checkout / "branches" / n, n, "r"))
+                for name in names]
+        assert [a.result() for a in adds] == [None] * 8
+    assert len(control(checkout).worktrees()) == 1 + 24
+
+
+def test_no_lock_before_the_repository_exists(tmp_path: Path) -> None:
+    registry = WorktreeRegistry(tmp_path / "not-cloned-yet" / ".git", wait_s=1)
+    with registry.held(("worktree", "add")):
+        pass
+    assert not (tmp_path / "not-cloned-yet").exists()
