@@ -5,7 +5,10 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import hmac
+import itertools
 import json
+import os
+import socket
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from pathlib import Path
@@ -23,6 +26,29 @@ from handlers import build_router
 from tests.gitea_fixtures import BOT, OWNER, REPO, TOKENS
 
 SECRET = "test-secret-0123456789abcdef"
+
+#: Ports handed out by ``free_port``: below the kernel's ephemeral range (where every port-0 bind draws from, ours
+#: and aiohttp's test servers'), 1,000 for each pytest-xdist worker.
+_PORT_BLOCK = 1000
+_PORT_BASE = 20000
+_port_turns = itertools.count()
+
+
+def free_port() -> int:
+    """A loopback port free now that no other test process of this run hands out: a port-0 bind released before
+    a child process binds it could be given meanwhile to another worker's server (which then answered its health
+    check), or be taken when a test needs nothing to listen there."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw")
+    base = _PORT_BASE + (int(worker) if worker.isdigit() else 0) * _PORT_BLOCK
+    for _ in range(_PORT_BLOCK):
+        port = base + next(_port_turns) % _PORT_BLOCK
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free loopback port in {base}..{base + _PORT_BLOCK - 1}")
 
 
 def make_settings(tmp_path: Path, **sections: Mapping[str, Any]) -> Settings:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import socket
 import sys
 from pathlib import Path
 from typing import Any
@@ -16,15 +15,11 @@ import pytest
 
 from tests.conftest import REPO_ROOT
 from tests.gitea_fixtures import BOT, OWNER, REPO, TOKENS, live_emulator
+from tests.support import free_port
 
 SECRET = "a-secret-of-sufficient-length"
 ENVELOPE_KEYS = {"error", "message", "remediate", "exact_next_action"}
 
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 async def check_config(
@@ -102,7 +97,7 @@ async def test_check_config_fails_typed_when_gitea_says_no(tmp_path: Path, case:
     async with live_emulator() as live:
         options: dict[str, Any] = {"url": live.base_url, "token": TOKENS[BOT]}
         if case == "unreachable":
-            options["url"] = f"http://127.0.0.1:{_free_port()}"
+            options["url"] = f"http://127.0.0.1:{free_port()}"
         elif case == "bad_token":
             options["token"] = "not-a-token"
         elif case == "missing_repo":

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import socket
 from collections.abc import AsyncIterator
 
 import aiohttp
@@ -19,6 +18,7 @@ from bot.gitea import (
     GiteaUnavailable,
 )
 from tests.gitea_fixtures import BOT, OWNER, REPO, TOKENS, LiveEmulator, live_emulator
+from tests.support import free_port
 
 ISSUE = "/repos/{owner}/{repo}/issues/{index}"
 ISSUES = "/repos/{owner}/{repo}/issues"
@@ -66,9 +66,7 @@ async def test_timeout_is_retried_per_attempt(live: LiveEmulator) -> None:
 
 async def test_connection_refused_is_unavailable() -> None:
     """Nothing listening: GiteaUnavailable with no status, after every attempt."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
     async with aiohttp.ClientSession() as session:
         client = GiteaClient(
             session,

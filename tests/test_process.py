@@ -6,7 +6,6 @@ import asyncio
 import json
 import os
 import signal
-import socket
 import sqlite3
 import stat
 import sys
@@ -18,13 +17,7 @@ import pytest
 
 from bot.config_writer import Document, merged, write_config
 from tests.conftest import REPO_ROOT
-from tests.support import SECRET, emulator_sections, payload, webhook_headers
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+from tests.support import SECRET, emulator_sections, free_port, payload, webhook_headers
 
 
 class ServeProcess:
@@ -36,7 +29,7 @@ class ServeProcess:
     ) -> None:
         self.workdir = workdir
         self.module = module
-        self.port = _free_port()
+        self.port = free_port()
         self.db = workdir / "foreman.db"
         self.log = workdir / "handlers.log"
         self.gate = workdir / "gate"
