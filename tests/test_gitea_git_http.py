@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import gzip
+import sys
 from pathlib import Path
 
 import pytest
@@ -104,3 +106,66 @@ async def test_the_loop_still_bootstraps_from_file_urls_when_asked(tmp_path: Pat
         facts = await assert_looped(world, number)
         assert facts["worktree"].is_dir()
         assert not [r for r in world.live.emulator.requests if r.path.startswith(f"/{OWNER}/{REPO}.git/")]
+
+
+#: Processes started while ``_COUNTING`` is on (Python's audit events): the emulator's and git's own.
+_STARTED: list[str] = []
+_COUNTING: list[bool] = [False]
+
+
+def _audit(event: str, args: tuple[object, ...]) -> None:
+    if _COUNTING[0] and event == "subprocess.Popen":
+        _STARTED.append(" ".join(str(a) for a in args[1]))  # type: ignore[attr-defined]
+
+
+sys.addaudithook(_audit)
+
+
+async def test_the_emulator_runs_the_git_service_itself_as_gitea_does(tmp_path: Path) -> None:
+    """routers/web/repo/githttp.go (1.22.3 and 1.26.3): ``info/refs`` is ``git upload-pack --stateless-rpc
+    --advertise-refs .`` after a ``# service=`` pkt-line and a flush, never cached; a fetch's POST is ``git upload-pack
+    --stateless-rpc .``. No ``git http-backend`` (a CGI that starts the same service as one more process)."""
+    async with live_emulator(clone_protocol="http") as live:
+        url = (await live.client().get_repo()).clone_url
+        async with live.session.get(f"{url}/info/refs", params={"service": "git-upload-pack"}) as resp:
+            body = await resp.read()
+            assert resp.status == 200
+            assert resp.headers["Content-Type"] == "application/x-git-upload-pack-advertisement"
+            assert resp.headers["Cache-Control"] == "no-cache, max-age=0, must-revalidate"
+            assert resp.headers["Expires"] == "Fri, 01 Jan 1980 00:00:00 GMT" and resp.headers["Pragma"] == "no-cache"
+        head = (await live.client().get_branch("main")).commit_id
+        assert body.startswith(b"001e# service=git-upload-pack\n0000")
+        assert f"{head} HEAD".encode() in body
+        runner = GitRunner(tmp_path, env=git_env(BOT), timeout_s=30)
+        _STARTED.clear()
+        _COUNTING[0] = True
+        try:
+            out = await asyncio.to_thread(runner.run, "ls-remote", "--", url, "refs/heads/main")
+        finally:
+            _COUNTING[0] = False
+        assert out.split("\t")[0] == head
+        services = [argv for argv in _STARTED if argv.startswith("git upload-pack") or "http-backend" in argv]
+        # protocol v2: the advertisement, then one ls-refs command; each is one upload-pack, nothing else.
+        assert services == ["git upload-pack --stateless-rpc --advertise-refs .", "git upload-pack --stateless-rpc ."]
+
+
+async def test_the_git_service_refuses_what_gitea_refuses() -> None:
+    """``serviceRPC``: a POST whose Content-Type is not ``application/x-git-<service>-request`` is 400, a body that
+    says gzip and is not is 400; routers/web/githttp.go: info/refs is GET only, the services POST only (405)."""
+    async with live_emulator(clone_protocol="http") as live:
+        url = (await live.client().get_repo()).clone_url
+        auth = live.auth(BOT)
+        async with live.session.post(f"{url}/git-upload-pack", data=b"0000", headers=auth) as resp:
+            assert resp.status == 400
+        # aiohttp ends the connection after a body it could not decode: this request does not leave it for the next.
+        async with live.session.post(f"{url}/git-upload-pack", data=b"not gzip", headers={
+                **auth, "Content-Type": "application/x-git-upload-pack-request", "Content-Encoding": "gzip",
+                "Connection": "close"}) as resp:
+            assert resp.status == 400
+        async with live.session.post(f"{url}/git-upload-pack", data=gzip.compress(b"0000"), headers={
+                **auth, "Content-Type": "application/x-git-upload-pack-request", "Content-Encoding": "gzip"}) as resp:
+            assert resp.status == 200 and resp.headers["Content-Type"] == "application/x-git-upload-pack-result"
+        async with live.session.get(f"{url}/git-upload-pack", headers=auth) as resp:
+            assert resp.status == 405
+        async with live.session.post(f"{url}/info/refs", params={"service": "git-upload-pack"}, headers=auth) as resp:
+            assert resp.status == 405

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from aiohttp import web
+from aiohttp.web_protocol import RequestPayloadError
 
 from bot.emulator.core import Emulator
 from bot.emulator.http_helpers import (
@@ -215,7 +216,10 @@ async def _middleware(
 ) -> web.StreamResponse:
     emu = request.app[EMULATOR_KEY]
     route = _template_of(request)
-    raw = await request.read() if request.can_read_body else b""
+    try:
+        raw = await request.read() if request.can_read_body else b""
+    except RequestPayloadError:  # a Content-Encoding the body does not decode with (aiohttp decodes it)
+        return web.Response(status=400, text="the request body does not decode as its Content-Encoding says\n")
     try:
         body: Any = json.loads(raw) if raw else None
     except ValueError:
