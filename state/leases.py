@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Literal
@@ -107,6 +107,13 @@ async def _event(
     )
 
 
+#: One owner's latest end: the MAX of an index range, which both databases read as one seek.
+_LAST_ENDED = ("SELECT CAST(? AS TEXT) AS owner, (SELECT MAX(ended_at) FROM leases"
+               " WHERE repo = ? AND owner = ? AND ended_at IS NOT NULL) AS ended")
+#: Owners per statement (SQLite allows 500 terms in a compound SELECT).
+_OWNERS_PER_QUERY = 200
+
+
 class LeaseStore:
     """Lease rows and events. Writes that must be atomic with other effects take the caller's connection."""
 
@@ -122,13 +129,19 @@ class LeaseStore:
         ) as cur:
             return [_lease(row) for row in await cur.fetchall()]
 
-    async def last_ended(self, repo: str) -> dict[str, datetime]:
-        """Per owner, when its most recently ended lease ended (released or expired); auto-allocation's idle time."""
-        async with self._db.reader.execute(
-            "SELECT owner, MAX(ended_at) AS ended FROM leases WHERE repo = ? AND ended_at IS NOT NULL GROUP BY owner",
-            (repo,),
-        ) as cur:
-            return {row["owner"]: from_db_time(row["ended"]) for row in await cur.fetchall()}
+    async def last_ended(self, repo: str, owners: Sequence[str]) -> dict[str, datetime]:
+        """Per owner of ``owners``, when its most recently ended lease ended (released or expired); auto-allocation's
+        idle time. One seek in ``leases_owner_ended`` per owner: the cost does not grow with the ended leases."""
+        found: dict[str, datetime] = {}
+        wanted = list(dict.fromkeys(owners))
+        for start in range(0, len(wanted), _OWNERS_PER_QUERY):
+            chunk = wanted[start:start + _OWNERS_PER_QUERY]
+            sql = " UNION ALL ".join([_LAST_ENDED] * len(chunk))
+            args = [value for owner in chunk for value in (owner, repo, owner)]
+            async with self._db.reader.execute(sql, args) as cur:
+                found.update({row["owner"]: from_db_time(row["ended"]) for row in await cur.fetchall()
+                              if row["ended"] is not None})
+        return found
 
     async def get(self, lease_id: str) -> Lease | None:
         async with self._db.reader.execute(

@@ -613,4 +613,11 @@ MIGRATIONS: tuple[tuple[int, str, str], ...] = (
         CREATE INDEX outbox_issue ON outbox (repo, issue_number, id);
         """,
     ),
+    (
+        14,
+        "leases: when each owner's latest lease ended, one index seek per owner (auto-allocation's idle time)",
+        """
+        CREATE INDEX leases_owner_ended ON leases (repo, owner, ended_at) WHERE ended_at IS NOT NULL;
+        """,
+    ),
 )

@@ -104,7 +104,8 @@ async def _service_rpc(emu: Emulator, repo: EmuRepo, doer: EmuUser | None, servi
                        request: web.Request) -> web.Response:
     """``serviceRPC`` (1.22.3 and 1.26.3): the request's Content-Type must be ``application/x-<service>-request``
     (else 400), a gzip body is unpacked (400 when it is not gzip: the emulator's middleware), and ``git <service>
-    --stateless-rpc .`` answers with ``application/x-<service>-result``. A push then runs what Gitea's post-receive hook does."""
+    --stateless-rpc .`` answers with ``application/x-<service>-result``. A push then runs what Gitea's post-receive
+    hook does."""
     if request.headers.get("Content-Type") != f"application/x-{service}-request":
         return web.Response(status=400)
     body = await request.read()  # a gzip body arrives unpacked (aiohttp; one that is not gzip: 400 before this)

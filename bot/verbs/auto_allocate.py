@@ -79,12 +79,12 @@ async def author_pick(db: Database, settings: Settings, now: datetime) -> Author
     for lease in await store.open_leases(repo):
         alive = lease.is_live(now)
         rows.append((lease.owner, alive, lease.acquired_at, None if alive else lease.expires_at))
-    for owner, ended in (await store.last_ended(repo)).items():
-        rows.append((owner, False, ended, ended))
     named = settings.allocator.auto_allocate_owner or None
     authors = settings.authors()
     if named and named not in authors:
         authors = [*authors, named]
+    for owner, ended in (await store.last_ended(repo, authors)).items():
+        rows.append((owner, False, ended, ended))
     return rank_authors(author_loads(authors, rows), max_leases_per_author=settings.allocator.max_leases_per_author,
                         named_owner=named)
 
