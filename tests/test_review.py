@@ -142,3 +142,23 @@ async def test_a_reviewer_with_its_own_gitea_token_approves_a_pr_foreman_posted(
         emu = world.live.emulator
         [review] = emu.pull_of(emu.issue(OWNER, REPO, pr.pull)).reviews
         assert (review.reviewer.login, review.state, review.official) == ("author-2", "APPROVED", True)
+
+
+async def test_a_merge_is_never_allocated(world: World) -> None:
+    """A merge takes no lease (gitea_merge_pull_request is one call pinned to the approved commit): the tool refuses
+    action=merge at the door, and an in-process caller that asks gets the refusal naming the merge tool. Before,
+    a `status:ready` issue was leased to the merger with an implementer's label, assignee and bootstrap prompt."""
+    from bot.verbs.allocate import AllocationCall, Allocator
+
+    number = await world.open_issue("alice", "Ready but not for a merger")
+    await world.call("alice", "POST", f"/issues/{number}/labels", {"labels": ["status:ready"]})
+    before = await LeaseStore(world.service.db).history(FULL_NAME, number)
+    refused, doc = await tool(world, "controller-bot", "gitea_allocate_next_work", action="merge", owner="author-3",
+                              dry_run=False)
+    assert refused and doc["error"] == "invalid_input" and "implement, review" in doc["message"], doc
+    outcome = await Allocator(world.service.db, world.service.settings, world.service.gitea, bot_login=BOT).run(
+        AllocationCall(actor="controller-bot", owner="author-3", action="merge", dry_run=False))
+    assert outcome.refusal is not None and outcome.refusal.error == "invalid_input", outcome
+    assert "gitea_merge_pull_request" in outcome.refusal.exact_next_action
+    assert [lease for lease in await LeaseStore(world.service.db).every_lease() if lease.owner == "author-3"] == []
+    assert await LeaseStore(world.service.db).history(FULL_NAME, number) == before

@@ -199,7 +199,7 @@ def build_parser() -> argparse.ArgumentParser:
     allocate.add_argument("--apply", action="store_true", help="create the lease (default: dry-run)")
     allocate.add_argument("--owner", metavar="LOGIN",
                           help="roster login that receives the lease (default: the only one)")
-    allocate.add_argument("--action", default="implement", help="implement (author), review, merge")
+    allocate.add_argument("--action", default="implement", help="implement (an author) or review (a reviewer)")
     allocate.add_argument(
         "--exclude", type=_issue_number, nargs="+", action="extend", default=None, metavar="N",
         help="issues never leased (several after one flag, or the flag repeated: every value counts)",

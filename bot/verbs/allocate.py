@@ -52,7 +52,9 @@ from state.outbox import OutboxIntent, acting_for, enqueue
 # An issue body line such as "Depends: #12, #14" (the seed documents use "Parent / Depends / Blocks").
 _DEPENDS_RE = re.compile(r"^\s*(?:[-*]\s*)?\**depends(?: on)?\**\s*:\s*(.+)$", re.IGNORECASE | re.MULTILINE)
 _ISSUE_REF_RE = re.compile(r"(?<![\w/])#(\d{1,18})\b")
-ACTION_ROLES: dict[str, str] = {"implement": "author", "review": "reviewer", "merge": "merger"}
+#: What a lease can be for, and the roster role its owner needs. A merge takes none: the merger's
+#: gitea_merge_pull_request is one Gitea call pinned to the approved commit.
+ACTION_ROLES: dict[str, str] = {"implement": "author", "review": "reviewer"}
 
 
 def depends_on(body: str) -> list[int]:
@@ -206,6 +208,14 @@ class Allocator:
         """The action is known and the owner holds its role (the caller's own role was checked at the door)."""
         roster = self.settings.roster
         role = ACTION_ROLES.get(call.action)
+        if role is None and call.action == "merge":
+            return _refuse(
+                "invalid_input",
+                "a merge takes no lease: nothing to allocate",
+                "The merger merges an approved pull request with gitea_merge_pull_request, pinned to the approved"
+                " commit; nothing was leased.",
+                "merger: call gitea_merge_pull_request with the issue_number of the approved pull request",
+            )
         if role is None:
             return _refuse(
                 "invalid_input",
