@@ -162,3 +162,18 @@ async def test_a_merge_is_never_allocated(world: World) -> None:
     assert "gitea_merge_pull_request" in outcome.refusal.exact_next_action
     assert [lease for lease in await LeaseStore(world.service.db).every_lease() if lease.owner == "author-3"] == []
     assert await LeaseStore(world.service.db).history(FULL_NAME, number) == before
+
+
+async def test_a_review_lease_gets_no_worktree(world: World) -> None:
+    """A reviewer who calls the bootstrap on its review lease is told a review needs none, and how to go on
+    (before: refused as `foreign_work` with "post BLOCKERS naming foreign_work" as the next action)."""
+    pr = await put_in_review(world)
+    await ok(world, "author-2", "gitea_claim_review", issue_number=pr.number)
+    refused, doc = await tool(world, "author-2", "gitea_bootstrap_issue_worktree", issue_number=pr.number)
+    assert refused and doc["error"] == "invalid_state" and doc["details"]["reason"] == "no_worktree_for_action", doc
+    assert "gitea_submit_review" in doc["exact_next_action"], doc
+    leases = await LeaseStore(world.service.db).history(FULL_NAME, pr.number)
+    assert [(lease.owner, lease.action, lease.status) for lease in leases][-1] == ("author-2", "review", "live")
+    assert await JournalStore(world.service.db).open_for_issue(FULL_NAME, pr.number) is None
+    latest = await JournalStore(world.service.db).latest_completed(FULL_NAME, pr.number)
+    assert latest is not None and latest.owner == "author-1"  # the implementer's, as before the call

@@ -102,6 +102,12 @@ class BootstrapRun(Binding, Compensation):
         lease = await self.leases.live_for_issue(self.ctx.repo, self.n)
         if lease is None or not lease.is_live(now) or lease.owner != self.caller:
             return refused_result(self.n, lease_ended(), key)
+        if lease.action != "implement":  # only an implementer's lease gets a branch and a worktree
+            return refused_result(self.n, make_envelope(
+                "invalid_state", f"your lease on #{self.n} is for {lease.action}, and only an implementation gets a"
+                " worktree", "A review reads the pull request as it is on Gitea; nothing was created.",
+                f"call gitea_submit_review for #{self.n} with your verdict on the pull request's head",
+                reason="no_worktree_for_action"), key)
         source: Literal["caller", "derived"] = "caller"
         attempt = await self.journal.compensated_count(lease.lease_id)
         if key is None:
