@@ -118,9 +118,9 @@ class WorktreeRegistry:
         self.wait_s = wait_s
 
     @contextlib.contextmanager
-    def held(self, args: tuple[str, ...]) -> Iterator[None]:
-        """Held alone for a command that changes the registrations, shared for any other; nothing is held while the
-        repository does not exist yet (a clone: no worktree to meet)."""
+    def held(self, args: tuple[str, ...], *, alone: bool | None = None) -> Iterator[None]:
+        """Held alone for a command that changes the registrations (or with ``alone``), shared for any other; nothing
+        is held while the repository does not exist yet (a clone: no worktree to meet)."""
         try:
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         except (FileNotFoundError, NotADirectoryError):
@@ -129,7 +129,9 @@ class WorktreeRegistry:
         except OSError as exc:
             raise GitFailure(args, None, f"cannot open {self.path}: {exc.strerror}") from exc
         try:
-            self._acquire(fd, fcntl.LOCK_EX if tuple(args[:2]) in _CHANGES_REGISTRATIONS else fcntl.LOCK_SH, args)
+            if alone is None:
+                alone = tuple(args[:2]) in _CHANGES_REGISTRATIONS
+            self._acquire(fd, fcntl.LOCK_EX if alone else fcntl.LOCK_SH, args)
             yield
         finally:
             os.close(fd)  # closing the descriptor releases the lock
@@ -697,7 +699,8 @@ class ControlCheckout:
         """Remove one ``.git/worktrees/<name>`` directory (the caller proved it is this transition's)."""
         if admin.path.parent != self.git_dir / "worktrees":
             raise ValueError(f"{admin.path} is not a worktree metadata directory of {self.path}")
-        shutil.rmtree(admin.path)
+        with self.registry.held(("rm", "-r", str(admin.path)), alone=True):  # a registration goes: as git's own
+            shutil.rmtree(admin.path)
 
     def worktree_view(self, path: Path) -> WorktreeView:
         """Asked from inside the worktree: its top level, common and own git dirs, HEAD and HEAD's ref."""

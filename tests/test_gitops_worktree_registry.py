@@ -145,3 +145,19 @@ def test_no_lock_before_the_repository_exists(tmp_path: Path) -> None:
     with registry.held(("worktree", "add")):
         pass
     assert not (tmp_path / "not-cloned-yet").exists()
+
+
+def test_removing_a_registration_directly_waits_for_commands_that_read_them(checkout: Path) -> None:
+    """The bootstrap's repair deletes a half-made registration of its own in Python (``remove_admin_dir``): a git
+    command listing the worktrees at that instant would die on it, so the deletion holds the registrations alone."""
+    target = checkout / "branches" / "issue-1-a"
+    control(checkout).add_worktree(target, "issue-1-a", "foreman lease 1")
+    git(checkout, "worktree", "unlock", str(target))
+    shutil.rmtree(target)
+    admin = control(checkout).admin_dir_for(target) or control(checkout).scanned_admin_dir_for(target)
+    assert admin is not None
+    with WorktreeRegistry(checkout / ".git", wait_s=60).held(("fetch", "--quiet")):  # a reader in flight
+        removal = Background(lambda: control(checkout).remove_admin_dir(admin))
+        assert removal.running_after(0.3), f"the registration went while a command was reading: {removal.outcome}"
+        assert admin.path.is_dir()
+    assert removal.result() is None and not admin.path.exists()
