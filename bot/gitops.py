@@ -674,9 +674,21 @@ class ControlCheckout:
             if _OID_RE.fullmatch(oid):
                 yield name, oid
 
-    def add_worktree(self, path: Path, branch: str, lock_reason: str) -> None:
-        """``git worktree add --lock --reason R <path> <branch>``: git writes the lock (our proof) first."""
-        self.git.run("worktree", "add", "--quiet", "--lock", "--reason", lock_reason, str(path), branch)
+    def register_worktree(self, path: Path, branch: str, lock_reason: str) -> None:
+        """``git worktree add --no-checkout --lock --reason R <path> <branch>``: git writes the lock (our proof) first,
+        then the registration and the worktree's HEAD on the branch; no file is checked out (``check_out``). Held alone
+        (the registry): the short part of an add, so other adds wait only for it, never for a checkout."""
+        self.git.run("worktree", "add", "--quiet", "--no-checkout", "--lock", "--reason", lock_reason, str(path),
+                     branch)
+
+    def check_out(self, path: Path) -> None:
+        """The checkout ``git worktree add`` runs itself when not told ``--no-checkout`` (builtin/worktree.c:
+        ``reset --hard --no-recurse-submodules`` inside the new worktree), timed. ``reset`` lists no worktree, so it
+        runs outside the registry: bootstraps of one repository check out side by side."""
+        runner = GitRunner(path, env=self.git.env, timeout_s=self.timeout_s)
+        status, _, err = runner.attempt("reset", "--hard", "--no-recurse-submodules", "--quiet", timed=True)
+        if status != 0:
+            raise GitFailure(("reset", "--hard"), status, err)
 
     def unlock_worktree(self, path: Path) -> None:
         self.git.attempt("worktree", "unlock", str(path))

@@ -56,7 +56,8 @@ async def test_a_hard_exit_after_every_phase_and_git_step_is_completed_by_a_repl
     transition, proving ownership of what the dead process made (reflog, worktree lock) and adding nothing."""
     async with open_bootstrap_world() as w:
         seams = [(FAULT_PHASE_ENV, phase) for phase in FORWARD_PHASES] + [
-            (FAULT_STEP_ENV, "ref_created"), (FAULT_STEP_ENV, "worktree_added")]
+            (FAULT_STEP_ENV, "ref_created"), (FAULT_STEP_ENV, "worktree_registered"),
+            (FAULT_STEP_ENV, "worktree_added")]
         issues = {}
         for env, value in seams:
             number = w.issue()
@@ -65,7 +66,8 @@ async def test_a_hard_exit_after_every_phase_and_git_step_is_completed_by_a_repl
         before = checkout_snapshot(w.checkout)
         runs = await asyncio.gather(*(w.cli("--issue", str(n), "--owner", "alice", env={env: value})
                                       for n, (env, value) in issues.items()))
-        expected = {"ref_created": "accepted", "worktree_added": "path_reserved"}
+        expected = {"ref_created": "accepted", "worktree_registered": "path_reserved",
+                    "worktree_added": "path_reserved"}
         for (number, (_, value)), (code, _, err) in zip(issues.items(), runs, strict=True):
             assert code == FAULT_EXIT_CODE, (value, err[-800:])
             [(phase,)] = w.rows("SELECT phase FROM bootstrap_journal WHERE issue_number = ?", number)

@@ -39,6 +39,12 @@ def control(path: Path, timeout_s: float = 60) -> ControlCheckout:
     return ControlCheckout(path, env=git_env("foreman-bot"), timeout_s=timeout_s)
 
 
+def add(checkout: ControlCheckout, path: Path, branch: str, reason: str) -> None:
+    """What the bootstrap does: the registration (held alone), then the checkout (outside the registry)."""
+    checkout.register_worktree(path, branch, reason)
+    checkout.check_out(path)
+
+
 def half_written(path: Path) -> Path:
     """What another ``git worktree add`` has made at the instant git dies on it: the directory, its ``gitdir``, and
     a ``commondir`` opened but not yet written."""
@@ -88,10 +94,10 @@ def test_an_add_waits_while_another_add_is_writing_its_registration(checkout: Pa
     target = checkout / "branches" / "issue-1-a"
     with other.held(("worktree", "add")):  # another bootstrap's `git worktree add`, mid-way
         admin = half_written(checkout)
-        add = Background(lambda: control(checkout).add_worktree(target, "issue-1-a", "foreman lease 1"))
-        assert add.running_after(0.3), f"the add ran while another add held the registrations: {add.outcome}"
+        adding = Background(lambda: add(control(checkout), target, "issue-1-a", "foreman lease 1"))
+        assert adding.running_after(0.3), f"the add ran while another add held the registrations: {adding.outcome}"
         shutil.rmtree(admin)  # the other add ends (here: gone again; a finished one is complete)
-    assert add.result() is None
+    assert adding.result() is None
     entry = control(checkout).listed_worktree_at(target)
     assert entry is not None and entry.branch == "issue-1-a" and entry.locked == "foreman lease 1"
 
@@ -114,7 +120,7 @@ def test_every_command_in_the_repository_waits_for_a_change_and_readers_share(ch
         shared = Background(lambda: calls[reader](control(checkout)))
         assert not shared.running_after(30)
         assert not isinstance(shared.result(), Exception)
-        change = Background(lambda: control(checkout).add_worktree(checkout / "branches" / "issue-2-b",
+        change = Background(lambda: add(control(checkout), checkout / "branches" / "issue-2-b",
                                                                    "issue-2-b", "foreman lease 2"))
         assert change.running_after(0.3), "an add ran beside a command that was reading the registrations"
     assert change.result() is None
@@ -134,7 +140,7 @@ def test_many_adds_at_once_all_register(checkout: Path) -> None:
         names = [f"issue-{10 + round_ * 8 + i}-t" for i in range(8)]
         for name in names:
             git(checkout, "branch", name)
-        adds = [Background(lambda n=name: control(checkout).add_worktree(checkout / "branches" / n, n, "r"))
+        adds = [Background(lambda n=name: add(control(checkout), checkout / "branches" / n, n, "r"))
                 for name in names]
         assert [a.result() for a in adds] == [None] * 8
     assert len(control(checkout).worktrees()) == 1 + 24
@@ -151,7 +157,7 @@ def test_removing_a_registration_directly_waits_for_commands_that_read_them(chec
     """The bootstrap's repair deletes a half-made registration of its own in Python (``remove_admin_dir``): a git
     command listing the worktrees at that instant would die on it, so the deletion holds the registrations alone."""
     target = checkout / "branches" / "issue-1-a"
-    control(checkout).add_worktree(target, "issue-1-a", "foreman lease 1")
+    add(control(checkout), target, "issue-1-a", "foreman lease 1")
     git(checkout, "worktree", "unlock", str(target))
     shutil.rmtree(target)
     admin = control(checkout).admin_dir_for(target) or control(checkout).scanned_admin_dir_for(target)
@@ -161,3 +167,27 @@ def test_removing_a_registration_directly_waits_for_commands_that_read_them(chec
         assert removal.running_after(0.3), f"the registration went while a command was reading: {removal.outcome}"
         assert admin.path.is_dir()
     assert removal.result() is None and not admin.path.exists()
+
+
+def test_a_checkout_goes_on_while_another_add_registers(checkout: Path) -> None:
+    """Only the registration is held alone: a checkout (``reset --hard`` in the new worktree, which lists no
+    worktree) runs while another add holds the registrations, so bootstraps of one repository check out side by
+    side, and it leaves the worktree exactly as ``git worktree add`` would."""
+    target = checkout / "branches" / "issue-1-a"
+    control(checkout).register_worktree(target, "issue-1-a", "foreman lease 1")
+    assert not (target / "README.md").exists()
+    with WorktreeRegistry(checkout / ".git", wait_s=60).held(("worktree", "add")):
+        checkout_ = Background(lambda: control(checkout).check_out(target))
+        assert not checkout_.running_after(30), "the checkout waited for another add's registration"
+        assert checkout_.result() is None
+    assert (target / "README.md").read_text(encoding="utf-8") == "# r\n"
+    assert git(target, "status", "--porcelain") == ""
+    plain = checkout / "branches" / "plain"
+    git(checkout, "worktree", "add", "--quiet", "--lock", "--reason", "foreman lease 1", str(plain), "issue-2-b")
+    ours, theirs = control(checkout).listed_worktree_at(target), control(checkout).listed_worktree_at(plain)
+    assert ours is not None and theirs is not None
+    assert (ours.head, ours.locked) == (theirs.head, theirs.locked)
+    assert sorted(p.name for p in target.iterdir()) == sorted(p.name for p in plain.iterdir())
+    admin = Path(git(target, "rev-parse", "--absolute-git-dir"))
+    other = Path(git(plain, "rev-parse", "--absolute-git-dir"))
+    assert sorted(p.name for p in admin.iterdir()) == sorted(p.name for p in other.iterdir())

@@ -11,7 +11,8 @@ FAULT_PHASE_ENV = "FOREMAN_FAULT_AFTER_PHASE"
 FAULT_STEP_ENV = "FOREMAN_FAULT_AFTER_STEP"
 FAULT_EXIT_CODE = 86
 #: The git steps of the bootstrap, and ``pull_created`` (Gitea created the PR, foreman has not recorded it).
-FAULT_STEPS = ("ref_created", "worktree_added", "worktree_removed", "branch_deleted", "pull_created")
+FAULT_STEPS = ("ref_created", "worktree_registered", "worktree_added", "worktree_removed", "branch_deleted",
+               "pull_created")
 
 
 def crash_seam(env: str, value: str) -> None:

@@ -198,7 +198,7 @@ class GitSteps(RunState):
             repaired = self._remove_partial(t)
         if plan in ("create", "repair"):
             try:
-                self.checkout.add_worktree(path, t.branch, worktree_lock_reason(t.key))
+                self.checkout.register_worktree(path, t.branch, worktree_lock_reason(t.key))
             except gitops.GitFailure as exc:
                 # git looked at every registration and found one at the path (its directory gone) under a name
                 # the direct read does not look at (moved there by `git worktree move`): judged as if seen before.
@@ -209,6 +209,10 @@ class GitSteps(RunState):
                 if isinstance(late, Blocked):
                     raise StepFailed(late) from exc
                 raise
+            # Registered, locked with this transition's reason, nothing checked out yet: a crash here leaves a
+            # half-made checkout of our own, which the replay repairs (every file there is one of the tree's).
+            crash_seam(FAULT_STEP_ENV, "worktree_registered")
+            self.checkout.check_out(path)
             self.fresh = True
             crash_seam(FAULT_STEP_ENV, "worktree_added")
         entry = self.checkout.worktree_at(path)
