@@ -108,9 +108,10 @@ class WorktreeRegistry:
     that lists the worktrees (``worktree add`` itself, ``worktree list``, ``branch -f``, ``fetch``, ``rev-list
     --all``) dies when it meets one half-written: "fatal: failed to read .git/worktrees/<name>/commondir". So two
     bootstraps of one repository at once could fail each other. Every git command foreman runs in the repository
-    holds this lock shared; the ones that add or delete a registration hold it alone. It is an ``flock`` on a file in
-    the git directory, so it holds across foreman's processes and threads alike (an agent's own git commands in its
-    worktree are not under it: git alone decides those).
+    holds this lock shared (but a new worktree's checkout, ``ControlCheckout.check_out``: it lists none); the ones
+    that add or delete a registration hold it alone. It is an ``flock`` on a file in the git directory, so it holds
+    across foreman's processes and threads alike (an agent's own git commands in its worktree are not under it: git
+    alone decides those).
     """
 
     def __init__(self, git_dir: Path, *, wait_s: float) -> None:
