@@ -107,6 +107,17 @@ async def _event(
     )
 
 
+@dataclass(frozen=True, slots=True)
+class LeaseOutcome:
+    """A lease as far as what it was for and how it ended."""
+
+    lease_id: str
+    issue_number: int
+    action: str
+    status: str
+    end_reason: str | None
+
+
 #: One owner's latest end: the MAX of an index range, which both databases read as one seek.
 _LAST_ENDED = ("SELECT CAST(? AS TEXT) AS owner, (SELECT MAX(ended_at) FROM leases"
                " WHERE repo = ? AND owner = ? AND ended_at IS NOT NULL) AS ended")
@@ -193,6 +204,16 @@ class LeaseStore:
             (*params,) if limit is None else (*params, limit),
         ) as cur:
             return [_lease(row) for row in await cur.fetchall()]
+
+    async def latest_outcomes(self, repo: str, *, limit: int) -> list[LeaseOutcome]:
+        """What the newest ``limit`` leases of the repository were for and how each ended, newest first: five columns
+        of each row, no time or request parsed (auto-allocation reads this on every run)."""
+        async with self._db.reader.execute(
+            "SELECT lease_id, issue_number, action, status, end_reason FROM leases WHERE repo = ?"
+            " ORDER BY id DESC LIMIT ?", (repo, limit),
+        ) as cur:
+            return [LeaseOutcome(row["lease_id"], row["issue_number"], row["action"], row["status"], row["end_reason"])
+                    for row in await cur.fetchall()]
 
     async def events_of(self, lease_ids: Iterable[str]) -> list[dict[str, Any]]:
         """The events of several leases in one read, in the order they happened, each naming its lease."""

@@ -10,7 +10,7 @@ from bot.config import Settings
 from bot.core.canonical import CanonicalState
 from bot.core.evidence import render_evidence
 from state.db import Database
-from state.leases import Lease, LeaseStore, LeaseTaken
+from state.leases import Lease, LeaseOutcome, LeaseStore, LeaseTaken
 from state.outbox import OutboxIntent, enqueue
 from state.sql import Connection
 
@@ -48,8 +48,8 @@ async def lease_back(
 async def waiting_hand_backs(store: LeaseStore, repo: str) -> list[tuple[int, str, dict[str, Any]]]:
     """(issue, implementer, the verdict's release detail) of every issue whose latest lease is a review lease that
     ended ``reviewed`` waiting for its implementer (among the repository's newest leases), oldest issue first."""
-    latest: dict[int, Lease] = {}
-    for lease in await store.recent(repo, limit=_SCAN):
+    latest: dict[int, LeaseOutcome] = {}
+    for lease in await store.latest_outcomes(repo, limit=_SCAN):
         latest.setdefault(lease.issue_number, lease)
     ended = {lease.lease_id: lease for lease in latest.values()
              if lease.action == "review" and lease.status == "released" and lease.end_reason == "reviewed"}
