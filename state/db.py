@@ -8,6 +8,7 @@ embedded default; PostgreSQL (state/db_postgres.py) serves several replicas. ``o
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import AsyncIterator, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from datetime import UTC, datetime
@@ -71,7 +72,18 @@ def to_db_time(moment: datetime) -> str:
     return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
+#: The one shape ``to_db_time`` writes; ``datetime.fromisoformat`` reads it ~30x faster than ``strptime``.
+_DB_TIME = re.compile(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{6}Z", re.ASCII).fullmatch
+
+
 def from_db_time(text: str) -> datetime:
+    """A stored timestamp as an aware UTC datetime: exactly ``strptime(text, "%Y-%m-%dT%H:%M:%S.%fZ")``'s value and
+    errors (anything but the stored shape, or a date the calendar lacks, is read by ``strptime`` itself)."""
+    if _DB_TIME(text) is not None:
+        try:
+            return datetime.fromisoformat(text[:-1]).replace(tzinfo=UTC)
+        except ValueError:
+            pass
     return datetime.strptime(text, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=UTC)
 
 
