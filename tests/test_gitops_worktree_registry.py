@@ -8,31 +8,23 @@ from __future__ import annotations
 import shutil
 import subprocess
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from bot.gitops import ControlCheckout, GitFailure, WorktreeRegistry, git_env
 from tests.test_bootstrap_support import git
-from tests.test_gitops_registration import _root
+from tests.test_gitops_registration import repo
+
+__all__ = ["repo"]  # the fixture
 
 
 @pytest.fixture
-def checkout() -> Iterator[Path]:
-    root = _root()
-    path = root / "checkout"
-    path.mkdir()
-    git(path, "init", "-q", "-b", "main")
-    (path / "README.md").write_text("# r\n", encoding="utf-8")
-    git(path, "add", "README.md")
-    git(path, "commit", "-q", "-m", "init")
+def checkout(repo: Path) -> Path:
+    """The registration tests' checkout (one commit on main, ``branches/`` excluded) with three issue branches."""
     for name in ("issue-1-a", "issue-2-b", "issue-3-c"):
-        git(path, "branch", name)
-    try:
-        yield path
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
+        git(repo, "branch", name)
+    return repo
 
 
 def control(path: Path, timeout_s: float = 60) -> ControlCheckout:
