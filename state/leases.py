@@ -107,17 +107,16 @@ async def _event(
     )
 
 
-@dataclass(frozen=True, slots=True)
-class LeaseOutcome:
-    """A lease as far as what it was for and how it ended."""
-
-    lease_id: str
-    issue_number: int
-    action: str
-    status: str
-    end_reason: str | None
-
-
+#: The review leases that ended ``reviewed`` with a given key in their release's detail and are still their issue's
+#: latest lease (``released_naming``).
+_RELEASED_NAMING = (
+    "SELECT l.lease_id, l.issue_number, e.detail_json FROM leases l"
+    " JOIN lease_events e ON e.lease_id = l.lease_id AND e.kind = 'released'"
+    " WHERE l.repo = ? AND l.action = 'review' AND l.status = 'released' AND l.end_reason = 'reviewed'"
+    " AND e.detail_json LIKE ?"
+    " AND NOT EXISTS (SELECT 1 FROM leases n WHERE n.repo = l.repo AND n.issue_number = l.issue_number"
+    " AND n.id > l.id) ORDER BY l.issue_number, l.id"
+)
 #: One owner's latest end: the MAX of an index range, which both databases read as one seek.
 _LAST_ENDED = ("SELECT CAST(? AS TEXT) AS owner, (SELECT MAX(ended_at) FROM leases"
                " WHERE repo = ? AND owner = ? AND ended_at IS NOT NULL) AS ended")
@@ -205,14 +204,12 @@ class LeaseStore:
         ) as cur:
             return [_lease(row) for row in await cur.fetchall()]
 
-    async def latest_outcomes(self, repo: str, *, limit: int) -> list[LeaseOutcome]:
-        """What the newest ``limit`` leases of the repository were for and how each ended, newest first: five columns
-        of each row, no time or request parsed (auto-allocation reads this on every run)."""
-        async with self._db.reader.execute(
-            "SELECT lease_id, issue_number, action, status, end_reason FROM leases WHERE repo = ?"
-            " ORDER BY id DESC LIMIT ?", (repo, limit),
-        ) as cur:
-            return [LeaseOutcome(row["lease_id"], row["issue_number"], row["action"], row["status"], row["end_reason"])
+    async def released_naming(self, repo: str, key: str) -> list[tuple[str, int, dict[str, Any]]]:
+        """(lease_id, issue, the ``released`` event's detail) of every review lease that ended ``reviewed`` with
+        ``key`` in that detail and is still its issue's latest lease, by issue. The text match only narrows the rows
+        read (the caller checks the decoded detail); ``leases_reviewed`` and ``leases_issue`` make each a seek."""
+        async with self._db.reader.execute(_RELEASED_NAMING, (repo, f'%"{key}"%')) as cur:
+            return [(row["lease_id"], row["issue_number"], json.loads(row["detail_json"] or "{}"))
                     for row in await cur.fetchall()]
 
     async def events_of(self, lease_ids: Iterable[str]) -> list[dict[str, Any]]:

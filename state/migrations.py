@@ -615,9 +615,13 @@ MIGRATIONS: tuple[tuple[int, str, str], ...] = (
     ),
     (
         14,
-        "leases: when each owner's latest lease ended, one index seek per owner (auto-allocation's idle time)",
+        "leases: what auto-allocation reads on every run, each a seek (when each owner's latest lease ended; the"
+        " review leases waiting for their implementer; an issue's newest lease)",
         """
         CREATE INDEX leases_owner_ended ON leases (repo, owner, ended_at) WHERE ended_at IS NOT NULL;
+        CREATE INDEX leases_reviewed ON leases (repo, issue_number, id)
+            WHERE action = 'review' AND status = 'released' AND end_reason = 'reviewed';
+        CREATE INDEX leases_issue ON leases (repo, issue_number, id);
         """,
     ),
 )

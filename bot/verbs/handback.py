@@ -10,15 +10,13 @@ from bot.config import Settings
 from bot.core.canonical import CanonicalState
 from bot.core.evidence import render_evidence
 from state.db import Database
-from state.leases import Lease, LeaseOutcome, LeaseStore, LeaseTaken
+from state.leases import Lease, LeaseStore, LeaseTaken
 from state.outbox import OutboxIntent, enqueue
 from state.sql import Connection
 
 #: The detail a review lease's ``released`` event carries when its request_changes verdict could not lease the
 #: issue back at once: the implementer it waits for.
 AWAITING = "awaiting_author"
-#: How many of the repository's newest leases the pick-up looks through for a waiting hand-back.
-_SCAN = 500
 
 
 async def busy_leases(store: LeaseStore, repo: str, owner: str, now: datetime,
@@ -47,17 +45,12 @@ async def lease_back(
 
 async def waiting_hand_backs(store: LeaseStore, repo: str) -> list[tuple[int, str, dict[str, Any]]]:
     """(issue, implementer, the verdict's release detail) of every issue whose latest lease is a review lease that
-    ended ``reviewed`` waiting for its implementer (among the repository's newest leases), oldest issue first."""
-    latest: dict[int, LeaseOutcome] = {}
-    for lease in await store.latest_outcomes(repo, limit=_SCAN):
-        latest.setdefault(lease.issue_number, lease)
-    ended = {lease.lease_id: lease for lease in latest.values()
-             if lease.action == "review" and lease.status == "released" and lease.end_reason == "reviewed"}
+    ended ``reviewed`` waiting for its implementer, oldest issue first (the whole history: none is ever skipped)."""
     found: list[tuple[int, str, dict[str, Any]]] = []
-    for event in await store.events_of(ended):
-        owner = event["detail"].get(AWAITING) if event["kind"] == "released" else None
+    for _, issue, detail in await store.released_naming(repo, AWAITING):
+        owner = detail.get(AWAITING)
         if isinstance(owner, str):
-            found.append((ended[event["lease_id"]].issue_number, owner, event["detail"]))
+            found.append((issue, owner, detail))
     return sorted(found)
 
 
