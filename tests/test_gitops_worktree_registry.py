@@ -169,9 +169,11 @@ def test_a_checkout_goes_on_while_another_add_registers(checkout: Path) -> None:
     control(checkout).register_worktree(target, "issue-1-a", "foreman lease 1")
     assert not (target / "README.md").exists()
     with WorktreeRegistry(checkout / ".git", wait_s=60).held(("worktree", "add")):
+        admin = half_written(checkout)  # the other add, mid-way: git's checkout does not read it
         checkout_ = Background(lambda: control(checkout).check_out(target))
         assert not checkout_.running_after(30), "the checkout waited for another add's registration"
         assert checkout_.result() is None
+        shutil.rmtree(admin)
     assert (target / "README.md").read_text(encoding="utf-8") == "# r\n"
     assert git(target, "status", "--porcelain") == ""
     plain = checkout / "branches" / "plain"
