@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import hashlib
 import hmac
-import itertools
 import json
 import os
+import random
 import socket
+import tempfile
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from pathlib import Path
@@ -28,27 +30,32 @@ from tests.gitea_fixtures import BOT, OWNER, REPO, TOKENS
 SECRET = "test-secret-0123456789abcdef"
 
 #: Ports handed out by ``free_port``: below the kernel's ephemeral range (where every port-0 bind draws from, ours
-#: and aiohttp's test servers'), 1,000 for each pytest-xdist worker.
-_PORT_BLOCK = 1000
-_PORT_BASE = 20000
-_port_turns = itertools.count()
+#: and aiohttp's test servers'), each held by an ``flock`` in ``_PORT_LOCKS`` for the life of the test process that
+#: took it, so no other test process on the machine (another xdist worker, another run) is given it.
+_PORT_LOW, _PORT_SPAN = 20000, 12000
+_PORT_LOCKS = Path(tempfile.gettempdir()) / "foreman-test-ports"
+_held_ports: list[int] = []  # the lock files' descriptors: closed (released) when the process ends
 
 
 def free_port() -> int:
-    """A loopback port free now that no other test process of this run hands out: a port-0 bind released before
-    a child process binds it could be given meanwhile to another worker's server (which then answered its health
-    check), or be taken when a test needs nothing to listen there."""
-    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw")
-    base = _PORT_BASE + (int(worker) if worker.isdigit() else 0) * _PORT_BLOCK
-    for _ in range(_PORT_BLOCK):
-        port = base + next(_port_turns) % _PORT_BLOCK
-        with socket.socket() as sock:
-            try:
+    """A loopback port free now and reserved for this test process: a port-0 bind released before a child process
+    binds it could be given meanwhile to another test process's server (which then answered the health check), or
+    be taken when a test needs nothing to listen there."""
+    _PORT_LOCKS.mkdir(exist_ok=True)
+    start = random.randrange(_PORT_SPAN)
+    for step in range(_PORT_SPAN):
+        port = _PORT_LOW + (start + step) % _PORT_SPAN
+        fd = os.open(_PORT_LOCKS / f"{port}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            with socket.socket() as sock:
                 sock.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    raise RuntimeError(f"no free loopback port in {base}..{base + _PORT_BLOCK - 1}")
+        except OSError:  # held by another test process, or bound by something else
+            os.close(fd)
+            continue
+        _held_ports.append(fd)
+        return port
+    raise RuntimeError(f"no free loopback port in {_PORT_LOW}..{_PORT_LOW + _PORT_SPAN - 1}")
 
 
 def make_settings(tmp_path: Path, **sections: Mapping[str, Any]) -> Settings:
