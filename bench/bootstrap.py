@@ -52,7 +52,7 @@ from bot.config import Settings
 from bot.core.bootstrap import branch_for
 from bot.emulator import Emulator, start_emulator
 from bot.gitea import GiteaClient, GiteaNotFound
-from bot.gitops import GitRunner, WorktreeRegistry, git_env
+from bot.gitops import ControlCheckout, git_env
 from bot.verbs.bootstrap import BootstrapContext, bootstrap_issue_worktree, ensure_control_checkout
 from state.db import Database, utcnow
 from state.leases import LeaseStore
@@ -169,8 +169,7 @@ async def run(options: Options) -> dict[str, Any]:
         doc["setup_s"] = round(time.perf_counter() - setup_started, 2)
         # The baseline's git holds the repository's worktree registrations as foreman's does: unguarded, the
         # concurrent plain adds below can kill each other (git takes no lock while it writes a registration).
-        git = GitRunner(ctx.checkout_path, env=git_env(BOT), timeout_s=600,
-                        registry=WorktreeRegistry(ctx.checkout_path / ".git", wait_s=600))
+        git = ControlCheckout(ctx.checkout_path, env=git_env(BOT), timeout_s=600).git
         base = str(prepared["head_sha"])
         leases = LeaseStore(db)
 

@@ -187,9 +187,9 @@ class GitRunner:
             )
         return int(status or 0), str(out), str(err)
 
-    def run(self, *args: str, extra_env: Mapping[str, str] | None = None) -> str:
+    def run(self, *args: str, extra_env: Mapping[str, str] | None = None, timed: bool | None = None) -> str:
         """stdout of ``git <args>``; GitFailure on a non-zero status."""
-        status, out, err = self.attempt(*args, extra_env=extra_env)
+        status, out, err = self.attempt(*args, extra_env=extra_env, timed=timed)
         if status != 0:
             raise GitFailure(args, status, err)
         return out
@@ -686,10 +686,8 @@ class ControlCheckout:
         """The checkout ``git worktree add`` runs itself when not told ``--no-checkout`` (builtin/worktree.c:
         ``reset --hard --no-recurse-submodules`` inside the new worktree), timed. ``reset`` lists no worktree, so it
         runs outside the registry: bootstraps of one repository check out side by side."""
-        runner = GitRunner(path, env=self.git.env, timeout_s=self.timeout_s)
-        status, _, err = runner.attempt("reset", "--hard", "--no-recurse-submodules", "--quiet", timed=True)
-        if status != 0:
-            raise GitFailure(("reset", "--hard"), status, err)
+        GitRunner(path, env=self.git.env, timeout_s=self.timeout_s).run(
+            "reset", "--hard", "--no-recurse-submodules", "--quiet", timed=True)
 
     def unlock_worktree(self, path: Path) -> None:
         self.git.attempt("worktree", "unlock", str(path))
@@ -702,11 +700,12 @@ class ControlCheckout:
         root = self.git_dir / "worktrees"
         if not root.is_dir():
             return []
-        found: list[AdminDir] = []
-        for child in sorted(root.iterdir()):
-            if child.is_dir() and not child.is_symlink():
-                found.append(AdminDir(child.name, child, read_text(child / "gitdir"), read_text(child / "locked")))
-        return found
+        return [self._admin_dir(child) for child in sorted(root.iterdir()) if child.is_dir() and not child.is_symlink()]
+
+    @staticmethod
+    def _admin_dir(child: Path) -> AdminDir:
+        """One ``.git/worktrees/<name>`` directory as read from its files."""
+        return AdminDir(child.name, child, read_text(child / "gitdir"), read_text(child / "locked"))
 
     def remove_admin_dir(self, admin: AdminDir) -> None:
         """Remove one ``.git/worktrees/<name>`` directory (the caller proved it is this transition's)."""
@@ -735,7 +734,7 @@ class ControlCheckout:
             child = root / name
             if child.is_symlink() or not child.is_dir():
                 continue
-            admin = AdminDir(name, child, read_text(child / "gitdir"), read_text(child / "locked"))
+            admin = self._admin_dir(child)
             if admin.worktree_path == wanted:
                 return admin
         return None
