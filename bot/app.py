@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import aiohttp
+import orjson
 from aiohttp import web
 
 from bot.config import Settings, repo_key_of
@@ -106,6 +107,7 @@ class Service:
             intake=self.intake_window,
         )
         self.lag_monitor = LoopLagMonitor(self.metrics)
+        self._delivery_counters: dict[tuple[str, str], Any] = {}
         self._probe_task: asyncio.Task[None] | None = None
         self._recovery_task: asyncio.Task[None] | None = None
 
@@ -483,12 +485,20 @@ class Service:
                 },
                 status=503,
             )
-        self.metrics.deliveries.labels(event_label, result.outcome).inc()
-        if result.outcome == "duplicate":
-            return web.json_response({"delivery": verdict.delivery_id, "status": "duplicate"}, status=200)
+        self._delivery_counter(event_label, result.outcome).inc()
         if result.outcome == "queued":
             self.worker.wakeup.set()
-        return web.json_response({"delivery": verdict.delivery_id, "status": result.outcome}, status=202)
+        status = 200 if result.outcome == "duplicate" else 202
+        return _json_answer({"delivery": verdict.delivery_id, "status": result.outcome}, status)
+
+    def _delivery_counter(self, event: str, outcome: str) -> Any:
+        """The ``foreman_deliveries_total`` child of (event, outcome), looked up once (labels() takes a lock and
+        builds a key on every call; both labels come from closed sets, so the cache is bounded)."""
+        key = (event, outcome)
+        child = self._delivery_counters.get(key)
+        if child is None:
+            child = self._delivery_counters[key] = self.metrics.deliveries.labels(event, outcome)
+        return child
 
     async def handle_healthz(self, request: web.Request) -> web.Response:
         return web.json_response({"status": "ok"})
@@ -573,6 +583,12 @@ class Service:
         app.on_startup.append(on_startup)
         app.on_cleanup.append(on_shutdown)
         return app
+
+
+def _json_answer(doc: Mapping[str, Any], status: int) -> web.Response:
+    """A JSON answer as ``web.json_response`` gives it (same Content-Type), encoded by orjson: the webhook door's
+    every answer, where json.dumps cost ~5 us of the event loop per delivery."""
+    return web.Response(body=orjson.dumps(doc), status=status, content_type="application/json", charset="utf-8")
 
 
 async def open_service(settings: Settings, router: OrderedRouter) -> Service:

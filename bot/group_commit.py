@@ -40,7 +40,7 @@ class GroupCommitWriter:
 
     async def submit(self, delivery: Delivery, is_self: bool) -> InsertResult:
         future: asyncio.Future[InsertResult] = asyncio.get_running_loop().create_future()
-        await self._queue.put((delivery, is_self, future))
+        self._queue.put_nowait((delivery, is_self, future))  # unbounded: never waits
         return await future
 
     async def _run(self) -> None:

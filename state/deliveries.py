@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Literal
+
+import orjson
 
 from bot.core.intake import Delivery
 from bot.core.issue_state import repo_key
@@ -110,7 +111,7 @@ class DeliveryStore:
                 delivery.event_type,
                 delivery.action,
                 delivery.sender_login,
-                json.dumps(delivery.headers, sort_keys=True),
+                orjson.dumps(delivery.headers, option=orjson.OPT_SORT_KEYS).decode(),
                 delivery.body,
                 received,
                 "ignored_self" if is_self else "queued",

@@ -64,6 +64,19 @@ async def test_gitea_signature_is_accepted_and_stored_byte_for_byte(start: Start
     assert (row.event, row.action, row.sender_login) == ("issues", "opened", "alice")
 
 
+async def test_answers_are_json_with_the_charset_json_response_gives() -> None:
+    """The door's answers are encoded by orjson now: the same Content-Type and the same JSON as web.json_response."""
+    from aiohttp import web
+
+    from bot.app import _json_answer
+
+    doc = {"delivery": "d-\u00e9\"1", "status": "queued"}
+    answer, reference = _json_answer(doc, 202), web.json_response(doc, status=202)
+    assert (answer.status, answer.content_type, answer.charset) == (202, reference.content_type, reference.charset)
+    assert answer.headers["Content-Type"] == reference.headers["Content-Type"] == "application/json; charset=utf-8"
+    assert isinstance(answer.body, bytes) and json.loads(answer.body) == doc
+
+
 async def test_hub_signature_256_and_github_headers_are_accepted(start: Started) -> None:
     """X-Hub-Signature-256 (sha256=) and the X-GitHub-* header copies work alone."""
     service, client = await start()
