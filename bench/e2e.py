@@ -200,7 +200,9 @@ async def _baselines(h: LoopHarness, run: Run, scratch_issue: int, k: int) -> No
                    cwd=h.checkout, check=True, capture_output=True)
     run.worktree_add_ms.append((time.perf_counter() - started) * 1000.0)
     subprocess.run(["git", "worktree", "remove", "--force", str(path)], cwd=h.checkout, check=True, capture_output=True)
-    subprocess.run(["git", "branch", "-q", "-D", f"bench-baseline-{k}"], cwd=h.checkout, check=True,
+    # update-ref, not `branch -D`: that rewrites .git/config (to drop the branch's section), which would make
+    # foreman read the control checkout's origin from git again (ControlCheckout.origin_url).
+    subprocess.run(["git", "update-ref", "-d", f"refs/heads/bench-baseline-{k}"], cwd=h.checkout, check=True,
                    capture_output=True)
     hook = next(hook for hook in h.emulator.repo(OWNER, REPO).hooks if hook.id == h.hook_id)
     hook.active = False

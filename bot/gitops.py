@@ -25,6 +25,14 @@ _OID_RE = re.compile(r"[0-9a-f]{40}|[0-9a-f]{64}")
 #: Subcommands that may take long (network, many files): these run under the timeout watchdog.
 _TIMED = frozenset({"clone", "fetch", "ls-remote", "worktree", "status", "--no-optional-locks", "ls-tree"})
 _ALLOWED_SCHEMES = ("http", "https", "file")
+#: ``remote.origin.url`` by control checkout and the identity of its ``.git/config`` (inode, modification time,
+#: size) when git read it: git rewrites the file whole for every change (a new file renamed into place), so a changed
+#: origin (``foreman checkout repoint``, an operator's ``git remote set-url``) is read again. Not seen: a change in a
+#: file the config includes (foreman's control checkout includes none).
+_ORIGINS: dict[tuple[str, int, int, int], str | None] = {}
+_ORIGINS_KEPT = 256
+#: A config file changed less than this long ago is read from git every time.
+_RACY_S = 2.0
 
 
 class GitFailure(Exception):
@@ -376,8 +384,28 @@ class ControlCheckout:
             handle.write(("" if not current or current.endswith("\n") else "\n") + "/branches/\n")
 
     def origin_url(self) -> str | None:
+        """``remote.origin.url`` as git reads it. A process reads it from git once per state of ``.git/config``
+        (``_ORIGINS``): each allocation asks twice (its proof, its bootstrap), one git process each."""
+        try:
+            stat = (self.git_dir / "config").stat()
+        except OSError:
+            key = None
+        else:
+            # The identity is taken before git reads the file, so a change during the read gives another one. A file
+            # written within the last seconds is read again every time (git's own "racy" rule: on a file system
+            # with coarse times, a second change in the same tick could leave size and time as they were).
+            key = (str(self.path), stat.st_ino, stat.st_mtime_ns, stat.st_size)
+            if time.time() - stat.st_mtime < _RACY_S:
+                key = None
+            elif key in _ORIGINS:
+                return _ORIGINS[key]
         status, out, _ = self.git.attempt("config", "--get", "remote.origin.url")
-        return out.strip() if status == 0 else None
+        found = out.strip() if status == 0 else None
+        if key is not None and status in (0, 1):  # 1: the key is not set; anything else is not an answer
+            if len(_ORIGINS) >= _ORIGINS_KEPT:
+                _ORIGINS.clear()
+            _ORIGINS[key] = found
+        return found
 
     def set_origin(self, url: str) -> None:
         """``git remote set-url origin <url>``: changes ``.git/config`` only (no ref, index or working tree)."""
