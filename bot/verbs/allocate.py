@@ -29,7 +29,7 @@ from bot.core.vocabulary import label_for_state
 from bot.gitea import GiteaError, GiteaNotFound, Issue, IssueState, IssueType
 from bot.verbs.bootstrap import BootstrapContext, bootstrap_preflight
 from bot.verbs.bootstrap.context import BootstrapGitea
-from bot.verbs.duplicates import DuplicatesGitea, mark_duplicates
+from bot.verbs.duplicates import DuplicatesGitea, bounded_in_order, mark_duplicates
 from bot.verbs.merge import MergeGitea
 from bot.verbs.review import ReviewGitea, review_candidates, review_lease_effects
 from bot.verbs.runtime import (
@@ -100,15 +100,16 @@ async def ready_candidates(gitea: CandidatesGitea) -> tuple[list[dict[str, Any]]
         deps.update(record["depends_on"])
         records.append(record)
     known = {r["issue_number"] for r in records}
-    open_numbers: set[int] = set(known)
-    for number in sorted(deps - known):
+
+    async def still_open(number: int) -> bool:
         try:
-            dep = await gitea.get_issue(number)
+            return (await gitea.get_issue(number)).state == "open"
         except GiteaNotFound:
-            continue  # a missing issue holds nothing
-        if dep.state == "open":
-            open_numbers.add(number)
-    return records, frozenset(open_numbers)
+            return False  # a missing issue holds nothing
+
+    unknown = sorted(deps - known)
+    found = await bounded_in_order(still_open, unknown)
+    return records, frozenset(known | {number for number, is_open in zip(unknown, found, strict=True) if is_open})
 
 
 @dataclass(frozen=True, slots=True)
