@@ -52,6 +52,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.database import rows, scratch_schema
+from bot import gitops
 from bot.core.evidence import find_marker
 from bot.demo import (
     AUTHOR,
@@ -195,15 +196,21 @@ async def _one_issue(h: LoopHarness, session: Any, n: int, timeout_s: float) -> 
 async def _baselines(h: LoopHarness, run: Run, scratch_issue: int, k: int) -> None:
     """One plain ``git worktree add -b`` in the control checkout, and one comment POST + GET with the hook off."""
     path = h.root / "baseline" / f"wt-{k}"
+    # Under the control checkout's worktree registry, as foreman's own git commands there (bot/gitops.py): a plain
+    # add beside one of foreman's can kill both (git's unlocked registrations).
+    registry = gitops.WorktreeRegistry(h.checkout / ".git", wait_s=60)
+
+    def git(*args: str) -> None:
+        with registry.held(args):
+            subprocess.run(["git", *args], cwd=h.checkout, check=True, capture_output=True)
+
     started = time.perf_counter()
-    subprocess.run(["git", "worktree", "add", "-q", "-b", f"bench-baseline-{k}", str(path), "main"],
-                   cwd=h.checkout, check=True, capture_output=True)
+    git("worktree", "add", "-q", "-b", f"bench-baseline-{k}", str(path), "main")
     run.worktree_add_ms.append((time.perf_counter() - started) * 1000.0)
-    subprocess.run(["git", "worktree", "remove", "--force", str(path)], cwd=h.checkout, check=True, capture_output=True)
+    git("worktree", "remove", "--force", str(path))
     # update-ref, not `branch -D`: that rewrites .git/config (to drop the branch's section), which would make
     # foreman read the control checkout's origin from git again (ControlCheckout.origin_url).
-    subprocess.run(["git", "update-ref", "-d", f"refs/heads/bench-baseline-{k}"], cwd=h.checkout, check=True,
-                   capture_output=True)
+    git("update-ref", "-d", f"refs/heads/bench-baseline-{k}")
     hook = next(hook for hook in h.emulator.repo(OWNER, REPO).hooks if hook.id == h.hook_id)
     hook.active = False
     try:

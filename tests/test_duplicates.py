@@ -10,8 +10,9 @@ from typing import Any
 import pytest
 
 from bot.core.bootstrap import branch_for
+from bot.tasks import bounded_in_order
 from bot.verbs.allocate import ready_candidates
-from bot.verbs.duplicates import READS_AT_ONCE, bounded_in_order, closes, mark_duplicates
+from bot.verbs.duplicates import READS_AT_ONCE, closes, mark_duplicates
 from bot.verbs.runtime import VerbRuntime, caller_for
 from state.leases import LeaseStore
 from tests.gitea_fixtures import OWNER, REPO
@@ -123,7 +124,7 @@ class InFlight:
 
 async def test_the_candidates_are_assessed_a_few_at_a_time_and_kept_in_order(world: World) -> None:
     """A backlog's assessments overlap, at most READS_AT_ONCE at a time (one after another, 200 ready issues cost
-    1.6 s per allocation against a Gitea 5 ms away); the candidates keep their order and their findings."""
+    1.6 s per candidate read against a Gitea answering in 5 ms); the candidates keep their order and their findings."""
     emu = world.live.emulator
     numbers = [emu.create_issue(OWNER, REPO, title=f"Backlog {i}", author="alice", labels=["status:ready"]).number
                for i in range(24)]

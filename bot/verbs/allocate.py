@@ -27,9 +27,10 @@ from bot.core.evidence import render_evidence
 from bot.core.verbs import Verb
 from bot.core.vocabulary import label_for_state
 from bot.gitea import GiteaError, GiteaNotFound, Issue, IssueState, IssueType
+from bot.tasks import bounded_in_order
 from bot.verbs.bootstrap import BootstrapContext, bootstrap_preflight
 from bot.verbs.bootstrap.context import BootstrapGitea
-from bot.verbs.duplicates import DuplicatesGitea, bounded_in_order, mark_duplicates
+from bot.verbs.duplicates import READS_AT_ONCE, DuplicatesGitea, mark_duplicates
 from bot.verbs.merge import MergeGitea
 from bot.verbs.review import ReviewGitea, review_candidates, review_lease_effects
 from bot.verbs.runtime import (
@@ -108,7 +109,7 @@ async def ready_candidates(gitea: CandidatesGitea) -> tuple[list[dict[str, Any]]
             return False  # a missing issue holds nothing
 
     unknown = sorted(deps - known)
-    found = await bounded_in_order(still_open, unknown)
+    found = await bounded_in_order(still_open, unknown, at_once=READS_AT_ONCE)
     return records, frozenset(known | {number for number, is_open in zip(unknown, found, strict=True) if is_open})
 
 

@@ -2,26 +2,24 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import re
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Literal, Protocol, TypeVar, cast
+from typing import Any, Literal, Protocol
 
 from bot.core.bootstrap import branch_for, is_issue_branch
 from bot.core.verbs import Verb
 from bot.gitea import Branch, GiteaError, GiteaNotFound, Issue, PullRequest
 from bot.gitea.pulls import IssueState
+from bot.tasks import bounded_in_order
 from bot.verbs.runtime import Caller, CallOptions, VerbResult, VerbRuntime, envelope, issue_of, refused
 from state.db import Database, utcnow
 from state.journal import JournalStore
 from state.leases import Lease, LeaseStore
 from state.publications import PublicationStore
 
-T = TypeVar("T")
-R = TypeVar("R")
 FindingKind = Literal["linked_open_pr", "conflicting_branch", "active_claim"]
 #: The findings that make the allocator skip a ready issue (a claim is the allocator's own lease logic).
 ALLOCATION_FINDINGS: frozenset[FindingKind] = frozenset({"linked_open_pr", "conflicting_branch"})
@@ -107,30 +105,13 @@ async def mark_duplicates(
         findings = [f for f in every if f.kind in ALLOCATION_FINDINGS]
         return {**record, "duplicate": "; ".join(f.detail for f in findings)} if findings else record
 
-    # Each candidate's reads (its registration, its branch on Gitea) a few at a time, not one after another: a
-    # backlog of 200 ready issues took 236 ms per allocation one by one against the emulator on loopback.
-    return await bounded_in_order(marked, records), open_numbers
+    # Each candidate's reads (its registration, its branch on Gitea) a few at a time: one after another, 200 ready
+    # issues took 1.6 s per candidate read against a Gitea answering in 5 ms (0.36 s now; the same on loopback).
+    return await bounded_in_order(marked, records, at_once=READS_AT_ONCE), open_numbers
 
 
 #: At most this many reads of one candidate list are in flight at once (Gitea's API, the database).
 READS_AT_ONCE = 8
-
-
-async def bounded_in_order(read: Callable[[T], Awaitable[R]], items: Sequence[T], *,
-                           at_once: int = READS_AT_ONCE) -> list[R]:
-    """``[await read(item) for item in items]``, with at most ``at_once`` reads in flight. As the loop would, it
-    raises the exception of the first item (in order) whose read failed, after every started read has ended."""
-    gate = asyncio.Semaphore(at_once)
-
-    async def one(item: T) -> R:
-        async with gate:
-            return await read(item)
-
-    outcomes = await asyncio.gather(*(one(item) for item in items), return_exceptions=True)
-    for outcome in outcomes:
-        if isinstance(outcome, BaseException):
-            raise outcome
-    return cast(list[R], outcomes)
 
 
 async def assess_duplicate(
