@@ -31,6 +31,7 @@ _ALLOWED_SCHEMES = ("http", "https", "file")
 #: file the config includes (foreman's control checkout includes none).
 _ORIGINS: dict[tuple[str, int, int, int], str | None] = {}
 _ORIGINS_KEPT = 256
+_UNREAD = "\0unread"  # not a URL git can hold (a NUL byte)
 #: A config file changed less than this long ago is read from git every time.
 _RACY_S = 2.0
 
@@ -397,8 +398,8 @@ class ControlCheckout:
             key = (str(self.path), stat.st_ino, stat.st_mtime_ns, stat.st_size)
             if time.time() - stat.st_mtime < _RACY_S:
                 key = None
-            elif key in _ORIGINS:
-                return _ORIGINS[key]
+            elif (known := _ORIGINS.get(key, _UNREAD)) is not _UNREAD:  # one lookup: another thread may clear it
+                return known
         status, out, _ = self.git.attempt("config", "--get", "remote.origin.url")
         found = out.strip() if status == 0 else None
         if key is not None and status in (0, 1):  # 1: the key is not set; anything else is not an answer
