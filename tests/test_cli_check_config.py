@@ -21,7 +21,6 @@ SECRET = "a-secret-of-sufficient-length"
 ENVELOPE_KEYS = {"error", "message", "remediate", "exact_next_action"}
 
 
-
 async def check_config(
     tmp_path: Path, *, url: str, token: str, owner: str = OWNER, name: str = REPO, bot_login: str = BOT,
     json_flag: bool = True, more: str = "",

@@ -26,6 +26,9 @@ ALLOCATION_FINDINGS: frozenset[FindingKind] = frozenset({"linked_open_pr", "conf
 #: Gitea's closing keywords (modules/references: close, closes, closed, fix, fixes, fixed, resolve, ...).
 _CLOSES = re.compile(r"\b(?:close[sd]?|fix(?:e[sd])?|resolve[sd]?)\s*:?\s+#(\d+)\b", re.IGNORECASE)
 
+#: At most this many reads of one candidate list are in flight at once (Gitea's API, the database).
+READS_AT_ONCE = 8
+
 
 class DuplicatesGitea(Protocol):
     """The Gitea reads of the assessment: the issue, its canonical branch and the open pull requests."""
@@ -108,10 +111,6 @@ async def mark_duplicates(
     # Each candidate's reads (its registration, its branch on Gitea) a few at a time: one after another, 200 ready
     # issues took 1.6 s per candidate read against a Gitea answering in 5 ms (0.36 s now; the same on loopback).
     return await bounded_in_order(marked, records, at_once=READS_AT_ONCE), open_numbers
-
-
-#: At most this many reads of one candidate list are in flight at once (Gitea's API, the database).
-READS_AT_ONCE = 8
 
 
 async def assess_duplicate(

@@ -53,13 +53,12 @@ async def prepare_control_checkout(
     cfg = ctx.settings.bootstrap
     auth = gitops.auth_env(clone_url, ctx.settings.gitea_token())
     every = cfg.control_clean_check == "every_transition"
-    verified = f"{checkout.path}\0{clone_url}"
     tracking = f"refs/remotes/origin/{default_branch}"
 
     def work() -> tuple[str | None, str | None, list[str]]:
         if not checkout.exists():
             checkout.clone(clone_url, default_branch, auth=auth)
-        elif verified not in ctx.verified_origins and (origin := checkout.origin_url()) != clone_url:
+        elif (origin := checkout.origin_url()) != clone_url:  # read from git once per state of .git/config
             raise OperatorMustFix(origin_envelope(issue_number, origin, clone_url))
         checkout.ensure_excluded()
         # Only the refs needed here, each read on its own: listing refs/heads/ would cost one read per branch.
@@ -89,7 +88,6 @@ async def prepare_control_checkout(
         raise StepFailed(Blocked("invalid_state", "checkout_not_clean", f"the control checkout is on"
                                  f" {head_ref or 'a detached HEAD'}{' with changes' if dirty else ''}, not clean on"
                                  f" {default_branch}; foreman never changes it"))
-    ctx.verified_origins.add(verified)
     seen["checkout_head"] = (head_ref, head_sha)
     return head_ref, head_sha
 

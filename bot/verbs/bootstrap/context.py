@@ -58,9 +58,6 @@ class BootstrapContext:
     #: Called once the bootstrap committed outbox entries (its evidence, a compensation's): the service's sender
     #: sends them at once instead of at its next poll. None: nobody to wake (the CLI, a stand-alone foreman mcp).
     wakeup: Callable[[], None] | None = None
-    #: "<checkout path>\0<clone URL>" pairs whose origin was found to be that URL (checked once per context; the
-    #: allocator builds one per call, and ``ControlCheckout.origin_url`` reads git once per state of the config).
-    verified_origins: set[str] = field(default_factory=set, repr=False)
 
     @classmethod
     def from_service(cls, service: ServiceLike) -> BootstrapContext:
