@@ -112,8 +112,8 @@ def test_every_command_in_the_repository_waits_for_a_change_and_readers_share(ch
         shared = Background(lambda: calls[reader](control(checkout)))
         assert not shared.running_after(30)
         assert not isinstance(shared.result(), Exception)
-        change = Background(lambda: add(control(checkout), checkout / "branches" / "issue-2-b",
-                                                                   "issue-2-b", "foreman lease 2"))
+        change = Background(lambda: add(control(checkout), checkout / "branches" / "issue-2-b", "issue-2-b",
+                                        "foreman lease 2"))
         assert change.running_after(0.3), "an add ran beside a command that was reading the registrations"
     assert change.result() is None
 
