@@ -31,6 +31,7 @@ from state.outbox import OutboxEntry, OutboxStore, acting_for
 if TYPE_CHECKING:
     from bot.discovery import Discovered, OrgDiscovery
     from bot.gitea import GiteaClient
+    from bot.mcp_http import McpHttp
     from bot.outbox import OutboxGitea, OutboxHooks, OutboxSender
     from bot.reconcile import Reconciler
     from bot.verbs.runs.auto_teardown import TeardownLoop
@@ -39,6 +40,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("foreman.app")
 
 SERVICE_KEY: web.AppKey[Service] = web.AppKey("service")
+#: Where ``foreman serve`` serves MCP over Streamable HTTP.
+MCP_PATH = "/mcp"
 #: Options for the runner that serves ``Service.make_app()``. Gitea never compresses a delivery; with aiohttp's
 #: decompression off, a body that claims a Content-Encoding reaches intake untouched and is refused there (415)
 #: instead of failing inside the HTTP parser (a dropped connection and a traceback).
@@ -109,6 +112,8 @@ class Service:
         self.lag_monitor = LoopLagMonitor(self.metrics)
         self._delivery_counters: dict[tuple[str, str], Any] = {}
         self._probe_task: asyncio.Task[None] | None = None
+        #: ``/mcp`` (bot/mcp_http.py), made with the app.
+        self.mcp: McpHttp | None = None
         self._recovery_task: asyncio.Task[None] | None = None
 
     @property
@@ -375,6 +380,8 @@ class Service:
         )
 
     async def stop(self) -> None:
+        if self.mcp is not None:  # its sessions end first: no verb runs while the rest stops
+            await self.mcp.close()
         if self.discovery is not None:
             await self.discovery.stop()
         for bundle in self.repositories.values():
@@ -573,6 +580,11 @@ class Service:
         from bot.dashboard.routes import add_dashboard
 
         add_dashboard(app, self.db, self.settings)  # only with [dashboard] token (off without one)
+        from bot.mcp_http import McpHttp
+
+        # MCP over Streamable HTTP (docs/mcp.md): agents hold only this URL and their own token.
+        self.mcp = McpHttp(self)
+        app.router.add_route("*", MCP_PATH, self.mcp.handle)
 
         async def on_startup(_: web.Application) -> None:
             await self.start()

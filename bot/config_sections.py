@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import re
 import urllib.parse
 from pathlib import Path
@@ -292,10 +293,55 @@ class ReconcileConfig(ConfigSection):
     overlap_s: float = Field(default=60.0, ge=0, le=86400)
 
 
+#: A stored token digest: ``sha256:`` and 64 lowercase hex digits (``foreman token-digest`` prints one).
+TOKEN_DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
+
+
 class McpConfig(ConfigSection):
+    """Who may call the verb table over MCP (``foreman serve``'s ``/mcp``, docs/mcp.md) and how the endpoint is
+    bounded. ``tokens`` (token = login) and ``token_files`` (login = file) hold usable tokens; ``token_digests``
+    (login = digest, or a list of them) holds only their SHA-256, so the configuration need not hold a token."""
+
     tokens: dict[str, str] = Field(default_factory=dict)
     # login = file holding that login's token (one secret per file, e.g. systemd credentials); merged into tokens.
     token_files: dict[str, Path] = Field(default_factory=dict)
+    token_digests: dict[str, str | list[str]] = Field(default_factory=dict)
+    # Browser origins allowed to call /mcp (a request without Origin is always allowed: agents send none).
+    allowed_origins: list[str] = Field(default_factory=list)
+    max_body_bytes: int = Field(default=1 << 20, ge=4096, le=64 << 20)
+    # Failed authentications one client address may make in a minute; beyond it every request from it is 429.
+    auth_failures_per_minute: int = Field(default=20, ge=1, le=100_000)
+    # Open sessions per identity (or run); one more is refused 503 until one ends.
+    max_sessions: int = Field(default=10_000, ge=1, le=1_000_000)
+    # A session with no request for this long is closed; its client opens a new one.
+    session_idle_s: float = Field(default=1800.0, gt=0, le=7 * 86400)
+
+    @field_validator("token_digests")
+    @classmethod
+    def _digests_are_sha256(cls, value: dict[str, str | list[str]]) -> dict[str, str | list[str]]:
+        for login, digests in value.items():
+            for digest in [digests] if isinstance(digests, str) else digests:
+                if not TOKEN_DIGEST.fullmatch(digest):
+                    raise ValueError(f"{login}: a digest is 'sha256:' and 64 lowercase hex digits (foreman "
+                                     "token-digest prints one from the token on its standard input)")
+        return value
+
+    @field_validator("allowed_origins")
+    @classmethod
+    def _origins_are_origins(cls, value: list[str]) -> list[str]:
+        for origin in value:
+            parsed = urllib.parse.urlsplit(origin)
+            if parsed.scheme not in ("http", "https") or not parsed.netloc or parsed.path or parsed.query:
+                raise ValueError(f"{origin!r} is not an origin (scheme://host[:port], nothing after it)")
+        return value
+
+    def digests(self) -> list[tuple[str, str]]:
+        """Every (``sha256:`` digest, login) a bearer token may match: the digests, and the plain tokens' own."""
+        pairs = [(f"sha256:{hashlib.sha256(token.encode()).hexdigest()}", login)
+                 for token, login in self.tokens.items()]
+        for login, digests in self.token_digests.items():
+            pairs += [(digest, login) for digest in ([digests] if isinstance(digests, str) else digests)]
+        return pairs
 
 
 class DashboardConfig(ConfigSection):

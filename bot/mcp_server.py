@@ -242,7 +242,7 @@ def build_server(
             return await door.runtime.call(verb.name, door.caller, arguments)
 
         unreadable = (params.meta or {}).get(UNREADABLE_META)
-        if unreadable is not None:  # the wire carried arguments no JSON parser of the SDK reads (see _readable)
+        if unreadable is not None:  # the wire carried arguments no JSON parser of the SDK reads (see readable)
             return result_of(unreadable_arguments(params.name, str(unreadable)).to_dict(), is_error=True)
         arguments = dict(params.arguments or {})
         if around is None:
@@ -424,10 +424,13 @@ def repositories_of(settings: Settings, login: str) -> list[str]:
     return mine or keys
 
 
-async def _run_binding(runtimes: Mapping[str, VerbRuntime], token: str | None) -> tuple[VerbRuntime, RunBinding] | None:
+async def run_binding_of(
+    runtimes: Mapping[str, VerbRuntime], token: str | None
+) -> tuple[VerbRuntime, RunBinding] | None:
     """The run a run token names, bound through its grant's repository's runtime (a sealed grant is bound to
     its repository: its policy template and roster are that repository's). A run of a repository this process
-    does not serve is refused (EnvelopeError), never bound through another repository's runtime."""
+    does not serve is refused (EnvelopeError), never bound through another repository's runtime. Both transports
+    bind a run through it (stdio at start, ``/mcp`` at a run's first request)."""
     first = next(iter(runtimes.values()))
     binding = await bind_run(first, token)
     if binding is None:
@@ -465,7 +468,7 @@ async def serve_stdio(settings: Settings, caller: Caller | None = None, *, run_t
     async with open_runtimes(settings, keys) as runtimes:
         runtime = next(iter(runtimes.values()))
         if caller is None:
-            bound = await _run_binding(runtimes, run_token)
+            bound = await run_binding_of(runtimes, run_token)
             if bound is None:
                 log.error("mcp: %s is not the token of any run; start one with `foreman run start`", TOKEN_ENV)
                 return 2
@@ -507,7 +510,7 @@ def _bounded_int(text: str) -> int:
 _MAYBE_UNREADABLE = re.compile(r"\\u[dD][89a-fA-F]|(?<![0-9])[0-9]{4301}")  # one scan per digit run
 
 
-def _readable(line: str) -> str:
+def readable(line: str) -> str:
     """A stdin line the SDK reads. A ``tools/call`` request its JSON parser refuses (an integer of more than 4,300
     digits, a lone surrogate escape) would get no answer at all; it is passed on with its arguments replaced by
     the ``UNREADABLE_META`` marker, so the client gets ``invalid_input``. Anything else is passed on as it came."""
@@ -554,12 +557,12 @@ def _readable(line: str) -> str:
 
 async def _readable_lines(lines: AsyncIterable[str]) -> AsyncIterator[str]:
     async for line in lines:
-        yield _readable(line)
+        yield readable(line)
 
 
 @asynccontextmanager
 async def _wire_stdin() -> AsyncIterator[AsyncIterable[str]]:
-    """The wire's stdin as lines for the SDK's stdio transport (through :func:`_readable`). While serving, fd 0
+    """The wire's stdin as lines for the SDK's stdio transport (through :func:`readable`). While serving, fd 0
     points at the null device (as the SDK does for the stdin it claims), so children read EOF, never the wire."""
     wire = os.dup(0)
     null = os.open(os.devnull, os.O_RDONLY)

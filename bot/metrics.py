@@ -23,6 +23,10 @@ JOURNAL_OUTCOMES = ("open", "completed", "compensated")
 log = logging.getLogger("foreman.metrics")
 
 
+#: Why a request to /mcp was refused before MCP saw it (the label set of foreman_mcp_auth_failures_total).
+MCP_AUTH_REASONS = ("missing", "unknown", "throttled", "origin")
+
+
 class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
@@ -105,6 +109,22 @@ class Metrics:
         self.event_loop_lag_max = Gauge(
             "foreman_event_loop_lag_max_seconds", "The largest event loop lag seen since start",
             registry=self.registry,
+        )
+
+        # MCP over HTTP (bot/mcp_http.py); every label from a closed set, never from the request.
+        self.mcp_auth_failures = Counter(
+            "foreman_mcp_auth_failures_total",
+            "Requests to /mcp refused before any MCP processing, by reason (missing, unknown, throttled, origin)",
+            ["reason"], registry=self.registry,
+        )
+        for reason in MCP_AUTH_REASONS:
+            self.mcp_auth_failures.labels(reason)
+        self.mcp_requests = Counter(
+            "foreman_mcp_requests_total", "Authenticated requests to /mcp, by HTTP method", ["method"],
+            registry=self.registry,
+        )
+        self.mcp_sessions = Gauge(
+            "foreman_mcp_sessions", "Open MCP sessions over HTTP (every identity and run)", registry=self.registry
         )
 
         # Catch-up (bot/reconcile.py).

@@ -18,7 +18,7 @@ from bot.config import Settings, load_settings
 from bot.config_writer import write_config
 from bot.core.errors import EnvelopeError
 from bot.core.verbs import TOOLS
-from bot.mcp_server import _run_binding, open_runtimes
+from bot.mcp_server import run_binding_of, open_runtimes
 from bot.verbs.runs.broker import Broker, run_evidence_key
 from bot.verbs.runs.inspect import run_teardown
 from bot.verbs.runs.start import host_identity, start_run
@@ -104,7 +104,7 @@ async def test_a_run_token_binds_through_its_grants_repositorys_runtime(tmp_path
     settings = load_settings(two_repositories(tmp_path), environ={})
     _, token = await started_run(settings)
     async with open_runtimes(settings, settings.repository_keys(), bootstrap_factory=no_bootstrap) as runtimes:
-        bound = await _run_binding(runtimes, token)
+        bound = await run_binding_of(runtimes, token)
         assert bound is not None
         runtime, binding = bound
         assert runtime is runtimes[REPO] and runtime.settings.repo_key == REPO
@@ -118,7 +118,7 @@ async def test_a_run_of_a_repository_not_served_here_is_refused_not_bound_to_the
     _, token = await started_run(settings)
     async with open_runtimes(settings, [WIDGETS], bootstrap_factory=no_bootstrap) as runtimes:
         with pytest.raises(EnvelopeError) as refused:
-            await _run_binding(runtimes, token)
+            await run_binding_of(runtimes, token)
     envelope = refused.value.envelope
     assert envelope.error == "invalid_input" and REPO in envelope.message
     assert envelope.exact_next_action == f"foreman --repository {REPO} mcp"

@@ -1,0 +1,192 @@
+"""``/mcp`` in ``foreman serve``: bearer authentication before MCP, sessions bound to their principal, the endpoint's
+bounds, and the same server as over stdio (the official SDK's Streamable HTTP client over real loopback HTTP)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from bot.mcp_server import offered_tools
+from bot.verbs.runtime import caller_for
+from tests.mcp_http_support import call, mcp_over_http
+from tests.support import Started, make_settings
+
+ROSTER = {"controller-bot": ["controller"], "author-1": ["author"], "rev-1": ["reviewer"]}
+CONTROLLER = "tok-controller-http"
+AUTHOR_SECRET = "tok-author-1-only-its-digest-is-configured"
+REVIEWER_SECRET = "tok-rev-1-only-its-digest-is-configured"
+
+
+def digest(token: str) -> str:
+    return "sha256:" + hashlib.sha256(token.encode()).hexdigest()
+
+
+def settings_for(tmp_path: Path, **mcp: Any) -> Any:
+    return make_settings(tmp_path, roster=ROSTER, mcp={
+        "tokens": {CONTROLLER: "controller-bot"},
+        "token_digests": {"author-1": digest(AUTHOR_SECRET), "rev-1": [digest("old-rev"), digest(REVIEWER_SECRET)]},
+        **mcp})
+
+
+INITIALIZE = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+    "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "probe", "version": "0"}}}
+JSON_HEADERS = {"Content-Type": "application/json", "Accept": "application/json, text/event-stream"}
+
+
+async def raw(url: str, *, method: str = "POST", body: Any = INITIALIZE, headers: dict[str, str] | None = None
+              ) -> tuple[int, dict[str, str], Any]:
+    async with aiohttp.ClientSession() as session, session.request(
+        method, url, data=json.dumps(body).encode() if body is not None else None,
+        headers={**JSON_HEADERS, **(headers or {})}) as resp:
+        text = await resp.text()
+        try:
+            doc = json.loads(text)
+        except ValueError:
+            doc = text
+        return resp.status, dict(resp.headers), doc
+
+
+async def test_each_identity_is_served_its_own_tools_by_its_token_or_its_digest(start: Started, tmp_path: Path) -> None:
+    """The controller by a plain token, the author and the reviewer by a token the config holds only as a digest
+    (the reviewer's second digest); each is offered exactly what ``foreman mcp`` offers it over stdio."""
+    settings = settings_for(tmp_path)
+    _, client = await start(settings)
+    url = str(client.make_url("/mcp"))
+    for token, login in ((CONTROLLER, "controller-bot"), (AUTHOR_SECRET, "author-1"), (REVIEWER_SECRET, "rev-1")):
+        async with mcp_over_http(url, token) as session:
+            listed = [tool.name for tool in (await session.list_tools()).tools]
+            assert listed == [tool.name for tool in offered_tools(caller_for(settings, login, "mcp"))], login
+            context = await call(session, "gitea_get_runtime_context")
+            assert context["identity"]["login"] == login, context
+
+
+@pytest.mark.parametrize(("header", "reason"), [
+    (None, "missing"), ("Basic dG9rOnRvaw==", "missing"), ("Bearer ", "missing"), ("Bearer tok-guess", "unknown"),
+    ("Bearer " + digest(AUTHOR_SECRET), "unknown"),  # the digest itself is not the token
+    ("Bearer frun_not-a-run", "unknown"), ("Bearer tok-caf\u00e9", "unknown"),
+])
+async def test_a_request_without_a_known_token_is_401_before_any_mcp(
+    start: Started, tmp_path: Path, header: str | None, reason: str
+) -> None:
+    service, client = await start(settings_for(tmp_path))
+    headers = {"Authorization": header} if header is not None else {}
+    status, answer_headers, doc = await raw(str(client.make_url("/mcp")), headers=headers)
+    assert status == 401, doc
+    assert answer_headers["WWW-Authenticate"].startswith("Bearer")
+    assert doc["error"] == "unauthorized" and doc["exact_next_action"], doc
+    assert "Mcp-Session-Id" not in answer_headers
+    assert service.metrics.mcp_auth_failures.labels(reason)._value.get() == 1
+    assert service.mcp is not None and service.mcp.sessions() == 0
+
+
+async def test_a_session_answers_only_the_principal_that_opened_it(start: Started, tmp_path: Path) -> None:
+    """The author's session id presented with the reviewer's token (or none) is unknown to it: 404, and no call
+    of the author's runs in the reviewer's session or the other way round."""
+    _, client = await start(settings_for(tmp_path))
+    url = str(client.make_url("/mcp"))
+    status, headers, doc = await raw(url, headers={"Authorization": f"Bearer {AUTHOR_SECRET}"})
+    assert status == 200, doc
+    session_id = headers["mcp-session-id"]
+    listing = {"jsonrpc": "2.0", "id": 2, "method": "tools/list", "params": {}}
+    mine = {"Authorization": f"Bearer {AUTHOR_SECRET}", "Mcp-Session-Id": session_id,
+            "MCP-Protocol-Version": "2025-06-18"}
+    await raw(url, body={"jsonrpc": "2.0", "method": "notifications/initialized"}, headers=mine)
+    status, _, doc = await raw(url, body=listing, headers=mine)
+    assert status == 200 and doc["result"]["tools"], doc
+    theirs = {**mine, "Authorization": f"Bearer {REVIEWER_SECRET}"}
+    status, _, doc = await raw(url, body=listing, headers=theirs)
+    assert status == 404, doc
+    status, _, doc = await raw(url, method="DELETE", body=None, headers=theirs)
+    assert status == 404, doc
+    status, _, doc = await raw(url, body=listing, headers=mine)  # the owner's session is still there
+    assert status == 200, doc
+
+
+async def test_failed_authentications_throttle_the_address_and_are_counted(start: Started, tmp_path: Path) -> None:
+    """Past ``auth_failures_per_minute`` every request from the address is 429 with Retry-After, a right token
+    included (else the throttle would be an oracle); each refusal is counted, and the log never holds a token."""
+    service, client = await start(settings_for(tmp_path, auth_failures_per_minute=5))
+    url = str(client.make_url("/mcp"))
+    statuses = [(await raw(url, headers={"Authorization": f"Bearer guess-{n}"}))[0] for n in range(8)]
+    assert statuses == [401] * 5 + [429] * 3
+    status, headers, doc = await raw(url, headers={"Authorization": f"Bearer {AUTHOR_SECRET}"})
+    assert status == 429 and int(headers["Retry-After"]) >= 1 and doc["error"] == "too_many_failures", doc
+    assert service.metrics.mcp_auth_failures.labels("unknown")._value.get() == 5
+    assert service.metrics.mcp_auth_failures.labels("throttled")._value.get() == 4
+
+
+async def test_the_throttle_forgets_failures_after_the_window() -> None:
+    from bot.mcp_http import AuthThrottle
+
+    throttle = AuthThrottle(3, window_s=60.0, addresses=2)
+    for moment in (0.0, 1.0, 2.0):
+        assert throttle.retry_after("a", moment) is None
+        throttle.failed("a", moment)
+    assert throttle.retry_after("a", 30.0) == pytest.approx(30.0)
+    assert throttle.retry_after("a", 60.5) is None  # the first failure left the window
+    throttle.failed("b", 61.0)
+    throttle.failed("c", 61.0)  # a third address: the least recently failed ("a") is forgotten
+    assert throttle.retry_after("a", 61.0) is None and "a" not in throttle._failures
+
+
+@pytest.mark.parametrize(("origin", "status"), [
+    ("http://evil.example", 403), ("http://127.0.0.1:9", 403), ("https://agents.example.com", 200), (None, 200)])
+async def test_a_browser_origin_must_be_allowed(start: Started, tmp_path: Path, origin: str | None,
+                                                status: int) -> None:
+    _, client = await start(settings_for(tmp_path, allowed_origins=["https://agents.example.com"]))
+    headers = {"Authorization": f"Bearer {CONTROLLER}", **({"Origin": origin} if origin else {})}
+    answer, _, doc = await raw(str(client.make_url("/mcp")), headers=headers)
+    assert answer == status, doc
+    if status == 403:
+        assert doc["error"] == "forbidden_origin" and "allowed_origins" in doc["exact_next_action"]
+
+
+async def test_the_endpoints_bounds_are_json_refusals(start: Started, tmp_path: Path) -> None:
+    """A body over ``max_body_bytes`` is 413 (declared or streamed), a GET is 405 (no event stream is offered),
+    and an unsupported protocol version is refused by the SDK, never answered as if it were supported."""
+    _, client = await start(settings_for(tmp_path, max_body_bytes=8192))
+    url = str(client.make_url("/mcp"))
+    auth = {"Authorization": f"Bearer {CONTROLLER}"}
+    big = {**INITIALIZE, "params": {**INITIALIZE["params"], "pad": "x" * 10_000}}
+    status, _, doc = await raw(url, body=big, headers=auth)
+    assert status == 413 and doc["error"] == "payload_too_large", doc
+
+    async def chunks() -> Any:
+        for _ in range(4):
+            yield b" " * 4096
+    async with aiohttp.ClientSession() as session, session.post(url, data=chunks(),
+                                                                headers={**JSON_HEADERS, **auth}) as resp:
+        assert resp.status == 413
+    status, headers, doc = await raw(url, method="GET", body=None, headers=auth)
+    assert status == 405 and "POST" in headers["Allow"], doc
+    status, _, doc = await raw(url, body={"jsonrpc": "2.0", "id": 2, "method": "tools/list"},
+                               headers={**auth, "MCP-Protocol-Version": "1999-01-01"})
+    assert status == 400, doc
+
+
+async def test_a_call_over_http_runs_through_the_door_as_its_identity(start: Started, tmp_path: Path) -> None:
+    """The reviewer asking to merge is refused by the door (not_authorized), the author's unknown tool is
+    invalid_input naming what it may call: the same envelopes as over stdio."""
+    _, client = await start(settings_for(tmp_path))
+    url = str(client.make_url("/mcp"))
+    async with mcp_over_http(url, REVIEWER_SECRET) as session:
+        doc = await call(session, "gitea_merge_pull_request", issue_number=1, pr_number=2, expected_head_sha="a" * 40)
+        assert doc["is_error"] and doc["error"] == "not_authorized", doc
+    async with mcp_over_http(url, AUTHOR_SECRET) as session:
+        doc = await call(session, "release_lease", issue_number=1)
+        assert doc["is_error"] and doc["error"] == "invalid_input" and "unknown tool" in doc["message"], doc
+
+
+def test_token_digests_must_be_sha256(tmp_path: Path) -> None:
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="sha256"):
+        make_settings(tmp_path, mcp={"token_digests": {"author-1": "md5:abc"}})
+    with pytest.raises(ValidationError, match="not an origin"):
+        make_settings(tmp_path, mcp={"allowed_origins": ["agents.example.com"]})
+
