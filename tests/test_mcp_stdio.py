@@ -1,4 +1,5 @@
-"""The public MCP regression (seed 000 AC8): `foreman mcp` as a subprocess, the SDK's stdio client."""
+"""The public MCP regression (seed 000 AC8) on both transports: `foreman mcp` as a subprocess with the SDK's stdio
+client, and a real `foreman serve`'s `/mcp` with the SDK's Streamable HTTP client, over the same configuration."""
 
 # A candidate list with #617 ranked first and ``exclude_issue_numbers=[617]``: #617 is never selected or
 # leased, in dry-run or apply; it is in ``skipped`` as ``excluded_by_controller``; ``candidates_json`` as a
@@ -11,8 +12,9 @@ import select
 import sqlite3
 import subprocess
 import sys
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+import tomllib
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +24,8 @@ from mcp.client.stdio import stdio_client
 
 from bot.config_writer import write_config
 from tests.conftest import REPO_ROOT
-from tests.support import offline_config
+from tests.mcp_http_support import mcp_over_http, serve_process
+from tests.support import free_port, offline_config
 
 CANARY = [
     {"issue_number": 617, "title": "protected", "labels": ["priority:p0"], "created_at": "2026-07-01T10:00:00-05:00"},
@@ -41,7 +44,25 @@ def mcp_config(tmp_path: Path) -> Path:
         "repository": {"owner": "acme", "name": "widgets"},
         "roster": {"controller-bot": ["controller"], "author-1": ["author"]},
         "mcp": {"tokens": {CONTROLLER_TOKEN: "controller-bot", AUTHOR_TOKEN: "author-1"}},
+        "server": {"port": free_port(), "shutdown_grace_s": 1.0},
     }))
+
+
+#: The two ways an agent reaches the verb table: one implementation behind both.
+TRANSPORTS = ("stdio", "http")
+OpenSession = Callable[[str], AbstractAsyncContextManager[ClientSession]]
+
+
+@asynccontextmanager
+async def sessions_over(transport: str, config: Path) -> AsyncIterator[OpenSession]:
+    """What opens a session for a token over ``transport``: `foreman mcp` per session over stdio, or one
+    `foreman serve` (for the whole block) whose `/mcp` each session calls."""
+    if transport == "stdio":
+        yield lambda token: foreman_mcp(config, token)
+        return
+    port = int(tomllib.loads(config.read_text())["server"]["port"])
+    async with serve_process(config, port) as url:
+        yield lambda token: mcp_over_http(f"{url}/mcp", token)
 
 
 def foreman_mcp_command(config: Path) -> list[str]:
@@ -70,10 +91,13 @@ def leases(database: Path) -> list[tuple[int, str, str]]:
     return [(int(n), str(owner), str(status)) for n, owner, status in rows]
 
 
-async def test_ac8_an_excluded_top_ranked_issue_is_never_selected_or_leased_through_mcp(tmp_path: Path) -> None:
-    """Seed 000 AC8 (with AC1, AC2, AC3, AC4, AC6) through the public MCP allocation tool over stdio."""
+@pytest.mark.parametrize("transport", TRANSPORTS)
+async def test_ac8_an_excluded_top_ranked_issue_is_never_selected_or_leased_through_mcp(
+    tmp_path: Path, transport: str
+) -> None:
+    """Seed 000 AC8 (with AC1, AC2, AC3, AC4, AC6) through the public MCP allocation tool, over each transport."""
     config = mcp_config(tmp_path)
-    async with foreman_mcp(config, CONTROLLER_TOKEN) as session:
+    async with sessions_over(transport, config) as open_session, open_session(CONTROLLER_TOKEN) as session:
         tools = {t.name: t for t in (await session.list_tools()).tools}
         schema = tools["gitea_allocate_next_work"].input_schema
         assert schema["properties"]["exclude_issue_numbers"]["items"]["type"] == "integer"
@@ -105,7 +129,7 @@ async def test_ac8_an_excluded_top_ranked_issue_is_never_selected_or_leased_thro
         assert waiting["decision"] in ("resume", "wait") and waiting.get("issue_number") != 617
     assert leases(tmp_path / "foreman.db") == [(618, "author-1", "live")]
 
-    async with foreman_mcp(config, AUTHOR_TOKEN) as session:
+    async with sessions_over(transport, config) as open_session, open_session(AUTHOR_TOKEN) as session:
         refused = await allocate(session, candidates_json=CANARY, exclude_issue_numbers=[617], dry_run=False)
     assert refused.pop("is_error") is True
     assert list(refused) == ["error", "message", "remediate", "exact_next_action"]
@@ -137,16 +161,21 @@ STDIO_PROBES: list[tuple[str, dict[str, Any]]] = [
 ]
 
 
-async def test_the_stdio_server_enforces_exactly_its_published_schema(tmp_path: Path) -> None:
-    """Over `foreman mcp` itself: for each probe, jsonschema(the schema the server lists) says
+@pytest.mark.parametrize("transport", TRANSPORTS)
+async def test_each_transport_enforces_exactly_its_published_schema(tmp_path: Path, transport: str) -> None:
+    """Over `foreman mcp` and over `/mcp`: for each probe, jsonschema(the schema the server lists) says
     invalid exactly when the server answers invalid_input; an unlisted name (``release_lease``) runs nothing."""
     from tests.test_verbs_table import schema_verdict
 
     config = mcp_config(tmp_path)
-    async with foreman_mcp(config, CONTROLLER_TOKEN) as session:
+    # The SDK's HTTP client cannot send an integer past Python's digit limit (it fails logging it): that probe goes
+    # over HTTP on the raw wire (test_arguments_the_sdk_parser_refuses_are_answered_invalid_input_over_http).
+    probes = [(tool, arguments) for tool, arguments in STDIO_PROBES
+              if transport == "stdio" or arguments.get("issue_number") != 10**5000]
+    async with sessions_over(transport, config) as open_session, open_session(CONTROLLER_TOKEN) as session:
         tools = {t.name: t for t in (await session.list_tools()).tools}
         await allocate(session, candidates_json=CANARY, exclude_issue_numbers=[617], dry_run=False)
-        for tool, arguments in STDIO_PROBES:
+        for tool, arguments in probes:
             expected = schema_verdict(tools[tool].input_schema, arguments)
             result = await session.call_tool(tool, arguments)
             doc = result.structured_content
@@ -186,27 +215,66 @@ def test_a_token_that_is_not_utf8_refuses_to_start_with_one_line(tmp_path: Path,
         assert "not valid UTF-8" in error["message"]
 
 
+#: A raw session: initialize, then tools/calls whose JSON the SDK's parser refuses (ids 2-4) and a plain one (5).
+_INIT = {"jsonrpc": "2.0", "id": 1, "method": "initialize",
+         "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "raw", "version": "0"}}}
+
+
+def _raw_call(request_id: int, arguments: str) -> str:
+    return (f'{{"jsonrpc": "2.0", "id": {request_id}, "method": "tools/call", "params": '
+            f'{{"name": "gitea_get_issue_state", "arguments": {arguments}}}}}')
+
+
+RAW_LINES = [
+    json.dumps(_INIT),
+    json.dumps({"jsonrpc": "2.0", "method": "notifications/initialized"}),
+    _raw_call(2, '{"issue_number": 1' + "0" * 5000 + "}"),
+    _raw_call(3, '{"issue_number": "\\ud800"}'),
+    _raw_call(4, '{"issue_number": -' + "9" * 4301 + ', "x": "\\udfff"}'),
+    _raw_call(5, '{"issue_number": 1}'),
+]
+
+
+def assert_unreadable_answered(answers: dict[int, dict[str, Any]]) -> None:
+    """Requests 2-4 answered invalid_input saying nothing ran, each naming why; request 5 answered."""
+    for request_id in (2, 3, 4):
+        result = answers[request_id]["result"]
+        assert result["isError"] is True
+        assert result["structuredContent"]["error"] == "invalid_input", result
+        assert "nothing ran" in result["structuredContent"]["message"]
+    assert "more than 4,300 digits" in answers[2]["result"]["structuredContent"]["message"]
+    assert "lone surrogate" in answers[3]["result"]["structuredContent"]["message"]
+    assert "result" in answers[5], answers[5]
+
+
+async def test_arguments_the_sdk_parser_refuses_are_answered_invalid_input_over_http(tmp_path: Path) -> None:
+    """The raw-wire case below, over `/mcp`: each message its own POST in one session, each answered."""
+    import aiohttp
+
+    config = mcp_config(tmp_path)
+    port = int(tomllib.loads(config.read_text())["server"]["port"])
+    headers = {"Authorization": f"Bearer {CONTROLLER_TOKEN}", "Content-Type": "application/json",
+               "Accept": "application/json, text/event-stream"}
+    answers: dict[int, dict[str, Any]] = {}
+    async with serve_process(config, port) as url, aiohttp.ClientSession() as http:
+        for line in RAW_LINES:
+            async with http.post(f"{url}/mcp", data=line.encode(), headers=headers) as resp:
+                assert resp.status in (200, 202), await resp.text()
+                if "mcp-session-id" in resp.headers:
+                    headers = {**headers, "Mcp-Session-Id": resp.headers["mcp-session-id"],
+                               "MCP-Protocol-Version": "2025-06-18"}
+                if resp.status == 200:
+                    message = await resp.json()
+                    answers[message["id"]] = message
+    assert_unreadable_answered(answers)
+
+
 def test_arguments_the_sdk_parser_refuses_are_answered_invalid_input_on_the_wire(tmp_path: Path) -> None:
     """On the raw wire: a tools/call whose JSON the SDK's parser refuses (an integer of 5,000
     digits, a lone surrogate escape) used to get no answer at all (the client waited forever). Each request is
     answered, with invalid_input, and the session goes on."""
     config = mcp_config(tmp_path)
-    client = {"name": "raw", "version": "0"}
-    init = {"jsonrpc": "2.0", "id": 1, "method": "initialize",
-            "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": client}}
-
-    def call(request_id: int, arguments: str) -> str:
-        return (f'{{"jsonrpc": "2.0", "id": {request_id}, "method": "tools/call", "params": '
-                f'{{"name": "gitea_get_issue_state", "arguments": {arguments}}}}}')
-
-    lines = [
-        json.dumps(init),
-        json.dumps({"jsonrpc": "2.0", "method": "notifications/initialized"}),
-        call(2, '{"issue_number": 1' + "0" * 5000 + "}"),
-        call(3, '{"issue_number": "\\ud800"}'),
-        call(4, '{"issue_number": -' + "9" * 4301 + ', "x": "\\udfff"}'),
-        call(5, '{"issue_number": 1}'),
-    ]
+    lines = RAW_LINES
     command, *args = foreman_mcp_command(config)
     process = subprocess.Popen(
         [command, *args], env={"PATH": "/usr/bin:/bin", "FOREMAN_MCP_TOKEN": CONTROLLER_TOKEN}, cwd=REPO_ROOT,
@@ -226,11 +294,5 @@ def test_arguments_the_sdk_parser_refuses_are_answered_invalid_input_on_the_wire
     process.stdin.close()
     assert process.wait(timeout=30) == 0
     assert process.stderr is not None and b"Traceback" not in process.stderr.read()
-    for request_id in (2, 3, 4):
-        result = answers[request_id]["result"]
-        assert result["isError"] is True
-        assert result["structuredContent"]["error"] == "invalid_input", result
-        assert "nothing ran" in result["structuredContent"]["message"]
-    assert "more than 4,300 digits" in answers[2]["result"]["structuredContent"]["message"]
-    assert "lone surrogate" in answers[3]["result"]["structuredContent"]["message"]
+    assert_unreadable_answered(answers)
     assert answers[5]["result"]["isError"] is False
