@@ -35,9 +35,9 @@ from state.db import Database, utcnow
 from state.grants import GrantStore
 from state.outbox import OutboxIntent, OutboxStore
 from tests.conftest import REPO_ROOT
-from tests.support import offline_config
+from tests.support import free_port, offline_config
 from tests.test_grants import _lease_and_worktree
-from tests.test_mcp_stdio import foreman_mcp
+from tests.test_mcp_stdio import TRANSPORTS, sessions_over
 
 AUTHOR_TOKEN = "tok-author-grants"  # an ordinary [mcp.tokens] token, for the unbound session
 READ = ("gitea_get_issue_state", {"issue_number": 8})
@@ -55,6 +55,7 @@ def grants_config(tmp_path: Path) -> Path:
         "repository": {"owner": "Org", "name": "repo"},
         "roster": {"author-1": ["author"]},
         "mcp": {"tokens": {AUTHOR_TOKEN: "author-1"}},
+        "server": {"port": free_port(), "shutdown_grace_s": 1.0},
         "grants": {"author.implement": {"expires_after_s": 900, "calls": [
             {"tool": "gitea_get_issue_state", "effect": "read", "args": issue},
             {"tool": "gitea_heartbeat_lease", "effect": "mutate", "args": issue},
@@ -101,10 +102,12 @@ def denied(answer: tuple[bool, dict[str, Any]], category: str, reason: str) -> N
     assert list(doc) == ["error", "message", "remediate", "exact_next_action", "details"]
 
 
-async def test_a_real_foreman_mcp_session_bound_to_a_run_admits_only_the_grant(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize("transport", TRANSPORTS)
+async def test_a_real_session_bound_to_a_run_admits_only_the_grant(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, transport: str
 ) -> None:
-    """A real `foreman mcp` stdio session bound to a run. The grant's calls are admitted in
+    """A real session bound to a run, over `foreman mcp` (stdio) and over `foreman serve`'s `/mcp` (HTTP, the run
+    token as the bearer): the same broker, the same decisions. The grant's calls are admitted in
     order; changed, out-of-order, skipped and repeated calls are denied with the bounded category before the
     tool runs (no heartbeat, no release happened); the teardown runs once; the run's evidence is queued."""
     monkeypatch.delenv("FOREMAN_CONFIG", raising=False)
@@ -118,7 +121,7 @@ async def test_a_real_foreman_mcp_session_bound_to_a_run_admits_only_the_grant(
     run_id, token = started["run_id"], started["token"]
     assert [c["tool"] for c in started["grant"]["calls"]] == [READ[0], BEAT[0], RELEASE[0]]
 
-    async with foreman_mcp(config, token) as session:
+    async with sessions_over(transport, config) as open_session, open_session(token) as session:
         initialized_tools = {t.name for t in (await session.list_tools()).tools}
         assert initialized_tools == {READ[0], BEAT[0], RELEASE[0]}  # only the grant's tools are offered
 

@@ -34,6 +34,9 @@ CANARY = [
 ]
 CONTROLLER_TOKEN = "tok-controller-ac8"
 AUTHOR_TOKEN = "tok-author-ac8"
+REVIEWER_TOKEN = "tok-reviewer-ac8"
+MERGER_TOKEN = "tok-merger-ac8"
+STRANGER_TOKEN = "tok-stranger-ac8"  # a token whose login is on no roster
 
 
 def mcp_config(tmp_path: Path) -> Path:
@@ -42,8 +45,10 @@ def mcp_config(tmp_path: Path) -> Path:
         "database": {"synchronous": "NORMAL"},
         "gitea": {"bot_login": "foreman-bot"},
         "repository": {"owner": "acme", "name": "widgets"},
-        "roster": {"controller-bot": ["controller"], "author-1": ["author"]},
-        "mcp": {"tokens": {CONTROLLER_TOKEN: "controller-bot", AUTHOR_TOKEN: "author-1"}},
+        "roster": {"controller-bot": ["controller"], "author-1": ["author"], "rev-1": ["reviewer"],
+                   "merge-1": ["merger"]},
+        "mcp": {"tokens": {CONTROLLER_TOKEN: "controller-bot", AUTHOR_TOKEN: "author-1", REVIEWER_TOKEN: "rev-1",
+                           MERGER_TOKEN: "merge-1", STRANGER_TOKEN: "stranger"}},
         "server": {"port": free_port(), "shutdown_grace_s": 1.0},
     }))
 
@@ -134,6 +139,50 @@ async def test_ac8_an_excluded_top_ranked_issue_is_never_selected_or_leased_thro
     assert refused.pop("is_error") is True
     assert list(refused) == ["error", "message", "remediate", "exact_next_action"]
     assert refused["error"] == "not_authorized" and refused["message"] == refused["remediate"]
+    assert leases(tmp_path / "foreman.db") == [(618, "author-1", "live")]
+
+
+#: One refused call per verb family (who, tool, arguments): the role gate, ownership, a missing lease or
+#: worktree, an identity off the roster. Each must be refused with the same document over both transports.
+FAMILY_REFUSALS: list[tuple[str, str, dict[str, Any]]] = [
+    (AUTHOR_TOKEN, "gitea_allocate_next_work", {"candidates_json": CANARY, "dry_run": False}),
+    (AUTHOR_TOKEN, "gitea_heartbeat_lease", {"issue_number": 619}),
+    (AUTHOR_TOKEN, "gitea_release_lease", {"issue_number": 619, "reason": "not leased"}),
+    (REVIEWER_TOKEN, "gitea_post_issue_state", {"issue_number": 618, "state": {"state": "done"}}),
+    (AUTHOR_TOKEN, "gitea_bootstrap_issue_worktree", {"issue_number": 619}),
+    (AUTHOR_TOKEN, "gitea_lock_issue", {"issue_number": 619}),
+    (AUTHOR_TOKEN, "gitea_publish_worktree", {"issue_number": 619, "message": "work"}),
+    (AUTHOR_TOKEN, "gitea_open_pull_request", {"issue_number": 619}),
+    (AUTHOR_TOKEN, "gitea_claim_review", {"issue_number": 618}),
+    (REVIEWER_TOKEN, "gitea_submit_review", {"issue_number": 618, "verdict": "approve"}),
+    (REVIEWER_TOKEN, "gitea_merge_pull_request", {"issue_number": 618}),
+    (STRANGER_TOKEN, "gitea_get_issue_state", {"issue_number": 618}),
+    (STRANGER_TOKEN, "gitea_assess_work_issue_duplicate", {"issue_number": 618}),
+]
+
+
+async def test_a_policy_refusal_is_the_same_document_on_both_transports(tmp_path: Path) -> None:
+    """Per verb family, the refusal over stdio and over HTTP is one document (the same door decides both), and
+    neither transport lets the call through: the one lease, #618 to author-1, is unchanged."""
+    config = mcp_config(tmp_path)
+    answers: dict[str, list[dict[str, Any]]] = {}
+    for transport in TRANSPORTS:
+        async with sessions_over(transport, config) as open_session:
+            if transport == "stdio":
+                async with open_session(CONTROLLER_TOKEN) as session:
+                    await allocate(session, candidates_json=CANARY, exclude_issue_numbers=[617], dry_run=False)
+            answers[transport] = [{} for _ in FAMILY_REFUSALS]
+            for token in dict.fromkeys(token for token, _, _ in FAMILY_REFUSALS):  # one session per identity
+                async with open_session(token) as session:
+                    for index, (whose, tool, arguments) in enumerate(FAMILY_REFUSALS):
+                        if whose == token:
+                            result = await session.call_tool(tool, arguments)
+                            assert result.is_error and result.structured_content, (transport, tool, result)
+                            answers[transport][index] = result.structured_content
+    for (_, tool, _), over_stdio, over_http in zip(FAMILY_REFUSALS, answers["stdio"], answers["http"],
+                                                   strict=True):
+        assert over_stdio == over_http, (tool, over_stdio, over_http)
+        assert over_stdio["error"] != "invalid_input" or tool == "gitea_post_issue_state", (tool, over_stdio)
     assert leases(tmp_path / "foreman.db") == [(618, "author-1", "live")]
 
 
