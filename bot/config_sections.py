@@ -275,6 +275,9 @@ class BootstrapConfig(ConfigSection):
     """The worktree bootstrap transition (docs/bootstrap.md)."""
 
     lock_wait_s: float = Field(default=30.0, ge=0)  # how long a request waits for a running one on the same issue
+    # login = Unix group: a worktree created for that login is handed to the group (bot/worktree_access.py), for
+    # agents that run as Unix users of their own (docs/operating.md "Agents on their own Unix users").
+    worktree_groups: dict[str, str] = Field(default_factory=dict)
     git_timeout_s: float = Field(default=300.0, gt=0)  # per git command
     release_lease_on_failure: bool = True  # compensation releases the lease (AC5) instead of leaving it to expire
     slug_length: int = Field(default=40, ge=1, le=100)  # the title part of issue-<N>-<slug>

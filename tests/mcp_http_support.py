@@ -44,17 +44,16 @@ async def call(session: ClientSession, tool: str, **arguments: Any) -> dict[str,
 
 @asynccontextmanager
 async def serve_process(config: Path, port: int, *, env: Mapping[str, str] | None = None,
-                        user: str | None = None) -> AsyncIterator[str]:
+                        umask: int | None = None) -> AsyncIterator[str]:
     """A real ``foreman serve --config config`` listening on ``port`` (the config's); yields its base URL once
-    /healthz answers; stopped (SIGTERM, then SIGKILL) whatever happens. ``user``: run it as that Unix user."""
+    /healthz answers; stopped (SIGTERM, then SIGKILL) whatever happens. ``umask``: the process's (a deployment's
+    ``UMask=0077``)."""
     argv = [sys.executable, "-m", "bot", "serve", "--config", str(config)]
-    if user is not None:
-        argv = ["runuser", "-u", user, "--", *argv]
     stderr = config.parent / f"serve-{port}.log"
     with stderr.open("ab") as err:
         proc = await asyncio.create_subprocess_exec(
             *argv, cwd=config.parent, env={**os.environ, "PYTHONPATH": str(REPO_ROOT), **(env or {})},
-            stdout=asyncio.subprocess.DEVNULL, stderr=err)
+            stdout=asyncio.subprocess.DEVNULL, stderr=err, **({"umask": umask} if umask is not None else {}))
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = asyncio.get_running_loop().time() + HTTP_TIMEOUT_S

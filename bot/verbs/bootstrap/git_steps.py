@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from bot import gitops, worktree_files
+from bot import gitops, worktree_access, worktree_files
 from bot.core.bootstrap import (
     Blocked,
     BranchFacts,
@@ -213,6 +213,7 @@ class GitSteps(RunState):
             # half-made checkout of our own, which the replay repairs (every file there is one of the tree's).
             crash_seam(FAULT_STEP_ENV, "worktree_registered")
             self.checkout.check_out(path)
+            self._open_to_owner(t, path)
             self.fresh = True
             crash_seam(FAULT_STEP_ENV, "worktree_added")
         entry = self.checkout.worktree_at(path)
@@ -228,6 +229,18 @@ class GitSteps(RunState):
             "repaired": repaired,
             "admin_dir": str(admin.path) if admin is not None else None,
         }
+
+    def _open_to_owner(self, t: Transition, path: Path) -> None:
+        """A worktree created for a login with a configured Unix group is handed to that group before anyone
+        else can reach it (``bot.worktree_access``); without one it stays the service's alone."""
+        group = worktree_access.group_for(self.cfg.worktree_groups, t.owner)
+        if group is None:
+            return
+        try:
+            worktree_access.grant(path, self.ctx.checkout_root, group)
+        except worktree_access.WorktreeAccessError as exc:
+            raise StepFailed(Blocked("invalid_state", "worktree_access", f"{exc}; an operator makes the service "
+                                     f"a member of {group} (or fixes [bootstrap] worktree_groups)")) from exc
 
     def _registration_step(self, t: Transition) -> dict[str, Any]:
         path = Path(t.worktree_path)
