@@ -131,7 +131,7 @@ def post(url: str, body: bytes, headers: dict[str, str]) -> int:
 def attack(base: str, paths: dict[str, str]) -> int:
     # 1 and 2: the reviewer's MCP token and the identities' Gitea tokens, from the config and the credential files.
     for key in ("config", "mcp_token_file", "identity_token_file", "webhook_secret_file"):
-        attempt(f"read {key}", lambda key=key: open(paths[key], encoding="utf-8").read()[:20])  # type: ignore[misc]
+        attempt(f"read {key}", lambda key=key: open(paths[key], encoding="utf-8").read()[:20])
     # 3 and 4: another author's lease moved to itself, a row put in the outbox: the database opened for writing.
     def write_database() -> str:
         with sqlite3.connect(f"file:{paths['database']}?mode=rw", uri=True, timeout=2) as conn:

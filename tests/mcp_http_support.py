@@ -53,7 +53,7 @@ async def serve_process(config: Path, port: int, *, env: Mapping[str, str] | Non
     with stderr.open("ab") as err:
         proc = await asyncio.create_subprocess_exec(
             *argv, cwd=config.parent, env={**os.environ, "PYTHONPATH": str(REPO_ROOT), **(env or {})},
-            stdout=asyncio.subprocess.DEVNULL, stderr=err, **({"umask": umask} if umask is not None else {}))
+            stdout=asyncio.subprocess.DEVNULL, stderr=err, umask=-1 if umask is None else umask)
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = asyncio.get_running_loop().time() + HTTP_TIMEOUT_S
