@@ -126,6 +126,7 @@ class LoopHarness:
     database_url: str | None = None
     serve: asyncio.subprocess.Process | None = None
     webhook_url: str = ""
+    mcp_url: str = ""  # foreman serve's /mcp, where the agents connect
     hook_id: int | None = None
     _log_task: asyncio.Task[None] | None = field(default=None, repr=False)
 
@@ -187,6 +188,7 @@ class LoopHarness:
         except TimeoutError:
             raise StepFailed("serve", f"foreman serve did not start listening within {timeout_s:.0f}s") from None
         self.webhook_url = f"http://127.0.0.1:{bound}/webhook"
+        self.mcp_url = f"http://127.0.0.1:{bound}/mcp"
         await until("serve", self._ready, timeout_s, f"http://127.0.0.1:{bound}/readyz never answered ready")
 
     async def _pump_log(self, proc: asyncio.subprocess.Process, log: IO[str], port: asyncio.Future[int]) -> None:
@@ -333,17 +335,18 @@ async def until(step: str, probe: Callable[[], Awaitable[T | None]], timeout_s: 
 
 @asynccontextmanager
 async def mcp_session(h: LoopHarness, errlog: TextIO, login: str = AUTHOR) -> AsyncIterator[Any]:
-    """``foreman mcp`` as a subprocess with ``login``'s token, and an initialized SDK client session."""
-    from mcp import ClientSession, StdioServerParameters
-    from mcp.client.stdio import stdio_client
+    """An initialized SDK client session of ``foreman serve``'s ``/mcp`` holding only ``login``'s token, as a
+    deployed agent connects (Streamable HTTP, ``Authorization: Bearer``). ``errlog``: the client's own log lines."""
+    import httpx2
+    from mcp import ClientSession
+    from mcp.client.streamable_http import streamable_http_client
 
-    params = StdioServerParameters(
-        command=sys.executable,
-        args=["-m", "bot", "--config", str(h.config_path), "mcp"],
-        env=_subprocess_env({"FOREMAN_MCP_TOKEN": h.mcp_tokens[login]}),
-        cwd=h.root,
-    )
-    async with stdio_client(params, errlog=errlog) as (read, write), ClientSession(read, write) as session:
+    headers = {"Authorization": f"Bearer {h.mcp_tokens[login]}"}
+    async with (
+        httpx2.AsyncClient(headers=headers, timeout=60.0) as http,
+        streamable_http_client(h.mcp_url, http_client=http) as (read, write),
+        ClientSession(read, write) as session,
+    ):
         await session.initialize()
         yield session
 
@@ -490,8 +493,8 @@ async def _loop(h: LoopHarness, p: Printer, timeout_s: float) -> None:
         async with mcp_session(h, errlog) as session:
             tools = (await session.list_tools()).tools
             context = await call_tool(session, "mcp", "gitea_get_runtime_context")
-            p.step("mcp", f"{AUTHOR} connected through `foreman mcp` (stdio, its own token; {len(tools)} tools); "
-                          f"it says: {context['exact_next_action']}")
+            p.step("mcp", f"{AUTHOR} connected to foreman serve's /mcp (Streamable HTTP, its own token; "
+                          f"{len(tools)} tools); it says: {context['exact_next_action']}")
             pr = await author_steps(h, p, session, n, lease_id, worktree, branch, timeout_s)
         final = await review_merge_teardown(h, p, n, pr, worktree, branch, timeout_s, errlog)
     timeline = await h.comments(n)

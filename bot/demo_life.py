@@ -1,4 +1,4 @@
-"""`foreman demo`'s agents through `foreman mcp`: the author's steps, the review, the merge and the teardown."""
+"""`foreman demo`'s agents through `foreman serve`'s `/mcp`: the author's steps, the review, the merge, the teardown."""
 
 from __future__ import annotations
 
@@ -143,7 +143,7 @@ async def review_merge_teardown(h: LoopHarness, p: Printer, n: int, pr: int, wor
     lease = allocated.get("lease") or {}
     if (lease.get("issue_number"), lease.get("owner"), lease.get("action")) != (n, REVIEWER, "review"):
         raise StepFailed("claim", f"the review allocation answered {allocated.get('decision')}: {lease}")
-    p.step("claim", f"{CONTROLLER} through `foreman mcp`: gitea_allocate_next_work action=review: lease "
+    p.step("claim", f"{CONTROLLER} through /mcp: gitea_allocate_next_work action=review: lease "
                     f"{lease['lease_id']} for {REVIEWER} (neither the PR's author nor its implementer)")
     async with mcp_session(h, errlog, REVIEWER) as reviewer:
         verdict = await call_tool(reviewer, "review", "gitea_submit_review", issue_number=n, verdict="approve")
@@ -152,7 +152,7 @@ async def review_merge_teardown(h: LoopHarness, p: Printer, n: int, pr: int, wor
     if (last.get("user", {}).get("login"), last.get("state")) != (REVIEWER, "APPROVED"):
         found = [(r["user"]["login"], r["state"]) for r in reviews]
         raise StepFailed("review", f"PR #{pr}'s reviews on Gitea: {found}")
-    p.step("review", f"{REVIEWER} through `foreman mcp`: gitea_submit_review approve: review #{last['id']} APPROVED "
+    p.step("review", f"{REVIEWER} through /mcp: gitea_submit_review approve: review #{last['id']} APPROVED "
                      f"as {REVIEWER} on {str(verdict['review']['commit_id'])[:12]}")
     async with mcp_session(h, errlog, MERGER) as merger:
         merged = await call_tool(merger, "merge", "gitea_merge_pull_request", issue_number=n)
@@ -160,7 +160,7 @@ async def review_merge_teardown(h: LoopHarness, p: Printer, n: int, pr: int, wor
     if not seen["merged"] or seen["merge_commit_sha"] != merged["merge_commit_sha"] or (
             seen["merged_by"] or {}).get("login") != MERGER or seen["head"]["sha"] != verdict["review"]["commit_id"]:
         raise StepFailed("merge", f"PR #{pr} on Gitea: merged {seen['merged']} by {seen.get('merged_by')}")
-    p.step("merge", f"{MERGER} through `foreman mcp`: gitea_merge_pull_request: PR #{pr} merged by {MERGER} as "
+    p.step("merge", f"{MERGER} through /mcp: gitea_merge_pull_request: PR #{pr} merged by {MERGER} as "
                     f"{seen['merge_commit_sha'][:12]} (exactly the approved commit)")
     final = await _verified_comment(h, "teardown", n, f"{pull_key(FULL_NAME.lower(), n, pr)}:evidence", timeout_s)
     issue = await h.api(MAINTAINER, "GET", f"/issues/{n}")

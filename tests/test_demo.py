@@ -35,10 +35,11 @@ def test_foreman_demo_runs_the_loop_and_exits_0() -> None:
     assert "WHO_IS_NEXT: author" in out and "NEXT_ACTION: author-1: lock #1 with gitea_lock_issue" in out
     assert "NEXT_PROMPT:" in out and "<!-- foreman:evidence bootstrap-1-" in out
     assert "gitea_lock_issue: #1 locked" in out and "released (pull_request_opened)" in out
-    # The whole life: four identities, each through its own `foreman mcp`, each step read back from Gitea.
+    # The whole life: four identities, each its own session of foreman serve's /mcp, each step read back from Gitea.
+    assert "author-1 connected to foreman serve's /mcp (Streamable HTTP, its own token;" in out
     assert re.search(r"commit [0-9a-f]{12} by author-1 pushed to issue-1-make-the-widget-blue", out), out
     assert "PR #2 issue-1-make-the-widget-blue -> main, posted as author-1, body \"Closes #1\"" in out
-    assert re.search(r"controller-bot through `foreman mcp`: gitea_allocate_next_work action=review: lease lease-\S+"
+    assert re.search(r"controller-bot through /mcp: gitea_allocate_next_work action=review: lease lease-\S+"
                      r" for reviewer-1", out), out
     assert "APPROVED as reviewer-1" in out and "PR #2 merged by merger-1" in out
     assert "worktree removed, issue-1-make-the-widget-blue deleted, status:done, issue closed" in out
