@@ -190,3 +190,24 @@ def test_token_digests_must_be_sha256(tmp_path: Path) -> None:
     with pytest.raises(ValidationError, match="not an origin"):
         make_settings(tmp_path, mcp={"allowed_origins": ["agents.example.com"]})
 
+
+
+async def test_the_digest_foreman_token_digest_prints_is_what_authenticates(start: Started, tmp_path: Path) -> None:
+    """``foreman token-digest`` (no configuration read) prints the TOML line; a config holding only that line
+    serves the token's owner; an empty input is refused with the command to run."""
+    import subprocess
+    import sys
+    import tomllib
+
+    from tests.conftest import REPO_ROOT
+
+    token = "tok-printed-by-the-operator-0123456789"
+    done = subprocess.run([sys.executable, "-m", "bot", "token-digest", "--login", "author-1"], input=token + "\n",
+                          capture_output=True, text=True, timeout=60, check=True, cwd=REPO_ROOT)
+    line = tomllib.loads(done.stdout)
+    _, client = await start(make_settings(tmp_path, roster=ROSTER, mcp={"token_digests": line}))
+    async with mcp_over_http(str(client.make_url("/mcp")), token) as session:
+        assert (await call(session, "gitea_get_runtime_context"))["identity"]["login"] == "author-1"
+    refused = subprocess.run([sys.executable, "-m", "bot", "token-digest"], input="", capture_output=True, text=True,
+                             timeout=60, check=False, cwd=REPO_ROOT)
+    assert refused.returncode == 2 and "token-digest" in json.loads(refused.stderr)["exact_next_action"]

@@ -234,6 +234,9 @@ def build_parser() -> argparse.ArgumentParser:
                           help="keep its files (git repositories, foreman.toml) here (default: a new temporary folder)")
     emulator.add_argument("--hook-url", metavar="URL", help="add a signed webhook to this foreman's /webhook")
     add_json(emulator)
+    digest = add("token-digest", "print the [mcp.token_digests] entry of a token read from standard input (the "
+                 "config then holds only its SHA-256)")
+    digest.add_argument("--login", metavar="LOGIN", help="print it as a TOML line for this login")
     run = add("run", "agent runs bound to sealed grants (docs/grants.md)")
     run_sub = run.add_subparsers(dest="run_command", required=True, metavar="SUBCOMMAND")
     run_start = run_sub.add_parser("start", help="compile and seal the grant for the issue's live lease and worktree")
@@ -329,6 +332,8 @@ def _main(argv: Sequence[str] | None) -> int:
 
         return emulator_main(host=args.host, port=args.port, root=args.root, hook_url=args.hook_url,
                              as_json=args.json)
+    if args.command == "token-digest":  # reads no configuration: the operator runs it where the token is
+        return _token_digest(args.login)
     try:
         settings = load_settings(args.config)
     except ConfigError as exc:
@@ -340,6 +345,22 @@ def _main(argv: Sequence[str] | None) -> int:
     except (SchemaTooNew, DatabaseNotWritable) as exc:
         print(json.dumps(database_refusal(exc), sort_keys=True), file=sys.stderr)
         return EXIT_REFUSED
+
+
+def _token_digest(login: str | None) -> int:
+    """``foreman token-digest``: the digest of the one token on standard input (a trailing newline dropped)."""
+    import hashlib
+
+    token = sys.stdin.buffer.read(1 << 16).removesuffix(b"\n").removesuffix(b"\r")
+    if not token or any(byte <= 0x20 for byte in token):
+        refusal = {"error": "invalid_input",
+                   "message": "standard input must hold one token (no spaces or line breaks inside it)",
+                   "exact_next_action": 'printf %s "$TOKEN" | foreman token-digest'}
+        print(json.dumps(refusal), file=sys.stderr)
+        return EXIT_USAGE
+    digest = f"sha256:{hashlib.sha256(token).hexdigest()}"
+    print(f'"{login}" = "{digest}"' if login else digest)
+    return 0
 
 
 def database_refusal(exc: SchemaTooNew | DatabaseNotWritable) -> dict[str, Any]:
