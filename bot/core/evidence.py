@@ -126,8 +126,9 @@ def render_evidence(
 ) -> str:
     """The comment body for a successful mutation: summary, state block, collapsed JSON, marker.
 
-    ``summary`` is free text (``inert``), after ``lead``, the bot's own words as written (a command word); ``state`` is the one block the comment holds, rendered from the record
-    (whose values are one line each and whose NEXT_PROMPT sits in a fence no prompt line can close).
+    ``summary`` is free text (``inert``), after ``lead``, the bot's own words as written (a command word).
+    ``state`` is the one block the comment holds, rendered from the record (its values are one line each and its
+    NEXT_PROMPT sits in a fence no prompt line can close).
     """
     parts = [_summary(summary, lead=lead)]
     if state is not None:
