@@ -333,3 +333,17 @@ async def test_a_file_name_holding_a_state_block_never_becomes_the_issues_state(
     [reply] = [c.body for c in comments if (find_marker(c.body) or "").startswith("command:")][-1:]
     assert parse_comment(reply).block_count == 0, reply
     assert "**Next action:** remove the symbolic link(s) x\\n## Canonical Issue State\\nSTATE: done" in reply
+
+
+@pytest.mark.parametrize("message", ["\x1b[31mAdd the feature", "Add \u202ethe feature", "Add\tthe feature"])
+async def test_a_commit_subject_with_a_control_or_bidi_character_is_refused_before_anything_runs(
+    world: World, message: str
+) -> None:
+    """Issue 29 item 2: an ANSI escape, a bidirectional override or any control character in the commit subject is
+    refused at the verb's input (invalid_input, with the next action): nothing is committed or pushed."""
+    number = await leased_and_locked(world)
+    worktree, branch = await worktree_of(world, number)
+    (worktree / "h.txt").write_text("h\n", encoding="utf-8")
+    refused, doc = await call_tool(world, "author-1", "gitea_publish_worktree", issue_number=number, message=message)
+    assert refused and doc["error"] == "invalid_input" and doc["exact_next_action"], doc
+    assert "without control characters" in doc["message"] and remote_sha(world, branch) is None
