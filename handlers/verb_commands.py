@@ -156,12 +156,12 @@ def _reply_body(key: str, command: CommentCommand, result: VerbResult) -> str:
         return _allocate_reply(key, command, doc)
     issue, lease = doc.get("issue_number"), doc.get("lease") or {}
     if command.verb.name == "heartbeat_lease":
-        summary = f"{what}: the lease on #{issue} now runs until {lease.get('expires_at')}."
+        lead, summary = f"{what}: ", f"the lease on #{issue} now runs until {lease.get('expires_at')}."
     elif command.verb.name == "release_lease":
-        summary = f"{what}: the lease on #{issue} is released ({lease.get('end_reason')})."
+        lead, summary = f"{what}: ", f"the lease on #{issue} is released ({lease.get('end_reason')})."
     else:
-        summary = f"{what} done on #{issue}: {doc.get('status', 'ok')}."
-    return render_evidence(key=key, summary=summary, state=None, evidence=doc)
+        lead, summary = f"{what} ", f"done on #{issue}: {doc.get('status', 'ok')}."
+    return render_evidence(key=key, summary=summary, state=None, evidence=doc, lead=lead)
 
 
 def _allocate_reply(key: str, command: CommentCommand, doc: dict[str, Any]) -> str:

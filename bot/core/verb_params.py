@@ -38,6 +38,11 @@ ParamKind = Literal[
 # ``$`` also matches before a final newline), and no string accepts a lone surrogate (``\uD800-\uDFFF``).
 
 _NO_SURROGATE = r"\uD800-\uDFFF"
+#: What a line of text may not hold (a line break aside): C0 controls and DEL (ESC starts an ANSI sequence), C1
+#: controls (NEL breaks a line), the line and paragraph separators, and the bidirectional marks, embeddings,
+#: overrides and isolates (they reorder what a reader sees). A NEXT_PROMPT line may hold a tab (code); others not.
+_UNSEEN_IN_PROMPT = r"\u0000-\u0008\u000B-\u001F\u007F-\u009F\u061C\u200E\u200F\u2028-\u202E\u2066-\u2069"
+_UNSEEN = r"\u0009" + _UNSEEN_IN_PROMPT
 _LOGIN = r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,39}"
 #: ``owner/name`` of a repository (Gitea's owner and repository name characters).
 _REPOSITORY_NAME = _LOGIN + r"/[A-Za-z0-9_.-]{1,100}"
@@ -45,11 +50,11 @@ _SHA = r"[0-9a-f]{40}(?:[0-9a-f]{24})?"
 _FINGERPRINT = r"[0-9a-f]{64}"
 _KEY = r"[A-Za-z0-9][A-Za-z0-9._:-]{0,99}"  # as bot.core.bootstrap accepts them
 #: One line (no CR or LF) with at least one non-space character.
-_TEXT = rf"[^\S\r\n]*[^\s{_NO_SURROGATE}][^\r\n{_NO_SURROGATE}]*"
+_TEXT = rf"[^\S\r\n{_UNSEEN}]*[^\s{_NO_SURROGATE}{_UNSEEN}][^\r\n{_NO_SURROGATE}{_UNSEEN}]*"
 #: One stripped, non-empty line (a Canonical Issue State field).
-_LINE = rf"[^\s{_NO_SURROGATE}](?:[^\r\n{_NO_SURROGATE}]*[^\s{_NO_SURROGATE}])?"
+_LINE = rf"[^\s{_NO_SURROGATE}{_UNSEEN}](?:[^\r\n{_NO_SURROGATE}{_UNSEEN}]*[^\s{_NO_SURROGATE}{_UNSEEN}])?"
 #: NEXT_PROMPT: LF line breaks, no trailing whitespace on a line, no leading or trailing blank line; may be empty.
-_PROMPT_LINE = rf"[^\r\n{_NO_SURROGATE}]*[^\s{_NO_SURROGATE}]"
+_PROMPT_LINE = rf"[^\r\n{_NO_SURROGATE}{_UNSEEN_IN_PROMPT}]*[^\s{_NO_SURROGATE}{_UNSEEN_IN_PROMPT}]"
 _PROMPT = rf"(?:{_PROMPT_LINE}(?:\n+{_PROMPT_LINE})*)?"
 _ANY_TEXT = rf"[^{_NO_SURROGATE}]*"
 _RFC3339 = r"[0-9]{4}-[0-9]{2}-[0-9]{2}[Tt][0-9]{2}:[0-9]{2}:[0-9]{2}(?:\.[0-9]+)?(?:[Zz]|[+-][0-9]{2}:[0-9]{2})"
@@ -340,7 +345,8 @@ class Param:
 
     def _expected(self) -> str:
         if self.kind == "text":
-            return f"expected one line of 1 to {self.max_length} characters, not all spaces"
+            return (f"expected one line of 1 to {self.max_length} characters, not all spaces, without control "
+                    "characters (tab, ESC, NUL, ...) or bidirectional overrides")
         if self.kind == "choice":
             return f"expected one of {', '.join(self.choices)}"
         return _KIND_PROBLEMS[self.kind]

@@ -187,8 +187,8 @@ class Binding(RunState):
         )
         body = render_evidence(
             key=key,
-            summary=(f"Bootstrapped #{t.issue_number} for {t.owner}: branch `{t.branch}` at `{result['head_sha']}`,"
-                     f" worktree `branches/{t.branch}` registered and bound to lease {t.lease_id}."),
+            summary=(f"Bootstrapped #{t.issue_number} for {t.owner}: branch {t.branch} at {result['head_sha']},"
+                     f" worktree branches/{t.branch} registered and bound to lease {t.lease_id}."),
             state=state,
             evidence={"action": "bootstrap_issue_worktree", **result},
         )
