@@ -308,7 +308,7 @@ class McpConfig(ConfigSection):
     tokens: dict[str, str] = Field(default_factory=dict)
     # login = file holding that login's token (one secret per file, e.g. systemd credentials); merged into tokens.
     token_files: dict[str, Path] = Field(default_factory=dict)
-    token_digests: dict[str, str | list[str]] = Field(default_factory=dict)
+    token_digests: dict[str, list[str]] = Field(default_factory=dict)
     # Browser origins allowed to call /mcp (a request without Origin is always allowed: agents send none).
     allowed_origins: list[str] = Field(default_factory=list)
     max_body_bytes: int = Field(default=1 << 20, ge=4096, le=64 << 20)
@@ -319,11 +319,18 @@ class McpConfig(ConfigSection):
     # A session with no request for this long is closed; its client opens a new one.
     session_idle_s: float = Field(default=1800.0, gt=0, le=7 * 86400)
 
+    @field_validator("token_digests", mode="before")
+    @classmethod
+    def _one_digest_is_a_list_of_one(cls, value: Any) -> Any:
+        if isinstance(value, dict):
+            return {login: [digests] if isinstance(digests, str) else digests for login, digests in value.items()}
+        return value
+
     @field_validator("token_digests")
     @classmethod
-    def _digests_are_sha256(cls, value: dict[str, str | list[str]]) -> dict[str, str | list[str]]:
+    def _digests_are_sha256(cls, value: dict[str, list[str]]) -> dict[str, list[str]]:
         for login, digests in value.items():
-            for digest in [digests] if isinstance(digests, str) else digests:
+            for digest in digests:
                 if not TOKEN_DIGEST.fullmatch(digest):
                     raise ValueError(f"{login}: a digest is 'sha256:' and 64 lowercase hex digits (foreman "
                                      "token-digest prints one from the token on its standard input)")
@@ -343,7 +350,7 @@ class McpConfig(ConfigSection):
         pairs = [(f"sha256:{hashlib.sha256(token.encode()).hexdigest()}", login)
                  for token, login in self.tokens.items()]
         for login, digests in self.token_digests.items():
-            pairs += [(digest, login) for digest in ([digests] if isinstance(digests, str) else digests)]
+            pairs += [(digest, login) for digest in digests]
         return pairs
 
 

@@ -35,7 +35,7 @@ def test_every_list_valued_key_is_known_to_this_audit() -> None:
             found.add(section)
     assert found == {
         "webhook.secrets", "allocator.priority_labels", "allocator.protected_issues", "allocator.protected_labels",
-        "roster", "repositories",
+        "roster", "repositories", "mcp.token_digests", "mcp.allowed_origins",
     }
 
 
@@ -86,6 +86,10 @@ def test_a_list_from_the_environment_takes_every_element_or_refuses_naming_the_k
         ("[roster]\nalice = 'author'\n", "roster.alice"),
         ("[webhook]\nsecrets = 'a-secret-of-sufficient-length'\n", "webhook.secrets"),
         ("repositories = 'acme/widgets'\n", "repositories"),
+        ("[mcp]\nallowed_origins = 'https://agents.example'\n", "mcp.allowed_origins"),
+        ("[mcp]\nallowed_origins = ['https://agents.example', 'agents.example']\n", "mcp.allowed_origins"),
+        ("[mcp.token_digests]\nalice = ['sha256:" + "a" * 64 + "', 5]\n", "mcp.token_digests.alice.1"),
+        ("[mcp.token_digests]\nalice = ['sha256:" + "a" * 64 + "', 'sha256:A']\n", "mcp.token_digests"),
         ("[[repositories]]\nowner = 'acme'\n", "repositories.0.name"),
         ("[[repositories]]\nowner = 'acme'\nname = 'w'\n[[repositories]]\nname = 'g'\n", "repositories.1.owner"),
         ("[[repositories]]\nowner = 'acme'\nname = 'w'\nroster = { alice = 'author' }\n",
@@ -111,6 +115,8 @@ def test_good_lists_keep_every_element(tmp_path: Path) -> None:
     assert settings.allocator.priority_labels == ["p0", "p1", "p2"]
     assert settings.roster["alice"] == ["author", "reviewer"]
     assert len(settings.webhook_secrets()) == 2
+    digests = _load(tmp_path, "[mcp.token_digests]\nalice = ['sha256:" + "a" * 64 + "', 'sha256:" + "b" * 64 + "']\n")
+    assert [login for _, login in digests.mcp.digests()] == ["alice", "alice"]
     many = _load(tmp_path, "[[repositories]]\nowner = 'acme'\nname = 'w'\n[[repositories]]\nowner = 'acme'\n"
                  "name = 'g'\nroster = { alice = ['author', 'reviewer'] }\n")
     assert many.repository_keys() == ["acme/w", "acme/g"]
