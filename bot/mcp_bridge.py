@@ -509,8 +509,9 @@ def sse_events(response: IO[bytes] | http.client.HTTPResponse, state: _Sse) -> I
                           {"limit_bytes": MAX_ANSWER_BYTES})
         line = line.rstrip(b"\r\n")
         if not line:
-            if data and event in (b"", b"message"):
-                yield b"\n".join(data)
+            joined = b"\n".join(data)
+            if joined and event in (b"", b"message"):  # an empty data buffer dispatches nothing (the SSE rules)
+                yield joined
             data, size, event = [], 0, b""
             continue
         if line.startswith(b":"):

@@ -26,8 +26,8 @@ import uvicorn
 from mcp.server import Server, ServerRequestContext
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 
-GOOD_TOKEN = "good-token"  # noqa: S105 (a test's token)
-RATE_LIMITED_TOKEN = "slow-down"  # noqa: S105
+GOOD_TOKEN = "good-token"
+RATE_LIMITED_TOKEN = "slow-down"
 PATH = "/mcp"
 
 Scope = MutableMapping[str, Any]
