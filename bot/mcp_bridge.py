@@ -238,12 +238,15 @@ class Stdout:
         self.closed = False
 
     def send(self, message: Any) -> None:
-        line = json.dumps(message, separators=(",", ":")).encode("utf-8") + b"\n"
+        self.send_line(json.dumps(message, separators=(",", ":")).encode("utf-8"))
+
+    def send_line(self, line: bytes) -> None:
+        """Write one line (``line`` holds no newline)."""
         with self._lock:
             if self.closed:
                 return
             try:
-                self._stream.write(line)
+                self._stream.write(line + b"\n")
                 self._stream.flush()
             except (OSError, ValueError):
                 self.closed = True
@@ -253,6 +256,49 @@ class Stdout:
         if data is not None:
             error["data"] = data
         self.send({"jsonrpc": "2.0", "id": request_id, "error": error})
+
+
+#: Integers longer than this are kept as their digits when a message is read (Python's int conversion limit is
+#: 4,300 digits; the bridge forwards what it reads, it does not check it: the server answers such a call).
+_MAX_INT_DIGITS = 4000
+
+
+class _Digits(str):
+    """An integer of more digits than :data:`_MAX_INT_DIGITS`, kept as its text."""
+
+    __slots__ = ()
+
+
+def _integer(text: str) -> int | str:
+    return int(text) if len(text) <= _MAX_INT_DIGITS else _Digits(text)
+
+
+def loads(data: bytes) -> Any:
+    """A JSON-RPC message read only to see what it is (its bytes are what is forwarded): any integer is accepted,
+    however long. Raises ValueError for text that is not JSON."""
+    return json.loads(data, parse_int=_integer)
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """One JSON-RPC message from the server: as read (to see what it answers) and as the one line the host gets
+    (the server's own bytes; the line breaks of a JSON text are whitespace, so they become spaces)."""
+
+    message: Any
+    line: bytes
+
+
+def answers_of(data: bytes) -> list[Answer]:
+    """The messages of a JSON body or an SSE event: one, or each of a batch. Raises Refused for text that is not
+    JSON."""
+    try:
+        doc = loads(data)
+    except ValueError as exc:
+        raise Refused(f"bad_answer: the server sent a message that is not JSON ({exc})",
+                      {"body": data[:2000].decode("utf-8", "replace")[:500]}) from None
+    if isinstance(doc, list):
+        return [Answer(item, json.dumps(item, separators=(",", ":")).encode()) for item in doc]
+    return [Answer(doc, data.strip().replace(b"\r", b" ").replace(b"\n", b" "))]
 
 
 def request_ids(message: Any) -> list[Any]:
@@ -403,7 +449,7 @@ class Upstream:
         return Refused(message, {"error": "unreachable", "url": self.endpoint.shown, "reason": reason,
                                  "remediate": "Check that foreman serve runs and that --url names its /mcp."})
 
-    def post(self, body: bytes, deliver: Callable[[Any], None], *, initialize: bool = False) -> _Sse | None:
+    def post(self, body: bytes, deliver: Callable[[Answer], None], *, initialize: bool = False) -> _Sse | None:
         """POST one stdin message; each JSON-RPC message of the answer goes to ``deliver``. For ``initialize``,
         the session id and protocol version are taken from the answer (none are sent with it). The SSE stream's
         resumption state when the answer was one."""
@@ -421,17 +467,17 @@ class Upstream:
                 with self._lock:
                     self.session_id = session
 
-                def take_version(message: Any) -> None:
-                    result = message.get("result") if isinstance(message, dict) else None
+                def take_version(answer: Answer) -> None:
+                    result = answer.message.get("result") if isinstance(answer.message, dict) else None
                     version = result.get("protocolVersion") if isinstance(result, dict) else None
                     if isinstance(version, str) and version.isprintable() and version.isascii():
                         self.protocol_version = version
-                    deliver(message)
+                    deliver(answer)
 
                 return self._read_answer(response, take_version)
             return self._read_answer(response, deliver)
 
-    def _read_answer(self, response: http.client.HTTPResponse, deliver: Callable[[Any], None]) -> _Sse | None:
+    def _read_answer(self, response: http.client.HTTPResponse, deliver: Callable[[Answer], None]) -> _Sse | None:
         kind = (response.getheader("Content-Type") or "").split(";", 1)[0].strip().lower()
         if response.status in (202, 204):
             response.read()
@@ -439,7 +485,8 @@ class Upstream:
         if kind == "text/event-stream":
             sse = _Sse()
             for data in sse_events(response, sse):
-                deliver(_json_message(data))
+                for answer in answers_of(data):
+                    deliver(answer)
             return sse
         body = _read_at_most(response, MAX_ANSWER_BYTES + 1)
         if not body.strip():
@@ -450,12 +497,11 @@ class Upstream:
         if len(body) > MAX_ANSWER_BYTES:
             raise Refused("too_large: the server's answer is larger than the bridge reads",
                           {"status": response.status, "limit_bytes": MAX_ANSWER_BYTES})
-        message = _json_message(body)
-        for item in message if isinstance(message, list) else [message]:
-            deliver(item)
+        for answer in answers_of(body):
+            deliver(answer)
         return None
 
-    def resume(self, sse: _Sse, deliver: Callable[[Any], None]) -> _Sse | None:
+    def resume(self, sse: _Sse, deliver: Callable[[Answer], None]) -> _Sse | None:
         """GET the stream again from after ``sse.last_id`` (the server closed it before the answer came)."""
         headers = self.headers(_ACCEPT_GET, body=False)
         headers["Last-Event-ID"] = sse.last_id or ""
@@ -484,14 +530,6 @@ def _read_at_most(response: http.client.HTTPResponse, limit: int) -> bytes:
         return response.read(limit)
     except (OSError, http.client.HTTPException):
         return b""
-
-
-def _json_message(data: bytes) -> Any:
-    try:
-        return json.loads(data)
-    except ValueError as exc:
-        raise Refused(f"bad_answer: the server sent a message that is not JSON ({exc})",
-                      {"body": data[:2000].decode("utf-8", "replace")[:500]}) from None
 
 
 def sse_events(response: IO[bytes] | http.client.HTTPResponse, state: _Sse) -> Iterator[bytes]:
@@ -569,7 +607,7 @@ class Bridge:
     def forward(self, line: bytes) -> None:
         """Send one stdin line on its way: parsed only to know what it is; the bytes sent are the host's own."""
         try:
-            message = json.loads(line)
+            message = loads(line)
         except ValueError as exc:
             self.stdout.error(None, PARSE_ERROR, f"Parse error: {exc}")
             return
@@ -609,10 +647,10 @@ class Bridge:
         """POST one message; every request of it is answered on stdout, by the server or with the refusal."""
         waiting = set(map(_key, request_ids(message)))
 
-        def deliver(answer: Any) -> None:
-            if _is_answer(answer):
-                waiting.discard(_key(answer["id"]))
-            self.stdout.send(answer)
+        def deliver(answer: Answer) -> None:
+            if _is_answer(answer.message):
+                waiting.discard(_key(answer.message["id"]))
+            self.stdout.send_line(answer.line)
 
         try:
             try:

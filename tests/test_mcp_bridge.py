@@ -13,6 +13,7 @@ import subprocess
 import sys
 import threading
 import time
+import tomllib
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -415,3 +416,91 @@ def test_a_refusal_keeps_the_servers_json_or_the_start_of_its_body() -> None:
     html = refusal_of(502, "Bad Gateway", b"<html>" + b"x" * 1000, "3")
     assert isinstance(html, Refused) and html.message == "HTTP 502: Bad Gateway (retry after 3 s)"
     assert html.data == {"status": 502, "body": "<html>" + "x" * 494}
+
+
+# --- against a real `foreman serve`'s /mcp ----------------------------------------------------------------------------
+
+
+@asynccontextmanager
+async def foreman_serve(tmp_path: Path) -> AsyncIterator[str]:
+    """A real `foreman serve` on tests/test_mcp_stdio.py's configuration; its ``/mcp`` URL."""
+    from tests.mcp_http_support import serve_process
+    from tests.test_mcp_stdio import mcp_config
+
+    config = mcp_config(tmp_path)
+    port = int(tomllib.loads(config.read_text(encoding="utf-8"))["server"]["port"])
+    async with serve_process(config, port) as base:
+        yield f"{base}/mcp"
+
+
+async def test_through_the_bridge_foreman_serve_answers_as_it_answers_its_own_http_clients(tmp_path: Path) -> None:
+    """Issue 28 item 2 against the service itself: the same tools (schemas included), the same allocation and the
+    same policy refusal through the bridge as through the SDK's Streamable HTTP client; an unknown token is the
+    service's own 401 refusal, as the answer to initialize."""
+    from tests.mcp_http_support import mcp_over_http
+    from tests.test_mcp_stdio import AUTHOR_TOKEN, CANARY, CONTROLLER_TOKEN, allocate, leases
+
+    async with foreman_serve(tmp_path) as url:
+        with anyio.fail_after(HANG_S):
+            async with mcp_over_http(url, CONTROLLER_TOKEN) as direct:
+                tools = [tool.model_dump() for tool in (await direct.list_tools()).tools]
+                dry = await allocate(direct, candidates_json=CANARY, exclude_issue_numbers=[617])
+            async with mcp_over_http(url, AUTHOR_TOKEN) as direct:
+                refusal = await allocate(direct, candidates_json=CANARY, dry_run=False)
+            async with bridged(url, CONTROLLER_TOKEN) as session:
+                await session.initialize()
+                assert [tool.model_dump() for tool in (await session.list_tools()).tools] == tools
+                assert await allocate(session, candidates_json=CANARY, exclude_issue_numbers=[617]) == dry
+                applied = await allocate(session, candidates_json=CANARY, exclude_issue_numbers=[617], dry_run=False,
+                                         expected_fingerprint=dry["fingerprint"])
+                assert applied["applied"] is True and applied["issue_number"] == 618, applied
+            async with bridged(url, AUTHOR_TOKEN) as session:
+                await session.initialize()
+                assert await allocate(session, candidates_json=CANARY, dry_run=False) == refusal
+                assert refusal["is_error"] is True and refusal["error"] == "not_authorized"
+            async with bridged(url, "tok-guessed") as session:
+                with pytest.raises(MCPError) as refused:
+                    await session.initialize()
+    assert refused.value.code == REFUSED_CODE and refused.value.message.startswith("unauthorized: ")
+    assert refused.value.data["error"] == "unauthorized" and refused.value.data["exact_next_action"]
+    assert leases(tmp_path / "foreman.db") == [(618, "author-1", "live")]
+
+
+async def test_through_the_bridge_foreman_serve_enforces_exactly_its_published_schema(tmp_path: Path) -> None:
+    """tests/test_mcp_stdio.py's schema probes (the 5,000-digit integer included: the bridge forwards the host's
+    bytes, it does not parse them into numbers) through the bridge: invalid_input exactly where the listed schema
+    says invalid."""
+    from tests.test_mcp_stdio import CONTROLLER_TOKEN, STDIO_PROBES
+    from tests.test_verbs_table import schema_verdict
+
+    async with foreman_serve(tmp_path) as url:
+        with anyio.fail_after(HANG_S * 3):
+            async with bridged(url, CONTROLLER_TOKEN) as session:
+                await session.initialize()
+                tools = {tool.name: tool for tool in (await session.list_tools()).tools}
+                for tool, arguments in STDIO_PROBES:
+                    expected = schema_verdict(tools[tool].input_schema, arguments)
+                    result = await session.call_tool(tool, arguments)
+                    doc = result.structured_content
+                    assert doc is not None, (tool, arguments)
+                    assert (bool(result.is_error) and doc["error"] == "invalid_input") == (not expected), (tool, doc)
+
+
+async def test_through_the_bridge_arguments_the_sdk_parser_refuses_are_answered_invalid_input(
+    tmp_path: Path
+) -> None:
+    """tests/test_mcp_stdio.py's raw-wire case, sent at once through the bridge to `foreman serve`: every request
+    answered (the service's invalid_input, saying nothing ran), the last one served."""
+    from tests.test_mcp_stdio import CONTROLLER_TOKEN, RAW_LINES, assert_unreadable_answered
+
+    answers: dict[int, dict[str, Any]] = {}
+    async with foreman_serve(tmp_path) as url:
+        with raw_bridge(url, token=CONTROLLER_TOKEN) as bridge:
+            bridge.send(*(line.encode() for line in RAW_LINES))
+            for _ in range(5):
+                message = await anyio.to_thread.run_sync(bridge.receive)
+                answers[message["id"]] = message
+            assert await anyio.to_thread.run_sync(bridge.close_stdin) == 0
+    assert "Traceback" not in bridge.stderr()
+    assert_unreadable_answered(answers)
+    assert answers[5]["result"]["isError"] is False
