@@ -731,7 +731,8 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
         return _refuse(_refusal("invalid_input", "--url", f"foreman mcp: {exc}",
                                 "Run it as: foreman mcp --url http://HOST:PORT/mcp (the token in FOREMAN_MCP_TOKEN).",
                                 "start foreman mcp --url URL again"))
-    return serve(args.url[0] if args.url else None, environ, ignored=[*args.config, *args.repository])
+    ignored = [arg for arg in argv if arg.split("=", 1)[0] in _GLOBAL_VALUED]  # before mcp or after it
+    return serve(args.url[0] if args.url else None, environ, ignored=ignored)
 
 
 def serve(url: str | None, environ: Mapping[str, str], *, ignored: Sequence[object] = ()) -> int:
