@@ -325,7 +325,11 @@ class Refused(Exception):
 
 
 class SessionGone(Refused):
-    """404 to a request that carried the session id: the server no longer knows the session."""
+    """404 to a request that carried the session id ``session``: the server no longer knows the session."""
+
+    def __init__(self, message: str, data: dict[str, Any], session: str) -> None:
+        super().__init__(message, data)
+        self.session = session
 
 
 def refusal_of(status: int, reason: str, body: bytes, retry_after: str | None) -> Refused:
@@ -443,8 +447,12 @@ class Upstream:
             self._keep(conn, response)
             return
 
+    def redact(self, text: str) -> str:
+        """``text`` without the token (a diagnostic never prints it)."""
+        return text.replace(self._token, "<token>")
+
     def _unreachable(self, exc: BaseException) -> Refused:
-        reason = str(exc) or type(exc).__name__
+        reason = self.redact(str(exc) or type(exc).__name__)
         message = f"unreachable: cannot reach foreman's MCP endpoint {self.endpoint.shown} ({reason})"
         return Refused(message, {"error": "unreachable", "url": self.endpoint.shown, "reason": reason,
                                  "remediate": "Check that foreman serve runs and that --url names its /mcp."})
@@ -460,7 +468,7 @@ class Upstream:
                 refused = refusal_of(response.status, response.reason, _read_at_most(response, MAX_REFUSAL_BYTES),
                                      response.getheader("Retry-After"))
                 if response.status == 404 and sent_session is not None:
-                    raise SessionGone(refused.message, refused.data)
+                    raise SessionGone(refused.message, refused.data, sent_session)
                 raise refused
             if initialize:
                 session = response.getheader("Mcp-Session-Id")
@@ -673,14 +681,15 @@ class Bridge:
             for request_id in [item for item in request_ids(message) if _key(item) in waiting]:
                 self.stdout.error(request_id, REFUSED_CODE, refused.message, refused.data)
         except Exception as exc:  # never a traceback on stdout, never an unanswered request
-            _say(f"unexpected failure: {type(exc).__name__}: {exc}")
+            failure = self.upstream.redact(f"{type(exc).__name__}: {exc}")
+            _say(f"unexpected failure: {failure}")
             for request_id in [item for item in request_ids(message) if _key(item) in waiting]:
-                self.stdout.error(request_id, REFUSED_CODE, f"bridge_error: {type(exc).__name__}: {exc}")
+                self.stdout.error(request_id, REFUSED_CODE, f"bridge_error: {failure}")
 
     def _renew(self, gone: SessionGone) -> bool:
         """Open the session again with the host's own ``initialize`` (its answer is not shown to the host) and
         ``notifications/initialized``; True when a session is open now."""
-        stale = self.upstream.session_id
+        stale = gone.session
         with self._renew_lock:
             if self.upstream.session_id != stale:  # another request renewed it meanwhile
                 return True
