@@ -374,7 +374,7 @@ class McpHttp:
             return endpoint.response()
         endpoint.in_flight += 1
         try:
-            return await _serve_asgi(endpoint.manager.handle_request, request, _answerable(body), principal)
+            return await _serve_asgi(endpoint.manager.handle_request, request, await _answerable(body), principal)
         finally:
             endpoint.in_flight -= 1
             endpoint.last_used = time.monotonic()
@@ -435,16 +435,19 @@ async def _read_body(request: web.Request, limit: int) -> bytes | Refusal:
     return b"".join(chunks)
 
 
-def _answerable(body: bytes) -> bytes:
+async def _answerable(body: bytes) -> bytes:
     """The body with a ``tools/call`` whose arguments the SDK's parser refuses made answerable (as over stdio:
-    ``bot.mcp_server.readable``), so both transports answer it ``invalid_input``."""
-    from bot.mcp_server import readable
+    ``bot.mcp_server.readable``), so both transports answer it ``invalid_input``. The look at a suspicious body (a
+    pass over up to ``max_body_bytes``) runs in a thread, never on the event loop."""
+    from bot.mcp_server import needs_a_look, readable
 
     try:
         text = body.decode("utf-8")
     except UnicodeDecodeError:
         return body
-    repaired = readable(text)
+    if not needs_a_look(text):
+        return body
+    repaired = await asyncio.to_thread(readable, text)
     return body if repaired is text else repaired.encode("utf-8")
 
 
