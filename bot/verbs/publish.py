@@ -90,6 +90,10 @@ async def _run(
         raise _Refused(envelope(
             "invalid_state", f"the registered worktree {worktree} is not below {checkout.branches_root}",
             "foreman publishes only a worktree under branches/.", f"call gitea_bootstrap_issue_worktree for #{issue}"))
+    try:  # before any git runs (and again before each of the worktree's git commands)
+        await asyncio.to_thread(checkout.check_worktree, worktree)
+    except gitops.WorktreeRefused as exc:
+        raise _Refused(worktree_refused(exc, issue)) from exc
     parent = await asyncio.to_thread(checkout.branch_sha, branch)
     key = _key(values, lease, message, parent)
     pub = await store.get(rt.repo, key)
@@ -110,7 +114,10 @@ async def _run(
                                     message_digest=_digest(message), parent_sha=parent, now=rt.clock())
     if pub.phase == "started":
         author = rt.settings.publish.author_of(caller.login)
-        sha = await asyncio.to_thread(_commit, checkout, worktree, branch, pub, message, author)
+        try:
+            sha = await asyncio.to_thread(_commit, checkout, worktree, branch, pub, message, author)
+        except gitops.WorktreeRefused as exc:  # changed since the check above: nothing was committed
+            raise _Refused(worktree_refused(exc, issue)) from exc
         async with rt.db.transaction() as conn:
             pub = await store.advance(conn, pub, "committed", commit_sha=sha, now=rt.clock())
     if pub.phase == "committed":
@@ -167,6 +174,21 @@ def _push(checkout: gitops.ControlCheckout, ctx: BootstrapContext, pub: Publicat
     if refusal is not None:
         raise _Refused(stale_branch(pub, remote, refusal))
     return remote
+
+
+def worktree_refused(exc: gitops.WorktreeRefused, issue: int) -> Envelope:
+    """The worktree's ``.git`` file or registration is not what foreman wrote: git was not run on it."""
+    restore = exc.restore
+    then = (f"An operator who has looked at the worktree writes back what git wrote with: {restore}" if restore
+            else "Only a fresh bootstrap of the issue registers a worktree again.")
+    return envelope(
+        "invalid_state", str(exc),
+        "foreman runs git on a worktree only through the registration it made; nothing was committed or pushed. "
+        + then,
+        f"call gitea_post_issue_state with issue_number={issue}, state blocked, who_is_next controller and blockers "
+        f"naming the worktree's .git file",
+        worktree=str(exc.worktree), registration=str(exc.admin) if exc.admin is not None else None,
+        problems=list(exc.problems), restore=restore)
 
 
 def stale_branch(pub: Publication, remote: str | None, detail: str) -> Envelope:
