@@ -20,7 +20,7 @@ import logging
 import time
 from collections import OrderedDict, deque
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from aiohttp import web
@@ -84,11 +84,7 @@ class Principal:
 
     key: str
     login: str | None = None
-    run_token: str | None = None
-
-    @property
-    def shown(self) -> str:
-        return self.key
+    run_token: str | None = field(default=None, repr=False)  # the run's own token: binds it, never shown
 
 
 @dataclass(frozen=True, slots=True)
@@ -270,7 +266,7 @@ class McpHttp:
         if endpoint.task is not None and endpoint.task.done():
             self._endpoints.pop(principal.key, None)
             log.error("mcp: the session manager of %s stopped; it is started again on the next request",
-                      principal.shown)
+                      principal.key)
             return _refusal(503, None, "unavailable", "the MCP endpoint could not serve this request",
                             "Retry; an operator reads the service log if it keeps failing.",
                             "retry the request in a few seconds")
@@ -530,7 +526,7 @@ async def _serve_asgi(app: Callable[..., Awaitable[None]], request: web.Request,
             await stream.write_eof()
         return stream
     if not finished and not chunks and status == 500:
-        log.error("mcp: the session manager answered nothing for %s", principal.shown)
+        log.error("mcp: the session manager answered nothing for %s", principal.key)
         return _refusal(500, None, "internal_error", "the MCP request got no answer; see the service log",
                         "Retry; an operator reads the service log.", "retry the request").response()
     response = web.Response(status=status, body=b"".join(chunks))
