@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bot import worktree_access
 from bot.core.bootstrap import ref_name_problems
 from bot.worktree_files import read_text
 
@@ -447,6 +448,19 @@ class WorktreeRefused(GitFailure):
         return (f"rm -rf -- {shlex.quote(dotgit)} && printf 'gitdir: %s\\n' {shlex.quote(admin)} > "
                 f"{shlex.quote(dotgit)} && printf '%s\\n' {shlex.quote(dotgit)} > {shlex.quote(admin + '/gitdir')} && "
                 f"printf '../..\\n' > {shlex.quote(admin + '/commondir')}")
+
+
+class WorktreeKept(GitFailure):
+    """A worktree removal kept what the service cannot prove it made (``bot.worktree_access.remove_tracked_tree``):
+    the registration stays, the entries named stay on disk, and an operator decides about them."""
+
+    def __init__(self, worktree: Path, kept: list[str]) -> None:
+        self.worktree, self.kept = worktree, tuple(kept)
+        self.command, self.status = ("worktree", "remove", str(worktree)), None
+        limit = worktree_access.KEPT_SHOWN
+        shown = ", ".join(kept[:limit]) + (" ..." if len(kept) > limit else "")
+        self.stderr = f"kept {len(kept)} entries foreman did not make: {shown}"
+        Exception.__init__(self, f"{worktree}: {self.stderr}")
 
 
 class ControlCheckout:
@@ -883,9 +897,11 @@ class ControlCheckout:
         self.git.attempt("worktree", "unlock", str(path))
 
     def remove_worktree(self, path: Path, *, force: bool) -> None:
-        """Remove a worktree and its registration (``git worktree remove --force``). A worktree still on disk is
-        verified first (``WorktreeRefused``: nothing removed); without ``force`` it must also be clean, as
-        ``worktree_status`` (hardened, ignored files included) says, else GitFailure and nothing is removed.
+        """Remove a worktree and its registration. A worktree still on disk is verified first (``WorktreeRefused``:
+        nothing removed); without ``force`` it must also be clean, as ``worktree_status`` (hardened, ignored files
+        included) says, else GitFailure and nothing is removed. Then the files of its commit are removed by
+        descriptor, anything else kept (``WorktreeKept``), and ``git worktree remove --force`` drops the
+        registration of the directory now gone.
 
         git's own check (``worktree remove`` without ``--force``) is not used: it runs ``git status`` with the
         worktree's ``.git`` file as its repository (builtin/worktree.c, check_clean_worktree), and that file is the
@@ -895,7 +911,14 @@ class ControlCheckout:
             if not force and (left := self.worktree_status(path)):
                 raise GitFailure(("worktree", "remove", str(path)), None,
                                  f"the worktree is not clean: {', '.join(item[3:] for item in left[:10])}")
-        self.git.run("worktree", "remove", "--force", str(path))
+            # git's own removal walks the tree by path (dir.c, remove_dir_recurse): a directory swapped for a link
+            # after it was looked at would be followed. The service removes what its commit proves it made, by
+            # descriptor, and keeps anything else (an agent's file that appeared since the check): WorktreeKept.
+            head = worktree_head(self, path)
+            kept = worktree_access.remove_tracked_tree(path, self.tree_files(head) if head else {})
+            if kept:
+                raise WorktreeKept(path, kept)
+        self.git.run("worktree", "remove", "--force", str(path))  # the directory is gone: its registration goes
 
     def admin_dirs(self) -> list[AdminDir]:
         root = self.git_dir / "worktrees"

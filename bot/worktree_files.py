@@ -8,7 +8,6 @@ import errno
 import fcntl
 import hashlib
 import os
-import shutil
 import stat
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
@@ -97,11 +96,6 @@ def escapes_root(root: Path, path: Path) -> bool:
             return True
     resolved = Path(os.path.realpath(path))
     return resolved != real_root and real_root not in resolved.parents
-
-
-def remove_tree(path: Path) -> None:
-    """Remove a directory the caller proved holds only reproducible content."""
-    shutil.rmtree(path)
 
 
 @contextlib.asynccontextmanager
