@@ -62,7 +62,7 @@ def test_the_group_of_a_login_is_found_whatever_its_case() -> None:
     assert group_for({"author-1": "agents-a1"}, "author-2") is None
 
 
-# --- removal: only what the service's commit proves it made (issue 29, item 7) ------------------------------------------
+# --- removal: only what the service's commit proves it made (issue 29, item 7) ----------------------------------------
 
 
 def test_a_removal_takes_the_commits_files_and_keeps_everything_else(tmp_path: Path) -> None:
@@ -100,7 +100,7 @@ def test_a_worktree_made_only_of_its_commit_is_removed_whole(tmp_path: Path) -> 
 
 
 def test_a_teardown_keeps_what_appeared_after_the_clean_check_and_follows_no_link(
-    scene: Any, monkeypatch: pytest.MonkeyPatch
+    scene: Any, monkeypatch: pytest.MonkeyPatch  # noqa: F811 (the fixture)
 ) -> None:
     """The service judged the worktree clean; the agent then adds a file and swaps a directory for a link to the
     service's own files before the removal: the commit's files go, the agent's are kept and reported
