@@ -183,7 +183,7 @@ def test_other_verdicts_are_named_and_only_a_standing_request_changes_on_the_hea
                                                                                official=False)]
     assert _gate([_recorded(1)], reviews, poster="author-5") == (None, [
         (2, "not_recorded"), (3, "by_implementer"), (4, "dismissed"), (5, "not_recorded"), (6, "not_recorded")])
-    assert _gate([_recorded(1)], [_review(3, "author-5")], poster="author-5") == (None, [(3, "by_pr_poster")])
+    assert _gate([_recorded(1)], [_review(1, BOT), _review(3, "author-5")], poster="author-5") == (None, [(3, "by_pr_poster")])
     block, _ = _gate([_recorded(1)], [*reviews, _review(7, "erin", "REQUEST_CHANGES")])
     assert block == "changes_requested"
     assert _gate([_recorded(1)], [*reviews, _review(7, "erin", "REQUEST_CHANGES", dismissed=True)])[0] is None
