@@ -47,14 +47,14 @@ async def publish(world: World, number: int, message: str) -> tuple[bool, dict[s
 
 
 async def test_a_nested_repository_is_refused_naming_it_and_nothing_is_committed_or_pushed(world: World) -> None:
-    """A directory with its own `git init` (with a commit: git would stage a gitlink; without one: git add fails),
-    at the top or deeper: refused invalid_input naming each, nothing committed or pushed; with the nested .git
-    removed, its files are published as plain files."""
+    """A directory with its own `git init` and a commit (git would stage a gitlink), at the top or deeper: refused
+    invalid_input naming each, nothing committed or pushed; with the nested .git removed, its files are published as
+    plain files."""
     number = await leased_and_locked(world)
     worktree, branch = await worktree_of(world, number)
     head = git(worktree, "rev-parse", "HEAD")
     make_repo(worktree / "vendored")
-    make_repo(worktree / "deep" / "er", commit=False)
+    make_repo(worktree / "deep" / "er")
     (worktree / "ok.txt").write_text("ok\n", encoding="utf-8")
     refused, doc = await publish(world, number, "Vendor a library")
     assert refused and doc["error"] == "invalid_input", doc
@@ -73,6 +73,18 @@ async def test_a_nested_repository_is_refused_naming_it_and_nothing_is_committed
     assert gitlinks(worktree, sha) == [] and remote_sha(world, branch) == sha
     files = git(worktree, "ls-tree", "-r", "--name-only", sha).split()
     assert {"vendored/inner.txt", "deep/er/inner.txt", "ok.txt"} <= set(files)
+
+
+async def test_an_empty_nested_repository_is_refused_before_git_fails_on_it(world: World) -> None:
+    """`git init` without a commit: `git add` would fail on it (an unexpected failure); it is refused, named."""
+    number = await leased_and_locked(world)
+    worktree, branch = await worktree_of(world, number)
+    make_repo(worktree / "fresh", commit=False)
+    refused, doc = await publish(world, number, "An empty repository")
+    assert refused and doc["error"] == "invalid_input", doc
+    details = doc["details"]
+    assert isinstance(details, dict) and details["paths"] == ["fresh"], doc
+    assert remote_sha(world, branch) is None
 
 
 async def test_a_nested_directory_whose_git_is_a_gitdir_file_is_refused(world: World, tmp_path: Path) -> None:
@@ -103,7 +115,8 @@ async def test_a_repository_nested_after_the_look_is_unstaged_and_refused(
     worktree, branch = await worktree_of(world, number)
     head = git(worktree, "rev-parse", "HEAD")
     make_repo(worktree / "late")
-    monkeypatch.setattr(worktree_files, "nested_repositories", lambda root, changes: [])
+    # The verb's look misses it (raising=False: on a checkout without the look the attack runs as it is).
+    monkeypatch.setattr(worktree_files, "nested_repositories", lambda root, changes: [], raising=False)
     refused, doc = await publish(world, number, "Race a nested repository in")
     assert refused and doc["error"] == "invalid_input", doc
     details = doc["details"]
