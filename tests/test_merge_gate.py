@@ -61,7 +61,7 @@ async def test_a_dismissed_approval_does_not_count_at_the_door_nor_at_the_merge(
     with another approval standing (alice's), the merge names foreman's as dismissed and merges nothing."""
     pr = await put_in_review(world)
     mine = await foreman_approval(world, pr)
-    await world.call("root", "POST", f"/pulls/{pr.pull}/reviews/{mine}/dismissals", {"message": "not this one"})
+    world.live.emulator.dismiss_review(OWNER, REPO, pr.pull, mine)  # a maintainer, on Gitea
     refused, doc = await tool(world, "author-3", "gitea_merge_pull_request", issue_number=pr.number)
     assert refused and (doc["error"], doc["missing"]) == ("tracing_gap", ["approval"]), doc
     assert "details" not in doc  # the door's own gate: no approval stands on Gitea
@@ -109,6 +109,6 @@ async def test_an_outsiders_request_changes_on_the_head_before_the_approval_stil
     refused, doc = await tool(world, "author-3", "gitea_merge_pull_request", issue_number=pr.number)
     assert refused and doc["details"]["reason"] == "changes_requested", doc
     assert [(b["review_id"], b["user"]) for b in doc["details"]["blocking"]] == [(block, "alice")]
-    await world.call("root", "POST", f"/pulls/{pr.pull}/reviews/{block}/dismissals", {"message": "addressed"})
+    world.live.emulator.dismiss_review(OWNER, REPO, pr.pull, block)
     await ok(world, "author-3", "gitea_merge_pull_request", issue_number=pr.number)
     assert pull_state(world, pr.pull)[0] is True

@@ -45,7 +45,6 @@ from bot.emulator.routes_pulls import (
     create_pull,
     create_review,
     delete_branch,
-    dismiss_review,
     get_pull,
     is_merged,
     list_pulls,
@@ -148,7 +147,6 @@ ROUTES: Final[tuple[Route, ...]] = (
     Route("POST", f"{_REPO}/pulls/{{index}}/merge", merge_pull),
     Route("GET", f"{_REPO}/pulls/{{index}}/reviews", list_reviews),
     Route("POST", f"{_REPO}/pulls/{{index}}/reviews", create_review),
-    Route("POST", f"{_REPO}/pulls/{{index}}/reviews/{{id}}/dismissals", dismiss_review),
 )
 
 

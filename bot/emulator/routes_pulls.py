@@ -271,28 +271,6 @@ async def create_review(emu: Emulator, request: web.Request) -> web.StreamRespon
     return json_response(convert.review_json(emu, emu.pull_of(issue), review, doer))
 
 
-async def dismiss_review(emu: Emulator, request: web.Request) -> web.StreamResponse:
-    """POST /repos/{owner}/{repo}/pulls/{index}/reviews/{id}/dismissals (pull_review.go ``DismissPullReview`` and
-    services/pull/review.go ``DismissReview``): a repository admin only (403), an approval or a request-changes
-    only (403), not on a closed PR (403); the review stays, marked ``dismissed``; 200 with the review."""
-    repo = _pull_repo(emu, request)
-    doer = request_doer(request)
-    if PERM_LEVEL[emu.perm_of(repo, doer)] < PERM_LEVEL["admin"]:
-        raise ApiError(403, "Must be repo admin")
-    issue = _pull(repo, request)
-    pull = emu.pull_of(issue)
-    review = next((r for r in pull.reviews if r.id == int(request.match_info["id"])), None)
-    if review is None:
-        raise ApiError(404, NOT_FOUND_MESSAGE)
-    if review.state not in ("APPROVED", "REQUEST_CHANGES"):
-        raise ApiError(403, "not need to dismiss this review because it's type is not Approve or change request")
-    if issue.closed is not None:
-        raise ApiError(403, "not allowed to dismiss a review of a closed pull request")
-    review.dismissed = True
-    review.updated = emu.now()
-    return json_response(convert.review_json(emu, pull, review, doer))
-
-
 async def delete_branch(emu: Emulator, request: web.Request) -> web.StreamResponse:
     """DELETE /repos/{owner}/{repo}/branches/{branch} (routers/api/v1/repo/branch.go ``DeleteBranch``,
     ``reqRepoWriter(unit.TypeCode)``): 204; the default branch 403; a protected one 403; missing 404."""
