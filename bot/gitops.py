@@ -428,6 +428,25 @@ def worktree_problems(git_dir: Path, worktree: Path, admin: Path | None) -> list
     return problems
 
 
+class GitlinksStaged(Exception):
+    """``git add`` staged a gitlink (mode 160000: a repository nested in the worktree); it was unstaged again."""
+
+    def __init__(self, paths: list[str]) -> None:
+        super().__init__(f"a repository nested in the worktree would be committed as a gitlink: {', '.join(paths)}")
+        self.paths = tuple(paths)
+
+
+def staged_gitlinks(raw: str) -> list[str]:
+    """The paths ``git diff --cached --raw -z`` shows with a new mode of 160000 (a gitlink added or changed)."""
+    items = raw.split("\0")
+    found: list[str] = []
+    for meta, path in zip(items[::2], items[1::2], strict=False):
+        fields = meta.split()
+        if len(fields) >= 2 and fields[1] == "160000":
+            found.append(path)
+    return sorted(found)
+
+
 class WorktreeRefused(GitFailure):
     """A worktree whose ``.git`` file or registration is not what foreman's ``git worktree add`` wrote: no git
     command runs in it (``worktree_problems`` says what differs). ``restore`` is the operator's command that writes
@@ -987,10 +1006,16 @@ class ControlCheckout:
     def commit_worktree(self, path: Path, message: str, *, author: tuple[str, str]) -> str | None:
         """Stage everything inside the worktree (``git add -A -- .`` run there) and commit it as ``author``
         (name, e-mail; the committer is the bot). None when nothing is staged (no commit made). No hook runs
-        (``--no-verify``, and ``core.hooksPath`` is ``/dev/null``)."""
+        (``--no-verify``, and ``core.hooksPath`` is ``/dev/null``). A gitlink staged (a repository nested in the
+        worktree) is unstaged again and ``GitlinksStaged`` raised: nothing is committed."""
         runner = self.worktree_git(path, {**self.git.env, "GIT_AUTHOR_NAME": author[0],
                                           "GIT_AUTHOR_EMAIL": author[1]})
         runner.run("add", "-A", "--", ".")
+        gitlinks = staged_gitlinks(runner.run("diff", "--cached", "--raw", "-z", "--no-abbrev", "--no-renames",
+                                              "--no-ext-diff", "--no-textconv"))
+        if gitlinks:
+            runner.run("reset", "-q")  # the index back to HEAD; the worktree's files stay as they are
+            raise GitlinksStaged(gitlinks)
         status, _, err = runner.attempt("diff", "--cached", "--quiet", "--no-ext-diff", "--no-textconv")
         if status == 0:
             return None

@@ -117,10 +117,9 @@ def test_a_teardown_keeps_what_appeared_after_the_clean_check_and_follows_no_lin
     judged = checkout.worktree_status
 
     def status_then_agent(path: Path) -> list[str]:
-        left = judged(path)
+        left: list[str] = judged(path)
         (worktree / "late.txt").write_text("written after the check")
-        for name in ("a.md",):
-            (worktree / "docs" / name).unlink()
+        (worktree / "docs" / "a.md").unlink()
         (worktree / "docs").rmdir()
         (worktree / "docs").symlink_to(precious)
         return left

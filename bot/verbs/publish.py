@@ -146,8 +146,14 @@ def _commit(checkout: gitops.ControlCheckout, worktree: Path, branch: str, pub: 
             f"remove the symbolic link(s) {', '.join(escaping[:3])} from the worktree, then call "
             f"gitea_publish_worktree again for #{pub.issue_number}",
             paths=escaping[:50]))
-    sha = checkout.commit_worktree(worktree, f"{message}\n\n{trailer}\n", author=author) if (
-        changes) else None
+    nested = worktree_files.nested_repositories(worktree, changes)
+    if nested:
+        raise _Refused(nested_refused(nested, pub.issue_number))
+    try:
+        sha = checkout.commit_worktree(worktree, f"{message}\n\n{trailer}\n", author=author) if (
+            changes) else None
+    except gitops.GitlinksStaged as exc:  # a repository nested since the look above: unstaged, nothing committed
+        raise _Refused(nested_refused(list(exc.paths), pub.issue_number)) from exc
     if sha is None:
         raise _Refused(Envelope(
             error="tracing_gap", message="Missing required commit(s): the worktree has no change to commit",
@@ -155,6 +161,20 @@ def _commit(checkout: gitops.ControlCheckout, worktree: Path, branch: str, pub: 
             exact_next_action=f"edit files in {worktree}, then call gitea_publish_worktree for #{pub.issue_number}",
             missing=("commits",)))
     return sha
+
+
+def nested_refused(paths: list[str], issue: int) -> Envelope:
+    """A repository nested in the worktree: git would commit it as a gitlink (mode 160000) to a commit nobody can
+    fetch, with no ``.gitmodules``; nothing was committed."""
+    return envelope(
+        "invalid_input",
+        f"{len(paths)} directory(ies) in the worktree hold a repository of their own (a .git directory or file): "
+        + ", ".join(paths[:10]),
+        "Nothing was committed: git would record each as a gitlink (mode 160000) to a commit that is nowhere on "
+        "Gitea, not as its files. foreman commits plain files only (no submodules).",
+        f"remove the nested .git of {', '.join(paths[:3])} (its files are then committed as plain files) or remove "
+        f"the directory, then call gitea_publish_worktree again for #{issue}",
+        paths=paths[:50], reason="nested_repository")
 
 
 def _push(checkout: gitops.ControlCheckout, ctx: BootstrapContext, pub: Publication) -> str | None:
