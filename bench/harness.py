@@ -51,8 +51,10 @@ def rss_kib(pid: int) -> int:
 
 
 def own_peak_rss_mib() -> float:
-    """This process's peak resident set so far, MiB (``getrusage``: Linux reports KiB)."""
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+    """This process's peak resident set so far, MiB: ``VmHWM`` of its own image (``getrusage`` where /proc is not:
+    Linux carries ``ru_maxrss`` across fork and exec, so a child started by a large process would report its
+    parent's size at the fork)."""
+    return peak_rss_kib(os.getpid()) / 1024.0 or resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
 def machine_busy_s() -> float:

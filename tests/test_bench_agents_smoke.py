@@ -1,6 +1,7 @@
-"""Smoke test of the many-agents benchmark (bench/agents.py): a few `foreman mcp` sessions beside a small webhook rate
-against a real `foreman serve`; every check passes and every figure is reported; and the helpers it shares with the
-other benchmarks (bench/harness.py, bench/database.py's footprint). No timing is asserted (issue 19)."""
+"""Smoke test of the many-agents benchmark (bench/agents.py): a few MCP sessions over HTTP (foreman serve's /mcp, one
+identity each) beside a small webhook rate against a real `foreman serve`; every check passes, every call got a real
+tool result and every figure is reported; and the helpers it shares with the other benchmarks (bench/harness.py,
+bench/database.py's footprint). No timing is asserted (issue 19)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from bench.agents import BASELINE, TOOLS, _figures, _rounds, answer_errors
+from bench.agents import BASELINE, TOOLS, _figures, _merged, _rounds, _session_rounds, answer_errors, failed_calls
 from bench.database import footprint, scratch_schema
 from bench.harness import signed_requests
 from bench.intake import sign
@@ -27,6 +28,21 @@ def test_rounds_count_each_session_from_its_own_phase() -> None:
     assert _rounds(3, 5.0, 2.0) == 8
     assert _rounds(1, 10.0, 10.0) == 1
     assert _rounds(100, 60.0, 10.0) == 600
+    assert sum(_session_rounds(i, 1000, 60.0, 10.0) for i in range(0, 1000, 2)) == 3000  # one of two drivers
+
+
+def test_the_drivers_documents_merge_and_failed_calls_are_counted_by_kind() -> None:
+    def driver(calls: list[dict[str, Any]], ended: float) -> dict[str, Any]:
+        return {"calls": calls, "samples": [], "startup_s": ended / 100, "mcp_processes": 0, "mcp_peak_rss_kib": [],
+                "mcp_cpu_s": 0.5, "driver_lag_max_ms": ended, "driver_peak_rss_mib": 50.0, "session_failures": [],
+                "sessions_ended_at": ended}
+
+    ok = {"login": "a", "tool": "gitea_heartbeat_lease", "round": 0, "ok": True}
+    merged = _merged([driver([ok, {**ok, "ok": False, "kind": "refused"}], 20.0),
+                      driver([{**ok, "ok": False, "kind": "tool"}, {**ok, "ok": False}], 10.0)])
+    assert (len(merged["calls"]), merged["sessions_ended_at"], merged["startup_s"], merged["mcp_cpu_s"]) == (
+        4, 10.0, 0.2, 1.0)
+    assert failed_calls(merged["calls"]) == {"total": 3, "refused": 1, "error": 0, "tool": 1, "broken": 1}
 
 
 def test_the_load_is_signed_with_the_given_secret_and_unique() -> None:
@@ -79,25 +95,38 @@ def test_a_refused_call_a_non_202_answer_or_an_unstored_delivery_fails_the_run()
     assert answer_errors(ok_driver, load, set()) == ["0 of 1 webhooks stored"]
 
 
-def test_the_benchmark_runs_every_session_and_reports_every_figure() -> None:
+def test_the_benchmark_runs_every_session_over_http_and_reports_every_figure() -> None:
+    """Three identities, each with its own session of serve's /mcp (the default transport), no process per session;
+    every call answered by a real tool result."""
     argv = [sys.executable, "-m", "bench.agents", "--sessions", "3", "--seconds", "5", "--rate", "5", "--period", "2",
             "--json"]
     done = subprocess.run(argv, cwd=REPO_ROOT, capture_output=True, text=True, timeout=180, check=False)
     assert done.returncode == 0, done.stdout + done.stderr
     doc = json.loads(done.stdout)
-    assert (doc["ok"], doc["errors"], doc["sessions"], doc["mcp_processes"]) == (True, [], 3, 3)
+    assert (doc["ok"], doc["errors"], doc["sessions"], doc["transport"], doc["mcp_processes"]) == (
+        True, [], 3, "http", 0)
     assert {tool: doc["tool_ms"][tool]["n"] for tool in (*TOOLS, BASELINE)} == dict.fromkeys((*TOOLS, BASELINE), 8)
+    assert doc["failed_calls"]["total"] == 0
+    answers = {a["tool"]: a for a in doc["sample_answers"]}
+    assert "lease" in answers["gitea_heartbeat_lease"]["keys"] and '"status": "live"' in answers[
+        "gitea_heartbeat_lease"]["answer"]
+    assert "queued" in answers["gitea_post_issue_state"]["keys"]
     assert doc["webhook_ms"]["foreman"]["n"] == doc["webhook_ms"]["bare"]["n"] == 25
-    assert len(doc["targets"]) == 3 and all(isinstance(v, bool) for v in doc["targets"].values())
+    assert len(doc["targets"]) == 4 and all(isinstance(v, bool) for v in doc["targets"].values())
     rss = doc["rss_mib"]
-    assert rss["serve_peak"] > 0 and rss["mcp_max"] > 0 and rss["mcp_sum"] >= rss["mcp_max"]
-    assert doc["serve_event_loop"]["samples_in_window"] > 0
+    assert 0 < rss["serve_before_sessions"] and 0 < rss["serve_after_sessions"] <= rss["serve_peak"]
+    assert set(doc["memory_per_session_mib"]) == {"serve_growth", "serve_growth_to_window_end", "session_processes",
+                                                  "all"}
+    assert doc["cpu_s_in_window"]["serve"] > 0 and doc["serve_event_loop"]["samples_in_window"] > 0
 
 
 def test_bad_arguments_are_a_usage_error() -> None:
     done = subprocess.run([sys.executable, "-m", "bench.agents", "--sessions", "0"], cwd=REPO_ROOT,
                           capture_output=True, text=True, timeout=60, check=False)
     assert done.returncode == 2 and "--sessions" in done.stderr
+    done = subprocess.run([sys.executable, "-m", "bench.agents", "--transport", "pigeon"], cwd=REPO_ROOT,
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 2 and "--transport" in done.stderr
 
 
 # --- the database's footprint (bench/database.py): its size and, on PostgreSQL, its backends' peak RSS ----------------

@@ -211,3 +211,35 @@ async def test_the_digest_foreman_token_digest_prints_is_what_authenticates(star
     refused = subprocess.run([sys.executable, "-m", "bot", "token-digest"], input="", capture_output=True, text=True,
                              timeout=60, check=False, cwd=REPO_ROOT)
     assert refused.returncode == 2 and "token-digest" in json.loads(refused.stderr)["exact_next_action"]
+
+
+async def test_open_sessions_are_counted_when_metrics_are_read_not_per_request(
+    start: Started, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``foreman_mcp_sessions`` is the open sessions at the moment /metrics is read; answering a request never walks
+    every principal's endpoint to count them (with 1,000 identities that walk was 9% of serve's loop)."""
+    from bot.mcp_http import _Endpoint
+
+    walked = 0
+    counted = _Endpoint.sessions
+
+    def counting(self: _Endpoint) -> int:
+        nonlocal walked
+        walked += 1
+        return counted(self)
+
+    monkeypatch.setattr(_Endpoint, "sessions", counting)
+    _, client = await start(settings_for(tmp_path))
+    url = str(client.make_url("/mcp"))
+
+    async def gauge() -> float:
+        async with aiohttp.ClientSession() as http, http.get(str(client.make_url("/metrics"))) as resp:
+            text = await resp.text()
+        return float(next(line.split()[1] for line in text.splitlines() if line.startswith("foreman_mcp_sessions ")))
+
+    async with mcp_over_http(url, CONTROLLER) as first, mcp_over_http(url, AUTHOR_SECRET) as second:
+        for session in (first, second, first):
+            await session.list_tools()
+        assert walked == 0
+        assert await gauge() == 2.0 and walked == 2  # one walk of the two principals' endpoints per read
+    assert await gauge() == 0.0
