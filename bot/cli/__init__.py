@@ -345,6 +345,9 @@ def _main(argv: Sequence[str] | None) -> int:
     except DatabaseFileUnusable as exc:  # database.path cannot be used: a configuration error, as the others
         print(json.dumps(database_path_error(exc), sort_keys=True), file=sys.stderr)
         return EXIT_USAGE
+    except ConfigError as exc:  # found only when the command runs (serve's generated webhook secret)
+        print(json.dumps(config_error_envelope(exc), sort_keys=True), file=sys.stderr)
+        return EXIT_USAGE
     except (SchemaTooNew, DatabaseNotWritable) as exc:
         print(json.dumps(database_refusal(exc), sort_keys=True), file=sys.stderr)
         return EXIT_REFUSED
