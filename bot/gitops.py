@@ -1,4 +1,4 @@
-"""The git edge (GitPython): the bot's control checkout, issue branches and worktrees, one bounded git call each."""
+"""The git edge: the bot's control checkout, issue branches and worktrees, one bounded git call each."""
 
 from __future__ import annotations
 
@@ -6,24 +6,23 @@ import contextlib
 import fcntl
 import os
 import re
+import shlex
 import shutil
+import subprocess
 import time
 import urllib.parse
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from git.cmd import Git
-
+from bot import worktree_access
 from bot.core.bootstrap import ref_name_problems
 from bot.worktree_files import read_text
 
 ZERO_OID = "0" * 40
 _OID_RE = re.compile(r"[0-9a-f]{40}|[0-9a-f]{64}")
-#: Subcommands that may take long (network, many files): these run under the timeout watchdog.
-_TIMED = frozenset({"clone", "fetch", "ls-remote", "worktree", "status", "--no-optional-locks", "ls-tree"})
 _ALLOWED_SCHEMES = ("http", "https", "file")
 #: ``remote.origin.url`` by control checkout and the identity of its ``.git/config`` (inode, modification time,
 #: size) when git read it: git rewrites the file whole for every change (a new file renamed into place), so a changed
@@ -58,6 +57,63 @@ def git_env(bot_login: str) -> dict[str, str]:
         "GIT_AUTHOR_NAME": bot_login or "foreman",
         "GIT_AUTHOR_EMAIL": f"{bot_login or 'foreman'}@foreman.invalid",
     }
+
+
+#: Configuration every git command foreman runs gets on its command line, which overrides every file git reads. Nothing
+#: a configuration names runs (an fsmonitor, hooks, an askpass or credential helper, ssh, a pager or editor), the
+#: attribute and ignore files of the user running foreman are not read, no submodule is entered, and no transport
+#: but file and HTTP(S) is used. What cannot be listed here (a filter or textconv driver, ``diff.<driver>.command``,
+#: ``diff.external``, whose empty value git would try to run, ``include.path``) comes only from the repository's own
+#: ``.git/config`` (``hardened_env``); the commands that diff say ``--no-ext-diff --no-textconv`` too.
+NEUTRAL_CONFIG: tuple[tuple[str, str], ...] = (
+    ("core.fsmonitor", "false"),
+    ("core.hooksPath", "/dev/null"),
+    ("core.attributesFile", "/dev/null"),
+    ("core.excludesFile", "/dev/null"),
+    ("core.askPass", ""),
+    ("core.sshCommand", "false"),
+    ("core.pager", "cat"),
+    ("core.editor", ":"),
+    ("credential.helper", ""),
+    ("submodule.recurse", "false"),
+    ("commit.gpgSign", "false"),
+    ("protocol.allow", "never"),
+    ("protocol.file.allow", "always"),
+    ("protocol.http.allow", "always"),
+    ("protocol.https.allow", "always"),
+)
+#: The variables of foreman's own environment git may see among the ``GIT_*`` ones: TLS, HTTP and tracing settings
+#: an operator gives git. Every other ``GIT_*`` variable (one naming a repository, an index, object directories,
+#: configuration, a program to run) is dropped: git's whole environment is foreman's choice.
+_KEPT_GIT_VARIABLES = ("GIT_SSL_", "GIT_HTTP_", "GIT_CURL_", "GIT_TRACE", "GIT_REDACT_COOKIES")
+
+
+def config_args() -> list[str]:
+    """``-c key=value`` for each of ``NEUTRAL_CONFIG``."""
+    return [item for key, value in NEUTRAL_CONFIG for item in ("-c", f"{key}={value}")]
+
+
+def hardened_env(env: Mapping[str, str], *, git_dir: Path | None = None,
+                 work_tree: Path | None = None) -> dict[str, str]:
+    """The whole environment of one git command: foreman's own without its ``GIT_*`` variables (but
+    ``_KEPT_GIT_VARIABLES``), then ``env``, then what no caller overrides: no system or global configuration
+    (``GIT_CONFIG_NOSYSTEM``, ``GIT_CONFIG_GLOBAL=/dev/null``), no system attributes, no prompt, git's messages in
+    English (foreman reads some of them), and the repository when given (``GIT_DIR``, ``GIT_WORK_TREE``: git finds
+    nothing by itself then, so a ``.git`` file git would otherwise follow is never read)."""
+    full = {key: value for key, value in os.environ.items()
+            if not key.startswith("GIT_") or key.startswith(_KEPT_GIT_VARIABLES)}
+    full.pop("SSH_ASKPASS", None)
+    full.update(env)
+    full.update({
+        "LC_ALL": "C", "LANGUAGE": "C",
+        "GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": "/dev/null", "GIT_ATTR_NOSYSTEM": "1",
+        "GIT_TERMINAL_PROMPT": "0", "GIT_ASKPASS": "", "SSH_ASKPASS": "", "GIT_EDITOR": ":", "GIT_PAGER": "cat",
+    })
+    if git_dir is not None:
+        full["GIT_DIR"] = str(git_dir)
+    if work_tree is not None:
+        full["GIT_WORK_TREE"] = str(work_tree)
+    return full
 
 
 def auth_env(clone_url: str, token: str | None) -> dict[str, str]:
@@ -164,44 +220,53 @@ class WorktreeRegistry:
 
 class GitRunner:
     """Runs ``git <args>`` in one directory with a fixed environment and timeout (under the repository's
-    ``WorktreeRegistry`` when it has one)."""
+    ``WorktreeRegistry`` when it has one), hardened (``hardened_env``, ``NEUTRAL_CONFIG``).
+
+    With ``git_dir`` (and ``work_tree``) git is told its repository (``GIT_DIR``, ``GIT_WORK_TREE``) instead of
+    finding one from ``cwd``; ``check`` runs before every command, under the registry, and refuses by raising.
+    """
 
     def __init__(self, cwd: Path, *, env: Mapping[str, str], timeout_s: float,
-                 registry: WorktreeRegistry | None = None) -> None:
+                 registry: WorktreeRegistry | None = None, git_dir: Path | None = None,
+                 work_tree: Path | None = None, check: Callable[[], None] | None = None) -> None:
         self.cwd = cwd
         self.env = dict(env)
         self.timeout_s = timeout_s
         self.registry = registry
-        self._git = Git(str(cwd))
+        self.git_dir = git_dir
+        self.work_tree = work_tree
+        self.check = check
 
-    def attempt(
-        self, *args: str, extra_env: Mapping[str, str] | None = None, timed: bool | None = None
-    ) -> tuple[int, str, str]:
-        """(status, stdout, stderr) of ``git <args>``; never raises for a non-zero status.
-
-        Commands that touch the network or many files (``_TIMED``) are killed after ``timeout_s``; local
-        plumbing that reads a few refs runs without the watchdog thread (it cannot wait on anything).
-        """
-        env = {**self.env, **(extra_env or {})}
-        watched = timed if timed is not None else bool(set(args[:2]) & _TIMED)
+    def attempt(self, *args: str, extra_env: Mapping[str, str] | None = None) -> tuple[int, str, str]:
+        """(status, stdout, stderr) of ``git <args>``; never raises for a non-zero status. Every command is killed
+        after ``timeout_s`` (a status of -9 and a stderr saying so)."""
+        env = hardened_env({**self.env, **(extra_env or {})}, git_dir=self.git_dir, work_tree=self.work_tree)
         with self.registry.held(args) if self.registry is not None else contextlib.nullcontext():
-            status, out, err = self._git.execute(
-                ["git", *args],
-                with_extended_output=True,
-                with_exceptions=False,
-                kill_after_timeout=self.timeout_s if watched else None,
-                env=env,
-                shell=False,
-                strip_newline_in_stdout=False,
-            )
-        return int(status or 0), str(out), str(err)
+            if self.check is not None:
+                self.check()
+            try:
+                done = subprocess.run(
+                    ["git", *config_args(), *args], cwd=self.cwd, env=env, stdin=subprocess.DEVNULL,
+                    capture_output=True, timeout=self.timeout_s, check=False)
+            except subprocess.TimeoutExpired as exc:
+                return -9, _text(exc.stdout), _text(exc.stderr) + f"\ngit was killed after {self.timeout_s:g} s"
+            except OSError as exc:  # no git on PATH, or no directory to run it in
+                raise GitFailure(args, None, f"cannot run git in {self.cwd}: {exc.strerror}") from exc
+        return done.returncode, _text(done.stdout), _text(done.stderr)
 
-    def run(self, *args: str, extra_env: Mapping[str, str] | None = None, timed: bool | None = None) -> str:
+    def run(self, *args: str, extra_env: Mapping[str, str] | None = None) -> str:
         """stdout of ``git <args>``; GitFailure on a non-zero status."""
-        status, out, err = self.attempt(*args, extra_env=extra_env, timed=timed)
+        status, out, err = self.attempt(*args, extra_env=extra_env)
         if status != 0:
             raise GitFailure(args, status, err)
         return out
+
+
+def _text(data: bytes | str | None) -> str:
+    """git's output as text, bytes that are not UTF-8 kept (surrogate escapes), as GitPython decoded it."""
+    if data is None:
+        return ""
+    return data if isinstance(data, str) else data.decode("utf-8", "surrogateescape")
 
 
 @dataclass(frozen=True, slots=True)
@@ -310,7 +375,7 @@ def _refname_problem(branch: str) -> bool:
 #: git's isspace(): what ``strbuf_trim`` / ``strbuf_rtrim`` strip.
 _GIT_SPACE = " \t\n\r"
 #: What ``git worktree list`` says of a registration whose worktree's ``.git`` is gone (worktree.c,
-#: should_prune_worktree; GitPython runs git with LC_ALL=C, so this is the text git prints).
+#: should_prune_worktree; foreman runs git with LC_ALL=C, so this is the text git prints).
 PRUNABLE_MISSING = "gitdir file points to non-existent location"
 #: A worktree name git's ``worktree add`` may give a path whose last component is ``base``: ``base``, or ``base``
 #: followed by a counter when that name is taken. Only for a ``base`` that git's name sanitising leaves as it is.
@@ -327,6 +392,96 @@ def symbolic_head(head_file: Path) -> str | None:
     return text[5:].strip() if text and text.startswith("ref: ") else None
 
 
+def _real(path: Path) -> str:
+    """``path`` as git records it: its parent's real path and its own last component (not followed)."""
+    return f"{os.path.realpath(path.parent)}/{path.name}"
+
+
+def worktree_problems(git_dir: Path, worktree: Path, admin: Path | None) -> list[str]:
+    """What differs from what ``git worktree add`` wrote for ``worktree`` (empty: nothing): a registration
+    ``<git_dir>/worktrees/<name>`` whose ``gitdir`` names the worktree's ``.git`` and whose ``commondir`` is ``../..``
+    (the common repository git then uses is ``git_dir``), and in the worktree a ``.git`` file reading exactly
+    ``gitdir: <registration>``. Read from the files alone, before any git runs: the worktree's ``.git`` is the
+    agent's to rewrite (pointed at a repository whose configuration runs programs), the registration is not. The
+    problems name only paths foreman chose, never what it found (text the agent wrote)."""
+    if admin is None:
+        return [f"no registration in {git_dir}/worktrees names {worktree}"]
+    problems: list[str] = []
+    if worktree.is_symlink() or not worktree.is_dir():
+        problems.append(f"{worktree} is not a directory")
+    root = git_dir / "worktrees"
+    if admin.parent != root or root.is_symlink() or admin.is_symlink() or not admin.is_dir():
+        problems.append(f"{admin} is not a worktree registration of {git_dir}")
+        return problems
+    dotgit = f"{_real(worktree)}/.git"
+    for name, wanted in (("gitdir", dotgit), ("commondir", "../..")):
+        text = None if (admin / name).is_symlink() else _read_small(admin / name)
+        if text not in (wanted, f"{wanted}\n"):
+            problems.append(f"{admin / name} does not read {wanted!r}")
+    expected = f"gitdir: {os.path.realpath(admin)}"
+    git_file = worktree / ".git"
+    text = None if git_file.is_symlink() else _read_small(git_file)
+    if text not in (expected, f"{expected}\n"):
+        what = ("a symbolic link" if git_file.is_symlink() else "a directory" if git_file.is_dir()
+                else "missing" if text is None else "another text")
+        problems.append(f"{git_file} is {what}, not a file reading {expected!r}")
+    return problems
+
+
+class GitlinksStaged(Exception):
+    """``git add`` staged a gitlink (mode 160000: a repository nested in the worktree); it was unstaged again."""
+
+    def __init__(self, paths: list[str]) -> None:
+        super().__init__(f"a repository nested in the worktree would be committed as a gitlink: {', '.join(paths)}")
+        self.paths = tuple(paths)
+
+
+def staged_gitlinks(raw: str) -> list[str]:
+    """The paths ``git diff --cached --raw -z`` shows with a new mode of 160000 (a gitlink added or changed)."""
+    items = raw.split("\0")
+    found: list[str] = []
+    for meta, path in zip(items[::2], items[1::2], strict=False):
+        fields = meta.split()
+        if len(fields) >= 2 and fields[1] == "160000":
+            found.append(path)
+    return sorted(found)
+
+
+class WorktreeRefused(GitFailure):
+    """A worktree whose ``.git`` file or registration is not what foreman's ``git worktree add`` wrote: no git
+    command runs in it (``worktree_problems`` says what differs). ``restore`` is the operator's command that writes
+    back what git wrote (None without a registration: then only a fresh bootstrap makes one)."""
+
+    def __init__(self, worktree: Path, admin: Path | None, problems: list[str]) -> None:
+        self.worktree, self.admin, self.problems = worktree, admin, tuple(problems)
+        self.command, self.status = ("worktree", "verify", str(worktree)), None
+        self.stderr = "; ".join(problems)
+        Exception.__init__(self, f"foreman runs no git command in {worktree}: its .git file or registration is not "
+                                 f"what foreman wrote ({self.stderr[:600]})")
+
+    @property
+    def restore(self) -> str | None:
+        if self.admin is None:
+            return None
+        dotgit, admin = f"{_real(self.worktree)}/.git", os.path.realpath(self.admin)
+        return (f"rm -rf -- {shlex.quote(dotgit)} && printf 'gitdir: %s\\n' {shlex.quote(admin)} > "
+                f"{shlex.quote(dotgit)} && printf '%s\\n' {shlex.quote(dotgit)} > {shlex.quote(admin + '/gitdir')} && "
+                f"printf '../..\\n' > {shlex.quote(admin + '/commondir')}")
+
+
+class WorktreeKept(GitFailure):
+    """A worktree removal kept what the service cannot prove it made (``bot.worktree_access.remove_tracked_tree``):
+    the registration stays, the entries named stay on disk, and an operator decides about them."""
+
+    def __init__(self, worktree: Path, kept: list[str]) -> None:
+        self.worktree, self.kept = worktree, tuple(kept)
+        self.command, self.status = ("worktree", "remove", str(worktree)), None
+        limit = worktree_access.KEPT_SHOWN
+        shown = ", ".join(kept[:limit]) + (" ..." if len(kept) > limit else "")
+        self.stderr = f"kept {len(kept)} entries foreman did not make: {shown}"
+        Exception.__init__(self, f"{worktree}: {self.stderr}")
+
+
 class ControlCheckout:
     """The bot's own clone of the repository. Its working tree stays on the default branch and is never
     written to; worktrees live in ``<checkout>/branches/`` (excluded through ``.git/info/exclude``)."""
@@ -334,13 +489,53 @@ class ControlCheckout:
     def __init__(self, path: Path, *, env: Mapping[str, str], timeout_s: float) -> None:
         self.path = path
         self.registry = WorktreeRegistry(path / ".git", wait_s=timeout_s)
-        self.git = GitRunner(path, env=env, timeout_s=timeout_s, registry=self.registry)
+        self.git = GitRunner(path, env=env, timeout_s=timeout_s, registry=self.registry, git_dir=path / ".git",
+                             work_tree=path)
         self.timeout_s = timeout_s
 
-    def runner_in(self, worktree: Path, env: Mapping[str, str] | None = None) -> GitRunner:
-        """git run inside one of this repository's worktrees (under its registry, the checkout's environment)."""
+    def worktree_git(self, worktree: Path, env: Mapping[str, str] | None = None, *,
+                     registry: bool = True) -> GitRunner:
+        """git run on one of this repository's worktrees, its repository taken from the control checkout's own
+        records, never from the worktree: ``GIT_DIR`` is the metadata directory git registered the worktree under
+        (``registered_admin_dir``), ``GIT_WORK_TREE`` the worktree. Before every command (and now, before the runner
+        exists) ``verify_worktree`` refuses, with ``WorktreeRefused``, a worktree whose ``.git`` file or registration
+        is not what ``git worktree add`` wrote. Under the repository's registry unless told otherwise."""
+        admin = self.registered_admin_dir(worktree)
+        self.verify_worktree(worktree, admin)
+        assert admin is not None  # verify_worktree refuses a worktree without a registration
         return GitRunner(worktree, env=env if env is not None else self.git.env, timeout_s=self.timeout_s,
-                         registry=self.registry)
+                         registry=self.registry if registry else None, git_dir=admin, work_tree=worktree,
+                         check=lambda: self.verify_worktree(worktree, admin))
+
+    def registered_admin_dir(self, worktree: Path) -> Path | None:
+        """The metadata directory (``.git/worktrees/<name>``) git registered ``worktree`` under, found from the control
+        checkout's side alone (the worktree's ``.git`` file is never read for it): among the names ``git worktree
+        add`` gives a worktree there (its last component, or that followed by a counter), then among all, the one
+        whose ``gitdir`` names the worktree's ``.git``; failing that, the one of its last component (whose changed
+        ``gitdir`` ``verify_worktree`` reports). None when there is none."""
+        root = self.git_dir / "worktrees"
+        try:
+            names = sorted(os.listdir(root))
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        wanted, base = f"{_real(worktree)}/.git", worktree.name
+        likely = [name for name in names if name == base or (name.startswith(base) and name[len(base):].isdigit())]
+        for name in [*likely, *(name for name in names if name not in likely)]:
+            child = root / name
+            if not child.is_symlink() and child.is_dir() and (_read_small(child / "gitdir") or "") in (
+                    wanted, f"{wanted}\n"):
+                return child
+        return root / base if base in names else None
+
+    def check_worktree(self, worktree: Path) -> None:
+        """``verify_worktree`` against the registration ``registered_admin_dir`` finds."""
+        self.verify_worktree(worktree, self.registered_admin_dir(worktree))
+
+    def verify_worktree(self, worktree: Path, admin: Path | None) -> None:
+        """``WorktreeRefused`` unless ``worktree_problems`` finds nothing (file reads only, no git process)."""
+        problems = worktree_problems(self.git_dir, worktree, admin)
+        if problems:
+            raise WorktreeRefused(worktree, admin, problems)
 
     @property
     def git_dir(self) -> Path:
@@ -576,7 +771,7 @@ class ControlCheckout:
     # --- worktrees ----------------------------------------------------------------------------------------------------
 
     def worktrees(self) -> list[WorktreeEntry]:
-        status, out, err = self.git.attempt("worktree", "list", "--porcelain", "-z", timed=False)
+        status, out, err = self.git.attempt("worktree", "list", "--porcelain", "-z")
         if status != 0:
             raise GitFailure(("worktree", "list"), status, err)
         return parse_worktree_porcelain(out)
@@ -713,17 +908,36 @@ class ControlCheckout:
 
     def check_out(self, path: Path) -> None:
         """The checkout ``git worktree add`` runs itself when not told ``--no-checkout`` (builtin/worktree.c:
-        ``reset --hard --no-recurse-submodules`` inside the new worktree), timed. ``reset`` lists no worktree, so it
-        runs outside the registry: bootstraps of one repository check out side by side."""
-        GitRunner(path, env=self.git.env, timeout_s=self.timeout_s).run(
-            "reset", "--hard", "--no-recurse-submodules", "--quiet", timed=True)
+        ``reset --hard --no-recurse-submodules`` inside the new worktree). ``reset`` lists no worktree, so it runs
+        outside the registry: bootstraps of one repository check out side by side."""
+        self.worktree_git(path, registry=False).run("reset", "--hard", "--no-recurse-submodules", "--quiet")
 
     def unlock_worktree(self, path: Path) -> None:
         self.git.attempt("worktree", "unlock", str(path))
 
     def remove_worktree(self, path: Path, *, force: bool) -> None:
-        """Without ``force`` git itself refuses a worktree with changes or untracked files."""
-        self.git.run("worktree", "remove", *(["--force"] if force else []), str(path))
+        """Remove a worktree and its registration. A worktree still on disk is verified first (``WorktreeRefused``:
+        nothing removed); without ``force`` it must also be clean, as ``worktree_status`` (hardened, ignored files
+        included) says, else GitFailure and nothing is removed. Then the files of its commit are removed by
+        descriptor, anything else kept (``WorktreeKept``), and ``git worktree remove --force`` drops the
+        registration of the directory now gone.
+
+        git's own check (``worktree remove`` without ``--force``) is not used: it runs ``git status`` with the
+        worktree's ``.git`` file as its repository (builtin/worktree.c, check_clean_worktree), and that file is the
+        one thing in a worktree that must never choose what git reads. A locked worktree is still refused by git."""
+        if os.path.lexists(path):
+            self.check_worktree(path)
+            if not force and (left := self.worktree_status(path)):
+                raise GitFailure(("worktree", "remove", str(path)), None,
+                                 f"the worktree is not clean: {', '.join(item[3:] for item in left[:10])}")
+            # git's own removal walks the tree by path (dir.c, remove_dir_recurse): a directory swapped for a link
+            # after it was looked at would be followed. The service removes what its commit proves it made, by
+            # descriptor, and keeps anything else (an agent's file that appeared since the check): WorktreeKept.
+            head = worktree_head(self, path)
+            kept = worktree_access.remove_tracked_tree(path, self.tree_files(head) if head else {})
+            if kept:
+                raise WorktreeKept(path, kept)
+        self.git.run("worktree", "remove", "--force", str(path))  # the directory is gone: its registration goes
 
     def admin_dirs(self) -> list[AdminDir]:
         root = self.git_dir / "worktrees"
@@ -745,7 +959,7 @@ class ControlCheckout:
 
     def worktree_view(self, path: Path) -> WorktreeView:
         """Asked from inside the worktree: its top level, common and own git dirs, HEAD and HEAD's ref."""
-        runner = self.runner_in(path)
+        runner = self.worktree_git(path)
         out = runner.run(
             "rev-parse", "--path-format=absolute", "--show-toplevel", "--git-common-dir", "--git-dir",
             "--verify", "HEAD",
@@ -774,32 +988,40 @@ class ControlCheckout:
         return next((a for a in self.admin_dirs() if a.worktree_path == wanted), None)
 
     def worktree_status(self, path: Path) -> list[str]:
-        """Every tracked change, untracked and ignored file in a worktree (empty: nothing would be lost)."""
-        runner = self.runner_in(path)
-        out = runner.run(
-            "--no-optional-locks", "status", "--porcelain=v1", "-z", "--untracked-files=all", "--ignored"
-        )
+        """Every tracked change, untracked and ignored file in a worktree (empty: nothing would be lost). A
+        submodule's own work tree is not looked into (git would run ``git status`` in it, with its configuration):
+        git refuses to remove a worktree holding one anyway."""
+        out = self.worktree_git(path).run(
+            "--no-optional-locks", "status", "--porcelain=v1", "-z", "--untracked-files=all", "--ignored",
+            "--ignore-submodules=dirty")
         return [item for item in out.split("\0") if item]
-
 
     def worktree_changes(self, path: Path) -> list[str]:
         """The paths (relative to the worktree) of every tracked change and untracked file, no rename pairing."""
-        out = self.runner_in(path).run(
-            "--no-optional-locks", "status", "--porcelain=v1", "-z", "--untracked-files=all", "--no-renames")
+        out = self.worktree_git(path).run(
+            "--no-optional-locks", "status", "--porcelain=v1", "-z", "--untracked-files=all", "--no-renames",
+            "--ignore-submodules=dirty")
         return [item[3:] for item in out.split("\0") if len(item) > 3]
 
     def commit_worktree(self, path: Path, message: str, *, author: tuple[str, str]) -> str | None:
         """Stage everything inside the worktree (``git add -A -- .`` run there) and commit it as ``author``
-        (name, e-mail; the committer is the bot). None when nothing is staged (no commit made)."""
-        runner = self.runner_in(path, {**self.git.env, "GIT_AUTHOR_NAME": author[0], "GIT_AUTHOR_EMAIL": author[1]})
+        (name, e-mail; the committer is the bot). None when nothing is staged (no commit made). No hook runs
+        (``--no-verify``, and ``core.hooksPath`` is ``/dev/null``). A gitlink staged (a repository nested in the
+        worktree) is unstaged again and ``GitlinksStaged`` raised: nothing is committed."""
+        runner = self.worktree_git(path, {**self.git.env, "GIT_AUTHOR_NAME": author[0],
+                                          "GIT_AUTHOR_EMAIL": author[1]})
         runner.run("add", "-A", "--", ".")
-        status, _, err = runner.attempt("diff", "--cached", "--quiet", timed=True)
+        gitlinks = staged_gitlinks(runner.run("diff", "--cached", "--raw", "-z", "--no-abbrev", "--no-renames",
+                                              "--no-ext-diff", "--no-textconv"))
+        if gitlinks:
+            runner.run("reset", "-q")  # the index back to HEAD; the worktree's files stay as they are
+            raise GitlinksStaged(gitlinks)
+        status, _, err = runner.attempt("diff", "--cached", "--quiet", "--no-ext-diff", "--no-textconv")
         if status == 0:
             return None
         if status != 1:
             raise GitFailure(("diff", "--cached"), status, err)
-        status, _, err = runner.attempt("-c", "commit.gpgsign=false", "commit", "--no-verify", "-q", "-m", message,
-                                        timed=True)
+        status, _, err = runner.attempt("commit", "--no-verify", "-q", "-m", message)
         if status != 0:
             raise GitFailure(("commit",), status, err)
         return runner.run("rev-parse", "--verify", "HEAD").strip()
@@ -826,8 +1048,7 @@ class ControlCheckout:
     def push_branch(self, branch: str, sha: str, *, auth: Mapping[str, str]) -> str | None:
         """Push ``sha`` to origin's ``refs/heads/<branch>``, never forced; None when pushed, else git's refusal
         (a non-fast-forward). Any other failure raises GitFailure."""
-        status, _, err = self.git.attempt("push", "--quiet", "origin", f"{sha}:refs/heads/{branch}", extra_env=auth,
-                                          timed=True)
+        status, _, err = self.git.attempt("push", "--quiet", "origin", f"{sha}:refs/heads/{branch}", extra_env=auth)
         if status == 0:
             return None
         if any(word in err for word in ("rejected", "non-fast-forward", "fetch first")):
@@ -839,9 +1060,9 @@ class ControlCheckout:
 
 
 def worktree_head(checkout: ControlCheckout, path: Path) -> str | None:
-    """The commit a worktree's HEAD is at, asked from inside it (None: git cannot say)."""
-    runner = checkout.runner_in(path)
-    status, out, _ = runner.attempt("rev-parse", "--verify", "-q", "HEAD^{commit}")
+    """The commit a worktree's HEAD is at (None: git cannot say; ``WorktreeRefused`` for a worktree git is not run
+    on)."""
+    status, out, _ = checkout.worktree_git(path).attempt("rev-parse", "--verify", "-q", "HEAD^{commit}")
     return out.strip() if status == 0 and out.strip() else None
 
 
@@ -862,8 +1083,11 @@ def commit_subjects(checkout: ControlCheckout, base: str, head: str, *, limit: i
 
 
 def remove_clean_worktree(checkout: ControlCheckout, path: Path, lock_reason: str) -> None:
-    """Unlock and remove a worktree without ``--force``: git itself refuses if anything appeared in it since it
-    was judged clean (then it is locked again with the same reason, kept, and GitFailure says why)."""
+    """Unlock and remove a worktree without ``force``: ``remove_worktree`` refuses if anything appeared in it since
+    it was judged clean (then it is locked again with the same reason, kept, and GitFailure says why). A worktree
+    whose ``.git`` file or registration changed is refused before it is unlocked (``WorktreeRefused``)."""
+    if os.path.lexists(path):
+        checkout.check_worktree(path)
     checkout.unlock_worktree(path)
     try:
         checkout.remove_worktree(path, force=False)

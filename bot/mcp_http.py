@@ -20,7 +20,7 @@ import logging
 import time
 from collections import OrderedDict, deque
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from aiohttp import web
@@ -84,11 +84,7 @@ class Principal:
 
     key: str
     login: str | None = None
-    run_token: str | None = None
-
-    @property
-    def shown(self) -> str:
-        return self.key
+    run_token: str | None = field(default=None, repr=False)  # the run's own token: binds it, never shown
 
 
 @dataclass(frozen=True, slots=True)
@@ -270,7 +266,7 @@ class McpHttp:
         if endpoint.task is not None and endpoint.task.done():
             self._endpoints.pop(principal.key, None)
             log.error("mcp: the session manager of %s stopped; it is started again on the next request",
-                      principal.shown)
+                      principal.key)
             return _refusal(503, None, "unavailable", "the MCP endpoint could not serve this request",
                             "Retry; an operator reads the service log if it keeps failing.",
                             "retry the request in a few seconds")
@@ -374,7 +370,7 @@ class McpHttp:
             return endpoint.response()
         endpoint.in_flight += 1
         try:
-            return await _serve_asgi(endpoint.manager.handle_request, request, _answerable(body), principal)
+            return await _serve_asgi(endpoint.manager.handle_request, request, await _answerable(body), principal)
         finally:
             endpoint.in_flight -= 1
             endpoint.last_used = time.monotonic()
@@ -435,16 +431,19 @@ async def _read_body(request: web.Request, limit: int) -> bytes | Refusal:
     return b"".join(chunks)
 
 
-def _answerable(body: bytes) -> bytes:
+async def _answerable(body: bytes) -> bytes:
     """The body with a ``tools/call`` whose arguments the SDK's parser refuses made answerable (as over stdio:
-    ``bot.mcp_server.readable``), so both transports answer it ``invalid_input``."""
-    from bot.mcp_server import readable
+    ``bot.mcp_server.readable``), so both transports answer it ``invalid_input``. The look at a suspicious body (a
+    pass over up to ``max_body_bytes``) runs in a thread, never on the event loop."""
+    from bot.mcp_server import needs_a_look, readable
 
     try:
         text = body.decode("utf-8")
     except UnicodeDecodeError:
         return body
-    repaired = readable(text)
+    if not needs_a_look(text):
+        return body
+    repaired = await asyncio.to_thread(readable, text)
     return body if repaired is text else repaired.encode("utf-8")
 
 
@@ -527,7 +526,7 @@ async def _serve_asgi(app: Callable[..., Awaitable[None]], request: web.Request,
             await stream.write_eof()
         return stream
     if not finished and not chunks and status == 500:
-        log.error("mcp: the session manager answered nothing for %s", principal.shown)
+        log.error("mcp: the session manager answered nothing for %s", principal.key)
         return _refusal(500, None, "internal_error", "the MCP request got no answer; see the service log",
                         "Retry; an operator reads the service log.", "retry the request").response()
     response = web.Response(status=status, body=b"".join(chunks))

@@ -113,7 +113,7 @@ def unreadable_arguments(name: str, why: str) -> Envelope:
         error="invalid_input",
         message=f"{name[:80]!a}: the arguments are not acceptable JSON ({why}); nothing ran",
         remediate="Send arguments that match the tool's input schema: no integer of more than 4,300 digits, "
-        "no lone surrogate in a string.",
+        "no lone surrogate in a string, nothing nested hundreds of levels deep.",
         exact_next_action="call the tool again with corrected arguments",
     )
 
@@ -508,13 +508,55 @@ def _bounded_int(text: str) -> int:
 
 #: What can make the SDK's parser refuse a line: a surrogate escape (``\ud800``) or a run of more than 4,300 digits.
 _MAYBE_UNREADABLE = re.compile(r"\\u[dD][89a-fA-F]|(?<![0-9])[0-9]{4301}")  # one scan per digit run
+#: Nesting a refused line keeps when it is read again: deeper values are read as 0 (the SDK's parser refuses a few
+#: hundred levels, Python's a thousand; no verb argument is nested more than 16 deep).
+MAX_NESTING = 64
+#: The tokens that make JSON's structure: an escape (inside a string), a quote, a bracket or a brace.
+_STRUCTURE = re.compile(r'\\.|["\[\]{}]', re.DOTALL)
+
+
+def needs_a_look(line: str) -> bool:
+    """True when the SDK's parser might refuse ``line`` (:func:`readable` has work to do); a C-speed check."""
+    return line.count("[") + line.count("{") > MAX_NESTING or _MAYBE_UNREADABLE.search(line) is not None
+
+
+def collapsed(text: str, depth: int = MAX_NESTING) -> str | None:
+    """``text`` with every value nested deeper than ``depth`` replaced by ``0`` (strings respected), or None when
+    its brackets do not balance. One pass over its structural characters only."""
+    parts: list[str] = []
+    level, start, cut_from, in_string = 0, 0, -1, False
+    for token in _STRUCTURE.finditer(text):
+        mark = token.group()
+        if mark[0] == "\\":
+            continue
+        if mark == '"':
+            in_string = not in_string
+            continue
+        if in_string:
+            continue
+        if mark in "[{":
+            level += 1
+            if level == depth + 1:
+                cut_from = token.start()
+            continue
+        if level == depth + 1 and cut_from >= 0:
+            parts += [text[start:cut_from], "0"]
+            start, cut_from = token.end(), -1
+        level -= 1
+        if level < 0:
+            return None
+    if level or in_string:
+        return None
+    return "".join([*parts, text[start:]])
 
 
 def readable(line: str) -> str:
-    """A stdin line the SDK reads. A ``tools/call`` request its JSON parser refuses (an integer of more than 4,300
-    digits, a lone surrogate escape) would get no answer at all; it is passed on with its arguments replaced by
-    the ``UNREADABLE_META`` marker, so the client gets ``invalid_input``. Anything else is passed on as it came."""
-    if not _MAYBE_UNREADABLE.search(line):
+    """A line (stdio) or body (HTTP) the SDK reads. A ``tools/call`` request its JSON parser refuses (an integer of
+    more than 4,300 digits, a lone surrogate escape, nesting of hundreds of levels) would get no answer at all over
+    stdio and an uncorrelated parse error over HTTP; it is passed on with its arguments replaced by the
+    ``UNREADABLE_META`` marker, so the client gets ``invalid_input`` for its request. Anything else is passed on as
+    it came."""
+    if not needs_a_look(line):
         return line  # the common case: nothing the SDK's parser refuses, so it parses the line once, itself
     try:
         types.jsonrpc_message_adapter.validate_json(line, by_name=False)
@@ -522,12 +564,16 @@ def readable(line: str) -> str:
     except Exception:  # noqa: S110 - whatever the SDK refuses is looked at below
         pass
     why = "a lone surrogate in a string"
+    read = line  # what is read below: the line, or its collapsed form (only the repaired call is passed on)
+    shallow = collapsed(line)
+    if shallow is not None and shallow != line:
+        why, read = f"nested more than {MAX_NESTING} levels deep", shallow
     try:
-        doc = json.loads(line, parse_int=_bounded_int)
+        doc = json.loads(read, parse_int=_bounded_int)
     except _HugeInteger:
         why = "an integer of more than 4,300 digits"
         try:
-            doc = json.loads(line, parse_int=lambda text: 0 if len(text) > _MAX_INT_DIGITS else int(text))
+            doc = json.loads(read, parse_int=lambda text: 0 if len(text) > _MAX_INT_DIGITS else int(text))
         except (ValueError, RecursionError):
             return line
     except (ValueError, RecursionError):

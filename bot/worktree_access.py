@@ -16,6 +16,7 @@ from __future__ import annotations
 import grp
 import os
 import stat
+from collections.abc import Collection
 from pathlib import Path
 
 #: Directories: group read, write and search, and set-group-id (new entries take the directory's group).
@@ -100,3 +101,77 @@ def _add_mode(path: Path, bits: int, *, expect_directory: bool) -> None:
             os.fchmod(fd, mode | bits)
     finally:
         os.close(fd)
+
+
+#: Entries a removal names when it keeps some (the count is always given).
+KEPT_SHOWN = 20
+_DIRECTORY_OPEN = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def remove_tracked_tree(worktree: Path, tracked: Collection[str]) -> list[str]:
+    """Remove a worktree the service made, keeping what it cannot prove it made: a regular file or a symbolic link
+    whose path (relative, ``/``-separated) is in ``tracked`` (the commit the worktree is on: checked out or
+    published by the service, so reproducible from the branch) is removed, as is the worktree's own ``.git`` file
+    and every directory left empty; anything else (an agent's untracked file, a link where a directory was) is kept.
+    Each entry is looked at the moment it is removed, through the descriptor of its directory, and no link is ever
+    followed. The paths kept, relative to the worktree (``[]``: the worktree is gone)."""
+    wanted = frozenset(tracked) | {".git"}
+    kept: list[str] = []
+    try:
+        root = os.open(worktree, _DIRECTORY_OPEN)
+    except FileNotFoundError:
+        return []
+    except OSError:
+        return ["."]  # not a directory of its own (a link, a file): nothing is touched
+    try:
+        empty = _remove_below(root, "", wanted, kept)
+    finally:
+        os.close(root)
+    if empty:
+        try:
+            os.rmdir(worktree)
+        except OSError:
+            kept.append(".")
+    return kept
+
+
+def _remove_below(directory: int, prefix: str, wanted: frozenset[str], kept: list[str]) -> bool:
+    """Remove what ``wanted`` names below the open ``directory``; True when nothing is left in it."""
+    left = False
+    with os.scandir(directory) as entries:
+        names = [entry.name for entry in entries]
+    for name in names:
+        relative = f"{prefix}{name}"
+        try:
+            info = os.stat(name, dir_fd=directory, follow_symlinks=False)
+        except FileNotFoundError:
+            continue
+        if stat.S_ISDIR(info.st_mode):
+            try:
+                child = os.open(name, _DIRECTORY_OPEN, dir_fd=directory)
+            except OSError:  # replaced since it was looked at (a link now): kept, never followed
+                kept.append(relative)
+                left = True
+                continue
+            try:
+                same = os.fstat(child).st_ino == info.st_ino
+                empty = same and _remove_below(child, f"{relative}/", wanted, kept)
+            finally:
+                os.close(child)
+            if not same:
+                kept.append(relative)
+            if not empty:
+                left = True
+                continue
+            try:
+                os.rmdir(name, dir_fd=directory)
+            except OSError:  # something appeared in it meanwhile
+                kept.append(relative)
+                left = True
+            continue
+        if relative in wanted and (stat.S_ISREG(info.st_mode) or stat.S_ISLNK(info.st_mode)):
+            os.unlink(name, dir_fd=directory)  # unlinking a link never touches its target
+            continue
+        kept.append(relative)
+        left = True
+    return not left

@@ -8,10 +8,9 @@ import errno
 import fcntl
 import hashlib
 import os
-import shutil
 import stat
 import time
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from pathlib import Path
 
 
@@ -99,9 +98,29 @@ def escapes_root(root: Path, path: Path) -> bool:
     return resolved != real_root and real_root not in resolved.parents
 
 
-def remove_tree(path: Path) -> None:
-    """Remove a directory the caller proved holds only reproducible content."""
-    shutil.rmtree(path)
+def nested_repositories(root: Path, changes: Iterable[str]) -> list[str]:
+    """The directories (relative to ``root``) among or above ``changes`` that hold their own ``.git`` (a directory,
+    a ``gitdir:`` file or a link): git would commit each as a gitlink (mode 160000) naming a commit nobody can fetch.
+    A change git lists with a trailing slash is a directory it did not look into for that reason. File reads only
+    (``lstat``, never following a link); the root's own ``.git`` is not looked at."""
+    found: set[str] = set()
+    seen: set[Path] = set()
+    for change in changes:
+        rel = Path(change)
+        if change.endswith("/"):
+            found.add(rel.as_posix())
+        current = root
+        for part in rel.parts[:-1] if not change.endswith("/") else rel.parts:
+            current = current / part
+            if current in seen:
+                continue
+            seen.add(current)
+            try:
+                os.lstat(current / ".git")
+            except (FileNotFoundError, NotADirectoryError):
+                continue
+            found.add(current.relative_to(root).as_posix())
+    return sorted(found)
 
 
 @contextlib.asynccontextmanager

@@ -641,3 +641,18 @@ async def test_an_issue_number_past_int64_is_invalid_input_through_mcp(runtime: 
             assert [p["argument"] for p in doc["details"]["problems"]] == ["issue_number"]
         error, doc = await call(client, "gitea_get_issue_state", issue_number=2**63 - 1)
         assert not error and doc["issue_number"] == 2**63 - 1
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ('{"a": [1, [2]]}', '{"a": [1, 0]}'),
+    ('{"a": [[[1]]], "b": "[[[[", "c": "\\"["}', '{"a": [0], "b": "[[[[", "c": "\\"["}'),
+    ('[[["x"], {"k": [1]}], 2]', '[[0, 0], 2]'),
+    ('{"a": [1}', None),
+    ('{"a": "unterminated}', None),
+])
+def test_a_line_too_deep_for_the_sdk_is_collapsed_below_the_bound(text: str, expected: str | None) -> None:
+    """``collapsed`` at depth 2: what is nested deeper reads as 0, brackets inside strings are text, an unbalanced
+    line is None (the SDK answers it as it would)."""
+    from bot.mcp_server import collapsed
+
+    assert collapsed(text, depth=2) == expected

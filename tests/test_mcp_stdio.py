@@ -280,19 +280,25 @@ RAW_LINES = [
     _raw_call(2, '{"issue_number": 1' + "0" * 5000 + "}"),
     _raw_call(3, '{"issue_number": "\\ud800"}'),
     _raw_call(4, '{"issue_number": -' + "9" * 4301 + ', "x": "\\udfff"}'),
+    _raw_call(6, '{"issue_number": ' + "[" * 300 + "1" + "]" * 300 + "}"),
+    _raw_call(7, '{"issue_number": ' + '{"a": ' * 5000 + "1" + "}" * 5000 + "}"),
     _raw_call(5, '{"issue_number": 1}'),
 ]
+#: The requests of RAW_LINES (every line but initialize's and the notification).
+RAW_REQUESTS = (2, 3, 4, 5, 6, 7)
 
 
 def assert_unreadable_answered(answers: dict[int, dict[str, Any]]) -> None:
-    """Requests 2-4 answered invalid_input saying nothing ran, each naming why; request 5 answered."""
-    for request_id in (2, 3, 4):
+    """Requests 2-4, 6 and 7 answered invalid_input saying nothing ran, each naming why; request 5 answered."""
+    for request_id in (2, 3, 4, 6, 7):
         result = answers[request_id]["result"]
         assert result["isError"] is True
         assert result["structuredContent"]["error"] == "invalid_input", result
         assert "nothing ran" in result["structuredContent"]["message"]
     assert "more than 4,300 digits" in answers[2]["result"]["structuredContent"]["message"]
     assert "lone surrogate" in answers[3]["result"]["structuredContent"]["message"]
+    for request_id in (6, 7):  # hundreds, then thousands of levels: answered, never a silent drop
+        assert "nested more than 64 levels" in answers[request_id]["result"]["structuredContent"]["message"]
     assert "result" in answers[5], answers[5]
 
 
@@ -333,12 +339,13 @@ def test_arguments_the_sdk_parser_refuses_are_answered_invalid_input_on_the_wire
     process.stdin.write(("\n".join(lines) + "\n").encode())
     process.stdin.flush()
     answers: dict[int, dict[str, Any]] = {}
-    while len(answers) < 5:  # the answer to every request, before stdin closes
-        ready, _, _ = select.select([process.stdout], [], [], 20)
-        assert ready, f"no answer to requests {sorted({2, 3, 4, 5} - set(answers))} within 20 s"
+    while not set(RAW_REQUESTS) <= set(answers):  # the answer to every request, before stdin closes
+        ready, _, _ = select.select([process.stdout], [], [], 60)
+        assert ready, f"no answer to requests {sorted(set(RAW_REQUESTS) - set(answers))} within 60 s"
         line = process.stdout.readline()
         assert line, "the server stopped answering"
         message = json.loads(line)
+        assert message.get("id") in (1, *RAW_REQUESTS), message  # initialize's answer, then one per request
         answers[message["id"]] = message
     process.stdin.close()
     assert process.wait(timeout=30) == 0

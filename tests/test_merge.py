@@ -141,3 +141,48 @@ async def test_a_push_racing_the_merge_is_refused_by_gitea_as_a_stale_pin(world:
     assert result.refusal is not None and result.refusal.error == "stale_pin", result.doc
     assert result.refusal.details["head"] == racing.pushed != pr.head
     assert pull_state(world, pr.pull) == (False, None, racing.pushed) and main_sha(world) == base
+
+
+# --- guards (issue 29 item 8): each test fails when its guard is removed ---------------------------------------------
+
+
+def dismiss_reviews(world: World, pull: int) -> None:
+    """A repository admin dismisses every verdict on the PR on Gitea (the review stays, marked ``dismissed``)."""
+    emu = world.live.emulator
+    for review in emu.pull_of(emu.issue(OWNER, REPO, pull)).reviews:
+        review.dismissed = True
+
+
+async def test_a_dismissed_approval_never_lets_the_merge_through(world: World) -> None:
+    """Issue 29 item 8: an approval dismissed on Gitea is no approval (a PR was merged on one). The merge is refused
+    and nothing merged; a new approval of the head then merges it."""
+    pr = await approved(world)
+    dismiss_reviews(world, pr.pull)
+    base = main_sha(world)
+    refused, doc = await tool(world, "author-3", "gitea_merge_pull_request", issue_number=pr.number)
+    assert refused, doc
+    assert pull_state(world, pr.pull) == (False, None, pr.head) and main_sha(world) == base
+    assert f"merge:{pr.number}:{pr.pull}" not in comment_markers(world, pr.number)
+    await ok(world, "author-2", "gitea_claim_review", issue_number=pr.number)
+    await ok(world, "author-2", "gitea_submit_review", issue_number=pr.number, verdict="approve")
+    doc = await ok(world, "author-3", "gitea_merge_pull_request", issue_number=pr.number)
+    assert doc["approved_commit"] == pr.head and pull_state(world, pr.pull)[0] is True
+
+
+async def test_a_merge_gitea_answered_200_without_merging_is_not_reported_merged(world: World) -> None:
+    """Issue 29 item 8: the read-back is the proof. Gitea answering the merge 200 with the PR still unmerged was
+    answered ok and queued the "Merged" evidence; it is ``unavailable`` (call again), nothing queued, and the retry
+    merges exactly the approved commit."""
+    pr = await approved(world)
+    base = main_sha(world)
+    rule = world.live.emulator.faults.fail("POST", "/repos/{owner}/{repo}/pulls/{index}/merge", status=200,
+                                           message="accepted")
+    refused, doc = await tool(world, "author-3", "gitea_merge_pull_request", issue_number=pr.number)
+    assert rule.hits == 1 and refused and doc["error"] == "unavailable", doc
+    assert pull_state(world, pr.pull) == (False, None, pr.head) and main_sha(world) == base
+    key = f"merge:{pr.number}:{pr.pull}"
+    assert [e.key for e in await world.service.outbox.list(limit=1000) if e.key == key] == []
+    assert key not in comment_markers(world, pr.number)
+    doc = await ok(world, "author-3", "gitea_merge_pull_request", issue_number=pr.number)
+    assert doc["merged"] is True and doc["approved_commit"] == pr.head
+    assert comment_markers(world, pr.number).count(key) == 1

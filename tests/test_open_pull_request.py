@@ -262,3 +262,27 @@ async def test_the_hand_over_replay_answers_only_the_lease_owner(world: World) -
     assert refused and "replayed" not in other and other["error"] in ("not_authorized", "tracing_gap"), other
     refused, release = await call_tool(world, "author-3", "gitea_release_lease", issue_number=number, reason="done")
     assert refused and "already_ended" not in release and release["error"] == "not_authorized", release
+
+
+async def test_another_issues_open_pull_request_is_never_adopted(world: World) -> None:
+    """Issue 29 item 8: only an open PR whose head is this issue's branch is adopted. With another issue's PR open,
+    the second issue's call adopted that PR (another head) instead of opening its own."""
+    first, _, _ = await published(world)
+    refused, theirs = await call_tool(world, "author-1", "gitea_open_pull_request", issue_number=first)
+    assert not refused, theirs
+    issue = world.live.emulator.create_issue(OWNER, REPO, title="Another feature", author="alice",
+                                             labels=["status:ready"])
+    await world.comment("controller-bot", issue.number, "/allocate --owner author-2")
+    await world.comment("author-2", issue.number, "/lock")
+    worktree, branch = await worktree_of(world, issue.number)
+    (worktree / "another.txt").write_text("another\n", encoding="utf-8")
+    refused, published_doc = await call_tool(world, "author-2", "gitea_publish_worktree", issue_number=issue.number,
+                                             message="Another change")
+    assert not refused, published_doc
+    refused, mine = await call_tool(world, "author-2", "gitea_open_pull_request", issue_number=issue.number)
+    assert not refused and mine["adopted"] is False and mine["pull_request"] != theirs["pull_request"], mine
+    assert (mine["head"], mine["head_sha"]) == (branch, published_doc["commit"])
+    pulls = {p.number: p.head_ref for p in await world.gitea.list_pulls(state="open")}
+    assert pulls == {theirs["pull_request"]: theirs["head"], mine["pull_request"]: branch}
+    recorded = await PublicationStore(world.service.db).pull_for_issue(FULL_NAME.lower(), issue.number)
+    assert recorded is not None and recorded.pr_number == mine["pull_request"]

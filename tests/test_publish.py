@@ -351,3 +351,63 @@ async def test_a_commit_subject_with_a_control_or_bidi_character_is_refused_befo
     assert refused and doc["error"] == "invalid_input" and doc["exact_next_action"], doc
     assert "without control characters" in doc["message"] and remote_sha(world, branch) is None
     assert await PublicationStore(world.service.db).for_issue(FULL_NAME.lower(), number) == []
+
+
+# --- guards (issue 29 item 8): each test fails when its guard is removed ---------------------------------------------
+
+
+async def test_the_same_key_with_another_message_is_refused_never_answered_with_the_old_publish(world: World) -> None:
+    """Issue 29 item 8: an idempotency key names one publish. The same key with a new message was answered with the
+    old verified result (``replayed``), the new change left unpublished without a word."""
+    number = await leased_and_locked(world)
+    worktree, branch = await worktree_of(world, number)
+    (worktree / "first.txt").write_text("first\n", encoding="utf-8")
+    refused, first = await call_tool(world, "author-1", "gitea_publish_worktree", issue_number=number,
+                                     message="First", idempotency_key="k")
+    assert not refused, first
+    (worktree / "second.txt").write_text("second\n", encoding="utf-8")
+    refused, doc = await call_tool(world, "author-1", "gitea_publish_worktree", issue_number=number,
+                                   message="Second", idempotency_key="k")
+    assert refused and doc["error"] == "conflict" and "another message" in doc["message"], doc
+    assert "new idempotency_key" in doc["exact_next_action"]
+    assert remote_sha(world, branch) == first["commit"]
+    [pub] = await PublicationStore(world.service.db).for_issue(FULL_NAME.lower(), number)
+    assert (pub.phase, pub.commit_sha) == ("verified", first["commit"])
+
+
+class _PushedAfterUs:
+    """The service's Gitea client, with someone else's push landing on the issue branch right after foreman's push,
+    before its read-back (the transport is real: the emulator's branch moves)."""
+
+    def __init__(self, world: World, branch: str) -> None:
+        self._world, self._branch, self.pushed = world, branch, ""
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._world.gitea, name)
+
+    async def get_branch(self, name: str) -> Any:
+        if name == self._branch and not self.pushed and remote_sha(self._world, name) is not None:
+            self.pushed = self._world.live.emulator.push_commit(OWNER, REPO, name, {"theirs.txt": "theirs\n"},
+                                                                pusher="alice", message="Theirs")
+        return await self._world.gitea.get_branch(name)
+
+
+async def test_a_branch_read_back_at_another_head_is_never_verified(world: World) -> None:
+    """Issue 29 item 8: the read-back is the proof. Gitea showing the branch at another commit after the push (a
+    push racing foreman's) was recorded ``verified`` with the publish evidence queued; it is a ``conflict`` naming
+    both commits, the publication stays ``pushed`` and no evidence is queued."""
+    number = await leased_and_locked(world)
+    worktree, branch = await worktree_of(world, number)
+    (worktree / "mine.txt").write_text("mine\n", encoding="utf-8")
+    racing = _PushedAfterUs(world, branch)
+    service = world.service
+    door = VerbRuntime(db=service.db, settings=service.settings, gitea=service.gitea, bot_login="foreman-bot")
+    door.gitea = racing  # type: ignore[assignment]
+    result = await door.call("publish_worktree", caller_for(service.settings, "author-1", "mcp"),
+                             {"issue_number": number, "message": "Mine", "idempotency_key": "raced"})
+    assert result.refusal is not None and result.refusal.error == "conflict", result.doc
+    [pub] = await PublicationStore(service.db).for_issue(FULL_NAME.lower(), number)
+    assert racing.pushed and remote_sha(world, branch) == racing.pushed != pub.commit_sha
+    assert result.refusal.details["seen"] == racing.pushed and result.refusal.details["commit"] == pub.commit_sha
+    assert pub.phase == "pushed"
+    assert [e.key for e in await service.outbox.list(limit=1000) if e.key.startswith("publish:")] == []

@@ -177,3 +177,46 @@ async def test_a_review_lease_gets_no_worktree(world: World) -> None:
     assert await JournalStore(world.service.db).open_for_issue(FULL_NAME, pr.number) is None
     latest = await JournalStore(world.service.db).latest_completed(FULL_NAME, pr.number)
     assert latest is not None and latest.owner == "author-1"  # the implementer's, as before the call
+
+
+async def test_a_verdict_whose_answer_was_lost_is_found_on_the_retry_never_posted_twice(world: World) -> None:
+    """Issue 29 item 8: Gitea stored the approval but its answer was lost (the connection dropped after the store):
+    the call answers ``unavailable`` with the review lease kept, and the retry finds the review by its lease's
+    marker and records it; it was posted a second time (two APPROVED reviews on the PR)."""
+    pr = await put_in_review(world)
+    claimed = await ok(world, "author-2", "gitea_claim_review", issue_number=pr.number)
+    world.live.emulator.faults.drop_after_store("POST", "/repos/{owner}/{repo}/pulls/{index}/reviews")
+    refused, lost = await tool(world, "author-2", "gitea_submit_review", issue_number=pr.number, verdict="approve")
+    assert refused and lost["error"] == "unavailable", lost
+    assert reviews(world, pr.pull) == [("APPROVED", pr.head, True)]  # Gitea has it
+    lease = await LeaseStore(world.service.db).get(claimed["lease"]["lease_id"])
+    assert lease is not None and lease.status == "live"
+    posts = review_posts(world)
+    doc = await ok(world, "author-2", "gitea_submit_review", issue_number=pr.number, verdict="approve")
+    assert reviews(world, pr.pull) == [("APPROVED", pr.head, True)] and review_posts(world) == posts
+    assert doc["review"]["commit_id"] == pr.head and doc["lease"]["end_reason"] == "reviewed"
+    evidence(world, pr.number, f"{claimed['lease']['lease_id']}:review")
+
+
+async def test_requested_changes_wait_for_a_busy_implementer_whatever_triggers_auto_allocation(world: World) -> None:
+    """Issue 29 item 8: changes requested while the implementer holds ``max_leases_per_author`` (1) live leases wait
+    for them: a trigger meanwhile (another issue labelled `status:ready`) leases nothing back to them, where any
+    trigger did, past the cap; once their other work is released, the release's run leases it back."""
+    pr = await put_in_review(world)
+    other = await world.open_issue("alice", "Make the widget round")
+    await world.call("alice", "POST", f"/issues/{other}/labels", {"labels": ["status:ready"]})
+    leases = LeaseStore(world.service.db)
+    busy = await leases.live_for_issue(FULL_NAME, other)
+    assert busy is not None and (busy.owner, busy.action) == ("author-1", "implement")
+    await ok(world, "author-2", "gitea_claim_review", issue_number=pr.number)
+    changes = await ok(world, "author-2", "gitea_submit_review", issue_number=pr.number, verdict="request_changes",
+                       body="The widget must be navy.")
+    assert changes["author_lease"] is None, changes
+    third = await world.open_issue("alice", "Make the widget shiny")
+    await world.call("alice", "POST", f"/issues/{third}/labels", {"labels": ["status:ready"]})  # a trigger
+    assert await leases.live_for_issue(FULL_NAME, pr.number) is None
+    assert [(lease.issue_number, lease.owner) for lease in await leases.open_leases(FULL_NAME)] == [
+        (other, "author-1")]
+    await ok(world, "author-1", "gitea_release_lease", issue_number=other, reason="done")
+    back = await leases.live_for_issue(FULL_NAME, pr.number)
+    assert back is not None and (back.owner, back.action) == ("author-1", "implement"), back

@@ -19,7 +19,7 @@ from state.journal import JournalStore, Transition
 from state.leases import LeaseStore
 from state.teardowns import TeardownStore
 from tests.gitea_fixtures import OWNER, REPO
-from tests.support import Started, wait_status
+from tests.support import SECRET, Started, wait_status
 from tests.world import FULL_NAME, Sections, World, open_world
 
 ROSTER = {"controller-bot": ["controller"], "author-1": ["author"]}
@@ -377,3 +377,59 @@ async def test_a_branch_that_moved_since_the_merged_head_is_kept_and_reported(wo
     branch = evidence_of(final)["branch"]
     assert branch["action"] == "kept" and "moved" in branch["reason"]
     assert parse_comment(final).current.who_is_next == "human"  # type: ignore[union-attr]
+
+
+# --- guards (issue 29 item 8): each test fails when its guard is removed ---------------------------------------------
+
+
+async def test_a_stale_closed_delivery_of_a_pull_request_reopened_since_ends_nothing(world: World) -> None:
+    """Issue 29 item 8: the PR's ``closed`` webhook arrives late, after the PR was reopened. The teardown goes by the
+    state it reads from Gitea now (open), not the delivery's: the lease, the worktree and the labels stay; before,
+    the stale delivery tore the issue down as ``pr_closed``."""
+    number, transition = await bootstrapped(world)
+    pr = await open_pull(world, number, transition)
+    emu = world.live.emulator
+    # A second hook that reaches nobody keeps the closed delivery (signed with the same secret) to hand in late.
+    late = emu.add_hook(OWNER, REPO, url="http://127.0.0.1:9/webhook", secret=SECRET, events=["pull_request"])
+    late.events = expand_hook_events(["pull_request"])
+    world.hook.active = False  # foreman hears neither the close nor the reopening
+    await world.call("alice", "PATCH", f"/issues/{pr}", {"state": "closed"}, settle=False)
+    await world.call("alice", "PATCH", f"/issues/{pr}", {"state": "open"}, settle=False)
+    world.hook.active = True
+    await emu.drain_webhooks()
+    [closed] = [d for d in emu.deliveries
+                if d.hook_id == late.id and d.event_type == "pull_request" and d.action == "closed"]
+    assert (await world.gitea.get_pull(pr)).state == "open"
+    async with world.client.post("/webhook", data=closed.body, headers=closed.headers) as resp:
+        assert (resp.status, (await resp.json())["status"]) == (202, "queued")
+    await world.wait_settled(closed.delivery_id, asyncio.get_running_loop().time() + 10)
+    await world.settle()
+    history = await LeaseStore(world.service.db).history(FULL_NAME, number)
+    assert [(lease.owner, lease.status) for lease in history] == [("author-1", "live")]
+    assert await TeardownStore(world.service.db).for_issue(FULL_NAME.lower(), number) == []
+    assert teardown_comments(world, number) == [] and world.labels(number) == ["status:in-progress"]
+    assert Path(transition.worktree_path).is_dir()
+
+
+async def test_a_teardown_ends_only_its_own_issues_leases(tmp_path: Path, start: Started) -> None:
+    """Issue 29 item 8: the merge of one issue's PR ends that issue's leases, never another issue's. author-1 holds
+    two (``max_leases_per_author`` = 2); the other issue's lease, worktree and registration stay as they were."""
+    sections: Sections = {"allocator": {"max_leases_per_author": 2}, "bootstrap": {"on_allocate": "run"}}
+    async with open_world(tmp_path, start, roster=ROSTER, **sections) as world:
+        world.hook.events = expand_hook_events(["issues", "pull_request"])
+        number, transition = await bootstrapped(world)
+        other, other_transition = await bootstrapped(world, "Make the widget round")
+        leases = LeaseStore(world.service.db)
+        [before] = await leases.history(FULL_NAME, other)
+        assert (before.owner, before.status) == ("author-1", "live")
+        pr = await open_pull(world, number, transition)
+        await merge(world, pr)
+        assert [(lease.status, lease.end_reason) for lease in await leases.history(FULL_NAME, number)] == [
+            ("released", "merged")]
+        assert await leases.history(FULL_NAME, other) == [before]
+        registration = await JournalStore(world.service.db).live_registration(FULL_NAME.lower(), other)
+        assert registration is not None and registration.lease_id == before.lease_id
+        assert Path(other_transition.worktree_path).is_dir() and world.labels(other) == ["status:in-progress"]
+        [final] = teardown_comments(world, number)
+        assert [lease["lease_id"] for lease in evidence_of(final)["leases"]] == [
+            lease.lease_id for lease in await leases.history(FULL_NAME, number)]

@@ -6,10 +6,12 @@ import grp
 import os
 import stat
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from bot.worktree_access import WorktreeAccessError, grant, group_for
+from bot.worktree_access import WorktreeAccessError, grant, group_for, remove_tracked_tree
+from tests.test_gitops_hostile import scene  # noqa: F401 (the fixture)
 
 
 def tree(tmp_path: Path) -> tuple[Path, Path, Path]:
@@ -58,3 +60,80 @@ def test_an_unknown_group_or_a_path_outside_the_root_is_refused(tmp_path: Path) 
 def test_the_group_of_a_login_is_found_whatever_its_case() -> None:
     assert group_for({"Author-1": "agents-a1"}, "author-1") == "agents-a1"
     assert group_for({"author-1": "agents-a1"}, "author-2") is None
+
+
+# --- removal: only what the service's commit proves it made (issue 29, item 7) ----------------------------------------
+
+
+def test_a_removal_takes_the_commits_files_and_keeps_everything_else(tmp_path: Path) -> None:
+    """Tracked files, the ``.git`` file and the directories left empty go; an untracked file, a link where a tracked
+    directory was (pointing outside) and the directories holding them stay; the link's target is untouched."""
+    worktree = tmp_path / "w"
+    (worktree / "src" / "pkg").mkdir(parents=True)
+    (worktree / "src" / "pkg" / "a.py").write_text("a")
+    (worktree / "README.md").write_text("r")
+    (worktree / "docs").mkdir()
+    (worktree / ".git").write_text("gitdir: x\n")
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "precious").write_text("not the service's")
+    (worktree / "docs" / "guide.md").symlink_to(outside / "precious")  # a link at a tracked file's path: unlinked
+    (worktree / "src" / "notes.txt").write_text("the agent's, never committed")
+    (worktree / "lib").symlink_to(outside)  # where the commit has a directory lib/, a link the agent planted
+    tracked = {"src/pkg/a.py", "README.md", "docs/guide.md", "lib/x.py"}
+    kept = remove_tracked_tree(worktree, tracked)
+    assert sorted(kept) == ["lib", "src/notes.txt"]
+    assert sorted(p.name for p in worktree.rglob("*")) == ["lib", "notes.txt", "src"]
+    assert (outside / "precious").read_text() == "not the service's"  # no link was followed
+
+
+def test_a_worktree_made_only_of_its_commit_is_removed_whole(tmp_path: Path) -> None:
+    worktree = tmp_path / "w"
+    (worktree / "a" / "b").mkdir(parents=True)
+    (worktree / "a" / "b" / "c.txt").write_text("c")
+    (worktree / ".git").write_text("gitdir: x\n")
+    assert remove_tracked_tree(worktree, {"a/b/c.txt"}) == []
+    assert not worktree.exists()
+    assert remove_tracked_tree(worktree, {"a/b/c.txt"}) == []  # already gone: nothing to do
+    (tmp_path / "link").symlink_to(tmp_path)
+    assert remove_tracked_tree(tmp_path / "link", set()) == ["."]  # a link is never walked
+
+
+def test_a_teardown_keeps_what_appeared_after_the_clean_check_and_follows_no_link(
+    scene: Any, monkeypatch: pytest.MonkeyPatch  # noqa: F811 (the fixture)
+) -> None:
+    """The service judged the worktree clean; the agent then adds a file and swaps a directory for a link to the
+    service's own files before the removal: the commit's files go, the agent's are kept and reported
+    (WorktreeKept), the registration stays, and nothing behind the link is touched."""
+    from bot import gitops
+
+    checkout, worktree = scene.checkout, scene.worktree
+    (worktree / "docs").mkdir()
+    (worktree / "docs" / "a.md").write_text("a\n")
+    scene_git(worktree, checkout)
+    precious = scene.root / "service-state"
+    precious.mkdir()
+    (precious / "foreman.db").write_text("the service's")
+    judged = checkout.worktree_status
+
+    def status_then_agent(path: Path) -> list[str]:
+        left: list[str] = judged(path)
+        (worktree / "late.txt").write_text("written after the check")
+        (worktree / "docs" / "a.md").unlink()
+        (worktree / "docs").rmdir()
+        (worktree / "docs").symlink_to(precious)
+        return left
+
+    monkeypatch.setattr(checkout, "worktree_status", status_then_agent)
+    checkout.unlock_worktree(worktree)
+    with pytest.raises(gitops.WorktreeKept) as kept:
+        checkout.remove_worktree(worktree, force=False)
+    assert sorted(kept.value.kept) == ["docs", "late.txt"]
+    assert (precious / "foreman.db").read_text() == "the service's"
+    assert (worktree / "late.txt").exists() and not (worktree / "README.md").exists()
+    assert checkout.admin_dir_for(worktree) is not None  # the registration stays for the operator
+
+
+def scene_git(worktree: Path, checkout: Any) -> None:
+    """Commit what is in the worktree on its branch, as the publish verb does (through the hardened runner)."""
+    checkout.commit_worktree(worktree, "docs", author=("author-1", "author-1@users.noreply"))

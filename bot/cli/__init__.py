@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import json
 import math
+import os
 import re
 import sys
 from collections.abc import Callable, Sequence
@@ -27,6 +28,7 @@ from bot.cli.serve import serve
 from bot.cli.state import cmd_state_parse
 from bot.config import ConfigError, Settings, load_settings
 from bot.core.vocabulary import MAX_ISSUE_NUMBER, is_issue_number
+from bot.mcp_bridge import URL_ENV
 from state.db import DatabaseFileUnusable, DatabaseNotWritable, SchemaTooNew
 from state.deliveries import STATUSES
 from state.outbox import OUTBOX_STATUSES
@@ -222,7 +224,11 @@ def build_parser() -> argparse.ArgumentParser:
         "(no worktree is touched)")
     add_json(repoint)
     repoint.add_argument("--config", dest="sub_config", type=Path, default=argparse.SUPPRESS, help=argparse.SUPPRESS)
-    add("mcp", "MCP server over stdio for the identity of $FOREMAN_MCP_TOKEN (see docs/mcp.md)")
+    mcp = add("mcp", "MCP over stdio for the identity of $FOREMAN_MCP_TOKEN (see docs/mcp.md): with --url, a bridge "
+              "to the service's /mcp (what agents run); without, in-process (an operator's tool)")
+    mcp.add_argument("--url", metavar="URL",
+                     help="foreman serve's MCP endpoint, e.g. http://foreman:8080/mcp (default: $FOREMAN_MCP_URL): "
+                     "forward stdio there with $FOREMAN_MCP_TOKEN as the bearer token; reads no config or database")
     demo = add("demo", "run the whole loop against the bundled Gitea emulator in a temporary directory")
     demo.add_argument("--keep", action="store_true", help="keep the temporary directory (config, database, logs)")
     demo.add_argument("--timeout", type=_seconds, default=30.0, metavar="S", help="seconds each step may take")
@@ -301,8 +307,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         code = _main(argv)
         sys.stdout.flush()
     except BrokenPipeError:
-        import os
-
         # Python would complain again when it flushes stdout at exit: point it at the null device first.
         with contextlib.suppress(OSError, ValueError):
             devnull = os.open(os.devnull, os.O_WRONLY)
@@ -327,6 +331,10 @@ def _main(argv: Sequence[str] | None) -> int:
         from bot.demo import main as demo_main
 
         return demo_main(keep=args.keep, timeout_s=args.timeout)
+    if args.command == "mcp" and (args.url or os.environ.get(URL_ENV)):  # the bridge: no config, no database
+        from bot.mcp_bridge import serve as serve_bridge
+
+        return serve_bridge(args.url, os.environ)
     if args.command == "emulator":  # self-contained too: it writes the config for a foreman that uses it
         from bot.emulator_cli import main as emulator_main
 

@@ -4,13 +4,22 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import sys
 from typing import Any
 
 from bot.cli.common import EXIT_OK, EXIT_USAGE
 from bot.config import Settings
+from bot.mcp_bridge import REFUSED_CODE as MCP_REFUSED_CODE
+from bot.mcp_bridge import answer_refusal_on_the_wire
+
+__all__ = ["MCP_REFUSED_CODE", "answer_refusal_on_the_wire", "cmd_mcp"]
+
+#: What the in-process server says on stderr when it starts: it is an operator's tool now.
+OPERATOR_NOTICE = (
+    "foreman mcp: serving in-process (an operator's tool: it reads the config and opens the database); agents "
+    "connect to foreman serve's /mcp, directly or through `foreman mcp --url URL`"
+)
 
 
 def cmd_mcp(settings: Settings, args: argparse.Namespace) -> int:
@@ -29,6 +38,8 @@ def cmd_mcp(settings: Settings, args: argparse.Namespace) -> int:
             print(json.dumps(refusal), file=sys.stderr)
             answer_refusal_on_the_wire(refusal)
             return EXIT_USAGE
+        if _is_utf8(token):  # one that is not names no run: refused below, with one line
+            print(OPERATOR_NOTICE, file=sys.stderr, flush=True)
         try:
             code = asyncio.run(serve_stdio(settings, run_token=token))
         except EnvelopeError as refused:  # a run of a repository this process does not serve
@@ -42,46 +53,16 @@ def cmd_mcp(settings: Settings, args: argparse.Namespace) -> int:
             print(json.dumps(refusal), file=sys.stderr)
             answer_refusal_on_the_wire(refusal)
         return code
+    print(OPERATOR_NOTICE, file=sys.stderr, flush=True)
     return asyncio.run(serve_stdio(settings, caller))
 
 
-#: JSON-RPC error code of a refused ``foreman mcp`` start (the implementation-defined server error range).
-MCP_REFUSED_CODE = -32001
-
-
-def answer_refusal_on_the_wire(refusal: dict[str, Any], *, timeout_s: float = 10.0, max_bytes: int = 1 << 20) -> None:
-    """An MCP client shows a JSON-RPC error to its first request, but only "connection closed" for a server that
-    exits: answer that request (normally ``initialize``) with the refusal, then let the process exit. Reads at most
-    ``max_bytes`` of standard input for at most ``timeout_s``; nothing is written when no request comes (EOF)."""
-    import os
-    import select
-    import time
-
-    deadline = time.monotonic() + timeout_s
-    fd = sys.stdin.fileno() if sys.stdin is not None else -1
-    pending, read = b"", 0
-    while fd >= 0 and read < max_bytes:
-        left = deadline - time.monotonic()
-        if left <= 0 or not select.select([fd], [], [], left)[0]:
-            return
-        chunk = os.read(fd, 65536)
-        if not chunk:
-            return
-        read += len(chunk)
-        pending += chunk
-        *lines, pending = pending.split(b"\n")
-        for line in lines:
-            try:
-                message = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(message, dict) and "id" in message and "method" in message:
-                error = {"code": MCP_REFUSED_CODE, "message": f"{refusal['error']}: {refusal['message']}",
-                         "data": refusal}
-                with contextlib.suppress(OSError):
-                    sys.stdout.write(json.dumps({"jsonrpc": "2.0", "id": message["id"], "error": error}) + "\n")
-                    sys.stdout.flush()
-                return
+def _is_utf8(token: str | None) -> bool:
+    try:
+        (token or "").encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _mcp_token_refusal(message: str) -> dict[str, Any]:

@@ -58,6 +58,8 @@ class WorktreeFacts:
     merged_head: str | None
     #: HEAD is an ancestor of the default branch as fetched after the merge.
     head_in_default: bool
+    #: Why git was not run on the worktree (its ``.git`` file or registration is not what foreman wrote), else None.
+    refused: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +78,8 @@ def decide_worktree(facts: WorktreeFacts, *, remove_enabled: bool) -> Decision:
         return Decision("absent", "the worktree is no longer on disk")
     if not facts.created_by_foreman:
         return Decision("keep", "the worktree was there before foreman's bootstrap: it is not foreman's to remove")
+    if facts.refused is not None:
+        return Decision("keep", f"git was not run on it: {facts.refused}")
     if not remove_enabled:
         return Decision("keep", "[lifecycle] remove_worktree is off")
     if facts.status:

@@ -319,6 +319,16 @@ class EmulatorPulls(EmulatorPullWebhooks):
             notify=notify,
         )
 
+    def dismiss_review(self, owner: str, name: str, number: int, review_id: int) -> None:
+        """A maintainer dismisses review ``review_id`` of PR ``number`` (services/pull/review.go ``DismissReview``:
+        an approval or a request-changes on an open PR; the review stays, marked ``dismissed``)."""
+        issue = self.issue(owner, name, number)
+        review = next(r for r in self.pull_of(issue).reviews if r.id == review_id)
+        if review.state not in ("APPROVED", "REQUEST_CHANGES") or issue.closed is not None:
+            raise ValueError(f"review {review_id} cannot be dismissed")
+        review.dismissed = True
+        review.updated = self.now()
+
     def push_commit(
         self, owner: str, name: str, branch: str, files: dict[str, str], *, pusher: str, message: str = "Update"
     ) -> str:

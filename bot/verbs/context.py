@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
+from bot import gitops
 from bot.core.gateway import GatewayContext
 from bot.core.verbs import PRECONDITION_WORKTREE, VERBS, Verb, evaluate
 from bot.gitea import Branch, Repository
@@ -143,10 +144,13 @@ async def _default_branch(rt: VerbRuntime) -> dict[str, Any]:
 
 
 async def _git_rev(checkout: Path, ref: str) -> str | None:
-    """``ref`` resolved in ``checkout`` (argument list, never a shell), or None."""
+    """``ref`` resolved in ``checkout`` (argument list, never a shell), or None. Run as the git edge runs every
+    command (``gitops.hardened_env``, ``gitops.config_args``): the repository named, no configuration but its own."""
     try:
         proc = await asyncio.create_subprocess_exec(
-            "git", "-C", str(checkout), "rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}",
+            "git", *gitops.config_args(), "rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}",
+            cwd=checkout, env=gitops.hardened_env({}, git_dir=checkout / ".git"),
+            stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.DEVNULL,
         )

@@ -90,6 +90,10 @@ async def _run(
         raise _Refused(envelope(
             "invalid_state", f"the registered worktree {worktree} is not below {checkout.branches_root}",
             "foreman publishes only a worktree under branches/.", f"call gitea_bootstrap_issue_worktree for #{issue}"))
+    try:  # before any git runs (and again before each of the worktree's git commands)
+        await asyncio.to_thread(checkout.check_worktree, worktree)
+    except gitops.WorktreeRefused as exc:
+        raise _Refused(worktree_refused(exc, issue)) from exc
     parent = await asyncio.to_thread(checkout.branch_sha, branch)
     key = _key(values, lease, message, parent)
     pub = await store.get(rt.repo, key)
@@ -110,7 +114,10 @@ async def _run(
                                     message_digest=_digest(message), parent_sha=parent, now=rt.clock())
     if pub.phase == "started":
         author = rt.settings.publish.author_of(caller.login)
-        sha = await asyncio.to_thread(_commit, checkout, worktree, branch, pub, message, author)
+        try:
+            sha = await asyncio.to_thread(_commit, checkout, worktree, branch, pub, message, author)
+        except gitops.WorktreeRefused as exc:  # changed since the check above: nothing was committed
+            raise _Refused(worktree_refused(exc, issue)) from exc
         async with rt.db.transaction() as conn:
             pub = await store.advance(conn, pub, "committed", commit_sha=sha, now=rt.clock())
     if pub.phase == "committed":
@@ -139,8 +146,14 @@ def _commit(checkout: gitops.ControlCheckout, worktree: Path, branch: str, pub: 
             f"remove the symbolic link(s) {', '.join(escaping[:3])} from the worktree, then call "
             f"gitea_publish_worktree again for #{pub.issue_number}",
             paths=escaping[:50]))
-    sha = checkout.commit_worktree(worktree, f"{message}\n\n{trailer}\n", author=author) if (
-        changes) else None
+    nested = worktree_files.nested_repositories(worktree, changes)
+    if nested:
+        raise _Refused(nested_refused(nested, pub.issue_number))
+    try:
+        sha = checkout.commit_worktree(worktree, f"{message}\n\n{trailer}\n", author=author) if (
+            changes) else None
+    except gitops.GitlinksStaged as exc:  # a repository nested since the look above: unstaged, nothing committed
+        raise _Refused(nested_refused(list(exc.paths), pub.issue_number)) from exc
     if sha is None:
         raise _Refused(Envelope(
             error="tracing_gap", message="Missing required commit(s): the worktree has no change to commit",
@@ -148,6 +161,20 @@ def _commit(checkout: gitops.ControlCheckout, worktree: Path, branch: str, pub: 
             exact_next_action=f"edit files in {worktree}, then call gitea_publish_worktree for #{pub.issue_number}",
             missing=("commits",)))
     return sha
+
+
+def nested_refused(paths: list[str], issue: int) -> Envelope:
+    """A repository nested in the worktree: git would commit it as a gitlink (mode 160000) to a commit nobody can
+    fetch, with no ``.gitmodules``; nothing was committed."""
+    return envelope(
+        "invalid_input",
+        f"{len(paths)} directory(ies) in the worktree hold a repository of their own (a .git directory or file): "
+        + ", ".join(paths[:10]),
+        "Nothing was committed: git would record each as a gitlink (mode 160000) to a commit that is nowhere on "
+        "Gitea, not as its files. foreman commits plain files only (no submodules).",
+        f"remove the nested .git of {', '.join(paths[:3])} (its files are then committed as plain files) or remove "
+        f"the directory, then call gitea_publish_worktree again for #{issue}",
+        paths=paths[:50], reason="nested_repository")
 
 
 def _push(checkout: gitops.ControlCheckout, ctx: BootstrapContext, pub: Publication) -> str | None:
@@ -167,6 +194,21 @@ def _push(checkout: gitops.ControlCheckout, ctx: BootstrapContext, pub: Publicat
     if refusal is not None:
         raise _Refused(stale_branch(pub, remote, refusal))
     return remote
+
+
+def worktree_refused(exc: gitops.WorktreeRefused, issue: int) -> Envelope:
+    """The worktree's ``.git`` file or registration is not what foreman wrote: git was not run on it."""
+    restore = exc.restore
+    then = (f"An operator who has looked at the worktree writes back what git wrote with: {restore}" if restore
+            else "Only a fresh bootstrap of the issue registers a worktree again.")
+    return envelope(
+        "invalid_state", str(exc),
+        "foreman runs git on a worktree only through the registration it made; nothing was committed or pushed. "
+        + then,
+        f"call gitea_post_issue_state with issue_number={issue}, state blocked, who_is_next controller and blockers "
+        f"naming the worktree's .git file",
+        worktree=str(exc.worktree), registration=str(exc.admin) if exc.admin is not None else None,
+        problems=list(exc.problems), restore=restore)
 
 
 def stale_branch(pub: Publication, remote: str | None, detail: str) -> Envelope:

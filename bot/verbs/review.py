@@ -86,10 +86,50 @@ async def pull_for_issue(
     return min(found, key=lambda p: (p.state != "open", -p.number))  # an open one first, then the newest
 
 
-def latest_verdict(reviews: Sequence[Review]) -> Review | None:
-    """The PR's latest official, undismissed verdict (APPROVED or REQUEST_CHANGES), or None."""
-    verdicts = [r for r in reviews if r.official and not r.dismissed and r.state in ("APPROVED", "REQUEST_CHANGES")]
-    return max(verdicts, key=lambda r: r.id) if verdicts else None
+def standing_approvals(reviews: Sequence[Review]) -> list[Review]:
+    """The approvals Gitea still shows on the PR (not dismissed), whoever posted them: what the door's
+    ``pr_approved`` asks for. Which one counts is the merge gate's decision (``merge_gate`` in merge.py)."""
+    return [r for r in reviews if r.state == "APPROVED" and not r.dismissed]
+
+
+@dataclass(frozen=True, slots=True)
+class RecordedVerdict:
+    """A verdict foreman's review verb recorded: the review lease that made it (its owner the reviewer), the Gitea
+    review it posted (its id, the account it was posted as) and the commit it judged. Kept on the review lease's
+    ``released`` event (``reviewed``), so only a lease holder's verdict through the verb is ever one."""
+
+    lease_id: str
+    reviewer: str
+    verdict: Verdict
+    review_id: int
+    commit_id: str
+    pull_number: int
+    posted_as: str
+
+
+def _verdict_detail(review: Review, verdict: str, pull_number: int) -> dict[str, Any]:
+    """What the review lease's ``released`` event keeps of the verdict (read back by ``recorded_verdicts``)."""
+    return {"verdict": verdict, "review_id": review.id, "commit_id": review.commit_id, "pull_request": pull_number,
+            "posted_as": review.user.login if review.user is not None else ""}
+
+
+async def recorded_verdicts(leases: LeaseStore, repo: str, issue: int) -> list[RecordedVerdict]:
+    """The verdicts foreman's review verb recorded on the issue, oldest first: one per review lease that ended
+    ``reviewed`` with the verdict on its ``released`` event (a release that carries none is no verdict)."""
+    reviewed = [lease for lease in await leases.history(repo, issue)
+                if lease.action == "review" and lease.role == "reviewer" and lease.end_reason == "reviewed"]
+    released = {e["lease_id"]: e["detail"] for e in await leases.events_of(lease.lease_id for lease in reviewed)
+                if e["kind"] == "released"}
+    out: list[RecordedVerdict] = []
+    for lease in reviewed:
+        detail = released.get(lease.lease_id, {})
+        verdict, review_id, commit, pull = (detail.get(k) for k in ("verdict", "review_id", "commit_id",
+                                                                   "pull_request"))
+        if verdict not in _EVENTS or not isinstance(review_id, int) or not isinstance(pull, int) or not commit:
+            continue
+        out.append(RecordedVerdict(lease.lease_id, lease.owner, verdict, review_id, str(commit), pull,
+                                   str(detail.get("posted_as") or "")))
+    return out
 
 
 async def implementer_of(leases: LeaseStore, repo: str, issue: int) -> Lease | None:
@@ -100,17 +140,19 @@ async def implementer_of(leases: LeaseStore, repo: str, issue: int) -> Lease | N
 
 @dataclass(frozen=True, slots=True)
 class PullFacts:
-    """What the review and merge gates read: the issue, its PR, the verdict on it, the implementer, the state."""
+    """What the review and merge gates read: the issue, its PR, the reviews on it, the implementer, the state."""
 
     issue: Issue | None
     pull: PullRequest | None
-    verdict: Review | None
+    reviews: tuple[Review, ...]
     implementer: str | None
     issue_state: str | None
 
     @property
     def approved(self) -> bool:
-        return self.verdict is not None and self.verdict.state == "APPROVED"
+        """An approval stands on the PR on Gitea (the door's ``pr_approved``); the merge verb decides whether one
+        counts (foreman's recorded verdict), and names the others."""
+        return bool(standing_approvals(self.reviews))
 
 
 def issue_state_of(issue: Issue) -> str | None:
@@ -123,14 +165,14 @@ async def pull_facts(rt: VerbRuntime, number: int) -> PullFacts:
     implementer = await implementer_of(rt.leases, rt.repo, number)
     owner = implementer.owner if implementer is not None else None
     if rt.gitea is None:
-        return PullFacts(None, None, None, owner, None)
+        return PullFacts(None, None, (), owner, None)
     try:
         issue = await rt.gitea.get_issue(number)
         pull = await pull_for_issue(rt.gitea, rt.db, rt.repo, issue, slug_length=rt.settings.bootstrap.slug_length)
-        verdict = latest_verdict(await rt.gitea.list_reviews(pull.number)) if pull is not None else None
+        reviews = tuple(await rt.gitea.list_reviews(pull.number)) if pull is not None else ()
     except GiteaNotFound:
-        return PullFacts(None, None, None, owner, None)
-    return PullFacts(issue, pull, verdict, owner, issue_state_of(issue))
+        return PullFacts(None, None, (), owner, None)
+    return PullFacts(issue, pull, reviews, owner, issue_state_of(issue))
 
 
 # --- review candidates ------------------------------------------------------------------------------------------------
@@ -372,9 +414,11 @@ async def _end_review(
     its evidence comment to queue), unless they hold ``max_leases_per_author`` live leases: then the release
     records whom the issue waits for (``awaiting_author``) and auto-allocation leases it back later
     (bot/verbs/handback.py)."""
-    wait = {AWAITING: implementer, "pull_request": pull_number, "review_id": review.id} if (
-        waiting and verdict != "approve") else {}
-    await rt.leases.release(conn, lease.lease_id, actor=caller.login, reason="reviewed", now=now, **wait)
+    wait = {AWAITING: implementer} if waiting and verdict != "approve" else {}
+    # The verdict on the release is the record the merge gate trusts (recorded_verdicts), Gitea's review only
+    # its cross-check.
+    await rt.leases.release(conn, lease.lease_id, actor=caller.login, reason="reviewed", now=now,
+                            **_verdict_detail(review, verdict, pull_number), **wait)
     if verdict == "approve" or implementer is None or waiting:
         return None, None
     # The author's work resumes: the issue's only live lease was the review lease just ended, so this one cannot

@@ -192,13 +192,19 @@ def _judge(
     for registration in registrations:
         path = Path(registration.worktree_path)
         exists = path.is_dir() and not path.is_symlink() and checkout.worktree_at(path) is not None
-        status = tuple(checkout.worktree_status(path)) if exists else ()
-        head = gitops.worktree_head(checkout, path) if exists else None
+        status: tuple[str, ...] = ()
+        head: str | None = None
+        refused: str | None = None
+        try:
+            status = tuple(checkout.worktree_status(path)) if exists else ()
+            head = gitops.worktree_head(checkout, path) if exists else None
+        except gitops.WorktreeRefused as exc:  # kept as it is; the report says why and how it is restored
+            refused = str(exc) + (f"; an operator restores it with: {exc.restore}" if exc.restore else "")
         origin = _origin(registration, history)
         facts = WorktreeFacts(
             path=str(path), exists=exists, created_by_foreman=origin.created_worktree, status=status,
             head=head, merged_head=merged_head,
-            head_in_default=head is not None and gitops.is_ancestor(checkout, head, tracking),
+            head_in_default=head is not None and gitops.is_ancestor(checkout, head, tracking), refused=refused,
         )
         transition = transitions.get(origin.journal_id)
         reason = worktree_lock_reason(transition.key) if transition is not None else ""

@@ -174,13 +174,21 @@ class GitSteps(RunState):
         ours = [a for a in self.checkout.admin_dirs() if a.worktree_path == str(path) and self._admin_ours(t, a.locked)]
         entry = self.checkout.listed_worktree_at(path)
         has_dir = os.path.lexists(path) and path.is_dir() and not path.is_symlink()
-        if entry is not None and entry.locked == reason and has_dir:
-            self.checkout.unlock_worktree(path)
-            self.checkout.remove_worktree(path, force=force)
-            removed.append("registration")
-        if os.path.lexists(path) and path.is_dir() and not path.is_symlink():
-            worktree_files.remove_tree(path)
-            removed.append("directory")
+        try:
+            if entry is not None and entry.locked == reason and has_dir:
+                self.checkout.unlock_worktree(path)
+                self.checkout.remove_worktree(path, force=force)
+                removed.append("registration")
+            if os.path.lexists(path) and path.is_dir() and not path.is_symlink():
+                # No registration left to read a commit from: what the service checked out is the pinned base's.
+                tracked = self.checkout.tree_files(t.base_sha) if t.base_sha else {}
+                if kept := worktree_access.remove_tracked_tree(path, tracked):
+                    raise gitops.WorktreeKept(path, kept)
+                removed.append("directory")
+        except gitops.WorktreeKept as exc:  # an agent's files are never removed with the service's
+            raise StepFailed(Blocked("invalid_state", "worktree_kept",
+                                     f"{exc}; an operator moves them out of {path} (or removes them), then the "
+                                     "bootstrap is called again")) from exc
         for admin in ours:
             if admin.path.is_dir():
                 self.checkout.remove_admin_dir(admin)

@@ -54,6 +54,9 @@ class RunState:
     async def _git(self, step: Callable[[Transition], dict[str, Any]], t: Transition) -> dict[str, Any]:
         try:
             return await asyncio.to_thread(step, t)
+        except gitops.WorktreeRefused as exc:
+            restore = f"; an operator restores it with: {exc.restore}" if exc.restore else ""
+            raise StepFailed(Blocked("invalid_state", "worktree_refused", f"{exc}{restore}")) from exc
         except gitops.GitFailure as exc:
             raise StepFailed(Blocked("invalid_state", "git_failed", str(exc))) from exc
 
