@@ -1,8 +1,9 @@
 """`foreman mcp --url URL`: an MCP stdio server that forwards every message to foreman's Streamable HTTP `/mcp`.
 
 For MCP hosts that only start stdio servers. Standard library only: it reads no config file, opens no database and
-imports nothing of the service (``python -m bot mcp --url ...`` loads this module and ``bot/__main__.py``, nothing
-else of the package). The agent holds only the endpoint's URL and its own token (``FOREMAN_MCP_TOKEN``).
+imports nothing of the service (``python -m bot mcp --url ...`` loads this module, ``bot/__main__.py`` and the
+standard-library-only ``bot.core.json_depth``, nothing else of the package). The agent holds only the endpoint's
+URL and its own token (``FOREMAN_MCP_TOKEN``).
 
 The wire, as the MCP specification (2025-06-18) defines its two transports:
 
@@ -42,6 +43,8 @@ from dataclasses import dataclass
 from types import FrameType
 from typing import IO, Any
 from urllib.parse import urlsplit
+
+from bot.core.json_depth import collapsed
 
 TOKEN_ENV = "FOREMAN_MCP_TOKEN"  # noqa: S105 (the name of the variable, not a token)
 URL_ENV = "FOREMAN_MCP_URL"
@@ -275,8 +278,15 @@ def _integer(text: str) -> int | str:
 
 def loads(data: bytes) -> Any:
     """A JSON-RPC message read only to see what it is (its bytes are what is forwarded): any integer is accepted,
-    however long. Raises ValueError for text that is not JSON."""
-    return json.loads(data, parse_int=_integer)
+    however long, and a value nested deeper than Python's parser goes is read as 0 (the server answers the message
+    itself). Raises ValueError for text that is not JSON."""
+    try:
+        return json.loads(data, parse_int=_integer)
+    except RecursionError:
+        shallow = collapsed(data.decode("utf-8", "surrogateescape"))
+        if shallow is None:
+            raise ValueError("nested too deep, and its brackets do not balance") from None
+        return json.loads(shallow, parse_int=_integer)
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,6 +23,7 @@ from bot.config import Settings
 from bot.core.errors import Envelope, EnvelopeError
 from bot.core.gateway import GatewayContext, evaluate_preconditions
 from bot.core.grants import Grant, broker_refusal
+from bot.core.json_depth import MAX_NESTING, collapsed
 from bot.core.verbs import TOOLS, VERBS, Verb
 from bot.verbs.runs.broker import Broker
 from bot.verbs.runs.start import is_run_token
@@ -508,46 +509,11 @@ def _bounded_int(text: str) -> int:
 
 #: What can make the SDK's parser refuse a line: a surrogate escape (``\ud800``) or a run of more than 4,300 digits.
 _MAYBE_UNREADABLE = re.compile(r"\\u[dD][89a-fA-F]|(?<![0-9])[0-9]{4301}")  # one scan per digit run
-#: Nesting a refused line keeps when it is read again: deeper values are read as 0 (the SDK's parser refuses a few
-#: hundred levels, Python's a thousand; no verb argument is nested more than 16 deep).
-MAX_NESTING = 64
-#: The tokens that make JSON's structure: an escape (inside a string), a quote, a bracket or a brace.
-_STRUCTURE = re.compile(r'\\.|["\[\]{}]', re.DOTALL)
 
 
 def needs_a_look(line: str) -> bool:
     """True when the SDK's parser might refuse ``line`` (:func:`readable` has work to do); a C-speed check."""
     return line.count("[") + line.count("{") > MAX_NESTING or _MAYBE_UNREADABLE.search(line) is not None
-
-
-def collapsed(text: str, depth: int = MAX_NESTING) -> str | None:
-    """``text`` with every value nested deeper than ``depth`` replaced by ``0`` (strings respected), or None when
-    its brackets do not balance. One pass over its structural characters only."""
-    parts: list[str] = []
-    level, start, cut_from, in_string = 0, 0, -1, False
-    for token in _STRUCTURE.finditer(text):
-        mark = token.group()
-        if mark[0] == "\\":
-            continue
-        if mark == '"':
-            in_string = not in_string
-            continue
-        if in_string:
-            continue
-        if mark in "[{":
-            level += 1
-            if level == depth + 1:
-                cut_from = token.start()
-            continue
-        if level == depth + 1 and cut_from >= 0:
-            parts += [text[start:cut_from], "0"]
-            start, cut_from = token.end(), -1
-        level -= 1
-        if level < 0:
-            return None
-    if level or in_string:
-        return None
-    return "".join([*parts, text[start:]])
 
 
 def readable(line: str) -> str:

@@ -336,8 +336,8 @@ def test_a_missing_token_or_a_bad_url_is_refused_at_start(url: str, token: str |
 
 def test_the_bridge_imports_nothing_of_the_service(stub: Stub) -> None:
     """The bridge (a whole session: initialize, tools/list, stdin's end) loads no module of bot.cli, bot.config,
-    state, aiohttp, mcp, pydantic, anyio or httpx2, and nothing of the package but itself and bot/__main__.py;
-    importing bot.mcp_bridge alone neither."""
+    state, aiohttp, mcp, pydantic, anyio or httpx2, and nothing of the package but itself, bot/__main__.py and the
+    standard-library-only bot.core.json_depth; importing bot.mcp_bridge alone neither."""
     forbidden = ("bot.cli", "bot.config", "state", "aiohttp", "mcp", "pydantic", "anyio", "httpx2", "starlette")
 
     def loaded(stderr: str) -> set[str]:
@@ -346,7 +346,8 @@ def test_the_bridge_imports_nothing_of_the_service(stub: Stub) -> None:
 
     def offenders(modules: set[str]) -> list[str]:
         return sorted(m for m in modules if any(m == f or m.startswith(f"{f}.") for f in forbidden)
-                      or (m.startswith("bot.") and m not in ("bot.__main__", "bot.mcp_bridge")))
+                      or (m.startswith("bot.") and m not in ("bot.__main__", "bot.mcp_bridge", "bot.core",
+                                                             "bot.core.json_depth")))
 
     with raw_bridge(stub.url, extra=("-X", "importtime")) as bridge:
         bridge.send(INITIALIZE, INITIALIZED, {"jsonrpc": "2.0", "id": 2, "method": "tools/list"})
@@ -491,13 +492,13 @@ async def test_through_the_bridge_arguments_the_sdk_parser_refuses_are_answered_
 ) -> None:
     """tests/test_mcp_stdio.py's raw-wire case, sent at once through the bridge to `foreman serve`: every request
     answered (the service's invalid_input, saying nothing ran), the last one served."""
-    from tests.test_mcp_stdio import CONTROLLER_TOKEN, RAW_LINES, assert_unreadable_answered
+    from tests.test_mcp_stdio import CONTROLLER_TOKEN, RAW_LINES, RAW_REQUESTS, assert_unreadable_answered
 
     answers: dict[int, dict[str, Any]] = {}
     async with foreman_serve(tmp_path) as url:
         with raw_bridge(url, token=CONTROLLER_TOKEN) as bridge:
             bridge.send(*(line.encode() for line in RAW_LINES))
-            for _ in range(5):
+            for _ in range(len(RAW_REQUESTS) + 1):  # initialize's answer and each request's
                 message = await anyio.to_thread.run_sync(bridge.receive)
                 answers[message["id"]] = message
             assert await anyio.to_thread.run_sync(bridge.close_stdin) == 0

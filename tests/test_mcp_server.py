@@ -653,6 +653,6 @@ async def test_an_issue_number_past_int64_is_invalid_input_through_mcp(runtime: 
 def test_a_line_too_deep_for_the_sdk_is_collapsed_below_the_bound(text: str, expected: str | None) -> None:
     """``collapsed`` at depth 2: what is nested deeper reads as 0, brackets inside strings are text, an unbalanced
     line is None (the SDK answers it as it would)."""
-    from bot.mcp_server import collapsed
+    from bot.core.json_depth import collapsed
 
     assert collapsed(text, depth=2) == expected
