@@ -42,10 +42,6 @@ log = logging.getLogger("foreman.app")
 SERVICE_KEY: web.AppKey[Service] = web.AppKey("service")
 #: Where ``foreman serve`` serves MCP over Streamable HTTP.
 MCP_PATH = "/mcp"
-#: Options for the runner that serves ``Service.make_app()``. Gitea never compresses a delivery; with aiohttp's
-#: decompression off, a body that claims a Content-Encoding reaches intake untouched and is refused there (415)
-#: instead of failing inside the HTTP parser (a dropped connection and a traceback).
-RUNNER_OPTIONS: dict[str, Any] = {"auto_decompress": False}
 
 @dataclass
 class GiteaStatus:
@@ -448,16 +444,25 @@ class Service:
             return refused
         chunks: list[bytes] = []
         size = 0
+        timeout = self.settings.webhook.read_timeout_s
         try:
-            if declared is not None:  # aiohttp reads exactly the declared length (at most the limit): in one call
-                return await request.read()
-            async for chunk in request.content.iter_chunked(65536):
-                size += len(chunk)
-                if size > limit:
-                    return Rejection(413, "payload_too_large", f"body is over the limit of {limit} bytes")
-                chunks.append(chunk)
-        except aiohttp.ClientPayloadError as exc:  # a truncated chunked body, a broken transfer coding
-            return Rejection(400, "bad_body", f"the request body could not be read: {type(exc).__name__}")
+            async with asyncio.timeout(timeout):  # the whole body, however it trickles in
+                if declared is not None:  # aiohttp reads exactly the declared length (at most the limit): one call
+                    return await request.read()
+                async for chunk in request.content.iter_chunked(65536):
+                    size += len(chunk)
+                    if size > limit:
+                        return Rejection(413, "payload_too_large", f"body is over the limit of {limit} bytes")
+                    chunks.append(chunk)
+        except TimeoutError:
+            return Rejection(408, "request_timeout",
+                             f"the request body did not arrive within {timeout:g} s ([webhook] read_timeout_s)")
+        # The server's payload errors are web.RequestPayloadError (a broken chunk, a body cut short by a half-close:
+        # bot/http_server.py), not the client's ClientPayloadError; a connection lost has nobody left to answer.
+        except (web.RequestPayloadError, aiohttp.ClientPayloadError) as exc:
+            return Rejection(400, "bad_body", f"the request body could not be read: {exc}")
+        except ConnectionResetError:
+            return Rejection(400, "bad_body", "the connection was lost before the request body ended")
         return b"".join(chunks)
 
     async def _intake(self, request: web.Request) -> web.Response:
@@ -475,7 +480,10 @@ class Service:
             # Nothing from an unverified request becomes a label: its event header is not trusted.
             self.metrics.deliveries.labels("unverified", f"rejected_{verdict.status}").inc()
             log.info("webhook refused %d %s: %s", verdict.status, verdict.error, verdict.message)
-            return web.json_response(verdict.body(), status=verdict.status)
+            refusal = web.json_response(verdict.body(), status=verdict.status)
+            if verdict.error in ("request_timeout", "bad_body"):
+                refusal.force_close()  # what is left of that body is not read as the next request
+            return refusal
         self.intake_window.arrived(time.monotonic())
         is_self = is_self_event(verdict, self.bot_login)
         event_label = metric_event(verdict.event)

@@ -519,16 +519,23 @@ def ensure_webhook_secret(settings: Settings) -> tuple[Settings, Path | None]:
     if settings.webhook.secrets is not None:
         return settings, None
     secret_path = settings.database.path.parent / GENERATED_SECRET_NAME
-    secret_path.parent.mkdir(parents=True, exist_ok=True)
-    if secret_path.exists():
-        value = secret_path.read_text(encoding="utf-8").strip()
-        if not value:
-            raise ConfigError("webhook.secrets", f"the generated secret file {secret_path} is empty")
-    else:
-        value = secrets_mod.token_hex(32)
-        fd = os.open(secret_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(value + "\n")
-    os.chmod(secret_path, 0o600)
+    try:
+        secret_path.parent.mkdir(parents=True, exist_ok=True)
+        if secret_path.exists():
+            value = secret_path.read_text(encoding="utf-8").strip()
+            if not value:
+                raise ConfigError("webhook.secrets", f"the generated secret file {secret_path} is empty")
+        else:
+            value = secrets_mod.token_hex(32)
+            fd = os.open(secret_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w", encoding="utf-8") as handle:
+                handle.write(value + "\n")
+        os.chmod(secret_path, 0o600)
+    except OSError as exc:  # the database's folder is read-only, say: a configuration error, not a traceback
+        raise ConfigError(
+            "webhook.secrets",
+            f"none is configured and the generated one cannot be kept in {secret_path} ({exc.strerror}): set "
+            "webhook.secrets, or make database.path's folder writable",
+        ) from None
     webhook = settings.webhook.model_copy(update={"secrets": [SecretStr(value)]})
     return settings.model_copy(update={"webhook": webhook}), secret_path

@@ -54,6 +54,9 @@ class ServerConfig(ConfigSection):
     log_json: bool = False
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     shutdown_grace_s: float = Field(default=10.0, ge=0)
+    #: How long a connection may wait for a request's head, idle between requests or half-sent (aiohttp's one
+    #: timer for both): a client that connects and stalls is cut when it expires.
+    keepalive_timeout_s: float = Field(default=15.0, gt=0, le=3600)
 
 
 class WebhookConfig(ConfigSection):
@@ -63,6 +66,8 @@ class WebhookConfig(ConfigSection):
     secrets: list[SecretStr] | None = None
     secrets_file: Path | None = None
     max_body_bytes: int = Field(default=5 * 1024 * 1024, gt=0)
+    #: How long a delivery's body may take to arrive once its head is read: past it, 408 and the connection closes.
+    read_timeout_s: float = Field(default=10.0, gt=0, le=600)
 
     @field_validator("path")
     @classmethod

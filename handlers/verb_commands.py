@@ -210,17 +210,22 @@ async def on_command(event: sansio.Event, ctx: HandlerContext) -> None:
     actor = str((comment.get("user") or {}).get("login") or "")
     number, comment_id = int(issue["number"]), int(comment["id"])
     key = f"command:{comment_id}:reply"
-    # Once per comment, whatever brought it (the webhook, a late copy of it, Gitea's Replay, catch-up): the first
-    # delivery to claim the comment runs the command; its own retries keep the claim; any other finds it here.
-    holder = await CommandClaims(db).claim(str(data["repository"]["full_name"]), comment_id, event.delivery_id)
-    if holder is not None:
-        ctx.log.info("comment %d on #%d: its command already ran for delivery %s; nothing to do", comment_id,
-                     number, holder)
+    # Once per comment, whatever brought it (the webhook, a late copy of it, Gitea's Replay, catch-up, a forced
+    # `foreman replay`): the first delivery to claim the comment runs the command; its own retries keep the claim
+    # until the command finished; after that, and for any other delivery, the claim is found here.
+    claims, repo = CommandClaims(db), str(data["repository"]["full_name"])
+    word = command.word if command is not None else problem.word if problem is not None else ""
+    held = await claims.claim(repo, comment_id, word, event.delivery_id)
+    if held is not None:
+        ctx.log.info(
+            "comment %d on #%d: its command already ran for delivery %s (%s); nothing to do", comment_id, number,
+            held.delivery_id, f"finished {held.finished_at}" if held.finished_at else "not finished: that delivery"
+            " runs it",
+        )
         return
     on_pull = bool(issue.get("pull_request")) or data.get("is_pull") is True
     if on_pull:
         # Issue verbs act on the issue the comment is on; a pull request is not a work issue.
-        word = command.word if command is not None else problem.word if problem is not None else ""
         envelope = Envelope(
             error="invalid_input",
             message=f"`{word}` was written on pull request #{number}; comment commands act on issues only",
@@ -260,11 +265,14 @@ async def on_command(event: sansio.Event, ctx: HandlerContext) -> None:
         ctx.log.info(
             "%s by %s on #%d: %s", command.word, actor, number, "ok" if result.ok else result.doc.get("error")
         )
-    await OutboxStore(db).add(OutboxIntent(key, number, "comment", {"body": body}, event.delivery_id))
-    ctx.deps.outbox_wakeup()
+    reply = OutboxIntent(key, number, "comment", {"body": body}, event.delivery_id)
     bootstrap = result.doc.get("bootstrap") if command is not None and not on_pull and result.ok else None
     if isinstance(bootstrap, dict) and bootstrap.get("error") == "unavailable":
         # The lease stands but its server-side bootstrap could not reach Gitea now: failing the handler makes the
-        # worker retry the delivery with backoff; the retry resumes the lease and resumes the bootstrap (the reply
-        # above has a fixed key, so it is posted once).
+        # worker retry the delivery with backoff; the retry (the claim is not finished) resumes the lease and
+        # resumes the bootstrap (the reply has a fixed key, so it is posted once).
+        await OutboxStore(db).add(reply)
+        ctx.deps.outbox_wakeup()
         raise BootstrapUnavailable(f"#{bootstrap.get('issue_number', number)}: {bootstrap.get('message')}")
+    await claims.finish(repo, comment_id, event.delivery_id, reply)
+    ctx.deps.outbox_wakeup()

@@ -42,6 +42,25 @@ class DatabaseNotWritable(RuntimeError):
         self.reason = reason
 
 
+class DatabaseFileUnusable(DatabaseNotWritable):
+    """``database.path`` names a file SQLite cannot open and write at start: read-only (its owner's write bit off,
+    its folder's, or the file system's), immutable, another user's, or not a database. A configuration error:
+    the CLI and ``foreman serve`` report it as one line naming the key, never a traceback.
+
+    ``reason`` is ``read_only``, ``not_a_database`` or ``unavailable``."""
+
+    def __init__(self, reason: str, path: Path, detail: str) -> None:
+        super().__init__(reason, f"database.path {path}: {detail}")
+        self.path = path
+        self.detail = detail
+        self.exact_next_action = (
+            f"make {path} and its folder writable by this user (chmod u+w, chown, chattr -i), or set database.path"
+            " to a writable SQLite file (a new one is created), then run foreman check-config"
+            if reason != "not_a_database" else
+            f"set database.path to foreman's SQLite file (or a new path: it is created); {path} is not one"
+        )
+
+
 class SchemaTooNew(RuntimeError):
     """The database was migrated by a newer foreman: this one does not know its schema and must not write it."""
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import errno
 import os
 import shutil
 import sqlite3
@@ -16,7 +17,7 @@ from urllib.parse import quote
 
 import aiosqlite
 
-from state.db import MIN_FREE_BYTES, Database, DatabaseNotWritable
+from state.db import MIN_FREE_BYTES, Database, DatabaseFileUnusable, DatabaseNotWritable
 from state.sql import Dialect, Row
 
 T = TypeVar("T")
@@ -39,6 +40,21 @@ def _owner_may_write(path: Path) -> bool:
     if info.st_uid == os.geteuid() and not info.st_mode & stat.S_IWUSR:
         return False
     return os.access(path, os.W_OK)
+
+
+def _file_problem(exc: BaseException) -> str | None:
+    """What SQLite's refusal at open says about the file itself (a ``DatabaseFileUnusable`` reason), or None for
+    anything else (a lock held elsewhere, say), which is not the configuration's fault."""
+    if not isinstance(exc, sqlite3.DatabaseError):
+        return None
+    text = str(exc).lower()
+    if "readonly" in text or "read-only" in text:
+        return "read_only"
+    if "not a database" in text or "malformed" in text:
+        return "not_a_database"
+    if "unable to open" in text:
+        return "unavailable"
+    return None
 
 
 def _private(path: Path) -> None:
@@ -75,23 +91,40 @@ class SqliteDatabase(Database):
     async def open_file(
         cls, path: Path, *, synchronous: str = "FULL", busy_timeout_ms: int = 5000
     ) -> SqliteDatabase:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        # Created 0600 before SQLite opens it: SQLite gives the -wal and -shm files the database file's mode.
-        os.close(os.open(path, os.O_RDWR | os.O_CREAT, 0o600))
-        _private(path)
-        conn = await aiosqlite.connect(str(path), isolation_level=None)
-        conn.row_factory = sqlite3.Row
         if synchronous not in ("FULL", "NORMAL"):
             raise ValueError("synchronous must be FULL or NORMAL")
-        await conn.execute("PRAGMA journal_mode=WAL")
-        await conn.execute(f"PRAGMA synchronous={synchronous}")
-        await conn.execute(f"PRAGMA busy_timeout={int(busy_timeout_ms)}")
-        await conn.execute("PRAGMA foreign_keys=ON")
-        db = cls(conn, path, synchronous=synchronous, busy_timeout_ms=busy_timeout_ms)
+        # A file (or folder) its owner made read-only is refused as check_writable() refuses it, not made writable
+        # by the chmod below: the operator meant it (and root would pass every other check).
+        for candidate in (path, *(path.with_name(path.name + s) for s in SIDE_FILES), path.parent):
+            if not _owner_may_write(candidate):
+                mode = stat.S_IMODE(candidate.stat().st_mode)
+                what = "its folder" if candidate == path.parent else "the file" if candidate == path else "its file"
+                shown = "" if candidate == path else f" {candidate}"
+                why = "read-only" if not mode & stat.S_IWUSR else \
+                    "not writable by this user (immutable, another user's, or on a read-only file system)"
+                raise DatabaseFileUnusable("read_only", path, f"{what}{shown} is {why} (mode {mode:04o})")
         try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            # Created 0600 before SQLite opens it: SQLite gives the -wal and -shm files the database file's mode.
+            os.close(os.open(path, os.O_RDWR | os.O_CREAT, 0o600))
+            _private(path)
+        except OSError as exc:  # another user's file, an immutable one, a read-only file system, a directory
+            reason = "read_only" if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS) else "unavailable"
+            raise DatabaseFileUnusable(reason, path, f"cannot be opened for writing: {exc.strerror}") from None
+        conn = await aiosqlite.connect(str(path), isolation_level=None)
+        conn.row_factory = sqlite3.Row
+        try:
+            await conn.execute("PRAGMA journal_mode=WAL")
+            await conn.execute(f"PRAGMA synchronous={synchronous}")
+            await conn.execute(f"PRAGMA busy_timeout={int(busy_timeout_ms)}")
+            await conn.execute("PRAGMA foreign_keys=ON")
+            db = cls(conn, path, synchronous=synchronous, busy_timeout_ms=busy_timeout_ms)
             await db._migrate()
-        except BaseException:
+        except BaseException as exc:
             await conn.close()
+            problem = _file_problem(exc)
+            if problem is not None:
+                raise DatabaseFileUnusable(problem, path, f"SQLite refused it: {exc}") from None
             raise
         _private(path)
         return db

@@ -65,6 +65,54 @@ class StoredDelivery:
         }
 
 
+@dataclass(frozen=True, slots=True)
+class Replayed:
+    """A delivery queued again, and what the replay will not run again (each a finished comment command:
+    repository, comment, command, the delivery it ran for, when)."""
+
+    delivery: StoredDelivery
+    skipped: tuple[dict[str, Any], ...] = ()
+
+    @property
+    def status(self) -> DeliveryStatus:
+        return self.delivery.status
+
+    def summary(self) -> dict[str, Any]:
+        return {**self.delivery.summary(), "skipped": list(self.skipped)}
+
+    def describe(self) -> str:
+        """One line for the CLI: what was queued and what it skips."""
+        line = f"delivery {self.delivery.pk} ({self.delivery.delivery_id}) queued again"
+        for item in self.skipped:
+            line += (
+                f"; skipped: the command {item['command'] or '(unknown)'} of comment {item['comment']} on "
+                f"{item['repository']} already ran (for delivery {item['ran_for_delivery']}, finished "
+                f"{item['finished_at']}) and runs once per comment"
+            )
+        return line
+
+
+async def _finished_commands(conn: Connection, found: StoredDelivery) -> list[dict[str, Any]]:
+    """The comment command this delivery brings, if it already finished (for any delivery): a replay skips it."""
+    if found.event != "issue_comment":
+        return []
+    try:
+        data = orjson.loads(found.body)
+        repo, comment_id = str(data["repository"]["full_name"]), int(data["comment"]["id"])
+    except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
+        return []
+    async with conn.execute(
+        "SELECT command, delivery_id, finished_at FROM command_claims"
+        " WHERE repo = ? AND comment_id = ? AND finished_at IS NOT NULL",
+        (repo_key(repo), comment_id),
+    ) as cur:
+        row = await cur.fetchone()
+    if row is None:
+        return []
+    return [{"repository": repo_key(repo), "comment": comment_id, "command": row[0], "ran_for_delivery": row[1],
+             "finished_at": row[2]}]
+
+
 _COLUMNS = (
     "id, delivery_id, event, event_type, action, sender_login, body, received_at, status, attempts, "
     "next_attempt_at, last_error, finished_at, ignored_reason"
@@ -336,8 +384,10 @@ class DeliveryStore:
             found = {row[0]: row[1] for row in await cur.fetchall()}
         return {status: found.get(status, 0) for status in STATUSES}
 
-    async def replay(self, key: int | str, *, requested_by: str, force: bool = False) -> StoredDelivery:
-        """Queue a stored delivery again (failed ones; done or ignored ones only with force). Recorded."""
+    async def replay(self, key: int | str, *, requested_by: str, force: bool = False) -> Replayed:
+        """Queue a stored delivery again (failed ones; done or ignored ones only with force). Recorded, with what
+        the replay will not run again: a comment command that already finished (it runs once per comment, whoever
+        replays it; see state.reconcile.CommandClaims)."""
         found = await self.get(key)
         if found is None:
             raise LookupError(f"no stored delivery {key!r}")
@@ -356,16 +406,18 @@ class DeliveryStore:
             if cursor.rowcount != 1:
                 raise ValueError(f"delivery {found.pk} changed while replaying; try again")
             if force:
-                # A forced replay runs every handler again, on purpose.
+                # A forced replay runs every handler again, on purpose; a comment command's own claim still holds.
                 await conn.execute("DELETE FROM delivery_handlers WHERE delivery_pk = ?", (found.pk,))
+            skipped = await _finished_commands(conn, found)
             await conn.execute(
-                "INSERT INTO delivery_replays (delivery_pk, from_status, requested_at, requested_by)"
-                " VALUES (?, ?, ?, ?)",
-                (found.pk, found.status, to_db_time(utcnow()), requested_by),
+                "INSERT INTO delivery_replays (delivery_pk, from_status, requested_at, requested_by, skipped_json)"
+                " VALUES (?, ?, ?, ?, ?)",
+                (found.pk, found.status, to_db_time(utcnow()), requested_by,
+                 orjson.dumps(skipped).decode() if skipped else None),
             )
         replayed = await self.get(found.pk)
         assert replayed is not None
-        return replayed
+        return Replayed(replayed, tuple(skipped))
 
     async def oldest_due_age_s(self, *, now: datetime | None = None) -> float:
         async with self._db.reader.execute(

@@ -624,4 +624,19 @@ MIGRATIONS: tuple[tuple[int, str, str], ...] = (
         CREATE INDEX leases_issue ON leases (repo, issue_number, id);
         """,
     ),
+    (
+        15,
+        "command claims: the command each comment's claim is for and when it finished (a finished command never runs"
+        " again, whoever replays its delivery); what each replay skipped",
+        """
+        ALTER TABLE command_claims ADD COLUMN command TEXT;
+        ALTER TABLE command_claims ADD COLUMN finished_at TEXT;
+        ALTER TABLE delivery_replays ADD COLUMN skipped_json TEXT;
+        -- A claim whose delivery (or whose command handler) finished before this migration ran its command.
+        UPDATE command_claims SET finished_at = claimed_at WHERE EXISTS (
+            SELECT 1 FROM deliveries d WHERE d.delivery_id = command_claims.delivery_id AND (d.status = 'done'
+            OR EXISTS (SELECT 1 FROM delivery_handlers h WHERE h.delivery_pk = d.id
+                       AND h.handler = 'handlers.verb_commands.on_command' AND h.status = 'done')));
+        """,
+    ),
 )

@@ -10,6 +10,8 @@ from typing import Any
 
 from bot.core.issue_state import repo_key
 from state.db import Database, from_db_time, to_db_time, utcnow
+from state.outbox import OutboxIntent, enqueue
+from state.sql import Row
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,25 +195,78 @@ class ReconcileStore:
         return claimed
 
 
+@dataclass(frozen=True, slots=True)
+class CommandClaim:
+    """One comment's command claim: the delivery it ran (or runs) for, and when it finished (None: not yet)."""
+
+    repo: str
+    comment_id: int
+    command: str | None
+    delivery_id: str
+    claimed_at: str
+    finished_at: str | None
+
+
 class CommandClaims:
-    """A comment command runs for one delivery only, whatever path brought the comment."""
+    """A comment command runs once per comment (repository + comment id), whatever path brought the comment.
+
+    The claim names the delivery that runs the command; until the command finishes, that delivery's own retries
+    may run it again (a retry resumes what an unavailable Gitea interrupted). Once it finished, nothing runs it
+    again: not a late webhook, a Replay, catch-up, nor a forced replay of the delivery that ran it.
+    """
 
     def __init__(self, db: Database) -> None:
         self._db = db
 
-    async def claim(self, repo: str, comment_id: int, delivery_id: str) -> str | None:
-        """Claim the comment for this delivery. None: this delivery holds it (new, or its own retry); else the
-        delivery id that holds it (the command already ran, or is running, for that delivery)."""
+    async def claim(self, repo: str, comment_id: int, command: str, delivery_id: str) -> CommandClaim | None:
+        """Claim the comment's command for this delivery. None: this delivery runs it (a new claim, or its own
+        retry of a command that has not finished); else the claim that stops it (another delivery's, or a
+        finished one)."""
         async with self._db.transaction() as conn:
             await conn.execute(
-                "INSERT INTO command_claims (repo, comment_id, delivery_id, claimed_at) VALUES (?, ?, ?, ?)"
-                " ON CONFLICT (repo, comment_id) DO NOTHING",
-                (repo_key(repo), comment_id, delivery_id, to_db_time(utcnow())),
+                "INSERT INTO command_claims (repo, comment_id, command, delivery_id, claimed_at)"
+                " VALUES (?, ?, ?, ?, ?) ON CONFLICT (repo, comment_id) DO NOTHING",
+                (repo_key(repo), comment_id, command, delivery_id, to_db_time(utcnow())),
             )
             async with conn.execute(
-                "SELECT delivery_id FROM command_claims WHERE repo = ? AND comment_id = ?",
+                f"SELECT {_CLAIM_COLUMNS} FROM command_claims WHERE repo = ? AND comment_id = ?",  # noqa: S608
                 (repo_key(repo), comment_id),
             ) as cur:
                 row = await cur.fetchone()
-        holder = str(row[0]) if row is not None else delivery_id
-        return None if holder == delivery_id else holder
+        assert row is not None  # inserted or already there, inside this transaction
+        held = _claim(row)
+        return None if held.delivery_id == delivery_id and held.finished_at is None else held
+
+    async def finish(self, repo: str, comment_id: int, delivery_id: str, reply: OutboxIntent) -> None:
+        """The command ran for ``delivery_id``: queue its reply and mark the claim finished, in one commit (a
+        crash between the two cannot leave a finished command without its reply, nor a reply for a command
+        that a retry runs again). The reply is filed as any outbox entry: under the repository the task acts for."""
+        async with self._db.transaction() as conn:
+            await enqueue(conn, reply)
+            await conn.execute(
+                "UPDATE command_claims SET finished_at = ? WHERE repo = ? AND comment_id = ? AND delivery_id = ?"
+                " AND finished_at IS NULL",
+                (to_db_time(utcnow()), repo_key(repo), comment_id, delivery_id),
+            )
+
+    async def get(self, repo: str, comment_id: int) -> CommandClaim | None:
+        async with self._db.reader.execute(
+            f"SELECT {_CLAIM_COLUMNS} FROM command_claims WHERE repo = ? AND comment_id = ?",  # noqa: S608
+            (repo_key(repo), comment_id),
+        ) as cur:
+            row = await cur.fetchone()
+        return _claim(row) if row is not None else None
+
+
+_CLAIM_COLUMNS = "repo, comment_id, command, delivery_id, claimed_at, finished_at"
+
+
+def _claim(row: Row) -> CommandClaim:
+    return CommandClaim(
+        repo=str(row[0]),
+        comment_id=int(row[1]),
+        command=None if row[2] is None else str(row[2]),
+        delivery_id=str(row[3]),
+        claimed_at=str(row[4]),
+        finished_at=None if row[5] is None else str(row[5]),
+    )

@@ -18,12 +18,14 @@ from typing import Any
 
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
+from aiohttp.web import BaseRunner
 from pydantic import SecretStr
 
-from bot.app import RUNNER_OPTIONS, Service, open_service
+from bot.app import Service, open_service
 from bot.config import Settings
 from bot.config_writer import Document, merged
 from bot.core.dispatch import OrderedRouter
+from bot.http_server import ServiceRunner, runner_options
 from handlers import build_router
 from tests.gitea_fixtures import BOT, OWNER, REPO, TOKENS
 
@@ -172,6 +174,13 @@ def signed_headers(body: bytes, *, event: bytes = b"issues", delivery: str) -> l
 Started = Callable[..., Awaitable[tuple[Service, TestClient[Any, Any]]]]
 
 
+class ServiceTestServer(TestServer):
+    """aiohttp's test server with the runner `foreman serve` uses (bot/http_server.py: JSON parser refusals)."""
+
+    async def _make_runner(self, **kwargs: Any) -> BaseRunner:
+        return ServiceRunner(self.app, **kwargs)
+
+
 @pytest.fixture
 async def start(tmp_path: Path) -> AsyncIterator[Started]:
     """Start a real service on loopback; returns (service, client). Everything is closed afterwards."""
@@ -181,8 +190,8 @@ async def start(tmp_path: Path) -> AsyncIterator[Started]:
         settings: Settings | None = None, router: OrderedRouter | None = None
     ) -> tuple[Service, TestClient[Any, Any]]:
         service = await open_service(settings or make_settings(tmp_path), router or build_router())
-        server = TestServer(service.make_app())
-        await server.start_server(**RUNNER_OPTIONS)  # as `foreman serve` runs it
+        server = ServiceTestServer(service.make_app())
+        await server.start_server(**runner_options(service.settings))  # as `foreman serve` runs it
         client: TestClient[Any, Any] = TestClient(server)
         await client.start_server()
         clients.append(client)

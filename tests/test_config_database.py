@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import shutil
 import stat
@@ -254,3 +255,64 @@ def test_a_url_file_libpq_cannot_parse_is_refused_redacted(tmp_path: Path) -> No
         _settings(tmp_path, 'url_file = "db-url"')
     assert "database.url_file" in str(refused.value) and "file-pw" not in str(refused.value)
     assert "postgresql://foreman:***@db.example/foreman" in str(refused.value)
+
+
+async def _foreman_sqlite(tmp_path: Path, db_path: Path, *command: str) -> tuple[int, str, str]:
+    """`python -m bot COMMAND` over a config naming the SQLite ``db_path``: exit code, stdout, stderr. The process
+    is killed if it has not ended within the hang detector's 60 s."""
+    config = tmp_path / "foreman.toml"
+    config.write_text(
+        f'[server]\nport = 0\n[webhook]\nsecrets = ["a-long-enough-test-secret"]\n[database]\npath = "{db_path}"\n',
+        encoding="utf-8",
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FOREMAN_")}
+    env["PYTHONPATH"] = str(REPO_ROOT)
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "bot", *command, "--config", str(config), cwd=tmp_path, env=env,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )
+    try:
+        out, err = await asyncio.wait_for(process.communicate(), timeout=60)
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+    assert process.returncode is not None
+    return process.returncode, out.decode(), err.decode()
+
+
+@pytest.mark.parametrize("made", ["read-only file", "read-only folder", "not a database"])
+async def test_a_database_path_foreman_cannot_write_is_one_config_error_line_from_serve_and_the_cli(
+    tmp_path: Path, made: str
+) -> None:
+    """Issue 29 item 6: `foreman serve` (and any command) on a read-only foreman.db ended with a PermissionError
+    or sqlite3 traceback; now one JSON line on stderr, exit 2: invalid_config naming database.path, its reason and
+    what to do. The file is never made writable behind the operator's back (a chmod it has no right to)."""
+    folder = tmp_path / "data"
+    db_path = folder / "foreman.db"
+    await (await Database.open(db_path)).close()
+    changed: Path | None = None
+    try:
+        if made == "read-only file":
+            changed, reason, said = db_path, "read_only", "the file is read-only (mode 0444)"
+            os.chmod(db_path, 0o444)
+        elif made == "read-only folder":
+            changed, reason, said = folder, "read_only", f"its folder {folder} is read-only (mode 0500)"
+            os.chmod(folder, 0o500)
+        else:
+            db_path.write_bytes(b"not a database, whatever it was" * 200)
+            reason, said = "not_a_database", "file is not a database"
+        for command in (("serve",), ("deliveries", "--json")):
+            code, out, err = await _foreman_sqlite(tmp_path, db_path, *command)
+            assert code == 2 and out == "", (command, code, out, err)
+            [line] = err.splitlines()
+            envelope = json.loads(line)
+            assert (envelope["error"], envelope["key"], envelope["reason"]) == ("invalid_config", "database.path",
+                                                                                reason), envelope
+            assert str(db_path) in envelope["message"] and said in envelope["message"], envelope
+            assert envelope["exact_next_action"] and "Traceback" not in err
+        if changed is not None:
+            assert stat.S_IMODE(changed.stat().st_mode) in (0o444, 0o500)  # left as the operator set it
+    finally:
+        if changed is not None:
+            os.chmod(changed, 0o700 if changed.is_dir() else 0o600)

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+import pytest
 from aiohttp.test_utils import TestClient
 
 from bot.app import Service
@@ -94,6 +97,40 @@ async def test_no_token_or_a_wrong_one_is_401_with_the_envelope(tmp_path: Path, 
         assert doc["error"] == "not_authorized" and doc["remediate"] and doc["exact_next_action"], doc
         assert TOKEN not in await resp.text()
         assert "set-cookie" not in {k.lower() for k in resp.headers}
+
+
+async def _raw_get(client: TestClient[Any, Any], target: bytes, header: bytes) -> tuple[int, bytes]:
+    """One GET written byte for byte on a real socket (an HTTP client library would refuse to send these bytes):
+    the status and the body."""
+    reader, writer = await asyncio.open_connection(client.server.host, client.server.port)
+    try:
+        writer.write(b"GET " + target + b" HTTP/1.1\r\nHost: dash\r\n" + header + b"\r\nConnection: close\r\n\r\n")
+        await writer.drain()
+        answer = await asyncio.wait_for(reader.read(), 10.0)  # the hang detector
+    finally:
+        writer.close()
+    head, _, body = answer.partition(b"\r\n\r\n")
+    return int(head.split(b" ", 2)[1]), body
+
+
+@pytest.mark.parametrize(("target", "header"), [
+    (b"/dashboard", b"Cookie: " + COOKIE.encode() + b"=\xff\xfe"),
+    (b"/dashboard", b"Cookie: " + COOKIE.encode() + b"=\xc3\xa9t\xc3\xa9"),
+    (b"/dashboard/api/overview", b"Authorization: Bearer \xff"),
+    (b"/dashboard/api/overview", b"Authorization: Bearer \xc3\xa9"),
+    (b"/dashboard?token=%FF", b"X-Probe: 1"),
+    (b"/dashboard?token=%ED%A0%80", b"X-Probe: 1"),
+])
+async def test_a_token_or_cookie_that_is_not_ascii_is_refused_like_any_wrong_token(
+    tmp_path: Path, start: Started, caplog: pytest.LogCaptureFixture, target: bytes, header: bytes
+) -> None:
+    """Issue 29 item 6: bytes that are not UTF-8 (or not ASCII) in the session cookie, the bearer value or
+    ?token= are a wrong token: 401 with the envelope, never a 500 with a traceback before authentication."""
+    _, client = await _client(tmp_path, start)
+    status, body = await _raw_get(client, target, header)
+    assert status == 401, body
+    assert json.loads(body)["error"] == "not_authorized", body
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text
 
 
 async def test_token_in_the_query_sets_an_httponly_cookie_and_redirects_to_the_bare_url(

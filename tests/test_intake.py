@@ -159,6 +159,58 @@ async def test_malformed_json_is_400(start: Started, body: bytes) -> None:
     assert await _stored(service) == []
 
 
+def _numbered(number: Any, *, where: tuple[str, ...] = ("number", "issue.number"), comment_id: Any = 5) -> bytes:
+    doc = json.loads(payload("created"))
+    for path in where:
+        if path == "number":
+            doc["number"] = number
+        elif path == "issue.number":
+            doc["issue"]["number"] = number
+        elif path == "comment.id":
+            doc["comment"] = {"id": number, "body": "/heartbeat", "user": {"login": "alice"}}
+        elif path == "pull_request.number":
+            doc["pull_request"] = {"id": 3, "number": number}
+        else:  # an integer anywhere else in the body
+            doc["issue"]["milestone"] = {"id": number}
+    if "comment.id" not in where:
+        doc["comment"] = {"id": comment_id, "body": "/heartbeat", "user": {"login": "alice"}}
+    return json.dumps(doc).encode()
+
+
+@pytest.mark.parametrize(("body", "field"), [
+    (_numbered(2**70), "integer outside 64 bits"),
+    (_numbered(2**63), "integer outside 64 bits"),
+    (_numbered(-(2**63) - 1, where=("milestone",)), "integer outside 64 bits"),
+    (_numbered(0), "number is 0"),
+    (_numbered(-3, where=("issue.number",)), "issue.number is -3"),
+    (_numbered("7", where=("number",)), "number is str"),
+    (_numbered(True, where=("issue.number",)), "issue.number is True"),
+    (_numbered(None, where=("pull_request.number",)), "pull_request.number is None"),
+    (_numbered(0, where=("comment.id",)), "comment.id is 0"),
+    (_numbered(1.5, where=("comment.id",)), "comment.id is 1.5"),
+])
+async def test_a_signed_delivery_with_a_number_no_database_holds_is_refused_typed_at_admission(
+    start: Started, body: bytes, field: str
+) -> None:
+    """Issue 29 item 6: an issue number of 2^70 (any integer outside 64 bits, anywhere in the body) raised
+    OverflowError in the handlers at each of five attempts and parked the delivery `failed`; an issue or pull
+    request number or comment id that is zero, negative or not an integer was run through the handlers as if it
+    named an issue. Each is a 400 `invalid_number` naming the field, before anything is stored."""
+    service, client = await start()
+    status, doc = await _post(client, body, webhook_headers(body, event="issue_comment"))
+    assert status == 400 and doc["error"] == "invalid_number" and field in doc["message"], doc
+    assert await _stored(service) == []
+
+
+async def test_the_largest_numbers_gitea_can_send_are_admitted(start: Started) -> None:
+    """The bounds are Gitea's (int64): 2^63-1 as an issue number and -2^63 elsewhere are admitted."""
+    service, client = await start()
+    for body in (_numbered(2**63 - 1), _numbered(-(2**63), where=("milestone",))):
+        status, doc = await _post(client, body, webhook_headers(body, event="issue_comment"))
+        assert status == 202, doc
+        await wait_status(service, doc["delivery"], "done")
+
+
 async def test_form_content_type_is_415(start: Started) -> None:
     """Gitea 'form' hooks sign the JSON, not the form body: refuse with 415 and say how to fix."""
     service, client = await start()

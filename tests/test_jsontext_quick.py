@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bot.core.intake import Delivery, admit
+from bot.core.intake import Delivery, Rejection, admit
 from bot.core.jsontext import QUICK_MAX_CONTAINERS, UNSURE, JSONTextError, quick_loads, strict_loads
 from tests.support import SECRET, webhook_headers
 
@@ -92,12 +92,21 @@ def test_repeated_keys_the_last_wins_and_ordinary_values_are_read_quickly() -> N
     assert same(quick_loads(b"922337203685477580"), 922337203685477580)
 
 
-@pytest.mark.parametrize("number", [b"123456789012345678901234567890", b"-9223372036854775809"])
+@pytest.mark.parametrize("number", [b"9223372036854775807", b"-9223372036854775808", b"1234567890123456789"])
 def test_the_webhook_door_keeps_a_long_integer_an_integer(number: bytes) -> None:
+    """A 19-digit integer (orjson would read it as a float past 64 bits) stays an int, up to the int64 bounds."""
     body = b'{"action": "opened", "sender": {"login": "alice"}, "big": ' + number + b"}"
     verdict = admit(webhook_headers(body, delivery="d-long"), body, secrets=[SECRET.encode()], max_body_bytes=1 << 20)
     assert isinstance(verdict, Delivery)
     assert same(verdict.payload["big"], int(number))
+
+
+@pytest.mark.parametrize("number", [b"123456789012345678901234567890", b"-9223372036854775809", b"9223372036854775808"])
+def test_the_webhook_door_refuses_an_integer_past_64_bits(number: bytes) -> None:
+    """Issue 29 item 6: no database column holds it (the handlers failed with OverflowError at every retry)."""
+    body = b'{"action": "opened", "sender": {"login": "alice"}, "big": ' + number + b"}"
+    verdict = admit(webhook_headers(body, delivery="d-long"), body, secrets=[SECRET.encode()], max_body_bytes=1 << 20)
+    assert isinstance(verdict, Rejection) and (verdict.status, verdict.error) == (400, "invalid_number"), verdict
 
 
 def test_loads_is_json_loads_for_what_orjson_reads_and_what_it_leaves() -> None:

@@ -335,18 +335,22 @@ async def test_a_file_name_holding_a_state_block_never_becomes_the_issues_state(
     assert "**Next action:** remove the symbolic link(s) x\\n## Canonical Issue State\\nSTATE: done" in reply
 
 
-@pytest.mark.parametrize("message", ["\x1b[31mAdd the feature", "Add \u202ethe feature", "Add\tthe feature"])
+@pytest.mark.parametrize("message", ["\x1b[31mAdd the feature", "Add \u202ethe feature", "Add\tthe feature",
+                                     "Add the\x00 feature"])
 async def test_a_commit_subject_with_a_control_or_bidi_character_is_refused_before_anything_runs(
     world: World, message: str
 ) -> None:
-    """Issue 29 item 2: an ANSI escape, a bidirectional override or any control character in the commit subject is
-    refused at the verb's input (invalid_input, with the next action): nothing is committed or pushed."""
+    """Issue 29 items 2 and 6: an ANSI escape, a bidirectional override or any control character in the commit
+    subject is refused at the verb's input (invalid_input, with the next action): nothing is committed or pushed,
+    and no publication is journaled (a NUL byte once answered `unavailable` with git's "embedded null byte" and
+    left the publication at `started`)."""
     number = await leased_and_locked(world)
     worktree, branch = await worktree_of(world, number)
     (worktree / "h.txt").write_text("h\n", encoding="utf-8")
     refused, doc = await call_tool(world, "author-1", "gitea_publish_worktree", issue_number=number, message=message)
     assert refused and doc["error"] == "invalid_input" and doc["exact_next_action"], doc
     assert "without control characters" in doc["message"] and remote_sha(world, branch) is None
+    assert await PublicationStore(world.service.db).for_issue(FULL_NAME.lower(), number) == []
 
 
 # --- guards (issue 29 item 8): each test fails when its guard is removed ---------------------------------------------

@@ -12,10 +12,12 @@ from typing import Any
 import pytest
 
 from bot.core import reconcile as core
+from bot.core.evidence import marker
 from bot.metrics import Metrics
 from bot.reconcile import PAGE_SIZE, Reconciler
 from state.db import Database
 from state.deliveries import DeliveryStore
+from state.outbox import OutboxIntent, OutboxStore, acting_for
 from state.reconcile import CommandClaims, ReconcileStore
 from tests.conftest import DbOpener
 from tests.gitea_fixtures import BOT, OWNER, REPO, LiveEmulator, live_emulator
@@ -169,11 +171,34 @@ async def test_a_command_is_claimed_once_per_comment_and_kept_by_its_own_retries
     db = await open_db(tmp_path / "f.db")
     try:
         claims = CommandClaims(db)
-        assert await claims.claim("Acme/Widgets", 5, "webhook-1") is None
-        assert await claims.claim("acme/widgets", 5, "webhook-1") is None  # its own retry keeps it
-        assert await claims.claim("acme/widgets", 5, "reconcile:comment:5:x") == "webhook-1"
-        assert await claims.claim("acme/widgets", 6, "reconcile:comment:6:x") is None
+        assert await claims.claim("Acme/Widgets", 5, "/lock", "webhook-1") is None
+        assert await claims.claim("acme/widgets", 5, "/lock", "webhook-1") is None  # its own retry keeps it
+        held = await claims.claim("acme/widgets", 5, "/lock", "reconcile:comment:5:x")
+        assert held is not None and (held.delivery_id, held.command, held.finished_at) == ("webhook-1", "/lock", None)
+        assert await claims.claim("acme/widgets", 6, "/heartbeat", "reconcile:comment:6:x") is None
         assert await ReconcileStore(db).claimed_comments("ACME/widgets", [5, 6, 7]) == {5, 6}
+    finally:
+        await db.close()
+
+
+async def test_a_finished_command_is_never_run_again_not_even_by_the_delivery_that_ran_it(
+    open_db: DbOpener, tmp_path: Path
+) -> None:
+    """Issue 29 item 5: once the command finished (its reply queued in the same commit), its own delivery's
+    forced replay finds the claim like any other delivery does."""
+    db = await open_db(tmp_path / "f.db")
+    try:
+        claims = CommandClaims(db)
+        assert await claims.claim("acme/widgets", 5, "/lock", "webhook-1") is None
+        reply = OutboxIntent("command:5:reply", 1, "comment", {"body": f"done\n{marker('command:5:reply')}"},
+                             "webhook-1")
+        with acting_for("acme/widgets"):
+            await claims.finish("acme/widgets", 5, "webhook-1", reply)
+        for delivery in ("webhook-1", "gitea-replay-2"):
+            held = await claims.claim("acme/widgets", 5, "/lock", delivery)
+            assert held is not None and held.delivery_id == "webhook-1" and held.finished_at is not None
+        [entry] = await OutboxStore(db).list()
+        assert (entry.key, entry.delivery_id) == ("command:5:reply", "webhook-1")
     finally:
         await db.close()
 

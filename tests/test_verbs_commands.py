@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import json
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -201,3 +203,53 @@ async def test_a_command_on_a_pull_request_runs_no_verb_and_is_refused(world: Wo
     assert len(answers) == 2
     for reply in answers:
         assert "`invalid_input`" in reply and "pull request" in reply and "**Next action:**" in reply
+
+
+async def test_a_forced_replay_never_runs_a_comment_command_again_and_says_what_it_skipped(
+    world: World, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 29 item 5: a command runs once per comment, whoever replays it. `foreman replay ID --force` of the
+    delivery that ran `/heartbeat` runs the delivery's handlers again but not the command (the lease's heartbeat
+    stays where the first run put it, one reply), and the replay's answer and record name what it skipped."""
+    leases = LeaseStore(world.service.db)
+    comment_id = await world.comment("author-1", 1, "/heartbeat")
+    [lease] = await leases.open_leases(FULL_NAME)
+    [delivery] = [d for d in await world.service.store.list(limit=1000)
+                  if d.event == "issue_comment" and json.loads(d.body)["comment"]["id"] == comment_id]
+    assert delivery.status == "done"
+    await asyncio.sleep(0.05)  # a second run would move the heartbeat
+    for name, value in world.cli_env().items():
+        monkeypatch.setenv(name, value)
+    from bot.cli import main
+
+    assert await asyncio.to_thread(main, ["replay", str(delivery.pk), "--force", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["status"] == "queued", doc
+    skipped = dict(doc["skipped"][0])
+    assert len(doc["skipped"]) == 1, doc
+    assert skipped.pop("finished_at"), doc
+    assert skipped == {"repository": FULL_NAME, "comment": comment_id, "command": "/heartbeat",
+                       "ran_for_delivery": delivery.delivery_id}
+    async with world.service.db.reader.execute(
+        "SELECT skipped_json FROM delivery_replays WHERE delivery_pk = ?", (delivery.pk,)
+    ) as cur:
+        [(recorded,)] = [tuple(row) for row in await cur.fetchall()]
+    assert json.loads(recorded) == doc["skipped"]
+    await _settle_replay(world, delivery.delivery_id)
+    [after] = await leases.open_leases(FULL_NAME)
+    assert after.heartbeat_at == lease.heartbeat_at and after.expires_at == lease.expires_at
+    assert sum(1 for body in replies(world, 1) if find_marker(body) == f"command:{comment_id}:reply") == 1
+    # The text form says it in a sentence; a second forced replay skips it again.
+    assert await asyncio.to_thread(main, ["replay", delivery.delivery_id, "--force"]) == 0
+    text = capsys.readouterr().out
+    assert f"skipped: the command /heartbeat of comment {comment_id} on {FULL_NAME} already ran" in text, text
+    await _settle_replay(world, delivery.delivery_id)
+    [still] = await leases.open_leases(FULL_NAME)
+    assert still.heartbeat_at == lease.heartbeat_at
+
+
+async def _settle_replay(world: World, delivery_id: str) -> None:
+    world.service.worker.wakeup.set()
+    world.settled.discard(delivery_id)
+    await world.wait_settled(delivery_id, asyncio.get_running_loop().time() + 10.0)
+    await world.settle()

@@ -29,7 +29,7 @@ from bot.cli.state import cmd_state_parse
 from bot.config import ConfigError, Settings, load_settings
 from bot.core.vocabulary import MAX_ISSUE_NUMBER, is_issue_number
 from bot.mcp_bridge import URL_ENV
-from state.db import DatabaseNotWritable, SchemaTooNew
+from state.db import DatabaseFileUnusable, DatabaseNotWritable, SchemaTooNew
 from state.deliveries import STATUSES
 from state.outbox import OUTBOX_STATUSES
 
@@ -350,6 +350,12 @@ def _main(argv: Sequence[str] | None) -> int:
     logs.configure(json_lines=settings.server.log_json, level=settings.server.log_level)
     try:
         return _run_command(settings, args)
+    except DatabaseFileUnusable as exc:  # database.path cannot be used: a configuration error, as the others
+        print(json.dumps(database_path_error(exc), sort_keys=True), file=sys.stderr)
+        return EXIT_USAGE
+    except ConfigError as exc:  # found only when the command runs (serve's generated webhook secret)
+        print(json.dumps(config_error_envelope(exc), sort_keys=True), file=sys.stderr)
+        return EXIT_USAGE
     except (SchemaTooNew, DatabaseNotWritable) as exc:
         print(json.dumps(database_refusal(exc), sort_keys=True), file=sys.stderr)
         return EXIT_REFUSED
@@ -369,6 +375,22 @@ def _token_digest(login: str | None) -> int:
     digest = f"sha256:{hashlib.sha256(token).hexdigest()}"
     print(f'"{login}" = "{digest}"' if login else digest)
     return 0
+
+
+def database_path_error(exc: DatabaseFileUnusable) -> dict[str, Any]:
+    """The configuration error of a ``database.path`` SQLite cannot open and write (the shape of
+    ``config_error_envelope``, with the reason)."""
+    message = str(exc)
+    return {
+        "error": "invalid_config",
+        "key": "database.path",
+        "reason": exc.reason,
+        "message": message,
+        "errors": [{"key": "database.path", "message": message}],
+        "remediate": "foreman writes its SQLite database (and its -wal/-shm files beside it) from the start: "
+        "the file and its folder must be writable by the user foreman runs as.",
+        "exact_next_action": exc.exact_next_action,
+    }
 
 
 def database_refusal(exc: SchemaTooNew | DatabaseNotWritable) -> dict[str, Any]:

@@ -69,10 +69,10 @@ async def _reconcile_summary(settings: Settings, db: Database, *, as_json: bool)
 def cmd_replay(settings: Settings, args: argparse.Namespace) -> int:
     async def work(store: DeliveryStore) -> int:
         try:
-            row = await store.replay(args.id, requested_by=getpass.getuser(), force=args.force)
+            replayed = await store.replay(args.id, requested_by=getpass.getuser(), force=args.force)
         except (LookupError, ValueError) as exc:
             return refused(exc, listing="foreman deliveries --status failed")
-        emit(row.summary(), as_json=args.json, text=f"delivery {row.pk} ({row.delivery_id}) queued again")
+        emit(replayed.summary(), as_json=args.json, text=replayed.describe())
         return EXIT_OK
 
     return asyncio.run(with_store(settings, work))

@@ -19,7 +19,8 @@ log = logging.getLogger("foreman.cli")
 
 async def serve(settings: Settings, router: OrderedRouter | None = None) -> int:
     """Run the service until SIGTERM/SIGINT, then shut down gracefully."""
-    from bot.app import RUNNER_OPTIONS, open_service
+    from bot.app import open_service
+    from bot.http_server import ServiceRunner, runner_options
     from handlers import build_router
 
     settings, secret_path = ensure_webhook_secret(settings)
@@ -31,7 +32,7 @@ async def serve(settings: Settings, router: OrderedRouter | None = None) -> int:
         )
     service = await open_service(settings, router or build_router())
     app = service.make_app()
-    runner = web.AppRunner(app, handle_signals=False, access_log=None, **RUNNER_OPTIONS)
+    runner = ServiceRunner(app, handle_signals=False, access_log=None, **runner_options(settings))
     await runner.setup()
     site = web.TCPSite(runner, settings.server.host, settings.server.port)
     try:

@@ -9,7 +9,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from bot.core.jsontext import UNSURE, JSONTextError, quick_loads, strict_loads
+from bot.core.jsontext import UNSURE, JSONTextError, may_hold_long_integer, quick_loads, strict_loads
+from bot.core.vocabulary import MAX_ISSUE_NUMBER, is_issue_number
 
 # Header names as Gitea sends them; the X-GitHub-* copies are the fallback (FACTS.md section 1).
 EVENT_HEADERS = ("X-Gitea-Event", "X-GitHub-Event", "X-Gogs-Event")
@@ -132,7 +133,9 @@ def admit(
     secrets: Sequence[bytes],
     max_body_bytes: int,
 ) -> Delivery | Rejection:
-    """Decide whether a webhook request is admitted, in a fixed order: 413, 415, 401, 400 headers, 400 JSON.
+    """Decide whether a webhook request is admitted, in a fixed order: 413, 415, 401, 400 headers, 400 JSON
+    (syntax, lone surrogates, integers outside 64 bits, an issue or pull request number or comment id that is not
+    1 to 2^63-1: the handlers would fail on each at every retry and park the delivery ``failed``).
 
     ``headers`` must be case-insensitive (aiohttp's CIMultiDict is). Nothing here re-serialises the body.
     """
@@ -235,13 +238,50 @@ def _parse_json(body: bytes) -> dict[str, Any] | Rejection:
             return Rejection(400, "malformed_json", f"body is not valid JSON: {exc}")
     if not isinstance(payload, dict):
         return Rejection(400, "malformed_json", "body is JSON but not an object")
-    if _SURROGATE_ESCAPE.search(body) and _has_lone_surrogate(payload):
-        return Rejection(400, "malformed_json", "body holds a string with a lone UTF-16 surrogate")
-    return payload
+    # Each walk only when the raw bytes say it could find something (C-speed checks): Gitea's bodies never need one.
+    strings, integers = bool(_SURROGATE_ESCAPE.search(body)), may_hold_long_integer(body)
+    if strings or integers:
+        found = _unstorable(payload, strings=strings, integers=integers)
+        if found == "surrogate":
+            return Rejection(400, "malformed_json", "body holds a string with a lone UTF-16 surrogate")
+        if found == "integer":
+            return Rejection(
+                400, "invalid_number",
+                f"body holds an integer outside 64 bits ({-MAX_ISSUE_NUMBER - 1} to {MAX_ISSUE_NUMBER}); Gitea's "
+                "numbers and ids never are",
+            )
+    return _numbers_refusal(payload) or payload
 
 
-def _has_lone_surrogate(payload: object) -> bool:
-    """Walk the parsed payload without recursion (its depth is attacker-chosen)."""
+#: Where a delivery names its issue or pull request (Gitea's ``number``: the index, from 1), and the comment id a
+#: command is claimed by. Present, each must be a positive 64-bit integer: the handlers store and look up by them.
+_NUMBERED: tuple[tuple[str, ...], ...] = (("number",), ("issue", "number"), ("pull_request", "number"),
+                                          ("comment", "id"))
+
+
+def _numbers_refusal(payload: dict[str, Any]) -> Rejection | None:
+    """A 400 for an issue or pull request number (or comment id) that is not 1 to 2^63-1, else None."""
+    for path in _NUMBERED:
+        container: Any = payload
+        for key in path[:-1]:
+            container = container.get(key) if isinstance(container, dict) else None
+        if not isinstance(container, dict) or path[-1] not in container:
+            continue
+        value = container[path[-1]]
+        if not is_issue_number(value):
+            shown = repr(value) if not isinstance(value, str | list | dict) else type(value).__name__
+            return Rejection(
+                400, "invalid_number",
+                f"{'.'.join(path)} is {shown[:40]}, not an integer from 1 to {MAX_ISSUE_NUMBER} as Gitea sends it",
+            )
+    return None
+
+
+def _unstorable(payload: object, *, strings: bool, integers: bool) -> str | None:
+    """``"surrogate"`` for a string (or key) holding a lone surrogate, ``"integer"`` for an integer outside 64 bits
+    (SQLite and PostgreSQL cannot store either), else None. Walks the parsed payload without recursion (its depth
+    is attacker-chosen)."""
+    low, high = -MAX_ISSUE_NUMBER - 1, MAX_ISSUE_NUMBER
     stack: list[object] = [payload]
     while stack:
         item = stack.pop()
@@ -253,14 +293,17 @@ def _has_lone_surrogate(payload: object) -> bool:
         elif isinstance(item, list):
             stack.extend(item)
             continue
+        elif integers and type(item) is int and not low <= item <= high:
+            return "integer"
         else:
             continue
-        for text in texts:
-            try:
-                text.encode("utf-8")
-            except UnicodeEncodeError:
-                return True
-    return False
+        if strings:
+            for text in texts:
+                try:
+                    text.encode("utf-8")
+                except UnicodeEncodeError:
+                    return "surrogate"
+    return None
 
 
 def is_self_event(delivery: Delivery, bot_login: str | None) -> bool:

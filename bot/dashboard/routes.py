@@ -56,6 +56,14 @@ def _unauthorized(message: str) -> web.Response:
     return response
 
 
+def _same(given: str, expected: bytes) -> bool:
+    """Whether what the client sent is ``expected``, in constant time, whatever it sent: aiohttp hands over
+    header bytes that are not UTF-8 as lone surrogates (surrogateescape), which a plain ``encode()`` refuses with
+    an exception (a 500 before authentication); encoded with ``surrogatepass`` they are bytes no UTF-8 text has,
+    so they never match and the client gets the same 401 as for any wrong token."""
+    return hmac.compare_digest(given.encode("utf-8", "surrogatepass"), expected)
+
+
 class Dashboard:
     """The routes over one database and configuration (the running service's)."""
 
@@ -67,7 +75,7 @@ class Dashboard:
 
     # --- access -------------------------------------------------------------------------------------------------------
     def _token_ok(self, given: str) -> bool:
-        return hmac.compare_digest(given.encode(), self._token)
+        return _same(given, self._token)
 
     def _check(self, request: web.Request) -> web.StreamResponse | None:
         """None: let in. Otherwise the answer (a redirect that sets the cookie, or 401)."""
@@ -89,7 +97,7 @@ class Dashboard:
                 return None
             return _unauthorized("the Authorization header does not carry the dashboard token")
         cookie = request.cookies.get(COOKIE)
-        if cookie is not None and hmac.compare_digest(cookie.encode(), self._session.encode()):
+        if cookie is not None and _same(cookie, self._session.encode()):
             return None
         return _unauthorized("the dashboard needs its token")
 
