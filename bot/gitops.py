@@ -12,7 +12,7 @@ import subprocess
 import time
 import urllib.parse
 import uuid
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -925,9 +925,11 @@ class ControlCheckout:
         git's own check (``worktree remove`` without ``--force``) is not used: it runs ``git status`` with the
         worktree's ``.git`` file as its repository (builtin/worktree.c, check_clean_worktree), and that file is the
         one thing in a worktree that must never choose what git reads. A locked worktree is still refused by git."""
+        if os.path.isdir(path) and not os.path.islink(path) and not os.listdir(path):
+            os.rmdir(path)  # a removal killed after its last entry: nothing left to judge or keep
         if os.path.lexists(path):
             self.check_worktree(path)
-            if not force and (left := self.worktree_status(path)):
+            if not force and (left := losses(self.worktree_status(path))):
                 raise GitFailure(("worktree", "remove", str(path)), None,
                                  f"the worktree is not clean: {', '.join(item[3:] for item in left[:10])}")
             # git's own removal walks the tree by path (dir.c, remove_dir_recurse): a directory swapped for a link
@@ -1080,6 +1082,12 @@ def commit_subjects(checkout: ControlCheckout, base: str, head: str, *, limit: i
     if status != 0:
         return []
     return [(sha, subject) for sha, _, subject in (line.partition("\t") for line in out.splitlines()) if sha]
+
+
+def losses(status: Sequence[str]) -> list[str]:
+    """What removing a worktree would lose, of its ``worktree_status``: everything but a file of its commit missing
+    from the worktree (`` D``, which a removal killed half-way leaves; its content is the commit's)."""
+    return [item for item in status if item[:2] != " D"]
 
 
 def remove_clean_worktree(checkout: ControlCheckout, path: Path, lock_reason: str) -> None:

@@ -13,6 +13,7 @@ to the agent only once everything below it is done, and a symbolic link planted 
 
 from __future__ import annotations
 
+import contextlib
 import grp
 import os
 import stat
@@ -115,7 +116,7 @@ def remove_tracked_tree(worktree: Path, tracked: Collection[str]) -> list[str]:
     and every directory left empty; anything else (an agent's untracked file, a link where a directory was) is kept.
     Each entry is looked at the moment it is removed, through the descriptor of its directory, and no link is ever
     followed. The paths kept, relative to the worktree (``[]``: the worktree is gone)."""
-    wanted = frozenset(tracked) | {".git"}
+    wanted = frozenset(tracked)
     kept: list[str] = []
     try:
         root = os.open(worktree, _DIRECTORY_OPEN)
@@ -124,7 +125,16 @@ def remove_tracked_tree(worktree: Path, tracked: Collection[str]) -> list[str]:
     except OSError:
         return ["."]  # not a directory of its own (a link, a file): nothing is touched
     try:
-        empty = _remove_below(root, "", wanted, kept)
+        empty = _remove_below(root, "", wanted, kept, last=".git")
+        # The .git file goes last: a removal killed half-way leaves a worktree git still recognises (its missing
+        # files are only deletions of the commit's), which the next removal finishes.
+        if empty:
+            with contextlib.suppress(FileNotFoundError):
+                if stat.S_ISREG(os.stat(".git", dir_fd=root, follow_symlinks=False).st_mode):
+                    os.unlink(".git", dir_fd=root)
+                else:
+                    kept.append(".git")
+                    empty = False
     finally:
         os.close(root)
     if empty:
@@ -135,11 +145,13 @@ def remove_tracked_tree(worktree: Path, tracked: Collection[str]) -> list[str]:
     return kept
 
 
-def _remove_below(directory: int, prefix: str, wanted: frozenset[str], kept: list[str]) -> bool:
-    """Remove what ``wanted`` names below the open ``directory``; True when nothing is left in it."""
+def _remove_below(directory: int, prefix: str, wanted: frozenset[str], kept: list[str], *,
+                  last: str | None = None) -> bool:
+    """Remove what ``wanted`` names below the open ``directory`` (leaving ``last`` to the caller); True when nothing
+    else is left in it."""
     left = False
     with os.scandir(directory) as entries:
-        names = [entry.name for entry in entries]
+        names = [entry.name for entry in entries if entry.name != last]
     for name in names:
         relative = f"{prefix}{name}"
         try:

@@ -66,8 +66,9 @@ def test_the_group_of_a_login_is_found_whatever_its_case() -> None:
 
 
 def test_a_removal_takes_the_commits_files_and_keeps_everything_else(tmp_path: Path) -> None:
-    """Tracked files, the ``.git`` file and the directories left empty go; an untracked file, a link where a tracked
-    directory was (pointing outside) and the directories holding them stay; the link's target is untouched."""
+    """Tracked files and the directories left empty go; an untracked file, a link where a tracked directory was
+    (pointing outside) and the directories holding them stay, and so does the ``.git`` file (it goes last, only with
+    everything else: what is kept stays a worktree git knows); the link's target is untouched."""
     worktree = tmp_path / "w"
     (worktree / "src" / "pkg").mkdir(parents=True)
     (worktree / "src" / "pkg" / "a.py").write_text("a")
@@ -83,7 +84,7 @@ def test_a_removal_takes_the_commits_files_and_keeps_everything_else(tmp_path: P
     tracked = {"src/pkg/a.py", "README.md", "docs/guide.md", "lib/x.py"}
     kept = remove_tracked_tree(worktree, tracked)
     assert sorted(kept) == ["lib", "src/notes.txt"]
-    assert sorted(p.name for p in worktree.rglob("*")) == ["lib", "notes.txt", "src"]
+    assert sorted(p.name for p in worktree.rglob("*")) == [".git", "lib", "notes.txt", "src"]
     assert (outside / "precious").read_text() == "not the service's"  # no link was followed
 
 
@@ -137,3 +138,34 @@ def test_a_teardown_keeps_what_appeared_after_the_clean_check_and_follows_no_lin
 def scene_git(worktree: Path, checkout: Any) -> None:
     """Commit what is in the worktree on its branch, as the publish verb does (through the hardened runner)."""
     checkout.commit_worktree(worktree, "docs", author=("author-1", "author-1@users.noreply"))
+
+
+def test_a_removal_cut_short_is_finished_by_the_next(scene: Any) -> None:  # noqa: F811 (the fixture)
+    """A removal killed half-way leaves files of the commit missing (``" D"``, no loss) and, later, the directory
+    gone with git's registration still there: the next removal finishes each, and teardown decides to."""
+    from bot.core.teardown import WorktreeFacts, decide_worktree
+
+    checkout, worktree = scene.checkout, scene.worktree
+    checkout.unlock_worktree(worktree)
+    (worktree / "README.md").unlink()  # the first removal got this far (the .git file goes last)
+    checkout.remove_worktree(worktree, force=False)
+    assert not worktree.exists() and checkout.listed_worktree_at(worktree) is None
+
+    facts = WorktreeFacts(path=str(worktree), exists=False, created_by_foreman=True, status=(), head=None,
+                          merged_head=None, head_in_default=False, registered=True)
+    assert decide_worktree(facts, remove_enabled=True).action == "remove"
+    assert decide_worktree(facts, remove_enabled=False).action == "absent"
+    gone = WorktreeFacts(path=str(worktree), exists=False, created_by_foreman=True, status=(), head=None,
+                         merged_head=None, head_in_default=False)
+    assert decide_worktree(gone, remove_enabled=True).action == "absent"
+
+
+def test_a_registration_left_without_its_directory_is_removed(scene: Any) -> None:  # noqa: F811 (the fixture)
+    import shutil as _shutil
+
+    checkout, worktree = scene.checkout, scene.worktree
+    checkout.unlock_worktree(worktree)
+    _shutil.rmtree(worktree)  # the files went, the process died before git dropped the registration
+    assert checkout.listed_worktree_at(worktree) is not None
+    checkout.remove_worktree(worktree, force=False)
+    assert checkout.listed_worktree_at(worktree) is None

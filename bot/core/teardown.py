@@ -60,6 +60,8 @@ class WorktreeFacts:
     head_in_default: bool
     #: Why git was not run on the worktree (its ``.git`` file or registration is not what foreman wrote), else None.
     refused: str | None = None
+    #: The directory is gone but git still registers it (a removal cut short between the files and the registration).
+    registered: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +77,8 @@ def decide_worktree(facts: WorktreeFacts, *, remove_enabled: bool) -> Decision:
     """Remove only a clean worktree whose HEAD is the merged head or already in the default branch; anything else
     is kept as it is (nothing in it is ever lost) and the reason says what is there."""
     if not facts.exists:
+        if facts.registered and facts.created_by_foreman and remove_enabled:
+            return Decision("remove", "its directory is gone (a removal cut short); its registration goes too")
         return Decision("absent", "the worktree is no longer on disk")
     if not facts.created_by_foreman:
         return Decision("keep", "the worktree was there before foreman's bootstrap: it is not foreman's to remove")

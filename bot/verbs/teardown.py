@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -196,7 +197,7 @@ def _judge(
         head: str | None = None
         refused: str | None = None
         try:
-            status = tuple(checkout.worktree_status(path)) if exists else ()
+            status = tuple(gitops.losses(checkout.worktree_status(path))) if exists else ()
             head = gitops.worktree_head(checkout, path) if exists else None
         except gitops.WorktreeRefused as exc:  # kept as it is; the report says why and how it is restored
             refused = str(exc) + (f"; an operator restores it with: {exc.restore}" if exc.restore else "")
@@ -205,6 +206,7 @@ def _judge(
             path=str(path), exists=exists, created_by_foreman=origin.created_worktree, status=status,
             head=head, merged_head=merged_head,
             head_in_default=head is not None and gitops.is_ancestor(checkout, head, tracking), refused=refused,
+            registered=not exists and not os.path.lexists(path) and checkout.listed_worktree_at(path) is not None,
         )
         transition = transitions.get(origin.journal_id)
         reason = worktree_lock_reason(transition.key) if transition is not None else ""
