@@ -317,6 +317,8 @@ class McpConfig(ConfigSection):
     # Browser origins allowed to call /mcp (a request without Origin is always allowed: agents send none).
     allowed_origins: list[str] = Field(default_factory=list)
     max_body_bytes: int = Field(default=1 << 20, ge=4096, le=64 << 20)
+    # Seconds a request's body may take to arrive, however it trickles in (408 after it).
+    read_timeout_s: float = Field(default=10.0, gt=0, le=600)
     # Failed authentications one client address may make in a minute; beyond it every request from it is 429.
     auth_failures_per_minute: int = Field(default=20, ge=1, le=100_000)
     # Open sessions per identity (or run); one more is refused 503 until one ends.

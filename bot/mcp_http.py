@@ -364,7 +364,7 @@ class McpHttp:
                             "this server sends nothing unprompted, so it offers no event stream (GET)",
                             "Send requests with POST; every answer comes in the POST's response.",
                             "POST your JSON-RPC messages to /mcp", headers={"Allow": "POST, DELETE"}).response()
-        body = await _read_body(request, self.config.max_body_bytes)
+        body = await _read_body(request, self.config.max_body_bytes, self.config.read_timeout_s)
         if isinstance(body, Refusal):
             return body.response()
         await self._sweep(now)
@@ -409,8 +409,9 @@ async def _build_server(principal: Principal, http: McpHttp) -> Server[Any] | No
     return build_server(first.runtime, first.caller, doors=doors)
 
 
-async def _read_body(request: web.Request, limit: int) -> bytes | Refusal:
-    """The request's body, at most ``limit`` bytes (413 beyond it, 400 for a body that cannot be read)."""
+async def _read_body(request: web.Request, limit: int, timeout_s: float) -> bytes | Refusal:
+    """The request's body, at most ``limit`` bytes within ``timeout_s`` (413 beyond the size, 408 beyond the time,
+    400 for a body that cannot be read)."""
     def too_large(size: str) -> Refusal:
         return _refusal(413, None, "payload_too_large", f"the body is {size}, over [mcp] max_body_bytes ({limit})",
                         "Send smaller messages: one JSON-RPC message per request.",
@@ -422,11 +423,16 @@ async def _read_body(request: web.Request, limit: int) -> bytes | Refusal:
     chunks: list[bytes] = []
     size = 0
     try:
-        async for chunk in request.content.iter_chunked(65536):
-            size += len(chunk)
-            if size > limit:
-                return too_large("longer")
-            chunks.append(chunk)
+        async with asyncio.timeout(timeout_s):  # the whole body, however it trickles in
+            async for chunk in request.content.iter_chunked(65536):
+                size += len(chunk)
+                if size > limit:
+                    return too_large("longer")
+                chunks.append(chunk)
+    except TimeoutError:
+        return _refusal(408, None, "request_timeout",
+                        f"the request body did not arrive within {timeout_s:g} s ([mcp] read_timeout_s)",
+                        "Send the whole body at once.", "send the request again")
     except Exception as exc:  # a truncated chunked body, a broken transfer coding, a reset
         return _refusal(400, None, "bad_body", f"the request body could not be read: {type(exc).__name__}",
                         "Send the whole body (Content-Length or a complete chunked body).", "send the request again")

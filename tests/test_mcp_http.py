@@ -243,3 +243,25 @@ async def test_open_sessions_are_counted_when_metrics_are_read_not_per_request(
         assert walked == 0
         assert await gauge() == 2.0 and walked == 2  # one walk of the two principals' endpoints per read
     assert await gauge() == 0.0
+
+
+async def test_a_body_that_stalls_is_408_within_the_read_timeout(start: Started, tmp_path: Path) -> None:
+    """An authenticated client that sends its headers and part of its body, then nothing, holds no handler past
+    ``read_timeout_s``: 408 JSON (over a raw socket; the wait is a hang detector, never a timing)."""
+    import asyncio
+
+    _, client = await start(settings_for(tmp_path, read_timeout_s=0.5))
+    url = client.make_url("/mcp")
+    reader, writer = await asyncio.open_connection(url.host, url.port)
+    try:
+        head = (f"POST /mcp HTTP/1.1\r\nHost: {url.host}\r\nAuthorization: Bearer {CONTROLLER}\r\n"
+                "Content-Type: application/json\r\nAccept: application/json, text/event-stream\r\n"
+                "Content-Length: 500\r\n\r\n{\"jsonrpc\": ")
+        writer.write(head.encode())
+        await writer.drain()
+        answer = await asyncio.wait_for(reader.read(4096), timeout=60)
+    finally:
+        writer.close()
+    status_line, _, rest = answer.partition(b"\r\n")
+    assert b" 408 " in status_line, answer
+    assert json.loads(rest.partition(b"\r\n\r\n")[2])["error"] == "request_timeout"
