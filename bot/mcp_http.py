@@ -338,7 +338,18 @@ class McpHttp:
         return principal
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
-        """Every request to ``/mcp``: refused before MCP, or answered by the principal's session manager."""
+        """Every request to ``/mcp``: refused before MCP, or answered by the principal's session manager. A failure
+        of the service itself (the database unreachable while a run token is looked up, a server that cannot be
+        built) is logged and answered 503 in JSON, never a traceback to the client."""
+        try:
+            return await self._handle(request)
+        except Exception:
+            log.exception("mcp: a request failed")
+            return _refusal(503, None, "unavailable", "foreman could not serve this request; see the service log",
+                            "Retry in a moment; an operator reads the service log if it keeps failing.",
+                            "retry the request in a few seconds").response()
+
+    async def _handle(self, request: web.Request) -> web.StreamResponse:
         metrics = self.host.metrics
         now = time.monotonic()
         address = request.remote or "unknown"

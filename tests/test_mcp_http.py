@@ -265,3 +265,18 @@ async def test_a_body_that_stalls_is_408_within_the_read_timeout(start: Started,
     status_line, _, rest = answer.partition(b"\r\n")
     assert b" 408 " in status_line, answer
     assert json.loads(rest.partition(b"\r\n\r\n")[2])["error"] == "request_timeout"
+
+
+async def test_a_failure_of_the_service_is_a_json_503_never_a_traceback_to_the_client(
+    start: Started, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run token looked up while the grant store fails: 503 JSON with the next action (the log has the rest)."""
+    from state.grants import GrantStore
+
+    async def broken(self: object, digest: str) -> None:
+        raise RuntimeError("database unreachable")
+
+    monkeypatch.setattr(GrantStore, "run_for_token", broken)
+    _, client = await start(settings_for(tmp_path))
+    status, _, doc = await raw(str(client.make_url("/mcp")), headers={"Authorization": "Bearer frun_some-run"})
+    assert status == 503 and doc["error"] == "unavailable" and doc["exact_next_action"], doc
