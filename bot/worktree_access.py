@@ -81,12 +81,14 @@ def _set_group(path: str, gid: int) -> None:
     fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     try:
         info = os.fstat(fd)
+        if stat.S_ISREG(info.st_mode) and info.st_nlink > 1:  # another name may be outside the worktree
+            raise WorktreeAccessError(f"{path} has other names (hard links): it is not opened to the group")
         os.fchown(fd, -1, gid)
         mode = stat.S_IMODE(info.st_mode)
         if stat.S_ISDIR(info.st_mode):
             mode |= DIRECTORY_BITS
         elif os.path.basename(path) == ".git" and stat.S_ISREG(info.st_mode):
-            mode |= stat.S_IRGRP  # the service's pointer to its metadata: readable, never written by the agent
+            mode |= stat.S_IRGRP  # the service's pointer to its metadata: readable; replaced, it is refused
         elif stat.S_ISREG(info.st_mode):
             mode |= FILE_BITS | (stat.S_IXGRP if mode & stat.S_IXUSR else 0)
         os.fchmod(fd, mode)
@@ -182,7 +184,13 @@ def _remove_below(directory: int, prefix: str, wanted: frozenset[str], kept: lis
                 left = True
             continue
         if relative in wanted and (stat.S_ISREG(info.st_mode) or stat.S_ISLNK(info.st_mode)):
-            os.unlink(name, dir_fd=directory)  # unlinking a link never touches its target
+            try:
+                os.unlink(name, dir_fd=directory)  # unlinking a link never touches its target
+            except FileNotFoundError:  # gone meanwhile
+                pass
+            except OSError:  # replaced meanwhile (a directory now): kept
+                kept.append(relative)
+                left = True
             continue
         kept.append(relative)
         left = True

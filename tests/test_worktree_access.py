@@ -169,3 +169,40 @@ def test_a_registration_left_without_its_directory_is_removed(scene: Any) -> Non
     assert checkout.listed_worktree_at(worktree) is not None
     checkout.remove_worktree(worktree, force=False)
     assert checkout.listed_worktree_at(worktree) is None
+
+
+def test_a_hard_link_in_a_fresh_worktree_is_never_opened_to_the_group(tmp_path: Path) -> None:
+    """A file with another name (perhaps outside the worktree) is refused whole, its mode and group unchanged."""
+    root, worktree, outside = tree(tmp_path)
+    os.link(outside, worktree / "src" / "also-secret")
+    with pytest.raises(WorktreeAccessError, match="hard links"):
+        grant(worktree, root, grp.getgrgid(os.getgid()).gr_name)
+    assert stat.S_IMODE(outside.stat().st_mode) == 0o600
+
+
+def test_an_entry_that_vanishes_or_changes_while_it_is_removed_is_skipped_or_kept(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The agent deletes a tracked file, or swaps it for a directory, between the look and the unlink: the removal
+    goes on (gone: skipped; a directory now: kept), never an OSError out of it."""
+    import bot.worktree_access as access
+
+    worktree = tmp_path / "w"
+    worktree.mkdir()
+    for name in ("a.txt", "b.txt"):
+        (worktree / name).write_text(name)
+    (worktree / ".git").write_text("gitdir: x\n")
+    real_stat = os.stat
+
+    def racing_stat(name: Any, *args: Any, **kwargs: Any) -> os.stat_result:
+        found = real_stat(name, *args, **kwargs)
+        if name == "a.txt":
+            os.unlink(worktree / "a.txt")
+        elif name == "b.txt":
+            os.unlink(worktree / "b.txt")
+            os.mkdir(worktree / "b.txt")
+        return found
+
+    monkeypatch.setattr(os, "stat", racing_stat)  # the module calls os.stat (one os module)
+    kept = access.remove_tracked_tree(worktree, {"a.txt", "b.txt"})
+    assert kept == ["b.txt"] and (worktree / "b.txt").is_dir() and not (worktree / "a.txt").exists()
