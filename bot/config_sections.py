@@ -321,8 +321,11 @@ class McpConfig(ConfigSection):
     read_timeout_s: float = Field(default=10.0, gt=0, le=600)
     # Failed authentications one client address may make in a minute; beyond it every request from it is 429.
     auth_failures_per_minute: int = Field(default=20, ge=1, le=100_000)
-    # Open sessions per identity (or run); one more is refused 503 until one ends.
-    max_sessions: int = Field(default=10_000, ge=1, le=1_000_000)
+    # Open sessions per identity (or run), and in all; one more is refused 503 until one ends.
+    max_sessions: int = Field(default=32, ge=1, le=1_000_000)
+    max_sessions_total: int = Field(default=10_000, ge=1, le=1_000_000)
+    # Requests one identity (or run) may have in flight at once; one more is 429.
+    max_requests_in_flight: int = Field(default=16, ge=1, le=10_000)
     # A session with no request for this long is closed; its client opens a new one.
     session_idle_s: float = Field(default=1800.0, gt=0, le=7 * 86400)
 

@@ -13,9 +13,9 @@ client address is throttled after failed authentications, 403 for a browser orig
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hashlib
 import hmac
+import ipaddress
 import logging
 import time
 from collections import OrderedDict, deque
@@ -51,6 +51,9 @@ THROTTLE_WINDOW_S = 60.0
 THROTTLE_ADDRESSES = 10_000
 #: A principal's server with no open session for this long is stopped (a finished run's, an idle identity's).
 IDLE_PRINCIPAL_S = 600.0
+#: How long a failed authentication from a throttled client waits for its 429, and how many such waits at once.
+THROTTLE_DELAY_S = 1.0
+TARPIT_SLOTS = 256
 
 
 class McpRepository(Protocol):
@@ -170,7 +173,7 @@ class _Endpoint:
     stop: asyncio.Event
     task: asyncio.Task[None] | None = None
     last_used: float = 0.0
-    in_flight: int = 0
+    in_flight: int = 0  # requests holding it (a sweep leaves it alone)
 
     def sessions(self) -> int:
         # The SDK keeps its sessions in a private map; read it defensively (a missing attribute counts none).
@@ -200,6 +203,8 @@ class McpHttp:
         self._runtimes: dict[str, VerbRuntime] = {}
         self._creating = asyncio.Lock()
         self._last_sweep = 0.0
+        self._sweeps: set[asyncio.Task[None]] = set()
+        self._tarpit = asyncio.Semaphore(TARPIT_SLOTS)
         self._closed = False
         # Open sessions are counted when /metrics is read, not after every request: the count walks every
         # principal's endpoint (1,000 identities: 9% of serve's loop at 300 requests/s, bench/agents.py).
@@ -215,7 +220,7 @@ class McpHttp:
             return None
         login = self.tokens.login_for(raw)
         if login is not None:
-            return Principal(key=f"identity:{login.lower()}", login=login)
+            return Principal(key=f"identity:{login}", login=login)  # the login exactly, as the roster knows it
         if is_run_token(token):
             record = await GrantStore(self.host.db).run_for_token(token_digest(token))
             if record is not None:
@@ -242,16 +247,19 @@ class McpHttp:
         return {key: self._runtimes[key] for key in host.repositories}
 
     async def _endpoint(self, principal: Principal) -> _Endpoint | Refusal:
+        """The principal's endpoint, started if need be, counted in flight (the caller ends the count): a sweep never
+        stops an endpoint a request holds."""
         endpoint = self._endpoints.get(principal.key)
-        if endpoint is None:
+        if endpoint is not None:
+            endpoint.in_flight += 1
+        else:
             async with self._creating:
                 endpoint = self._endpoints.get(principal.key)
                 if endpoint is None:
                     try:
                         server = await self._build(principal, self)
                     except EnvelopeError as refused:  # a run of a repository this service does not serve
-                        envelope = refused.envelope.to_dict()
-                        return Refusal(403, None, envelope)
+                        return Refusal(403, None, refused.envelope.to_dict())
                     if server is None:  # the run ended between authentication and binding
                         return _unknown_token()
                     config = self.config
@@ -262,11 +270,13 @@ class McpHttp:
                         # reach the service by any name the operator gives it).
                         security_settings=TransportSecuritySettings(enable_dns_rebinding_protection=False),
                     )
-                    endpoint = _Endpoint(manager, asyncio.Event(), asyncio.Event())
+                    endpoint = _Endpoint(manager, asyncio.Event(), asyncio.Event(), last_used=time.monotonic())
                     endpoint.task = asyncio.create_task(endpoint.run(), name=f"mcp-{principal.key}")
                     self._endpoints[principal.key] = endpoint
+                endpoint.in_flight += 1
         await endpoint.ready.wait()
         if endpoint.task is not None and endpoint.task.done():
+            endpoint.in_flight -= 1
             self._endpoints.pop(principal.key, None)
             log.error("mcp: the session manager of %s stopped; it is started again on the next request",
                       principal.key)
@@ -279,18 +289,21 @@ class McpHttp:
         """Open sessions over every principal."""
         return sum(endpoint.sessions() for endpoint in self._endpoints.values())
 
-    async def _sweep(self, now: float) -> None:
-        """Stop the endpoints of principals with no open session and no request for ``IDLE_PRINCIPAL_S``."""
+    def _sweep(self, now: float) -> None:
+        """Stop the endpoints of principals with no open session and no request for ``IDLE_PRINCIPAL_S``: chosen and
+        forgotten at once (no await in between, so no request takes one meanwhile), stopped in the background."""
         if now - self._last_sweep < 60.0:
             return
         self._last_sweep = now
         idle = [key for key, endpoint in self._endpoints.items()
                 if endpoint.in_flight == 0 and endpoint.sessions() == 0 and now - endpoint.last_used > IDLE_PRINCIPAL_S]
-        for key in idle:
-            endpoint = self._endpoints.pop(key)
+        stopping = [self._endpoints.pop(key) for key in idle]
+        for endpoint in stopping:
             endpoint.stop.set()
-            if endpoint.task is not None:
-                await endpoint.task
+        if stopping:
+            task = asyncio.create_task(_stopped(stopping), name="mcp-sweep")
+            self._sweeps.add(task)
+            task.add_done_callback(self._sweeps.discard)
 
     async def close(self) -> None:
         """Stop every endpoint (their sessions end); later requests are refused 503."""
@@ -298,10 +311,9 @@ class McpHttp:
         endpoints, self._endpoints = list(self._endpoints.values()), {}
         for endpoint in endpoints:
             endpoint.stop.set()
-        for endpoint in endpoints:
-            if endpoint.task is not None:
-                with contextlib.suppress(Exception):
-                    await endpoint.task
+        await _stopped(endpoints)
+        for sweep in list(self._sweeps):
+            await sweep
 
     # The HTTP door.
 
@@ -316,26 +328,35 @@ class McpHttp:
                         "call /mcp without an Origin header, or ask the operator to add the origin to [mcp] "
                         "allowed_origins")
 
-    async def _authenticate(self, request: web.Request, address: str, now: float) -> Principal | Refusal:
-        wait = self.throttle.retry_after(address, now)
-        if wait is not None:
-            return _refusal(429, "throttled", "too_many_failures",
-                            f"too many failed authentications from {address} in the last minute",
-                            "Use the token the operator gave you; every request from this address is refused until "
-                            "the failures age out.", f"wait {wait:.0f} s, then call /mcp with your own token",
-                            headers={"Retry-After": str(max(1, round(wait + 0.5)))})
+    async def _authenticate(self, request: web.Request, key: str, now: float) -> Principal | Refusal:
+        """The principal of the request's bearer token, or its refusal. A right token is always served: agents on
+        one host share an address, and one of them failing must never lock the others out. A failure while ``key``
+        is throttled is answered 429 only after ``THROTTLE_DELAY_S`` (at most ``TARPIT_SLOTS`` such waits at once,
+        beyond them at once): 300 wrong guesses a second get a second's wait each."""
         header = request.headers.get("Authorization", "")
         scheme, _, token = header.partition(" ")
         token = token.strip()
+        principal = await self.principal_for(token) if scheme.lower() == "bearer" and token else None
+        if principal is not None:
+            return principal
+        wait = self.throttle.retry_after(key, now)
+        if wait is not None:
+            if self._tarpit.locked():
+                await asyncio.sleep(0)
+            else:
+                async with self._tarpit:
+                    await asyncio.sleep(THROTTLE_DELAY_S)
+            return _refusal(429, "throttled", "too_many_failures",
+                            "too many failed authentications from this client's address in the last minute",
+                            "Use the token the operator gave you (a right token is always served).",
+                            f"wait {wait:.0f} s, then call /mcp with your own token",
+                            headers={"Retry-After": str(max(1, round(wait + 0.5)))})
         if scheme.lower() != "bearer" or not token:
             return _refusal(401, "missing", "unauthorized", "no bearer token: /mcp needs Authorization: Bearer "
                             "<token>", "Send the token the operator issued for your identity, or a run's token.",
                             "call /mcp again with the header Authorization: Bearer <your token>",
                             headers={"WWW-Authenticate": 'Bearer realm="foreman"'})
-        principal = await self.principal_for(token)
-        if principal is None:
-            return _unknown_token()
-        return principal
+        return _unknown_token()
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         """Every request to ``/mcp``: refused before MCP, or answered by the principal's session manager. A failure
@@ -354,12 +375,12 @@ class McpHttp:
         now = time.monotonic()
         address = request.remote or "unknown"
         refused = self._origin_refusal(request)
-        verdict = refused or await self._authenticate(request, address, now)
+        verdict = refused or await self._authenticate(request, throttle_key(address), now)
         if isinstance(verdict, Refusal):
             if verdict.reason is not None:
                 metrics.mcp_auth_failures.labels(verdict.reason).inc()
             if verdict.reason in ("missing", "unknown"):
-                count = self.throttle.failed(address, now)
+                count = self.throttle.failed(throttle_key(address), now)
                 if count == 1 or count == self.throttle.per_minute:  # the first of a window, and the limit
                     log.warning("mcp: refused a request from %s: %s (%d failed in the last minute%s)", address,
                                 verdict.body["error"], count,
@@ -375,19 +396,52 @@ class McpHttp:
                             "this server sends nothing unprompted, so it offers no event stream (GET)",
                             "Send requests with POST; every answer comes in the POST's response.",
                             "POST your JSON-RPC messages to /mcp", headers={"Allow": "POST, DELETE"}).response()
-        body = await _read_body(request, self.config.max_body_bytes, self.config.read_timeout_s)
-        if isinstance(body, Refusal):
-            return body.response()
-        await self._sweep(now)
-        endpoint = await self._endpoint(principal)
+        if "Mcp-Session-Id" not in request.headers and self.sessions() >= self.config.max_sessions_total:
+            return _refusal(503, None, "too_many_sessions",
+                            f"{self.config.max_sessions_total} MCP sessions are open ([mcp] max_sessions_total)",
+                            "End sessions you no longer use (DELETE); idle ones close after [mcp] session_idle_s.",
+                            "reuse your open session, or retry once others have ended").response()
+        self._sweep(now)
+        endpoint = await self._endpoint(principal)  # counted in flight from here (never swept while in flight)
         if isinstance(endpoint, Refusal):
             return endpoint.response()
-        endpoint.in_flight += 1
         try:
+            if endpoint.in_flight > self.config.max_requests_in_flight:
+                return _refusal(429, None, "too_many_requests",
+                                f"more than {self.config.max_requests_in_flight} requests of yours are in flight",
+                                "Wait for your answers before sending more ([mcp] max_requests_in_flight).",
+                                "retry once an earlier request is answered", headers={"Retry-After": "1"}).response()
+            body = await _read_body(request, self.config.max_body_bytes, self.config.read_timeout_s)
+            if isinstance(body, Refusal):
+                return body.response()
             return await _serve_asgi(endpoint.manager.handle_request, request, await _answerable(body), principal)
         finally:
             endpoint.in_flight -= 1
             endpoint.last_used = time.monotonic()
+
+
+def throttle_key(address: str) -> str:
+    """What the throttle counts failures by: the client's address, every loopback address as one (a client on the
+    host picks any of 127/8) and an IPv6 address by its /64 (a host holds the whole prefix)."""
+    try:
+        ip = ipaddress.ip_address(address)
+    except ValueError:
+        return address
+    if ip.is_loopback:
+        return "loopback"
+    if isinstance(ip, ipaddress.IPv6Address):
+        return str(ipaddress.IPv6Network(f"{ip}/64", strict=False))
+    return str(ip)
+
+
+async def _stopped(endpoints: list[_Endpoint]) -> None:
+    """Wait for stopped endpoints' tasks; a manager that failed is logged, never raised into a request."""
+    for endpoint in endpoints:
+        if endpoint.task is not None:
+            try:
+                await endpoint.task
+            except Exception:
+                log.exception("mcp: a session manager failed while it stopped")
 
 
 def _unknown_token() -> Refusal:

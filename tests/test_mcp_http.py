@@ -108,16 +108,36 @@ async def test_a_session_answers_only_the_principal_that_opened_it(start: Starte
 
 
 async def test_failed_authentications_throttle_the_address_and_are_counted(start: Started, tmp_path: Path) -> None:
-    """Past ``auth_failures_per_minute`` every request from the address is 429 with Retry-After, a right token
-    included (else the throttle would be an oracle); each refusal is counted, and the log never holds a token."""
+    """Past ``auth_failures_per_minute`` a failure from the address is 429 with Retry-After, and only after a wait
+    (a slowdown, not an answer at once); a right token from the same address is still served (agents on one host
+    share it: one of them failing never locks the others out). Each refusal is counted."""
+    import time
+
     service, client = await start(settings_for(tmp_path, auth_failures_per_minute=5))
     url = str(client.make_url("/mcp"))
-    statuses = [(await raw(url, headers={"Authorization": f"Bearer guess-{n}"}))[0] for n in range(8)]
-    assert statuses == [401] * 5 + [429] * 3
-    status, headers, doc = await raw(url, headers={"Authorization": f"Bearer {AUTHOR_SECRET}"})
-    assert status == 429 and int(headers["Retry-After"]) >= 1 and doc["error"] == "too_many_failures", doc
+    statuses = [(await raw(url, headers={"Authorization": f"Bearer guess-{n}"}))[0] for n in range(5)]
+    started = time.monotonic()
+    status, headers, doc = await raw(url, headers={"Authorization": "Bearer guess-6"})
+    waited = time.monotonic() - started
+    assert statuses == [401] * 5 and status == 429, (statuses, status)
+    assert int(headers["Retry-After"]) >= 1 and doc["error"] == "too_many_failures", doc
+    assert waited >= 0.9  # the tarpit's second (a lower bound: never a timing of how fast it is)
+    status, _, doc = await raw(url, headers={"Authorization": f"Bearer {AUTHOR_SECRET}"})
+    assert status == 200, doc
     assert service.metrics.mcp_auth_failures.labels("unknown")._value.get() == 5
-    assert service.metrics.mcp_auth_failures.labels("throttled")._value.get() == 4
+    assert service.metrics.mcp_auth_failures.labels("throttled")._value.get() == 1
+
+
+def test_the_throttle_counts_a_host_as_one_client() -> None:
+    """Every loopback address is one client (a process on the host may bind any of 127/8), an IPv6 address counts
+    by its /64; other addresses by themselves."""
+    from bot.mcp_http import throttle_key
+
+    assert throttle_key("127.0.0.1") == throttle_key("127.8.9.10") == throttle_key("::1") == "loopback"
+    assert throttle_key("2001:db8::1") == throttle_key("2001:db8::ffff") == "2001:db8::/64"
+    assert throttle_key("2001:db8:0:1::1") != throttle_key("2001:db8::1")
+    assert throttle_key("10.0.0.1") != throttle_key("10.0.0.2")
+    assert throttle_key("unknown") == "unknown"
 
 
 async def test_the_throttle_forgets_failures_after_the_window() -> None:
@@ -238,6 +258,7 @@ async def test_open_sessions_are_counted_when_metrics_are_read_not_per_request(
         return float(next(line.split()[1] for line in text.splitlines() if line.startswith("foreman_mcp_sessions ")))
 
     async with mcp_over_http(url, CONTROLLER) as first, mcp_over_http(url, AUTHOR_SECRET) as second:
+        walked = 0  # opening a session counts them once ([mcp] max_sessions_total); a request in one never does
         for session in (first, second, first):
             await session.list_tools()
         assert walked == 0
@@ -280,3 +301,59 @@ async def test_a_failure_of_the_service_is_a_json_503_never_a_traceback_to_the_c
     _, client = await start(settings_for(tmp_path))
     status, _, doc = await raw(str(client.make_url("/mcp")), headers={"Authorization": "Bearer frun_some-run"})
     assert status == 503 and doc["error"] == "unavailable" and doc["exact_next_action"], doc
+
+
+async def test_logins_that_differ_in_case_are_two_principals(start: Started, tmp_path: Path) -> None:
+    """``Boss`` (a controller) and ``boss`` (an author) are served as themselves whichever connects first, as over
+    stdio; one login's server never answers the other's token."""
+    upper, lower = "tok-Boss-0123456789abcdef", "tok-boss-0123456789abcdef"
+    settings = make_settings(tmp_path, roster={"Boss": ["controller"], "boss": ["author"]},
+                             mcp={"token_digests": {"Boss": digest(upper), "boss": digest(lower)}})
+    _, client = await start(settings)
+    url = str(client.make_url("/mcp"))
+    for token, login, roles in ((upper, "Boss", ["controller"]), (lower, "boss", ["author"])):
+        async with mcp_over_http(url, token) as session:
+            identity = (await call(session, "gitea_get_runtime_context"))["identity"]
+        assert (identity["login"], identity["roles"]) == (login, roles), identity
+
+
+async def test_open_sessions_are_bounded_per_principal_and_in_all(start: Started, tmp_path: Path) -> None:
+    """``max_sessions`` per identity, ``max_sessions_total`` over all: one more ``initialize`` is 503 (JSON), and an
+    open session's requests go on."""
+    _, client = await start(settings_for(tmp_path, max_sessions=2, max_sessions_total=3))
+    url = str(client.make_url("/mcp"))
+    mine = {"Authorization": f"Bearer {AUTHOR_SECRET}"}
+    assert [(await raw(url, headers=mine))[0] for _ in range(3)] == [200, 200, 503]
+    status, _, doc = await raw(url, headers={"Authorization": f"Bearer {REVIEWER_SECRET}"})
+    assert status == 200, doc
+    status, _, doc = await raw(url, headers={"Authorization": f"Bearer {CONTROLLER}"})
+    assert status == 503 and doc["error"] == "too_many_sessions" and doc["exact_next_action"], doc
+
+
+async def test_a_swept_endpoint_is_never_one_a_request_holds_and_requests_in_flight_are_bounded(
+    start: Started, tmp_path: Path
+) -> None:
+    """The idle sweep leaves an endpoint a request holds (counted from the moment the request takes it), and
+    stops it once it is free and idle; a principal past ``max_requests_in_flight`` gets 429."""
+    from bot.mcp_http import IDLE_PRINCIPAL_S, Principal, _Endpoint
+
+    service, client = await start(settings_for(tmp_path, max_requests_in_flight=1))
+    http = service.mcp
+    assert http is not None
+    url = str(client.make_url("/mcp"))
+    assert (await raw(url, headers={"Authorization": f"Bearer {AUTHOR_SECRET}"}))[0] == 200
+    principal = Principal(key="identity:author-1", login="author-1")
+    held = await http._endpoint(principal)  # a request holding it (in flight)
+    assert isinstance(held, _Endpoint) and held is http._endpoints[principal.key]
+    status, _, doc = await raw(url, headers={"Authorization": f"Bearer {AUTHOR_SECRET}"})
+    assert status == 429 and doc["error"] == "too_many_requests", doc
+    later = held.last_used + IDLE_PRINCIPAL_S + 120
+    held.manager._server_instances.clear()  # its session gone: idle but for the request
+    http._last_sweep = 0.0
+    http._sweep(later)
+    assert http._endpoints.get(principal.key) is held
+    held.in_flight -= 1
+    http._last_sweep = 0.0
+    http._sweep(later)
+    assert principal.key not in http._endpoints
+    assert (await raw(url, headers={"Authorization": f"Bearer {AUTHOR_SECRET}"}))[0] == 200  # a new endpoint
