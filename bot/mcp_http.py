@@ -5,9 +5,11 @@ An agent holds only the URL and its own token. The service resolves the token to
 that principal through the same server ``foreman mcp`` builds over stdio (``bot.mcp_server.build_server``: the same
 verb table, door, published schemas, per-identity tool list and run broker). Each principal has its own session
 manager, so a session id opened by one principal is unknown to every other (404, as the specification says for an
-unknown session). Refusals before MCP (docs/mcp.md "Over HTTP"): 401 for a missing or unknown token, 429 while a
-client address is throttled after failed authentications, 403 for a browser origin not allowed, 413 for a body over
-``[mcp] max_body_bytes``, 405 for a GET (the server sends nothing unprompted, so it offers no event stream).
+unknown session). Refusals before MCP (docs/mcp.md "Over HTTP"): 403 for a browser origin not allowed, 401 for a
+missing or unknown token (429, after a second, once its client has failed too often: a right token is always served),
+405 for a GET (the server sends nothing unprompted, so it offers no event stream), 503 past the open sessions' bounds,
+429 past a principal's requests in flight, 413 for a body over ``[mcp] max_body_bytes``, 408 for one slower than
+``[mcp] read_timeout_s``.
 """
 
 from __future__ import annotations
