@@ -129,9 +129,9 @@ class TokenTable:
 
 
 class AuthThrottle:
-    """Failed authentications per client address in a sliding minute; at the limit every request from the address
-    is refused 429 until the oldest failure leaves the window (a right token too: answering it would make the
-    throttle an oracle). Bounded: at most ``THROTTLE_ADDRESSES`` addresses are remembered."""
+    """Failed authentications per client (``throttle_key``) in a sliding minute; at the limit the client's further
+    failures are slowed and refused 429 until the oldest failure leaves the window (``McpHttp._authenticate``; a
+    right token is still served). Bounded: at most ``THROTTLE_ADDRESSES`` clients are remembered."""
 
     def __init__(self, per_minute: int, *, window_s: float = THROTTLE_WINDOW_S,
                  addresses: int = THROTTLE_ADDRESSES) -> None:
