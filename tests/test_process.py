@@ -49,7 +49,7 @@ class ServeProcess:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    async def start(self, *args: str, env: dict[str, str] | None = None) -> None:
+    async def start(self, *args: str, env: dict[str, str] | None = None, healthy_s: float | None = None) -> None:
         argv = [sys.executable, "-m", self.module, *(args or (str(self.config),))]
         full_env = {
             **os.environ,
@@ -62,9 +62,16 @@ class ServeProcess:
             self.proc = await asyncio.create_subprocess_exec(
                 *argv, cwd=self.workdir, env=full_env, stdout=asyncio.subprocess.DEVNULL, stderr=err
             )
-        await self.wait_healthy()
+        try:
+            await self.wait_healthy(*(() if healthy_s is None else (healthy_s,)))
+        except BaseException:  # a start that never became healthy leaves no process behind, whoever called it
+            if self.proc.returncode is None:
+                self.proc.kill()
+                await self.proc.wait()
+            raise
 
-    async def wait_healthy(self, timeout: float = 20.0) -> None:
+    #: A hang detector, never a timing: a Python process's start on a machine at load 15 can take tens of seconds.
+    async def wait_healthy(self, timeout: float = 90.0) -> None:
         deadline = asyncio.get_running_loop().time() + timeout
         async with aiohttp.ClientSession() as session:
             while asyncio.get_running_loop().time() < deadline:
@@ -105,7 +112,7 @@ class ServeProcess:
             row = conn.execute("SELECT status, attempts FROM deliveries WHERE delivery_id = ?", (delivery,)).fetchone()
         return (row[0], row[1]) if row else None
 
-    async def wait_for(self, predicate: object, what: str, timeout: float = 20.0) -> None:
+    async def wait_for(self, predicate: object, what: str, timeout: float = 60.0) -> None:
         deadline = asyncio.get_running_loop().time() + timeout
         while asyncio.get_running_loop().time() < deadline:
             if predicate():  # type: ignore[operator]
@@ -266,3 +273,12 @@ async def test_an_outbox_comment_posted_just_before_a_kill_is_adopted_after_rest
         with sqlite3.connect(service.db) as conn:
             result = json.loads(conn.execute("SELECT result_json FROM outbox").fetchone()[0])
         assert result["adopted"] is True and result["verified"] is True
+
+
+async def test_a_start_that_never_becomes_healthy_leaves_no_process_behind(tmp_path: Path) -> None:
+    """A process that never answers /healthz (here one that only sleeps) is killed by the failed start itself, so no
+    test leaks a server whatever it does with the failure."""
+    sleeper = ServeProcess(tmp_path, module="timeit")
+    with pytest.raises(AssertionError, match="never became healthy"):
+        await sleeper.start("-n", "1", "import time; time.sleep(600)", healthy_s=1.0)
+    assert sleeper.proc is not None and sleeper.proc.returncode is not None
