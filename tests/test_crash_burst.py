@@ -286,7 +286,7 @@ class Burst:
         )
         return int(open_deliveries), int(open_outbox), int(total)
 
-    async def settle(self, timeout: float = 40.0) -> None:
+    async def settle(self, timeout: float = 120.0) -> None:  # a hang detector (a loaded machine took over 40 s)
         """Until nothing is queued, processing, pending, sending or waiting for its hook, three polls in a row."""
         deadline = time.monotonic() + timeout
         quiet = 0
