@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Set-up-free entry point: `python3 dev.py run` serves, `python3 dev.py test` runs every test
+"""Set-up-free entry point: `python3 dev.py run` serves, `python3 dev.py test` runs every test (`test --quick`: the
+in-process part only, without real processes, PostgreSQL, the browser or the slow runs)
 (`python3 dev.py run demo` runs the bundled demo; `python3 dev.py lint` runs ruff, and mypy over every package
 pyproject.toml lists: bot, handlers and state strictly, tests and bench with their bodies checked).
 
@@ -53,6 +54,9 @@ def main(argv: list[str]) -> int:
     if command == "lint":
         code = subprocess.call([str(PY), "-m", "ruff", "check", "."])
         return code or subprocess.call([str(PY), "-m", "mypy"])
+    if "--quick" in rest:  # the in-process part: no real process, PostgreSQL, browser or slow run (tests/conftest.py)
+        rest = [arg for arg in rest if arg != "--quick"] + ["-m", "not process and not postgres and not browser"
+                                                            " and not slow"]
     code = subprocess.call([str(PY), "-m", "pytest", *rest])
     if code == 5:
         print("dev.py: pytest collected no tests; that is a failure", file=sys.stderr)

@@ -27,11 +27,28 @@ SHARED = Path(os.environ.get("FOREMAN_SHARED", str(REPO_ROOT.parent / "shared"))
 SHARED_MISSING = f"needs ../shared (Gitea's spec, real payloads, seeds): not found at {SHARED}; set FOREMAN_SHARED"
 
 
+#: The slices of the suite (``python3 dev.py test --quick`` runs what is none of them): a module declares its own in
+#: ``pytestmark``; ``postgres`` is given here to every case of a store test run on PostgreSQL.
+SLICES = {
+    "process": "starts a real process (foreman serve, foreman mcp, the CLI, git over HTTP) or a Unix user",
+    "postgres": "runs on the PostgreSQL server (FOREMAN_TEST_POSTGRES_URL)",
+    "browser": "drives Chromium",
+    "slow": "crash, soak, benchmark smoke and whole-demo runs",
+}
+
+
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "needs_shared: reads ../shared; skipped with one line where it is absent")
+    for name, what in SLICES.items():
+        config.addinivalue_line("markers", f"{name}: {what}")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    postgres = pytest.mark.postgres
+    for item in items:
+        params = getattr(getattr(item, "callspec", None), "params", {})
+        if "postgresql" in params.values() or any(f.startswith("postgres") for f in getattr(item, "fixturenames", ())):
+            item.add_marker(postgres)
     if SHARED.is_dir():
         return
     skip = pytest.mark.skip(reason=SHARED_MISSING)

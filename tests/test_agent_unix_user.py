@@ -53,7 +53,8 @@ def _why_not() -> str | None:
     return None
 
 
-pytestmark = pytest.mark.skipif(_why_not() is not None, reason=_why_not() or "")
+pytestmark = [pytest.mark.skipif(_why_not() is not None, reason=_why_not() or ""), pytest.mark.process,
+              pytest.mark.slow]
 
 
 @contextmanager

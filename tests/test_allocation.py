@@ -251,6 +251,7 @@ def test_depends_lines_in_an_issue_body_are_parsed() -> None:
     assert depends_on(body) == [12, 758, 765]
 
 
+@pytest.mark.process
 async def test_two_processes_racing_for_the_top_issue_end_with_exactly_one_lease(tmp_path: Path) -> None:
     """Two separate processes apply at once on one database: exactly one lease on the top issue;
     the loser gets a typed result (exit 1 with a JSON envelope), not an exception."""

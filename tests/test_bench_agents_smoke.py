@@ -22,6 +22,8 @@ from bench.harness import signed_requests
 from bench.intake import sign
 from tests.conftest import POSTGRES_MISSING, POSTGRES_URL, REPO_ROOT, postgres_reachable
 
+pytestmark = [pytest.mark.slow]
+
 
 def test_rounds_count_each_session_from_its_own_phase() -> None:
     """Session i starts at i/N of a period: 3 sessions, 5 s, period 2 make 3 + 3 + 2 rounds."""

@@ -8,7 +8,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from bench.allocate_data import OWNER, RESUME_OWNER, build_database, load
+
+pytestmark = [pytest.mark.slow]
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 

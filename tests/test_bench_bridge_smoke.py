@@ -6,7 +6,11 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from tests.conftest import REPO_ROOT
+
+pytestmark = [pytest.mark.process, pytest.mark.slow]
 
 
 def test_one_round_measures_every_contender_against_a_real_foreman_serve() -> None:

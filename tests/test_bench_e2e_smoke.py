@@ -9,8 +9,12 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from bench.e2e import memory_kib, percentile, summary
 from tests.conftest import REPO_ROOT
+
+pytestmark = [pytest.mark.slow]
 
 
 def test_percentiles_are_nearest_rank() -> None:

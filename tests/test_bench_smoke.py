@@ -13,6 +13,8 @@ import pytest
 from bench.intake import builtin_payload, load_template, make_requests, percentile, process_memory_kb, sign
 from tests.conftest import SHARED
 
+pytestmark = [pytest.mark.slow]
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SAMPLE = SHARED / "gitea" / "payloads" / "issue_comment-created--go-playground.json"
 

@@ -7,9 +7,13 @@ import shutil
 import subprocess
 import sys
 
+import pytest
+
 from bench.bootstrap import commit_fast, generated_files
 from tests.conftest import REPO_ROOT
 from tests.gitea_fixtures import scratch_dir
+
+pytestmark = [pytest.mark.slow]
 
 
 def test_generated_files_look_like_a_source_tree_and_fast_import_commits_them() -> None:

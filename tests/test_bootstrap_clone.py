@@ -23,6 +23,8 @@ from tests.conftest import REPO_ROOT
 from tests.gitea_fixtures import BOT, OWNER, REPO, TOKENS
 from tests.test_bootstrap_support import BootstrapWorld, git, open_bootstrap_world, tree_snapshot
 
+pytestmark = [pytest.mark.process]
+
 #: Every git route of the emulator (githttp.py's resource, as the fault table names it).
 GIT_ROUTE = "/{owner}/{repo}/{rest}"
 

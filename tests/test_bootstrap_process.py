@@ -6,6 +6,8 @@ import asyncio
 import shutil
 from pathlib import Path
 
+import pytest
+
 from bot.core.bootstrap import FORWARD_PHASES
 from bot.verbs.bootstrap.faults import FAULT_EXIT_CODE, FAULT_PHASE_ENV, FAULT_STEP_ENV
 from state.leases import LeaseStore
@@ -17,6 +19,8 @@ from tests.test_bootstrap_support import (
     tree_snapshot,
     worktree_entries,
 )
+
+pytestmark = [pytest.mark.process]
 
 
 def assert_one_clean_transition(w: BootstrapWorld, number: int) -> None:

@@ -16,6 +16,8 @@ from bot.core.allocator import normalize_candidates
 from bot.core.errors import EnvelopeError
 from tests.test_cli_lists import ENVELOPE_KEYS, _config, run_cli
 
+pytestmark = [pytest.mark.process]
+
 TOO_BIG = "9223372036854775808"  # 2^63
 
 

@@ -17,6 +17,8 @@ from tests.conftest import REPO_ROOT
 from tests.gitea_fixtures import BOT, OWNER, REPO, TOKENS, live_emulator
 from tests.support import free_port
 
+pytestmark = [pytest.mark.process]
+
 SECRET = "a-secret-of-sufficient-length"
 ENVELOPE_KEYS = {"error", "message", "remediate", "exact_next_action"}
 

@@ -12,7 +12,11 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from tests.conftest import REPO_ROOT
+
+pytestmark = [pytest.mark.process]
 
 
 def _env() -> dict[str, str]:

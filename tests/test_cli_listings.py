@@ -26,6 +26,8 @@ from bot.cli.mcp import MCP_REFUSED_CODE
 from tests.conftest import REPO_ROOT
 from tests.test_mcp_stdio import foreman_mcp_command, mcp_config
 
+pytestmark = [pytest.mark.process]
+
 PIPE_LINE = "foreman: standard output was closed before the output was written (broken pipe)"
 
 

@@ -16,6 +16,8 @@ from bot.config_writer import write_config
 from tests.conftest import REPO_ROOT
 from tests.support import offline_config
 
+pytestmark = [pytest.mark.process]
+
 CANDIDATES = json.dumps([{"issue_number": n} for n in (617, 5, 7, 9, 12)])
 ENVELOPE_KEYS = {"error", "message", "remediate", "exact_next_action"}
 

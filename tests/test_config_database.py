@@ -18,6 +18,8 @@ from state.db_postgres import PostgresDatabase
 from state.sql import redact_url
 from tests.conftest import REPO_ROOT
 
+pytestmark = [pytest.mark.process]
+
 
 def _mode(path: Path) -> int:
     return stat.S_IMODE(path.stat().st_mode)

@@ -13,6 +13,8 @@ import pytest
 from bot.config import ConfigError, Settings, load_settings
 from tests.conftest import REPO_ROOT
 
+pytestmark = [pytest.mark.process]
+
 SECRET = "a-secret-of-sufficient-length"
 
 

@@ -52,6 +52,8 @@ from tests.gitea_fixtures import (
 from tests.support import SECRET, serve_config
 from tests.test_process import ServeProcess
 
+pytestmark = [pytest.mark.process, pytest.mark.slow]
+
 AUTHORS = ("author-1", "author-2", "author-3", "author-4")
 USER_TOKENS = {
     **TOKENS,

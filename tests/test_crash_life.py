@@ -35,6 +35,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from bot import invariants
 from bot.config import load_settings
 from bot.config_writer import write_config
@@ -49,6 +51,8 @@ from tests.gitea_fixtures import BOT, OWNER, REPO, LiveEmulator, live_emulator, 
 from tests.support import SECRET, serve_config
 from tests.test_crash_burst import Burst, scratch  # noqa: F401 (the fixture)
 from tests.test_process import ServeProcess
+
+pytestmark = [pytest.mark.process, pytest.mark.slow]
 
 AUTHORS = ("author-1", "author-2", "author-3")
 CONTROLLER, REVIEWER, MERGER = "controller-bot", "reviewer-1", "merger-1"

@@ -13,6 +13,8 @@ import asyncio
 import sqlite3
 from pathlib import Path
 
+import pytest
+
 from bot import invariants
 from bot.config_writer import write_config
 from bot.verbs.bootstrap.faults import FAULT_EXIT_CODE, FAULT_STEP_ENV
@@ -24,6 +26,8 @@ from tests.support import SECRET
 from tests.test_crash_burst import Burst, scratch  # noqa: F401 (the fixture)
 from tests.test_crash_life import FULL_NAME, ROSTER, STEP_S, TOKENS, Lives, _config, agents
 from tests.test_process import ServeProcess
+
+pytestmark = [pytest.mark.process, pytest.mark.slow]
 
 
 async def test_a_kill_after_gitea_created_the_pull_request_is_answered_by_adopting_it(scratch: Path) -> None:  # noqa: F811

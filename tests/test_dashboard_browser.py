@@ -46,7 +46,8 @@ def _missing() -> str | None:
     return None
 
 
-pytestmark = pytest.mark.skipif(_missing() is not None, reason=_missing() or "")
+pytestmark = [pytest.mark.skipif(_missing() is not None, reason=_missing() or ""), pytest.mark.process,
+              pytest.mark.browser]
 
 
 @pytest.fixture(scope="module")

@@ -14,6 +14,8 @@ import pytest
 import bot.demo
 from tests.conftest import REPO_ROOT
 
+pytestmark = [pytest.mark.process, pytest.mark.slow]
+
 STEPS = ("gitea", "serve", "config", "webhook", "issue", "label", "candidate", "allocate", "bootstrap", "evidence",
          "loop", "mcp", "lock", "heartbeat", "state", "publish", "pr", "release", "claim", "review", "merge",
          "teardown")

@@ -19,6 +19,8 @@ from state.deliveries import DeliveryStore
 from tests.support import Started, payload, wait_status, webhook_headers
 from tests.test_process import ServeProcess
 
+pytestmark = [pytest.mark.process]
+
 
 def recording_router(calls: list[str]) -> OrderedRouter:
     router = OrderedRouter()

@@ -19,6 +19,8 @@ from bot.core.intake import Delivery, admit
 from tests.support import SECRET, Started, payload, raw_post, signed_headers, webhook_headers
 from tests.test_process import ServeProcess
 
+pytestmark = [pytest.mark.process]
+
 # --- a bad row fails alone --------------------------------------------------------------------------------------------
 
 

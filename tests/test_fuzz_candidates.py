@@ -14,10 +14,14 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import pytest
+
 from bot.cli.allocate import parse_candidates_option
 from bot.core.allocator import Candidate, InputError, normalize_candidates, normalize_exclusions
 from bot.core.errors import EnvelopeError
 from tests.work_count import counted
+
+pytestmark = [pytest.mark.slow]
 
 SEED = 20261212
 #: 8,000 inputs (16,000 calls): with this seed every class of input (``CLASSES``) appears at least 4 times, which

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import pytest
 from multidict import CIMultiDict
 
 from bot.core.canonical import HEADING_TEXT, MAX_COMMENT_CHARS, parse_comment
@@ -23,6 +24,8 @@ from bot.core.intake import KNOWN_EVENTS, MAX_JSON_SEPARATORS, Delivery, Rejecti
 from tests.support import SECRET, payload, raw_post, sign, webhook_headers
 from tests.test_process import ServeProcess
 from tests.work_count import counted
+
+pytestmark = [pytest.mark.process]
 
 SEED = 20261201
 INTAKE_INPUTS = 10_000

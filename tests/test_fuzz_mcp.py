@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pydantic_core
+import pytest
 from mcp import Client
 
 from bot.core.errors import ErrorKind
@@ -32,6 +33,8 @@ from state.db import Database
 from tests.test_mcp_server import mcp_settings
 from tests.test_verbs_table import CANARY, KIND_PROBES, LONE, VALID_STATE, base_arguments, nested, schema_verdict
 from tests.work_count import counted, json_values
+
+pytestmark = [pytest.mark.slow]
 
 SEED = 20260712
 CORPUS = 25_000

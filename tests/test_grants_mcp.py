@@ -39,6 +39,8 @@ from tests.support import free_port, offline_config
 from tests.test_grants import _lease_and_worktree
 from tests.test_mcp_stdio import TRANSPORTS, sessions_over
 
+pytestmark = [pytest.mark.process]
+
 AUTHOR_TOKEN = "tok-author-grants"  # an ordinary [mcp.tokens] token, for the unbound session
 READ = ("gitea_get_issue_state", {"issue_number": 8})
 BEAT = ("gitea_heartbeat_lease", {"issue_number": 8})

@@ -13,6 +13,8 @@ from bot.config import Settings
 from tests.support import payload, sign
 from tests.test_process import ServeProcess
 
+pytestmark = [pytest.mark.process]
+
 #: Short bounds for the tests (the defaults are 10 s and 15 s); each wait below allows several times them.
 READ_TIMEOUT_S = 1.5
 KEEPALIVE_S = 2.0

@@ -41,6 +41,8 @@ from tests.conftest import REPO_ROOT
 from tests.mcp_http_stub import GOOD_TOKEN, RATE_LIMITED_TOKEN
 from tests.support import free_port
 
+pytestmark = [pytest.mark.process]
+
 #: A hang detector, never a timing: every wait here ends long before it on any machine that works.
 HANG_S = 60.0
 

@@ -27,6 +27,8 @@ from tests.conftest import REPO_ROOT
 from tests.mcp_http_support import mcp_over_http, serve_process
 from tests.support import free_port, offline_config
 
+pytestmark = [pytest.mark.process]
+
 CANARY = [
     {"issue_number": 617, "title": "protected", "labels": ["priority:p0"], "created_at": "2026-07-01T10:00:00-05:00"},
     {"issue_number": 618, "title": "next", "labels": ["priority:p1"], "created_at": "2026-07-02T10:00:00-05:00"},

@@ -20,6 +20,8 @@ from tests.gitea_fixtures import OWNER, REPO, LiveEmulator, live_emulator, scrat
 from tests.support import SECRET, serve_config
 from tests.test_process import ServeProcess
 
+pytestmark = [pytest.mark.process]
+
 WIDGETS = f"{OWNER}/{REPO}"
 #: A repository owned by a user, not by the organization: an org hook never sees it, a system hook does.
 STRAY_OWNER, STRAY = "alice", "scratch"

@@ -14,6 +14,8 @@ import pytest
 
 from tests.conftest import REPO_ROOT
 
+pytestmark = [pytest.mark.process, pytest.mark.slow]
+
 UNIT = REPO_ROOT / "config" / "gitea-foreman.service"
 SHIPPED = ("foreman.toml", "foreman.example.toml", "gitea-foreman.service")
 

@@ -19,6 +19,8 @@ from bot.config_writer import Document, merged, write_config
 from tests.conftest import REPO_ROOT
 from tests.support import SECRET, emulator_sections, free_port, payload, webhook_headers
 
+pytestmark = [pytest.mark.process]
+
 
 class ServeProcess:
     """One service subprocess (tests/crash_service.py or `python -m bot serve`) and its files."""

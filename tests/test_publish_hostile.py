@@ -25,6 +25,8 @@ from tests.test_bootstrap_support import git
 from tests.test_process import ServeProcess
 from tests.world import EXTRA_TOKENS
 
+pytestmark = [pytest.mark.process]
+
 ROSTER = {"controller-bot": ["controller"], "author-1": ["author"]}
 
 

@@ -21,6 +21,8 @@ from tests.gitea_fixtures import BOT, OWNER, REPO, LiveEmulator, live_emulator, 
 from tests.support import SECRET, serve_config
 from tests.test_process import ServeProcess
 
+pytestmark = [pytest.mark.process]
+
 INTERVAL_S = 2.0
 #: What "within one reconcile interval after the restart" allows on top: the worker and outbox finishing.
 SLACK_S = 6.0

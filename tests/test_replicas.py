@@ -49,6 +49,8 @@ from tests.test_crash_burst import (
 )
 from tests.test_process import ServeProcess
 
+pytestmark = [pytest.mark.process]
+
 NOW = utcnow()
 
 

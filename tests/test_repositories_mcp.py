@@ -22,6 +22,8 @@ from tests.support import SECRET
 from tests.test_mcp_server import ALLOCATE, STATE, TOKENS, call
 from tests.test_mcp_stdio import foreman_mcp, foreman_mcp_command
 
+pytestmark = [pytest.mark.process]
+
 WIDGETS, GADGETS = "acme/widgets", "acme/gadgets"
 CONFIG = f"""
 [webhook]

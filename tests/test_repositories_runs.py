@@ -32,6 +32,8 @@ from tests.support import Started, payload, wait_status, webhook_headers
 from tests.test_grants import REPO, _lease_and_worktree
 from tests.test_grants_mcp import cli, grants_config
 
+pytestmark = [pytest.mark.process]
+
 WIDGETS = "acme/widgets"  # served first; the runs below are of REPO (org/repo), served second
 
 

@@ -30,6 +30,8 @@ from tests.support import SECRET, serve_config
 from tests.test_process import ServeProcess
 from tests.world import EXTRA_TOKENS
 
+pytestmark = [pytest.mark.process]
+
 SIBLING = "gadgets"
 UNLISTED = "unlisted"
 WIDGETS, GADGETS = f"{OWNER}/{REPO}", f"{OWNER}/{SIBLING}"

@@ -12,10 +12,13 @@ import urllib.request
 from pathlib import Path
 
 import aiohttp
+import pytest
 
 from tests.support import payload, raw_post, signed_headers
 from tests.test_fuzz_intake import LONG_HOLD_S, lag_buckets, long_holds, worst_lag
 from tests.test_process import ServeProcess
+
+pytestmark = [pytest.mark.process, pytest.mark.slow]
 
 DELIVERIES = 2_000
 MALFORMED_SHARE = 0.05
