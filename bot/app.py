@@ -21,6 +21,7 @@ from bot.core.intake import Delivery, Rejection, admit, content_encoding_refusal
 from bot.core.intake_burst import ArrivalWindow, BurstPolicy
 from bot.group_commit import GroupCommitWriter
 from bot.handler_deps import HandlerDeps
+from bot.http_server import read_body
 from bot.metrics import LoopLagMonitor, Metrics
 from bot.tasks import cancel_and_wait
 from bot.worker import Worker
@@ -434,36 +435,15 @@ class Service:
             self.metrics.intake_seconds.observe(time.perf_counter() - started)
 
     async def _read_body(self, request: web.Request) -> bytes | Rejection:
-        limit = self.settings.webhook.max_body_bytes
-        declared = request.content_length
-        if declared is not None and declared > limit:
-            return Rejection(413, "payload_too_large", f"Content-Length {declared} is over the limit {limit}")
+        webhook = self.settings.webhook
         # Before reading: aiohttp would try to decompress a body that claims a Content-Encoding.
-        refused = content_encoding_refusal(request.headers)
+        declared = request.content_length
+        refused = content_encoding_refusal(request.headers) if declared is None or declared <= \
+            webhook.max_body_bytes else None
         if refused is not None:
             return refused
-        chunks: list[bytes] = []
-        size = 0
-        timeout = self.settings.webhook.read_timeout_s
-        try:
-            async with asyncio.timeout(timeout):  # the whole body, however it trickles in
-                if declared is not None:  # aiohttp reads exactly the declared length (at most the limit): one call
-                    return await request.read()
-                async for chunk in request.content.iter_chunked(65536):
-                    size += len(chunk)
-                    if size > limit:
-                        return Rejection(413, "payload_too_large", f"body is over the limit of {limit} bytes")
-                    chunks.append(chunk)
-        except TimeoutError:
-            return Rejection(408, "request_timeout",
-                             f"the request body did not arrive within {timeout:g} s ([webhook] read_timeout_s)")
-        # The server's payload errors are web.RequestPayloadError (a broken chunk, a body cut short by a half-close:
-        # bot/http_server.py), not the client's ClientPayloadError; a connection lost has nobody left to answer.
-        except (web.RequestPayloadError, aiohttp.ClientPayloadError) as exc:
-            return Rejection(400, "bad_body", f"the request body could not be read: {exc}")
-        except ConnectionResetError:
-            return Rejection(400, "bad_body", "the connection was lost before the request body ended")
-        return b"".join(chunks)
+        return await read_body(request, limit=webhook.max_body_bytes, timeout_s=webhook.read_timeout_s,
+                               setting="[webhook] read_timeout_s", read_declared=True)
 
     async def _intake(self, request: web.Request) -> web.Response:
         body = await self._read_body(request)

@@ -8,18 +8,22 @@ one line; a server fault (a 500) is still aiohttp's answer and its ERROR traceba
 
 Time: aiohttp has one timer for a connection waiting for a request's head, idle or half-sent, its keep-alive
 (``[server] keepalive_timeout_s``, passed as ``keepalive_timeout``): a client that connects and stalls is cut when
-it expires. A webhook's body is bounded by ``[webhook] read_timeout_s`` where it is read (``Service._read_body``).
+it expires. A request's body is bounded in size and time where it is read (``read_body``: the webhook door's
+``[webhook]`` bounds, ``/mcp``'s ``[mcp]`` ones).
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import Any
 
+import aiohttp
 import orjson
 from aiohttp import StreamReader, web, web_protocol
 
 from bot.config import Settings
+from bot.core.intake import Rejection
 
 log = logging.getLogger("foreman.http")
 
@@ -120,3 +124,34 @@ class ServiceRunner(web.AppRunner):
             raise TypeError(f"aiohttp built a {type(server).__name__}, not web.Server: update bot/http_server.py")
         server.__class__ = _Server
         return server
+
+
+async def read_body(request: web.Request, *, limit: int, timeout_s: float, setting: str,
+                    read_declared: bool = False) -> bytes | Rejection:
+    """A request's body, at most ``limit`` bytes, whole within ``timeout_s`` however it trickles in; else the
+    refusal: 413 over the size (declared or streamed), 408 over the time (naming ``setting``), 400 for a body that
+    cannot be read. ``read_declared``: a body of declared length is read in one call (the app's ``client_max_size``
+    must cover ``limit``)."""
+    declared = request.content_length
+    if declared is not None and declared > limit:
+        return Rejection(413, "payload_too_large", f"Content-Length {declared} is over the limit {limit}")
+    chunks: list[bytes] = []
+    size = 0
+    try:
+        async with asyncio.timeout(timeout_s):
+            if declared is not None and read_declared:
+                return await request.read()
+            async for chunk in request.content.iter_chunked(65536):
+                size += len(chunk)
+                if size > limit:
+                    return Rejection(413, "payload_too_large", f"body is over the limit of {limit} bytes")
+                chunks.append(chunk)
+    except TimeoutError:
+        return Rejection(408, "request_timeout", f"the request body did not arrive within {timeout_s:g} s ({setting})")
+    # The server's payload errors are web.RequestPayloadError (a broken chunk, a body cut short by a half-close:
+    # BodyCutShort), not the client's ClientPayloadError; a connection lost has nobody left to answer.
+    except (web.RequestPayloadError, aiohttp.ClientPayloadError) as exc:
+        return Rejection(400, "bad_body", f"the request body could not be read: {exc}")
+    except ConnectionResetError:
+        return Rejection(400, "bad_body", "the connection was lost before the request body ended")
+    return b"".join(chunks)

@@ -33,6 +33,8 @@ from mcp.server.transport_security import TransportSecuritySettings
 
 from bot.config import Settings
 from bot.core.errors import EnvelopeError
+from bot.core.intake import Rejection
+from bot.http_server import read_body
 from bot.verbs.runs.start import is_run_token, token_digest
 from state.db import Database
 from state.grants import GrantStore
@@ -477,33 +479,17 @@ async def _build_server(principal: Principal, http: McpHttp) -> Server[Any] | No
 
 
 async def _read_body(request: web.Request, limit: int, timeout_s: float) -> bytes | Refusal:
-    """The request's body, at most ``limit`` bytes within ``timeout_s`` (413 beyond the size, 408 beyond the time,
-    400 for a body that cannot be read)."""
-    def too_large(size: str) -> Refusal:
-        return _refusal(413, None, "payload_too_large", f"the body is {size}, over [mcp] max_body_bytes ({limit})",
-                        "Send smaller messages: one JSON-RPC message per request.",
-                        "split the batch or shorten the arguments and send again")
-
-    declared = request.content_length
-    if declared is not None and declared > limit:
-        return too_large(f"{declared} bytes")
-    chunks: list[bytes] = []
-    size = 0
-    try:
-        async with asyncio.timeout(timeout_s):  # the whole body, however it trickles in
-            async for chunk in request.content.iter_chunked(65536):
-                size += len(chunk)
-                if size > limit:
-                    return too_large("longer")
-                chunks.append(chunk)
-    except TimeoutError:
-        return _refusal(408, None, "request_timeout",
-                        f"the request body did not arrive within {timeout_s:g} s ([mcp] read_timeout_s)",
-                        "Send the whole body at once.", "send the request again")
-    except Exception as exc:  # a truncated chunked body, a broken transfer coding, a reset
-        return _refusal(400, None, "bad_body", f"the request body could not be read: {type(exc).__name__}",
-                        "Send the whole body (Content-Length or a complete chunked body).", "send the request again")
-    return b"".join(chunks)
+    """The request's body within ``[mcp]``'s bounds (``bot.http_server.read_body``), or its refusal with the next
+    action."""
+    body = await read_body(request, limit=limit, timeout_s=timeout_s, setting="[mcp] read_timeout_s")
+    if not isinstance(body, Rejection):
+        return body
+    remediate, next_action = {
+        413: ("Send smaller messages: one JSON-RPC message per request ([mcp] max_body_bytes).",
+              "split the batch or shorten the arguments and send again"),
+        408: ("Send the whole body at once.", "send the request again"),
+    }.get(body.status, ("Send the whole body (Content-Length or a complete chunked body).", "send the request again"))
+    return _refusal(body.status, None, body.error, body.message, remediate, next_action)
 
 
 async def _answerable(body: bytes) -> bytes:
