@@ -915,7 +915,7 @@ class ControlCheckout:
     def unlock_worktree(self, path: Path) -> None:
         self.git.attempt("worktree", "unlock", str(path))
 
-    def remove_worktree(self, path: Path, *, force: bool) -> None:
+    def remove_worktree(self, path: Path, *, force: bool, made_from: str | None = None) -> None:
         """Remove a worktree and its registration. A worktree still on disk is verified first (``WorktreeRefused``:
         nothing removed); without ``force`` it must also be clean, as ``worktree_status`` (hardened, ignored files
         included) says, else GitFailure and nothing is removed. Then the files of its commit are removed by
@@ -935,8 +935,11 @@ class ControlCheckout:
             # git's own removal walks the tree by path (dir.c, remove_dir_recurse): a directory swapped for a link
             # after it was looked at would be followed. The service removes what its commit proves it made, by
             # descriptor, and keeps anything else (an agent's file that appeared since the check): WorktreeKept.
-            head = worktree_head(self, path)
-            kept = worktree_access.remove_tracked_tree(path, self.tree_files(head) if head else {})
+            # ``made_from``: the commit the worktree was checked out from, when its HEAD may not be readable (a
+            # compensation that deleted the branch first); the files of either are the service's.
+            commits = {c for c in (worktree_head(self, path), made_from) if c}
+            tracked = {name for commit in commits if self.rev(commit) for name in self.tree_files(commit)}
+            kept = worktree_access.remove_tracked_tree(path, tracked)
             if kept:
                 raise WorktreeKept(path, kept)
         self.git.run("worktree", "remove", "--force", str(path))  # the directory is gone: its registration goes

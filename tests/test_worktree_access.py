@@ -5,6 +5,7 @@ from __future__ import annotations
 import grp
 import os
 import stat
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -206,3 +207,19 @@ def test_an_entry_that_vanishes_or_changes_while_it_is_removed_is_skipped_or_kep
     monkeypatch.setattr(os, "stat", racing_stat)  # the module calls os.stat (one os module)
     kept = access.remove_tracked_tree(worktree, {"a.txt", "b.txt"})
     assert kept == ["b.txt"] and (worktree / "b.txt").is_dir() and not (worktree / "a.txt").exists()
+
+
+def test_a_compensation_whose_branch_is_gone_still_removes_the_checkout_it_made(scene: Any) -> None:  # noqa: F811
+    """The branch deleted first (HEAD unreadable): the files of the commit the worktree was made from are still the
+    service's to remove; without it nothing could be proven and everything was kept."""
+    from bot import gitops
+
+    checkout, worktree = scene.checkout, scene.worktree
+    base = checkout.rev("main")
+    checkout.unlock_worktree(worktree)
+    subprocess.run(["git", "-C", str(checkout.path), "update-ref", "-d", "refs/heads/issue-1-hostile"],
+                          check=True)
+    with pytest.raises(gitops.WorktreeKept):
+        checkout.remove_worktree(worktree, force=True)  # nothing proves README.md is the service's
+    checkout.remove_worktree(worktree, force=True, made_from=base)
+    assert not worktree.exists() and checkout.listed_worktree_at(worktree) is None

@@ -177,7 +177,7 @@ class GitSteps(RunState):
         try:
             if entry is not None and entry.locked == reason and has_dir:
                 self.checkout.unlock_worktree(path)
-                self.checkout.remove_worktree(path, force=force)
+                self.checkout.remove_worktree(path, force=force, made_from=t.base_sha or None)
                 removed.append("registration")
             if os.path.lexists(path) and path.is_dir() and not path.is_symlink():
                 # No registration left to read a commit from: what the service checked out is the pinned base's.
