@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     from bot.outbox import OutboxGitea, OutboxHooks, OutboxSender
     from bot.reconcile import Reconciler
     from bot.verbs.runs.auto_teardown import TeardownLoop
-    from bot.verbs.runtime import Caller, VerbResult
+    from bot.verbs.runtime import VerbRuntime
 
 log = logging.getLogger("foreman.app")
 
@@ -65,6 +65,11 @@ class RepositoryBundle:
     reconciler: Reconciler | None = None
     run_teardowns: TeardownLoop | None = None
     hooks: OutboxHooks | None = None
+
+    @property
+    def door(self) -> VerbRuntime[GiteaClient]:
+        """The repository's one door to the verbs (built with its dependencies, renewed with its Gitea client)."""
+        return self.deps.door
 
 
 @dataclass
@@ -145,7 +150,8 @@ class Service:
 
         assert self.http is not None
         bundle.gitea = client_for(self.http, bundle.settings)
-        bundle.deps = dataclasses.replace(bundle.deps, gitea=bundle.gitea)
+        bundle.deps = dataclasses.replace(bundle.deps, gitea=bundle.gitea, door=self._door(bundle.settings,
+                                                                                             bundle.gitea))
 
     def _reroute(self) -> None:
         """The worker's routes from the served bundles (replaced, never mutated: a running loop keeps its own)."""
@@ -216,8 +222,17 @@ class Service:
             settings=settings,
             db=self.db,
             bot_login=lambda: self.bot_login or "",
+            door=self._door(settings, None),
             outbox_wakeup=self.outbox_wakeup,
         )
+
+    def _door(self, settings: Settings, gitea: GiteaClient | None) -> VerbRuntime[GiteaClient]:
+        """The one door of a served repository (its settings view and Gitea client), handed to every surface:
+        comment commands and auto-allocation (through the handlers' dependencies), MCP over HTTP, catch-up's
+        allocation, the runs' teardown loop. The bot's login is set again when the service learns it."""
+        from bot.verbs.catalog import open_door
+
+        return open_door(self.db, settings, gitea, bot_login=self.bot_login or "", wakeup=self.outbox_wakeup)
 
     def outbox_wakeup(self) -> None:
         """Tell the sender that new outbox entries were committed (it also polls)."""
@@ -288,8 +303,7 @@ class Service:
             from bot.verbs.auto_allocate import auto_allocate
 
             with acting_for(bundle.key):
-                await auto_allocate(self.db, settings, gitea, bot_login=self.bot_login or "", trigger="catch_up",
-                                    wakeup=self.outbox_wakeup)
+                await auto_allocate(bundle.deps.door, trigger="catch_up")
             self.outbox_wakeup()
 
         repository = settings.repository
@@ -312,24 +326,16 @@ class Service:
         expiry is the passing of time, which no webhook or call announces, so the service checks at start-up and
         on an interval."""
         from bot.verbs.runs.auto_teardown import TeardownLoop
-        from bot.verbs.runtime import VerbRuntime
 
-        service = self
-
-        class Door:
-            async def call(self, verb_name: str, caller: Caller, arguments: Mapping[str, object]) -> VerbResult:
-                runtime = VerbRuntime(db=service.db, settings=bundle.settings, gitea=bundle.gitea,
-                                      bot_login=service.bot_login or "", wakeup=service.outbox_wakeup)
-                return await runtime.call(verb_name, caller, arguments)
-
-        return TeardownLoop(self.db, bundle.settings, Door(),
+        return TeardownLoop(self.db, bundle.settings, bundle.deps.door,
                             interval_s=bundle.settings.lifecycle.run_teardown_interval_s, on_ran=self.outbox_wakeup,
                             served=tuple(self.repositories))
 
     async def _recover_bootstraps(self) -> None:
         """Worktree bootstraps a killed process left open are finished or compensated (docs/bootstrap.md), in
         each served repository."""
-        from bot.verbs.bootstrap import BootstrapContext, recover_open_transitions
+        from bot.verbs.bootstrap import BootstrapContext
+        from bot.verbs.bootstrap.recovery import recover_open_transitions
 
         for bundle in self.repositories.values():
             context = BootstrapContext(db=self.db, settings=bundle.settings, gitea=bundle.gitea,
@@ -406,6 +412,8 @@ class Service:
             if self.bot_login and login.lower() != self.bot_login.lower():
                 log.warning("gitea.bot_login is %s but the token belongs to %s; using %s", self.bot_login, login, login)
             self.bot_login = login
+            for bundle in self.repositories.values():
+                bundle.deps.door.bot_login = login
             status = GiteaStatus(True, "ok", login=login)
         status.checked_at = time.time()
         self.gitea_status = status

@@ -13,6 +13,7 @@ from state.db import Database
 
 if TYPE_CHECKING:
     from bot.gitea import GiteaClient
+    from bot.verbs.runtime import VerbRuntime
 
 PERMISSION_TTL_S = 60.0
 
@@ -64,11 +65,13 @@ class HandlerDeps:
 
     ``gitea`` is None until the client exists (no token: no client at all); ``bot_login`` is read when needed,
     because the service learns the login from Gitea after start. ``permissions`` lives as long as the service.
+    ``door`` is the repository's one door to the verbs (comment commands and auto-allocation go through it).
     """
 
     settings: Settings
     db: Database
     bot_login: Callable[[], str]
+    door: VerbRuntime[GiteaClient]
     outbox_wakeup: Callable[[], None] = _nothing
     gitea: GiteaClient | None = None
     permissions: PermissionCache = field(default_factory=PermissionCache)

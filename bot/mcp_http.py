@@ -43,7 +43,7 @@ if TYPE_CHECKING:
     from mcp.server import Server
 
     from bot.metrics import Metrics
-    from bot.verbs.runtime import VerbRuntime, VerbsGitea
+    from bot.verbs.runtime import VerbRuntime
 
 log = logging.getLogger("foreman.mcp.http")
 
@@ -67,6 +67,8 @@ class McpRepository(Protocol):
     def settings(self) -> Settings: ...
     @property
     def gitea(self) -> Any: ...
+    @property
+    def door(self) -> VerbRuntime[Any]: ...
 
 
 class McpHost(Protocol):
@@ -204,7 +206,6 @@ class McpHttp:
         self.throttle = AuthThrottle(config.auth_failures_per_minute)
         self._build = build or _build_server
         self._endpoints: dict[str, _Endpoint] = {}
-        self._runtimes: dict[str, VerbRuntime] = {}
         self._creating = asyncio.Lock()
         self._last_sweep = 0.0
         self._sweeps: set[asyncio.Task[None]] = set()
@@ -231,24 +232,10 @@ class McpHttp:
                 return Principal(key=f"run:{record.run_id}", run_token=token)
         return None
 
-    def runtimes(self) -> dict[str, VerbRuntime]:
-        """One verb runtime per served repository (each with its settings view and Gitea client), kept for the
-        service's life; the bot's login is refreshed from the service's probe on every use."""
-        from bot.verbs.runtime import VerbRuntime
-
-        host = self.host
-        bot_login = host.bot_login or host.settings.gitea.bot_login or ""
-        for key, bundle in host.repositories.items():
-            runtime = self._runtimes.get(key)
-            gitea: VerbsGitea | None = bundle.gitea
-            if runtime is None or runtime.gitea is not gitea or runtime.settings is not bundle.settings:
-                runtime = VerbRuntime(db=host.db, settings=bundle.settings, gitea=gitea, bot_login=bot_login,
-                                      wakeup=host.outbox_wakeup)
-                self._runtimes[key] = runtime
-            runtime.bot_login = bot_login
-        for key in [key for key in self._runtimes if key not in host.repositories]:
-            del self._runtimes[key]
-        return {key: self._runtimes[key] for key in host.repositories}
+    def runtimes(self) -> dict[str, VerbRuntime[Any]]:
+        """The door of each served repository, as the service built it (its settings view, Gitea client and bot
+        login, which the service keeps current)."""
+        return {key: bundle.door for key, bundle in self.host.repositories.items()}
 
     async def _endpoint(self, principal: Principal) -> _Endpoint | Refusal:
         """The principal's endpoint, started if need be, counted in flight (the caller ends the count): a sweep never

@@ -133,7 +133,7 @@ class RepositoryDoor:
     """One repository an identity works in: that repository's runtime (its settings view, its Gitea client) and
     the identity as that repository's roster knows it."""
 
-    runtime: VerbRuntime
+    runtime: VerbRuntime[Any]
     caller: Caller
 
 
@@ -189,7 +189,7 @@ Around = Callable[[str, dict[str, Any], RunVerb], Awaitable[tuple[dict[str, Any]
 
 
 def build_server(
-    runtime: VerbRuntime,
+    runtime: VerbRuntime[Any],
     caller: Caller,
     *,
     around: Around | None = None,
@@ -355,7 +355,7 @@ class RunBinding:
             "inflight_unresolved or broker_error); a refused call cannot be retried differently."
         )
 
-    def build_server(self, runtime: VerbRuntime) -> Server[Any]:
+    def build_server(self, runtime: VerbRuntime[Any]) -> Server[Any]:
         repository = f"{runtime.settings.repository.owner}/{runtime.settings.repository.name}"
         return build_server(
             runtime,
@@ -366,7 +366,7 @@ class RunBinding:
         )
 
 
-async def bind_run(runtime: VerbRuntime, token: str | None) -> RunBinding | None:
+async def bind_run(runtime: VerbRuntime[Any], token: str | None) -> RunBinding | None:
     """The run a run token names (None: not a run token, or no run has it). The session serves the run's owner
     (roster roles from the configuration); the token never names an identity of its own."""
     if token is None or not is_run_token(token) or _utf8(token) is None:
@@ -381,7 +381,7 @@ async def bind_run(runtime: VerbRuntime, token: str | None) -> RunBinding | None
 @asynccontextmanager
 async def open_runtime(
     settings: Settings, *, bootstrap_factory: BootstrapFactory | None = None, wakeup: Callable[[], None] | None = None
-) -> AsyncIterator[VerbRuntime]:
+) -> AsyncIterator[VerbRuntime[Any]]:
     """A runtime over the configured database and (when a token is configured) Gitea, closed afterwards."""
     async with open_runtimes(settings, [settings.repo_key], bootstrap_factory=bootstrap_factory,
                              wakeup=wakeup) as runtimes:
@@ -392,24 +392,24 @@ async def open_runtime(
 async def open_runtimes(
     settings: Settings, keys: Sequence[str], *, bootstrap_factory: BootstrapFactory | None = None,
     wakeup: Callable[[], None] | None = None,
-) -> AsyncIterator[dict[str, VerbRuntime]]:
+) -> AsyncIterator[dict[str, VerbRuntime[Any]]]:
     """One runtime per served repository in ``keys`` (each with its settings view and its own client), over one
     database and one HTTP session, closed afterwards."""
     import aiohttp
 
     from bot.gitea import client_for
+    from bot.verbs.catalog import open_door
 
     db = await open_database(settings.database)
     try:
         async with aiohttp.ClientSession() as session:
-            runtimes: dict[str, VerbRuntime] = {}
+            runtimes: dict[str, VerbRuntime[Any]] = {}
             for key in keys:
                 view = settings.for_repository(key)
-                runtime = VerbRuntime(db=db, settings=view, gitea=client_for(session, view),
-                                      bot_login=settings.gitea.bot_login or "")
+                runtime = open_door(db, view, client_for(session, view), bot_login=settings.gitea.bot_login or "",
+                                    wakeup=wakeup)
                 if bootstrap_factory is not None:
                     runtime.bootstrap_factory = bootstrap_factory
-                runtime.wakeup = wakeup
                 runtimes[key] = runtime
             yield runtimes
     finally:
@@ -426,8 +426,8 @@ def repositories_of(settings: Settings, login: str) -> list[str]:
 
 
 async def run_binding_of(
-    runtimes: Mapping[str, VerbRuntime], token: str | None
-) -> tuple[VerbRuntime, RunBinding] | None:
+    runtimes: Mapping[str, VerbRuntime[Any]], token: str | None
+) -> tuple[VerbRuntime[Any], RunBinding] | None:
     """The run a run token names, bound through its grant's repository's runtime (a sealed grant is bound to
     its repository: its policy template and roster are that repository's). A run of a repository this process
     does not serve is refused (EnvelopeError), never bound through another repository's runtime. Both transports

@@ -8,7 +8,8 @@ from gidgethub import sansio
 
 from bot.core.dispatch import OrderedRouter
 from bot.core.vocabulary import label_for_state
-from bot.verbs.auto_allocate import TRIGGER_ACTION, TRIGGER_EVENT, auto_allocate
+from bot.verbs.auto_allocate import auto_allocate
+from bot.verbs.triggers import TRIGGER_ACTION, TRIGGER_EVENT
 from bot.worker import HandlerContext
 
 router = OrderedRouter()
@@ -30,10 +31,7 @@ async def on_ready_label(event: sansio.Event, ctx: HandlerContext) -> None:
     names = {label.get("name") for label in issue.get("labels") or [] if isinstance(label, dict)}
     if label_for_state("ready") not in names:
         return
-    report = await auto_allocate(
-        deps.db, deps.settings, deps.gitea, bot_login=deps.bot_login(), trigger="ready_label",
-        delivery_id=event.delivery_id, wakeup=deps.outbox_wakeup,
-    )
+    report = await auto_allocate(deps.door, trigger="ready_label", delivery_id=event.delivery_id)
     ctx.log.info("auto-allocation: leased %s, resumed %s, blocked %s, waiting %s",
                  report.leased, report.resumed, report.blocked, report.waiting)
     if report.outbox:
@@ -49,10 +47,7 @@ async def on_queued_trigger(event: sansio.Event, ctx: HandlerContext) -> None:
     if not deps.settings.auto_allocation() or deps.gitea is None:
         return
     trigger = str(data.get("trigger") or "queued")[:40]
-    report = await auto_allocate(
-        deps.db, deps.settings, deps.gitea, bot_login=deps.bot_login(), trigger=trigger,
-        delivery_id=event.delivery_id, wakeup=deps.outbox_wakeup,
-    )
+    report = await auto_allocate(deps.door, trigger=trigger, delivery_id=event.delivery_id)
     ctx.log.info("auto-allocation (%s): leased %s, resumed %s, blocked %s, waiting %s", trigger,
                  report.leased, report.resumed, report.blocked, report.waiting)
     if report.outbox:

@@ -46,8 +46,7 @@ async def _after(ctx: HandlerContext, event: sansio.Event, report: TeardownRepor
     if report.status == "done" and report.ended:
         deps = ctx.deps
         trigger = _TRIGGERS.get(str(report.outcome.get("reason")), "teardown")
-        auto = await auto_allocate_after(deps.db, deps.settings, deps.gitea, bot_login=deps.bot_login(),
-                                         trigger=trigger, delivery_id=event.delivery_id, wakeup=deps.outbox_wakeup)
+        auto = await auto_allocate_after(deps.door, trigger=trigger, delivery_id=event.delivery_id)
         if auto is not None:
             ctx.log.info("auto-allocation after the teardown (%s): %s", trigger, auto)
 

@@ -14,7 +14,7 @@ from bot.core.errors import Envelope
 from bot.core.evidence import render_evidence, render_failure
 from bot.core.verbs import COMMANDS, Verb
 from bot.core.vocabulary import MAX_ISSUE_NUMBER, is_issue_number
-from bot.verbs.runtime import VerbResult, VerbRuntime, caller_for
+from bot.verbs.runtime import VerbResult, caller_for
 from bot.worker import HandlerContext
 from state.outbox import OutboxIntent, OutboxStore
 from state.reconcile import CommandClaims
@@ -245,13 +245,7 @@ async def on_command(event: sansio.Event, ctx: HandlerContext) -> None:
         )
         body = render_failure(key=key, what=f"`{word}`", envelope=envelope, evidence={"comment": comment_id})
     else:
-        runtime = VerbRuntime(
-            db=db,
-            settings=settings,
-            gitea=ctx.deps.gitea,
-            bot_login=ctx.deps.bot_login(),
-            wakeup=ctx.deps.outbox_wakeup,
-        )
+        runtime = ctx.deps.door
         arguments = dict(command.arguments)
         if command.verb.issue_scoped:
             arguments["issue_number"] = number

@@ -12,6 +12,7 @@ from mcp import Client
 
 from bot.core.bootstrap import branch_for
 from bot.mcp_server import build_server
+from bot.verbs.catalog import open_door
 from bot.verbs.runtime import VerbRuntime, caller_for
 from state.leases import LeaseStore
 from tests.gitea_fixtures import OWNER, REPO
@@ -40,7 +41,7 @@ class InReview:
 
 def runtime(world: World) -> VerbRuntime:
     service = world.service
-    return VerbRuntime(db=service.db, settings=service.settings, gitea=service.gitea, bot_login="foreman-bot",
+    return open_door(db=service.db, settings=service.settings, gitea=service.gitea, bot_login="foreman-bot",
                        wakeup=service.outbox_wakeup)
 
 

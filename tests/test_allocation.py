@@ -17,7 +17,8 @@ from bot.config import Settings
 from bot.config_writer import write_config
 from bot.core.canonical import parse_comment
 from bot.verbs.allocate import AllocationCall, Allocator, depends_on
-from bot.verbs.runtime import VerbRuntime, caller_for, no_bootstrap
+from bot.verbs.catalog import open_door
+from bot.verbs.runtime import caller_for, no_bootstrap
 from state.db import Database
 from state.leases import LeaseStore
 from state.outbox import OutboxStore
@@ -235,7 +236,7 @@ async def test_the_database_itself_refuses_a_second_live_lease(allocator: Alloca
 async def test_only_controllers_allocate_and_only_roster_owners_receive(allocator: Allocator) -> None:
     """A non-controller is not_authorized (at the door, the verb's role gate); an owner without the
     action's role is refused (by the allocator)."""
-    door = VerbRuntime(db=allocator.db, settings=allocator.settings, bot_login="foreman-bot",
+    door = open_door(db=allocator.db, settings=allocator.settings, bot_login="foreman-bot",
                        bootstrap_factory=no_bootstrap)
     by_author = await door.call("allocate_next_work", caller_for(allocator.settings, "author-1", "mcp"),
                                 {"owner": "author-1", "candidates_json": CANARY, "dry_run": False})

@@ -14,7 +14,8 @@ from bot.core.canonical import parse_comment
 from bot.core.evidence import find_marker
 from bot.mcp_server import build_server
 from bot.verbs.allocate import AllocationCall, Allocator
-from bot.verbs.runtime import VerbRuntime, bootstrap_through_door, caller_for
+from bot.verbs.catalog import open_door
+from bot.verbs.runtime import caller_for
 from state.db import utcnow
 from state.journal import JournalStore
 from state.leases import LeaseStore
@@ -77,7 +78,7 @@ def waiting_state(world: World, number: int) -> Any:
 
 async def release(world: World, login: str, number: int) -> None:
     service = world.service
-    runtime = VerbRuntime(db=service.db, settings=service.settings, gitea=service.gitea, bot_login="foreman-bot",
+    runtime = open_door(db=service.db, settings=service.settings, gitea=service.gitea, bot_login="foreman-bot",
                           wakeup=service.outbox_wakeup)
     async with Client(build_server(runtime, caller_for(service.settings, login, "mcp"))) as client:
         result = await client.call_tool("gitea_release_lease", {"issue_number": number, "reason": "done"})
@@ -154,8 +155,8 @@ async def test_a_replayed_or_caught_up_ready_label_never_leases_twice(world: Wor
     # A catch-up run (what start-up and the periodic sweep call) on the same state.
     from bot.verbs.auto_allocate import auto_allocate
 
-    report = await auto_allocate(world.service.db, world.service.settings, world.service.gitea,
-                                 bot_login="foreman-bot", trigger="catch_up")
+    report = await auto_allocate(open_door(world.service.db, world.service.settings, world.service.gitea,
+                                           bot_login="foreman-bot"), trigger="catch_up")
     await world.settle()
     assert report.leased == [] and sorted(report.waiting) == [4, 5]
     store = LeaseStore(world.service.db)
@@ -170,8 +171,8 @@ async def test_an_expired_lease_frees_its_author_for_the_next_ready_issue(world:
     from bot.verbs.auto_allocate import auto_allocate
 
     later = utcnow() + timedelta(seconds=world.service.settings.allocator.lease_ttl_s + 1)
-    report = await auto_allocate(world.service.db, world.service.settings, world.service.gitea,
-                                 bot_login="foreman-bot", trigger="catch_up", now=later)
+    report = await auto_allocate(open_door(world.service.db, world.service.settings, world.service.gitea,
+                                           bot_login="foreman-bot"), trigger="catch_up", now=later)
     await world.settle()
     # Every lease expired: the three authors are idle again; #4 and #5 go to the two longest idle of them.
     assert sorted(report.leased) == [4, 5], report.to_dict()
@@ -255,7 +256,8 @@ async def test_start_up_recovery_bootstraps_a_lease_whose_process_died_before_it
     transition at all: `recover_open_transitions` (what `foreman serve` runs at start) bootstraps it, and
     `foreman invariants`' `leases.bootstrapped` holds again."""
     from bot import invariants
-    from bot.verbs.bootstrap import BootstrapContext, recover_open_transitions
+    from bot.verbs.bootstrap import BootstrapContext
+    from bot.verbs.bootstrap.recovery import recover_open_transitions
 
     service = world.service
     world.live.emulator.create_issue(OWNER, REPO, title="Crashed", author="alice", labels=["status:ready"])
@@ -291,7 +293,7 @@ async def test_an_allocation_without_an_owner_goes_to_the_next_idle_author(tmp_p
         service = world.service
         await Allocator(service.db, service.settings, service.gitea, bot_login="foreman-bot").run(
             AllocationCall(actor="controller-bot", owner="author-1", dry_run=False))
-        runtime = VerbRuntime(db=service.db, settings=service.settings, gitea=service.gitea, bot_login="foreman-bot")
+        runtime = open_door(db=service.db, settings=service.settings, gitea=service.gitea, bot_login="foreman-bot")
         controller = caller_for(service.settings, "controller-bot", "mcp")
         result = await runtime.call("allocate_next_work", controller, {"dry_run": False})
         assert result.ok, result.doc
@@ -315,7 +317,7 @@ async def test_a_controllers_stated_exclusions_stand_for_auto_allocation_until_i
         emu = world.live.emulator
         emu.create_issue(OWNER, REPO, title="Canary", author="alice", labels=["priority:p0"])
         service = world.service
-        runtime = VerbRuntime(db=service.db, settings=service.settings, gitea=service.gitea, bot_login="foreman-bot")
+        runtime = open_door(db=service.db, settings=service.settings, gitea=service.gitea, bot_login="foreman-bot")
         controller = caller_for(service.settings, "controller-bot", "mcp")
         stated = await runtime.call("allocate_next_work", controller, {"owner": "author-1",
                                                                        "exclude_issue_numbers": [1],
@@ -418,15 +420,17 @@ async def test_a_leases_effects_and_its_bootstrap_evidence_wake_the_sender_when_
         async def bootstrap(*args: Any, **kwargs: Any) -> Any:
             seen.append("bootstrap")
             try:
-                return await bootstrap_through_door(*args, **kwargs)
+                return await original(*args, **kwargs)
             finally:
                 seen.append("bootstrap returned")
 
-        monkeypatch.setattr(allocate, "bootstrap_through_door", bootstrap)
+        from bot.verbs.bootstrap.service import bootstrap_for_owner as original
+        monkeypatch.setattr(allocate, "bootstrap_for_owner", bootstrap)
         settings = service.settings.model_copy(update={"allocator": service.settings.allocator.model_copy(
             update={"auto": True})})
-        report = await auto_allocate(service.db, settings, service.gitea, bot_login="foreman-bot", trigger="test",
-                                     wakeup=lambda: seen.append("wake"))
+        door = open_door(service.db, settings, service.gitea, bot_login="foreman-bot",
+                         wakeup=lambda: seen.append("wake"))
+        report = await auto_allocate(door, trigger="test")
         assert report.leased == [1]
         assert seen[:4] == ["wake", "bootstrap", "wake", "bootstrap returned"], seen
         keys = [e.key.split(":")[-1] for e in sorted(await service.outbox.list(limit=100), key=lambda e: e.id)]

@@ -24,7 +24,10 @@ from bot.config_writer import Document, merged, write_config
 from bot.core.bootstrap import branch_for
 from bot.gitea import GiteaClient
 from bot.verbs.bootstrap import BootstrapContext, BootstrapResult, ensure_control_checkout
-from bot.verbs.runtime import bootstrap_through_door, caller_for
+from bot.verbs.bootstrap.refusals import refused_result
+from bot.verbs.catalog import open_door
+from bot.verbs.runtime import Caller, VerbRuntime, WorktreeBootstrap, caller_for
+from bot.verbs.worktree import BootstrapService
 from state.db import Database, utcnow
 from state.leases import Lease, LeaseStore
 from tests.conftest import REPO_ROOT
@@ -154,6 +157,7 @@ class BootstrapWorld:
         arguments = {"issue_number": number, **{k: v for k, v in options.items() if v is not None}}
         return await bootstrap_through_door(self.ctx, caller_for(self.settings, caller, "mcp"), arguments)
 
+
     def rows(self, sql: str, *params: Any) -> list[tuple[Any, ...]]:
         with sqlite3.connect(self.settings.database.path) as conn:
             return conn.execute(sql, params).fetchall()
@@ -218,3 +222,21 @@ async def open_bootstrap_world(
         finally:
             await db.close()
             shutil.rmtree(root, ignore_errors=True)
+
+
+async def bootstrap_through_door(ctx: BootstrapContext, caller: Caller, arguments: Mapping[str, object]) -> (
+    BootstrapResult
+):
+    """The bootstrap verb through a door over ``ctx`` (its Gitea, clock and caches), as an MCP call runs it: the
+    transition's typed result, or the door's refusal as a refused one."""
+    async def over_ctx(runtime: VerbRuntime[Any]) -> WorktreeBootstrap | None:
+        return BootstrapService(ctx)
+
+    door = open_door(ctx.db, ctx.settings, ctx.gitea, bot_login=ctx.bot_login or "", clock=ctx.clock,
+                     bootstrap_factory=over_ctx)
+    result = await door.call("bootstrap_issue_worktree", caller, arguments)
+    if isinstance(result.outcome, BootstrapResult):
+        return result.outcome
+    issue, key = arguments.get("issue_number"), arguments.get("idempotency_key")
+    assert result.refusal is not None, result.doc
+    return refused_result(issue if isinstance(issue, int) else 0, result.refusal, key if isinstance(key, str) else None)

@@ -10,7 +10,8 @@ from typing import Any
 import pytest
 
 from bot.dashboard import model
-from bot.verbs.runtime import VerbRuntime, caller_for
+from bot.verbs.catalog import open_door
+from bot.verbs.runtime import caller_for
 from tests.gitea_fixtures import OWNER, REPO
 from tests.support import Started
 from tests.world import World, open_world
@@ -41,7 +42,7 @@ async def world(tmp_path: Path, start: Started) -> AsyncIterator[World]:
 async def test_a_dry_run_by_mcp_states_no_standing_exclusions(world: World) -> None:
     before = written(world)
     service = world.service
-    runtime = VerbRuntime(db=service.db, settings=service.settings, gitea=service.gitea, bot_login="foreman-bot")
+    runtime = open_door(db=service.db, settings=service.settings, gitea=service.gitea, bot_login="foreman-bot")
     result = await runtime.call("allocate_next_work", caller_for(service.settings, "controller-bot", "mcp"),
                                 {"owner": "author-1", "exclude_issue_numbers": [1], "dry_run": True})
     assert result.ok and result.doc["issue_number"] == 2, result.doc
@@ -64,7 +65,7 @@ async def test_the_dashboards_preview_writes_nothing(world: World) -> None:
 async def test_an_apply_states_the_controllers_exclusions(world: World) -> None:
     """The apply still states them (what auto-allocation then applies), so the tests above are not vacuous."""
     service = world.service
-    runtime = VerbRuntime(db=service.db, settings=service.settings, gitea=service.gitea, bot_login="foreman-bot")
+    runtime = open_door(db=service.db, settings=service.settings, gitea=service.gitea, bot_login="foreman-bot")
     result = await runtime.call("allocate_next_work", caller_for(service.settings, "controller-bot", "mcp"),
                                 {"owner": "author-1", "exclude_issue_numbers": [1], "dry_run": False})
     assert result.ok and result.doc["lease"]["issue_number"] == 2, result.doc
@@ -76,7 +77,7 @@ async def test_an_operators_apply_states_no_standing_exclusions(world: World) ->
     from bot.verbs.runtime import operator_caller
 
     service = world.service
-    runtime = VerbRuntime(db=service.db, settings=service.settings, gitea=service.gitea, bot_login="foreman-bot")
+    runtime = open_door(db=service.db, settings=service.settings, gitea=service.gitea, bot_login="foreman-bot")
     result = await runtime.call("allocate_next_work", operator_caller("operator:root", "cli"),
                                 {"owner": "author-1", "exclude_issue_numbers": [1], "dry_run": False})
     assert result.ok and result.doc["lease"]["issue_number"] == 2, result.doc
@@ -87,7 +88,7 @@ async def test_a_roster_caller_on_an_operator_channel_is_not_the_operator(world:
     """Who calls decides, not the channel: a roster controller whose call came by the command line's channel still
     states its exclusions, as through MCP."""
     service = world.service
-    runtime = VerbRuntime(db=service.db, settings=service.settings, gitea=service.gitea, bot_login="foreman-bot")
+    runtime = open_door(db=service.db, settings=service.settings, gitea=service.gitea, bot_login="foreman-bot")
     result = await runtime.call("allocate_next_work", caller_for(service.settings, "controller-bot", "cli"),
                                 {"owner": "author-1", "exclude_issue_numbers": [1], "dry_run": False})
     assert result.ok and result.doc["lease"]["issue_number"] == 2, result.doc

@@ -12,8 +12,9 @@ import pytest
 from bot.core.bootstrap import branch_for
 from bot.tasks import bounded_in_order
 from bot.verbs.allocate import ready_candidates
+from bot.verbs.catalog import open_door
 from bot.verbs.duplicates import READS_AT_ONCE, closes, mark_duplicates
-from bot.verbs.runtime import VerbRuntime, caller_for
+from bot.verbs.runtime import caller_for
 from state.leases import LeaseStore
 from tests.gitea_fixtures import OWNER, REPO
 from tests.support import Started
@@ -36,7 +37,7 @@ async def assess(world: World, login: str, number: int, phase: str = "pre_claim"
 
 async def dry_run(world: World) -> dict[str, Any]:
     service = world.service
-    door = VerbRuntime(db=service.db, settings=service.settings, gitea=service.gitea, bot_login="foreman-bot")
+    door = open_door(db=service.db, settings=service.settings, gitea=service.gitea, bot_login="foreman-bot")
     result = await door.call("allocate_next_work", caller_for(service.settings, "controller-bot", "mcp"),
                              {"owner": "author-1", "dry_run": True})
     return result.doc

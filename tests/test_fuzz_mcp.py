@@ -28,7 +28,8 @@ from bot.core.verb_params import Param
 from bot.core.verbs import VERBS, Verb
 from bot.core.vocabulary import MAX_ISSUE_NUMBER
 from bot.mcp_server import build_server, resolve_identity
-from bot.verbs.runtime import VerbRuntime, no_bootstrap
+from bot.verbs.catalog import open_door
+from bot.verbs.runtime import no_bootstrap
 from state.db import Database
 from tests.test_mcp_server import mcp_settings
 from tests.test_verbs_table import CANARY, KIND_PROBES, LONE, VALID_STATE, base_arguments, nested, schema_verdict
@@ -234,7 +235,7 @@ def test_fuzz_every_tool_through_validation_and_dispatch(tmp_path: Path) -> None
     async def dispatch() -> None:
         settings = mcp_settings(tmp_path)
         db = await Database.open(settings.database.path, synchronous="NORMAL")
-        runtime = VerbRuntime(db=db, settings=settings, bot_login="foreman-bot", bootstrap_factory=no_bootstrap)
+        runtime = open_door(db=db, settings=settings, bot_login="foreman-bot", bootstrap_factory=no_bootstrap)
         try:
             for token in ("tok-controller", "tok-author-1"):
                 async with Client(build_server(runtime, resolve_identity(settings, token))) as client:

@@ -28,6 +28,7 @@ from bot.config import Settings, load_settings
 from bot.config_writer import write_config
 from bot.core.evidence import find_marker, marker
 from bot.mcp_server import bind_run, broker_around, build_server
+from bot.verbs.catalog import open_door
 from bot.verbs.runs.broker import Broker, run_evidence_key
 from bot.verbs.runs.start import host_identity, start_run
 from bot.verbs.runtime import Caller, VerbResult, VerbRuntime, no_bootstrap
@@ -245,7 +246,7 @@ async def bound_run(tmp_path: Path) -> AsyncIterator[Bound]:
     try:
         now = utcnow()
         started = await start_run(db, settings, issue_number=8, sealed_by="test", now=now)
-        runtime = VerbRuntime(db=db, settings=settings, bot_login="foreman-bot", bootstrap_factory=no_bootstrap)
+        runtime = open_door(db=db, settings=settings, bot_login="foreman-bot", bootstrap_factory=no_bootstrap)
         clock = Dial(now + timedelta(seconds=1))
         broker = Broker(
             GrantStore(db),

@@ -21,7 +21,8 @@ from bot.core.canonical import parse_comment
 from bot.core.evidence import find_marker
 from bot.mcp_server import build_server
 from bot.verbs.allocate import AllocationCall, Allocator
-from bot.verbs.runtime import VerbRuntime, caller_for
+from bot.verbs.catalog import open_door
+from bot.verbs.runtime import caller_for
 from state.journal import JournalStore
 from state.leases import LeaseStore
 from tests.conftest import POSTGRES_MISSING, PostgresSchemas, postgres_reachable
@@ -126,7 +127,7 @@ async def test_the_loop_from_a_ready_label_to_the_authors_release(world: World) 
     lease = facts["lease"]
 
     service = world.service
-    runtime = VerbRuntime(
+    runtime = open_door(
         db=service.db, settings=service.settings, gitea=service.gitea, bot_login="foreman-bot",
         wakeup=service.outbox_wakeup,
     )
@@ -343,7 +344,7 @@ async def test_an_expired_lease_is_refused_to_its_owner_held_through_the_grace_a
         first = (await assert_looped(world, number))["lease"]
         grace = timedelta(seconds=service.settings.allocator.lease_grace_s)
 
-        expired = VerbRuntime(db=service.db, settings=service.settings, bot_login="foreman-bot",
+        expired = open_door(db=service.db, settings=service.settings, bot_login="foreman-bot",
                               clock=lambda: first.expires_at + timedelta(seconds=1))
         beat = await expired.call("heartbeat_lease", caller_for(service.settings, "author-1", "mcp"),
                                   {"issue_number": number})

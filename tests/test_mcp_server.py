@@ -19,6 +19,7 @@ from bot.config import Settings
 from bot.core.evidence import find_marker
 from bot.core.verbs import VERBS
 from bot.mcp_server import IdentityError, build_server, resolve_identity
+from bot.verbs.catalog import open_door
 from bot.verbs.runtime import BootstrapAnswer, VerbRuntime, WorktreeBootstrap, no_bootstrap
 from handlers.issue_state import on_outbox_complete
 from state.db import Database
@@ -78,7 +79,7 @@ def mcp_settings(tmp_path: Path, **sections: Any) -> Settings:
 async def runtime(tmp_path: Path) -> AsyncIterator[VerbRuntime]:
     settings = mcp_settings(tmp_path)
     db = await Database.open(settings.database.path, synchronous="NORMAL")
-    yield VerbRuntime(db=db, settings=settings, bot_login="foreman-bot", bootstrap_factory=no_bootstrap)
+    yield open_door(db=db, settings=settings, bot_login="foreman-bot", bootstrap_factory=no_bootstrap)
     await db.close()
 
 
@@ -150,7 +151,7 @@ def with_bootstrap(runtime: VerbRuntime, fake: WorktreeBootstrap) -> VerbRuntime
     async def factory(_: VerbRuntime) -> WorktreeBootstrap:
         return fake
 
-    return VerbRuntime(db=runtime.db, settings=runtime.settings, gitea=runtime.gitea, bootstrap_factory=factory)
+    return open_door(db=runtime.db, settings=runtime.settings, gitea=runtime.gitea, bootstrap_factory=factory)
 
 
 # --- tools, schemas and identity --------------------------------------------------------------------------------------
@@ -307,7 +308,7 @@ async def test_an_unexpected_failure_is_an_envelope_without_internals(runtime: V
         raise RuntimeError("secret internals /etc/passwd")
 
     await lease_618(runtime)
-    failing = VerbRuntime(db=runtime.db, settings=runtime.settings, bootstrap_factory=broken)
+    failing = open_door(db=runtime.db, settings=runtime.settings, bootstrap_factory=broken)
     async with connect(failing, "tok-author-1") as client:
         error, doc = await call(client, "gitea_lock_issue", issue_number=618)
     assert error and doc["error"] == "unavailable"
@@ -491,7 +492,7 @@ async def test_runtime_context_compares_the_live_default_branch_with_the_control
         async def factory(_: VerbRuntime) -> WorktreeBootstrap:
             return fake
 
-        wired = VerbRuntime(db=db, settings=settings, gitea=gitea, bootstrap_factory=factory)
+        wired = open_door(db=db, settings=settings, gitea=gitea, bootstrap_factory=factory)
         try:
             async with connect(wired, "tok-controller") as client:
                 _, doc = await call(client, "gitea_get_runtime_context")
@@ -518,7 +519,7 @@ async def test_bootstrap_and_lock_through_mcp_run_the_real_worktree_transition()
     async with open_bootstrap_world() as w:
         number = w.issue()
         await w.lease(number, owner="alice")
-        runtime = VerbRuntime(db=w.db, settings=w.settings, gitea=w.gitea, bot_login="foreman-bot")
+        runtime = open_door(db=w.db, settings=w.settings, gitea=w.gitea, bot_login="foreman-bot")
 
         def session(login: str) -> Client:
             return Client(build_server(runtime, caller_for(w.settings, login, "mcp")))

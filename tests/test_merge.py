@@ -135,7 +135,7 @@ async def test_a_push_racing_the_merge_is_refused_by_gitea_as_a_stale_pin(world:
     base = main_sha(world)
     racing = _PushFirst(world, pr.branch)
     rt = runtime(world)
-    rt.gitea = racing  # type: ignore[assignment]
+    rt.gitea = racing
     result = await rt.call("merge_pull_request", caller_for(world.service.settings, "author-3", "mcp"),
                            {"issue_number": pr.number})
     assert result.refusal is not None and result.refusal.error == "stale_pin", result.doc

@@ -15,7 +15,8 @@ from bot import gitops
 from bot.core.canonical import parse_comment
 from bot.core.evidence import find_marker, parse_evidence
 from bot.mcp_server import build_server
-from bot.verbs.runtime import VerbRuntime, caller_for
+from bot.verbs.catalog import open_door
+from bot.verbs.runtime import caller_for
 from state.journal import JournalStore
 from state.publications import PublicationStore
 from tests.gitea_fixtures import OWNER, REPO
@@ -29,7 +30,7 @@ ROSTER = {"controller-bot": ["controller"], "author-1": ["author"], "author-2": 
 async def call_tool(world: World, login: str, tool: str, **arguments: Any) -> tuple[bool, dict[str, Any]]:
     """(refused, document) of one MCP tool call by ``login`` through the MCP server in process, then settle."""
     service = world.service
-    runtime = VerbRuntime(db=service.db, settings=service.settings, gitea=service.gitea, bot_login="foreman-bot",
+    runtime = open_door(db=service.db, settings=service.settings, gitea=service.gitea, bot_login="foreman-bot",
                           wakeup=service.outbox_wakeup)
     async with Client(build_server(runtime, caller_for(service.settings, login, "mcp"))) as client:
         result = await client.call_tool(tool, arguments)
@@ -188,7 +189,7 @@ async def test_a_crash_between_commit_and_push_resumes_with_the_same_commit(
     with monkeypatch.context() as patch:
         patch.setattr(gitops.ControlCheckout, "push_branch", crash)
         service = world.service
-        door = VerbRuntime(db=service.db, settings=service.settings, gitea=service.gitea, bot_login="foreman-bot")
+        door = open_door(db=service.db, settings=service.settings, gitea=service.gitea, bot_login="foreman-bot")
         with pytest.raises(Crash):  # through the door itself (MCP's task group would wrap it in a group)
             await door.call("publish_worktree", caller_for(service.settings, "author-1", "mcp"),
                             {"issue_number": number, "message": "D", "idempotency_key": "crash"})
@@ -265,7 +266,7 @@ async def test_without_a_key_the_same_message_resumes_a_publish_a_crash_left_unp
         raise Crash
 
     service = world.service
-    door = VerbRuntime(db=service.db, settings=service.settings, gitea=service.gitea, bot_login="foreman-bot")
+    door = open_door(db=service.db, settings=service.settings, gitea=service.gitea, bot_login="foreman-bot")
     with monkeypatch.context() as patch:
         patch.setattr(gitops.ControlCheckout, "push_branch", crash)
         with pytest.raises(Crash):
@@ -401,7 +402,7 @@ async def test_a_branch_read_back_at_another_head_is_never_verified(world: World
     (worktree / "mine.txt").write_text("mine\n", encoding="utf-8")
     racing = _PushedAfterUs(world, branch)
     service = world.service
-    door = VerbRuntime(db=service.db, settings=service.settings, gitea=service.gitea, bot_login="foreman-bot")
+    door = open_door(db=service.db, settings=service.settings, gitea=service.gitea, bot_login="foreman-bot")
     door.gitea = racing  # type: ignore[assignment]
     result = await door.call("publish_worktree", caller_for(service.settings, "author-1", "mcp"),
                              {"issue_number": number, "message": "Mine", "idempotency_key": "raced"})

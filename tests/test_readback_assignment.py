@@ -63,9 +63,7 @@ def occupied_after_the_proof(path: Path) -> Iterator[None]:
     proof runs before every lease by default, so a directory there beforehand leases nothing): the bootstrap
     then fails after the lease and is compensated."""
     import bot.verbs.allocate
-    import bot.verbs.runtime
-
-    original = bot.verbs.runtime.bootstrap_through_door  # what bot.verbs.allocate imported, patched there below
+    from bot.verbs.bootstrap.service import bootstrap_for_owner as original  # patched where the allocation calls it
 
     async def racing(*args: Any, **kwargs: Any) -> Any:
         path.mkdir(parents=True)
@@ -73,7 +71,7 @@ def occupied_after_the_proof(path: Path) -> Iterator[None]:
         return await original(*args, **kwargs)
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(bot.verbs.allocate, "bootstrap_through_door", racing)
+        patch.setattr(bot.verbs.allocate, "bootstrap_for_owner", racing)
         yield
 
 

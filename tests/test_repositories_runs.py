@@ -19,6 +19,7 @@ from bot.config_writer import write_config
 from bot.core.errors import EnvelopeError
 from bot.core.verbs import TOOLS
 from bot.mcp_server import open_runtimes, run_binding_of
+from bot.verbs.catalog import open_door
 from bot.verbs.runs.broker import Broker, run_evidence_key
 from bot.verbs.runs.inspect import run_teardown
 from bot.verbs.runs.start import host_identity, start_run
@@ -73,7 +74,7 @@ async def test_a_runs_evidence_is_filed_under_its_grants_repository_outside_any_
         broker = Broker(GrantStore(db), run_id, host=lambda: host_identity(settings.database.path))
         assert (await broker.abort("operator stop")).ok
         view = settings.for_repository(REPO)
-        runtime = VerbRuntime(db=db, settings=view, bot_login="foreman-bot", bootstrap_factory=no_bootstrap)
+        runtime = open_door(db=db, settings=view, bot_login="foreman-bot", bootstrap_factory=no_bootstrap)
         caller = caller_for(view, "author-1", "mcp")
 
         async def run_tool(tool: str, arguments: dict[str, Any]) -> tuple[bool, dict[str, Any]]:

@@ -21,8 +21,10 @@ from bot.core.evidence import find_marker, parse_evidence
 from bot.core.verbs import VERBS, role_gate
 from bot.mcp_server import build_server
 from bot.verbs.auto_allocate import auto_allocate
-from bot.verbs.bootstrap import BootstrapContext, recover_open_transitions
-from bot.verbs.runtime import VerbRuntime, caller_for, no_bootstrap
+from bot.verbs.bootstrap import BootstrapContext
+from bot.verbs.bootstrap.recovery import recover_open_transitions
+from bot.verbs.catalog import open_door
+from bot.verbs.runtime import caller_for, no_bootstrap
 from state.db import utcnow
 from state.leases import LeaseStore
 from tests.gitea_fixtures import OWNER, REPO
@@ -69,7 +71,7 @@ async def by_comment(world: World, login: str, body: str) -> dict[str, Any]:
 async def by_mcp(world: World, login: str, tool: str, **arguments: Any) -> dict[str, Any]:
     """The document an MCP tool call answers, through the MCP server in process."""
     settings = world.service.settings
-    runtime = VerbRuntime(db=world.service.db, settings=settings, bot_login="foreman-bot",
+    runtime = open_door(db=world.service.db, settings=settings, bot_login="foreman-bot",
                           bootstrap_factory=no_bootstrap)
     async with Client(build_server(runtime, caller_for(settings, login, "mcp"))) as client:
         result = await client.call_tool(tool, arguments)
@@ -89,7 +91,7 @@ async def by_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str], *argv: str)
 async def by_auto(world: World) -> dict[str, Any]:
     """The refusal auto-allocation records for its first apply."""
     service = world.service
-    report = await auto_allocate(service.db, service.settings, service.gitea, bot_login="foreman-bot",
+    report = await auto_allocate(open_door(service.db, service.settings, service.gitea, bot_login="foreman-bot"),
                                  trigger="test")
     assert report.leased == [] and report.applies, report.to_dict()
     return dict(report.applies[0]["refusal"])

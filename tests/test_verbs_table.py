@@ -518,3 +518,21 @@ def test_every_string_in_the_published_schemas_is_bounded() -> None:
 
     for verb in VERBS.values():
         walk(verb.input_schema(), verb.tool)
+
+
+def test_every_offered_verb_has_one_registered_executor_once_the_catalog_is_loaded() -> None:
+    """The verb families register with the door; the catalog loads them all, and a door refuses to be built while an
+    offered verb has none (a family the composition root forgot)."""
+    import pytest
+
+    from bot.verbs import catalog
+    from bot.verbs.runtime import registry
+
+    assert registry().missing() == []
+    taken = registry().executors.pop("heartbeat_lease")
+    try:
+        assert registry().missing() == ["heartbeat_lease"]
+        with pytest.raises(RuntimeError, match="heartbeat_lease"):
+            catalog.require_complete()
+    finally:
+        registry().executors["heartbeat_lease"] = taken

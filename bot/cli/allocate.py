@@ -62,7 +62,8 @@ def cmd_allocate(settings: Settings, args: argparse.Namespace) -> int:
     from bot.core.allocator import InputError
     from bot.core.errors import EnvelopeError
     from bot.gitea import client_for
-    from bot.verbs.runtime import CallOptions, VerbRuntime
+    from bot.verbs.catalog import open_door
+    from bot.verbs.runtime import CallOptions
 
     try:
         candidates = parse_candidates_option(args.candidates_json)
@@ -87,7 +88,8 @@ def cmd_allocate(settings: Settings, args: argparse.Namespace) -> int:
         return EXIT_USAGE
 
     async def work(db: Database) -> int:
-        from bot.verbs.auto_allocate import author_pick, recent_decisions
+        from bot.verbs.allocate import author_pick
+        from bot.verbs.auto_allocate import recent_decisions
         from state.db import utcnow
 
         pick = await author_pick(db, settings, utcnow())
@@ -106,8 +108,7 @@ def cmd_allocate(settings: Settings, args: argparse.Namespace) -> int:
         # The candidates and exclusions in-process: the allocator's limits hold for them, not one MCP call's.
         options = CallOptions(candidates=candidates, exclusions=frozenset(args.exclude or ()))
         async with aiohttp.ClientSession() as session:
-            runtime = VerbRuntime(db=db, settings=settings, gitea=client_for(session, settings),
-                                  bot_login=settings.gitea.bot_login)
+            runtime = open_door(db, settings, client_for(session, settings), bot_login=settings.gitea.bot_login)
             result = await runtime.call("allocate_next_work", _operator(), arguments, options=options)
         doc: dict[str, Any] = {**rendered(result), "owner": chosen, "auto": auto}
         summary = (
@@ -128,7 +129,7 @@ def _operator() -> Caller:
 
 
 def _default_owner(settings: Settings, action: str) -> str | None:
-    from bot.verbs.allocate import ACTION_ROLES
+    from bot.verbs.leasing import ACTION_ROLES
 
     role = ACTION_ROLES.get(action, "author")
     owners = [login for login, roles in settings.roster.items() if role in roles]

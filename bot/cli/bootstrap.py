@@ -16,7 +16,8 @@ def cmd_bootstrap(settings: Settings, args: argparse.Namespace) -> int:
 
     from bot.gitea import client_for
     from bot.verbs.bootstrap import BootstrapContext, bootstrap_preflight
-    from bot.verbs.runtime import VerbRuntime, caller_for
+    from bot.verbs.catalog import open_door
+    from bot.verbs.runtime import caller_for
 
     async def work(db: Database) -> int:
         async with aiohttp.ClientSession() as session:
@@ -29,7 +30,7 @@ def cmd_bootstrap(settings: Settings, args: argparse.Namespace) -> int:
             arguments: dict[str, object] = {"issue_number": args.issue}
             given = {"idempotency_key": args.idempotency_key, "expected_base": args.expected_base}
             arguments.update({name: value for name, value in given.items() if value is not None})
-            runtime = VerbRuntime(db=db, settings=settings, gitea=gitea, bot_login=settings.gitea.bot_login)
+            runtime = open_door(db, settings, gitea, bot_login=settings.gitea.bot_login)
             # The operator bootstraps for the owner: the door checks the owner's roster role and its live lease.
             result = await runtime.call("bootstrap_issue_worktree", caller_for(settings, args.owner, "cli"), arguments)
         doc = rendered(result)

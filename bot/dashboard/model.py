@@ -144,10 +144,11 @@ async def current_decisions(db: Database, settings: Settings) -> list[dict[str, 
     door, over the stored issue state (no Gitea call, no bootstrap proof, nothing written), with every skipped issue
     and its stable reason."""
     from bot.verbs.allocate import AllocationOutcome
-    from bot.verbs.runtime import VerbRuntime, no_bootstrap, operator_caller
+    from bot.verbs.catalog import open_door
+    from bot.verbs.runtime import no_bootstrap, operator_caller
 
     out: list[dict[str, Any]] = []
-    runtime = VerbRuntime(db=db, settings=settings, bot_login=settings.gitea.bot_login, bootstrap_factory=no_bootstrap)
+    runtime = open_door(db, settings, bot_login=settings.gitea.bot_login, bootstrap_factory=no_bootstrap)
     caller = operator_caller("dashboard", "dashboard")
     for owner in settings.authors():
         # The door never raises: an unexpected failure is an `unavailable` envelope, and the page shows the rest.

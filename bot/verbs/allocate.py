@@ -21,6 +21,7 @@ from bot.core.allocator import (
     decide,
     normalize_exclusions,
 )
+from bot.core.authors import AuthorPick, author_loads, rank_authors
 from bot.core.canonical import CanonicalState
 from bot.core.errors import Envelope
 from bot.core.evidence import render_evidence
@@ -30,7 +31,9 @@ from bot.gitea import GiteaError, GiteaNotFound, Issue, IssueState, IssueType
 from bot.tasks import bounded_in_order
 from bot.verbs.bootstrap import BootstrapContext, bootstrap_preflight
 from bot.verbs.bootstrap.context import BootstrapGitea
+from bot.verbs.bootstrap.service import bootstrap_for_owner
 from bot.verbs.duplicates import READS_AT_ONCE, DuplicatesGitea, mark_duplicates
+from bot.verbs.leasing import ACTION_ROLES, Action, LeaseGrant, grant_lease
 from bot.verbs.merge import MergeGitea
 from bot.verbs.review import ReviewGitea, review_candidates, review_lease_effects
 from bot.verbs.runtime import (
@@ -39,9 +42,8 @@ from bot.verbs.runtime import (
     Channel,
     VerbResult,
     VerbRuntime,
-    bootstrap_through_door,
-    caller_for,
     envelope,
+    executes,
     refused,
 )
 from state.db import Database, utcnow
@@ -53,9 +55,13 @@ from state.outbox import OutboxIntent, acting_for, enqueue
 # An issue body line such as "Depends: #12, #14" (the seed documents use "Parent / Depends / Blocks").
 _DEPENDS_RE = re.compile(r"^\s*(?:[-*]\s*)?\**depends(?: on)?\**\s*:\s*(.+)$", re.IGNORECASE | re.MULTILINE)
 _ISSUE_REF_RE = re.compile(r"(?<![\w/])#(\d{1,18})\b")
-#: What a lease can be for, and the roster role its owner needs. A merge takes none: the merger's
-#: gitea_merge_pull_request is one Gitea call pinned to the approved commit.
-ACTION_ROLES: dict[str, str] = {"implement": "author", "review": "reviewer"}
+
+
+def action_of(action: str) -> Action:
+    """The lease action of an allocation call (checked against the tool's schema before; a guard here)."""
+    if action not in ACTION_ROLES:
+        raise ValueError(f"no lease is granted for {action!r}")
+    return "review" if action == "review" else "implement"
 
 
 def depends_on(body: str) -> list[int]:
@@ -336,10 +342,8 @@ class Allocator:
             # compensates and releases the lease itself. A resumed lease runs it too (idempotent: a completed
             # transition is replayed, an unfinished one resumed), so a delivery retried after the process died
             # between the lease commit and the end of its bootstrap finishes that bootstrap.
-            owner = caller_for(self.settings, outcome.lease.owner, call.channel)
-            result = await bootstrap_through_door(
-                self._bootstrap_context(), owner, {"issue_number": outcome.lease.issue_number}
-            )
+            result = await bootstrap_for_owner(self._bootstrap_context(), issue_number=outcome.lease.issue_number,
+                                               owner=outcome.lease.owner)
             outcome.bootstrap = result.to_dict()
             if result.status == "refused" and result.refusal is not None and result.refusal.error != "unavailable":
                 # The owner cannot work on this issue (e.g. a worktree is still registered for an earlier owner):
@@ -394,7 +398,6 @@ class Allocator:
         self, call: AllocationCall, request: AllocationRequest, now: datetime, source: str, *, proven: int | None = None
     ) -> AllocationOutcome:
         """Decide again on the leases as they are inside the write transaction, then write atomically."""
-        role = ACTION_ROLES[call.action]
         async with self.db.transaction() as conn:
             open_leases = await self.leases.open_leases(self.repo, conn)
             decision = decide(request, self.policy, [lease.as_live_lease() for lease in open_leases], now)
@@ -431,23 +434,15 @@ class Allocator:
                 return outcome
             stale = [lease for lease in open_leases if lease.issue_number == decision.issue_number]
             try:
-                lease = await self.leases.acquire(
-                    conn,
-                    repo=self.repo,
-                    issue_number=decision.issue_number,
-                    owner=call.owner,
-                    role=role,
-                    action=call.action,
-                    ttl=timedelta(seconds=self.settings.allocator.lease_ttl_s),
-                    now=now,
-                    actor=call.actor,
-                    fingerprint=decision.fingerprint,
+                grant = LeaseGrant(
+                    issue_number=decision.issue_number, owner=call.owner, action=action_of(call.action),
+                    actor=call.actor, fingerprint=decision.fingerprint,
                     # The caller's exclusions as the decision applied them (normalized): seed 000 AC9.
                     request={"exclude": sorted(decision.exclusions.get("exclude_issue_numbers", [])),
                              "source": source},
                     reclaim=stale[0] if stale else None,
-                    grace=self.policy.lease_grace,
                 )
+                lease = await grant_lease(conn, self.leases, self.settings, grant, now)
             except LeaseTaken as exc:
                 outcome.refusal = Envelope(
                     error="conflict",
@@ -573,8 +568,27 @@ def _why(decision: SelectDecision) -> str:
     return f"{rank} by priority, age and number; {skipped} candidate(s) skipped with reasons in the evidence"
 
 
+async def author_pick(db: Database, settings: Settings, now: datetime) -> AuthorPick:
+    """The roster authors in the order they receive work now (pure policy over the lease store's facts)."""
+    repo = settings.repo_key
+    store = LeaseStore(db)
+    rows: list[tuple[str, bool, datetime, datetime | None]] = []
+    for lease in await store.open_leases(repo):
+        alive = lease.is_live(now)
+        rows.append((lease.owner, alive, lease.acquired_at, None if alive else lease.expires_at))
+    named = settings.allocator.auto_allocate_owner or None
+    authors = settings.authors()
+    if named and named not in authors:
+        authors = [*authors, named]
+    for owner, ended in (await store.last_ended(repo, authors)).items():
+        rows.append((owner, False, ended, ended))
+    return rank_authors(author_loads(authors, rows), max_leases_per_author=settings.allocator.max_leases_per_author,
+                        named_owner=named)
+
+
+@executes("allocate_next_work")
 async def allocate(
-    rt: VerbRuntime, verb: Verb, caller: Caller, values: Mapping[str, object], lease: Lease | None,
+    rt: VerbRuntime[AllocatorGitea], verb: Verb, caller: Caller, values: Mapping[str, object], lease: Lease | None,
     delivery_id: str | None, options: CallOptions,
 ) -> VerbResult:
     action = str(values["action"])
@@ -584,8 +598,6 @@ async def allocate(
         fits = [login for login, roles in rt.settings.roster.items() if role in roles]
         if role == "author" and len(fits) > 1:
             # Several authors: the next idle one by the auto-allocation policy.
-            from bot.verbs.auto_allocate import author_pick
-
             pick = await author_pick(rt.db, rt.settings, rt.clock())
             if not pick.order:
                 busy = ", ".join(s.login for s in pick.skipped)

@@ -3,28 +3,22 @@
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import json
 import logging
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
 from bot.config import Settings
 from bot.core.allocator import AllocationRequest, SelectDecision, decide
-from bot.core.authors import AuthorPick, author_loads, rank_authors
 from bot.core.canonical import CanonicalState
 from bot.core.evidence import render_evidence
-from bot.core.intake import Delivery
 from bot.core.vocabulary import label_for_state
 from bot.gitea import GiteaError
-from bot.verbs.allocate import AllocationOutcome, Allocator, AllocatorGitea
+from bot.verbs.allocate import AllocationOutcome, Allocator, AllocatorGitea, author_pick
 from bot.verbs.handback import resume_hand_backs
-from bot.verbs.runtime import CallOptions, VerbRuntime, no_bootstrap, operator_caller
+from bot.verbs.runtime import CallOptions, VerbRuntime, operator_caller, when_author_freed
 from state.auto_allocations import AutoAllocationStore
 from state.db import Database, utcnow
-from state.deliveries import DeliveryStore
 from state.exclusions import ExclusionStore
 from state.journal import JournalStore
 from state.leases import LeaseStore
@@ -71,24 +65,6 @@ class AutoReport:
         }
 
 
-async def author_pick(db: Database, settings: Settings, now: datetime) -> AuthorPick:
-    """The roster authors in the order they receive work now (pure policy over the lease store's facts)."""
-    repo = settings.repo_key
-    store = LeaseStore(db)
-    rows: list[tuple[str, bool, datetime, datetime | None]] = []
-    for lease in await store.open_leases(repo):
-        alive = lease.is_live(now)
-        rows.append((lease.owner, alive, lease.acquired_at, None if alive else lease.expires_at))
-    named = settings.allocator.auto_allocate_owner or None
-    authors = settings.authors()
-    if named and named not in authors:
-        authors = [*authors, named]
-    for owner, ended in (await store.last_ended(repo, authors)).items():
-        rows.append((owner, False, ended, ended))
-    return rank_authors(author_loads(authors, rows), max_leases_per_author=settings.allocator.max_leases_per_author,
-                        named_owner=named)
-
-
 async def recent_decisions(db: Database, repo: str, *, limit: int = 10) -> list[dict[str, Any]]:
     """The latest automatic decisions, newest first, as recorded."""
     return [{**d.doc, "decided_at": d.decided_at, "delivery": d.delivery_id}
@@ -96,21 +72,15 @@ async def recent_decisions(db: Database, repo: str, *, limit: int = 10) -> list[
 
 
 async def auto_allocate(
-    db: Database,
-    settings: Settings,
-    gitea: AllocatorGitea | None,
-    *,
-    bot_login: str,
-    trigger: str,
-    delivery_id: str | None = None,
-    now: datetime | None = None,
-    wakeup: Callable[[], None] | None = None,
+    door: VerbRuntime[AllocatorGitea], *, trigger: str, delivery_id: str | None = None, now: datetime | None = None,
 ) -> AutoReport:
-    """Allocate every ready issue an idle author can take now, through the door; record the decision.
+    """Allocate every ready issue an idle author can take now, through ``door`` (its repository's, built by the
+    composition root: its database, settings view, Gitea client, bot login and outbox wakeup); record the decision.
 
     Raises AutoUnavailable when Gitea could not serve it (nothing half-done is left: a lease whose bootstrap could
-    not run is resumed by the retry). ``gitea`` is only handed on (the allocator's candidates, the bootstrap).
+    not run is resumed by the retry).
     """
+    db, settings, gitea = door.db, door.settings, door.gitea
     report = AutoReport(trigger=trigger, enabled=settings.auto_allocation(),
                         named_owner=settings.allocator.auto_allocate_owner or None)
     if not report.enabled:
@@ -123,17 +93,16 @@ async def auto_allocate(
     async with lock:
         try:
             with acting_for(settings.repo_key):  # an auto-allocation acts for its repository (its entries too)
-                await _run(db, settings, gitea, bot_login, report, delivery_id, now, wakeup)
+                await _run(door, gitea, report, delivery_id, now)
         finally:
             await _record(db, settings, report, delivery_id, now)
     return report
 
 
-async def _run(db: Database, settings: Settings, gitea: AllocatorGitea, bot_login: str, report: AutoReport,
-               delivery_id: str | None, now: datetime | None, wakeup: Callable[[], None] | None) -> None:
+async def _run(door: VerbRuntime[AllocatorGitea], gitea: AllocatorGitea, report: AutoReport,
+               delivery_id: str | None, now: datetime | None) -> None:
+    db, settings, bot_login, wakeup = door.db, door.settings, door.bot_login, door.wakeup
     allocator = Allocator(db, settings, gitea, bot_login=bot_login)  # its candidates and policy, for what waits
-    door = VerbRuntime(db=db, settings=settings, gitea=gitea, bot_login=bot_login, bootstrap_factory=no_bootstrap,
-                       wakeup=wakeup)
     repo = settings.repo_key
     cfg = settings.allocator
     named = cfg.auto_allocate_owner or None
@@ -342,48 +311,27 @@ async def _record(db: Database, settings: Settings, report: AutoReport, delivery
 
 
 async def auto_allocate_after(
-    db: Database, settings: Settings, gitea: AllocatorGitea | None, *, bot_login: str, trigger: str,
-    delivery_id: str | None, wakeup: Callable[[], None] | None,
+    door: VerbRuntime[AllocatorGitea], *, trigger: str, delivery_id: str | None,
 ) -> dict[str, Any] | None:
     """Auto-allocation after something freed an author (a release, the PR-open hand-over, a merge's teardown).
 
     Its failure never undoes or fails what freed the author: it is reported (and logged), and the next trigger or
     catch-up allocates instead. None when auto-allocation is off or there is no Gitea client."""
-    if not settings.auto_allocation() or gitea is None:
+    if not door.settings.auto_allocation() or door.gitea is None:
         return None
     try:
-        report = await auto_allocate(db, settings, gitea, bot_login=bot_login, trigger=trigger,
-                                     delivery_id=delivery_id, wakeup=wakeup)
+        report = await auto_allocate(door, trigger=trigger, delivery_id=delivery_id)
     except Exception as exc:  # reported in the result and the log; what freed the author stands
         log.warning("auto-allocation after %s failed: %s: %s", trigger, type(exc).__name__, exc)
         return {"error": "unavailable", "message": f"{type(exc).__name__}: {exc}"}
-    if report.outbox and wakeup is not None:
-        wakeup()
+    if report.outbox:
+        door.woken()
     return {"trigger": trigger, "leased": report.leased, "waiting": report.waiting, "blocked": report.blocked}
 
 
-#: The inbox event of a queued auto-allocation trigger (handlers/auto_allocate.py runs it in the service).
-TRIGGER_EVENT = "foreman_trigger"
-TRIGGER_ACTION = "auto_allocate"
-#: Queued triggers' delivery ids start so (``foreman deliveries`` lists them beside the webhooks).
-TRIGGER_PREFIX = "foreman:auto-allocate:"
+@when_author_freed
+async def allocate_after_release(rt: VerbRuntime[AllocatorGitea], delivery_id: str | None) -> dict[str, Any] | None:
+    """A release freed its owner: auto-allocation runs for the release's repository at once."""
+    return await auto_allocate_after(rt, trigger="release", delivery_id=delivery_id)
 
 
-async def queue_auto_allocation(db: Database, settings: Settings, *, trigger: str, key: str) -> str | None:
-    """Queue one auto-allocation for the service's worker to run (off the caller's path: a verb's caller never waits
-    for another author's allocation and bootstrap); its delivery id is its key, so a replay queues nothing twice.
-
-    The id of the queued trigger; None when auto-allocation is off. Queued after the caller's own commit: a crash
-    in between loses only this trigger, and the next one (or catch-up's allocation after each pass) allocates."""
-    if not settings.auto_allocation():
-        return None
-    repository = settings.repository
-    delivery_id = f"{TRIGGER_PREFIX}{trigger}:{key}"
-    payload = {"action": TRIGGER_ACTION, "trigger": trigger, "key": key,
-               "repository": {"full_name": f"{repository.owner}/{repository.name}"}}
-    body = json.dumps(payload, sort_keys=True, separators=(",", ":")).encode()
-    delivery = Delivery(delivery_id=delivery_id, event=TRIGGER_EVENT, event_type=TRIGGER_EVENT, action=TRIGGER_ACTION,
-                        sender_login=None, body=body, body_sha256=hashlib.sha256(body).hexdigest(),
-                        headers={"X-Foreman-Trigger": trigger}, payload=payload)
-    await DeliveryStore(db).insert_batch([(delivery, False)])
-    return delivery_id

@@ -11,7 +11,7 @@ from bot import gitops
 from bot.core.gateway import GatewayContext
 from bot.core.verbs import PRECONDITION_WORKTREE, VERBS, Verb, evaluate
 from bot.gitea import Branch, Repository
-from bot.verbs.runtime import Caller, CallOptions, VerbResult, VerbRuntime
+from bot.verbs.runtime import Caller, CallOptions, VerbResult, VerbRuntime, executes
 from state.leases import Lease
 
 #: How many issues a runtime context lists per verb (a controller may see every live lease).
@@ -26,8 +26,9 @@ class BranchGitea(Protocol):
     async def get_branch(self, name: str) -> Branch: ...
 
 
+@executes("get_runtime_context")
 async def runtime_context(
-    rt: VerbRuntime, verb: Verb, caller: Caller, values: Mapping[str, object], lease: Lease | None,
+    rt: VerbRuntime[BranchGitea], verb: Verb, caller: Caller, values: Mapping[str, object], lease: Lease | None,
     delivery_id: str | None, options: CallOptions,
 ) -> VerbResult:
     now = rt.clock()
@@ -47,7 +48,7 @@ async def runtime_context(
     return rt.done(verb, caller, doc)
 
 
-async def _callable_now(rt: VerbRuntime, caller: Caller, live: list[Lease]) -> list[dict[str, Any]]:
+async def _callable_now(rt: VerbRuntime[BranchGitea], caller: Caller, live: list[Lease]) -> list[dict[str, Any]]:
     """Each offered verb the gateway allows this caller now; issue verbs once per issue it applies to."""
     out: list[dict[str, Any]] = []
     relevant = [lease for lease in live if lease.owner == caller.login or "controller" in caller.roles]
@@ -80,7 +81,7 @@ async def _callable_now(rt: VerbRuntime, caller: Caller, live: list[Lease]) -> l
     return out
 
 
-async def _next_action(rt: VerbRuntime, caller: Caller, mine: list[Lease]) -> str:
+async def _next_action(rt: VerbRuntime[BranchGitea], caller: Caller, mine: list[Lease]) -> str:
     if mine:
         lease = mine[0]
         n = lease.issue_number
@@ -110,7 +111,7 @@ async def _next_action(rt: VerbRuntime, caller: Caller, mine: list[Lease]) -> st
     return "nothing is leased to you: call gitea_get_runtime_context again after a controller allocates work to you"
 
 
-async def _default_branch(rt: VerbRuntime) -> dict[str, Any]:
+async def _default_branch(rt: VerbRuntime[BranchGitea]) -> dict[str, Any]:
     """The default branch's SHA live on Gitea and in the control checkout, side by side."""
     out: dict[str, Any] = {"name": None, "live_sha": None, "checkout_sha": None, "checkout": None}
     notes: list[str] = []

@@ -14,7 +14,7 @@ from bot.core.verbs import Verb
 from bot.gitea import Branch, GiteaError, GiteaNotFound, Issue, PullRequest
 from bot.gitea.pulls import IssueState
 from bot.tasks import bounded_in_order
-from bot.verbs.runtime import Caller, CallOptions, VerbResult, VerbRuntime, envelope, issue_of, refused
+from bot.verbs.runtime import Caller, CallOptions, VerbResult, VerbRuntime, envelope, executes, issue_of, refused
 from state.db import Database, utcnow
 from state.journal import JournalStore
 from state.leases import Lease, LeaseStore
@@ -113,8 +113,9 @@ async def mark_duplicates(
     return await bounded_in_order(marked, records, at_once=READS_AT_ONCE), open_numbers
 
 
+@executes("assess_work_issue_duplicate")
 async def assess_duplicate(
-    rt: VerbRuntime, verb: Verb, caller: Caller, values: Mapping[str, object], lease: Lease | None,
+    rt: VerbRuntime[DuplicatesGitea], verb: Verb, caller: Caller, values: Mapping[str, object], lease: Lease | None,
     delivery_id: str | None, options: CallOptions,
 ) -> VerbResult:
     issue, phase = issue_of(values), str(values["phase"])

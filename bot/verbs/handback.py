@@ -3,12 +3,13 @@ lease (``max_leases_per_author``), else later, when auto-allocation finds the im
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
 
 from bot.config import Settings
 from bot.core.canonical import CanonicalState
 from bot.core.evidence import render_evidence
+from bot.verbs.leasing import LeaseGrant, grant_lease
 from state.db import Database
 from state.leases import Lease, LeaseStore, LeaseTaken
 from state.outbox import OutboxIntent, enqueue
@@ -31,11 +32,9 @@ async def lease_back(
 ) -> tuple[Lease, OutboxIntent]:
     """Inside the caller's transaction: a new implement lease of ``issue`` for its implementer, and its evidence
     comment (every lease has one) for the caller to queue. Raises LeaseTaken when the issue is leased meanwhile."""
-    back = await store.acquire(
-        conn, repo=settings.repo_key, issue_number=issue, owner=implementer, role="author", action="implement",
-        ttl=timedelta(seconds=settings.allocator.lease_ttl_s), now=now, actor=actor, fingerprint=None,
-        request={"source": "request_changes", "review": review_id},
-    )
+    grant = LeaseGrant(issue_number=issue, owner=implementer, action="implement", actor=actor,
+                       request={"source": "request_changes", "review": review_id})
+    back = await grant_lease(conn, store, settings, grant, now)
     key = f"{back.lease_id}:evidence"
     body = render_evidence(key=key, summary=f"Leased #{issue} back to {back.owner} to address the review.",
                            state=state, evidence={"action": "request_changes_lease", "lease": back.to_dict(),

@@ -10,13 +10,14 @@ from typing import Any
 from bot.core.canonical import CanonicalState
 from bot.core.evidence import render_evidence
 from bot.core.verbs import Verb
-from bot.verbs.runtime import Caller, CallOptions, VerbResult, VerbRuntime, envelope, issue_of, refused
+from bot.verbs.runtime import Caller, CallOptions, VerbResult, VerbRuntime, envelope, executes, issue_of, refused
 from state.leases import Lease
 from state.outbox import OutboxIntent, enqueue
 
 
+@executes("get_issue_state")
 async def get_state(
-    rt: VerbRuntime, verb: Verb, caller: Caller, values: Mapping[str, object], lease: Lease | None,
+    rt: VerbRuntime[Any], verb: Verb, caller: Caller, values: Mapping[str, object], lease: Lease | None,
     delivery_id: str | None, options: CallOptions,
 ) -> VerbResult:
     issue = issue_of(values)
@@ -40,8 +41,9 @@ async def get_state(
     return rt.done(verb, caller, doc)
 
 
+@executes("post_issue_state")
 async def post_state(
-    rt: VerbRuntime, verb: Verb, caller: Caller, values: Mapping[str, object], lease: Lease | None,
+    rt: VerbRuntime[Any], verb: Verb, caller: Caller, values: Mapping[str, object], lease: Lease | None,
     delivery_id: str | None, options: CallOptions,
 ) -> VerbResult:
     issue = issue_of(values)

@@ -10,15 +10,16 @@ from typing import Any
 from bot.core.errors import Envelope
 from bot.core.evidence import render_evidence
 from bot.core.verbs import Verb
-from bot.verbs.runtime import Caller, CallOptions, VerbResult, VerbRuntime, envelope, refused
+from bot.verbs.runtime import Caller, CallOptions, VerbResult, VerbRuntime, envelope, executes, refused, registry
 from state.leases import Lease, LeaseRefused
 from state.outbox import OutboxIntent, enqueue
 
 log = logging.getLogger("foreman.verbs")
 
 
+@executes("heartbeat_lease")
 async def heartbeat(
-    rt: VerbRuntime, verb: Verb, caller: Caller, values: Mapping[str, object], lease: Lease | None,
+    rt: VerbRuntime[Any], verb: Verb, caller: Caller, values: Mapping[str, object], lease: Lease | None,
     delivery_id: str | None, options: CallOptions,
 ) -> VerbResult:
     assert lease is not None  # the live_lease precondition held
@@ -30,8 +31,9 @@ async def heartbeat(
     return rt.done(verb, caller, {"issue_number": lease.issue_number, "lease": beat.to_dict()})
 
 
+@executes("release_lease")
 async def release(
-    rt: VerbRuntime, verb: Verb, caller: Caller, values: Mapping[str, object], lease: Lease | None,
+    rt: VerbRuntime[Any], verb: Verb, caller: Caller, values: Mapping[str, object], lease: Lease | None,
     delivery_id: str | None, options: CallOptions,
 ) -> VerbResult:
     assert lease is not None  # the live_lease precondition held
@@ -76,11 +78,9 @@ async def release(
     )
 
 
-async def _auto_allocate_after_release(rt: VerbRuntime, delivery_id: str | None) -> dict[str, Any] | None:
-    from bot.verbs.auto_allocate import auto_allocate_after
-
-    return await auto_allocate_after(rt.db, rt.settings, rt.gitea, bot_login=rt.bot_login, trigger="release",
-                                     delivery_id=delivery_id, wakeup=rt.wakeup)
+async def _auto_allocate_after_release(rt: VerbRuntime[Any], delivery_id: str | None) -> dict[str, Any] | None:
+    hook = registry().author_freed
+    return None if hook is None else await hook(rt, delivery_id)
 
 
 def lease_changed(verb: Verb, lease: Lease) -> Envelope:

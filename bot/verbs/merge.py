@@ -14,7 +14,17 @@ from bot.gitea import GiteaError, client_as
 from bot.gitea.errors import GiteaConflict, GiteaInvalid
 from bot.gitea.values import PullRequest, Review
 from bot.verbs.review import PullsGitea, RecordedVerdict, implementer_of, pull_for_issue, recorded_verdicts
-from bot.verbs.runtime import Caller, CallOptions, VerbResult, VerbRuntime, envelope, issue_of, refused
+from bot.verbs.runtime import (
+    Caller,
+    CallOptions,
+    VerbResult,
+    VerbRuntime,
+    envelope,
+    executes,
+    issue_of,
+    refused,
+    replays,
+)
 from state.leases import Lease
 from state.outbox import OutboxIntent, enqueue
 
@@ -185,7 +195,7 @@ def _merged_doc(number: int, pull: PullRequest, approved: str | None) -> dict[st
 
 
 async def _evidence(
-    rt: VerbRuntime, caller: Caller, number: int, pull: PullRequest, gate: MergeGate, cause: str | None
+    rt: VerbRuntime[MergeGitea], caller: Caller, number: int, pull: PullRequest, gate: MergeGate, cause: str | None
 ) -> str:
     """The merge's evidence comment (one key per PR: a replay queues nothing new)."""
     key = f"merge:{number}:{pull.number}"
@@ -220,8 +230,9 @@ async def _evidence(
     return key
 
 
+@executes("merge_pull_request")
 async def merge_pull_request(
-    rt: VerbRuntime, verb: Verb, caller: Caller, values: Mapping[str, object], lease: Lease | None,
+    rt: VerbRuntime[MergeGitea], verb: Verb, caller: Caller, values: Mapping[str, object], lease: Lease | None,
     delivery_id: str | None, options: CallOptions,
 ) -> VerbResult:
     number = issue_of(values)
@@ -266,8 +277,9 @@ async def merge_pull_request(
     return rt.done(verb, caller, {**_merged_doc(number, merged, approved), "outbox": [key]})
 
 
+@replays("merge_pull_request")
 async def merge_replay(
-    rt: VerbRuntime, verb: Verb, caller: Caller, values: Mapping[str, object]
+    rt: VerbRuntime[MergeGitea], verb: Verb, caller: Caller, values: Mapping[str, object]
 ) -> VerbResult | None:
     """A merge that already happened (the issue's PR is merged), adopted with its evidence (queued once)."""
     number = issue_of(values)
@@ -284,7 +296,7 @@ async def merge_replay(
     return rt.done(verb, caller, {**_merged_doc(number, pull, approved), "adopted": True, "outbox": [key]})
 
 
-async def _gate(rt: VerbRuntime, gitea: PullsGitea, number: int, pull: PullRequest) -> MergeGate:
+async def _gate(rt: VerbRuntime[MergeGitea], gitea: PullsGitea, number: int, pull: PullRequest) -> MergeGate:
     """The merge gate on ``pull`` now: foreman's recorded verdicts cross-checked against Gitea's reviews."""
     implementer = await implementer_of(rt.leases, rt.repo, number)
     reviewers = frozenset(login.lower() for login, roles in rt.settings.roster.items() if "reviewer" in roles)

@@ -15,8 +15,8 @@ from bot.core.errors import Envelope
 from bot.core.evidence import render_evidence
 from bot.core.verbs import Verb
 from bot.gitea import Branch, GiteaError, GiteaNotFound
-from bot.verbs.bootstrap.context import BootstrapContext
-from bot.verbs.runtime import Caller, CallOptions, VerbResult, VerbRuntime, envelope, issue_of, refused
+from bot.verbs.bootstrap.context import BootstrapContext, BootstrapGitea
+from bot.verbs.runtime import Caller, CallOptions, VerbResult, VerbRuntime, envelope, executes, issue_of, refused
 from state.journal import JournalStore, Registration
 from state.leases import Lease
 from state.outbox import OutboxIntent, enqueue
@@ -28,8 +28,8 @@ log = logging.getLogger("foreman.verbs")
 TRAILER = "Foreman-Publish"
 
 
-class PublishGitea(Protocol):
-    """The Gitea read the publish makes: the branch it pushed, read back."""
+class PublishGitea(BootstrapGitea, Protocol):
+    """The Gitea read the publish makes (the branch it pushed, read back), beside the bootstrap context's."""
 
     async def get_branch(self, name: str) -> Branch: ...
 
@@ -52,8 +52,9 @@ def _digest(message: str) -> str:
     return hashlib.sha256(message.encode()).hexdigest()
 
 
+@executes("publish_worktree")
 async def publish(
-    rt: VerbRuntime, verb: Verb, caller: Caller, values: Mapping[str, object], lease: Lease | None,
+    rt: VerbRuntime[PublishGitea], verb: Verb, caller: Caller, values: Mapping[str, object], lease: Lease | None,
     delivery_id: str | None, options: CallOptions,
 ) -> VerbResult:
     assert lease is not None  # the ownership precondition held
@@ -79,7 +80,7 @@ async def publish(
 
 
 async def _run(
-    rt: VerbRuntime, verb: Verb, caller: Caller, values: Mapping[str, object], lease: Lease,
+    rt: VerbRuntime[PublishGitea], verb: Verb, caller: Caller, values: Mapping[str, object], lease: Lease,
     registration: Registration, checkout: gitops.ControlCheckout, ctx: BootstrapContext, message: str,
     delivery_id: str | None,
 ) -> VerbResult:
@@ -222,7 +223,7 @@ def stale_branch(pub: Publication, remote: str | None, detail: str) -> Envelope:
         branch=pub.branch, remote_sha=remote, local_sha=pub.commit_sha, git=detail[-300:])
 
 
-async def _verify(rt: VerbRuntime, verb: Verb, caller: Caller, pub: Publication,
+async def _verify(rt: VerbRuntime[PublishGitea], verb: Verb, caller: Caller, pub: Publication,
                   delivery_id: str | None) -> VerbResult:
     """Read the branch back from Gitea; when it is the commit, record ``verified`` and queue the evidence in one
     transaction."""

@@ -4,18 +4,31 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any, Protocol, runtime_checkable
 
 from bot.core.canonical import CanonicalState
 from bot.core.evidence import render_evidence
-from bot.core.verbs import Verb
+from bot.core.gateway import GatewayContext
+from bot.core.verbs import PRECONDITION_COMMITS, Verb
 from bot.core.vocabulary import label_for_state
 from bot.gitea import Branch, GiteaConflict, GiteaError, GiteaNotFound, Issue, PullRequest, Repository, client_as
 from bot.gitea.pulls import IssueState
-from bot.verbs.auto_allocate import queue_auto_allocation
-from bot.verbs.bootstrap.context import BootstrapContext
+from bot.verbs.bootstrap.context import BootstrapContext, BootstrapGitea
 from bot.verbs.bootstrap.faults import FAULT_STEP_ENV, crash_seam
-from bot.verbs.runtime import Caller, CallOptions, VerbResult, VerbRuntime, envelope, issue_of, refused
+from bot.verbs.runtime import (
+    Caller,
+    CallOptions,
+    VerbResult,
+    VerbRuntime,
+    envelope,
+    executes,
+    issue_of,
+    reads_facts,
+    refused,
+    replays,
+)
+from bot.verbs.triggers import queue_auto_allocation
 from state.journal import JournalStore
 from state.leases import Lease, LeaseRefused
 from state.outbox import OutboxIntent, enqueue
@@ -42,7 +55,7 @@ class PullsGitea(Protocol):
     ) -> PullRequest: ...
 
 
-def pulls_gitea(rt: VerbRuntime) -> PullsGitea | None:
+def pulls_gitea(rt: VerbRuntime[BootstrapGitea]) -> PullsGitea | None:
     return rt.gitea if isinstance(rt.gitea, PullsGitea) else None
 
 
@@ -51,7 +64,7 @@ def closing_body(issue: int, branch: str, login: str) -> str:
     return f"Closes #{issue}\n\nOpened by foreman for {login} from `{branch}`."
 
 
-async def commits_ahead(rt: VerbRuntime, issue: int) -> int:
+async def commits_ahead(rt: VerbRuntime[BootstrapGitea], issue: int) -> int:
     """How many commits the issue branch on Gitea has beyond the default branch (0: absent or not ahead).
 
     Counted in the control checkout (it pushed the branch, so it has its commits); a default-branch commit it
@@ -78,8 +91,9 @@ async def open_pull(gitea: PullsGitea, branch: str) -> PullRequest | None:
     return next((pr for pr in await gitea.list_pulls(state="open") if pr.head_ref == branch), None)
 
 
+@executes("open_pull_request")
 async def open_pull_request(
-    rt: VerbRuntime, verb: Verb, caller: Caller, values: Mapping[str, object], lease: Lease | None,
+    rt: VerbRuntime[BootstrapGitea], verb: Verb, caller: Caller, values: Mapping[str, object], lease: Lease | None,
     delivery_id: str | None, options: CallOptions,
 ) -> VerbResult:
     issue = issue_of(values)
@@ -128,8 +142,17 @@ async def open_pull_request(
     return rt.done(verb, caller, doc)
 
 
+@reads_facts(PRECONDITION_COMMITS)
+async def commits_fact(rt: VerbRuntime[Any], context: GatewayContext, lease: Lease | None, issue: int) -> (
+    GatewayContext
+):
+    """The gateway's commits-ahead fact: counted only for an issue with a live lease (else 0)."""
+    return replace(context, commits_ahead=await commits_ahead(rt, issue)) if lease is not None else context
+
+
+@replays("open_pull_request")
 async def open_pull_request_replay(
-    rt: VerbRuntime, verb: Verb, caller: Caller, values: Mapping[str, object]
+    rt: VerbRuntime[BootstrapGitea], verb: Verb, caller: Caller, values: Mapping[str, object]
 ) -> VerbResult | None:
     """The caller's own finished call, answered from its record before the preconditions (the hand-over ended the
     lease they check): the caller's latest lease on the issue ended ``pull_request_opened`` by a call with the same
@@ -147,8 +170,9 @@ async def open_pull_request_replay(
     return rt.done(verb, caller, {**detail["result"], "replayed": True})
 
 
+@replays("release_lease")
 async def release_after_handover_replay(
-    rt: VerbRuntime, verb: Verb, caller: Caller, values: Mapping[str, object]
+    rt: VerbRuntime[BootstrapGitea], verb: Verb, caller: Caller, values: Mapping[str, object]
 ) -> VerbResult | None:
     """``gitea_release_lease`` by an author whose lease the PR's opening already ended (a run's reserved teardown
     after ``gitea_open_pull_request``, an agent releasing out of habit): answered with that ended lease, changing
@@ -164,7 +188,7 @@ async def release_after_handover_replay(
                                   "outbox": []})
 
 
-async def _handed_over(rt: VerbRuntime, issue: int, login: str) -> Lease | None:
+async def _handed_over(rt: VerbRuntime[BootstrapGitea], issue: int, login: str) -> Lease | None:
     """``login``'s latest lease on the issue, when the PR's opening ended it (None: live, none, or ended so)."""
     mine = [lease for lease in await rt.leases.history(rt.repo, issue) if lease.owner == login]
     if not mine or mine[-1].status == "live" or mine[-1].end_reason != HANDOVER_REASON:
@@ -189,7 +213,7 @@ async def _adopt(
 
 
 async def _record(
-    rt: VerbRuntime, caller: Caller, issue: int, pr: PullRequest, branch: str, base: str, adopted: bool,
+    rt: VerbRuntime[BootstrapGitea], caller: Caller, issue: int, pr: PullRequest, branch: str, base: str, adopted: bool,
     delivery_id: str | None, lease: Lease | None, key: str | None,
 ) -> dict[str, Any]:
     """Record the PR on the issue, end the authoring lease (``pull_request_opened``, the answer kept on its

@@ -5,21 +5,34 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any, Literal, Protocol
 
 from bot.core.bootstrap import branch_for
 from bot.core.canonical import CanonicalState
 from bot.core.errors import Envelope
 from bot.core.evidence import render_evidence
-from bot.core.verbs import Verb
+from bot.core.gateway import GatewayContext
+from bot.core.verbs import PRECONDITION_PR_EXISTS, Verb
 from bot.core.vocabulary import label_for_state, state_for_label
 from bot.gitea import GiteaError, GiteaNotFound, Issue, IssueState, IssueType, client_as
 from bot.gitea.errors import GiteaInvalid
 from bot.gitea.values import PullRequest, Review
 from bot.verbs.handback import AWAITING, busy_leases, lease_back
 from bot.verbs.leases import lease_changed
-from bot.verbs.runtime import Caller, CallOptions, VerbResult, VerbRuntime, envelope, issue_of, refused
+from bot.verbs.leasing import LeaseGrant, grant_lease
+from bot.verbs.runtime import (
+    Caller,
+    CallOptions,
+    VerbResult,
+    VerbRuntime,
+    envelope,
+    executes,
+    issue_of,
+    reads_facts,
+    refused,
+    replays,
+)
 from state.db import Database
 from state.leases import Lease, LeaseRefused, LeaseStore, LeaseTaken
 from state.outbox import OutboxIntent, enqueue
@@ -160,7 +173,7 @@ def issue_state_of(issue: Issue) -> str | None:
     return states[0] if len(states) == 1 else None
 
 
-async def pull_facts(rt: VerbRuntime, number: int) -> PullFacts:
+async def pull_facts(rt: VerbRuntime[ReviewGitea], number: int) -> PullFacts:
     """The PR facts of issue ``number`` (no Gitea, or Gitea cannot answer: no PR, which the gates refuse)."""
     implementer = await implementer_of(rt.leases, rt.repo, number)
     owner = implementer.owner if implementer is not None else None
@@ -227,8 +240,19 @@ def review_lease_effects(lease: Lease, bot_login: str, cause: str | None) -> tup
 # --- claim_review -----------------------------------------------------------------------------------------------------
 
 
+@reads_facts(PRECONDITION_PR_EXISTS)
+async def pull_fact(rt: VerbRuntime[Any], context: GatewayContext, lease: Lease | None, issue: int) -> GatewayContext:
+    """The review and merge facts: the issue's PR (its author), the verdict on it, the implementer, the state."""
+    facts = await pull_facts(rt, issue)
+    pull = facts.pull
+    return replace(context, pr_number=pull.number if pull is not None else None,
+                   pr_author=pull.user.login if pull is not None else None, pr_approved=facts.approved,
+                   implementer=facts.implementer, issue_state=facts.issue_state)
+
+
+@executes("claim_review")
 async def claim_review(
-    rt: VerbRuntime, verb: Verb, caller: Caller, values: Mapping[str, object], lease: Lease | None,
+    rt: VerbRuntime[ReviewGitea], verb: Verb, caller: Caller, values: Mapping[str, object], lease: Lease | None,
     delivery_id: str | None, options: CallOptions,
 ) -> VerbResult:
     number = issue_of(values)
@@ -240,12 +264,9 @@ async def claim_review(
             "call gitea_get_runtime_context to find other work", reason="leased", lease=lease.to_dict()))
     try:
         async with rt.db.transaction() as conn:
-            review_lease = await rt.leases.acquire(
-                conn, repo=rt.repo, issue_number=number, owner=caller.login, role="reviewer", action="review",
-                ttl=timedelta(seconds=rt.settings.allocator.lease_ttl_s), now=now, actor=caller.login,
-                fingerprint=None, request={"source": "claim_review"}, reclaim=lease,
-                grace=timedelta(seconds=rt.settings.allocator.lease_grace_s),
-            )
+            grant = LeaseGrant(issue_number=number, owner=caller.login, action="review", actor=caller.login,
+                               request={"source": "claim_review"}, reclaim=lease)
+            review_lease = await grant_lease(conn, rt.leases, rt.settings, grant, now)
             intents = review_lease_effects(review_lease, rt.bot_login, delivery_id)
             for intent in intents:
                 await enqueue(conn, intent)
@@ -294,8 +315,9 @@ def _own_pull(number: int, pull: PullRequest, reviewer: str, own_token: bool) ->
         reason="review_by_pr_poster", poster=poster, reviewer=reviewer, pull_number=pull.number)
 
 
+@executes("submit_review")
 async def submit_review(
-    rt: VerbRuntime, verb: Verb, caller: Caller, values: Mapping[str, object], lease: Lease | None,
+    rt: VerbRuntime[ReviewGitea], verb: Verb, caller: Caller, values: Mapping[str, object], lease: Lease | None,
     delivery_id: str | None, options: CallOptions,
 ) -> VerbResult:
     assert lease is not None  # the ownership precondition held
@@ -339,7 +361,8 @@ async def submit_review(
 
 
 async def _record_verdict(
-    rt: VerbRuntime, verb: Verb, caller: Caller, lease: Lease, facts: PullFacts, pull: PullRequest, review: Review,
+    rt: VerbRuntime[ReviewGitea], verb: Verb, caller: Caller, lease: Lease, facts: PullFacts, pull: PullRequest,
+    review: Review,
     verdict: str, text: str, delivery_id: str | None,
 ) -> VerbResult:
     """In one transaction: the review lease ends (reviewed), the evidence comment, and for request_changes the
@@ -406,7 +429,7 @@ async def _record_verdict(
 
 
 async def _end_review(
-    rt: VerbRuntime, conn: Connection, caller: Caller, lease: Lease, review: Review, verdict: str,
+    rt: VerbRuntime[ReviewGitea], conn: Connection, caller: Caller, lease: Lease, review: Review, verdict: str,
     implementer: str | None, now: datetime, state: CanonicalState, *, waiting: bool, pull_number: int,
     delivery_id: str | None,
 ) -> tuple[Lease | None, OutboxIntent | None]:
@@ -427,8 +450,9 @@ async def _end_review(
                             review_id=review.id, actor=caller.login, now=now, state=state, delivery_id=delivery_id)
 
 
+@replays("submit_review")
 async def submit_review_replay(
-    rt: VerbRuntime, verb: Verb, caller: Caller, values: Mapping[str, object]
+    rt: VerbRuntime[ReviewGitea], verb: Verb, caller: Caller, values: Mapping[str, object]
 ) -> VerbResult | None:
     """A verdict the caller already recorded (its review lease ended ``reviewed``, Gitea holds the review with the
     lease's marker), answered as it was; None for anything else (the preconditions then decide)."""

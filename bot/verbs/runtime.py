@@ -4,42 +4,28 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import datetime
-from functools import cache
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import Any, Generic, Literal, Protocol
+
+from typing_extensions import TypeVar
 
 from bot.config import Settings
+from bot.core.allocator import Candidate
 from bot.core.errors import Envelope, ErrorKind
-from bot.core.gateway import Decision, GatewayContext, Role, evaluate_preconditions
-from bot.core.verbs import (
-    PRECONDITION_COMMITS,
-    PRECONDITION_LOCK,
-    PRECONDITION_PR_EXISTS,
-    PRECONDITION_WORKTREE,
-    VERBS,
-    Verb,
-    evaluate,
-)
+from bot.core.gateway import Decision, GatewayContext, Precondition, Role, evaluate_preconditions
+from bot.core.verbs import PRECONDITION_LOCK, PRECONDITION_WORKTREE, VERBS, Verb, evaluate
 from state.db import Database, utcnow
 from state.issues import IssueStore
 from state.leases import Lease, LeaseStore
 from state.outbox import acting_for
 
-if TYPE_CHECKING:
-    from bot.core.allocator import Candidate
-    from bot.verbs.allocate import AllocatorGitea
-    from bot.verbs.bootstrap import BootstrapContext, BootstrapResult, LockResult
-    from bot.verbs.context import BranchGitea
-    from bot.verbs.merge import MergeGitea
-    from bot.verbs.review import ReviewGitea
-
-    class VerbsGitea(AllocatorGitea, BranchGitea, ReviewGitea, MergeGitea, Protocol):
-        """What the door hands on: the allocator's Gitea (with the bootstrap's) and the runtime context's reads.
-        Declared for the type checker only: the families it unites import this module."""
-
 log = logging.getLogger("foreman.verbs")
+
+#: The Gitea client a door hands on. The door itself calls none of it: each verb family declares the narrow client it
+#: needs (``AllocatorGitea``, ``ReviewGitea``, ...) and types its executors ``VerbRuntime[ThatGitea]``.
+G = TypeVar("G", covariant=True, default=Any)
 
 #: How a call reached the door: an MCP tool, a comment command, the operator's command line, auto-allocation,
 #: start-up recovery (for the owner of the lease it resumes), or the dashboard's allocation preview.
@@ -146,7 +132,7 @@ class BootstrapAnswer:
 
 
 class WorktreeBootstrap(Protocol):
-    """The part of the worktree bootstrap the verbs need (``bot.verbs.bootstrap`` provides it)."""
+    """The part of the worktree bootstrap the verbs need (``bot.verbs.worktree`` provides it)."""
 
     async def bootstrap(
         self, *, issue_number: int, caller: str, idempotency_key: str | None, expected_base: str | None
@@ -167,121 +153,43 @@ class WorktreeBootstrap(Protocol):
     def control_checkout(self) -> Path | None: ...
 
 
-BootstrapFactory = Callable[["VerbRuntime"], Awaitable[WorktreeBootstrap | None]]
+BootstrapFactory = Callable[["VerbRuntime[Any]"], Awaitable[WorktreeBootstrap | None]]
 
 
-async def no_bootstrap(runtime: VerbRuntime) -> WorktreeBootstrap | None:
+async def no_bootstrap(runtime: VerbRuntime[Any]) -> WorktreeBootstrap | None:
     """A runtime without the worktree bootstrap: its verbs answer ``unavailable`` (tests use it too)."""
     return None
 
 
-async def module_bootstrap(runtime: VerbRuntime) -> WorktreeBootstrap | None:
-    """The worktree bootstrap of ``bot.verbs.bootstrap`` over the runtime's database, settings and Gitea."""
-    from bot.verbs.bootstrap import BootstrapContext
-
-    return _ModuleBootstrap(BootstrapContext.from_service(runtime))
-
-
-def bootstrap_over(ctx: BootstrapContext) -> BootstrapFactory:
-    """The worktree bootstrap of ``bot.verbs.bootstrap`` over an existing context (its Gitea, clock and caches)."""
-
-    async def factory(runtime: VerbRuntime) -> WorktreeBootstrap | None:
-        return _ModuleBootstrap(ctx)
-
-    return factory
-
-
-class _ModuleBootstrap:
-    """``bot.verbs.bootstrap``'s transition and lock behind the seam; its facts read from the bootstrap journal."""
-
-    def __init__(self, ctx: BootstrapContext) -> None:
-        from state.journal import JournalStore
-
-        self._ctx = ctx
-        self._journal = JournalStore(ctx.db)
-        self._leases = LeaseStore(ctx.db)
-
-    @staticmethod
-    def _answer(result: BootstrapResult | LockResult) -> BootstrapAnswer:
-        doc = result.to_dict()
-        if result.exit_code == 0:
-            return BootstrapAnswer(doc=doc, outcome=result)
-        refusal = result.refusal or envelope(  # every refusal carries an envelope; this is a guard
-            "invalid_state", f"the bootstrap ended {doc.get('status')}",
-            "Read the issue's state before trying again.", "call gitea_get_runtime_context",
-        )
-        return BootstrapAnswer(doc=doc, refusal=refusal, outcome=result)
-
-    async def bootstrap(
-        self, *, issue_number: int, caller: str, idempotency_key: str | None, expected_base: str | None
-    ) -> BootstrapAnswer:
-        from bot.verbs.bootstrap import bootstrap_issue_worktree
-
-        return self._answer(await bootstrap_issue_worktree(
-            self._ctx, issue_number=issue_number, caller=caller, idempotency_key=idempotency_key,
-            expected_base=expected_base,
-        ))
-
-    async def replay(
-        self, *, issue_number: int, caller: str, idempotency_key: str, expected_base: str | None
-    ) -> BootstrapAnswer | None:
-        from bot.verbs.bootstrap.transition import replay_finished
-
-        existing = await self._journal.get(idempotency_key)
-        if existing is None or existing.owner != caller:
-            return None  # not the caller's own request: the preconditions answer, whether or not the key exists
-        result = await replay_finished(self._ctx, issue_number=issue_number, caller=caller,
-                                       idempotency_key=idempotency_key, expected_base=expected_base)
-        return None if result is None else self._answer(result)
-
-    async def lock(self, *, issue_number: int, caller: str) -> BootstrapAnswer:
-        from bot.verbs.bootstrap import lock_issue
-
-        return self._answer(await lock_issue(self._ctx, issue_number=issue_number, caller=caller))
-
-    async def _lease(self, issue_number: int, owner: str) -> Lease | None:
-        lease = await self._leases.live_for_issue(self._ctx.repo, issue_number)
-        return lease if lease is not None and lease.owner == owner else None
-
-    async def worktree_registered(self, *, issue_number: int, owner: str) -> bool:
-        """A completed bootstrap of the owner's live lease registered a worktree that is still registered
-        (``lock_issue`` checks the branches-only and anti-stomp guards on disk again)."""
-        lease = await self._lease(issue_number, owner)
-        if lease is None:
-            return False
-        done = await self._journal.completed_for_lease(lease.lease_id)
-        registration = await self._journal.live_registration(self._ctx.repo, issue_number)
-        return done is not None and registration is not None and registration.journal_id == done.id
-
-    async def locked(self, *, issue_number: int, owner: str) -> bool:
-        lease = await self._lease(issue_number, owner)
-        lock = await self._journal.live_lock(self._ctx.repo, issue_number)
-        return lease is not None and lock is not None and lock.lease_id == lease.lease_id
-
-    def control_checkout(self) -> Path | None:
-        return self._ctx.checkout_path
+async def registered_bootstrap(runtime: VerbRuntime[Any]) -> WorktreeBootstrap | None:
+    """The worktree bootstrap the verb families registered (``bot.verbs.worktree``), or none when it is not loaded."""
+    factory = _REGISTRY.bootstrap
+    return None if factory is None else await factory(runtime)
 
 
 # --- the runtime ------------------------------------------------------------------------------------------------------
 
 
 @dataclass
-class VerbRuntime:
+class VerbRuntime(Generic[G]):
     """Runs verbs for callers against the database, Gitea (optional) and the worktree bootstrap (optional).
 
     ``wakeup`` is called after outbox entries were committed (the service's sender sends them; a
     stand-alone ``foreman mcp`` leaves them for ``foreman serve``). ``bootstrap_factory`` builds the
     worktree bootstrap on first use (``bot.verbs.bootstrap`` by default; ``no_bootstrap`` for none, whose
-    verbs then answer ``unavailable``). ``gitea`` is only handed on, typed by the union of the Protocols next to
-    each verb family (``AllocatorGitea`` in allocate, ``BranchGitea`` in context, ``BootstrapGitea``).
+    verbs then answer ``unavailable``). ``gitea`` is only handed on: each verb family types the runtime it takes
+    with the narrow client it declares (``VerbRuntime[AllocatorGitea]``, ``VerbRuntime[ReviewGitea]``, ...).
+
+    The door imports no verb: the families register their executors here (``executes``, ``replays``,
+    ``reads_facts``, ``provides_bootstrap``) and the composition root loads them (``bot.verbs.catalog``).
     """
 
     db: Database
     settings: Settings
-    gitea: VerbsGitea | None = None
+    gitea: G | None = None
     bot_login: str = ""
     wakeup: Callable[[], None] | None = None
-    bootstrap_factory: BootstrapFactory = module_bootstrap
+    bootstrap_factory: BootstrapFactory = registered_bootstrap
     clock: Callable[[], datetime] = utcnow
     _bootstrap: WorktreeBootstrap | None = field(default=None, init=False, repr=False)
     _bootstrap_loaded: bool = field(default=False, init=False, repr=False)
@@ -368,7 +276,7 @@ class VerbRuntime:
                     problems=problems,
                 ),
             )
-        replay = replayers().get(verb.name)
+        replay = _REGISTRY.replayers.get(verb.name)
         replayed = await replay(self, verb, caller, values) if replay is not None else None
         if replayed is not None:
             log.info("%s by %s (%s): replayed", verb.name, caller.login, caller.channel)
@@ -378,7 +286,10 @@ class VerbRuntime:
         if not decision.allowed:
             log.info("%s by %s refused: %s %s", verb.name, caller.login, decision.kind, list(decision.failed))
             return _decision_result(verb.name, decision)
-        result = await executors()[verb.name](self, verb, caller, values, lease, delivery_id, options)
+        execute = _REGISTRY.executors.get(verb.name)
+        if execute is None:  # the composition root did not load the verb families (bot.verbs.catalog)
+            raise RuntimeError(f"no executor is registered for {verb.name}: import bot.verbs.catalog")
+        result = await execute(self, verb, caller, values, lease, delivery_id, options)
         log.info("%s by %s (%s): %s", verb.name, caller.login, caller.channel, "ok" if result.ok else "refused")
         return result
 
@@ -390,7 +301,6 @@ class VerbRuntime:
         lease: Lease | None = None
         live = False
         worktree = locked = False
-        commits = 0
         if isinstance(issue, int):
             lease = await self.leases.live_for_issue(self.repo, issue)
             live = lease is not None and lease.is_live(self.clock())
@@ -398,10 +308,6 @@ class VerbRuntime:
                 worktree = await self.worktree_registered(issue, lease.owner)
             if lease is not None and live and PRECONDITION_LOCK in verb.preconditions:
                 locked = await self.issue_locked(issue, lease.owner)
-            if lease is not None and live and PRECONDITION_COMMITS in verb.preconditions:
-                from bot.verbs.pulls import commits_ahead
-
-                commits = await commits_ahead(self, issue)
         context = GatewayContext(
             caller=caller.login,
             caller_roles=caller.roles,
@@ -409,22 +315,13 @@ class VerbRuntime:
             lease_owner=lease.owner if lease is not None else None,
             lease_live=live,
             worktree_registered=worktree,
-            commits_ahead=commits,
             locked=locked,
         )
-        if isinstance(issue, int) and PRECONDITION_PR_EXISTS in verb.preconditions:
-            context = await self._pull_facts(context, issue)
+        if isinstance(issue, int):
+            for precondition, read in _REGISTRY.fact_readers.items():  # the families' own facts (commits, the PR)
+                if precondition in verb.preconditions:
+                    context = await read(self, context, lease if live else None, issue)
         return context, lease
-
-    async def _pull_facts(self, context: GatewayContext, issue: int) -> GatewayContext:
-        """The review and merge facts: the issue's PR (its author), the verdict on it, the implementer, the state."""
-        from bot.verbs.review import pull_facts
-
-        facts = await pull_facts(self, issue)
-        pull = facts.pull
-        return replace(context, pr_number=pull.number if pull is not None else None,
-                       pr_author=pull.user.login if pull is not None else None, pr_approved=facts.approved,
-                       implementer=facts.implementer, issue_state=facts.issue_state)
 
     async def worktree_registered(self, issue: int, owner: str) -> bool:
         bootstrap = await self.worktree_bootstrap()
@@ -454,132 +351,89 @@ class VerbRuntime:
             self.wakeup()
 
 
-async def bootstrap_verb(
-    rt: VerbRuntime, verb: Verb, caller: Caller, values: Mapping[str, object], lease: Lease | None,
-    delivery_id: str | None, options: CallOptions,
-) -> VerbResult:
-    issue = issue_of(values)
-    bootstrap = await rt.worktree_bootstrap()
-    if bootstrap is None:
-        return refused(verb.name, bootstrap_missing(verb, issue))
-    if verb.name == "lock_issue":
-        answer = await bootstrap.lock(issue_number=issue, caller=caller.login)
-    else:
-        key, base = values.get("idempotency_key"), values.get("expected_base")
-        answer = await bootstrap.bootstrap(
-            issue_number=issue,
-            caller=caller.login,
-            idempotency_key=key if isinstance(key, str) else None,
-            expected_base=base if isinstance(base, str) else None,
-        )
-    rt.woken()
-    return _answered(rt, verb, caller, answer)
+Executor = Callable[
+    [VerbRuntime[Any], Verb, Caller, Mapping[str, object], Lease | None, str | None, CallOptions],
+    Awaitable[VerbResult],
+]
+Replayer = Callable[[VerbRuntime[Any], Verb, Caller, Mapping[str, object]], Awaitable[VerbResult | None]]
+#: Reads a precondition's facts into the gateway's context: the runtime, the context so far, the issue's live lease
+#: (None when there is none) and the issue number.
+FactReader = Callable[[VerbRuntime[Any], GatewayContext, Lease | None, int], Awaitable[GatewayContext]]
+#: Runs when a release freed an author (auto-allocation registers one): the runtime and the delivery id; its report
+#: (None: nothing ran) goes into the release's answer.
+AuthorFreed = Callable[[VerbRuntime[Any], str | None], Awaitable[dict[str, Any] | None]]
+_E = TypeVar("_E", bound=Callable[..., Awaitable[object]])
 
 
-async def bootstrap_replay(
-    rt: VerbRuntime, verb: Verb, caller: Caller, values: Mapping[str, object]
-) -> VerbResult | None:
-    """A bootstrap request that already finished, answered from its journal (before the preconditions: a replay
-    changes nothing, so its lease may have ended since); None for a new or unfinished request."""
-    key, base = values.get("idempotency_key"), values.get("expected_base")
-    bootstrap = await rt.worktree_bootstrap() if isinstance(key, str) else None
-    if bootstrap is None or not isinstance(key, str):
-        return None
-    answer = await bootstrap.replay(issue_number=issue_of(values), caller=caller.login, idempotency_key=key,
-                                    expected_base=base if isinstance(base, str) else None)
-    return None if answer is None else _answered(rt, verb, caller, answer)
+@dataclass
+class VerbRegistry:
+    """What the verb families registered with the door: an executor per offered verb, the verbs that answer a
+    finished request from its record first, the readers of their own preconditions' facts, the worktree
+    bootstrap, and what runs when a release frees an author. Filled when the families are imported
+    (``bot.verbs.catalog`` imports every one)."""
+
+    executors: dict[str, Executor] = field(default_factory=dict)
+    replayers: dict[str, Replayer] = field(default_factory=dict)
+    fact_readers: dict[Precondition[GatewayContext], FactReader] = field(default_factory=dict)
+    bootstrap: BootstrapFactory | None = None
+    author_freed: AuthorFreed | None = None
+
+    def missing(self) -> list[str]:
+        """The offered verbs without an executor (an executor of a verb the table no longer offers is never run:
+        the door refuses that verb first)."""
+        return sorted(name for name, verb in VERBS.items() if verb.executable and name not in self.executors)
 
 
-def _answered(rt: VerbRuntime, verb: Verb, caller: Caller, answer: BootstrapAnswer) -> VerbResult:
-    if answer.refusal is not None:
-        return VerbResult(verb=verb.name, doc={"verb": verb.name, **answer.doc}, refusal=answer.refusal,
-                          outcome=answer.outcome)
-    return replace(rt.done(verb, caller, answer.doc), outcome=answer.outcome)
+_REGISTRY = VerbRegistry()
 
 
-async def bootstrap_through_door(ctx: BootstrapContext, caller: Caller, arguments: Mapping[str, object]) -> (
-    BootstrapResult
-):
-    """The bootstrap verb through the door for an in-process caller (start-up recovery, the allocation's own
-    bootstrap) over ``ctx``: the transition's typed result, or the door's refusal as a refused one."""
-    from bot.verbs.bootstrap import BootstrapResult
-    from bot.verbs.bootstrap.refusals import refused_result
+def registry() -> VerbRegistry:
+    return _REGISTRY
 
-    runtime = VerbRuntime(db=ctx.db, settings=ctx.settings, bot_login=ctx.bot_login, clock=ctx.clock,
-                          bootstrap_factory=bootstrap_over(ctx))
-    result = await runtime.call("bootstrap_issue_worktree", caller, arguments)
-    if isinstance(result.outcome, BootstrapResult):
-        return result.outcome
-    issue, key = arguments.get("issue_number"), arguments.get("idempotency_key")
-    refusal = result.refusal or envelope(  # a door answer without a typed result is a refusal; this is a guard
-        "unavailable", "the bootstrap gave no result", "Read the issue's state.", "call gitea_get_runtime_context")
-    return refused_result(issue if isinstance(issue, int) else 0, refusal, key if isinstance(key, str) else None)
+
+def _register(table: dict[Any, Any], kind: str, names: tuple[object, ...]) -> Callable[[_E], _E]:
+    def register(function: _E) -> _E:
+        for name in names:
+            if name in table and table[name] is not function:
+                raise RuntimeError(f"two {kind} registered for {name}")
+            table[name] = function
+        return function
+
+    return register
+
+
+def executes(*verb_names: str) -> Callable[[_E], _E]:
+    """Registers the decorated function as the executor of ``verb_names`` (each a name in ``VERBS``)."""
+    unknown = [name for name in verb_names if name not in VERBS]
+    if unknown:
+        raise RuntimeError(f"not verbs of the table: {unknown}")
+    return _register(_REGISTRY.executors, "executors", verb_names)
+
+
+def replays(*verb_names: str) -> Callable[[_E], _E]:
+    """Registers the decorated function as the replayer of ``verb_names``: run after the role gate and before the
+    preconditions, it answers a finished request from its record (None: a new request, decided as usual)."""
+    return _register(_REGISTRY.replayers, "replayers", verb_names)
+
+
+def reads_facts(precondition: Precondition[GatewayContext]) -> Callable[[_E], _E]:
+    """Registers the decorated function as the reader of ``precondition``'s facts for the gateway."""
+    return _register(_REGISTRY.fact_readers, "fact readers", (precondition,))
+
+
+def provides_bootstrap(factory: BootstrapFactory) -> BootstrapFactory:
+    """Registers the worktree bootstrap every door uses unless it is given another (``bootstrap_factory``)."""
+    _REGISTRY.bootstrap = factory
+    return factory
+
+
+def when_author_freed(hook: AuthorFreed) -> AuthorFreed:
+    """Registers what runs after a release freed an author (auto-allocation's next allocation)."""
+    _REGISTRY.author_freed = hook
+    return hook
 
 
 def issue_of(values: Mapping[str, object]) -> int:
     issue = values["issue_number"]
     assert isinstance(issue, int)
     return issue
-
-
-def bootstrap_missing(verb: Verb, issue: int) -> Envelope:
-    return envelope(
-        "unavailable",
-        f"{verb.tool} is not available: this foreman runs without the worktree bootstrap (bot.verbs.bootstrap)",
-        "An operator must run foreman with the worktree bootstrap.",
-        f"call gitea_post_issue_state with issue_number={issue}, state blocked and blockers naming the missing "
-        "worktree bootstrap",
-        missing_component="bot.verbs.bootstrap",
-    )
-
-
-Executor = Callable[
-    [VerbRuntime, Verb, Caller, Mapping[str, object], Lease | None, str | None, CallOptions], Awaitable[VerbResult]
-]
-Replayer = Callable[[VerbRuntime, Verb, Caller, Mapping[str, object]], Awaitable[VerbResult | None]]
-
-
-def replayers() -> Mapping[str, Replayer]:
-    """The verbs that answer a finished request from its record before the preconditions (after the role gate)."""
-    from bot.verbs.merge import merge_replay
-    from bot.verbs.pulls import open_pull_request_replay, release_after_handover_replay
-    from bot.verbs.review import submit_review_replay
-
-    return {"bootstrap_issue_worktree": bootstrap_replay, "submit_review": submit_review_replay,
-            "merge_pull_request": merge_replay, "open_pull_request": open_pull_request_replay,
-            "release_lease": release_after_handover_replay}
-
-
-@cache
-def executors() -> Mapping[str, Executor]:
-    """Each offered verb's executor, by verb family (imported on first use: the families import this door)."""
-    from bot.verbs.allocate import allocate
-    from bot.verbs.context import runtime_context
-    from bot.verbs.duplicates import assess_duplicate
-    from bot.verbs.issue_state import get_state, post_state
-    from bot.verbs.leases import heartbeat, release
-    from bot.verbs.merge import merge_pull_request
-    from bot.verbs.publish import publish
-    from bot.verbs.pulls import open_pull_request
-    from bot.verbs.review import claim_review, submit_review
-
-    table: dict[str, Executor] = {
-        "allocate_next_work": allocate,
-        "bootstrap_issue_worktree": bootstrap_verb,
-        "lock_issue": bootstrap_verb,
-        "heartbeat_lease": heartbeat,
-        "release_lease": release,
-        "get_issue_state": get_state,
-        "post_issue_state": post_state,
-        "get_runtime_context": runtime_context,
-        "claim_review": claim_review,
-        "submit_review": submit_review,
-        "merge_pull_request": merge_pull_request,
-        "publish_worktree": publish,
-        "open_pull_request": open_pull_request,
-        "assess_work_issue_duplicate": assess_duplicate,
-    }
-    offered = {name for name, verb in VERBS.items() if verb.executable}
-    if offered != set(table):
-        raise RuntimeError(f"executable verbs {sorted(offered)} and executors {sorted(table)} differ")
-    return table

@@ -1,10 +1,10 @@
-"""The worktree bootstrap verbs: the journaled transition, the lock, the preflight proof and start-up recovery."""
+"""The worktree bootstrap verbs: the journaled transition, the lock, the preflight proof (start-up recovery is
+``bot.verbs.bootstrap.recovery``, above the allocator it uses)."""
 
 from bot.verbs.bootstrap.checkout import effective_clone_url, ensure_control_checkout, repoint_control_checkout
 from bot.verbs.bootstrap.context import BootstrapContext, BootstrapResult, LockResult
 from bot.verbs.bootstrap.lock import lock_issue
 from bot.verbs.bootstrap.preflight import bootstrap_preflight
-from bot.verbs.bootstrap.recovery import recover_open_transitions
 from bot.verbs.bootstrap.transition import bootstrap_issue_worktree
 
 __all__ = [
@@ -16,6 +16,5 @@ __all__ = [
     "effective_clone_url",
     "ensure_control_checkout",
     "lock_issue",
-    "recover_open_transitions",
     "repoint_control_checkout",
 ]

@@ -6,8 +6,8 @@ import logging
 
 from bot import worktree_files
 from bot.verbs.bootstrap.context import BootstrapContext, BootstrapResult
+from bot.verbs.bootstrap.service import bootstrap_for_owner
 from bot.verbs.bootstrap.transition import BootstrapRun
-from bot.verbs.runtime import bootstrap_through_door, caller_for
 from state.journal import JournalStore
 from state.leases import LeaseStore
 from state.outbox import acting_for
@@ -23,7 +23,8 @@ async def recover_open_transitions(ctx: BootstrapContext) -> list[BootstrapResul
 
 async def _recover_open_transitions(ctx: BootstrapContext) -> list[BootstrapResult]:
     """Finish or undo what a dead process left half-way (the service runs this when it starts): a transition of
-    a live lease is resumed through the door for its owner, exactly as the owner's replay of the same key would; a
+    a live lease is resumed for its owner (the transition itself checks the live lease), as the owner's replay of the
+    same key would; a
     transition whose lease has ended meanwhile (released, expired) is compensated now instead of when the next lease
     of the issue asks for its worktree. Each holds the per-issue lock; a transition someone else is driving (the
     lock is held) is left to them. A refusal is logged and returned, never raised."""
@@ -34,8 +35,7 @@ async def _recover_open_transitions(ctx: BootstrapContext) -> list[BootstrapResu
     for t in await journal.open_transitions(ctx.repo):
         lease = await leases.get(t.lease_id)
         if lease is not None and lease.is_live(ctx.clock()) and lease.owner == t.owner:
-            result = await bootstrap_through_door(ctx, caller_for(ctx.settings, t.owner, "recovery"),
-                                                  {"issue_number": t.issue_number, "idempotency_key": t.key})
+            result = await bootstrap_for_owner(ctx, issue_number=t.issue_number, owner=t.owner, idempotency_key=t.key)
         else:
             lock_path = ctx.locks_dir() / f"issue-{t.issue_number}.lock"
             async with worktree_files.file_lock(lock_path, wait_s=ctx.settings.bootstrap.lock_wait_s) as held:
@@ -52,8 +52,8 @@ async def _recover_open_transitions(ctx: BootstrapContext) -> list[BootstrapResu
 
 async def _bootstrap_unstarted_leases(ctx: BootstrapContext) -> list[BootstrapResult]:
     """A process killed between an allocation's lease commit and its bootstrap's first phase left a live implement
-    lease with no transition at all: its bootstrap is run now through the door for the owner, as the allocation
-    would have; refused (not `unavailable`), the lease is released as unworkable, exactly as the allocation does.
+    lease with no transition at all: its bootstrap is run now for the owner, as the allocation would have; refused
+    (not `unavailable`), the lease is released as unworkable, exactly as the allocation does.
     Review and merge leases need no worktree and are left alone."""
     from bot.verbs.allocate import AllocationCall, Allocator
 
@@ -64,8 +64,7 @@ async def _bootstrap_unstarted_leases(ctx: BootstrapContext) -> list[BootstrapRe
             continue  # only an implement lease has a worktree (a review or merge lease never bootstraps)
         if any(t.lease_id == lease.lease_id for t in await journal.history(ctx.repo, lease.issue_number)):
             continue
-        result = await bootstrap_through_door(ctx, caller_for(ctx.settings, lease.owner, "recovery"),
-                                              {"issue_number": lease.issue_number})
+        result = await bootstrap_for_owner(ctx, issue_number=lease.issue_number, owner=lease.owner)
         if result.status == "refused" and result.refusal is not None and result.refusal.error != "unavailable":
             # The release writes the lease, its evidence and the outbox only: the allocator needs no Gitea for it.
             allocator = Allocator(ctx.db, ctx.settings, None, bot_login=ctx.bot_login or "")
