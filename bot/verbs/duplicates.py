@@ -14,6 +14,7 @@ from bot.core.verbs import Verb
 from bot.gitea import Branch, GiteaError, GiteaNotFound, Issue, PullRequest
 from bot.gitea.pulls import IssueState
 from bot.tasks import bounded_in_order
+from bot.verbs.gitea_refusals import GiteaAsk, gitea_refusal
 from bot.verbs.runtime import Caller, CallOptions, VerbResult, VerbRuntime, envelope, executes, issue_of, refused
 from state.db import Database, utcnow
 from state.journal import JournalStore
@@ -136,7 +137,9 @@ async def assess_duplicate(
         return refused(verb.name, envelope("not_found", f"#{issue} is not an issue of {rt.repo}",
                                            "Check the number.", "call gitea_get_runtime_context"))
     except GiteaError as exc:
-        return refused(verb.name, envelope("unavailable", f"Gitea did not answer: {exc}", "Nothing was decided.",
-                                           f"call {verb.tool} again with issue_number={issue}"))
+        return refused(verb.name, gitea_refusal(exc, GiteaAsk(
+            what=f"read #{issue} and the open pull requests", refused_because="Gitea refused the read.",
+            after_failure="Nothing was decided.", retry=f"call {verb.tool} again with issue_number={issue}",
+            read_state="call gitea_get_runtime_context")))
     return rt.done(verb, caller, {"issue_number": issue, "phase": phase, "duplicate": bool(findings),
                                   "findings": [f.to_dict() for f in findings], "unchecked": []})

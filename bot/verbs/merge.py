@@ -13,6 +13,7 @@ from bot.core.verbs import Verb
 from bot.gitea import GiteaError, client_as
 from bot.gitea.errors import GiteaConflict, GiteaInvalid
 from bot.gitea.values import PullRequest, Review
+from bot.verbs.gitea_refusals import GiteaAsk, gitea_refusal
 from bot.verbs.review import PullsGitea, RecordedVerdict, implementer_of, pull_for_issue, recorded_verdicts
 from bot.verbs.runtime import (
     Caller,
@@ -257,17 +258,16 @@ async def merge_pull_request(
         await merger.merge_pull(pull.number, style=rt.settings.merge.style, head_commit_id=approved)
     except GiteaConflict as exc:
         return refused(verb.name, _stale(number, await gitea.get_pull(pull.number), approved, exc.message))
-    except GiteaInvalid as exc:
-        again = await gitea.get_pull(pull.number)
-        if not again.merged:
-            return refused(verb.name, envelope(
-                "invalid_state", f"Gitea refused to merge PR #{pull.number}: {exc.message}",
-                "Gitea answers so for a conflicting PR, a disallowed merge style or missing write access.",
-                f"call gitea_get_issue_state with issue_number={number}", gitea_status=exc.status))
     except GiteaError as exc:
-        return refused(verb.name, envelope(
-            "unavailable", f"Gitea could not merge PR #{pull.number}: {exc}",
-            "A retry adopts a merge Gitea did make.", f"call {verb.tool} again"))
+        # Refused (a conflicting PR, a disallowed merge style, no write access) or no answer: a merge Gitea did make
+        # meanwhile is adopted below, as a retry would.
+        if not isinstance(exc, GiteaInvalid) or not (await gitea.get_pull(pull.number)).merged:
+            return refused(verb.name, gitea_refusal(exc, GiteaAsk(
+                what=f"merge PR #{pull.number}",
+                refused_because="Gitea answers so for a conflicting PR, a disallowed merge style or missing write "
+                "access.",
+                after_failure="A retry adopts a merge Gitea did make.", retry=f"call {verb.tool} again",
+                read_state=f"call gitea_get_issue_state with issue_number={number}")))
     merged = await gitea.get_pull(pull.number)
     if not merged.merged or not merged.merge_commit_sha:
         return refused(verb.name, envelope(

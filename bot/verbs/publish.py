@@ -16,6 +16,7 @@ from bot.core.evidence import render_evidence
 from bot.core.verbs import Verb
 from bot.gitea import Branch, GiteaError, GiteaNotFound
 from bot.verbs.bootstrap.context import BootstrapContext, BootstrapGitea
+from bot.verbs.gitea_refusals import GiteaAsk, gitea_refusal
 from bot.verbs.runtime import Caller, CallOptions, VerbResult, VerbRuntime, envelope, executes, issue_of, refused
 from state.journal import JournalStore, Registration
 from state.leases import Lease
@@ -234,9 +235,10 @@ async def _verify(rt: VerbRuntime[PublishGitea], verb: Verb, caller: Caller, pub
     except GiteaNotFound:
         seen = None
     except GiteaError as exc:
-        return refused(verb.name, envelope(
-            "unavailable", f"Gitea did not answer the read-back of {pub.branch}: {exc}", "The push may have landed.",
-            f"call {verb.tool} again for #{pub.issue_number} with the same idempotency_key"))
+        again = f"call {verb.tool} again for #{pub.issue_number} with the same idempotency_key"
+        return refused(verb.name, gitea_refusal(exc, GiteaAsk(
+            what=f"read back the branch {pub.branch}", refused_because="The branch name is not one Gitea reads.",
+            after_failure="The push may have landed.", retry=again, read_state=again)))
     if seen != pub.commit_sha:
         return refused(verb.name, envelope(
             "conflict", f"after the push Gitea shows {pub.branch} at {seen}, not {pub.commit_sha}",

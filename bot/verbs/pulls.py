@@ -16,6 +16,7 @@ from bot.gitea import Branch, GiteaConflict, GiteaError, GiteaNotFound, Issue, P
 from bot.gitea.pulls import IssueState
 from bot.verbs.bootstrap.context import BootstrapContext, BootstrapGitea
 from bot.verbs.bootstrap.faults import FAULT_STEP_ENV, crash_seam
+from bot.verbs.gitea_refusals import GiteaAsk, gitea_refusal
 from bot.verbs.runtime import (
     Caller,
     CallOptions,
@@ -121,9 +122,13 @@ async def open_pull_request(
                 # next call's adoption (tests/test_crash_open_pr.py kills `foreman serve` at this seam).
                 crash_seam(FAULT_STEP_ENV, "pull_created")
     except GiteaError as exc:
-        return refused(verb.name, envelope(
-            "unavailable", f"Gitea refused or did not answer while opening the PR of #{issue}: {exc}",
-            "Nothing is recorded until the PR is read back.", f"call {verb.tool} again with issue_number={issue}"))
+        return refused(verb.name, gitea_refusal(exc, GiteaAsk(
+            what=f"open the PR of #{issue}",
+            refused_because="Gitea refuses a pull request whose branch or base it cannot compare (the branch is not "
+            "pushed, or has no commit beyond the base).",
+            after_failure="Nothing is recorded until the PR is read back.",
+            retry=f"call {verb.tool} again with issue_number={issue}",
+            read_state=f"call gitea_get_issue_state with issue_number={issue}")))
     if pr is None:
         return refused(verb.name, envelope(
             "conflict", f"Gitea says a PR from {branch} exists but none is open", "Read the issue's PRs.",

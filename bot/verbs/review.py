@@ -16,8 +16,8 @@ from bot.core.gateway import GatewayContext
 from bot.core.verbs import PRECONDITION_PR_EXISTS, Verb
 from bot.core.vocabulary import label_for_state, state_for_label
 from bot.gitea import GiteaError, GiteaNotFound, Issue, IssueState, IssueType, client_as
-from bot.gitea.errors import GiteaInvalid
 from bot.gitea.values import PullRequest, Review
+from bot.verbs.gitea_refusals import GiteaAsk, gitea_refusal
 from bot.verbs.handback import AWAITING, busy_leases, lease_back
 from bot.verbs.leases import lease_changed
 from bot.verbs.leasing import LeaseGrant, grant_lease
@@ -348,15 +348,12 @@ async def submit_review(
             body = f"{text}\n\n{_marker(lease.lease_id)}" if text else _marker(lease.lease_id)
             review = await acting.client.submit_review(pull.number, _EVENTS[verdict], body=body,
                                                        commit_id=pull.head_sha)
-    except GiteaInvalid as exc:
-        return refused(verb.name, envelope(
-            "invalid_state", f"Gitea refused the review of PR #{pull.number}: {exc.message}",
-            "Gitea refuses a verdict on a closed PR and by the PR's own poster.",
-            f"call gitea_get_issue_state with issue_number={number}", gitea_status=exc.status))
     except GiteaError as exc:
-        return refused(verb.name, envelope(
-            "unavailable", f"Gitea could not take the review of PR #{pull.number}: {exc}",
-            "Nothing was recorded; a retry finds a review Gitea did take.", f"call {verb.tool} again"))
+        return refused(verb.name, gitea_refusal(exc, GiteaAsk(
+            what=f"take the review of PR #{pull.number}",
+            refused_because="Gitea refuses a verdict on a closed PR and by the PR's own poster.",
+            after_failure="Nothing was recorded; a retry finds a review Gitea did take.",
+            retry=f"call {verb.tool} again", read_state=f"call gitea_get_issue_state with issue_number={number}")))
     return await _record_verdict(rt, verb, caller, lease, facts, pull, review, verdict, text, delivery_id)
 
 
