@@ -52,7 +52,8 @@ from bot.config import Settings
 from bot.core.bootstrap import branch_for
 from bot.emulator import Emulator, start_emulator
 from bot.gitea import GiteaClient, GiteaNotFound
-from bot.gitops import ControlCheckout, git_env
+from bot.gitops.control import ControlCheckout
+from bot.gitops.environment import git_env
 from bot.verbs.bootstrap import BootstrapContext, bootstrap_issue_worktree, ensure_control_checkout
 from state.db import Database, utcnow
 from state.leases import LeaseStore

@@ -38,7 +38,7 @@ from bot.demo import (
     until,
 )
 from bot.emulator import pullgit
-from bot.gitops import auth_env
+from bot.gitops.remote import auth_env
 
 MILESTONES = ("bootstrap_evidence_verified", "published", "pull_request_opened", "approved", "merged", "torn_down")
 LIFE_STEPS = ("worktree_add", "commit", "push", "pr_create", "review", "merge")

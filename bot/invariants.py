@@ -13,7 +13,7 @@ from typing import Any, Protocol
 from bot.core.evidence import find_marker, parse_evidence
 from bot.core.teardown import closing_issue
 from bot.gitea import Comment, Issue, IssueState, IssueType, PullRequest
-from bot.gitops import parse_worktree_porcelain
+from bot.gitops.records import parse_worktree_porcelain
 from state.db import read_only
 from state.deliveries import DeliveryStore
 from state.grants import GrantStore

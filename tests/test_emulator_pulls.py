@@ -11,7 +11,9 @@ import pytest
 
 from bot.emulator import Emulator, SentWebhook
 from bot.emulator.pulls import closing_refs
-from bot.gitops import GitRunner, auth_env, git_env
+from bot.gitops.environment import git_env
+from bot.gitops.remote import auth_env
+from bot.gitops.runner import GitRunner
 from tests.conftest import SHARED
 from tests.gitea_fixtures import (
     BOT,

@@ -9,7 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from bot.gitops import GitFailure, GitRunner, auth_env, git_env
+from bot.gitops.environment import git_env
+from bot.gitops.errors import GitFailure
+from bot.gitops.remote import auth_env
+from bot.gitops.runner import GitRunner
 from tests.gitea_fixtures import BOT, OWNER, REPO, TOKENS, live_emulator
 from tests.support import Started
 from tests.world import open_world

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from bot.gitops import ControlCheckout, git_env
+from bot.gitops.control import ControlCheckout
+from bot.gitops.environment import git_env
 from tests.test_bootstrap_support import git
 from tests.test_gitops_registration import repo
 

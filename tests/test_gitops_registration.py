@@ -14,7 +14,9 @@ from typing import Any
 
 import pytest
 
-from bot.gitops import ControlCheckout, WorktreeEntry, git_env
+from bot.gitops.control import ControlCheckout
+from bot.gitops.environment import git_env
+from bot.gitops.records import WorktreeEntry
 from tests.test_bootstrap_support import git
 
 #: What the audit hook records while ``counting`` is on: (event, first argument).

@@ -12,7 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from bot.gitops import ControlCheckout, GitFailure, WorktreeRegistry, git_env
+from bot.gitops.control import ControlCheckout
+from bot.gitops.environment import git_env
+from bot.gitops.errors import GitFailure
+from bot.gitops.worktree_lock import WorktreeRegistry
 from tests.test_bootstrap_support import git
 from tests.test_gitops_registration import repo
 
