@@ -34,7 +34,7 @@ class ControlCheckout(WorktreeOperations):
     def branches_root(self) -> Path:
         return self.path / "branches"
 
-    # --- clone, fetch and refs ----------------------------------------------------------------------------------------
+    # --- clone, origin and fetch -------------------------------------------------------------------------------------
 
     def clone(self, clone_url: str, default_branch: str, *, auth: Mapping[str, str]) -> None:
         """Clone into a fresh sibling directory and rename it into place, so a concurrent or interrupted

@@ -7,7 +7,7 @@ import shlex
 from pathlib import Path
 
 from bot import worktree_access
-from bot.gitops.gitfiles import _real
+from bot.gitops.gitfiles import recorded_path
 
 
 class GitFailure(Exception):
@@ -45,7 +45,7 @@ class WorktreeRefused(GitFailure):
     def restore(self) -> str | None:
         if self.admin is None:
             return None
-        dotgit, admin = f"{_real(self.worktree)}/.git", os.path.realpath(self.admin)
+        dotgit, admin = f"{recorded_path(self.worktree)}/.git", os.path.realpath(self.admin)
         return (f"rm -rf -- {shlex.quote(dotgit)} && printf 'gitdir: %s\\n' {shlex.quote(admin)} > "
                 f"{shlex.quote(dotgit)} && printf '%s\\n' {shlex.quote(dotgit)} > {shlex.quote(admin + '/gitdir')} && "
                 f"printf '../..\\n' > {shlex.quote(admin + '/commondir')}")

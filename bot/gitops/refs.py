@@ -7,7 +7,7 @@ import os
 from collections.abc import Iterator
 
 from bot.gitops.errors import GitFailure
-from bot.gitops.gitfiles import _GIT_SPACE, _OID_RE, _read_small, _refname_problem, symbolic_head
+from bot.gitops.gitfiles import GIT_SPACE, OID_RE, read_small, refname_problem, symbolic_head
 from bot.gitops.repository import GitRepository
 from bot.worktree_files import read_text
 
@@ -82,16 +82,16 @@ class RefStore(GitRepository):
         packed = {name: oid for name, oid in self._packed_refs() if name.startswith(wanted)}
         found: dict[str, str] = {}
         for name in sorted({*loose, *packed}):
-            if _refname_problem(name.removeprefix("refs/heads/")):
+            if refname_problem(name.removeprefix("refs/heads/")):
                 continue
             sha = packed.get(name)
             if name in loose:
-                text = None if os.path.islink(self.git_dir / name) else _read_small(self.git_dir / name)
-                if text is not None and _OID_RE.fullmatch(text.rstrip(_GIT_SPACE)):
-                    sha = text.rstrip(_GIT_SPACE)
+                text = None if os.path.islink(self.git_dir / name) else read_small(self.git_dir / name)
+                if text is not None and OID_RE.fullmatch(text.rstrip(GIT_SPACE)):
+                    sha = text.rstrip(GIT_SPACE)
                 else:  # a symbolic ref, or not a ref at all: git says what it resolves to, if anything
                     status, out, _ = self.git.attempt("rev-parse", "--verify", "-q", name)
-                    sha = out.strip() if status == 0 and _OID_RE.fullmatch(out.strip()) else None
+                    sha = out.strip() if status == 0 and OID_RE.fullmatch(out.strip()) else None
             if sha is not None:
                 found[name] = sha
         return found
@@ -111,9 +111,9 @@ class RefStore(GitRepository):
     def read_ref(self, ref: str) -> str | None:
         """A ref's object id as git stored it: the loose ref file, else ``packed-refs``, else ``git rev-parse``
         (another ref backend). Reading the files git wrote is the read-after-write without a process."""
-        text = _read_small(self.git_dir / ref) if ref.startswith("refs/") and ".." not in ref else None
+        text = read_small(self.git_dir / ref) if ref.startswith("refs/") and ".." not in ref else None
         text = text.strip() if text is not None else None
-        if text is not None and _OID_RE.fullmatch(text):
+        if text is not None and OID_RE.fullmatch(text):
             return text
         if text is None and (packed := self._packed(ref)) is not None:
             return packed
@@ -131,7 +131,7 @@ class RefStore(GitRepository):
             for line in log_file.read_text(encoding="utf-8", errors="replace").splitlines():
                 head, _, message = line.partition("\t")
                 parts = head.split(" ")
-                if len(parts) >= 2 and _OID_RE.fullmatch(parts[1]):
+                if len(parts) >= 2 and OID_RE.fullmatch(parts[1]):
                     entries.append((parts[1], message))
             return entries
         status, out, _ = self.git.attempt(
@@ -167,7 +167,7 @@ class RefStore(GitRepository):
         """(refname, object id) of every ref line of ``packed-refs`` (its header and peeled ``^`` lines skipped)."""
         for line in (read_text(self.git_dir / "packed-refs") or "").splitlines():
             oid, _, name = line.partition(" ")
-            if _OID_RE.fullmatch(oid):
+            if OID_RE.fullmatch(oid):
                 yield name, oid
 
     def commit_message(self, sha: str) -> str:

@@ -10,14 +10,14 @@ from pathlib import Path
 
 from bot.gitops.errors import GitFailure, WorktreeRefused
 from bot.gitops.gitfiles import (
-    _GIT_SPACE,
-    _OID_RE,
-    _PLAIN_NAME_RE,
+    GIT_SPACE,
+    OID_RE,
+    PLAIN_NAME_RE,
     PRUNABLE_MISSING,
-    _read_small,
-    _real,
-    _refname_problem,
-    _Unsure,
+    Unsure,
+    read_small,
+    recorded_path,
+    refname_problem,
     symbolic_head,
 )
 from bot.gitops.records import AdminDir, WorktreeEntry, WorktreeView, parse_worktree_porcelain
@@ -42,14 +42,14 @@ def worktree_problems(git_dir: Path, worktree: Path, admin: Path | None) -> list
     if admin.parent != root or root.is_symlink() or admin.is_symlink() or not admin.is_dir():
         problems.append(f"{admin} is not a worktree registration of {git_dir}")
         return problems
-    dotgit = f"{_real(worktree)}/.git"
+    dotgit = f"{recorded_path(worktree)}/.git"
     for name, wanted in (("gitdir", dotgit), ("commondir", "../..")):
-        text = None if (admin / name).is_symlink() else _read_small(admin / name)
+        text = None if (admin / name).is_symlink() else read_small(admin / name)
         if text not in (wanted, f"{wanted}\n"):
             problems.append(f"{admin / name} does not read {wanted!r}")
     expected = f"gitdir: {os.path.realpath(admin)}"
     git_file = worktree / ".git"
-    text = None if git_file.is_symlink() else _read_small(git_file)
+    text = None if git_file.is_symlink() else read_small(git_file)
     if text not in (expected, f"{expected}\n"):
         what = ("a symbolic link" if git_file.is_symlink() else "a directory" if git_file.is_dir()
                 else "missing" if text is None else "another text")
@@ -86,11 +86,11 @@ class WorktreeRegistrations(RefStore):
             names = sorted(os.listdir(root))
         except (FileNotFoundError, NotADirectoryError):
             return None
-        wanted, base = f"{_real(worktree)}/.git", worktree.name
+        wanted, base = f"{recorded_path(worktree)}/.git", worktree.name
         likely = [name for name in names if name == base or (name.startswith(base) and name[len(base):].isdigit())]
         for name in [*likely, *(name for name in names if name not in likely)]:
             child = root / name
-            if not child.is_symlink() and child.is_dir() and (_read_small(child / "gitdir") or "") in (
+            if not child.is_symlink() and child.is_dir() and (read_small(child / "gitdir") or "") in (
                     wanted, f"{wanted}\n"):
                 return child
         return root / base if base in names else None
@@ -128,7 +128,7 @@ class WorktreeRegistrations(RefStore):
                 entry = self._entry_of(name, str(path))
                 if entry is not None:
                     return entry
-        except _Unsure:
+        except Unsure:
             return self.listed_worktree_at(path)
         return None
 
@@ -151,12 +151,12 @@ class WorktreeRegistrations(RefStore):
         root = self.git_dir / "worktrees"
         base = path.name
         if (not path.is_absolute() or os.path.realpath(path) == os.path.realpath(self.path)
-                or not _PLAIN_NAME_RE.fullmatch(base) or ".." in base or base.endswith((".lock", "."))):
+                or not PLAIN_NAME_RE.fullmatch(base) or ".." in base or base.endswith((".lock", "."))):
             return None
         names: list[str] = []
-        git_file = _read_small(path / ".git") if not (path / ".git").is_symlink() else None
+        git_file = read_small(path / ".git") if not (path / ".git").is_symlink() else None
         if git_file is not None and git_file.startswith("gitdir: "):
-            linked = Path(git_file.removeprefix("gitdir: ").rstrip(_GIT_SPACE))
+            linked = Path(git_file.removeprefix("gitdir: ").rstrip(GIT_SPACE))
             if linked.parent == root or os.path.realpath(linked.parent) == os.path.realpath(root):
                 names.append(linked.name)
         try:
@@ -172,23 +172,23 @@ class WorktreeRegistrations(RefStore):
         ``git worktree list --porcelain -z`` prints it (builtin/worktree.c show_worktree_porcelain)."""
         admin = self.git_dir / "worktrees" / name
         if admin.is_symlink() or not admin.is_dir():
-            raise _Unsure(name)
-        gitdir = _read_small(admin / "gitdir")
+            raise Unsure(name)
+        gitdir = read_small(admin / "gitdir")
         if not gitdir:  # git skips a registration whose gitdir is missing or empty
             return None
-        listed = gitdir.rstrip(_GIT_SPACE).removesuffix("/.git")
+        listed = gitdir.rstrip(GIT_SPACE).removesuffix("/.git")
         if not listed.startswith("/"):
-            raise _Unsure(name)  # a relative gitdir: git resolves it against the metadata directory
+            raise Unsure(name)  # a relative gitdir: git resolves it against the metadata directory
         if listed != wanted:
             return None
         head, branch = self._head_of(admin)
         raw = [f"worktree {listed}", f"HEAD {head}", f"branch {branch}" if branch else "detached"]
         locked: str | None = None
         if os.path.lexists(admin / "locked"):
-            text = _read_small(admin / "locked")
+            text = read_small(admin / "locked")
             if text is None:
-                raise _Unsure(name)
-            locked = text.strip(_GIT_SPACE)
+                raise Unsure(name)
+            locked = text.strip(GIT_SPACE)
             raw.append(f"locked {locked}" if locked else "locked")
         prunable: str | None = None
         target = gitdir.rstrip("\r\n")
@@ -202,25 +202,25 @@ class WorktreeRegistrations(RefStore):
     def _head_of(self, admin: Path) -> tuple[str, str | None]:
         """(HEAD's commit, the branch ref it names or None when detached) of a linked worktree, read from its
         ``HEAD`` file and the common ref store (loose ref, else ``packed-refs``)."""
-        text = _read_small(admin / "HEAD")
+        text = read_small(admin / "HEAD")
         if text is None:
-            raise _Unsure(str(admin))
-        text = text.rstrip(_GIT_SPACE)
-        if _OID_RE.fullmatch(text):
+            raise Unsure(str(admin))
+        text = text.rstrip(GIT_SPACE)
+        if OID_RE.fullmatch(text):
             return text, None
         if not text.startswith("ref:"):
-            raise _Unsure(str(admin))
-        ref = text.removeprefix("ref:").lstrip(_GIT_SPACE)
-        if not ref.startswith("refs/heads/") or _refname_problem(ref.removeprefix("refs/heads/")):
-            raise _Unsure(str(admin))
+            raise Unsure(str(admin))
+        ref = text.removeprefix("ref:").lstrip(GIT_SPACE)
+        if not ref.startswith("refs/heads/") or refname_problem(ref.removeprefix("refs/heads/")):
+            raise Unsure(str(admin))
         if (self.git_dir / ref).is_symlink():
-            raise _Unsure(ref)
-        loose = _read_small(self.git_dir / ref)
+            raise Unsure(ref)
+        loose = read_small(self.git_dir / ref)
         if loose is None and (self.git_dir / ref).exists():
-            raise _Unsure(ref)  # a directory where the ref would be
-        sha = loose.rstrip(_GIT_SPACE) if loose is not None else self._packed(ref)
-        if sha is None or not _OID_RE.fullmatch(sha):
-            raise _Unsure(ref)  # an unborn branch, or a symbolic ref: git resolves those
+            raise Unsure(ref)  # a directory where the ref would be
+        sha = loose.rstrip(GIT_SPACE) if loose is not None else self._packed(ref)
+        if sha is None or not OID_RE.fullmatch(sha):
+            raise Unsure(ref)  # an unborn branch, or a symbolic ref: git resolves those
         return sha, ref
 
     def admin_dirs(self) -> list[AdminDir]:
