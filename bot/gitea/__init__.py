@@ -1,6 +1,7 @@
 """The Gitea REST client: its errors, its values and the client itself."""
 
-from bot.gitea.client import Acting, GiteaClient, IssueType, client_as, client_for
+from bot.gitea.client import Acting, GiteaClient, client_as, client_for
+from bot.gitea.endpoint import MAX_PAGE_SIZE, IssueState
 from bot.gitea.errors import (
     GiteaConflict,
     GiteaError,
@@ -12,7 +13,7 @@ from bot.gitea.errors import (
     GiteaUnavailable,
     refusal_text,
 )
-from bot.gitea.pulls import MAX_PAGE_SIZE, IssueState
+from bot.gitea.issues import IssueType
 from bot.gitea.transport import next_page
 from bot.gitea.values import Branch, Comment, Hook, Issue, Label, PullRequest, Repository, Review, Team, User
 

@@ -3,30 +3,16 @@
 from __future__ import annotations
 
 import urllib.parse
-from collections.abc import AsyncIterator, Mapping, Sequence
-from typing import Any, Final, Literal
+from collections.abc import Sequence
+from typing import Any, Literal
 
+from bot.gitea.endpoint import MAX_PAGE_SIZE, IssueState, RepositoryEndpoint
 from bot.gitea.errors import GiteaError, GiteaInvalid, GiteaNotFound
 from bot.gitea.values import PullRequest, Review
 
-#: Gitea caps every page at ``[api] MAX_RESPONSE_ITEMS`` (50 by default).
-MAX_PAGE_SIZE: Final = 50
 
-IssueState = Literal["open", "closed", "all"]
-
-
-class PullRequestCalls:
-    """Mixed into ``GiteaClient``, whose transport (``_call``, ``_pages``) and repository path these use."""
-
-    @property
-    def _repo_path(self) -> str:
-        raise NotImplementedError
-
-    async def _call(self, method: str, path: str, *, data: Any = None, query: Mapping[str, Any] | None = None) -> Any:
-        raise NotImplementedError
-
-    def _pages(self, path: str, query: Mapping[str, str]) -> AsyncIterator[Any]:
-        raise NotImplementedError
+class PullRequestCalls(RepositoryEndpoint):
+    """Mixed into ``GiteaClient`` over the shared ``RepositoryEndpoint``."""
 
     async def create_pull(
         self,

@@ -12,7 +12,7 @@ from typing import Any, Literal, Protocol
 from bot.core.bootstrap import branch_for, is_issue_branch
 from bot.core.verbs import Verb
 from bot.gitea import Branch, GiteaError, GiteaNotFound, Issue, PullRequest
-from bot.gitea.pulls import IssueState
+from bot.gitea.endpoint import IssueState
 from bot.tasks import bounded_in_order
 from bot.verbs.gitea_refusals import GiteaAsk, gitea_refusal
 from bot.verbs.runtime import Caller, CallOptions, VerbResult, VerbRuntime, envelope, executes, issue_of, refused

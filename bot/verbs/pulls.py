@@ -13,7 +13,7 @@ from bot.core.gateway import GatewayContext
 from bot.core.verbs import PRECONDITION_COMMITS, Verb
 from bot.core.vocabulary import label_for_state
 from bot.gitea import Branch, GiteaConflict, GiteaError, GiteaNotFound, Issue, PullRequest, Repository, client_as
-from bot.gitea.pulls import IssueState
+from bot.gitea.endpoint import IssueState
 from bot.verbs.bootstrap.context import BootstrapContext, BootstrapGitea
 from bot.verbs.bootstrap.faults import FAULT_STEP_ENV, crash_seam
 from bot.verbs.gitea_refusals import GiteaAsk, gitea_refusal

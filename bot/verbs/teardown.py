@@ -31,7 +31,7 @@ from bot.core.teardown import (
     summary,
 )
 from bot.gitea import Branch, GiteaNotFound, PullRequest, Repository, Review
-from bot.gitea.pulls import IssueState
+from bot.gitea.endpoint import IssueState
 from bot.verbs.bootstrap.context import BootstrapContext
 from state.db import Database, utcnow
 from state.journal import JournalStore, Registration, Transition
