@@ -1,11 +1,21 @@
-"""Typed values parsed from Gitea's JSON answers."""
+"""Typed values parsed from Gitea's JSON answers.
+
+Each field says how it is read from the answer (``Annotated[type, reader]``: the reader is given the JSON object
+and the field's name); ``GiteaValue.from_json`` reads them in the order they are declared and keeps the answer
+as ``raw``."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import dataclasses
+import typing
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Annotated, Any, Self
+
+Json = Mapping[str, Any]
+#: How one field is read: from the answer's JSON object and the field's name.
+Reader = Callable[[Json, str], Any]
 
 
 def _time(value: Any) -> datetime | None:
@@ -17,317 +27,266 @@ def _time(value: Any) -> datetime | None:
         return None
 
 
+def integer(data: Json, name: str) -> int:
+    """A number the answer always has."""
+    return int(data[name])
+
+
+def count(data: Json, name: str) -> int:
+    """A number, 0 when absent or null."""
+    return int(data.get(name) or 0)
+
+
+def word(data: Json, name: str) -> str:
+    """A text the answer always has."""
+    return str(data[name])
+
+
+def text(data: Json, name: str) -> str:
+    """A text, empty when absent or null."""
+    return str(data.get(name) or "")
+
+
+def flag(data: Json, name: str) -> bool:
+    """A boolean, False when absent."""
+    return bool(data.get(name, False))
+
+
+def moment(data: Json, name: str) -> datetime | None:
+    """An RFC 3339 time, None when absent, empty or unreadable."""
+    return _time(data.get(name))
+
+
+def text_or(default: str) -> Reader:
+    """A text, ``default`` when absent or null."""
+    return lambda data, name: str(data.get(name) or default)
+
+
+def inner(outer: str, key: str) -> Reader:
+    """The text at ``key`` of the object at ``outer`` (empty when either is missing)."""
+    return lambda data, name: str((data.get(outer) or {}).get(key) or "")
+
+
+def one(kind: type[GiteaValue]) -> Reader:
+    """A value the answer always has."""
+    return lambda data, name: kind.from_json(data[name])
+
+
+def maybe(kind: type[GiteaValue]) -> Reader:
+    """A value, None when absent or not an object (null)."""
+    return lambda data, name: kind.from_json(found) if isinstance(found := data.get(name), Mapping) else None
+
+
+def each(kind: type[GiteaValue]) -> Reader:
+    """Every value of a list, () when absent or null."""
+    return lambda data, name: tuple(kind.from_json(item) for item in data.get(name) or ())
+
+
+#: The fields most answers have, by how they are read.
+Int = Annotated[int, integer]
+Count = Annotated[int, count]
+Str = Annotated[str, word]
+Text = Annotated[str, text]
+Flag = Annotated[bool, flag]
+When = Annotated[datetime | None, moment]
+
+
 @dataclass(frozen=True, slots=True)
-class User:
+class GiteaValue:
+    """A value read from one of Gitea's JSON answers, which ``raw`` keeps."""
+
+    raw: Json = field(repr=False, compare=False, kw_only=True)
+
+    @classmethod
+    def from_json(cls, data: Json) -> Self:
+        """Parse the answer: each field by its reader, in the order the fields are declared."""
+        return cls(*[read(data, name) for name, read in _readers(cls)], raw=data)
+
+
+#: ``_readers`` by class, read from its annotations once.
+_READERS: dict[type[GiteaValue], tuple[tuple[str, Reader], ...]] = {}
+
+
+def _readers(cls: type[GiteaValue]) -> tuple[tuple[str, Reader], ...]:
+    """(field name, reader) of every field of ``cls`` but ``raw``, in declaration order."""
+    found = _READERS.get(cls)
+    if found is None:
+        hints = typing.get_type_hints(cls, include_extras=True)
+        found = tuple((f.name, hints[f.name].__metadata__[0]) for f in dataclasses.fields(cls) if f.name != "raw")
+        _READERS[cls] = found
+    return found
+
+
+def _login(data: Json, name: str) -> str:
+    return str(data.get("login") or data.get("username") or "")
+
+
+@dataclass(frozen=True, slots=True)
+class User(GiteaValue):
     """A Gitea account (``login`` is what to compare; payload e-mails may be placeholders)."""
 
-    id: int
-    login: str
-    full_name: str
-    email: str
-    is_admin: bool
-    raw: Mapping[str, Any] = field(repr=False, compare=False)
+    id: Int
+    login: Annotated[str, _login]
+    full_name: Text
+    email: Text
+    is_admin: Flag
 
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> User:
-        """Parse ``User`` JSON."""
-        return cls(
-            id=int(data["id"]),
-            login=str(data.get("login") or data.get("username") or ""),
-            full_name=str(data.get("full_name") or ""),
-            email=str(data.get("email") or ""),
-            is_admin=bool(data.get("is_admin", False)),
-            raw=data,
-        )
+
+def _color(data: Json, name: str) -> str:
+    return str(data.get("color") or "").lstrip("#")
 
 
 @dataclass(frozen=True, slots=True)
-class Label:
+class Label(GiteaValue):
     """A repository label; ``color`` is hex without ``#``."""
 
-    id: int
-    name: str
-    color: str
-    description: str
-    exclusive: bool
-    is_archived: bool
-    raw: Mapping[str, Any] = field(repr=False, compare=False)
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> Label:
-        """Parse ``Label`` JSON."""
-        return cls(
-            id=int(data["id"]),
-            name=str(data["name"]),
-            color=str(data.get("color") or "").lstrip("#"),
-            description=str(data.get("description") or ""),
-            exclusive=bool(data.get("exclusive", False)),
-            is_archived=bool(data.get("is_archived", False)),
-            raw=data,
-        )
+    id: Int
+    name: Str
+    color: Annotated[str, _color]
+    description: Text
+    exclusive: Flag
+    is_archived: Flag
 
 
 @dataclass(frozen=True, slots=True)
-class Issue:
-    """An issue, or a pull request when ``is_pull`` (Gitea's non-null ``pull_request``)."""
+class Posted(GiteaValue):
+    """What an issue and a pull request both begin with: who posted what, where it stands, and its labels."""
 
-    id: int
-    number: int
-    title: str
-    body: str
-    state: str
-    user: User
-    labels: tuple[Label, ...]
-    assignees: tuple[User, ...]
-    is_pull: bool
-    comments: int
-    created_at: datetime | None
-    updated_at: datetime | None
-    closed_at: datetime | None
-    html_url: str
-    content_version: int
-    raw: Mapping[str, Any] = field(repr=False, compare=False)
+    id: Int
+    number: Int
+    title: Text
+    body: Text
+    state: Annotated[str, text_or("open")]
+    user: Annotated[User, one(User)]
+    labels: Annotated[tuple[Label, ...], each(Label)]
 
     @property
     def label_names(self) -> frozenset[str]:
-        """The names of the issue's labels."""
+        """The names of its labels."""
         return frozenset(label.name for label in self.labels)
 
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> Issue:
-        """Parse ``Issue`` JSON (``assignees`` may be null)."""
-        return cls(
-            id=int(data["id"]),
-            number=int(data["number"]),
-            title=str(data.get("title") or ""),
-            body=str(data.get("body") or ""),
-            state=str(data.get("state") or "open"),
-            user=User.from_json(data["user"]),
-            labels=tuple(Label.from_json(x) for x in data.get("labels") or ()),
-            assignees=tuple(User.from_json(x) for x in data.get("assignees") or ()),
-            is_pull=data.get("pull_request") is not None,
-            comments=int(data.get("comments") or 0),
-            created_at=_time(data.get("created_at")),
-            updated_at=_time(data.get("updated_at")),
-            closed_at=_time(data.get("closed_at")),
-            html_url=str(data.get("html_url") or ""),
-            content_version=int(data.get("content_version") or 0),
-            raw=data,
-        )
+
+def _is_pull(data: Json, name: str) -> bool:
+    return data.get("pull_request") is not None
 
 
 @dataclass(frozen=True, slots=True)
-class Team:
+class Issue(Posted):
+    """An issue, or a pull request when ``is_pull`` (Gitea's non-null ``pull_request``); ``assignees`` may be null."""
+
+    assignees: Annotated[tuple[User, ...], each(User)]
+    is_pull: Annotated[bool, _is_pull]
+    comments: Count
+    created_at: When
+    updated_at: When
+    closed_at: When
+    html_url: Text
+    content_version: Count
+
+
+def _units(data: Json, name: str) -> Mapping[str, str]:
+    units = data.get("units_map") or {}
+    return {str(k): str(v) for k, v in units.items()} if isinstance(units, Mapping) else {}
+
+
+@dataclass(frozen=True, slots=True)
+class Team(GiteaValue):
     """An organization team: ``permission`` is its access mode, ``units_map`` the per-unit modes."""
 
-    id: int
-    name: str
-    permission: str
-    units_map: Mapping[str, str]
-    raw: Mapping[str, Any] = field(repr=False, compare=False)
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> Team:
-        """Parse ``Team`` JSON."""
-        units = data.get("units_map") or {}
-        return cls(
-            id=int(data["id"]),
-            name=str(data.get("name") or ""),
-            permission=str(data.get("permission") or "none"),
-            units_map={str(k): str(v) for k, v in units.items()} if isinstance(units, Mapping) else {},
-            raw=data,
-        )
+    id: Int
+    name: Text
+    permission: Annotated[str, text_or("none")]
+    units_map: Annotated[Mapping[str, str], _units]
 
 
 @dataclass(frozen=True, slots=True)
-class Comment:
+class Comment(GiteaValue):
     """A plain issue or PR comment."""
 
-    id: int
-    body: str
-    user: User
-    created_at: datetime | None
-    updated_at: datetime | None
-    html_url: str
-    raw: Mapping[str, Any] = field(repr=False, compare=False)
+    id: Int
+    body: Text
+    user: Annotated[User, one(User)]
+    created_at: When
+    updated_at: When
+    html_url: Text
 
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> Comment:
-        """Parse ``Comment`` JSON."""
-        return cls(
-            id=int(data["id"]),
-            body=str(data.get("body") or ""),
-            user=User.from_json(data["user"]),
-            created_at=_time(data.get("created_at")),
-            updated_at=_time(data.get("updated_at")),
-            html_url=str(data.get("html_url") or ""),
-            raw=data,
-        )
+
+def _owner(data: Json, name: str) -> str:
+    owner = data.get("owner") or {}
+    return str(owner.get("login") or "") if isinstance(owner, Mapping) else str(owner)
 
 
 @dataclass(frozen=True, slots=True)
-class Repository:
+class Repository(GiteaValue):
     """A repository; clone from ``clone_url`` as reported, never from an assembled URL."""
 
-    id: int
-    owner: str
-    name: str
-    full_name: str
-    default_branch: str
-    clone_url: str
-    html_url: str
-    private: bool
-    raw: Mapping[str, Any] = field(repr=False, compare=False)
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> Repository:
-        """Parse ``Repository`` JSON."""
-        owner = data.get("owner") or {}
-        return cls(
-            id=int(data["id"]),
-            owner=str(owner.get("login") or "") if isinstance(owner, Mapping) else str(owner),
-            name=str(data["name"]),
-            full_name=str(data.get("full_name") or ""),
-            default_branch=str(data.get("default_branch") or ""),
-            clone_url=str(data.get("clone_url") or ""),
-            html_url=str(data.get("html_url") or ""),
-            private=bool(data.get("private", False)),
-            raw=data,
-        )
+    id: Int
+    owner: Annotated[str, _owner]
+    name: Str
+    full_name: Text
+    default_branch: Text
+    clone_url: Text
+    html_url: Text
+    private: Flag
 
 
 @dataclass(frozen=True, slots=True)
-class Branch:
+class Branch(GiteaValue):
     """A branch and its head commit."""
 
-    name: str
-    commit_id: str
-    commit_message: str
-    protected: bool
-    raw: Mapping[str, Any] = field(repr=False, compare=False)
+    name: Str
+    commit_id: Annotated[str, inner("commit", "id")]
+    commit_message: Annotated[str, inner("commit", "message")]
+    protected: Flag
 
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> Branch:
-        """Parse ``Branch`` JSON."""
-        commit = data.get("commit") or {}
-        return cls(
-            name=str(data["name"]),
-            commit_id=str(commit.get("id") or ""),
-            commit_message=str(commit.get("message") or ""),
-            protected=bool(data.get("protected", False)),
-            raw=data,
-        )
+
+def _events(data: Json, name: str) -> tuple[str, ...]:
+    return tuple(str(e) for e in data.get("events") or ())
 
 
 @dataclass(frozen=True, slots=True)
-class Hook:
+class Hook(GiteaValue):
     """A repository webhook (the secret is never returned)."""
 
-    id: int
-    type: str
-    active: bool
-    events: tuple[str, ...]
-    url: str
-    raw: Mapping[str, Any] = field(repr=False, compare=False)
+    id: Int
+    type: Text
+    active: Flag
+    events: Annotated[tuple[str, ...], _events]
+    url: Annotated[str, inner("config", "url")]
 
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> Hook:
-        """Parse ``Hook`` JSON."""
-        config = data.get("config") or {}
-        return cls(
-            id=int(data["id"]),
-            type=str(data.get("type") or ""),
-            active=bool(data.get("active", False)),
-            events=tuple(str(e) for e in data.get("events") or ()),
-            url=str(config.get("url") or ""),
-            raw=data,
-        )
+
+def _merge_commit_sha(data: Json, name: str) -> str | None:
+    return str(data["merge_commit_sha"]) if data.get("merge_commit_sha") else None
 
 
 @dataclass(frozen=True, slots=True)
-class PullRequest:
-    """A pull request (``PullRequest`` JSON): ``head_sha`` is what ``merge_pull(head_commit_id=...)`` pins."""
+class PullRequest(Posted):
+    """A pull request (``PullRequest`` JSON): ``head_sha`` is what ``merge_pull(head_commit_id=...)`` pins. head and
+    base are ``PRBranchInfo``; ``merged_by`` may be null."""
 
-    id: int
-    number: int
-    title: str
-    body: str
-    state: str
-    user: User
-    labels: tuple[Label, ...]
-    head_ref: str
-    head_sha: str
-    base_ref: str
-    base_sha: str
-    mergeable: bool
-    merged: bool
-    merged_at: datetime | None
-    merge_commit_sha: str | None
-    merged_by: User | None
-    html_url: str
-    raw: Mapping[str, Any] = field(repr=False, compare=False)
-
-    @property
-    def label_names(self) -> frozenset[str]:
-        """The names of the PR's labels."""
-        return frozenset(label.name for label in self.labels)
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> PullRequest:
-        """Parse ``PullRequest`` JSON (head/base are ``PRBranchInfo``; ``merged_by`` may be null)."""
-        head = data.get("head") or {}
-        base = data.get("base") or {}
-        merged_by = data.get("merged_by")
-        return cls(
-            id=int(data["id"]),
-            number=int(data["number"]),
-            title=str(data.get("title") or ""),
-            body=str(data.get("body") or ""),
-            state=str(data.get("state") or "open"),
-            user=User.from_json(data["user"]),
-            labels=tuple(Label.from_json(x) for x in data.get("labels") or ()),
-            head_ref=str(head.get("ref") or ""),
-            head_sha=str(head.get("sha") or ""),
-            base_ref=str(base.get("ref") or ""),
-            base_sha=str(base.get("sha") or ""),
-            mergeable=bool(data.get("mergeable", False)),
-            merged=bool(data.get("merged", False)),
-            merged_at=_time(data.get("merged_at")),
-            merge_commit_sha=str(data["merge_commit_sha"]) if data.get("merge_commit_sha") else None,
-            merged_by=User.from_json(merged_by) if isinstance(merged_by, Mapping) else None,
-            html_url=str(data.get("html_url") or ""),
-            raw=data,
-        )
+    head_ref: Annotated[str, inner("head", "ref")]
+    head_sha: Annotated[str, inner("head", "sha")]
+    base_ref: Annotated[str, inner("base", "ref")]
+    base_sha: Annotated[str, inner("base", "sha")]
+    mergeable: Flag
+    merged: Flag
+    merged_at: When
+    merge_commit_sha: Annotated[str | None, _merge_commit_sha]
+    merged_by: Annotated[User | None, maybe(User)]
+    html_url: Text
 
 
 @dataclass(frozen=True, slots=True)
-class Review:
-    """A pull-request review: ``state`` is APPROVED, REQUEST_CHANGES, COMMENT, PENDING or REQUEST_REVIEW."""
+class Review(GiteaValue):
+    """A pull-request review: ``state`` is APPROVED, REQUEST_CHANGES, COMMENT, PENDING or REQUEST_REVIEW; ``user``
+    is null for a team review request."""
 
-    id: int
-    user: User | None
-    state: str
-    body: str
-    commit_id: str
-    stale: bool
-    official: bool
-    dismissed: bool
-    submitted_at: datetime | None
-    raw: Mapping[str, Any] = field(repr=False, compare=False)
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> Review:
-        """Parse ``PullReview`` JSON (``user`` is null for a team review request)."""
-        user = data.get("user")
-        return cls(
-            id=int(data["id"]),
-            user=User.from_json(user) if isinstance(user, Mapping) else None,
-            state=str(data.get("state") or ""),
-            body=str(data.get("body") or ""),
-            commit_id=str(data.get("commit_id") or ""),
-            stale=bool(data.get("stale", False)),
-            official=bool(data.get("official", False)),
-            dismissed=bool(data.get("dismissed", False)),
-            submitted_at=_time(data.get("submitted_at")),
-            raw=data,
-        )
+    id: Int
+    user: Annotated[User | None, maybe(User)]
+    state: Text
+    body: Text
+    commit_id: Text
+    stale: Flag
+    official: Flag
+    dismissed: Flag
+    submitted_at: When
