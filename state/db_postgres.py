@@ -24,7 +24,7 @@ from typing import Any
 import psycopg
 from psycopg import errors as pg_errors
 
-from state.db import MIN_FREE_BYTES, Database, DatabaseNotWritable
+from state.db_base import MIN_FREE_BYTES, Database, DatabaseNotWritable
 from state.migrations_pg import PRELUDE
 from state.sql import Connection, Dialect, placeholders_to_dollar, redact_url, scrub
 

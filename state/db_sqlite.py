@@ -17,7 +17,7 @@ from urllib.parse import quote
 
 import aiosqlite
 
-from state.db import MIN_FREE_BYTES, Database, DatabaseFileUnusable, DatabaseNotWritable
+from state.db_base import MIN_FREE_BYTES, Database, DatabaseFileUnusable, DatabaseNotWritable
 from state.sql import Dialect, Row
 
 T = TypeVar("T")

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-import state.db as state_db
+import state.db_base as state_db
 from state.db import Database, SchemaTooNew, read_only
 from state.db_postgres import PostgresDatabase
 from state.migrations import MIGRATIONS

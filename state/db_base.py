@@ -1,0 +1,183 @@
+"""What both database backends share: the ``Database`` they implement, its typed refusals, and the migration runner.
+
+``Database`` is what every store holds: ``transaction()`` (one write transaction at a time, serialized across
+processes), ``reader`` (autocommit reads), ``check_writable()``, ``close()``. SQLite (state/db_sqlite.py) is the
+embedded default; PostgreSQL (state/db_postgres.py) serves several replicas. state/db.py opens them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from contextlib import AbstractAsyncContextManager
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from state.migrations import MIGRATIONS
+from state.migrations_pg import render_postgres
+from state.records import to_db_time, utcnow
+from state.sql import Connection, Dialect, Row
+
+if TYPE_CHECKING:
+    from state.db_sqlite import SqliteDatabase
+
+#: check_writable() refuses when the database's file system has less free space than this.
+MIN_FREE_BYTES = 2 * 1024 * 1024
+
+
+class DatabaseNotWritable(RuntimeError):
+    """The database cannot take a write now: read-only file or folder, full database or disk, or locked.
+
+    ``reason`` is one of ``read_only``, ``full``, ``locked``, ``unavailable``.
+    """
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+class DatabaseFileUnusable(DatabaseNotWritable):
+    """``database.path`` names a file SQLite cannot open and write at start: read-only (its owner's write bit off,
+    its folder's, or the file system's), immutable, another user's, or not a database. A configuration error:
+    the CLI and ``foreman serve`` report it as one line naming the key, never a traceback.
+
+    ``reason`` is ``read_only``, ``not_a_database`` or ``unavailable``."""
+
+    def __init__(self, reason: str, path: Path, detail: str) -> None:
+        super().__init__(reason, f"database.path {path}: {detail}")
+        self.path = path
+        self.detail = detail
+        self.exact_next_action = (
+            f"make {path} and its folder writable by this user (chmod u+w, chown, chattr -i), or set database.path"
+            " to a writable SQLite file (a new one is created), then run foreman check-config"
+            if reason != "not_a_database" else
+            f"set database.path to foreman's SQLite file (or a new path: it is created); {path} is not one"
+        )
+
+
+class SchemaTooNew(RuntimeError):
+    """The database was migrated by a newer foreman: this one does not know its schema and must not write it."""
+
+    def __init__(self, found: int, known: int, where: str) -> None:
+        self.found = found
+        self.known = known
+        self.exact_next_action = (
+            f"run a foreman that knows schema version {found} against {where}, or restore a backup taken before"
+            " the upgrade"
+        )
+        super().__init__(
+            f"the database {where} has schema version {found}; this foreman knows up to version {known}:"
+            f" {self.exact_next_action}"
+        )
+
+class Database:
+    """An opened database. All writes go through ``transaction()``, one at a time across every process."""
+
+    dialect: Dialect
+    #: What the database is, for messages and logs: a file path, or a PostgreSQL URL without its password.
+    where: str
+
+    @classmethod
+    async def open(cls, path: Path, *, synchronous: str = "FULL", busy_timeout_ms: int = 5000) -> SqliteDatabase:
+        """The SQLite database at ``path``, created and migrated."""
+        from state.db_sqlite import SqliteDatabase
+
+        return await SqliteDatabase.open_file(path, synchronous=synchronous, busy_timeout_ms=busy_timeout_ms)
+
+    @classmethod
+    async def open_read_only(cls, path: Path, *, busy_timeout_ms: int = 5000) -> SqliteDatabase:
+        """A SQLite database another process writes, for reads only: never created or migrated, writes refused."""
+        from state.db_sqlite import SqliteDatabase
+
+        return await SqliteDatabase.open_file_read_only(path, busy_timeout_ms=busy_timeout_ms)
+
+    def transaction(self, *, durable: bool = True) -> AbstractAsyncContextManager[Connection]:
+        """One write transaction: committed at the end of the block, rolled back on any exception.
+
+        ``durable=False``: it survives a process crash but may be lost on power loss. Only bookkeeping whose
+        loss means "do it again" (worker claims, handler results) uses it; an acknowledged delivery is always
+        committed durably.
+        """
+        raise NotImplementedError
+
+    async def write_rows(self, sql: str, parameters: Sequence[Any]) -> list[Row]:
+        """One write statement as a durable transaction of its own, and the rows it returns (``RETURNING``).
+
+        The webhook door's group commit stores a batch this way: on SQLite one trip to the database thread
+        (an autocommit statement is atomic: all its rows or none), where a transaction block takes three.
+        """
+        async with self.transaction() as conn, conn.execute(sql, parameters) as cursor:
+            return list(await cursor.fetchall())
+
+    @property
+    def reader(self) -> Connection:
+        """For reads outside a transaction (autocommit: each statement sees the latest commit)."""
+        raise NotImplementedError
+
+    async def check_writable(self, *, min_free_bytes: int = MIN_FREE_BYTES) -> None:
+        """Raise DatabaseNotWritable unless the database can take a write now (used by /readyz)."""
+        raise NotImplementedError
+
+    async def close(self) -> None:
+        raise NotImplementedError
+
+    async def schema_version(self) -> int:
+        async with self.reader.execute("SELECT MAX(version) FROM schema_migrations") as cur:
+            row = await cur.fetchone()
+        return int(row[0]) if row is not None and row[0] is not None else 0
+
+    async def _has_schema_table(self) -> bool:
+        """Whether schema_migrations exists (a database never migrated has none)."""
+        raise NotImplementedError
+
+    async def _refuse_newer_schema(self) -> None:
+        """For a read-only open (never migrated): SchemaTooNew when a newer foreman migrated the database, whose
+        tables this one would misread."""
+        known = max(version for version, _, _ in MIGRATIONS)
+        if await self._has_schema_table() and (found := await self.schema_version()) > known:
+            raise SchemaTooNew(found, known, self.where)
+
+    async def _prepare_schema(self, conn: Connection) -> None:
+        """Backend objects every migration may use (PostgreSQL: its trigger and JSON functions)."""
+
+    async def _migrate(self) -> None:
+        """Apply the numbered migrations not applied yet, in one transaction; refuse a newer schema."""
+        known = max(version for version, _, _ in MIGRATIONS)
+        async with self.transaction() as conn:
+            await conn.execute(
+                "CREATE TABLE IF NOT EXISTS schema_migrations "
+                "(version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at TEXT NOT NULL)"
+            )
+            async with conn.execute("SELECT version FROM schema_migrations") as cur:
+                applied = {int(row[0]) for row in await cur.fetchall()}
+            if applied and max(applied) > known:
+                raise SchemaTooNew(max(applied), known, self.where)
+            await self._prepare_schema(conn)
+            for version, name, sql in MIGRATIONS:
+                if version in applied:
+                    continue
+                text = render_postgres(version, sql) if self.dialect == "postgresql" else sql
+                for statement in _split_sql(text):
+                    await conn.execute(statement)
+                await conn.execute(
+                    "INSERT INTO schema_migrations (version, name, applied_at) VALUES (?, ?, ?)",
+                    (version, name, to_db_time(utcnow())),
+                )
+
+
+def _split_sql(sql: str) -> list[str]:
+    """Split a migration into statements on ';' at line ends (migrations hold no string literals with ';')."""
+    parts: list[str] = []
+    current: list[str] = []
+    for line in sql.splitlines():
+        if line.strip().startswith("--"):
+            continue
+        current.append(line)
+        if line.rstrip().endswith(";"):
+            statement = "\n".join(current).strip()
+            if statement.strip(";").strip():
+                parts.append(statement)
+            current = []
+    tail = "\n".join(current).strip()
+    if tail:
+        parts.append(tail)
+    return parts
