@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from state.db_base import MIN_FREE_BYTES, Database, DatabaseFileUnusable, DatabaseNotWritable, SchemaTooNew
+from state.db_sqlite import SqliteDatabase
 from state.records import from_db_time, from_row, to_db_time, utcnow
 
 if TYPE_CHECKING:
@@ -37,7 +38,8 @@ async def open_database(config: DatabaseConfig) -> Database:
         from state.db_postgres import PostgresDatabase
 
         return await PostgresDatabase.connect(url, busy_timeout_ms=config.busy_timeout_ms)
-    return await Database.open(config.path, synchronous=config.synchronous, busy_timeout_ms=config.busy_timeout_ms)
+    return await SqliteDatabase.open_file(config.path, synchronous=config.synchronous,
+                                          busy_timeout_ms=config.busy_timeout_ms)
 
 
 @asynccontextmanager
@@ -49,7 +51,7 @@ async def read_only(target: Path | str) -> AsyncIterator[Database]:
 
         db: Database = await PostgresDatabase.connect(target, read_only=True)
     else:
-        db = await Database.open_read_only(Path(target))
+        db = await SqliteDatabase.open_file_read_only(Path(target))
     try:
         yield db
     finally:

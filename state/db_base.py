@@ -10,15 +10,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from contextlib import AbstractAsyncContextManager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, ClassVar, Protocol, TypeVar
 
 from state.migrations import MIGRATIONS
 from state.migrations_pg import render_postgres
 from state.records import to_db_time, utcnow
 from state.sql import Connection, Dialect, Row
-
-if TYPE_CHECKING:
-    from state.db_sqlite import SqliteDatabase
 
 #: check_writable() refuses when the database's file system has less free space than this.
 MIN_FREE_BYTES = 2 * 1024 * 1024
@@ -69,26 +66,44 @@ class SchemaTooNew(RuntimeError):
             f" {self.exact_next_action}"
         )
 
+
+class EmbeddedBackend(Protocol):
+    """What ``Database.open`` and ``Database.open_read_only`` ask of the embedded backend's class (SQLite's)."""
+
+    async def open_file(self, path: Path, *, synchronous: str = ..., busy_timeout_ms: int = ...) -> Database: ...
+
+    async def open_file_read_only(self, path: Path, *, busy_timeout_ms: int = ...) -> Database: ...
+
+
+Backend = TypeVar("Backend", bound=EmbeddedBackend)
+
+
+def embedded(backend: Backend) -> Backend:
+    """Class decorator: ``backend`` is the embedded backend that ``Database.open`` opens. state/db_sqlite.py names
+    its class so as it is defined, and state/db.py, the face every store imports, imports it: this module imports no
+    backend, which both import."""
+    Database.embedded_backend = backend
+    return backend
+
+
 class Database:
     """An opened database. All writes go through ``transaction()``, one at a time across every process."""
 
     dialect: Dialect
     #: What the database is, for messages and logs: a file path, or a PostgreSQL URL without its password.
     where: str
+    #: The class ``open`` and ``open_read_only`` open a file with (``embedded``).
+    embedded_backend: ClassVar[EmbeddedBackend | None] = None
 
     @classmethod
-    async def open(cls, path: Path, *, synchronous: str = "FULL", busy_timeout_ms: int = 5000) -> SqliteDatabase:
+    async def open(cls, path: Path, *, synchronous: str = "FULL", busy_timeout_ms: int = 5000) -> Database:
         """The SQLite database at ``path``, created and migrated."""
-        from state.db_sqlite import SqliteDatabase
-
-        return await SqliteDatabase.open_file(path, synchronous=synchronous, busy_timeout_ms=busy_timeout_ms)
+        return await _embedded().open_file(path, synchronous=synchronous, busy_timeout_ms=busy_timeout_ms)
 
     @classmethod
-    async def open_read_only(cls, path: Path, *, busy_timeout_ms: int = 5000) -> SqliteDatabase:
+    async def open_read_only(cls, path: Path, *, busy_timeout_ms: int = 5000) -> Database:
         """A SQLite database another process writes, for reads only: never created or migrated, writes refused."""
-        from state.db_sqlite import SqliteDatabase
-
-        return await SqliteDatabase.open_file_read_only(path, busy_timeout_ms=busy_timeout_ms)
+        return await _embedded().open_file_read_only(path, busy_timeout_ms=busy_timeout_ms)
 
     def transaction(self, *, durable: bool = True) -> AbstractAsyncContextManager[Connection]:
         """One write transaction: committed at the end of the block, rolled back on any exception.
@@ -162,6 +177,13 @@ class Database:
                     "INSERT INTO schema_migrations (version, name, applied_at) VALUES (?, ?, ?)",
                     (version, name, to_db_time(utcnow())),
                 )
+
+
+def _embedded() -> EmbeddedBackend:
+    """The embedded backend ``embedded`` named (a RuntimeError before state/db_sqlite.py is imported)."""
+    if Database.embedded_backend is None:
+        raise RuntimeError("no embedded database backend: import state.db (it imports state/db_sqlite.py)")
+    return Database.embedded_backend
 
 
 def _split_sql(sql: str) -> list[str]:

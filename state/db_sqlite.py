@@ -17,7 +17,7 @@ from urllib.parse import quote
 
 import aiosqlite
 
-from state.db_base import MIN_FREE_BYTES, Database, DatabaseFileUnusable, DatabaseNotWritable
+from state.db_base import MIN_FREE_BYTES, Database, DatabaseFileUnusable, DatabaseNotWritable, embedded
 from state.sql import Dialect, Row
 
 T = TypeVar("T")
@@ -71,6 +71,7 @@ def _private(path: Path) -> None:
 _BUSY = frozenset({"SQLITE_BUSY", "SQLITE_BUSY_SNAPSHOT", "SQLITE_LOCKED"})
 
 
+@embedded
 class SqliteDatabase(Database):
     """An opened SQLite database. All writes go through ``transaction()``, one at a time (BEGIN IMMEDIATE)."""
 

@@ -11,6 +11,7 @@ import pytest
 
 from state.db import Database, read_only
 from state.db_postgres import PostgresDatabase
+from state.db_sqlite import SqliteDatabase
 from state.outbox import OutboxIntent, OutboxStore
 
 
@@ -39,7 +40,7 @@ async def test_a_write_waits_for_a_read_left_pending_while_another_process_commi
     connection still reads an older snapshot and another process (a `foreman mcp`) has committed since. Every read
     shares the one connection, so a read another task has not finished made that write fail: a webhook then went
     unstored. The write must wait for the read instead."""
-    db = await Database.open(tmp_path / "f.db")
+    db = await SqliteDatabase.open_file(tmp_path / "f.db")
     try:
         async with db.transaction() as conn:
             await conn.execute("CREATE TABLE t (x INTEGER)")

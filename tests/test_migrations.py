@@ -11,6 +11,7 @@ import pytest
 import state.db_base as state_db
 from state.db import Database, SchemaTooNew, read_only
 from state.db_postgres import PostgresDatabase
+from state.db_sqlite import SqliteDatabase
 from state.migrations import MIGRATIONS
 from state.sql import IntegrityError
 from tests.conftest import DbOpener, database_env, sqlite_path
@@ -80,7 +81,7 @@ async def test_a_commit_cancelled_in_flight_never_turns_into_a_rollback_error(tm
     `OperationalError: cannot rollback`, logged with a traceback by `foreman serve` on a taken port)."""
     import asyncio
 
-    db = await Database.open(tmp_path / "foreman.db")
+    db = await SqliteDatabase.open_file(tmp_path / "foreman.db")
     real = db._conn.execute  # the seam between the store and aiosqlite's thread
     pending: list[asyncio.Future[object]] = []
 
