@@ -19,7 +19,8 @@ MAX_PAGE_SIZE: Final = 50
 IssueState = Literal["open", "closed", "all"]
 
 
-def _q(segment: str | int) -> str:
+def quote_segment(segment: str | int) -> str:
+    """One path segment (a login, an organization), every reserved character escaped."""
     return urllib.parse.quote(str(segment), safe="")
 
 
@@ -65,7 +66,7 @@ class RepositoryEndpoint:
 
     @property
     def _repo_path(self) -> str:
-        return f"/repos/{_q(self.owner)}/{_q(self.repo)}"
+        return f"/repos/{quote_segment(self.owner)}/{quote_segment(self.repo)}"
 
     async def _call(self, method: str, path: str, *, data: Any = None, query: Mapping[str, Any] | None = None) -> Any:
         url = path + (f"?{urllib.parse.urlencode(query)}" if query else "")

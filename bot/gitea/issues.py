@@ -7,7 +7,7 @@ from typing import Any, Literal
 
 from bot.gitea.endpoint import MAX_PAGE_SIZE, IssueState
 from bot.gitea.errors import GiteaIssueGone, GiteaNotFound, GiteaUnassignable, GiteaUnavailable
-from bot.gitea.labels import _label_refs
+from bot.gitea.labels import label_refs
 from bot.gitea.repository import RepositoryCalls
 from bot.gitea.values import Comment, Issue
 
@@ -98,7 +98,7 @@ class IssueCalls(RepositoryCalls):
         path = f"{self._repo_path}/issues"
         data: dict[str, Any] = {"title": title, "body": body}
         if labels:
-            data["labels"] = _label_refs(labels, "POST", path)
+            data["labels"] = label_refs(labels, "POST", path)
         if assignees:
             data["assignees"] = list(assignees)
         if closed:

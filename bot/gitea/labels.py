@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from bot.gitea.endpoint import MAX_PAGE_SIZE, RepositoryEndpoint, _q
+from bot.gitea.endpoint import MAX_PAGE_SIZE, RepositoryEndpoint, quote_segment
 from bot.gitea.errors import GiteaInvalid
 from bot.gitea.transport import LAST_HEADERS
 from bot.gitea.values import Label
 
 
-def _label_refs(labels: Sequence[int] | Sequence[str], method: str, path: str) -> list[int] | list[str]:
+def label_refs(labels: Sequence[int] | Sequence[str], method: str, path: str) -> list[int] | list[str]:
     """Gitea wants all label ids or all names; a mix (or anything else) is refused before sending."""
     if isinstance(labels, str | bytes):
         raise GiteaInvalid("labels must be a sequence of ids or names, not one string", method=method, path=path)
@@ -33,13 +33,13 @@ class LabelCalls(RepositoryEndpoint):
     async def add_labels(self, number: int, labels: Sequence[int] | Sequence[str]) -> list[Label]:
         """Add labels (all ids or all names; unknown names are ignored); returns the full list after."""
         path = f"{self._repo_path}/issues/{int(number)}/labels"
-        data = await self._call("POST", path, data={"labels": _label_refs(labels, "POST", path)})
+        data = await self._call("POST", path, data={"labels": label_refs(labels, "POST", path)})
         return [Label.from_json(item) for item in data or ()]
 
     async def replace_labels(self, number: int, labels: Sequence[int] | Sequence[str]) -> list[Label]:
         """Replace the labels (all ids or all names); returns the full list after."""
         path = f"{self._repo_path}/issues/{int(number)}/labels"
-        data = await self._call("PUT", path, data={"labels": _label_refs(labels, "PUT", path)})
+        data = await self._call("PUT", path, data={"labels": label_refs(labels, "PUT", path)})
         return [Label.from_json(item) for item in data or ()]
 
     async def remove_label(self, number: int, label_id: int) -> None:
@@ -77,7 +77,7 @@ class LabelCalls(RepositoryEndpoint):
     async def list_org_labels(self, org: str, *, page_size: int = MAX_PAGE_SIZE) -> list[Label]:
         """Every label of organization ``org`` (``GET /orgs/{org}/labels``: X-Total-Count, no Link header);
         GiteaNotFound when ``org`` is no organization."""
-        path = f"/orgs/{_q(org)}/labels"
+        path = f"/orgs/{quote_segment(org)}/labels"
         size = max(1, min(page_size, MAX_PAGE_SIZE))
         labels: list[Label] = []
         page = 1

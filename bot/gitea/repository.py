@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Literal
 
-from bot.gitea.endpoint import MAX_PAGE_SIZE, RepositoryEndpoint, _q
+from bot.gitea.endpoint import MAX_PAGE_SIZE, RepositoryEndpoint, quote_segment
 from bot.gitea.errors import GiteaError, GiteaNotFound
 from bot.gitea.transport import LAST_HEADERS
 from bot.gitea.values import Branch, Hook, Repository, Team, User
@@ -41,7 +41,7 @@ class RepositoryCalls(RepositoryEndpoint):
 
         The token must be a site admin, a repo admin, or ``login`` itself (else GiteaForbidden).
         """
-        data = await self._call("GET", f"{self._repo_path}/collaborators/{_q(login)}/permission")
+        data = await self._call("GET", f"{self._repo_path}/collaborators/{quote_segment(login)}/permission")
         return str(data["permission"])
 
     async def create_hook(
@@ -80,7 +80,7 @@ class RepositoryCalls(RepositoryEndpoint):
         ones included, ``archived`` in each), page by page while ``Link`` has a ``rel="next"``: one call per
         ``page_size`` repositories (Gitea caps it at 50). GiteaNotFound when ``org`` is no organization."""
         query = {"limit": str(max(1, min(page_size, MAX_PAGE_SIZE)))}
-        return [Repository.from_json(item) async for item in self._pages(f"/orgs/{_q(org)}/repos", query)]
+        return [Repository.from_json(item) async for item in self._pages(f"/orgs/{quote_segment(org)}/repos", query)]
 
     async def list_repo_teams(self) -> list[Team]:
         """The teams with access to the repository (``GET /repos/{o}/{r}/teams``); [] for a user-owned one
@@ -99,7 +99,7 @@ class RepositoryCalls(RepositoryEndpoint):
         The caller must be a site admin, an org owner or a member of that team (1.26 reqTeamReadAccess);
         otherwise Gitea answers 403 or 404, and 404 cannot be told from "not a member"."""
         try:
-            await self._call("GET", f"/teams/{int(team_id)}/members/{_q(login)}")
+            await self._call("GET", f"/teams/{int(team_id)}/members/{quote_segment(login)}")
         except GiteaNotFound:
             return False
         return True
