@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import aiohttp
 
+from bot.gitea.comments import CommentCalls
 from bot.gitea.issues import IssueCalls
 from bot.gitea.labels import LabelCalls
 from bot.gitea.pulls import PullRequestCalls
@@ -16,9 +17,9 @@ if TYPE_CHECKING:
     from bot.config import Settings
 
 
-class GiteaClient(IssueCalls, LabelCalls, PullRequestCalls, RepositoryCalls):
+class GiteaClient(CommentCalls, IssueCalls, LabelCalls, PullRequestCalls, RepositoryCalls):
     """The Gitea API calls of one repository, typed, with retries (the aiohttp session is injected): its concerns
-    (issues and comments, labels, pull requests, the server and the repository) over one ``RepositoryEndpoint``,
+    (comments, issues, labels, pull requests, the server and the repository) over one ``RepositoryEndpoint``,
     which says how every call is bounded and retried."""
 
     def __repr__(self) -> str:

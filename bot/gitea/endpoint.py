@@ -25,8 +25,8 @@ def quote_segment(segment: str | int) -> str:
 
 
 class RepositoryEndpoint:
-    """The shared transport of ``GiteaClient``'s concerns (``RepositoryCalls``, ``IssueCalls``, ``LabelCalls``,
-    ``PullRequestCalls``): made once, never changed; the concerns hold no state of their own.
+    """The shared transport of ``GiteaClient``'s concerns (``RepositoryCalls``, ``IssueCalls``, ``CommentCalls``,
+    ``LabelCalls``, ``PullRequestCalls``): made once, never changed; the concerns hold no state of their own.
 
     ``base_url`` is the Gitea root without ``/api/v1``. Every call is bounded by ``timeout_s`` per attempt
     and retried up to ``max_attempts`` times on 5xx, timeouts and connection errors, with exponential
