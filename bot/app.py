@@ -27,7 +27,7 @@ from bot.tasks import cancel_and_wait
 from bot.worker import Worker
 from state.db import Database, DatabaseNotWritable, open_database
 from state.deliveries import DeliveryStore
-from state.outbox import OutboxEntry, OutboxStore, acting_for
+from state.outbox import OUTBOX_TOPIC, OutboxEntry, OutboxStore, acting_for
 
 if TYPE_CHECKING:
     from bot.discovery import Discovered, OrgDiscovery
@@ -90,6 +90,8 @@ class Service:
         self.store = DeliveryStore(self.db)
         self.outbox = OutboxStore(self.db)
         self.outbox_sender: OutboxSender | None = None
+        # Every committed outbox entry wakes the sender, whichever verb, handler or loop stored it.
+        self.db.on_commit(OUTBOX_TOPIC, self.outbox_wakeup)
         self.writer = GroupCommitWriter(self.store)
         self.bot_login: str | None = self.settings.gitea.bot_login
         #: Every served repository's bundle by its key, in configuration order (the first is ``[repository]``'s).

@@ -13,7 +13,14 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from state.db_base import MIN_FREE_BYTES, Database, DatabaseFileUnusable, DatabaseNotWritable, SchemaTooNew
+from state.db_base import (
+    MIN_FREE_BYTES,
+    Database,
+    DatabaseFileUnusable,
+    DatabaseNotWritable,
+    SchemaTooNew,
+    note_commit,
+)
 from state.db_sqlite import SqliteDatabase
 from state.records import from_db_time, from_row, to_db_time, utcnow
 
@@ -22,7 +29,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "MIN_FREE_BYTES", "Database", "DatabaseFileUnusable", "DatabaseNotWritable", "SchemaTooNew", "from_db_time",
-    "from_row", "is_postgres_url", "open_database", "read_only", "to_db_time", "utcnow",
+    "from_row", "is_postgres_url", "note_commit", "open_database", "read_only", "to_db_time", "utcnow",
 ]
 
 

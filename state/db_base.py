@@ -7,8 +7,10 @@ embedded default; PostgreSQL (state/db_postgres.py) serves several replicas. sta
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from contextlib import AbstractAsyncContextManager
+import logging
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractAsyncContextManager, contextmanager
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Any, ClassVar, Protocol, TypeVar
 
@@ -16,6 +18,8 @@ from state.migrations import MIGRATIONS
 from state.migrations_pg import render_postgres
 from state.records import to_db_time, utcnow
 from state.sql import Connection, Dialect, Row
+
+log = logging.getLogger("foreman.db")
 
 #: check_writable() refuses when the database's file system has less free space than this.
 MIN_FREE_BYTES = 2 * 1024 * 1024
@@ -67,6 +71,20 @@ class SchemaTooNew(RuntimeError):
         )
 
 
+#: What the write transaction in progress noted to announce once it commits (``note_commit``), by topic; each
+#: backend's ``transaction()`` opens the set for its block (``noting_commits``) and runs the topics' listeners after
+#: its COMMIT, never after a rollback.
+_NOTED: ContextVar[set[str] | None] = ContextVar("foreman_noted_commits", default=None)
+
+
+def note_commit(topic: str) -> None:
+    """Inside a write transaction: once it commits, ``topic``'s listeners run (the outbox notes every entry it stores,
+    so its sender is woken by the commit itself, never by the callers). Outside one it is nothing."""
+    noted = _NOTED.get()
+    if noted is not None:
+        noted.add(topic)
+
+
 class EmbeddedBackend(Protocol):
     """What ``Database.open`` and ``Database.open_read_only`` ask of the embedded backend's class (SQLite's)."""
 
@@ -104,6 +122,36 @@ class Database:
     async def open_read_only(cls, path: Path, *, busy_timeout_ms: int = 5000) -> Database:
         """A SQLite database another process writes, for reads only: never created or migrated, writes refused."""
         return await _embedded().open_file_read_only(path, busy_timeout_ms=busy_timeout_ms)
+
+    def on_commit(self, topic: str, listener: Callable[[], None]) -> None:
+        """Run ``listener`` after every committed transaction that noted ``topic`` (``note_commit``), in the
+        committing task, once per transaction however many times it was noted. A failing listener is logged by
+        the caller's loop, never undoes the commit."""
+        self.__dict__.setdefault("_commit_listeners", {}).setdefault(topic, []).append(listener)
+
+    @contextmanager
+    def noting_commits(self) -> Iterator[set[str]]:
+        """For a backend's ``transaction()``: the topics its block notes (a nested block shares its outer set)."""
+        outer = _NOTED.get()
+        if outer is not None:
+            yield outer
+            return
+        noted: set[str] = set()
+        token = _NOTED.set(noted)
+        try:
+            yield noted
+        finally:
+            _NOTED.reset(token)
+
+    def committed(self, noted: set[str]) -> None:
+        """After a COMMIT: the listeners of each topic the transaction noted."""
+        listeners: dict[str, list[Callable[[], None]]] = self.__dict__.get("_commit_listeners", {})
+        for topic in sorted(noted):
+            for listener in listeners.get(topic, ()):
+                try:
+                    listener()
+                except Exception:
+                    log.exception("a listener of %s commits failed (the commit stands)", topic)
 
     def transaction(self, *, durable: bool = True) -> AbstractAsyncContextManager[Connection]:
         """One write transaction: committed at the end of the block, rolled back on any exception.

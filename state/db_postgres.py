@@ -261,15 +261,17 @@ class PostgresDatabase(Database):
             conn = self._writer
             await conn.reconnect_if_lost()
             conn.in_transaction = True
-            try:
-                await self._begin(conn, durable)
-                yield conn
-                await conn.raw.execute("COMMIT")
-            except BaseException:
-                await asyncio.shield(self._rollback())
-                raise
-            finally:
-                conn.in_transaction = False
+            with self.noting_commits() as noted:
+                try:
+                    await self._begin(conn, durable)
+                    yield conn
+                    await conn.raw.execute("COMMIT")
+                except BaseException:
+                    await asyncio.shield(self._rollback())
+                    raise
+                finally:
+                    conn.in_transaction = False
+        self.committed(noted)
 
     async def _begin(self, conn: PgConnection, durable: bool) -> None:
         """One round trip (the simple query protocol takes several statements): BEGIN at READ COMMITTED whatever

@@ -163,16 +163,18 @@ class SqliteDatabase(Database):
         """
         async with self._write_lock:
             await self._use_synchronous(self._synchronous if durable else "NORMAL")
-            try:
-                await self._begin()
-                yield self._conn
-                await self._conn.execute("COMMIT")
-            except BaseException:
-                # Also when BEGIN or COMMIT failed or was cancelled: never leave the write lock held. A cancelled
-                # BEGIN may still run on the database thread after the loop saw the cancellation, so the ROLLBACK
-                # is queued behind it whatever ``in_transaction`` says now (it finds none: no error).
-                await asyncio.shield(self._rollback())
-                raise
+            with self.noting_commits() as noted:
+                try:
+                    await self._begin()
+                    yield self._conn
+                    await self._conn.execute("COMMIT")
+                except BaseException:
+                    # Also when BEGIN or COMMIT failed or was cancelled: never leave the write lock held. A
+                    # cancelled BEGIN may still run on the database thread after the loop saw the cancellation, so
+                    # the ROLLBACK is queued behind it whatever ``in_transaction`` says now (it finds none: no error).
+                    await asyncio.shield(self._rollback())
+                    raise
+        self.committed(noted)
 
     async def _use_synchronous(self, wanted: str) -> None:
         """The commit mode of the next write (only under the write lock)."""

@@ -11,7 +11,7 @@ from datetime import datetime, timedelta
 from typing import Any, Literal
 
 from bot.core.evidence import find_marker
-from state.db import Database, from_row, to_db_time, utcnow
+from state.db import Database, from_row, note_commit, to_db_time, utcnow
 from state.sql import Connection, Row
 
 OutboxKind = Literal["comment", "edit_comment", "labels", "assignees"]
@@ -25,6 +25,8 @@ OUTBOX_STATUSES: tuple[OutboxStatus, ...] = ("pending", "sending", "done", "veri
 #: hooks. ``enqueue`` files the entry under it (unless given ``repo=``), and the sender sends it with that
 #: repository's client. Unset (``""``): no repository is known, and ``enqueue`` refuses (a door that forgot to set
 #: it fails loudly instead of filing the entry under whichever repository happens to be first).
+#: What a transaction that stored an outbox entry announces when it commits; the sender listens for it.
+OUTBOX_TOPIC = "outbox"
 ACTING_REPO: ContextVar[str] = ContextVar("foreman_acting_repo", default="")
 
 
@@ -193,6 +195,8 @@ async def enqueue(
     )
     inserted = cursor.rowcount == 1
     await cursor.close()
+    if inserted:
+        note_commit(OUTBOX_TOPIC)  # the commit wakes the sender (``Database.on_commit``), whoever enqueued
     return inserted
 
 
