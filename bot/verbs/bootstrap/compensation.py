@@ -5,10 +5,10 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 from datetime import datetime
-from typing import Any
+from typing import Any, cast
 
 from bot import gitops
-from bot.core.bootstrap import Blocked, UndoPlan
+from bot.core.bootstrap import Blocked, BlockReason, UndoPlan
 from bot.core.canonical import CanonicalState
 from bot.core.errors import Envelope
 from bot.core.evidence import render_evidence
@@ -89,8 +89,13 @@ def _failure(failure: dict[str, Any], plan: UndoPlan) -> Blocked:
         return Blocked("invalid_state", "compensation_blocked", f"{message}; compensation left"
                        f" {', '.join(plan.blocked)} in place because removing it could lose content")
     if kind == "stale_pin":
-        return Blocked("stale_pin", str(failure.get("details", {}).get("reason", "stale_pin")), message)
-    return Blocked("invalid_state", str(failure.get("details", {}).get("reason", "failed")), message)
+        return Blocked("stale_pin", _recorded_reason(failure, "stale_pin"), message)
+    return Blocked("invalid_state", _recorded_reason(failure, "failed"), message)
+
+
+def _recorded_reason(failure: dict[str, Any], default: BlockReason) -> BlockReason:
+    """The reason ``require_compensation`` recorded from its ``Blocked`` (the journal holds it as JSON text)."""
+    return cast("BlockReason", str(failure.get("details", {}).get("reason", default)))
 
 
 async def _record(run: Run, t: Transition, plan: UndoPlan, proof: dict[str, Any], envelope: Envelope,
