@@ -44,10 +44,10 @@ class PreflightProof:
 
     issue_number: int
     owner: str
-    checks: dict[Check, CheckResult] = field(default_factory=dict)
-    branch: str | None = None
-    base_sha: str | None = None
-    worktree_path: str | None = None
+    branch: str | None = None  # the issue branch the bootstrap would use
+    base_sha: str | None = None  # the default branch's commit, as Gitea's API reports it
+    worktree_path: str | None = None  # the canonical worktree path
+    checks: dict[Check, CheckResult] = field(default_factory=dict)  # in the order made
 
     def check(self, name: Check, ok: bool, **facts: Any) -> None:
         self.checks[name] = CheckResult(ok, facts)
