@@ -23,10 +23,9 @@ class JournalRaced(Exception):
 
 
 @dataclass(frozen=True, slots=True)
-class Transition:
-    """One bootstrap transition as stored."""
+class NewTransition:
+    """The authoritative inputs of a transition, as recorded by ``accept``."""
 
-    id: int
     key: str
     key_source: Literal["caller", "derived"]
     repo: str
@@ -41,6 +40,13 @@ class Transition:
     checkout_path: str
     worktree_path: str
     inputs: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Transition(NewTransition):
+    """One bootstrap transition as stored: its inputs, and where its journal stands."""
+
+    id: int
     phase: Phase
     outcome: Outcome
     failed_phase: str | None
@@ -204,26 +210,6 @@ def _registration(row: Row) -> Registration:
 
 def _lock(row: Row) -> IssueLock:
     return from_row(IssueLock, row, proof=json.loads(row["proof_json"]))
-
-
-@dataclass(frozen=True, slots=True)
-class NewTransition:
-    """The authoritative inputs of a transition, as recorded by ``accept``."""
-
-    key: str
-    key_source: Literal["caller", "derived"]
-    repo: str
-    issue_number: int
-    lease_id: str
-    owner: str
-    role: str
-    attempt: int
-    base_branch: str
-    base_sha: str
-    branch: str
-    checkout_path: str
-    worktree_path: str
-    inputs: dict[str, Any]
 
 
 class JournalStore:

@@ -410,18 +410,23 @@ async def test_preflight_proves_the_owner_can_bootstrap_and_names_what_blocks_it
     async with open_bootstrap_world(clone=False) as w:
         number = w.issue()
         proof = await bootstrap_preflight(w.ctx, number, "alice")
-        assert proof["ok"] is True, proof
-        assert proof["base_sha"] == w.main_sha() and proof["worktree_path"] == str(w.path(number))
+        doc = proof.to_dict()
+        assert proof.ok is True and proof.failed == frozenset() and doc["ok"] is True, doc
+        assert doc["base_sha"] == w.main_sha() and doc["worktree_path"] == str(w.path(number))
+        assert list(doc) == ["issue_number", "owner", "checks", "branch", "base_sha", "worktree_path", "ok"]
+        assert list(doc["checks"]) == ["owner_on_roster", "no_foreign_lease", "repo_reachable", "base_known",
+                                       "control_checkout", "path_free"]
         assert not w.checkout.exists()  # nothing was cloned or created
         await w.lease(number, owner="bob")
-        foreign = await bootstrap_preflight(w.ctx, number, "alice")
+        foreign = (await bootstrap_preflight(w.ctx, number, "alice")).to_dict()
         assert foreign["ok"] is False and foreign["checks"]["no_foreign_lease"]["ok"] is False
         other = w.issue("Occupied")
         w.path(other, "Occupied").mkdir(parents=True)
         occupied = await bootstrap_preflight(w.ctx, other, "alice")
-        assert occupied["ok"] is False and occupied["checks"]["path_free"]["ok"] is False
+        assert occupied.to_dict()["ok"] is False and occupied.to_dict()["checks"]["path_free"]["ok"] is False
+        assert "path_free" in occupied.failed
         offline = BootstrapContext(db=w.db, settings=w.settings, gitea=None, bot_login="foreman-bot")
-        assert (await bootstrap_preflight(offline, number, "alice"))["ok"] is False
+        assert (await bootstrap_preflight(offline, number, "alice")).to_dict()["ok"] is False
 
 
 async def test_a_compensated_attempt_is_followed_by_a_fresh_one_under_a_new_derived_key() -> None:

@@ -74,7 +74,7 @@ async def test_a_wrong_token_is_a_typed_refusal_naming_gitea_token_and_never_sho
         assert result.refusal.details["reason"] == "gitea_token_refused"
         assert "gitea.token" in result.refusal.exact_next_action and "foreman check-config" in (
             result.refusal.exact_next_action)
-        proof = await bootstrap_preflight(w.ctx, number, "alice")
+        proof = (await bootstrap_preflight(w.ctx, number, "alice")).to_dict()
         assert not proof["ok"] and proof["checks"]["repo_reachable"]["error"] == "not_authorized"
         assert "gitea.token" in proof["checks"]["repo_reachable"]["exact_next_action"]
         _secret_free(wrong, json.dumps(doc), json.dumps(proof), caplog.text, _database_text(w))
@@ -102,7 +102,7 @@ async def test_git_refusing_the_token_is_clone_auth_failed_in_bootstrap_and_pref
         assert result.status == "refused" and result.refusal is not None, doc
         assert result.refusal.error == "not_authorized" and result.refusal.details["reason"] == "clone_auth_failed"
         assert "gitea.token" in result.refusal.exact_next_action
-        proof = await bootstrap_preflight(w.ctx, number, "bob")
+        proof = (await bootstrap_preflight(w.ctx, number, "bob")).to_dict()
         reach = proof["checks"]["repo_reachable"]
         assert not reach["ok"] and reach["error"] == "not_authorized" and reach["reason"] == "clone_auth_failed"
         assert "gitea.token" in reach["exact_next_action"]
@@ -202,7 +202,7 @@ async def test_a_configured_clone_url_reaches_gitea_when_root_url_does_not(mode:
         assert git(w.checkout, "config", "--get", "remote.origin.url") == wanted
         [inputs] = [json.loads(row[0]) for row in w.rows("SELECT inputs_json FROM bootstrap_journal")]
         assert inputs["clone_url"] == wanted and inputs["reported_clone_url"].startswith(UNREACHABLE_ROOT)
-        proof = await bootstrap_preflight(w.ctx, number, "alice")
+        proof = (await bootstrap_preflight(w.ctx, number, "alice")).to_dict()
         assert proof["checks"]["repo_reachable"]["ok"], proof
 
 

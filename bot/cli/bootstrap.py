@@ -24,9 +24,9 @@ def cmd_bootstrap(settings: Settings, args: argparse.Namespace) -> int:
             gitea = client_for(session, settings)
             ctx = BootstrapContext(db=db, settings=settings, gitea=gitea, bot_login=settings.gitea.bot_login)
             if args.preflight:
-                proof = await bootstrap_preflight(ctx, args.issue, args.owner)
-                emit(proof, as_json=args.json)
-                return EXIT_OK if proof["ok"] else EXIT_REFUSED
+                preflight = await bootstrap_preflight(ctx, args.issue, args.owner)
+                emit(preflight.to_dict(), as_json=args.json)
+                return EXIT_OK if preflight.ok else EXIT_REFUSED
             arguments: dict[str, object] = {"issue_number": args.issue}
             given = {"idempotency_key": args.idempotency_key, "expected_base": args.expected_base}
             arguments.update({name: value for name, value in given.items() if value is not None})

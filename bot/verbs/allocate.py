@@ -31,6 +31,7 @@ from bot.gitea import GiteaError, GiteaNotFound, Issue, IssueState, IssueType
 from bot.tasks import bounded_in_order
 from bot.verbs.bootstrap import BootstrapContext, bootstrap_preflight
 from bot.verbs.bootstrap.context import BootstrapGitea
+from bot.verbs.bootstrap.preflight import PREFLIGHT_FAILED, Check, PreflightProof
 from bot.verbs.bootstrap.service import bootstrap_for_owner
 from bot.verbs.duplicates import READS_AT_ONCE, DuplicatesGitea, mark_duplicates
 from bot.verbs.leasing import ACTION_ROLES, Action, LeaseGrant, grant_lease
@@ -314,9 +315,9 @@ class Allocator:
             pinned = check_apply(call.expected_fingerprint, decision) if call.expected_fingerprint else None
             outcome = AllocationOutcome(decision=decision, refusal=pinned, source=source)
             if mode != "off" and self.gitea is not None and isinstance(decision, SelectDecision):
-                outcome.bootstrap = await bootstrap_preflight(
+                outcome.bootstrap = (await bootstrap_preflight(
                     self._bootstrap_context(), decision.issue_number, call.owner, now=moment
-                )
+                )).to_dict()
             return outcome
         proven: int | None = None
         if mode != "off" and self.gitea is not None:
@@ -327,9 +328,9 @@ class Allocator:
             if isinstance(planned, SelectDecision):
                 proof = await bootstrap_preflight(self._bootstrap_context(), planned.issue_number, call.owner,
                                                   now=moment)
-                if not proof.get("ok"):
+                if not proof.ok:
                     return AllocationOutcome(decision=planned, refusal=_proof_refusal(proof, planned, call),
-                                             source=source, dry_run=False, bootstrap=proof)
+                                             source=source, dry_run=False, bootstrap=proof.to_dict())
                 proven = planned.issue_number
         # The lease is acquired now, after the proof (unless the caller pins the time).
         outcome = await self._apply(call, request, now or utcnow(), source, proven=proven)
@@ -508,18 +509,17 @@ class Allocator:
 
 
 #: Preflight checks whose failure means Gitea or its git remote could not answer now (retry), not the issue.
-_TRANSIENT_CHECKS = frozenset({"repo_reachable", "base_known"})
+_TRANSIENT_CHECKS: frozenset[Check] = frozenset({"repo_reachable", "base_known"})
 
 
-def _proof_refusal(proof: dict[str, Any], decision: SelectDecision, call: AllocationCall) -> Envelope:
+def _proof_refusal(proof: PreflightProof, decision: SelectDecision, call: AllocationCall) -> Envelope:
     """The typed refusal of an apply whose bootstrap preflight failed: which checks, and what the caller can do."""
     number = decision.issue_number
-    checks: dict[str, Any] = proof.get("checks") or {}
-    failed = sorted(name for name, check in checks.items() if not check.get("ok"))
-    details = {"reason": "bootstrap_preflight_failed", "issue_number": number, "owner": call.owner,
-               "failed_checks": failed, "preflight": proof}
+    failed = sorted(proof.failed)
+    details = {"reason": PREFLIGHT_FAILED, "issue_number": number, "owner": call.owner,
+               "failed_checks": failed, "preflight": proof.to_dict()}
     again = "call gitea_allocate_next_work again"
-    if set(failed) & _TRANSIENT_CHECKS:
+    if proof.failed & _TRANSIENT_CHECKS:
         return Envelope(
             error="unavailable",
             message=f"could not prove that {call.owner} can bootstrap #{number} now ({', '.join(failed)} failed); "
@@ -528,8 +528,8 @@ def _proof_refusal(proof: dict[str, Any], decision: SelectDecision, call: Alloca
             exact_next_action=f"{again} once Gitea answers",
             details=details,
         )
-    if "control_checkout" in failed:
-        where = checks["control_checkout"].get("head_ref")
+    if "control_checkout" in proof.failed:
+        where = proof.checks["control_checkout"].facts.get("head_ref")
         return Envelope(
             error="invalid_state",
             message=f"the control checkout is off its default branch or dirty ({where}); nothing was leased",
@@ -538,7 +538,7 @@ def _proof_refusal(proof: dict[str, Any], decision: SelectDecision, call: Alloca
             exact_next_action=f"ask an operator to clean the control checkout, then {again}",
             details=details,
         )
-    path = proof.get("worktree_path") or "the canonical worktree path"
+    path = proof.worktree_path or "the canonical worktree path"
     return Envelope(
         error="invalid_state",
         message=f"{call.owner} could not bootstrap #{number}: {', '.join(failed)} failed (e.g. something that is not "

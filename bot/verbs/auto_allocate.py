@@ -15,6 +15,7 @@ from bot.core.evidence import render_evidence
 from bot.core.vocabulary import label_for_state
 from bot.gitea import GiteaError
 from bot.verbs.allocate import AllocationOutcome, Allocator, AllocatorGitea, author_pick
+from bot.verbs.bootstrap.preflight import PREFLIGHT_FAILED, Check
 from bot.verbs.handback import resume_hand_backs
 from bot.verbs.runtime import CallOptions, VerbRuntime, operator_caller, when_author_freed
 from state.auto_allocations import AutoAllocationStore
@@ -30,7 +31,7 @@ ACTOR = "foreman:auto-allocate"
 CALLER = operator_caller(ACTOR, "auto")
 #: Preflight checks that fail because of the issue itself (its canonical path, a foreign lease): the issue is
 #: marked blocked and the run goes on with the others.
-_ISSUE_CHECKS = frozenset({"path_free", "no_foreign_lease"})
+_ISSUE_CHECKS: frozenset[Check] = frozenset({"path_free", "no_foreign_lease"})
 _LOCKS: dict[tuple[int, str], asyncio.Lock] = {}
 
 
@@ -208,7 +209,7 @@ async def _maybe_block(db: Database, allocator: Allocator, outcome: AllocationOu
                        excluded: set[int], delivery_id: str | None) -> bool:
     """A failed proof of the issue itself: the issue is marked blocked with evidence, leased to no one."""
     refusal = outcome.refusal
-    if refusal is None or refusal.details.get("reason") != "bootstrap_preflight_failed":
+    if refusal is None or refusal.details.get("reason") != PREFLIGHT_FAILED:
         return False
     failed = set(refusal.details.get("failed_checks") or ())
     if not failed & _ISSUE_CHECKS:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from dataclasses import dataclass
 from typing import Any
 
 from bot import gitops, worktree_files
@@ -34,6 +35,15 @@ def effective_clone_url(ctx: BootstrapContext, reported: str) -> str:
     return ctx.settings.repository.effective_clone_url(reported)
 
 
+@dataclass(frozen=True, slots=True)
+class PreparedCheckout:
+    """The control checkout as its preparation left it: HEAD's branch and commit, and the refs it read."""
+
+    head_ref: str | None
+    head_sha: str | None
+    refs: dict[str, str]
+
+
 async def prepare_control_checkout(
     ctx: BootstrapContext,
     checkout: gitops.ControlCheckout,
@@ -41,21 +51,20 @@ async def prepare_control_checkout(
     default_branch: str,
     *,
     issue_number: int,
-    seen: dict[str, Any],
     live_base: str | None = None,
-) -> tuple[str | None, str | None]:
+) -> PreparedCheckout:
     """Clone the control checkout on first use, fetch the default branch, check it is where it must be.
 
     The fetch is skipped only when ``origin/<default>`` already is ``live_base`` (what Gitea reported a moment
-    ago): fetching would change nothing then. The refs read here (the tracking ref and HEAD's branch) are kept in
-    ``seen`` for the steps that follow.
+    ago): fetching would change nothing then. The refs read here (the tracking ref and HEAD's branch) are returned
+    for the steps that follow.
     """
     cfg = ctx.settings.bootstrap
     auth = gitops.auth_env(clone_url, ctx.settings.gitea_token())
     every = cfg.control_clean_check == "every_transition"
     tracking = f"refs/remotes/origin/{default_branch}"
 
-    def work() -> tuple[str | None, str | None, list[str]]:
+    def work() -> tuple[str | None, str | None, list[str], dict[str, str]]:
         if not checkout.exists():
             checkout.clone(clone_url, default_branch, auth=auth)
         elif (origin := checkout.origin_url()) != clone_url:  # read from git once per state of .git/config
@@ -68,17 +77,15 @@ async def prepare_control_checkout(
         if live_base is None or refs.get(tracking) != live_base:
             checkout.fetch(default_branch, auth=auth)
             refs = checkout.exact_refs(*wanted)
-            seen["fetched"] = True
-        seen["refs"] = refs
         head_sha = refs.get(head_ref) if head_ref else checkout.rev("HEAD")
-        return head_ref, head_sha, (checkout.status() if every else [])
+        return head_ref, head_sha, (checkout.status() if every else []), refs
 
     lock = ctx.locks_dir() / "checkout.lock"
     async with worktree_files.file_lock(lock, wait_s=max(cfg.lock_wait_s, 60)) as held:
         if not held:
             raise TransientFailure("the control checkout is busy (another clone or fetch did not finish)")
         try:
-            head_ref, head_sha, dirty = await asyncio.to_thread(work)
+            head_ref, head_sha, dirty, refs = await asyncio.to_thread(work)
         except gitops.GitFailure as exc:
             reason = gitops.git_refusal(exc.stderr)
             if reason is not None:
@@ -88,8 +95,7 @@ async def prepare_control_checkout(
         raise StepFailed(Blocked("invalid_state", "checkout_not_clean", f"the control checkout is on"
                                  f" {head_ref or 'a detached HEAD'}{' with changes' if dirty else ''}, not clean on"
                                  f" {default_branch}; foreman never changes it"))
-    seen["checkout_head"] = (head_ref, head_sha)
-    return head_ref, head_sha
+    return PreparedCheckout(head_ref, head_sha, refs)
 
 
 async def ensure_control_checkout(ctx: BootstrapContext) -> dict[str, Any]:
@@ -107,14 +113,13 @@ async def ensure_control_checkout(ctx: BootstrapContext) -> dict[str, Any]:
     if problem is not None:
         return {"ok": False, "detail": problem}
     try:
-        head_ref, head_sha = await prepare_control_checkout(ctx, ctx.checkout(), url, repo.default_branch,
-                                                            issue_number=1, seen={})
+        prepared = await prepare_control_checkout(ctx, ctx.checkout(), url, repo.default_branch, issue_number=1)
     except OperatorMustFix as exc:
         return {"ok": False, "detail": str(exc), **exc.envelope.to_dict()}
     except (TransientFailure, StepFailed) as exc:
         return {"ok": False, "detail": str(exc)}
     return {"ok": True, "path": str(ctx.checkout_path), "default_branch": repo.default_branch,
-            "head_ref": head_ref, "head_sha": head_sha}
+            "head_ref": prepared.head_ref, "head_sha": prepared.head_sha}
 
 
 ORIGIN_RECORD = "foreman-origin.jsonl"

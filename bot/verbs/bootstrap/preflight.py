@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import Callable
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import Any, Final, Literal
 
 from bot import gitops, worktree_files
 from bot.core.bootstrap import PathRejected, branch_for, worktree_path_for
@@ -17,48 +17,80 @@ from bot.verbs.bootstrap.checkout import effective_clone_url
 from bot.verbs.bootstrap.context import BootstrapContext
 from bot.verbs.bootstrap.refusals import api_refusal, git_envelope, origin_envelope
 from state.db import utcnow
-from state.journal import JournalStore
+from state.journal import JournalStore, Registration, Transition
 from state.leases import LeaseStore
+
+#: The preflight's checks, in the order they are made (and reported).
+Check = Literal["owner_on_roster", "no_foreign_lease", "repo_reachable", "base_known", "control_checkout", "path_free"]
+#: The ``reason`` of an allocation refused because the proof failed (its ``failed_checks`` name the checks).
+PREFLIGHT_FAILED: Final = "bootstrap_preflight_failed"
+
+
+@dataclass(frozen=True, slots=True)
+class CheckResult:
+    """One check: whether it passed, and what it observed (failed, with a typed refusal: ``error``, ``reason``,
+    ``exact_next_action``)."""
+
+    ok: bool
+    facts: dict[str, Any]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"ok": self.ok, **self.facts}
+
+
+@dataclass(slots=True)
+class PreflightProof:
+    """The proof: each check made, and what was derived on the way (absent: the proof stopped before it)."""
+
+    issue_number: int
+    owner: str
+    branch: str | None = None  # the issue branch the bootstrap would use
+    base_sha: str | None = None  # the default branch's commit, as Gitea's API reports it
+    worktree_path: str | None = None  # the canonical worktree path
+    checks: dict[Check, CheckResult] = field(default_factory=dict)  # in the order made
+
+    def check(self, name: Check, ok: bool, **facts: Any) -> None:
+        self.checks[name] = CheckResult(ok, facts)
+
+    @property
+    def failed(self) -> frozenset[Check]:
+        return frozenset(name for name, check in self.checks.items() if not check.ok)
+
+    @property
+    def ok(self) -> bool:
+        """Every check made passed."""
+        return bool(self.checks) and not self.failed
+
+    def to_dict(self) -> dict[str, Any]:
+        """The proof as the edges show it (MCP, the CLI, an allocation's ``bootstrap`` and refusal details)."""
+        doc: dict[str, Any] = {"issue_number": self.issue_number, "owner": self.owner,
+                               "checks": {name: check.to_dict() for name, check in self.checks.items()}}
+        derived = {"branch": self.branch, "base_sha": self.base_sha, "worktree_path": self.worktree_path}
+        doc.update({name: value for name, value in derived.items() if value is not None})
+        doc["ok"] = self.ok
+        return doc
 
 
 async def bootstrap_preflight(
     ctx: BootstrapContext, issue_number: int, owner: str, *, now: datetime | None = None
-) -> dict[str, Any]:
+) -> PreflightProof:
     """The allocator's dry-run proof that ``owner`` could bootstrap ``issue_number`` now, changing nothing:
     the repository is reachable (API and git), the canonical path is free (or the owner's own), the base is
-    known, and the control checkout is on its default branch and clean. ``ok`` is True when every check passed.
+    known, and the control checkout is on its default branch and clean. ``ok`` when every check passed.
     """
-    checks: dict[str, dict[str, Any]] = {}
-    doc: dict[str, Any] = {"issue_number": issue_number, "owner": owner, "checks": checks}
-
-    def done() -> dict[str, Any]:
-        doc["ok"] = bool(checks) and all(c.get("ok") for c in checks.values())
-        return doc
-
+    proof = PreflightProof(issue_number, owner)
     roles = ctx.roles_of(owner)
-    checks["owner_on_roster"] = {"ok": bool(roles), "roles": sorted(roles)}
+    proof.check("owner_on_roster", bool(roles), roles=sorted(roles))
     lease = await LeaseStore(ctx.db).live_for_issue(ctx.repo, issue_number)
     # A foreign lease past its expiry and the grace is the allocator's to reclaim (docs/allocator.md): not a holder.
     grace = timedelta(seconds=ctx.settings.allocator.lease_grace_s)
     reclaimable = lease is not None and lease.expires_at + grace <= (now or utcnow())
-    checks["no_foreign_lease"] = {"ok": lease is None or lease.owner == owner or reclaimable,
-                                  "lease_owner": lease.owner if lease is not None else None,
-                                  "reclaimable": reclaimable}
+    proof.check("no_foreign_lease", lease is None or lease.owner == owner or reclaimable,
+                lease_owner=lease.owner if lease is not None else None, reclaimable=reclaimable)
     if ctx.gitea is None:
-        checks["repo_reachable"] = {"ok": False, "detail": "no Gitea connection configured"}
-        return done()
+        proof.check("repo_reachable", False, detail="no Gitea connection configured")
+        return proof
     gitea = ctx.gitea
-    token = ctx.settings.gitea_token()
-
-    def remote(clone_url: str, default_branch: str) -> dict[str, Any]:
-        runner = gitops.GitRunner(ctx.checkout_root if ctx.checkout_root.is_dir() else Path("/"),
-                                  env=gitops.git_env(ctx.bot_login), timeout_s=ctx.settings.bootstrap.git_timeout_s)
-        status, out, err = runner.attempt("ls-remote", "--", clone_url, f"refs/heads/{default_branch}",
-                                          extra_env=gitops.auth_env(clone_url, token))
-        remote_sha = out.split("\t", 1)[0].strip() if status == 0 and out.strip() else None
-        return {"git_reachable": status == 0, "git_base": remote_sha,
-                "git_error": err.strip()[-300:] if status else None}
-
     probes: list[asyncio.Task[dict[str, Any]]] = []
 
     async def repository() -> Repository:
@@ -67,7 +99,7 @@ async def bootstrap_preflight(
         found = await gitea.get_repo()
         url = effective_clone_url(ctx, found.clone_url)
         if gitops.clone_url_problem(url) is None:
-            probes.append(asyncio.create_task(asyncio.to_thread(remote, url, found.default_branch)))
+            probes.append(asyncio.create_task(asyncio.to_thread(_remote, ctx, url, found.default_branch)))
         return found
 
     async def base_of(found: asyncio.Future[Repository]) -> str:
@@ -76,110 +108,135 @@ async def bootstrap_preflight(
     reading = asyncio.ensure_future(repository())
     try:
         base, issue = await asyncio.gather(base_of(reading), gitea.get_issue(issue_number))
-        repo = await reading
-        return await _proved(ctx, issue_number, owner, checks, doc, done, repo, issue, base, probes)
+        await _proved(ctx, proof, await reading, issue, base, probes)
     except GiteaError as exc:
         refusal = api_refusal(exc, "allocate again")
-        checks["repo_reachable"] = {"ok": False, "detail": str(exc), **(_check_refusal(refusal) if refusal else {})}
-        return done()
+        proof.check("repo_reachable", False, detail=str(exc), **(_check_refusal(refusal) if refusal else {}))
     finally:
         # A proof that ended early drops what is still running (a git probe's process ends by itself, bounded by
         # git_timeout_s); its result is never read.
         for task in (reading, *probes):
             task.cancel()
+    return proof
 
 
-async def _proved(ctx: BootstrapContext, issue_number: int, owner: str, checks: dict[str, dict[str, Any]],
-                  doc: dict[str, Any], done: Callable[[], dict[str, Any]], repo: Repository, issue: Issue, base: str,
-                  probes: list[asyncio.Task[dict[str, Any]]]) -> dict[str, Any]:
+async def _proved(ctx: BootstrapContext, proof: PreflightProof, repo: Repository, issue: Issue, base: str,
+                  probes: list[asyncio.Task[dict[str, Any]]]) -> None:
     """The checks after the API reads: the local git probes beside the remote one already running."""
+    n, owner = proof.issue_number, proof.owner
     clone_url = effective_clone_url(ctx, repo.clone_url)
     url_problem = gitops.clone_url_problem(clone_url)
-
-    def local() -> dict[str, Any]:
-        checkout = ctx.checkout()
-        found: dict[str, Any] = {"checkout_exists": checkout.exists()}
-        found["checkout_path_used"] = not found["checkout_exists"] and ctx.checkout_path.exists() and any(
-            ctx.checkout_path.iterdir())
-        if checkout.exists():
-            head_ref, head_sha = checkout.head()
-            found["head_ref"], found["head_sha"] = head_ref, head_sha
-            found["checkout_status"] = checkout.status()
-            found["tracks_branches"] = checkout.tracks("branches")
-            found["origin"] = checkout.origin_url()
-        return found
-
     if url_problem is not None:
-        checks["repo_reachable"] = {"ok": False, "detail": url_problem}
-        return done()
+        proof.check("repo_reachable", False, detail=url_problem)
+        return
     journal = JournalStore(ctx.db)
-    prior = await journal.latest_completed(ctx.repo, issue_number)
+    prior = await journal.latest_completed(ctx.repo, n)
     branch = prior.branch if prior is not None and prior.owner == owner else branch_for(
-        issue_number, issue.title, slug_length=ctx.settings.bootstrap.slug_length)
-    doc["branch"] = branch
+        n, issue.title, slug_length=ctx.settings.bootstrap.slug_length)
+    proof.branch = branch
     path: Path | None = None
     rejected: str | None = None
     try:
         path = Path(str(worktree_path_for(PurePosixPath(ctx.checkout_path), branch)))
     except PathRejected as exc:
         rejected = str(exc)
-    open_other = await journal.open_for_issue(ctx.repo, issue_number)
-    registration = await journal.live_registration(ctx.repo, issue_number)
-
-    def path_state() -> dict[str, Any]:
-        assert path is not None
-        root = ctx.checkout_path / "branches"
-        escapes = ctx.checkout_path.exists() and worktree_files.escapes_root(root, path)
-        entry = ctx.checkout().worktree_at(path) if ctx.checkout().exists() else None
-        return {"exists": os.path.lexists(path), "escapes_root": escapes,
-                "registered": entry.to_dict() if entry is not None else None}
-
+    open_other = await journal.open_for_issue(ctx.repo, n)
+    registration = await journal.live_registration(ctx.repo, n)
     # The git probes are read-only and independent: run side by side (the proof runs before every lease).
-    local_probes = [asyncio.to_thread(local)]
+    local_probes = [asyncio.to_thread(_local, ctx)]
     if path is not None:
-        local_probes.append(asyncio.to_thread(path_state))
+        local_probes.append(asyncio.to_thread(_path_state, ctx, path))
     found, *rest = await asyncio.gather(*local_probes)
-    found_remote = await probes[0]
-    checks["repo_reachable"] = {"ok": bool(found_remote["git_reachable"]), "clone_url": clone_url,
-                                "reported_clone_url": repo.clone_url,
-                                "default_branch": repo.default_branch, "detail": found_remote["git_error"]}
-    git_reason = gitops.git_refusal(found_remote["git_error"] or "") if not found_remote["git_reachable"] else None
-    if git_reason is not None:
-        checks["repo_reachable"].update(_check_refusal(git_envelope(
-            git_reason, clone_url, found_remote["git_error"], "allocate again")))
-    checks["base_known"] = {"ok": bool(base) and found_remote["git_base"] == base, "api_sha": base,
-                            "git_sha": found_remote["git_base"]}
-    doc["base_sha"] = base
+    _check_remote(proof, repo, clone_url, base, await probes[0])
+    _check_checkout(ctx, proof, repo, clone_url, found)
+    if path is None:
+        proof.check("path_free", False, detail=rejected)
+        return
+    proof.worktree_path = str(path)
+    _check_path(proof, path, rest[0], open_other, registration)
+
+
+def _remote(ctx: BootstrapContext, clone_url: str, default_branch: str) -> dict[str, Any]:
+    """git's own view of the remote's default branch (``ls-remote``)."""
+    runner = gitops.GitRunner(ctx.checkout_root if ctx.checkout_root.is_dir() else Path("/"),
+                              env=gitops.git_env(ctx.bot_login), timeout_s=ctx.settings.bootstrap.git_timeout_s)
+    status, out, err = runner.attempt("ls-remote", "--", clone_url, f"refs/heads/{default_branch}",
+                                      extra_env=gitops.auth_env(clone_url, ctx.settings.gitea_token()))
+    remote_sha = out.split("\t", 1)[0].strip() if status == 0 and out.strip() else None
+    return {"git_reachable": status == 0, "git_base": remote_sha, "git_error": err.strip()[-300:] if status else None}
+
+
+def _local(ctx: BootstrapContext) -> dict[str, Any]:
+    """The control checkout as it is (or what is where it goes)."""
+    checkout = ctx.checkout()
+    found: dict[str, Any] = {"checkout_exists": checkout.exists()}
+    found["checkout_path_used"] = not found["checkout_exists"] and ctx.checkout_path.exists() and any(
+        ctx.checkout_path.iterdir())
+    if checkout.exists():
+        head_ref, head_sha = checkout.head()
+        found["head_ref"], found["head_sha"] = head_ref, head_sha
+        found["checkout_status"] = checkout.status()
+        found["tracks_branches"] = checkout.tracks("branches")
+        found["origin"] = checkout.origin_url()
+    return found
+
+
+def _path_state(ctx: BootstrapContext, path: Path) -> dict[str, Any]:
+    """What is at the canonical worktree path."""
+    root = ctx.checkout_path / "branches"
+    escapes = ctx.checkout_path.exists() and worktree_files.escapes_root(root, path)
+    entry = ctx.checkout().worktree_at(path) if ctx.checkout().exists() else None
+    return {"exists": os.path.lexists(path), "escapes_root": escapes,
+            "registered": entry.to_dict() if entry is not None else None}
+
+
+def _check_remote(proof: PreflightProof, repo: Repository, clone_url: str, base: str, remote: dict[str, Any]) -> None:
+    """``repo_reachable`` (git answers at the clone URL) and ``base_known`` (git and the API agree on the base)."""
+    git_reason = gitops.git_refusal(remote["git_error"] or "") if not remote["git_reachable"] else None
+    refusal = _check_refusal(git_envelope(git_reason, clone_url, remote["git_error"], "allocate again")) if (
+        git_reason is not None) else {}
+    proof.check("repo_reachable", bool(remote["git_reachable"]), clone_url=clone_url,
+                reported_clone_url=repo.clone_url, default_branch=repo.default_branch, detail=remote["git_error"],
+                **refusal)
+    proof.check("base_known", bool(base) and remote["git_base"] == base, api_sha=base, git_sha=remote["git_base"])
+    proof.base_sha = base
+
+
+def _check_checkout(ctx: BootstrapContext, proof: PreflightProof, repo: Repository, clone_url: str,
+                    found: dict[str, Any]) -> None:
+    """``control_checkout``: on its default branch, clean, with the clone URL as its origin (or not cloned yet)."""
     if found["checkout_exists"]:
         same_origin = found["origin"] == clone_url
-        checks["control_checkout"] = {
-            "ok": found["head_ref"] == f"refs/heads/{repo.default_branch}" and not found["checkout_status"]
-            and same_origin,
-            "head_ref": found["head_ref"], "head_sha": found["head_sha"], "dirty": found["checkout_status"][:20],
-            "tracks_branches_dir": found["tracks_branches"], "origin": found["origin"],
-            **({} if same_origin else _check_refusal(origin_envelope(issue_number, found["origin"], clone_url))),
-        }
+        proof.check(
+            "control_checkout",
+            found["head_ref"] == f"refs/heads/{repo.default_branch}" and not found["checkout_status"] and same_origin,
+            head_ref=found["head_ref"], head_sha=found["head_sha"], dirty=found["checkout_status"][:20],
+            tracks_branches_dir=found["tracks_branches"], origin=found["origin"],
+            **({} if same_origin else _check_refusal(origin_envelope(proof.issue_number, found["origin"], clone_url))),
+        )
     elif found["checkout_path_used"]:
         # Something that is not a checkout is where the control checkout goes: the first clone would fail.
-        checks["control_checkout"] = {"ok": False, "head_ref": None,
-                                      "detail": f"{ctx.checkout_path} exists and is not a git checkout"}
+        proof.check("control_checkout", False, head_ref=None,
+                    detail=f"{ctx.checkout_path} exists and is not a git checkout")
     else:
-        checks["control_checkout"] = {"ok": True, "detail": "not cloned yet: the first bootstrap clones it"}
-    if path is None:
-        checks["path_free"] = {"ok": False, "detail": rejected}
-        return done()
-    doc["worktree_path"] = str(path)
-    state = rest[0]
+        proof.check("control_checkout", True, detail="not cloned yet: the first bootstrap clones it")
+
+
+def _check_path(proof: PreflightProof, path: Path, state: dict[str, Any], open_other: Transition | None,
+                registration: Registration | None) -> None:
+    """``path_free``: nothing at the canonical path but the owner's own registered worktree, no other owner's
+    open transition or registration for the issue."""
+    owner = proof.owner
     own = registration is not None and registration.owner == owner and registration.worktree_path == str(path)
-    checks["path_free"] = {
-        "ok": not state["escapes_root"] and (not state["exists"] or own)
+    proof.check(
+        "path_free",
+        not state["escapes_root"] and (not state["exists"] or own)
         and (open_other is None or open_other.owner == owner)
         and (registration is None or registration.owner == owner),
         **state,
-        "open_transition": open_other.key if open_other is not None else None,
-        "registered_to": registration.owner if registration is not None else None,
-    }
-    return done()
+        open_transition=open_other.key if open_other is not None else None,
+        registered_to=registration.owner if registration is not None else None,
+    )
 
 
 def _check_refusal(envelope: Envelope) -> dict[str, Any]:

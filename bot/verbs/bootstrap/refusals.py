@@ -32,6 +32,11 @@ def unavailable(issue_number: int, what: str, key: str | None = None) -> Envelop
     )
 
 
+def lease_ended() -> Envelope:
+    return make_envelope("stale_pin", "the lease ended while the request was being checked", "Nothing was created.",
+                         "call gitea_get_runtime_context to see your leases", reason="lease_ended")
+
+
 class StepFailed(Exception):
     """A step cannot go on: compensate."""
 
