@@ -212,7 +212,7 @@ async def test_a_failed_proof_leases_nothing(world: World) -> None:
     outcome = await allocator.run(AllocationCall(actor="controller-bot", owner="author-1", dry_run=False))
     assert outcome.lease is None and not outcome.applied
     assert outcome.refusal is not None and outcome.refusal.error == "invalid_state"
-    assert outcome.refusal.details["reason"] == "bootstrap_preflight_failed"
+    assert outcome.refusal.reason == "bootstrap_preflight_failed"
     assert "path_free" in outcome.refusal.details["failed_checks"]
     assert "exclude_issue_numbers=[1]" in outcome.refusal.exact_next_action
     assert await LeaseStore(world.service.db).history(FULL_NAME, 1) == []
@@ -304,7 +304,7 @@ async def test_an_allocation_without_an_owner_goes_to_the_next_idle_author(tmp_p
             AllocationCall(actor="controller-bot", owner="author-3", dry_run=False))
         busy = await runtime.call("allocate_next_work", controller, {"dry_run": False})
         assert busy.refusal is not None and busy.refusal.error == "conflict", busy.doc
-        assert busy.refusal.details["reason"] == "authors_busy"
+        assert busy.refusal.reason == "authors_busy"
         assert len(await LeaseStore(service.db).open_leases(FULL_NAME)) == 3
 
 

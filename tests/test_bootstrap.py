@@ -182,7 +182,7 @@ async def test_a_lease_that_ends_while_the_request_is_checked_is_refused_when_th
         await _lease_ends(w, number, how, at_read=1)
         result = await w.bootstrap(number)
         assert result.status == "refused" and result.refusal is not None, result.to_dict()
-        assert result.refusal.error == "stale_pin" and result.refusal.details.get("reason") == "lease_ended"
+        assert result.refusal.error == "stale_pin" and result.refusal.reason == "lease_ended"
         assert w.rows("SELECT COUNT(*) FROM bootstrap_journal") == [(0,)]
         assert not (w.checkout / "branches").exists()
         assert git(w.checkout, "for-each-ref", "--format=%(refname)", "refs/heads/") == "refs/heads/main"
@@ -197,7 +197,7 @@ async def test_a_lease_that_ends_before_it_is_bound_compensates_the_transition(h
         await _lease_ends(w, number, how, at_read=2)
         result = await w.bootstrap(number)
         assert result.status == "compensated" and result.refusal is not None, result.to_dict()
-        assert result.refusal.error == "stale_pin" and result.refusal.details.get("reason") == "lease_changed"
+        assert result.refusal.error == "stale_pin" and result.refusal.reason == "lease_changed"
         assert w.rows("SELECT COUNT(*) FROM worktree_registrations WHERE ended_at IS NULL") == [(0,)]
         assert "lock_established" not in [p for (p,) in w.rows("SELECT phase FROM bootstrap_phases")]
         assert not w.path(number).exists()
@@ -235,12 +235,12 @@ async def test_paths_leaving_branches_through_symlinks_are_refused_and_left_alon
         (w.checkout / "branches").symlink_to(outside, target_is_directory=True)
         result = await w.bootstrap(number)
         assert result.refusal is not None and result.refusal.error == "invalid_state"
-        assert result.refusal.details["reason"] == "path_escapes_root"
+        assert result.refusal.reason == "path_escapes_root"
         (w.checkout / "branches").unlink()
         (w.checkout / "branches").mkdir()
         w.path(number).symlink_to(outside / "keep", target_is_directory=True)
         result = await w.bootstrap(number)
-        assert result.refusal is not None and result.refusal.details["reason"] == "path_escapes_root"
+        assert result.refusal is not None and result.refusal.reason == "path_escapes_root"
         assert tree_snapshot(outside) == before
         assert git(w.checkout, "branch", "--list", "issue-*") == ""
         assert checkout_snapshot(w.checkout) == checkout_before
@@ -297,7 +297,7 @@ async def test_preexisting_dirty_tracked_and_untracked_work_is_preserved_byte_fo
         checkout_before = checkout_snapshot(w.checkout)
         result = await w.bootstrap(number)
         assert result.status == "compensated", result.to_dict()
-        assert result.refusal is not None and result.refusal.details["reason"] == "preexisting_worktree"
+        assert result.refusal is not None and result.refusal.reason == "preexisting_worktree"
         assert (tree_snapshot(path), tree_snapshot(admin), git(w.checkout, "rev-parse", branch)) == before
         assert set(result.proof["kept"]) >= {"branch", "worktree"} and not result.proof["blocked"]
         assert (await LeaseStore(w.db).get(lease.lease_id)).status == "released"  # type: ignore[union-attr]
@@ -332,14 +332,14 @@ async def test_a_foreign_branch_is_never_repointed_and_a_remote_one_is_refused_u
         w.move_main()
         result = await w.bootstrap(number)
         assert result.status == "compensated"
-        assert result.refusal is not None and result.refusal.details["reason"] == "branch_exists_elsewhere"
+        assert result.refusal is not None and result.refusal.reason == "branch_exists_elsewhere"
         assert git(w.checkout, "rev-parse", w.branch(number)) == old and "branch" in result.proof["kept"]
         remote = w.issue("Pushed elsewhere")
         await w.lease(remote)
         w.live.emulator.create_branch(OWNER, REPO, w.branch(remote, "Pushed elsewhere"), files={"x.txt": "x"})
         refused = await w.bootstrap(remote)
         assert refused.status == "refused" and refused.refusal is not None
-        assert refused.refusal.details["reason"] == "remote_branch_exists"
+        assert refused.refusal.reason == "remote_branch_exists"
         assert w.rows("SELECT COUNT(*) FROM bootstrap_journal WHERE issue_number = ?", remote) == [(0,)]
 
 
@@ -474,7 +474,7 @@ async def test_a_lease_taken_over_after_the_door_decided_is_refused_and_nothing_
         await w.lease(number, owner="bob")
         result = await bootstrap_issue_worktree(w.ctx, issue_number=number, caller="alice")
         assert result.status == "refused" and result.refusal is not None, result.to_dict()
-        assert result.refusal.details.get("reason") == "lease_ended", result.to_dict()
+        assert result.refusal.reason == "lease_ended", result.to_dict()
         assert w.rows("SELECT COUNT(*) FROM bootstrap_journal") == [(0,)]
 
 

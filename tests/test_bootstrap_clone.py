@@ -71,7 +71,7 @@ async def test_a_wrong_token_is_a_typed_refusal_naming_gitea_token_and_never_sho
         doc = result.to_dict()
         assert result.status == "refused" and result.refusal is not None, doc
         assert result.refusal.error == "not_authorized", doc
-        assert result.refusal.details["reason"] == "gitea_token_refused"
+        assert result.refusal.reason == "gitea_token_refused"
         assert "gitea.token" in result.refusal.exact_next_action and "foreman check-config" in (
             result.refusal.exact_next_action)
         proof = (await bootstrap_preflight(w.ctx, number, "alice")).to_dict()
@@ -100,7 +100,7 @@ async def test_git_refusing_the_token_is_clone_auth_failed_in_bootstrap_and_pref
         result = await w.bootstrap(number, caller="bob")
         doc = result.to_dict()
         assert result.status == "refused" and result.refusal is not None, doc
-        assert result.refusal.error == "not_authorized" and result.refusal.details["reason"] == "clone_auth_failed"
+        assert result.refusal.error == "not_authorized" and result.refusal.reason == "clone_auth_failed"
         assert "gitea.token" in result.refusal.exact_next_action
         proof = (await bootstrap_preflight(w.ctx, number, "bob")).to_dict()
         reach = proof["checks"]["repo_reachable"]
@@ -256,7 +256,7 @@ async def test_a_changed_origin_is_refused_with_repoint_as_the_way_out_and_workt
         await w.lease(second, owner="bob")
         refused = await w.bootstrap(second, caller="bob")
         assert refused.status == "refused" and refused.refusal is not None, refused.to_dict()
-        assert refused.refusal.details["reason"] == "checkout_origin"
+        assert refused.refusal.reason == "checkout_origin"
         assert "foreman checkout repoint" in refused.refusal.exact_next_action
         assert refused.refusal.details["checkout_origin"] == old_origin
         assert refused.refusal.details["clone_url"] == f"{new_base}/{OWNER}/{REPO}.git"
@@ -308,7 +308,7 @@ async def test_an_owner_gitea_cannot_assign_is_a_typed_blocker_without_a_retry_s
         result = await w.bootstrap(number, caller="bob")
         assert result.refusal is not None, result.to_dict()
         assert result.status == "compensated" and result.refusal.error == "invalid_state", result.to_dict()
-        assert result.refusal.details["reason"] == "owner_unassignable"
+        assert result.refusal.reason == "owner_unassignable"
         action = result.refusal.exact_next_action
         assert "grants bob access" in action and "status:ready" in action
         patches = [r for r in emu.requests if r.method == "PATCH" and r.path.endswith(f"/issues/{number}")]

@@ -62,7 +62,7 @@ async def test_another_branch_of_the_issue_is_refused_loose_or_packed() -> None:
             await w.lease(number)
             result = await w.bootstrap(number)
             assert result.status == "refused" and result.refusal is not None, result.to_dict()
-            assert result.refusal.details["reason"] == "ambiguous_branches"
+            assert result.refusal.reason == "ambiguous_branches"
             assert f"issue-{number}-an-older-title" in result.refusal.message
         await w.lease(neighbour)
         assert (await w.bootstrap(neighbour)).status == "completed"
@@ -85,7 +85,7 @@ async def test_a_registration_moved_to_the_path_whose_directory_is_gone_is_refus
         before = {p.name: p.read_bytes() for p in admin.iterdir() if p.is_file()}
         result = await w.bootstrap(number)
         assert result.status == "blocked" and result.refusal is not None, result.to_dict()
-        assert result.refusal.details["reason"] == "compensation_blocked"
+        assert result.refusal.reason == "compensation_blocked"
         assert result.proof["failure"]["details"]["reason"] == "incompatible_registration"
         assert result.proof["observed"]["worktree"]["registered_branch"] == "hand-made"
         assert result.proof["kept"] == ["worktree"] and result.proof["blocked"] == ["branch"]

@@ -37,3 +37,15 @@ def test_what_gitea_answered_decides_the_kind_and_the_next_action(status: int, k
 def test_a_lost_connection_is_unavailable_and_names_no_status() -> None:
     envelope = gitea_refusal(GiteaError("connection reset", method="POST", path="/x"), ASK)
     assert envelope.error == "unavailable" and envelope.details == {} and "connection reset" in envelope.message
+
+
+def test_a_refusals_reason_is_typed_and_leads_its_details_in_the_json() -> None:
+    """The reason is a field of the envelope (checked against ``RefusalReason`` where it is built) and the JSON
+    keeps its place: ``details.reason``, first."""
+    from bot.core.errors import Envelope
+    from bot.core.reasons import REFUSAL_REASONS
+
+    refusal = Envelope("conflict", "m", "r", "n", details={"issue_number": 3}, reason="leased")
+    assert refusal.reason == "leased" and "leased" in REFUSAL_REASONS
+    assert list(refusal.to_dict()["details"].items()) == [("reason", "leased"), ("issue_number", 3)]
+    assert "details" not in Envelope("conflict", "m", "r", "n").to_dict()

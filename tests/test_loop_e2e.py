@@ -365,7 +365,7 @@ async def test_an_expired_lease_is_refused_to_its_owner_held_through_the_grace_a
         # that runs before every apply says so; nothing is leased, nothing reclaimed.
         assert not taken.applied and taken.lease is None
         assert taken.refusal is not None and taken.refusal.error == "invalid_state"
-        assert taken.refusal.details["reason"] == "bootstrap_preflight_failed"
+        assert taken.refusal.reason == "bootstrap_preflight_failed"
         assert taken.refusal.details["failed_checks"] == ["path_free"]
         assert taken.bootstrap is not None and taken.bootstrap["checks"]["path_free"]["registered_to"] == "author-1"
         service.outbox_wakeup()

@@ -91,7 +91,7 @@ async def test_the_assignment_is_read_back_from_gitea_and_a_write_gitea_ignored_
         assert await gitea_assignees(w, number) == []
         assert result.status != "completed", result.to_dict()
         assert result.refusal is not None and result.refusal.error == "invalid_state"
-        assert result.refusal.details["reason"] == "assignment_unverified"
+        assert result.refusal.reason == "assignment_unverified"
         assert "gitea_" in result.refusal.exact_next_action
         [(error,)] = w.rows("SELECT error_json FROM bootstrap_journal WHERE issue_number = ?", number)
         assert json.loads(error)["details"]["gitea_assignees"] == await gitea_assignees(w, number)

@@ -100,7 +100,7 @@ async def test_an_off_branch_control_checkout_is_refused_and_left_as_it_is() -> 
         result = await w.bootstrap(number)
         assert result.status == "refused", result.to_dict()
         assert result.refusal is not None and result.refusal.error == "invalid_state"
-        assert result.refusal.details["reason"] == "checkout_not_clean"
+        assert result.refusal.reason == "checkout_not_clean"
         assert "gitea_" in result.refusal.exact_next_action
         assert w.rows("SELECT COUNT(*) FROM bootstrap_journal") == [(0,)]
         assert git(w.checkout, "branch", "--list", "issue-*") == ""
@@ -117,7 +117,7 @@ async def test_a_dirty_control_checkout_is_refused_and_left_as_it_is() -> None:
         before = checkout_snapshot(w.checkout)
         result = await w.bootstrap(number)
         assert result.status == "refused", result.to_dict()
-        assert result.refusal is not None and result.refusal.details["reason"] == "checkout_not_clean"
+        assert result.refusal is not None and result.refusal.reason == "checkout_not_clean"
         assert w.rows("SELECT COUNT(*) FROM bootstrap_journal") == [(0,)]
         assert checkout_snapshot(w.checkout) == before
 
@@ -139,7 +139,7 @@ async def test_a_foreign_live_registration_is_refused_never_ended() -> None:
         foreign = w.rows("SELECT * FROM worktree_registrations WHERE owner = 'bob'")
         result = await w.bootstrap(number)
         assert result.status == "compensated", result.to_dict()
-        assert result.refusal is not None and result.refusal.details["reason"] == "foreign_registration"
+        assert result.refusal is not None and result.refusal.reason == "foreign_registration"
         assert w.rows("SELECT * FROM worktree_registrations WHERE owner = 'bob'") == foreign
         assert w.rows("SELECT ended_at FROM worktree_registrations WHERE owner = 'bob'") == [(None,)]
 
@@ -174,7 +174,7 @@ async def test_a_preexisting_directory_identical_to_the_branch_tree_is_kept_byte
         assert file_stats(path) == before and tree_snapshot(path) == snapshot
         assert result.status != "completed", result.to_dict()
         assert result.refusal is not None and result.refusal.error == "invalid_state"
-        assert result.refusal.details["reason"] == "path_occupied"
+        assert result.refusal.reason == "path_occupied"
         assert "gitea_" in result.refusal.exact_next_action
         assert "worktree" in result.proof["kept"]
         assert git(w.checkout, "branch", "--list", w.branch(number)) == ""

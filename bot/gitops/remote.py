@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import urllib.parse
+from typing import Literal
 
 _ALLOWED_SCHEMES = ("http", "https", "file")
 
@@ -41,7 +42,11 @@ _AUTH_FAILED = ("could not read username", "could not read password", "authentic
 _NOT_FOUND = ("not found", "the requested url returned error: 404")
 
 
-def git_refusal(stderr: str) -> str | None:
+#: What git's HTTP server said no to (a refusal's reason).
+GitRefusal = Literal["clone_auth_failed", "clone_repository_not_found"]
+
+
+def git_refusal(stderr: str) -> GitRefusal | None:
     """``clone_auth_failed`` when git's HTTP server refused the credential, ``clone_repository_not_found`` when it
     answered that the repository is not there for it; None for anything else (network, disk, git itself)."""
     text = stderr.lower()

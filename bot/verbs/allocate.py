@@ -420,7 +420,7 @@ class Allocator:
                     message=f"the selection changed to #{decision.issue_number} after the proof; nothing was leased",
                     remediate="Another allocation changed the live leases meanwhile; allocate again.",
                     exact_next_action="call gitea_allocate_next_work again",
-                    details={"reason": "selection_changed", "proven": proven, "selected": decision.issue_number},
+                    details={"proven": proven, "selected": decision.issue_number}, reason="selection_changed",
                 )
                 return outcome
             held = sum(1 for lease in open_leases if lease.owner == call.owner and lease.is_live(now))
@@ -430,7 +430,7 @@ class Allocator:
                     message=f"{call.owner} already holds {held} live lease(s); nothing was leased",
                     remediate="max_leases_per_author is reached; another allocation leased to this owner meanwhile.",
                     exact_next_action="call gitea_allocate_next_work again",
-                    details={"reason": "owner_busy", "live_leases": held, "max": call.max_live},
+                    details={"live_leases": held, "max": call.max_live}, reason="owner_busy",
                 )
                 return outcome
             stale = [lease for lease in open_leases if lease.issue_number == decision.issue_number]
@@ -516,8 +516,7 @@ def _proof_refusal(proof: PreflightProof, decision: SelectDecision, call: Alloca
     """The typed refusal of an apply whose bootstrap preflight failed: which checks, and what the caller can do."""
     number = decision.issue_number
     failed = sorted(proof.failed)
-    details = {"reason": PREFLIGHT_FAILED, "issue_number": number, "owner": call.owner,
-               "failed_checks": failed, "preflight": proof.to_dict()}
+    details = {"issue_number": number, "owner": call.owner, "failed_checks": failed, "preflight": proof.to_dict()}
     again = "call gitea_allocate_next_work again"
     if proof.failed & _TRANSIENT_CHECKS:
         return Envelope(
@@ -527,6 +526,7 @@ def _proof_refusal(proof: PreflightProof, decision: SelectDecision, call: Alloca
             remediate="Gitea or its git remote did not answer as needed; the proof is retried by the next call.",
             exact_next_action=f"{again} once Gitea answers",
             details=details,
+            reason=PREFLIGHT_FAILED,
         )
     if "control_checkout" in proof.failed:
         where = proof.checks["control_checkout"].facts.get("head_ref")
@@ -537,6 +537,7 @@ def _proof_refusal(proof: PreflightProof, decision: SelectDecision, call: Alloca
             "default branch, clean.",
             exact_next_action=f"ask an operator to clean the control checkout, then {again}",
             details=details,
+            reason=PREFLIGHT_FAILED,
         )
     path = proof.worktree_path or "the canonical worktree path"
     return Envelope(
@@ -547,6 +548,7 @@ def _proof_refusal(proof: PreflightProof, decision: SelectDecision, call: Alloca
         "byte for byte) or is the owner's registered worktree; the other candidates can be allocated now.",
         exact_next_action=f"{again} with exclude_issue_numbers=[{number}]",
         details=details,
+        reason=PREFLIGHT_FAILED,
     )
 
 

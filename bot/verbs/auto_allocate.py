@@ -209,7 +209,7 @@ async def _maybe_block(db: Database, allocator: Allocator, outcome: AllocationOu
                        excluded: set[int], delivery_id: str | None) -> bool:
     """A failed proof of the issue itself: the issue is marked blocked with evidence, leased to no one."""
     refusal = outcome.refusal
-    if refusal is None or refusal.details.get("reason") != PREFLIGHT_FAILED:
+    if refusal is None or refusal.reason != PREFLIGHT_FAILED:
         return False
     failed = set(refusal.details.get("failed_checks") or ())
     if not failed & _ISSUE_CHECKS:

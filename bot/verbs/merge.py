@@ -9,6 +9,7 @@ from typing import Any, Literal, Protocol
 from bot.core.canonical import CanonicalState
 from bot.core.errors import Envelope
 from bot.core.evidence import render_evidence
+from bot.core.reasons import MergeBlock
 from bot.core.verbs import Verb
 from bot.gitea import GiteaError, client_as
 from bot.gitea.errors import GiteaConflict, GiteaInvalid
@@ -30,11 +31,6 @@ from state.leases import Lease
 from state.outbox import OutboxIntent, enqueue
 
 MergeStyle = Literal["merge", "rebase", "rebase-merge", "squash", "fast-forward-only"]
-#: Why the merge gate counts no approval, or blocks one: no verdict of foreman's review verb approves the PR; the
-#: one it recorded is no longer on Gitea as recorded (dismissed, gone, changed); its reviewer may not approve this
-#: PR now (off the roster's reviewers, the implementer, the PR's poster); a request-changes verdict stands on the
-#: head.
-MergeBlock = Literal["approval_not_recorded", "approval_withdrawn", "reviewer_not_allowed", "changes_requested"]
 #: Why a review on Gitea does not count.
 NotCountedWhy = Literal["not_recorded", "dismissed", "superseded", "changed_on_gitea", "not_official",
                         "by_implementer", "by_pr_poster", "reviewer_not_allowed"]
@@ -156,7 +152,7 @@ def merge_gate(
 
 def _blocked(number: int, pull: PullRequest, gate: MergeGate) -> Envelope:
     """The refusal of a merge the gate does not let through: what counts, and every verdict it did not count."""
-    details: dict[str, Any] = {"reason": gate.block, "pull_number": pull.number, "head": pull.head_sha,
+    details: dict[str, Any] = {"pull_number": pull.number, "head": pull.head_sha,
                                "not_counted": gate.not_counted_docs()}
     if gate.block == "changes_requested":
         details["blocking"] = [{"review_id": r.id, "user": _login(r), "commit_id": r.commit_id} for r in gate.blocking]
@@ -165,7 +161,8 @@ def _blocked(number: int, pull: PullRequest, gate: MergeGate) -> Envelope:
             "invalid_state", f"PR #{pull.number} has changes requested on its head {pull.head_sha} ({who}); nothing "
             "was merged", "A request-changes verdict standing on the head blocks the merge until the author pushes "
             "a change and a reviewer approves it, or a maintainer dismisses it on Gitea.",
-            f"call gitea_get_issue_state with issue_number={number} and follow the review", **details)
+            f"call gitea_get_issue_state with issue_number={number} and follow the review", reason=gate.block,
+            **details)
     others = "; ".join(f"review {n.review_id} by {n.user} ({n.why})" for n in gate.not_counted if n.state ==
                        "APPROVED")
     return Envelope(
@@ -175,7 +172,7 @@ def _blocked(number: int, pull: PullRequest, gate: MergeGate) -> Envelope:
         remediate="Only a verdict a roster reviewer recorded with gitea_submit_review, holding that review's lease, "
         "counts; an approval posted on Gitea any other way never does.",
         exact_next_action=f"a reviewer calls gitea_claim_review for #{number}, then gitea_submit_review",
-        details=details,
+        details=details, reason=gate.block,
     )
 
 

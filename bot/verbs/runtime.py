@@ -15,6 +15,7 @@ from bot.config import Settings
 from bot.core.allocator import Candidate
 from bot.core.errors import Envelope, ErrorKind
 from bot.core.gateway import Decision, GatewayContext, Precondition, Role, evaluate_preconditions
+from bot.core.reasons import RefusalReason
 from bot.core.verbs import PRECONDITION_LOCK, PRECONDITION_WORKTREE, VERBS, Verb, evaluate
 from state.db import Database, utcnow
 from state.issues import IssueStore
@@ -109,9 +110,11 @@ def refused(verb: str, envelope: Envelope) -> VerbResult:
 
 
 def envelope(
-    error: ErrorKind, message: str, remediate: str, next_action: str, **details: Any
+    error: ErrorKind, message: str, remediate: str, next_action: str, *, reason: RefusalReason | None = None,
+    **details: Any,
 ) -> Envelope:
-    return Envelope(error=error, message=message, remediate=remediate, exact_next_action=next_action, details=details)
+    return Envelope(error=error, message=message, remediate=remediate, exact_next_action=next_action, details=details,
+                    reason=reason)
 
 
 def _decision_result(verb: str, decision: Decision) -> VerbResult:

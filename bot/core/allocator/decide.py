@@ -334,7 +334,7 @@ def _blocked_envelope(blockers: Sequence[Blocker]) -> Envelope:
             f"Call gitea_release_lease with issue_number={first.issue_number} "
             f"(lease {first.lease.lease_id}), then call gitea_allocate_next_work again."
         ),
-        details={"reason": "excluded_owned_lease", "blockers": [b.to_dict() for b in blockers]},
+        details={"blockers": [b.to_dict() for b in blockers]}, reason="excluded_owned_lease",
     )
 
 
@@ -369,7 +369,6 @@ def check_apply(
     if expected_fingerprint == fresh.fingerprint:
         return None
     details: dict[str, Any] = {
-        "reason": "fingerprint_mismatch",
         "expected_fingerprint": expected_fingerprint,
         "fingerprint": fresh.fingerprint,
         "fresh_decision": fresh.kind,
@@ -392,4 +391,5 @@ def check_apply(
             f"{fresh.fingerprint}."
         ),
         details=details,
+        reason="fingerprint_mismatch",
     )

@@ -241,5 +241,5 @@ def _check_path(proof: PreflightProof, path: Path, state: dict[str, Any], open_o
 
 def _check_refusal(envelope: Envelope) -> dict[str, Any]:
     """A preflight check's typed refusal: ``error``, ``reason``, ``exact_next_action`` beside ``ok: False``."""
-    return {"error": envelope.error, "reason": envelope.details.get("reason"),
+    return {"error": envelope.error, "reason": envelope.reason,
             "exact_next_action": envelope.exact_next_action}

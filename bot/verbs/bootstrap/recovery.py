@@ -6,8 +6,9 @@ import logging
 
 from bot import worktree_files
 from bot.verbs.bootstrap.context import BootstrapContext, BootstrapResult
+from bot.verbs.bootstrap.run import Run
 from bot.verbs.bootstrap.service import bootstrap_for_owner
-from bot.verbs.bootstrap.transition import BootstrapRun
+from bot.verbs.bootstrap.transition import compensate_ended
 from state.journal import JournalStore
 from state.leases import LeaseStore
 from state.outbox import acting_for
@@ -42,7 +43,7 @@ async def _recover_open_transitions(ctx: BootstrapContext) -> list[BootstrapResu
                 current = await journal.get(t.key) if held else None
                 if current is None or current.outcome != "open":
                     continue
-                result = await BootstrapRun(ctx, t.issue_number, t.owner).compensate_ended(current)
+                result = await compensate_ended(Run.start(ctx, t.issue_number, t.owner), current)
         _logged(f"recovered the open bootstrap {t.key} of #{t.issue_number}", result)
         results.append(result)
     if ctx.settings.bootstrap.on_allocate == "run":

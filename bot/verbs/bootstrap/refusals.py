@@ -6,12 +6,15 @@ from typing import Any
 
 from bot.core.bootstrap import Blocked, key_problem, sha_problem
 from bot.core.errors import Envelope, ErrorKind
+from bot.core.reasons import RefusalReason
 from bot.gitea import GiteaError, GiteaForbidden
 from bot.verbs.bootstrap.context import TOOL, BootstrapResult
 
 
-def make_envelope(kind: ErrorKind, message: str, remediate: str, action: str, **details: Any) -> Envelope:
-    return Envelope(error=kind, message=message, remediate=remediate, exact_next_action=action, details=details)
+def make_envelope(kind: ErrorKind, message: str, remediate: str, action: str, *, reason: RefusalReason | None = None,
+                  **details: Any) -> Envelope:
+    return Envelope(error=kind, message=message, remediate=remediate, exact_next_action=action, details=details,
+                    reason=reason)
 
 
 def refused_result(issue_number: int, envelope: Envelope, key: str | None = None) -> BootstrapResult:
@@ -67,7 +70,7 @@ class OperatorMustFix(Exception):
 REPOINT = "foreman checkout repoint"
 
 
-def token_envelope(reason: str, message: str, then: str, **details: Any) -> Envelope:
+def token_envelope(reason: RefusalReason, message: str, then: str, **details: Any) -> Envelope:
     """``not_authorized`` for a token Gitea (its API or its git endpoint) refuses; never carries the token."""
     return make_envelope(
         "not_authorized", message,
@@ -77,7 +80,7 @@ def token_envelope(reason: str, message: str, then: str, **details: Any) -> Enve
         reason=reason, **details)
 
 
-def git_envelope(reason: str, url: str, failure: str, then: str) -> Envelope:
+def git_envelope(reason: RefusalReason, url: str, failure: str, then: str) -> Envelope:
     if reason == "clone_auth_failed":
         return token_envelope(reason, f"git over HTTP refused gitea.token for {url}: {failure}", then,
                               clone_url=url)

@@ -118,11 +118,6 @@ class Run:
             return BootstrapResult(n, "completed", t.key, t.phase, None, proof, replayed, journal,
                                    [f"{t.key}:evidence"])
         error = t.error or {}
-        envelope = Envelope(
-            error=error.get("error", "invalid_state"),
-            message=str(error.get("message") or "the bootstrap failed and was compensated"),
-            remediate=str(error.get("remediate") or "Start a new request."),
-            exact_next_action=str(error.get("exact_next_action") or call_again(n)),
-            details=dict(error.get("details") or {}),
-        )
+        envelope = Envelope.recorded(error, error="invalid_state", message="the bootstrap failed and was compensated",
+                                     remediate="Start a new request.", exact_next_action=call_again(n))
         return BootstrapResult(n, "compensated", t.key, t.phase, envelope, dict(t.result or {}), replayed, journal)

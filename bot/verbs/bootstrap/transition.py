@@ -163,19 +163,3 @@ def _identity_mismatch(run: Run, existing: Transition, lease: Lease | None, expe
             "A replay must carry the same pin as the original request.",
             call_again(n, key)), key)
     return None
-
-
-class BootstrapRun:
-    """One bootstrap call, for the callers that hold one (start-up recovery compensates through it)."""
-
-    def __init__(self, ctx: BootstrapContext, issue_number: int, caller: str) -> None:
-        self.run = Run.start(ctx, issue_number, caller)
-
-    async def execute(self, key: str | None, expected_base: str | None) -> BootstrapResult:
-        return await execute(self.run, key, expected_base)
-
-    async def replay(self, key: str, expected_base: str | None) -> BootstrapResult | None:
-        return await replay(self.run, key, expected_base)
-
-    async def compensate_ended(self, transition: Transition) -> BootstrapResult:
-        return await compensate_ended(self.run, transition)

@@ -1,0 +1,32 @@
+"""Why a refusal happened, within its kind: the stable machine tokens an envelope carries as ``details.reason``.
+
+Each family names its own (the bootstrap's ``BlockReason`` beside its plans, the merge gate's ``MergeBlock`` here);
+``RefusalReason`` is every one, so an envelope built with a reason, and a caller comparing one, are checked by the
+type checker (a misspelt reason is an error, not a refusal nobody recognises).
+"""
+
+from __future__ import annotations
+
+from typing import Final, Literal, get_args
+
+from bot.core.bootstrap import BlockReason
+
+#: Why the merge gate counts no approval, or blocks one: no verdict of foreman's review verb approves the PR; the
+#: one it recorded is no longer on Gitea as recorded (dismissed, gone, changed); its reviewer may not approve this
+#: PR now (off the roster's reviewers, the implementer, the PR's poster); a request-changes verdict stands on the
+#: head.
+MergeBlock = Literal["approval_not_recorded", "approval_withdrawn", "reviewer_not_allowed", "changes_requested"]
+
+#: The verbs' own: the allocation (a busy author or owner, a proof that failed, a selection or fingerprint that
+#: changed, an issue excluded while its controller holds it), the leases and the worktree bootstrap's door checks,
+#: the review and merge (a lease on the issue, a verdict on one's own PR, a head that moved), the publish (a nested
+#: repository), the control checkout's origin and the token Gitea or git refused.
+VerbReason = Literal[
+    "authors_busy", "owner_busy", "bootstrap_preflight_failed", "selection_changed", "fingerprint_mismatch",
+    "excluded_owned_lease", "lease_ended", "no_worktree_for_action", "leased", "review_by_pr_poster", "head_moved",
+    "nested_repository", "checkout_origin", "origin_not_same_repository", "gitea_token_refused", "clone_auth_failed",
+    "clone_repository_not_found",
+]
+
+RefusalReason = Literal[VerbReason, MergeBlock, BlockReason]
+REFUSAL_REASONS: Final[frozenset[str]] = frozenset(get_args(VerbReason) + get_args(MergeBlock) + get_args(BlockReason))
