@@ -32,10 +32,10 @@ from state.outbox import OUTBOX_TOPIC, OutboxEntry, OutboxStore, acting_for
 if TYPE_CHECKING:
     from bot.discovery import Discovered, OrgDiscovery
     from bot.gitea import GiteaClient
+    from bot.loops.run_teardowns import TeardownLoop
     from bot.mcp_http import McpHttp
     from bot.outbox import OutboxGitea, OutboxHooks, OutboxSender
     from bot.reconcile import Reconciler
-    from bot.verbs.runs.auto_teardown import TeardownLoop
     from bot.verbs.runtime import VerbRuntime
 
 log = logging.getLogger("foreman.app")
@@ -302,7 +302,7 @@ class Service:
         async def allocate() -> None:
             if not settings.auto_allocation():
                 return
-            from bot.verbs.auto_allocate import auto_allocate
+            from bot.loops.auto_allocate import auto_allocate
 
             with acting_for(bundle.key):
                 await auto_allocate(bundle.deps.door, trigger="catch_up")
@@ -327,7 +327,7 @@ class Service:
         """One repository's runs' reserved teardowns by themselves (bot/verbs/runs/auto_teardown.py): a grant's
         expiry is the passing of time, which no webhook or call announces, so the service checks at start-up and
         on an interval."""
-        from bot.verbs.runs.auto_teardown import TeardownLoop
+        from bot.loops.run_teardowns import TeardownLoop
 
         return TeardownLoop(self.db, bundle.settings, bundle.deps.door,
                             interval_s=bundle.settings.lifecycle.run_teardown_interval_s, on_ran=self.outbox_wakeup,
@@ -336,8 +336,8 @@ class Service:
     async def _recover_bootstraps(self) -> None:
         """Worktree bootstraps a killed process left open are finished or compensated (docs/bootstrap.md), in
         each served repository."""
+        from bot.loops.recovery import recover_open_transitions
         from bot.verbs.bootstrap import BootstrapContext
-        from bot.verbs.bootstrap.recovery import recover_open_transitions
 
         for bundle in self.repositories.values():
             context = BootstrapContext(db=self.db, settings=bundle.settings, gitea=bundle.gitea,

@@ -88,8 +88,8 @@ def cmd_allocate(settings: Settings, args: argparse.Namespace) -> int:
         return EXIT_USAGE
 
     async def work(db: Database) -> int:
+        from bot.loops.auto_allocate import recent_decisions
         from bot.verbs.allocate import author_pick
-        from bot.verbs.auto_allocate import recent_decisions
         from state.db import utcnow
 
         pick = await author_pick(db, settings, utcnow())

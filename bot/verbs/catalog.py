@@ -10,9 +10,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from datetime import datetime
 
+import bot.loops.auto_allocate
+
 # Each import registers its family with the door (the names are not used here).
 import bot.verbs.allocate
-import bot.verbs.auto_allocate
 import bot.verbs.context
 import bot.verbs.duplicates
 import bot.verbs.issue_state

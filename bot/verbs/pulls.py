@@ -14,6 +14,7 @@ from bot.core.verbs import PRECONDITION_COMMITS, Verb
 from bot.core.vocabulary import label_for_state
 from bot.gitea import Branch, GiteaConflict, GiteaError, GiteaNotFound, Issue, PullRequest, Repository, client_as
 from bot.gitea.endpoint import IssueState
+from bot.loops.triggers import queue_auto_allocation
 from bot.verbs.bootstrap.context import BootstrapContext, BootstrapGitea
 from bot.verbs.bootstrap.faults import FAULT_STEP_ENV, crash_seam
 from bot.verbs.gitea_refusals import GiteaAsk, gitea_refusal
@@ -29,7 +30,6 @@ from bot.verbs.runtime import (
     refused,
     replays,
 )
-from bot.verbs.triggers import queue_auto_allocation
 from state.journal import JournalStore
 from state.leases import Lease, LeaseRefused
 from state.outbox import OutboxIntent, enqueue
