@@ -232,7 +232,7 @@ class Service:
         """The one door of a served repository (its settings view and Gitea client), handed to every surface:
         comment commands and auto-allocation (through the handlers' dependencies), MCP over HTTP, catch-up's
         allocation, the runs' teardown loop. The bot's login is set again when the service learns it."""
-        from bot.verbs.catalog import open_door
+        from bot.catalog import open_door
 
         return open_door(self.db, settings, gitea, bot_login=self.bot_login or "", wakeup=self.outbox_wakeup)
 
