@@ -14,7 +14,6 @@ from bot.core.verbs import PRECONDITION_COMMITS, Verb
 from bot.core.vocabulary import label_for_state
 from bot.gitea import Branch, GiteaConflict, GiteaError, GiteaNotFound, Issue, PullRequest, Repository, client_as
 from bot.gitea.endpoint import IssueState
-from bot.loops.triggers import queue_auto_allocation
 from bot.verbs.bootstrap.context import BootstrapContext, BootstrapGitea
 from bot.verbs.bootstrap.faults import FAULT_STEP_ENV, crash_seam
 from bot.verbs.gitea_refusals import GiteaAsk, gitea_refusal
@@ -28,6 +27,7 @@ from bot.verbs.runtime import (
     issue_of,
     reads_facts,
     refused,
+    registry,
     replays,
 )
 from state.journal import JournalStore
@@ -141,7 +141,8 @@ async def open_pull_request(
     # service from the inbox (never inside this call: the caller does not wait for another bootstrap).
     ended = doc["handed_over"]["lease_id"]
     if ended is not None:
-        queued = await queue_auto_allocation(rt.db, rt.settings, trigger=HANDOVER_REASON, key=ended)
+        queue = registry().queue_allocation  # the queued triggers' (bot/loops/triggers.py)
+        queued = await queue(rt, HANDOVER_REASON, ended) if queue is not None else None
         if queued is not None:
             doc = {**doc, "auto_allocation": {"trigger": HANDOVER_REASON, "queued": queued}}
     return rt.done(verb, caller, doc)
