@@ -324,7 +324,7 @@ class Service:
         )
 
     def _make_teardown_loop(self, bundle: RepositoryBundle) -> TeardownLoop:
-        """One repository's runs' reserved teardowns by themselves (bot/verbs/runs/auto_teardown.py): a grant's
+        """One repository's runs' reserved teardowns by themselves (bot/loops/run_teardowns.py): a grant's
         expiry is the passing of time, which no webhook or call announces, so the service checks at start-up and
         on an interval."""
         from bot.loops.run_teardowns import TeardownLoop

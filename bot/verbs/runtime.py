@@ -181,7 +181,7 @@ class VerbRuntime(Generic[G]):
     with the narrow client it declares (``VerbRuntime[AllocatorGitea]``, ``VerbRuntime[ReviewGitea]``, ...).
 
     The door imports no verb: the families register their executors here (``executes``, ``replays``,
-    ``reads_facts``, ``provides_bootstrap``) and the composition root loads them (``bot.verbs.catalog``).
+    ``reads_facts``, ``provides_bootstrap``) and the composition root loads them (``bot.catalog``).
     """
 
     db: Database
@@ -287,8 +287,8 @@ class VerbRuntime(Generic[G]):
             log.info("%s by %s refused: %s %s", verb.name, caller.login, decision.kind, list(decision.failed))
             return _decision_result(verb.name, decision)
         execute = _REGISTRY.executors.get(verb.name)
-        if execute is None:  # the composition root did not load the verb families (bot.verbs.catalog)
-            raise RuntimeError(f"no executor is registered for {verb.name}: import bot.verbs.catalog")
+        if execute is None:  # the composition root did not load the verb families (bot.catalog)
+            raise RuntimeError(f"no executor is registered for {verb.name}: import bot.catalog")
         result = await execute(self, verb, caller, values, lease, delivery_id, options)
         log.info("%s by %s (%s): %s", verb.name, caller.login, caller.channel, "ok" if result.ok else "refused")
         return result
