@@ -61,7 +61,8 @@ def _nothing() -> None:
 
 @dataclass(frozen=True, slots=True)
 class HandlerDeps:
-    """Everything a handler may use besides the event, never the Service: one per service, built by bot.app.
+    """Everything a handler may use besides the event, never the Service: one per served repository, built by
+    bot.repositories.
 
     ``gitea`` is None until the client exists (no token: no client at all); ``bot_login`` is read when needed,
     because the service learns the login from Gitea after start. ``permissions`` lives as long as the service.

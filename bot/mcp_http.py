@@ -61,7 +61,7 @@ TARPIT_SLOTS = 256
 
 
 class McpRepository(Protocol):
-    """What ``/mcp`` needs of one served repository (``bot.app.RepositoryBundle``)."""
+    """What ``/mcp`` needs of one served repository (``bot.repositories.RepositoryBundle``)."""
 
     @property
     def settings(self) -> Settings: ...

@@ -397,8 +397,8 @@ async def open_runtimes(
     database and one HTTP session, closed afterwards."""
     import aiohttp
 
+    from bot.catalog import open_door
     from bot.gitea import client_for
-    from bot.verbs.catalog import open_door
 
     db = await open_database(settings.database)
     try:

@@ -8,8 +8,8 @@ from gidgethub import sansio
 
 from bot.core.dispatch import OrderedRouter
 from bot.core.vocabulary import label_for_state
-from bot.verbs.auto_allocate import auto_allocate
-from bot.verbs.triggers import TRIGGER_ACTION, TRIGGER_EVENT
+from bot.loops.auto_allocate import auto_allocate
+from bot.loops.triggers import TRIGGER_ACTION, TRIGGER_EVENT
 from bot.worker import HandlerContext
 
 router = OrderedRouter()

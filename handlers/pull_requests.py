@@ -9,8 +9,8 @@ from gidgethub import sansio
 from bot.core.dispatch import OrderedRouter
 from bot.core.reconcile import is_synthetic
 from bot.gitea import GiteaNotFound, PullRequest
-from bot.verbs.auto_allocate import auto_allocate_after
-from bot.verbs.teardown import TeardownReport, teardown_for_closed_issue, teardown_for_pull
+from bot.loops.auto_allocate import auto_allocate_after
+from bot.loops.teardown import TeardownReport, teardown_for_closed_issue, teardown_for_pull
 from bot.worker import HandlerContext
 
 router = OrderedRouter()

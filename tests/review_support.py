@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 from mcp import Client
 
+from bot.catalog import open_door
 from bot.core.bootstrap import branch_for
 from bot.mcp_server import build_server
-from bot.verbs.catalog import open_door
 from bot.verbs.runtime import VerbRuntime, caller_for
 from state.leases import LeaseStore
 from tests.gitea_fixtures import OWNER, REPO

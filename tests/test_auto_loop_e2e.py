@@ -10,11 +10,11 @@ from typing import Any
 import pytest
 from mcp import Client
 
+from bot.catalog import open_door
 from bot.core.canonical import parse_comment
 from bot.core.evidence import find_marker
 from bot.mcp_server import build_server
 from bot.verbs.allocate import AllocationCall, Allocator
-from bot.verbs.catalog import open_door
 from bot.verbs.runtime import caller_for
 from state.db import utcnow
 from state.journal import JournalStore
@@ -153,7 +153,7 @@ async def test_a_replayed_or_caught_up_ready_label_never_leases_twice(world: Wor
     await wait_status(world.service, label.delivery_id, "done")
     await world.settle()
     # A catch-up run (what start-up and the periodic sweep call) on the same state.
-    from bot.verbs.auto_allocate import auto_allocate
+    from bot.loops.auto_allocate import auto_allocate
 
     report = await auto_allocate(open_door(world.service.db, world.service.settings, world.service.gitea,
                                            bot_login="foreman-bot"), trigger="catch_up")
@@ -168,7 +168,7 @@ async def test_a_replayed_or_caught_up_ready_label_never_leases_twice(world: Wor
 
 async def test_an_expired_lease_frees_its_author_for_the_next_ready_issue(world: World) -> None:
     await five_ready(world)
-    from bot.verbs.auto_allocate import auto_allocate
+    from bot.loops.auto_allocate import auto_allocate
 
     later = utcnow() + timedelta(seconds=world.service.settings.allocator.lease_ttl_s + 1)
     report = await auto_allocate(open_door(world.service.db, world.service.settings, world.service.gitea,
@@ -190,7 +190,7 @@ async def test_an_excluded_issue_is_never_auto_allocated(tmp_path: Path, start: 
         await world.call("alice", "POST", f"/issues/{number}/labels", {"labels": ["status:ready"]})
         assert await live(world) == {3: "author-1"}
         assert bodies(world, 1) == [] and bodies(world, 2) == []
-        from bot.verbs.auto_allocate import recent_decisions
+        from bot.loops.auto_allocate import recent_decisions
 
         [decision, *_] = await recent_decisions(world.service.db, FULL_NAME.lower())
         reasons = {s["issue_number"]: s["reason"] for s in decision["skipped"]}
@@ -256,8 +256,8 @@ async def test_start_up_recovery_bootstraps_a_lease_whose_process_died_before_it
     transition at all: `recover_open_transitions` (what `foreman serve` runs at start) bootstraps it, and
     `foreman invariants`' `leases.bootstrapped` holds again."""
     from bot import invariants
+    from bot.loops.recovery import recover_open_transitions
     from bot.verbs.bootstrap import BootstrapContext
-    from bot.verbs.bootstrap.recovery import recover_open_transitions
 
     service = world.service
     world.live.emulator.create_issue(OWNER, REPO, title="Crashed", author="alice", labels=["status:ready"])
@@ -325,7 +325,7 @@ async def test_a_controllers_stated_exclusions_stand_for_auto_allocation_until_i
         assert stated.ok, stated.doc  # nothing ready to lease yet, the exclusion stands
         await world.call("alice", "POST", "/issues/1/labels", {"labels": ["status:ready"]})
         assert await LeaseStore(service.db).history(FULL_NAME, 1) == []
-        from bot.verbs.auto_allocate import recent_decisions
+        from bot.loops.auto_allocate import recent_decisions
 
         [decision, *_] = await recent_decisions(service.db, FULL_NAME.lower())
         assert decision["standing_exclusions"] == {"controller-bot": [1]}
@@ -387,7 +387,7 @@ async def test_auto_allocation_survives_more_standing_exclusions_than_one_call_m
 ) -> None:
     """Standing exclusions of every controller (1200 here) are more than one call's `exclude_issue_numbers` may
     state (1000): auto-allocation hands them to the allocator in-process, so the apply still leases."""
-    from bot.verbs.auto_allocate import recent_decisions
+    from bot.loops.auto_allocate import recent_decisions
     from state.exclusions import ExclusionStore
 
     roster = {"controller-bot": ["controller"], "author-2": ["author"]}
@@ -409,8 +409,8 @@ async def test_a_leases_effects_and_its_bootstrap_evidence_wake_the_sender_when_
     """The sender is woken once the lease's label, assignee and evidence are committed, before the bootstrap starts
     (they go out while it runs), and again once the bootstrap's evidence is committed, before the bootstrap returns:
     never left for the sender's next poll."""
+    from bot.loops.auto_allocate import auto_allocate
     from bot.verbs import allocate
-    from bot.verbs.auto_allocate import auto_allocate
 
     async with open_world(tmp_path, start, roster=ROSTER, allocator={"auto": False}) as world:
         world.live.emulator.create_issue(OWNER, REPO, title="Task 1", author="alice", labels=["status:ready"])

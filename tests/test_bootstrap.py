@@ -481,7 +481,7 @@ async def test_a_lease_taken_over_after_the_door_decided_is_refused_and_nothing_
 async def test_start_up_recovery_acts_with_the_owners_roster_roles_only() -> None:
     """Recovery resumes for the lease's owner with that owner's roster roles: an owner off the roster is refused
     at the door, nothing is journaled, and its lease is released as unworkable."""
-    from bot.verbs.bootstrap.recovery import recover_open_transitions
+    from bot.loops.recovery import recover_open_transitions
 
     async with open_bootstrap_world() as w:
         number = w.issue()
@@ -497,7 +497,7 @@ async def test_start_up_recovery_leaves_a_live_review_lease_alone() -> None:
     """A review lease needs no worktree: recovery never bootstraps it, never releases it as unworkable, and queues
     nothing (the crash test of the whole life caught the old recovery ending a reviewer's lease `unworkable:
     invalid_state` on a restart and adding `status:blocked` beside `status:review`, which stranded the issue)."""
-    from bot.verbs.bootstrap.recovery import recover_open_transitions
+    from bot.loops.recovery import recover_open_transitions
 
     async with open_bootstrap_world() as w:
         number = w.issue()

@@ -19,13 +19,13 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+from bot.catalog import open_door
 from bot.config import Settings
 from bot.config_writer import Document, merged, write_config
 from bot.core.bootstrap import branch_for
 from bot.gitea import GiteaClient
 from bot.verbs.bootstrap import BootstrapContext, BootstrapResult, ensure_control_checkout
 from bot.verbs.bootstrap.refusals import refused_result
-from bot.verbs.catalog import open_door
 from bot.verbs.runtime import Caller, VerbRuntime, WorktreeBootstrap, caller_for
 from bot.verbs.worktree import BootstrapService
 from state.db import Database, utcnow

@@ -405,8 +405,8 @@ async def test_the_service_start_finishes_or_compensates_the_bootstraps_a_killed
     released nothing ever compensated it (only a next lease of the issue would). `recover_open_transitions`,
     run when the service starts, resumes a live lease's transition for its owner and compensates an ended
     lease's: both end terminal, and only the live one keeps a worktree."""
+    from bot.loops.recovery import recover_open_transitions
     from bot.verbs.bootstrap.faults import FAULT_EXIT_CODE, FAULT_PHASE_ENV
-    from bot.verbs.bootstrap.recovery import recover_open_transitions
     from tests.test_bootstrap_support import open_bootstrap_world
 
     async with open_bootstrap_world() as w:

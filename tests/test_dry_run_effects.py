@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
+from bot.catalog import open_door
 from bot.dashboard import model
-from bot.verbs.catalog import open_door
 from bot.verbs.runtime import caller_for
 from tests.gitea_fixtures import OWNER, REPO
 from tests.support import Started

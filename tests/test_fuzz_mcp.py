@@ -23,12 +23,12 @@ import pydantic_core
 import pytest
 from mcp import Client
 
+from bot.catalog import open_door
 from bot.core.errors import ErrorKind
 from bot.core.verb_params import Param
 from bot.core.verbs import VERBS, Verb
 from bot.core.vocabulary import MAX_ISSUE_NUMBER
 from bot.mcp_server import build_server, resolve_identity
-from bot.verbs.catalog import open_door
 from bot.verbs.runtime import no_bootstrap
 from state.db import Database
 from tests.test_mcp_server import mcp_settings

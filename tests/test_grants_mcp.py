@@ -23,12 +23,12 @@ import anyio
 import pytest
 from mcp import Client, ClientSession
 
+from bot.catalog import open_door
 from bot.cli import main
 from bot.config import Settings, load_settings
 from bot.config_writer import write_config
 from bot.core.evidence import find_marker, marker
 from bot.mcp_server import bind_run, broker_around, build_server
-from bot.verbs.catalog import open_door
 from bot.verbs.runs.broker import Broker, run_evidence_key
 from bot.verbs.runs.start import host_identity, start_run
 from bot.verbs.runtime import Caller, VerbResult, VerbRuntime, no_bootstrap

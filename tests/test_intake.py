@@ -68,7 +68,7 @@ async def test_answers_are_json_with_the_charset_json_response_gives() -> None:
     """The door's answers are encoded by orjson now: the same Content-Type and the same JSON as web.json_response."""
     from aiohttp import web
 
-    from bot.app import _json_answer
+    from bot.intake import _json_answer
 
     doc = {"delivery": "d-\u00e9\"1", "status": "queued"}
     answer, reference = _json_answer(doc, 202), web.json_response(doc, status=202)

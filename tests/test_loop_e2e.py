@@ -17,11 +17,11 @@ from typing import Any
 import pytest
 from mcp import Client
 
+from bot.catalog import open_door
 from bot.core.canonical import parse_comment
 from bot.core.evidence import find_marker
 from bot.mcp_server import build_server
 from bot.verbs.allocate import AllocationCall, Allocator
-from bot.verbs.catalog import open_door
 from bot.verbs.runtime import caller_for
 from state.journal import JournalStore
 from state.leases import LeaseStore

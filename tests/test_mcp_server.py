@@ -15,11 +15,11 @@ import pydantic
 import pytest
 from mcp import Client
 
+from bot.catalog import open_door
 from bot.config import Settings
 from bot.core.evidence import find_marker
 from bot.core.verbs import VERBS
 from bot.mcp_server import IdentityError, build_server, resolve_identity
-from bot.verbs.catalog import open_door
 from bot.verbs.runtime import BootstrapAnswer, VerbRuntime, WorktreeBootstrap, no_bootstrap
 from handlers.issue_state import on_outbox_complete
 from state.db import Database

@@ -12,10 +12,10 @@ import pytest
 from mcp import Client
 
 from bot import gitops
+from bot.catalog import open_door
 from bot.core.canonical import parse_comment
 from bot.core.evidence import find_marker, parse_evidence
 from bot.mcp_server import build_server
-from bot.verbs.catalog import open_door
 from bot.verbs.runtime import caller_for
 from state.journal import JournalStore
 from state.publications import PublicationStore

@@ -13,13 +13,13 @@ from typing import Any
 
 import pytest
 
+from bot.catalog import open_door
 from bot.cli import main
 from bot.config import Settings, load_settings
 from bot.config_writer import write_config
 from bot.core.errors import EnvelopeError
 from bot.core.verbs import TOOLS
 from bot.mcp_server import open_runtimes, run_binding_of
-from bot.verbs.catalog import open_door
 from bot.verbs.runs.broker import Broker, run_evidence_key
 from bot.verbs.runs.inspect import run_teardown
 from bot.verbs.runs.start import host_identity, start_run

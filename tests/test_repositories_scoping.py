@@ -11,7 +11,7 @@ from bot.core.canonical.parsing import parse_comment
 from bot.core.evidence import render_evidence
 from bot.core.issue_state import CommentObservation, IssueObservation, Trust
 from bot.dashboard.model import grants, issue_view
-from bot.verbs.runs.auto_teardown import run_due_teardowns
+from bot.loops.run_teardowns import run_due_teardowns
 from state.db import Database, to_db_time, utcnow
 from state.issues import IssueStore
 from state.leases import LeaseStore

@@ -8,7 +8,7 @@ from datetime import timedelta
 from pathlib import Path
 
 from bot.core.grants.admission import RunState, teardown_due
-from bot.verbs.runs.auto_teardown import TeardownLoop, run_due_teardowns
+from bot.loops.run_teardowns import TeardownLoop, run_due_teardowns
 from bot.verbs.runs.broker import Broker
 from bot.verbs.runs.start import host_identity, start_run
 from state.grants import GrantStore

@@ -16,14 +16,14 @@ import pytest
 from mcp import Client
 
 from bot import cli
+from bot.catalog import open_door
 from bot.config_writer import write_config
 from bot.core.evidence import find_marker, parse_evidence
 from bot.core.verbs import VERBS, role_gate
+from bot.loops.auto_allocate import auto_allocate
+from bot.loops.recovery import recover_open_transitions
 from bot.mcp_server import build_server
-from bot.verbs.auto_allocate import auto_allocate
 from bot.verbs.bootstrap import BootstrapContext
-from bot.verbs.bootstrap.recovery import recover_open_transitions
-from bot.verbs.catalog import open_door
 from bot.verbs.runtime import caller_for, no_bootstrap
 from state.db import utcnow
 from state.leases import LeaseStore

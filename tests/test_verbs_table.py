@@ -525,7 +525,7 @@ def test_every_offered_verb_has_one_registered_executor_once_the_catalog_is_load
     offered verb has none (a family the composition root forgot)."""
     import pytest
 
-    from bot.verbs import catalog
+    from bot import catalog
     from bot.verbs.runtime import registry
 
     assert registry().missing() == []

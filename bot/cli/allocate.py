@@ -59,10 +59,10 @@ def parse_candidates_option(value: str | None) -> tuple[Candidate, ...] | None:
 def cmd_allocate(settings: Settings, args: argparse.Namespace) -> int:
     import aiohttp
 
+    from bot.catalog import open_door
     from bot.core.allocator import InputError
     from bot.core.errors import EnvelopeError
     from bot.gitea import client_for
-    from bot.verbs.catalog import open_door
     from bot.verbs.runtime import CallOptions
 
     try:
@@ -88,8 +88,8 @@ def cmd_allocate(settings: Settings, args: argparse.Namespace) -> int:
         return EXIT_USAGE
 
     async def work(db: Database) -> int:
+        from bot.loops.auto_allocate import recent_decisions
         from bot.verbs.allocate import author_pick
-        from bot.verbs.auto_allocate import recent_decisions
         from state.db import utcnow
 
         pick = await author_pick(db, settings, utcnow())

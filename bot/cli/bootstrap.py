@@ -14,9 +14,9 @@ def cmd_bootstrap(settings: Settings, args: argparse.Namespace) -> int:
     """The worktree bootstrap transition for --owner (who must hold the issue's live lease); docs/bootstrap.md."""
     import aiohttp
 
+    from bot.catalog import open_door
     from bot.gitea import client_for
     from bot.verbs.bootstrap import BootstrapContext, bootstrap_preflight
-    from bot.verbs.catalog import open_door
     from bot.verbs.runtime import caller_for
 
     async def work(db: Database) -> int:

@@ -143,8 +143,8 @@ async def current_decisions(db: Database, settings: Settings) -> list[dict[str, 
     """What the allocator would decide now for each roster author: a dry-run allocation by the operator through the
     door, over the stored issue state (no Gitea call, no bootstrap proof, nothing written), with every skipped issue
     and its stable reason."""
+    from bot.catalog import open_door
     from bot.verbs.allocate import AllocationOutcome
-    from bot.verbs.catalog import open_door
     from bot.verbs.runtime import no_bootstrap, operator_caller
 
     out: list[dict[str, Any]] = []

@@ -27,9 +27,9 @@ from bot.verbs.runtime import (
     issue_of,
     reads_facts,
     refused,
+    registry,
     replays,
 )
-from bot.verbs.triggers import queue_auto_allocation
 from state.journal import JournalStore
 from state.leases import Lease, LeaseRefused
 from state.outbox import OutboxIntent, enqueue
@@ -141,7 +141,8 @@ async def open_pull_request(
     # service from the inbox (never inside this call: the caller does not wait for another bootstrap).
     ended = doc["handed_over"]["lease_id"]
     if ended is not None:
-        queued = await queue_auto_allocation(rt.db, rt.settings, trigger=HANDOVER_REASON, key=ended)
+        queue = registry().queue_allocation  # the queued triggers' (bot/loops/triggers.py)
+        queued = await queue(rt, HANDOVER_REASON, ended) if queue is not None else None
         if queued is not None:
             doc = {**doc, "auto_allocation": {"trigger": HANDOVER_REASON, "queued": queued}}
     return rt.done(verb, caller, doc)

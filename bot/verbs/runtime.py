@@ -184,7 +184,7 @@ class VerbRuntime(Generic[G]):
     with the narrow client it declares (``VerbRuntime[AllocatorGitea]``, ``VerbRuntime[ReviewGitea]``, ...).
 
     The door imports no verb: the families register their executors here (``executes``, ``replays``,
-    ``reads_facts``, ``provides_bootstrap``) and the composition root loads them (``bot.verbs.catalog``).
+    ``reads_facts``, ``provides_bootstrap``) and the composition root loads them (``bot.catalog``).
     """
 
     db: Database
@@ -290,8 +290,8 @@ class VerbRuntime(Generic[G]):
             log.info("%s by %s refused: %s %s", verb.name, caller.login, decision.kind, list(decision.failed))
             return _decision_result(verb.name, decision)
         execute = _REGISTRY.executors.get(verb.name)
-        if execute is None:  # the composition root did not load the verb families (bot.verbs.catalog)
-            raise RuntimeError(f"no executor is registered for {verb.name}: import bot.verbs.catalog")
+        if execute is None:  # the composition root did not load the verb families (bot.catalog)
+            raise RuntimeError(f"no executor is registered for {verb.name}: import bot.catalog")
         result = await execute(self, verb, caller, values, lease, delivery_id, options)
         log.info("%s by %s (%s): %s", verb.name, caller.login, caller.channel, "ok" if result.ok else "refused")
         return result
@@ -365,6 +365,9 @@ FactReader = Callable[[VerbRuntime[Any], GatewayContext, Lease | None, int], Awa
 #: Runs when a release freed an author (auto-allocation registers one): the runtime and the delivery id; its report
 #: (None: nothing ran) goes into the release's answer.
 AuthorFreed = Callable[[VerbRuntime[Any], str | None], Awaitable[dict[str, Any] | None]]
+#: Queues one auto-allocation for the service's worker when a verb freed an author off its caller's path (the queued
+#: triggers register one): the runtime, the trigger and its key; the queued delivery's id (None: nothing queued).
+QueueAllocation = Callable[[VerbRuntime[Any], str, str], Awaitable[str | None]]
 _E = TypeVar("_E", bound=Callable[..., Awaitable[object]])
 
 
@@ -372,14 +375,15 @@ _E = TypeVar("_E", bound=Callable[..., Awaitable[object]])
 class VerbRegistry:
     """What the verb families registered with the door: an executor per offered verb, the verbs that answer a
     finished request from its record first, the readers of their own preconditions' facts, the worktree
-    bootstrap, and what runs when a release frees an author. Filled when the families are imported
-    (``bot.verbs.catalog`` imports every one)."""
+    bootstrap, what runs when a release frees an author and what queues an allocation when a hand-over does.
+    Filled when the families and the loops are imported (``bot.catalog`` imports every one)."""
 
     executors: dict[str, Executor] = field(default_factory=dict)
     replayers: dict[str, Replayer] = field(default_factory=dict)
     fact_readers: dict[Precondition[GatewayContext], FactReader] = field(default_factory=dict)
     bootstrap: BootstrapFactory | None = None
     author_freed: AuthorFreed | None = None
+    queue_allocation: QueueAllocation | None = None
 
     def missing(self) -> list[str]:
         """The offered verbs without an executor (an executor of a verb the table no longer offers is never run:
@@ -433,6 +437,13 @@ def provides_bootstrap(factory: BootstrapFactory) -> BootstrapFactory:
 def when_author_freed(hook: AuthorFreed) -> AuthorFreed:
     """Registers what runs after a release freed an author (auto-allocation's next allocation)."""
     _REGISTRY.author_freed = hook
+    return hook
+
+
+def queues_allocation(hook: QueueAllocation) -> QueueAllocation:
+    """Registers what queues one auto-allocation when a verb freed an author off its caller's path (the queued
+    triggers': the PR-open hand-over's caller never waits for another author's allocation)."""
+    _REGISTRY.queue_allocation = hook
     return hook
 
 

@@ -1,5 +1,5 @@
 """The worktree bootstrap verbs: the journaled transition, the lock, the preflight proof (start-up recovery is
-``bot.verbs.bootstrap.recovery``, above the allocator it uses)."""
+``bot.loops.recovery``, a loop above the allocator it uses)."""
 
 from bot.verbs.bootstrap.checkout import effective_clone_url, ensure_control_checkout, repoint_control_checkout
 from bot.verbs.bootstrap.context import BootstrapContext, BootstrapResult, LockResult

@@ -102,6 +102,7 @@ async def auto_allocate(
 
 async def _run(door: VerbRuntime[AllocatorGitea], gitea: AllocatorGitea, report: AutoReport,
                delivery_id: str | None, now: datetime | None) -> None:
+    # Over 80 lines: one run's steps in order (hand-backs, a named owner, unstarted leases, idle authors) share state.
     db, settings, bot_login, wakeup = door.db, door.settings, door.bot_login, door.wakeup
     allocator = Allocator(db, settings, gitea, bot_login=bot_login)  # its candidates and policy, for what waits
     repo = settings.repo_key

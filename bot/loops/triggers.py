@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+from typing import Any
 
 from bot.config import Settings
 from bot.core.intake import Delivery
+from bot.verbs.runtime import VerbRuntime, queues_allocation
 from state.db import Database
 from state.deliveries import DeliveryStore
 
@@ -36,3 +38,10 @@ async def queue_auto_allocation(db: Database, settings: Settings, *, trigger: st
                         headers={"X-Foreman-Trigger": trigger}, payload=payload)
     await DeliveryStore(db).insert_batch([(delivery, False)])
     return delivery_id
+
+
+@queues_allocation
+async def queue_after_hand_over(rt: VerbRuntime[Any], trigger: str, key: str) -> str | None:
+    """A verb freed an author off its caller's path (the PR-open hand-over): one auto-allocation queued for the
+    worker, in the verb's repository."""
+    return await queue_auto_allocation(rt.db, rt.settings, trigger=trigger, key=key)

@@ -1,8 +1,9 @@
-"""Every verb family, loaded: importing this module registers each family's executors with the door.
+"""Every verb family and every loop that registers with the door, loaded: importing this module registers each
+family's executors, and the loops' reactions to a freed author, with the door.
 
-The door (``bot.verbs.runtime``) imports no verb; a composition root (the service, the command line, the stdio MCP
-server) imports this module and builds its doors with ``open_door``, which refuses to build one while a verb the
-table offers has no executor.
+The door (``bot.verbs.runtime``) imports no verb and no loop; a composition root (the service, the command line, the
+stdio MCP server) imports this module and builds its doors with ``open_door``, which refuses to build one while a
+verb the table offers has no executor.
 """
 
 from __future__ import annotations
@@ -10,9 +11,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from datetime import datetime
 
-# Each import registers its family with the door (the names are not used here).
+# Each import registers its family (or its loop) with the door (the names are not used here).
+import bot.loops.auto_allocate
+import bot.loops.triggers
 import bot.verbs.allocate
-import bot.verbs.auto_allocate
 import bot.verbs.context
 import bot.verbs.duplicates
 import bot.verbs.issue_state

@@ -12,11 +12,11 @@ from typing import Any, Protocol
 from bot.config import Settings
 from bot.core.grants.admission import teardown_due
 from bot.core.verbs import TOOLS
+from bot.loops.teardown import remove_run_worktree
 from bot.verbs.runs.broker import Broker
 from bot.verbs.runs.inspect import run_teardown
 from bot.verbs.runs.start import host_identity
 from bot.verbs.runtime import Caller, VerbResult, caller_for
-from bot.verbs.teardown import remove_run_worktree
 from state.db import Database, utcnow
 from state.grants import GrantIntegrityError, GrantStore
 
