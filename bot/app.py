@@ -78,7 +78,7 @@ class Service:
         )
         self.worker = Worker(self.store, router, worker, self.metrics, routes={}, intake=window)
         self.served = ServedRepositories(settings, db, self.store, self.metrics, self.worker,
-                                         bot_login=lambda: self.bot_login, outbox_wakeup=self.outbox_wakeup,
+                                         bot_login=lambda: self.bot_login,
                                          hooks_for=hooks_for)
         self.intake = WebhookIntake(settings, self.metrics, self.writer, window, wakeup=self._wake_worker,
                                     bot_login=lambda: self.bot_login)

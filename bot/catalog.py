@@ -42,11 +42,10 @@ def open_door(
     gitea: G | None = None,
     *,
     bot_login: str = "",
-    wakeup: Callable[[], None] | None = None,
     bootstrap_factory: BootstrapFactory = registered_bootstrap,
     clock: Callable[[], datetime] = utcnow,
 ) -> VerbRuntime[G]:
     """The door of one served repository (``settings`` is its view), with every verb family loaded."""
     require_complete()
-    return VerbRuntime(db=db, settings=settings, gitea=gitea, bot_login=bot_login, wakeup=wakeup,
+    return VerbRuntime(db=db, settings=settings, gitea=gitea, bot_login=bot_login,
                        bootstrap_factory=bootstrap_factory, clock=clock)

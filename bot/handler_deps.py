@@ -55,10 +55,6 @@ class PermissionCache:
         return trust
 
 
-def _nothing() -> None:
-    return None
-
-
 @dataclass(frozen=True, slots=True)
 class HandlerDeps:
     """Everything a handler may use besides the event, never the Service: one per served repository, built by
@@ -73,6 +69,5 @@ class HandlerDeps:
     db: Database
     bot_login: Callable[[], str]
     door: VerbRuntime[GiteaClient]
-    outbox_wakeup: Callable[[], None] = _nothing
     gitea: GiteaClient | None = None
     permissions: PermissionCache = field(default_factory=PermissionCache)

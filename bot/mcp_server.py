@@ -380,18 +380,16 @@ async def bind_run(runtime: VerbRuntime[Any], token: str | None) -> RunBinding |
 
 @asynccontextmanager
 async def open_runtime(
-    settings: Settings, *, bootstrap_factory: BootstrapFactory | None = None, wakeup: Callable[[], None] | None = None
+    settings: Settings, *, bootstrap_factory: BootstrapFactory | None = None
 ) -> AsyncIterator[VerbRuntime[Any]]:
     """A runtime over the configured database and (when a token is configured) Gitea, closed afterwards."""
-    async with open_runtimes(settings, [settings.repo_key], bootstrap_factory=bootstrap_factory,
-                             wakeup=wakeup) as runtimes:
+    async with open_runtimes(settings, [settings.repo_key], bootstrap_factory=bootstrap_factory) as runtimes:
         yield runtimes[settings.repo_key]
 
 
 @asynccontextmanager
 async def open_runtimes(
     settings: Settings, keys: Sequence[str], *, bootstrap_factory: BootstrapFactory | None = None,
-    wakeup: Callable[[], None] | None = None,
 ) -> AsyncIterator[dict[str, VerbRuntime[Any]]]:
     """One runtime per served repository in ``keys`` (each with its settings view and its own client), over one
     database and one HTTP session, closed afterwards."""
@@ -406,8 +404,7 @@ async def open_runtimes(
             runtimes: dict[str, VerbRuntime[Any]] = {}
             for key in keys:
                 view = settings.for_repository(key)
-                runtime = open_door(db, view, client_for(session, view), bot_login=settings.gitea.bot_login or "",
-                                    wakeup=wakeup)
+                runtime = open_door(db, view, client_for(session, view), bot_login=settings.gitea.bot_login or "")
                 if bootstrap_factory is not None:
                     runtime.bootstrap_factory = bootstrap_factory
                 runtimes[key] = runtime

@@ -59,7 +59,7 @@ class ServedRepositories:
 
     def __init__(
         self, settings: Settings, db: Database, store: DeliveryStore, metrics: Metrics, worker: Worker, *,
-        bot_login: Callable[[], str | None], outbox_wakeup: Callable[[], None],
+        bot_login: Callable[[], str | None],
         hooks_for: Callable[[Settings], OutboxHooks] | None = None,
     ) -> None:
         self.settings = settings
@@ -68,7 +68,6 @@ class ServedRepositories:
         self.metrics = metrics
         self.worker = worker
         self._bot_login = bot_login
-        self._outbox_wakeup = outbox_wakeup
         #: Each repository's outbox hooks from its settings view (the composition root passes the issue state's).
         self._hooks_for = hooks_for
         #: The service's session, once it has a Gitea token (``connect``): every bundle's client shares it.
@@ -144,7 +143,6 @@ class ServedRepositories:
             db=self.db,
             bot_login=lambda: self._bot_login() or "",
             door=self._door(settings, None),
-            outbox_wakeup=self._outbox_wakeup,
         )
 
     def _door(self, settings: Settings, gitea: GiteaClient | None) -> VerbRuntime[GiteaClient]:
@@ -153,7 +151,7 @@ class ServedRepositories:
         allocation, the runs' teardown loop. The bot's login is set again when the service learns it."""
         from bot.catalog import open_door
 
-        return open_door(self.db, settings, gitea, bot_login=self._bot_login() or "", wakeup=self._outbox_wakeup)
+        return open_door(self.db, settings, gitea, bot_login=self._bot_login() or "")
 
     # One repository's loops: its catch-up and its runs' teardowns.
 
@@ -191,7 +189,6 @@ class ServedRepositories:
 
             with acting_for(bundle.key):
                 await auto_allocate(bundle.deps.door, trigger="catch_up")
-            self._outbox_wakeup()
 
         repository = settings.repository
         return Reconciler(
@@ -216,7 +213,7 @@ class ServedRepositories:
 
         return TeardownLoop(self.db, bundle.settings, bundle.deps.door,
                             interval_s=bundle.settings.lifecycle.run_teardown_interval_s,
-                            on_ran=self._outbox_wakeup, served=tuple(self.bundles))
+                            served=tuple(self.bundles))
 
     async def recover_bootstraps(self) -> None:
         """Worktree bootstraps a killed process left open are finished or compensated (docs/bootstrap.md), in
@@ -229,8 +226,7 @@ class ServedRepositories:
                                        bot_login=self._bot_login() or self.settings.gitea.bot_login)
             try:
                 with acting_for(bundle.key):
-                    if await recover_open_transitions(context):
-                        self._outbox_wakeup()
+                    await recover_open_transitions(context)
             except Exception:
                 log.exception("recovering open worktree bootstraps of %s failed (the next bootstrap of each issue "
                               "recovers it)", bundle.key)

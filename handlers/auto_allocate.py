@@ -34,8 +34,6 @@ async def on_ready_label(event: sansio.Event, ctx: HandlerContext) -> None:
     report = await auto_allocate(deps.door, trigger="ready_label", delivery_id=event.delivery_id)
     ctx.log.info("auto-allocation: leased %s, resumed %s, blocked %s, waiting %s",
                  report.leased, report.resumed, report.blocked, report.waiting)
-    if report.outbox:
-        deps.outbox_wakeup()
 
 
 @router.register(TRIGGER_EVENT, action=TRIGGER_ACTION)
@@ -50,5 +48,3 @@ async def on_queued_trigger(event: sansio.Event, ctx: HandlerContext) -> None:
     report = await auto_allocate(deps.door, trigger=trigger, delivery_id=event.delivery_id)
     ctx.log.info("auto-allocation (%s): leased %s, resumed %s, blocked %s, waiting %s", trigger,
                  report.leased, report.resumed, report.blocked, report.waiting)
-    if report.outbox:
-        deps.outbox_wakeup()

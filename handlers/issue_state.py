@@ -306,7 +306,6 @@ def wake_label_sync(snapshot: IssueSnapshot, ctx: HandlerContext) -> None:
     sends and verifies it, or, without a Gitea token, it waits there (``foreman outbox``).
     """
     if snapshot.label_sync == "pending":
-        ctx.deps.outbox_wakeup()
         if ctx.deps.gitea is None:
             ctx.log.warning(
                 "issue #%d needs label %s; no Gitea client, the change waits in the outbox",

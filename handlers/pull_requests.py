@@ -41,8 +41,6 @@ async def _after(ctx: HandlerContext, event: sansio.Event, report: TeardownRepor
         ctx.log.info("teardown: not an issue foreman governed")
         return
     ctx.log.info("teardown %s: %s", report.key, report.status)
-    if report.outbox:
-        ctx.deps.outbox_wakeup()
     if report.status == "done" and report.ended:
         deps = ctx.deps
         trigger = _TRIGGERS.get(str(report.outcome.get("reason")), "teardown")

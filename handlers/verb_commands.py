@@ -266,7 +266,5 @@ async def on_command(event: sansio.Event, ctx: HandlerContext) -> None:
         # worker retry the delivery with backoff; the retry (the claim is not finished) resumes the lease and
         # resumes the bootstrap (the reply has a fixed key, so it is posted once).
         await OutboxStore(db).add(reply)
-        ctx.deps.outbox_wakeup()
         raise BootstrapUnavailable(f"#{bootstrap.get('issue_number', number)}: {bootstrap.get('message')}")
     await claims.finish(repo, comment_id, event.delivery_id, reply)
-    ctx.deps.outbox_wakeup()

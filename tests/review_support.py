@@ -41,8 +41,7 @@ class InReview:
 
 def runtime(world: World) -> VerbRuntime:
     service = world.service
-    return open_door(db=service.db, settings=service.settings, gitea=service.gitea, bot_login="foreman-bot",
-                       wakeup=service.outbox_wakeup)
+    return open_door(db=service.db, settings=service.settings, gitea=service.gitea, bot_login="foreman-bot")
 
 
 async def tool(world: World, login: str, name: str, **arguments: Any) -> tuple[bool, dict[str, Any]]:

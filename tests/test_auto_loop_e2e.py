@@ -19,6 +19,7 @@ from bot.verbs.runtime import caller_for
 from state.db import utcnow
 from state.journal import JournalStore
 from state.leases import LeaseStore
+from state.outbox import OUTBOX_TOPIC
 from tests.gitea_fixtures import OWNER, REPO
 from tests.support import Started, wait_status
 from tests.world import FULL_NAME, World, open_world
@@ -78,8 +79,7 @@ def waiting_state(world: World, number: int) -> Any:
 
 async def release(world: World, login: str, number: int) -> None:
     service = world.service
-    runtime = open_door(db=service.db, settings=service.settings, gitea=service.gitea, bot_login="foreman-bot",
-                          wakeup=service.outbox_wakeup)
+    runtime = open_door(db=service.db, settings=service.settings, gitea=service.gitea, bot_login="foreman-bot")
     async with Client(build_server(runtime, caller_for(service.settings, login, "mcp"))) as client:
         result = await client.call_tool("gitea_release_lease", {"issue_number": number, "reason": "done"})
         assert not result.is_error, result.structured_content
@@ -428,8 +428,8 @@ async def test_a_leases_effects_and_its_bootstrap_evidence_wake_the_sender_when_
         monkeypatch.setattr(allocate, "bootstrap_for_owner", bootstrap)
         settings = service.settings.model_copy(update={"allocator": service.settings.allocator.model_copy(
             update={"auto": True})})
-        door = open_door(service.db, settings, service.gitea, bot_login="foreman-bot",
-                         wakeup=lambda: seen.append("wake"))
+        service.db.on_commit(OUTBOX_TOPIC, lambda: seen.append("wake"))  # what the sender hears
+        door = open_door(service.db, settings, service.gitea, bot_login="foreman-bot")
         report = await auto_allocate(door, trigger="test")
         assert report.leased == [1]
         assert seen[:4] == ["wake", "bootstrap", "wake", "bootstrap returned"], seen

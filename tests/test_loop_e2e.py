@@ -128,9 +128,7 @@ async def test_the_loop_from_a_ready_label_to_the_authors_release(world: World) 
 
     service = world.service
     runtime = open_door(
-        db=service.db, settings=service.settings, gitea=service.gitea, bot_login="foreman-bot",
-        wakeup=service.outbox_wakeup,
-    )
+        db=service.db, settings=service.settings, gitea=service.gitea, bot_login="foreman-bot")
     async with Client(build_server(runtime, caller_for(service.settings, "author-1", "mcp"))) as client:
         context = await tool(client, "gitea_get_runtime_context")
         assert context["exact_next_action"] == f"call gitea_lock_issue with issue_number={number}"

@@ -30,8 +30,7 @@ ROSTER = {"controller-bot": ["controller"], "author-1": ["author"], "author-2": 
 async def call_tool(world: World, login: str, tool: str, **arguments: Any) -> tuple[bool, dict[str, Any]]:
     """(refused, document) of one MCP tool call by ``login`` through the MCP server in process, then settle."""
     service = world.service
-    runtime = open_door(db=service.db, settings=service.settings, gitea=service.gitea, bot_login="foreman-bot",
-                          wakeup=service.outbox_wakeup)
+    runtime = open_door(db=service.db, settings=service.settings, gitea=service.gitea, bot_login="foreman-bot")
     async with Client(build_server(runtime, caller_for(service.settings, login, "mcp"))) as client:
         result = await client.call_tool(tool, arguments)
     await world.settle()

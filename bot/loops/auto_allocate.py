@@ -103,7 +103,7 @@ async def auto_allocate(
 async def _run(door: VerbRuntime[AllocatorGitea], gitea: AllocatorGitea, report: AutoReport,
                delivery_id: str | None, now: datetime | None) -> None:
     # Over 80 lines: one run's steps in order (hand-backs, a named owner, unstarted leases, idle authors) share state.
-    db, settings, bot_login, wakeup = door.db, door.settings, door.bot_login, door.wakeup
+    db, settings, bot_login = door.db, door.settings, door.bot_login
     allocator = Allocator(db, settings, gitea, bot_login=bot_login)  # its candidates and policy, for what waits
     repo = settings.repo_key
     cfg = settings.allocator
@@ -131,9 +131,7 @@ async def _run(door: VerbRuntime[AllocatorGitea], gitea: AllocatorGitea, report:
             **({"refusal": outcome.refusal.to_dict()} if outcome.refusal is not None else {}),
         })
         if outcome.applied or outcome.outbox_keys or outcome.bootstrap is not None:
-            report.outbox = True
-            if wakeup is not None:
-                wakeup()  # the lease's (and its bootstrap's) evidence goes out now, not after the whole run
+            report.outbox = True  # the lease's (and its bootstrap's) evidence went out with each commit
         if outcome.refusal is not None and outcome.refusal.error == "unavailable":
             raise AutoUnavailable(outcome.refusal.message)
         return outcome
@@ -151,8 +149,6 @@ async def _run(door: VerbRuntime[AllocatorGitea], gitea: AllocatorGitea, report:
     if back:
         report.resumed.extend(back)
         report.outbox = True
-        if wakeup is not None:
-            wakeup()
     if named:
         # One named owner: the allocator as before (its live lease is resumed, its bootstrap finished).
         outcome = await apply(named, resume=True)
@@ -326,8 +322,6 @@ async def auto_allocate_after(
     except Exception as exc:  # reported in the result and the log; what freed the author stands
         log.warning("auto-allocation after %s failed: %s: %s", trigger, type(exc).__name__, exc)
         return {"error": "unavailable", "message": f"{type(exc).__name__}: {exc}"}
-    if report.outbox:
-        door.woken()
     return {"trigger": trigger, "leased": report.leased, "waiting": report.waiting, "blocked": report.blocked}
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Literal, Protocol
@@ -192,14 +192,11 @@ def _refuse(kind: Literal["not_authorized", "invalid_input", "unavailable"], mes
 class Allocator:
     """Runs allocation calls against the database (leases, outbox) and, for candidates and the bootstrap, Gitea."""
 
-    def __init__(self, db: Database, settings: Settings, gitea: AllocatorGitea | None, *, bot_login: str,
-                 wakeup: Callable[[], None] | None = None) -> None:
+    def __init__(self, db: Database, settings: Settings, gitea: AllocatorGitea | None, *, bot_login: str) -> None:
         self.db = db
         self.settings = settings
         self.gitea = gitea
         self.bot_login = bot_login
-        #: Called once outbox entries were committed (the service's sender sends them at once, not at its next poll).
-        self.wakeup = wakeup
         self.leases = LeaseStore(db)
         cfg = settings.allocator
         self.policy = RankingPolicy(
@@ -334,10 +331,8 @@ class Allocator:
                 proven = planned.issue_number
         # The lease is acquired now, after the proof (unless the caller pins the time).
         outcome = await self._apply(call, request, now or utcnow(), source, proven=proven)
-        if outcome.outbox_keys and self.wakeup is not None:
-            # The lease's label, assignee and evidence go out while its bootstrap runs (each issue's entries stay in
-            # order: the bootstrap's evidence follows them).
-            self.wakeup()
+        # The lease's label, assignee and evidence went out with its commit (the sender is woken by it) while its
+        # bootstrap runs; each issue's entries stay in order: the bootstrap's evidence follows them.
         if mode == "run" and outcome.lease is not None and outcome.refusal is None and self.gitea is not None:
             # Outside the lease transaction: the bootstrap journals its own phases, and on failure it
             # compensates and releases the lease itself. A resumed lease runs it too (idempotent: a completed
@@ -392,8 +387,7 @@ class Allocator:
         return [intent.key for intent in intents]
 
     def _bootstrap_context(self) -> BootstrapContext:
-        return BootstrapContext(db=self.db, settings=self.settings, gitea=self.gitea, bot_login=self.bot_login,
-                                wakeup=self.wakeup)
+        return BootstrapContext(db=self.db, settings=self.settings, gitea=self.gitea, bot_login=self.bot_login)
 
     async def _apply(
         self, call: AllocationCall, request: AllocationRequest, now: datetime, source: str, *, proven: int | None = None
@@ -640,10 +634,8 @@ async def allocate(
         resume_own=options.resume_own,
         max_live=options.max_live,
     )
-    outcome = await Allocator(rt.db, rt.settings, rt.gitea, bot_login=rt.bot_login, wakeup=rt.wakeup).run(
+    outcome = await Allocator(rt.db, rt.settings, rt.gitea, bot_login=rt.bot_login).run(
         call, now=options.now)
-    if outcome.applied:
-        rt.woken()
     doc = {"verb": verb.name, **outcome.to_dict()}
     if outcome.exit_code == 0:
         doc["next"] = rt.next_tools(verb, caller)

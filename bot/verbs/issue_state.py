@@ -83,7 +83,6 @@ async def post_state(
     )
     async with rt.db.transaction() as conn:
         queued = await enqueue(conn, OutboxIntent(key, issue, "comment", {"body": body}, delivery_id))
-    rt.woken()
     return rt.done(
         verb,
         caller,

@@ -62,7 +62,6 @@ async def release(
             await enqueue(conn, OutboxIntent(key, lease.issue_number, "comment", {"body": body}, delivery_id))
     except LeaseRefused:
         return refused(verb.name, lease_changed(verb, lease))
-    rt.woken()
     released = await rt.leases.get(lease.lease_id)
     # The owner is free now: the next ready issue goes to the next idle author, once.
     auto = await _auto_allocate_after_release(rt, delivery_id)

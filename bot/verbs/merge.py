@@ -224,7 +224,6 @@ async def _evidence(
     )
     async with rt.db.transaction() as conn:
         await enqueue(conn, OutboxIntent(key, number, "comment", {"body": body}, cause))
-    rt.woken()
     return key
 
 

@@ -271,5 +271,4 @@ async def _verify(rt: VerbRuntime[PublishGitea], verb: Verb, caller: Caller, pub
     async with rt.db.transaction() as conn:
         await store.advance(conn, pub, "verified", result=result, now=rt.clock())
         await enqueue(conn, OutboxIntent(key, pub.issue_number, "comment", {"body": body}, delivery_id))
-    rt.woken()
     return rt.done(verb, caller, result)

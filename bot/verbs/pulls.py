@@ -136,7 +136,6 @@ async def open_pull_request(
     key = values.get("idempotency_key")
     doc = await _record(rt, caller, issue, pr, branch, repo.default_branch, adopted, delivery_id, lease,
                         key if isinstance(key, str) else None)
-    rt.woken()
     # The author is free now: the next ready issue goes to the next idle author, as after a release, run by the
     # service from the inbox (never inside this call: the caller does not wait for another bootstrap).
     ended = doc["handed_over"]["lease_id"]

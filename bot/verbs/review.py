@@ -274,7 +274,6 @@ async def claim_review(
         return refused(verb.name, envelope(
             "conflict", f"{exc}; nothing was claimed", "Another lease won the race for this issue.",
             f"call gitea_get_issue_state with issue_number={number}"))
-    rt.woken()
     return rt.done(verb, caller, {"issue_number": number, "lease": review_lease.to_dict(),
                                   "outbox": [i.key for i in intents]})
 
@@ -418,7 +417,6 @@ async def _record_verdict(
     except LeaseRefused:
         # Gitea holds the review (with this lease's marker): a retry by the new holder of a review lease finds it.
         return refused(verb.name, lease_changed(verb, lease))
-    rt.woken()
     doc = _review_doc(number, pull, review, verdict)
     doc.update(outbox=[i.key for i in intents], lease=(await rt.leases.get(lease.lease_id) or lease).to_dict(),
                author_lease=back.to_dict() if back is not None else None)

@@ -177,8 +177,8 @@ async def registered_bootstrap(runtime: VerbRuntime[Any]) -> WorktreeBootstrap |
 class VerbRuntime(Generic[G]):
     """Runs verbs for callers against the database, Gitea (optional) and the worktree bootstrap (optional).
 
-    ``wakeup`` is called after outbox entries were committed (the service's sender sends them; a
-    stand-alone ``foreman mcp`` leaves them for ``foreman serve``). ``bootstrap_factory`` builds the
+    The outbox entries a verb stores wake the service's sender when they commit (``Database.on_commit``; a
+    stand-alone ``foreman mcp`` leaves them for ``foreman serve``'s). ``bootstrap_factory`` builds the
     worktree bootstrap on first use (``bot.verbs.bootstrap`` by default; ``no_bootstrap`` for none, whose
     verbs then answer ``unavailable``). ``gitea`` is only handed on: each verb family types the runtime it takes
     with the narrow client it declares (``VerbRuntime[AllocatorGitea]``, ``VerbRuntime[ReviewGitea]``, ...).
@@ -191,7 +191,6 @@ class VerbRuntime(Generic[G]):
     settings: Settings
     gitea: G | None = None
     bot_login: str = ""
-    wakeup: Callable[[], None] | None = None
     bootstrap_factory: BootstrapFactory = registered_bootstrap
     clock: Callable[[], datetime] = utcnow
     _bootstrap: WorktreeBootstrap | None = field(default=None, init=False, repr=False)
@@ -349,9 +348,6 @@ class VerbRuntime(Generic[G]):
     def done(self, verb: Verb, caller: Caller, doc: dict[str, Any]) -> VerbResult:
         return VerbResult(verb=verb.name, doc={"verb": verb.name, **doc, "next": self.next_tools(verb, caller)})
 
-    def woken(self) -> None:
-        if self.wakeup is not None:
-            self.wakeup()
 
 
 Executor = Callable[

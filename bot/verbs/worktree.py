@@ -125,7 +125,6 @@ async def bootstrap_verb(
             idempotency_key=key if isinstance(key, str) else None,
             expected_base=base if isinstance(base, str) else None,
         )
-    rt.woken()
     return _answered(rt, verb, caller, answer)
 
 

@@ -161,7 +161,6 @@ async def complete(run: Run, t: Transition) -> Transition:
         t = await run.journal.advance(conn, t, "completed", proof=result, runner=run.runner, now=now,
                                        result=result)
         await enqueue(conn, evidence(run, t, result), now=now)
-    run.ctx.woken()  # the evidence goes out now, while the call returns
     crash_seam(FAULT_PHASE_ENV, "completed")
     return t
 

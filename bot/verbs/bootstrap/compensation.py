@@ -70,8 +70,6 @@ async def compensate(run: Run, t: Transition, undoers: Sequence[GitUndo]) -> Boo
              "kept": list(plan.keep), "blocked": list(plan.blocked), "observed": observed, "failure": failure}
     t, outbox = await _record(run, t, plan, proof, envelope, registration if registration_live else None,
                               lease if releasing else None, assignees, now)
-    if outbox:
-        run.ctx.woken()
     if plan.blocked:
         return BootstrapResult(n, "blocked", t.key, t.phase, envelope, proof=proof,
                                journal=await run.journal_view(t), outbox=outbox)

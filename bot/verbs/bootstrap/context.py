@@ -55,9 +55,6 @@ class BootstrapContext:
     gitea: BootstrapGitea | None
     bot_login: str
     clock: Callable[[], datetime] = utcnow
-    #: Called once the bootstrap committed outbox entries (its evidence, a compensation's): the service's sender
-    #: sends them at once instead of at its next poll. None: nobody to wake (the CLI, a stand-alone foreman mcp).
-    wakeup: Callable[[], None] | None = None
 
     @classmethod
     def from_service(cls, service: ServiceLike) -> BootstrapContext:
@@ -66,17 +63,11 @@ class BootstrapContext:
             settings=service.settings,
             gitea=service.gitea,
             bot_login=service.bot_login or service.settings.gitea.bot_login,
-            wakeup=getattr(service, "wakeup", None),
         )
 
     @property
     def repo(self) -> str:
         return self.settings.repo_key
-
-    def woken(self) -> None:
-        """Tell the outbox sender that entries were committed (nothing when there is no one to tell)."""
-        if self.wakeup is not None:
-            self.wakeup()
 
     @property
     def checkout_root(self) -> Path:
