@@ -17,7 +17,7 @@ from bot.metrics import Metrics
 from bot.worker import Worker
 from state.db import Database
 from state.deliveries import DeliveryStore
-from state.outbox import OutboxEntry, acting_for
+from state.outbox import OutboxEntry
 
 if TYPE_CHECKING:
     import aiohttp
@@ -157,13 +157,11 @@ class ServedRepositories:
 
     async def _start_bundle(self, bundle: RepositoryBundle) -> None:
         """Start one repository's runs' teardown loop and, with a Gitea client, its catch-up."""
-        with acting_for(bundle.key):  # the loop's task (created here) files its entries under its repository
-            bundle.run_teardowns = self._make_teardown_loop(bundle)
-            bundle.run_teardowns.start()
+        bundle.run_teardowns = self._make_teardown_loop(bundle)
+        bundle.run_teardowns.start()
         if bundle.gitea is not None:
-            with acting_for(bundle.key):
-                bundle.reconciler = self._make_reconciler(bundle)
-                await bundle.reconciler.start()
+            bundle.reconciler = self._make_reconciler(bundle)
+            await bundle.reconciler.start()
 
     async def _stop_bundle(self, bundle: RepositoryBundle) -> None:
         if bundle.run_teardowns is not None:
@@ -187,8 +185,7 @@ class ServedRepositories:
                 return
             from bot.loops.auto_allocate import auto_allocate
 
-            with acting_for(bundle.key):
-                await auto_allocate(bundle.deps.door, trigger="catch_up")
+            await auto_allocate(bundle.deps.door, trigger="catch_up")
 
         repository = settings.repository
         return Reconciler(
@@ -225,8 +222,7 @@ class ServedRepositories:
             context = BootstrapContext(db=self.db, settings=bundle.settings, gitea=bundle.gitea,
                                        bot_login=self._bot_login() or self.settings.gitea.bot_login)
             try:
-                with acting_for(bundle.key):
-                    await recover_open_transitions(context)
+                await recover_open_transitions(context)
             except Exception:
                 log.exception("recovering open worktree bootstraps of %s failed (the next bootstrap of each issue "
                               "recovers it)", bundle.key)
@@ -243,15 +239,13 @@ class ServedRepositories:
         bundle = self.bundles.get(entry.repo)
         hooks = bundle.hooks if bundle is not None else None
         if bundle is not None and hooks is not None and hooks.on_complete is not None:
-            with acting_for(bundle.key):
-                await hooks.on_complete(entry, result)
+            await hooks.on_complete(entry, result)
 
     async def on_outbox_failure(self, entry: OutboxEntry) -> None:
         bundle = self.bundles.get(entry.repo)
         hooks = bundle.hooks if bundle is not None else None
         if bundle is not None and hooks is not None and hooks.on_failure is not None:
-            with acting_for(bundle.key):
-                await hooks.on_failure(entry)
+            await hooks.on_failure(entry)
 
     # An organization's repositories, served and let go while running (bot/discovery.py).
 

@@ -25,7 +25,6 @@ from bot.metrics import Metrics
 from bot.tasks import cancel_and_wait
 from state.db import utcnow
 from state.deliveries import DeliveryStore, StoredDelivery
-from state.outbox import acting_for
 
 log = logging.getLogger("foreman.worker")
 
@@ -217,9 +216,8 @@ class Worker:
             if refusal is not None:
                 await self._durably(delivery, owner, lambda: self._settle_refusal(delivery, owner, refusal))
             else:
-                key, deps = self.route(payload)
-                with acting_for(key):
-                    results, unrecorded = await self.run_handlers(delivery, payload, deps=deps)
+                _, deps = self.route(payload)
+                results, unrecorded = await self.run_handlers(delivery, payload, deps=deps)
 
                 async def settle() -> None:
                     await self._settle(delivery, owner, results, unrecorded)

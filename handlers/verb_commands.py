@@ -259,7 +259,7 @@ async def on_command(event: sansio.Event, ctx: HandlerContext) -> None:
         ctx.log.info(
             "%s by %s on #%d: %s", command.word, actor, number, "ok" if result.ok else result.doc.get("error")
         )
-    reply = OutboxIntent(key, number, "comment", {"body": body}, event.delivery_id)
+    reply = OutboxIntent(key, number, "comment", {"body": body}, event.delivery_id, repo=settings.repo_key)
     bootstrap = result.doc.get("bootstrap") if command is not None and not on_pull and result.ok else None
     if isinstance(bootstrap, dict) and bootstrap.get("error") == "unavailable":
         # The lease stands but its server-side bootstrap could not reach Gitea now: failing the handler makes the

@@ -67,7 +67,7 @@ async def plan_sync(
         [snapshot.label_names, snapshot.snapshot_as_of, projected],
     )
     change = sync_change(plan.target, snapshot.label_names, projected)
-    if not await enqueue(conn, OutboxIntent(key, snapshot.number, "labels", change, cause), repo=snapshot.repo):
+    if not await enqueue(conn, OutboxIntent(key, snapshot.number, "labels", change, cause, repo=snapshot.repo)):
         return  # this cause was handled before (a retried or replayed delivery)
     reason = f"STATE {state.state} is mirrored by {plan.target}; queued as outbox entry {key}"
     cursor = await conn.execute(

@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
-from contextlib import contextmanager
-from contextvars import ContextVar
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Literal
@@ -20,24 +17,8 @@ KINDS: tuple[OutboxKind, ...] = ("comment", "edit_comment", "labels", "assignees
 OUTBOX_STATUSES: tuple[OutboxStatus, ...] = ("pending", "sending", "done", "verification_failed", "parked")
 
 
-#: The repository (its repo key) the running task acts for. Each door that runs work for one repository sets it
-#: (``acting_for``): the worker per delivery, the verb door per call, catch-up, start-up recovery, the outbox
-#: hooks. ``enqueue`` files the entry under it (unless given ``repo=``), and the sender sends it with that
-#: repository's client. Unset (``""``): no repository is known, and ``enqueue`` refuses (a door that forgot to set
-#: it fails loudly instead of filing the entry under whichever repository happens to be first).
 #: What a transaction that stored an outbox entry announces when it commits; the sender listens for it.
 OUTBOX_TOPIC = "outbox"
-ACTING_REPO: ContextVar[str] = ContextVar("foreman_acting_repo", default="")
-
-
-@contextmanager
-def acting_for(repo: str) -> Iterator[None]:
-    """Within the block, outbox entries are filed under ``repo`` (a repo key, ``owner/name`` in lower case)."""
-    token = ACTING_REPO.set(repo)
-    try:
-        yield
-    finally:
-        ACTING_REPO.reset(token)
 
 
 class OutboxInputError(ValueError):
@@ -45,17 +26,18 @@ class OutboxInputError(ValueError):
 
 
 class OutboxRepositoryUnknown(OutboxInputError):
-    """An intent enqueued with no repository: neither ``repo=`` nor ``ACTING_REPO`` names one."""
+    """An intent that names no repository (``OutboxIntent.repo``, or ``repo=`` where it is stored)."""
 
 
-def filing_repo(repo: str | None = None) -> str:
-    """The repository an entry is filed under: ``repo`` when given, else the one the task acts for; refused
-    (OutboxRepositoryUnknown) when neither names one."""
-    chosen = ACTING_REPO.get() if repo is None else repo
+def filing_repo(intent: OutboxIntent, repo: str | None = None) -> str:
+    """The repository an entry is filed under: ``repo`` when the caller stores it for one, else the intent's own;
+    refused (OutboxRepositoryUnknown) when neither names one, before anything is stored (never filed under
+    whichever repository happens to be first)."""
+    chosen = repo if repo is not None else intent.repo
     if not chosen:
         raise OutboxRepositoryUnknown(
-            "an outbox entry needs its repository: pass repo= or run inside acting_for(repo) (a door that acts "
-            "for one repository sets it)"
+            f"outbox intent {intent.key!r} names no repository: build it with repo= (the repository key of the "
+            "door, lease, transition or grant it comes from)"
         )
     return chosen
 
@@ -75,6 +57,9 @@ class OutboxIntent:
     kind: OutboxKind
     payload: dict[str, Any]
     delivery_id: str | None = None
+    #: The repository (its repo key, ``owner/name`` in lower case) whose issue this is: the entry is filed under it
+    #: and sent with that repository's client.
+    repo: str = ""
 
     def __post_init__(self) -> None:
         problems = _validate(self)
@@ -174,10 +159,10 @@ async def enqueue(
     """Store an intent INSIDE the caller's open transaction (so it commits or rolls back with its cause).
 
     Returns False when the idempotency key is already stored for the repository: processing the same cause twice
-    adds nothing. The entry is filed under ``repo`` when given, else the repository the task acts for
-    (``ACTING_REPO``); with neither it is refused (OutboxRepositoryUnknown) before anything is stored.
+    adds nothing. The entry is filed under the intent's repository (``repo=`` overrides it); with neither it is
+    refused (OutboxRepositoryUnknown) before anything is stored.
     """
-    filed_under = filing_repo(repo)
+    filed_under = filing_repo(intent, repo)
     moment = to_db_time(now or utcnow())
     cursor = await conn.execute(
         "INSERT INTO outbox (repo, idempotency_key, issue_number, kind, payload_json, status, delivery_id,"
@@ -201,20 +186,18 @@ async def enqueue(
 
 
 async def cancel_issue_entries(
-    conn: Connection, issue_number: int, *, reason: str, now: datetime, repo: str | None = None
+    conn: Connection, issue_number: int, *, reason: str, now: datetime, repo: str
 ) -> int:
     """Inside the caller's transaction: the issue's open entries that no sender holds (pending, or
     verification_failed) are parked as ``cancelled: REASON`` and marked hooked (no failure hook: nothing was
     tried). An entry being sent settles on its own (a deleted issue answers GiteaIssueGone). Only the entries of
-    the repository the task acts for (``repo``, else ``ACTING_REPO``): another repository's issue of the same
-    number is untouched."""
-    filed_under = filing_repo(repo)
+    ``repo``: another repository's issue of the same number is untouched."""
     moment = to_db_time(now)
     cursor = await conn.execute(
         "UPDATE outbox SET status = 'parked', last_error = ?, claimed_by = NULL, claimed_at = NULL,"
         " hooked_at = ?, updated_at = ?, version = version + 1"
         " WHERE repo = ? AND issue_number = ? AND status IN ('pending', 'verification_failed')",
-        (f"cancelled: {reason}", moment, moment, filed_under, issue_number),
+        (f"cancelled: {reason}", moment, moment, repo, issue_number),
     )
     count = cursor.rowcount
     await cursor.close()
@@ -234,7 +217,7 @@ class OutboxStore:
 
     async def add(self, intent: OutboxIntent, *, repo: str | None = None) -> bool:
         """Enqueue on its own (for callers with no state change of their own); ``repo`` as for ``enqueue``."""
-        filed_under = filing_repo(repo)
+        filed_under = filing_repo(intent, repo)
         async with self._db.transaction() as conn:
             return await enqueue(conn, intent, repo=filed_under)
 

@@ -245,3 +245,16 @@ def test_every_lease_is_granted_by_one_function() -> None:
         and ("lease" in (held := ast.unparse(node.func.value).lower()) or held == "store")
     }
     assert callers == {"bot/verbs/leasing.py"}
+
+
+def test_every_outbox_intent_the_product_builds_names_its_repository() -> None:
+    """An outbox entry is filed under the repository its intent names (no task-wide "acting for" any more): every
+    ``OutboxIntent(...)`` in bot/, handlers/ and state/ passes ``repo=``."""
+    unnamed = [
+        f"{path.relative_to(REPO_ROOT)}:{node.lineno}"
+        for path in _sources("bot/**/*.py", "handlers/**/*.py", "state/**/*.py")
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "OutboxIntent"
+        and not any(keyword.arg == "repo" for keyword in node.keywords)
+    ]
+    assert unnamed == []

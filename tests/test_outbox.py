@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -20,7 +20,7 @@ from bot.core.evidence import find_marker, marker, render_evidence, render_failu
 from bot.metrics import Metrics
 from bot.outbox import OutboxSender
 from state.db import Database
-from state.outbox import OutboxEntry, OutboxInputError, OutboxIntent, OutboxStore, acting_for, enqueue
+from state.outbox import OutboxEntry, OutboxInputError, OutboxIntent, OutboxStore, enqueue
 from tests.conftest import DbOpener, database_env
 from tests.gitea_fixtures import OWNER, REPO, LiveEmulator, live_emulator
 
@@ -69,11 +69,9 @@ class Rig:
 KEY = f"{OWNER}/{REPO}".lower()
 
 
-@pytest.fixture(autouse=True)
-def _acting_for_the_repository() -> Iterator[None]:
-    """These tests enqueue directly, as a door does: for the one repository of the emulator."""
-    with acting_for(KEY):
-        yield
+def of_repo(*args: Any, **kwargs: Any) -> OutboxIntent:
+    """An intent of the emulator's one repository, as a door builds it."""
+    return OutboxIntent(*args, **{"repo": KEY, **kwargs})
 
 
 @pytest.fixture
@@ -92,7 +90,7 @@ async def rig(open_db: DbOpener, tmp_path: Path) -> AsyncIterator[Rig]:
 
 def comment_intent(key: str, number: int = 1, summary: str = "Leased issue #1 to author-1.") -> OutboxIntent:
     body = render_evidence(key=key, summary=summary, state=STATE, evidence={"lease": {"id": 7}, "issue": number})
-    return OutboxIntent(key=key, issue_number=number, kind="comment", payload={"body": body})
+    return of_repo(key=key, issue_number=number, kind="comment", payload={"body": body})
 
 
 async def test_a_comment_is_posted_read_back_and_recorded(rig: Rig) -> None:
@@ -298,7 +296,7 @@ async def test_a_poisoned_entry_parks_and_holds_back_only_its_own_issue(rig: Rig
 async def test_label_changes_are_applied_and_verified(rig: Rig) -> None:
     """A label change is verified by reading the issue's labels back."""
     rig.live.emulator.add_labels(OWNER, REPO, 1, ["status/ready"], actor="alice")
-    intent = OutboxIntent("labels-1", 1, "labels", {"add": ["status/in-progress", "bug"], "remove": ["status/ready"]})
+    intent = of_repo("labels-1", 1, "labels", {"add": ["status/in-progress", "bug"], "remove": ["status/ready"]})
     await rig.store.add(intent)
     await rig.drain()
     entry = await rig.entry("labels-1")
@@ -315,7 +313,7 @@ async def test_label_changes_are_applied_and_verified(rig: Rig) -> None:
 
 async def test_an_unknown_label_fails_verification_instead_of_passing_silently(rig: Rig) -> None:
     """FACTS 5: Gitea ignores unknown label names; the read-back catches it."""
-    await rig.store.add(OutboxIntent("labels-2", 1, "labels", {"add": ["no-such-label"], "remove": []}))
+    await rig.store.add(of_repo("labels-2", 1, "labels", {"add": ["no-such-label"], "remove": []}))
     await rig.drain()
     entry = await rig.entry("labels-2")
     assert entry.status == "verification_failed" and entry.observed["observed"] == []
@@ -323,7 +321,7 @@ async def test_an_unknown_label_fails_verification_instead_of_passing_silently(r
 
 async def test_assignee_changes_are_applied_and_verified(rig: Rig) -> None:
     """An assignee change is verified by reading the issue back."""
-    await rig.store.add(OutboxIntent("assign-1", 1, "assignees", {"assignees": ["alice"]}))
+    await rig.store.add(of_repo("assign-1", 1, "assignees", {"assignees": ["alice"]}))
     await rig.drain()
     entry = await rig.entry("assign-1")
     assert entry.status == "done" and entry.result == {"assignees": ["alice"], "verified": True}
@@ -369,7 +367,7 @@ async def test_a_failed_label_change_removes_nothing_and_calls_the_failure_hook(
         failed.append(entry)
 
     rig.sender.on_failure = on_failure
-    await rig.store.add(OutboxIntent("swap-1", 1, "labels", {"add": ["status/unknown"], "remove": ["status/ready"]}))
+    await rig.store.add(of_repo("swap-1", 1, "labels", {"add": ["status/unknown"], "remove": ["status/ready"]}))
     await rig.drain()
     assert rig.live.emulator.label_names(OWNER, REPO, 1) == ["status/ready"]
     [entry] = failed
@@ -379,13 +377,13 @@ async def test_a_failed_label_change_removes_nothing_and_calls_the_failure_hook(
 def test_intents_are_validated_before_they_are_stored() -> None:
     """Fail closed: a comment without its marker, bad numbers or empty label changes are refused."""
     with pytest.raises(OutboxInputError, match="marker"):
-        OutboxIntent("k1", 1, "comment", {"body": "no marker here"})
+        of_repo("k1", 1, "comment", {"body": "no marker here"})
     with pytest.raises(OutboxInputError, match="issue_number"):
-        OutboxIntent("k2", True, "labels", {"add": ["bug"]})
+        of_repo("k2", True, "labels", {"add": ["bug"]})
     with pytest.raises(OutboxInputError, match="both added and removed"):
-        OutboxIntent("k3", 1, "labels", {"add": ["bug"], "remove": ["bug"]})
+        of_repo("k3", 1, "labels", {"add": ["bug"], "remove": ["bug"]})
     with pytest.raises(OutboxInputError, match="comment_id"):
-        OutboxIntent("k4", 1, "edit_comment", {"comment_id": 0, "body": "x " + marker("k4")})
+        of_repo("k4", 1, "edit_comment", {"comment_id": 0, "body": "x " + marker("k4")})
 
 
 def test_an_evidence_comment_has_summary_state_json_and_marker_and_no_secrets() -> None:
@@ -448,7 +446,7 @@ async def test_store_reads_an_issues_entries_and_every_entry_oldest_first(open_d
     try:
         store = OutboxStore(db)
         for key, number in (("a", 1), ("b", 2), ("c", 1)):
-            await store.add(OutboxIntent(key, number, "labels", {"add": [key]}))
+            await store.add(of_repo(key, number, "labels", {"add": [key]}))
         assert [e.key for e in await store.for_issue(1)] == ["a", "c"]
         assert [e.payload for e in await store.for_issue(2)] == [{"add": ["b"]}]
         assert await store.for_issue(3) == []
@@ -463,7 +461,7 @@ async def test_store_reads_the_newest_evidence_comments(open_db: DbOpener, tmp_p
         store = OutboxStore(db)
         for key in ("lease-1:evidence", "lease-1:release", "run-2:evidence", "lease-3:evidence"):
             await store.add(comment_intent(key))
-        await store.add(OutboxIntent("x:evidence", 1, "labels", {"add": ["y"]}))
+        await store.add(of_repo("x:evidence", 1, "labels", {"add": ["y"]}))
         assert [e.key for e in await store.evidence_comments(limit=10)] == [
             "lease-3:evidence", "run-2:evidence", "lease-1:evidence"]
         assert [e.key for e in await store.evidence_comments(limit=1)] == ["lease-3:evidence"]
@@ -478,7 +476,7 @@ async def test_store_reads_comment_statuses_by_key_prefix_with_no_wildcards(open
         store = OutboxStore(db)
         for key in ("auto-proof:1:0", "auto-proof:1:1", "auto-proof:12:0", "auto-proofX1:0", "a_b:0", "axb:0"):
             await store.add(comment_intent(key))
-        await store.add(OutboxIntent("auto-proof:1:labels", 1, "labels", {"add": ["y"]}))
+        await store.add(of_repo("auto-proof:1:labels", 1, "labels", {"add": ["y"]}))
         [first, *_] = await store.due_heads(claim_ttl_s=60, limit=10)
         claimed = await store.claim(first, "s")
         assert claimed is not None and await store.complete(claimed, {"comment_id": 1})

@@ -17,7 +17,7 @@ from bot.metrics import Metrics
 from bot.reconcile import PAGE_SIZE, Reconciler
 from state.db import Database
 from state.deliveries import DeliveryStore
-from state.outbox import OutboxIntent, OutboxStore, acting_for
+from state.outbox import OutboxIntent, OutboxStore
 from state.reconcile import CommandClaims, ReconcileStore
 from tests.conftest import DbOpener
 from tests.gitea_fixtures import BOT, OWNER, REPO, LiveEmulator, live_emulator
@@ -191,9 +191,8 @@ async def test_a_finished_command_is_never_run_again_not_even_by_the_delivery_th
         claims = CommandClaims(db)
         assert await claims.claim("acme/widgets", 5, "/lock", "webhook-1") is None
         reply = OutboxIntent("command:5:reply", 1, "comment", {"body": f"done\n{marker('command:5:reply')}"},
-                             "webhook-1")
-        with acting_for("acme/widgets"):
-            await claims.finish("acme/widgets", 5, "webhook-1", reply)
+                             "webhook-1", repo="acme/widgets")
+        await claims.finish("acme/widgets", 5, "webhook-1", reply)
         for delivery in ("webhook-1", "gitea-replay-2"):
             held = await claims.claim("acme/widgets", 5, "/lock", delivery)
             assert held is not None and held.delivery_id == "webhook-1" and held.finished_at is not None

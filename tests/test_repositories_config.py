@@ -9,7 +9,7 @@ import pytest
 from bot.config import ConfigError, Settings, load_settings
 from bot.core.dispatch import refuse_dispatch
 from state.db import Database, utcnow
-from state.outbox import OutboxIntent, OutboxStore, acting_for, cancel_issue_entries
+from state.outbox import OutboxIntent, OutboxStore, cancel_issue_entries
 from tests.support import SECRET
 
 HEAD = f'[webhook]\nsecrets = ["{SECRET}"]\n[roster]\n"author-1" = ["author"]\n'
@@ -96,10 +96,9 @@ async def test_outbox_entries_of_two_repositories_issue_1_stay_apart(tmp_path: P
     try:
         store = OutboxStore(db)
         for repo in ("acme/widgets", "acme/gadgets"):
-            with acting_for(repo):
-                assert await store.add(OutboxIntent("merge:1:2:labels", 1, "labels", {"add": ["x"]}))
-                assert not await store.add(OutboxIntent("merge:1:2:labels", 1, "labels", {"add": ["x"]}))
-                assert await store.add(OutboxIntent("second", 1, "labels", {"add": ["y"]}))
+            assert await store.add(OutboxIntent("merge:1:2:labels", 1, "labels", {"add": ["x"]}, repo=repo))
+            assert not await store.add(OutboxIntent("merge:1:2:labels", 1, "labels", {"add": ["x"]}, repo=repo))
+            assert await store.add(OutboxIntent("second", 1, "labels", {"add": ["y"]}, repo=repo))
         heads = await store.due_heads(claim_ttl_s=60, limit=10)
         assert sorted((e.repo, e.key) for e in heads) == [("acme/gadgets", "merge:1:2:labels"),
                                                            ("acme/widgets", "merge:1:2:labels")]
@@ -149,8 +148,7 @@ async def test_the_sender_parks_an_entry_of_a_repository_no_longer_served(tmp_pa
     db = await Database.open(tmp_path / "f.db")
     try:
         store = OutboxStore(db)
-        with acting_for("acme/gone"):
-            assert await store.add(OutboxIntent("k", 1, "labels", {"add": ["x"]}))
+        assert await store.add(OutboxIntent("k", 1, "labels", {"add": ["x"]}, repo="acme/gone"))
         sent: list[str] = []
 
         class Nowhere:

@@ -27,7 +27,7 @@ from bot.verbs.runtime import VerbRuntime, caller_for, no_bootstrap
 from bot.worker import Worker
 from state.db import Database
 from state.grants import GrantStore
-from state.outbox import ACTING_REPO, OutboxIntent, OutboxRepositoryUnknown, OutboxStore
+from state.outbox import OutboxIntent, OutboxRepositoryUnknown, OutboxStore
 from tests.conftest import REPO_ROOT
 from tests.support import Started, payload, wait_status, webhook_headers
 from tests.test_grants import REPO, _lease_and_worktree
@@ -201,7 +201,7 @@ async def test_each_repositorys_teardown_loop_acts_for_its_repository(
     door = VerbRuntime.call
 
     async def recording(self: VerbRuntime, verb_name: str, caller: Any, arguments: Any, **kwargs: Any) -> Any:
-        seen.append((self.settings.repo_key, ACTING_REPO.get()))  # the calling task's repository, at the door
+        seen.append((self.settings.repo_key, self.repo))  # the door of the run's repository, filing under it
         return await door(self, verb_name, caller, arguments, **kwargs)
 
     monkeypatch.setattr(VerbRuntime, "call", recording)
@@ -217,17 +217,18 @@ async def test_each_repositorys_teardown_loop_acts_for_its_repository(
     assert record is not None and record.state.teardown == "done"
 
 
-async def test_the_worker_runs_each_delivery_acting_for_its_repository(
+async def test_the_worker_runs_each_delivery_with_its_repositorys_dependencies(
     tmp_path: Path, start: Started, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Two deliveries through the real intake and worker, one per served repository (the second first): each
-    delivery's handlers run acting for the repository the payload names, never the first served one."""
+    delivery's handlers run with the dependencies (and door) of the repository the payload names, never the first
+    served one."""
     settings = load_settings(two_repositories(tmp_path), environ={})
     seen: list[str] = []
     handlers = Worker.run_handlers
 
     async def recording(self: Worker, *args: Any, **kwargs: Any) -> Any:
-        seen.append(ACTING_REPO.get())
+        seen.append(kwargs["deps"].settings.repo_key)  # the dependencies (and door) of the payload's repository
         return await handlers(self, *args, **kwargs)
 
     monkeypatch.setattr(Worker, "run_handlers", recording)

@@ -23,7 +23,7 @@ from state.db import Database, utcnow
 from state.exclusions import ExclusionStore
 from state.journal import JournalStore
 from state.leases import LeaseStore
-from state.outbox import OutboxIntent, OutboxStore, acting_for, enqueue
+from state.outbox import OutboxIntent, OutboxStore, enqueue
 
 log = logging.getLogger("foreman.auto_allocate")
 
@@ -93,8 +93,7 @@ async def auto_allocate(
     lock = _LOCKS.setdefault((id(db), settings.repo_key), asyncio.Lock())
     async with lock:
         try:
-            with acting_for(settings.repo_key):  # an auto-allocation acts for its repository (its entries too)
-                await _run(door, gitea, report, delivery_id, now)
+            await _run(door, gitea, report, delivery_id, now)
         finally:
             await _record(db, settings, report, delivery_id, now)
     return report
@@ -242,8 +241,9 @@ async def _maybe_block(db: Database, allocator: Allocator, outcome: AllocationOu
     blocked = label_for_state("blocked")
     async with db.transaction() as conn:
         await enqueue(conn, OutboxIntent(f"{key}:labels", number, "labels",
-                                         {"add": [blocked], "remove": [label_for_state("ready")]}, delivery_id))
-        await enqueue(conn, OutboxIntent(key, number, "comment", {"body": body}, delivery_id))
+                                         {"add": [blocked], "remove": [label_for_state("ready")]}, delivery_id,
+                                         repo=allocator.repo))
+        await enqueue(conn, OutboxIntent(key, number, "comment", {"body": body}, delivery_id, repo=allocator.repo))
     report.outbox = True
     return True
 
@@ -298,7 +298,7 @@ async def _waiting(db: Database, settings: Settings, allocator: Allocator, repor
                 state=state,
                 evidence={"action": "auto_allocate_wait", "waiting": report.waiting, "authors": pick.to_dict()},
             )
-            if await enqueue(conn, OutboxIntent(key, number, "comment", {"body": body}, None)):
+            if await enqueue(conn, OutboxIntent(key, number, "comment", {"body": body}, None, repo=repo)):
                 report.outbox = True
 
 

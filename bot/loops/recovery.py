@@ -11,15 +11,13 @@ from bot.verbs.bootstrap.service import bootstrap_for_owner
 from bot.verbs.bootstrap.transition import compensate_ended
 from state.journal import JournalStore
 from state.leases import LeaseStore
-from state.outbox import acting_for
 
 log = logging.getLogger("foreman.bootstrap")
 
 
 async def recover_open_transitions(ctx: BootstrapContext) -> list[BootstrapResult]:
     """The recovery of ``ctx``'s repository, acting for it (its entries are filed under it)."""
-    with acting_for(ctx.repo):
-        return await _recover_open_transitions(ctx)
+    return await _recover_open_transitions(ctx)
 
 
 async def _recover_open_transitions(ctx: BootstrapContext) -> list[BootstrapResult]:

@@ -322,8 +322,8 @@ async def _commit(
         evidence={"action": "teardown", **outcome},
     )
     intents = (
-        OutboxIntent(f"{call.key}:labels", number, "labels", done_labels(), call.delivery_id),
-        OutboxIntent(f"{call.key}:evidence", number, "comment", {"body": body}, call.delivery_id),
+        OutboxIntent(f"{call.key}:labels", number, "labels", done_labels(), call.delivery_id, repo=repo),
+        OutboxIntent(f"{call.key}:evidence", number, "comment", {"body": body}, call.delivery_id, repo=repo),
     )
     queued: list[str] = []
     async with db.transaction() as conn:

@@ -51,7 +51,7 @@ from state.db import Database, utcnow
 from state.exclusions import ExclusionStore
 from state.issues import IssueStore
 from state.leases import Lease, LeaseStore, LeaseTaken
-from state.outbox import OutboxIntent, acting_for, enqueue
+from state.outbox import OutboxIntent, enqueue
 
 # An issue body line such as "Depends: #12, #14" (the seed documents use "Parent / Depends / Blocks").
 _DEPENDS_RE = re.compile(r"^\s*(?:[-*]\s*)?\**depends(?: on)?\**\s*:\s*(.+)$", re.IGNORECASE | re.MULTILINE)
@@ -260,8 +260,7 @@ class Allocator:
         return await mark_duplicates(self.db, self.repo, self.gitea, await ready_candidates(self.gitea))
 
     async def run(self, call: AllocationCall, *, now: datetime | None = None) -> AllocationOutcome:
-        with acting_for(self.repo):  # an allocation acts for its repository: its entries are filed under it
-            return await self._run(call, now=now)
+        return await self._run(call, now=now)
 
     async def _run(self, call: AllocationCall, *, now: datetime | None = None) -> AllocationOutcome:
         refused = self._check_owner(call)
@@ -375,9 +374,10 @@ class Allocator:
         blocked, cause = label_for_state("blocked"), call.delivery_id
         others = [label_for_state(s) for s in ("ready", "in-progress")]
         intents = (
-            OutboxIntent(f"{key}:labels", number, "labels", {"add": [blocked], "remove": others}, cause),
-            OutboxIntent(f"{key}:assignee", number, "assignees", {"assignees": []}, cause),
-            OutboxIntent(key, number, "comment", {"body": body}, cause),
+            OutboxIntent(f"{key}:labels", number, "labels", {"add": [blocked], "remove": others}, cause,
+                         repo=self.repo),
+            OutboxIntent(f"{key}:assignee", number, "assignees", {"assignees": []}, cause, repo=self.repo),
+            OutboxIntent(key, number, "comment", {"body": body}, cause, repo=self.repo),
         )
         async with self.db.transaction() as conn:
             reason = f"unworkable: {refusal.error}"
@@ -496,9 +496,10 @@ class Allocator:
         ready, in_progress = label_for_state("ready"), label_for_state("in-progress")
         cause = call.delivery_id
         return (
-            OutboxIntent(f"{key}:labels", number, "labels", {"add": [in_progress], "remove": [ready]}, cause),
-            OutboxIntent(f"{key}:assignee", number, "assignees", {"assignees": [lease.owner]}, cause),
-            OutboxIntent(f"{key}:evidence", number, "comment", {"body": body}, cause),
+            OutboxIntent(f"{key}:labels", number, "labels", {"add": [in_progress], "remove": [ready]}, cause,
+                         repo=lease.repo),
+            OutboxIntent(f"{key}:assignee", number, "assignees", {"assignees": [lease.owner]}, cause, repo=lease.repo),
+            OutboxIntent(f"{key}:evidence", number, "comment", {"body": body}, cause, repo=lease.repo),
         )
 
 

@@ -39,7 +39,7 @@ async def lease_back(
     body = render_evidence(key=key, summary=f"Leased #{issue} back to {back.owner} to address the review.",
                            state=state, evidence={"action": "request_changes_lease", "lease": back.to_dict(),
                                                   "review_id": review_id})
-    return back, OutboxIntent(key, issue, "comment", {"body": body}, delivery_id)
+    return back, OutboxIntent(key, issue, "comment", {"body": body}, delivery_id, repo=settings.repo_key)
 
 
 async def waiting_hand_backs(store: LeaseStore, repo: str) -> list[tuple[int, str, dict[str, Any]]]:

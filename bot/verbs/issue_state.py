@@ -82,7 +82,7 @@ async def post_state(
         },
     )
     async with rt.db.transaction() as conn:
-        queued = await enqueue(conn, OutboxIntent(key, issue, "comment", {"body": body}, delivery_id))
+        queued = await enqueue(conn, OutboxIntent(key, issue, "comment", {"body": body}, delivery_id, repo=rt.repo))
     return rt.done(
         verb,
         caller,

@@ -59,7 +59,8 @@ async def release(
     try:
         async with rt.db.transaction() as conn:
             await rt.leases.release(conn, lease.lease_id, actor=caller.login, reason=reason, now=now)
-            await enqueue(conn, OutboxIntent(key, lease.issue_number, "comment", {"body": body}, delivery_id))
+            await enqueue(conn, OutboxIntent(key, lease.issue_number, "comment", {"body": body}, delivery_id,
+                                             repo=rt.repo))
     except LeaseRefused:
         return refused(verb.name, lease_changed(verb, lease))
     released = await rt.leases.get(lease.lease_id)

@@ -223,7 +223,7 @@ async def _evidence(
                   "not_counted": gate.not_counted_docs()},
     )
     async with rt.db.transaction() as conn:
-        await enqueue(conn, OutboxIntent(key, number, "comment", {"body": body}, cause))
+        await enqueue(conn, OutboxIntent(key, number, "comment", {"body": body}, cause, repo=rt.repo))
     return key
 
 

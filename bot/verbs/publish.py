@@ -270,5 +270,5 @@ async def _verify(rt: VerbRuntime[PublishGitea], verb: Verb, caller: Caller, pub
     store = PublicationStore(rt.db)
     async with rt.db.transaction() as conn:
         await store.advance(conn, pub, "verified", result=result, now=rt.clock())
-        await enqueue(conn, OutboxIntent(key, pub.issue_number, "comment", {"body": body}, delivery_id))
+        await enqueue(conn, OutboxIntent(key, pub.issue_number, "comment", {"body": body}, delivery_id, repo=rt.repo))
     return rt.done(verb, caller, result)

@@ -264,8 +264,9 @@ async def _record(
         await store.record_pull(conn, repo=rt.repo, issue_number=issue, pr_number=pr.number, head=branch, base=base,
                                 opened_by=caller.login, adopted=adopted, now=rt.clock())
         await enqueue(conn, OutboxIntent(f"{prefix}:pr-open", issue, "labels",
-                                         {"add": [pr_open], "remove": [in_progress]}, delivery_id))
+                                         {"add": [pr_open], "remove": [in_progress]}, delivery_id, repo=rt.repo))
         await enqueue(conn, OutboxIntent(f"{prefix}:review", issue, "labels",
-                                         {"add": [review], "remove": [pr_open]}, delivery_id))
-        await enqueue(conn, OutboxIntent(f"{prefix}:evidence", issue, "comment", {"body": body}, delivery_id))
+                                         {"add": [review], "remove": [pr_open]}, delivery_id, repo=rt.repo))
+        await enqueue(conn, OutboxIntent(f"{prefix}:evidence", issue, "comment", {"body": body}, delivery_id,
+                                         repo=rt.repo))
     return doc

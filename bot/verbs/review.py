@@ -234,7 +234,7 @@ def review_lease_effects(lease: Lease, bot_login: str, cause: str | None) -> tup
     )
     body = render_evidence(key=key, summary=f"Leased the review of #{number} to {lease.owner}.", state=state,
                            evidence={"action": "review_lease", "lease": lease.to_dict()})
-    return (OutboxIntent(key, number, "comment", {"body": body}, cause),)
+    return (OutboxIntent(key, number, "comment", {"body": body}, cause, repo=lease.repo),)
 
 
 # --- claim_review -----------------------------------------------------------------------------------------------------
@@ -401,7 +401,7 @@ async def _record_verdict(
             if not approve:
                 labels = {"add": [label_for_state("in-progress")],
                           "remove": [label_for_state("review"), label_for_state("pr-open")]}
-                intents.append(OutboxIntent(f"{key}:labels", number, "labels", labels, delivery_id))
+                intents.append(OutboxIntent(f"{key}:labels", number, "labels", labels, delivery_id, repo=rt.repo))
             evidence = {"action": "submit_review", "verdict": verdict, "reviewer": caller.login,
                         "review_id": review.id, "commit_id": review.commit_id, "pull": pull.number,
                         "review_lease": lease.lease_id, "author_lease": back.lease_id if back is not None else None,
@@ -409,7 +409,7 @@ async def _record_verdict(
                            if waiting else {})}
             body = render_evidence(key=key, summary=f"{caller.login}: {verdict} on PR #{pull.number}.", state=state,
                                    evidence=evidence)
-            intents.append(OutboxIntent(key, number, "comment", {"body": body}, delivery_id))
+            intents.append(OutboxIntent(key, number, "comment", {"body": body}, delivery_id, repo=rt.repo))
             if back_evidence is not None:  # every lease has its evidence comment, the author's handed-back one too
                 intents.append(back_evidence)
             for intent in intents:

@@ -20,7 +20,6 @@ from bot.core.verbs import PRECONDITION_LOCK, PRECONDITION_WORKTREE, VERBS, Verb
 from state.db import Database, utcnow
 from state.issues import IssueStore
 from state.leases import Lease, LeaseStore
-from state.outbox import acting_for
 
 log = logging.getLogger("foreman.verbs")
 
@@ -231,8 +230,7 @@ class VerbRuntime(Generic[G]):
         an ``unavailable`` envelope that carries no internals. The caller's identity is never an argument.
         """
         try:
-            with acting_for(self.settings.repo_key):  # its outbox entries are filed under its repository
-                return await self._call(verb_name, caller, arguments, delivery_id, options or CallOptions())
+            return await self._call(verb_name, caller, arguments, delivery_id, options or CallOptions())
         except Exception:
             log.exception("%s by %s failed unexpectedly", verb_name, caller.login)
             return refused(

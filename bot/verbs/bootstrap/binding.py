@@ -195,4 +195,4 @@ def evidence(run: Run, t: Transition, result: dict[str, Any]) -> OutboxIntent:
         state=state,
         evidence={"action": "bootstrap_issue_worktree", **result},
     )
-    return OutboxIntent(key, t.issue_number, "comment", {"body": body})
+    return OutboxIntent(key, t.issue_number, "comment", {"body": body}, repo=t.repo)

@@ -136,11 +136,12 @@ def failure_intents(run: Run, t: Transition, assignees: list[str], envelope: Env
     if released:
         target = "ready" if stale else "blocked"
         intents.append(OutboxIntent(f"{key}:labels", n, "labels",
-                                    {"add": [label_for_state(target)], "remove": [label_for_state("in-progress")]}))
+                                    {"add": [label_for_state(target)], "remove": [label_for_state("in-progress")]},
+                                    repo=t.repo))
         # Always, even when Gitea does not list the owner now: the allocation's assignment may still be queued
         # in the outbox, and this entry, queued after it, is sent after it.
         intents.append(OutboxIntent(f"{key}:assignees", n, "assignees",
-                                    {"assignees": [a for a in assignees if a.lower() != t.owner.lower()]}))
+                                    {"assignees": [a for a in assignees if a.lower() != t.owner.lower()]}, repo=t.repo))
         who, action = "controller", (f"controller: re-allocate #{n} (gitea_allocate_next_work)" if stale
                                      else f"controller: resolve the blocker on #{n}, then re-allocate it")
     else:
@@ -166,5 +167,5 @@ def failure_intents(run: Run, t: Transition, assignees: list[str], envelope: Env
         state=state,
         evidence={"action": "bootstrap_compensated", "refusal": envelope.to_dict(), "idempotency_key": key},
     )
-    intents.append(OutboxIntent(f"{key}:failure", t.issue_number, "comment", {"body": body}))
+    intents.append(OutboxIntent(f"{key}:failure", t.issue_number, "comment", {"body": body}, repo=t.repo))
     return intents

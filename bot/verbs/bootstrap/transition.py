@@ -21,7 +21,6 @@ from bot.verbs.bootstrap.run import Observed, Run
 from bot.verbs.bootstrap.steps import drive
 from state.journal import Transition
 from state.leases import Lease
-from state.outbox import acting_for
 
 
 async def bootstrap_issue_worktree(
@@ -58,8 +57,7 @@ async def bootstrap_issue_worktree(
                 "Wait for it to finish; a repeat of the same request then returns its result.",
                 call_again(issue_number, idempotency_key),
             ), idempotency_key)
-        with acting_for(ctx.repo):  # a bootstrap acts for its repository: its entries are filed under it
-            return await execute(Run.start(ctx, issue_number, caller), idempotency_key, expected_base)
+        return await execute(Run.start(ctx, issue_number, caller), idempotency_key, expected_base)
 
 
 async def replay_finished(

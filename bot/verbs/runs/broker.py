@@ -180,7 +180,7 @@ def run_evidence_intent(grant: Grant, state: RunState, decisions: Mapping[str, i
         state=None,
         evidence=evidence,
     )
-    return OutboxIntent(key, grant.issue_number, "comment", {"body": body})
+    return OutboxIntent(key, grant.issue_number, "comment", {"body": body}, repo=grant.repo)
 
 
 class Broker:
