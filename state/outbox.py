@@ -1,4 +1,7 @@
-"""The outbox: every Gitea mutation the bot intends, stored in the same transaction as its cause, then sent."""
+"""The outbox: every Gitea mutation the bot intends, stored in the same transaction as its cause, then sent.
+
+The intent itself (``OutboxIntent``, its kinds and its validation) is a pure value of the core
+(``bot.core.intents``); this module stores it and hands the names on, as every store's face does."""
 
 from __future__ import annotations
 
@@ -7,22 +10,21 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Literal
 
-from bot.core.evidence import find_marker
+from bot.core.intents import KINDS, OutboxInputError, OutboxIntent, OutboxKind
 from state.db import Database, from_row, note_commit, to_db_time, utcnow
 from state.sql import Connection, Row
 
-OutboxKind = Literal["comment", "edit_comment", "labels", "assignees"]
+__all__ = [
+    "KINDS", "OUTBOX_STATUSES", "OUTBOX_TOPIC", "OutboxEntry", "OutboxInputError", "OutboxIntent", "OutboxKind",
+    "OutboxRepositoryUnknown", "OutboxStatus", "OutboxStore", "cancel_issue_entries", "enqueue", "filing_repo",
+]
+
 OutboxStatus = Literal["pending", "sending", "done", "verification_failed", "parked"]
-KINDS: tuple[OutboxKind, ...] = ("comment", "edit_comment", "labels", "assignees")
 OUTBOX_STATUSES: tuple[OutboxStatus, ...] = ("pending", "sending", "done", "verification_failed", "parked")
 
 
 #: What a transaction that stored an outbox entry announces when it commits; the sender listens for it.
 OUTBOX_TOPIC = "outbox"
-
-
-class OutboxInputError(ValueError):
-    """An intent that cannot be sent as given (refused before it is stored)."""
 
 
 class OutboxRepositoryUnknown(OutboxInputError):
@@ -40,63 +42,6 @@ def filing_repo(intent: OutboxIntent, repo: str | None = None) -> str:
             "door, lease, transition or grant it comes from)"
         )
     return chosen
-
-
-@dataclass(frozen=True, slots=True)
-class OutboxIntent:
-    """What the bot wants Gitea to hold. Payloads by kind:
-
-    - ``comment``: ``{"body": str}`` (the body must carry the marker of ``key``)
-    - ``edit_comment``: ``{"comment_id": int, "body": str}``
-    - ``labels``: ``{"add": [names], "remove": [names]}``
-    - ``assignees``: ``{"assignees": [logins]}`` (the whole set)
-    """
-
-    key: str
-    issue_number: int
-    kind: OutboxKind
-    payload: dict[str, Any]
-    delivery_id: str | None = None
-    #: The repository (its repo key, ``owner/name`` in lower case) whose issue this is: the entry is filed under it
-    #: and sent with that repository's client.
-    repo: str = ""
-
-    def __post_init__(self) -> None:
-        problems = _validate(self)
-        if problems:
-            raise OutboxInputError(f"outbox intent {self.key!r}: {'; '.join(problems)}")
-
-
-def _names(value: Any) -> bool:
-    return isinstance(value, list) and all(isinstance(v, str) and v for v in value)
-
-
-def _validate(intent: OutboxIntent) -> list[str]:
-    problems: list[str] = []
-    if isinstance(intent.issue_number, bool) or not isinstance(intent.issue_number, int) or intent.issue_number < 1:
-        problems.append("issue_number must be a positive integer")
-    payload = intent.payload
-    if intent.kind in ("comment", "edit_comment"):
-        body = payload.get("body")
-        if not isinstance(body, str) or not body.strip():
-            problems.append("body must be a non-empty string")
-        elif find_marker(body) != intent.key:
-            problems.append("body must end with the marker of its idempotency key (bot.core.evidence.marker)")
-    if intent.kind == "edit_comment":
-        cid = payload.get("comment_id")
-        if isinstance(cid, bool) or not isinstance(cid, int) or cid < 1:
-            problems.append("comment_id must be a positive integer")
-    if intent.kind == "labels":
-        add, remove = payload.get("add", []), payload.get("remove", [])
-        if not _names(add) or not _names(remove) or not (add or remove):
-            problems.append("labels needs add and/or remove as lists of label names")
-        elif set(add) & set(remove):
-            problems.append("a label cannot be both added and removed")
-    if intent.kind == "assignees" and not _names(payload.get("assignees")):
-        problems.append("assignees must be a list of logins (empty list: unassign all)")
-    if intent.kind not in KINDS:
-        problems.append(f"kind must be one of {', '.join(KINDS)}")
-    return problems
 
 
 @dataclass(frozen=True, slots=True)

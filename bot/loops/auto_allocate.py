@@ -12,7 +12,7 @@ from bot.config import Settings
 from bot.core.allocator import AllocationRequest, SelectDecision, decide
 from bot.core.canonical import CanonicalState
 from bot.core.evidence import render_evidence
-from bot.core.vocabulary import label_for_state
+from bot.core.intents import StateChange
 from bot.gitea import GiteaError
 from bot.verbs.allocate import AllocationOutcome, Allocator, AllocatorGitea, author_pick
 from bot.verbs.bootstrap.preflight import PREFLIGHT_FAILED, Check
@@ -232,18 +232,15 @@ async def _maybe_block(db: Database, allocator: Allocator, outcome: AllocationOu
         validation="the bootstrap preflight ran before any lease; no lease row, branch or worktree was made",
         last_updated_by=allocator.bot_login or "foreman",
     )
-    body = render_evidence(
-        key=key,
+    change = StateChange(
+        repo=allocator.repo, issue_number=number, state=state, cause=delivery_id,
         summary=f"Not allocated: #{number} failed the bootstrap proof ({', '.join(sorted(failed))}).",
-        state=state,
         evidence={"action": "auto_allocate_proof_failed", "refusal": refusal.to_dict()},
+        comment_key=key, labels_key=f"{key}:labels", leaving=("ready",),
     )
-    blocked = label_for_state("blocked")
     async with db.transaction() as conn:
-        await enqueue(conn, OutboxIntent(f"{key}:labels", number, "labels",
-                                         {"add": [blocked], "remove": [label_for_state("ready")]}, delivery_id,
-                                         repo=allocator.repo))
-        await enqueue(conn, OutboxIntent(key, number, "comment", {"body": body}, delivery_id, repo=allocator.repo))
+        for intent in change.intents():
+            await enqueue(conn, intent)
     report.outbox = True
     return True
 

@@ -24,7 +24,7 @@ from bot.core.allocator import (
 from bot.core.authors import AuthorPick, author_loads, rank_authors
 from bot.core.canonical import CanonicalState
 from bot.core.errors import Envelope
-from bot.core.evidence import render_evidence
+from bot.core.intents import StateChange
 from bot.core.verbs import Verb
 from bot.core.vocabulary import label_for_state
 from bot.gitea import GiteaError, GiteaNotFound, Issue, IssueState, IssueType
@@ -365,20 +365,13 @@ class Allocator:
             validation="lease released in the same transaction as this comment; read back by foreman",
             last_updated_by=self.bot_login or "foreman",
         )
-        body = render_evidence(
-            key=key,
+        intents = StateChange(
+            repo=self.repo, issue_number=number, state=state, cause=call.delivery_id,
             summary=f"Released the lease of {lease.owner} on #{number}: the worktree could not be bootstrapped.",
-            state=state,
             evidence={"action": "release_unworkable_lease", "lease": lease.to_dict(), "refusal": refusal.to_dict()},
-        )
-        blocked, cause = label_for_state("blocked"), call.delivery_id
-        others = [label_for_state(s) for s in ("ready", "in-progress")]
-        intents = (
-            OutboxIntent(f"{key}:labels", number, "labels", {"add": [blocked], "remove": others}, cause,
-                         repo=self.repo),
-            OutboxIntent(f"{key}:assignee", number, "assignees", {"assignees": []}, cause, repo=self.repo),
-            OutboxIntent(key, number, "comment", {"body": body}, cause, repo=self.repo),
-        )
+            comment_key=key, labels_key=f"{key}:labels", leaving=("ready", "in-progress"),
+            assignees_key=f"{key}:assignee", assignees=(),
+        ).intents()
         async with self.db.transaction() as conn:
             reason = f"unworkable: {refusal.error}"
             await self.leases.release(conn, lease.lease_id, actor="foreman", reason=reason, now=now)
@@ -485,22 +478,13 @@ class Allocator:
             "delivery": call.delivery_id,
             "skipped": [s.to_dict() for s in decision.skipped][:20],
         }
-        body = render_evidence(
-            key=f"{key}:evidence",
-            summary=(
-                f"Leased #{number} to {lease.owner} for {lease.action} until {lease.expires_at:%Y-%m-%d %H:%M} UTC."
-            ),
-            state=state,
-            evidence=evidence,
-        )
-        ready, in_progress = label_for_state("ready"), label_for_state("in-progress")
-        cause = call.delivery_id
-        return (
-            OutboxIntent(f"{key}:labels", number, "labels", {"add": [in_progress], "remove": [ready]}, cause,
-                         repo=lease.repo),
-            OutboxIntent(f"{key}:assignee", number, "assignees", {"assignees": [lease.owner]}, cause, repo=lease.repo),
-            OutboxIntent(f"{key}:evidence", number, "comment", {"body": body}, cause, repo=lease.repo),
-        )
+        return StateChange(
+            repo=lease.repo, issue_number=number, state=state, cause=call.delivery_id, evidence=evidence,
+            summary=f"Leased #{number} to {lease.owner} for {lease.action} until "
+            f"{lease.expires_at:%Y-%m-%d %H:%M} UTC.",
+            comment_key=f"{key}:evidence", labels_key=f"{key}:labels", leaving=("ready",),
+            assignees_key=f"{key}:assignee", assignees=(lease.owner,),
+        ).intents()
 
 
 #: Preflight checks whose failure means Gitea or its git remote could not answer now (retry), not the issue.

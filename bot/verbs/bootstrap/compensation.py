@@ -11,8 +11,7 @@ from bot import gitops
 from bot.core.bootstrap import Blocked, BlockReason, UndoPlan
 from bot.core.canonical import CanonicalState
 from bot.core.errors import Envelope
-from bot.core.evidence import render_evidence
-from bot.core.vocabulary import label_for_state
+from bot.core.intents import StateChange
 from bot.gitea import GiteaError
 from bot.verbs.bootstrap.context import BootstrapResult
 from bot.verbs.bootstrap.faults import FAULT_PHASE_ENV, crash_seam
@@ -131,17 +130,9 @@ def failure_intents(run: Run, t: Transition, assignees: list[str], envelope: Env
     """The Gitea side of a compensation, in order: with the lease released, the status label and the
     assignee follow it back (ready after a stale pin, else blocked); always, a failure evidence comment."""
     key, n = t.key, t.issue_number
-    intents: list[OutboxIntent] = []
     message = " ".join(envelope.message.split())[:300]
     if released:
         target = "ready" if stale else "blocked"
-        intents.append(OutboxIntent(f"{key}:labels", n, "labels",
-                                    {"add": [label_for_state(target)], "remove": [label_for_state("in-progress")]},
-                                    repo=t.repo))
-        # Always, even when Gitea does not list the owner now: the allocation's assignment may still be queued
-        # in the outbox, and this entry, queued after it, is sent after it.
-        intents.append(OutboxIntent(f"{key}:assignees", n, "assignees",
-                                    {"assignees": [a for a in assignees if a.lower() != t.owner.lower()]}, repo=t.repo))
         who, action = "controller", (f"controller: re-allocate #{n} (gitea_allocate_next_work)" if stale
                                      else f"controller: resolve the blocker on #{n}, then re-allocate it")
     else:
@@ -161,11 +152,14 @@ def failure_intents(run: Run, t: Transition, assignees: list[str], envelope: Env
         + ("; the lease release is recorded" if released else "; the lease is kept"),
         last_updated_by=run.ctx.bot_login,
     )
-    body = render_evidence(
-        key=f"{key}:failure",
+    # With the lease released the label and the assignee follow it back: the assignees always, even when Gitea does
+    # not list the owner now (the allocation's assignment may still be queued in the outbox, and this entry, queued
+    # after it, is sent after it).
+    return list(StateChange(
+        repo=t.repo, issue_number=n, state=state,
         summary=f"The worktree bootstrap of #{t.issue_number} for {t.owner} failed: {envelope.message}",
-        state=state,
         evidence={"action": "bootstrap_compensated", "refusal": envelope.to_dict(), "idempotency_key": key},
-    )
-    intents.append(OutboxIntent(f"{key}:failure", t.issue_number, "comment", {"body": body}, repo=t.repo))
-    return intents
+        comment_key=f"{key}:failure", labels_key=f"{key}:labels" if released else None, leaving=("in-progress",),
+        assignees_key=f"{key}:assignees" if released else None,
+        assignees=[a for a in assignees if a.lower() != t.owner.lower()],
+    ).intents())
