@@ -186,11 +186,24 @@ def forget_instants() -> None:
     _INSTANTS.clear()
 
 
-#: One validated candidate as the decision reads it: ``(issue_number, title, label set index, created_at,
-#: created_at as UTC microseconds, depends_on, ready, barred_owners, duplicate, plain)``. ``plain`` is True when
-#: nothing but the issue's number and labels can hold it back (no dependencies, ready, nobody barred, no duplicate
-#: finding). Plain tuples: one C-level allocation each, where a frozen dataclass costs about a microsecond.
+#: One validated candidate as the decision reads it, read by the field names below (``row[NUMBER]``): a plain
+#: tuple, one C-level allocation, where a frozen dataclass costs about a microsecond. Not a named tuple: building
+#: one (its ``__new__``, or ``tuple.__new__``) costs about five times a tuple display, reading a field by name about
+#: eight times an index, and unpacking or indexing it misses the interpreter's exact-tuple fast paths; together
+#: about a tenth more per decision (measured paired on bench/allocate.py's inputs, 10k candidates).
 Row = tuple[int, str | None, int, datetime | None, int | None, tuple[int, ...], bool, tuple[str, ...], str | None, bool]
+NUMBER: Final = 0  # the issue number
+TITLE: Final = 1
+LABEL_SET: Final = 2  # the index of its labels in LabelSets.sets
+CREATED_AT: Final = 3
+CREATED_MICROS: Final = 4  # created_at as UTC microseconds (the rank's and the fingerprint's key), or None
+DEPENDS_ON: Final = 5
+READY: Final = 6
+BARRED_OWNERS: Final = 7
+DUPLICATE: Final = 8  # the duplicate-work finding, or None
+#: True when nothing but the issue's number and labels can hold it back (no dependencies, ready, nobody barred, no
+#: duplicate finding).
+PLAIN: Final = 9
 
 
 class LabelSets:
@@ -474,9 +487,13 @@ def normalize_candidates(raw: object) -> list[Candidate]:
     or repeated keys, and duplicate issue numbers. ``null`` for an optional field means omitted.
     """
     rows, label_sets = normalize_rows(raw)
-    sets = label_sets.sets
-    return [new_candidate(number, title, sets[k], when, deps, ready, barred, duplicate)
-            for number, title, k, when, _micros, deps, ready, barred, duplicate, _plain in rows]
+    return [row_candidate(row, label_sets.sets) for row in rows]
+
+
+def row_candidate(row: Row, sets: Sequence[tuple[str, ...]]) -> Candidate:
+    """The :class:`Candidate` of a row (``sets``: the label sets its ``LABEL_SET`` indexes)."""
+    return new_candidate(row[NUMBER], row[TITLE], sets[row[LABEL_SET]], row[CREATED_AT], row[DEPENDS_ON], row[READY],
+                         row[BARRED_OWNERS], row[DUPLICATE])
 
 
 def normalize_rows(raw: object) -> tuple[list[Row], LabelSets]:
@@ -520,7 +537,7 @@ def normalize_rows(raw: object) -> tuple[list[Row], LabelSets]:
             if candidate is None:
                 continue
             row = _row_of(candidate, label_sets)
-        number = row[0]
+        number = row[NUMBER]
         if number in first_index:
             problems.append(
                 InputProblem(input=name, index=index, field="issue_number", issue_number=number,
@@ -535,7 +552,7 @@ def normalize_rows(raw: object) -> tuple[list[Row], LabelSets]:
     return rows, label_sets
 
 
-_issue_number_of = itemgetter(0)
+_issue_number_of = itemgetter(NUMBER)
 
 
 def normalize_exclusions(raw: object) -> frozenset[int]:

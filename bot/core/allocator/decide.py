@@ -5,12 +5,27 @@ from __future__ import annotations
 import gc
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 from itertools import count, repeat
 from operator import itemgetter
-from typing import Any, Final
+from typing import Any, Final, NamedTuple
 
-from bot.core.allocator.candidates import LabelSets, Row, normalize_exclusions, normalize_rows
+from bot.core.allocator.candidates import (
+    BARRED_OWNERS,
+    CREATED_AT,
+    CREATED_MICROS,
+    DEPENDS_ON,
+    DUPLICATE,
+    LABEL_SET,
+    NUMBER,
+    PLAIN,
+    READY,
+    LabelSets,
+    Row,
+    normalize_exclusions,
+    normalize_rows,
+    row_candidate,
+)
 from bot.core.allocator.decisions import (
     AllocationDecision,
     BlockedDecision,
@@ -34,7 +49,6 @@ from bot.core.allocator.records import (
     WaitReason,
     exclusions_view,
     input_envelope,
-    new_candidate,
     new_skipped,
     require_aware,
 )
@@ -84,8 +98,8 @@ _POSITION_BITS: Final[int] = 63
 _WHEN_BITS: Final[int] = 64
 _WHEN_SHIFT: Final[int] = 2**62
 _POSITION_MASK: Final[int] = (1 << _POSITION_BITS) - 1
-_issue_number = itemgetter(0)
-_created_at = itemgetter(3)
+_issue_number = itemgetter(NUMBER)
+_created_at = itemgetter(CREATED_AT)
 
 
 def _rank(
@@ -103,8 +117,8 @@ def _rank(
     dated = [(p << 1) << _WHEN_BITS for p in set_priority]
     undated = [(p << 1 | 1) << _WHEN_BITS << _POSITION_BITS for p in set_priority]
     keys = [
-        undated[row[2]] | i if (micros := row[4]) is None
-        else (dated[row[2]] | (micros + _WHEN_SHIFT)) << _POSITION_BITS | i
+        undated[row[LABEL_SET]] | i if (micros := row[CREATED_MICROS]) is None
+        else (dated[row[LABEL_SET]] | (micros + _WHEN_SHIFT)) << _POSITION_BITS | i
         for i, row in enumerate(eligible)
     ]
     keys.sort()
@@ -115,7 +129,7 @@ def _rank(
     priority_labels = map(labels_by_rank.__getitem__, map(int.__rshift__, keys, repeat(priority_shift)))
     owned_ids: Iterable[str | None] = repeat(None)
     if owned:
-        owned_ids = [None if (lease := owned.get(row[0])) is None else lease.lease_id for row in ordered]
+        owned_ids = [None if (lease := owned.get(row[NUMBER])) is None else lease.lease_id for row in ordered]
     ranked: tuple[RankedCandidate, ...] = tuple(map(
         tuple.__new__, repeat(RankedCandidate),
         zip(count(1), map(_issue_number, ordered), priority_labels, map(_created_at, ordered), owned_ids),
@@ -156,6 +170,36 @@ def _decide(
     leases: Sequence[LiveLease],
     now: datetime,
 ) -> AllocationDecision:
+    """:func:`decide`'s steps: validate, each lease's state, the fingerprint, screen, rank, then the outcome."""
+    inputs = _normalized(request, policy)
+    if isinstance(inputs, InvalidDecision):
+        return inputs
+    held = _lease_states(leases, request.owner, inputs.numbers, policy.lease_grace, now)
+    common = _common(inputs, held.rows)
+    screened = _screen(inputs, held)
+    blockers = _blockers(inputs, held.own_live, screened.own_rows)
+    ranked_rows, ranked = _rank(screened.eligible, _set_priorities(inputs.sets, policy), screened.owned, policy)
+    common["ranked"] = ranked
+    common["skipped"] = tuple(screened.skipped)
+    if blockers:
+        return BlockedDecision(**common, blockers=tuple(blockers), envelope=_blocked_envelope(blockers))
+    return _outcome(inputs, common, ranked_rows, screened, held)
+
+
+class _Inputs(NamedTuple):
+    """One decision's validated inputs: the caller's exclusions, the candidate rows in issue number order, the label
+    sets they index and their issue numbers."""
+
+    request: AllocationRequest
+    policy: RankingPolicy
+    caller: frozenset[int]
+    rows: list[Row]
+    sets: list[tuple[str, ...]]
+    numbers: set[int]
+
+
+def _normalized(request: AllocationRequest, policy: RankingPolicy) -> InvalidDecision | _Inputs:
+    """The request validated; every problem of it at once when it is not."""
     caller_raw_problems: list[InputProblem] = []
     caller: frozenset[int] = frozenset()
     try:
@@ -174,23 +218,32 @@ def _decide(
         )
     if caller_raw_problems:
         return _invalid(caller_raw_problems, policy, caller)
+    return _Inputs(request, policy, caller, rows, label_sets.sets, {row[NUMBER] for row in rows})
 
-    owner = request.owner
-    sets = label_sets.sets
-    numbers = {row[0] for row in rows}
-    # What the policy makes of each distinct label set, once: its priority index, whether it is protected, and
-    # its labels that the fingerprint reads.
+
+def _set_priorities(sets: Sequence[tuple[str, ...]], policy: RankingPolicy) -> list[int]:
+    """Each distinct label set's priority index, once: the policy's order, ``len(priority_labels)`` when none."""
     prio = {label: i for i, label in enumerate(policy.priority_labels)}
-    set_priority = [min([prio[label] for label in labels if label in prio], default=len(prio)) for labels in sets]
-    protected_labels = policy.protected_labels
-    set_protected = [bool(protected_labels) and not protected_labels.isdisjoint(labels) for labels in sets]
+    return [min([prio[label] for label in labels if label in prio], default=len(prio)) for labels in sets]
 
-    # Each lease's state once (fingerprint.lease_state, inlined), for the decision and for the fingerprint.
+
+class _LeaseStates(NamedTuple):
+    """Each lease's state once (fingerprint.lease_state, inlined), for the decision and for the fingerprint."""
+
+    own_live: dict[int, list[LiveLease]]
+    foreign_live: dict[int, list[LiveLease]]
+    foreign_grace: dict[int, list[LiveLease]]
+    #: Those on a candidate or held by the owner, as the fingerprint's ``leases`` part reads them.
+    rows: list[LeaseRow]
+
+
+def _lease_states(
+    leases: Sequence[LiveLease], owner: str, numbers: set[int], grace: timedelta, now: datetime
+) -> _LeaseStates:
     own_live: dict[int, list[LiveLease]] = {}
     foreign_live: dict[int, list[LiveLease]] = {}
     foreign_grace: dict[int, list[LiveLease]] = {}
     lease_rows: list[LeaseRow] = []
-    grace = policy.lease_grace
     for lease in leases:
         login, expires = lease.owner, lease.expires_at
         if expires > now:
@@ -206,24 +259,48 @@ def _decide(
             foreign_grace.setdefault(number, []).append(lease)
         else:
             (own_live if login == owner else foreign_live).setdefault(number, []).append(lease)
+    return _LeaseStates(own_live, foreign_live, foreign_grace, lease_rows)
 
-    dependencies = {d for row in rows if not row[9] and row[5] for d in row[5]}
+
+def _common(inputs: _Inputs, lease_rows: list[LeaseRow]) -> dict[str, Any]:
+    """What every decision kind carries: the fingerprint and its parts, how many were considered, the exclusions."""
+    request, policy, caller, rows, sets, numbers = inputs
+    dependencies = {d for row in rows if not row[PLAIN] and row[DEPENDS_ON] for d in row[DEPENDS_ON]}
     fingerprint, parts = decision_fingerprint(
-        owner, rows, relevant_label_texts(sets, frozenset(policy.priority_labels) | protected_labels), numbers,
-        dependencies, caller, request.open_issue_numbers, policy, lease_rows,
+        request.owner, rows, relevant_label_texts(sets, frozenset(policy.priority_labels) | policy.protected_labels),
+        numbers, dependencies, caller, request.open_issue_numbers, policy, lease_rows,
     )
-    common: dict[str, Any] = {
+    return {
         "fingerprint": fingerprint,
         "fingerprint_parts": parts,
         "considered": len(rows),
         "exclusions": exclusions_view(caller, policy),
     }
 
-    def first(found: list[LiveLease]) -> LiveLease:
-        return min(found, key=lambda lease: (lease.owner, lease.lease_id))
 
-    # A candidate that is none of these, plain (no dependencies, ready, nobody barred, no duplicate finding) and
-    # without a protected label is eligible as it stands; every other one takes the checks in their order.
+def _first(found: list[LiveLease]) -> LiveLease:
+    return min(found, key=lambda lease: (lease.owner, lease.lease_id))
+
+
+class _Screened(NamedTuple):
+    """The candidates that passed the checks (in issue number order) and those skipped, with the owner's resumable
+    leases by issue and the rows of the issues the owner holds a live lease on."""
+
+    eligible: list[Row]
+    skipped: list[Skipped]
+    owned: dict[int, LiveLease]
+    own_rows: dict[int, Row]
+
+
+def _screen(inputs: _Inputs, held: _LeaseStates) -> _Screened:
+    """Every candidate through the checks, in their order; the first that holds it back skips it."""
+    request, policy, caller, rows, sets, numbers = inputs
+    owner = request.owner
+    own_live, foreign_live, foreign_grace = held.own_live, held.foreign_live, held.foreign_grace
+    protected_labels = policy.protected_labels
+    set_protected = [bool(protected_labels) and not protected_labels.isdisjoint(labels) for labels in sets]
+    # A candidate that is none of these, plain and without a protected label is eligible as it stands; every other
+    # one takes the checks in their order.
     attention = caller | policy.protected_issue_numbers | own_live.keys() | foreign_live.keys() | foreign_grace.keys()
     open_numbers = request.open_issue_numbers | numbers
     skipped: list[Skipped] = []
@@ -233,12 +310,12 @@ def _decide(
     owned: dict[int, LiveLease] = {}
     own_rows: dict[int, Row] = {}
     for row in rows:
-        number = row[0]
-        if row[9] and number not in attention and not set_protected[row[2]]:
+        number = row[NUMBER]
+        if row[PLAIN] and number not in attention and not set_protected[row[LABEL_SET]]:
             keep(row)
             continue
-        excluded = _exclusion_reason(number, sets[row[2]], caller, policy)
-        barred = row[7]
+        excluded = _exclusion_reason(number, sets[row[LABEL_SET]], caller, policy)
+        barred = row[BARRED_OWNERS]
         if number in own_live:
             own_rows[number] = row
         if excluded is not None:
@@ -247,70 +324,71 @@ def _decide(
             skip(new_skipped(number, "self_review",
                              f"{owner} wrote or implemented #{number}'s pull request and cannot review it"))
         elif number in foreign_live:
-            holder = first(foreign_live[number])
+            holder = _first(foreign_live[number])
             skip(new_skipped(number, "foreign_claim",
                              f"#{number} is leased to {holder.owner} (lease {holder.lease_id})"))
         elif number in own_live and not request.resume_own:
             skip(new_skipped(number, "own_claim", f"#{number} is already leased to {owner}"))
         elif number in own_live:
-            owned[number] = first(own_live[number])
+            owned[number] = _first(own_live[number])
             keep(row)
-        elif row[8] is not None:
-            skip(new_skipped(number, "duplicate_work", f"#{number}: {row[8]}"))
+        elif row[DUPLICATE] is not None:
+            skip(new_skipped(number, "duplicate_work", f"#{number}: {row[DUPLICATE]}"))
         elif number in foreign_grace:
-            holder = first(foreign_grace[number])
+            holder = _first(foreign_grace[number])
             skip(
                 new_skipped(number, "lease_grace",
                             f"#{number}: lease {holder.lease_id} of {holder.owner} expired at "
                             f"{holder.expires_at.isoformat()}, reclaimable after the {policy.lease_grace} grace")
             )
-        elif not row[6]:
+        elif not row[READY]:
             skip(new_skipped(number, "not_ready", f"#{number} is not marked status:ready"))
-        elif row[5] and not open_numbers.isdisjoint(row[5]):
-            held_by = sorted(d for d in row[5] if d in open_numbers)
+        elif row[DEPENDS_ON] and not open_numbers.isdisjoint(row[DEPENDS_ON]):
+            held_by = sorted(d for d in row[DEPENDS_ON] if d in open_numbers)
             skip(
                 new_skipped(number, "dependency_open",
                             f"#{number} depends on open issue(s) {', '.join(f'#{d}' for d in held_by)}")
             )
         else:
             keep(row)
+    return _Screened(eligible, skipped, owned, own_rows)
 
-    # Own live leases on excluded issues, candidates or not: they would be stranded (AC5).
+
+def _blockers(inputs: _Inputs, own_live: dict[int, list[LiveLease]], own_rows: dict[int, Row]) -> list[Blocker]:
+    """Own live leases on excluded issues, candidates or not: they would be stranded (AC5)."""
+    request, policy, caller, _rows, sets, _numbers = inputs
     blockers: list[Blocker] = []
     for number, held in sorted(own_live.items() if request.resume_own else ()):
         own_row = own_rows.get(number)
-        excluded = _exclusion_reason(number, sets[own_row[2]] if own_row else (), caller, policy)
+        excluded = _exclusion_reason(number, sets[own_row[LABEL_SET]] if own_row else (), caller, policy)
         if excluded is not None:
             blockers.append(
-                Blocker(issue_number=number, reason="excluded_owned_lease", lease=first(held), excluded_as=excluded[0])
+                Blocker(issue_number=number, reason="excluded_owned_lease", lease=_first(held), excluded_as=excluded[0])
             )
+    return blockers
 
-    ranked_rows, ranked = _rank(eligible, set_priority, owned, policy)
-    common["ranked"] = ranked
-    common["skipped"] = tuple(skipped)
 
-    if blockers:
-        return BlockedDecision(**common, blockers=tuple(blockers), envelope=_blocked_envelope(blockers))
-
-    resumable = [owned[row[0]] for row in ranked_rows if row[0] in owned] if owned else []
+def _outcome(
+    inputs: _Inputs, common: dict[str, Any], ranked_rows: list[Row], screened: _Screened, held: _LeaseStates
+) -> AllocationDecision:
+    """Resume the owner's own work, else select the top of the ranking, else wait, saying why."""
+    request, _policy, _caller, rows, sets, numbers = inputs
+    owned = screened.owned
+    resumable = [owned[row[NUMBER]] for row in ranked_rows if row[NUMBER] in owned] if owned else []
     if not resumable and request.resume_own:
         # The owner's live lease on an issue outside the candidate set is still its current work.
         resumable = [
-            first(held) for number, held in sorted(own_live.items())
-            if number not in numbers and number not in foreign_live
+            _first(own) for number, own in sorted(held.own_live.items())
+            if number not in numbers and number not in held.foreign_live
         ]
     if resumable:
         return ResumeDecision(**common, lease=resumable[0])
-
     if ranked_rows:
-        number, title, k, when, _micros, deps, ready, barred, duplicate, _plain = ranked_rows[0]
-        top = new_candidate(number, title, sets[k], when, deps, ready, barred, duplicate)
-        return SelectDecision(**common, candidate=top)
-
+        return SelectDecision(**common, candidate=row_candidate(ranked_rows[0], sets))
     wait_reason: WaitReason
     if not rows:
         wait_reason = "no_candidates"
-    elif all(s.reason in EXCLUSION_REASONS for s in skipped):
+    elif all(s.reason in EXCLUSION_REASONS for s in screened.skipped):
         wait_reason = "all_excluded"
     else:
         wait_reason = "none_eligible"
