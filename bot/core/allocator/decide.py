@@ -8,6 +8,8 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
+# The decision kinds by their module (decisions.SelectDecision): the package's __init__ lists them for its callers.
+import bot.core.allocator.decisions as decisions
 from bot.core.allocator.candidates import (
     DEPENDS_ON,
     NUMBER,
@@ -17,14 +19,6 @@ from bot.core.allocator.candidates import (
     normalize_exclusions,
     normalize_rows,
     row_candidate,
-)
-from bot.core.allocator.decisions import (
-    AllocationDecision,
-    BlockedDecision,
-    InvalidDecision,
-    ResumeDecision,
-    SelectDecision,
-    WaitDecision,
 )
 from bot.core.allocator.fingerprint import LeaseRow, decision_fingerprint, relevant_label_texts
 from bot.core.allocator.records import (
@@ -42,22 +36,24 @@ from bot.core.allocator.records import (
     require_aware,
 )
 from bot.core.allocator.screen import (
-    _blockers,
-    _first,
-    _Inputs,
-    _lease_states,
-    _LeaseStates,
-    _rank,
-    _screen,
-    _Screened,
-    _set_priorities,
+    Inputs,
+    LeaseStates,
+    Screened,
+    blockers_of,
+    first_lease,
+    lease_states,
+    rank,
+    screen,
+    set_priorities,
 )
 from bot.core.errors import Envelope
 
 _HEX64 = re.compile(r"[0-9a-f]{64}", re.ASCII)
 
 
-def _invalid(problems: Sequence[InputProblem], policy: RankingPolicy, caller: frozenset[int]) -> InvalidDecision:
+def _invalid(
+    problems: Sequence[InputProblem], policy: RankingPolicy, caller: frozenset[int]
+) -> decisions.InvalidDecision:
     skipped: list[Skipped] = []
     seen: set[int | None] = set()
     for p in problems:
@@ -65,7 +61,7 @@ def _invalid(problems: Sequence[InputProblem], policy: RankingPolicy, caller: fr
             continue
         seen.add(p.index)
         skipped.append(Skipped(p.issue_number, "invalid_candidate", p.describe()))
-    return InvalidDecision(
+    return decisions.InvalidDecision(
         fingerprint=None,
         fingerprint_parts={},
         considered=0,
@@ -81,7 +77,7 @@ def decide(
     policy: RankingPolicy,
     leases: Sequence[LiveLease],
     now: datetime,
-) -> AllocationDecision:
+) -> decisions.AllocationDecision:
     """Decide what ``request.owner`` should work on next; pure and deterministic.
 
     The result does not depend on the order of candidates, exclusions or leases. ``leases`` is the
@@ -108,24 +104,24 @@ def _decide(
     policy: RankingPolicy,
     leases: Sequence[LiveLease],
     now: datetime,
-) -> AllocationDecision:
+) -> decisions.AllocationDecision:
     """:func:`decide`'s steps: validate, each lease's state, the fingerprint, screen, rank, then the outcome."""
     inputs = _normalized(request, policy)
-    if isinstance(inputs, InvalidDecision):
+    if isinstance(inputs, decisions.InvalidDecision):
         return inputs
-    held = _lease_states(leases, request.owner, inputs.numbers, policy.lease_grace, now)
+    held = lease_states(leases, request.owner, inputs.numbers, policy.lease_grace, now)
     common = _common(inputs, held.rows)
-    screened = _screen(inputs, held)
-    blockers = _blockers(inputs, held.own_live, screened.own_rows)
-    ranked_rows, ranked = _rank(screened.eligible, _set_priorities(inputs.sets, policy), screened.owned, policy)
+    screened = screen(inputs, held)
+    blockers = blockers_of(inputs, held.own_live, screened.own_rows)
+    ranked_rows, ranked = rank(screened.eligible, set_priorities(inputs.sets, policy), screened.owned, policy)
     common["ranked"] = ranked
     common["skipped"] = tuple(screened.skipped)
     if blockers:
-        return BlockedDecision(**common, blockers=tuple(blockers), envelope=_blocked_envelope(blockers))
+        return decisions.BlockedDecision(**common, blockers=tuple(blockers), envelope=_blocked_envelope(blockers))
     return _outcome(inputs, common, ranked_rows, screened, held)
 
 
-def _normalized(request: AllocationRequest, policy: RankingPolicy) -> InvalidDecision | _Inputs:
+def _normalized(request: AllocationRequest, policy: RankingPolicy) -> decisions.InvalidDecision | Inputs:
     """The request validated; every problem of it at once when it is not."""
     caller_raw_problems: list[InputProblem] = []
     caller: frozenset[int] = frozenset()
@@ -145,10 +141,10 @@ def _normalized(request: AllocationRequest, policy: RankingPolicy) -> InvalidDec
         )
     if caller_raw_problems:
         return _invalid(caller_raw_problems, policy, caller)
-    return _Inputs(request, policy, caller, rows, label_sets.sets, {row[NUMBER] for row in rows})
+    return Inputs(request, policy, caller, rows, label_sets.sets, {row[NUMBER] for row in rows})
 
 
-def _common(inputs: _Inputs, lease_rows: list[LeaseRow]) -> dict[str, Any]:
+def _common(inputs: Inputs, lease_rows: list[LeaseRow]) -> dict[str, Any]:
     """What every decision kind carries: the fingerprint and its parts, how many were considered, the exclusions."""
     request, policy, caller, rows, sets, numbers = inputs
     dependencies = {d for row in rows if not row[PLAIN] and row[DEPENDS_ON] for d in row[DEPENDS_ON]}
@@ -165,8 +161,8 @@ def _common(inputs: _Inputs, lease_rows: list[LeaseRow]) -> dict[str, Any]:
 
 
 def _outcome(
-    inputs: _Inputs, common: dict[str, Any], ranked_rows: list[Row], screened: _Screened, held: _LeaseStates
-) -> AllocationDecision:
+    inputs: Inputs, common: dict[str, Any], ranked_rows: list[Row], screened: Screened, held: LeaseStates
+) -> decisions.AllocationDecision:
     """Resume the owner's own work, else select the top of the ranking, else wait, saying why."""
     request, _policy, _caller, rows, sets, numbers = inputs
     owned = screened.owned
@@ -174,13 +170,13 @@ def _outcome(
     if not resumable and request.resume_own:
         # The owner's live lease on an issue outside the candidate set is still its current work.
         resumable = [
-            _first(own) for number, own in sorted(held.own_live.items())
+            first_lease(own) for number, own in sorted(held.own_live.items())
             if number not in numbers and number not in held.foreign_live
         ]
     if resumable:
-        return ResumeDecision(**common, lease=resumable[0])
+        return decisions.ResumeDecision(**common, lease=resumable[0])
     if ranked_rows:
-        return SelectDecision(**common, candidate=row_candidate(ranked_rows[0], sets))
+        return decisions.SelectDecision(**common, candidate=row_candidate(ranked_rows[0], sets))
     wait_reason: WaitReason
     if not rows:
         wait_reason = "no_candidates"
@@ -188,7 +184,7 @@ def _outcome(
         wait_reason = "all_excluded"
     else:
         wait_reason = "none_eligible"
-    return WaitDecision(**common, wait_reason=wait_reason)
+    return decisions.WaitDecision(**common, wait_reason=wait_reason)
 
 
 def _blocked_envelope(blockers: Sequence[Blocker]) -> Envelope:
@@ -214,7 +210,7 @@ def _blocked_envelope(blockers: Sequence[Blocker]) -> Envelope:
 
 def check_apply(
     expected_fingerprint: str | None,
-    fresh: AllocationDecision,
+    fresh: decisions.AllocationDecision,
     *,
     expected_parts: Mapping[str, str] | None = None,
 ) -> Envelope | None:
@@ -228,7 +224,7 @@ def check_apply(
     fingerprints existed) and only an invalid ``fresh`` is refused. ``wait`` and ``blocked`` are not
     drift: the caller renders them as they are and leases nothing.
     """
-    if isinstance(fresh, InvalidDecision):
+    if isinstance(fresh, decisions.InvalidDecision):
         return fresh.envelope
     if expected_fingerprint is None:
         return None

@@ -33,7 +33,60 @@ from bot.core.allocator.records import (
 )
 
 
-def _exclusion_reason(
+class Inputs(NamedTuple):
+    """One decision's validated inputs: the caller's exclusions, the candidate rows in issue number order, the label
+    sets they index and their issue numbers."""
+
+    request: AllocationRequest
+    policy: RankingPolicy
+    caller: frozenset[int]
+    rows: list[Row]
+    sets: list[tuple[str, ...]]
+    numbers: set[int]
+
+
+def set_priorities(sets: Sequence[tuple[str, ...]], policy: RankingPolicy) -> list[int]:
+    """Each distinct label set's priority index, once: the policy's order, ``len(priority_labels)`` when none."""
+    prio = {label: i for i, label in enumerate(policy.priority_labels)}
+    return [min([prio[label] for label in labels if label in prio], default=len(prio)) for labels in sets]
+
+
+class LeaseStates(NamedTuple):
+    """Each lease's state once (fingerprint.lease_state, inlined), for the decision and for the fingerprint."""
+
+    own_live: dict[int, list[LiveLease]]
+    foreign_live: dict[int, list[LiveLease]]
+    foreign_grace: dict[int, list[LiveLease]]
+    #: Those on a candidate or held by the owner, as the fingerprint's ``leases`` part reads them.
+    rows: list[LeaseRow]
+
+
+def lease_states(
+    leases: Sequence[LiveLease], owner: str, numbers: set[int], grace: timedelta, now: datetime
+) -> LeaseStates:
+    own_live: dict[int, list[LiveLease]] = {}
+    foreign_live: dict[int, list[LiveLease]] = {}
+    foreign_grace: dict[int, list[LiveLease]] = {}
+    lease_rows: list[LeaseRow] = []
+    for lease in leases:
+        login, expires = lease.owner, lease.expires_at
+        if expires > now:
+            state = "live"
+        elif login != owner and now < expires + grace:
+            state = "grace"
+        else:
+            continue
+        number = lease.issue_number
+        if number in numbers or login == owner:
+            lease_rows.append((number, login, lease.lease_id, lease.role, state))
+        if state == "grace":
+            foreign_grace.setdefault(number, []).append(lease)
+        else:
+            (own_live if login == owner else foreign_live).setdefault(number, []).append(lease)
+    return LeaseStates(own_live, foreign_live, foreign_grace, lease_rows)
+
+
+def exclusion_reason(
     number: int, labels: Iterable[str], caller: frozenset[int], policy: RankingPolicy
 ) -> tuple[SkipReason, str] | None:
     if number in caller:
@@ -44,6 +97,95 @@ def _exclusion_reason(
     if protected:
         return "protected_label", f"#{number} carries protected label(s) {', '.join(protected)}"
     return None
+
+
+def first_lease(found: list[LiveLease]) -> LiveLease:
+    return min(found, key=lambda lease: (lease.owner, lease.lease_id))
+
+
+class Screened(NamedTuple):
+    """The candidates that passed the checks (in issue number order) and those skipped, with the owner's resumable
+    leases by issue and the rows of the issues the owner holds a live lease on."""
+
+    eligible: list[Row]
+    skipped: list[Skipped]
+    owned: dict[int, LiveLease]
+    own_rows: dict[int, Row]
+
+
+def screen(inputs: Inputs, held: LeaseStates) -> Screened:
+    """Every candidate through the checks, in their order; the first that holds it back skips it."""
+    request, policy, caller, rows, sets, numbers = inputs
+    owner = request.owner
+    own_live, foreign_live, foreign_grace = held.own_live, held.foreign_live, held.foreign_grace
+    protected_labels = policy.protected_labels
+    set_protected = [bool(protected_labels) and not protected_labels.isdisjoint(labels) for labels in sets]
+    # A candidate that is none of these, plain and without a protected label is eligible as it stands; every other
+    # one takes the checks in their order.
+    attention = caller | policy.protected_issue_numbers | own_live.keys() | foreign_live.keys() | foreign_grace.keys()
+    open_numbers = request.open_issue_numbers | numbers
+    skipped: list[Skipped] = []
+    skip = skipped.append
+    eligible: list[Row] = []
+    keep = eligible.append
+    owned: dict[int, LiveLease] = {}
+    own_rows: dict[int, Row] = {}
+    for row in rows:
+        number = row[NUMBER]
+        if row[PLAIN] and number not in attention and not set_protected[row[LABEL_SET]]:
+            keep(row)
+            continue
+        excluded = exclusion_reason(number, sets[row[LABEL_SET]], caller, policy)
+        barred = row[BARRED_OWNERS]
+        if number in own_live:
+            own_rows[number] = row
+        if excluded is not None:
+            skip(new_skipped(number, *excluded))
+        elif barred and owner in barred:
+            skip(new_skipped(number, "self_review",
+                             f"{owner} wrote or implemented #{number}'s pull request and cannot review it"))
+        elif number in foreign_live:
+            holder = first_lease(foreign_live[number])
+            skip(new_skipped(number, "foreign_claim",
+                             f"#{number} is leased to {holder.owner} (lease {holder.lease_id})"))
+        elif number in own_live and not request.resume_own:
+            skip(new_skipped(number, "own_claim", f"#{number} is already leased to {owner}"))
+        elif number in own_live:
+            owned[number] = first_lease(own_live[number])
+            keep(row)
+        elif row[DUPLICATE] is not None:
+            skip(new_skipped(number, "duplicate_work", f"#{number}: {row[DUPLICATE]}"))
+        elif number in foreign_grace:
+            holder = first_lease(foreign_grace[number])
+            skip(
+                new_skipped(number, "lease_grace",
+                            f"#{number}: lease {holder.lease_id} of {holder.owner} expired at "
+                            f"{holder.expires_at.isoformat()}, reclaimable after the {policy.lease_grace} grace")
+            )
+        elif not row[READY]:
+            skip(new_skipped(number, "not_ready", f"#{number} is not marked status:ready"))
+        elif row[DEPENDS_ON] and not open_numbers.isdisjoint(row[DEPENDS_ON]):
+            held_by = sorted(d for d in row[DEPENDS_ON] if d in open_numbers)
+            skip(
+                new_skipped(number, "dependency_open",
+                            f"#{number} depends on open issue(s) {', '.join(f'#{d}' for d in held_by)}")
+            )
+        else:
+            keep(row)
+    return Screened(eligible, skipped, owned, own_rows)
+
+
+def blockers_of(inputs: Inputs, own_live: dict[int, list[LiveLease]], own_rows: dict[int, Row]) -> list[Blocker]:
+    """Own live leases on excluded issues, candidates or not: they would be stranded (AC5)."""
+    request, policy, caller, _rows, sets, _numbers = inputs
+    blockers: list[Blocker] = []
+    for number, held in sorted(own_live.items() if request.resume_own else ()):
+        own_row = own_rows.get(number)
+        excluded = exclusion_reason(number, sets[own_row[LABEL_SET]] if own_row else (), caller, policy)
+        if excluded is not None:
+            blockers.append(Blocker(issue_number=number, reason="excluded_owned_lease", lease=first_lease(held),
+                                    excluded_as=excluded[0]))
+    return blockers
 
 
 # One integer per eligible candidate orders them exactly as the tuple (priority, undated, created_at UTC
@@ -59,7 +201,7 @@ _issue_number = itemgetter(NUMBER)
 _created_at = itemgetter(CREATED_AT)
 
 
-def _rank(
+def rank(
     eligible: Sequence[Row],
     set_priority: Sequence[int],
     owned: Mapping[int, LiveLease],
@@ -92,146 +234,3 @@ def _rank(
         zip(count(1), map(_issue_number, ordered), priority_labels, map(_created_at, ordered), owned_ids),
     ))
     return ordered, ranked
-
-
-class _Inputs(NamedTuple):
-    """One decision's validated inputs: the caller's exclusions, the candidate rows in issue number order, the label
-    sets they index and their issue numbers."""
-
-    request: AllocationRequest
-    policy: RankingPolicy
-    caller: frozenset[int]
-    rows: list[Row]
-    sets: list[tuple[str, ...]]
-    numbers: set[int]
-
-
-def _set_priorities(sets: Sequence[tuple[str, ...]], policy: RankingPolicy) -> list[int]:
-    """Each distinct label set's priority index, once: the policy's order, ``len(priority_labels)`` when none."""
-    prio = {label: i for i, label in enumerate(policy.priority_labels)}
-    return [min([prio[label] for label in labels if label in prio], default=len(prio)) for labels in sets]
-
-
-class _LeaseStates(NamedTuple):
-    """Each lease's state once (fingerprint.lease_state, inlined), for the decision and for the fingerprint."""
-
-    own_live: dict[int, list[LiveLease]]
-    foreign_live: dict[int, list[LiveLease]]
-    foreign_grace: dict[int, list[LiveLease]]
-    #: Those on a candidate or held by the owner, as the fingerprint's ``leases`` part reads them.
-    rows: list[LeaseRow]
-
-
-def _lease_states(
-    leases: Sequence[LiveLease], owner: str, numbers: set[int], grace: timedelta, now: datetime
-) -> _LeaseStates:
-    own_live: dict[int, list[LiveLease]] = {}
-    foreign_live: dict[int, list[LiveLease]] = {}
-    foreign_grace: dict[int, list[LiveLease]] = {}
-    lease_rows: list[LeaseRow] = []
-    for lease in leases:
-        login, expires = lease.owner, lease.expires_at
-        if expires > now:
-            state = "live"
-        elif login != owner and now < expires + grace:
-            state = "grace"
-        else:
-            continue
-        number = lease.issue_number
-        if number in numbers or login == owner:
-            lease_rows.append((number, login, lease.lease_id, lease.role, state))
-        if state == "grace":
-            foreign_grace.setdefault(number, []).append(lease)
-        else:
-            (own_live if login == owner else foreign_live).setdefault(number, []).append(lease)
-    return _LeaseStates(own_live, foreign_live, foreign_grace, lease_rows)
-
-
-def _first(found: list[LiveLease]) -> LiveLease:
-    return min(found, key=lambda lease: (lease.owner, lease.lease_id))
-
-
-class _Screened(NamedTuple):
-    """The candidates that passed the checks (in issue number order) and those skipped, with the owner's resumable
-    leases by issue and the rows of the issues the owner holds a live lease on."""
-
-    eligible: list[Row]
-    skipped: list[Skipped]
-    owned: dict[int, LiveLease]
-    own_rows: dict[int, Row]
-
-
-def _screen(inputs: _Inputs, held: _LeaseStates) -> _Screened:
-    """Every candidate through the checks, in their order; the first that holds it back skips it."""
-    request, policy, caller, rows, sets, numbers = inputs
-    owner = request.owner
-    own_live, foreign_live, foreign_grace = held.own_live, held.foreign_live, held.foreign_grace
-    protected_labels = policy.protected_labels
-    set_protected = [bool(protected_labels) and not protected_labels.isdisjoint(labels) for labels in sets]
-    # A candidate that is none of these, plain and without a protected label is eligible as it stands; every other
-    # one takes the checks in their order.
-    attention = caller | policy.protected_issue_numbers | own_live.keys() | foreign_live.keys() | foreign_grace.keys()
-    open_numbers = request.open_issue_numbers | numbers
-    skipped: list[Skipped] = []
-    skip = skipped.append
-    eligible: list[Row] = []
-    keep = eligible.append
-    owned: dict[int, LiveLease] = {}
-    own_rows: dict[int, Row] = {}
-    for row in rows:
-        number = row[NUMBER]
-        if row[PLAIN] and number not in attention and not set_protected[row[LABEL_SET]]:
-            keep(row)
-            continue
-        excluded = _exclusion_reason(number, sets[row[LABEL_SET]], caller, policy)
-        barred = row[BARRED_OWNERS]
-        if number in own_live:
-            own_rows[number] = row
-        if excluded is not None:
-            skip(new_skipped(number, *excluded))
-        elif barred and owner in barred:
-            skip(new_skipped(number, "self_review",
-                             f"{owner} wrote or implemented #{number}'s pull request and cannot review it"))
-        elif number in foreign_live:
-            holder = _first(foreign_live[number])
-            skip(new_skipped(number, "foreign_claim",
-                             f"#{number} is leased to {holder.owner} (lease {holder.lease_id})"))
-        elif number in own_live and not request.resume_own:
-            skip(new_skipped(number, "own_claim", f"#{number} is already leased to {owner}"))
-        elif number in own_live:
-            owned[number] = _first(own_live[number])
-            keep(row)
-        elif row[DUPLICATE] is not None:
-            skip(new_skipped(number, "duplicate_work", f"#{number}: {row[DUPLICATE]}"))
-        elif number in foreign_grace:
-            holder = _first(foreign_grace[number])
-            skip(
-                new_skipped(number, "lease_grace",
-                            f"#{number}: lease {holder.lease_id} of {holder.owner} expired at "
-                            f"{holder.expires_at.isoformat()}, reclaimable after the {policy.lease_grace} grace")
-            )
-        elif not row[READY]:
-            skip(new_skipped(number, "not_ready", f"#{number} is not marked status:ready"))
-        elif row[DEPENDS_ON] and not open_numbers.isdisjoint(row[DEPENDS_ON]):
-            held_by = sorted(d for d in row[DEPENDS_ON] if d in open_numbers)
-            skip(
-                new_skipped(number, "dependency_open",
-                            f"#{number} depends on open issue(s) {', '.join(f'#{d}' for d in held_by)}")
-            )
-        else:
-            keep(row)
-    return _Screened(eligible, skipped, owned, own_rows)
-
-
-def _blockers(inputs: _Inputs, own_live: dict[int, list[LiveLease]], own_rows: dict[int, Row]) -> list[Blocker]:
-    """Own live leases on excluded issues, candidates or not: they would be stranded (AC5)."""
-    request, policy, caller, _rows, sets, _numbers = inputs
-    blockers: list[Blocker] = []
-    for number, held in sorted(own_live.items() if request.resume_own else ()):
-        own_row = own_rows.get(number)
-        excluded = _exclusion_reason(number, sets[own_row[LABEL_SET]] if own_row else (), caller, policy)
-        if excluded is not None:
-            blockers.append(
-                Blocker(issue_number=number, reason="excluded_owned_lease", lease=_first(held), excluded_as=excluded[0])
-            )
-    return blockers
