@@ -335,26 +335,10 @@ def _row_of(candidate: Candidate, label_sets: LabelSets) -> Row:
 def _candidate_from_record(
     record: Mapping[Any, Any], index: int, input_name: str
 ) -> tuple[Candidate | None, list[InputProblem]]:
+    """The full validator: the candidate of one record, or every problem it has, each naming its field (and its
+    issue, once the number is read)."""
     # The number comes first so that every other problem can name the issue it belongs to.
-    number: int | None = None
-    number_problems: list[tuple[str, str]] = []
-    has_primary, has_alias = "issue_number" in record, "number" in record
-    if not has_primary and not has_alias:
-        number_problems.append(("issue_number", "required field is missing (`number` is accepted as an alias)"))
-    else:
-        fld = "issue_number" if has_primary else "number"
-        raw = record[fld]
-        issue = _issue_number_problem(raw)
-        if issue is not None:
-            number_problems.append((fld, issue))
-        else:
-            number = raw
-            alias = record.get("number") if has_primary and has_alias else raw
-            if not (is_issue_number(alias) and alias == raw):
-                number_problems.append(
-                    ("number", f"alias `number` ({_show(alias)}) disagrees with issue_number {raw}")
-                )
-
+    number, number_problems = _record_number(record)
     problems: list[InputProblem] = []
 
     def problem(fld: str, text: str) -> None:
@@ -367,75 +351,17 @@ def _candidate_from_record(
         problem(_field_name(key), f"unknown field {_show(key)}; allowed: {', '.join(sorted(CANDIDATE_FIELDS))}")
     for fld, text in number_problems:
         problem(fld, text)
-
-    title = record.get("title")
-    if title is not None and not isinstance(title, str):
-        problem("title", f"expected a string or null, got {_type_name(title)}")
-        title = None
-    elif title is not None and _has_surrogate(title):
-        problem("title", "is not valid Unicode text (a lone surrogate such as \\ud800)")
-        title = None
-
-    labels: list[str] = []
-    raw_labels = record.get("labels")
-    if raw_labels is not None:
-        if not isinstance(raw_labels, list | tuple):
-            problem("labels", f"expected an array of label names, got {_type_name(raw_labels)}")
-        else:
-            for i, label in enumerate(raw_labels):
-                if not isinstance(label, str) or not label or _has_surrogate(label):
-                    got = "an empty string" if label == "" else _type_name(label)
-                    got = "a string with a lone surrogate" if isinstance(label, str) and label else got
-                    problem(f"labels[{i}]", f"expected a non-empty label name string, got {got}")
-                else:
-                    labels.append(label)
-
-    created_at: datetime | None = None
-    raw_created = record.get("created_at")
-    if isinstance(raw_created, datetime):
-        if raw_created.tzinfo is None or raw_created.utcoffset() is None:
-            problem("created_at", "datetime must carry a UTC offset")
-        else:
-            created_at = raw_created
-    elif isinstance(raw_created, str):
-        created_at = _parse_rfc3339(raw_created)
-        if created_at is None:
-            problem(
-                "created_at",
-                f"{_show(raw_created)} is not an RFC 3339 date-time with offset (e.g. 2026-07-20T21:35:15-05:00)",
-            )
-    elif raw_created is not None:
-        problem("created_at", f"expected an RFC 3339 string or null, got {_type_name(raw_created)}")
-
-    depends_on: list[int] = []
-    raw_deps = record.get("depends_on")
-    if raw_deps is not None:
-        if not isinstance(raw_deps, list | tuple):
-            problem("depends_on", f"expected an array of issue numbers, got {_type_name(raw_deps)}")
-        else:
-            for i, dep in enumerate(raw_deps):
-                dep_problem = _issue_number_problem(dep)
-                if dep_problem is not None:
-                    problem(f"depends_on[{i}]", dep_problem)
-                elif dep == number:
-                    problem(f"depends_on[{i}]", "an issue cannot depend on itself")
-                else:
-                    depends_on.append(dep)
-
+    title = _record_title(record.get("title"), problem)
+    labels = _record_labels(record.get("labels"), problem)
+    created_at = _record_created_at(record.get("created_at"), problem)
+    depends_on = _record_depends_on(record.get("depends_on"), number, problem)
     ready = record.get("ready", True)
     if ready is None:
         ready = True
     elif not isinstance(ready, bool):
         problem("ready", f"expected a boolean, got {_type_name(ready)}")
         ready = True
-
-    barred: list[str] = []
-    raw_barred = record.get("barred_owners")
-    if raw_barred is not None:
-        if not isinstance(raw_barred, list | tuple) or not all(isinstance(x, str) and x for x in raw_barred):
-            problem("barred_owners", f"expected an array of logins, got {_type_name(raw_barred)}")
-        else:
-            barred = list(raw_barred)
+    barred = _record_barred_owners(record.get("barred_owners"), problem)
     duplicate = record.get("duplicate")
     if duplicate is not None and (not isinstance(duplicate, str) or not duplicate or _has_surrogate(duplicate)):
         problem("duplicate", "expected a non-empty string (the duplicate-work finding) or null")
@@ -456,6 +382,107 @@ def _candidate_from_record(
         ),
         [],
     )
+
+
+#: Records one problem of a field: ``(field, text)``.
+_Problem = Callable[[str, str], None]
+
+
+def _record_number(record: Mapping[Any, Any]) -> tuple[int | None, list[tuple[str, str]]]:
+    """The issue number of a record (``issue_number``, or its alias ``number``), or None and why not."""
+    number: int | None = None
+    number_problems: list[tuple[str, str]] = []
+    has_primary, has_alias = "issue_number" in record, "number" in record
+    if not has_primary and not has_alias:
+        number_problems.append(("issue_number", "required field is missing (`number` is accepted as an alias)"))
+    else:
+        fld = "issue_number" if has_primary else "number"
+        raw = record[fld]
+        issue = _issue_number_problem(raw)
+        if issue is not None:
+            number_problems.append((fld, issue))
+        else:
+            number = raw
+            alias = record.get("number") if has_primary and has_alias else raw
+            if not (is_issue_number(alias) and alias == raw):
+                number_problems.append(
+                    ("number", f"alias `number` ({_show(alias)}) disagrees with issue_number {raw}")
+                )
+    return number, number_problems
+
+
+def _record_title(title: object, problem: _Problem) -> str | None:
+    if title is None:
+        return None
+    if not isinstance(title, str):
+        problem("title", f"expected a string or null, got {_type_name(title)}")
+        return None
+    if _has_surrogate(title):
+        problem("title", "is not valid Unicode text (a lone surrogate such as \\ud800)")
+        return None
+    return title
+
+
+def _record_labels(raw_labels: object, problem: _Problem) -> list[str]:
+    labels: list[str] = []
+    if raw_labels is not None:
+        if not isinstance(raw_labels, list | tuple):
+            problem("labels", f"expected an array of label names, got {_type_name(raw_labels)}")
+        else:
+            for i, label in enumerate(raw_labels):
+                if not isinstance(label, str) or not label or _has_surrogate(label):
+                    got = "an empty string" if label == "" else _type_name(label)
+                    got = "a string with a lone surrogate" if isinstance(label, str) and label else got
+                    problem(f"labels[{i}]", f"expected a non-empty label name string, got {got}")
+                else:
+                    labels.append(label)
+    return labels
+
+
+def _record_created_at(raw_created: object, problem: _Problem) -> datetime | None:
+    created_at: datetime | None = None
+    if isinstance(raw_created, datetime):
+        if raw_created.tzinfo is None or raw_created.utcoffset() is None:
+            problem("created_at", "datetime must carry a UTC offset")
+        else:
+            created_at = raw_created
+    elif isinstance(raw_created, str):
+        created_at = _parse_rfc3339(raw_created)
+        if created_at is None:
+            problem(
+                "created_at",
+                f"{_show(raw_created)} is not an RFC 3339 date-time with offset (e.g. 2026-07-20T21:35:15-05:00)",
+            )
+    elif raw_created is not None:
+        problem("created_at", f"expected an RFC 3339 string or null, got {_type_name(raw_created)}")
+    return created_at
+
+
+def _record_depends_on(raw_deps: object, number: int | None, problem: _Problem) -> list[int]:
+    depends_on: list[int] = []
+    if raw_deps is not None:
+        if not isinstance(raw_deps, list | tuple):
+            problem("depends_on", f"expected an array of issue numbers, got {_type_name(raw_deps)}")
+        else:
+            for i, dep in enumerate(raw_deps):
+                dep_problem = _issue_number_problem(dep)
+                if dep_problem is not None:
+                    problem(f"depends_on[{i}]", dep_problem)
+                elif dep == number:
+                    problem(f"depends_on[{i}]", "an issue cannot depend on itself")
+                else:
+                    depends_on.append(dep)
+    return depends_on
+
+
+def _record_barred_owners(raw_barred: object, problem: _Problem) -> list[str]:
+    barred: list[str] = []
+    if raw_barred is not None:
+        if not isinstance(raw_barred, list | tuple) or not all(isinstance(x, str) and x for x in raw_barred):
+            problem("barred_owners", f"expected an array of logins, got {_type_name(raw_barred)}")
+        else:
+            barred = list(raw_barred)
+    return barred
 
 
 def _candidate_as_record(candidate: Candidate) -> dict[str, Any]:
