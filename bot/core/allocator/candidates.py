@@ -16,13 +16,13 @@ from bot.core.allocator.records import (
     new_candidate,
 )
 from bot.core.allocator.validate import (
-    _candidate_as_record,
-    _candidate_from_record,
-    _DuplicateKeyObject,
-    _has_surrogate,
-    _issue_number_problem,
-    _show,
-    _type_name,
+    DuplicateKeyObject,
+    candidate_as_record,
+    candidate_from_record,
+    has_surrogate,
+    issue_number_problem,
+    show,
+    type_name,
 )
 from bot.core.jsontext import JSONTextError, strict_loads
 from bot.core.vocabulary import MAX_ISSUE_NUMBER
@@ -40,7 +40,7 @@ def _object_pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
         if key in seen and key not in duplicates:
             duplicates.append(key)
         seen.add(key)
-    return _DuplicateKeyObject(pairs, duplicates) if duplicates else dict(pairs)
+    return DuplicateKeyObject(pairs, duplicates) if duplicates else dict(pairs)
 
 
 def _refused(input_name: str, problem: str) -> InputError:
@@ -148,7 +148,7 @@ class LabelSets:
         except TypeError:  # an unhashable element (an array or object) is no label name
             return None
         for label in received:
-            if type(label) is not str or not label or (not label.isascii() and _has_surrogate(label)):
+            if type(label) is not str or not label or (not label.isascii() and has_surrogate(label)):
                 return None
         return self.canonical(received)  # type: ignore[arg-type]
 
@@ -181,7 +181,7 @@ def _fast_row(
     if type(number) is not int or not 0 < number <= MAX_ISSUE_NUMBER:
         return None
     title = get("title")
-    if title is not None and (type(title) is not str or (not title.isascii() and _has_surrogate(title))):
+    if title is not None and (type(title) is not str or (not title.isascii() and has_surrogate(title))):
         return None
     labels = get("labels")
     if labels is None:
@@ -233,7 +233,7 @@ def _fast_row(
     else:
         return None
     duplicate = get("duplicate")
-    if duplicate is not None and (type(duplicate) is not str or not duplicate or _has_surrogate(duplicate)):
+    if duplicate is not None and (type(duplicate) is not str or not duplicate or has_surrogate(duplicate)):
         return None
     return (number, title, k, created, micros, deps, ready, barred, duplicate,
             not deps and ready and not barred and duplicate is None)
@@ -286,7 +286,7 @@ def normalize_rows(raw: object) -> tuple[list[Row], LabelSets]:
     elif isinstance(value, list | tuple):
         elements = value
     else:
-        raise _refused(name, f"expected an array of candidate objects or one object, got {_type_name(value)}")
+        raise _refused(name, f"expected an array of candidate objects or one object, got {type_name(value)}")
 
     problems: list[InputProblem] = []
     rows: list[Row] = []
@@ -299,16 +299,16 @@ def normalize_rows(raw: object) -> tuple[list[Row], LabelSets]:
         row = fast(element, label_sets, known_labels) if type(element) is dict else None
         if row is None:
             if isinstance(element, Candidate):
-                record: Mapping[Any, Any] = _candidate_as_record(element)
+                record: Mapping[Any, Any] = candidate_as_record(element)
             elif isinstance(element, dict):
                 record = element
             else:
-                got = _type_name(element)
+                got = type_name(element)
                 problems.append(
                     InputProblem(input=name, index=index, field="", problem=f"expected an object, got {got}")
                 )
                 continue
-            candidate, found = _candidate_from_record(record, index, name)
+            candidate, found = candidate_from_record(record, index, name)
             problems.extend(found)
             if candidate is None:
                 continue
@@ -348,15 +348,15 @@ def normalize_exclusions(raw: object) -> frozenset[int]:
         if value is None:
             return frozenset()
     if isinstance(value, set | frozenset):
-        elements: Sequence[object] = sorted(value, key=_show)
+        elements: Sequence[object] = sorted(value, key=show)
     elif isinstance(value, list | tuple):
         elements = value
     else:
-        raise _refused(name, f"expected an array of issue numbers, got {_type_name(value)}")
+        raise _refused(name, f"expected an array of issue numbers, got {type_name(value)}")
     problems: list[InputProblem] = []
     numbers: set[int] = set()
     for index, element in enumerate(elements):
-        issue = _issue_number_problem(element)
+        issue = issue_number_problem(element)
         if issue is not None:
             problems.append(InputProblem(input=name, index=index, field=name, problem=issue))
         else:

@@ -17,7 +17,7 @@ _RFC3339 = re.compile(
     r"\d{4}-\d{2}-\d{2}[Tt]\d{2}:\d{2}:\d{2}(\.\d+)?([Zz]|[+-]\d{2}:\d{2})",
     re.ASCII,
 )
-class _DuplicateKeyObject(dict[str, Any]):
+class DuplicateKeyObject(dict[str, Any]):
     """A decoded JSON object that repeated a key; kept so the problem is reported at its element."""
 
     def __init__(self, pairs: list[tuple[str, Any]], duplicates: list[str]) -> None:
@@ -25,7 +25,7 @@ class _DuplicateKeyObject(dict[str, Any]):
         self.duplicate_keys = duplicates
 
 
-def _show(value: object) -> str:
+def show(value: object) -> str:
     """A short, always-computable rendering of any received value for a problem message.
 
     Never ``repr`` of a container (deep nesting recurses), never ``str`` of a huge integer (Python refuses
@@ -43,14 +43,14 @@ def _show(value: object) -> str:
         if len(value) <= _SHOWN_CHARS:
             return ascii(value)
         return f"{value[:_SHOWN_CHARS]!a}... ({len(value)} characters)"
-    return _type_name(value)
+    return type_name(value)
 
 
 def _field_name(key: object) -> str:
-    return key if isinstance(key, str) and len(key) <= _SHOWN_CHARS else _show(key)
+    return key if isinstance(key, str) and len(key) <= _SHOWN_CHARS else show(key)
 
 
-def _has_surrogate(text: str) -> bool:
+def has_surrogate(text: str) -> bool:
     """A lone surrogate (JSON ``"\ud800"``) is not text: it cannot be encoded, so it cannot be a label or title."""
     if text.isascii():
         return False
@@ -61,7 +61,7 @@ def _has_surrogate(text: str) -> bool:
     return False
 
 
-def _type_name(value: object) -> str:
+def type_name(value: object) -> str:
     if value is None:
         return "null"
     if isinstance(value, bool):
@@ -79,7 +79,7 @@ def _type_name(value: object) -> str:
     return f"unsupported type {type(value).__name__}"
 
 
-def _issue_number_problem(value: object) -> str | None:
+def issue_number_problem(value: object) -> str | None:
     if is_issue_number(value):
         return None
     if isinstance(value, bool):
@@ -87,10 +87,10 @@ def _issue_number_problem(value: object) -> str | None:
     if isinstance(value, float):
         return f"{value!r} is a float; send an integer"
     if isinstance(value, str):
-        return f"string {_show(value)} is not an integer; send the number unquoted"
+        return f"string {show(value)} is not an integer; send the number unquoted"
     if type(value) is int:
-        return f"{_show(value)} is not a positive issue number (1 to {MAX_ISSUE_NUMBER})"
-    return f"expected a positive integer, got {_type_name(value)}"
+        return f"{show(value)} is not a positive issue number (1 to {MAX_ISSUE_NUMBER})"
+    return f"expected a positive integer, got {type_name(value)}"
 
 
 
@@ -103,7 +103,7 @@ def _parse_rfc3339(value: str) -> datetime | None:
         return None
 
 
-def _candidate_from_record(
+def candidate_from_record(
     record: Mapping[Any, Any], index: int, input_name: str
 ) -> tuple[Candidate | None, list[InputProblem]]:
     """The full validator: the candidate of one record, or every problem it has, each naming its field (and its
@@ -115,26 +115,27 @@ def _candidate_from_record(
     def problem(fld: str, text: str) -> None:
         problems.append(InputProblem(input=input_name, index=index, field=fld, problem=text, issue_number=number))
 
-    if isinstance(record, _DuplicateKeyObject):
+    if isinstance(record, DuplicateKeyObject):
         for key in record.duplicate_keys:
-            problem(_field_name(key), f"key {_show(key)} appears more than once in the object")
-    for key in sorted((k for k in record if k not in CANDIDATE_FIELDS), key=_show):
-        problem(_field_name(key), f"unknown field {_show(key)}; allowed: {', '.join(sorted(CANDIDATE_FIELDS))}")
+            problem(_field_name(key), f"key {show(key)} appears more than once in the object")
+    for key in sorted((k for k in record if k not in CANDIDATE_FIELDS), key=show):
+        problem(_field_name(key), f"unknown field {show(key)}; allowed: {', '.join(sorted(CANDIDATE_FIELDS))}")
     for fld, text in number_problems:
         problem(fld, text)
     title = _record_title(record.get("title"), problem)
-    labels = _record_labels(record.get("labels"), problem)
+    labels: list[str] = _record_array(record.get("labels"), "labels", "label names", _label_problem, problem)
     created_at = _record_created_at(record.get("created_at"), problem)
-    depends_on = _record_depends_on(record.get("depends_on"), number, problem)
+    depends_on: list[int] = _record_array(record.get("depends_on"), "depends_on", "issue numbers",
+                                          _dependency_problem(number), problem)
     ready = record.get("ready", True)
     if ready is None:
         ready = True
     elif not isinstance(ready, bool):
-        problem("ready", f"expected a boolean, got {_type_name(ready)}")
+        problem("ready", f"expected a boolean, got {type_name(ready)}")
         ready = True
     barred = _record_barred_owners(record.get("barred_owners"), problem)
     duplicate = record.get("duplicate")
-    if duplicate is not None and (not isinstance(duplicate, str) or not duplicate or _has_surrogate(duplicate)):
+    if duplicate is not None and (not isinstance(duplicate, str) or not duplicate or has_surrogate(duplicate)):
         problem("duplicate", "expected a non-empty string (the duplicate-work finding) or null")
         duplicate = None
 
@@ -169,7 +170,7 @@ def _record_number(record: Mapping[Any, Any]) -> tuple[int | None, list[tuple[st
     else:
         fld = "issue_number" if has_primary else "number"
         raw = record[fld]
-        issue = _issue_number_problem(raw)
+        issue = issue_number_problem(raw)
         if issue is not None:
             number_problems.append((fld, issue))
         else:
@@ -177,7 +178,7 @@ def _record_number(record: Mapping[Any, Any]) -> tuple[int | None, list[tuple[st
             alias = record.get("number") if has_primary and has_alias else raw
             if not (is_issue_number(alias) and alias == raw):
                 number_problems.append(
-                    ("number", f"alias `number` ({_show(alias)}) disagrees with issue_number {raw}")
+                    ("number", f"alias `number` ({show(alias)}) disagrees with issue_number {raw}")
                 )
     return number, number_problems
 
@@ -186,28 +187,38 @@ def _record_title(title: object, problem: _Problem) -> str | None:
     if title is None:
         return None
     if not isinstance(title, str):
-        problem("title", f"expected a string or null, got {_type_name(title)}")
+        problem("title", f"expected a string or null, got {type_name(title)}")
         return None
-    if _has_surrogate(title):
+    if has_surrogate(title):
         problem("title", "is not valid Unicode text (a lone surrogate such as \\ud800)")
         return None
     return title
 
 
-def _record_labels(raw_labels: object, problem: _Problem) -> list[str]:
-    labels: list[str] = []
-    if raw_labels is not None:
-        if not isinstance(raw_labels, list | tuple):
-            problem("labels", f"expected an array of label names, got {_type_name(raw_labels)}")
+def _record_array(
+    raw: object, fld: str, expected: str, item_problem: Callable[[Any], str | None], problem: _Problem
+) -> list[Any]:
+    """The items of an array field that pass ``item_problem`` (None: no problem); every other one is a problem."""
+    items: list[Any] = []
+    if raw is not None:
+        if not isinstance(raw, list | tuple):
+            problem(fld, f"expected an array of {expected}, got {type_name(raw)}")
         else:
-            for i, label in enumerate(raw_labels):
-                if not isinstance(label, str) or not label or _has_surrogate(label):
-                    got = "an empty string" if label == "" else _type_name(label)
-                    got = "a string with a lone surrogate" if isinstance(label, str) and label else got
-                    problem(f"labels[{i}]", f"expected a non-empty label name string, got {got}")
+            for i, item in enumerate(raw):
+                found = item_problem(item)
+                if found is not None:
+                    problem(f"{fld}[{i}]", found)
                 else:
-                    labels.append(label)
-    return labels
+                    items.append(item)
+    return items
+
+
+def _label_problem(label: object) -> str | None:
+    if not isinstance(label, str) or not label or has_surrogate(label):
+        got = "an empty string" if label == "" else type_name(label)
+        got = "a string with a lone surrogate" if isinstance(label, str) and label else got
+        return f"expected a non-empty label name string, got {got}"
+    return None
 
 
 def _record_created_at(raw_created: object, problem: _Problem) -> datetime | None:
@@ -222,41 +233,34 @@ def _record_created_at(raw_created: object, problem: _Problem) -> datetime | Non
         if created_at is None:
             problem(
                 "created_at",
-                f"{_show(raw_created)} is not an RFC 3339 date-time with offset (e.g. 2026-07-20T21:35:15-05:00)",
+                f"{show(raw_created)} is not an RFC 3339 date-time with offset (e.g. 2026-07-20T21:35:15-05:00)",
             )
     elif raw_created is not None:
-        problem("created_at", f"expected an RFC 3339 string or null, got {_type_name(raw_created)}")
+        problem("created_at", f"expected an RFC 3339 string or null, got {type_name(raw_created)}")
     return created_at
 
 
-def _record_depends_on(raw_deps: object, number: int | None, problem: _Problem) -> list[int]:
-    depends_on: list[int] = []
-    if raw_deps is not None:
-        if not isinstance(raw_deps, list | tuple):
-            problem("depends_on", f"expected an array of issue numbers, got {_type_name(raw_deps)}")
-        else:
-            for i, dep in enumerate(raw_deps):
-                dep_problem = _issue_number_problem(dep)
-                if dep_problem is not None:
-                    problem(f"depends_on[{i}]", dep_problem)
-                elif dep == number:
-                    problem(f"depends_on[{i}]", "an issue cannot depend on itself")
-                else:
-                    depends_on.append(dep)
-    return depends_on
+def _dependency_problem(number: int | None) -> Callable[[object], str | None]:
+    def dependency_problem(dep: object) -> str | None:
+        found = issue_number_problem(dep)
+        if found is None and dep == number:
+            return "an issue cannot depend on itself"
+        return found
+
+    return dependency_problem
 
 
 def _record_barred_owners(raw_barred: object, problem: _Problem) -> list[str]:
     barred: list[str] = []
     if raw_barred is not None:
         if not isinstance(raw_barred, list | tuple) or not all(isinstance(x, str) and x for x in raw_barred):
-            problem("barred_owners", f"expected an array of logins, got {_type_name(raw_barred)}")
+            problem("barred_owners", f"expected an array of logins, got {type_name(raw_barred)}")
         else:
             barred = list(raw_barred)
     return barred
 
 
-def _candidate_as_record(candidate: Candidate) -> dict[str, Any]:
+def candidate_as_record(candidate: Candidate) -> dict[str, Any]:
     # Typed callers are checked by the same rules as transport records: one code path (AC4 parity).
     return {
         "issue_number": candidate.issue_number,
