@@ -6,9 +6,7 @@ import argparse
 import asyncio
 import contextlib
 import json
-import math
 import os
-import re
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -23,11 +21,22 @@ from bot.cli.inbox import cmd_deliveries, cmd_outbox, cmd_replay
 from bot.cli.invariants import cmd_invariants
 from bot.cli.listings import cmd_issue, cmd_journal, cmd_leases
 from bot.cli.mcp import cmd_mcp
+from bot.cli.parsing import (
+    _JSON_HELP,
+    _LIMIT_HELP,
+    UsageError,
+    _count,
+    _delivery_ref,
+    _issue_number,
+    _Parser,
+    _port,
+    _row_id,
+    _seconds,
+)
 from bot.cli.runs import cmd_grants, cmd_run
 from bot.cli.serve import serve
 from bot.cli.state import cmd_state_parse
 from bot.config import ConfigError, Settings, load_settings
-from bot.core.vocabulary import MAX_ISSUE_NUMBER, is_issue_number
 from bot.mcp_bridge import URL_ENV
 from state.db import DatabaseFileUnusable, DatabaseNotWritable, SchemaTooNew
 from state.deliveries import STATUSES
@@ -46,92 +55,6 @@ def config_error_envelope(exc: ConfigError) -> dict[str, Any]:
         "FOREMAN_<SECTION>__<KEY> variable that sets it.",
         "exact_next_action": "edit the config, then run foreman check-config --config PATH",
     }
-
-
-class UsageError(Exception):
-    """A command line that cannot be read: exit 2 with the invalid_input envelope (never argparse's exit)."""
-
-    def __init__(self, message: str, usage: str) -> None:
-        super().__init__(message)
-        self.message = message
-        self.usage = usage
-
-    def envelope(self) -> dict[str, Any]:
-        return {
-            "error": "invalid_input",
-            "message": self.message,
-            "remediate": "Give every option at most once (list options such as --exclude take several values, "
-            "repeated or after one flag) with a value of the documented type; see `foreman <command> --help`.",
-            "exact_next_action": f"run the command again as: {self.usage}",
-        }
-
-
-class _Parser(argparse.ArgumentParser):
-    """argparse that raises UsageError instead of exiting, and refuses a one-value option given twice."""
-
-    def error(self, message: str) -> Any:  # argparse's signature is NoReturn; raising keeps it so
-        raise UsageError(f"{self.prog}: {message}", " ".join(self.format_usage().split()).removeprefix("usage: "))
-
-    def add_argument(self, *args: Any, **kwargs: Any) -> argparse.Action:
-        if args and str(args[0]).startswith("-") and kwargs.get("action", "store") == "store":
-            kwargs["action"] = _Once
-        return super().add_argument(*args, **kwargs)
-
-
-class _Once(argparse.Action):
-    """Store one value; a second occurrence is refused (it would silently replace the first)."""
-
-    def __call__(
-        self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any, option: str | None = None
-    ) -> None:
-        marker = f"_given_{self.dest}"
-        if getattr(namespace, marker, False):
-            raise argparse.ArgumentError(self, "given more than once; give it once")
-        setattr(namespace, marker, True)
-        setattr(namespace, self.dest, values)
-
-
-_DIGITS = re.compile(r"[0-9]{1,19}")
-
-
-def _positive_int64(what: str) -> Callable[[str], int]:
-    """An argparse type: a decimal integer in 1..2^63-1 (what SQLite and Gitea store), else a clear refusal."""
-
-    def parse(text: str) -> int:
-        value = int(text) if _DIGITS.fullmatch(text) else 0
-        if not is_issue_number(value):
-            shown = text if len(text) <= 40 else f"{text[:20]}... ({len(text)} characters)"
-            raise argparse.ArgumentTypeError(f"{shown!r} is not {what} (a whole number from 1 to {MAX_ISSUE_NUMBER})")
-        return value
-
-    parse.__name__ = what
-    return parse
-
-
-_issue_number = _positive_int64("an issue number")
-_row_id = _positive_int64("a row id")
-_count = _positive_int64("a positive count")
-
-
-def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not math.isfinite(value) or value <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a positive, finite number of seconds")
-    return value
-
-
-def _delivery_ref(text: str) -> str:
-    """A row id (digits, within int64) or a Gitea delivery id."""
-    if text.isdigit() or not text.strip():
-        _row_id(text)
-    return text
-
-
-_JSON_HELP = "print exactly one JSON document on stdout (logs go to stderr)"
-_LIMIT_HELP = "show at most N rows (default: %(default)s)"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -270,13 +193,6 @@ def build_parser() -> argparse.ArgumentParser:
     parse = state_sub.add_parser("parse", help="parse Canonical Issue State block(s) to JSON")
     parse.add_argument("file", nargs="?", help="a file, or - for standard input (default)")
     return parser
-
-
-def _port(text: str) -> int:
-    value = int(text) if _DIGITS.fullmatch(text) else -1
-    if not 0 <= value <= 65535:
-        raise argparse.ArgumentTypeError(f"{text[:40]!r} is not a port (0 to 65535)")
-    return value
 
 
 def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
