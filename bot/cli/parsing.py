@@ -1,4 +1,5 @@
-"""The parts of `foreman`'s parser: the parser that refuses instead of exiting, and the argument types."""
+"""The parts of `foreman`'s parser: the parser that refuses instead of exiting, the argument types, and
+:class:`Commands`, to which each command group's module (bot/cli/*.py) adds its subcommands (its ``register``)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import argparse
 import math
 import re
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from bot.core.vocabulary import MAX_ISSUE_NUMBER, is_issue_number
@@ -29,7 +31,7 @@ class UsageError(Exception):
         }
 
 
-class _Parser(argparse.ArgumentParser):
+class Parser(argparse.ArgumentParser):
     """argparse that raises UsageError instead of exiting, and refuses a one-value option given twice."""
 
     def error(self, message: str) -> Any:  # argparse's signature is NoReturn; raising keeps it so
@@ -71,12 +73,12 @@ def _positive_int64(what: str) -> Callable[[str], int]:
     return parse
 
 
-_issue_number = _positive_int64("an issue number")
-_row_id = _positive_int64("a row id")
-_count = _positive_int64("a positive count")
+issue_number = _positive_int64("an issue number")
+row_id = _positive_int64("a row id")
+count = _positive_int64("a positive count")
 
 
-def _seconds(text: str) -> float:
+def seconds(text: str) -> float:
     try:
         value = float(text)
     except ValueError:
@@ -86,19 +88,36 @@ def _seconds(text: str) -> float:
     return value
 
 
-def _delivery_ref(text: str) -> str:
+def delivery_ref(text: str) -> str:
     """A row id (digits, within int64) or a Gitea delivery id."""
     if text.isdigit() or not text.strip():
-        _row_id(text)
+        row_id(text)
     return text
 
 
-_JSON_HELP = "print exactly one JSON document on stdout (logs go to stderr)"
-_LIMIT_HELP = "show at most N rows (default: %(default)s)"
+JSON_HELP = "print exactly one JSON document on stdout (logs go to stderr)"
+LIMIT_HELP = "show at most N rows (default: %(default)s)"
 
 
-def _port(text: str) -> int:
+def port(text: str) -> int:
     value = int(text) if _DIGITS.fullmatch(text) else -1
     if not 0 <= value <= 65535:
         raise argparse.ArgumentTypeError(f"{text[:40]!r} is not a port (0 to 65535)")
     return value
+
+
+class Commands:
+    """`foreman`'s subcommands: each takes ``--config`` and ``--repository`` after its name too (not shown)."""
+
+    def __init__(self, subparsers: argparse._SubParsersAction[Parser]) -> None:
+        self._subparsers = subparsers
+
+    def add(self, name: str, help_text: str) -> argparse.ArgumentParser:
+        cmd = self._subparsers.add_parser(name, help=help_text, description=help_text[0].upper() + help_text[1:] + ".")
+        cmd.add_argument("--config", dest="sub_config", type=Path, default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+        cmd.add_argument("--repository", dest="sub_repository", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+        return cmd
+
+
+def add_json(cmd: argparse.ArgumentParser) -> None:
+    cmd.add_argument("--json", action="store_true", help=JSON_HELP)
