@@ -37,6 +37,7 @@ from bot.cli.mcp import cmd_mcp
 from bot.cli.parsing import Commands, Parser, UsageError
 from bot.cli.runs import cmd_grants, cmd_run
 from bot.cli.serve import serve
+from bot.cli.standalone import _token_digest
 from bot.cli.state import cmd_state_parse
 from bot.config import ConfigError, Settings, load_settings
 from bot.mcp_bridge import URL_ENV
@@ -175,22 +176,6 @@ def _main(argv: Sequence[str] | None) -> int:
     except (SchemaTooNew, DatabaseNotWritable) as exc:
         print(json.dumps(database_refusal(exc), sort_keys=True), file=sys.stderr)
         return EXIT_REFUSED
-
-
-def _token_digest(login: str | None) -> int:
-    """``foreman token-digest``: the digest of the one token on standard input (a trailing newline dropped)."""
-    import hashlib
-
-    token = sys.stdin.buffer.read(1 << 16).removesuffix(b"\n").removesuffix(b"\r")
-    if not token or any(byte <= 0x20 for byte in token):
-        refusal = {"error": "invalid_input",
-                   "message": "standard input must hold one token (no spaces or line breaks inside it)",
-                   "exact_next_action": 'printf %s "$TOKEN" | foreman token-digest'}
-        print(json.dumps(refusal), file=sys.stderr)
-        return EXIT_USAGE
-    digest = f"sha256:{hashlib.sha256(token).hexdigest()}"
-    print(f'"{login}" = "{digest}"' if login else digest)
-    return 0
 
 
 def database_path_error(exc: DatabaseFileUnusable) -> dict[str, Any]:

@@ -3,8 +3,11 @@ runs them before any config is loaded)."""
 
 from __future__ import annotations
 
+import json
+import sys
 from pathlib import Path
 
+from bot.cli.common import EXIT_USAGE
 from bot.cli.parsing import Commands, add_json, port, seconds
 
 
@@ -26,3 +29,19 @@ def register(commands: Commands) -> None:
     digest = commands.add("token-digest", "print the [mcp.token_digests] entry of a token read from standard input "
                           "(the config then holds only its SHA-256)")
     digest.add_argument("--login", metavar="LOGIN", help="print it as a TOML line for this login")
+
+
+def _token_digest(login: str | None) -> int:
+    """``foreman token-digest``: the digest of the one token on standard input (a trailing newline dropped)."""
+    import hashlib
+
+    token = sys.stdin.buffer.read(1 << 16).removesuffix(b"\n").removesuffix(b"\r")
+    if not token or any(byte <= 0x20 for byte in token):
+        refusal = {"error": "invalid_input",
+                   "message": "standard input must hold one token (no spaces or line breaks inside it)",
+                   "exact_next_action": 'printf %s "$TOKEN" | foreman token-digest'}
+        print(json.dumps(refusal), file=sys.stderr)
+        return EXIT_USAGE
+    digest = f"sha256:{hashlib.sha256(token).hexdigest()}"
+    print(f'"{login}" = "{digest}"' if login else digest)
+    return 0
