@@ -37,7 +37,7 @@ from bot.cli.mcp import cmd_mcp
 from bot.cli.parsing import Commands, Parser, UsageError
 from bot.cli.runs import cmd_grants, cmd_run
 from bot.cli.serve import serve
-from bot.cli.standalone import _token_digest
+from bot.cli.standalone import cmd_token_digest
 from bot.cli.state import cmd_state_parse
 from bot.config import ConfigError, Settings, load_settings
 from bot.mcp_bridge import URL_ENV
@@ -158,7 +158,7 @@ def _main(argv: Sequence[str] | None) -> int:
         return emulator_main(host=args.host, port=args.port, root=args.root, hook_url=args.hook_url,
                              as_json=args.json)
     if args.command == "token-digest":  # reads no configuration: the operator runs it where the token is
-        return _token_digest(args.login)
+        return cmd_token_digest(args.login)
     try:
         settings = load_settings(args.config)
     except ConfigError as exc:

@@ -31,7 +31,7 @@ def register(commands: Commands) -> None:
     digest.add_argument("--login", metavar="LOGIN", help="print it as a TOML line for this login")
 
 
-def _token_digest(login: str | None) -> int:
+def cmd_token_digest(login: str | None) -> int:
     """``foreman token-digest``: the digest of the one token on standard input (a trailing newline dropped)."""
     import hashlib
 
