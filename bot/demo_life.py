@@ -15,14 +15,14 @@ from state.leases import LeaseStore
 from state.outbox import OutboxStore
 
 if TYPE_CHECKING:
-    from bot.demo import LoopHarness, Printer
+    from bot.demo_harness import LoopHarness, Printer
 
 
 async def author_steps(h: LoopHarness, p: Printer, session: Any, n: int, lease_id: str, worktree: Path, branch: str,
                        timeout_s: float) -> int:
     """The author locks, heartbeats, posts its state, publishes and opens the PR (which ends its lease), each read
     back."""
-    from bot.demo import (
+    from bot.demo_harness import (
         AUTHOR,
         FULL_NAME,
         StepFailed,
@@ -89,7 +89,7 @@ async def author_steps(h: LoopHarness, p: Printer, session: Any, n: int, lease_i
 
 async def publish_and_open(h: LoopHarness, p: Printer, author: Any, n: int, worktree: Path, branch: str) -> int:
     """The author commits its change, pushes it and opens the pull request, each read back from Gitea."""
-    from bot.demo import AUTHOR, OWNER, REPO, StepFailed, call_tool
+    from bot.demo_harness import AUTHOR, OWNER, REPO, StepFailed, call_tool
 
     (worktree / "widget.py").write_text("color = 'blue'\n", encoding="utf-8")
     published = await call_tool(author, "publish", "gitea_publish_worktree", issue_number=n,
@@ -114,7 +114,7 @@ async def review_merge_teardown(h: LoopHarness, p: Printer, n: int, pr: int, wor
                                 timeout_s: float, errlog: TextIO) -> dict[str, Any]:
     """The controller allocates the review, the reviewer approves, the merger merges, and the pull request's closed
     webhook tears the issue down; returns the teardown's final evidence comment."""
-    from bot.demo import (
+    from bot.demo_harness import (
         CONTROLLER,
         FULL_NAME,
         MAINTAINER,
