@@ -37,12 +37,12 @@ from bot.demo_harness import (
     LoopHarness,
     Printer,
     StepFailed,
-    _state_comment_id,
-    _verified,
-    _verified_comment,
     call_tool,
     mcp_session,
+    state_comment_id,
     until,
+    verified,
+    verified_comment,
 )
 from bot.demo_life import author_steps, review_merge_teardown
 from bot.emulator import Emulator, start_emulator
@@ -164,6 +164,18 @@ async def open_harness(root: Path, *, config: Document | None = None, life: bool
 
 
 async def _loop(h: LoopHarness, p: Printer, timeout_s: float) -> None:
+    """One issue's whole life, each step read back: from foreman serve's start to the teardown."""
+    await _start(h, p, timeout_s)
+    n = await _open_issue(h, p, timeout_s)
+    labelled_at = await _label_ready(h, p, n, timeout_s)
+    lease_id = await _allocated(h, p, n, timeout_s)
+    journal = await _bootstrapped(h, p, lease_id, timeout_s)
+    await _evidence(h, p, n, lease_id, journal, labelled_at, timeout_s)
+    await _agents(h, p, n, lease_id, journal, timeout_s)
+
+
+async def _start(h: LoopHarness, p: Printer, timeout_s: float) -> None:
+    """The emulator as seeded, foreman serve started and reaching it, and the repository's webhook."""
     repo = h.emulator.repo(OWNER, REPO)
     main_sha = h.git("--git-dir", str(repo.path), "rev-parse", repo.default_branch, cwd=h.root).strip()
     p.step("gitea", f"emulator on {h.gitea_url}: {OWNER}/{REPO} (bare repo {repo.path.relative_to(h.root)}, "
@@ -180,6 +192,9 @@ async def _loop(h: LoopHarness, p: Printer, timeout_s: float) -> None:
     p.step("webhook", f"{MAINTAINER} registered hook #{hook['id']} -> {h.webhook_url} (JSON, signed with the "
                       "shared secret, issue and pull request events)")
 
+
+async def _open_issue(h: LoopHarness, p: Printer, timeout_s: float) -> int:
+    """The maintainer opens the issue; its webhook is stored and handled."""
     issue = await h.api(MAINTAINER, "POST", "/issues", {"title": ISSUE_TITLE, "body": ISSUE_BODY})
     n = int(issue["number"])
 
@@ -190,7 +205,11 @@ async def _loop(h: LoopHarness, p: Printer, timeout_s: float) -> None:
 
     await until("issue", opened, timeout_s, "the `opened` webhook never reached foreman (or never settled)")
     p.step("issue", f"{MAINTAINER} opened #{n} \"{ISSUE_TITLE}\"; its signed webhook was stored and handled")
+    return n
 
+
+async def _label_ready(h: LoopHarness, p: Printer, n: int, timeout_s: float) -> float:
+    """The maintainer labels it status:ready and foreman takes it as a candidate; when it was labelled."""
     labelled_at = time.monotonic()
     await h.api(MAINTAINER, "POST", f"/issues/{n}/labels", {"labels": ["status:ready"]})
 
@@ -211,7 +230,11 @@ async def _loop(h: LoopHarness, p: Printer, timeout_s: float) -> None:
 
     await until("candidate", candidate, timeout_s, f"#{n} never became a candidate")
     p.step("candidate", f"foreman recorded the label change: #{n} is a candidate (open, status:ready)")
+    return labelled_at
 
+
+async def _allocated(h: LoopHarness, p: Printer, n: int, timeout_s: float) -> str:
+    """The lease foreman gave the author, with its labels and assignee read back from Gitea; its id."""
     async def leased() -> Lease | None:
         async with h.foreman_db() as db:
             return await LeaseStore(db).live_for_issue(FULL_NAME, n)
@@ -221,7 +244,7 @@ async def _loop(h: LoopHarness, p: Printer, timeout_s: float) -> None:
         raise StepFailed("allocate", f"#{n} was leased to {lease.owner}, not {AUTHOR}")
     lease_id = lease.lease_id
     for effect in ("labels", "assignee"):
-        await _verified(h, "allocate", f"{lease_id}:{effect}", timeout_s)
+        await verified(h, "allocate", f"{lease_id}:{effect}", timeout_s)
     seen = await h.api(MAINTAINER, "GET", f"/issues/{n}")
     labels = sorted(label["name"] for label in seen["labels"])
     assignees = [user["login"] for user in seen.get("assignees") or []]
@@ -229,7 +252,12 @@ async def _loop(h: LoopHarness, p: Printer, timeout_s: float) -> None:
         raise StepFailed("allocate", f"Gitea shows labels {labels} and assignees {assignees}")
     p.step("allocate", f"lease {lease_id} for {AUTHOR} until {to_db_time(lease.expires_at)}; Gitea now shows assignee "
                        f"{AUTHOR} and label status:in-progress (each read back by foreman and by this demo)")
+    return lease_id
 
+
+async def _bootstrapped(h: LoopHarness, p: Printer, lease_id: str, timeout_s: float) -> Transition:
+    """The lease's server-side bootstrap: its branch and worktree, as git shows them, from a checkout cloned with
+    the bot's token."""
     async def bootstrapped() -> Transition | None:
         async with h.foreman_db() as db:
             found = await JournalStore(db).first_for_lease(lease_id)
@@ -254,16 +282,21 @@ async def _loop(h: LoopHarness, p: Printer, timeout_s: float) -> None:
                         f"with git (checked: git worktree list, HEAD inside it); control checkout cloned over HTTP "
                         f"from {origin} (private repository) with {BOT}'s token ({len(served)} git requests, "
                         f"each as {BOT})")
+    return journal
 
+
+async def _evidence(h: LoopHarness, p: Printer, n: int, lease_id: str, journal: Transition, labelled_at: float,
+                    timeout_s: float) -> None:
+    """The bootstrap's evidence comment, posted once and read back, taken as the issue's current state."""
     key = f"{journal.key}:evidence"
-    evidence = await _verified_comment(h, "evidence", n, key, timeout_s)
-    allocation = await _verified_comment(h, "evidence", n, f"{lease_id}:evidence", timeout_s)
+    evidence = await verified_comment(h, "evidence", n, key, timeout_s)
+    allocation = await verified_comment(h, "evidence", n, f"{lease_id}:evidence", timeout_s)
     state = parse_comment(evidence["body"]).current
     if state is None or state.who_is_next != "author" or not state.next_action or not state.next_prompt:
         raise StepFailed("evidence", "the evidence comment carries no Canonical Issue State for the author")
     async def evidence_is_current() -> bool | None:
         # The outbox marks the comment verified, then its completion hook records it in the issue state: wait.
-        return True if await _state_comment_id(h, n) == evidence["id"] else None
+        return True if await state_comment_id(h, n) == evidence["id"] else None
 
     await until("evidence", evidence_is_current, timeout_s,
                 "foreman did not take the evidence comment as the issue's current state")
@@ -273,6 +306,10 @@ async def _loop(h: LoopHarness, p: Printer, timeout_s: float) -> None:
     p.step("loop", f"label -> verified evidence comment in {time.monotonic() - labelled_at:.2f}s")
     p.block(f"evidence comment #{evidence['id']} on {OWNER}/{REPO}#{n} (as Gitea serves it)", evidence["body"])
 
+
+async def _agents(h: LoopHarness, p: Printer, n: int, lease_id: str, journal: Transition, timeout_s: float) -> None:
+    """The agents through foreman serve's /mcp: the author's steps, then the review, the merge and the teardown."""
+    branch, worktree = journal.branch, Path(journal.worktree_path)
     with (h.root / "mcp.log").open("w", encoding="utf-8") as errlog:
         async with mcp_session(h, errlog) as session:
             tools = (await session.list_tools()).tools

@@ -266,14 +266,14 @@ class Printer:
         self.out.flush()
 
 
-async def _state_comment_id(h: LoopHarness, n: int) -> int | None:
+async def state_comment_id(h: LoopHarness, n: int) -> int | None:
     """The comment whose block foreman holds as the issue's current state."""
     async with h.foreman_db() as db:
         snapshot = await IssueStore(db).snapshot(FULL_NAME, n)
     return None if snapshot is None else snapshot.state_comment_id
 
 
-async def _lease(h: LoopHarness, lease_id: str) -> Lease:
+async def lease_by_id(h: LoopHarness, lease_id: str) -> Lease:
     async with h.foreman_db() as db:
         found = await LeaseStore(db).get(lease_id)
     if found is None:
@@ -281,7 +281,7 @@ async def _lease(h: LoopHarness, lease_id: str) -> Lease:
     return found
 
 
-async def _verified(h: LoopHarness, step: str, key: str, timeout_s: float) -> OutboxEntry:
+async def verified(h: LoopHarness, step: str, key: str, timeout_s: float) -> OutboxEntry:
     """The outbox entry ``key``, once foreman's sender wrote it, read it back and found it as intended."""
 
     async def done() -> OutboxEntry | None:
@@ -293,9 +293,9 @@ async def _verified(h: LoopHarness, step: str, key: str, timeout_s: float) -> Ou
     return await until(step, done, timeout_s, f"the outbox never verified {key}")
 
 
-async def _verified_comment(h: LoopHarness, step: str, n: int, key: str, timeout_s: float) -> dict[str, Any]:
+async def verified_comment(h: LoopHarness, step: str, n: int, key: str, timeout_s: float) -> dict[str, Any]:
     """The outbox entry ``key`` verified by foreman, and exactly one comment with its marker on Gitea, by the bot."""
-    result = (await _verified(h, step, key, timeout_s)).result or {}
+    result = (await verified(h, step, key, timeout_s)).result or {}
     found = await h.comment_with_marker(n, key)
     if len(found) != 1:
         raise StepFailed(step, f"{len(found)} comments carry the marker {key} (expected exactly one)")
