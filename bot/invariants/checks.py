@@ -262,7 +262,7 @@ def _lifecycle(facts: Facts) -> list[Violation]:
         if lease.status == "live" and lease.issue_number in merged:
             out.append(Violation("lifecycle.merged_no_live_lease", f"{lease.lease_id} (#{lease.issue_number})",
                                  f"live lease of {lease.owner} on a merged issue"))
-    kept = {_real(path) for t in facts.db.teardowns for path in t.kept}
+    kept = {real_path(path) for t in facts.db.teardowns for path in t.kept}
     created = {t.key for t in facts.db.transitions if t.outcome == "completed"}
     checkout = facts.checkout
     on_disk = set(checkout.directories) | {w.path for w in checkout.worktrees} if checkout is not None else set()
@@ -277,7 +277,7 @@ def _lifecycle(facts: Facts) -> list[Violation]:
     return out
 
 
-def _real(path: str) -> str:
+def real_path(path: str) -> str:
     return os.path.realpath(path)
 
 

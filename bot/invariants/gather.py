@@ -7,25 +7,13 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
+# The facts' classes by their module (facts.LeaseFact): the package's __init__ lists the API for its callers.
+import bot.invariants.facts as facts
 from bot.core.evidence import find_marker, parse_evidence
 from bot.core.teardown import closing_issue
 from bot.gitea import Comment, Issue, IssueState, IssueType, PullRequest
 from bot.gitops import parse_worktree_porcelain
-from bot.invariants.checks import HANDOVER_REASON, _real
-from bot.invariants.facts import (
-    CheckoutFacts,
-    CommentFact,
-    DbFacts,
-    DeliveryFact,
-    Facts,
-    GiteaFacts,
-    LeaseFact,
-    OutboxFact,
-    RegistrationFact,
-    TeardownFact,
-    TransitionFact,
-    WorktreeFact,
-)
+from bot.invariants.checks import HANDOVER_REASON, real_path
 from state.db import read_only
 from state.deliveries import DeliveryStore
 from state.grants import GrantStore
@@ -77,7 +65,7 @@ def _recorded_comment_id(result: dict[str, Any] | None) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
-async def gather_db(path: Path | str, *, repo: str | None = None) -> DbFacts:
+async def gather_db(path: Path | str, *, repo: str | None = None) -> facts.DbFacts:
     """Read the facts from a foreman database, read-only (safe beside a running service: WAL readers); with
     ``repo`` (a repo key), only that repository's rows (the deliveries are the whole inbox's)."""
     async with read_only(path) as db:
@@ -97,30 +85,31 @@ async def gather_db(path: Path | str, *, repo: str | None = None) -> DbFacts:
         registration_rows = [(key, r) for key, r in registration_rows if r.repo == repo]
         teardown_rows = [t for t in teardown_rows if t.repo == repo]
     outbox = tuple(
-        OutboxFact(e.key, e.issue_number, e.kind, e.status, _recorded_comment_id(e.result) if e.kind == "comment"
+        facts.OutboxFact(e.key, e.issue_number, e.kind, e.status, _recorded_comment_id(e.result) if e.kind == "comment"
                    else None, e.repo)
         for e in entries
     )
     decided = {e.key.removesuffix(":evidence"): _decided_exclusions(e.payload) for e in entries
                if e.kind == "comment" and e.key.startswith("lease-") and e.key.endswith(":evidence")}
     leases = tuple(
-        LeaseFact(lease.lease_id, lease.issue_number, lease.owner, lease.status, lease.end_reason,
+        facts.LeaseFact(lease.lease_id, lease.issue_number, lease.owner, lease.status, lease.end_reason,
                   _recorded_exclusions(lease.request), decided.get(lease.lease_id), lease.action)
         for lease in lease_rows
     )
-    deliveries = tuple(DeliveryFact(*digest) for digest in digests)
+    deliveries = tuple(facts.DeliveryFact(*digest) for digest in digests)
     transitions = tuple(
-        TransitionFact(t.key, t.issue_number, t.lease_id, t.owner, t.phase, t.outcome, t.branch,
-                       _real(t.worktree_path),
+        facts.TransitionFact(t.key, t.issue_number, t.lease_id, t.owner, t.phase, t.outcome, t.branch,
+                       real_path(t.worktree_path),
                        _assignment_read_back(t.owner, t.result) if t.outcome == "completed" else None)
         for t in transition_rows
     )
     registrations = tuple(
-        RegistrationFact(key, r.issue_number, r.lease_id, r.branch, _real(r.worktree_path), r.ended_at is None)
+        facts.RegistrationFact(key, r.issue_number, r.lease_id, r.branch, real_path(r.worktree_path),
+                               r.ended_at is None)
         for key, r in registration_rows
     )
     teardowns = tuple(
-        TeardownFact(
+        facts.TeardownFact(
             t.key, t.issue_number,
             tuple(x["lease_id"] for x in t.outcome.get("leases") or () if x.get("end_reason") == t.reason),
             tuple(w["path"] for w in t.outcome.get("worktrees") or () if w.get("action") == "kept"),
@@ -135,7 +124,7 @@ async def gather_db(path: Path | str, *, repo: str | None = None) -> DbFacts:
         and e.key.endswith(":evidence") and (lease_id := _handed_over(e.payload)) in handed_over
     )
     run_repos = tuple((run.run_id, run.repo) for run in run_rows)
-    return DbFacts(leases, outbox, deliveries, transitions, registrations, teardowns, handovers, run_repos)
+    return facts.DbFacts(leases, outbox, deliveries, transitions, registrations, teardowns, handovers, run_repos)
 
 
 class GiteaReads(Protocol):
@@ -150,7 +139,7 @@ class GiteaReads(Protocol):
     async def list_pulls(self, *, state: IssueState = "open") -> list[PullRequest]: ...
 
 
-async def gather_gitea(client: GiteaReads, *, numbers: Iterable[int] | None = None) -> GiteaFacts:
+async def gather_gitea(client: GiteaReads, *, numbers: Iterable[int] | None = None) -> facts.GiteaFacts:
     """Every comment (with its foreman marker) and the assignees of every issue and pull request, or of
     ``numbers``."""
     if numbers is None:
@@ -161,16 +150,16 @@ async def gather_gitea(client: GiteaReads, *, numbers: Iterable[int] | None = No
         for number in numbers:
             issue = await client.get_issue(number)
             assignees[number] = frozenset(u.login.lower() for u in issue.assignees)
-    comments: list[CommentFact] = []
+    comments: list[facts.CommentFact] = []
     for number in sorted(assignees):
         for c in await client.list_issue_comments(number):
-            comments.append(CommentFact(number, c.id, c.user.login, find_marker(c.body)))
+            comments.append(facts.CommentFact(number, c.id, c.user.login, find_marker(c.body)))
     merged = set()
     for pull in await client.list_pulls(state="closed"):
         closes = closing_issue(body=pull.body, title=pull.title, head_ref=pull.head_ref) if pull.merged else None
         if closes is not None and closes != pull.number:
             merged.add(closes)
-    return GiteaFacts(tuple(comments), assignees, frozenset(merged))
+    return facts.GiteaFacts(tuple(comments), assignees, frozenset(merged))
 
 
 def _git(checkout: Path, *args: str) -> str:
@@ -178,21 +167,21 @@ def _git(checkout: Path, *args: str) -> str:
     return done.stdout
 
 
-def gather_checkout(path: Path | str) -> CheckoutFacts | None:
+def gather_checkout(path: Path | str) -> facts.CheckoutFacts | None:
     """Git's view of the control checkout at ``path``; None when there is none (nothing was bootstrapped)."""
-    checkout = Path(_real(str(path)))
+    checkout = Path(real_path(str(path)))
     if not (checkout / ".git" / "HEAD").is_file():
         return None
     branches = checkout / "branches"
     directories = tuple(sorted(str(child) for child in branches.iterdir())) if branches.is_dir() else ()
     entries = parse_worktree_porcelain(_git(checkout, "worktree", "list", "--porcelain", "-z"))
     worktrees = tuple(
-        WorktreeFact(_real(e.path), e.branch, e.prunable is not None)
+        facts.WorktreeFact(real_path(e.path), e.branch, e.prunable is not None)
         for e in entries
-        if _real(e.path) != str(checkout)
+        if real_path(e.path) != str(checkout)
     )
     refs = _git(checkout, "for-each-ref", "--format=%(refname:short)", "refs/heads/issue-*")
-    return CheckoutFacts(str(checkout), directories, worktrees, tuple(sorted(refs.split())))
+    return facts.CheckoutFacts(str(checkout), directories, worktrees, tuple(sorted(refs.split())))
 
 
 async def gather(
@@ -204,12 +193,12 @@ async def gather(
     acknowledged: Sequence[tuple[str, str]] | None = None,
     require_bootstrap: bool = False,
     repo: str | None = None,
-) -> Facts:
+) -> facts.Facts:
     """All facts, from a quiet service's database, Gitea and control checkout; with ``repo``, of that one
     repository (``client`` and ``checkout`` must be its own)."""
     db = await gather_db(database, repo=repo)
     gitea = await gather_gitea(client)
-    return Facts(
+    return facts.Facts(
         db=db,
         gitea=gitea,
         bot_login=bot_login,
