@@ -37,9 +37,9 @@ from types import FrameType
 from typing import Any
 
 from bot.mcp_bridge.bridge import Bridge
-from bot.mcp_bridge.refusals import _refusal, _refuse, answer_refusal_on_the_wire, endpoint_of, token_problem
+from bot.mcp_bridge.refusals import answer_refusal_on_the_wire, endpoint_of, refuse, start_refusal, token_problem
 from bot.mcp_bridge.upstream import Upstream, refusal_of, sse_events
-from bot.mcp_bridge.wire import EXIT_OK, MAX_LINE_BYTES, REFUSED_CODE, TOKEN_ENV, URL_ENV, Refused, Stdout, _say
+from bot.mcp_bridge.wire import EXIT_OK, MAX_LINE_BYTES, REFUSED_CODE, TOKEN_ENV, URL_ENV, Refused, Stdout, say
 
 # --- the command line -------------------------------------------------------------------------------------------------
 
@@ -112,9 +112,10 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     try:
         args = _parse(argv)
     except _UsageError as exc:
-        return _refuse(_refusal("invalid_input", "--url", f"foreman mcp: {exc}",
-                                "Run it as: foreman mcp --url http://HOST:PORT/mcp (the token in FOREMAN_MCP_TOKEN).",
-                                "start foreman mcp --url URL again"))
+        return refuse(start_refusal(
+            "invalid_input", "--url", f"foreman mcp: {exc}",
+            "Run it as: foreman mcp --url http://HOST:PORT/mcp (the token in FOREMAN_MCP_TOKEN).",
+            "start foreman mcp --url URL again"))
     ignored = [arg for arg in argv if arg.split("=", 1)[0] in _GLOBAL_VALUED]  # before mcp or after it
     return serve(args.url[0] if args.url else None, environ, ignored=ignored)
 
@@ -125,19 +126,19 @@ def serve(url: str | None, environ: Mapping[str, str], *, ignored: Sequence[obje
     url = url or environ.get(URL_ENV) or ""
     endpoint = endpoint_of(url) if url else f"no URL: give --url or set {URL_ENV}"
     if isinstance(endpoint, str):
-        return _refuse(_refusal("invalid_input", "--url", endpoint,
-                                "Give the URL of foreman serve's MCP endpoint, e.g. --url http://foreman:8080/mcp.",
-                                "start foreman mcp --url http://HOST:PORT/mcp again"))
+        return refuse(start_refusal("invalid_input", "--url", endpoint,
+                                      "Give the URL of foreman serve's MCP endpoint, e.g. --url http://foreman:8080/mcp.",
+                                      "start foreman mcp --url http://HOST:PORT/mcp again"))
     token = environ.get(TOKEN_ENV)
     problem = token_problem(token)
     if problem is not None or token is None:
-        return _refuse(_refusal("invalid_config", TOKEN_ENV, problem or f"{TOKEN_ENV} is not set",
-                                f"Set {TOKEN_ENV} to this agent's own foreman token (an operator issues it).",
-                                f"set {TOKEN_ENV} and start foreman mcp --url URL again"))
+        return refuse(start_refusal("invalid_config", TOKEN_ENV, problem or f"{TOKEN_ENV} is not set",
+                                      f"Set {TOKEN_ENV} to this agent's own foreman token (an operator issues it).",
+                                      f"set {TOKEN_ENV} and start foreman mcp --url URL again"))
     if ignored:
-        _say("--config and --repository are not read with --url: the service holds the configuration")
+        say("--config and --repository are not read with --url: the service holds the configuration")
     bridge = Bridge(Upstream(endpoint, token), Stdout(sys.stdout.buffer))
-    _say(f"bridging stdio to {endpoint.shown}")
+    say(f"bridging stdio to {endpoint.shown}")
     previous = signal.signal(signal.SIGTERM, _terminate)
     try:
         bridge.run(sys.stdin.buffer)

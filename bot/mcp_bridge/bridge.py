@@ -19,10 +19,10 @@ from bot.mcp_bridge.wire import (
     Refused,
     SessionGone,
     Stdout,
-    _is_answer,
-    _say,
+    is_answer,
     loads,
     request_ids,
+    say,
 )
 
 # --- the bridge -------------------------------------------------------------------------------------------------------
@@ -103,7 +103,7 @@ class Bridge:
         waiting = set(map(_key, request_ids(message)))
 
         def deliver(answer: Answer) -> None:
-            if _is_answer(answer.message):
+            if is_answer(answer.message):
                 waiting.discard(_key(answer.message["id"]))
             self.stdout.send_line(answer.line)
 
@@ -124,12 +124,12 @@ class Bridge:
                               {"error": "no_answer", "url": self.upstream.endpoint.shown})
         except Refused as refused:
             if not waiting:
-                _say(f"a notification or response was not delivered: {refused.message}")
+                say(f"a notification or response was not delivered: {refused.message}")
             for request_id in [item for item in request_ids(message) if _key(item) in waiting]:
                 self.stdout.error(request_id, REFUSED_CODE, refused.message, refused.data)
         except Exception as exc:  # never a traceback on stdout, never an unanswered request
             failure = self.upstream.redact(f"{type(exc).__name__}: {exc}")
-            _say(f"unexpected failure: {failure}")
+            say(f"unexpected failure: {failure}")
             for request_id in [item for item in request_ids(message) if _key(item) in waiting]:
                 self.stdout.error(request_id, REFUSED_CODE, f"bridge_error: {failure}")
 
@@ -142,13 +142,13 @@ class Bridge:
                 return True
             if self._initialize is None:
                 return False
-            _say(f"the server no longer knows the session ({gone.message}); opening a new one")
+            say(f"the server no longer knows the session ({gone.message}); opening a new one")
             try:
                 self.upstream.post(self._initialize, lambda _answer: None, initialize=True)
                 if self._initialized is not None:
                     self.upstream.post(self._initialized, lambda _answer: None)
             except Refused as refused:
-                _say(f"a new session could not be opened: {refused.message}")
+                say(f"a new session could not be opened: {refused.message}")
                 return False
             return self.upstream.session_id != stale
 
@@ -156,7 +156,7 @@ class Bridge:
         """End the session on the server (``DELETE``) and close the connections."""
         status = self.upstream.delete()
         if status is not None and not 200 <= status < 300 and status != 405:
-            _say(f"ending the session was answered HTTP {status}")
+            say(f"ending the session was answered HTTP {status}")
         self.upstream.close()
 
 

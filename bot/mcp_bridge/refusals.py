@@ -17,7 +17,7 @@ from bot.mcp_bridge.wire import EXIT_USAGE, REFUSAL_WAIT_S, REFUSED_CODE, TOKEN_
 # --- refusals ---------------------------------------------------------------------------------------------------------
 
 
-def _refusal(error: str, key: str, message: str, remediate: str, next_action: str) -> dict[str, Any]:
+def start_refusal(error: str, key: str, message: str, remediate: str, next_action: str) -> dict[str, Any]:
     return {"error": error, "key": key, "message": message, "remediate": remediate, "exact_next_action": next_action}
 
 
@@ -98,7 +98,7 @@ def answer_refusal_on_the_wire(
                 return
 
 
-def _refuse(refusal: dict[str, Any]) -> int:
+def refuse(refusal: dict[str, Any]) -> int:
     print(json.dumps(refusal, sort_keys=True), file=sys.stderr, flush=True)
     answer_refusal_on_the_wire(refusal)
     return EXIT_USAGE

@@ -12,8 +12,8 @@ from typing import IO, Any
 
 from bot.mcp_bridge.refusals import Endpoint
 from bot.mcp_bridge.wire import (
-    _ACCEPT_GET,
-    _ACCEPT_POST,
+    ACCEPT_GET,
+    ACCEPT_POST,
     CONNECT_TIMEOUT_S,
     DELETE_TIMEOUT_S,
     MAX_ANSWER_BYTES,
@@ -22,8 +22,8 @@ from bot.mcp_bridge.wire import (
     Answer,
     Refused,
     SessionGone,
-    _say,
     answers_of,
+    say,
 )
 
 # --- the HTTP side ----------------------------------------------------------------------------------------------------
@@ -158,7 +158,7 @@ class Upstream:
         """POST one stdin message; each JSON-RPC message of the answer goes to ``deliver``. For ``initialize``,
         the session id and protocol version are taken from the answer (none are sent with it). The SSE stream's
         resumption state when the answer was one."""
-        headers = self.headers(_ACCEPT_POST, body=True, session=not initialize)
+        headers = self.headers(ACCEPT_POST, body=True, session=not initialize)
         sent_session = headers.get("Mcp-Session-Id")
         with self.exchange("POST", body, headers) as response:
             if not 200 <= response.status < 300:
@@ -208,7 +208,7 @@ class Upstream:
 
     def resume(self, sse: _Sse, deliver: Callable[[Answer], None]) -> _Sse | None:
         """GET the stream again from after ``sse.last_id`` (the server closed it before the answer came)."""
-        headers = self.headers(_ACCEPT_GET, body=False)
+        headers = self.headers(ACCEPT_GET, body=False)
         headers["Last-Event-ID"] = sse.last_id or ""
         with self.exchange("GET", None, headers) as response:
             if not 200 <= response.status < 300:
@@ -221,12 +221,12 @@ class Upstream:
         if self.session_id is None:
             return None
         try:
-            with self.exchange("DELETE", None, self.headers(_ACCEPT_POST, body=False),
+            with self.exchange("DELETE", None, self.headers(ACCEPT_POST, body=False),
                                timeout_s=DELETE_TIMEOUT_S) as response:
                 response.read()
                 return response.status
         except Refused as exc:
-            _say(f"the session could not be ended: {exc.message}")
+            say(f"the session could not be ended: {exc.message}")
             return None
 
 

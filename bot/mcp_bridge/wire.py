@@ -43,12 +43,12 @@ REFUSAL_WAIT_S = 10.0
 EXIT_OK = 0
 EXIT_USAGE = 2
 
-_ACCEPT_POST = "application/json, text/event-stream"
-_ACCEPT_GET = "text/event-stream"
+ACCEPT_POST = "application/json, text/event-stream"
+ACCEPT_GET = "text/event-stream"
 _NAME = "foreman mcp"
 
 
-def _say(text: str) -> None:
+def say(text: str) -> None:
     with contextlib.suppress(OSError, ValueError):
         print(f"{_NAME}: {text}", file=sys.stderr, flush=True)
 
@@ -141,7 +141,7 @@ def request_ids(message: Any) -> list[Any]:
     return [item["id"] for item in items if isinstance(item, dict) and "method" in item and "id" in item]
 
 
-def _is_answer(message: Any) -> bool:
+def is_answer(message: Any) -> bool:
     return isinstance(message, dict) and "id" in message and ("result" in message or "error" in message)
 
 
