@@ -198,17 +198,8 @@ def _deny(
     )
 
 
-def _settles(
-    kind: VerdictKind,
-    state: RunState,
-    reason: Reason,
-    call: GrantCall,
-    call_id: str,
-    *,
-    category: Category | None = None,
-    inert: bool = False,
-    unresolved_uuid: str | None = None,
-) -> Verdict:
+def _settles(kind: VerdictKind, state: RunState, reason: Reason, call: GrantCall, call_id: str, *,
+             category: Category | None = None, inert: bool = False, unresolved_uuid: str | None = None) -> Verdict:
     """A decision that settles the in-flight call ``call_id`` (``call``): accepted, or refused with ``category``."""
     return Verdict(
         kind=kind,
