@@ -80,7 +80,8 @@ from bench.e2e import _query, summary
 from bench.harness import children_of, machine_busy_s, own_peak_rss_mib, peak_rss_kib, rss_kib
 from bench.intake import process_cpu_s
 from bot.core.evidence import find_marker
-from bot.demo import MAINTAINER, OWNER, REPO, LoopHarness, StepFailed, _subprocess_env, open_harness, scratch_root
+from bot.demo import open_harness, scratch_root
+from bot.demo_harness import MAINTAINER, OWNER, REPO, LoopHarness, StepFailed, _subprocess_env
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 TARGET_TOOL_P99_MS = 100.0

@@ -54,19 +54,8 @@ from typing import Any
 from bench.database import rows, scratch_schema
 from bot import gitops
 from bot.core.evidence import find_marker
-from bot.demo import (
-    AUTHOR,
-    MAINTAINER,
-    OWNER,
-    REPO,
-    LoopHarness,
-    StepFailed,
-    call_tool,
-    mcp_session,
-    open_harness,
-    scratch_root,
-    until,
-)
+from bot.demo import open_harness, scratch_root
+from bot.demo_harness import AUTHOR, MAINTAINER, OWNER, REPO, LoopHarness, StepFailed, call_tool, mcp_session, until
 from state.db import from_db_time
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2

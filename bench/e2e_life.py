@@ -19,7 +19,8 @@ from typing import Any
 from bench.e2e import _ms, _outbox_done, _query, percentile, summary
 from bot.core.evidence import find_marker
 from bot.core.teardown import pull_key
-from bot.demo import (
+from bot.demo import open_harness
+from bot.demo_harness import (
     AUTHOR,
     BOT,
     CONTROLLER,
@@ -34,7 +35,6 @@ from bot.demo import (
     StepFailed,
     call_tool,
     mcp_session,
-    open_harness,
     until,
 )
 from bot.emulator import pullgit

@@ -3,74 +3,64 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import os
-import re
 import secrets
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any, TextIO, TypeVar
+from typing import Any, TextIO
 
 import aiohttp
-from aiohttp import web
 
 from bot.config_writer import Document, merged, write_config
 from bot.core.canonical import parse_comment
 from bot.core.evidence import find_marker
-from bot.core.issue_state import repo_key
 from bot.core.vocabulary import status_labels
+from bot.demo_harness import (
+    AUTHOR,
+    BOT,
+    CONTROLLER,
+    FULL_NAME,
+    LIFE_ROSTER,
+    LIFE_USERS,
+    MAINTAINER,
+    MERGER,
+    OWNER,
+    REPO,
+    REVIEWER,
+    USERS,
+    LoopHarness,
+    Printer,
+    StepFailed,
+    call_tool,
+    mcp_session,
+    state_comment_id,
+    until,
+    verified,
+    verified_comment,
+)
 from bot.demo_life import author_steps, review_merge_teardown
 from bot.emulator import Emulator, start_emulator
 from bot.emulator.model import Perm
-from state.db import Database, read_only, to_db_time
+from state.db import to_db_time
 from state.deliveries import DeliveryStore, StoredDelivery
 from state.issues import IssueStore
 from state.journal import JournalStore, Transition
 from state.leases import Lease, LeaseStore
-from state.outbox import OutboxEntry, OutboxStore
 
-T = TypeVar("T")
+#: What callers use of this module (``bot.demo.OWNER`` and ``REPO``, the repository it serves, are demo_harness's).
+__all__ = [
+    "OWNER", "REPO", "demo_config", "life_config", "main", "open_harness", "run_demo", "scratch_root", "seed_demo",
+]
 
-OWNER, REPO = "demo", "widgets"
-FULL_NAME = repo_key(f"{OWNER}/{REPO}")
-MAINTAINER, CONTROLLER, AUTHOR, BOT = "maintainer", "controller-bot", "author-1", "foreman-bot"
-REVIEWER, MERGER = "reviewer-1", "merger-1"
-#: The four roster identities of an issue's whole life, each with its own Gitea and MCP token (``life_config``).
-LIFE_ROSTER = {CONTROLLER: ["controller"], AUTHOR: ["author"], REVIEWER: ["reviewer"], MERGER: ["merger"]}
-#: The demo's accounts besides its owner: login, permission on demo/widgets, what the account stands for.
-USERS: tuple[tuple[str, Perm, str], ...] = (
-    (MAINTAINER, "admin", "labels issues status:ready, reviews"),
-    (CONTROLLER, "write", "controller: allocates work"),
-    (AUTHOR, "write", "author: receives leases"),
-    (BOT, "admin", "the bot account foreman acts as"),
-)
-#: The accounts ``foreman demo`` and bench/e2e.py add for the rest of an issue's life.
-LIFE_USERS: tuple[tuple[str, Perm, str], ...] = (
-    (REVIEWER, "write", "reviewer: reviews pull requests"),
-    (MERGER, "write", "merger: merges approved pull requests"),
-)
 ISSUE_TITLE = "Make the widget blue"
 ISSUE_BODY = "The widget should be blue.\n\nAcceptance: `widget.color` is `blue`."
-PROJECT_ROOT = Path(__file__).resolve().parents[1]
-_LISTENING = re.compile(r"listening on http://[^:\s]+:(\d+)")
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
-
-
-class StepFailed(Exception):
-    """A step's evidence did not verify (or never appeared in time)."""
-
-    def __init__(self, step: str, message: str) -> None:
-        super().__init__(f"{step}: {message}")
-        self.step = step
-        self.message = message
 
 
 def seed_demo(emu: Emulator, users: tuple[tuple[str, Perm, str], ...] = USERS) -> dict[str, str]:
@@ -94,157 +84,6 @@ def scratch_root(prefix: str) -> Path:
     shm = Path("/dev/shm")  # noqa: S108 (mkdtemp makes a private 0700 directory there)
     base = shm if shm.is_dir() and os.access(shm, os.W_OK) else None
     return Path(tempfile.mkdtemp(prefix=prefix, dir=base))
-
-
-def _subprocess_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The environment for our subprocesses: this one, the project importable, no inherited FOREMAN_* keys."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("FOREMAN_")}
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(PROJECT_ROOT), env.get("PYTHONPATH", "")) if p)
-    env["PYTHONUNBUFFERED"] = "1"
-    env.update(extra or {})
-    return env
-
-
-@dataclass
-class LoopHarness:
-    """The emulator (in this process), a ``foreman serve`` subprocess and the hook between them (reused by
-    bench/e2e.py)."""
-
-    root: Path
-    emulator: Emulator
-    runner: web.AppRunner
-    gitea_url: str
-    http: aiohttp.ClientSession
-    tokens: dict[str, str]  # Gitea access tokens by login
-    mcp_tokens: dict[str, str]  # foreman MCP tokens by roster login (the demo's config lists the author's only)
-    webhook_secret: str
-    config_path: Path
-    db_path: Path
-    checkout: Path
-    serve_log: Path
-    #: PostgreSQL instead of the SQLite file at db_path (bench/e2e.py --database-url).
-    database_url: str | None = None
-    serve: asyncio.subprocess.Process | None = None
-    webhook_url: str = ""
-    mcp_url: str = ""  # foreman serve's /mcp, where the agents connect
-    hook_id: int | None = None
-    _log_task: asyncio.Task[None] | None = field(default=None, repr=False)
-
-    # --- Gitea as a user sees it, and foreman's database read-only ----------------------------------------------------
-    async def api(self, login: str, method: str, path: str, body: Any = None) -> Any:
-        """One API call as ``login`` (``path`` below ``/repos/{owner}/{repo}`` when it starts with ``/issues`` or
-        ``/hooks``); a non-2xx answer fails the calling step."""
-        url = f"{self.gitea_url}/api/v1/repos/{OWNER}/{REPO}{path}"
-        headers = {"Authorization": f"token {self.tokens[login]}"}
-        async with self.http.request(method, url, json=body, headers=headers) as resp:
-            if resp.status >= 300:
-                raise StepFailed("gitea", f"{method} {path} as {login} answered {resp.status}: {await resp.text()}")
-            raw = await resp.text()  # 204, and Gitea's merge answers 200 with an empty body
-            return json.loads(raw) if raw else None
-
-    async def comments(self, number: int) -> list[dict[str, Any]]:
-        """The issue's comments as Gitea serves them (read as the maintainer)."""
-        found: list[dict[str, Any]] = await self.api(MAINTAINER, "GET", f"/issues/{number}/comments")
-        return found
-
-    async def comment_with_marker(self, number: int, key: str) -> list[dict[str, Any]]:
-        return [c for c in await self.comments(number) if find_marker(str(c.get("body") or "")) == key]
-
-    @asynccontextmanager
-    async def foreman_db(self) -> AsyncIterator[Database]:
-        """foreman's database for one look, opened read-only (foreman serve keeps writing in WAL mode)."""
-        async with read_only(self.database_url or self.db_path) as db:
-            yield db
-
-    async def verified_entry(self, key: str) -> OutboxEntry | None:
-        """The outbox entry ``key`` once foreman sent and verified it; None while it is on its way."""
-        async with self.foreman_db() as db:
-            entry = await OutboxStore(db).by_key(key)
-        if entry is not None and entry.status in ("verification_failed", "parked"):
-            raise StepFailed("outbox", f"foreman's outbox entry {key} ended {entry.status}: the write to Gitea did"
-                             " not read back as intended (see `foreman outbox`)")
-        return entry if entry is not None and entry.status == "done" else None
-
-    def git(self, *args: str, cwd: Path | None = None) -> str:
-        done = subprocess.run(
-            ["git", *args], cwd=cwd or self.checkout, capture_output=True, text=True, timeout=60, check=False
-        )
-        if done.returncode != 0:
-            raise StepFailed("git", f"git {' '.join(args)}: {done.stderr.strip()}")
-        return done.stdout
-
-    async def start_serve(self, timeout_s: float = 30.0) -> None:
-        """Start ``foreman serve`` on a free port and wait until it is ready and reaches Gitea."""
-        log = self.serve_log.open("w", encoding="utf-8")
-        self.serve = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "bot", "--config", str(self.config_path), "serve",
-            cwd=self.root, env=_subprocess_env(), stdin=asyncio.subprocess.DEVNULL,
-            stdout=log, stderr=asyncio.subprocess.PIPE,
-        )
-        port: asyncio.Future[int] = asyncio.get_running_loop().create_future()
-        self._log_task = asyncio.create_task(self._pump_log(self.serve, log, port))
-        try:
-            bound = await asyncio.wait_for(asyncio.shield(port), timeout_s)
-        except TimeoutError:
-            raise StepFailed("serve", f"foreman serve did not start listening within {timeout_s:.0f}s") from None
-        self.webhook_url = f"http://127.0.0.1:{bound}/webhook"
-        self.mcp_url = f"http://127.0.0.1:{bound}/mcp"
-        await until("serve", self._ready, timeout_s, f"http://127.0.0.1:{bound}/readyz never answered ready")
-
-    async def _pump_log(self, proc: asyncio.subprocess.Process, log: IO[str], port: asyncio.Future[int]) -> None:
-        assert proc.stderr is not None
-        try:
-            async for raw in proc.stderr:
-                line = raw.decode("utf-8", "replace")
-                log.write(line)
-                log.flush()
-                found = _LISTENING.search(line)
-                if found and not port.done():
-                    port.set_result(int(found.group(1)))
-        finally:
-            log.close()
-            if not port.done():
-                port.set_exception(StepFailed("serve", f"foreman serve exited ({proc.returncode}) before listening"))
-
-    async def _ready(self) -> dict[str, Any] | None:
-        if self.serve is not None and self.serve.returncode is not None:
-            raise StepFailed("serve", f"foreman serve exited with {self.serve.returncode}")
-        url = self.webhook_url.removesuffix("/webhook") + "/readyz"
-        try:
-            async with self.http.get(url) as resp:
-                doc: dict[str, Any] = await resp.json()
-        except aiohttp.ClientError:
-            return None
-        return doc if doc.get("ready") and doc["checks"]["gitea"]["ok"] else None
-
-    async def register_hook(self, events: tuple[str, ...] = ("issues",)) -> dict[str, Any]:
-        """The maintainer adds the repository webhook through the API, as an operator does in Gitea's UI."""
-        hook: dict[str, Any] = await self.api(MAINTAINER, "POST", "/hooks", {
-            "type": "gitea",
-            "config": {"url": self.webhook_url, "content_type": "json", "secret": self.webhook_secret},
-            "events": list(events),
-            "active": True,
-        })
-        self.hook_id = int(hook["id"])
-        return hook
-
-    def serve_log_tail(self, lines: int = 25) -> str:
-        try:
-            return "\n".join(self.serve_log.read_text(encoding="utf-8").splitlines()[-lines:])
-        except OSError:
-            return "(no log)"
-
-    async def stop(self) -> None:
-        if self.serve is not None and self.serve.returncode is None:
-            self.serve.terminate()
-            try:
-                await asyncio.wait_for(self.serve.wait(), 15)
-            except TimeoutError:
-                self.serve.kill()
-                await self.serve.wait()
-        if self._log_task is not None:
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(self._log_task, 5)
 
 
 def demo_config(gitea_url: str, tokens: Mapping[str, str], webhook_secret: str, root: Path, mcp_token: str
@@ -321,65 +160,22 @@ async def open_harness(root: Path, *, config: Document | None = None, life: bool
         await emu.aclose()
 
 
-async def until(step: str, probe: Callable[[], Awaitable[T | None]], timeout_s: float, message: str) -> T:
-    """Poll ``probe`` until it returns something; fail ``step`` with ``message`` after ``timeout_s``."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        found = await probe()
-        if found is not None:
-            return found
-        if time.monotonic() > deadline:
-            raise StepFailed(step, message)
-        await asyncio.sleep(0.02)
-
-
-@asynccontextmanager
-async def mcp_session(h: LoopHarness, errlog: TextIO, login: str = AUTHOR) -> AsyncIterator[Any]:
-    """An initialized SDK client session of ``foreman serve``'s ``/mcp`` holding only ``login``'s token, as a
-    deployed agent connects (Streamable HTTP, ``Authorization: Bearer``). ``errlog``: the client's own log lines."""
-    import httpx2
-    from mcp import ClientSession
-    from mcp.client.streamable_http import streamable_http_client
-
-    headers = {"Authorization": f"Bearer {h.mcp_tokens[login]}"}
-    async with (
-        httpx2.AsyncClient(headers=headers, timeout=60.0) as http,
-        streamable_http_client(h.mcp_url, http_client=http) as (read, write),
-        ClientSession(read, write) as session,
-    ):
-        await session.initialize()
-        yield session
-
-
-async def call_tool(session: Any, step: str, tool: str, **arguments: Any) -> dict[str, Any]:
-    result = await session.call_tool(tool, arguments)
-    doc = result.structured_content
-    if not isinstance(doc, dict):
-        raise StepFailed(step, f"{tool} answered no structured content")
-    if result.is_error:
-        raise StepFailed(step, f"{tool} was refused: {json.dumps(doc, sort_keys=True)}")
-    return doc
-
-
 # --- the demo ---------------------------------------------------------------------------------------------------------
 
 
-class Printer:
-    def __init__(self, out: TextIO) -> None:
-        self.out = out
-        self.started = time.monotonic()
-
-    def step(self, name: str, text: str) -> None:
-        self.out.write(f"[{time.monotonic() - self.started:5.1f}s] {name:<10} {text}\n")
-        self.out.flush()
-
-    def block(self, title: str, body: str) -> None:
-        rule = "-" * 100
-        self.out.write(f"{rule}\n{title}\n{rule}\n{body.rstrip()}\n{rule}\n")
-        self.out.flush()
-
-
 async def _loop(h: LoopHarness, p: Printer, timeout_s: float) -> None:
+    """One issue's whole life, each step read back: from foreman serve's start to the teardown."""
+    await _start(h, p, timeout_s)
+    n = await _open_issue(h, p, timeout_s)
+    labelled_at = await _label_ready(h, p, n, timeout_s)
+    lease_id = await _allocated(h, p, n, timeout_s)
+    journal = await _bootstrapped(h, p, lease_id, timeout_s)
+    await _evidence(h, p, n, lease_id, journal, labelled_at, timeout_s)
+    await _agents(h, p, n, lease_id, journal, timeout_s)
+
+
+async def _start(h: LoopHarness, p: Printer, timeout_s: float) -> None:
+    """The emulator as seeded, foreman serve started and reaching it, and the repository's webhook."""
     repo = h.emulator.repo(OWNER, REPO)
     main_sha = h.git("--git-dir", str(repo.path), "rev-parse", repo.default_branch, cwd=h.root).strip()
     p.step("gitea", f"emulator on {h.gitea_url}: {OWNER}/{REPO} (bare repo {repo.path.relative_to(h.root)}, "
@@ -396,6 +192,9 @@ async def _loop(h: LoopHarness, p: Printer, timeout_s: float) -> None:
     p.step("webhook", f"{MAINTAINER} registered hook #{hook['id']} -> {h.webhook_url} (JSON, signed with the "
                       "shared secret, issue and pull request events)")
 
+
+async def _open_issue(h: LoopHarness, p: Printer, timeout_s: float) -> int:
+    """The maintainer opens the issue; its webhook is stored and handled."""
     issue = await h.api(MAINTAINER, "POST", "/issues", {"title": ISSUE_TITLE, "body": ISSUE_BODY})
     n = int(issue["number"])
 
@@ -406,7 +205,11 @@ async def _loop(h: LoopHarness, p: Printer, timeout_s: float) -> None:
 
     await until("issue", opened, timeout_s, "the `opened` webhook never reached foreman (or never settled)")
     p.step("issue", f"{MAINTAINER} opened #{n} \"{ISSUE_TITLE}\"; its signed webhook was stored and handled")
+    return n
 
+
+async def _label_ready(h: LoopHarness, p: Printer, n: int, timeout_s: float) -> float:
+    """The maintainer labels it status:ready and foreman takes it as a candidate; when it was labelled."""
     labelled_at = time.monotonic()
     await h.api(MAINTAINER, "POST", f"/issues/{n}/labels", {"labels": ["status:ready"]})
 
@@ -427,7 +230,11 @@ async def _loop(h: LoopHarness, p: Printer, timeout_s: float) -> None:
 
     await until("candidate", candidate, timeout_s, f"#{n} never became a candidate")
     p.step("candidate", f"foreman recorded the label change: #{n} is a candidate (open, status:ready)")
+    return labelled_at
 
+
+async def _allocated(h: LoopHarness, p: Printer, n: int, timeout_s: float) -> str:
+    """The lease foreman gave the author, with its labels and assignee read back from Gitea; its id."""
     async def leased() -> Lease | None:
         async with h.foreman_db() as db:
             return await LeaseStore(db).live_for_issue(FULL_NAME, n)
@@ -437,7 +244,7 @@ async def _loop(h: LoopHarness, p: Printer, timeout_s: float) -> None:
         raise StepFailed("allocate", f"#{n} was leased to {lease.owner}, not {AUTHOR}")
     lease_id = lease.lease_id
     for effect in ("labels", "assignee"):
-        await _verified(h, "allocate", f"{lease_id}:{effect}", timeout_s)
+        await verified(h, "allocate", f"{lease_id}:{effect}", timeout_s)
     seen = await h.api(MAINTAINER, "GET", f"/issues/{n}")
     labels = sorted(label["name"] for label in seen["labels"])
     assignees = [user["login"] for user in seen.get("assignees") or []]
@@ -445,7 +252,12 @@ async def _loop(h: LoopHarness, p: Printer, timeout_s: float) -> None:
         raise StepFailed("allocate", f"Gitea shows labels {labels} and assignees {assignees}")
     p.step("allocate", f"lease {lease_id} for {AUTHOR} until {to_db_time(lease.expires_at)}; Gitea now shows assignee "
                        f"{AUTHOR} and label status:in-progress (each read back by foreman and by this demo)")
+    return lease_id
 
+
+async def _bootstrapped(h: LoopHarness, p: Printer, lease_id: str, timeout_s: float) -> Transition:
+    """The lease's server-side bootstrap: its branch and worktree, as git shows them, from a checkout cloned with
+    the bot's token."""
     async def bootstrapped() -> Transition | None:
         async with h.foreman_db() as db:
             found = await JournalStore(db).first_for_lease(lease_id)
@@ -470,16 +282,21 @@ async def _loop(h: LoopHarness, p: Printer, timeout_s: float) -> None:
                         f"with git (checked: git worktree list, HEAD inside it); control checkout cloned over HTTP "
                         f"from {origin} (private repository) with {BOT}'s token ({len(served)} git requests, "
                         f"each as {BOT})")
+    return journal
 
+
+async def _evidence(h: LoopHarness, p: Printer, n: int, lease_id: str, journal: Transition, labelled_at: float,
+                    timeout_s: float) -> None:
+    """The bootstrap's evidence comment, posted once and read back, taken as the issue's current state."""
     key = f"{journal.key}:evidence"
-    evidence = await _verified_comment(h, "evidence", n, key, timeout_s)
-    allocation = await _verified_comment(h, "evidence", n, f"{lease_id}:evidence", timeout_s)
+    evidence = await verified_comment(h, "evidence", n, key, timeout_s)
+    allocation = await verified_comment(h, "evidence", n, f"{lease_id}:evidence", timeout_s)
     state = parse_comment(evidence["body"]).current
     if state is None or state.who_is_next != "author" or not state.next_action or not state.next_prompt:
         raise StepFailed("evidence", "the evidence comment carries no Canonical Issue State for the author")
     async def evidence_is_current() -> bool | None:
         # The outbox marks the comment verified, then its completion hook records it in the issue state: wait.
-        return True if await _state_comment_id(h, n) == evidence["id"] else None
+        return True if await state_comment_id(h, n) == evidence["id"] else None
 
     await until("evidence", evidence_is_current, timeout_s,
                 "foreman did not take the evidence comment as the issue's current state")
@@ -489,6 +306,10 @@ async def _loop(h: LoopHarness, p: Printer, timeout_s: float) -> None:
     p.step("loop", f"label -> verified evidence comment in {time.monotonic() - labelled_at:.2f}s")
     p.block(f"evidence comment #{evidence['id']} on {OWNER}/{REPO}#{n} (as Gitea serves it)", evidence["body"])
 
+
+async def _agents(h: LoopHarness, p: Printer, n: int, lease_id: str, journal: Transition, timeout_s: float) -> None:
+    """The agents through foreman serve's /mcp: the author's steps, then the review, the merge and the teardown."""
+    branch, worktree = journal.branch, Path(journal.worktree_path)
     with (h.root / "mcp.log").open("w", encoding="utf-8") as errlog:
         async with mcp_session(h, errlog) as session:
             tools = (await session.list_tools()).tools
@@ -501,45 +322,6 @@ async def _loop(h: LoopHarness, p: Printer, timeout_s: float) -> None:
     lines = [f"#{c['id']:<4} {c['user']['login']:<12} {find_marker(c['body']) or '(no marker)'}" for c in timeline]
     p.block(f"{OWNER}/{REPO}#{n}: every comment, in Gitea's order", "\n".join(lines))
     p.block(f"final evidence comment #{final['id']}", final["body"])
-
-
-async def _state_comment_id(h: LoopHarness, n: int) -> int | None:
-    """The comment whose block foreman holds as the issue's current state."""
-    async with h.foreman_db() as db:
-        snapshot = await IssueStore(db).snapshot(FULL_NAME, n)
-    return None if snapshot is None else snapshot.state_comment_id
-
-
-async def _lease(h: LoopHarness, lease_id: str) -> Lease:
-    async with h.foreman_db() as db:
-        found = await LeaseStore(db).get(lease_id)
-    if found is None:
-        raise StepFailed("lease", f"foreman has no lease {lease_id}")
-    return found
-
-
-async def _verified(h: LoopHarness, step: str, key: str, timeout_s: float) -> OutboxEntry:
-    """The outbox entry ``key``, once foreman's sender wrote it, read it back and found it as intended."""
-
-    async def done() -> OutboxEntry | None:
-        try:
-            return await h.verified_entry(key)
-        except StepFailed as exc:
-            raise StepFailed(step, exc.message) from None
-
-    return await until(step, done, timeout_s, f"the outbox never verified {key}")
-
-
-async def _verified_comment(h: LoopHarness, step: str, n: int, key: str, timeout_s: float) -> dict[str, Any]:
-    """The outbox entry ``key`` verified by foreman, and exactly one comment with its marker on Gitea, by the bot."""
-    result = (await _verified(h, step, key, timeout_s)).result or {}
-    found = await h.comment_with_marker(n, key)
-    if len(found) != 1:
-        raise StepFailed(step, f"{len(found)} comments carry the marker {key} (expected exactly one)")
-    comment = found[0]
-    if comment["user"]["login"] != BOT or result.get("comment_id") != comment["id"] or not result.get("verified"):
-        raise StepFailed(step, f"comment {comment['id']} is not the one foreman posted and verified: {result}")
-    return comment
 
 
 async def run_demo(out: TextIO, *, keep: bool = False, timeout_s: float = 30.0) -> int:

@@ -8,6 +8,23 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from bot.core.canonical import parse_comment
 from bot.core.teardown import pull_key
+from bot.demo_harness import (
+    AUTHOR,
+    CONTROLLER,
+    FULL_NAME,
+    MAINTAINER,
+    MERGER,
+    OWNER,
+    REPO,
+    REVIEWER,
+    StepFailed,
+    call_tool,
+    lease_by_id,
+    mcp_session,
+    state_comment_id,
+    until,
+    verified_comment,
+)
 from bot.emulator import pullgit
 from state.db import read_only, to_db_time
 from state.journal import JournalStore
@@ -15,24 +32,13 @@ from state.leases import LeaseStore
 from state.outbox import OutboxStore
 
 if TYPE_CHECKING:
-    from bot.demo import LoopHarness, Printer
+    from bot.demo_harness import LoopHarness, Printer
 
 
 async def author_steps(h: LoopHarness, p: Printer, session: Any, n: int, lease_id: str, worktree: Path, branch: str,
                        timeout_s: float) -> int:
     """The author locks, heartbeats, posts its state, publishes and opens the PR (which ends its lease), each read
     back."""
-    from bot.demo import (
-        AUTHOR,
-        FULL_NAME,
-        StepFailed,
-        _lease,
-        _state_comment_id,
-        _verified_comment,
-        call_tool,
-        until,
-    )
-
     locked = await call_tool(session, "lock", "gitea_lock_issue", issue_number=n)
     async with h.foreman_db() as db:
         lock = await JournalStore(db).live_lock(FULL_NAME, n)
@@ -40,10 +46,10 @@ async def author_steps(h: LoopHarness, p: Printer, session: Any, n: int, lease_i
         raise StepFailed("lock", f"no live issue lock after gitea_lock_issue: {locked.get('status')}")
     p.step("lock", f"gitea_lock_issue: #{n} locked to {AUTHOR}'s worktree on {lock.branch} (lock {lock.lock_id})")
 
-    before = to_db_time((await _lease(h, lease_id)).expires_at)
+    before = to_db_time((await lease_by_id(h, lease_id)).expires_at)
     await asyncio.sleep(0.01)
     beat = await call_tool(session, "heartbeat", "gitea_heartbeat_lease", issue_number=n)
-    after = to_db_time((await _lease(h, lease_id)).expires_at)
+    after = to_db_time((await lease_by_id(h, lease_id)).expires_at)
     async with h.foreman_db() as db:
         beats = [event for event in await LeaseStore(db).events(lease_id) if event["kind"] == "heartbeat"]
     if not after > before or len(beats) != 1:
@@ -66,17 +72,17 @@ async def author_steps(h: LoopHarness, p: Printer, session: Any, n: int, lease_i
     posted = await call_tool(session, "state", "gitea_post_issue_state", issue_number=n, state=state,
                              summary=f"{AUTHOR} hands #{n} back to the controller.")
     [state_key] = posted["outbox"]
-    comment = await _verified_comment(h, "state", n, state_key, timeout_s)
+    comment = await verified_comment(h, "state", n, state_key, timeout_s)
 
     async def current() -> int | None:
-        return 1 if await _state_comment_id(h, n) == comment["id"] else None
+        return 1 if await state_comment_id(h, n) == comment["id"] else None
 
     await until("state", current, timeout_s, "the author's state never became the issue's current state")
     p.step("state", f"gitea_post_issue_state: comment #{comment['id']} posted once, read back, and now #{n}'s "
                     f"state (WHO_IS_NEXT controller, LAST_UPDATED_BY {AUTHOR})")
 
     pr = await publish_and_open(h, p, session, n, worktree, branch)
-    ended = await _lease(h, lease_id)
+    ended = await lease_by_id(h, lease_id)
     if ended.status != "released" or ended.end_reason != "pull_request_opened":
         raise StepFailed("release", f"the lease is {ended.status} ({ended.end_reason}) after gitea_open_pull_request")
     released = await call_tool(session, "release", "gitea_release_lease", issue_number=n, reason="done")
@@ -89,8 +95,6 @@ async def author_steps(h: LoopHarness, p: Printer, session: Any, n: int, lease_i
 
 async def publish_and_open(h: LoopHarness, p: Printer, author: Any, n: int, worktree: Path, branch: str) -> int:
     """The author commits its change, pushes it and opens the pull request, each read back from Gitea."""
-    from bot.demo import AUTHOR, OWNER, REPO, StepFailed, call_tool
-
     (worktree / "widget.py").write_text("color = 'blue'\n", encoding="utf-8")
     published = await call_tool(author, "publish", "gitea_publish_worktree", issue_number=n,
                                 message="Make the widget blue")
@@ -114,21 +118,6 @@ async def review_merge_teardown(h: LoopHarness, p: Printer, n: int, pr: int, wor
                                 timeout_s: float, errlog: TextIO) -> dict[str, Any]:
     """The controller allocates the review, the reviewer approves, the merger merges, and the pull request's closed
     webhook tears the issue down; returns the teardown's final evidence comment."""
-    from bot.demo import (
-        CONTROLLER,
-        FULL_NAME,
-        MAINTAINER,
-        MERGER,
-        OWNER,
-        REPO,
-        REVIEWER,
-        StepFailed,
-        _verified_comment,
-        call_tool,
-        mcp_session,
-        until,
-    )
-
     async def in_review() -> bool | None:
         # foreman writes labels through its outbox, and the review allocation reads its candidates from Gitea.
         if await _busy(h.db_path, n):
@@ -162,7 +151,7 @@ async def review_merge_teardown(h: LoopHarness, p: Printer, n: int, pr: int, wor
         raise StepFailed("merge", f"PR #{pr} on Gitea: merged {seen['merged']} by {seen.get('merged_by')}")
     p.step("merge", f"{MERGER} through /mcp: gitea_merge_pull_request: PR #{pr} merged by {MERGER} as "
                     f"{seen['merge_commit_sha'][:12]} (exactly the approved commit)")
-    final = await _verified_comment(h, "teardown", n, f"{pull_key(FULL_NAME.lower(), n, pr)}:evidence", timeout_s)
+    final = await verified_comment(h, "teardown", n, f"{pull_key(FULL_NAME.lower(), n, pr)}:evidence", timeout_s)
     issue = await h.api(MAINTAINER, "GET", f"/issues/{n}")
     labels = [label["name"] for label in issue["labels"]]
     state = parse_comment(final["body"]).current

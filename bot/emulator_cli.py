@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from bot.config_writer import write_config
-from bot.demo import OWNER, REPO, USERS, demo_config, scratch_root, seed_demo
+from bot.demo import demo_config, scratch_root, seed_demo
+from bot.demo_harness import OWNER, REPO, USERS
 from bot.emulator import Emulator, start_emulator
 
 HOOK_EVENTS = ("issues", "issue_comment", "pull_request", "push")

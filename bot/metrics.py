@@ -6,6 +6,7 @@ import asyncio
 import logging
 import platform
 import time
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -27,170 +28,147 @@ log = logging.getLogger("foreman.metrics")
 MCP_AUTH_REASONS = ("missing", "unknown", "throttled", "origin")
 
 
+@dataclass(frozen=True, slots=True)
+class _Spec:
+    """One metric as data: the attribute of :class:`Metrics` that holds it, its kind, name, help text, label names
+    and (a histogram's) buckets."""
+
+    attr: str
+    kind: type[Counter] | type[Gauge] | type[Histogram]
+    name: str
+    documentation: str
+    labels: tuple[str, ...] = ()
+    buckets: tuple[float, ...] | None = None
+
+    def build(self, registry: CollectorRegistry) -> Counter | Gauge | Histogram:
+        if self.buckets is not None:
+            return Histogram(self.name, self.documentation, self.labels, registry=registry, buckets=self.buckets)
+        return self.kind(self.name, self.documentation, self.labels, registry=registry)
+
+
+#: Every metric, in the order /metrics lists them.
+_SPECS: tuple[_Spec, ...] = (
+    _Spec("deliveries", Counter, "foreman_deliveries_total",
+          "Webhook deliveries by event and outcome (queued, duplicate, ignored_self, rejected_*, done, retry, failed)",
+          ("event", "outcome")),
+    _Spec("handler_errors", Counter, "foreman_handler_errors_total", "Handler failures by handler", ("handler",)),
+    _Spec("inbox_depth", Gauge, "foreman_inbox_depth", "Stored deliveries by status", ("status",)),
+    _Spec("processing_seconds", Histogram, "foreman_processing_seconds", "Time from claim to settle of one delivery",
+          ("event",), buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)),
+    _Spec("intake_seconds", Histogram, "foreman_intake_seconds", "Time to verify, store and answer one webhook request",
+          buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1, 5)),
+    _Spec("gitea_reachable", Gauge, "foreman_gitea_reachable", "1 if the last Gitea probe succeeded"),
+    # The outbox.
+    _Spec("outbox_depth", Gauge, "foreman_outbox_depth", "Outbox entries by status", ("status",)),
+    _Spec("outbox_send_seconds", Histogram, "foreman_outbox_send_seconds", "Time to send and verify one outbox entry",
+          ("kind",), buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)),
+    _Spec("outbox_retries", Counter, "foreman_outbox_retries_total", "Outbox sends retried after a failure",
+          ("kind",)),
+    _Spec("outbox_verification_failures", Counter, "foreman_outbox_verification_failures_total",
+          "Outbox entries whose read-back did not match", ("kind",)),
+    # The worker and the event loop.
+    _Spec("worker_loop_errors", Counter, "foreman_worker_loop_errors_total",
+          "Failures a worker loop survived (a claim, a pass or a settling commit that raised)"),
+    _Spec("worker_loops_alive", Gauge, "foreman_worker_loops_alive",
+          "Worker drain loops running (worker.concurrency when healthy)"),
+    _Spec("worker_settles_retrying", Gauge, "foreman_worker_settles_retrying",
+          "Deliveries whose settling commit failed and is being retried (a loop stuck on the database)"),
+    _Spec("worker_stood_aside", Counter, "foreman_worker_stood_aside_seconds_total",
+          "Seconds the worker's drain loops waited before a claim while the webhook door answered a burst"
+          " (worker.intake_burst_per_s; each wait at most worker.max_stand_aside_s)"),
+    _Spec("event_loop_lag", Histogram, "foreman_event_loop_lag_seconds",
+          "How late the event loop ran a timer: time one callback held the loop",
+          buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 5)),
+    _Spec("event_loop_lag_max", Gauge, "foreman_event_loop_lag_max_seconds",
+          "The largest event loop lag seen since start"),
+    # MCP over HTTP (bot/mcp_http.py); every label from a closed set, never from the request.
+    _Spec("mcp_auth_failures", Counter, "foreman_mcp_auth_failures_total",
+          "Requests to /mcp refused before any MCP processing, by reason (missing, unknown, throttled, origin)",
+          ("reason",)),
+    _Spec("mcp_requests", Counter, "foreman_mcp_requests_total", "Authenticated requests to /mcp, by HTTP method",
+          ("method",)),
+    _Spec("mcp_sessions", Gauge, "foreman_mcp_sessions", "Open MCP sessions over HTTP (every identity and run)"),
+    # Catch-up (bot/reconcile.py).
+    _Spec("reconcile_last_success", Gauge, "foreman_reconcile_last_success_timestamp_seconds",
+          "When the last catch-up pass finished reading Gitea (unix seconds; 0: none in this process)"),
+    _Spec("reconcile_found", Counter, "foreman_reconcile_found_total",
+          "Events catch-up found in Gitea that no webhook had brought, by kind (issue, comment)", ("kind",)),
+    _Spec("reconcile_errors", Counter, "foreman_reconcile_errors_total",
+          "Catch-up passes that could not read Gitea (the watermark stayed)"),
+    _Spec("reconcile_calls", Counter, "foreman_reconcile_api_calls_total", "Gitea API calls made by catch-up passes"),
+    _Spec("reconcile_seconds", Histogram, "foreman_reconcile_seconds", "Time of one catch-up pass",
+          buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)),
+    # The same per served repository; the label is a configured repository's key, never a payload's.
+    _Spec("reconcile_repository_last_success", Gauge, "foreman_reconcile_repository_last_success_timestamp_seconds",
+          "When a repository's last catch-up pass finished reading Gitea (unix seconds; 0: none in this process)",
+          ("repository",)),
+    _Spec("reconcile_repository_found", Counter, "foreman_reconcile_repository_found_total",
+          "Events catch-up found in a repository that no webhook had brought, by kind (issue, comment)",
+          ("repository", "kind")),
+    _Spec("reconcile_repository_errors", Counter, "foreman_reconcile_repository_errors_total",
+          "Catch-up passes that could not read a repository (its watermark stayed)", ("repository",)),
+    _Spec("reconcile_down_seconds", Gauge, "foreman_reconcile_down_seconds",
+          "The window without the service found at start: from the last heartbeat to the start (seconds)"),
+    # The build, and the state read from the database at each scrape (refresh_state).
+    _Spec("build_info", Gauge, "foreman_build_info", "Always 1; the labels name the running build",
+          ("version", "python")),
+    _Spec("leases", Gauge, "foreman_leases", "Leases by state (live_expired: still marked live but past its expiry)",
+          ("state",)),
+    _Spec("bootstrap_transitions", Gauge, "foreman_bootstrap_transitions", "Bootstrap journal transitions by outcome",
+          ("outcome",)),
+    _Spec("bootstrap_oldest_open_age", Gauge, "foreman_bootstrap_oldest_open_age_seconds",
+          "Age of the oldest open bootstrap transition (0: none)"),
+)
+
+
 class Metrics:
+    """The service's metrics, one attribute each, created from :data:`_SPECS` (declared here for the type
+    checker; tests/test_metrics_state.py checks the two name the same metrics)."""
+
+    registry: CollectorRegistry
+    deliveries: Counter
+    handler_errors: Counter
+    inbox_depth: Gauge
+    processing_seconds: Histogram
+    intake_seconds: Histogram
+    gitea_reachable: Gauge
+    outbox_depth: Gauge
+    outbox_send_seconds: Histogram
+    outbox_retries: Counter
+    outbox_verification_failures: Counter
+    worker_loop_errors: Counter
+    worker_loops_alive: Gauge
+    worker_settles_retrying: Gauge
+    worker_stood_aside: Counter
+    event_loop_lag: Histogram
+    event_loop_lag_max: Gauge
+    mcp_auth_failures: Counter
+    mcp_requests: Counter
+    mcp_sessions: Gauge
+    reconcile_last_success: Gauge
+    reconcile_found: Counter
+    reconcile_errors: Counter
+    reconcile_calls: Counter
+    reconcile_seconds: Histogram
+    reconcile_repository_last_success: Gauge
+    reconcile_repository_found: Counter
+    reconcile_repository_errors: Counter
+    reconcile_down_seconds: Gauge
+    build_info: Gauge
+    leases: Gauge
+    bootstrap_transitions: Gauge
+    bootstrap_oldest_open_age: Gauge
+
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
-        self.deliveries = Counter(
-            "foreman_deliveries_total",
-            "Webhook deliveries by event and outcome (queued, duplicate, ignored_self, rejected_*,"
-            " done, retry, failed)",
-            ["event", "outcome"],
-            registry=self.registry,
-        )
-        self.handler_errors = Counter(
-            "foreman_handler_errors_total", "Handler failures by handler", ["handler"], registry=self.registry
-        )
-        self.inbox_depth = Gauge(
-            "foreman_inbox_depth", "Stored deliveries by status", ["status"], registry=self.registry
-        )
-        self.processing_seconds = Histogram(
-            "foreman_processing_seconds",
-            "Time from claim to settle of one delivery",
-            ["event"],
-            registry=self.registry,
-            buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
-        )
-        self.intake_seconds = Histogram(
-            "foreman_intake_seconds",
-            "Time to verify, store and answer one webhook request",
-            registry=self.registry,
-            buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1, 5),
-        )
-        self.gitea_reachable = Gauge(
-            "foreman_gitea_reachable", "1 if the last Gitea probe succeeded", registry=self.registry
-        )
-
-        self.outbox_depth = Gauge(
-            "foreman_outbox_depth", "Outbox entries by status", ["status"], registry=self.registry
-        )
-        self.outbox_send_seconds = Histogram(
-            "foreman_outbox_send_seconds",
-            "Time to send and verify one outbox entry",
-            ["kind"],
-            registry=self.registry,
-            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
-        )
-        self.outbox_retries = Counter(
-            "foreman_outbox_retries_total", "Outbox sends retried after a failure", ["kind"], registry=self.registry
-        )
-        self.outbox_verification_failures = Counter(
-            "foreman_outbox_verification_failures_total",
-            "Outbox entries whose read-back did not match",
-            ["kind"],
-            registry=self.registry,
-        )
-
-        self.worker_loop_errors = Counter(
-            "foreman_worker_loop_errors_total",
-            "Failures a worker loop survived (a claim, a pass or a settling commit that raised)",
-            registry=self.registry,
-        )
-        self.worker_loops_alive = Gauge(
-            "foreman_worker_loops_alive", "Worker drain loops running (worker.concurrency when healthy)",
-            registry=self.registry,
-        )
-        self.worker_settles_retrying = Gauge(
-            "foreman_worker_settles_retrying",
-            "Deliveries whose settling commit failed and is being retried (a loop stuck on the database)",
-            registry=self.registry,
-        )
-        self.worker_stood_aside = Counter(
-            "foreman_worker_stood_aside_seconds_total",
-            "Seconds the worker's drain loops waited before a claim while the webhook door answered a burst"
-            " (worker.intake_burst_per_s; each wait at most worker.max_stand_aside_s)",
-            registry=self.registry,
-        )
-        self.event_loop_lag = Histogram(
-            "foreman_event_loop_lag_seconds",
-            "How late the event loop ran a timer: time one callback held the loop",
-            registry=self.registry,
-            buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 5),
-        )
-        self.event_loop_lag_max = Gauge(
-            "foreman_event_loop_lag_max_seconds", "The largest event loop lag seen since start",
-            registry=self.registry,
-        )
-
-        # MCP over HTTP (bot/mcp_http.py); every label from a closed set, never from the request.
-        self.mcp_auth_failures = Counter(
-            "foreman_mcp_auth_failures_total",
-            "Requests to /mcp refused before any MCP processing, by reason (missing, unknown, throttled, origin)",
-            ["reason"], registry=self.registry,
-        )
+        for spec in _SPECS:
+            setattr(self, spec.attr, spec.build(self.registry))
+        # The series that exist from the start, at zero (or, for the build, at 1).
         for reason in MCP_AUTH_REASONS:
             self.mcp_auth_failures.labels(reason)
-        self.mcp_requests = Counter(
-            "foreman_mcp_requests_total", "Authenticated requests to /mcp, by HTTP method", ["method"],
-            registry=self.registry,
-        )
-        self.mcp_sessions = Gauge(
-            "foreman_mcp_sessions", "Open MCP sessions over HTTP (every identity and run)", registry=self.registry
-        )
-
-        # Catch-up (bot/reconcile.py).
-        self.reconcile_last_success = Gauge(
-            "foreman_reconcile_last_success_timestamp_seconds",
-            "When the last catch-up pass finished reading Gitea (unix seconds; 0: none in this process)",
-            registry=self.registry,
-        )
-        self.reconcile_found = Counter(
-            "foreman_reconcile_found_total",
-            "Events catch-up found in Gitea that no webhook had brought, by kind (issue, comment)",
-            ["kind"],
-            registry=self.registry,
-        )
         for kind in ("issue", "comment"):
             self.reconcile_found.labels(kind)
-        self.reconcile_errors = Counter(
-            "foreman_reconcile_errors_total", "Catch-up passes that could not read Gitea (the watermark stayed)",
-            registry=self.registry,
-        )
-        self.reconcile_calls = Counter(
-            "foreman_reconcile_api_calls_total", "Gitea API calls made by catch-up passes", registry=self.registry
-        )
-        self.reconcile_seconds = Histogram(
-            "foreman_reconcile_seconds", "Time of one catch-up pass", registry=self.registry,
-            buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
-        )
-        # The same per served repository; the label is a configured repository's key, never a payload's.
-        self.reconcile_repository_last_success = Gauge(
-            "foreman_reconcile_repository_last_success_timestamp_seconds",
-            "When a repository's last catch-up pass finished reading Gitea (unix seconds; 0: none in this process)",
-            ["repository"], registry=self.registry,
-        )
-        self.reconcile_repository_found = Counter(
-            "foreman_reconcile_repository_found_total",
-            "Events catch-up found in a repository that no webhook had brought, by kind (issue, comment)",
-            ["repository", "kind"], registry=self.registry,
-        )
-        self.reconcile_repository_errors = Counter(
-            "foreman_reconcile_repository_errors_total",
-            "Catch-up passes that could not read a repository (its watermark stayed)",
-            ["repository"], registry=self.registry,
-        )
-        self.reconcile_down_seconds = Gauge(
-            "foreman_reconcile_down_seconds",
-            "The window without the service found at start: from the last heartbeat to the start (seconds)",
-            registry=self.registry,
-        )
-
-        self.build_info = Gauge(
-            "foreman_build_info", "Always 1; the labels name the running build", ["version", "python"],
-            registry=self.registry,
-        )
         self.build_info.labels(version(), platform.python_version()).set(1)
-        self.leases = Gauge(
-            "foreman_leases", "Leases by state (live_expired: still marked live but past its expiry)", ["state"],
-            registry=self.registry,
-        )
-        self.bootstrap_transitions = Gauge(
-            "foreman_bootstrap_transitions", "Bootstrap journal transitions by outcome", ["outcome"],
-            registry=self.registry,
-        )
-        self.bootstrap_oldest_open_age = Gauge(
-            "foreman_bootstrap_oldest_open_age_seconds", "Age of the oldest open bootstrap transition (0: none)",
-            registry=self.registry,
-        )
 
     def serve_repositories(self, keys: list[str]) -> None:
         """Create every served repository's catch-up series at zero (a repository never read still shows)."""

@@ -9,7 +9,7 @@ from typing import Any, Literal
 
 import orjson
 
-from bot.core.intake import Delivery
+from bot.core.intake import Delivery, WebhookDelivery
 from bot.core.issue_state import repo_key
 from state.db import Database, from_db_time, from_row, to_db_time, utcnow
 from state.sql import Connection, Row
@@ -27,16 +27,10 @@ class InsertResult:
 
 
 @dataclass(frozen=True, slots=True)
-class StoredDelivery:
+class StoredDelivery(WebhookDelivery):
     """One row of the inbox, as the worker and the CLI see it."""
 
     pk: int
-    delivery_id: str
-    event: str
-    event_type: str | None
-    action: str | None
-    sender_login: str | None
-    body: bytes
     received_at: str
     status: DeliveryStatus
     attempts: int

@@ -24,9 +24,9 @@ from bot.core.allocator import (
 )
 from bot.core.allocator import candidates as candidates_module
 from bot.core.allocator.candidates import LabelSets, Row, _row_of, normalize_candidates
-from bot.core.allocator.decide import _rank
 from bot.core.allocator.fingerprint import candidate_rows_digest, relevant_label_texts, utc_micros
 from bot.core.allocator.records import new_candidate, new_skipped
+from bot.core.allocator.screen import rank as _rank
 from bot.core.digest import fingerprint_digest
 from bot.core.vocabulary import MAX_ISSUE_NUMBER
 from tests.work_count import counted, lines_executed

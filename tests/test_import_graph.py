@@ -202,11 +202,7 @@ def test_no_import_circle_in_the_house_outside_the_emulator() -> None:
     included), except inside the emulator's own package."""
     exempt = tuple(prefix.rstrip("/").replace("/", ".") for prefix in _CIRCLE_EXEMPT)
     found = [c for c in circles(import_graph()) if not all(m.startswith(exempt) for m in c)]
-    assert [c for c in found if c not in _BEING_UNDONE] == []
-
-
-#: Circles whose undoing is under way on their own branches (removed from here as each lands).
-_BEING_UNDONE = [["bot.demo", "bot.demo_life"]]
+    assert found == []
 
 
 def test_the_door_imports_no_verb() -> None:

@@ -12,7 +12,7 @@ import pytest
 
 from bot import invariants
 from bot.core.evidence import render_evidence
-from bot.invariants import (
+from bot.invariants.facts import (
     CheckoutFacts,
     CommentFact,
     DbFacts,

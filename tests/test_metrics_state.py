@@ -58,3 +58,13 @@ async def test_metrics_carry_build_info_and_state_gauges(tmp_path: Path, start: 
     got = _samples(await (await client.get("/metrics")).text())
     assert got[("foreman_leases", (("state", "live"),))] == 0
     assert got[("foreman_leases", (("state", "released"),))] == 1
+
+
+def test_every_metric_is_declared_as_an_attribute_of_its_kind() -> None:
+    """bot/metrics.py's table and the attributes it declares for the type checker name the same metrics."""
+    from bot.metrics import _SPECS, Metrics
+
+    declared = {name: kind for name, kind in Metrics.__annotations__.items() if name != "registry"}
+    assert {spec.attr: spec.kind.__name__ for spec in _SPECS} == declared
+    assert len({spec.name for spec in _SPECS}) == len(_SPECS)
+    assert all(spec.buckets is not None for spec in _SPECS if spec.kind.__name__ == "Histogram")

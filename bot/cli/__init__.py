@@ -6,15 +6,26 @@ import argparse
 import asyncio
 import contextlib
 import json
-import math
 import os
-import re
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from bot import logs
+from bot.cli import (
+    allocate,
+    bootstrap,
+    check_config,
+    inbox,
+    invariants,
+    listings,
+    mcp,
+    runs,
+    standalone,
+    state,
+)
+from bot.cli import serve as serve_commands
 from bot.cli.allocate import cmd_allocate
 from bot.cli.bootstrap import cmd_bootstrap, cmd_checkout
 from bot.cli.check_config import cmd_check_config
@@ -23,15 +34,14 @@ from bot.cli.inbox import cmd_deliveries, cmd_outbox, cmd_replay
 from bot.cli.invariants import cmd_invariants
 from bot.cli.listings import cmd_issue, cmd_journal, cmd_leases
 from bot.cli.mcp import cmd_mcp
+from bot.cli.parsing import Commands, Parser, UsageError
 from bot.cli.runs import cmd_grants, cmd_run
 from bot.cli.serve import serve
+from bot.cli.standalone import cmd_token_digest
 from bot.cli.state import cmd_state_parse
 from bot.config import ConfigError, Settings, load_settings
-from bot.core.vocabulary import MAX_ISSUE_NUMBER, is_issue_number
 from bot.mcp_bridge import URL_ENV
 from state.db import DatabaseFileUnusable, DatabaseNotWritable, SchemaTooNew
-from state.deliveries import STATUSES
-from state.outbox import OUTBOX_STATUSES
 
 
 def config_error_envelope(exc: ConfigError) -> dict[str, Any]:
@@ -48,96 +58,10 @@ def config_error_envelope(exc: ConfigError) -> dict[str, Any]:
     }
 
 
-class UsageError(Exception):
-    """A command line that cannot be read: exit 2 with the invalid_input envelope (never argparse's exit)."""
-
-    def __init__(self, message: str, usage: str) -> None:
-        super().__init__(message)
-        self.message = message
-        self.usage = usage
-
-    def envelope(self) -> dict[str, Any]:
-        return {
-            "error": "invalid_input",
-            "message": self.message,
-            "remediate": "Give every option at most once (list options such as --exclude take several values, "
-            "repeated or after one flag) with a value of the documented type; see `foreman <command> --help`.",
-            "exact_next_action": f"run the command again as: {self.usage}",
-        }
-
-
-class _Parser(argparse.ArgumentParser):
-    """argparse that raises UsageError instead of exiting, and refuses a one-value option given twice."""
-
-    def error(self, message: str) -> Any:  # argparse's signature is NoReturn; raising keeps it so
-        raise UsageError(f"{self.prog}: {message}", " ".join(self.format_usage().split()).removeprefix("usage: "))
-
-    def add_argument(self, *args: Any, **kwargs: Any) -> argparse.Action:
-        if args and str(args[0]).startswith("-") and kwargs.get("action", "store") == "store":
-            kwargs["action"] = _Once
-        return super().add_argument(*args, **kwargs)
-
-
-class _Once(argparse.Action):
-    """Store one value; a second occurrence is refused (it would silently replace the first)."""
-
-    def __call__(
-        self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any, option: str | None = None
-    ) -> None:
-        marker = f"_given_{self.dest}"
-        if getattr(namespace, marker, False):
-            raise argparse.ArgumentError(self, "given more than once; give it once")
-        setattr(namespace, marker, True)
-        setattr(namespace, self.dest, values)
-
-
-_DIGITS = re.compile(r"[0-9]{1,19}")
-
-
-def _positive_int64(what: str) -> Callable[[str], int]:
-    """An argparse type: a decimal integer in 1..2^63-1 (what SQLite and Gitea store), else a clear refusal."""
-
-    def parse(text: str) -> int:
-        value = int(text) if _DIGITS.fullmatch(text) else 0
-        if not is_issue_number(value):
-            shown = text if len(text) <= 40 else f"{text[:20]}... ({len(text)} characters)"
-            raise argparse.ArgumentTypeError(f"{shown!r} is not {what} (a whole number from 1 to {MAX_ISSUE_NUMBER})")
-        return value
-
-    parse.__name__ = what
-    return parse
-
-
-_issue_number = _positive_int64("an issue number")
-_row_id = _positive_int64("a row id")
-_count = _positive_int64("a positive count")
-
-
-def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not math.isfinite(value) or value <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a positive, finite number of seconds")
-    return value
-
-
-def _delivery_ref(text: str) -> str:
-    """A row id (digits, within int64) or a Gitea delivery id."""
-    if text.isdigit() or not text.strip():
-        _row_id(text)
-    return text
-
-
-_JSON_HELP = "print exactly one JSON document on stdout (logs go to stderr)"
-_LIMIT_HELP = "show at most N rows (default: %(default)s)"
-
-
 def build_parser() -> argparse.ArgumentParser:
     from bot.metrics import version
 
-    parser = _Parser(
+    parser = Parser(
         prog="foreman",
         description="Runs AI coding agents and people on a Gitea repository under auditable rules.",
         epilog="Exit codes: 0 done; 1 refused or blocked (the structured result is still printed), or standard "
@@ -150,133 +74,26 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--repository", metavar="OWNER/NAME",
                         help="the served repository a command acts on (default: the only one; required when "
                         "[[repositories]] lists more than one)")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-
-    def add(name: str, help_text: str) -> argparse.ArgumentParser:
-        cmd = sub.add_parser(name, help=help_text, description=help_text[0].upper() + help_text[1:] + ".")
-        cmd.add_argument("--config", dest="sub_config", type=Path, default=argparse.SUPPRESS, help=argparse.SUPPRESS)
-        cmd.add_argument("--repository", dest="sub_repository", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
-        return cmd
-
-    def add_json(cmd: argparse.ArgumentParser) -> None:
-        cmd.add_argument("--json", action="store_true", help=_JSON_HELP)
-
-    add("serve", "run the webhook service (and the dashboard at /dashboard with [dashboard] token)")
-    check = add("check-config", "validate the config and, if reachable, the Gitea credentials")
-    add_json(check)
-    deliveries = add("deliveries", "list stored webhook deliveries")
-    deliveries.add_argument("--status", choices=STATUSES, help="only deliveries with this status")
-    deliveries.add_argument("--limit", type=_count, default=50, metavar="N", help=_LIMIT_HELP)
-    deliveries.add_argument("--reconcile", action="store_true",
-                            help="the last catch-up pass instead: what it read, found and missed")
-    add_json(deliveries)
-    replay = add("replay", "queue a stored delivery again")
-    replay.add_argument("id", type=_delivery_ref, help="row id or Gitea delivery id")
-    replay.add_argument("--force", action="store_true", help="also replay done or ignored deliveries")
-    add_json(replay)
-    outbox = add("outbox", "list intended Gitea mutations, or retry a parked one")
-    outbox.add_argument("--status", choices=OUTBOX_STATUSES, help="only entries with this status")
-    outbox.add_argument("--limit", type=_count, default=50, metavar="N", help=_LIMIT_HELP)
-    add_json(outbox)
-    outbox_sub = outbox.add_subparsers(dest="outbox_command", metavar="SUBCOMMAND")
-    outbox_retry = outbox_sub.add_parser("retry", help="send a parked or verification_failed entry again")
-    outbox_retry.add_argument("id", type=_row_id, help="the entry's id (foreman outbox shows it)")
-    add_json(outbox_retry)
-    leases = add("leases", "live and recent leases (owner, role, action, expiry, heartbeat)")
-    leases.add_argument("--live", action="store_true", help="only leases still marked live")
-    leases.add_argument("--issue", type=_issue_number, metavar="N", help="only the leases of issue N")
-    leases.add_argument("--limit", type=_count, default=50, metavar="N", help=_LIMIT_HELP)
-    add_json(leases)
-    journal = add("journal", "bootstrap transitions and their journal phases")
-    journal.add_argument("key", nargs="?", metavar="KEY", help="one transition's idempotency key (with its proofs)")
-    journal.add_argument("--issue", type=_issue_number, metavar="N", help="only the transitions of issue N")
-    journal.add_argument("--limit", type=_count, default=50, metavar="N", help=_LIMIT_HELP)
-    add_json(journal)
-    issue = add("issue", "one issue's timeline: deliveries, decisions, leases, bootstrap, the bot's writes, worktree")
-    issue.add_argument("number", type=_issue_number, metavar="N", help="the issue number")
-    add_json(issue)
-    invariants = add("invariants", "check leases, evidence, outbox, journal and worktrees are consistent")
-    add_json(invariants)
-    allocate = add("allocate", "pick the next status:ready issue for an owner (dry-run unless --apply)")
-    allocate.add_argument("--apply", action="store_true", help="create the lease (default: dry-run)")
-    allocate.add_argument("--owner", metavar="LOGIN",
-                          help="roster login that receives the lease (default: the only one)")
-    allocate.add_argument("--action", default="implement", help="implement (an author) or review (a reviewer)")
-    allocate.add_argument(
-        "--exclude", type=_issue_number, nargs="+", action="extend", default=None, metavar="N",
-        help="issues never leased (several after one flag, or the flag repeated: every value counts)",
-    )
-    allocate.add_argument("--candidates-json", metavar="JSON|@FILE",
-                          help="candidate records as JSON, or @FILE (default: from Gitea)")
-    allocate.add_argument("--expect-fingerprint", metavar="FP", help="refuse to apply if the dry-run's inputs changed")
-    add_json(allocate)
-    bootstrap = add("bootstrap", "create or recover the issue's branch and worktree for its lease owner")
-    bootstrap.add_argument("--issue", type=_issue_number, required=True, metavar="N", help="the leased issue")
-    bootstrap.add_argument("--owner", required=True, metavar="LOGIN", help="the live lease's owner (the caller)")
-    bootstrap.add_argument("--idempotency-key", metavar="K", help="replay or resume this request (default: derived)")
-    bootstrap.add_argument("--expected-base", metavar="SHA", help="refuse (stale_pin) unless the base is this commit")
-    bootstrap.add_argument("--preflight", action="store_true", help="only prove the bootstrap could run (no change)")
-    add_json(bootstrap)
-    checkout = add("checkout", "the control checkout (docs/bootstrap.md)")
-    checkout_sub = checkout.add_subparsers(dest="checkout_command", required=True, metavar="SUBCOMMAND")
-    repoint = checkout_sub.add_parser(
-        "repoint", help="point origin at the clone URL foreman uses now, once it serves the same repository "
-        "(no worktree is touched)")
-    add_json(repoint)
-    repoint.add_argument("--config", dest="sub_config", type=Path, default=argparse.SUPPRESS, help=argparse.SUPPRESS)
-    mcp = add("mcp", "MCP over stdio for the identity of $FOREMAN_MCP_TOKEN (see docs/mcp.md): with --url, a bridge "
-              "to the service's /mcp (what agents run); without, in-process (an operator's tool)")
-    mcp.add_argument("--url", metavar="URL",
-                     help="foreman serve's MCP endpoint, e.g. http://foreman:8080/mcp (default: $FOREMAN_MCP_URL): "
-                     "forward stdio there with $FOREMAN_MCP_TOKEN as the bearer token; reads no config or database")
-    demo = add("demo", "run the whole loop against the bundled Gitea emulator in a temporary directory")
-    demo.add_argument("--keep", action="store_true", help="keep the temporary directory (config, database, logs)")
-    demo.add_argument("--timeout", type=_seconds, default=30.0, metavar="S", help="seconds each step may take")
-    emulator = add("emulator", "serve the bundled Gitea emulator with a demo repository; prints URL, users, tokens")
-    emulator.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s)")
-    emulator.add_argument("--port", type=_port, default=3000, help="port to listen on; 0 picks a free one "
-                          "(default: %(default)s)")
-    emulator.add_argument("--dir", type=Path, metavar="DIR", dest="root",
-                          help="keep its files (git repositories, foreman.toml) here (default: a new temporary folder)")
-    emulator.add_argument("--hook-url", metavar="URL", help="add a signed webhook to this foreman's /webhook")
-    add_json(emulator)
-    digest = add("token-digest", "print the [mcp.token_digests] entry of a token read from standard input (the "
-                 "config then holds only its SHA-256)")
-    digest.add_argument("--login", metavar="LOGIN", help="print it as a TOML line for this login")
-    run = add("run", "agent runs bound to sealed grants (docs/grants.md)")
-    run_sub = run.add_subparsers(dest="run_command", required=True, metavar="SUBCOMMAND")
-    run_start = run_sub.add_parser("start", help="compile and seal the grant for the issue's live lease and worktree")
-    run_start.add_argument("--issue", type=_issue_number, required=True, metavar="N", help="the leased issue")
-    run_start.add_argument("--action", metavar="A", help="the template's action (default: the lease's action)")
-    run_abort = run_sub.add_parser("abort", help="abort a run (an in-flight call keeps blocking its teardown)")
-    run_abort.add_argument("run_id", metavar="RUN_ID", help="the run (foreman grants lists them)")
-    run_abort.add_argument("--reason", default="aborted by operator", help="recorded with the abort")
-    run_reconcile = run_sub.add_parser("reconcile", help="settle an in-flight call whose result will never come")
-    run_reconcile.add_argument("run_id", metavar="RUN_ID", help="the run (foreman grants lists them)")
-    run_reconcile.add_argument("call_id", metavar="CALL_ID", help="the in-flight call (foreman grants RUN_ID)")
-    run_reconcile.add_argument("--note", required=True, help="what was checked independently")
-    run_teardown = run_sub.add_parser("teardown", help="run the reserved teardown (after an abort, failure or expiry)")
-    run_teardown.add_argument("run_id", metavar="RUN_ID", help="the run (foreman grants lists them)")
-    for run_cmd in (run_start, run_abort, run_reconcile, run_teardown):
-        add_json(run_cmd)
-        run_cmd.add_argument(
-            "--config", dest="sub_config", type=Path, default=argparse.SUPPRESS, help=argparse.SUPPRESS
-        )
-    grants = add("grants", "sealed run grants, their digests and every admission decision")
-    grants.add_argument("run_id", nargs="?", metavar="RUN_ID", help="one run (default: every run)")
-    add_json(grants)
-    state = add("state", "Canonical Issue State tools")
-    state_sub = state.add_subparsers(dest="state_command", required=True, metavar="SUBCOMMAND")
-    parse = state_sub.add_parser("parse", help="parse Canonical Issue State block(s) to JSON")
-    parse.add_argument("file", nargs="?", help="a file, or - for standard input (default)")
+    commands = Commands(parser.add_subparsers(dest="command", required=True, metavar="COMMAND"))
+    for register in _REGISTERS:
+        register(commands)
     return parser
 
 
-def _port(text: str) -> int:
-    value = int(text) if _DIGITS.fullmatch(text) else -1
-    if not 0 <= value <= 65535:
-        raise argparse.ArgumentTypeError(f"{text[:40]!r} is not a port (0 to 65535)")
-    return value
+#: Each command group's module adds its own subcommands; `foreman --help` lists them in this order.
+_REGISTERS: tuple[Callable[[Commands], None], ...] = (
+    serve_commands.register,
+    check_config.register,
+    inbox.register,
+    listings.register,
+    invariants.register,
+    allocate.register,
+    bootstrap.register,
+    mcp.register,
+    standalone.register,
+    runs.register,
+    state.register,
+)
 
 
 def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -341,7 +158,7 @@ def _main(argv: Sequence[str] | None) -> int:
         return emulator_main(host=args.host, port=args.port, root=args.root, hook_url=args.hook_url,
                              as_json=args.json)
     if args.command == "token-digest":  # reads no configuration: the operator runs it where the token is
-        return _token_digest(args.login)
+        return cmd_token_digest(args.login)
     try:
         settings = load_settings(args.config)
     except ConfigError as exc:
@@ -359,22 +176,6 @@ def _main(argv: Sequence[str] | None) -> int:
     except (SchemaTooNew, DatabaseNotWritable) as exc:
         print(json.dumps(database_refusal(exc), sort_keys=True), file=sys.stderr)
         return EXIT_REFUSED
-
-
-def _token_digest(login: str | None) -> int:
-    """``foreman token-digest``: the digest of the one token on standard input (a trailing newline dropped)."""
-    import hashlib
-
-    token = sys.stdin.buffer.read(1 << 16).removesuffix(b"\n").removesuffix(b"\r")
-    if not token or any(byte <= 0x20 for byte in token):
-        refusal = {"error": "invalid_input",
-                   "message": "standard input must hold one token (no spaces or line breaks inside it)",
-                   "exact_next_action": 'printf %s "$TOKEN" | foreman token-digest'}
-        print(json.dumps(refusal), file=sys.stderr)
-        return EXIT_USAGE
-    digest = f"sha256:{hashlib.sha256(token).hexdigest()}"
-    print(f'"{login}" = "{digest}"' if login else digest)
-    return 0
 
 
 def database_path_error(exc: DatabaseFileUnusable) -> dict[str, Any]:

@@ -8,6 +8,7 @@ import getpass
 from typing import TYPE_CHECKING, Any
 
 from bot.cli.common import EXIT_OK, EXIT_REFUSED, EXIT_USAGE, emit, rendered, with_db
+from bot.cli.parsing import Commands, add_json, issue_number
 from bot.config import Settings
 from state.db import Database
 
@@ -134,3 +135,20 @@ def _default_owner(settings: Settings, action: str) -> str | None:
     role = ACTION_ROLES.get(action, "author")
     owners = [login for login, roles in settings.roster.items() if role in roles]
     return owners[0] if len(owners) == 1 else None
+
+
+def register(commands: Commands) -> None:
+    """``foreman allocate``."""
+    allocate = commands.add("allocate", "pick the next status:ready issue for an owner (dry-run unless --apply)")
+    allocate.add_argument("--apply", action="store_true", help="create the lease (default: dry-run)")
+    allocate.add_argument("--owner", metavar="LOGIN",
+                          help="roster login that receives the lease (default: the only one)")
+    allocate.add_argument("--action", default="implement", help="implement (an author) or review (a reviewer)")
+    allocate.add_argument(
+        "--exclude", type=issue_number, nargs="+", action="extend", default=None, metavar="N",
+        help="issues never leased (several after one flag, or the flag repeated: every value counts)",
+    )
+    allocate.add_argument("--candidates-json", metavar="JSON|@FILE",
+                          help="candidate records as JSON, or @FILE (default: from Gitea)")
+    allocate.add_argument("--expect-fingerprint", metavar="FP", help="refuse to apply if the dry-run's inputs changed")
+    add_json(allocate)

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+from pathlib import Path
 
 from bot.cli.common import EXIT_OK, EXIT_REFUSED, emit, rendered, with_db
+from bot.cli.parsing import Commands, add_json, issue_number
 from bot.config import Settings
 from state.db import Database
 
@@ -65,3 +67,21 @@ def cmd_checkout(settings: Settings, args: argparse.Namespace) -> int:
         return EXIT_OK if doc["ok"] else EXIT_REFUSED
 
     return asyncio.run(with_db(settings, work))
+
+
+def register(commands: Commands) -> None:
+    """``foreman bootstrap`` and ``checkout`` (``checkout repoint``)."""
+    bootstrap = commands.add("bootstrap", "create or recover the issue's branch and worktree for its lease owner")
+    bootstrap.add_argument("--issue", type=issue_number, required=True, metavar="N", help="the leased issue")
+    bootstrap.add_argument("--owner", required=True, metavar="LOGIN", help="the live lease's owner (the caller)")
+    bootstrap.add_argument("--idempotency-key", metavar="K", help="replay or resume this request (default: derived)")
+    bootstrap.add_argument("--expected-base", metavar="SHA", help="refuse (stale_pin) unless the base is this commit")
+    bootstrap.add_argument("--preflight", action="store_true", help="only prove the bootstrap could run (no change)")
+    add_json(bootstrap)
+    checkout = commands.add("checkout", "the control checkout (docs/bootstrap.md)")
+    checkout_sub = checkout.add_subparsers(dest="checkout_command", required=True, metavar="SUBCOMMAND")
+    repoint = checkout_sub.add_parser(
+        "repoint", help="point origin at the clone URL foreman uses now, once it serves the same repository "
+        "(no worktree is touched)")
+    add_json(repoint)
+    repoint.add_argument("--config", dest="sub_config", type=Path, default=argparse.SUPPRESS, help=argparse.SUPPRESS)

@@ -7,6 +7,7 @@ import asyncio
 from typing import TYPE_CHECKING, Any
 
 from bot.cli.common import EXIT_OK, EXIT_REFUSED, emit
+from bot.cli.parsing import Commands, add_json
 from bot.config import Settings
 
 if TYPE_CHECKING:
@@ -197,3 +198,9 @@ def cmd_check_config(settings: Settings, args: argparse.Namespace) -> int:
     text = "\n".join(f"{c['status']:<8} {c['check']:<16} {c['detail']}" for c in checks)
     emit(doc, as_json=args.json, text=text)
     return EXIT_OK
+
+
+def register(commands: Commands) -> None:
+    """``foreman check-config``."""
+    check = commands.add("check-config", "validate the config and, if reachable, the Gitea credentials")
+    add_json(check)

@@ -7,9 +7,11 @@ import asyncio
 import getpass
 
 from bot.cli.common import EXIT_OK, emit, refused, with_db, with_store
+from bot.cli.parsing import LIMIT_HELP, Commands, add_json, count, delivery_ref, row_id
 from bot.config import Settings
 from state.db import Database
-from state.deliveries import DeliveryStore
+from state.deliveries import STATUSES, DeliveryStore
+from state.outbox import OUTBOX_STATUSES
 
 
 def cmd_deliveries(settings: Settings, args: argparse.Namespace) -> int:
@@ -100,3 +102,25 @@ def cmd_outbox(settings: Settings, args: argparse.Namespace) -> int:
         return EXIT_OK
 
     return asyncio.run(with_db(settings, work))
+
+
+def register(commands: Commands) -> None:
+    """``foreman deliveries``, ``replay`` and ``outbox`` (``outbox retry``)."""
+    deliveries = commands.add("deliveries", "list stored webhook deliveries")
+    deliveries.add_argument("--status", choices=STATUSES, help="only deliveries with this status")
+    deliveries.add_argument("--limit", type=count, default=50, metavar="N", help=LIMIT_HELP)
+    deliveries.add_argument("--reconcile", action="store_true",
+                            help="the last catch-up pass instead: what it read, found and missed")
+    add_json(deliveries)
+    replay = commands.add("replay", "queue a stored delivery again")
+    replay.add_argument("id", type=delivery_ref, help="row id or Gitea delivery id")
+    replay.add_argument("--force", action="store_true", help="also replay done or ignored deliveries")
+    add_json(replay)
+    outbox = commands.add("outbox", "list intended Gitea mutations, or retry a parked one")
+    outbox.add_argument("--status", choices=OUTBOX_STATUSES, help="only entries with this status")
+    outbox.add_argument("--limit", type=count, default=50, metavar="N", help=LIMIT_HELP)
+    add_json(outbox)
+    outbox_sub = outbox.add_subparsers(dest="outbox_command", metavar="SUBCOMMAND")
+    outbox_retry = outbox_sub.add_parser("retry", help="send a parked or verification_failed entry again")
+    outbox_retry.add_argument("id", type=row_id, help="the entry's id (foreman outbox shows it)")
+    add_json(outbox_retry)

@@ -6,6 +6,7 @@ import argparse
 import asyncio
 
 from bot.cli.common import EXIT_OK, EXIT_REFUSED, EXIT_USAGE, emit, with_db
+from bot.cli.parsing import Commands, add_json
 from bot.config import Settings
 from state.db import Database
 
@@ -49,3 +50,9 @@ def cmd_invariants(settings: Settings, args: argparse.Namespace) -> int:
         return EXIT_OK if doc["ok"] else EXIT_REFUSED
 
     return asyncio.run(with_db(settings, work))
+
+
+def register(commands: Commands) -> None:
+    """``foreman invariants``."""
+    invariants = commands.add("invariants", "check leases, evidence, outbox, journal and worktrees are consistent")
+    add_json(invariants)

@@ -8,6 +8,7 @@ import json
 from typing import Any
 
 from bot.cli.common import EXIT_OK, emit, not_found, with_db
+from bot.cli.parsing import LIMIT_HELP, Commands, add_json, count, issue_number
 from bot.config import Settings
 from state.db import Database
 
@@ -77,3 +78,22 @@ def cmd_issue(settings: Settings, args: argparse.Namespace) -> int:
         return EXIT_OK
 
     return asyncio.run(with_db(settings, work))
+
+
+def register(commands: Commands) -> None:
+    """``foreman leases``, ``journal`` and ``issue``."""
+    leases = commands.add("leases", "live and recent leases (owner, role, action, expiry, heartbeat)")
+    leases.add_argument("--live", action="store_true", help="only leases still marked live")
+    leases.add_argument("--issue", type=issue_number, metavar="N", help="only the leases of issue N")
+    leases.add_argument("--limit", type=count, default=50, metavar="N", help=LIMIT_HELP)
+    add_json(leases)
+    journal = commands.add("journal", "bootstrap transitions and their journal phases")
+    journal.add_argument("key", nargs="?", metavar="KEY", help="one transition's idempotency key (with its proofs)")
+    journal.add_argument("--issue", type=issue_number, metavar="N", help="only the transitions of issue N")
+    journal.add_argument("--limit", type=count, default=50, metavar="N", help=LIMIT_HELP)
+    add_json(journal)
+    issue = commands.add(
+        "issue", "one issue's timeline: deliveries, decisions, leases, bootstrap, the bot's writes, worktree"
+    )
+    issue.add_argument("number", type=issue_number, metavar="N", help="the issue number")
+    add_json(issue)

@@ -9,6 +9,7 @@ import sys
 from typing import Any
 
 from bot.cli.common import EXIT_OK, EXIT_USAGE
+from bot.cli.parsing import Commands
 from bot.config import Settings
 from bot.mcp_bridge import REFUSED_CODE as MCP_REFUSED_CODE
 from bot.mcp_bridge import answer_refusal_on_the_wire
@@ -74,3 +75,12 @@ def _mcp_token_refusal(message: str) -> dict[str, Any]:
         "token `foreman run start` printed for a run.",
         "exact_next_action": "set FOREMAN_MCP_TOKEN to a configured token and start foreman mcp again",
     }
+
+
+def register(commands: Commands) -> None:
+    """``foreman mcp``."""
+    mcp = commands.add("mcp", "MCP over stdio for the identity of $FOREMAN_MCP_TOKEN (see docs/mcp.md): with --url, a "
+                       "bridge to the service's /mcp (what agents run); without, in-process (an operator's tool)")
+    mcp.add_argument("--url", metavar="URL",
+                     help="foreman serve's MCP endpoint, e.g. http://foreman:8080/mcp (default: $FOREMAN_MCP_URL): "
+                     "forward stdio there with $FOREMAN_MCP_TOKEN as the bearer token; reads no config or database")

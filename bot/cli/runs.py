@@ -6,9 +6,11 @@ import argparse
 import asyncio
 import getpass
 import json
+from pathlib import Path
 from typing import Any
 
 from bot.cli.common import EXIT_OK, EXIT_REFUSED, emit, with_db
+from bot.cli.parsing import Commands, add_json, issue_number
 from bot.config import Settings
 from state.db import Database
 
@@ -157,3 +159,29 @@ def cmd_grants(settings: Settings, args: argparse.Namespace) -> int:
         return EXIT_OK
 
     return asyncio.run(with_db(settings, work))
+
+
+def register(commands: Commands) -> None:
+    """``foreman run`` (``start``, ``abort``, ``reconcile``, ``teardown``) and ``grants``."""
+    run = commands.add("run", "agent runs bound to sealed grants (docs/grants.md)")
+    run_sub = run.add_subparsers(dest="run_command", required=True, metavar="SUBCOMMAND")
+    run_start = run_sub.add_parser("start", help="compile and seal the grant for the issue's live lease and worktree")
+    run_start.add_argument("--issue", type=issue_number, required=True, metavar="N", help="the leased issue")
+    run_start.add_argument("--action", metavar="A", help="the template's action (default: the lease's action)")
+    run_abort = run_sub.add_parser("abort", help="abort a run (an in-flight call keeps blocking its teardown)")
+    run_abort.add_argument("run_id", metavar="RUN_ID", help="the run (foreman grants lists them)")
+    run_abort.add_argument("--reason", default="aborted by operator", help="recorded with the abort")
+    run_reconcile = run_sub.add_parser("reconcile", help="settle an in-flight call whose result will never come")
+    run_reconcile.add_argument("run_id", metavar="RUN_ID", help="the run (foreman grants lists them)")
+    run_reconcile.add_argument("call_id", metavar="CALL_ID", help="the in-flight call (foreman grants RUN_ID)")
+    run_reconcile.add_argument("--note", required=True, help="what was checked independently")
+    run_teardown = run_sub.add_parser("teardown", help="run the reserved teardown (after an abort, failure or expiry)")
+    run_teardown.add_argument("run_id", metavar="RUN_ID", help="the run (foreman grants lists them)")
+    for run_cmd in (run_start, run_abort, run_reconcile, run_teardown):
+        add_json(run_cmd)
+        run_cmd.add_argument(
+            "--config", dest="sub_config", type=Path, default=argparse.SUPPRESS, help=argparse.SUPPRESS
+        )
+    grants = commands.add("grants", "sealed run grants, their digests and every admission decision")
+    grants.add_argument("run_id", nargs="?", metavar="RUN_ID", help="one run (default: every run)")
+    add_json(grants)

@@ -11,6 +11,7 @@ import sys
 from aiohttp import web
 
 from bot.cli.common import EXIT_OK, EXIT_USAGE
+from bot.cli.parsing import Commands
 from bot.config import Settings, ensure_webhook_secret
 from bot.core.dispatch import OrderedRouter
 
@@ -61,3 +62,8 @@ async def serve(settings: Settings, router: OrderedRouter | None = None) -> int:
     await runner.cleanup()
     log.info("stopped")
     return EXIT_OK
+
+
+def register(commands: Commands) -> None:
+    """``foreman serve``."""
+    commands.add("serve", "run the webhook service (and the dashboard at /dashboard with [dashboard] token)")

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from bot.cli.common import EXIT_USAGE, emit
+from bot.cli.parsing import Commands
 from bot.config import Settings
 
 
@@ -34,3 +35,11 @@ def cmd_state_parse(settings: Settings | None, args: argparse.Namespace) -> int:
     code, doc = state_parse_report(text)
     print(json.dumps(doc, indent=2, sort_keys=True))
     return int(code)
+
+
+def register(commands: Commands) -> None:
+    """``foreman state`` (``state parse``)."""
+    state = commands.add("state", "Canonical Issue State tools")
+    state_sub = state.add_subparsers(dest="state_command", required=True, metavar="SUBCOMMAND")
+    parse = state_sub.add_parser("parse", help="parse Canonical Issue State block(s) to JSON")
+    parse.add_argument("file", nargs="?", help="a file, or - for standard input (default)")

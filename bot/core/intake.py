@@ -58,8 +58,8 @@ class Rejection:
 
 
 @dataclass(frozen=True, slots=True)
-class Delivery:
-    """An admitted delivery, ready to be stored: the raw body is kept byte for byte."""
+class WebhookDelivery:
+    """A webhook delivery as Gitea sent it: its id, event, type, action, sender and raw body (byte for byte)."""
 
     delivery_id: str
     event: str
@@ -67,6 +67,12 @@ class Delivery:
     action: str | None
     sender_login: str | None
     body: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Delivery(WebhookDelivery):
+    """An admitted delivery, ready to be stored: the raw body is kept byte for byte."""
+
     body_sha256: str
     headers: dict[str, str]
     payload: Any

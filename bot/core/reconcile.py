@@ -172,71 +172,104 @@ def plan(
 
     ``since`` has whole-second resolution (services/context/utils.go ``parseFormTime``: RFC 3339 → unix seconds).
     """
-    bot = bot_login.lower()
     skipped: dict[str, int] = {}
-
-    def skip(reason: str) -> None:
-        skipped[reason] = skipped.get(reason, 0) + 1
-
     by_number: dict[int, Mapping[str, Any]] = {int(i["number"]): i for i in issues}
     for number, item in (extra_issues or {}).items():
         by_number.setdefault(number, item)
     marker = {"pass": pass_id}
-    planned_issues: list[Synthetic] = []
-    listed = {int(i["number"]) for i in issues}
-    for number in sorted(listed):
+    listed = sorted({int(i["number"]) for i in issues})
+    planned_issues = _plan_issues(listed, by_number, repository, known, marker, skipped)
+    planned_comments, missing = _plan_comments(comments, by_number, repository, known, bot_login, marker, skipped)
+    return Plan(tuple(planned_issues), tuple(planned_comments), tuple(sorted(missing)), skipped)
+
+
+def _skip(skipped: dict[str, int], reason: str) -> None:
+    skipped[reason] = skipped.get(reason, 0) + 1
+
+
+def _plan_issues(
+    listed: Sequence[int],
+    by_number: Mapping[int, Mapping[str, Any]],
+    repository: Mapping[str, Any],
+    known: Known,
+    marker: Mapping[str, Any],
+    skipped: dict[str, int],
+) -> list[Synthetic]:
+    """The ``issues`` (and pull request ``closed``) deliveries of the listed issues, in number order."""
+    planned: list[Synthetic] = []
+    for number in listed:
         issue = by_number[number]
         if issue.get("pull_request") is not None:
             closed = _pull_closed(issue, repository, known, marker)
             if closed is None:
-                skip("pull_request")
+                _skip(skipped, "pull_request")
             else:
-                planned_issues.append(closed)
+                planned.append(closed)
             continue
         decided = _issue_action(issue, known.issues.get(number))
         if decided is None:
-            skip("issue_seen")
+            _skip(skipped, "issue_seen")
             continue
-        action, reason = decided
-        stamp = instant(str(issue.get("updated_at") or issue.get("created_at")))
-        # The view's content is in the id too: two views of the same second (Gitea's resolution) differ by it.
-        view = hashlib.sha256(
-            json.dumps([issue.get("state"), sorted(_labels(issue))], separators=(",", ":")).encode()
-        ).hexdigest()[:12]
-        planned_issues.append(
-            Synthetic(
-                delivery_id=f"{DELIVERY_PREFIX}issue:{number}:{stamp}:{view}",
-                kind="issue",
-                event="issues",
-                action=action,
-                sender_login="",
-                payload={
-                    "action": action,
-                    "number": number,
-                    "issue": dict(issue),
-                    "repository": dict(repository),
-                    "sender": {"id": 0, "login": ""},
-                    MARKER_FIELD: {**marker, "kind": "issue", "reason": reason},
-                },
-                reason=reason,
-            )
-        )
-    planned_comments: list[Synthetic] = []
+        planned.append(_issue_event(number, issue, decided, repository, marker))
+    return planned
+
+
+def _issue_event(
+    number: int, issue: Mapping[str, Any], decided: tuple[str, str], repository: Mapping[str, Any],
+    marker: Mapping[str, Any],
+) -> Synthetic:
+    action, reason = decided
+    stamp = instant(str(issue.get("updated_at") or issue.get("created_at")))
+    # The view's content is in the id too: two views of the same second (Gitea's resolution) differ by it.
+    view = hashlib.sha256(
+        json.dumps([issue.get("state"), sorted(_labels(issue))], separators=(",", ":")).encode()
+    ).hexdigest()[:12]
+    return Synthetic(
+        delivery_id=f"{DELIVERY_PREFIX}issue:{number}:{stamp}:{view}",
+        kind="issue",
+        event="issues",
+        action=action,
+        sender_login="",
+        payload={
+            "action": action,
+            "number": number,
+            "issue": dict(issue),
+            "repository": dict(repository),
+            "sender": {"id": 0, "login": ""},
+            MARKER_FIELD: {**marker, "kind": "issue", "reason": reason},
+        },
+        reason=reason,
+    )
+
+
+def _plan_comments(
+    comments: Sequence[Mapping[str, Any]],
+    by_number: Mapping[int, Mapping[str, Any]],
+    repository: Mapping[str, Any],
+    known: Known,
+    bot_login: str,
+    marker: Mapping[str, Any],
+    skipped: dict[str, int],
+) -> tuple[list[Synthetic], set[int]]:
+    """The ``issue_comment`` deliveries of the listed comments, in their order, and the issues they name that
+    neither listing held."""
+    bot = bot_login.lower()
+    planned: list[Synthetic] = []
     missing: set[int] = set()
     for comment in comments:
         author = str((comment.get("user") or {}).get("login") or "")
         if author.lower() == bot and bot:
-            skip("bot_comment")
+            _skip(skipped, "bot_comment")
             continue
         comment_id = int(comment["id"])
         stamp = instant(str(comment.get("updated_at") or comment.get("created_at")))
         seen = known.comments.get(comment_id)
         if seen is not None and seen >= stamp:
-            skip("comment_seen")
+            _skip(skipped, "comment_seen")
             continue
         target = comment_issue_number(comment)
         if target is None:
-            skip("comment_without_issue")
+            _skip(skipped, "comment_without_issue")
             continue
         on_issue = by_number.get(target)
         if on_issue is None:
@@ -247,30 +280,35 @@ def plan(
             first = str(comment.get("body") or "").lstrip().split(maxsplit=1)
             is_command = bool(first) and first[0].startswith("/")
             if not is_command or comment_id in known.claimed:
-                skip("pull_request_comment")
+                _skip(skipped, "pull_request_comment")
                 continue
-        action = "created" if seen is None else "edited"
-        planned_comments.append(
-            Synthetic(
-                delivery_id=f"{DELIVERY_PREFIX}comment:{comment_id}:{stamp}",
-                kind="comment",
-                event="issue_comment",
-                action=action,
-                sender_login=author,
-                payload={
-                    "action": action,
-                    "issue": dict(on_issue),
-                    "comment": dict(comment),
-                    "repository": dict(repository),
-                    "sender": dict(comment.get("user") or {"login": author}),
-                    "is_pull": on_pull,
-                    MARKER_FIELD: {**marker, "kind": "comment", "reason": "never observed" if seen is None
-                                   else "edited since observed"},
-                },
-                reason="never observed" if seen is None else "edited",
-            )
-        )
-    return Plan(tuple(planned_issues), tuple(planned_comments), tuple(sorted(missing)), skipped)
+        planned.append(_comment_event(comment, comment_id, stamp, author, seen, on_issue, on_pull, repository, marker))
+    return planned, missing
+
+
+def _comment_event(
+    comment: Mapping[str, Any], comment_id: int, stamp: str, author: str, seen: str | None,
+    on_issue: Mapping[str, Any], on_pull: bool, repository: Mapping[str, Any], marker: Mapping[str, Any],
+) -> Synthetic:
+    action = "created" if seen is None else "edited"
+    return Synthetic(
+        delivery_id=f"{DELIVERY_PREFIX}comment:{comment_id}:{stamp}",
+        kind="comment",
+        event="issue_comment",
+        action=action,
+        sender_login=author,
+        payload={
+            "action": action,
+            "issue": dict(on_issue),
+            "comment": dict(comment),
+            "repository": dict(repository),
+            "sender": dict(comment.get("user") or {"login": author}),
+            "is_pull": on_pull,
+            MARKER_FIELD: {**marker, "kind": "comment", "reason": "never observed" if seen is None
+                           else "edited since observed"},
+        },
+        reason="never observed" if seen is None else "edited",
+    )
 
 
 def _pull_closed(

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
@@ -14,65 +13,24 @@ from bot.core.allocator.records import (
     Candidate,
     InputError,
     InputProblem,
-    is_issue_number,
     new_candidate,
+)
+from bot.core.allocator.validate import (
+    DuplicateKeyObject,
+    candidate_as_record,
+    candidate_from_record,
+    has_surrogate,
+    issue_number_problem,
+    show,
+    type_name,
 )
 from bot.core.jsontext import JSONTextError, strict_loads
 from bot.core.vocabulary import MAX_ISSUE_NUMBER
 
 #: The largest candidates_json / exclude_issue_numbers text taken (characters); larger is refused unread.
 MAX_INPUT_CHARS: Final[int] = 8 * 1024 * 1024
-_SHOWN_CHARS: Final[int] = 60
-_RFC3339 = re.compile(
-    r"\d{4}-\d{2}-\d{2}[Tt]\d{2}:\d{2}:\d{2}(\.\d+)?([Zz]|[+-]\d{2}:\d{2})",
-    re.ASCII,
-)
 # The keys the fast path takes; a record with any other (the alias `number`) goes to the full validator.
 _FAST_FIELDS: Final[frozenset[str]] = CANDIDATE_FIELDS - {"number"}
-
-
-class _DuplicateKeyObject(dict[str, Any]):
-    """A decoded JSON object that repeated a key; kept so the problem is reported at its element."""
-
-    def __init__(self, pairs: list[tuple[str, Any]], duplicates: list[str]) -> None:
-        super().__init__(pairs)
-        self.duplicate_keys = duplicates
-
-
-def _show(value: object) -> str:
-    """A short, always-computable rendering of any received value for a problem message.
-
-    Never ``repr`` of a container (deep nesting recurses), never ``str`` of a huge integer (Python refuses
-    over 4,300 digits) and never a whole megabyte string: problems echo at most a few dozen characters.
-    """
-    if value is None or isinstance(value, bool):
-        return json.dumps(value)
-    if type(value) is int:
-        if value.bit_length() > 64:
-            return f"{'a negative' if value < 0 else 'an'} integer of about {int(value.bit_length() * 0.30103)} digits"
-        return str(value)
-    if isinstance(value, float):
-        return repr(value)
-    if isinstance(value, str):
-        if len(value) <= _SHOWN_CHARS:
-            return ascii(value)
-        return f"{value[:_SHOWN_CHARS]!a}... ({len(value)} characters)"
-    return _type_name(value)
-
-
-def _field_name(key: object) -> str:
-    return key if isinstance(key, str) and len(key) <= _SHOWN_CHARS else _show(key)
-
-
-def _has_surrogate(text: str) -> bool:
-    """A lone surrogate (JSON ``"\ud800"``) is not text: it cannot be encoded, so it cannot be a label or title."""
-    if text.isascii():
-        return False
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return True
-    return False
 
 
 def _object_pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
@@ -82,7 +40,7 @@ def _object_pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
         if key in seen and key not in duplicates:
             duplicates.append(key)
         seen.add(key)
-    return _DuplicateKeyObject(pairs, duplicates) if duplicates else dict(pairs)
+    return DuplicateKeyObject(pairs, duplicates) if duplicates else dict(pairs)
 
 
 def _refused(input_name: str, problem: str) -> InputError:
@@ -105,48 +63,6 @@ def _decode_json(text: str, input_name: str) -> object:
             "long_integer": "an integer has more than 4,300 digits (no issue number is that long)",
         }.get(exc.kind, str(exc))
         raise _refused(input_name, f"malformed JSON: {detail}") from None
-
-
-def _type_name(value: object) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "boolean"
-    if isinstance(value, int):
-        return "integer"
-    if isinstance(value, float):
-        return "number (float)"
-    if isinstance(value, str):
-        return "string"
-    if isinstance(value, list | tuple):
-        return "array"
-    if isinstance(value, dict):
-        return "object"
-    return f"unsupported type {type(value).__name__}"
-
-
-def _issue_number_problem(value: object) -> str | None:
-    if is_issue_number(value):
-        return None
-    if isinstance(value, bool):
-        return f"boolean {json.dumps(value)} is not an integer"
-    if isinstance(value, float):
-        return f"{value!r} is a float; send an integer"
-    if isinstance(value, str):
-        return f"string {_show(value)} is not an integer; send the number unquoted"
-    if type(value) is int:
-        return f"{_show(value)} is not a positive issue number (1 to {MAX_ISSUE_NUMBER})"
-    return f"expected a positive integer, got {_type_name(value)}"
-
-
-
-def _parse_rfc3339(value: str) -> datetime | None:
-    if _RFC3339.fullmatch(value) is None:
-        return None
-    try:  # the pattern pins the shape; fromisoformat checks the calendar and keeps microseconds
-        return datetime.fromisoformat(value.upper())
-    except ValueError:
-        return None
 
 
 # The common shape, taken without collecting problems: uppercase ``T`` and ``Z`` (fromisoformat reads both; a
@@ -186,11 +102,24 @@ def forget_instants() -> None:
     _INSTANTS.clear()
 
 
-#: One validated candidate as the decision reads it: ``(issue_number, title, label set index, created_at,
-#: created_at as UTC microseconds, depends_on, ready, barred_owners, duplicate, plain)``. ``plain`` is True when
-#: nothing but the issue's number and labels can hold it back (no dependencies, ready, nobody barred, no duplicate
-#: finding). Plain tuples: one C-level allocation each, where a frozen dataclass costs about a microsecond.
+#: One validated candidate as the decision reads it, read by the field names below (``row[NUMBER]``): a plain
+#: tuple, one C-level allocation, where a frozen dataclass costs about a microsecond. Not a named tuple: building
+#: one (its ``__new__``, or ``tuple.__new__``) costs about five times a tuple display, reading a field by name about
+#: eight times an index, and unpacking or indexing it misses the interpreter's exact-tuple fast paths; together
+#: about a tenth more per decision (measured paired on bench/allocate.py's inputs, 10k candidates).
 Row = tuple[int, str | None, int, datetime | None, int | None, tuple[int, ...], bool, tuple[str, ...], str | None, bool]
+NUMBER: Final = 0  # the issue number
+TITLE: Final = 1
+LABEL_SET: Final = 2  # the index of its labels in LabelSets.sets
+CREATED_AT: Final = 3
+CREATED_MICROS: Final = 4  # created_at as UTC microseconds (the rank's and the fingerprint's key), or None
+DEPENDS_ON: Final = 5
+READY: Final = 6
+BARRED_OWNERS: Final = 7
+DUPLICATE: Final = 8  # the duplicate-work finding, or None
+#: True when nothing but the issue's number and labels can hold it back (no dependencies, ready, nobody barred, no
+#: duplicate finding).
+PLAIN: Final = 9
 
 
 class LabelSets:
@@ -219,7 +148,7 @@ class LabelSets:
         except TypeError:  # an unhashable element (an array or object) is no label name
             return None
         for label in received:
-            if type(label) is not str or not label or (not label.isascii() and _has_surrogate(label)):
+            if type(label) is not str or not label or (not label.isascii() and has_surrogate(label)):
                 return None
         return self.canonical(received)  # type: ignore[arg-type]
 
@@ -252,7 +181,7 @@ def _fast_row(
     if type(number) is not int or not 0 < number <= MAX_ISSUE_NUMBER:
         return None
     title = get("title")
-    if title is not None and (type(title) is not str or (not title.isascii() and _has_surrogate(title))):
+    if title is not None and (type(title) is not str or (not title.isascii() and has_surrogate(title))):
         return None
     labels = get("labels")
     if labels is None:
@@ -304,7 +233,7 @@ def _fast_row(
     else:
         return None
     duplicate = get("duplicate")
-    if duplicate is not None and (type(duplicate) is not str or not duplicate or _has_surrogate(duplicate)):
+    if duplicate is not None and (type(duplicate) is not str or not duplicate or has_surrogate(duplicate)):
         return None
     return (number, title, k, created, micros, deps, ready, barred, duplicate,
             not deps and ready and not barred and duplicate is None)
@@ -317,146 +246,6 @@ def _row_of(candidate: Candidate, label_sets: LabelSets) -> Row:
     return (candidate.issue_number, candidate.title, label_sets.canonical(candidate.labels), when,
             None if when is None else (when - _UNIX_EPOCH) // _MICROSECOND, deps, ready, barred, duplicate,
             not deps and ready and not barred and duplicate is None)
-
-
-def _candidate_from_record(
-    record: Mapping[Any, Any], index: int, input_name: str
-) -> tuple[Candidate | None, list[InputProblem]]:
-    # The number comes first so that every other problem can name the issue it belongs to.
-    number: int | None = None
-    number_problems: list[tuple[str, str]] = []
-    has_primary, has_alias = "issue_number" in record, "number" in record
-    if not has_primary and not has_alias:
-        number_problems.append(("issue_number", "required field is missing (`number` is accepted as an alias)"))
-    else:
-        fld = "issue_number" if has_primary else "number"
-        raw = record[fld]
-        issue = _issue_number_problem(raw)
-        if issue is not None:
-            number_problems.append((fld, issue))
-        else:
-            number = raw
-            alias = record.get("number") if has_primary and has_alias else raw
-            if not (is_issue_number(alias) and alias == raw):
-                number_problems.append(
-                    ("number", f"alias `number` ({_show(alias)}) disagrees with issue_number {raw}")
-                )
-
-    problems: list[InputProblem] = []
-
-    def problem(fld: str, text: str) -> None:
-        problems.append(InputProblem(input=input_name, index=index, field=fld, problem=text, issue_number=number))
-
-    if isinstance(record, _DuplicateKeyObject):
-        for key in record.duplicate_keys:
-            problem(_field_name(key), f"key {_show(key)} appears more than once in the object")
-    for key in sorted((k for k in record if k not in CANDIDATE_FIELDS), key=_show):
-        problem(_field_name(key), f"unknown field {_show(key)}; allowed: {', '.join(sorted(CANDIDATE_FIELDS))}")
-    for fld, text in number_problems:
-        problem(fld, text)
-
-    title = record.get("title")
-    if title is not None and not isinstance(title, str):
-        problem("title", f"expected a string or null, got {_type_name(title)}")
-        title = None
-    elif title is not None and _has_surrogate(title):
-        problem("title", "is not valid Unicode text (a lone surrogate such as \\ud800)")
-        title = None
-
-    labels: list[str] = []
-    raw_labels = record.get("labels")
-    if raw_labels is not None:
-        if not isinstance(raw_labels, list | tuple):
-            problem("labels", f"expected an array of label names, got {_type_name(raw_labels)}")
-        else:
-            for i, label in enumerate(raw_labels):
-                if not isinstance(label, str) or not label or _has_surrogate(label):
-                    got = "an empty string" if label == "" else _type_name(label)
-                    got = "a string with a lone surrogate" if isinstance(label, str) and label else got
-                    problem(f"labels[{i}]", f"expected a non-empty label name string, got {got}")
-                else:
-                    labels.append(label)
-
-    created_at: datetime | None = None
-    raw_created = record.get("created_at")
-    if isinstance(raw_created, datetime):
-        if raw_created.tzinfo is None or raw_created.utcoffset() is None:
-            problem("created_at", "datetime must carry a UTC offset")
-        else:
-            created_at = raw_created
-    elif isinstance(raw_created, str):
-        created_at = _parse_rfc3339(raw_created)
-        if created_at is None:
-            problem(
-                "created_at",
-                f"{_show(raw_created)} is not an RFC 3339 date-time with offset (e.g. 2026-07-20T21:35:15-05:00)",
-            )
-    elif raw_created is not None:
-        problem("created_at", f"expected an RFC 3339 string or null, got {_type_name(raw_created)}")
-
-    depends_on: list[int] = []
-    raw_deps = record.get("depends_on")
-    if raw_deps is not None:
-        if not isinstance(raw_deps, list | tuple):
-            problem("depends_on", f"expected an array of issue numbers, got {_type_name(raw_deps)}")
-        else:
-            for i, dep in enumerate(raw_deps):
-                dep_problem = _issue_number_problem(dep)
-                if dep_problem is not None:
-                    problem(f"depends_on[{i}]", dep_problem)
-                elif dep == number:
-                    problem(f"depends_on[{i}]", "an issue cannot depend on itself")
-                else:
-                    depends_on.append(dep)
-
-    ready = record.get("ready", True)
-    if ready is None:
-        ready = True
-    elif not isinstance(ready, bool):
-        problem("ready", f"expected a boolean, got {_type_name(ready)}")
-        ready = True
-
-    barred: list[str] = []
-    raw_barred = record.get("barred_owners")
-    if raw_barred is not None:
-        if not isinstance(raw_barred, list | tuple) or not all(isinstance(x, str) and x for x in raw_barred):
-            problem("barred_owners", f"expected an array of logins, got {_type_name(raw_barred)}")
-        else:
-            barred = list(raw_barred)
-    duplicate = record.get("duplicate")
-    if duplicate is not None and (not isinstance(duplicate, str) or not duplicate or _has_surrogate(duplicate)):
-        problem("duplicate", "expected a non-empty string (the duplicate-work finding) or null")
-        duplicate = None
-
-    if problems or number is None:
-        return None, problems
-    return (
-        Candidate(
-            issue_number=number,
-            title=title,
-            labels=tuple(sorted(set(labels))),
-            created_at=created_at,
-            depends_on=tuple(sorted(set(depends_on))),
-            ready=ready,
-            barred_owners=tuple(sorted(set(barred))),
-            duplicate=duplicate,
-        ),
-        [],
-    )
-
-
-def _candidate_as_record(candidate: Candidate) -> dict[str, Any]:
-    # Typed callers are checked by the same rules as transport records: one code path (AC4 parity).
-    return {
-        "issue_number": candidate.issue_number,
-        "title": candidate.title,
-        "labels": list(candidate.labels),
-        "created_at": candidate.created_at,
-        "depends_on": list(candidate.depends_on),
-        "ready": candidate.ready,
-        **({"barred_owners": list(candidate.barred_owners)} if candidate.barred_owners else {}),
-        "duplicate": candidate.duplicate,
-    }
 
 
 def normalize_candidates(raw: object) -> list[Candidate]:
@@ -474,9 +263,13 @@ def normalize_candidates(raw: object) -> list[Candidate]:
     or repeated keys, and duplicate issue numbers. ``null`` for an optional field means omitted.
     """
     rows, label_sets = normalize_rows(raw)
-    sets = label_sets.sets
-    return [new_candidate(number, title, sets[k], when, deps, ready, barred, duplicate)
-            for number, title, k, when, _micros, deps, ready, barred, duplicate, _plain in rows]
+    return [row_candidate(row, label_sets.sets) for row in rows]
+
+
+def row_candidate(row: Row, sets: Sequence[tuple[str, ...]]) -> Candidate:
+    """The :class:`Candidate` of a row (``sets``: the label sets its ``LABEL_SET`` indexes)."""
+    return new_candidate(row[NUMBER], row[TITLE], sets[row[LABEL_SET]], row[CREATED_AT], row[DEPENDS_ON], row[READY],
+                         row[BARRED_OWNERS], row[DUPLICATE])
 
 
 def normalize_rows(raw: object) -> tuple[list[Row], LabelSets]:
@@ -493,7 +286,7 @@ def normalize_rows(raw: object) -> tuple[list[Row], LabelSets]:
     elif isinstance(value, list | tuple):
         elements = value
     else:
-        raise _refused(name, f"expected an array of candidate objects or one object, got {_type_name(value)}")
+        raise _refused(name, f"expected an array of candidate objects or one object, got {type_name(value)}")
 
     problems: list[InputProblem] = []
     rows: list[Row] = []
@@ -506,21 +299,21 @@ def normalize_rows(raw: object) -> tuple[list[Row], LabelSets]:
         row = fast(element, label_sets, known_labels) if type(element) is dict else None
         if row is None:
             if isinstance(element, Candidate):
-                record: Mapping[Any, Any] = _candidate_as_record(element)
+                record: Mapping[Any, Any] = candidate_as_record(element)
             elif isinstance(element, dict):
                 record = element
             else:
-                got = _type_name(element)
+                got = type_name(element)
                 problems.append(
                     InputProblem(input=name, index=index, field="", problem=f"expected an object, got {got}")
                 )
                 continue
-            candidate, found = _candidate_from_record(record, index, name)
+            candidate, found = candidate_from_record(record, index, name)
             problems.extend(found)
             if candidate is None:
                 continue
             row = _row_of(candidate, label_sets)
-        number = row[0]
+        number = row[NUMBER]
         if number in first_index:
             problems.append(
                 InputProblem(input=name, index=index, field="issue_number", issue_number=number,
@@ -535,7 +328,7 @@ def normalize_rows(raw: object) -> tuple[list[Row], LabelSets]:
     return rows, label_sets
 
 
-_issue_number_of = itemgetter(0)
+_issue_number_of = itemgetter(NUMBER)
 
 
 def normalize_exclusions(raw: object) -> frozenset[int]:
@@ -555,15 +348,15 @@ def normalize_exclusions(raw: object) -> frozenset[int]:
         if value is None:
             return frozenset()
     if isinstance(value, set | frozenset):
-        elements: Sequence[object] = sorted(value, key=_show)
+        elements: Sequence[object] = sorted(value, key=show)
     elif isinstance(value, list | tuple):
         elements = value
     else:
-        raise _refused(name, f"expected an array of issue numbers, got {_type_name(value)}")
+        raise _refused(name, f"expected an array of issue numbers, got {type_name(value)}")
     problems: list[InputProblem] = []
     numbers: set[int] = set()
     for index, element in enumerate(elements):
-        issue = _issue_number_problem(element)
+        issue = issue_number_problem(element)
         if issue is not None:
             problems.append(InputProblem(input=name, index=index, field=name, problem=issue))
         else:

@@ -1,23 +1,24 @@
-"""The decision itself: exclusions, live ownership, readiness, ranking, and the apply gate."""
+"""The decision itself (its screening and ranking are bot/core/allocator/screen.py's), and the apply gate."""
 
 from __future__ import annotations
 
 import gc
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime
-from itertools import count, repeat
-from operator import itemgetter
-from typing import Any, Final
+from typing import Any
 
-from bot.core.allocator.candidates import LabelSets, Row, normalize_exclusions, normalize_rows
-from bot.core.allocator.decisions import (
-    AllocationDecision,
-    BlockedDecision,
-    InvalidDecision,
-    ResumeDecision,
-    SelectDecision,
-    WaitDecision,
+# The decision kinds by their module (decisions.SelectDecision): the package's __init__ lists them for its callers.
+import bot.core.allocator.decisions as decisions
+from bot.core.allocator.candidates import (
+    DEPENDS_ON,
+    NUMBER,
+    PLAIN,
+    LabelSets,
+    Row,
+    normalize_exclusions,
+    normalize_rows,
+    row_candidate,
 )
 from bot.core.allocator.fingerprint import LeaseRow, decision_fingerprint, relevant_label_texts
 from bot.core.allocator.records import (
@@ -27,23 +28,32 @@ from bot.core.allocator.records import (
     InputError,
     InputProblem,
     LiveLease,
-    RankedCandidate,
     RankingPolicy,
     Skipped,
-    SkipReason,
     WaitReason,
     exclusions_view,
     input_envelope,
-    new_candidate,
-    new_skipped,
     require_aware,
+)
+from bot.core.allocator.screen import (
+    Inputs,
+    LeaseStates,
+    Screened,
+    blockers_of,
+    first_lease,
+    lease_states,
+    rank,
+    screen,
+    set_priorities,
 )
 from bot.core.errors import Envelope
 
 _HEX64 = re.compile(r"[0-9a-f]{64}", re.ASCII)
 
 
-def _invalid(problems: Sequence[InputProblem], policy: RankingPolicy, caller: frozenset[int]) -> InvalidDecision:
+def _invalid(
+    problems: Sequence[InputProblem], policy: RankingPolicy, caller: frozenset[int]
+) -> decisions.InvalidDecision:
     skipped: list[Skipped] = []
     seen: set[int | None] = set()
     for p in problems:
@@ -51,7 +61,7 @@ def _invalid(problems: Sequence[InputProblem], policy: RankingPolicy, caller: fr
             continue
         seen.add(p.index)
         skipped.append(Skipped(p.issue_number, "invalid_candidate", p.describe()))
-    return InvalidDecision(
+    return decisions.InvalidDecision(
         fingerprint=None,
         fingerprint_parts={},
         considered=0,
@@ -62,73 +72,12 @@ def _invalid(problems: Sequence[InputProblem], policy: RankingPolicy, caller: fr
     )
 
 
-def _exclusion_reason(
-    number: int, labels: Iterable[str], caller: frozenset[int], policy: RankingPolicy
-) -> tuple[SkipReason, str] | None:
-    if number in caller:
-        return "excluded_by_controller", f"#{number} is in exclude_issue_numbers"
-    if number in policy.protected_issue_numbers:
-        return "protected_issue", f"#{number} is a configured protected issue"
-    protected = sorted(set(labels) & policy.protected_labels)
-    if protected:
-        return "protected_label", f"#{number} carries protected label(s) {', '.join(protected)}"
-    return None
-
-
-# One integer per eligible candidate orders them exactly as the tuple (priority, undated, created_at UTC
-# microseconds, issue number) would: integers are not tracked by the cyclic GC and sort in C without a key
-# function. Bits, high to low: priority index and the undated flag, created_at shifted to be non-negative (64 bits:
-# years 1 to 9999 are within +-2**62 microseconds of 1970), the candidate's position among the eligible ones, which
-# are in issue number order (so the position orders as the number does, and names the candidate after the sort).
-_POSITION_BITS: Final[int] = 63
-_WHEN_BITS: Final[int] = 64
-_WHEN_SHIFT: Final[int] = 2**62
-_POSITION_MASK: Final[int] = (1 << _POSITION_BITS) - 1
-_issue_number = itemgetter(0)
-_created_at = itemgetter(3)
-
-
-def _rank(
-    eligible: Sequence[Row],
-    set_priority: Sequence[int],
-    owned: Mapping[int, LiveLease],
-    policy: RankingPolicy,
-) -> tuple[list[Row], tuple[RankedCandidate, ...]]:
-    """Priority label (policy order, unlabelled last), then ``created_at`` (undated last), then issue number.
-
-    ``eligible`` is in issue number order; ``set_priority[k]`` is the priority index of label set ``k`` (the
-    policy's order, ``len(priority_labels)`` when unlabelled). The rows carry ``created_at`` in UTC microseconds:
-    integers compare far faster than aware datetimes with different offsets, and order the same instants the same
-    way."""
-    dated = [(p << 1) << _WHEN_BITS for p in set_priority]
-    undated = [(p << 1 | 1) << _WHEN_BITS << _POSITION_BITS for p in set_priority]
-    keys = [
-        undated[row[2]] | i if (micros := row[4]) is None
-        else (dated[row[2]] | (micros + _WHEN_SHIFT)) << _POSITION_BITS | i
-        for i, row in enumerate(eligible)
-    ]
-    keys.sort()
-    # From here on, all in C: the rows in rank order, then one named tuple per rank.
-    ordered = list(map(eligible.__getitem__, map(int.__and__, keys, repeat(_POSITION_MASK))))
-    labels_by_rank = (*policy.priority_labels, None)
-    priority_shift = _POSITION_BITS + _WHEN_BITS + 1
-    priority_labels = map(labels_by_rank.__getitem__, map(int.__rshift__, keys, repeat(priority_shift)))
-    owned_ids: Iterable[str | None] = repeat(None)
-    if owned:
-        owned_ids = [None if (lease := owned.get(row[0])) is None else lease.lease_id for row in ordered]
-    ranked: tuple[RankedCandidate, ...] = tuple(map(
-        tuple.__new__, repeat(RankedCandidate),
-        zip(count(1), map(_issue_number, ordered), priority_labels, map(_created_at, ordered), owned_ids),
-    ))
-    return ordered, ranked
-
-
 def decide(
     request: AllocationRequest,
     policy: RankingPolicy,
     leases: Sequence[LiveLease],
     now: datetime,
-) -> AllocationDecision:
+) -> decisions.AllocationDecision:
     """Decide what ``request.owner`` should work on next; pure and deterministic.
 
     The result does not depend on the order of candidates, exclusions or leases. ``leases`` is the
@@ -155,7 +104,25 @@ def _decide(
     policy: RankingPolicy,
     leases: Sequence[LiveLease],
     now: datetime,
-) -> AllocationDecision:
+) -> decisions.AllocationDecision:
+    """:func:`decide`'s steps: validate, each lease's state, the fingerprint, screen, rank, then the outcome."""
+    inputs = _normalized(request, policy)
+    if isinstance(inputs, decisions.InvalidDecision):
+        return inputs
+    held = lease_states(leases, request.owner, inputs.numbers, policy.lease_grace, now)
+    common = _common(inputs, held.rows)
+    screened = screen(inputs, held)
+    blockers = blockers_of(inputs, held.own_live, screened.own_rows)
+    ranked_rows, ranked = rank(screened.eligible, set_priorities(inputs.sets, policy), screened.owned, policy)
+    common["ranked"] = ranked
+    common["skipped"] = tuple(screened.skipped)
+    if blockers:
+        return decisions.BlockedDecision(**common, blockers=tuple(blockers), envelope=_blocked_envelope(blockers))
+    return _outcome(inputs, common, ranked_rows, screened, held)
+
+
+def _normalized(request: AllocationRequest, policy: RankingPolicy) -> decisions.InvalidDecision | Inputs:
+    """The request validated; every problem of it at once when it is not."""
     caller_raw_problems: list[InputProblem] = []
     caller: frozenset[int] = frozenset()
     try:
@@ -174,147 +141,50 @@ def _decide(
         )
     if caller_raw_problems:
         return _invalid(caller_raw_problems, policy, caller)
+    return Inputs(request, policy, caller, rows, label_sets.sets, {row[NUMBER] for row in rows})
 
-    owner = request.owner
-    sets = label_sets.sets
-    numbers = {row[0] for row in rows}
-    # What the policy makes of each distinct label set, once: its priority index, whether it is protected, and
-    # its labels that the fingerprint reads.
-    prio = {label: i for i, label in enumerate(policy.priority_labels)}
-    set_priority = [min([prio[label] for label in labels if label in prio], default=len(prio)) for labels in sets]
-    protected_labels = policy.protected_labels
-    set_protected = [bool(protected_labels) and not protected_labels.isdisjoint(labels) for labels in sets]
 
-    # Each lease's state once (fingerprint.lease_state, inlined), for the decision and for the fingerprint.
-    own_live: dict[int, list[LiveLease]] = {}
-    foreign_live: dict[int, list[LiveLease]] = {}
-    foreign_grace: dict[int, list[LiveLease]] = {}
-    lease_rows: list[LeaseRow] = []
-    grace = policy.lease_grace
-    for lease in leases:
-        login, expires = lease.owner, lease.expires_at
-        if expires > now:
-            state = "live"
-        elif login != owner and now < expires + grace:
-            state = "grace"
-        else:
-            continue
-        number = lease.issue_number
-        if number in numbers or login == owner:
-            lease_rows.append((number, login, lease.lease_id, lease.role, state))
-        if state == "grace":
-            foreign_grace.setdefault(number, []).append(lease)
-        else:
-            (own_live if login == owner else foreign_live).setdefault(number, []).append(lease)
-
-    dependencies = {d for row in rows if not row[9] and row[5] for d in row[5]}
+def _common(inputs: Inputs, lease_rows: list[LeaseRow]) -> dict[str, Any]:
+    """What every decision kind carries: the fingerprint and its parts, how many were considered, the exclusions."""
+    request, policy, caller, rows, sets, numbers = inputs
+    dependencies = {d for row in rows if not row[PLAIN] and row[DEPENDS_ON] for d in row[DEPENDS_ON]}
     fingerprint, parts = decision_fingerprint(
-        owner, rows, relevant_label_texts(sets, frozenset(policy.priority_labels) | protected_labels), numbers,
-        dependencies, caller, request.open_issue_numbers, policy, lease_rows,
+        request.owner, rows, relevant_label_texts(sets, frozenset(policy.priority_labels) | policy.protected_labels),
+        numbers, dependencies, caller, request.open_issue_numbers, policy, lease_rows,
     )
-    common: dict[str, Any] = {
+    return {
         "fingerprint": fingerprint,
         "fingerprint_parts": parts,
         "considered": len(rows),
         "exclusions": exclusions_view(caller, policy),
     }
 
-    def first(found: list[LiveLease]) -> LiveLease:
-        return min(found, key=lambda lease: (lease.owner, lease.lease_id))
 
-    # A candidate that is none of these, plain (no dependencies, ready, nobody barred, no duplicate finding) and
-    # without a protected label is eligible as it stands; every other one takes the checks in their order.
-    attention = caller | policy.protected_issue_numbers | own_live.keys() | foreign_live.keys() | foreign_grace.keys()
-    open_numbers = request.open_issue_numbers | numbers
-    skipped: list[Skipped] = []
-    skip = skipped.append
-    eligible: list[Row] = []
-    keep = eligible.append
-    owned: dict[int, LiveLease] = {}
-    own_rows: dict[int, Row] = {}
-    for row in rows:
-        number = row[0]
-        if row[9] and number not in attention and not set_protected[row[2]]:
-            keep(row)
-            continue
-        excluded = _exclusion_reason(number, sets[row[2]], caller, policy)
-        barred = row[7]
-        if number in own_live:
-            own_rows[number] = row
-        if excluded is not None:
-            skip(new_skipped(number, *excluded))
-        elif barred and owner in barred:
-            skip(new_skipped(number, "self_review",
-                             f"{owner} wrote or implemented #{number}'s pull request and cannot review it"))
-        elif number in foreign_live:
-            holder = first(foreign_live[number])
-            skip(new_skipped(number, "foreign_claim",
-                             f"#{number} is leased to {holder.owner} (lease {holder.lease_id})"))
-        elif number in own_live and not request.resume_own:
-            skip(new_skipped(number, "own_claim", f"#{number} is already leased to {owner}"))
-        elif number in own_live:
-            owned[number] = first(own_live[number])
-            keep(row)
-        elif row[8] is not None:
-            skip(new_skipped(number, "duplicate_work", f"#{number}: {row[8]}"))
-        elif number in foreign_grace:
-            holder = first(foreign_grace[number])
-            skip(
-                new_skipped(number, "lease_grace",
-                            f"#{number}: lease {holder.lease_id} of {holder.owner} expired at "
-                            f"{holder.expires_at.isoformat()}, reclaimable after the {policy.lease_grace} grace")
-            )
-        elif not row[6]:
-            skip(new_skipped(number, "not_ready", f"#{number} is not marked status:ready"))
-        elif row[5] and not open_numbers.isdisjoint(row[5]):
-            held_by = sorted(d for d in row[5] if d in open_numbers)
-            skip(
-                new_skipped(number, "dependency_open",
-                            f"#{number} depends on open issue(s) {', '.join(f'#{d}' for d in held_by)}")
-            )
-        else:
-            keep(row)
-
-    # Own live leases on excluded issues, candidates or not: they would be stranded (AC5).
-    blockers: list[Blocker] = []
-    for number, held in sorted(own_live.items() if request.resume_own else ()):
-        own_row = own_rows.get(number)
-        excluded = _exclusion_reason(number, sets[own_row[2]] if own_row else (), caller, policy)
-        if excluded is not None:
-            blockers.append(
-                Blocker(issue_number=number, reason="excluded_owned_lease", lease=first(held), excluded_as=excluded[0])
-            )
-
-    ranked_rows, ranked = _rank(eligible, set_priority, owned, policy)
-    common["ranked"] = ranked
-    common["skipped"] = tuple(skipped)
-
-    if blockers:
-        return BlockedDecision(**common, blockers=tuple(blockers), envelope=_blocked_envelope(blockers))
-
-    resumable = [owned[row[0]] for row in ranked_rows if row[0] in owned] if owned else []
+def _outcome(
+    inputs: Inputs, common: dict[str, Any], ranked_rows: list[Row], screened: Screened, held: LeaseStates
+) -> decisions.AllocationDecision:
+    """Resume the owner's own work, else select the top of the ranking, else wait, saying why."""
+    request, _policy, _caller, rows, sets, numbers = inputs
+    owned = screened.owned
+    resumable = [owned[row[NUMBER]] for row in ranked_rows if row[NUMBER] in owned] if owned else []
     if not resumable and request.resume_own:
         # The owner's live lease on an issue outside the candidate set is still its current work.
         resumable = [
-            first(held) for number, held in sorted(own_live.items())
-            if number not in numbers and number not in foreign_live
+            first_lease(own) for number, own in sorted(held.own_live.items())
+            if number not in numbers and number not in held.foreign_live
         ]
     if resumable:
-        return ResumeDecision(**common, lease=resumable[0])
-
+        return decisions.ResumeDecision(**common, lease=resumable[0])
     if ranked_rows:
-        number, title, k, when, _micros, deps, ready, barred, duplicate, _plain = ranked_rows[0]
-        top = new_candidate(number, title, sets[k], when, deps, ready, barred, duplicate)
-        return SelectDecision(**common, candidate=top)
-
+        return decisions.SelectDecision(**common, candidate=row_candidate(ranked_rows[0], sets))
     wait_reason: WaitReason
     if not rows:
         wait_reason = "no_candidates"
-    elif all(s.reason in EXCLUSION_REASONS for s in skipped):
+    elif all(s.reason in EXCLUSION_REASONS for s in screened.skipped):
         wait_reason = "all_excluded"
     else:
         wait_reason = "none_eligible"
-    return WaitDecision(**common, wait_reason=wait_reason)
+    return decisions.WaitDecision(**common, wait_reason=wait_reason)
 
 
 def _blocked_envelope(blockers: Sequence[Blocker]) -> Envelope:
@@ -340,7 +210,7 @@ def _blocked_envelope(blockers: Sequence[Blocker]) -> Envelope:
 
 def check_apply(
     expected_fingerprint: str | None,
-    fresh: AllocationDecision,
+    fresh: decisions.AllocationDecision,
     *,
     expected_parts: Mapping[str, str] | None = None,
 ) -> Envelope | None:
@@ -354,7 +224,7 @@ def check_apply(
     fingerprints existed) and only an invalid ``fresh`` is refused. ``wait`` and ``blocked`` are not
     drift: the caller renders them as they are and leases nothing.
     """
-    if isinstance(fresh, InvalidDecision):
+    if isinstance(fresh, decisions.InvalidDecision):
         return fresh.envelope
     if expected_fingerprint is None:
         return None

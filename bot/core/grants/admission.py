@@ -198,6 +198,23 @@ def _deny(
     )
 
 
+def _settles(kind: VerdictKind, state: RunState, reason: Reason, call: GrantCall, call_id: str, *,
+             category: Category | None = None, inert: bool = False, unresolved_uuid: str | None = None) -> Verdict:
+    """A decision that settles the in-flight call ``call_id`` (``call``): accepted, or refused with ``category``."""
+    return Verdict(
+        kind=kind,
+        ok=category is None,
+        reason=reason,
+        state=state,
+        category=category,
+        call=call,
+        call_id=call_id,
+        inert=inert,
+        settles=True,
+        unresolved_uuid=unresolved_uuid,
+    )
+
+
 def expected_call(grant: Grant, state: RunState, now: datetime) -> GrantCall | None:
     """The one entry admissible next (ignoring in-flight and host): the next plan step while the run goes on;
     the reserved teardown once the plan is done, failed, aborted or expired; nothing once the teardown ran."""
@@ -369,55 +386,20 @@ def complete(grant: Grant, state: RunState, *, call_id: str, ok: bool, now: date
     settled = replace(state, inflight=None)
     if not is_teardown and now >= grant.expires_at:
         late = replace(settled, outcome=state.outcome or "expired")
-        return Verdict(
-            kind="complete",
-            ok=False,
-            reason="late_result",
-            state=late,
-            category="grant_expired",
-            call=entry,
-            call_id=call_id,
-            settles=True,
-        )
+        return _settles("complete", late, "late_result", entry, call_id, category="grant_expired")
     if not is_teardown and state.outcome is not None:
-        return Verdict(
-            kind="complete",
-            ok=False,
-            reason="after_abort",
-            state=settled,
-            category="grant_denied",
-            call=entry,
-            call_id=call_id,
-            settles=True,
-        )
+        return _settles("complete", settled, "after_abort", entry, call_id, category="grant_denied")
     if is_teardown:
         after = replace(settled, teardown="done" if ok else "failed")
-        return Verdict(
-            kind="complete",
-            ok=True,
-            reason="accepted",
-            state=after,
-            call=entry,
-            call_id=call_id,
-            settles=True,
-            unresolved_uuid=None if ok else grant.worktree.uuid,
-        )
+        return _settles("complete", after, "accepted", entry, call_id,
+                        unresolved_uuid=None if ok else grant.worktree.uuid)
     if ok:
         position = state.next_position + 1
         outcome: RunOutcome | None = "completed" if position == grant.teardown_position else None
         after = replace(settled, next_position=position, outcome=outcome)
     else:
         after = replace(settled, outcome="failed")
-    return Verdict(
-        kind="complete",
-        ok=True,
-        reason="accepted",
-        state=after,
-        call=entry,
-        call_id=call_id,
-        inert=entry.effect == "plan_only",
-        settles=True,
-    )
+    return _settles("complete", after, "accepted", entry, call_id, inert=entry.effect == "plan_only")
 
 
 def abort(grant: Grant, state: RunState, *, now: datetime) -> Verdict:
@@ -455,17 +437,6 @@ def reconcile(grant: Grant, state: RunState, *, call_id: str, now: datetime) -> 
     entry = grant.calls[inflight.position]
     if entry.effect == "teardown":
         after = replace(state, inflight=None, teardown="unresolved")
-        return Verdict(
-            kind="reconcile",
-            ok=True,
-            reason="reconciled",
-            state=after,
-            call=entry,
-            call_id=call_id,
-            settles=True,
-            unresolved_uuid=grant.worktree.uuid,
-        )
+        return _settles("reconcile", after, "reconciled", entry, call_id, unresolved_uuid=grant.worktree.uuid)
     after = replace(state, inflight=None, outcome=closing_outcome(grant, state, now) or "aborted")
-    return Verdict(
-        kind="reconcile", ok=True, reason="reconciled", state=after, call=entry, call_id=call_id, settles=True
-    )
+    return _settles("reconcile", after, "reconciled", entry, call_id)

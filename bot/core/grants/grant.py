@@ -35,8 +35,8 @@ class BoundWorktree:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class RunFacts:
-    """The authoritative state a grant is compiled from: the issue's live lease and its registered worktree."""
+class LeaseBinding:
+    """What a run is bound to: an issue of a repository and the lease on it (its owner, role, action and id)."""
 
     repo: str
     issue_number: int
@@ -44,6 +44,12 @@ class RunFacts:
     role: str
     action: str
     lease_id: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunFacts(LeaseBinding):
+    """The authoritative state a grant is compiled from: the issue's live lease and its registered worktree."""
+
     worktree: BoundWorktree
 
     def placeholders(self) -> dict[str, Any]:
@@ -84,7 +90,7 @@ class GrantCall:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class Grant:
+class Grant(LeaseBinding):
     """A sealed run grant. Built only by :func:`compile_grant` or :meth:`from_json`; checks itself on creation.
 
     ``digest`` is the grant digest: SHA-256 over the canonical body (everything else). Construction raises
@@ -93,12 +99,6 @@ class Grant:
     """
 
     run_id: str
-    repo: str
-    issue_number: int
-    owner: str
-    role: str
-    action: str
-    lease_id: str
     policy_key: str
     policy_digest: str
     contract_digest: str

@@ -298,6 +298,10 @@ class Broker:
     def _context(self, **kwargs: Any) -> DecisionContext:
         return DecisionContext(host_id=self._safe_host(), broker_id=self.broker_id, now=self._clock(), **kwargs)
 
+    def _call_context(self, tool: str, **recorded: Any) -> DecisionContext:
+        """The context of a call's decision: this host (raises when it cannot be told) and now, in that order."""
+        return DecisionContext(host_id=self._host(), broker_id=self.broker_id, now=self._clock(), tool=tool, **recorded)
+
     def _safe_host(self) -> str:
         try:
             return self._host()
@@ -332,18 +336,14 @@ class Broker:
             grant = await self.grant()
             resolved = await self._worktree(grant)
             proposed = ProposedCall(tool=str(tool), arguments_json=proposed_text, worktree_uuid=resolved)
-            host = self._host()
-            now = self._clock()
-            context = DecisionContext(
-                host_id=host,
-                broker_id=self.broker_id,
-                now=now,
-                tool=proposed.tool,
+            context = self._call_context(
+                proposed.tool,
                 arguments_digest=text_digest(proposed_text) if proposed_text is not None else None,
                 detail={"origin": "agent"}
                 if resolved == grant.worktree.uuid
                 else {"origin": "agent", "resolved_worktree": resolved},
             )
+            host, now = context.host_id, context.now
             pins = self._pins(grant)
 
             def decide(g: Grant, s: RunState) -> Verdict:
@@ -419,16 +419,9 @@ class Broker:
         context: DecisionContext | None = None
         try:
             result_copy = dict(result) if result is not None else {}
-            host = self._host()
-            now = self._clock()
-            context = DecisionContext(
-                host_id=host,
-                broker_id=self.broker_id,
-                now=now,
-                tool=admission.tool,
-                result_digest=_result_digest(result_copy),
-                detail={"tool_ok": ok},
-            )
+            context = self._call_context(admission.tool, result_digest=_result_digest(result_copy),
+                                         detail={"tool_ok": ok})
+            host, now = context.host_id, context.now
 
             def decide(g: Grant, s: RunState) -> Verdict:
                 return complete(g, s, call_id=call_id, ok=ok, now=now, host_id=host)

@@ -19,7 +19,7 @@ from bot.core.grants import BoundWorktree, Grant, PolicyTemplate, RunFacts, Temp
 from state.db import Database, utcnow
 from state.grants import GrantConflict, GrantStore, RunRecord, WorkloadFailed
 from state.journal import JournalStore, Registration
-from state.leases import LeaseStore
+from state.leases import Lease, LeaseStore
 
 HOST_ID_FILE = "host-id"
 TOKEN_PREFIX = "frun_"  # noqa: S105 (a prefix, not a token)
@@ -140,6 +140,28 @@ async def start_run(
     """
     moment = now or utcnow()
     repo = settings.repo_key
+    lease = await _live_lease(db, repo, issue_number, moment)
+    key = f"{lease.role}.{action or lease.action}"
+    template = _template(settings, key)
+    worktree = await _bound_worktree(db, repo, issue_number, lease)
+    facts = RunFacts(
+        repo=repo,
+        issue_number=issue_number,
+        owner=lease.owner,
+        role=lease.role,
+        action=action or lease.action,
+        lease_id=lease.lease_id,
+        worktree=worktree,
+    )
+    run_id = f"run-{uuid.uuid4().hex}"
+    grant = _compiled(template, facts, key, run_id=run_id,
+                      host_id=host_id or host_identity(settings.database.path), now=moment)
+    token = TOKEN_PREFIX + secrets.token_urlsafe(32)
+    record = await _sealed(db, grant, token, issue_number, sealed_by=sealed_by, now=moment)
+    return StartedRun(run_id=run_id, token=token, grant=grant, record=record)
+
+
+async def _live_lease(db: Database, repo: str, issue_number: int, moment: datetime) -> Lease:
     lease = await LeaseStore(db).live_for_issue(repo, issue_number)
     if lease is None or not lease.is_live(moment):
         raise _refuse(
@@ -148,7 +170,10 @@ async def start_run(
             "a run is bound to a live lease: allocate the issue first",
             f"run foreman allocate --apply, then foreman run start --issue {issue_number}",
         )
-    key = f"{lease.role}.{action or lease.action}"
+    return lease
+
+
+def _template(settings: Settings, key: str) -> PolicyTemplate:
     template = policy_template(settings, key)
     if template is None:
         raise _refuse(
@@ -158,6 +183,11 @@ async def start_run(
             "run foreman check-config after adding the template",
             key=f"grants.{key}",
         )
+    return template
+
+
+async def _bound_worktree(db: Database, repo: str, issue_number: int, lease: Lease) -> BoundWorktree:
+    """The worktree the bootstrap registered for the issue, for this very lease."""
     found = await registered_worktree(db, repo, issue_number)
     if found is None:
         raise _refuse(
@@ -174,31 +204,27 @@ async def start_run(
             "bootstrap the issue again for the live lease",
             f"run foreman bootstrap --issue {issue_number} --owner {lease.owner}",
         )
-    facts = RunFacts(
-        repo=repo,
-        issue_number=issue_number,
-        owner=lease.owner,
-        role=lease.role,
-        action=action or lease.action,
-        lease_id=lease.lease_id,
-        worktree=worktree,
-    )
-    run_id = f"run-{uuid.uuid4().hex}"
+    return worktree
+
+
+def _compiled(template: PolicyTemplate, facts: RunFacts, key: str, *, run_id: str, host_id: str,
+              now: datetime) -> Grant:
     try:
-        grant = compile_grant(
-            template, facts, run_id=run_id, host_id=host_id or host_identity(settings.database.path), now=moment
-        )
+        return compile_grant(template, facts, run_id=run_id, host_id=host_id, now=now)
     except TemplateError as exc:
         raise _refuse(
             "invalid_input",
-            f'grants."{key}" does not compile for #{issue_number}: {exc}',
+            f'grants."{key}" does not compile for #{facts.issue_number}: {exc}',
             f'fix grants."{key}" in the configuration',
             "run foreman check-config",
             problems=[{"path": p, "problem": m} for p, m in exc.problems],
         ) from None
-    token = TOKEN_PREFIX + secrets.token_urlsafe(32)
+
+
+async def _sealed(db: Database, grant: Grant, token: str, issue_number: int, *, sealed_by: str,
+                  now: datetime) -> RunRecord:
     try:
-        record = await GrantStore(db).seal(grant, token_sha256=token_digest(token), sealed_by=sealed_by, now=moment)
+        return await GrantStore(db).seal(grant, token_sha256=token_digest(token), sealed_by=sealed_by, now=now)
     except WorkloadFailed as exc:
         raise _refuse(
             "conflict",
@@ -213,4 +239,3 @@ async def start_run(
             "finish or abort the open run first",
             f"run foreman grants to find the open run of #{issue_number}",
         ) from None
-    return StartedRun(run_id=run_id, token=token, grant=grant, record=record)
