@@ -186,6 +186,29 @@ class BootstrapUnavailable(RuntimeError):
     """Gitea could not serve the command (or the bootstrap an `/allocate` ran) now: the delivery is retried."""
 
 
+def _not_run(key: str, word: str, problem: CommandError | None, number: int, comment_id: int, *,
+             on_pull: bool) -> str:
+    """The reply to a command that runs no verb: written on a pull request (issue verbs act on the issue the comment
+    is on; a pull request is not a work issue), or not understood."""
+    if on_pull:
+        envelope = Envelope(
+            error="invalid_input",
+            message=f"`{word}` was written on pull request #{number}; comment commands act on issues only",
+            remediate="Write the command on the issue the pull request implements; nothing was run.",
+            exact_next_action=f"post the command as a comment on the work issue: {USAGE.get(word, word)}",
+        )
+    else:
+        assert problem is not None
+        word = problem.word
+        envelope = Envelope(
+            error="invalid_input",
+            message=str(problem),
+            remediate=f"Write the command as {USAGE[word]}.",
+            exact_next_action=f"post a new comment: {USAGE[word]}",
+        )
+    return render_failure(key=key, what=f"`{word}`", envelope=envelope, evidence={"comment": comment_id})
+
+
 @router.register("issue_comment", action="created")
 async def on_command(event: sansio.Event, ctx: HandlerContext) -> None:
     """Run a comment's command through the gateway and reply (through the outbox) with the result.
@@ -224,26 +247,10 @@ async def on_command(event: sansio.Event, ctx: HandlerContext) -> None:
         )
         return
     on_pull = bool(issue.get("pull_request")) or data.get("is_pull") is True
-    if on_pull:
-        # Issue verbs act on the issue the comment is on; a pull request is not a work issue.
-        envelope = Envelope(
-            error="invalid_input",
-            message=f"`{word}` was written on pull request #{number}; comment commands act on issues only",
-            remediate="Write the command on the issue the pull request implements; nothing was run.",
-            exact_next_action=f"post the command as a comment on the work issue: {USAGE.get(word, word)}",
-        )
-        body = render_failure(key=key, what=f"`{word}`", envelope=envelope, evidence={"comment": comment_id})
-        ctx.log.info("%s by %s on pull request #%d refused: commands act on issues", word, actor, number)
-    elif command is None:
-        assert problem is not None
-        word = problem.word
-        envelope = Envelope(
-            error="invalid_input",
-            message=str(problem),
-            remediate=f"Write the command as {USAGE[word]}.",
-            exact_next_action=f"post a new comment: {USAGE[word]}",
-        )
-        body = render_failure(key=key, what=f"`{word}`", envelope=envelope, evidence={"comment": comment_id})
+    if on_pull or command is None:
+        body = _not_run(key, word, problem, number, comment_id, on_pull=on_pull)
+        if on_pull:
+            ctx.log.info("%s by %s on pull request #%d refused: commands act on issues", word, actor, number)
     else:
         runtime = ctx.deps.door
         arguments = dict(command.arguments)

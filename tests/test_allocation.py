@@ -17,7 +17,8 @@ from bot.catalog import open_door
 from bot.config import Settings
 from bot.config_writer import write_config
 from bot.core.canonical import parse_comment
-from bot.verbs.allocate import AllocationCall, Allocator, depends_on
+from bot.verbs.allocate import AllocationCall, Allocator
+from bot.verbs.candidates import depends_on
 from bot.verbs.runtime import caller_for, no_bootstrap
 from state.db import Database
 from state.leases import LeaseStore

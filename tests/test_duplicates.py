@@ -12,7 +12,7 @@ import pytest
 from bot.catalog import open_door
 from bot.core.bootstrap import branch_for
 from bot.tasks import bounded_in_order
-from bot.verbs.allocate import ready_candidates
+from bot.verbs.candidates import ready_candidates
 from bot.verbs.duplicates import READS_AT_ONCE, closes, mark_duplicates
 from bot.verbs.runtime import caller_for
 from state.leases import LeaseStore

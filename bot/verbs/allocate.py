@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -27,13 +26,13 @@ from bot.core.errors import Envelope
 from bot.core.intents import StateChange
 from bot.core.verbs import Verb
 from bot.core.vocabulary import label_for_state
-from bot.gitea import GiteaError, GiteaNotFound, Issue, IssueState, IssueType
-from bot.tasks import bounded_in_order
+from bot.gitea import GiteaError
 from bot.verbs.bootstrap import BootstrapContext, bootstrap_preflight
 from bot.verbs.bootstrap.context import BootstrapGitea
 from bot.verbs.bootstrap.preflight import PREFLIGHT_FAILED, Check, PreflightProof
 from bot.verbs.bootstrap.service import bootstrap_for_owner
-from bot.verbs.duplicates import READS_AT_ONCE, DuplicatesGitea, mark_duplicates
+from bot.verbs.candidates import CandidatesGitea, ready_candidates
+from bot.verbs.duplicates import DuplicatesGitea, mark_duplicates
 from bot.verbs.leasing import ACTION_ROLES, Action, LeaseGrant, grant_lease
 from bot.verbs.merge import MergeGitea
 from bot.verbs.review import ReviewGitea, review_candidates, review_lease_effects
@@ -53,10 +52,6 @@ from state.issues import IssueStore
 from state.leases import Lease, LeaseStore, LeaseTaken
 from state.outbox import OutboxIntent, enqueue
 
-# An issue body line such as "Depends: #12, #14" (the seed documents use "Parent / Depends / Blocks").
-_DEPENDS_RE = re.compile(r"^\s*(?:[-*]\s*)?\**depends(?: on)?\**\s*:\s*(.+)$", re.IGNORECASE | re.MULTILINE)
-_ISSUE_REF_RE = re.compile(r"(?<![\w/])#(\d{1,18})\b")
-
 
 def action_of(action: str) -> Action:
     """The lease action of an allocation call (checked against the tool's schema before; a guard here)."""
@@ -65,59 +60,9 @@ def action_of(action: str) -> Action:
     return "review" if action == "review" else "implement"
 
 
-def depends_on(body: str) -> list[int]:
-    """Issue numbers named on "Depends:" lines of an issue body."""
-    found: list[int] = []
-    for line in _DEPENDS_RE.findall(body or ""):
-        found.extend(int(n) for n in _ISSUE_REF_RE.findall(line) if int(n) > 0)
-    return sorted(set(found))
-
-
-class CandidatesGitea(Protocol):
-    """The Gitea reads the allocator makes itself: the ready issues, and the state of each dependency."""
-
-    async def list_issues(
-        self, *, state: IssueState = ..., labels: Sequence[str] = ..., type_: IssueType | None = ..., limit: int = ...
-    ) -> list[Issue]: ...
-
-    async def get_issue(self, number: int) -> Issue: ...
-
-
 class AllocatorGitea(CandidatesGitea, BootstrapGitea, ReviewGitea, MergeGitea, DuplicatesGitea, Protocol):
     """What the allocator uses and hands on: its candidate reads, the bootstrap's calls (preflight, bootstrap), the
     review candidates' reads, and (to the verbs auto-allocation runs) the merge's."""
-
-
-async def ready_candidates(gitea: CandidatesGitea) -> tuple[list[dict[str, Any]], frozenset[int]]:
-    """Open `status:ready` issues (not PRs) from Gitea, with their dependencies' open state."""
-    ready = label_for_state("ready")
-    issues = await gitea.list_issues(state="open", labels=[ready], type_="issues")
-    records: list[dict[str, Any]] = []
-    deps: set[int] = set()
-    for issue in issues:
-        if issue.is_pull or ready not in issue.label_names:
-            continue  # Gitea drops unknown label filters silently: check the label ourselves
-        record: dict[str, Any] = {
-            "issue_number": issue.number,
-            "title": issue.title,
-            "labels": sorted(issue.label_names),
-            "depends_on": depends_on(issue.body or ""),
-        }
-        if issue.created_at is not None:
-            record["created_at"] = issue.created_at.isoformat()
-        deps.update(record["depends_on"])
-        records.append(record)
-    known = {r["issue_number"] for r in records}
-
-    async def still_open(number: int) -> bool:
-        try:
-            return (await gitea.get_issue(number)).state == "open"
-        except GiteaNotFound:
-            return False  # a missing issue holds nothing
-
-    unknown = sorted(deps - known)
-    found = await bounded_in_order(still_open, unknown, at_once=READS_AT_ONCE)
-    return records, frozenset(known | {number for number, is_open in zip(unknown, found, strict=True) if is_open})
 
 
 @dataclass(frozen=True, slots=True)
@@ -262,30 +207,37 @@ class Allocator:
     async def run(self, call: AllocationCall, *, now: datetime | None = None) -> AllocationOutcome:
         return await self._run(call, now=now)
 
-    async def _run(self, call: AllocationCall, *, now: datetime | None = None) -> AllocationOutcome:
-        refused = self._check_owner(call)
-        if refused is not None:
-            return refused
-        source = "candidates_json"
-        open_numbers: frozenset[int] = frozenset()
+    async def _candidates(self, call: AllocationCall) -> tuple[str, Any, frozenset[int]] | AllocationOutcome:
+        """Where the candidates come from (the call's own, Gitea's, or the stored state without Gitea), and what
+        they are; a refusal when they cannot be had."""
         candidates = call.candidates_json
-        if candidates is None and self.gitea is None and call.action == "review":
+        if candidates is not None:
+            return "candidates_json", candidates, frozenset()
+        if self.gitea is None and call.action == "review":
             # Not a failure of the service: without Gitea this request needs its candidates given (as any other
             # allocation without Gitea reads the stored state, which has no pull requests).
             return _refuse("invalid_input", "review candidates come from Gitea (the issues' pull requests), and this "
                            "foreman has no Gitea client", "Nothing was leased.", "call again with candidates_json")
-        if candidates is None and self.gitea is None:
+        if self.gitea is None:
             # No API to reconcile with: the stored issue state that the webhooks keep fresh.
-            source = "stored_state"
-            candidates, open_numbers = await self.stored_candidates()
-        elif candidates is None:
-            source = "gitea"
-            try:
-                candidates, open_numbers = await self.gather_candidates(call.action)
-            except GiteaError as exc:
-                return _refuse("unavailable", f"Gitea could not list the candidates: {exc}",
-                               "Nothing was leased; Gitea must answer to reconcile the candidates.",
-                               "call again later, or with candidates_json")
+            stored, open_numbers = await self.stored_candidates()
+            return "stored_state", stored, open_numbers
+        try:
+            gathered, open_numbers = await self.gather_candidates(call.action)
+        except GiteaError as exc:
+            return _refuse("unavailable", f"Gitea could not list the candidates: {exc}",
+                           "Nothing was leased; Gitea must answer to reconcile the candidates.",
+                           "call again later, or with candidates_json")
+        return "gitea", gathered, open_numbers
+
+    async def _run(self, call: AllocationCall, *, now: datetime | None = None) -> AllocationOutcome:
+        refused = self._check_owner(call)
+        if refused is not None:
+            return refused
+        found = await self._candidates(call)
+        if isinstance(found, AllocationOutcome):
+            return found
+        source, candidates, open_numbers = found
         request = AllocationRequest(
             owner=call.owner,
             candidates=candidates,
