@@ -31,7 +31,7 @@ import pytest
 from bot.config_writer import write_config
 from tests.conftest import REPO_ROOT
 from tests.gitea_fixtures import OWNER, REPO, LiveEmulator, live_emulator, seed_foreman
-from tests.mcp_http_support import serve_process
+from tests.serve_support import serve_process
 from tests.support import SECRET, free_port, serve_config
 
 SYSTEM_PYTHON = "/usr/bin/python3"
@@ -128,7 +128,8 @@ async def _agent_life(scratch: Path, user: str) -> None:
         os.chmod(config, 0o600)
         emu.add_hook(OWNER, REPO, url=f"http://127.0.0.1:{port}/webhook", secret=SECRET,
                      events=["issues", "issue_comment", "pull_request"])
-        async with serve_process(config, port, umask=0o077) as url:
+        async with serve_process(scratch, config=config, umask=0o077, serve=True, graceful=True) as served:
+            url = served.url
             await label_ready(live, number)
             done = await asyncio.to_thread(as_agent, user, "work", url, str(number),
                                            env={"FOREMAN_MCP_TOKEN": AGENT_TOKEN})

@@ -49,8 +49,8 @@ from tests.gitea_fixtures import (
     seed_foreman,
     seed_sibling_repository,
 )
+from tests.serve_support import ServeProcess
 from tests.support import SECRET, serve_config
-from tests.test_process import ServeProcess
 
 pytestmark = [pytest.mark.process, pytest.mark.slow]
 
@@ -250,7 +250,7 @@ class Burst:
                 self.kills.append(f"{kill.moment}@{self.done_ops}{self.named(stopped)}")
             await asyncio.sleep(kill.down)
             for proc in stopped:
-                await proc.start("serve", "--config", str(proc.config))
+                await proc.serve()
 
     def stopped_by(self, kill: Kill) -> list[ServeProcess]:
         """The processes a stop takes down: the one service."""
@@ -331,14 +331,14 @@ async def test_sigkill_during_a_burst_of_deliveries_leaves_every_issue_consisten
             for n in range(1, ISSUES + 1):
                 emu.create_issue(OWNER, name, title=f"Crash burst work item {n} of {name}", author="alice")
         emu.make_org(OWNER)
-        proc = ServeProcess(scratch, module="bot", config=scratch / "foreman.toml")
+        proc = ServeProcess(scratch)
         write_config(proc.config, _config(proc, live.base_url, scratch, database_url))
         hook_url = f"{proc.url}/webhook"
         emu.add_org_hook(OWNER, url=hook_url, secret=SECRET, events=["issues"])
         burst = Burst(seed, live, proc, hook_url, database_url)
         kills = plan_kills(random.Random(seed ^ 0x5EED))
         try:
-            await proc.start("serve", "--config", str(proc.config))
+            await proc.serve()
             await asyncio.gather(burst.drive(), burst.crash(kills))
             replayed = await burst.replay_lost()
             await burst.settle()
@@ -360,8 +360,7 @@ async def test_sigkill_during_a_burst_of_deliveries_leaves_every_issue_consisten
             )
             assert await proc.terminate() == 0
         finally:
-            if proc.proc is not None and proc.proc.returncode is None:
-                await proc.kill()
+            await proc.stop()
         def figures(facts: invariants.Facts) -> dict[str, Any]:
             return {
                 "leases": len(facts.db.leases),

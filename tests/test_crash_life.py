@@ -48,9 +48,9 @@ from state.journal import JournalStore
 from state.leases import LeaseStore
 from state.teardowns import TeardownStore
 from tests.gitea_fixtures import BOT, OWNER, REPO, LiveEmulator, live_emulator, seed_foreman
+from tests.serve_support import ServeProcess
 from tests.support import SECRET, serve_config
 from tests.test_crash_burst import Burst, scratch  # noqa: F401 (the fixture)
-from tests.test_process import ServeProcess
 
 pytestmark = [pytest.mark.process, pytest.mark.slow]
 
@@ -151,7 +151,7 @@ class Lives:
             await self.proc.kill()
             self.done.append(f"{point}#{index}")
             await asyncio.sleep(kill.down)
-            await self.proc.start("serve", "--config", str(self.proc.config))
+            await self.proc.serve()
             await self.burst.replay_lost()
         return True
 
@@ -265,13 +265,13 @@ async def test_sigkill_during_whole_lives_ends_every_issue_once_and_consistent(s
             emu.set_permission(OWNER, REPO, login, "write")
         numbers = [emu.create_issue(OWNER, REPO, title=f"Whole life {i + 1}", author="alice").number
                    for i in range(ISSUES)]
-        proc = ServeProcess(scratch, module="bot", config=scratch / "foreman.toml")
+        proc = ServeProcess(scratch)
         write_config(proc.config, _config(proc, live.base_url, scratch))
         hook_url = f"{proc.url}/webhook"
         emu.add_hook(OWNER, REPO, url=hook_url, secret=SECRET, events=["issues", "issue_comment", "pull_request"])
         kills = plan_kills(random.Random(seed))
         try:
-            await proc.start("serve", "--config", str(proc.config))
+            await proc.serve()
             async with agents(proc.config) as runtime:
                 burst = Burst(seed, live, proc, hook_url)
                 lives = Lives(seed, live, proc, burst, runtime, kills)
@@ -284,8 +284,7 @@ async def test_sigkill_during_whole_lives_ends_every_issue_once_and_consistent(s
                 histories = {n: await LeaseStore(runtime.db).history(FULL_NAME.lower(), n) for n in numbers}
             assert await proc.terminate() == 0
         finally:
-            if proc.proc is not None and proc.proc.returncode is None:
-                await proc.kill()
+            await proc.stop()
         pulls = await live.client().list_pulls(state="all")
         summary = {"seed": seed, "seconds": round(time.monotonic() - started, 1), "kills": lives.done,
                    "redriven": lives.redriven, "pulls": len(pulls), "outbox": len(facts.db.outbox),

@@ -16,8 +16,8 @@ from gidgethub import sansio
 from bot.core.dispatch import OrderedRouter
 from bot.worker import HandlerContext
 from state.deliveries import DeliveryStore
+from tests.serve_support import serve_process
 from tests.support import Started, payload, wait_status, webhook_headers
-from tests.test_process import ServeProcess
 
 pytestmark = [pytest.mark.process]
 
@@ -157,9 +157,7 @@ async def test_a_settling_commit_that_fails_is_retried_and_the_loop_lives(
 
 async def test_a_real_serve_survives_unroutable_deliveries(tmp_path: Path) -> None:
     """Against a real `foreman serve`: bad deliveries beside good ones; /readyz stays 200."""
-    proc = ServeProcess(tmp_path, module="bot")
-    await proc.start("serve", "--config", str(proc.config))
-    try:
+    async with serve_process(tmp_path, serve=True) as proc:
         async with aiohttp.ClientSession() as session:
             for i in range(12):
                 doc = json.loads(payload(number=i + 1))
@@ -183,8 +181,6 @@ async def test_a_real_serve_survives_unroutable_deliveries(tmp_path: Path) -> No
                 doc = await resp.json()
                 assert resp.status == 200, doc
                 assert doc["checks"]["worker"]["loops_alive"] == doc["checks"]["worker"]["loops"]
-    finally:
-        await proc.kill()
 
 
 async def test_a_pass_that_raises_does_not_end_its_loop(start: Started, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from bot.config import Settings
+from tests.serve_support import ServeProcess, serve_process
 from tests.support import payload, sign
-from tests.test_process import ServeProcess
 
 pytestmark = [pytest.mark.process]
 
@@ -24,14 +24,9 @@ HANG_S = 20.0
 
 @pytest.fixture
 async def serve(tmp_path: Path) -> AsyncIterator[ServeProcess]:
-    proc = ServeProcess(tmp_path, module="bot", overrides={
-        "webhook": {"read_timeout_s": READ_TIMEOUT_S}, "server": {"keepalive_timeout_s": KEEPALIVE_S}})
-    try:
-        await proc.start("serve", "--config", str(proc.config))
+    bounds = {"webhook": {"read_timeout_s": READ_TIMEOUT_S}, "server": {"keepalive_timeout_s": KEEPALIVE_S}}
+    async with serve_process(tmp_path, overrides=bounds, serve=True) as proc:
         yield proc
-    finally:
-        if proc.proc is not None and proc.proc.returncode is None:
-            await proc.kill()
 
 
 def _head(*lines: bytes) -> bytes:

@@ -13,7 +13,6 @@ import subprocess
 import sys
 import threading
 import time
-import tomllib
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -427,13 +426,12 @@ def test_a_refusal_keeps_the_servers_json_or_the_start_of_its_body() -> None:
 @asynccontextmanager
 async def foreman_serve(tmp_path: Path) -> AsyncIterator[str]:
     """A real `foreman serve` on tests/test_mcp_stdio.py's configuration; its ``/mcp`` URL."""
-    from tests.mcp_http_support import serve_process
+    from tests.serve_support import serve_process
     from tests.test_mcp_stdio import mcp_config
 
     config = mcp_config(tmp_path)
-    port = int(tomllib.loads(config.read_text(encoding="utf-8"))["server"]["port"])
-    async with serve_process(config, port) as base:
-        yield f"{base}/mcp"
+    async with serve_process(tmp_path, config=config, serve=True, graceful=True) as proc:
+        yield f"{proc.url}/mcp"
 
 
 async def test_through_the_bridge_foreman_serve_answers_as_it_answers_its_own_http_clients(tmp_path: Path) -> None:

@@ -12,7 +12,6 @@ import select
 import sqlite3
 import subprocess
 import sys
-import tomllib
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
@@ -24,7 +23,8 @@ from mcp.client.stdio import stdio_client
 
 from bot.config_writer import write_config
 from tests.conftest import REPO_ROOT
-from tests.mcp_http_support import mcp_over_http, serve_process
+from tests.mcp_http_support import mcp_over_http
+from tests.serve_support import serve_process
 from tests.support import free_port, offline_config
 
 pytestmark = [pytest.mark.process]
@@ -67,9 +67,8 @@ async def sessions_over(transport: str, config: Path) -> AsyncIterator[OpenSessi
     if transport == "stdio":
         yield lambda token: foreman_mcp(config, token)
         return
-    port = int(tomllib.loads(config.read_text())["server"]["port"])
-    async with serve_process(config, port) as url:
-        yield lambda token: mcp_over_http(f"{url}/mcp", token)
+    async with serve_process(config.parent, config=config, serve=True, graceful=True) as proc:
+        yield lambda token: mcp_over_http(f"{proc.url}/mcp", token)
 
 
 def foreman_mcp_command(config: Path) -> list[str]:
@@ -309,13 +308,13 @@ async def test_arguments_the_sdk_parser_refuses_are_answered_invalid_input_over_
     import aiohttp
 
     config = mcp_config(tmp_path)
-    port = int(tomllib.loads(config.read_text())["server"]["port"])
     headers = {"Authorization": f"Bearer {CONTROLLER_TOKEN}", "Content-Type": "application/json",
                "Accept": "application/json, text/event-stream"}
     answers: dict[int, dict[str, Any]] = {}
-    async with serve_process(config, port) as url, aiohttp.ClientSession() as http:
+    async with (serve_process(config.parent, config=config, serve=True, graceful=True) as proc,
+                aiohttp.ClientSession() as http):
         for line in RAW_LINES:
-            async with http.post(f"{url}/mcp", data=line.encode(), headers=headers) as resp:
+            async with http.post(f"{proc.url}/mcp", data=line.encode(), headers=headers) as resp:
                 assert resp.status in (200, 202), await resp.text()
                 if "mcp-session-id" in resp.headers:
                     headers = {**headers, "Mcp-Session-Id": resp.headers["mcp-session-id"],

@@ -35,6 +35,7 @@ from state.deliveries import DeliveryStore
 from state.leases import LeaseStore, LeaseTaken
 from state.sql import IntegrityError
 from tests.gitea_fixtures import BOT, OWNER, live_emulator, scratch_dir, seed_foreman, seed_sibling_repository
+from tests.serve_support import ServeProcess
 from tests.support import SECRET
 from tests.test_crash_burst import (
     AUTHORS,
@@ -47,7 +48,6 @@ from tests.test_crash_burst import (
     _config,
     plan_kills,
 )
-from tests.test_process import ServeProcess
 
 pytestmark = [pytest.mark.process]
 
@@ -254,7 +254,7 @@ async def test_two_replicas_on_one_postgresql_survive_a_burst_with_one_sigkilled
         replicas = []
         for name in ("a", "b"):
             (scratch / name).mkdir()
-            proc = ServeProcess(scratch / name, module="bot", config=scratch / name / "foreman.toml")
+            proc = ServeProcess(scratch / name)
             write_config(proc.config, _config(proc, live.base_url, scratch, postgres_url))
             replicas.append(proc)
         balancer = Balancer(replicas, random.Random(seed ^ 0xB41))
@@ -264,7 +264,7 @@ async def test_two_replicas_on_one_postgresql_survive_a_burst_with_one_sigkilled
         kills = plan_kills(random.Random(seed ^ 0x5EED))
         try:
             for proc in replicas:
-                await proc.start("serve", "--config", str(proc.config))
+                await proc.serve()
             await asyncio.gather(burst.drive(), burst.crash(kills))
             replayed = await burst.replay_lost()
             await burst.settle()
@@ -284,8 +284,7 @@ async def test_two_replicas_on_one_postgresql_survive_a_burst_with_one_sigkilled
                 assert await proc.terminate() == 0
         finally:
             for proc in replicas:
-                if proc.proc is not None and proc.proc.returncode is None:
-                    await proc.kill()
+                await proc.stop()
             await balancer.stop()
         summary: dict[str, Any] = {
             "seed": seed, "kills": burst.kills, "split": dict(balancer.sent), "replayed": replayed,

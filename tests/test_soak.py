@@ -14,9 +14,9 @@ from pathlib import Path
 import aiohttp
 import pytest
 
+from tests.serve_support import ServeProcess
 from tests.support import payload, raw_post, signed_headers
 from tests.test_fuzz_intake import LONG_HOLD_S, lag_buckets, long_holds, worst_lag
-from tests.test_process import ServeProcess
 
 pytestmark = [pytest.mark.process, pytest.mark.slow]
 
@@ -66,8 +66,7 @@ async def test_a_soak_of_2000_deliveries_with_malformed_ones_loses_nothing_and_k
     service's lag histogram (holds of its loop over ``LONG_HOLD_S`` per window) and the probes slower than that are
     printed as figures: how long a loop is held depends on the machine. That a hostile body costs no more work than a
     benign one is asserted where it is counted (tests/test_fuzz_intake.py, tests/test_fail_closed_input.py)."""
-    proc = ServeProcess(tmp_path, module="bot")
-    await proc.start("serve", "--config", str(proc.config))
+    proc = ServeProcess(tmp_path)
     rng = random.Random(SEED)
     valid: dict[str, bytes] = {}
     size = DELIVERIES // (2 * ROUNDS)
@@ -125,6 +124,7 @@ async def test_a_soak_of_2000_deliveries_with_malformed_ones_loses_nothing_and_k
 
     lag: list[tuple[float, int]] = []  # per window: (worst loop lag, long holds)
     try:
+        await proc.serve()
         async with aiohttp.ClientSession() as session:
 
             async def metrics() -> str:
@@ -148,7 +148,7 @@ async def test_a_soak_of_2000_deliveries_with_malformed_ones_loses_nothing_and_k
                 ready = await resp.json()
     finally:
         stop.set()  # never leave the probe thread running if the test failed before its end
-        await proc.kill()
+        await proc.stop()
 
     with sqlite3.connect(proc.db) as conn:
         rows = {d: (s, b) for d, s, b in conn.execute("SELECT delivery_id, status, body FROM deliveries")}
