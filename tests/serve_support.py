@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import inspect
 import os
 import shutil
 import signal
@@ -22,22 +21,14 @@ import aiohttp
 
 from bot.config_writer import Document, merged, write_config
 from tests.conftest import REPO_ROOT
-from tests.gitea_fixtures import LiveEmulator, scratch_dir
-from tests.support import SECRET, free_port, webhook_headers
+from tests.gitea_fixtures import LiveEmulator, live_emulator, scratch_dir
+from tests.support import HANG_S, SECRET, eventually, free_port, serve_config, webhook_headers
 
-#: Hang detectors, never timings: on a machine at load 15 (another suite beside this one) a Python process's start
-#: takes tens of seconds, and a condition that is a moment's work when idle can take a minute.
-HEALTHY_S = 120.0
-WAIT_S = 120.0
-STOP_S = 60.0
+#: Hang detectors, never timings (``tests.support.HANG_S``): a Python process's start, a condition that is a moment's
+#: work when idle, a stop.
+HEALTHY_S = WAIT_S = STOP_S = HANG_S
 #: How much of the service's stderr a failure shows.
 TAIL_CHARS = 4000
-
-
-async def holds(predicate: Callable[[], object]) -> bool:
-    """Whether ``predicate()`` holds, awaiting what it returns when that is awaitable."""
-    result = predicate()
-    return bool(await result if inspect.isawaitable(result) else result)
 
 
 def _configured_port(config: Path | None) -> int | None:
@@ -79,6 +70,15 @@ class ServeProcess:
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def hook_url(self) -> str:
+        """Where Gitea's webhooks go."""
+        return f"{self.url}/webhook"
+
+    def serve_document(self, gitea_url: str, *overrides: Document) -> dict[str, Any]:
+        """Its foreman.toml against Gitea at ``gitea_url`` (``tests.support.serve_config``), checkouts in its folder."""
+        return serve_config(self.port, self.db, gitea_url, self.workdir, *overrides)
 
     @property
     def running(self) -> bool:
@@ -188,15 +188,32 @@ class ServeProcess:
         """Until ``predicate()`` (or what it returns, when that is awaitable) holds, polling; the seconds it took.
         After ``timeout`` (a hang detector, never a timing) the test fails naming ``what``, with the handler log and
         the stderr tail."""
-        loop = asyncio.get_running_loop()
-        started = loop.time()
-        while not await holds(predicate):
-            if loop.time() - started > timeout:
-                log = f"; handler log: {self.lines()}" if self.log.exists() else ""
-                raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}{log}; stderr tail:\n"
-                                     f"{self.tail()}")
-            await asyncio.sleep(0.05)
-        return loop.time() - started
+        def detail() -> str:
+            log = f"handler log: {self.lines()}; " if self.log.exists() else ""
+            return f"{log}stderr tail:\n{self.tail()}"
+
+        return await eventually(predicate, what, timeout, poll_s=0.05, detail=detail)
+
+
+async def run_foreman(
+    *args: str, cwd: Path, env: Mapping[str, str] | None = None, timeout: float = HANG_S,
+) -> tuple[int, str, str]:
+    """`python -m bot ARGS` run to its end: its exit code, stdout and stderr. Its environment is this one's without
+    the FOREMAN_* variables (the command line says what it runs on), with ``env`` laid over it. ``timeout`` is a hang
+    detector: a process that outlives it (or a test cancelled meanwhile) is killed and reaped, never left behind."""
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("FOREMAN_")}
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "bot", *args, cwd=cwd, env={**clean, "PYTHONPATH": str(REPO_ROOT), **(env or {})},
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )
+    try:
+        out, err = await asyncio.wait_for(proc.communicate(), timeout=timeout)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    assert proc.returncode is not None
+    return proc.returncode, out.decode(), err.decode()
 
 
 @asynccontextmanager
@@ -214,6 +231,14 @@ async def serve_process(
         yield proc
     finally:
         await proc.stop(graceful=graceful)
+
+
+@asynccontextmanager
+async def served_emulator(prefix: str, **emulator_options: Any) -> AsyncIterator[tuple[LiveEmulator, ServeProcess]]:
+    """The live Gitea emulator and a `foreman serve` not started yet, its files in a scratch folder
+    (``proc.workdir``): all of it gone afterwards, the process stopped whatever happens."""
+    async with scratch(prefix) as root, live_emulator(**emulator_options) as live, serve_process(root) as proc:
+        yield live, proc
 
 
 @asynccontextmanager
@@ -250,16 +275,5 @@ class Served:
 
     async def cli(self, *args: str) -> tuple[int, str, str]:
         """`foreman --config <the service's config> ARGS` as an operator runs it beside the service: its exit code,
-        stdout and stderr (a hang detector of ``WAIT_S``)."""
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "bot", "--config", str(self.proc.config), *args,
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, cwd=self.proc.workdir,
-        )
-        try:
-            out, err = await asyncio.wait_for(proc.communicate(), timeout=WAIT_S)
-        finally:
-            if proc.returncode is None:
-                proc.kill()
-                await proc.wait()
-        assert proc.returncode is not None
-        return proc.returncode, out.decode(), err.decode()
+        stdout and stderr."""
+        return await run_foreman("--config", str(self.proc.config), *args, cwd=self.proc.workdir)

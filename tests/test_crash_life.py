@@ -49,7 +49,7 @@ from state.leases import LeaseStore
 from state.teardowns import TeardownStore
 from tests.gitea_fixtures import BOT, OWNER, REPO, LiveEmulator, live_emulator, seed_foreman
 from tests.serve_support import ServeProcess
-from tests.support import SECRET, serve_config
+from tests.support import HANG_S, SECRET, SLOW_HANG_S, serve_config
 from tests.test_crash_burst import Burst, scratch  # noqa: F401 (the fixture)
 
 pytestmark = [pytest.mark.process, pytest.mark.slow]
@@ -71,8 +71,8 @@ DEFAULT_SEED = 9
 #: Bounds that catch a hang, never a timing assertion: one step's wait, and all four lives. Each kill's restart is
 #: a new Python process (imports, recovery, catch-up); on a loaded 2-core machine one took 15 s, and the fourth
 #: issue waits through two of them before it is even leased.
-STEP_S = 90.0
-LIVES_S = 240.0
+STEP_S = HANG_S
+LIVES_S = SLOW_HANG_S
 
 
 @dataclass(frozen=True)
@@ -260,9 +260,7 @@ async def test_sigkill_during_whole_lives_ends_every_issue_once_and_consistent(s
     started = time.monotonic()
     async with live_emulator() as live:
         emu = live.emulator
-        seed_foreman(emu, TOKENS)
-        for login in ROSTER:
-            emu.set_permission(OWNER, REPO, login, "write")
+        seed_foreman(emu, TOKENS, writers=ROSTER)
         numbers = [emu.create_issue(OWNER, REPO, title=f"Whole life {i + 1}", author="alice").number
                    for i in range(ISSUES)]
         proc = ServeProcess(scratch)

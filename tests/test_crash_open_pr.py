@@ -33,9 +33,7 @@ pytestmark = [pytest.mark.process, pytest.mark.slow]
 async def test_a_kill_after_gitea_created_the_pull_request_is_answered_by_adopting_it(scratch: Path) -> None:  # noqa: F811
     async with live_emulator() as live:
         emu = live.emulator
-        seed_foreman(emu, TOKENS)
-        for login in ROSTER:
-            emu.set_permission(OWNER, REPO, login, "write")
+        seed_foreman(emu, TOKENS, writers=ROSTER)
         number = emu.create_issue(OWNER, REPO, title="Killed while opening", author="alice").number
         proc = ServeProcess(scratch)
         write_config(proc.config, _config(proc, live.base_url, scratch))

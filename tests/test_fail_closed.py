@@ -147,7 +147,7 @@ async def test_a_settling_commit_that_fails_is_retried_and_the_loop_lives(
     monkeypatch.setattr(DeliveryStore, "finish", flaky_finish)
     body = payload()
     await client.post("/webhook", data=body, headers=webhook_headers(body, delivery="full-1"))
-    await wait_status(service, "full-1", "done", timeout=20)
+    await wait_status(service, "full-1", "done")
     assert failures["left"] == 0
     assert service.worker.loops_alive() == service.settings.worker.concurrency
     text = (await (await client.get("/metrics")).read()).decode()
@@ -199,7 +199,7 @@ async def test_a_pass_that_raises_does_not_end_its_loop(start: Started, monkeypa
     monkeypatch.setattr(DeliveryStore, "done_handlers", flaky)
     body = payload()
     await client.post("/webhook", data=body, headers=webhook_headers(body, delivery="pass-1"))
-    await wait_status(service, "pass-1", "done", timeout=20)
+    await wait_status(service, "pass-1", "done")
     assert calls == ["pass-1"] and failures["left"] == 0
     assert service.worker.loops_alive() == service.settings.worker.concurrency
 
@@ -223,7 +223,7 @@ async def test_a_retried_settle_runs_the_handler_once_and_records_its_result_fir
     monkeypatch.setattr(DeliveryStore, "finish", flaky_finish)
     body = payload()
     await client.post("/webhook", data=body, headers=webhook_headers(body, delivery="settle-1"))
-    await wait_status(service, "settle-1", "done", timeout=20)
+    await wait_status(service, "settle-1", "done")
     row = await service.store.get("settle-1")
     assert row is not None and row.attempts == 1  # retried in place, never reclaimed and run again
     assert calls == ["settle-1"]

@@ -17,7 +17,7 @@ import pytest
 from bot.core.canonical import HEADING_TEXT, MAX_BLOCKS, MAX_COMMENT_CHARS, parse_comment
 from bot.core.intake import Delivery, admit
 from tests.serve_support import serve_process
-from tests.support import SECRET, Started, payload, raw_post, signed_headers, webhook_headers
+from tests.support import PROBE_S, SECRET, Started, payload, raw_post, signed_headers, webhook_headers
 
 pytestmark = [pytest.mark.process]
 
@@ -132,7 +132,7 @@ async def test_a_hostile_comment_does_not_freeze_a_real_serve(tmp_path: Path) ->
                 assert resp.status == 202
             answered = 0
             while proc.status("hostile-1") is None or proc.status("hostile-1")[0] != "done":  # type: ignore[index]
-                async with session.get(f"{proc.url}/healthz", timeout=aiohttp.ClientTimeout(total=5)) as resp:
+                async with session.get(f"{proc.url}/healthz", timeout=aiohttp.ClientTimeout(total=PROBE_S)) as resp:
                     assert resp.status == 200
                 answered += 1
                 await asyncio.sleep(0.01)

@@ -471,20 +471,13 @@ async def test_through_the_bridge_foreman_serve_enforces_exactly_its_published_s
     """tests/test_mcp_stdio.py's schema probes (the 5,000-digit integer included: the bridge forwards the host's
     bytes, it does not parse them into numbers) through the bridge: invalid_input exactly where the listed schema
     says invalid."""
-    from tests.test_mcp_stdio import CONTROLLER_TOKEN, STDIO_PROBES
-    from tests.test_verbs_table import schema_verdict
+    from tests.test_mcp_stdio import CONTROLLER_TOKEN, STDIO_PROBES, assert_schema_enforced
 
     async with foreman_serve(tmp_path) as url:
         with anyio.fail_after(HANG_S * 3):
             async with bridged(url, CONTROLLER_TOKEN) as session:
                 await session.initialize()
-                tools = {tool.name: tool for tool in (await session.list_tools()).tools}
-                for tool, arguments in STDIO_PROBES:
-                    expected = schema_verdict(tools[tool].input_schema, arguments)
-                    result = await session.call_tool(tool, arguments)
-                    doc = result.structured_content
-                    assert doc is not None, (tool, arguments)
-                    assert (bool(result.is_error) and doc["error"] == "invalid_input") == (not expected), (tool, doc)
+                await assert_schema_enforced(session, STDIO_PROBES)
 
 
 async def test_through_the_bridge_arguments_the_sdk_parser_refuses_are_answered_invalid_input(

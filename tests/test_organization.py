@@ -10,15 +10,16 @@ from collections.abc import AsyncIterator
 import pytest
 
 from bot.config_writer import write_config
-from tests.gitea_fixtures import OWNER, REPO, live_emulator, seed_sibling_repository
-from tests.serve_support import Served, scratch, serve_process
-from tests.support import SECRET, serve_config
+from tests.gitea_fixtures import OWNER, REPO, seed_sibling_repository
+from tests.serve_support import Served, served_emulator
+from tests.support import SECRET
 
 pytestmark = [pytest.mark.process]
 
 WIDGETS = f"{OWNER}/{REPO}"
 #: A repository owned by a user, not by the organization: an org hook never sees it, a system hook does.
 STRAY_OWNER, STRAY = "alice", "scratch"
+EVENTS = ["issues", "issue_comment"]
 
 
 class SystemHooked(Served):
@@ -33,15 +34,12 @@ class SystemHooked(Served):
 
 @pytest.fixture
 async def system_hooked() -> AsyncIterator[SystemHooked]:
-    """A `foreman serve` of acme/widgets only, and a system hook to it."""
-    async with (scratch("foreman-system-hook-") as root, live_emulator(clone_protocol="http") as live,
-                serve_process(root) as proc):
-        emu = live.emulator
-        emu.create_repo(STRAY_OWNER, STRAY, files={"README.md": "# scratch\n"})
-        write_config(proc.config, serve_config(proc.port, proc.db, live.base_url, root, {
-            "reconcile": {"interval_s": 0, "overlap_s": 5},
-        }))
-        emu.add_system_hook(url=f"{proc.url}/webhook", secret=SECRET, events=["issues", "issue_comment"])
+    """A `foreman serve` of acme/widgets only, running, and a system hook to it."""
+    async with served_emulator("foreman-system-hook-", clone_protocol="http") as (live, proc):
+        live.emulator.create_repo(STRAY_OWNER, STRAY, files={"README.md": "# scratch\n"})
+        write_config(proc.config, proc.serve_document(live.base_url, {"reconcile": {"interval_s": 0, "overlap_s": 5}}))
+        await proc.serve()
+        live.emulator.add_system_hook(url=proc.hook_url, secret=SECRET, events=EVENTS)
         yield SystemHooked(live, proc)
 
 
@@ -49,7 +47,6 @@ async def test_a_system_hook_brings_a_configured_repository_handled_and_another_
     system_hooked: SystemHooked,
 ) -> None:
     t = system_hooked
-    await t.proc.serve()
     served = t.emu.create_issue(OWNER, REPO, title="Served work", author="alice", notify=True)
     stray = t.emu.create_issue(STRAY_OWNER, STRAY, title="Nobody serves this", author="alice", notify=True)
     sent = await t.emu.drain_webhooks()
@@ -87,17 +84,15 @@ async def served(t: SystemHooked) -> list[str]:
 async def organization() -> AsyncIterator[SystemHooked]:
     """acme as an organization with widgets, gadgets and an excluded legacy, one org hook to a `foreman serve`
     whose config names only ``[organization] name = "acme"`` (no repository) and a short catch-up interval."""
-    async with (scratch("foreman-org-") as root, live_emulator(clone_protocol="http") as live,
-                serve_process(root) as proc):
-        emu = live.emulator
+    async with served_emulator("foreman-org-", clone_protocol="http") as (live, proc):
         for name in (SIBLING, EXCLUDED):
-            seed_sibling_repository(emu, name)
-        emu.make_org(OWNER)
-        document = serve_config(proc.port, proc.db, live.base_url, root, {"reconcile": {"interval_s": 0.3}})
+            seed_sibling_repository(live.emulator, name)
+        live.emulator.make_org(OWNER)
+        document = proc.serve_document(live.base_url, {"reconcile": {"interval_s": 0.3}})
         checkouts = document.pop("repository")["checkout_root"]
         document["organization"] = {"name": OWNER, "exclude": [EXCLUDED.upper()], "checkout_root": checkouts}
         write_config(proc.config, document)
-        emu.add_org_hook(OWNER, url=f"{proc.url}/webhook", secret=SECRET, events=["issues", "issue_comment"])
+        live.emulator.add_org_hook(OWNER, url=proc.hook_url, secret=SECRET, events=EVENTS)
         yield SystemHooked(live, proc)
 
 

@@ -16,7 +16,7 @@ import pytest
 
 from bot.config_writer import merged, write_config
 from tests.serve_support import STOP_S, ServeProcess, serve_process
-from tests.support import emulator_sections, payload, webhook_headers
+from tests.support import HANG_S, emulator_sections, payload, webhook_headers
 
 pytestmark = [pytest.mark.process]
 
@@ -123,7 +123,7 @@ async def test_an_explicitly_empty_secret_list_refuses_to_start(tmp_path: Path) 
         sys.executable, "-m", "bot", "serve", "--config", str(config),
         cwd=tmp_path, stderr=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.DEVNULL,
     )
-    _, err = await asyncio.wait_for(process.communicate(), timeout=20)
+    _, err = await asyncio.wait_for(process.communicate(), timeout=HANG_S)
     assert process.returncode == 2
     doc = json.loads(err.decode().strip().splitlines()[-1])
     assert doc["key"] == "webhook.secrets" and "empty" in doc["message"]

@@ -15,9 +15,9 @@ import pytest
 
 from bot.config_writer import write_config
 from bot.core.evidence import find_marker, parse_evidence
-from tests.gitea_fixtures import BOT, OWNER, REPO, live_emulator, seed_foreman
-from tests.serve_support import Served, scratch, serve_process
-from tests.support import SECRET, serve_config
+from tests.gitea_fixtures import BOT, OWNER, REPO, seed_foreman
+from tests.serve_support import Served, served_emulator
+from tests.support import SECRET
 from tests.test_bootstrap_support import git
 from tests.world import EXTRA_TOKENS
 
@@ -42,16 +42,14 @@ class Commanded(Served):
 
 @pytest.fixture
 async def served() -> AsyncIterator[Commanded]:
-    async with (scratch("foreman-hostile-") as root, live_emulator(clone_protocol="http") as live,
-                serve_process(root) as proc):
+    """A running `foreman serve` of acme/widgets with its roster, and the repository's hook to it."""
+    async with served_emulator("foreman-hostile-", clone_protocol="http") as (live, proc):
         seed_foreman(live.emulator, {login: EXTRA_TOKENS[login] for login in ROSTER})
-        write_config(proc.config, serve_config(proc.port, proc.db, live.base_url, root, {
+        write_config(proc.config, proc.serve_document(live.base_url, {
             "outbox": {"poll_interval_s": 0.05, "backoff_base_s": 0.05, "backoff_max_s": 0.5},
-            "reconcile": {"interval_s": 0},
-            "roster": ROSTER,
-        }))
-        live.emulator.add_hook(OWNER, REPO, url=f"{proc.url}/webhook", secret=SECRET,
-                               events=["issues", "issue_comment"])
+            "reconcile": {"interval_s": 0}, "roster": ROSTER}))
+        live.emulator.add_hook(OWNER, REPO, url=proc.hook_url, secret=SECRET, events=["issues", "issue_comment"])
+        await proc.serve()
         yield Commanded(live, proc)
 
 
@@ -59,7 +57,6 @@ async def test_core_fsmonitor_named_through_the_worktree_git_file_never_runs_in_
     served: Commanded,
 ) -> None:
     s = served
-    await s.proc.serve()
     issue = s.live.emulator.create_issue(OWNER, REPO, title="Add a feature", author="alice",
                                          labels=["status:ready"], notify=True)
     await s.live.emulator.drain_webhooks()

@@ -6,18 +6,17 @@ import asyncio
 import json
 from collections import Counter
 from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
 
 from bot.config_writer import write_config
-from bot.core.canonical import CanonicalState, render
+from bot.core.canonical import render
 from bot.emulator.webhooks import SentWebhook
-from tests.gitea_fixtures import BOT, OWNER, REPO, live_emulator, seed_foreman
-from tests.serve_support import Served, ServeProcess, scratch, serve_process
-from tests.support import SECRET, serve_config
+from tests.gitea_fixtures import BOT, OWNER, REPO, seed_foreman
+from tests.serve_support import Served, ServeProcess, served_emulator
+from tests.support import SECRET, canonical_state
 
 pytestmark = [pytest.mark.process]
 
@@ -28,8 +27,8 @@ USER_TOKENS = {CONTROLLER: "tok-controller-0007", AUTHOR: "tok-author-1-0006"}
 READY = "status:ready"
 
 
-def _config(proc: ServeProcess, base_url: str, root: Path) -> dict[str, Any]:
-    return serve_config(proc.port, proc.db, base_url, root, {
+def _config(proc: ServeProcess, base_url: str) -> dict[str, Any]:
+    return proc.serve_document(base_url, {
         "worker": {"concurrency": 2},
         "outbox": {"poll_interval_s": 0.1, "backoff_base_s": 0.05, "backoff_max_s": 0.5},
         "allocator": {"auto": False},
@@ -40,20 +39,10 @@ def _config(proc: ServeProcess, base_url: str, root: Path) -> dict[str, Any]:
 
 
 def _state_comment() -> str:
-    block = render(
-        CanonicalState(
-            state="blocked",
-            who_is_next="controller",
-            next_action="controller: unblock it",
-            next_prompt="",
-            what_happened="the controller blocked it while foreman was down",
-            why="the catch-up test says so",
-            related_prs=(),
-            blockers="waiting on design",
-            validation="none",
-            last_updated_by=CONTROLLER,
-        )
-    )
+    block = render(canonical_state(
+        "blocked", "controller", next_action="controller: unblock it", next_prompt="",
+        what_happened="the controller blocked it while foreman was down", why="the catch-up test says so",
+        blockers="waiting on design", validation="none", last_updated_by=CONTROLLER))
     return f"Blocked for now.\n\n{block}"
 
 
@@ -116,14 +105,17 @@ class Outage(Served):
 
 @pytest.fixture
 async def outage() -> AsyncIterator[Outage]:
-    async with scratch("foreman-reconcile-") as root, live_emulator() as live, serve_process(root) as proc:
-        emu = live.emulator
-        seed_foreman(emu, USER_TOKENS)
+    """A running `foreman serve` of acme/widgets (issues #1-#3) that has finished its first catch-up pass."""
+    async with served_emulator("foreman-reconcile-") as (live, proc):
+        seed_foreman(live.emulator, USER_TOKENS)
         for n in range(1, 4):
-            emu.create_issue(OWNER, REPO, title=f"Catch-up work item {n}", author="alice")
-        write_config(proc.config, _config(proc, live.base_url, root))
-        emu.add_hook(OWNER, REPO, url=f"{proc.url}/webhook", secret=SECRET, events=["issues", "issue_comment"])
-        yield Outage(live, proc)
+            live.emulator.create_issue(OWNER, REPO, title=f"Catch-up work item {n}", author="alice")
+        write_config(proc.config, _config(proc, live.base_url))
+        live.emulator.add_hook(OWNER, REPO, url=proc.hook_url, secret=SECRET, events=["issues", "issue_comment"])
+        outage = Outage(live, proc)
+        await outage.start()
+        await outage.first_pass_done()
+        yield outage
 
 
 async def _events_during_outage(o: Outage) -> tuple[int, int]:
@@ -154,8 +146,6 @@ async def test_events_while_the_service_was_down_are_caught_up_once_and_replays_
     outage: Outage,
 ) -> None:
     o = outage
-    await o.start()
-    await o.first_pass_done()
     await o.proc.kill()  # SIGKILL: no shutdown hook runs
 
     command_id, state_id = await _events_during_outage(o)
@@ -234,8 +224,6 @@ async def test_a_gitea_outage_during_catch_up_keeps_the_watermark_and_the_next_p
     outage: Outage,
 ) -> None:
     o = outage
-    await o.start()
-    await o.first_pass_done()
     watermark = (await o.readyz())["checks"]["reconcile"]["watermark"]
     await o.proc.terminate()  # SIGTERM: a clean stop this time
 

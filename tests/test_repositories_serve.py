@@ -15,12 +15,11 @@ from tests.gitea_fixtures import (
     BOT,
     OWNER,
     REPO,
-    live_emulator,
     seed_foreman,
     seed_sibling_repository,
 )
-from tests.serve_support import Served, ServeProcess, scratch, serve_process
-from tests.support import SECRET, serve_config
+from tests.serve_support import Served, ServeProcess, served_emulator
+from tests.support import SECRET
 from tests.world import EXTRA_TOKENS
 
 pytestmark = [pytest.mark.process]
@@ -67,8 +66,8 @@ async def _cli(t: TwoRepositories, *args: str) -> tuple[int, dict[str, Any]]:
     return code, doc
 
 
-def _config(proc: ServeProcess, base_url: str, root: Path) -> dict[str, Any]:
-    document = serve_config(proc.port, proc.db, base_url, root, {
+def _config(proc: ServeProcess, base_url: str) -> dict[str, Any]:
+    document = proc.serve_document(base_url, {
         "worker": {"concurrency": 2},
         "outbox": {"poll_interval_s": 0.1, "backoff_base_s": 0.05, "backoff_max_s": 0.5},
         "reconcile": {"interval_s": 0, "overlap_s": 5},
@@ -86,15 +85,15 @@ def _config(proc: ServeProcess, base_url: str, root: Path) -> dict[str, Any]:
 
 @pytest.fixture
 async def two() -> AsyncIterator[TwoRepositories]:
-    async with (scratch("foreman-repos-") as root, live_emulator(clone_protocol="http") as live,
-                serve_process(root) as proc):
-        emu = live.emulator
-        seed_foreman(emu, {WIDGETS_AUTHOR: EXTRA_TOKENS[WIDGETS_AUTHOR]})
-        seed_sibling_repository(emu, SIBLING, authors={GADGETS_AUTHOR: EXTRA_TOKENS[GADGETS_AUTHOR]})
-        seed_sibling_repository(emu, UNLISTED)
-        emu.make_org(OWNER)
-        write_config(proc.config, _config(proc, live.base_url, root))
-        emu.add_org_hook(OWNER, url=f"{proc.url}/webhook", secret=SECRET, events=["issues", "issue_comment"])
+    """The organization's three repositories, and its hook to a running `foreman serve` of two of them."""
+    async with served_emulator("foreman-repos-", clone_protocol="http") as (live, proc):
+        seed_foreman(live.emulator, {WIDGETS_AUTHOR: EXTRA_TOKENS[WIDGETS_AUTHOR]})
+        seed_sibling_repository(live.emulator, SIBLING, authors={GADGETS_AUTHOR: EXTRA_TOKENS[GADGETS_AUTHOR]})
+        seed_sibling_repository(live.emulator, UNLISTED)
+        live.emulator.make_org(OWNER)
+        write_config(proc.config, _config(proc, live.base_url))
+        await proc.serve()
+        live.emulator.add_org_hook(OWNER, url=proc.hook_url, secret=SECRET, events=["issues", "issue_comment"])
         yield TwoRepositories(live, proc)
 
 
@@ -102,7 +101,6 @@ async def test_two_repositories_each_with_issue_1_stay_apart_and_an_unlisted_rep
     two: TwoRepositories,
 ) -> None:
     t = two
-    await t.proc.serve()
     for name in (REPO, SIBLING):
         issue = t.emu.create_issue(OWNER, name, title=f"Work item of {name}", author="alice", notify=True)
         assert issue.number == 1
