@@ -58,5 +58,10 @@ def test_foreman_emulator_prints_what_an_operator_needs_and_serves_it(tmp_path: 
         assert [c["status"] for c in json.loads(check.stdout)["checks"]] == ["ok"] * 6
     finally:
         proc.send_signal(signal.SIGTERM)
-        code = proc.wait(HANG_S)
+        try:
+            code = proc.wait(HANG_S)
+        except subprocess.TimeoutExpired:  # never left running, whatever happened
+            proc.kill()
+            proc.wait()
+            raise
     assert code == 0, proc.stderr.read() if proc.stderr else ""

@@ -342,20 +342,25 @@ def test_arguments_the_sdk_parser_refuses_are_answered_invalid_input_on_the_wire
         [command, *args], env={"PATH": "/usr/bin:/bin", "FOREMAN_MCP_TOKEN": CONTROLLER_TOKEN}, cwd=REPO_ROOT,
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, bufsize=0,  # select() sees all
     )
-    assert process.stdin is not None and process.stdout is not None
-    process.stdin.write(("\n".join(lines) + "\n").encode())
-    process.stdin.flush()
-    answers: dict[int, dict[str, Any]] = {}
-    while not set(RAW_REQUESTS) <= set(answers):  # the answer to every request, before stdin closes
-        ready, _, _ = select.select([process.stdout], [], [], HANG_S)
-        assert ready, f"no answer to requests {sorted(set(RAW_REQUESTS) - set(answers))} within {HANG_S:.0f} s"
-        line = process.stdout.readline()
-        assert line, "the server stopped answering"
-        message = json.loads(line)
-        assert message.get("id") in (1, *RAW_REQUESTS), message  # initialize's answer, then one per request
-        answers[message["id"]] = message
-    process.stdin.close()
-    assert process.wait(timeout=HANG_S) == 0
+    try:
+        assert process.stdin is not None and process.stdout is not None
+        process.stdin.write(("\n".join(lines) + "\n").encode())
+        process.stdin.flush()
+        answers: dict[int, dict[str, Any]] = {}
+        while not set(RAW_REQUESTS) <= set(answers):  # the answer to every request, before stdin closes
+            ready, _, _ = select.select([process.stdout], [], [], HANG_S)
+            assert ready, f"no answer to requests {sorted(set(RAW_REQUESTS) - set(answers))} within {HANG_S:.0f} s"
+            line = process.stdout.readline()
+            assert line, "the server stopped answering"
+            message = json.loads(line)
+            assert message.get("id") in (1, *RAW_REQUESTS), message  # initialize's answer, then one per request
+            answers[message["id"]] = message
+        process.stdin.close()
+        assert process.wait(timeout=HANG_S) == 0
+    finally:  # never left running, whatever failed
+        if process.poll() is None:
+            process.kill()
+            process.wait()
     assert process.stderr is not None and b"Traceback" not in process.stderr.read()
     assert_unreadable_answered(answers)
     assert answers[5]["result"]["isError"] is False

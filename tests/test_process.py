@@ -7,7 +7,6 @@ import json
 import signal
 import sqlite3
 import stat
-import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -15,8 +14,8 @@ import aiohttp
 import pytest
 
 from bot.config_writer import merged, write_config
-from tests.serve_support import STOP_S, ServeProcess, serve_process
-from tests.support import HANG_S, emulator_sections, payload, webhook_headers
+from tests.serve_support import STOP_S, ServeProcess, run_foreman, serve_process
+from tests.support import emulator_sections, payload, webhook_headers
 
 pytestmark = [pytest.mark.process]
 
@@ -119,13 +118,9 @@ async def test_embedded_default_starts_with_a_generated_secret_and_no_gitea(tmp_
 async def test_an_explicitly_empty_secret_list_refuses_to_start(tmp_path: Path) -> None:
     """`secrets = []` refuses to start, exit 2, with an error naming webhook.secrets."""
     config = write_config(tmp_path / "foreman.toml", {"webhook": {"secrets": []}})
-    process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "bot", "serve", "--config", str(config),
-        cwd=tmp_path, stderr=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.DEVNULL,
-    )
-    _, err = await asyncio.wait_for(process.communicate(), timeout=HANG_S)
-    assert process.returncode == 2
-    doc = json.loads(err.decode().strip().splitlines()[-1])
+    code, _, err = await run_foreman("serve", "--config", str(config), cwd=tmp_path)
+    assert code == 2
+    doc = json.loads(err.strip().splitlines()[-1])
     assert doc["key"] == "webhook.secrets" and "empty" in doc["message"]
 
 
