@@ -80,10 +80,6 @@ class ServeProcess:
         """Its foreman.toml against Gitea at ``gitea_url`` (``tests.support.serve_config``), checkouts in its folder."""
         return serve_config(self.port, self.db, gitea_url, self.workdir, *overrides)
 
-    @property
-    def running(self) -> bool:
-        return self.proc is not None and self.proc.returncode is None
-
     def tail(self) -> str:
         """The end of the service's stderr (its log), for a failure's message."""
         return self.stderr.read_text(errors="replace")[-TAIL_CHARS:] if self.stderr.exists() else ""
@@ -167,7 +163,7 @@ class ServeProcess:
     async def post(self, body: bytes, delivery: str) -> int:
         async with aiohttp.ClientSession() as session:
             async with session.post(
-                f"{self.url}/webhook", data=body, headers=webhook_headers(body, delivery=delivery)
+                self.hook_url, data=body, headers=webhook_headers(body, delivery=delivery)
             ) as resp:
                 return resp.status
 
@@ -176,8 +172,8 @@ class ServeProcess:
         return self.log.read_text().splitlines() if self.log.exists() else []
 
     def rows(self, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
-        """A query of the service's SQLite database."""
-        with sqlite3.connect(self.db) as conn:
+        """A query of the service's SQLite database (waiting out the service's write lock as a hang detector)."""
+        with sqlite3.connect(self.db, timeout=WAIT_S) as conn:
             return conn.execute(sql, params).fetchall()
 
     def status(self, delivery: str) -> tuple[str, int] | None:
