@@ -51,7 +51,7 @@ from tests.gitea_fixtures import (
     seed_sibling_repository,
 )
 from tests.serve_support import ServeProcess
-from tests.support import SECRET, canonical_state, serve_config
+from tests.support import HANG_S, SECRET, SLOW_HANG_S, canonical_state, serve_config
 
 pytestmark = [pytest.mark.process, pytest.mark.slow]
 
@@ -316,15 +316,23 @@ class Burst:
         )
         return int(open_deliveries), int(open_outbox), int(total)
 
-    async def settle(self, timeout: float = 120.0) -> None:  # a hang detector (a loaded machine took over 40 s)
-        """Until nothing is queued, processing, pending, sending or waiting for its hook, three polls in a row."""
-        deadline = time.monotonic() + timeout
+    async def settle(self, stuck_s: float = HANG_S, ceiling_s: float = SLOW_HANG_S) -> None:
+        """Until nothing is queued, processing, pending, sending or waiting for its hook, three polls in a row.
+        Hang detectors, never a timing: the test fails once the queues have not moved for ``stuck_s`` (a loaded
+        machine drains them slowly: at load 12 a PostgreSQL run still had 78 deliveries queued after 120 s; a stuck
+        service never does), or after ``ceiling_s`` in all."""
+        started = moved = time.monotonic()
         quiet = 0
         last: tuple[int, ...] = ()
         while quiet < 3:
-            assert time.monotonic() < deadline, f"seed {self.seed}: never settled: {self.queues()}"
+            now_s = time.monotonic()
+            assert now_s - moved < stuck_s and now_s - started < ceiling_s, (
+                f"seed {self.seed}: never settled: {self.queues()} (open deliveries, open outbox entries, rows),"
+                f" unchanged for {now_s - moved:.0f} s, {now_s - started:.0f} s in all")
             await self.live.emulator.drain_webhooks()
             now = self.queues()
+            if now != last:
+                moved = time.monotonic()
             quiet = quiet + 1 if now[:2] == (0, 0) and now == last else 0
             last = now
             await asyncio.sleep(0.2)
