@@ -63,9 +63,7 @@ import hashlib
 import json
 import os
 import secrets
-import shutil
 import sys
-import tempfile
 import time
 from collections import Counter
 from collections.abc import Sequence
@@ -76,11 +74,11 @@ from typing import Any
 import aiohttp
 
 from bench.database import footprint
-from bench.e2e import _query, summary
+from bench.e2e import _query, finished, run_root, summary
 from bench.harness import children_of, machine_busy_s, own_peak_rss_mib, peak_rss_kib, rss_kib
 from bench.intake import process_cpu_s
 from bot.core.evidence import find_marker
-from bot.demo import open_harness, scratch_root
+from bot.demo import open_harness
 from bot.demo_harness import MAINTAINER, OWNER, REPO, LoopHarness, StepFailed, _subprocess_env
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
@@ -860,11 +858,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("python -m bench.agents: --sessions, --seconds, --rate, --period, --timeout and --drivers must be"
               " positive", file=sys.stderr)
         return EXIT_USAGE
-    if args.tmpdir is not None:
-        args.tmpdir.mkdir(parents=True, exist_ok=True)
-        root = Path(tempfile.mkdtemp(prefix="bench-agents-", dir=args.tmpdir))
-    else:
-        root = scratch_root("bench-agents-")
+    root = run_root("bench-agents-", args.tmpdir)
     try:
         doc = asyncio.run(bench(args.sessions, args.seconds, args.rate, args.period, args.timeout, root,
                                 args.transport, args.drivers))
@@ -874,11 +868,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"bench.agents failed: {exc} (files kept in {root})", file=sys.stderr)
         return EXIT_FAILED
     print(json.dumps(doc, indent=2, sort_keys=True) if args.json else text(doc))
-    if args.keep or not doc["ok"]:
-        print(f"files kept in {root}", file=sys.stderr)
-    else:
-        shutil.rmtree(root, ignore_errors=True)
-    return EXIT_OK if doc["ok"] else EXIT_FAILED
+    return finished(doc, root, keep=args.keep or not doc["ok"])
 
 
 if __name__ == "__main__":

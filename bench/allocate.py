@@ -26,6 +26,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
+from bench import positive_int
 from bench.allocate_data import (
     DEPENDS_SHARE,
     EXCLUDED_SHARE,
@@ -530,13 +531,6 @@ def render_text(doc: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError("must be at least 1")
-    return value
-
-
 def _sizes(text: str) -> list[int]:
     try:
         sizes = [int(part) for part in text.split(",") if part.strip()]
@@ -550,7 +544,7 @@ def _sizes(text: str) -> list[int]:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m bench.allocate", description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--sizes", type=_sizes, default=list(DEFAULT_SIZES), help="candidate counts, comma-separated")
-    parser.add_argument("--repeat", type=_positive, default=DEFAULT_REPEAT, help="timed runs per figure (median)")
+    parser.add_argument("--repeat", type=positive_int, default=DEFAULT_REPEAT, help="timed runs per figure (median)")
     parser.add_argument("--seed", type=int, default=DEFAULT_SEED, help="seed of the generated issues and leases")
     parser.add_argument("--tmpdir", help="where the temp databases go (default: the system temp dir)")
     parser.add_argument("--profile", metavar="PATH", help="cProfile one more decide at the largest size, stats to PATH")

@@ -139,15 +139,8 @@ def build_database(path: Path, n: int, seed: int) -> Dataset:
         conn.commit()
     finally:
         conn.close()
-    return Dataset(
-        n=n,
-        excluded=excluded,
-        foreign_leased=frozenset(foreign),
-        own_lease_issue=own_issue,
-        own_lease_id=own_id,
-        with_deps=with_deps,
-        lease_rows=len(lease_rows),
-    )
+    return Dataset(n=n, excluded=excluded, foreign_leased=frozenset(foreign), own_lease_issue=own_issue,
+                   own_lease_id=own_id, with_deps=with_deps, lease_rows=len(lease_rows))
 
 
 @dataclass(frozen=True)

@@ -48,6 +48,7 @@ from typing import Any
 
 import aiohttp
 
+from bench import positive_int
 from bot.config import Settings
 from bot.core.bootstrap import branch_for
 from bot.emulator import Emulator, start_emulator
@@ -321,9 +322,9 @@ def render_text(doc: dict[str, Any]) -> str:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m bench.bootstrap", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--files", type=int, default=10_000, help="files in the generated repository")
-    parser.add_argument("--repeat", type=int, default=15, help="interleaved pairs of timed runs (medians)")
-    parser.add_argument("--concurrent", type=int, default=10, help="issues bootstrapped at once")
+    parser.add_argument("--files", type=positive_int, default=10_000, help="files in the generated repository")
+    parser.add_argument("--repeat", type=positive_int, default=15, help="interleaved pairs of timed runs (medians)")
+    parser.add_argument("--concurrent", type=positive_int, default=10, help="issues bootstrapped at once")
     parser.add_argument("--tmpdir", type=Path, default=None, help="where repositories go (default /dev/shm)")
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--serve-emulator", type=Path, default=None, help=argparse.SUPPRESS)
@@ -331,13 +332,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    args = build_parser().parse_args(argv)
     if args.serve_emulator is not None:
         asyncio.run(serve_emulator(args.serve_emulator, args.files))
         return EXIT_OK
-    if args.files < 1 or args.repeat < 1 or args.concurrent < 1:
-        parser.error("--files, --repeat and --concurrent must be at least 1")
     os.environ.pop("FOREMAN_FAULT_AFTER_PHASE", None)
     os.environ.pop("FOREMAN_FAULT_AFTER_STEP", None)
     doc = asyncio.run(run(Options(args.files, args.repeat, args.concurrent, args.tmpdir)))

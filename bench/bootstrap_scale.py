@@ -38,6 +38,8 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+from bench import positive_int
+
 PROJECT = Path(__file__).resolve().parents[1]
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
@@ -253,9 +255,9 @@ def render_text(doc: dict[str, Any]) -> str:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m bench.bootstrap_scale", description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", default="1,300,1000", help="registered worktrees (each with a branch) per step")
-    parser.add_argument("--repeat", type=int, default=7, help="interleaved pairs per size")
+    parser.add_argument("--repeat", type=positive_int, default=7, help="interleaved pairs per size")
     parser.add_argument("--before", default="main", help="the revision to compare with (git archive of it)")
-    parser.add_argument("--files", type=int, default=100, help="files in the generated repository")
+    parser.add_argument("--files", type=positive_int, default=100, help="files in the generated repository")
     parser.add_argument("--tmpdir", type=Path, default=None)
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--worker", type=Path, default=None, help=argparse.SUPPRESS)
@@ -273,8 +275,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         sizes = [int(part) for part in args.sizes.split(",") if part.strip()]
     except ValueError:
         parser.error("--sizes takes comma-separated integers")
-    if not sizes or min(sizes) < 1 or sizes != sorted(sizes) or args.repeat < 1 or args.files < 1:
-        parser.error("--sizes must be increasing and at least 1; --repeat and --files at least 1")
+    if not sizes or min(sizes) < 1 or sizes != sorted(sizes):
+        parser.error("--sizes must be increasing and at least 1")
     doc = run(sizes, args.repeat, args.before, args.files, args.tmpdir)
     print(json.dumps(doc, indent=2) if args.json else render_text(doc))
     return EXIT_OK if doc["ok"] else EXIT_FAILED

@@ -89,6 +89,28 @@ def percentile(values: Sequence[float], q: float) -> float:
     return ordered[rank - 1]
 
 
+def run_root(prefix: str, tmpdir: Path | None) -> Path:
+    """Where a run keeps its files: a new folder under ``tmpdir`` when given, else a scratch folder."""
+    if tmpdir is None:
+        return scratch_root(prefix)
+    tmpdir.mkdir(parents=True, exist_ok=True)
+    return Path(tempfile.mkdtemp(prefix=prefix, dir=tmpdir))
+
+
+def finished(doc: dict[str, Any], root: Path, *, keep: bool) -> int:
+    """A run's exit code; its files kept (and where said) when ``keep``, else removed."""
+    if keep:
+        print(f"files kept in {root}", file=sys.stderr)
+    else:
+        shutil.rmtree(root, ignore_errors=True)
+    return EXIT_OK if doc["ok"] else EXIT_FAILED
+
+
+def p50_of(samples: Sequence[Any], **fields: str) -> dict[str, float]:
+    """The median (nearest rank) of each of the samples' fields, by name: ``name=field``."""
+    return {name: percentile([getattr(s, field) for s in samples], 50) for name, field in fields.items()}
+
+
 def summary(values: Sequence[float]) -> dict[str, float]:
     return {
         "n": len(values),
@@ -287,10 +309,8 @@ def report(run: Run, issues: int) -> dict[str, Any]:
         "errors": run.errors[:20],
         "latency_ms": latency,
         "breakdown_p50_ms": {
-            "label_post_answered": percentile([s.label_ms for s in run.samples], 50),
-            "lease_committed": percentile([s.lease_ms for s in run.samples], 50),
-            "allocation_evidence_verified": percentile([s.allocation_evidence_ms for s in run.samples], 50),
-            "bootstrap_completed": percentile([s.bootstrap_ms for s in run.samples], 50),
+            **p50_of(run.samples, label_post_answered="label_ms", lease_committed="lease_ms",
+                     allocation_evidence_verified="allocation_evidence_ms", bootstrap_completed="bootstrap_ms"),
             "bootstrap_evidence_verified": latency["p50"],
         },
         "release_ms": summary([s.release_ms for s in run.samples]),
@@ -382,11 +402,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_usage(sys.stderr)
         print("python -m bench.e2e: --issues, --baseline-samples and --timeout must be positive", file=sys.stderr)
         return EXIT_USAGE
-    if args.tmpdir is not None:
-        args.tmpdir.mkdir(parents=True, exist_ok=True)
-        root = Path(tempfile.mkdtemp(prefix="bench-e2e-", dir=args.tmpdir))
-    else:
-        root = scratch_root("bench-e2e-")
+    root = run_root("bench-e2e-", args.tmpdir)
     try:
         if args.life:
             from bench.e2e_life import bench_life, life_report, life_text  # it imports this module's helpers
@@ -407,11 +423,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"bench.e2e failed: {_first_failure(exc)} (files kept in {root})", file=sys.stderr)
         return EXIT_FAILED
     print(json.dumps(doc, indent=2, sort_keys=True) if args.json else shown(doc))
-    if args.keep or errors:
-        print(f"files kept in {root}", file=sys.stderr)
-    else:
-        shutil.rmtree(root, ignore_errors=True)
-    return EXIT_OK if doc["ok"] else EXIT_FAILED
+    return finished(doc, root, keep=args.keep or bool(errors))
 
 
 if __name__ == "__main__":

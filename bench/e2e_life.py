@@ -16,7 +16,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from bench.e2e import _ms, _outbox_done, _query, percentile, summary
+from bench.e2e import _ms, _outbox_done, _query, p50_of, summary
 from bot.core.evidence import find_marker
 from bot.core.teardown import pull_key
 from bot.demo import open_harness
@@ -259,10 +259,8 @@ def life_report(run: LifeRun, issues: int) -> dict[str, Any]:
         "label_to_merged_ms": merged_ms,
         "label_to_torn_down_ms": torn_down,
         "milestones_p50_ms": {
-            "bootstrap_evidence_verified": percentile([s.evidence_ms for s in run.samples], 50),
-            "published": percentile([s.published_ms for s in run.samples], 50),
-            "pull_request_opened": percentile([s.pr_ms for s in run.samples], 50),
-            "approved": percentile([s.approved_ms for s in run.samples], 50),
+            **p50_of(run.samples, bootstrap_evidence_verified="evidence_ms", published="published_ms",
+                     pull_request_opened="pr_ms", approved="approved_ms"),
             "merged": merged_ms["p50"],
             "torn_down": torn_down["p50"],
         },

@@ -39,6 +39,7 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
+from bench import positive_int
 from bench.database import Target as DatabaseTarget
 from bench.database import exists, rows, scratch_schema
 from bot.config_writer import write_config
@@ -58,26 +59,11 @@ EXIT_OK, EXIT_ERROR, EXIT_USAGE = 0, 1, 2
 # --- payloads and the bare endpoint (in its own subprocess) -----------------------------------------------------------
 def _builtin_user(login: str = "example", uid: int = 1) -> dict[str, Any]:
     return {
-        "id": uid,
-        "login": login,
-        "full_name": "",
-        "email": f"{login}@example.com",
-        "avatar_url": "http://localhost:3000/avatar/23463b99b62a72f26ed677cc556c44e8",
-        "language": "",
-        "is_admin": False,
-        "last_login": "0001-01-01T00:00:00Z",
-        "created": "2022-03-09T16:14:22+09:00",
-        "restricted": False,
-        "active": False,
-        "prohibit_login": False,
-        "location": "",
-        "website": "",
-        "description": "",
-        "visibility": "public",
-        "followers_count": 0,
-        "following_count": 0,
-        "starred_repos_count": 0,
-        "username": login,
+        "id": uid, "login": login, "full_name": "", "email": f"{login}@example.com",
+        "avatar_url": "http://localhost:3000/avatar/23463b99b62a72f26ed677cc556c44e8", "language": "",
+        "is_admin": False, "last_login": "0001-01-01T00:00:00Z", "created": "2022-03-09T16:14:22+09:00",
+        "restricted": False, "active": False, "prohibit_login": False, "location": "", "website": "", "description": "",
+        "visibility": "public", "followers_count": 0, "following_count": 0, "starred_repos_count": 0, "username": login,
     }
 
 
@@ -153,20 +139,11 @@ def builtin_payload() -> dict[str, Any]:
             "updated_at": "2022-03-09T16:14:29+09:00",
             "permissions": {"admin": True, "push": True, "pull": True},
             "has_issues": True,
-            "internal_tracker": {
-                "enable_time_tracker": True,
-                "allow_only_contributors_to_track_time": True,
-                "enable_issue_dependencies": True,
-            },
-            "has_wiki": True,
-            "has_pull_requests": True,
-            "has_projects": True,
-            "ignore_whitespace_conflicts": False,
-            "allow_merge_commits": True,
-            "allow_rebase": True,
-            "allow_rebase_explicit": True,
-            "allow_squash_merge": True,
-            "default_merge_style": "merge",
+            "internal_tracker": {"enable_time_tracker": True, "allow_only_contributors_to_track_time": True,
+                                 "enable_issue_dependencies": True},
+            "has_wiki": True, "has_pull_requests": True, "has_projects": True, "ignore_whitespace_conflicts": False,
+            "allow_merge_commits": True, "allow_rebase": True, "allow_rebase_explicit": True,
+            "allow_squash_merge": True, "default_merge_style": "merge",
             "avatar_url": "",
             "internal": False,
             "mirror_interval": "",
@@ -685,18 +662,11 @@ def render_text(doc: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError("must be at least 1")
-    return value
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m bench.intake", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--requests", type=_positive, default=5000, help="requests per round per target")
-    parser.add_argument("--concurrency", type=_positive, default=32, help="client workers = connections")
-    parser.add_argument("--rounds", type=_positive, default=2, help="measured rounds per target (alternated)")
+    parser.add_argument("--requests", type=positive_int, default=5000, help="requests per round per target")
+    parser.add_argument("--concurrency", type=positive_int, default=32, help="client workers = connections")
+    parser.add_argument("--rounds", type=positive_int, default=2, help="measured rounds per target (alternated)")
     parser.add_argument("--warmup", type=int, default=500, help="unmeasured requests per target first")
     parser.add_argument(
         "--payload",

@@ -122,7 +122,7 @@ def attempt(what: str, action: Any) -> None:
 def post(url: str, body: bytes, headers: dict[str, str]) -> int:
     request = urllib.request.Request(url, data=body, headers=headers, method="POST")  # noqa: S310 (loopback)
     try:
-        with urllib.request.urlopen(request, timeout=60) as response:  # noqa: S310 (a loopback test URL)
+        with urllib.request.urlopen(request, timeout=120) as response:  # noqa: S310 (a loopback test URL)
             return int(response.status)
     except urllib.error.HTTPError as exc:
         return int(exc.code)

@@ -37,6 +37,12 @@ SLICES = {
 }
 
 
+#: The whole-test hang detector (pytest-timeout) of a test of the process, browser or slow slices: its own waits are
+#: hang detectors of minutes (``tests.support.HANG_S``), and the pyproject's 120 s, right for an in-process test, would
+#: cut a crash burst or a bench smoke that a machine at load 15 runs ten times slower than an idle one.
+SLOW_SLICE_TIMEOUT_S = 900
+
+
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "needs_shared: reads ../shared; skipped with one line where it is absent")
     for name, what in SLICES.items():
@@ -49,6 +55,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         params = getattr(getattr(item, "callspec", None), "params", {})
         if "postgresql" in params.values() or any(f.startswith("postgres") for f in getattr(item, "fixturenames", ())):
             item.add_marker(postgres)
+        if item.get_closest_marker("timeout") is None and any(
+            item.get_closest_marker(name) is not None for name in ("process", "browser", "slow")
+        ):
+            item.add_marker(pytest.mark.timeout(SLOW_SLICE_TIMEOUT_S))
     if SHARED.is_dir():
         return
     skip = pytest.mark.skip(reason=SHARED_MISSING)
@@ -78,7 +88,7 @@ _reachable: list[bool] = []
 def postgres_reachable() -> bool:
     if not _reachable:
         try:
-            psycopg.connect(POSTGRES_URL, connect_timeout=3).close()
+            psycopg.connect(POSTGRES_URL, connect_timeout=30).close()  # a hang detector: a refusal is at once
             _reachable.append(True)
         except psycopg.Error:
             _reachable.append(False)
@@ -195,7 +205,7 @@ def read_rows(target: Path | str, sql: str) -> list[tuple[Any, ...]]:
         session = _read_sessions.get(target)
         if session is None or session.closed or session.broken:
             # Kept between calls: a poll every few milliseconds must not have the server start a backend each time.
-            session = _read_sessions[target] = psycopg.connect(target, autocommit=True, connect_timeout=3)
+            session = _read_sessions[target] = psycopg.connect(target, autocommit=True, connect_timeout=30)
         return [tuple(row) for row in session.execute(sql).fetchall()]
     with sqlite3.connect(f"file:{target}?mode=ro", uri=True) as lite:
         return [tuple(row) for row in lite.execute(sql).fetchall()]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import shutil
 import tempfile
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Iterable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -53,10 +53,13 @@ def seed_acme_widgets(emu: Emulator) -> None:
         emu.create_label(OWNER, REPO, name, exclusive=name.startswith("status/"), description=f"{name} label")
 
 
-def seed_foreman(emu: Emulator, users: Mapping[str, str]) -> None:
-    """What foreman adds to the seeded acme/widgets: its roster's users (login -> token) and its status labels."""
+def seed_foreman(emu: Emulator, users: Mapping[str, str], *, writers: Iterable[str] = ()) -> None:
+    """What foreman adds to the seeded acme/widgets: its roster's users (login -> token) and its status labels;
+    ``writers`` may write to it."""
     for login, token in users.items():
         emu.add_user(login, token=token)
+    for login in writers:
+        emu.set_permission(OWNER, REPO, login, "write")
     for label in status_labels():
         emu.create_label(OWNER, REPO, label, color="#00aa00")
 

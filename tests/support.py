@@ -6,6 +6,7 @@ import asyncio
 import fcntl
 import hashlib
 import hmac
+import inspect
 import json
 import os
 import random
@@ -19,17 +20,30 @@ from typing import Any
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 from aiohttp.web import BaseRunner
+from gidgethub import routing, sansio
 from pydantic import SecretStr
 
 from bot.app import Service, open_service
 from bot.config import Settings
 from bot.config_writer import Document, merged
+from bot.core.canonical import CanonicalState
 from bot.core.dispatch import OrderedRouter
 from bot.http_server import ServiceRunner, runner_options
+from bot.worker import HandlerContext
 from handlers import build_router
 from tests.gitea_fixtures import BOT, OWNER, REPO, TOKENS
 
 SECRET = "test-secret-0123456789abcdef"
+
+#: The hang detector of a test's waits (for a process, its answer or a condition), never a timing: on a machine at
+#: load 15 (another suite beside this one) a Python process runs ten times slower than on an idle one, so a wait
+#: that is a moment's work there can take a minute here. A passing test never waits it out.
+HANG_S = 120.0
+#: The hang detector of a whole run of a benchmark, the demo or a package build in a subprocess (minutes idle).
+SLOW_HANG_S = 600.0
+#: How long a probe of a busy live service (/healthz while it works) may take before the test calls it frozen: a
+#: frozen event loop never answers, a machine at load 15 answers within seconds.
+PROBE_S = 30.0
 
 #: Ports handed out by ``free_port``: below the kernel's ephemeral range (where every port-0 bind draws from, ours
 #: and aiohttp's test servers'), each held by an ``flock`` in ``_PORT_LOCKS`` for the life of the test process that
@@ -96,6 +110,14 @@ def serve_config(port: int, database: Path, base_url: str, root: Path, *override
         "repository": {"checkout_root": root / "checkouts"},
         "worker": {"poll_interval_s": 0.05, "claim_ttl_s": 1.5, "backoff_base_s": 0.05, "backoff_max_s": 0.5},
     }, *overrides)
+
+
+def canonical_state(state: str = "in-progress", who: str = "author", **fields: Any) -> CanonicalState:
+    """A Canonical Issue State as a test posts it: ``state``, whose turn it is, and ``fields`` over plain values."""
+    return CanonicalState(**{
+        "state": state, "who_is_next": who, "next_action": "Implement the change", "next_prompt": "Do the work.",
+        "what_happened": "Allocated", "why": "It was ready", "related_prs": (), "blockers": "none",
+        "validation": "lease read back", "last_updated_by": "controller-bot", **fields})
 
 
 def sign(body: bytes, secret: str = SECRET) -> str:
@@ -171,6 +193,17 @@ def signed_headers(body: bytes, *, event: bytes = b"issues", delivery: str) -> l
     ]
 
 
+def recording_router(seen: list[Any], what: Callable[[sansio.Event, HandlerContext], Any]) -> OrderedRouter:
+    """The product's handlers, and one more on ``issues`` that appends ``what(event, ctx)`` to ``seen``."""
+    router = routing.Router()
+
+    @router.register("issues")
+    async def record(event: sansio.Event, ctx: HandlerContext) -> None:
+        seen.append(what(event, ctx))
+
+    return build_router(router)
+
+
 Started = Callable[..., Awaitable[tuple[Service, TestClient[Any, Any]]]]
 
 
@@ -202,13 +235,33 @@ async def start(tmp_path: Path) -> AsyncIterator[Started]:
         await client.close()
 
 
-async def wait_status(service: Service, delivery: str, status: str, timeout: float = 10.0) -> None:
+async def holds(predicate: Callable[[], object]) -> bool:
+    """Whether ``predicate()`` holds, awaiting what it returns when that is awaitable."""
+    result = predicate()
+    return bool(await result if inspect.isawaitable(result) else result)
+
+
+async def eventually(
+    predicate: Callable[[], object], what: str, timeout: float = HANG_S, *, poll_s: float = 0.02,
+    detail: Callable[[], object] | None = None,
+) -> float:
+    """Until ``predicate()`` (or what it returns, when that is awaitable) holds, polling every ``poll_s``; the seconds
+    it took. After ``timeout`` (a hang detector, never a timing) the test fails naming ``what`` and ``detail()``."""
     loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while loop.time() < deadline:
-        row = await service.store.get(delivery)
-        if row is not None and row.status == status:
-            return
-        await asyncio.sleep(0.02)
-    row = await service.store.get(delivery)
-    raise AssertionError(f"{delivery} never reached {status}: {row}")
+    started = loop.time()
+    while not await holds(predicate):
+        if loop.time() - started > timeout:
+            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}"
+                                 + (f": {detail()}" if detail is not None else ""))
+        await asyncio.sleep(poll_s)
+    return loop.time() - started
+
+
+async def wait_status(service: Service, delivery: str, status: str, timeout: float = HANG_S) -> None:
+    seen: list[object] = [None]
+
+    async def reached() -> bool:
+        row = seen[0] = await service.store.get(delivery)
+        return row is not None and row.status == status
+
+    await eventually(reached, f"{delivery} to reach {status}", timeout, detail=lambda: seen[0])

@@ -31,8 +31,8 @@ import pytest
 from bot.config_writer import write_config
 from tests.conftest import REPO_ROOT
 from tests.gitea_fixtures import OWNER, REPO, LiveEmulator, live_emulator, seed_foreman
-from tests.mcp_http_support import serve_process
-from tests.support import SECRET, free_port, serve_config
+from tests.serve_support import serve_process
+from tests.support import HANG_S, SECRET, free_port, serve_config
 
 SYSTEM_PYTHON = "/usr/bin/python3"
 ROSTER = {"author-1": ["author"], "rev-1": ["reviewer"], "merge-1": ["merger"]}
@@ -62,11 +62,11 @@ def agent_user() -> Iterator[str]:
     """A Unix user (and its own group) of the agent, removed afterwards."""
     name = f"fa{secrets.token_hex(4)}"
     subprocess.run(["useradd", "--no-create-home", "--home-dir", "/nonexistent", "--shell", "/usr/sbin/nologin",
-                    "--user-group", name], check=True, capture_output=True, timeout=60)
+                    "--user-group", name], check=True, capture_output=True, timeout=HANG_S)
     try:
         yield name
     finally:
-        subprocess.run(["userdel", name], check=False, capture_output=True, timeout=60)
+        subprocess.run(["userdel", name], check=False, capture_output=True, timeout=HANG_S)
 
 
 def as_agent(user: str, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -113,9 +113,7 @@ async def _agent_life(scratch: Path, user: str) -> None:
     database = scratch / "var" / "foreman.db"
     async with live_emulator() as live:
         emu = live.emulator
-        seed_foreman(emu, GITEA_TOKENS)
-        for login in ROSTER:
-            emu.set_permission(OWNER, REPO, login, "write")
+        seed_foreman(emu, GITEA_TOKENS, writers=ROSTER)
         number = emu.create_issue(OWNER, REPO, title="Work for the agent", author="alice").number
         config = write_config(scratch / "foreman.toml", serve_config(port, database, live.base_url, scratch, {
             "roster": ROSTER,
@@ -128,7 +126,8 @@ async def _agent_life(scratch: Path, user: str) -> None:
         os.chmod(config, 0o600)
         emu.add_hook(OWNER, REPO, url=f"http://127.0.0.1:{port}/webhook", secret=SECRET,
                      events=["issues", "issue_comment", "pull_request"])
-        async with serve_process(config, port, umask=0o077) as url:
+        async with serve_process(scratch, config=config, umask=0o077, serve=True, graceful=True) as served:
+            url = served.url
             await label_ready(live, number)
             done = await asyncio.to_thread(as_agent, user, "work", url, str(number),
                                            env={"FOREMAN_MCP_TOKEN": AGENT_TOKEN})

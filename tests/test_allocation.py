@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import json
 import sqlite3
-import sys
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -24,6 +23,7 @@ from state.db import Database
 from state.leases import LeaseStore
 from state.outbox import OutboxStore
 from tests.conftest import REPO_ROOT, sqlite_path
+from tests.serve_support import run_foreman
 from tests.support import make_settings, offline_config
 
 NOW = datetime(2026, 7, 21, 12, 0, tzinfo=UTC)
@@ -261,24 +261,10 @@ async def test_two_processes_racing_for_the_top_issue_end_with_exactly_one_lease
     candidates.write_text(json.dumps(CANARY), encoding="utf-8")
 
     async def allocate(config: Path, *extra: str) -> tuple[int, dict[str, Any]]:
-        process = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "bot",
-            "allocate",
-            "--config",
-            str(config),
-            "--candidates-json",
-            f"@{candidates}",
-            "--json",
-            *extra,
-            cwd=REPO_ROOT,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-        )
-        out, err = await process.communicate()
-        assert process.returncode is not None and out, err.decode()
-        return process.returncode, json.loads(out)
+        code, out, err = await run_foreman("allocate", "--config", str(config), "--candidates-json", f"@{candidates}",
+                                           "--json", *extra, cwd=REPO_ROOT)
+        assert out, err
+        return code, json.loads(out)
 
     for race in range(2):
         database = tmp_path / f"race-{race}.db"

@@ -18,7 +18,7 @@ from bot.verbs.allocate import AllocationCall, Allocator
 from bot.verbs.runtime import caller_for
 from state.db import utcnow
 from state.journal import JournalStore
-from state.leases import LeaseStore
+from state.leases import Lease, LeaseStore
 from state.outbox import OUTBOX_TOPIC
 from tests.gitea_fixtures import OWNER, REPO
 from tests.support import Started, wait_status
@@ -251,6 +251,20 @@ async def test_foreman_allocate_json_shows_the_automatic_decisions(
     assert any(d["leased"] for d in recent)
 
 
+async def lease_without_its_bootstrap(world: World, owner: str) -> Lease:
+    """A ready issue leased to ``owner`` as the apply commits it, without the bootstrap a process killed right after
+    the lease commit never ran."""
+    service = world.service
+    world.live.emulator.create_issue(OWNER, REPO, title="Crashed", author="alice", labels=["status:ready"])
+    unstarted = service.settings.model_copy(
+        update={"bootstrap": service.settings.bootstrap.model_copy(update={"on_allocate": "preflight"})})
+    outcome = await Allocator(service.db, unstarted, service.gitea, bot_login="foreman-bot").run(
+        AllocationCall(actor="controller-bot", owner=owner, dry_run=False))
+    assert outcome.applied and outcome.lease is not None
+    await world.settle()
+    return outcome.lease
+
+
 async def test_start_up_recovery_bootstraps_a_lease_whose_process_died_before_its_bootstrap(world: World) -> None:
     """A process killed between the lease commit and the bootstrap's first phase leaves a live lease with no
     transition at all: `recover_open_transitions` (what `foreman serve` runs at start) bootstraps it, and
@@ -260,14 +274,7 @@ async def test_start_up_recovery_bootstraps_a_lease_whose_process_died_before_it
     from bot.verbs.bootstrap import BootstrapContext
 
     service = world.service
-    world.live.emulator.create_issue(OWNER, REPO, title="Crashed", author="alice", labels=["status:ready"])
-    # The lease as the apply commits it, without the bootstrap that the killed process never ran.
-    unstarted = service.settings.model_copy(
-        update={"bootstrap": service.settings.bootstrap.model_copy(update={"on_allocate": "preflight"})})
-    outcome = await Allocator(service.db, unstarted, service.gitea, bot_login="foreman-bot").run(
-        AllocationCall(actor="controller-bot", owner="author-2", dry_run=False))
-    assert outcome.applied and outcome.lease is not None
-    await world.settle()
+    await lease_without_its_bootstrap(world, "author-2")
 
     async def violations() -> set[str]:
         facts = await invariants.gather(database=service.settings.database.path, client=world.gitea,
@@ -351,7 +358,7 @@ async def test_a_bootstrap_gitea_could_not_serve_is_resumed_by_the_retried_deliv
     # side: 10 failures among three reads leave at least one with four.
     rule = emu.faults.fail("GET", "/repos/{owner}/{repo}/branches/{branch}", status=502, times=10)
     await world.call("alice", "POST", f"/issues/{number}/labels", {"labels": ["status:ready"]}, settle=False)
-    await world.settle(timeout=30)
+    await world.settle()
     assert rule.remaining == 0
     [label] = [d for d in emu.deliveries if d.event_type == "issue_label" and d.payload["sender"]["login"] == "alice"]
     stored = await world.service.store.get(label.delivery_id)
@@ -365,20 +372,13 @@ async def test_the_next_trigger_finishes_a_lease_left_without_its_bootstrap(worl
     """A live lease whose bootstrap never ran (a process killed right after the lease commit): the next automatic run
     resumes it for its owner first (bootstrap completed, lease `resumed`), then allocates the rest."""
     service = world.service
-    emu = world.live.emulator
-    emu.create_issue(OWNER, REPO, title="Crashed", author="alice", labels=["status:ready"])
-    unstarted = service.settings.model_copy(
-        update={"bootstrap": service.settings.bootstrap.model_copy(update={"on_allocate": "preflight"})})
-    outcome = await Allocator(service.db, unstarted, service.gitea, bot_login="foreman-bot").run(
-        AllocationCall(actor="controller-bot", owner="author-3", dry_run=False))
-    assert outcome.applied and outcome.lease is not None
-    await world.settle()
+    lease = await lease_without_its_bootstrap(world, "author-3")
     number = await world.open_issue("alice", "Next")
     await world.call("alice", "POST", f"/issues/{number}/labels", {"labels": ["status:ready"]})
     assert await live(world) == {1: "author-3", 2: "author-1"}
     await assert_bootstrapped(world, 1, "author-3")
     await assert_bootstrapped(world, 2, "author-1")
-    kinds = [e["kind"] for e in await LeaseStore(service.db).events(outcome.lease.lease_id)]
+    kinds = [e["kind"] for e in await LeaseStore(service.db).events(lease.lease_id)]
     assert kinds == ["acquired", "resumed"], kinds
 
 

@@ -21,6 +21,7 @@ from bench.database import footprint, scratch_schema
 from bench.harness import signed_requests
 from bench.intake import sign
 from tests.conftest import POSTGRES_MISSING, POSTGRES_URL, REPO_ROOT, postgres_reachable
+from tests.support import HANG_S, SLOW_HANG_S
 
 pytestmark = [pytest.mark.slow]
 
@@ -58,7 +59,7 @@ def test_the_load_generator_refuses_without_its_secret() -> None:
     env = {k: v for k, v in os.environ.items() if k != "BENCH_LOAD_SECRET"}
     argv = [sys.executable, "-m", "bench.harness", "load", "--url", "http://127.0.0.1:9/webhook", "--rate", "1",
             "--seconds", "1"]
-    done = subprocess.run(argv, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=60, check=False)
+    done = subprocess.run(argv, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=HANG_S, check=False)
     assert done.returncode == 2 and "BENCH_LOAD_SECRET" in done.stderr and "Traceback" not in done.stderr
 
 
@@ -101,8 +102,8 @@ def test_the_benchmark_runs_every_session_over_http_and_reports_every_figure() -
     """Three identities, each with its own session of serve's /mcp (the default transport), no process per session;
     every call answered by a real tool result."""
     argv = [sys.executable, "-m", "bench.agents", "--sessions", "3", "--seconds", "5", "--rate", "5", "--period", "2",
-            "--json"]
-    done = subprocess.run(argv, cwd=REPO_ROOT, capture_output=True, text=True, timeout=180, check=False)
+            "--timeout", str(HANG_S), "--json"]
+    done = subprocess.run(argv, cwd=REPO_ROOT, capture_output=True, text=True, timeout=SLOW_HANG_S, check=False)
     assert done.returncode == 0, done.stdout + done.stderr
     doc = json.loads(done.stdout)
     assert (doc["ok"], doc["errors"], doc["sessions"], doc["transport"], doc["mcp_processes"]) == (
@@ -124,10 +125,10 @@ def test_the_benchmark_runs_every_session_over_http_and_reports_every_figure() -
 
 def test_bad_arguments_are_a_usage_error() -> None:
     done = subprocess.run([sys.executable, "-m", "bench.agents", "--sessions", "0"], cwd=REPO_ROOT,
-                          capture_output=True, text=True, timeout=60, check=False)
+                          capture_output=True, text=True, timeout=HANG_S, check=False)
     assert done.returncode == 2 and "--sessions" in done.stderr
     done = subprocess.run([sys.executable, "-m", "bench.agents", "--transport", "pigeon"], cwd=REPO_ROOT,
-                          capture_output=True, text=True, timeout=60, check=False)
+                          capture_output=True, text=True, timeout=HANG_S, check=False)
     assert done.returncode == 2 and "--transport" in done.stderr
 
 
@@ -167,7 +168,7 @@ def test_the_canonical_benchmark_reports_memory_per_size() -> None:
     """bench/canonical.py (issue 19 item 6): peak RSS after each size, never falling, and what one parse allocates,
     growing with the text."""
     done = subprocess.run([sys.executable, "-m", "bench.canonical", "--repeat", "1", "--json"], cwd=REPO_ROOT,
-                          capture_output=True, text=True, timeout=120, check=False)
+                          capture_output=True, text=True, timeout=SLOW_HANG_S, check=False)
     assert done.returncode == 0, done.stdout + done.stderr
     rows = json.loads(done.stdout)["rows"]
     rss = [row["peak_rss_mib"] for row in rows]

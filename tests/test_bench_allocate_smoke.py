@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from bench.allocate_data import OWNER, RESUME_OWNER, build_database, load
+from tests.support import HANG_S
 
 pytestmark = [pytest.mark.slow]
 
@@ -40,7 +41,7 @@ def test_generated_data_has_the_advertised_shape(tmp_path: Path) -> None:
 
 def test_benchmark_runs_and_its_correctness_checks_pass() -> None:
     argv = [sys.executable, "-m", "bench.allocate", "--sizes", "200,2000", "--repeat", "1", "--json"]
-    done = subprocess.run(argv, cwd=REPO_ROOT, capture_output=True, text=True, timeout=60, check=False)
+    done = subprocess.run(argv, cwd=REPO_ROOT, capture_output=True, text=True, timeout=HANG_S, check=False)
     assert done.returncode == 0, done.stdout + done.stderr
     doc = json.loads(done.stdout)
     assert doc["ok"] is True and doc["checks_passed"] is True and doc["errors"] == []
@@ -78,7 +79,7 @@ def test_benchmark_runs_and_its_correctness_checks_pass() -> None:
 
 def test_text_output_prints_both_figures_and_the_verdicts() -> None:
     argv = [sys.executable, "-m", "bench.allocate", "--sizes", "100,1000", "--repeat", "1"]
-    done = subprocess.run(argv, cwd=REPO_ROOT, capture_output=True, text=True, timeout=60, check=False)
+    done = subprocess.run(argv, cwd=REPO_ROOT, capture_output=True, text=True, timeout=HANG_S, check=False)
     assert done.returncode == 0, done.stdout + done.stderr
     out = done.stdout
     assert "load ms" in out and "decide ms" in out and "decide/load" in out
@@ -91,6 +92,6 @@ def test_text_output_prints_both_figures_and_the_verdicts() -> None:
 
 def test_bad_sizes_are_a_usage_error() -> None:
     argv = [sys.executable, "-m", "bench.allocate", "--sizes", "5,x"]
-    done = subprocess.run(argv, cwd=REPO_ROOT, capture_output=True, text=True, timeout=30, check=False)
+    done = subprocess.run(argv, cwd=REPO_ROOT, capture_output=True, text=True, timeout=HANG_S, check=False)
     assert done.returncode == 2
     assert "--sizes" in done.stderr

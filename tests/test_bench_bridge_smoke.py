@@ -9,13 +9,14 @@ import sys
 import pytest
 
 from tests.conftest import REPO_ROOT
+from tests.support import SLOW_HANG_S
 
 pytestmark = [pytest.mark.process, pytest.mark.slow]
 
 
 def test_one_round_measures_every_contender_against_a_real_foreman_serve() -> None:
     done = subprocess.run([sys.executable, "-m", "bench.bridge", "--runs", "1", "--json"], cwd=REPO_ROOT,
-                          capture_output=True, text=True, timeout=300, check=False)
+                          capture_output=True, text=True, timeout=SLOW_HANG_S, check=False)
     assert done.returncode == 0, done.stdout + done.stderr
     report = json.loads(done.stdout)
     assert report["failures"] == []

@@ -13,6 +13,7 @@ import pytest
 
 from bench.e2e import memory_kib, percentile, summary
 from tests.conftest import REPO_ROOT
+from tests.support import HANG_S, SLOW_HANG_S
 
 pytestmark = [pytest.mark.slow]
 
@@ -25,8 +26,9 @@ def test_percentiles_are_nearest_rank() -> None:
 
 
 def test_the_benchmark_runs_the_loop_and_reports_every_figure() -> None:
-    argv = [sys.executable, "-m", "bench.e2e", "--issues", "3", "--baseline-samples", "2", "--json"]
-    done = subprocess.run(argv, cwd=REPO_ROOT, capture_output=True, text=True, timeout=120, check=False)
+    argv = [sys.executable, "-m", "bench.e2e", "--issues", "3", "--baseline-samples", "2", "--timeout", str(HANG_S),
+            "--json"]
+    done = subprocess.run(argv, cwd=REPO_ROOT, capture_output=True, text=True, timeout=SLOW_HANG_S, check=False)
     assert done.returncode == 0, done.stdout + done.stderr
     doc = json.loads(done.stdout)
     assert doc["ok"] is True and doc["errors"] == [] and doc["issues"] == 3
@@ -55,14 +57,15 @@ def test_memory_is_read_from_proc_and_nothing_for_a_process_that_is_gone() -> No
 
 def test_bad_arguments_are_a_usage_error() -> None:
     done = subprocess.run([sys.executable, "-m", "bench.e2e", "--issues", "0"], cwd=REPO_ROOT,
-                          capture_output=True, text=True, timeout=60, check=False)
+                          capture_output=True, text=True, timeout=HANG_S, check=False)
     assert done.returncode == 2 and "--issues" in done.stderr
 
 
 def test_the_whole_life_mode_runs_every_life_and_reports_every_figure() -> None:
     """`--life`: each issue from its label to the merge and the teardown through `foreman mcp` as four identities."""
-    argv = [sys.executable, "-m", "bench.e2e", "--life", "--issues", "2", "--baseline-samples", "2", "--json"]
-    done = subprocess.run(argv, cwd=REPO_ROOT, capture_output=True, text=True, timeout=120, check=False)
+    argv = [sys.executable, "-m", "bench.e2e", "--life", "--issues", "2", "--baseline-samples", "2", "--timeout",
+            str(HANG_S), "--json"]
+    done = subprocess.run(argv, cwd=REPO_ROOT, capture_output=True, text=True, timeout=SLOW_HANG_S, check=False)
     assert done.returncode == 0, done.stdout + done.stderr
     doc = json.loads(done.stdout)
     assert (doc["mode"], doc["ok"], doc["errors"], doc["issues"]) == ("life", True, [], 2)

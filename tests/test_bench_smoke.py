@@ -12,6 +12,7 @@ import pytest
 
 from bench.intake import builtin_payload, load_template, make_requests, percentile, process_memory_kb, sign
 from tests.conftest import SHARED
+from tests.support import HANG_S
 
 pytestmark = [pytest.mark.slow]
 
@@ -57,7 +58,7 @@ def test_percentile_is_nearest_rank() -> None:
 def test_benchmark_runs_both_targets_and_every_delivery_is_stored(tmp_path: Path) -> None:
     argv = [sys.executable, "-m", "bench.intake", "--requests", "200", "--concurrency", "8", "--rounds", "1"]
     argv += ["--warmup", "20", "--json", "--tmpdir", str(tmp_path)]
-    done = subprocess.run(argv, cwd=REPO_ROOT, capture_output=True, text=True, timeout=60, check=False)
+    done = subprocess.run(argv, cwd=REPO_ROOT, capture_output=True, text=True, timeout=HANG_S, check=False)
     assert done.returncode == 0, done.stdout + done.stderr
     doc = json.loads(done.stdout)
     assert doc["ok"] is True and doc["errors"] == []

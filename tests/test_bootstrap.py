@@ -14,7 +14,7 @@ import pytest
 from bot.core.bootstrap import PHASES, reflog_message, worktree_lock_reason
 from bot.core.canonical import parse_comment
 from bot.gitea import Branch, Issue, Repository
-from bot.verbs.bootstrap import BootstrapContext, bootstrap_preflight, lock_issue
+from bot.verbs.bootstrap import BootstrapContext, BootstrapResult, bootstrap_preflight, lock_issue
 from state.db import utcnow
 from state.leases import Lease, LeaseStore
 from state.outbox import OutboxStore
@@ -165,10 +165,14 @@ class _LeaseEnds:
         return await self.real.set_assignees(number, logins)
 
 
-async def _lease_ends(w: BootstrapWorld, number: int, how: str, at_read: int) -> None:
+async def _bootstrap_as_the_lease_ends(w: BootstrapWorld, how: str, at_read: int) -> tuple[int, BootstrapResult]:
+    """A new issue's bootstrap whose lease ends (``how``) at the ``at_read``-th read of the issue: its number, and
+    the bootstrap's result."""
+    number = w.issue()
     lease = await w.lease(number)
     gitea = _LeaseEnds(w, lease, how, at_read)
     w.ctx = BootstrapContext(db=w.db, settings=w.settings, gitea=gitea, bot_login=BOT, clock=gitea.clock)
+    return number, await w.bootstrap(number)
 
 
 @pytest.mark.parametrize("how", ["released", "expired"])
@@ -178,9 +182,7 @@ async def test_a_lease_that_ends_while_the_request_is_checked_is_refused_when_th
     """AC2, AC9: the ownership the gateway saw is checked again inside the transaction that claims the
     transition; a lease that ended in between is refused (``lease_ended``) and nothing is created or journaled."""
     async with open_bootstrap_world() as w:
-        number = w.issue()
-        await _lease_ends(w, number, how, at_read=1)
-        result = await w.bootstrap(number)
+        _, result = await _bootstrap_as_the_lease_ends(w, how, at_read=1)
         assert result.status == "refused" and result.refusal is not None, result.to_dict()
         assert result.refusal.error == "stale_pin" and result.refusal.reason == "lease_ended"
         assert w.rows("SELECT COUNT(*) FROM bootstrap_journal") == [(0,)]
@@ -193,9 +195,7 @@ async def test_a_lease_that_ends_before_it_is_bound_compensates_the_transition(h
     """AC4, AC5: binding checks again, inside its transaction, that the lease is live and the owner's; a lease
     that ended after the worktree was made is never bound (``lease_changed``): what this transition made is undone."""
     async with open_bootstrap_world() as w:
-        number = w.issue()
-        await _lease_ends(w, number, how, at_read=2)
-        result = await w.bootstrap(number)
+        number, result = await _bootstrap_as_the_lease_ends(w, how, at_read=2)
         assert result.status == "compensated" and result.refusal is not None, result.to_dict()
         assert result.refusal.error == "stale_pin" and result.refusal.reason == "lease_changed"
         assert w.rows("SELECT COUNT(*) FROM worktree_registrations WHERE ended_at IS NULL") == [(0,)]

@@ -12,6 +12,7 @@ import pytest
 from bench.bootstrap import commit_fast, generated_files
 from tests.conftest import REPO_ROOT
 from tests.gitea_fixtures import scratch_dir
+from tests.support import HANG_S, SLOW_HANG_S
 
 pytestmark = [pytest.mark.slow]
 
@@ -37,7 +38,7 @@ def test_generated_files_look_like_a_source_tree_and_fast_import_commits_them() 
 
 def test_the_benchmark_runs_and_reports_both_figures_of_the_same_run() -> None:
     argv = [sys.executable, "-m", "bench.bootstrap", "--files", "40", "--repeat", "2", "--concurrent", "3", "--json"]
-    done = subprocess.run(argv, cwd=REPO_ROOT, capture_output=True, text=True, timeout=120, check=False)
+    done = subprocess.run(argv, cwd=REPO_ROOT, capture_output=True, text=True, timeout=SLOW_HANG_S, check=False)
     assert done.returncode == 0, done.stdout + done.stderr
     doc = json.loads(done.stdout)
     assert doc["ok"] is True and doc["errors"] == []
@@ -55,7 +56,7 @@ def test_the_benchmark_runs_and_reports_both_figures_of_the_same_run() -> None:
 
 def test_bad_arguments_are_a_usage_error() -> None:
     done = subprocess.run([sys.executable, "-m", "bench.bootstrap", "--repeat", "0"], cwd=REPO_ROOT,
-                          capture_output=True, text=True, timeout=60, check=False)
+                          capture_output=True, text=True, timeout=HANG_S, check=False)
     assert done.returncode == 2 and "--repeat" in done.stderr
 
 
@@ -64,7 +65,7 @@ def test_the_scale_benchmark_runs_both_revisions_side_by_side() -> None:
     size reports both sides and the plain add, and the worktrees reach each size; no timing is asserted."""
     argv = [sys.executable, "-m", "bench.bootstrap_scale", "--sizes", "1,4", "--repeat", "1", "--before", "HEAD",
             "--files", "10", "--json"]
-    done = subprocess.run(argv, cwd=REPO_ROOT, capture_output=True, text=True, timeout=180, check=False)
+    done = subprocess.run(argv, cwd=REPO_ROOT, capture_output=True, text=True, timeout=SLOW_HANG_S, check=False)
     assert done.returncode == 0, done.stdout + done.stderr
     doc = json.loads(done.stdout)
     assert doc["ok"] is True and doc["errors"] == []

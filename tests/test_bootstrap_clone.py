@@ -21,6 +21,7 @@ from bot.verbs import bootstrap as bootstrap_mod
 from bot.verbs.bootstrap import BootstrapContext, bootstrap_preflight
 from tests.conftest import REPO_ROOT
 from tests.gitea_fixtures import BOT, OWNER, REPO, TOKENS
+from tests.support import HANG_S
 from tests.test_bootstrap_support import BootstrapWorld, git, open_bootstrap_world, tree_snapshot
 
 pytestmark = [pytest.mark.process]
@@ -223,7 +224,7 @@ def _worktree_state(w: BootstrapWorld, path: Path) -> dict[str, Any]:
 def _cli(config: Path, *args: str) -> tuple[int, dict[str, Any] | None, str]:
     clean = {k: v for k, v in os.environ.items() if not k.startswith("FOREMAN_")}
     done = subprocess.run([sys.executable, "-m", "bot", "--config", str(config), *args], cwd=REPO_ROOT, env=clean,
-                          capture_output=True, text=True, timeout=60, check=False)
+                          capture_output=True, text=True, timeout=HANG_S, check=False)
     return done.returncode, (json.loads(done.stdout) if done.stdout.strip() else None), done.stderr
 
 

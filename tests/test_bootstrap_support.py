@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import json
 import os
@@ -10,7 +9,6 @@ import shutil
 import sqlite3
 import stat
 import subprocess
-import sys
 import uuid
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
@@ -25,6 +23,7 @@ from bot.config_writer import Document, merged, write_config
 from bot.core.bootstrap import branch_for
 from bot.gitea import GiteaClient
 from bot.verbs.bootstrap import BootstrapContext, BootstrapResult, ensure_control_checkout
+from bot.verbs.bootstrap.faults import FAULT_EXIT_CODE, FAULT_PHASE_ENV
 from bot.verbs.bootstrap.refusals import refused_result
 from bot.verbs.runtime import Caller, VerbRuntime, WorktreeBootstrap, caller_for
 from bot.verbs.worktree import BootstrapService
@@ -32,6 +31,7 @@ from state.db import Database, utcnow
 from state.leases import Lease, LeaseStore
 from tests.conftest import REPO_ROOT
 from tests.gitea_fixtures import BOT, OWNER, REPO, TOKENS, LiveEmulator, live_emulator, scratch_dir
+from tests.serve_support import run_foreman
 from tests.support import emulator_sections, make_settings, offline_config
 
 ROSTER = {"alice": ["author"], "bob": ["author"], "carol": ["reviewer"], "ctl": ["controller"]}
@@ -53,6 +53,18 @@ def git(cwd: Path, *args: str, check: bool = True) -> str:
     if check and done.returncode != 0:
         raise AssertionError(f"git {' '.join(args)} failed: {done.stderr}")
     return done.stdout.strip()
+
+
+def one_commit_checkout(path: Path) -> Path:
+    """A new repository at ``path``: one commit (a README) on main, ``branches/`` excluded (as the control
+    checkout's worktrees are)."""
+    path.mkdir()
+    git(path, "init", "-q", "-b", "main")
+    (path / "README.md").write_text("# r\n", encoding="utf-8")
+    git(path, "add", "README.md")
+    git(path, "commit", "-q", "-m", "init")
+    (path / ".git" / "info" / "exclude").write_text("/branches/\n", encoding="utf-8")
+    return path
 
 
 def tree_snapshot(root: Path, *, skip: frozenset[str] = frozenset()) -> dict[str, str]:
@@ -173,16 +185,14 @@ class BootstrapWorld:
 
     async def cli(self, *args: str, env: Mapping[str, str] | None = None) -> tuple[int, dict[str, Any] | None, str]:
         """``python -m bot bootstrap ... --json`` as a separate process: (exit status, JSON doc or None, stderr)."""
-        clean = {k: v for k, v in os.environ.items() if not k.startswith("FOREMAN_")}
-        process = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "bot", "bootstrap", "--config", str(self.config_file()), "--json", *args,
-            cwd=REPO_ROOT, env={**clean, **(env or {})},
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-        )
-        out, err = await process.communicate()
-        assert process.returncode is not None
-        doc = json.loads(out) if out.strip() else None
-        return process.returncode, doc, err.decode()
+        code, out, err = await run_foreman("bootstrap", "--config", str(self.config_file()), "--json", *args,
+                                           cwd=REPO_ROOT, env=env)
+        return code, json.loads(out) if out.strip() else None, err
+
+    async def cli_dies_after(self, number: int, phase: str) -> None:
+        """alice's bootstrap of ``number`` by the CLI, the process dying right after ``phase`` (its fault exit)."""
+        code, _, err = await self.cli("--issue", str(number), "--owner", "alice", env={FAULT_PHASE_ENV: phase})
+        assert code == FAULT_EXIT_CODE, err[-800:]
 
 
 @asynccontextmanager

@@ -4,17 +4,14 @@ refused, the repository is missing, the bot lacks write permission on it, or the
 
 from __future__ import annotations
 
-import asyncio
 import json
-import os
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.conftest import REPO_ROOT
 from tests.gitea_fixtures import BOT, OWNER, REPO, TOKENS, live_emulator
+from tests.serve_support import run_foreman
 from tests.support import free_port
 
 pytestmark = [pytest.mark.process]
@@ -34,15 +31,7 @@ async def check_config(
         f'[repository]\nowner = "{owner}"\nname = "{name}"\n' + more,
         encoding="utf-8",
     )
-    env = {k: v for k, v in os.environ.items() if not k.startswith("FOREMAN_")}
-    env["PYTHONPATH"] = str(REPO_ROOT)
-    process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "bot", "check-config", "--config", str(config), *(["--json"] if json_flag else []),
-        cwd=tmp_path, env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-    )
-    out, err = await asyncio.wait_for(process.communicate(), timeout=60)
-    assert process.returncode is not None
-    return process.returncode, out.decode(), err.decode()
+    return await run_foreman("check-config", "--config", str(config), *(["--json"] if json_flag else []), cwd=tmp_path)
 
 
 def _checks(doc: dict[str, Any]) -> dict[str, dict[str, Any]]:

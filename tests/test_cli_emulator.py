@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import REPO_ROOT
+from tests.support import HANG_S
 
 pytestmark = [pytest.mark.process]
 
@@ -27,7 +28,7 @@ def _env() -> dict[str, str]:
 
 def _get(url: str, token: str) -> Any:
     request = urllib.request.Request(url, headers={"Authorization": f"token {token}"})  # noqa: S310 (loopback)
-    with urllib.request.urlopen(request, timeout=10) as resp:  # noqa: S310
+    with urllib.request.urlopen(request, timeout=HANG_S) as resp:  # noqa: S310
         return json.loads(resp.read())
 
 
@@ -37,8 +38,8 @@ def test_foreman_emulator_prints_what_an_operator_needs_and_serves_it(tmp_path: 
                             cwd=REPO_ROOT, env=_env())
     try:
         assert proc.stdout is not None
-        ready, _, _ = select.select([proc.stdout], [], [], 30)
-        assert ready, "foreman emulator printed nothing within 30 s"
+        ready, _, _ = select.select([proc.stdout], [], [], HANG_S)
+        assert ready, f"foreman emulator printed nothing within {HANG_S:.0f} s"
         doc = json.loads(proc.stdout.readline())
         users = {u["login"]: u for u in doc["users"]}
         assert set(users) == {"maintainer", "controller-bot", "author-1", "foreman-bot"}
@@ -52,10 +53,15 @@ def test_foreman_emulator_prints_what_an_operator_needs_and_serves_it(tmp_path: 
         assert {"status:ready", "status:in-progress"} <= labels
         assert Path(doc["config"]).stat().st_mode & 0o077 == 0
         check = subprocess.run([sys.executable, "-m", "bot", "--config", doc["config"], "check-config", "--json"],
-                               capture_output=True, text=True, timeout=60, check=False, cwd=REPO_ROOT, env=_env())
+                               capture_output=True, text=True, timeout=HANG_S, check=False, cwd=REPO_ROOT, env=_env())
         assert check.returncode == 0, check.stdout + check.stderr
         assert [c["status"] for c in json.loads(check.stdout)["checks"]] == ["ok"] * 6
     finally:
         proc.send_signal(signal.SIGTERM)
-        code = proc.wait(20)
+        try:
+            code = proc.wait(HANG_S)
+        except subprocess.TimeoutExpired:  # never left running, whatever happened
+            proc.kill()
+            proc.wait()
+            raise
     assert code == 0, proc.stderr.read() if proc.stderr else ""

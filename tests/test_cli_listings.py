@@ -24,6 +24,7 @@ from mcp.shared.exceptions import MCPError
 from bot.cli import build_parser
 from bot.cli.mcp import MCP_REFUSED_CODE
 from tests.conftest import REPO_ROOT
+from tests.support import HANG_S
 from tests.test_mcp_stdio import foreman_mcp_command, mcp_config
 
 pytestmark = [pytest.mark.process]
@@ -38,7 +39,7 @@ def _env(**extra: str) -> dict[str, str]:
     return env
 
 
-def foreman(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+def foreman(*args: str, timeout: float = HANG_S) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "bot", *args], capture_output=True, text=True, timeout=timeout,
                           check=False, cwd=REPO_ROOT, env=_env())
 
@@ -136,7 +137,7 @@ def test_a_closed_pipe_ends_with_one_line_and_exit_1(demo_config: Path) -> None:
     os.close(read_end)  # the reader is gone before foreman writes (as `foreman leases | head -0`)
     try:
         done = subprocess.run([sys.executable, "-m", "bot", "--config", str(demo_config), "issue", "1"],
-                              stdout=write_end, stderr=subprocess.PIPE, text=True, timeout=60, check=False,
+                              stdout=write_end, stderr=subprocess.PIPE, text=True, timeout=HANG_S, check=False,
                               cwd=REPO_ROOT, env=_env())
     finally:
         os.close(write_end)
@@ -151,7 +152,7 @@ def test_a_taken_port_ends_with_one_line_and_exit_2(tmp_path: Path) -> None:
         holder.listen()
         port = holder.getsockname()[1]
         done = subprocess.run([sys.executable, "-m", "bot", "--config", str(config), "serve"], capture_output=True,
-                              text=True, timeout=60, check=False, cwd=REPO_ROOT,
+                              text=True, timeout=HANG_S, check=False, cwd=REPO_ROOT,
                               env=_env(FOREMAN_SERVER__PORT=str(port)))
         emulator = foreman("emulator", "--port", str(port), "--dir", str(tmp_path / "emu"))
     for run, key in ((done, "server.port"), (emulator, "--port")):
@@ -171,7 +172,7 @@ async def test_a_bad_mcp_token_is_the_answer_an_mcp_client_shows(tmp_path: Path)
         refused: MCPError | None = None
         async with stdio_client(params, errlog=errlog) as (read, write), ClientSession(read, write) as session:
             try:
-                await asyncio.wait_for(session.initialize(), 30)
+                await asyncio.wait_for(session.initialize(), HANG_S)
             except MCPError as exc:  # what the client shows its user
                 refused = exc
         errlog.seek(0)
@@ -190,7 +191,7 @@ def test_a_bad_mcp_token_on_the_raw_wire_answers_the_first_request_then_exits_2(
     init = {"jsonrpc": "2.0", "id": 7, "method": "initialize",
             "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": client}}
     done = subprocess.run(foreman_mcp_command(config), input=json.dumps(init) + "\n", capture_output=True, text=True,
-                          timeout=60, check=False, cwd=REPO_ROOT, env=_env(FOREMAN_MCP_TOKEN="wrong-token"))
+                          timeout=HANG_S, check=False, cwd=REPO_ROOT, env=_env(FOREMAN_MCP_TOKEN="wrong-token"))
     assert done.returncode == 2, done.stderr
     (answer,) = [json.loads(line) for line in done.stdout.splitlines()]
     assert answer["id"] == 7 and answer["error"]["code"] == MCP_REFUSED_CODE

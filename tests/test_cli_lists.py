@@ -14,7 +14,7 @@ import pytest
 from bot.cli import main
 from bot.config_writer import write_config
 from tests.conftest import REPO_ROOT
-from tests.support import offline_config
+from tests.support import HANG_S, offline_config
 
 pytestmark = [pytest.mark.process]
 
@@ -32,7 +32,7 @@ def run_cli(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subproc
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("FOREMAN_")}
     full_env.update({"PYTHONPATH": str(REPO_ROOT), **(env or {})})
     return subprocess.run(
-        [sys.executable, "-m", "bot", *args], cwd=cwd, env=full_env, capture_output=True, text=True, timeout=60
+        [sys.executable, "-m", "bot", *args], cwd=cwd, env=full_env, capture_output=True, text=True, timeout=HANG_S
     )
 
 

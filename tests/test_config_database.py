@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import shutil
 import stat
-import sys
 from pathlib import Path
 
 import pytest
@@ -16,7 +14,7 @@ from bot.config import ConfigError, Settings, load_settings
 from state.db import Database, DatabaseNotWritable, read_only
 from state.db_postgres import PostgresDatabase
 from state.sql import redact_url
-from tests.conftest import REPO_ROOT
+from tests.serve_support import run_foreman
 
 pytestmark = [pytest.mark.process]
 
@@ -202,15 +200,8 @@ async def _foreman(tmp_path: Path, database_url: str, *command: str) -> tuple[in
         '[repository]\nowner = "acme"\nname = "widgets"\n',
         encoding="utf-8",
     )
-    env = {k: v for k, v in os.environ.items() if not k.startswith("FOREMAN_")}
-    env["PYTHONPATH"] = str(REPO_ROOT)
-    process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "bot", *command, "--config", str(config), cwd=tmp_path, env=env,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-    )
-    out, err = await asyncio.wait_for(process.communicate(), timeout=60)
-    assert process.returncode is not None
-    return process.returncode, out.decode() + err.decode()
+    code, out, err = await run_foreman(*command, "--config", str(config), cwd=tmp_path)
+    return code, out + err
 
 
 @pytest.mark.parametrize("command", [("invariants", "--json"), ("check-config", "--json"), ("leases", "--json")])
@@ -267,20 +258,7 @@ async def _foreman_sqlite(tmp_path: Path, db_path: Path, *command: str) -> tuple
         f'[server]\nport = 0\n[webhook]\nsecrets = ["a-long-enough-test-secret"]\n[database]\npath = "{db_path}"\n',
         encoding="utf-8",
     )
-    env = {k: v for k, v in os.environ.items() if not k.startswith("FOREMAN_")}
-    env["PYTHONPATH"] = str(REPO_ROOT)
-    process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "bot", *command, "--config", str(config), cwd=tmp_path, env=env,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-    )
-    try:
-        out, err = await asyncio.wait_for(process.communicate(), timeout=60)
-    finally:
-        if process.returncode is None:
-            process.kill()
-            await process.wait()
-    assert process.returncode is not None
-    return process.returncode, out.decode(), err.decode()
+    return await run_foreman(*command, "--config", str(config), cwd=tmp_path)
 
 
 @pytest.mark.parametrize("made", ["read-only file", "read-only folder", "not a database"])

@@ -12,6 +12,7 @@ import pytest
 
 from bot.config import ConfigError, Settings, load_settings
 from tests.conftest import REPO_ROOT
+from tests.support import HANG_S
 
 pytestmark = [pytest.mark.process]
 
@@ -35,7 +36,7 @@ def _cli(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subprocess
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("FOREMAN_")}
     full_env.update({"PYTHONPATH": str(REPO_ROOT), **(env or {})})
     return subprocess.run([sys.executable, "-m", "bot", *args], cwd=cwd, env=full_env, capture_output=True,
-                          text=True, timeout=60)
+                          text=True, timeout=HANG_S)
 
 
 @pytest.mark.parametrize(

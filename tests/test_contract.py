@@ -353,8 +353,12 @@ async def _drive_every_route(live: LiveEmulator, sink: WebhookSink, used: set[st
     return seen
 
 
+#: What driving every route left: the emulator, the webhooks it sent, what the driver saw, the routes it used.
+Driven = tuple[LiveEmulator, list[SentWebhook], dict[str, Any], set[str]]
+
+
 @pytest.fixture
-async def driven() -> AsyncIterator[tuple[LiveEmulator, list[SentWebhook], dict[str, Any], set[str]]]:
+async def driven() -> AsyncIterator[Driven]:
     async with live_emulator() as live, webhook_sink() as sink:
         used: set[str] = set()
         seen = await _drive_every_route(live, sink, used)
@@ -410,9 +414,7 @@ def _check_request(schemas: Schemas, record: RecordedRequest) -> list[str]:
     return problems
 
 
-async def test_client_traffic_fits_the_swagger(
-    schemas: Schemas, driven: tuple[LiveEmulator, list[SentWebhook], dict[str, Any], set[str]]
-) -> None:
+async def test_client_traffic_fits_the_swagger(schemas: Schemas, driven: Driven) -> None:
     """Every request the client made: declared query params, body valid, status declared, response valid."""
     live, _, _, used = driven
     records = live.emulator.requests
@@ -470,9 +472,7 @@ def _payload_problems(schemas: Schemas, delivery: SentWebhook) -> list[str]:
     return problems
 
 
-async def test_webhook_payloads_have_gitea_shapes(
-    schemas: Schemas, driven: tuple[LiveEmulator, list[SentWebhook], dict[str, Any], set[str]]
-) -> None:
+async def test_webhook_payloads_have_gitea_shapes(schemas: Schemas, driven: Driven) -> None:
     """Payload keys per FACTS §3; nested issue/comment/repository/sender/pull_request fit the swagger."""
     _, deliveries, seen, _ = driven
     problems = [p for d in deliveries for p in _payload_problems(schemas, d)]

@@ -35,7 +35,8 @@ import pytest
 
 from bot import invariants
 from bot.config_writer import write_config
-from bot.core.canonical import CanonicalState, render
+from bot.core.canonical import render
+from bot.emulator import Emulator
 from bot.emulator.webhooks import SentWebhook
 from tests.conftest import READ_ERRORS, read_rows
 from tests.gitea_fixtures import (
@@ -49,8 +50,8 @@ from tests.gitea_fixtures import (
     seed_foreman,
     seed_sibling_repository,
 )
-from tests.support import SECRET, serve_config
-from tests.test_process import ServeProcess
+from tests.serve_support import ServeProcess
+from tests.support import HANG_S, SECRET, SLOW_HANG_S, canonical_state, serve_config
 
 pytestmark = [pytest.mark.process, pytest.mark.slow]
 
@@ -85,20 +86,9 @@ def _config(proc: ServeProcess, base_url: str, root: Path, database_url: str | N
 
 
 def _state_block(state: str, who: str, author: str) -> str:
-    block = render(
-        CanonicalState(
-            state=state,
-            who_is_next=who,
-            next_action=f"{who}: pick this up",
-            next_prompt="",
-            what_happened=f"{author} moved the issue to {state}",
-            why="the crash-burst test says so",
-            related_prs=(),
-            blockers="none",
-            validation="none",
-            last_updated_by=author,
-        )
-    )
+    block = render(canonical_state(
+        state, who, next_action=f"{who}: pick this up", next_prompt="", what_happened=f"{author} moved the issue to "
+        f"{state}", why="the crash-burst test says so", validation="none", last_updated_by=author))
     return f"Moving on.\n\n{block}"
 
 
@@ -110,6 +100,23 @@ class Kill:
     moment: str
     delay: float  # seconds to wait first
     down: float  # seconds the service stays down
+
+
+def burst_seed(what: str) -> int:
+    """The run's seed: ``FOREMAN_CRASH_SEED``, else a random one (printed either way)."""
+    seed = int(os.environ.get("FOREMAN_CRASH_SEED") or random.SystemRandom().randrange(2**32))
+    print(f"{what} seed: {seed} (rerun with FOREMAN_CRASH_SEED={seed})")
+    return seed
+
+
+def seed_burst(emu: Emulator, what: str) -> None:
+    """The organization acme with its two repositories, each with issues #1-#16, and the burst's users."""
+    seed_foreman(emu, {login: USER_TOKENS[login] for login in ("controller-bot", *AUTHORS)})
+    seed_sibling_repository(emu, SIBLING)
+    for name in REPOSITORIES:
+        for n in range(1, ISSUES + 1):
+            emu.create_issue(OWNER, name, title=f"{what} work item {n} of {name}", author="alice")
+    emu.make_org(OWNER)
 
 
 def plan_kills(rng: random.Random) -> list[Kill]:
@@ -148,6 +155,27 @@ class Burst:
     @property
     def database(self) -> Path | str:
         return self.proc.db if self.database_url is None else self.database_url
+
+    async def run(
+        self, kills: list[Kill], root: Path
+    ) -> tuple[int, dict[str, invariants.Facts], list[invariants.Violation]]:
+        """The burst and its kills, then the lost deliveries replayed and everything settled: how many deliveries
+        were replayed, what each repository ended with (``facts``), and every invariant it breaks."""
+        await asyncio.gather(self.drive(), self.crash(kills))
+        replayed = await self.replay_lost()
+        await self.settle()
+        each = await self.facts(root)
+        return replayed, each, [v for name in REPOSITORIES for v in invariants.check(each[name])]
+
+    async def facts(self, root: Path) -> dict[str, invariants.Facts]:
+        """What ``bot.invariants`` checks in each repository: the database, Gitea, the checkout under ``root``, and
+        every delivery Gitea saw acknowledged."""
+        acknowledged = [(d.delivery_id, hashlib.sha256(d.body).hexdigest()) for d in self.hook_deliveries() if d.ok]
+        return {name: await invariants.gather(
+            database=self.database, client=self.live.client(repo=name), bot_login=BOT,
+            checkout=root / "checkouts" / OWNER / name, acknowledged=acknowledged, require_bootstrap=True,
+            repo=f"{OWNER}/{name}",
+        ) for name in REPOSITORIES}
 
     def live_leases(self, name: str) -> list[tuple[int, str]]:
         """(issue, owner) of the live leases of repository ``name``, read from the database (the driver acts like
@@ -250,7 +278,7 @@ class Burst:
                 self.kills.append(f"{kill.moment}@{self.done_ops}{self.named(stopped)}")
             await asyncio.sleep(kill.down)
             for proc in stopped:
-                await proc.start("serve", "--config", str(proc.config))
+                await proc.serve()
 
     def stopped_by(self, kill: Kill) -> list[ServeProcess]:
         """The processes a stop takes down: the one service."""
@@ -288,15 +316,23 @@ class Burst:
         )
         return int(open_deliveries), int(open_outbox), int(total)
 
-    async def settle(self, timeout: float = 120.0) -> None:  # a hang detector (a loaded machine took over 40 s)
-        """Until nothing is queued, processing, pending, sending or waiting for its hook, three polls in a row."""
-        deadline = time.monotonic() + timeout
+    async def settle(self, stuck_s: float = HANG_S, ceiling_s: float = SLOW_HANG_S) -> None:
+        """Until nothing is queued, processing, pending, sending or waiting for its hook, three polls in a row.
+        Hang detectors, never a timing: the test fails once the queues have not moved for ``stuck_s`` (a loaded
+        machine drains them slowly: at load 12 a PostgreSQL run still had 78 deliveries queued after 120 s; a stuck
+        service never does), or after ``ceiling_s`` in all."""
+        started = moved = time.monotonic()
         quiet = 0
         last: tuple[int, ...] = ()
         while quiet < 3:
-            assert time.monotonic() < deadline, f"seed {self.seed}: never settled: {self.queues()}"
+            now_s = time.monotonic()
+            assert now_s - moved < stuck_s and now_s - started < ceiling_s, (
+                f"seed {self.seed}: never settled: {self.queues()} (open deliveries, open outbox entries, rows),"
+                f" unchanged for {now_s - moved:.0f} s, {now_s - started:.0f} s in all")
             await self.live.emulator.drain_webhooks()
             now = self.queues()
+            if now != last:
+                moved = time.monotonic()
             quiet = quiet + 1 if now[:2] == (0, 0) and now == last else 0
             last = now
             await asyncio.sleep(0.2)
@@ -320,48 +356,27 @@ async def test_sigkill_during_a_burst_of_deliveries_leaves_every_issue_consisten
     """SIGKILL at 2-4 random points of a ~200-delivery burst over two repositories, restart, replay what was lost;
     then every invariant of ``bot.invariants`` holds in each repository, checked over the database (SQLite, then
     PostgreSQL), Gitea and the checkout."""
-    seed = int(os.environ.get("FOREMAN_CRASH_SEED") or random.SystemRandom().randrange(2**32))
-    print(f"crash-burst seed: {seed} (rerun with FOREMAN_CRASH_SEED={seed})")
+    seed = burst_seed("crash-burst")
     started = time.monotonic()
     async with live_emulator() as live:
         emu = live.emulator
-        seed_foreman(emu, {login: USER_TOKENS[login] for login in ("controller-bot", *AUTHORS)})
-        seed_sibling_repository(emu, SIBLING)
-        for name in REPOSITORIES:
-            for n in range(1, ISSUES + 1):
-                emu.create_issue(OWNER, name, title=f"Crash burst work item {n} of {name}", author="alice")
-        emu.make_org(OWNER)
-        proc = ServeProcess(scratch, module="bot", config=scratch / "foreman.toml")
+        seed_burst(emu, "Crash burst")
+        proc = ServeProcess(scratch)
         write_config(proc.config, _config(proc, live.base_url, scratch, database_url))
         hook_url = f"{proc.url}/webhook"
         emu.add_org_hook(OWNER, url=hook_url, secret=SECRET, events=["issues"])
         burst = Burst(seed, live, proc, hook_url, database_url)
         kills = plan_kills(random.Random(seed ^ 0x5EED))
         try:
-            await proc.start("serve", "--config", str(proc.config))
-            await asyncio.gather(burst.drive(), burst.crash(kills))
-            replayed = await burst.replay_lost()
-            await burst.settle()
-            acknowledged = [(d.delivery_id, hashlib.sha256(d.body).hexdigest())
-                            for d in burst.hook_deliveries() if d.ok]
-            each = {name: await invariants.gather(
-                database=burst.database,
-                client=live.client(repo=name),
-                bot_login=BOT,
-                checkout=scratch / "checkouts" / OWNER / name,
-                acknowledged=acknowledged,
-                require_bootstrap=True,
-                repo=f"{OWNER}/{name}",
-            ) for name in REPOSITORIES}
-            violations = [v for name in REPOSITORIES for v in invariants.check(each[name])]
+            await proc.serve()
+            replayed, each, violations = await burst.run(kills, scratch)
             served = ", ".join(f"'{OWNER}/{name}'" for name in REPOSITORIES)
             unfiled = read_rows(  # every door filed its entries
                 burst.database, f"SELECT idempotency_key FROM outbox WHERE repo NOT IN ({served})"  # noqa: S608
             )
             assert await proc.terminate() == 0
         finally:
-            if proc.proc is not None and proc.proc.returncode is None:
-                await proc.kill()
+            await proc.stop()
         def figures(facts: invariants.Facts) -> dict[str, Any]:
             return {
                 "leases": len(facts.db.leases),

@@ -48,9 +48,9 @@ from state.journal import JournalStore
 from state.leases import LeaseStore
 from state.teardowns import TeardownStore
 from tests.gitea_fixtures import BOT, OWNER, REPO, LiveEmulator, live_emulator, seed_foreman
-from tests.support import SECRET, serve_config
+from tests.serve_support import ServeProcess
+from tests.support import HANG_S, SECRET, SLOW_HANG_S, serve_config
 from tests.test_crash_burst import Burst, scratch  # noqa: F401 (the fixture)
-from tests.test_process import ServeProcess
 
 pytestmark = [pytest.mark.process, pytest.mark.slow]
 
@@ -71,8 +71,8 @@ DEFAULT_SEED = 9
 #: Bounds that catch a hang, never a timing assertion: one step's wait, and all four lives. Each kill's restart is
 #: a new Python process (imports, recovery, catch-up); on a loaded 2-core machine one took 15 s, and the fourth
 #: issue waits through two of them before it is even leased.
-STEP_S = 90.0
-LIVES_S = 240.0
+STEP_S = HANG_S
+LIVES_S = SLOW_HANG_S
 
 
 @dataclass(frozen=True)
@@ -151,7 +151,7 @@ class Lives:
             await self.proc.kill()
             self.done.append(f"{point}#{index}")
             await asyncio.sleep(kill.down)
-            await self.proc.start("serve", "--config", str(self.proc.config))
+            await self.proc.serve()
             await self.burst.replay_lost()
         return True
 
@@ -260,18 +260,16 @@ async def test_sigkill_during_whole_lives_ends_every_issue_once_and_consistent(s
     started = time.monotonic()
     async with live_emulator() as live:
         emu = live.emulator
-        seed_foreman(emu, TOKENS)
-        for login in ROSTER:
-            emu.set_permission(OWNER, REPO, login, "write")
+        seed_foreman(emu, TOKENS, writers=ROSTER)
         numbers = [emu.create_issue(OWNER, REPO, title=f"Whole life {i + 1}", author="alice").number
                    for i in range(ISSUES)]
-        proc = ServeProcess(scratch, module="bot", config=scratch / "foreman.toml")
+        proc = ServeProcess(scratch)
         write_config(proc.config, _config(proc, live.base_url, scratch))
         hook_url = f"{proc.url}/webhook"
         emu.add_hook(OWNER, REPO, url=hook_url, secret=SECRET, events=["issues", "issue_comment", "pull_request"])
         kills = plan_kills(random.Random(seed))
         try:
-            await proc.start("serve", "--config", str(proc.config))
+            await proc.serve()
             async with agents(proc.config) as runtime:
                 burst = Burst(seed, live, proc, hook_url)
                 lives = Lives(seed, live, proc, burst, runtime, kills)
@@ -284,8 +282,7 @@ async def test_sigkill_during_whole_lives_ends_every_issue_once_and_consistent(s
                 histories = {n: await LeaseStore(runtime.db).history(FULL_NAME.lower(), n) for n in numbers}
             assert await proc.terminate() == 0
         finally:
-            if proc.proc is not None and proc.proc.returncode is None:
-                await proc.kill()
+            await proc.stop()
         pulls = await live.client().list_pulls(state="all")
         summary = {"seed": seed, "seconds": round(time.monotonic() - started, 1), "kills": lives.done,
                    "redriven": lives.redriven, "pulls": len(pulls), "outbox": len(facts.db.outbox),

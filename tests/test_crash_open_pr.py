@@ -22,10 +22,10 @@ from state.journal import JournalStore
 from state.leases import LeaseStore
 from state.publications import PublicationStore
 from tests.gitea_fixtures import OWNER, REPO, live_emulator, seed_foreman
+from tests.serve_support import ServeProcess
 from tests.support import SECRET
 from tests.test_crash_burst import Burst, scratch  # noqa: F401 (the fixture)
 from tests.test_crash_life import FULL_NAME, ROSTER, STEP_S, TOKENS, Lives, _config, agents
-from tests.test_process import ServeProcess
 
 pytestmark = [pytest.mark.process, pytest.mark.slow]
 
@@ -33,16 +33,14 @@ pytestmark = [pytest.mark.process, pytest.mark.slow]
 async def test_a_kill_after_gitea_created_the_pull_request_is_answered_by_adopting_it(scratch: Path) -> None:  # noqa: F811
     async with live_emulator() as live:
         emu = live.emulator
-        seed_foreman(emu, TOKENS)
-        for login in ROSTER:
-            emu.set_permission(OWNER, REPO, login, "write")
+        seed_foreman(emu, TOKENS, writers=ROSTER)
         number = emu.create_issue(OWNER, REPO, title="Killed while opening", author="alice").number
-        proc = ServeProcess(scratch, module="bot", config=scratch / "foreman.toml")
+        proc = ServeProcess(scratch)
         write_config(proc.config, _config(proc, live.base_url, scratch))
         hook_url = f"{proc.url}/webhook"
         emu.add_hook(OWNER, REPO, url=hook_url, secret=SECRET, events=["issues", "issue_comment", "pull_request"])
         try:
-            await proc.start("serve", "--config", str(proc.config), env={FAULT_STEP_ENV: "pull_created"})
+            await proc.serve(env={FAULT_STEP_ENV: "pull_created"})
             async with agents(proc.config) as runtime:
                 burst = Burst(0, live, proc, hook_url)
                 lives = Lives(0, live, proc, burst, runtime, [])
@@ -78,7 +76,7 @@ async def test_a_kill_after_gitea_created_the_pull_request_is_answered_by_adopti
                     assert conn.execute("SELECT COUNT(*) FROM outbox WHERE idempotency_key LIKE 'pr:%'"
                                         ).fetchone() == (0,)
 
-                await proc.start("serve", "--config", str(proc.config))
+                await proc.serve()
                 await burst.replay_lost()
 
                 async def recorded() -> bool:
@@ -94,8 +92,7 @@ async def test_a_kill_after_gitea_created_the_pull_request_is_answered_by_adopti
                 violations = invariants.check(await lives.facts(scratch))
             assert await proc.terminate() == 0
         finally:
-            if proc.proc is not None and proc.proc.returncode is None:
-                await proc.kill()
+            await proc.stop()
         assert not violations, "\n".join(map(str, violations))
         # One PR, never a second; the labels mirror the review state.
         assert [p.number for p in await live.client().list_pulls(state="all")] == [created.number]

@@ -18,7 +18,7 @@ from bot.dashboard.routes import COOKIE, session_value
 from state.db import utcnow
 from state.leases import LeaseStore
 from state.outbox import OutboxIntent
-from tests.support import SECRET, Started, make_settings, payload, wait_status, webhook_headers
+from tests.support import HANG_S, SECRET, Started, make_settings, payload, wait_status, webhook_headers
 
 TOKEN = "dash-token-0123456789abcdef"
 HOSTILE = '<script>alert("x")</script><img src=x onerror=alert(1)>'
@@ -106,7 +106,7 @@ async def _raw_get(client: TestClient[Any, Any], target: bytes, header: bytes) -
     try:
         writer.write(b"GET " + target + b" HTTP/1.1\r\nHost: dash\r\n" + header + b"\r\nConnection: close\r\n\r\n")
         await writer.drain()
-        answer = await asyncio.wait_for(reader.read(), 10.0)  # the hang detector
+        answer = await asyncio.wait_for(reader.read(), HANG_S)
     finally:
         writer.close()
     head, _, body = answer.partition(b"\r\n\r\n")

@@ -11,21 +11,19 @@ import json
 import os
 import re
 import shutil
-import signal
-import subprocess
-import sys
 import tempfile
-import time
 import tomllib
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+import pytest_asyncio
 
 from bot.config_writer import merged, write_config
-from tests.conftest import REPO_ROOT
+from tests.serve_support import serve_process
+from tests.support import HANG_S, free_port
 
 CHROMIUM = Path(os.environ.get("FOREMAN_CHROMIUM", "/usr/bin/chromium"))
 CHROMEDRIVER = Path(os.environ.get("FOREMAN_CHROMEDRIVER", "/usr/bin/chromedriver"))
@@ -56,7 +54,7 @@ def demo_root() -> Iterator[Path]:
     import bot.demo
 
     out = io.StringIO()
-    code = asyncio.run(bot.demo.run_demo(out, keep=True, timeout_s=30))
+    code = asyncio.run(bot.demo.run_demo(out, keep=True, timeout_s=HANG_S))
     text = out.getvalue()
     assert code == 0, text
     found = re.search(r"files kept in (\S+) \(", text)
@@ -109,58 +107,37 @@ def _post_foreign_delivery(url: str, secret: str) -> str:
     request = urllib.request.Request(f"{url}/webhook", data=body, method="POST", headers={  # noqa: S310
         "Content-Type": "application/json", "X-Gitea-Event": "issues", "X-Gitea-Delivery": delivery,
         "X-Gitea-Signature": hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()})
-    with urllib.request.urlopen(request, timeout=10) as resp:  # noqa: S310 (loopback)
+    with urllib.request.urlopen(request, timeout=HANG_S) as resp:  # noqa: S310 (loopback)
         assert resp.status == 202
     return delivery
 
 
 def _api(url: str, path: str) -> Any:
     request = urllib.request.Request(f"{url}{path}", headers={"Authorization": f"Bearer {TOKEN}"})  # noqa: S310
-    with urllib.request.urlopen(request, timeout=10) as resp:  # noqa: S310 (loopback)
+    with urllib.request.urlopen(request, timeout=HANG_S) as resp:  # noqa: S310 (loopback)
         return json.loads(resp.read())
 
 
-@pytest.fixture(scope="module")
-def dashboard_url(demo_root: Path) -> Iterator[str]:
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def dashboard_url(demo_root: Path) -> AsyncIterator[str]:
     """A real `foreman serve` on the demo's database (plus the seeded rows), with the dashboard on."""
-    asyncio.run(_seed(demo_root / "foreman.db"))
+    await _seed(demo_root / "foreman.db")
     config = demo_root / "dashboard.toml"
     demo = tomllib.loads((demo_root / "foreman.toml").read_text(encoding="utf-8"))
-    write_config(config, merged(demo, {"dashboard": {"token": TOKEN}}))
-    env = {k: v for k, v in os.environ.items() if not k.startswith("FOREMAN_")}
-    env["PYTHONPATH"] = str(REPO_ROOT)
-    env["FOREMAN_ALLOCATOR__PROTECTED_ISSUES"] = "[3]"  # so the allocator skips #3, with its reason
-    log = (demo_root / "dashboard-serve.log").open("w+", encoding="utf-8")
-    proc = subprocess.Popen([sys.executable, "-m", "bot", "serve", "--config", str(config)], cwd=demo_root,
-                            stdout=log, stderr=subprocess.STDOUT, env=env)
-    try:
-        deadline = time.monotonic() + 30
-        port = None
-        while port is None and time.monotonic() < deadline and proc.poll() is None:
-            time.sleep(0.1)
-            found = re.search(r"listening on http://127\.0\.0\.1:(\d+)/", (demo_root / "dashboard-serve.log")
-                              .read_text(encoding="utf-8"))
-            port = found.group(1) if found else None
-        assert port is not None, (demo_root / "dashboard-serve.log").read_text(encoding="utf-8")
-        url = f"http://127.0.0.1:{port}"
-        secret = re.search(r'secrets = \["([^"]+)"\]', config.read_text(encoding="utf-8"))
-        assert secret
-        delivery = _post_foreign_delivery(url, secret.group(1))
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            rows = {d["delivery"]: d for d in _api(url, "/dashboard/api/deliveries")["recent"]}
-            if rows.get(delivery, {}).get("status") == "ignored":
-                break
-            time.sleep(0.1)
-        yield url
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        log.close()
+    write_config(config, merged(demo, {"dashboard": {"token": TOKEN}, "server": {"port": free_port()}}))
+    secret = re.search(r'secrets = \["([^"]+)"\]', config.read_text(encoding="utf-8"))
+    assert secret
+    env = {"FOREMAN_ALLOCATOR__PROTECTED_ISSUES": "[3]"}  # so the allocator skips #3, with its reason
+    async with serve_process(demo_root, config=config, env=env, serve=True, graceful=True) as proc:
+        delivery = await asyncio.to_thread(_post_foreign_delivery, proc.url, secret.group(1))
+
+        async def ignored() -> bool:
+            rows = {d["delivery"]: d for d in (await asyncio.to_thread(_api, proc.url, "/dashboard/api/deliveries"))
+                    ["recent"]}
+            return bool(rows.get(delivery, {}).get("status") == "ignored")
+
+        await proc.wait_for(ignored, "the foreign delivery ignored")
+        yield proc.url
 
 
 @pytest.fixture(scope="module")

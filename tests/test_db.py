@@ -13,18 +13,26 @@ from state.db import Database, read_only
 from state.db_postgres import PostgresDatabase
 from state.db_sqlite import SqliteDatabase
 from state.outbox import OutboxIntent, OutboxStore
+from tests.support import HANG_S
+
+
+async def sees_the_commits_and_refuses_writes(
+    writer: Database, target: Path | str, refusal: type[Exception], match: str | None = None
+) -> None:
+    """``read_only(target)`` reads what ``writer`` commits, and refuses a write of its own with ``refusal``."""
+    async with read_only(target) as db:
+        assert await OutboxStore(db).counts() == dict.fromkeys(await OutboxStore(writer).counts(), 0)
+        await OutboxStore(writer).add(OutboxIntent("k", 1, "labels", {"add": ["x"]}), repo="org/repo")
+        assert (await OutboxStore(db).counts())["pending"] == 1
+        with pytest.raises(refusal, match=match):
+            await OutboxStore(db).add(OutboxIntent("k2", 1, "labels", {"add": ["y"]}), repo="org/repo")
 
 
 async def test_a_read_only_database_sees_the_writers_commits_and_refuses_writes(tmp_path: Path) -> None:
     path = tmp_path / "with space?and#hash" / "foreman.db"
     writer = await Database.open(path)
     try:
-        async with read_only(path) as db:
-            assert await OutboxStore(db).counts() == dict.fromkeys(await OutboxStore(writer).counts(), 0)
-            await OutboxStore(writer).add(OutboxIntent("k", 1, "labels", {"add": ["x"]}), repo="org/repo")
-            assert (await OutboxStore(db).counts())["pending"] == 1
-            with pytest.raises(sqlite3.OperationalError, match="readonly"):
-                await OutboxStore(db).add(OutboxIntent("k2", 1, "labels", {"add": ["y"]}), repo="org/repo")
+        await sees_the_commits_and_refuses_writes(writer, path, sqlite3.OperationalError, "readonly")
     finally:
         await writer.close()
 
@@ -60,7 +68,7 @@ async def test_a_write_waits_for_a_read_left_pending_while_another_process_commi
         assert not writing.done() or writing.exception() is None, writing.exception()
         await cursor.fetchall()
         await cursor.close()
-        await asyncio.wait_for(writing, 5)
+        await asyncio.wait_for(writing, HANG_S)
         async with db.reader.execute("SELECT COUNT(*) FROM t") as cur:
             assert [tuple(row) for row in await cur.fetchall()] == [(52,)]
     finally:
@@ -72,12 +80,7 @@ async def test_a_read_only_postgresql_session_sees_the_writers_commits_and_refus
     reading what another process commits."""
     writer = await PostgresDatabase.connect(postgres_url)
     try:
-        async with read_only(postgres_url) as db:
-            assert await OutboxStore(db).counts() == dict.fromkeys(await OutboxStore(writer).counts(), 0)
-            await OutboxStore(writer).add(OutboxIntent("k", 1, "labels", {"add": ["x"]}), repo="org/repo")
-            assert (await OutboxStore(db).counts())["pending"] == 1
-            with pytest.raises(psycopg.errors.ReadOnlySqlTransaction):
-                await OutboxStore(db).add(OutboxIntent("k2", 1, "labels", {"add": ["y"]}), repo="org/repo")
+        await sees_the_commits_and_refuses_writes(writer, postgres_url, psycopg.errors.ReadOnlySqlTransaction)
         assert [e.key for e in await OutboxStore(writer).every_entry()] == ["k"]
     finally:
         await writer.close()

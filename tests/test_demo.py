@@ -13,6 +13,7 @@ import pytest
 
 import bot.demo
 from tests.conftest import REPO_ROOT
+from tests.support import HANG_S, SLOW_HANG_S
 
 pytestmark = [pytest.mark.process, pytest.mark.slow]
 
@@ -24,8 +25,8 @@ STEPS = ("gitea", "serve", "config", "webhook", "issue", "label", "candidate", "
 def test_foreman_demo_runs_the_loop_and_exits_0() -> None:
     """`python -m bot demo` from a directory without any config: every step is printed and verified."""
     done = subprocess.run(
-        [sys.executable, "-m", "bot", "demo"], cwd=REPO_ROOT / "tests", capture_output=True, text=True, timeout=120,
-        check=False,
+        [sys.executable, "-m", "bot", "demo", "--timeout", str(HANG_S)], cwd=REPO_ROOT / "tests", capture_output=True,
+        text=True, timeout=SLOW_HANG_S, check=False,
     )
     out = done.stdout
     assert done.returncode == 0, f"{out}\n{done.stderr}"
@@ -59,7 +60,7 @@ async def test_the_demo_fails_with_the_step_that_did_not_verify(monkeypatch: pyt
     it, and the demo stops at the allocation step with exit 1 instead of printing success."""
     monkeypatch.setattr(bot.demo, "status_labels", lambda: ("status:ready",))
     out = io.StringIO()
-    code = await bot.demo.run_demo(out, timeout_s=20)
+    code = await bot.demo.run_demo(out, timeout_s=HANG_S)
     text = out.getvalue()
     assert code == 1, text
     assert "FAILED at step 'allocate'" in text and "verification_failed" in text, text

@@ -11,7 +11,7 @@ import pytest
 
 from bot.catalog import open_door
 from bot.dashboard import model
-from bot.verbs.runtime import caller_for
+from bot.verbs.runtime import Caller, caller_for
 from tests.gitea_fixtures import OWNER, REPO
 from tests.support import Started
 from tests.world import World, open_world
@@ -62,13 +62,18 @@ async def test_the_dashboards_preview_writes_nothing(world: World) -> None:
     assert written(world) == before
 
 
-async def test_an_apply_states_the_controllers_exclusions(world: World) -> None:
-    """The apply still states them (what auto-allocation then applies), so the tests above are not vacuous."""
+async def apply_excluding_1(world: World, caller: Caller) -> None:
+    """``caller`` allocates to author-1, excluding #1, for real: #2 is leased."""
     service = world.service
     runtime = open_door(db=service.db, settings=service.settings, gitea=service.gitea, bot_login="foreman-bot")
-    result = await runtime.call("allocate_next_work", caller_for(service.settings, "controller-bot", "mcp"),
+    result = await runtime.call("allocate_next_work", caller,
                                 {"owner": "author-1", "exclude_issue_numbers": [1], "dry_run": False})
     assert result.ok and result.doc["lease"]["issue_number"] == 2, result.doc
+
+
+async def test_an_apply_states_the_controllers_exclusions(world: World) -> None:
+    """The apply still states them (what auto-allocation then applies), so the tests above are not vacuous."""
+    await apply_excluding_1(world, caller_for(world.service.settings, "controller-bot", "mcp"))
     assert written(world)["exclusions"] == [(f"{OWNER}/{REPO}".lower(), "controller-bot", "[1]")]
 
 
@@ -76,20 +81,12 @@ async def test_an_operators_apply_states_no_standing_exclusions(world: World) ->
     """The operator (its command line) is no controller: its exclusions hold for its own call only."""
     from bot.verbs.runtime import operator_caller
 
-    service = world.service
-    runtime = open_door(db=service.db, settings=service.settings, gitea=service.gitea, bot_login="foreman-bot")
-    result = await runtime.call("allocate_next_work", operator_caller("operator:root", "cli"),
-                                {"owner": "author-1", "exclude_issue_numbers": [1], "dry_run": False})
-    assert result.ok and result.doc["lease"]["issue_number"] == 2, result.doc
+    await apply_excluding_1(world, operator_caller("operator:root", "cli"))
     assert written(world)["exclusions"] == []
 
 
 async def test_a_roster_caller_on_an_operator_channel_is_not_the_operator(world: World) -> None:
     """Who calls decides, not the channel: a roster controller whose call came by the command line's channel still
     states its exclusions, as through MCP."""
-    service = world.service
-    runtime = open_door(db=service.db, settings=service.settings, gitea=service.gitea, bot_login="foreman-bot")
-    result = await runtime.call("allocate_next_work", caller_for(service.settings, "controller-bot", "cli"),
-                                {"owner": "author-1", "exclude_issue_numbers": [1], "dry_run": False})
-    assert result.ok and result.doc["lease"]["issue_number"] == 2, result.doc
+    await apply_excluding_1(world, caller_for(world.service.settings, "controller-bot", "cli"))
     assert written(world)["exclusions"] == [(f"{OWNER}/{REPO}".lower(), "controller-bot", "[1]")]

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from bot.emulator import Emulator, SentWebhook
+from bot.emulator.model import EmuIssue
 from bot.emulator.pulls import closing_refs
 from bot.gitops.environment import git_env
 from bot.gitops.remote import auth_env
@@ -33,6 +34,12 @@ EVENTS = ["push", "create", "delete", "issues", "pull_request"]
 
 def _hook(live: LiveEmulator, url: str) -> None:
     live.emulator.add_hook(OWNER, REPO, url=url, secret=HOOK_SECRET, events=EVENTS)
+
+
+def _feature_pull(emu: Emulator, *, notify: bool = False) -> EmuIssue:
+    """alice's pull request "Feat" of a new branch ``feat`` (one file) into main."""
+    emu.create_branch(OWNER, REPO, "feat", files={"f.txt": "f\n"})
+    return emu.create_pull(OWNER, REPO, head="feat", title="Feat", author="alice", notify=notify)
 
 
 def _kinds(deliveries: list[SentWebhook]) -> list[tuple[str, str, str | None]]:
@@ -83,8 +90,7 @@ async def test_reviews_send_the_review_event_types_with_their_coarse_headers() -
     ``review`` is ``{type, content}`` and ``requested_reviewer`` the reviewer."""
     async with live_emulator() as live, webhook_sink() as sink:
         emu = live.emulator
-        emu.create_branch(OWNER, REPO, "feat", files={"f.txt": "f\n"})
-        pr = emu.create_pull(OWNER, REPO, head="feat", title="Feat", author="alice")
+        pr = _feature_pull(emu)
         _hook(live, sink.url)
         bot = live.client()
         await bot.submit_review(pr.number, "COMMENT", body="looks fine")
@@ -201,8 +207,7 @@ async def test_pull_request_payloads_have_every_key_of_the_real_ones() -> None:
     async with live_emulator() as live, webhook_sink() as sink:
         emu = live.emulator
         _hook(live, sink.url)
-        emu.create_branch(OWNER, REPO, "feat", files={"f.txt": "f\n"})
-        pr = emu.create_pull(OWNER, REPO, head="feat", title="Feat", author="alice", notify=True)
+        pr = _feature_pull(emu, notify=True)
         emu.push_commit(OWNER, REPO, "feat", {"g.txt": "g\n"}, pusher="alice")
         emu.create_comment(OWNER, REPO, pr.number, author="bob", body="hi", notify=True)
         deliveries = await emu.drain_webhooks()
@@ -227,8 +232,7 @@ async def test_on_1_22_review_payloads_have_no_requested_reviewer_and_no_viewer(
     (both came with #26178 in 1.23.0): the PR's poster shows the placeholder e-mail."""
     async with live_emulator(version="1.22.3") as live, webhook_sink() as sink:
         emu = live.emulator
-        emu.create_branch(OWNER, REPO, "feat", files={"f.txt": "f\n"})
-        pr = emu.create_pull(OWNER, REPO, head="feat", title="Feat", author="alice")
+        pr = _feature_pull(emu)
         _hook(live, sink.url)
         await live.client().submit_review(pr.number, "APPROVED")
         [delivery] = await emu.drain_webhooks()
@@ -236,8 +240,7 @@ async def test_on_1_22_review_payloads_have_no_requested_reviewer_and_no_viewer(
         assert delivery.payload["pull_request"]["user"]["email"].startswith("alice@noreply.")
     async with live_emulator() as live, webhook_sink() as sink:
         emu = live.emulator
-        emu.create_branch(OWNER, REPO, "feat", files={"f.txt": "f\n"})
-        pr = emu.create_pull(OWNER, REPO, head="feat", title="Feat", author="alice")
+        pr = _feature_pull(emu)
         _hook(live, sink.url)
         await live.client().submit_review(pr.number, "APPROVED")
         [delivery] = await emu.drain_webhooks()
@@ -250,8 +253,7 @@ async def test_state_and_title_changes_of_a_pr_are_pull_request_events() -> None
     ``pull_request`` and actions closed, reopened, edited (``changes.title.from``)."""
     async with live_emulator() as live, webhook_sink() as sink:
         emu = live.emulator
-        emu.create_branch(OWNER, REPO, "feat", files={"f.txt": "f\n"})
-        pr = emu.create_pull(OWNER, REPO, head="feat", title="Feat", author="alice")
+        pr = _feature_pull(emu)
         _hook(live, sink.url)
         bot = live.client()
         await bot.edit_issue(pr.number, state="closed")
@@ -273,8 +275,7 @@ async def test_deleting_a_branch_sends_delete_then_closes_its_pr() -> None:
     AdjustPullsCausedByBranchDeleted closes the open PR (``pull_request``/``closed``, not merged)."""
     async with live_emulator() as live, webhook_sink() as sink:
         emu = live.emulator
-        emu.create_branch(OWNER, REPO, "feat", files={"f.txt": "f\n"})
-        pr = emu.create_pull(OWNER, REPO, head="feat", title="Feat", author="alice")
+        pr = _feature_pull(emu)
         _hook(live, sink.url)
         await live.client().delete_branch("feat")
         deliveries = await emu.drain_webhooks()

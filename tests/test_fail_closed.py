@@ -16,8 +16,8 @@ from gidgethub import sansio
 from bot.core.dispatch import OrderedRouter
 from bot.worker import HandlerContext
 from state.deliveries import DeliveryStore
+from tests.serve_support import serve_process
 from tests.support import Started, payload, wait_status, webhook_headers
-from tests.test_process import ServeProcess
 
 pytestmark = [pytest.mark.process]
 
@@ -147,7 +147,7 @@ async def test_a_settling_commit_that_fails_is_retried_and_the_loop_lives(
     monkeypatch.setattr(DeliveryStore, "finish", flaky_finish)
     body = payload()
     await client.post("/webhook", data=body, headers=webhook_headers(body, delivery="full-1"))
-    await wait_status(service, "full-1", "done", timeout=20)
+    await wait_status(service, "full-1", "done")
     assert failures["left"] == 0
     assert service.worker.loops_alive() == service.settings.worker.concurrency
     text = (await (await client.get("/metrics")).read()).decode()
@@ -157,9 +157,7 @@ async def test_a_settling_commit_that_fails_is_retried_and_the_loop_lives(
 
 async def test_a_real_serve_survives_unroutable_deliveries(tmp_path: Path) -> None:
     """Against a real `foreman serve`: bad deliveries beside good ones; /readyz stays 200."""
-    proc = ServeProcess(tmp_path, module="bot")
-    await proc.start("serve", "--config", str(proc.config))
-    try:
+    async with serve_process(tmp_path, serve=True) as proc:
         async with aiohttp.ClientSession() as session:
             for i in range(12):
                 doc = json.loads(payload(number=i + 1))
@@ -183,8 +181,6 @@ async def test_a_real_serve_survives_unroutable_deliveries(tmp_path: Path) -> No
                 doc = await resp.json()
                 assert resp.status == 200, doc
                 assert doc["checks"]["worker"]["loops_alive"] == doc["checks"]["worker"]["loops"]
-    finally:
-        await proc.kill()
 
 
 async def test_a_pass_that_raises_does_not_end_its_loop(start: Started, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -203,7 +199,7 @@ async def test_a_pass_that_raises_does_not_end_its_loop(start: Started, monkeypa
     monkeypatch.setattr(DeliveryStore, "done_handlers", flaky)
     body = payload()
     await client.post("/webhook", data=body, headers=webhook_headers(body, delivery="pass-1"))
-    await wait_status(service, "pass-1", "done", timeout=20)
+    await wait_status(service, "pass-1", "done")
     assert calls == ["pass-1"] and failures["left"] == 0
     assert service.worker.loops_alive() == service.settings.worker.concurrency
 
@@ -227,7 +223,7 @@ async def test_a_retried_settle_runs_the_handler_once_and_records_its_result_fir
     monkeypatch.setattr(DeliveryStore, "finish", flaky_finish)
     body = payload()
     await client.post("/webhook", data=body, headers=webhook_headers(body, delivery="settle-1"))
-    await wait_status(service, "settle-1", "done", timeout=20)
+    await wait_status(service, "settle-1", "done")
     row = await service.store.get("settle-1")
     assert row is not None and row.attempts == 1  # retried in place, never reclaimed and run again
     assert calls == ["settle-1"]

@@ -16,8 +16,8 @@ import pytest
 
 from bot.core.canonical import HEADING_TEXT, MAX_BLOCKS, MAX_COMMENT_CHARS, parse_comment
 from bot.core.intake import Delivery, admit
-from tests.support import SECRET, Started, payload, raw_post, signed_headers, webhook_headers
-from tests.test_process import ServeProcess
+from tests.serve_support import serve_process
+from tests.support import PROBE_S, SECRET, Started, payload, raw_post, signed_headers, webhook_headers
 
 pytestmark = [pytest.mark.process]
 
@@ -26,9 +26,7 @@ pytestmark = [pytest.mark.process]
 
 async def test_a_bad_header_beside_valid_deliveries_fails_only_itself(tmp_path: Path) -> None:
     """A non-UTF-8 X-Gitea-Event beside valid deliveries used to fail the whole group commit."""
-    proc = ServeProcess(tmp_path, module="bot")
-    await proc.start("serve", "--config", str(proc.config))
-    try:
+    async with serve_process(tmp_path, serve=True) as proc:
         bodies = {f"ok-{i}": payload(number=i + 1) for i in range(120)}
         bad_body = payload(number=999)
         surrogate = json.loads(payload(number=998))
@@ -50,8 +48,6 @@ async def test_a_bad_header_beside_valid_deliveries_fails_only_itself(tmp_path: 
         with sqlite3.connect(proc.db) as conn:
             stored = {row[0] for row in conn.execute("SELECT delivery_id FROM deliveries")}
         assert stored == set(bodies)
-    finally:
-        await proc.kill()
 
 
 async def test_the_writer_stores_each_row_alone_when_the_batch_fails(start: Started) -> None:
@@ -124,9 +120,7 @@ def test_the_heading_check_applies_only_anchored_patterns_to_the_line() -> None:
 
 async def test_a_hostile_comment_does_not_freeze_a_real_serve(tmp_path: Path) -> None:
     """Against a real `foreman serve`: a 48 KB hostile comment; /healthz answers throughout."""
-    proc = ServeProcess(tmp_path, module="bot")
-    await proc.start("serve", "--config", str(proc.config))
-    try:
+    async with serve_process(tmp_path, serve=True) as proc:
         doc = json.loads(payload())
         doc.update(action="created", comment={"id": 5, "body": _hostile_heading(48_000), "user": {"login": "reader"},
                                                  "created_at": "2026-12-01T10:00:00Z",
@@ -138,7 +132,7 @@ async def test_a_hostile_comment_does_not_freeze_a_real_serve(tmp_path: Path) ->
                 assert resp.status == 202
             answered = 0
             while proc.status("hostile-1") is None or proc.status("hostile-1")[0] != "done":  # type: ignore[index]
-                async with session.get(f"{proc.url}/healthz", timeout=aiohttp.ClientTimeout(total=5)) as resp:
+                async with session.get(f"{proc.url}/healthz", timeout=aiohttp.ClientTimeout(total=PROBE_S)) as resp:
                     assert resp.status == 200
                 answered += 1
                 await asyncio.sleep(0.01)
@@ -148,8 +142,6 @@ async def test_a_hostile_comment_does_not_freeze_a_real_serve(tmp_path: Path) ->
         lag = re.search(r"^foreman_event_loop_lag_max_seconds (\S+)", text, re.M)
         assert lag is not None
         print(f"\nhostile comment processed; /healthz answered {answered} times; loop lag max {lag.group(1)} s")
-    finally:
-        await proc.kill()
 
 
 # --- typed refusals, no metric series from unverified input -----------------------------------------------------------

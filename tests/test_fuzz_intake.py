@@ -21,8 +21,8 @@ from multidict import CIMultiDict
 
 from bot.core.canonical import HEADING_TEXT, MAX_COMMENT_CHARS, parse_comment
 from bot.core.intake import KNOWN_EVENTS, MAX_JSON_SEPARATORS, Delivery, Rejection, admit
+from tests.serve_support import ServeProcess
 from tests.support import SECRET, payload, raw_post, sign, webhook_headers
-from tests.test_process import ServeProcess
 from tests.work_count import counted
 
 pytestmark = [pytest.mark.process]
@@ -252,12 +252,12 @@ async def test_webhook_intake_fuzz_never_fails_anyone_and_admission_work_stays_b
     assert set(gen.classes[:SERVED_INPUTS]) == every_class, every_class - set(gen.classes[:SERVED_INPUTS])
 
     # The served inputs through a real `foreman serve` on loopback, 16 at a time: its own event loop, measured alone.
-    proc = ServeProcess(tmp_path, module="bot", overrides={"webhook": {"max_body_bytes": MAX_BODY_BYTES}})
-    await proc.start("serve", "--config", str(proc.config))
+    proc = ServeProcess(tmp_path, overrides={"webhook": {"max_body_bytes": MAX_BODY_BYTES}})
     semaphore = asyncio.Semaphore(16)
     benign: list[tuple[float, int]] = []  # per window: (worst loop lag, long holds)
     hostile: list[tuple[float, int]] = []
     try:
+        await proc.serve()
         async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=16)) as session:
 
             async def post(headers: dict[str, str], body: bytes) -> tuple[int, Any]:
@@ -296,7 +296,7 @@ async def test_webhook_intake_fuzz_never_fails_anyone_and_admission_work_stays_b
                 """Sends one window and waits for the worker to finish it: (its worst loop lag, its long holds)."""
                 before = lag_buckets(await metrics())
                 await asyncio.gather(*(send(h, b) for h, b in items))
-                await proc.wait_for(drained, "the inbox drained", timeout=120)
+                await proc.wait_for(drained, "the inbox drained")
                 await asyncio.sleep(0.05)  # the lag monitor's next tick sees a hold that ended just now
                 after = lag_buckets(await metrics())
                 return worst_lag(before, after), long_holds(before, after)
@@ -307,7 +307,7 @@ async def test_webhook_intake_fuzz_never_fails_anyone_and_admission_work_stays_b
                 hostile.append(await window(served[round_ * size:(round_ + 1) * size]))
             text = await metrics()
     finally:
-        await proc.kill()
+        await proc.stop()
     with sqlite3.connect(proc.db) as conn:
         stored = dict(conn.execute("SELECT delivery_id, body FROM deliveries").fetchall())
     assert set(accepted) <= set(stored)

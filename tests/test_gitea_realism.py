@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
 from datetime import timedelta
 from pathlib import Path
@@ -15,9 +14,9 @@ from bot.core.vocabulary import status_labels
 from bot.emulator.model import UNITS, Perm
 from state.db import utcnow
 from state.leases import Lease, LeaseStore
+from state.outbox import OutboxEntry, OutboxIntent, OutboxKind
 from tests.gitea_fixtures import BOT, OWNER, REPO, TOKENS
-from tests.support import Started
-from tests.test_issue_state import _state
+from tests.support import Started, canonical_state, eventually
 from tests.world import FULL_NAME, World, open_world
 
 
@@ -88,20 +87,30 @@ async def test_comments_of_a_missing_issue_answer_500_and_the_client_says_issue_
         await client.create_comment(4242, "hello")
 
 
-async def test_an_outbox_comment_on_a_missing_issue_parks_at_once_with_a_typed_blocker(world: World) -> None:
-    """No retry storm: one attempt, parked, with the issue_gone reason and the exact next action."""
-    from state.outbox import OutboxIntent
-
-    key = "test-comment-on-gone"
-    await world.service.outbox.add(repo=world.service.settings.repo_key, intent=
-        OutboxIntent(
-            key=key, issue_number=4242, kind="comment", payload={"body": f"hello <!-- foreman:evidence {key} -->"}
-        )
-    )
+async def _queue(world: World, key: str, number: int, kind: OutboxKind, payload: dict[str, Any]) -> None:
+    """One outbox entry of ``kind`` on issue ``number``, as a verb queues it, and the sender woken."""
+    intent = OutboxIntent(key=key, issue_number=number, kind=kind, payload=payload)
+    await world.service.outbox.add(repo=world.service.settings.repo_key, intent=intent)
     world.service.outbox_wakeup()
+
+
+async def _sent(world: World, key: str, number: int, kind: OutboxKind, payload: dict[str, Any]) -> OutboxEntry:
+    """``_queue``, then settled: the entry as it ended."""
+    await _queue(world, key, number, kind, payload)
     await world.settle()
     entry = await world.service.outbox.by_key(key)
-    assert entry is not None and (entry.status, entry.attempts) == ("parked", 1)
+    assert entry is not None
+    return entry
+
+
+def _evidence(key: str, text: str = "x") -> dict[str, Any]:
+    return {"body": f"{text} <!-- foreman:evidence {key} -->"}
+
+
+async def test_an_outbox_comment_on_a_missing_issue_parks_at_once_with_a_typed_blocker(world: World) -> None:
+    """No retry storm: one attempt, parked, with the issue_gone reason and the exact next action."""
+    entry = await _sent(world, "test-comment-on-gone", 4242, "comment", _evidence("test-comment-on-gone", "hello"))
+    assert (entry.status, entry.attempts) == ("parked", 1)
     assert entry.last_error is not None and entry.last_error.startswith("GiteaIssueGone")
     assert "exact_next_action" in entry.last_error
     assert _requests(world, "GET", COMMENTS_ROUTE) == 1
@@ -112,8 +121,6 @@ async def test_patch_with_an_unassignable_user_keeps_the_other_assignees(world: 
     whose models/perm/access/repo_permission.go CanBeAssigned refusal becomes a 500 (routers/api/v1/repo/
     issue.go EditIssue): a raw PATCH loses the other assignees. The outbox adds first (nothing removed),
     and an unassignable login is a typed refusal, parked once, with the assignees untouched."""
-    from state.outbox import OutboxIntent
-
     emu = world.live.emulator
     emu.add_user("carol", token="tok-carol-0009")
     emu.repo(OWNER, REPO).private = True
@@ -127,14 +134,8 @@ async def test_patch_with_an_unassignable_user_keeps_the_other_assignees(world: 
         raw_status = resp.status
     assert raw_status == 500 and [u.login for u in emu.issue(OWNER, REPO, number).assignees] == []
     await world.call("alice", "PATCH", f"/issues/{number}", {"assignees": ["alice", "bob"]})
-    key = "test-assign-carol"
-    await world.service.outbox.add(repo=world.service.settings.repo_key, intent=
-        OutboxIntent(key=key, issue_number=number, kind="assignees", payload={"assignees": ["alice", "carol"]})
-    )
-    world.service.outbox_wakeup()
-    await world.settle()
-    entry = await world.service.outbox.by_key(key)
-    assert entry is not None and (entry.status, entry.attempts) == ("parked", 1)
+    entry = await _sent(world, "test-assign-carol", number, "assignees", {"assignees": ["alice", "carol"]})
+    assert (entry.status, entry.attempts) == ("parked", 1)
     assert (
         entry.last_error is not None
         and entry.last_error.startswith("GiteaUnassignable")
@@ -145,19 +146,11 @@ async def test_patch_with_an_unassignable_user_keeps_the_other_assignees(world: 
 
 async def test_patch_with_an_unknown_user_changes_nothing_and_parks_typed(world: World) -> None:
     """UpdateAssignees: GetUserByName fails before anything is removed; EditIssue answers 500."""
-    from state.outbox import OutboxIntent
-
     emu = world.live.emulator
     number = await world.open_issue()
     await world.call("alice", "PATCH", f"/issues/{number}", {"assignees": ["bob"]})
-    key = "test-assign-ghost"
-    await world.service.outbox.add(repo=world.service.settings.repo_key, intent=
-        OutboxIntent(key=key, issue_number=number, kind="assignees", payload={"assignees": ["ghost"]})
-    )
-    world.service.outbox_wakeup()
-    await world.settle()
-    entry = await world.service.outbox.by_key(key)
-    assert entry is not None and (entry.status, entry.attempts) == ("parked", 1)
+    entry = await _sent(world, "test-assign-ghost", number, "assignees", {"assignees": ["ghost"]})
+    assert (entry.status, entry.attempts) == ("parked", 1)
     assert (
         entry.last_error is not None
         and entry.last_error.startswith("GiteaUnassignable")
@@ -168,19 +161,11 @@ async def test_patch_with_an_unknown_user_changes_nothing_and_parks_typed(world:
 
 async def test_an_assignee_change_that_gitea_accepts_still_replaces_the_set(world: World) -> None:
     """The add-first path still ends with exactly the intended assignees."""
-    from state.outbox import OutboxIntent
-
     emu = world.live.emulator
     number = await world.open_issue()
     await world.call("alice", "PATCH", f"/issues/{number}", {"assignees": ["bob"]})
-    key = "test-assign-alice"
-    await world.service.outbox.add(repo=world.service.settings.repo_key, intent=
-        OutboxIntent(key=key, issue_number=number, kind="assignees", payload={"assignees": ["alice"]})
-    )
-    world.service.outbox_wakeup()
-    await world.settle()
-    entry = await world.service.outbox.by_key(key)
-    assert entry is not None and entry.status == "done"
+    entry = await _sent(world, "test-assign-alice", number, "assignees", {"assignees": ["alice"]})
+    assert entry.status == "done"
     assert [u.login for u in emu.issue(OWNER, REPO, number).assignees] == ["alice"]
 
 
@@ -188,7 +173,6 @@ async def test_issues_deleted_ends_the_leases_and_cancels_the_outbox(tmp_path: P
     """services/webhook/notifier.go DeleteIssue sends issues/deleted from 1.25 (absent in 1.22.3): the bot
     releases the issue's live lease and cancels its open outbox entries (they would only ever 500)."""
 
-    from state.outbox import OutboxIntent
 
     async with open_world(
         tmp_path, start, allocator={"auto": False}, outbox={"backoff_base_s": 60.0, "backoff_max_s": 120.0}
@@ -198,17 +182,13 @@ async def test_issues_deleted_ends_the_leases_and_cancels_the_outbox(tmp_path: P
         lease = await _lease_to_author(world, number)
         emu.faults.fail("GET", COMMENTS_ROUTE, status=503, times=8)
         key = "test-comment-then-deleted"
-        await world.service.outbox.add(repo=world.service.settings.repo_key, intent=
-            OutboxIntent(
-                key=key, issue_number=number, kind="comment", payload={"body": f"x <!-- foreman:evidence {key} -->"}
-            )
-        )
-        world.service.outbox_wakeup()
-        for _ in range(200):
+        await _queue(world, key, number, "comment", _evidence(key))
+
+        async def failed_once() -> bool:
             entry = await world.service.outbox.by_key(key)
-            if entry is not None and entry.status == "pending" and entry.attempts == 1:
-                break
-            await asyncio.sleep(0.01)
+            return entry is not None and entry.status == "pending" and entry.attempts == 1
+
+        await eventually(failed_once, "the comment's first attempt failed", poll_s=0.01)
         emu.faults.clear()
         await world.call(OWNER, "DELETE", f"/issues/{number}")
         [deleted] = [d for d in emu.deliveries if d.action == "deleted"]
@@ -235,6 +215,12 @@ async def _as(world: World, token: str, method: str, path: str, body: Any = None
         data = await resp.json() if resp.status != 204 and resp.content_type == "application/json" else None
     await world.settle()
     return status, data
+
+
+async def _state_comment(world: World, token: str, number: int, state: str) -> None:
+    """A Canonical Issue State comment of ``state`` on issue ``number``, posted with ``token``, then settled."""
+    body = {"body": render(canonical_state(state))}
+    await _as(world, token, "POST", f"/repos/{FULL_NAME}/issues/{number}/comments", body)
 
 
 def _org_status_labels(world: World) -> None:
@@ -279,7 +265,7 @@ async def test_label_sync_with_org_status_labels_on_1_22_adds_them_by_id(world: 
     world.live.emulator.version = "1.22.3"
     _org_status_labels(world)
     number = await world.open_issue()
-    await world.comment("alice", number, render(_state("in-progress")))
+    await world.comment("alice", number, render(canonical_state("in-progress")))
     assert world.labels(number) == ["status:in-progress"]
     snap = await world.snapshot(number)
     assert snap.label_sync == "in_sync"
@@ -319,24 +305,12 @@ async def test_a_team_writer_on_issues_is_read_to_the_permission_api_but_trusted
         world, "tok-erin-0011", "POST", f"/repos/{FULL_NAME}/issues/{number}/labels", {"labels": ["bug"]}
     )
     assert status == 403
-    await _as(
-        world,
-        "tok-erin-0011",
-        "POST",
-        f"/repos/{FULL_NAME}/issues/{number}/comments",
-        {"body": render(_state("blocked"))},
-    )
-    await _as(
-        world,
-        "tok-dave-0010",
-        "POST",
-        f"/repos/{FULL_NAME}/issues/{number}/comments",
-        {"body": render(_state("in-progress"))},
-    )
+    await _state_comment(world, "tok-erin-0011", number, "blocked")
+    await _state_comment(world, "tok-dave-0010", number, "in-progress")
     records = {r.author: r for r in await world.store.comment_records(FULL_NAME, number)}
     assert (records["dave"].trusted, records["dave"].trust_reason) == (True, "team:devs:repo.issues=write")
     assert (records["erin"].trusted, records["erin"].trust_reason) == (False, "permission:read")
-    assert (await world.snapshot(number)).state == _state("in-progress")
+    assert (await world.snapshot(number)).state == canonical_state("in-progress")
     assert emu.label_names(OWNER, REPO, number) == ["bug", "status:in-progress"]
 
 
@@ -348,8 +322,7 @@ async def test_a_team_writers_trust_is_read_from_gitea_once_per_permission_ttl(w
     number = await world.open_issue()
     before = len([r for r in emu.requests if r.path.endswith(f"/repos/{FULL_NAME}/teams")])
     for state in ("in-progress", "blocked"):
-        body = {"body": render(_state(state))}
-        await _as(world, "tok-dave-0010", "POST", f"/repos/{FULL_NAME}/issues/{number}/comments", body)
+        await _state_comment(world, "tok-dave-0010", number, state)
     records = await world.store.comment_records(FULL_NAME, number)
     assert [r.trust_reason for r in records] == ["team:devs:repo.issues=write"] * 2
     assert len([r for r in emu.requests if r.path.endswith(f"/repos/{FULL_NAME}/teams")]) - before == 1
@@ -360,13 +333,7 @@ async def test_team_membership_the_bot_cannot_read_is_untrusted_with_the_reason(
     read a team's members; anyone else gets 403 (an org member) or 404. Fail closed, and say why."""
     _teams(world, bot_in_owners=False)
     number = await world.open_issue()
-    await _as(
-        world,
-        "tok-dave-0010",
-        "POST",
-        f"/repos/{FULL_NAME}/issues/{number}/comments",
-        {"body": render(_state("in-progress"))},
-    )
+    await _state_comment(world, "tok-dave-0010", number, "in-progress")
     [record] = await world.store.comment_records(FULL_NAME, number)
     assert record.trusted is False
     assert record.trust_reason.startswith("permission:read; team devs grants repo.issues=write")
@@ -413,7 +380,6 @@ async def test_on_1_22_a_deleted_issue_is_found_by_the_outbox_and_its_leases_end
     """1.22.3 sends no issues/deleted: the first write to the gone issue (GiteaIssueGone) does the same
     bookkeeping: lease released, the issue's other open entries cancelled, an issue_deleted blocker."""
 
-    from state.outbox import OutboxIntent
 
     async with open_world(tmp_path, start, allocator={"auto": False}) as world:
         emu = world.live.emulator
@@ -424,12 +390,7 @@ async def test_on_1_22_a_deleted_issue_is_found_by_the_outbox_and_its_leases_end
         assert not [d for d in emu.deliveries if d.action == "deleted"]
         first, second = "test-gone-first", "test-gone-second"
         for key in (first, second):
-            await world.service.outbox.add(repo=world.service.settings.repo_key, intent=
-                OutboxIntent(
-                    key=key, issue_number=number, kind="comment", payload={"body": f"x <!-- foreman:evidence {key} -->"}
-                )
-            )
-        world.service.outbox_wakeup()
+            await _queue(world, key, number, "comment", _evidence(key))
         await world.settle()
         head = await world.service.outbox.by_key(first)
         after = await world.service.outbox.by_key(second)

@@ -18,7 +18,7 @@ import pytest
 
 from bot import gitops
 from bot.core.bootstrap import worktree_lock_reason
-from tests.test_bootstrap_support import git
+from tests.test_bootstrap_support import git, one_commit_checkout
 
 BRANCH = "issue-1-hostile"
 AUTHOR = ("author-1", "author-1@users.noreply")
@@ -64,14 +64,8 @@ class Scene:
 def scene() -> Iterator[Scene]:
     shm = Path("/dev/shm")
     root = Path(tempfile.mkdtemp(prefix="gitops-hostile-", dir=shm if shm.is_dir() else None))
-    path = root / "checkout"
-    path.mkdir()
-    git(path, "init", "-q", "-b", "main")
-    (path / "README.md").write_text("# r\n", encoding="utf-8")
-    git(path, "add", "README.md")
-    git(path, "commit", "-q", "-m", "init")
+    path = one_commit_checkout(root / "checkout")
     git(path, "branch", BRANCH)
-    (path / ".git" / "info" / "exclude").write_text("/branches/\n", encoding="utf-8")
     checkout = gitops.ControlCheckout(path, env=gitops.git_env("foreman-bot"), timeout_s=60)
     worktree = path / "branches" / BRANCH
     worktree.parent.mkdir()

@@ -17,7 +17,7 @@ import pytest
 from bot.gitops.control import ControlCheckout
 from bot.gitops.environment import git_env
 from bot.gitops.records import WorktreeEntry
-from tests.test_bootstrap_support import git
+from tests.test_bootstrap_support import git, one_commit_checkout
 
 #: What the audit hook records while ``counting`` is on: (event, first argument).
 _EVENTS: list[tuple[str, str]] = []
@@ -55,13 +55,7 @@ def _root() -> Path:
 def repo() -> Iterator[Path]:
     """A checkout with one commit on main, ``branches/`` excluded, under /dev/shm."""
     root = _root()
-    checkout = root / "checkout"
-    checkout.mkdir()
-    git(checkout, "init", "-q", "-b", "main")
-    (checkout / "README.md").write_text("# r\n", encoding="utf-8")
-    git(checkout, "add", "README.md")
-    git(checkout, "commit", "-q", "-m", "init")
-    (checkout / ".git" / "info" / "exclude").write_text("/branches/\n", encoding="utf-8")
+    checkout = one_commit_checkout(root / "checkout")
     try:
         yield checkout
     finally:

@@ -6,6 +6,7 @@ import asyncio
 import json
 import uuid as uuid_mod
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -135,32 +136,35 @@ def _compile(template: dict[str, Any], *, uuid: str = BOUND, host: str = HOST_A)
     return g.compile_grant(tpl, facts, run_id=f"run-{uuid_mod.uuid4().hex}", host_id=host, now=NOW)
 
 
-async def _world(tmp_path: Path, template: dict[str, Any], opener: DbOpener) -> World:
+@asynccontextmanager
+async def _world(tmp_path: Path, template: dict[str, Any], opener: DbOpener) -> AsyncIterator[World]:
+    """A run sealed with ``template``; its databases closed afterwards."""
     path = tmp_path / "foreman.db"
     db = await opener(path, synchronous="NORMAL")
     grant = _compile(template)
     await GrantStore(db).seal(grant, token_sha256=token_digest("frun_test"), sealed_by="test", now=NOW)
-    return World(
+    w = World(
         path=path, db=db, grant=grant, clock=Dial(NOW + timedelta(seconds=1)), host=Dial(HOST_A), worktree=Dial(BOUND),
         opener=opener,
     )
+    try:
+        yield w
+    finally:
+        for opened in (w.db, *w.extra):
+            await opened.close()
 
 
 @pytest.fixture
 async def world(tmp_path: Path, open_db: DbOpener) -> AsyncIterator[World]:
     """A sealed run, once on SQLite and once on PostgreSQL."""
-    w = await _world(tmp_path, TEMPLATE, open_db)
-    yield w
-    for db in (w.db, *w.extra):
-        await db.close()
+    async with _world(tmp_path, TEMPLATE, open_db) as w:
+        yield w
 
 
 @pytest.fixture
 async def plan_world(tmp_path: Path, open_db: DbOpener) -> AsyncIterator[World]:
-    w = await _world(tmp_path, PLAN_ONLY_TEMPLATE, open_db)
-    yield w
-    for db in (w.db, *w.extra):
-        await db.close()
+    async with _world(tmp_path, PLAN_ONLY_TEMPLATE, open_db) as w:
+        yield w
 
 
 def _refused(admission: Admission, category: str, reason: str) -> None:

@@ -36,8 +36,8 @@ from state.db import Database, utcnow
 from state.grants import GrantStore
 from state.outbox import OutboxIntent, OutboxStore
 from tests.conftest import REPO_ROOT
-from tests.support import free_port, offline_config
-from tests.test_grants import _lease_and_worktree
+from tests.support import HANG_S, eventually, free_port, offline_config
+from tests.test_grants import Dial, _lease_and_worktree
 from tests.test_mcp_stdio import TRANSPORTS, sessions_over
 
 pytestmark = [pytest.mark.process]
@@ -199,26 +199,13 @@ def test_an_unknown_run_token_refuses_to_start(tmp_path: Path) -> None:
     done = subprocess.run(
         [sys.executable, "-m", "bot", "--config", str(config), "mcp"],
         env={"FOREMAN_MCP_TOKEN": "frun_no-such-run", "PATH": "/usr/bin:/bin"},
-        cwd=REPO_ROOT,
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
+        cwd=REPO_ROOT, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=HANG_S, check=False,
     )
     assert done.returncode == 2, done.stderr
     assert '"error": "invalid_config"' in done.stderr and "not the token of any run" in done.stderr
 
 
 # --- in process -------------------------------------------------------------------------------------------------------
-
-
-@dataclass
-class Dial:
-    value: datetime
-
-    def __call__(self) -> datetime:
-        return self.value
 
 
 @dataclass
@@ -318,7 +305,7 @@ async def test_a_call_cancelled_in_flight_aborts_the_run_and_keeps_blocking_the_
             return await bound.runtime.call("get_issue_state", None, arguments)  # type: ignore[arg-type]
 
         task = asyncio.ensure_future(around(READ[0], dict(READ[1]), run))
-        await asyncio.wait_for(started.wait(), 10)
+        await asyncio.wait_for(started.wait(), HANG_S)
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
@@ -350,11 +337,12 @@ async def test_a_client_abandoning_a_call_aborts_the_run(tmp_path: Path) -> None
         async with session(bound) as client:
             with anyio.move_on_after(0.5):
                 await client.call_tool(*READ)
-            for _ in range(100):
-                state = await bound.state()
-                if state["outcome"] is not None:
-                    break
-                await asyncio.sleep(0.05)
+
+            async def ended() -> bool:
+                return (await bound.state())["outcome"] is not None
+
+            await eventually(ended, "the run's outcome", poll_s=0.05)
+            state = await bound.state()
         assert state["outcome"] == "aborted" and state["inflight"] is not None
 
 

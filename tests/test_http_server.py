@@ -5,33 +5,28 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pytest
 
 from bot.config import Settings
-from tests.support import payload, sign
-from tests.test_process import ServeProcess
+from tests.serve_support import ServeProcess, serve_process
+from tests.support import HANG_S, payload, sign
 
 pytestmark = [pytest.mark.process]
 
-#: Short bounds for the tests (the defaults are 10 s and 15 s); each wait below allows several times them.
+#: Short bounds for the tests (the defaults are 10 s and 15 s); each wait below is a hang detector (HANG_S), far
+#: above every bound.
 READ_TIMEOUT_S = 1.5
 KEEPALIVE_S = 2.0
-#: A hang detector: far above every bound, far below "never".
-HANG_S = 20.0
 
 
 @pytest.fixture
 async def serve(tmp_path: Path) -> AsyncIterator[ServeProcess]:
-    proc = ServeProcess(tmp_path, module="bot", overrides={
-        "webhook": {"read_timeout_s": READ_TIMEOUT_S}, "server": {"keepalive_timeout_s": KEEPALIVE_S}})
-    try:
-        await proc.start("serve", "--config", str(proc.config))
+    bounds = {"webhook": {"read_timeout_s": READ_TIMEOUT_S}, "server": {"keepalive_timeout_s": KEEPALIVE_S}}
+    async with serve_process(tmp_path, overrides=bounds, serve=True) as proc:
         yield proc
-    finally:
-        if proc.proc is not None and proc.proc.returncode is None:
-            await proc.kill()
 
 
 def _head(*lines: bytes) -> bytes:
@@ -82,6 +77,23 @@ class Exchange:
         self.writer.close()
 
 
+@asynccontextmanager
+async def connected(port: int) -> AsyncIterator[Exchange]:
+    """A raw connection to ``port``, closed afterwards."""
+    exchange = await Exchange.open(port)
+    try:
+        yield exchange
+    finally:
+        exchange.close()
+
+
+async def ask(port: int, data: bytes, *, half_close: bool = False) -> tuple[int, dict[str, object], float]:
+    """``data`` sent on a connection of its own: the answer (status, JSON body, the seconds it took)."""
+    async with connected(port) as exchange:
+        await exchange.send(data, half_close=half_close)
+        return await exchange.answer()
+
+
 def _clean_log(proc: ServeProcess) -> None:
     text = proc.stderr.read_text()
     assert "Traceback" not in text and " ERROR " not in text, text
@@ -97,12 +109,7 @@ async def test_a_request_the_http_parser_refuses_is_answered_400_in_json_and_log
 ) -> None:
     """Issue 29 item 6: a bad header line, an invalid chunk size, a header line too long were answered in plain
     text with an ERROR traceback in the log; now `{"error": "bad_request", "message"}` and one INFO line."""
-    exchange = await Exchange.open(serve.port)
-    try:
-        await exchange.send(request_bytes)
-        status, doc, _ = await exchange.answer()
-    finally:
-        exchange.close()
+    status, doc, _ = await ask(serve.port, request_bytes)
     assert status == 400 and doc["error"] == "bad_request" and said in str(doc["message"]), doc
     await serve.wait_for(lambda: "refused by the parser (400)" in serve.stderr.read_text(), "the one-line log")
     _clean_log(serve)
@@ -117,13 +124,10 @@ async def test_a_body_cut_short_by_a_half_close_is_answered_400_in_json(
 ) -> None:
     """Issue 29 item 6: a chunked (or declared-length) body whose sender half-closed the connection got no answer
     and a "Connection lost" traceback; the server keeps the connection open to answer it 400 `bad_body`."""
-    exchange = await Exchange.open(serve.port)
-    try:
+    async with connected(serve.port) as exchange:
         await exchange.send(request_bytes, half_close=True)
         status, doc, _ = await exchange.answer()
         await exchange.closed_within()
-    finally:
-        exchange.close()
     assert status == 400 and doc["error"] == "bad_body" and "closed its side" in str(doc["message"]), doc
     assert serve.status("raw-1") is None
     _clean_log(serve)
@@ -133,12 +137,8 @@ async def test_a_whole_delivery_then_a_half_close_is_still_answered_and_stored(s
     """A client may half-close once its request is sent: the answer still reaches it (202) and the delivery is
     stored."""
     body = payload()
-    exchange = await Exchange.open(serve.port)
-    try:
-        await exchange.send(_head(b"Content-Length: " + str(len(body)).encode(), b"") + body, half_close=True)
-        status, doc, _ = await exchange.answer()
-    finally:
-        exchange.close()
+    status, doc, _ = await ask(serve.port, _head(b"Content-Length: " + str(len(body)).encode(), b"") + body,
+                               half_close=True)
     assert status == 202 and doc == {"delivery": "raw-1", "status": "queued"}, doc
     assert serve.status("raw-1") is not None
     _clean_log(serve)
@@ -154,12 +154,7 @@ async def test_a_client_that_sends_the_head_and_stalls_gets_408_within_the_read_
 ) -> None:
     """Issue 29 item 6: a client that sent its headers (and maybe part of the body), then nothing, was never cut;
     now it is answered 408 `request_timeout` once `[webhook] read_timeout_s` has passed, and the connection closes."""
-    exchange = await Exchange.open(serve.port)
-    try:
-        await exchange.send(request_bytes)
-        status, doc, took = await exchange.answer()
-    finally:
-        exchange.close()
+    status, doc, took = await ask(serve.port, request_bytes)
     assert status == 408 and doc["error"] == "request_timeout" and "read_timeout_s" in str(doc["message"]), doc
     assert READ_TIMEOUT_S * 0.8 <= took <= READ_TIMEOUT_S + 5.0, took
     assert serve.status("raw-1") is None
@@ -172,12 +167,9 @@ async def test_a_client_that_stalls_before_its_head_ends_is_cut_at_the_keepalive
 ) -> None:
     """Issue 29 item 6: a connection that sends nothing, or half a head, is closed once `[server]
     keepalive_timeout_s` has passed (aiohttp's default was an hour)."""
-    exchange = await Exchange.open(serve.port)
-    try:
+    async with connected(serve.port) as exchange:
         await exchange.send(request_bytes)
         took = await exchange.closed_within()
-    finally:
-        exchange.close()
     assert took <= KEEPALIVE_S + 5.0, took
     _clean_log(serve)
 

@@ -10,13 +10,20 @@ from typing import Any
 
 import pytest
 from aiohttp.test_utils import TestClient
-from gidgethub import routing, sansio
 
 from bot.app import Service
-from bot.worker import HandlerContext
-from handlers import build_router
 from tests.conftest import SHARED
-from tests.support import SECRET, Started, make_settings, payload, sign, wait_status, webhook_headers
+from tests.support import (
+    HANG_S,
+    SECRET,
+    Started,
+    make_settings,
+    payload,
+    recording_router,
+    sign,
+    wait_status,
+    webhook_headers,
+)
 
 PAYLOADS = SHARED / "gitea" / "payloads"
 # HMAC test vectors published with go-playground/webhooks (see shared/gitea/payloads/README.md).
@@ -278,13 +285,7 @@ async def test_concurrent_identical_deliveries_store_exactly_one(start: Started)
 async def test_events_sent_by_the_bot_itself_are_recorded_as_ignored_self(start: Started) -> None:
     """FACTS 3: the bot's own changes come back as webhooks; recorded as ignored_self, not run."""
     ran: list[str] = []
-    router = routing.Router()
-
-    @router.register("issues")
-    async def record(event: sansio.Event, ctx: HandlerContext) -> None:
-        ran.append(event.delivery_id)
-
-    service, client = await start(router=build_router(router))
+    service, client = await start(router=recording_router(ran, lambda event, ctx: event.delivery_id))
     body = payload(sender="Foreman-Bot")
     status, doc = await _post(client, body, webhook_headers(body, delivery="mine"))
     assert (status, doc["status"]) == (202, "ignored_self")
@@ -351,7 +352,7 @@ async def test_readyz_is_503_when_the_database_cannot_be_written(tmp_path: Path,
     _, client = await start(settings)
     # The blocker runs in a thread: a blocking sqlite call on the event loop would stall the service's
     # own open transaction and deadlock the test.
-    blocker = sqlite3.connect(settings.database.path, isolation_level=None, timeout=10, check_same_thread=False)
+    blocker = sqlite3.connect(settings.database.path, isolation_level=None, timeout=HANG_S, check_same_thread=False)
     try:
         await asyncio.to_thread(blocker.execute, "BEGIN EXCLUSIVE")
         assert blocker.in_transaction

@@ -6,14 +6,12 @@ import asyncio
 import json
 import re
 from collections.abc import AsyncIterator
-from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from bot.core.canonical import CanonicalState, parse_comment, render
+from bot.core.canonical import parse_comment, render
 from bot.core.evidence import render_evidence
 from bot.core.issue_state import (
     CommentRecord,
@@ -30,26 +28,13 @@ from state.issues import IssueStore
 from state.outbox import OutboxIntent
 from tests.conftest import REPO_ROOT
 from tests.gitea_fixtures import BOT, OWNER, REPO
-from tests.support import Started, make_settings, wait_status, webhook_headers
+from tests.support import HANG_S, Started, canonical_state, make_settings, wait_status, webhook_headers
 from tests.world import FULL_NAME, ROSTER_AUTHOR, World, open_world
 
 PERMISSION_ROUTE = "/repos/{owner}/{repo}/collaborators/{collaborator}/permission"
 
 
-def _state(state: str = "in-progress", who: str = "author", **changes: Any) -> CanonicalState:
-    base = CanonicalState(
-        state=state,
-        who_is_next=who,
-        next_action="Implement the change",
-        next_prompt="Do the work.",
-        what_happened="Allocated",
-        why="It was ready",
-        related_prs=(),
-        blockers="none",
-        validation="lease read back",
-        last_updated_by="controller-bot",
-    )
-    return replace(base, **changes)
+_state = canonical_state
 
 
 # --- pure rules (no SQLite) -------------------------------------------------------------------------------------------
@@ -320,8 +305,7 @@ async def test_out_of_order_deliveries_never_let_an_older_comment_win(world: Wor
     for delivery in reversed(captured):  # the edit first, then the newer comment, then the older one
         resp = await world.client.post("/webhook", data=delivery.body, headers=delivery.headers)
         assert resp.status == 202
-        deadline = asyncio.get_running_loop().time() + 10
-        await world.wait_settled(delivery.delivery_id, deadline)
+        await world.wait_settled(delivery.delivery_id, asyncio.get_running_loop().time() + HANG_S)
         snap = await world.snapshot(number)
         assert snap.state_comment_id == newer and snap.state == _state("review", "reviewer")
     await world.settle()
@@ -566,10 +550,7 @@ async def test_without_a_gitea_client_the_label_sync_waits_in_the_outbox(tmp_pat
             "/webhook", data=body, headers=webhook_headers(body, event="issue_comment", delivery=delivery)
         )
         assert resp.status == 202
-        deadline = asyncio.get_running_loop().time() + 10
-        while (row := await service.store.get(delivery)) is None or row.status != "done":
-            assert asyncio.get_running_loop().time() < deadline, row
-            await asyncio.sleep(0.01)
+        await wait_status(service, delivery, "done")
     store = IssueStore(service.db)
     stranger, author = await store.comment_records("org/repo", 5)
     assert (stranger.trusted, stranger.trust_reason.split(":")[0]) == (False, "no_gitea_client")

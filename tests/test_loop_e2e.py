@@ -394,7 +394,7 @@ async def test_the_loop_completes_once_gitea_recovers_from_a_5xx_spell(world: Wo
         emu.faults.fail("POST", f"{repo}/issues/{{index}}/comments", status=500, times=2),
         emu.faults.drop_after_store("POST", f"{repo}/issues/{{index}}/comments", times=1),
     ]
-    await world.settle(timeout=30)
+    await world.settle()
     assert [rule.remaining for rule in rules] == [0] * len(rules)
     await assert_looped(world, number)
     [label] = [d for d in emu.deliveries if d.event_type == "issue_label" and d.payload["sender"]["login"] == "alice"]
@@ -437,7 +437,7 @@ async def test_an_allocate_comment_retries_a_bootstrap_gitea_could_not_serve(
         await world.call("alice", "POST", f"/issues/{number}/labels", {"labels": ["status:ready"]})
         rule = emu.faults.fail("GET", "/repos/{owner}/{repo}/branches/{branch}", status=502, times=8)
         await world.call("controller-bot", "POST", f"/issues/{number}/comments", {"body": "/allocate"}, settle=False)
-        await world.settle(timeout=30)
+        await world.settle()
         assert rule.remaining == 0
         await assert_looped(world, number)
         replies = [c.body for c in emu.issue(OWNER, REPO, number).comments if "command:" in c.body]

@@ -13,7 +13,6 @@ import subprocess
 import sys
 import threading
 import time
-import tomllib
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -429,13 +428,12 @@ def test_a_refusal_keeps_the_servers_json_or_the_start_of_its_body() -> None:
 @asynccontextmanager
 async def foreman_serve(tmp_path: Path) -> AsyncIterator[str]:
     """A real `foreman serve` on tests/test_mcp_stdio.py's configuration; its ``/mcp`` URL."""
-    from tests.mcp_http_support import serve_process
+    from tests.serve_support import serve_process
     from tests.test_mcp_stdio import mcp_config
 
     config = mcp_config(tmp_path)
-    port = int(tomllib.loads(config.read_text(encoding="utf-8"))["server"]["port"])
-    async with serve_process(config, port) as base:
-        yield f"{base}/mcp"
+    async with serve_process(tmp_path, config=config, serve=True, graceful=True) as proc:
+        yield f"{proc.url}/mcp"
 
 
 async def test_through_the_bridge_foreman_serve_answers_as_it_answers_its_own_http_clients(tmp_path: Path) -> None:
@@ -475,20 +473,13 @@ async def test_through_the_bridge_foreman_serve_enforces_exactly_its_published_s
     """tests/test_mcp_stdio.py's schema probes (the 5,000-digit integer included: the bridge forwards the host's
     bytes, it does not parse them into numbers) through the bridge: invalid_input exactly where the listed schema
     says invalid."""
-    from tests.test_mcp_stdio import CONTROLLER_TOKEN, STDIO_PROBES
-    from tests.test_verbs_table import schema_verdict
+    from tests.test_mcp_stdio import CONTROLLER_TOKEN, STDIO_PROBES, assert_schema_enforced
 
     async with foreman_serve(tmp_path) as url:
         with anyio.fail_after(HANG_S * 3):
             async with bridged(url, CONTROLLER_TOKEN) as session:
                 await session.initialize()
-                tools = {tool.name: tool for tool in (await session.list_tools()).tools}
-                for tool, arguments in STDIO_PROBES:
-                    expected = schema_verdict(tools[tool].input_schema, arguments)
-                    result = await session.call_tool(tool, arguments)
-                    doc = result.structured_content
-                    assert doc is not None, (tool, arguments)
-                    assert (bool(result.is_error) and doc["error"] == "invalid_input") == (not expected), (tool, doc)
+                await assert_schema_enforced(session, STDIO_PROBES)
 
 
 async def test_through_the_bridge_arguments_the_sdk_parser_refuses_are_answered_invalid_input(

@@ -14,7 +14,7 @@ import pytest
 from bot.mcp_server import offered_tools
 from bot.verbs.runtime import caller_for
 from tests.mcp_http_support import call, mcp_over_http
-from tests.support import Started, make_settings
+from tests.support import HANG_S, Started, make_settings
 
 ROSTER = {"controller-bot": ["controller"], "author-1": ["author"], "rev-1": ["reviewer"]}
 CONTROLLER = "tok-controller-http"
@@ -223,13 +223,13 @@ async def test_the_digest_foreman_token_digest_prints_is_what_authenticates(star
 
     token = "tok-printed-by-the-operator-0123456789"
     done = subprocess.run([sys.executable, "-m", "bot", "token-digest", "--login", "author-1"], input=token + "\n",
-                          capture_output=True, text=True, timeout=60, check=True, cwd=REPO_ROOT)
+                          capture_output=True, text=True, timeout=HANG_S, check=True, cwd=REPO_ROOT)
     line = tomllib.loads(done.stdout)
     _, client = await start(make_settings(tmp_path, roster=ROSTER, mcp={"token_digests": line}))
     async with mcp_over_http(str(client.make_url("/mcp")), token) as session:
         assert (await call(session, "gitea_get_runtime_context"))["identity"]["login"] == "author-1"
     refused = subprocess.run([sys.executable, "-m", "bot", "token-digest"], input="", capture_output=True, text=True,
-                             timeout=60, check=False, cwd=REPO_ROOT)
+                             timeout=HANG_S, check=False, cwd=REPO_ROOT)
     assert refused.returncode == 2 and "token-digest" in json.loads(refused.stderr)["exact_next_action"]
 
 
@@ -280,7 +280,7 @@ async def test_a_body_that_stalls_is_408_within_the_read_timeout(start: Started,
                 "Content-Length: 500\r\n\r\n{\"jsonrpc\": ")
         writer.write(head.encode())
         await writer.drain()
-        answer = await asyncio.wait_for(reader.read(4096), timeout=60)
+        answer = await asyncio.wait_for(reader.read(4096), timeout=HANG_S)
     finally:
         writer.close()
     status_line, _, rest = answer.partition(b"\r\n")

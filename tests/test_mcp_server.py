@@ -26,8 +26,8 @@ from state.db import Database
 from state.issues import IssueStore
 from state.outbox import OutboxStore
 from tests.gitea_fixtures import OWNER, REPO, live_emulator
-from tests.support import make_settings
-from tests.test_verbs_table import argument_probes, schema_verdict
+from tests.support import HANG_S, make_settings
+from tests.test_verbs_table import VALID_STATE, argument_probes, schema_verdict
 
 ROSTER = {
     "controller-bot": ["controller"],
@@ -51,17 +51,7 @@ CANARY = [
     {"issue_number": 619, "title": "later", "labels": [], "created_at": "2026-06-01T10:00:00-05:00"},
 ]
 ALLOCATE: dict[str, Any] = {"owner": "author-1", "candidates_json": CANARY}
-STATE = {
-    "state": "pr-open",
-    "who_is_next": "reviewer",
-    "next_action": "Review the pull request",
-    "next_prompt": "",
-    "what_happened": "implemented the change",
-    "why": "issue asked for it",
-    "related_prs": [7],
-    "blockers": "none",
-    "validation": "tests pass",
-}
+STATE = VALID_STATE
 
 
 def mcp_settings(tmp_path: Path, **sections: Any) -> Settings:
@@ -243,7 +233,7 @@ def test_foreman_mcp_refuses_to_start_without_a_known_token(tmp_path: Path, toke
     config = mcp_config(tmp_path)
     env = {"PATH": "/usr/bin:/bin", **({"FOREMAN_MCP_TOKEN": token} if token else {})}
     done = subprocess.run(
-        foreman_mcp_command(config), env=env, capture_output=True, text=True, timeout=30, check=False
+        foreman_mcp_command(config), env=env, capture_output=True, text=True, timeout=HANG_S, check=False
     )
     assert done.returncode == 2
     assert done.stdout == ""
@@ -486,7 +476,7 @@ async def test_runtime_context_compares_the_live_default_branch_with_the_control
         gitea = live.client()
         repo = await gitea.get_repo()
         checkout = tmp_path / "checkouts" / "widgets"
-        subprocess.run(["git", "clone", "-q", repo.clone_url, str(checkout)], check=True, timeout=30)
+        subprocess.run(["git", "clone", "-q", repo.clone_url, str(checkout)], check=True, timeout=HANG_S)
         fake = FakeBootstrap(checkout=checkout)
 
         async def factory(_: VerbRuntime) -> WorktreeBootstrap:
@@ -503,7 +493,7 @@ async def test_runtime_context_compares_the_live_default_branch_with_the_control
                 )
                 assert branch["in_sync"] is True
                 git = ["git", "-C", str(checkout), "-c", "user.name=t", "-c", "user.email=t@t"]
-                subprocess.run([*git, "commit", "-q", "--allow-empty", "-m", "ahead"], check=True, timeout=30)
+                subprocess.run([*git, "commit", "-q", "--allow-empty", "-m", "ahead"], check=True, timeout=HANG_S)
                 _, doc = await call(client, "gitea_get_runtime_context")
                 assert doc["default_branch"]["in_sync"] is False
                 assert doc["default_branch"]["checkout_sha"] != live_sha

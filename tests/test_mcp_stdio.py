@@ -12,8 +12,7 @@ import select
 import sqlite3
 import subprocess
 import sys
-import tomllib
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -24,8 +23,9 @@ from mcp.client.stdio import stdio_client
 
 from bot.config_writer import write_config
 from tests.conftest import REPO_ROOT
-from tests.mcp_http_support import mcp_over_http, serve_process
-from tests.support import free_port, offline_config
+from tests.mcp_http_support import mcp_over_http
+from tests.serve_support import serve_process
+from tests.support import HANG_S, free_port, offline_config
 
 pytestmark = [pytest.mark.process]
 
@@ -67,9 +67,8 @@ async def sessions_over(transport: str, config: Path) -> AsyncIterator[OpenSessi
     if transport == "stdio":
         yield lambda token: foreman_mcp(config, token)
         return
-    port = int(tomllib.loads(config.read_text())["server"]["port"])
-    async with serve_process(config, port) as url:
-        yield lambda token: mcp_over_http(f"{url}/mcp", token)
+    async with serve_process(config.parent, config=config, serve=True, graceful=True) as proc:
+        yield lambda token: mcp_over_http(f"{proc.url}/mcp", token)
 
 
 def foreman_mcp_command(config: Path) -> list[str]:
@@ -212,26 +211,32 @@ STDIO_PROBES: list[tuple[str, dict[str, Any]]] = [
 ]
 
 
+async def assert_schema_enforced(session: ClientSession, probes: Sequence[tuple[str, dict[str, Any]]]) -> None:
+    """For each probe, the tool's listed schema says invalid exactly when ``session``'s server answers
+    invalid_input."""
+    from tests.test_verbs_table import schema_verdict
+
+    tools = {t.name: t for t in (await session.list_tools()).tools}
+    for tool, arguments in probes:
+        expected = schema_verdict(tools[tool].input_schema, arguments)
+        result = await session.call_tool(tool, arguments)
+        doc = result.structured_content
+        assert doc is not None, (tool, arguments)
+        assert (bool(result.is_error) and doc["error"] == "invalid_input") == (not expected), (tool, doc)
+
+
 @pytest.mark.parametrize("transport", TRANSPORTS)
 async def test_each_transport_enforces_exactly_its_published_schema(tmp_path: Path, transport: str) -> None:
     """Over `foreman mcp` and over `/mcp`: for each probe, jsonschema(the schema the server lists) says
     invalid exactly when the server answers invalid_input; an unlisted name (``release_lease``) runs nothing."""
-    from tests.test_verbs_table import schema_verdict
-
     config = mcp_config(tmp_path)
     # The SDK's HTTP client cannot send an integer past Python's digit limit (it fails logging it): that probe goes
     # over HTTP on the raw wire (test_arguments_the_sdk_parser_refuses_are_answered_invalid_input_over_http).
     probes = [(tool, arguments) for tool, arguments in STDIO_PROBES
               if transport == "stdio" or arguments.get("issue_number") != 10**5000]
     async with sessions_over(transport, config) as open_session, open_session(CONTROLLER_TOKEN) as session:
-        tools = {t.name: t for t in (await session.list_tools()).tools}
         await allocate(session, candidates_json=CANARY, exclude_issue_numbers=[617], dry_run=False)
-        for tool, arguments in probes:
-            expected = schema_verdict(tools[tool].input_schema, arguments)
-            result = await session.call_tool(tool, arguments)
-            doc = result.structured_content
-            assert doc is not None, (tool, arguments)
-            assert (bool(result.is_error) and doc["error"] == "invalid_input") == (not expected), (tool, doc)
+        await assert_schema_enforced(session, probes)
         for name in ("release_lease", "gitea_merge", "gitea_release_lease "):
             result = await session.call_tool(name, {"issue_number": 618, "reason": "probe"})
             doc = result.structured_content
@@ -244,7 +249,7 @@ def _bad_token_run(tmp_path: Path, token: bytes) -> subprocess.CompletedProcess[
     config = mcp_config(tmp_path)
     env = {b"PATH": b"/usr/bin:/bin", b"FOREMAN_MCP_TOKEN": token}
     return subprocess.run(  # bytes env: the value is not UTF-8 on purpose
-        foreman_mcp_command(config), env=env, input=b"", capture_output=True, timeout=60, check=False, cwd=REPO_ROOT
+        foreman_mcp_command(config), env=env, input=b"", capture_output=True, timeout=HANG_S, check=False, cwd=REPO_ROOT
     )
 
 
@@ -309,13 +314,13 @@ async def test_arguments_the_sdk_parser_refuses_are_answered_invalid_input_over_
     import aiohttp
 
     config = mcp_config(tmp_path)
-    port = int(tomllib.loads(config.read_text())["server"]["port"])
     headers = {"Authorization": f"Bearer {CONTROLLER_TOKEN}", "Content-Type": "application/json",
                "Accept": "application/json, text/event-stream"}
     answers: dict[int, dict[str, Any]] = {}
-    async with serve_process(config, port) as url, aiohttp.ClientSession() as http:
+    async with (serve_process(config.parent, config=config, serve=True, graceful=True) as proc,
+                aiohttp.ClientSession() as http):
         for line in RAW_LINES:
-            async with http.post(f"{url}/mcp", data=line.encode(), headers=headers) as resp:
+            async with http.post(f"{proc.url}/mcp", data=line.encode(), headers=headers) as resp:
                 assert resp.status in (200, 202), await resp.text()
                 if "mcp-session-id" in resp.headers:
                     headers = {**headers, "Mcp-Session-Id": resp.headers["mcp-session-id"],
@@ -337,20 +342,25 @@ def test_arguments_the_sdk_parser_refuses_are_answered_invalid_input_on_the_wire
         [command, *args], env={"PATH": "/usr/bin:/bin", "FOREMAN_MCP_TOKEN": CONTROLLER_TOKEN}, cwd=REPO_ROOT,
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, bufsize=0,  # select() sees all
     )
-    assert process.stdin is not None and process.stdout is not None
-    process.stdin.write(("\n".join(lines) + "\n").encode())
-    process.stdin.flush()
-    answers: dict[int, dict[str, Any]] = {}
-    while not set(RAW_REQUESTS) <= set(answers):  # the answer to every request, before stdin closes
-        ready, _, _ = select.select([process.stdout], [], [], 60)
-        assert ready, f"no answer to requests {sorted(set(RAW_REQUESTS) - set(answers))} within 60 s"
-        line = process.stdout.readline()
-        assert line, "the server stopped answering"
-        message = json.loads(line)
-        assert message.get("id") in (1, *RAW_REQUESTS), message  # initialize's answer, then one per request
-        answers[message["id"]] = message
-    process.stdin.close()
-    assert process.wait(timeout=30) == 0
+    try:
+        assert process.stdin is not None and process.stdout is not None
+        process.stdin.write(("\n".join(lines) + "\n").encode())
+        process.stdin.flush()
+        answers: dict[int, dict[str, Any]] = {}
+        while not set(RAW_REQUESTS) <= set(answers):  # the answer to every request, before stdin closes
+            ready, _, _ = select.select([process.stdout], [], [], HANG_S)
+            assert ready, f"no answer to requests {sorted(set(RAW_REQUESTS) - set(answers))} within {HANG_S:.0f} s"
+            line = process.stdout.readline()
+            assert line, "the server stopped answering"
+            message = json.loads(line)
+            assert message.get("id") in (1, *RAW_REQUESTS), message  # initialize's answer, then one per request
+            answers[message["id"]] = message
+        process.stdin.close()
+        assert process.wait(timeout=HANG_S) == 0
+    finally:  # never left running, whatever failed
+        if process.poll() is None:
+            process.kill()
+            process.wait()
     assert process.stderr is not None and b"Traceback" not in process.stderr.read()
     assert_unreadable_answered(answers)
     assert answers[5]["result"]["isError"] is False

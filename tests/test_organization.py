@@ -3,47 +3,27 @@ and Gitea's system webhooks (one admin hook brings every repository's events).""
 
 from __future__ import annotations
 
-import asyncio
 import json
-import shutil
-import sqlite3
-import time
 import tomllib
-from collections.abc import AsyncIterator, Callable
-from typing import Any
+from collections.abc import AsyncIterator
 
-import aiohttp
 import pytest
 
 from bot.config_writer import write_config
-from tests.gitea_fixtures import OWNER, REPO, LiveEmulator, live_emulator, scratch_dir, seed_sibling_repository
-from tests.support import SECRET, serve_config
-from tests.test_process import ServeProcess
+from tests.gitea_fixtures import OWNER, REPO, seed_sibling_repository
+from tests.serve_support import Served, served_emulator
+from tests.support import SECRET
 
 pytestmark = [pytest.mark.process]
 
 WIDGETS = f"{OWNER}/{REPO}"
 #: A repository owned by a user, not by the organization: an org hook never sees it, a system hook does.
 STRAY_OWNER, STRAY = "alice", "scratch"
+EVENTS = ["issues", "issue_comment"]
 
 
-class SystemHooked:
-    """A live emulator with one system hook pointing at a `foreman serve` that serves acme/widgets only."""
-
-    def __init__(self, live: LiveEmulator, proc: ServeProcess) -> None:
-        self.live, self.emu, self.proc = live, live.emulator, proc
-
-    def db(self, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
-        with sqlite3.connect(self.proc.db) as conn:
-            return conn.execute(sql, params).fetchall()
-
-    async def wait(self, predicate: Callable[[], bool], what: str, timeout: float = 60.0) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if predicate():
-                return
-            await asyncio.sleep(0.05)
-        raise AssertionError(f"timed out waiting for {what}; stderr tail: {self.proc.stderr.read_text()[-3000:]}")
+class SystemHooked(Served):
+    """A live emulator with one system hook (or an org hook) pointing at a `foreman serve`."""
 
     def deliveries_of(self, full_name: str) -> list[tuple[str, str | None, dict[str, str]]]:
         """(status, ignored_reason, headers) of every stored delivery whose payload names ``full_name``."""
@@ -54,28 +34,19 @@ class SystemHooked:
 
 @pytest.fixture
 async def system_hooked() -> AsyncIterator[SystemHooked]:
-    root = scratch_dir("foreman-system-hook-")
-    async with live_emulator(clone_protocol="http") as live:
-        emu = live.emulator
-        emu.create_repo(STRAY_OWNER, STRAY, files={"README.md": "# scratch\n"})
-        proc = ServeProcess(root, module="bot", config=root / "foreman.toml")
-        write_config(proc.config, serve_config(proc.port, proc.db, live.base_url, root, {
-            "reconcile": {"interval_s": 0, "overlap_s": 5},
-        }))
-        emu.add_system_hook(url=f"{proc.url}/webhook", secret=SECRET, events=["issues", "issue_comment"])
-        try:
-            yield SystemHooked(live, proc)
-        finally:
-            if proc.proc is not None and proc.proc.returncode is None:
-                await proc.kill()
-            shutil.rmtree(root, ignore_errors=True)
+    """A `foreman serve` of acme/widgets only, running, and a system hook to it."""
+    async with served_emulator("foreman-system-hook-", clone_protocol="http") as (live, proc):
+        live.emulator.create_repo(STRAY_OWNER, STRAY, files={"README.md": "# scratch\n"})
+        write_config(proc.config, proc.serve_document(live.base_url, {"reconcile": {"interval_s": 0, "overlap_s": 5}}))
+        await proc.serve()
+        live.emulator.add_system_hook(url=proc.hook_url, secret=SECRET, events=EVENTS)
+        yield SystemHooked(live, proc)
 
 
 async def test_a_system_hook_brings_a_configured_repository_handled_and_another_ignored_with_its_reason(
     system_hooked: SystemHooked,
 ) -> None:
     t = system_hooked
-    await t.proc.start("serve", "--config", str(t.proc.config))
     served = t.emu.create_issue(OWNER, REPO, title="Served work", author="alice", notify=True)
     stray = t.emu.create_issue(STRAY_OWNER, STRAY, title="Nobody serves this", author="alice", notify=True)
     sent = await t.emu.drain_webhooks()
@@ -105,48 +76,34 @@ GADGETS, LEGACY, TOOLS = f"{OWNER}/{SIBLING}", f"{OWNER}/{EXCLUDED}", f"{OWNER}/
 ORG_REPOS = f"/api/v1/orgs/{OWNER}/repos"
 
 
-async def readyz(t: SystemHooked) -> dict[str, Any]:
-    async with aiohttp.ClientSession() as session, session.get(f"{t.proc.url}/readyz") as resp:
-        doc: dict[str, Any] = await resp.json()
-        return doc
-
-
 async def served(t: SystemHooked) -> list[str]:
-    return sorted((await readyz(t))["checks"]["repositories"])
+    return sorted((await t.readyz())["checks"]["repositories"])
 
 
 @pytest.fixture
 async def organization() -> AsyncIterator[SystemHooked]:
     """acme as an organization with widgets, gadgets and an excluded legacy, one org hook to a `foreman serve`
     whose config names only ``[organization] name = "acme"`` (no repository) and a short catch-up interval."""
-    root = scratch_dir("foreman-org-")
-    async with live_emulator(clone_protocol="http") as live:
-        emu = live.emulator
+    async with served_emulator("foreman-org-", clone_protocol="http") as (live, proc):
         for name in (SIBLING, EXCLUDED):
-            seed_sibling_repository(emu, name)
-        emu.make_org(OWNER)
-        proc = ServeProcess(root, module="bot", config=root / "foreman.toml")
-        document = serve_config(proc.port, proc.db, live.base_url, root, {"reconcile": {"interval_s": 0.3}})
+            seed_sibling_repository(live.emulator, name)
+        live.emulator.make_org(OWNER)
+        document = proc.serve_document(live.base_url, {"reconcile": {"interval_s": 0.3}})
         checkouts = document.pop("repository")["checkout_root"]
         document["organization"] = {"name": OWNER, "exclude": [EXCLUDED.upper()], "checkout_root": checkouts}
         write_config(proc.config, document)
-        emu.add_org_hook(OWNER, url=f"{proc.url}/webhook", secret=SECRET, events=["issues", "issue_comment"])
-        try:
-            yield SystemHooked(live, proc)
-        finally:
-            if proc.proc is not None and proc.proc.returncode is None:
-                await proc.kill()
-            shutil.rmtree(root, ignore_errors=True)
+        live.emulator.add_org_hook(OWNER, url=proc.hook_url, secret=SECRET, events=EVENTS)
+        yield SystemHooked(live, proc)
 
 
 async def test_an_organization_is_discovered_a_new_repository_served_and_an_archived_one_let_go(
     organization: SystemHooked,
 ) -> None:
     t = organization
-    await t.proc.start("serve", "--config", str(t.proc.config))
+    await t.proc.serve()
     # The start-up listing served widgets and gadgets; legacy is excluded (the list is case-insensitive).
     assert await served(t) == [GADGETS, WIDGETS]
-    found = (await readyz(t))["checks"]["organization"]
+    found = (await t.readyz())["checks"]["organization"]
     assert found["ok"] is True and found["discovered"] == [REPO, SIBLING]
     assert found["skipped"] == {LEGACY: "excluded (organization.exclude)"}
 
@@ -183,7 +140,7 @@ async def test_an_organization_is_discovered_a_new_repository_served_and_an_arch
                  "the archived repository's delivery ignored")
 
     # Each pass is one listing call (three repositories fit one page of 50).
-    passes = (await readyz(t))["checks"]["organization"]["passes"]
+    passes = (await t.readyz())["checks"]["organization"]["passes"]
     listings = [r for r in t.emu.requests if r.path == ORG_REPOS]
     assert passes >= 3 and abs(len(listings) - passes) <= 1
     assert all(dict(r.query).get("limit") == "50" for r in listings)
@@ -198,9 +155,9 @@ async def test_an_organization_gitea_cannot_list_serves_only_its_explicit_entry_
     document["repositories"] = [{"owner": OWNER, "name": REPO, "checkout_root": root}]
     write_config(t.proc.config, document)
     listing_down = t.emu.faults.fail("GET", "/orgs/{org}/repos", status=500, times=None)
-    await t.proc.start("serve", "--config", str(t.proc.config))
+    await t.proc.serve()
     # Fail closed: the explicit entry is served, nothing guessed; /readyz says why and stays ready.
-    doc = await readyz(t)
+    doc = await t.readyz()
     assert doc["ready"] is True and sorted(doc["checks"]["repositories"]) == [WIDGETS]
     found = doc["checks"]["organization"]
     assert found["ok"] is False and "500" in found["last_error"] and found["discovered"] is None
@@ -212,7 +169,7 @@ async def test_an_organization_gitea_cannot_list_serves_only_its_explicit_entry_
     t.emu.faults.rules.remove(listing_down)
     await t.wait(lambda: bool(t.db("SELECT 1 FROM reconcile_passes WHERE repo = ?", (GADGETS,))),
                  "gadgets served after Gitea came back")
-    found = (await readyz(t))["checks"]["organization"]
+    found = (await t.readyz())["checks"]["organization"]
     assert found["ok"] is True and found["errors_total"] >= 1 and found["discovered"] == [REPO, SIBLING]
     assert await served(t) == [GADGETS, WIDGETS]
 
@@ -222,8 +179,8 @@ async def test_an_organization_alone_that_gitea_cannot_list_serves_nothing_and_s
 ) -> None:
     t = organization
     t.emu.faults.fail("GET", "/orgs/{org}/repos", status=500, times=None)
-    await t.proc.start("serve", "--config", str(t.proc.config))
-    doc = await readyz(t)
+    await t.proc.serve()
+    doc = await t.readyz()
     assert doc["ready"] is True and doc["checks"]["repositories"] == {}
     reconcile = doc["checks"]["reconcile"]
     assert reconcile["ok"] is None and "no repository served yet" in reconcile["detail"]

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from bot.config_sections import OutboxConfig
-from bot.core.canonical import CanonicalState, parse_comment
+from bot.core.canonical import parse_comment
 from bot.core.errors import Envelope
 from bot.core.evidence import find_marker, marker, render_evidence, render_failure
 from bot.metrics import Metrics
@@ -23,21 +23,14 @@ from state.db import Database
 from state.outbox import OutboxEntry, OutboxInputError, OutboxIntent, OutboxStore, enqueue
 from tests.conftest import DbOpener, database_env
 from tests.gitea_fixtures import OWNER, REPO, LiveEmulator, live_emulator
+from tests.support import HANG_S, canonical_state, eventually
 
 COMMENTS = "/repos/{owner}/{repo}/issues/{index}/comments"
 COMMENT = "/repos/{owner}/{repo}/issues/comments/{id}"
-STATE = CanonicalState(
-    state="in-progress",
-    who_is_next="author",
+STATE = canonical_state(
     next_action="implement the issue on its branch",
-    next_prompt="Work in branches/issue-1-demo.\nCommit, then open a PR.",
-    what_happened="leased issue #1 to author-1",
-    why="highest-ranked ready issue",
-    related_prs=(),
-    blockers="none",
-    validation="lease row and assignee read back",
-    last_updated_by="foreman-bot",
-)
+    next_prompt="Work in branches/issue-1-demo.\nCommit, then open a PR.", what_happened="leased issue #1 to author-1",
+    why="highest-ranked ready issue", validation="lease row and assignee read back", last_updated_by="foreman-bot")
 
 
 @dataclass
@@ -233,12 +226,13 @@ async def test_the_running_sender_sends_what_is_committed_while_it_looks(rig: Ri
     rig.store.due_heads = slow_look  # type: ignore[method-assign]
     rig.sender.start()
     try:
-        await asyncio.wait_for(looked.wait(), timeout=10)
-        for _ in range(500):
+        await asyncio.wait_for(looked.wait(), timeout=HANG_S)
+
+        async def sent() -> bool:
             entry = await rig.store.by_key("during-look")
-            if entry is not None and entry.status == "done":
-                break
-            await asyncio.sleep(0.01)
+            return entry is not None and entry.status == "done"
+
+        await eventually(sent, "the entry added during the look sent")
         assert (await rig.entry("during-look")).status == "done"
     finally:
         await rig.sender.stop()
@@ -266,10 +260,7 @@ async def test_a_chain_that_fails_is_looked_at_again_at_the_next_poll_not_at_onc
     await rig.store.add(comment_intent("fails"))
     rig.sender.start()
     try:
-        for _ in range(500):
-            if claims:
-                break
-            await asyncio.sleep(0.01)
+        await eventually(lambda: claims, "the first claim", poll_s=0.01)
         await asyncio.sleep(0.3)  # room for a spin to show; the next poll is a minute away
         assert (claims, looks) == (1, 1)
     finally:

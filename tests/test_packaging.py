@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO_ROOT
+from tests.support import HANG_S, SLOW_HANG_S
 
 pytestmark = [pytest.mark.process, pytest.mark.slow]
 
@@ -23,7 +24,7 @@ SHIPPED = ("foreman.toml", "foreman.example.toml", "gitea-foreman.service")
 def test_the_wheel_carries_the_configs_and_the_unit(tmp_path: Path) -> None:
     done = subprocess.run(
         [sys.executable, "-m", "pip", "wheel", str(REPO_ROOT), "--no-deps", "-q", "-w", str(tmp_path)],
-        capture_output=True, text=True, timeout=300, check=False,
+        capture_output=True, text=True, timeout=SLOW_HANG_S, check=False,
     )
     assert done.returncode == 0, done.stderr
     (wheel,) = tmp_path.glob("gitea_foreman-*.whl")
@@ -38,7 +39,7 @@ def test_the_wheel_carries_the_configs_and_the_unit(tmp_path: Path) -> None:
 @pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze is not installed")
 def test_the_systemd_unit_is_sandboxed_below_exposure_4() -> None:
     done = subprocess.run(["systemd-analyze", "security", "--offline=true", str(UNIT)], capture_output=True,
-                          text=True, timeout=60, check=False)
+                          text=True, timeout=HANG_S, check=False)
     found = re.search(r"Overall exposure level for \S+: ([0-9.]+)", done.stdout)
     assert found, done.stdout + done.stderr
     assert float(found.group(1)) < 4.0, done.stdout

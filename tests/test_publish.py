@@ -18,7 +18,7 @@ from bot.core.evidence import find_marker, parse_evidence
 from bot.mcp_server import build_server
 from bot.verbs.runtime import caller_for
 from state.journal import JournalStore
-from state.publications import PublicationStore
+from state.publications import Publication, PublicationStore
 from tests.gitea_fixtures import OWNER, REPO
 from tests.support import Started
 from tests.world import FULL_NAME, World, open_world
@@ -52,6 +52,15 @@ async def worktree_of(world: World, number: int) -> tuple[Path, str]:
     return Path(registration.worktree_path), registration.branch
 
 
+async def leased_with_file(world: World, name: str, text: str) -> tuple[int, Path, str]:
+    """An issue leased to author-1 and locked, with a new file ``name`` (``text``) in its worktree: the issue, the
+    worktree and its branch."""
+    number = await leased_and_locked(world)
+    worktree, branch = await worktree_of(world, number)
+    (worktree / name).write_text(text, encoding="utf-8")
+    return number, worktree, branch
+
+
 def remote_sha(world: World, branch: str) -> str | None:
     repo = world.live.emulator.repo(OWNER, REPO)
     found = subprocess.run(["git", "-C", str(repo.path), "rev-parse", "--verify", "-q", f"refs/heads/{branch}"],
@@ -79,9 +88,7 @@ async def world(tmp_path: Path, start: Started) -> AsyncIterator[World]:
 
 
 async def test_publish_commits_as_the_author_pushes_the_branch_and_reads_it_back(world: World) -> None:
-    number = await leased_and_locked(world)
-    worktree, branch = await worktree_of(world, number)
-    (worktree / "feature.txt").write_text("a feature\n", encoding="utf-8")
+    number, worktree, branch = await leased_with_file(world, "feature.txt", "a feature\n")
     (worktree / "src").mkdir()
     (worktree / "src" / "new.py").write_text("x = 1\n", encoding="utf-8")
     refused, doc = await call_tool(world, "author-1", "gitea_publish_worktree", issue_number=number,
@@ -112,9 +119,7 @@ async def test_an_empty_change_is_a_tracing_gap_naming_commits(world: World) -> 
 
 
 async def test_a_branch_moved_on_gitea_is_a_stale_pin_and_nothing_is_forced(world: World) -> None:
-    number = await leased_and_locked(world)
-    worktree, branch = await worktree_of(world, number)
-    (worktree / "a.txt").write_text("one\n", encoding="utf-8")
+    number, worktree, branch = await leased_with_file(world, "a.txt", "one\n")
     refused, doc = await call_tool(world, "author-1", "gitea_publish_worktree", issue_number=number,
                                    message="First")
     assert not refused, doc
@@ -154,9 +159,7 @@ async def test_nothing_outside_the_worktree_is_committed(world: World, tmp_path:
 
 
 async def test_a_replay_with_the_same_key_adopts_the_same_commit(world: World) -> None:
-    number = await leased_and_locked(world)
-    worktree, branch = await worktree_of(world, number)
-    (worktree / "c.txt").write_text("c\n", encoding="utf-8")
+    number, worktree, branch = await leased_with_file(world, "c.txt", "c\n")
     _, first = await call_tool(world, "author-1", "gitea_publish_worktree", issue_number=number, message="C",
                                idempotency_key="k")
     (worktree / "later.txt").write_text("later\n", encoding="utf-8")
@@ -175,24 +178,32 @@ class Crash(BaseException):
     """The process dying at a seeded point."""
 
 
+async def publish_killed_before_the_push(
+    world: World, monkeypatch: pytest.MonkeyPatch, number: int, **arguments: Any
+) -> Publication:
+    """``publish_worktree`` through the door itself (MCP's task group would wrap the crash in a group), the process
+    dying where it would push: the journal row it left."""
+
+    def crash(self: gitops.ControlCheckout, *args: Any, **kwargs: Any) -> str | None:
+        raise Crash  # not an Exception: nothing on the way catches it, as nothing survives a SIGKILL
+
+    service = world.service
+    door = open_door(db=service.db, settings=service.settings, gitea=service.gitea, bot_login="foreman-bot")
+    with monkeypatch.context() as patch:
+        patch.setattr(gitops.ControlCheckout, "push_branch", crash)
+        with pytest.raises(Crash):
+            await door.call("publish_worktree", caller_for(service.settings, "author-1", "mcp"),
+                            {"issue_number": number, **arguments})
+    [pub] = await PublicationStore(world.service.db).for_issue(FULL_NAME.lower(), number)
+    return pub
+
+
 async def test_a_crash_between_commit_and_push_resumes_with_the_same_commit(
     world: World, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The journal row is left at ``committed`` (the push never ran): the replay pushes that commit, no second."""
-    number = await leased_and_locked(world)
-    worktree, branch = await worktree_of(world, number)
-    (worktree / "d.txt").write_text("d\n", encoding="utf-8")
-    def crash(self: gitops.ControlCheckout, *args: Any, **kwargs: Any) -> str | None:
-        raise Crash  # not an Exception: nothing on the way catches it, as nothing survives a SIGKILL
-
-    with monkeypatch.context() as patch:
-        patch.setattr(gitops.ControlCheckout, "push_branch", crash)
-        service = world.service
-        door = open_door(db=service.db, settings=service.settings, gitea=service.gitea, bot_login="foreman-bot")
-        with pytest.raises(Crash):  # through the door itself (MCP's task group would wrap it in a group)
-            await door.call("publish_worktree", caller_for(service.settings, "author-1", "mcp"),
-                            {"issue_number": number, "message": "D", "idempotency_key": "crash"})
-    [pub] = await PublicationStore(world.service.db).for_issue(FULL_NAME.lower(), number)
+    number, _, branch = await leased_with_file(world, "d.txt", "d\n")
+    pub = await publish_killed_before_the_push(world, monkeypatch, number, message="D", idempotency_key="crash")
     assert pub.phase == "committed" and remote_sha(world, branch) is None
     refused, doc = await call_tool(world, "author-1", "gitea_publish_worktree", issue_number=number, message="D",
                                    idempotency_key="crash")
@@ -202,9 +213,7 @@ async def test_a_crash_between_commit_and_push_resumes_with_the_same_commit(
 @pytest.mark.parametrize(("login", "why"), [("author-2", "not leased to you"), ("author-3", "author role"),
                                              ("controller-bot", "author role"), ("alice", "author role")])
 async def test_a_non_owner_or_non_author_is_refused_by_the_door(world: World, login: str, why: str) -> None:
-    number = await leased_and_locked(world)
-    worktree, branch = await worktree_of(world, number)
-    (worktree / "e.txt").write_text("e\n", encoding="utf-8")
+    number, _, branch = await leased_with_file(world, "e.txt", "e\n")
     for tool, arguments in (("gitea_publish_worktree", {"message": "E"}), ("gitea_open_pull_request", {})):
         refused, doc = await call_tool(world, login, tool, issue_number=number, **arguments)
         assert refused and doc["error"] == "not_authorized" and why in doc["message"], doc
@@ -230,9 +239,7 @@ def reply_refusal(world: World, number: int) -> dict[str, Any]:
 
 @pytest.mark.parametrize("login", ["author-2", "author-3"])
 async def test_a_refusal_is_the_same_envelope_by_comment_and_by_mcp(world: World, login: str) -> None:
-    number = await leased_and_locked(world)
-    worktree, branch = await worktree_of(world, number)
-    (worktree / "f.txt").write_text("f\n", encoding="utf-8")
+    number, _, branch = await leased_with_file(world, "f.txt", "f\n")
     for body, tool, arguments in (("/publish Take it over", "gitea_publish_worktree", {"message": "Take it over"}),
                                   ("/open-pr", "gitea_open_pull_request", {})):
         await world.comment(login, number, body)
@@ -243,9 +250,7 @@ async def test_a_refusal_is_the_same_envelope_by_comment_and_by_mcp(world: World
 
 
 async def test_the_owner_publishes_and_opens_the_pull_request_by_comment(world: World) -> None:
-    number = await leased_and_locked(world)
-    worktree, branch = await worktree_of(world, number)
-    (worktree / "g.txt").write_text("g\n", encoding="utf-8")
+    number, _, branch = await leased_with_file(world, "g.txt", "g\n")
     await world.comment("author-1", number, "/publish Add g by comment")
     sha = remote_sha(world, branch)
     assert sha is not None and "g.txt" in tree_of(world, sha)
@@ -257,21 +262,8 @@ async def test_the_owner_publishes_and_opens_the_pull_request_by_comment(world: 
 async def test_without_a_key_the_same_message_resumes_a_publish_a_crash_left_unpushed(
     world: World, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    number = await leased_and_locked(world)
-    worktree, branch = await worktree_of(world, number)
-    (worktree / "h.txt").write_text("h\n", encoding="utf-8")
-
-    def crash(self: gitops.ControlCheckout, *args: Any, **kwargs: Any) -> str | None:
-        raise Crash
-
-    service = world.service
-    door = open_door(db=service.db, settings=service.settings, gitea=service.gitea, bot_login="foreman-bot")
-    with monkeypatch.context() as patch:
-        patch.setattr(gitops.ControlCheckout, "push_branch", crash)
-        with pytest.raises(Crash):
-            await door.call("publish_worktree", caller_for(service.settings, "author-1", "mcp"),
-                            {"issue_number": number, "message": "H"})
-    [pub] = await PublicationStore(world.service.db).for_issue(FULL_NAME.lower(), number)
+    number, _, branch = await leased_with_file(world, "h.txt", "h\n")
+    pub = await publish_killed_before_the_push(world, monkeypatch, number, message="H")
     refused, doc = await call_tool(world, "author-1", "gitea_publish_worktree", issue_number=number, message="H")
     assert not refused and doc["commit"] == pub.commit_sha == remote_sha(world, branch), doc
     assert len(await PublicationStore(world.service.db).for_issue(FULL_NAME.lower(), number)) == 1
@@ -280,9 +272,7 @@ async def test_without_a_key_the_same_message_resumes_a_publish_a_crash_left_unp
 async def test_the_configured_author_identity_signs_the_commit(tmp_path: Path, start: Started) -> None:
     async with open_world(tmp_path, start, roster=ROSTER,
                           publish={"authors": {"author-1": "Author One <one@example.com>"}}) as world:
-        number = await leased_and_locked(world)
-        worktree, _ = await worktree_of(world, number)
-        (worktree / "i.txt").write_text("i\n", encoding="utf-8")
+        number, worktree, _ = await leased_with_file(world, "i.txt", "i\n")
         refused, doc = await call_tool(world, "author-1", "gitea_publish_worktree", issue_number=number,
                                        message="Signed")
         assert not refused, doc
@@ -344,9 +334,7 @@ async def test_a_commit_subject_with_a_control_or_bidi_character_is_refused_befo
     subject is refused at the verb's input (invalid_input, with the next action): nothing is committed or pushed,
     and no publication is journaled (a NUL byte once answered `unavailable` with git's "embedded null byte" and
     left the publication at `started`)."""
-    number = await leased_and_locked(world)
-    worktree, branch = await worktree_of(world, number)
-    (worktree / "h.txt").write_text("h\n", encoding="utf-8")
+    number, _, branch = await leased_with_file(world, "h.txt", "h\n")
     refused, doc = await call_tool(world, "author-1", "gitea_publish_worktree", issue_number=number, message=message)
     assert refused and doc["error"] == "invalid_input" and doc["exact_next_action"], doc
     assert "without control characters" in doc["message"] and remote_sha(world, branch) is None
@@ -359,9 +347,7 @@ async def test_a_commit_subject_with_a_control_or_bidi_character_is_refused_befo
 async def test_the_same_key_with_another_message_is_refused_never_answered_with_the_old_publish(world: World) -> None:
     """Issue 29 item 8: an idempotency key names one publish. The same key with a new message was answered with the
     old verified result (``replayed``), the new change left unpublished without a word."""
-    number = await leased_and_locked(world)
-    worktree, branch = await worktree_of(world, number)
-    (worktree / "first.txt").write_text("first\n", encoding="utf-8")
+    number, worktree, branch = await leased_with_file(world, "first.txt", "first\n")
     refused, first = await call_tool(world, "author-1", "gitea_publish_worktree", issue_number=number,
                                      message="First", idempotency_key="k")
     assert not refused, first
@@ -396,9 +382,7 @@ async def test_a_branch_read_back_at_another_head_is_never_verified(world: World
     """Issue 29 item 8: the read-back is the proof. Gitea showing the branch at another commit after the push (a
     push racing foreman's) was recorded ``verified`` with the publish evidence queued; it is a ``conflict`` naming
     both commits, the publication stays ``pushed`` and no evidence is queued."""
-    number = await leased_and_locked(world)
-    worktree, branch = await worktree_of(world, number)
-    (worktree / "mine.txt").write_text("mine\n", encoding="utf-8")
+    number, _, branch = await leased_with_file(world, "mine.txt", "mine\n")
     racing = _PushedAfterUs(world, branch)
     service = world.service
     door = open_door(db=service.db, settings=service.settings, gitea=service.gitea, bot_login="foreman-bot")

@@ -6,12 +6,8 @@ the control checkout did not have; now it never runs and the publish is refused 
 from __future__ import annotations
 
 import asyncio
-import shutil
-import sqlite3
 import stat
-import time
-from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -19,10 +15,10 @@ import pytest
 
 from bot.config_writer import write_config
 from bot.core.evidence import find_marker, parse_evidence
-from tests.gitea_fixtures import BOT, OWNER, REPO, LiveEmulator, live_emulator, scratch_dir, seed_foreman
-from tests.support import SECRET, serve_config
+from tests.gitea_fixtures import BOT, OWNER, REPO, seed_foreman
+from tests.serve_support import Served, served_emulator
+from tests.support import SECRET
 from tests.test_bootstrap_support import git
-from tests.test_process import ServeProcess
 from tests.world import EXTRA_TOKENS
 
 pytestmark = [pytest.mark.process]
@@ -30,23 +26,8 @@ pytestmark = [pytest.mark.process]
 ROSTER = {"controller-bot": ["controller"], "author-1": ["author"]}
 
 
-@dataclass
-class Served:
-    live: LiveEmulator
-    proc: ServeProcess
-    root: Path
-
-    def db(self, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
-        with sqlite3.connect(self.proc.db) as conn:
-            return conn.execute(sql, params).fetchall()
-
-    async def wait(self, predicate: Callable[[], bool], what: str, timeout: float = 60.0) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if predicate():
-                return
-            await asyncio.sleep(0.05)
-        raise AssertionError(f"timed out waiting for {what}; stderr tail: {self.proc.stderr.read_text()[-3000:]}")
+class Commanded(Served):
+    """A `foreman serve` of acme/widgets, its hook, and the comment commands its users post."""
 
     async def comment(self, login: str, number: int, body: str) -> int:
         comment = self.live.emulator.create_comment(OWNER, REPO, number, author=login, body=body, notify=True)
@@ -60,31 +41,22 @@ class Served:
 
 
 @pytest.fixture
-async def served() -> AsyncIterator[Served]:
-    root = scratch_dir("foreman-hostile-")
-    async with live_emulator(clone_protocol="http") as live:
+async def served() -> AsyncIterator[Commanded]:
+    """A running `foreman serve` of acme/widgets with its roster, and the repository's hook to it."""
+    async with served_emulator("foreman-hostile-", clone_protocol="http") as (live, proc):
         seed_foreman(live.emulator, {login: EXTRA_TOKENS[login] for login in ROSTER})
-        proc = ServeProcess(root, module="bot", config=root / "foreman.toml")
-        write_config(proc.config, serve_config(proc.port, proc.db, live.base_url, root, {
+        write_config(proc.config, proc.serve_document(live.base_url, {
             "outbox": {"poll_interval_s": 0.05, "backoff_base_s": 0.05, "backoff_max_s": 0.5},
-            "reconcile": {"interval_s": 0},
-            "roster": ROSTER,
-        }))
-        live.emulator.add_hook(OWNER, REPO, url=f"{proc.url}/webhook", secret=SECRET,
-                               events=["issues", "issue_comment"])
-        try:
-            yield Served(live, proc, root)
-        finally:
-            if proc.proc is not None and proc.proc.returncode is None:
-                await proc.kill()
-            shutil.rmtree(root, ignore_errors=True)
+            "reconcile": {"interval_s": 0}, "roster": ROSTER}))
+        live.emulator.add_hook(OWNER, REPO, url=proc.hook_url, secret=SECRET, events=["issues", "issue_comment"])
+        await proc.serve()
+        yield Commanded(live, proc)
 
 
 async def test_core_fsmonitor_named_through_the_worktree_git_file_never_runs_in_serve_and_publish_is_refused(
-    served: Served,
+    served: Commanded,
 ) -> None:
     s = served
-    await s.proc.start("serve", "--config", str(s.proc.config))
     issue = s.live.emulator.create_issue(OWNER, REPO, title="Add a feature", author="alice",
                                          labels=["status:ready"], notify=True)
     await s.live.emulator.drain_webhooks()

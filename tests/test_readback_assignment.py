@@ -16,7 +16,7 @@ from bot.config_sections import OutboxConfig
 from bot.metrics import Metrics
 from bot.outbox import OutboxSender
 from bot.verbs.allocate import AllocationCall, Allocator
-from state.leases import LeaseStore
+from state.leases import Lease, LeaseStore
 from state.outbox import OutboxStore
 from tests.gitea_fixtures import BOT, OWNER, REPO, seed_foreman
 from tests.test_bootstrap_support import BootstrapWorld, open_bootstrap_world
@@ -100,18 +100,26 @@ async def test_the_assignment_is_read_back_from_gitea_and_a_write_gitea_ignored_
 # --- a compensated allocation -----------------------------------------------------------------------------------------
 
 
+async def compensated_allocation(w: BootstrapWorld) -> tuple[int, dict[str, Any], Lease]:
+    """A ready issue allocated, its bootstrap failing after the proof and compensated: the issue, the allocation's
+    document, and its lease as stored."""
+    status_labelled(w)
+    number = w.issue()
+    with occupied_after_the_proof(w.path(number)):
+        doc = await allocate(w, number)
+    assert doc["bootstrap"]["status"] == "compensated", doc["bootstrap"]
+    lease = await LeaseStore(w.db).get(doc["lease"]["lease_id"])
+    assert lease is not None
+    return number, doc, lease
+
+
 async def test_a_compensated_bootstrap_leaves_the_owner_unassigned_even_with_the_assignment_still_queued() -> None:
     """Seed 004 AC4/AC5: the allocation's assignee change is still in the outbox when the
     bootstrap fails and is compensated; once the outbox has sent everything, Gitea has the issue blocked, the
     lease released, and the owner not assigned."""
     async with open_bootstrap_world(on_allocate="run") as w:
-        status_labelled(w)
-        number = w.issue()
-        with occupied_after_the_proof(w.path(number)):
-            doc = await allocate(w, number)
-        assert doc["bootstrap"]["status"] == "compensated", doc["bootstrap"]
-        lease = await LeaseStore(w.db).get(doc["lease"]["lease_id"])
-        assert lease is not None and lease.status == "released"
+        number, doc, lease = await compensated_allocation(w)
+        assert lease.status == "released"
         pending = await OutboxStore(w.db).by_key(f"{doc['lease']['lease_id']}:assignee")
         assert pending is not None and pending.status == "pending"  # the assignment was still queued
         await drain_outbox(w)
@@ -141,13 +149,8 @@ async def test_the_allocation_reports_its_lease_as_stored_after_the_bootstrap_co
     result shows the lease as the store holds it after the bootstrap, released by the compensation, not the
     live copy the apply's transaction created."""
     async with open_bootstrap_world(on_allocate="run") as w:
-        status_labelled(w)
-        number = w.issue()
-        with occupied_after_the_proof(w.path(number)):
-            doc = await allocate(w, number)
-        assert doc["bootstrap"]["status"] == "compensated", doc["bootstrap"]
-        stored = await LeaseStore(w.db).get(doc["lease"]["lease_id"])
-        assert stored is not None and doc["lease"] == stored.to_dict() and stored.status == "released"
+        _, doc, stored = await compensated_allocation(w)
+        assert doc["lease"] == stored.to_dict() and stored.status == "released"
 
 
 # --- foreman invariants -----------------------------------------------------------------------------------------------
@@ -158,10 +161,7 @@ async def test_invariants_hold_after_a_compensated_allocation_and_report_an_owne
     `leases.unassigned_after_failure` holding; Gitea showing the released owner assigned (what the outbox used to
     end with) is reported by that invariant."""
     async with open_bootstrap_world(on_allocate="run") as w:
-        status_labelled(w)
-        number = w.issue()
-        with occupied_after_the_proof(w.path(number)):
-            doc = await allocate(w, number)
+        number, doc, _ = await compensated_allocation(w)
         await drain_outbox(w)
 
         async def found() -> set[str]:

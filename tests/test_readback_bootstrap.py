@@ -8,7 +8,6 @@ import subprocess
 from datetime import timedelta
 from pathlib import Path
 
-from bot.verbs.bootstrap.faults import FAULT_EXIT_CODE, FAULT_PHASE_ENV
 from state.db import utcnow
 from state.leases import LeaseStore
 from tests.test_bootstrap_support import FILES, checkout_snapshot, git, open_bootstrap_world, tree_snapshot
@@ -73,9 +72,7 @@ async def test_the_completed_proof_reads_the_lease_from_the_lease_store_at_proof
     async with open_bootstrap_world() as w:
         number = w.issue()
         lease = await w.lease(number)
-        code, _, err = await w.cli("--issue", str(number), "--owner", "alice",
-                                   env={FAULT_PHASE_ENV: "lock_established"})
-        assert code == FAULT_EXIT_CODE, err[-800:]
+        await w.cli_dies_after(number, "lock_established")
         [(recorded,)] = w.rows("SELECT p.proof_json FROM bootstrap_phases p JOIN bootstrap_journal j"
                                " ON j.id = p.journal_id WHERE j.issue_number = ? AND p.phase = 'lock_established'",
                                number)
@@ -132,9 +129,7 @@ async def test_a_foreign_live_registration_is_refused_never_ended() -> None:
         assert (await w.bootstrap(other, caller="bob")).status == "completed"
         number = w.issue()
         await w.lease(number)
-        code, _, err = await w.cli("--issue", str(number), "--owner", "alice",
-                                   env={FAULT_PHASE_ENV: "registration_verified"})
-        assert code == FAULT_EXIT_CODE, err[-800:]
+        await w.cli_dies_after(number, "registration_verified")
         w.rows("UPDATE worktree_registrations SET issue_number = ? WHERE owner = 'bob'", number)
         foreign = w.rows("SELECT * FROM worktree_registrations WHERE owner = 'bob'")
         result = await w.bootstrap(number)

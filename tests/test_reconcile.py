@@ -21,7 +21,7 @@ from state.outbox import OutboxIntent, OutboxStore
 from state.reconcile import CommandClaims, ReconcileStore
 from tests.conftest import DbOpener
 from tests.gitea_fixtures import BOT, OWNER, REPO, LiveEmulator, live_emulator
-from tests.support import Started
+from tests.support import Started, eventually
 from tests.world import open_world
 
 REPOSITORY = {"full_name": f"{OWNER}/{REPO}"}
@@ -260,10 +260,7 @@ async def test_interval_zero_runs_the_start_pass_only_and_a_failed_read_keeps_th
     live.emulator.faults.fail("GET", "/repos/{owner}/{repo}/issues", status=503, times=None)
     reconciler = _reconciler(live, db, interval_s=0.0)
     await reconciler.start()
-    for _ in range(200):
-        if reconciler.status.last_error:
-            break
-        await asyncio.sleep(0.02)
+    await eventually(lambda: reconciler.status.last_error, "the start-up pass to fail")
     await asyncio.sleep(0.2)
     await reconciler.stop()
     passes = await ReconcileStore(db).last_pass(f"{OWNER}/{REPO}")
@@ -282,10 +279,7 @@ async def test_the_service_runs_catch_up_at_start_and_one_auto_allocation_after_
     async with open_world(tmp_path, start, roster={"controller-bot": ["controller"], "author-1": ["author"]}) as w:
         reconciler = w.service.reconciler
         assert reconciler is not None
-        for _ in range(200):
-            if reconciler.status.last_success_at:
-                break
-            await asyncio.sleep(0.02)
+        await eventually(lambda: reconciler.status.last_success_at, "the start-up pass")
         number = await w.open_issue("alice", "Caught up while nobody labelled it")
         w.live.emulator.add_labels(OWNER, REPO, number, ["status:ready"], actor="alice")  # no webhook for it
         done = await reconciler.run_pass(trigger="interval")

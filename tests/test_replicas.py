@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
-import os
 import random
 import shutil
 import time
@@ -26,7 +25,6 @@ import psycopg
 import pytest
 from aiohttp import web
 
-from bot import invariants
 from bot.config_writer import write_config
 from bot.core.intake import Delivery
 from state.db import Database, DatabaseNotWritable, utcnow
@@ -34,20 +32,18 @@ from state.db_postgres import CONNECTION_DEFAULTS, PgConnection, PostgresDatabas
 from state.deliveries import DeliveryStore
 from state.leases import LeaseStore, LeaseTaken
 from state.sql import IntegrityError
-from tests.gitea_fixtures import BOT, OWNER, live_emulator, scratch_dir, seed_foreman, seed_sibling_repository
-from tests.support import SECRET
+from tests.gitea_fixtures import OWNER, live_emulator, scratch_dir
+from tests.serve_support import ServeProcess
+from tests.support import HANG_S, SECRET, eventually
 from tests.test_crash_burst import (
-    AUTHORS,
-    ISSUES,
     REPOSITORIES,
-    SIBLING,
-    USER_TOKENS,
     Burst,
     Kill,
     _config,
+    burst_seed,
     plan_kills,
+    seed_burst,
 )
-from tests.test_process import ServeProcess
 
 pytestmark = [pytest.mark.process]
 
@@ -241,20 +237,14 @@ async def test_two_replicas_on_one_postgresql_survive_a_burst_with_one_sigkilled
     split between them by a load balancer, one of them SIGKILLed at 2-4 seeded points and restarted, the lost
     deliveries replayed: every acknowledged delivery processed exactly once, one lease per issue, one comment per
     evidence marker, one worktree per transition (`bot.invariants` over PostgreSQL, Gitea and the checkout)."""
-    seed = int(os.environ.get("FOREMAN_CRASH_SEED") or random.SystemRandom().randrange(2**32))
-    print(f"replica-burst seed: {seed} (rerun with FOREMAN_CRASH_SEED={seed})")
+    seed = burst_seed("replica-burst")
     async with live_emulator() as live:
         emu = live.emulator
-        seed_foreman(emu, {login: USER_TOKENS[login] for login in ("controller-bot", *AUTHORS)})
-        seed_sibling_repository(emu, SIBLING)
-        for name in REPOSITORIES:
-            for n in range(1, ISSUES + 1):
-                emu.create_issue(OWNER, name, title=f"Replica burst work item {n} of {name}", author="alice")
-        emu.make_org(OWNER)
+        seed_burst(emu, "Replica burst")
         replicas = []
         for name in ("a", "b"):
             (scratch / name).mkdir()
-            proc = ServeProcess(scratch / name, module="bot", config=scratch / name / "foreman.toml")
+            proc = ServeProcess(scratch / name)
             write_config(proc.config, _config(proc, live.base_url, scratch, postgres_url))
             replicas.append(proc)
         balancer = Balancer(replicas, random.Random(seed ^ 0xB41))
@@ -264,28 +254,13 @@ async def test_two_replicas_on_one_postgresql_survive_a_burst_with_one_sigkilled
         kills = plan_kills(random.Random(seed ^ 0x5EED))
         try:
             for proc in replicas:
-                await proc.start("serve", "--config", str(proc.config))
-            await asyncio.gather(burst.drive(), burst.crash(kills))
-            replayed = await burst.replay_lost()
-            await burst.settle()
-            acknowledged = [(d.delivery_id, hashlib.sha256(d.body).hexdigest())
-                            for d in burst.hook_deliveries() if d.ok]
-            each = {name: await invariants.gather(
-                database=postgres_url,
-                client=live.client(repo=name),
-                bot_login=BOT,
-                checkout=scratch / "checkouts" / OWNER / name,
-                acknowledged=acknowledged,
-                require_bootstrap=True,
-                repo=f"{OWNER}/{name}",
-            ) for name in REPOSITORIES}
-            violations = [v for name in REPOSITORIES for v in invariants.check(each[name])]
+                await proc.serve()
+            replayed, each, violations = await burst.run(kills, scratch)
             for proc in replicas:
                 assert await proc.terminate() == 0
         finally:
             for proc in replicas:
-                if proc.proc is not None and proc.proc.returncode is None:
-                    await proc.kill()
+                await proc.stop()
             await balancer.stop()
         summary: dict[str, Any] = {
             "seed": seed, "kills": burst.kills, "split": dict(balancer.sent), "replayed": replayed,
@@ -327,11 +302,13 @@ def _terminate(url: str, pids: list[int]) -> None:
     with psycopg.connect(url, autocommit=True) as admin:
         ended = admin.execute("SELECT pg_terminate_backend(pid) FROM unnest(%s::int[]) AS pid", (pids,))
         assert [row[0] for row in ended.fetchall()] == [True] * len(pids)
-        # Terminated means gone: wait (bounded) until the server no longer lists them.
-        for _ in range(200):
+        # Terminated means gone: wait (a hang detector) until the server no longer lists them.
+        deadline = time.monotonic() + HANG_S
+        while True:
             left = admin.execute("SELECT count(*) FROM pg_stat_activity WHERE pid = ANY(%s)", (pids,)).fetchone()
             if left is not None and left[0] == 0:
                 return
+            assert time.monotonic() < deadline, f"sessions {pids} still listed {HANG_S:.0f} s after their end"
             time.sleep(0.01)
 
 
@@ -425,18 +402,18 @@ async def test_replicas_on_a_repeatable_read_server_still_never_lose_an_update(p
 
         async def let_go() -> None:
             await entered.wait()
-            # Wait (bounded) until the second replica is really waiting on the advisory lock.
-            for _ in range(500):
+            # Wait until the second replica is really waiting on the advisory lock.
+            async def waiting() -> bool:
                 async with one.reader.execute(
                     "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
                 ) as cur:
                     row = await cur.fetchone()
-                if row is not None and row[0] >= 1:
-                    break
-                await asyncio.sleep(0.01)
+                return row is not None and row[0] >= 1
+
+            await eventually(waiting, "the second replica to wait on the advisory lock", poll_s=0.01)
             release.set()
 
-        await asyncio.wait_for(asyncio.gather(first(), second(), let_go()), timeout=60)
+        await asyncio.wait_for(asyncio.gather(first(), second(), let_go()), timeout=2 * HANG_S)
         async with two.reader.execute("SELECT n FROM counter") as cur:
             assert [tuple(r) for r in await cur.fetchall()] == [(2,)]
     finally:
@@ -453,7 +430,7 @@ async def test_a_zero_busy_timeout_refuses_at_once_instead_of_waiting_forever(po
         async with holder.transaction():
             with pytest.raises(psycopg.errors.LockNotAvailable):
                 # The hang guard only: without the fix this waits until the holder commits, i.e. forever here.
-                await asyncio.wait_for(_one_write(waiter), timeout=60)
+                await asyncio.wait_for(_one_write(waiter), timeout=HANG_S)
         await _one_write(waiter)  # free again: it writes
     finally:
         for db in (holder, waiter):

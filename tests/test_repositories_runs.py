@@ -8,6 +8,8 @@ import sqlite3
 import subprocess
 import sys
 import tomllib
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +31,7 @@ from state.db import Database
 from state.grants import GrantStore
 from state.outbox import OutboxIntent, OutboxRepositoryUnknown, OutboxStore
 from tests.conftest import REPO_ROOT
-from tests.support import Started, payload, wait_status, webhook_headers
+from tests.support import HANG_S, Started, eventually, payload, wait_status, webhook_headers
 from tests.test_grants import REPO, _lease_and_worktree
 from tests.test_grants_mcp import cli, grants_config
 
@@ -63,16 +65,26 @@ def filed_under(database: Path) -> list[tuple[str, str]]:
         return [(str(r[0]), str(r[1])) for r in conn.execute("SELECT idempotency_key, repo FROM outbox ORDER BY id")]
 
 
-async def test_a_runs_evidence_is_filed_under_its_grants_repository_outside_any_door(tmp_path: Path) -> None:
-    """The broker closes a run outside every door (the run-bound `foreman mcp`, `foreman run abort`): the run's
-    evidence is filed under its grant's repository, the second served one, never under none (which the sender
-    would have posted on the first repository's issue of the same number)."""
+@asynccontextmanager
+async def aborted_run(tmp_path: Path, reason: str) -> AsyncIterator[tuple[Settings, str, Database, Broker]]:
+    """Two served repositories and a run on the second, aborted for ``reason``: the settings, the run, the database
+    (closed afterwards) and the run's broker."""
     settings = load_settings(two_repositories(tmp_path), environ={})
     run_id, _ = await started_run(settings)
     db = await Database.open(settings.database.path, synchronous="NORMAL")
     try:
         broker = Broker(GrantStore(db), run_id, host=lambda: host_identity(settings.database.path))
-        assert (await broker.abort("operator stop")).ok
+        assert (await broker.abort(reason)).ok
+        yield settings, run_id, db, broker
+    finally:
+        await db.close()
+
+
+async def test_a_runs_evidence_is_filed_under_its_grants_repository_outside_any_door(tmp_path: Path) -> None:
+    """The broker closes a run outside every door (the run-bound `foreman mcp`, `foreman run abort`): the run's
+    evidence is filed under its grant's repository, the second served one, never under none (which the sender
+    would have posted on the first repository's issue of the same number)."""
+    async with aborted_run(tmp_path, "operator stop") as (settings, run_id, db, broker):
         view = settings.for_repository(REPO)
         runtime = open_door(db=db, settings=view, bot_login="foreman-bot", bootstrap_factory=no_bootstrap)
         caller = caller_for(view, "author-1", "mcp")
@@ -82,8 +94,6 @@ async def test_a_runs_evidence_is_filed_under_its_grants_repository_outside_any_
             return result.ok, result.doc
 
         assert (await run_teardown(broker, run_tool))["ok"]  # closes the run: its evidence, outside the door
-    finally:
-        await db.close()
     entries = filed_under(settings.database.path)
     assert (run_evidence_key(run_id), REPO) in entries and {repo for _, repo in entries} == {REPO}, entries
 
@@ -135,7 +145,7 @@ async def test_the_real_foreman_mcp_refuses_a_run_of_a_repository_it_does_not_se
         subprocess.run,
         [sys.executable, "-m", "bot", "--config", str(config), "--repository", WIDGETS, "mcp"],
         env={"FOREMAN_MCP_TOKEN": token, "PATH": "/usr/bin:/bin"}, cwd=REPO_ROOT, stdin=subprocess.DEVNULL,
-        capture_output=True, text=True, timeout=60, check=False,
+        capture_output=True, text=True, timeout=HANG_S, check=False,
     )
     assert done.returncode == 2, done.stderr
     [line] = [x for x in done.stderr.splitlines() if x.startswith("{")]
@@ -189,14 +199,8 @@ async def test_each_repositorys_teardown_loop_acts_for_its_repository(
 ) -> None:
     """The service started with two repositories: the second's teardown loop tears down its aborted run, and
     the loop's task acts for that repository (what each door entered from it, and anything it files, sees)."""
-    settings = load_settings(two_repositories(tmp_path), environ={})
-    run_id, _ = await started_run(settings)
-    db = await Database.open(settings.database.path, synchronous="NORMAL")
-    try:
-        broker = Broker(GrantStore(db), run_id, host=lambda: host_identity(settings.database.path))
-        assert (await broker.abort("stopped while the service was down")).ok
-    finally:
-        await db.close()
+    async with aborted_run(tmp_path, "stopped while the service was down") as (settings, run_id, _, _):
+        pass
     seen: list[tuple[str, str]] = []
     door = VerbRuntime.call
 
@@ -208,10 +212,7 @@ async def test_each_repositorys_teardown_loop_acts_for_its_repository(
     service, _client = await start(settings)
     loop = service.repositories[REPO].run_teardowns
     assert loop is not None
-    for _ in range(500):
-        if loop.passes >= 1:
-            break
-        await asyncio.sleep(0.01)
+    await eventually(lambda: loop.passes >= 1, "the teardown loop's first pass", poll_s=0.01)
     assert seen == [(REPO, REPO)]
     record = await GrantStore(service.db).run(run_id)
     assert record is not None and record.state.teardown == "done"

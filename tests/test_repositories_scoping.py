@@ -6,7 +6,6 @@ from pathlib import Path
 
 from bot.config import load_settings
 from bot.config_sections import RepositoryConfig
-from bot.core.canonical import CanonicalState
 from bot.core.canonical.parsing import parse_comment
 from bot.core.evidence import render_evidence
 from bot.core.issue_state import CommentObservation, IssueObservation, Trust
@@ -16,6 +15,7 @@ from state.db import Database, to_db_time, utcnow
 from state.issues import IssueStore
 from state.leases import LeaseStore
 from state.outbox import OutboxIntent, OutboxStore
+from tests.support import canonical_state
 from tests.test_grants import REPO
 from tests.test_grants_mcp import bound_run
 from tests.test_repositories_runs import started_run, two_repositories
@@ -37,15 +37,8 @@ async def test_a_repositorys_teardown_loop_leaves_another_repositorys_due_run_al
 WIDGETS, GADGETS = "acme/widgets", "acme/gadgets"
 
 
-def _state(state: str) -> CanonicalState:
-    return CanonicalState(state=state, who_is_next="author", next_action="Implement the change",
-                          next_prompt="Do the work.", what_happened="Allocated", why="It was ready",
-                          related_prs=(), blockers="none", validation="lease read back",
-                          last_updated_by="controller-bot")
-
-
 def _comment(key: str, number: int, state: str) -> OutboxIntent:
-    body = render_evidence(key=key, summary=f"#{number} is {state}.", state=_state(state), evidence={})
+    body = render_evidence(key=key, summary=f"#{number} is {state}.", state=canonical_state(state), evidence={})
     return OutboxIntent(key, number, "comment", {"body": body})
 
 
@@ -58,7 +51,7 @@ async def test_a_repositorys_label_sync_ignores_another_repositorys_open_outbox_
         store = OutboxStore(db)
         assert await store.add(OutboxIntent("w:labels", 1, "labels", {"add": ["status:in-progress"]}), repo=WIDGETS)
         assert await store.add(_comment("w:state", 1, "blocked"), repo=WIDGETS)
-        body = render_evidence(key="g:state", summary="#1 is in progress.", state=_state("in-progress"), evidence={})
+        body = render_evidence(key="g:state", summary="#1 is in progress.", state=canonical_state(), evidence={})
         moment = to_db_time(utcnow())
         await IssueStore(db).record_comment(
             CommentObservation(repo=GADGETS, number=1, comment_id=77, action="created", author="controller-bot",

@@ -2,13 +2,8 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
-import shutil
-import sqlite3
-import sys
-import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -20,14 +15,11 @@ from tests.gitea_fixtures import (
     BOT,
     OWNER,
     REPO,
-    LiveEmulator,
-    live_emulator,
-    scratch_dir,
     seed_foreman,
     seed_sibling_repository,
 )
-from tests.support import SECRET, serve_config
-from tests.test_process import ServeProcess
+from tests.serve_support import Served, ServeProcess, served_emulator
+from tests.support import SECRET
 from tests.world import EXTRA_TOKENS
 
 pytestmark = [pytest.mark.process]
@@ -41,35 +33,15 @@ READY, IN_PROGRESS = "status:ready", "status:in-progress"
 DASHBOARD_TOKEN = "dashboard-token-0123456789"
 
 
-class TwoRepositories:
+class TwoRepositories(Served):
     """A live emulator whose ``acme`` is an organization with three repositories (two of them configured) and
     one org hook to a `foreman serve` subprocess."""
-
-    def __init__(self, live: LiveEmulator, proc: ServeProcess, root: Path) -> None:
-        self.live, self.emu, self.proc, self.root = live, live.emulator, proc, root
-
-    def db(self, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
-        with sqlite3.connect(self.proc.db) as conn:
-            return conn.execute(sql, params).fetchall()
 
     async def dashboard(self, path: str) -> tuple[int, Any]:
         headers = {"Authorization": f"Bearer {DASHBOARD_TOKEN}"}
         async with aiohttp.ClientSession() as session, session.get(f"{self.proc.url}/dashboard{path}",
                                                                    headers=headers) as resp:
             return resp.status, await (resp.json() if "json" in resp.content_type else resp.text())
-
-    async def readyz(self) -> dict[str, Any]:
-        async with aiohttp.ClientSession() as session, session.get(f"{self.proc.url}/readyz") as resp:
-            doc: dict[str, Any] = await resp.json()
-            return doc
-
-    async def wait(self, predicate: Callable[[], bool], what: str, timeout: float = 60.0) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if predicate():
-                return
-            await asyncio.sleep(0.05)
-        raise AssertionError(f"timed out waiting for {what}; stderr tail: {self.proc.stderr.read_text()[-3000:]}")
 
     def issue_facts(self, name: str, number: int) -> dict[str, Any]:
         issue = self.emu.issue(OWNER, name, number)
@@ -88,18 +60,14 @@ class TwoRepositories:
 
 async def _cli(t: TwoRepositories, *args: str) -> tuple[int, dict[str, Any]]:
     """`foreman --config <the service's config> ARGS` beside the service: its exit code and JSON output."""
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "bot", "--config", str(t.proc.config), *args,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, cwd=t.proc.workdir,
-    )
-    out, err = await asyncio.wait_for(proc.communicate(), timeout=30)
-    assert proc.returncode is not None and out, err.decode()
+    code, out, err = await t.cli(*args)
+    assert out, err
     doc: dict[str, Any] = json.loads(out)
-    return proc.returncode, doc
+    return code, doc
 
 
-def _config(proc: ServeProcess, base_url: str, root: Path) -> dict[str, Any]:
-    document = serve_config(proc.port, proc.db, base_url, root, {
+def _config(proc: ServeProcess, base_url: str) -> dict[str, Any]:
+    document = proc.serve_document(base_url, {
         "worker": {"concurrency": 2},
         "outbox": {"poll_interval_s": 0.1, "backoff_base_s": 0.05, "backoff_max_s": 0.5},
         "reconcile": {"interval_s": 0, "overlap_s": 5},
@@ -117,29 +85,22 @@ def _config(proc: ServeProcess, base_url: str, root: Path) -> dict[str, Any]:
 
 @pytest.fixture
 async def two() -> AsyncIterator[TwoRepositories]:
-    root = scratch_dir("foreman-repos-")
-    async with live_emulator(clone_protocol="http") as live:
-        emu = live.emulator
-        seed_foreman(emu, {WIDGETS_AUTHOR: EXTRA_TOKENS[WIDGETS_AUTHOR]})
-        seed_sibling_repository(emu, SIBLING, authors={GADGETS_AUTHOR: EXTRA_TOKENS[GADGETS_AUTHOR]})
-        seed_sibling_repository(emu, UNLISTED)
-        emu.make_org(OWNER)
-        proc = ServeProcess(root, module="bot", config=root / "foreman.toml")
-        write_config(proc.config, _config(proc, live.base_url, root))
-        emu.add_org_hook(OWNER, url=f"{proc.url}/webhook", secret=SECRET, events=["issues", "issue_comment"])
-        try:
-            yield TwoRepositories(live, proc, root)
-        finally:
-            if proc.proc is not None and proc.proc.returncode is None:
-                await proc.kill()
-            shutil.rmtree(root, ignore_errors=True)
+    """The organization's three repositories, and its hook to a running `foreman serve` of two of them."""
+    async with served_emulator("foreman-repos-", clone_protocol="http") as (live, proc):
+        seed_foreman(live.emulator, {WIDGETS_AUTHOR: EXTRA_TOKENS[WIDGETS_AUTHOR]})
+        seed_sibling_repository(live.emulator, SIBLING, authors={GADGETS_AUTHOR: EXTRA_TOKENS[GADGETS_AUTHOR]})
+        seed_sibling_repository(live.emulator, UNLISTED)
+        live.emulator.make_org(OWNER)
+        write_config(proc.config, _config(proc, live.base_url))
+        await proc.serve()
+        live.emulator.add_org_hook(OWNER, url=proc.hook_url, secret=SECRET, events=["issues", "issue_comment"])
+        yield TwoRepositories(live, proc)
 
 
 async def test_two_repositories_each_with_issue_1_stay_apart_and_an_unlisted_repository_is_ignored(
     two: TwoRepositories,
 ) -> None:
     t = two
-    await t.proc.start("serve", "--config", str(t.proc.config))
     for name in (REPO, SIBLING):
         issue = t.emu.create_issue(OWNER, name, title=f"Work item of {name}", author="alice", notify=True)
         assert issue.number == 1
@@ -223,7 +184,7 @@ async def test_two_repositories_each_with_issue_1_stay_apart_and_an_unlisted_rep
     t.emu.add_labels(OWNER, REPO, 1, ["bug"], actor="alice", notify=True)
     t.emu.add_labels(OWNER, SIBLING, 1, ["feature"], actor="alice", notify=True)
     await t.emu.drain_webhooks()
-    await t.proc.start("serve", "--config", str(t.proc.config))
+    await t.proc.serve()
 
     def labels_of(repo: str) -> set[str]:
         rows = t.db("SELECT labels_json FROM issues WHERE repo = ? AND number = 1", (repo,))

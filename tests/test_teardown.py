@@ -19,7 +19,7 @@ from state.journal import JournalStore, Transition
 from state.leases import LeaseStore
 from state.teardowns import TeardownStore
 from tests.gitea_fixtures import OWNER, REPO
-from tests.support import SECRET, Started, wait_status
+from tests.support import HANG_S, SECRET, Started, wait_status
 from tests.world import FULL_NAME, Sections, World, open_world
 
 ROSTER = {"controller-bot": ["controller"], "author-1": ["author"]}
@@ -291,7 +291,7 @@ def test_catch_up_plans_a_closed_pull_request_once() -> None:
     assert still_open.issues == ()
 
 
-async def drain(world: World, timeout: float = 10.0) -> None:
+async def drain(world: World, timeout: float = HANG_S) -> None:
     """Wait until the inbox holds nothing queued or processing (synthetic deliveries included), then settle."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
 from datetime import timedelta
 from pathlib import Path
@@ -14,7 +13,7 @@ from bot.verbs.runs.start import host_identity, start_run
 from state.grants import GrantStore
 from state.journal import JournalStore
 from state.leases import LeaseStore
-from tests.support import Started
+from tests.support import Started, eventually
 from tests.test_grants_mcp import Bound, bound_run
 from tests.test_teardown import LOOP, ROSTER, bootstrapped
 from tests.world import Sections, World, open_world
@@ -99,10 +98,7 @@ async def test_the_loop_checks_at_start_up_and_then_on_its_interval(tmp_path: Pa
         loop = TeardownLoop(bound.db, bound.settings, bound.runtime, interval_s=0.01, on_ran=lambda: woke.append(1))
         loop.start()
         try:
-            for _ in range(500):
-                if loop.passes >= 3:
-                    break
-                await asyncio.sleep(0.01)
+            await eventually(lambda: loop.passes >= 3, "three passes of the loop", poll_s=0.01)
         finally:
             await loop.stop()
         assert loop.passes >= 3 and woke == [1]
@@ -116,10 +112,7 @@ async def test_the_service_tears_down_an_aborted_run_at_start_up(tmp_path: Path,
         service, _client = await start(bound.settings)
         loop = service.run_teardowns
         assert loop is not None
-        for _ in range(500):
-            if loop.passes >= 1:
-                break
-            await asyncio.sleep(0.01)
+        await eventually(lambda: loop.passes >= 1, "the loop's first pass", poll_s=0.01)
         assert [status for status, _ in await _lease_status(bound)] == ["released"]
         assert (await bound.state())["teardown"] == "done"
 

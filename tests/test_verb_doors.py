@@ -97,14 +97,10 @@ async def by_auto(world: World) -> dict[str, Any]:
     return dict(report.applies[0]["refusal"])
 
 
-async def test_a_role_taken_from_the_allocate_verb_refuses_every_door_alike(
-    world: World, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The table's role gate is the one check: with allocate_next_work for mergers only, the controller's comment,
-    its MCP call, the operator's `foreman allocate` and auto-allocation all get the same not_authorized envelope."""
-    patch_table(monkeypatch, "allocate_next_work", roles=frozenset({"merger"}))
+async def allocate_at_every_door(world: World, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> dict[str, Any]:
+    """The controller's `/allocate` comment, its MCP call, the operator's `foreman allocate` (exit 1) and
+    auto-allocation: the one envelope all four refused with (the comment's)."""
     comment = await by_comment(world, "controller-bot", "/allocate --owner author-1")
-    assert comment["error"] == "not_authorized" and "merger role" in comment["message"], comment
     mcp = await by_mcp(world, "controller-bot", "gitea_allocate_next_work", owner="author-1",
                        candidates_json=CANDIDATES)
     code, shell = await by_cli(tmp_path, capsys, "allocate", "--owner", "author-1", "--candidates-json",
@@ -112,6 +108,17 @@ async def test_a_role_taken_from_the_allocate_verb_refuses_every_door_alike(
     auto = await by_auto(world)
     assert code == 1
     assert envelope_of(mcp) == envelope_of(shell) == envelope_of(auto) == comment
+    return comment
+
+
+async def test_a_role_taken_from_the_allocate_verb_refuses_every_door_alike(
+    world: World, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The table's role gate is the one check: with allocate_next_work for mergers only, the controller's comment,
+    its MCP call, the operator's `foreman allocate` and auto-allocation all get the same not_authorized envelope."""
+    patch_table(monkeypatch, "allocate_next_work", roles=frozenset({"merger"}))
+    comment = await allocate_at_every_door(world, tmp_path, capsys)
+    assert comment["error"] == "not_authorized" and "merger role" in comment["message"], comment
     assert await LeaseStore(world.service.db).open_leases(FULL_NAME) == []
 
 
@@ -120,15 +127,8 @@ async def test_an_allocate_verb_no_longer_offered_is_refused_by_every_door_alike
 ) -> None:
     """A verb the table marks not executable is refused invalid_input on every surface, by the same envelope."""
     patch_table(monkeypatch, "allocate_next_work", executable=False)
-    comment = await by_comment(world, "controller-bot", "/allocate --owner author-1")
+    comment = await allocate_at_every_door(world, tmp_path, capsys)
     assert comment["error"] == "invalid_input" and "not a verb foreman carries out" in comment["message"], comment
-    mcp = await by_mcp(world, "controller-bot", "gitea_allocate_next_work", owner="author-1",
-                       candidates_json=CANDIDATES)
-    code, shell = await by_cli(tmp_path, capsys, "allocate", "--owner", "author-1", "--candidates-json",
-                               json.dumps(CANDIDATES))
-    auto = await by_auto(world)
-    assert code == 1
-    assert envelope_of(mcp) == envelope_of(shell) == envelope_of(auto) == comment
 
 
 async def by_recovery(world: World, owner: str) -> dict[str, Any]:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -25,7 +24,7 @@ from state.leases import LeaseStore
 from state.teardowns import TeardownStore
 from tests.gitea_fixtures import BOT, OWNER, REPO, TOKENS
 from tests.review_support import ok, runtime, tool
-from tests.support import Started
+from tests.support import Started, wait_status
 from tests.world import EXTRA_TOKENS, FULL_NAME, World, open_world
 
 CONTROLLER, AUTHOR, REVIEWER, MERGER = "controller-bot", "author-1", "author-2", "author-3"
@@ -311,13 +310,8 @@ async def test_a_merge_that_ends_a_live_lease_runs_auto_allocation(world: World)
 
 
 async def trigger_ran(world: World, delivery_id: str) -> None:
-    """Wait (bounded) until the service's worker ran a trigger a verb queued in the inbox, then settle."""
-    from state.deliveries import DeliveryStore
-
-    deadline = asyncio.get_running_loop().time() + 10
-    while (stored := await DeliveryStore(world.service.db).get(delivery_id)) is None or stored.status != "done":
-        assert asyncio.get_running_loop().time() < deadline, stored
-        await asyncio.sleep(0.02)
+    """Wait until the service's worker ran a trigger a verb queued in the inbox, then settle."""
+    await wait_status(world.service, delivery_id, "done")
     await world.settle()
 
 

@@ -22,7 +22,16 @@ from bot.worker import HandlerContext
 from handlers import build_router
 from state.db import Database
 from state.deliveries import DeliveryStore
-from tests.support import SECRET, Started, make_settings, payload, wait_status, webhook_headers
+from tests.support import (
+    SECRET,
+    Started,
+    eventually,
+    make_settings,
+    payload,
+    recording_router,
+    wait_status,
+    webhook_headers,
+)
 
 
 def _flaky_router(calls: Counter[str], *, failures: int) -> routing.Router:
@@ -203,11 +212,12 @@ async def test_the_worker_runs_handlers_in_the_declared_order_each_isolated(
     service, client = await start(router=router)
     body = payload()
     await client.post("/webhook", data=body, headers=webhook_headers(body, delivery="order-1"))
-    for _ in range(500):
-        row = await service.store.get("order-1")
-        if row is not None and row.last_error:
-            break
-        await asyncio.sleep(0.01)
+
+    async def failed() -> bool:
+        return bool((row := await service.store.get("order-1")) is not None and row.last_error)
+
+    await eventually(failed, "the first handler's failure recorded", poll_s=0.01)
+    row = await service.store.get("order-1")
     assert row is not None and row.last_error == f"tests.test_worker.{first}_handler: RuntimeError: {first} failed"
     assert order[:2] == [first, second]
 
@@ -229,13 +239,7 @@ async def test_handlers_get_typed_frozen_dependencies_and_never_the_service(star
     """Handlers see settings, database, Gitea client, bot login and the outbox wake-up, typed and frozen; nothing
     in them is the Service, and no handler can stash state in them."""
     seen: list[HandlerDeps] = []
-    router = routing.Router()
-
-    @router.register("issues")
-    async def look(event: sansio.Event, ctx: HandlerContext) -> None:
-        seen.append(ctx.deps)
-
-    service, client = await start(router=build_router(router))
+    service, client = await start(router=recording_router(seen, lambda event, ctx: ctx.deps))
     body = payload()
     await client.post("/webhook", data=body, headers=webhook_headers(body, delivery="deps-1"))
     await wait_status(service, "deps-1", "done")

@@ -21,7 +21,7 @@ from state.issues import IssueStore
 from state.outbox import OutboxEntry
 from tests.conftest import database_env
 from tests.gitea_fixtures import BOT, OWNER, REPO, TOKENS, LiveEmulator, live_emulator, seed_foreman
-from tests.support import SECRET, Started, emulator_sections, make_settings
+from tests.support import HANG_S, SECRET, Started, emulator_sections, make_settings
 
 FULL_NAME = f"{OWNER}/{REPO}"
 ROSTER_AUTHOR = "author-1"
@@ -116,7 +116,7 @@ class World:
             await self.settle()
         return data
 
-    async def settle(self, timeout: float = 10.0) -> None:
+    async def settle(self, timeout: float = HANG_S) -> None:
         """Drain the emulator's webhooks, wait until foreman settled each, and until the outbox settled
         (repeat: the outbox's writes send more webhooks, and its completion hook may queue more entries)."""
         emu = self.live.emulator
