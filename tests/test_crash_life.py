@@ -206,7 +206,9 @@ class Lives:
 
         deadline = time.monotonic() + STEP_S
         while True:  # an agent told "not leased to you" finds its work again (the lease may have moved on a restart)
-            await self.until(f"bootstrapped #{number}", bootstrapped)
+            # A hang detector as long as all the lives': with every author busy, #N is leased only when another
+            # issue's whole life (PR, review, merge, teardown) frees its author, minutes at load 15.
+            await self.until(f"bootstrapped #{number}", bootstrapped, timeout=LIVES_S)
             lease = await LeaseStore(db).live_for_issue(FULL_NAME.lower(), number)
             registration = await JournalStore(db).live_registration(FULL_NAME.lower(), number)
             if lease is None or registration is None:
