@@ -286,3 +286,25 @@ async def test_another_issues_open_pull_request_is_never_adopted(world: World) -
     assert pulls == {theirs["pull_request"]: theirs["head"], mine["pull_request"]: branch}
     recorded = await PublicationStore(world.service.db).pull_for_issue(FULL_NAME.lower(), issue.number)
     assert recorded is not None and recorded.pr_number == mine["pull_request"]
+
+
+async def test_gitea_refusing_the_pull_request_is_a_refusal_not_a_retry(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Gitea's 422 on the create (a branch it cannot compare with the base) is refused ``invalid_state`` with the
+    issue's state to read, never ``unavailable`` ("call again"), which retrying would only repeat; nothing is
+    recorded and no PR exists."""
+    from bot.gitea.errors import error_for
+    from bot.gitea.pulls import PullRequestCalls
+
+    number, _, _ = await published(world)
+
+    async def refuse(*args: object, **kwargs: object) -> object:
+        raise error_for(422, "no commits between main and the branch", "POST", "/repos/acme/widgets/pulls")
+
+    monkeypatch.setattr(PullRequestCalls, "create_pull", refuse)
+    refused, doc = await call_tool(world, "author-1", "gitea_open_pull_request", issue_number=number)
+    assert refused and doc["error"] == "invalid_state", doc
+    assert "no commits between" in doc["message"] and "gitea_get_issue_state" in doc["exact_next_action"], doc
+    assert await PublicationStore(world.service.db).pull_for_issue(FULL_NAME.lower(), number) is None
+    assert await world.gitea.list_pulls(state="open") == []
