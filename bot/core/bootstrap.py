@@ -10,6 +10,8 @@ from dataclasses import dataclass
 from pathlib import PurePosixPath
 from typing import Final, Literal, get_args
 
+from bot.core.reasons import BlockReason
+
 Phase = Literal[
     "accepted",
     "branch_confirmed",
@@ -25,19 +27,6 @@ PHASES: Final[tuple[Phase, ...]] = get_args(Phase)
 FORWARD_PHASES: Final[tuple[Phase, ...]] = PHASES[:7]
 Outcome = Literal["open", "completed", "compensated"]
 BlockKind = Literal["stale_pin", "invalid_state", "conflict"]
-#: Why a bootstrap cannot go on: the stable machine token of a ``Blocked`` (an envelope's ``details.reason``).
-BlockReason = Literal[
-    # acceptance: what Gitea and the control checkout show
-    "clone_url_unusable", "checkout_not_clean", "path_escapes_root", "ambiguous_branches", "foreign_work",
-    "remote_branch_exists",
-    # the steps: the live base, git, the plans on observed state, the binding, the read-back
-    "base_unreadable", "base_moved", "git_failed", "worktree_refused", "branch_checked_out_elsewhere",
-    "branch_moved", "branch_exists_elsewhere", "incompatible_registration", "dirty_unproven", "stale_registration",
-    "preexisting_worktree", "path_occupied", "worktree_access", "worktree_missing", "registration_mismatch",
-    "owner_unassignable", "assignment_unverified", "foreign_registration", "lease_changed", "readback_failed",
-    # compensation, and a recorded failure read back without its reason
-    "worktree_kept", "compensation_blocked", "stale_pin", "failed",
-]
 
 BRANCHES_DIR: Final = "branches"
 DEFAULT_SLUG_LENGTH: Final = 40

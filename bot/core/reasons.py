@@ -1,15 +1,27 @@
 """Why a refusal happened, within its kind: the stable machine tokens an envelope carries as ``details.reason``.
 
-Each family names its own (the bootstrap's ``BlockReason`` beside its plans, the merge gate's ``MergeBlock`` here);
-``RefusalReason`` is every one, so an envelope built with a reason, and a caller comparing one, are checked by the
-type checker (a misspelt reason is an error, not a refusal nobody recognises).
+Each family's own are named here, below every family that uses them (the bootstrap's ``BlockReason``, the merge
+gate's ``MergeBlock``, the verbs'); ``RefusalReason`` is every one, so an envelope built with a reason, and a caller
+comparing one, are checked by the type checker (a misspelt reason is an error, not a refusal nobody recognises).
 """
 
 from __future__ import annotations
 
 from typing import Final, Literal, get_args
 
-from bot.core.bootstrap import BlockReason
+#: Why a bootstrap cannot go on: the stable machine token of a ``Blocked`` (an envelope's ``details.reason``).
+BlockReason = Literal[
+    # acceptance: what Gitea and the control checkout show
+    "clone_url_unusable", "checkout_not_clean", "path_escapes_root", "ambiguous_branches", "foreign_work",
+    "remote_branch_exists",
+    # the steps: the live base, git, the plans on observed state, the binding, the read-back
+    "base_unreadable", "base_moved", "git_failed", "worktree_refused", "branch_checked_out_elsewhere",
+    "branch_moved", "branch_exists_elsewhere", "incompatible_registration", "dirty_unproven", "stale_registration",
+    "preexisting_worktree", "path_occupied", "worktree_access", "worktree_missing", "registration_mismatch",
+    "owner_unassignable", "assignment_unverified", "foreign_registration", "lease_changed", "readback_failed",
+    # compensation, and a recorded failure read back without its reason
+    "worktree_kept", "compensation_blocked", "stale_pin", "failed",
+]
 
 #: Why the merge gate counts no approval, or blocks one: no verdict of foreman's review verb approves the PR; the
 #: one it recorded is no longer on Gitea as recorded (dismissed, gone, changed); its reviewer may not approve this

@@ -8,10 +8,11 @@ from datetime import datetime
 from typing import Any, cast
 
 from bot import gitops
-from bot.core.bootstrap import Blocked, BlockReason, UndoPlan
+from bot.core.bootstrap import Blocked, UndoPlan
 from bot.core.canonical import CanonicalState
 from bot.core.errors import Envelope
 from bot.core.intents import StateChange
+from bot.core.reasons import BlockReason
 from bot.gitea import GiteaError
 from bot.verbs.bootstrap.context import BootstrapResult
 from bot.verbs.bootstrap.faults import FAULT_PHASE_ENV, crash_seam
