@@ -115,7 +115,7 @@ class ServedRepositories:
     def learned_login(self, login: str) -> None:
         """The bot's login as Gitea told it: every door acts as it from now on."""
         for bundle in self.bundles.values():
-            bundle.deps.door.bot_login = login
+            bundle.deps.door.learned_login(login)
 
     def _bundle(self, settings: Settings, key: str) -> RepositoryBundle:
         view = settings.for_repository(key)

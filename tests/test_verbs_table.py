@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import jsonschema  # type: ignore[import-untyped]  # (no stubs installed; the project adds none)
@@ -536,3 +537,24 @@ def test_every_offered_verb_has_one_registered_executor_once_the_catalog_is_load
             catalog.require_complete()
     finally:
         registry().executors["heartbeat_lease"] = taken
+
+
+async def test_a_door_that_learns_the_bot_login_builds_its_bootstrap_as_it(tmp_path: Path) -> None:
+    """The service learns its login from Gitea after the doors exist: a worktree bootstrap the door built before
+    (with the configured login) must not keep acting as that one (its evidence and git identity)."""
+    from bot.catalog import open_door
+    from bot.verbs.worktree import BootstrapService
+    from state.db import Database
+    from tests.support import make_settings
+
+    db = await Database.open(tmp_path / "f.db")
+    try:
+        door = open_door(db, make_settings(tmp_path), bot_login="configured-bot")
+        before = await door.worktree_bootstrap()
+        assert isinstance(before, BootstrapService) and before._ctx.bot_login == "configured-bot"
+        door.learned_login("Foreman-Bot")
+        after = await door.worktree_bootstrap()
+        assert isinstance(after, BootstrapService) and after._ctx.bot_login == "Foreman-Bot"
+        assert door.bot_login == "Foreman-Bot"
+    finally:
+        await db.close()

@@ -203,6 +203,12 @@ class VerbRuntime(Generic[G]):
     def repo(self) -> str:
         return self.settings.repo_key
 
+    def learned_login(self, login: str) -> None:
+        """The bot's login as Gitea told it (the service's probe): the door and the worktree bootstrap it builds
+        from now on act as it (a bootstrap built before, with the configured login, is built again)."""
+        self.bot_login = login
+        self._bootstrap, self._bootstrap_loaded = None, False
+
     async def worktree_bootstrap(self) -> WorktreeBootstrap | None:
         if not self._bootstrap_loaded:
             self._bootstrap = await self.bootstrap_factory(self)
