@@ -267,6 +267,10 @@ class AllocatorConfig(ConfigSection):
     auto: bool | None = None
     max_leases_per_author: int = Field(default=1, ge=1, le=1000)
     auto_allocate_owner: str = ""  # a single named owner: auto-allocation considers only this roster author
+    # The review and merge queues (docs/allocator.md): a review goes to an idle roster reviewer, an approved pull
+    # request to an idle roster merger, each holding at most this many live leases.
+    max_leases_per_reviewer: int = Field(default=1, ge=1, le=1000)
+    max_leases_per_merger: int = Field(default=1, ge=1, le=1000)
 
     @field_validator("auto", mode="before")
     @classmethod
@@ -426,6 +430,9 @@ class MergeConfig(ConfigSection):
     """How ``gitea_merge_pull_request`` merges: one of Gitea's merge styles (``MergePullRequestForm.Do``)."""
 
     style: Literal["merge", "rebase", "rebase-merge", "squash", "fast-forward-only"] = "merge"
+    #: Who merges what passes the gate: ``merger``, a roster merger the merge queue leases it to; ``foreman``, the
+    #: service itself as the merger of record, one pull request at a time per base branch (docs/allocator.md).
+    by: Literal["merger", "foreman"] = "merger"
 
 
 class PublishConfig(ConfigSection):

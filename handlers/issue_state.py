@@ -30,6 +30,7 @@ from bot.core.trust import (
 )
 from bot.core.vocabulary import label_for_state
 from bot.handler_deps import PermissionCache
+from bot.loops.triggers import queue_auto_allocation
 from bot.outbox import OutboxHooks
 from bot.worker import HandlerContext
 from state.db import Database, to_db_time, utcnow
@@ -328,11 +329,26 @@ def outbox_hooks(db: Database, settings: Settings) -> OutboxHooks:
 
     async def completed(entry: OutboxEntry, result: dict[str, Any]) -> None:
         await on_outbox_complete(store, settings, entry, result)
+        await queue_after_queue_label(db, settings, entry)
 
     async def failed(entry: OutboxEntry) -> None:
         await on_outbox_failure(store, settings, entry)
 
     return OutboxHooks(on_complete=completed, on_failure=failed)
+
+
+#: The status labels whose arrival on Gitea puts an issue in a queue: ready (the authors'), review (the reviewers'
+#: and mergers').
+_QUEUE_LABELS = frozenset({label_for_state("ready"), label_for_state("review")})
+
+
+async def queue_after_queue_label(db: Database, settings: Settings, entry: OutboxEntry) -> str | None:
+    """foreman itself put an issue in a queue (a stranded lease's issue back to `status:ready`, a hand-over to
+    `status:review`): one auto-allocation queued now that Gitea holds the label, as a person's labelling would
+    have triggered (the bot's own webhooks are ``ignored_self``). Keyed by the entry: a rerun queues nothing twice."""
+    if entry.kind != "labels" or not _QUEUE_LABELS & set(entry.payload.get("add") or ()):
+        return None
+    return await queue_auto_allocation(db, settings, trigger="queue_label", key=entry.key)
 
 
 async def on_outbox_complete(store: IssueStore, settings: Settings, entry: OutboxEntry, result: dict[str, Any]) -> None:

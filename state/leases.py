@@ -341,16 +341,16 @@ class LeaseStore:
             raise LeaseRefused(f"lease {lease_id} is not live")
         await _event(conn, lease_id, "released", actor, now, **detail, reason=reason)
 
-    async def sweep_expired(self, repo: str, *, grace: timedelta, now: datetime | None = None) -> int:
-        """Record leases past expiry and grace as expired (they stay as history)."""
-        moment = now or utcnow()
-        async with self._db.transaction() as conn:
-            async with conn.execute(
-                "UPDATE leases SET status = 'expired', ended_at = ?, end_reason = 'expired', version = version + 1"
-                " WHERE repo = ? AND status = 'live' AND expires_at <= ? RETURNING lease_id, expires_at",
-                (to_db_time(moment), repo, to_db_time(moment - grace)),
-            ) as cur:
-                rows = list(await cur.fetchall())
-            for row in rows:
-                await _event(conn, row["lease_id"], "expired", "foreman", moment, expired_at=row["expires_at"])
-        return len(rows)
+    async def expire(self, conn: Connection, lease_id: str, *, now: datetime, grace: timedelta) -> bool:
+        """Inside the caller's transaction: record a live lease past its expiry and ``grace`` as expired (stranded
+        work: its effects go in the same transaction). False when it was renewed or ended meanwhile."""
+        async with conn.execute(
+            "UPDATE leases SET status = 'expired', ended_at = ?, end_reason = 'expired', version = version + 1"
+            " WHERE lease_id = ? AND status = 'live' AND expires_at <= ? RETURNING expires_at",
+            (to_db_time(now), lease_id, to_db_time(now - grace)),
+        ) as cur:
+            row = await cur.fetchone()
+        if row is None:
+            return False
+        await _event(conn, lease_id, "expired", "foreman", now, expired_at=row["expires_at"])
+        return True

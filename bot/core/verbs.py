@@ -290,9 +290,9 @@ _VERBS: tuple[Verb, ...] = (
         next_verbs=("bootstrap_issue_worktree",),
         params=(
             Param("owner", "login", "roster login that receives the lease (default: the only identity with the role)"),
-            # A merge takes no lease (gitea_merge_pull_request is one call pinned to the approved commit).
-            Param("action", "choice", "what the lease is for: implement (an author) or review (a reviewer)",
-                  default="implement", choices=("implement", "review")),
+            Param("action", "choice", "what the lease is for: implement (an author), review (a reviewer) or merge "
+                  "(a merger, of a pull request whose approval counts on its head)",
+                  default="implement", choices=("implement", "review", "merge")),
             Param("candidates_json", "candidates",
                   "candidate records (default: open status:ready issues from Gitea); only issue_number is required"),
             Param("exclude_issue_numbers", "issue_numbers",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from bot.config import Settings
@@ -14,10 +14,12 @@ from bot.core.canonical import CanonicalState
 from bot.core.evidence import render_evidence
 from bot.core.intents import StateChange
 from bot.gitea import GiteaError
+from bot.loops.queues import run_queues
 from bot.verbs.allocate import AllocationOutcome, Allocator, AllocatorGitea, author_pick
 from bot.verbs.bootstrap.preflight import PREFLIGHT_FAILED, Check
 from bot.verbs.handback import resume_hand_backs
 from bot.verbs.runtime import CallOptions, VerbRuntime, operator_caller, when_author_freed
+from bot.verbs.stranded import expire_stranded
 from state.auto_allocations import AutoAllocationStore
 from state.db import Database, utcnow
 from state.exclusions import ExclusionStore
@@ -54,6 +56,12 @@ class AutoReport:
     skipped: list[dict[str, Any]] = field(default_factory=list)
     pick: dict[str, Any] | None = None
     standing_exclusions: dict[str, list[int]] = field(default_factory=dict)
+    #: Leases that expired past their grace in this run: their issues went back to their queues.
+    expired: list[int] = field(default_factory=list)
+    #: The review and merge queues' run (bot/loops/queues.py).
+    queues: dict[str, Any] | None = None
+    #: Why a phase that leased nothing leased nothing (the run says so instead of staying silent).
+    silence: dict[str, str] = field(default_factory=dict)
     note: str | None = None
     outbox: bool = False  # whether anything was enqueued (the caller wakes the sender)
 
@@ -62,8 +70,19 @@ class AutoReport:
             "trigger": self.trigger, "enabled": self.enabled, "named_owner": self.named_owner,
             "leased": self.leased, "resumed": self.resumed, "blocked": self.blocked, "waiting": self.waiting,
             "applies": self.applies, "skipped": self.skipped, "pick": self.pick, "note": self.note,
-            "standing_exclusions": self.standing_exclusions,
+            "standing_exclusions": self.standing_exclusions, "expired": self.expired, "queues": self.queues,
+            "silence": self.silence,
         }
+
+    def summary(self) -> str:
+        """One log line: what was done, and why a phase did nothing."""
+        queues = self.queues or {}
+        text = (f"leased {self.leased}, resumed {self.resumed}, blocked {self.blocked}, waiting {self.waiting}, "
+                f"expired {self.expired}, reviews {queues.get('reviews', [])}, merges {queues.get('merges', [])}, "
+                f"merged {queues.get('merged', [])}")
+        if self.silence:
+            text += "; " + "; ".join(f"{phase}: {why}" for phase, why in sorted(self.silence.items()))
+        return text
 
 
 async def recent_decisions(db: Database, repo: str, *, limit: int = 10) -> list[dict[str, Any]]:
@@ -111,13 +130,20 @@ async def _run(door: VerbRuntime[AllocatorGitea], gitea: AllocatorGitea, report:
     report.standing_exclusions = await ExclusionStore(db).standing(repo)
     standing = {n for numbers in report.standing_exclusions.values() for n in numbers}
     excluded: set[int] = set(standing)
+    # The review and merge queues' own standing exclusions (a controller's, per action: docs/allocator.md).
+    queue_excluded: dict[str, set[int]] = {"review": set(), "merge": set()}
     done: set[str] = set()
 
-    async def apply(owner: str, *, resume: bool) -> AllocationOutcome:
+    async def apply(owner: str, *, resume: bool, action: str = "implement") -> AllocationOutcome:
         # The exclusions in-process: their union is not bounded by what one call's exclude_issue_numbers may state.
-        options = CallOptions(resume_own=resume, max_live=None if resume else cfg.max_leases_per_author, now=now,
-                              exclusions=frozenset(excluded))
-        result = await door.call("allocate_next_work", CALLER, {"owner": owner, "dry_run": False},
+        if action == "implement":
+            options = CallOptions(resume_own=resume, max_live=None if resume else cfg.max_leases_per_author,
+                                  now=now, exclusions=frozenset(excluded))
+        else:
+            cap = cfg.max_leases_per_reviewer if action == "review" else cfg.max_leases_per_merger
+            options = CallOptions(resume_own=False, max_live=cap, now=now,
+                                  exclusions=frozenset(queue_excluded[action]))
+        result = await door.call("allocate_next_work", CALLER, {"owner": owner, "dry_run": False, "action": action},
                                  delivery_id=delivery_id, options=options)
         outcome = result.outcome
         if not isinstance(outcome, AllocationOutcome):  # the door refused before the allocator ran
@@ -141,6 +167,13 @@ async def _run(door: VerbRuntime[AllocatorGitea], gitea: AllocatorGitea, report:
             # The lease stands; the retry resumes it and its bootstrap (step 1 below).
             raise AutoUnavailable(f"#{bootstrap.get('issue_number')}: {bootstrap.get('message')}")
 
+    # -1. Stranded work comes back: leases past their expiry and grace end, their issues go back to their queues.
+    moment = now or utcnow()
+    expired = await expire_stranded(db, repo, grace=timedelta(seconds=cfg.lease_grace_s), now=moment,
+                                    bot_login=bot_login, delivery_id=delivery_id)
+    if expired:
+        report.expired = [lease.issue_number for lease in expired]
+        report.outbox = True
     # 0. Issues whose requested changes wait for their implementer (max_leases_per_author was reached): leased back
     # to the implementer with room now, before any new work (step 1 then finishes their bootstrap).
     back = await resume_hand_backs(db, settings, actor=ACTOR, now=now or utcnow(), bot_login=bot_login,
@@ -199,6 +232,16 @@ async def _run(door: VerbRuntime[AllocatorGitea], gitea: AllocatorGitea, report:
                 break  # no eligible ready issue for anyone
             done.add(owner)  # refused for this owner (e.g. not_authorized, blocked): the next author
     await _waiting(db, settings, allocator, report, excluded, now)
+    # 3. The review and merge queues: reviews to idle reviewers, approved pull requests to idle mergers (or merged).
+    try:
+        queues = await run_queues(door, lambda owner, action: apply(owner, resume=False, action=action),
+                                  now=moment, delivery_id=delivery_id)
+    except GiteaError as exc:
+        raise AutoUnavailable(f"the review and merge queues could not be read: {exc}") from exc
+    report.queues = queues.to_dict()
+    if queues.reviews or queues.merges or queues.merged:
+        report.outbox = True
+    _explain_silence(settings, report)
 
 
 async def _maybe_block(db: Database, allocator: Allocator, outcome: AllocationOutcome, report: AutoReport,
@@ -297,6 +340,35 @@ async def _waiting(db: Database, settings: Settings, allocator: Allocator, repor
             )
             if await enqueue(conn, OutboxIntent(key, number, "comment", {"body": body}, None, repo=repo)):
                 report.outbox = True
+
+
+def _explain_silence(settings: Settings, report: AutoReport) -> None:
+    """Why each phase that leased nothing leased nothing, in words an operator can act on."""
+    if not (report.leased or report.resumed):
+        skipped = {entry.get("reason") for entry in report.skipped}
+        excluded = sorted(n for numbers in report.standing_exclusions.values() for n in numbers)
+        if report.blocked:
+            why = f"the bootstrap proof failed for {report.blocked}"
+        elif report.waiting:
+            why = f"every author is busy (max_leases_per_author = {settings.allocator.max_leases_per_author})"
+        elif "excluded_by_controller" in skipped:
+            why = f"the ready issues are excluded by a controller's standing exclusions {excluded}"
+        elif report.skipped:
+            why = "no ready issue is eligible: " + ", ".join(sorted(str(r) for r in skipped))
+        else:
+            why = "no issue is status:ready"
+        report.silence["implement"] = why
+    queues = report.queues or {}
+    if not queues.get("reviews"):
+        report.silence["review"] = (
+            "no pull request waits for review" if not queues.get("waiting_review") else
+            f"every reviewer is busy or barred (max_leases_per_reviewer = {settings.allocator.max_leases_per_reviewer})"
+            f"; waiting: {queues.get('waiting_review')}")
+    if not (queues.get("merges") or queues.get("merged")):
+        report.silence["merge"] = (
+            "no approved pull request waits to merge" if not queues.get("waiting_merge") else
+            f"waiting: {queues.get('waiting_merge')}; " + ("; ".join(queues.get("notes") or []) or
+                                                         "every merger is busy or barred"))
 
 
 async def _record(db: Database, settings: Settings, report: AutoReport, delivery_id: str | None,

@@ -35,7 +35,8 @@ from bot.verbs.candidates import CandidatesGitea, ready_candidates
 from bot.verbs.duplicates import DuplicatesGitea, mark_duplicates
 from bot.verbs.leasing import ACTION_ROLES, Action, LeaseGrant, grant_lease
 from bot.verbs.merge import MergeGitea
-from bot.verbs.review import ReviewGitea, review_candidates, review_lease_effects
+from bot.verbs.queue_facts import candidates_of, queued_pulls
+from bot.verbs.review import ReviewGitea, review_lease_effects
 from bot.verbs.runtime import (
     Caller,
     CallOptions,
@@ -57,7 +58,7 @@ def action_of(action: str) -> Action:
     """The lease action of an allocation call (checked against the tool's schema before; a guard here)."""
     if action not in ACTION_ROLES:
         raise ValueError(f"no lease is granted for {action!r}")
-    return "review" if action == "review" else "implement"
+    return "review" if action == "review" else "merge" if action == "merge" else "implement"
 
 
 class AllocatorGitea(CandidatesGitea, BootstrapGitea, ReviewGitea, MergeGitea, DuplicatesGitea, Protocol):
@@ -159,14 +160,6 @@ class Allocator:
         """The action is known and the owner holds its role (the caller's own role was checked at the door)."""
         roster = self.settings.roster
         role = ACTION_ROLES.get(call.action)
-        if role is None and call.action == "merge":
-            return _refuse(
-                "invalid_input",
-                "a merge takes no lease: nothing to allocate",
-                "The merger merges an approved pull request with gitea_merge_pull_request, pinned to the approved"
-                " commit; nothing was leased.",
-                "merger: call gitea_merge_pull_request with the issue_number of the approved pull request",
-            )
         if role is None:
             return _refuse(
                 "invalid_input",
@@ -195,13 +188,13 @@ class Allocator:
         return records, frozenset(issue.number for issue in open_issues)
 
     async def gather_candidates(self, action: str = "implement") -> tuple[list[dict[str, Any]], frozenset[int]]:
-        """Open `status:ready` issues (not PRs) from Gitea, with their dependencies' open state (for a review: the
-        `status:review` issues with their PRs)."""
+        """Open `status:ready` issues (not PRs) from Gitea, with their dependencies' open state (for a review or a
+        merge: the `status:review` issues whose pull request waits for one, bot/verbs/queue_facts.py)."""
         if self.gitea is None:
             raise LookupError("no Gitea client: give candidates_json, or configure gitea.token")
-        if action == "review":
-            slug = self.settings.bootstrap.slug_length
-            return await review_candidates(self.gitea, self.db, self.repo, slug_length=slug)
+        if action in ("review", "merge"):
+            return candidates_of(await queued_pulls(self.gitea, self.db, self.settings),
+                                 "review" if action == "review" else "merge")
         return await mark_duplicates(self.db, self.repo, self.gitea, await ready_candidates(self.gitea))
 
     async def run(self, call: AllocationCall, *, now: datetime | None = None) -> AllocationOutcome:
@@ -213,11 +206,12 @@ class Allocator:
         candidates = call.candidates_json
         if candidates is not None:
             return "candidates_json", candidates, frozenset()
-        if self.gitea is None and call.action == "review":
+        if self.gitea is None and call.action in ("review", "merge"):
             # Not a failure of the service: without Gitea this request needs its candidates given (as any other
             # allocation without Gitea reads the stored state, which has no pull requests).
-            return _refuse("invalid_input", "review candidates come from Gitea (the issues' pull requests), and this "
-                           "foreman has no Gitea client", "Nothing was leased.", "call again with candidates_json")
+            return _refuse("invalid_input", f"{call.action} candidates come from Gitea (the issues' pull requests), "
+                           "and this foreman has no Gitea client", "Nothing was leased.",
+                           "call again with candidates_json")
         if self.gitea is None:
             # No API to reconcile with: the stored issue state that the webhooks keep fresh.
             stored, open_numbers = await self.stored_candidates()
@@ -400,7 +394,7 @@ class Allocator:
 
     def _effects(self, lease: Lease, decision: SelectDecision, call: AllocationCall) -> Sequence[OutboxIntent]:
         """The Gitea side of a lease, in order: status label, assignee, then the evidence comment."""
-        if lease.action == "review":
+        if lease.action in ("review", "merge"):
             return review_lease_effects(lease, self.bot_login, call.delivery_id)
         number, key = lease.issue_number, lease.lease_id
         branch_hint = f"issue-{number}"
@@ -503,20 +497,35 @@ def _why(decision: SelectDecision) -> str:
 
 async def author_pick(db: Database, settings: Settings, now: datetime) -> AuthorPick:
     """The roster authors in the order they receive work now (pure policy over the lease store's facts)."""
+    named = settings.allocator.auto_allocate_owner or None
+    authors = settings.authors()
+    if named and named not in authors:
+        authors = [*authors, named]
+    return await _pick(db, settings, authors, settings.allocator.max_leases_per_author, now, named=named)
+
+
+async def role_pick(db: Database, settings: Settings, role: Literal["reviewer", "merger"], now: datetime) -> (
+    AuthorPick
+):
+    """The roster's reviewers (or mergers) in the order the queues hand them work now: the authors' policy (fewest
+    live leases, then longest idle), capped by ``max_leases_per_reviewer`` (``max_leases_per_merger``)."""
+    logins = sorted(login for login, roles in settings.roster.items() if role in roles)
+    cfg = settings.allocator
+    cap = cfg.max_leases_per_reviewer if role == "reviewer" else cfg.max_leases_per_merger
+    return await _pick(db, settings, logins, cap, now, named=None)
+
+
+async def _pick(db: Database, settings: Settings, logins: list[str], cap: int, now: datetime, *,
+                named: str | None) -> AuthorPick:
     repo = settings.repo_key
     store = LeaseStore(db)
     rows: list[tuple[str, bool, datetime, datetime | None]] = []
     for lease in await store.open_leases(repo):
         alive = lease.is_live(now)
         rows.append((lease.owner, alive, lease.acquired_at, None if alive else lease.expires_at))
-    named = settings.allocator.auto_allocate_owner or None
-    authors = settings.authors()
-    if named and named not in authors:
-        authors = [*authors, named]
-    for owner, ended in (await store.last_ended(repo, authors)).items():
+    for owner, ended in (await store.last_ended(repo, logins)).items():
         rows.append((owner, False, ended, ended))
-    return rank_authors(author_loads(authors, rows), max_leases_per_author=settings.allocator.max_leases_per_author,
-                        named_owner=named)
+    return rank_authors(author_loads(logins, rows), max_leases_per_author=cap, named_owner=named)
 
 
 @executes("allocate_next_work")

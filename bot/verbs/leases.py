@@ -8,11 +8,10 @@ from datetime import timedelta
 from typing import Any
 
 from bot.core.errors import Envelope
-from bot.core.evidence import render_evidence
 from bot.core.verbs import Verb
 from bot.verbs.runtime import Caller, CallOptions, VerbResult, VerbRuntime, envelope, executes, refused, registry
+from bot.verbs.stranded import release_stranded
 from state.leases import Lease, LeaseRefused
-from state.outbox import OutboxIntent, enqueue
 
 log = logging.getLogger("foreman.verbs")
 
@@ -40,27 +39,12 @@ async def release(
     reason = str(values["reason"])
     now = rt.clock()
     key = f"{lease.lease_id}:release"
-    body = render_evidence(
-        key=key,
-        summary=f"Lease on #{lease.issue_number} released by {caller.login} ({reason}); it was held by "
-        f"{lease.owner} for {lease.action}.",
-        state=None,
-        evidence={
-            "action": "release_lease",
-            "lease_id": lease.lease_id,
-            "owner": lease.owner,
-            "released_by": caller.login,
-            "reason": reason,
-            "channel": caller.channel,
-            "delivery": delivery_id,
-            "released_at": now.isoformat(),
-        },
-    )
     try:
         async with rt.db.transaction() as conn:
-            await rt.leases.release(conn, lease.lease_id, actor=caller.login, reason=reason, now=now)
-            await enqueue(conn, OutboxIntent(key, lease.issue_number, "comment", {"body": body}, delivery_id,
-                                             repo=rt.repo))
+            # Released without a hand-over: the issue goes back to its queue (an implement lease's to status:ready,
+            # unassigned), with evidence saying where the work is (bot/verbs/stranded.py).
+            await release_stranded(conn, rt.db, lease, by=caller.login, reason=reason, now=now,
+                                   bot_login=rt.bot_login, delivery_id=delivery_id, key=key, channel=caller.channel)
     except LeaseRefused:
         return refused(verb.name, lease_changed(verb, lease))
     released = await rt.leases.get(lease.lease_id)

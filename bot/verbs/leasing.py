@@ -12,11 +12,12 @@ from bot.config import Settings
 from state.leases import Lease, LeaseStore
 from state.sql import Connection
 
-#: What a lease can be for, and the roster role its owner needs (the lease records it). A merge takes none: the
-#: merger's gitea_merge_pull_request is one Gitea call pinned to the approved commit.
-ACTION_ROLES: dict[str, str] = {"implement": "author", "review": "reviewer"}
+#: What a lease can be for, and the roster role its owner needs (the lease records it). A merge lease is the merge
+#: queue's hand-out of an approved pull request to one merger (gitea_merge_pull_request stays one Gitea call pinned
+#: to the approved commit).
+ACTION_ROLES: dict[str, str] = {"implement": "author", "review": "reviewer", "merge": "merger"}
 
-Action = Literal["implement", "review"]
+Action = Literal["implement", "review", "merge"]
 
 
 @dataclass(frozen=True, slots=True)

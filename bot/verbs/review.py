@@ -31,6 +31,7 @@ from bot.verbs.runtime import (
     issue_of,
     reads_facts,
     refused,
+    registry,
     replays,
 )
 from state.db import Database
@@ -188,52 +189,36 @@ async def pull_facts(rt: VerbRuntime[ReviewGitea], number: int) -> PullFacts:
     return PullFacts(issue, pull, reviews, owner, issue_state_of(issue))
 
 
-# --- review candidates ------------------------------------------------------------------------------------------------
-
-
-async def review_candidates(
-    gitea: ReviewGitea, db: Database, repo: str, *, slug_length: int
-) -> tuple[list[dict[str, Any]], frozenset[int]]:
-    """Open `status:review` issues with an open PR, each barring its PR's author and implementer from the lease."""
-    review = label_for_state("review")
-    leases = LeaseStore(db)
-    records: list[dict[str, Any]] = []
-    for issue in await gitea.list_issues(state="open", labels=[review], type_="issues"):
-        if issue.is_pull or review not in issue.label_names:
-            continue
-        pull = await pull_for_issue(gitea, db, repo, issue, slug_length=slug_length)
-        if pull is None:
-            continue  # nothing to review yet
-        implementer = await implementer_of(leases, repo, issue.number)
-        barred = {pull.user.login} | ({implementer.owner} if implementer is not None else set())
-        record: dict[str, Any] = {"issue_number": issue.number, "title": issue.title,
-                                  "labels": sorted(issue.label_names), "barred_owners": sorted(barred)}
-        if issue.created_at is not None:
-            record["created_at"] = issue.created_at.isoformat()
-        records.append(record)
-    return records, frozenset(r["issue_number"] for r in records)
+# --- the lease's evidence ---------------------------------------------------------------------------------------------
 
 
 def review_lease_effects(lease: Lease, bot_login: str, cause: str | None) -> tuple[OutboxIntent, ...]:
-    """The Gitea side of a review lease: its evidence comment (the issue stays in `status:review`)."""
+    """The Gitea side of a review or merge lease: its evidence comment (the issue stays in `status:review`)."""
     number, key = lease.issue_number, f"{lease.lease_id}:evidence"
+    merge = lease.action == "merge"
+    what = "merge" if merge else "review"
+    tool = "gitea_merge_pull_request" if merge else "gitea_submit_review"
     state = CanonicalState(
         state="review",
-        who_is_next="reviewer",
-        next_action=f"{lease.owner}: review the pull request and call gitea_submit_review for #{number}",
+        who_is_next="merger" if merge else "reviewer",
+        next_action=f"{lease.owner}: {'merge' if merge else 'review'} the pull request and call {tool} for #{number}",
         next_prompt=(
-            f"You hold review lease {lease.lease_id} on #{number} until {lease.expires_at.isoformat()}.\n"
-            f"Read the pull request, then call gitea_submit_review with verdict approve or request_changes."
+            f"You hold {what} lease {lease.lease_id} on #{number} until {lease.expires_at.isoformat()}.\n"
+            + (f"Call gitea_merge_pull_request with issue_number={number}: it merges exactly the approved commit."
+               if merge else
+               "Read the pull request, then call gitea_submit_review with verdict approve or request_changes.")
         ),
-        what_happened=f"leased the review of #{number} to {lease.owner}",
-        why="the issue is in status:review and the reviewer neither wrote nor implemented its pull request",
+        what_happened=f"leased the {what} of #{number} to {lease.owner}",
+        why=("its pull request's approval counts on exactly its head, and the merger neither wrote nor implemented it"
+             if merge else
+             "the issue is in status:review and the reviewer neither wrote nor implemented its pull request"),
         related_prs=(),
         blockers="none",
         validation="lease row committed; this comment is read back by foreman",
         last_updated_by=bot_login or "foreman",
     )
-    body = render_evidence(key=key, summary=f"Leased the review of #{number} to {lease.owner}.", state=state,
-                           evidence={"action": "review_lease", "lease": lease.to_dict()})
+    body = render_evidence(key=key, summary=f"Leased the {what} of #{number} to {lease.owner}.", state=state,
+                           evidence={"action": f"{what}_lease", "lease": lease.to_dict()})
     return (OutboxIntent(key, number, "comment", {"body": body}, cause, repo=lease.repo),)
 
 
@@ -420,6 +405,12 @@ async def _record_verdict(
     doc = _review_doc(number, pull, review, verdict)
     doc.update(outbox=[i.key for i in intents], lease=(await rt.leases.get(lease.lease_id) or lease).to_dict(),
                author_lease=back.to_dict() if back is not None else None)
+    # The reviewer is free and an approved PR waits to merge: the queues run, off this call's path (the service's
+    # worker runs the queued trigger: bot/loops/triggers.py).
+    queue = registry().queue_allocation
+    queued = await queue(rt, "review", lease.lease_id) if queue is not None else None
+    if queued is not None:
+        doc["auto_allocation"] = {"trigger": "review", "queued": queued}
     return rt.done(verb, caller, doc)
 
 

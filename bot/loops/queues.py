@@ -1,0 +1,187 @@
+"""The review and merge queues run by themselves (docs/allocator.md, "The queues"): a pull request waiting for review
+goes to an idle roster reviewer, an approved one whose gate passes to an idle roster merger, or, with
+``[merge] by = "foreman"``, foreman merges it itself, one pull request at a time per base branch.
+
+Both run inside auto-allocation's run (bot/loops/auto_allocate.py), after the implement phase, through the same door
+and the allocator (its exclusions, its lease transaction, its evidence); ``work_queues`` is the read every surface
+shows (``foreman queue``, the runtime context, ``foreman invariants``)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Literal
+
+from bot.core.canonical import CanonicalState
+from bot.core.evidence import render_evidence
+from bot.verbs.allocate import AllocationOutcome, AllocatorGitea, role_pick
+from bot.verbs.queue_facts import QueuedPull, queued_pulls
+from bot.verbs.runtime import Caller, VerbRuntime
+from state.leases import Lease, LeaseStore
+from state.outbox import OutboxIntent, enqueue
+
+log = logging.getLogger("foreman.queues")
+
+Role = Literal["reviewer", "merger"]
+#: The merger of record when foreman merges what passes the gate itself (``[merge] by = "foreman"``): it posts with
+#: the bot's token (it has no identity token of its own).
+MERGE_QUEUE = "foreman:merge-queue"
+QUEUE_MERGER = Caller(login=MERGE_QUEUE, roles=frozenset({"merger"}), channel="auto", operator=True)
+#: One apply of the allocator for an owner and an action (auto-allocation's, with its exclusions and report).
+Apply = Callable[[str, Literal["review", "merge"]], Awaitable[AllocationOutcome]]
+
+
+@dataclass(frozen=True, slots=True)
+class WorkQueues:
+    """What waits now: pull requests for review and to merge (none leased), the busy ones, and the idle roster."""
+
+    reviews: tuple[QueuedPull, ...]
+    merges: tuple[QueuedPull, ...]
+    leased: dict[int, Lease]
+    idle_reviewers: tuple[str, ...]
+    idle_mergers: tuple[str, ...]
+    merge_by: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "reviews_waiting": [q.to_dict() for q in self.reviews],
+            "merges_waiting": [q.to_dict() for q in self.merges],
+            "in_hand": [{"issue_number": n, "owner": lease.owner, "action": lease.action,
+                         "expires_at": lease.expires_at.isoformat()} for n, lease in sorted(self.leased.items())],
+            "idle_reviewers": list(self.idle_reviewers), "idle_mergers": list(self.idle_mergers),
+            "merge_by": self.merge_by,
+        }
+
+
+async def work_queues(door: VerbRuntime[AllocatorGitea], now: datetime) -> WorkQueues:
+    """The queues as they stand now (Gitea's pull requests and reviews, the lease store's leases)."""
+    assert door.gitea is not None
+    pulls = await queued_pulls(door.gitea, door.db, door.settings)
+    live = {lease.issue_number: lease for lease in await door.leases.open_leases(door.repo) if lease.is_live(now)}
+    free = [q for q in pulls if q.issue.number not in live]
+    reviewers = await role_pick(door.db, door.settings, "reviewer", now)
+    mergers = await role_pick(door.db, door.settings, "merger", now)
+    merges = sorted((q for q in free if q.stage == "merge"), key=_approval_order)
+    return WorkQueues(tuple(q for q in free if q.stage == "review"), tuple(merges),
+                      {q.issue.number: live[q.issue.number] for q in pulls if q.issue.number in live},
+                      tuple(reviewers.order), tuple(mergers.order), door.settings.merge.by)
+
+
+def _approval_order(q: QueuedPull) -> tuple[str, int]:
+    return (q.approved_at.isoformat() if q.approved_at is not None else "", q.issue.number)
+
+
+@dataclass
+class QueueReport:
+    """What one run of the queues did: reviews and merges leased, merges foreman made, and what still waits."""
+
+    reviews: list[int]
+    merges: list[int]
+    merged: list[int]
+    waiting_review: list[int]
+    waiting_merge: list[int]
+    notes: list[str]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"reviews": self.reviews, "merges": self.merges, "merged": self.merged,
+                "waiting_review": self.waiting_review, "waiting_merge": self.waiting_merge, "notes": self.notes}
+
+
+async def run_queues(door: VerbRuntime[AllocatorGitea], apply: Apply, *, now: datetime,
+                     delivery_id: str | None) -> QueueReport:
+    """Hand each waiting review to an idle reviewer, then each approved pull request to an idle merger (or merge
+    it, ``[merge] by = "foreman"``); what still waits with nobody idle says so once, with evidence."""
+    report = QueueReport([], [], [], [], [], [])
+    report.reviews = await _hand_out(door, apply, "reviewer", now)
+    if door.settings.merge.by == "foreman":
+        report.merged = await _merge_by_foreman(door, report, now, delivery_id)
+    else:
+        report.merges = await _hand_out(door, apply, "merger", now)
+    queues = await work_queues(door, now)
+    report.waiting_review = [q.issue.number for q in queues.reviews]
+    report.waiting_merge = [q.issue.number for q in queues.merges]
+    if queues.reviews and not queues.idle_reviewers:
+        await _say_waiting(door, queues.reviews, "reviewer", delivery_id)
+    if queues.merges and door.settings.merge.by != "foreman" and not queues.idle_mergers:
+        await _say_waiting(door, queues.merges, "merger", delivery_id)
+    return report
+
+
+async def _hand_out(door: VerbRuntime[AllocatorGitea], apply: Apply, role: Role, now: datetime) -> list[int]:
+    """One apply at a time for the next idle reviewer (merger): the allocator picks the first candidate that owner
+    may take (never one it wrote or implemented); an owner with nothing it may take is passed over."""
+    action: Literal["review", "merge"] = "review" if role == "reviewer" else "merge"
+    leased: list[int] = []
+    passed: set[str] = set()
+    logins = [login for login, roles in door.settings.roster.items() if role in roles]
+    for _ in range(4 * len(logins) + 4):
+        pick = await role_pick(door.db, door.settings, role, now)
+        order = [login for login in pick.order if login not in passed]
+        if not order:
+            break
+        outcome = await apply(order[0], action)
+        if outcome.applied and outcome.lease is not None:
+            leased.append(outcome.lease.issue_number)
+            continue
+        refusal = outcome.refusal
+        if refusal is not None and refusal.error == "conflict":
+            continue  # another allocation won a race: decide again on the fresh leases
+        passed.add(order[0])  # nothing it may take now (or refused for it): the next one
+    return leased
+
+
+async def _merge_by_foreman(door: VerbRuntime[AllocatorGitea], report: QueueReport, now: datetime,
+                            delivery_id: str | None) -> list[int]:
+    """The first approved pull request of each base branch, merged by foreman through the merge verb (its gate, its
+    pin to the approved commit, its evidence); the next one waits for this merge's teardown to run the queue."""
+    queues = await work_queues(door, now)
+    busy: set[str] = set()
+    merged: list[int] = []
+    for queued in queues.merges:
+        base = queued.pull.base_ref
+        if base in busy:
+            continue
+        busy.add(base)
+        number = queued.issue.number
+        result = await door.call("merge_pull_request", QUEUE_MERGER, {"issue_number": number},
+                                 delivery_id=delivery_id)
+        if result.ok:
+            merged.append(number)
+        else:
+            refusal = result.refusal
+            report.notes.append(f"#{number}: the merge queue's merge was refused "
+                                f"({refusal.error if refusal else '?'}: {refusal.message if refusal else ''})")
+            log.warning("merge queue: #%d not merged: %s", number, result.doc.get("message"))
+    return merged
+
+
+async def _say_waiting(door: VerbRuntime[AllocatorGitea], waiting: tuple[QueuedPull, ...], role: Role,
+                       delivery_id: str | None) -> None:
+    """Every reviewer (merger) is busy: each waiting pull request says so once (one comment per issue until its
+    next lease, keyed by its lease history)."""
+    store = LeaseStore(door.db)
+    what = "review" if role == "reviewer" else "merge"
+    cfg = door.settings.allocator
+    cap = cfg.max_leases_per_reviewer if role == "reviewer" else cfg.max_leases_per_merger
+    async with door.db.transaction() as conn:
+        for queued in waiting:
+            number = queued.issue.number
+            key = f"{what}-wait:{number}:{len(await store.history(door.repo, number))}"
+            state = CanonicalState(
+                state="review",
+                who_is_next=role,
+                next_action=f"wait: every {role} is busy ({cap} live lease(s) each); foreman hands the {what} of "
+                f"#{number} to the next {role} who frees up",
+                next_prompt=f"PR #{queued.pull.number} waits for a {what}; foreman hands it out automatically, once.",
+                what_happened=f"the {what} queue found PR #{queued.pull.number} waiting and every {role} busy",
+                why=f"max_leases_per_{role} = {cap}",
+                related_prs=(queued.pull.number,),
+                blockers="none",
+                validation="live leases counted in the database when this comment was enqueued",
+                last_updated_by=door.bot_login or "foreman",
+            )
+            body = render_evidence(key=key, summary=f"#{number} waits: every {role} is busy.", state=state,
+                                   evidence={"action": f"{what}_wait", "pull": queued.pull.number})
+            await enqueue(conn, OutboxIntent(key, number, "comment", {"body": body}, delivery_id, repo=door.repo))
