@@ -254,6 +254,9 @@ class OutboxConfig(ConfigSection):
     verify_attempts: int = Field(default=2, ge=1, le=10)
 
 
+_BOTH_QUEUES: list[Literal["review", "merge"]] = ["review", "merge"]
+
+
 class AllocatorConfig(ConfigSection):
     priority_labels: list[LabelName] = Field(
         default_factory=lambda: ["priority:p0", "priority:p1", "priority:p2", "priority:p3"]
@@ -269,6 +272,9 @@ class AllocatorConfig(ConfigSection):
     auto_allocate_owner: str = ""  # a single named owner: auto-allocation considers only this roster author
     # The review and merge queues (docs/allocator.md): a review goes to an idle roster reviewer, an approved pull
     # request to an idle roster merger, each holding at most this many live leases.
+    #: Which queues run by themselves (with auto-allocation on): none listed, a controller hands out reviews and
+    #: merges with gitea_allocate_next_work (action review or merge), and reviewers may claim reviews.
+    queues: list[Literal["review", "merge"]] = Field(default_factory=lambda: _BOTH_QUEUES.copy())
     max_leases_per_reviewer: int = Field(default=1, ge=1, le=1000)
     max_leases_per_merger: int = Field(default=1, ge=1, le=1000)
 

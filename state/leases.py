@@ -212,6 +212,20 @@ class LeaseStore:
             return [(row["lease_id"], row["issue_number"], json.loads(row["detail_json"] or "{}"))
                     for row in await cur.fetchall()]
 
+    async def self_released(self, repo: str) -> dict[int, str]:
+        """Issue -> owner, for each issue whose latest lease is an implement lease its own owner released (not a
+        controller, not foreman): auto-allocation does not hand the issue straight back to the author who gave it
+        up."""
+        async with self._db.reader.execute(
+            "SELECT l.issue_number, l.owner FROM leases l JOIN lease_events e ON e.lease_id = l.lease_id"
+            " AND e.kind = 'released' AND e.actor = l.owner"
+            " WHERE l.repo = ? AND l.action = 'implement' AND l.status = 'released'"
+            " AND NOT EXISTS (SELECT 1 FROM leases n WHERE n.repo = l.repo AND n.issue_number = l.issue_number"
+            " AND n.id > l.id)",
+            (repo,),
+        ) as cur:
+            return {row["issue_number"]: row["owner"] for row in await cur.fetchall()}
+
     async def events_of(self, lease_ids: Iterable[str]) -> list[dict[str, Any]]:
         """The events of several leases in one read, in the order they happened, each naming its lease."""
         ids = sorted(set(lease_ids))

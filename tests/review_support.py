@@ -21,7 +21,8 @@ from tests.world import FULL_NAME, Sections, World, open_world
 
 #: author-1 implements, author-2 reviews, author-3 merges (the logins are the world's roster identities).
 ROSTER = {"controller-bot": ["controller"], "author-1": ["author"], "author-2": ["reviewer"], "author-3": ["merger"]}
-LOOP: Sections = {"allocator": {"auto_allocate_owner": "author-1"}, "bootstrap": {"on_allocate": "run"}}
+#: The review and merge queues off: these tests hand out reviews and merges as a controller would.
+LOOP: Sections = {"allocator": {"auto_allocate_owner": "author-1", "queues": []}, "bootstrap": {"on_allocate": "run"}}
 TITLE = "Make the widget blue"
 
 
@@ -66,7 +67,6 @@ async def put_in_review(world: World, *, poster: str = "author-1", implementer: 
     await world.call("alice", "POST", f"/issues/{number}/labels", {"labels": ["status:ready"]})
     [lease] = await LeaseStore(world.service.db).history(FULL_NAME, number)
     assert (lease.owner, lease.action, lease.status) == (implementer, "implement", "live")
-    await ok(world, implementer, "gitea_release_lease", issue_number=number, reason="pull request opened")
     emu = world.live.emulator
     branch = branch_for(number, TITLE)
     head = emu.push_commit(OWNER, REPO, branch, {"widget.txt": "blue\n"}, pusher=implementer, message="Blue")
@@ -76,6 +76,8 @@ async def put_in_review(world: World, *, poster: str = "author-1", implementer: 
              "related_prs": [pull.number], "blockers": "none", "validation": "pushed"}
     await ok(world, "controller-bot", "gitea_post_issue_state", issue_number=number, state=state)
     await world.settle()
+    # The issue is in review before the lease ends: a hand-over, not stranded work sent back to status:ready.
+    await ok(world, implementer, "gitea_release_lease", issue_number=number, reason="pull request opened")
     assert world.labels(number) == ["status:review"]  # foreman's label sync follows the posted state
     return InReview(number, pull.number, branch, head)
 

@@ -90,7 +90,8 @@ async def test_request_changes_hands_the_issue_back_to_its_author_in_the_same_wo
     back = doc["author_lease"]
     assert (back["owner"], back["action"], back["status"]) == ("author-1", "implement", "live")
     assert world.labels(pr.number) == ["status:in-progress"]
-    state = (await world.snapshot(pr.number)).state
+    # The hand-back's own evidence (auto-allocation then finishes its bootstrap: the latest state says to lock).
+    state = parse_comment(evidence(world, pr.number, f"{back['lease_id']}:evidence")).current
     assert state is not None and (state.state, state.who_is_next) == ("in-progress", "author")
     assert "gitea_bootstrap_issue_worktree" in state.next_action
     # The author's bootstrap recovers its worktree and branch (nothing created) under the new lease.
@@ -144,24 +145,21 @@ async def test_a_reviewer_with_its_own_gitea_token_approves_a_pr_foreman_posted(
         assert (review.reviewer.login, review.state, review.official) == ("author-2", "APPROVED", True)
 
 
-async def test_a_merge_is_never_allocated(world: World) -> None:
-    """A merge takes no lease (gitea_merge_pull_request is one call pinned to the approved commit): the tool refuses
-    action=merge at the door, and an in-process caller that asks gets the refusal naming the merge tool. Before,
-    a `status:ready` issue was leased to the merger with an implementer's label, assignee and bootstrap prompt."""
-    from bot.verbs.allocate import AllocationCall, Allocator
-
+async def test_a_merge_lease_goes_only_to_an_approved_pull_request(world: World) -> None:
+    """A merge lease is the merge queue's hand-out of an approved PR: a `status:ready` issue is never leased to a
+    merger (before the merge queue, action=merge leased a ready issue to the merger with an implementer's label,
+    assignee and bootstrap prompt; then it was refused outright)."""
     number = await world.open_issue("alice", "Ready but not for a merger")
     await world.call("alice", "POST", f"/issues/{number}/labels", {"labels": ["status:ready"]})
     before = await LeaseStore(world.service.db).history(FULL_NAME, number)
-    refused, doc = await tool(world, "controller-bot", "gitea_allocate_next_work", action="merge", owner="author-3",
-                              dry_run=False)
-    assert refused and doc["error"] == "invalid_input" and "implement, review" in doc["message"], doc
-    outcome = await Allocator(world.service.db, world.service.settings, world.service.gitea, bot_login=BOT).run(
-        AllocationCall(actor="controller-bot", owner="author-3", action="merge", dry_run=False))
-    assert outcome.refusal is not None and outcome.refusal.error == "invalid_input", outcome
-    assert "gitea_merge_pull_request" in outcome.refusal.exact_next_action
+    doc = await ok(world, "controller-bot", "gitea_allocate_next_work", action="merge", owner="author-3",
+                   dry_run=False)
+    assert doc["decision"] == "wait" and doc["applied"] is False, doc
     assert [lease for lease in await LeaseStore(world.service.db).every_lease() if lease.owner == "author-3"] == []
     assert await LeaseStore(world.service.db).history(FULL_NAME, number) == before
+    refused, doc = await tool(world, "controller-bot", "gitea_allocate_next_work", action="merge", owner="author-2",
+                              dry_run=False)
+    assert refused and doc["error"] == "not_authorized" and "merger" in doc["message"], doc
 
 
 async def test_a_review_lease_gets_no_worktree(world: World) -> None:

@@ -36,8 +36,10 @@ TITLE = "Make the widget blue"
 async def world(tmp_path: Path, start: Started) -> AsyncIterator[World]:
     """Each identity has its own Gitea account and token (in the emulator and in [gitea.identity_tokens])."""
     tokens = {login: EXTRA_TOKENS[login] for login in ROSTER}
+    # The review and merge queues off: these lives hand out reviews and merges by the agents' own claims
+    # (tests/test_queues_life.py runs them with the queues).
     async with open_world(tmp_path, start, roster=ROSTER, gitea={"identity_tokens": tokens},
-                          bootstrap={"on_allocate": "run"}) as opened:
+                          bootstrap={"on_allocate": "run"}, allocator={"queues": []}) as opened:
         for login in ROSTER:
             opened.live.emulator.set_permission(OWNER, REPO, login, "write")
         opened.hook.events = expand_hook_events(["issues", "pull_request"])

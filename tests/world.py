@@ -132,7 +132,7 @@ class World:
                     self.settled.add(delivery.delivery_id)
                     continue
                 await self.wait_settled(delivery.delivery_id, deadline)
-            if not pending and await self.outbox_settled():
+            if not pending and await self.outbox_settled() and await self.triggers_settled():
                 await emu.drain_webhooks()
                 if all(d.delivery_id in self.settled for d in emu.deliveries if d.url == self.webhook_url):
                     return
@@ -155,6 +155,13 @@ class World:
             elif entry.status == "sending" or (entry.status == "pending" and entry.issue_number not in stuck):
                 return False
         return not sender.in_flight
+
+    async def triggers_settled(self) -> bool:
+        """Every auto-allocation foreman queued in its own inbox (bot/loops/triggers.py) ran, or failed for good."""
+        from bot.loops.triggers import TRIGGER_PREFIX
+
+        queued = [d for d in await self.service.store.list(limit=10_000) if d.delivery_id.startswith(TRIGGER_PREFIX)]
+        return all(d.status not in ("queued", "processing", "retrying") for d in queued)
 
     async def label_sync_entries(self, number: int) -> list[OutboxEntry]:
         prefix = f"label-sync:{FULL_NAME}#{number}:"

@@ -94,17 +94,23 @@ async def run_queues(door: VerbRuntime[AllocatorGitea], apply: Apply, *, now: da
     """Hand each waiting review to an idle reviewer, then each approved pull request to an idle merger (or merge
     it, ``[merge] by = "foreman"``); what still waits with nobody idle says so once, with evidence."""
     report = QueueReport([], [], [], [], [], [])
-    report.reviews = await _hand_out(door, apply, "reviewer", now)
-    if door.settings.merge.by == "foreman":
+    running = door.settings.allocator.queues
+    if "review" in running:
+        report.reviews = await _hand_out(door, apply, "reviewer", now)
+    else:
+        report.notes.append("the review queue is off ([allocator] queues)")
+    if "merge" not in running:
+        report.notes.append("the merge queue is off ([allocator] queues)")
+    elif door.settings.merge.by == "foreman":
         report.merged = await _merge_by_foreman(door, report, now, delivery_id)
     else:
         report.merges = await _hand_out(door, apply, "merger", now)
     queues = await work_queues(door, now)
     report.waiting_review = [q.issue.number for q in queues.reviews]
     report.waiting_merge = [q.issue.number for q in queues.merges]
-    if queues.reviews and not queues.idle_reviewers:
+    if "review" in running and queues.reviews and not queues.idle_reviewers:
         await _say_waiting(door, queues.reviews, "reviewer", delivery_id)
-    if queues.merges and door.settings.merge.by != "foreman" and not queues.idle_mergers:
+    if "merge" in running and queues.merges and door.settings.merge.by != "foreman" and not queues.idle_mergers:
         await _say_waiting(door, queues.merges, "merger", delivery_id)
     return report
 

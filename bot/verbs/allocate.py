@@ -195,7 +195,14 @@ class Allocator:
         if action in ("review", "merge"):
             return candidates_of(await queued_pulls(self.gitea, self.db, self.settings),
                                  "review" if action == "review" else "merge")
-        return await mark_duplicates(self.db, self.repo, self.gitea, await ready_candidates(self.gitea))
+        records, open_numbers = await mark_duplicates(self.db, self.repo, self.gitea,
+                                                      await ready_candidates(self.gitea))
+        gave_up = await self.leases.self_released(self.repo)
+        for record in records:
+            owner = gave_up.get(record["issue_number"])
+            if owner is not None:  # released by its own author: never handed straight back to them
+                record["barred_owners"] = sorted({*record.get("barred_owners", ()), owner})
+        return records, open_numbers
 
     async def run(self, call: AllocationCall, *, now: datetime | None = None) -> AllocationOutcome:
         return await self._run(call, now=now)

@@ -10,7 +10,7 @@ from typing import Any
 from bot.core.errors import Envelope
 from bot.core.verbs import Verb
 from bot.verbs.runtime import Caller, CallOptions, VerbResult, VerbRuntime, envelope, executes, refused, registry
-from bot.verbs.stranded import release_stranded
+from bot.verbs.stranded import release_stranded, still_in_progress
 from state.leases import Lease, LeaseRefused
 
 log = logging.getLogger("foreman.verbs")
@@ -39,12 +39,14 @@ async def release(
     reason = str(values["reason"])
     now = rt.clock()
     key = f"{lease.lease_id}:release"
+    requeue = await still_in_progress(rt.db, lease)
     try:
         async with rt.db.transaction() as conn:
             # Released without a hand-over: the issue goes back to its queue (an implement lease's to status:ready,
             # unassigned), with evidence saying where the work is (bot/verbs/stranded.py).
             await release_stranded(conn, rt.db, lease, by=caller.login, reason=reason, now=now,
-                                   bot_login=rt.bot_login, delivery_id=delivery_id, key=key, channel=caller.channel)
+                                   bot_login=rt.bot_login, delivery_id=delivery_id, key=key, requeue=requeue,
+                                   channel=caller.channel)
     except LeaseRefused:
         return refused(verb.name, lease_changed(verb, lease))
     released = await rt.leases.get(lease.lease_id)

@@ -291,7 +291,8 @@ class VerbRuntime(Generic[G]):
         decision = evaluate(verb.name, context)
         if not decision.allowed:
             log.info("%s by %s refused: %s %s", verb.name, caller.login, decision.kind, list(decision.failed))
-            return _decision_result(verb.name, decision)
+            ended = await self._ended_lease(verb, caller, context, decision)
+            return ended if ended is not None else _decision_result(verb.name, decision)
         execute = _REGISTRY.executors.get(verb.name)
         if execute is None:  # the composition root did not load the verb families (bot.catalog)
             raise RuntimeError(f"no executor is registered for {verb.name}: import bot.catalog")
@@ -328,6 +329,42 @@ class VerbRuntime(Generic[G]):
                 if precondition in verb.preconditions:
                     context = await read(self, context, lease if live else None, issue)
         return context, lease
+
+    async def _ended_lease(self, verb: Verb, caller: Caller, context: GatewayContext, decision: Decision) -> (
+        VerbResult | None
+    ):
+        """A call refused for want of the caller's live lease, by the caller whose own lease on the issue ended
+        (expired, or released by someone else): said so, with when and what became of the issue (``lease_expired``
+        or ``lease_released``), never only "not leased to you". None for any other refusal."""
+        issue = context.issue_number
+        if issue is None or not set(decision.failed) & _LEASE_GATES:
+            return None
+        history = await self.leases.history(self.repo, issue)
+        mine = [lease for lease in history if lease.owner == caller.login]
+        now = self.clock()
+        if not mine or mine[-1].is_live(now) or (mine[-1].status == "released" and mine[-1].end_reason in _HANDED_ON):
+            return None
+        last = mine[-1]
+        expired = last.status != "released"
+        current = next((lease for lease in reversed(history) if lease.is_live(now)), None)
+        snapshot = await self.issues.snapshot(self.repo, issue)
+        labels = sorted(label.name for label in snapshot.labels or ()) if snapshot is not None else []
+        ended_at = last.ended_at or last.expires_at
+        now_held = (f"it is leased to {current.owner} for {current.action} now" if current is not None else
+                    "nobody holds it now")
+        what = (f"expired at {last.expires_at.isoformat()}" if expired else
+                f"was released at {ended_at.isoformat()} ({last.end_reason})")
+        return refused(verb.name, envelope(
+            "not_authorized",
+            f"your {last.action} lease on #{issue} {what}; {now_held} (labels: {', '.join(labels) or 'none'})",
+            "Your work is kept: your worktree stays until the issue's teardown, and if the issue comes back to you "
+            "its bootstrap resumes it (docs/operating.md, \"Stranded work\").",
+            "call gitea_get_runtime_context to find the work leased to you now",
+            reason="lease_expired" if expired else "lease_released",
+            lease_id=last.lease_id, expires_at=last.expires_at.isoformat(), ended_at=ended_at.isoformat(),
+            end_reason=last.end_reason or "expired", issue_labels=labels,
+            current_lease=({"owner": current.owner, "action": current.action,
+                            "expires_at": current.expires_at.isoformat()} if current is not None else None)))
 
     async def worktree_registered(self, issue: int, owner: str) -> bool:
         bootstrap = await self.worktree_bootstrap()
@@ -369,6 +406,11 @@ AuthorFreed = Callable[[VerbRuntime[Any], str | None], Awaitable[dict[str, Any] 
 #: triggers register one): the runtime, the trigger and its key; the queued delivery's id (None: nothing queued).
 QueueAllocation = Callable[[VerbRuntime[Any], str, str], Awaitable[str | None]]
 _E = TypeVar("_E", bound=Callable[..., Awaitable[object]])
+#: The gates a caller fails when it holds no live lease on the issue (``_ended_lease`` then says why).
+_LEASE_GATES = frozenset({"owns_lease", "owns_lease_or_controller", "live_lease"})
+#: Lease ends that hand the issue on by the life's own steps (the PR's opening, a verdict, the teardown): a later
+#: call of the old owner is refused as before, with no stranded-work explanation.
+_HANDED_ON = frozenset({"pull_request_opened", "reviewed", "merged", "pr_closed", "issue_closed"})
 
 
 @dataclass

@@ -17,7 +17,9 @@ from typing import Any, Literal
 from bot.core.canonical import CanonicalState
 from bot.core.evidence import render_evidence
 from bot.core.intents import StateChange
+from bot.core.vocabulary import STATES, label_for_state
 from state.db import Database
+from state.issues import IssueStore
 from state.journal import JournalStore
 from state.leases import Lease, LeaseStore
 from state.outbox import OutboxIntent, enqueue
@@ -60,16 +62,21 @@ async def work_place(db: Database, lease: Lease) -> WorkPlace:
 
 def stranded_effects(
     lease: Lease, *, how: How, by: str, reason: str, at: datetime, place: WorkPlace, key: str, bot_login: str,
-    cause: str | None,
+    cause: str | None, requeue: bool = True,
 ) -> tuple[OutboxIntent, ...]:
     """The Gitea side of a stranded lease: for an implement lease `status:ready`, nobody assigned, and the evidence;
-    for a review or merge lease the evidence only (the issue stays in `status:review`)."""
+    for a review or merge lease the evidence only (the issue stays in `status:review`). With ``requeue`` False (the
+    issue moved on before its lease ended: a hand-over) the evidence only, its state left as it is."""
     n, owner = lease.issue_number, lease.owner
     happened = (f"{owner}'s {lease.action} lease expired at {lease.expires_at.isoformat()} and was not renewed "
                 f"within the grace period" if how == "expired" else
                 f"{by} released {owner}'s {lease.action} lease ({reason})")
     evidence = {"action": f"lease_{how}", "lease": lease.to_dict(), "by": by, "reason": reason,
-                "at": at.isoformat(), "work": place.to_dict()}
+                "at": at.isoformat(), "work": place.to_dict(), "requeued": requeue}
+    if not requeue:
+        body = render_evidence(key=key, summary=f"Lease on #{n} ended: {happened}; the issue had moved on, so its "
+                               "state stays as it is.", state=None, evidence=evidence)
+        return (OutboxIntent(key, n, "comment", {"body": body}, cause, repo=lease.repo),)
     if lease.action == "implement":
         state = CanonicalState(
             state="ready",
@@ -108,6 +115,19 @@ def stranded_effects(
     return (OutboxIntent(key, n, "comment", {"body": body}, cause, repo=lease.repo),)
 
 
+async def still_in_progress(db: Database, lease: Lease) -> bool:
+    """Whether the issue is still where its implement lease left it (`status:in-progress`, or unknown to the stored
+    state): only then does its lease's end send it back to `status:ready`; an issue that moved on (in review,
+    blocked, done) keeps its state. A review or merge lease's issue always goes back to its queue."""
+    if lease.action != "implement":
+        return True
+    snapshot = await IssueStore(db).snapshot(lease.repo, lease.issue_number)
+    if snapshot is None or snapshot.labels is None:
+        return True
+    states = {label.name for label in snapshot.labels} & {row.label for row in STATES}
+    return not states or states == {label_for_state("in-progress")}
+
+
 async def expire_stranded(
     db: Database, repo: str, *, grace: timedelta, now: datetime, bot_login: str, delivery_id: str | None,
 ) -> list[Lease]:
@@ -119,12 +139,13 @@ async def expire_stranded(
         if lease.status != "live" or lease.expires_at > now - grace:
             continue
         place = await work_place(db, lease) if lease.action == "implement" else WorkPlace(None, None, None)
+        requeue = await still_in_progress(db, lease)
         async with db.transaction() as conn:
             if not await store.expire(conn, lease.lease_id, now=now, grace=grace):
                 continue
             for intent in stranded_effects(lease, how="expired", by="foreman", reason="expired", at=now,
                                            place=place, key=f"{lease.lease_id}:expired", bot_login=bot_login,
-                                           cause=delivery_id):
+                                           cause=delivery_id, requeue=requeue):
                 await enqueue(conn, intent)
         ended.append(lease)
     return ended
@@ -132,14 +153,14 @@ async def expire_stranded(
 
 async def release_stranded(
     conn: Connection, db: Database, lease: Lease, *, by: str, reason: str, now: datetime, bot_login: str,
-    delivery_id: str | None, key: str, **detail: Any,
+    delivery_id: str | None, key: str, requeue: bool = True, **detail: Any,
 ) -> tuple[OutboxIntent, ...]:
     """Inside the caller's transaction: end ``lease`` as released (``reason``) and queue its stranded effects (where
     its work is read beside, from committed state). Raises LeaseRefused when it is no longer live."""
     place = await work_place(db, lease) if lease.action == "implement" else WorkPlace(None, None, None)
     await LeaseStore(db).release(conn, lease.lease_id, actor=by, reason=reason, now=now, **detail)
     intents = stranded_effects(lease, how="released", by=by, reason=reason, at=now, place=place, key=key,
-                               bot_login=bot_login, cause=delivery_id)
+                               bot_login=bot_login, cause=delivery_id, requeue=requeue)
     for intent in intents:
         await enqueue(conn, intent)
     return intents

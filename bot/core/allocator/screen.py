@@ -143,7 +143,8 @@ def screen(inputs: Inputs, held: LeaseStates) -> Screened:
             skip(new_skipped(number, *excluded))
         elif barred and owner in barred:
             skip(new_skipped(number, "self_review",
-                             f"{owner} wrote or implemented #{number}'s pull request and cannot review it"))
+                             f"{owner} may not take #{number}: it wrote or implemented its pull request, or "
+                             "released the issue itself"))
         elif number in foreign_live:
             holder = first_lease(foreign_live[number])
             skip(new_skipped(number, "foreign_claim",
