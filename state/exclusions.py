@@ -1,4 +1,5 @@
-"""A controller's standing exclusions: what it last stated in an allocation call, applied by auto-allocation."""
+"""A controller's standing exclusions: what it last stated in an allocation call for an action, applied by
+auto-allocation to that action's decisions."""
 
 from __future__ import annotations
 
@@ -13,22 +14,24 @@ class ExclusionStore:
     def __init__(self, db: Database) -> None:
         self._db = db
 
-    async def state(self, repo: str, controller: str, numbers: Iterable[int], *, at: datetime,
+    async def state(self, repo: str, controller: str, numbers: Iterable[int], *, action: str, at: datetime,
                     via: str | None) -> None:
-        """Record what ``controller`` excludes from now on (replacing what it stated before)."""
+        """Record what ``controller`` excludes from now on in allocations for ``action`` (replacing what it stated
+        before for that action only: a review statement leaves its implement one standing, and the reverse)."""
         async with self._db.transaction() as conn:
             await conn.execute(
-                "INSERT INTO controller_exclusions (repo, controller, issue_numbers, stated_at, via)"
-                " VALUES (?, ?, ?, ?, ?)",
-                (repo, controller, json.dumps(sorted(set(numbers))), to_db_time(at), via),
+                "INSERT INTO controller_exclusions (repo, controller, action, issue_numbers, stated_at, via)"
+                " VALUES (?, ?, ?, ?, ?, ?)",
+                (repo, controller, action, json.dumps(sorted(set(numbers))), to_db_time(at), via),
             )
 
-    async def standing(self, repo: str) -> dict[str, list[int]]:
-        """Each controller's latest statement that still excludes something."""
+    async def standing(self, repo: str, *, action: str = "implement") -> dict[str, list[int]]:
+        """Each controller's latest statement for ``action`` that still excludes something."""
         async with self._db.reader.execute(
             "SELECT controller, issue_numbers FROM controller_exclusions WHERE id IN"
-            " (SELECT MAX(id) FROM controller_exclusions WHERE repo = ? GROUP BY controller) ORDER BY controller",
-            (repo,),
+            " (SELECT MAX(id) FROM controller_exclusions WHERE repo = ? AND action = ? GROUP BY controller)"
+            " ORDER BY controller",
+            (repo, action),
         ) as cur:
             rows = list(await cur.fetchall())
         found = {row["controller"]: list(json.loads(row["issue_numbers"])) for row in rows}

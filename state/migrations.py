@@ -613,4 +613,15 @@ MIGRATIONS: tuple[tuple[int, str, str], ...] = (
                        AND h.handler = 'handlers.verb_commands.on_command' AND h.status = 'done')));
         """,
     ),
+    (
+        16,
+        "standing exclusions per action: what a controller states in a review allocation stands for reviews only"
+        " (the statements made before keep standing for implement, as they did)",
+        """
+        ALTER TABLE controller_exclusions ADD COLUMN action TEXT NOT NULL DEFAULT 'implement';
+        -- Each controller's latest statement for one action: one seek per (repo, action, controller).
+        DROP INDEX controller_exclusions_latest;
+        CREATE INDEX controller_exclusions_latest ON controller_exclusions (repo, action, controller, id);
+        """,
+    ),
 )

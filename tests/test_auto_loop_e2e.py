@@ -394,8 +394,9 @@ async def test_auto_allocation_survives_more_standing_exclusions_than_one_call_m
     async with open_world(tmp_path, start, roster=roster) as world:
         service = world.service
         store = ExclusionStore(service.db)
-        await store.state(service.settings.repo_key, "controller-bot", range(1000, 1600), at=utcnow(), via="mcp")
-        await store.state(service.settings.repo_key, "controller-x", range(2000, 2600), at=utcnow(), via="mcp")
+        repo = service.settings.repo_key
+        await store.state(repo, "controller-bot", range(1000, 1600), action="implement", at=utcnow(), via="mcp")
+        await store.state(repo, "controller-x", range(2000, 2600), action="implement", at=utcnow(), via="mcp")
         number = await world.open_issue("alice", "Task")
         await world.call("alice", "POST", f"/issues/{number}/labels", {"labels": ["status:ready"]})
         [decision, *_] = await recent_decisions(service.db, FULL_NAME.lower())

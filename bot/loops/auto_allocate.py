@@ -127,7 +127,7 @@ async def _run(door: VerbRuntime[AllocatorGitea], gitea: AllocatorGitea, report:
     cfg = settings.allocator
     named = cfg.auto_allocate_owner or None
     # The controllers' standing exclusions, before ranking, as in their own calls; then issues whose proof failed.
-    report.standing_exclusions = await ExclusionStore(db).standing(repo)
+    report.standing_exclusions = await ExclusionStore(db).standing(repo, action="implement")
     standing = {n for numbers in report.standing_exclusions.values() for n in numbers}
     excluded: set[int] = set(standing)
     # The review and merge queues' own standing exclusions (a controller's, per action: docs/allocator.md).

@@ -249,14 +249,14 @@ class Allocator:
         moment = now or utcnow()
         mode = self.settings.bootstrap.on_allocate if call.action == "implement" else "off"  # reviews need no worktree
         if not call.dry_run and not call.actor_is_operator and call.exclude_issue_numbers is not None:
-            # A controller's exclusions stated in an apply stand for auto-allocation until it states others (a
-            # dry run decides only: it writes nothing).
+            # A controller's exclusions stated in an apply stand for auto-allocation of the same action until it
+            # states others for that action (a dry run decides only: it writes nothing).
             try:
                 stated = normalize_exclusions(call.exclude_issue_numbers)
             except InputError:
                 pass  # the decision below refuses the request
             else:
-                await ExclusionStore(self.db).state(self.repo, call.actor, stated, at=moment,
+                await ExclusionStore(self.db).state(self.repo, call.actor, stated, action=call.action, at=moment,
                                                     via=call.delivery_id or "mcp")
         if call.dry_run:
             leases = [lease.as_live_lease() for lease in await self.leases.open_leases(self.repo)]
