@@ -234,7 +234,8 @@ async def test_a_merge_foreman_posted_itself_still_tears_the_issue_down(tmp_path
     closed webhook (sent by the bot) still ends the issue's life at once, not at the next catch-up."""
     tokens = {login: EXTRA_TOKENS[login] for login in (AUTHOR, REVIEWER)}
     async with open_world(tmp_path, start, roster=ROSTER, gitea={"identity_tokens": tokens},
-                          bootstrap={"on_allocate": "run"}, reconcile={"interval_s": 0}) as world:
+                          bootstrap={"on_allocate": "run"}, reconcile={"interval_s": 0},
+                          allocator={"queues": []}) as world:
         for login in ROSTER:
             world.live.emulator.set_permission(OWNER, REPO, login, "write")
         world.hook.events = expand_hook_events(["issues", "pull_request"])

@@ -131,7 +131,10 @@ async def _run(door: VerbRuntime[AllocatorGitea], gitea: AllocatorGitea, report:
     standing = {n for numbers in report.standing_exclusions.values() for n in numbers}
     excluded: set[int] = set(standing)
     # The review and merge queues' own standing exclusions (a controller's, per action: docs/allocator.md).
-    queue_excluded: dict[str, set[int]] = {"review": set(), "merge": set()}
+    queue_excluded: dict[str, set[int]] = {}
+    for action in ("review", "merge"):
+        stated = await ExclusionStore(db).standing(repo, action=action)
+        queue_excluded[action] = {n for numbers in stated.values() for n in numbers}
     done: set[str] = set()
 
     async def apply(owner: str, *, resume: bool, action: str = "implement") -> AllocationOutcome:

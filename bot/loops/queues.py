@@ -4,7 +4,7 @@ goes to an idle roster reviewer, an approved one whose gate passes to an idle ro
 
 Both run inside auto-allocation's run (bot/loops/auto_allocate.py), after the implement phase, through the same door
 and the allocator (its exclusions, its lease transaction, its evidence); ``work_queues`` is the read every surface
-shows (``foreman queue``, the runtime context, ``foreman invariants``)."""
+shows (bot/verbs/queue_view.py)."""
 
 from __future__ import annotations
 
@@ -17,9 +17,10 @@ from typing import Any, Literal
 from bot.core.canonical import CanonicalState
 from bot.core.evidence import render_evidence
 from bot.verbs.allocate import AllocationOutcome, AllocatorGitea, role_pick
-from bot.verbs.queue_facts import QueuedPull, queued_pulls
+from bot.verbs.queue_facts import QueuedPull
+from bot.verbs.queue_view import work_queues
 from bot.verbs.runtime import Caller, VerbRuntime
-from state.leases import Lease, LeaseStore
+from state.leases import LeaseStore
 from state.outbox import OutboxIntent, enqueue
 
 log = logging.getLogger("foreman.queues")
@@ -31,46 +32,6 @@ MERGE_QUEUE = "foreman:merge-queue"
 QUEUE_MERGER = Caller(login=MERGE_QUEUE, roles=frozenset({"merger"}), channel="auto", operator=True)
 #: One apply of the allocator for an owner and an action (auto-allocation's, with its exclusions and report).
 Apply = Callable[[str, Literal["review", "merge"]], Awaitable[AllocationOutcome]]
-
-
-@dataclass(frozen=True, slots=True)
-class WorkQueues:
-    """What waits now: pull requests for review and to merge (none leased), the busy ones, and the idle roster."""
-
-    reviews: tuple[QueuedPull, ...]
-    merges: tuple[QueuedPull, ...]
-    leased: dict[int, Lease]
-    idle_reviewers: tuple[str, ...]
-    idle_mergers: tuple[str, ...]
-    merge_by: str
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "reviews_waiting": [q.to_dict() for q in self.reviews],
-            "merges_waiting": [q.to_dict() for q in self.merges],
-            "in_hand": [{"issue_number": n, "owner": lease.owner, "action": lease.action,
-                         "expires_at": lease.expires_at.isoformat()} for n, lease in sorted(self.leased.items())],
-            "idle_reviewers": list(self.idle_reviewers), "idle_mergers": list(self.idle_mergers),
-            "merge_by": self.merge_by,
-        }
-
-
-async def work_queues(door: VerbRuntime[AllocatorGitea], now: datetime) -> WorkQueues:
-    """The queues as they stand now (Gitea's pull requests and reviews, the lease store's leases)."""
-    assert door.gitea is not None
-    pulls = await queued_pulls(door.gitea, door.db, door.settings)
-    live = {lease.issue_number: lease for lease in await door.leases.open_leases(door.repo) if lease.is_live(now)}
-    free = [q for q in pulls if q.issue.number not in live]
-    reviewers = await role_pick(door.db, door.settings, "reviewer", now)
-    mergers = await role_pick(door.db, door.settings, "merger", now)
-    merges = sorted((q for q in free if q.stage == "merge"), key=_approval_order)
-    return WorkQueues(tuple(q for q in free if q.stage == "review"), tuple(merges),
-                      {q.issue.number: live[q.issue.number] for q in pulls if q.issue.number in live},
-                      tuple(reviewers.order), tuple(mergers.order), door.settings.merge.by)
-
-
-def _approval_order(q: QueuedPull) -> tuple[str, int]:
-    return (q.approved_at.isoformat() if q.approved_at is not None else "", q.issue.number)
 
 
 @dataclass
