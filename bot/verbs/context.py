@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Mapping
+from datetime import datetime
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -11,7 +12,10 @@ from bot import gitops
 from bot.core.gateway import GatewayContext
 from bot.core.verbs import PRECONDITION_WORKTREE, VERBS, Verb, evaluate
 from bot.gitea import Branch, Repository
+from bot.verbs.queue_view import work_queues
+from bot.verbs.review import ReviewGitea
 from bot.verbs.runtime import Caller, CallOptions, VerbResult, VerbRuntime, executes
+from state.journal import JournalStore
 from state.leases import Lease
 
 #: How many issues a runtime context lists per verb (a controller may see every live lease).
@@ -26,14 +30,20 @@ class BranchGitea(Protocol):
     async def get_branch(self, name: str) -> Branch: ...
 
 
+class ContextGitea(BranchGitea, ReviewGitea, Protocol):
+    """What the runtime context reads: the default branch, and the queues waiting for a reviewer or merger."""
+
+
 @executes("get_runtime_context")
 async def runtime_context(
-    rt: VerbRuntime[BranchGitea], verb: Verb, caller: Caller, values: Mapping[str, object], lease: Lease | None,
+    rt: VerbRuntime[ContextGitea], verb: Verb, caller: Caller, values: Mapping[str, object], lease: Lease | None,
     delivery_id: str | None, options: CallOptions,
 ) -> VerbResult:
     now = rt.clock()
     open_leases = [lease for lease in await rt.leases.open_leases(rt.repo) if lease.is_live(now)]
-    mine = [lease for lease in open_leases if lease.owner == caller.login]
+    # A hand-back (changes requested on the caller's PR) first: work already under review before new work.
+    mine = sorted((lease for lease in open_leases if lease.owner == caller.login),
+                  key=lambda lease: (not _handed_back(lease), lease.acquired_at))
     callable_now = await _callable_now(rt, caller, open_leases)
     branch = await _default_branch(rt)
     doc: dict[str, Any] = {
@@ -41,14 +51,50 @@ async def runtime_context(
         "role": sorted(caller.roles)[0] if len(caller.roles) == 1 else sorted(caller.roles),
         "repository": f"{rt.settings.repository.owner}/{rt.settings.repository.name}",
         "default_branch": branch,
-        "leases": [lease.to_dict() for lease in mine],
+        "leases": [await _lease_doc(rt, lease, now) for lease in mine],
         "callable_now": callable_now,
         "exact_next_action": await _next_action(rt, caller, mine),
     }
+    waiting = await _waiting_for_role(rt, caller, now) if not mine else None
+    if waiting is not None:
+        doc["work_waiting"] = waiting
     return rt.done(verb, caller, doc)
 
 
-async def _callable_now(rt: VerbRuntime[BranchGitea], caller: Caller, live: list[Lease]) -> list[dict[str, Any]]:
+def _handed_back(lease: Lease) -> bool:
+    return lease.request.get("source") == "request_changes"
+
+
+async def _lease_doc(rt: VerbRuntime[ContextGitea], lease: Lease, now: datetime) -> dict[str, Any]:
+    """The lease, its time left, whether it is a hand-back, and (an implement lease) its registered worktree."""
+    doc = lease.to_dict()
+    doc["seconds_left"] = max(0, int((lease.expires_at - now).total_seconds()))
+    doc["handed_back"] = _handed_back(lease)
+    if lease.action == "implement":
+        registration = await JournalStore(rt.db).live_registration(rt.repo, lease.issue_number)
+        doc["worktree_path"] = (registration.worktree_path if registration is not None and
+                                registration.owner == lease.owner else None)
+    return doc
+
+
+async def _waiting_for_role(rt: VerbRuntime[ContextGitea], caller: Caller, now: datetime) -> dict[str, Any] | None:
+    """For a reviewer or merger holding nothing: what waits for its role now (the queues hand it out by themselves,
+    bot/loops/queues.py), never "wait for a controller"."""
+    if not caller.roles & {"reviewer", "merger"} or rt.gitea is None:
+        return None
+    try:
+        queues = await work_queues(rt, now)
+    except Exception as exc:  # the context still answers; it says the queues could not be read
+        return {"error": f"the queues could not be read: {type(exc).__name__}"}
+    out: dict[str, Any] = {"merge_by": queues.merge_by, "queues_running": list(rt.settings.allocator.queues)}
+    if "reviewer" in caller.roles:
+        out["reviews"] = [q.to_dict() for q in queues.reviews if caller.login not in q.barred]
+    if "merger" in caller.roles:
+        out["merges"] = [q.to_dict() for q in queues.merges if caller.login not in q.barred]
+    return out
+
+
+async def _callable_now(rt: VerbRuntime[ContextGitea], caller: Caller, live: list[Lease]) -> list[dict[str, Any]]:
     """Each offered verb the gateway allows this caller now; issue verbs once per issue it applies to."""
     out: list[dict[str, Any]] = []
     relevant = [lease for lease in live if lease.owner == caller.login or "controller" in caller.roles]
@@ -81,13 +127,16 @@ async def _callable_now(rt: VerbRuntime[BranchGitea], caller: Caller, live: list
     return out
 
 
-async def _next_action(rt: VerbRuntime[BranchGitea], caller: Caller, mine: list[Lease]) -> str:
+async def _next_action(rt: VerbRuntime[ContextGitea], caller: Caller, mine: list[Lease]) -> str:
     if mine:
         lease = mine[0]
         n = lease.issue_number
         until = lease.expires_at.isoformat()
         if lease.action == "review":  # a review needs no worktree
             return (f"review the pull request of #{n} and call gitea_submit_review with issue_number={n}; "
+                    f"call gitea_heartbeat_lease with issue_number={n} before {until}")
+        if lease.action == "merge":
+            return (f"call gitea_merge_pull_request with issue_number={n} (it merges exactly the approved commit); "
                     f"call gitea_heartbeat_lease with issue_number={n} before {until}")
         bootstrap = await rt.worktree_bootstrap()
         if bootstrap is not None and not await bootstrap.worktree_registered(issue_number=n, owner=caller.login):
@@ -108,10 +157,16 @@ async def _next_action(rt: VerbRuntime[BranchGitea], caller: Caller, mine: list[
             "call gitea_allocate_next_work with dry_run=true, then with dry_run=false and "
             "expected_fingerprint set to the dry run's fingerprint"
         )
+    if caller.roles & {"reviewer", "merger"} and rt.settings.auto_allocation():
+        return ("nothing is leased to you now: foreman hands you the next review or merge that waits for your role "
+                "by itself (see work_waiting); call gitea_get_runtime_context again in a minute")
+    if "author" in caller.roles and rt.settings.auto_allocation():
+        return ("nothing is leased to you now: foreman leases you the next status:ready issue by itself; call "
+                "gitea_get_runtime_context again in a minute")
     return "nothing is leased to you: call gitea_get_runtime_context again after a controller allocates work to you"
 
 
-async def _default_branch(rt: VerbRuntime[BranchGitea]) -> dict[str, Any]:
+async def _default_branch(rt: VerbRuntime[ContextGitea]) -> dict[str, Any]:
     """The default branch's SHA live on Gitea and in the control checkout, side by side."""
     out: dict[str, Any] = {"name": None, "live_sha": None, "checkout_sha": None, "checkout": None}
     notes: list[str] = []

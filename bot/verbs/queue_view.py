@@ -7,8 +7,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from bot.verbs.allocate import AllocatorGitea, role_pick
+from bot.verbs.allocate import role_pick
 from bot.verbs.queue_facts import QueuedPull, queued_pulls
+from bot.verbs.review import ReviewGitea
 from bot.verbs.runtime import VerbRuntime
 from state.leases import Lease
 
@@ -35,7 +36,7 @@ class WorkQueues:
         }
 
 
-async def work_queues(door: VerbRuntime[AllocatorGitea], now: datetime) -> WorkQueues:
+async def work_queues(door: VerbRuntime[ReviewGitea], now: datetime) -> WorkQueues:
     """The queues as they stand now (Gitea's pull requests and reviews, the lease store's leases). Raises GiteaError
     when Gitea cannot answer; needs the door's Gitea client."""
     if door.gitea is None:

@@ -34,6 +34,7 @@ from bot.verbs.runtime import (
     registry,
     replays,
 )
+from bot.verbs.stranded import release_stranded
 from state.db import Database
 from state.leases import Lease, LeaseRefused, LeaseStore, LeaseTaken
 from state.outbox import OutboxIntent, enqueue
@@ -356,6 +357,11 @@ async def _record_verdict(
     # The implementer at max_leases_per_author (the hand-over freed them for other work): no second lease; the
     # issue waits for them, and auto-allocation leases it back once one of their leases ends.
     busy = [] if approve or implementer is None else await busy_leases(rt.leases, rt.repo, implementer, now)
+    # A hand-back preempts new work: the implementer's newest unstarted implement lease (nothing published from
+    # it) goes back to status:ready so the requested changes come first.
+    preempted = await _preemptible(rt, busy) if len(busy) >= cap else None
+    if preempted is not None:
+        busy = [held for held in busy if held.lease_id != preempted.lease_id]
     waiting = len(busy) >= cap
     others = ", ".join(f"#{held.issue_number}" for held in busy)
     state = CanonicalState(
@@ -378,8 +384,14 @@ async def _record_verdict(
         last_updated_by=rt.bot_login or "foreman",
     )
     intents: list[OutboxIntent] = []
+    preempt_keys: list[str] = []
     try:
         async with rt.db.transaction() as conn:
+            if preempted is not None:  # its release queues its own effects (back to status:ready)
+                preempt_keys = [i.key for i in await release_stranded(
+                    conn, rt.db, preempted, by="foreman", reason="preempted_by_hand_back", now=now,
+                    bot_login=rt.bot_login, delivery_id=delivery_id, key=f"{preempted.lease_id}:preempted",
+                    hand_back=number)]
             back, back_evidence = await _end_review(rt, conn, caller, lease, review, verdict, implementer, now,
                                                     state, waiting=waiting, pull_number=pull.number,
                                                     delivery_id=delivery_id)
@@ -403,8 +415,10 @@ async def _record_verdict(
         # Gitea holds the review (with this lease's marker): a retry by the new holder of a review lease finds it.
         return refused(verb.name, lease_changed(verb, lease))
     doc = _review_doc(number, pull, review, verdict)
-    doc.update(outbox=[i.key for i in intents], lease=(await rt.leases.get(lease.lease_id) or lease).to_dict(),
-               author_lease=back.to_dict() if back is not None else None)
+    doc.update(outbox=[i.key for i in intents] + preempt_keys,
+               lease=(await rt.leases.get(lease.lease_id) or lease).to_dict(),
+               author_lease=back.to_dict() if back is not None else None,
+               preempted=preempted.to_dict() if preempted is not None else None)
     # The reviewer is free and an approved PR waits to merge: the queues run, off this call's path (the service's
     # worker runs the queued trigger: bot/loops/triggers.py).
     queue = registry().queue_allocation
@@ -412,6 +426,19 @@ async def _record_verdict(
     if queued is not None:
         doc["auto_allocation"] = {"trigger": "review", "queued": queued}
     return rt.done(verb, caller, doc)
+
+
+async def _preemptible(rt: VerbRuntime[ReviewGitea], busy: Sequence[Lease]) -> Lease | None:
+    """The implementer's newest implement lease that is not itself a hand-back and from which nothing was
+    published (unstarted: its worktree, if any, stays for its owner), or None."""
+    for held in sorted(busy, key=lambda lease: lease.acquired_at, reverse=True):
+        if held.action != "implement" or held.request.get("source") == "request_changes":
+            continue
+        published = [p for p in await PublicationStore(rt.db).for_issue(rt.repo, held.issue_number)
+                     if p.lease_id == held.lease_id]
+        if not published:
+            return held
+    return None
 
 
 async def _end_review(
