@@ -94,3 +94,16 @@ def pull_state(world: World, pull: int) -> tuple[bool, str | None, str]:
     emu = world.live.emulator
     record = emu.pull_of(emu.issue(OWNER, REPO, pull))
     return record.merged is not None, record.merge_commit_sha, record.head_sha()
+
+
+async def start_work(world: World, login: str, number: int) -> str:
+    """``login`` starts its leased issue: locks it, writes in its registered worktree and publishes (a lease with a
+    publication is started work, which a hand-back never preempts). The published commit."""
+    from state.journal import JournalStore
+
+    registration = await JournalStore(world.service.db).live_registration(FULL_NAME.lower(), number)
+    assert registration is not None and registration.owner == login, registration
+    await ok(world, login, "gitea_lock_issue", issue_number=number)
+    (Path(registration.worktree_path) / f"work-{number}.txt").write_text("started\n", encoding="utf-8")
+    published = await ok(world, login, "gitea_publish_worktree", issue_number=number, message=f"Start #{number}")
+    return str(published["commit"])

@@ -9,7 +9,7 @@ from bot.core.evidence import find_marker
 from state.journal import JournalStore
 from state.leases import LeaseStore
 from tests.gitea_fixtures import BOT, OWNER, REPO
-from tests.review_support import LOOP, ROSTER, ok, put_in_review, reviews, tool, world
+from tests.review_support import LOOP, ROSTER, ok, put_in_review, reviews, start_work, tool, world
 from tests.support import Started
 from tests.world import EXTRA_TOKENS, FULL_NAME, Sections, World, open_world
 
@@ -206,10 +206,11 @@ async def test_requested_changes_wait_for_a_busy_implementer_whatever_triggers_a
     leases = LeaseStore(world.service.db)
     busy = await leases.live_for_issue(FULL_NAME, other)
     assert busy is not None and (busy.owner, busy.action) == ("author-1", "implement")
+    await start_work(world, "author-1", other)  # started work is never preempted by the hand-back
     await ok(world, "author-2", "gitea_claim_review", issue_number=pr.number)
     changes = await ok(world, "author-2", "gitea_submit_review", issue_number=pr.number, verdict="request_changes",
                        body="The widget must be navy.")
-    assert changes["author_lease"] is None, changes
+    assert changes["author_lease"] is None and changes["preempted"] is None, changes
     third = await world.open_issue("alice", "Make the widget shiny")
     await world.call("alice", "POST", f"/issues/{third}/labels", {"labels": ["status:ready"]})  # a trigger
     assert await leases.live_for_issue(FULL_NAME, pr.number) is None
@@ -218,3 +219,36 @@ async def test_requested_changes_wait_for_a_busy_implementer_whatever_triggers_a
     await ok(world, "author-1", "gitea_release_lease", issue_number=other, reason="done")
     back = await leases.live_for_issue(FULL_NAME, pr.number)
     assert back is not None and (back.owner, back.action) == ("author-1", "implement"), back
+
+
+async def test_requested_changes_preempt_the_implementers_newer_unstarted_issue(world: World) -> None:
+    """Issue 31 item 4: the implementer holds max_leases_per_author (1) with a newer issue it has not started
+    (nothing published): the hand-back takes its place at once, the newer issue goes back to `status:ready`,
+    unassigned, with evidence, and the runtime context names the hand-back. Before, the changes waited behind it."""
+    pr = await put_in_review(world)
+    other = await world.open_issue("alice", "Make the widget round")
+    await world.call("alice", "POST", f"/issues/{other}/labels", {"labels": ["status:ready"]})
+    leases = LeaseStore(world.service.db)
+    newer = await leases.live_for_issue(FULL_NAME, other)
+    assert newer is not None and newer.owner == "author-1"
+    await ok(world, "author-2", "gitea_claim_review", issue_number=pr.number)
+    changes = await ok(world, "author-2", "gitea_submit_review", issue_number=pr.number, verdict="request_changes",
+                       body="The widget must be navy.")
+    back = changes["author_lease"]
+    assert back is not None and (back["owner"], back["issue_number"], back["status"]) == (
+        "author-1", pr.number, "live"), changes
+    assert changes["preempted"]["lease_id"] == newer.lease_id, changes
+    ended = await leases.get(newer.lease_id)
+    assert ended is not None and (ended.status, ended.end_reason) == ("released", "preempted_by_hand_back")
+    assert world.labels(other) == ["status:ready"]
+    assert world.live.emulator.issue(OWNER, REPO, other).assignees == []
+    body = evidence(world, other, f"{newer.lease_id}:preempted")
+    state = parse_comment(body).current
+    assert state is not None and state.state == "ready", body
+    context = await ok(world, "author-1", "gitea_get_runtime_context")
+    assert [lease["issue_number"] for lease in context["leases"]][:1] == [pr.number], context
+    assert context["leases"][0]["handed_back"] is True
+    # The preempted owner's next call on the newer issue says what happened, not only "not leased to you".
+    refused, doc = await tool(world, "author-1", "gitea_heartbeat_lease", issue_number=other)
+    assert refused and doc["details"]["reason"] == "lease_released", doc
+    assert doc["details"]["end_reason"] == "preempted_by_hand_back", doc

@@ -23,7 +23,7 @@ from state.journal import JournalStore
 from state.leases import LeaseStore
 from state.teardowns import TeardownStore
 from tests.gitea_fixtures import BOT, OWNER, REPO, TOKENS
-from tests.review_support import ok, runtime, tool
+from tests.review_support import ok, runtime, start_work, tool
 from tests.support import Started, wait_status
 from tests.world import EXTRA_TOKENS, FULL_NAME, World, open_world
 
@@ -341,6 +341,7 @@ async def test_the_hand_over_queues_auto_allocation_and_requested_changes_wait_f
         ("pull_request_opened", queued)]
     other = await leases.live_for_issue(FULL_NAME, second)
     assert other is not None and (other.owner, other.action) == (AUTHOR, "implement")
+    await start_work(world, AUTHOR, second)  # started: the hand-back waits for it (unstarted work is preempted)
     changes = await review(world, number, "request_changes", "The widget must be navy.")
     assert changes["author_lease"] is None, changes
     assert await leases.live_for_issue(FULL_NAME, number) is None
