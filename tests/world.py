@@ -28,7 +28,8 @@ ROSTER_AUTHOR = "author-1"
 ROSTER_TOKEN = "tok-author-1-0006"
 #: Extra emulator users a world can have, with their tokens (roster identities).
 EXTRA_TOKENS = {ROSTER_AUTHOR: ROSTER_TOKEN, "controller-bot": "tok-controller-0007", "author-2": "tok-author-2-0008",
-                "author-3": "tok-author-3-0009"}
+                "author-3": "tok-author-3-0009", "reviewer-1": "tok-reviewer-1-0010",
+                "reviewer-2": "tok-reviewer-2-0011", "merger-1": "tok-merger-1-0012"}
 
 
 class Clock:

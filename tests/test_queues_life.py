@@ -1,0 +1,139 @@
+"""Issue 31: nobody waits for a controller. Ready issues go through implement → review → merge → teardown by the
+agents' own calls, each agent asking only the runtime context what to do next (no controller on the roster); with
+``[merge] by = "foreman"`` the same without a merger. And stranded work comes back: an expired or released lease
+returns its issue to `status:ready` for the other author, and the old owner's next call says why."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from bot.emulator.webhooks import expand_hook_events
+from bot.loops.auto_allocate import auto_allocate
+from state.db import utcnow
+from state.leases import LeaseStore
+from tests.gitea_fixtures import OWNER, REPO
+from tests.review_support import ok, runtime, tool
+from tests.support import Started
+from tests.world import EXTRA_TOKENS, FULL_NAME, World, open_world
+
+AUTHOR, REVIEWERS, MERGER = "author-1", ("reviewer-1", "reviewer-2"), "merger-1"
+#: Rounds of "every agent asks the runtime context and does what it says" before the test calls it a hang.
+MAX_ROUNDS = 40
+
+
+@asynccontextmanager
+async def team(tmp_path: Path, start: Started, roster: dict[str, list[str]], **sections: Any) -> AsyncIterator[World]:
+    tokens = {login: EXTRA_TOKENS[login] for login in roster}
+    async with open_world(tmp_path, start, roster=roster, gitea={"identity_tokens": tokens},
+                          bootstrap={"on_allocate": "run"}, reconcile={"interval_s": 0}, **sections) as world:
+        for login in roster:
+            world.live.emulator.set_permission(OWNER, REPO, login, "write")
+        world.hook.events = expand_hook_events(["issues", "pull_request"])
+        yield world
+
+
+async def act(world: World, login: str) -> str | None:
+    """One agent's turn: ask the runtime context, do the first leased thing it names. What it did, or None."""
+    context = await ok(world, login, "gitea_get_runtime_context")
+    if not context["leases"]:
+        return None
+    lease = context["leases"][0]
+    n = lease["issue_number"]
+    if lease["action"] == "review":
+        await ok(world, login, "gitea_submit_review", issue_number=n, verdict="approve")
+        return f"{login} approved #{n}"
+    if lease["action"] == "merge":
+        assert "gitea_merge_pull_request" in context["exact_next_action"], context
+        await ok(world, login, "gitea_merge_pull_request", issue_number=n)
+        return f"{login} merged #{n}"
+    if "gitea_bootstrap_issue_worktree" in context["exact_next_action"]:
+        await ok(world, login, "gitea_bootstrap_issue_worktree", issue_number=n)
+        return f"{login} bootstrapped #{n}"
+    path = lease["worktree_path"]
+    assert path, context
+    await ok(world, login, "gitea_lock_issue", issue_number=n)
+    (Path(path) / f"issue-{n}.txt").write_text(f"done #{n}\n", encoding="utf-8")
+    await ok(world, login, "gitea_publish_worktree", issue_number=n, message=f"Implement #{n}")
+    await ok(world, login, "gitea_open_pull_request", issue_number=n)
+    return f"{login} opened the PR of #{n}"
+
+
+async def live_three(world: World, agents: list[str]) -> list[str]:
+    """Three ready issues, then the agents' turns until every issue is done; the steps taken."""
+    numbers = []
+    for title in ("Make the widget blue", "Make the widget round", "Make the widget shiny"):
+        number = await world.open_issue("alice", title)
+        await world.call("alice", "POST", f"/issues/{number}/labels", {"labels": ["status:ready"]})
+        numbers.append(number)
+    steps: list[str] = []
+    for _ in range(MAX_ROUNDS):
+        if all(world.labels(n) == ["status:done"] for n in numbers):
+            return steps
+        for login in agents:
+            did = await act(world, login)
+            if did is not None:
+                steps.append(did)
+        await world.settle()
+    raise AssertionError(f"the lives never ended: {steps}; labels {[world.labels(n) for n in numbers]}")
+
+
+async def test_three_issues_live_through_the_queues_with_no_controller(tmp_path: Path, start: Started) -> None:
+    roster = {AUTHOR: ["author"], REVIEWERS[0]: ["reviewer"], REVIEWERS[1]: ["reviewer"], MERGER: ["merger"]}
+    async with team(tmp_path, start, roster) as world:
+        steps = await live_three(world, [AUTHOR, *REVIEWERS, MERGER])
+        assert sum(s.startswith(f"{AUTHOR} opened") for s in steps) == 3, steps
+        assert sum(" approved " in s for s in steps) == 3 and sum(s.startswith(f"{MERGER} merged") for s in steps) == 3
+        leases = await LeaseStore(world.service.db).every_lease()
+        reviews = [lease for lease in leases if lease.action == "review"]
+        assert {lease.owner for lease in reviews} <= set(REVIEWERS) and len(reviews) == 3
+        assert [lease for lease in leases if lease.status == "live"] == []
+        merges = [lease for lease in leases if lease.action == "merge"]
+        assert [(lease.owner, lease.end_reason) for lease in merges] == [(MERGER, "merged")] * 3, merges
+
+
+async def test_with_merge_by_foreman_the_queue_merges_without_a_merger(tmp_path: Path, start: Started) -> None:
+    roster = {AUTHOR: ["author"], REVIEWERS[0]: ["reviewer"], REVIEWERS[1]: ["reviewer"]}
+    async with team(tmp_path, start, roster, merge={"by": "foreman"}) as world:
+        steps = await live_three(world, [AUTHOR, *REVIEWERS])
+        assert not any(" merged " in s for s in steps), steps
+        pulls = await world.gitea.list_pulls(state="all")
+        assert len(pulls) == 3 and all(p.merged for p in pulls), pulls
+        leases = await LeaseStore(world.service.db).every_lease()
+        assert [lease for lease in leases if lease.action == "merge"] == []
+
+
+async def test_an_expired_lease_returns_the_issue_to_the_other_author(tmp_path: Path, start: Started) -> None:
+    """author-1's lease expires mid-work (past its grace): the issue goes back to `status:ready`, unassigned, with
+    evidence naming the kept worktree, and to author-2; author-1's next call is refused `lease_expired`; its
+    worktree and its uncommitted file are still there."""
+    roster = {AUTHOR: ["author"], "author-2": ["author"]}
+    async with team(tmp_path, start, roster) as world:
+        number = await world.open_issue("alice", "Make the widget blue")
+        await world.call("alice", "POST", f"/issues/{number}/labels", {"labels": ["status:ready"]})
+        store = LeaseStore(world.service.db)
+        [first] = await store.history(FULL_NAME, number)
+        assert first.owner == AUTHOR
+        context = await ok(world, AUTHOR, "gitea_get_runtime_context")
+        tree = Path(context["leases"][0]["worktree_path"])
+        (tree / "draft.txt").write_text("half done\n", encoding="utf-8")
+        grace = world.service.settings.allocator.lease_grace_s
+        later = first.expires_at + timedelta(seconds=grace + 1)
+        report = await auto_allocate(runtime(world), trigger="catch_up", now=later)
+        assert report.expired == [number], report.to_dict()
+        await world.settle()
+        expired = await store.get(first.lease_id)
+        assert expired is not None and expired.status == "expired"
+        refused, doc = await tool(world, AUTHOR, "gitea_heartbeat_lease", issue_number=number)
+        assert refused and doc["details"]["reason"] == "lease_expired", doc
+        assert doc["details"]["expires_at"] == first.expires_at.isoformat()
+        assert (tree / "draft.txt").read_text(encoding="utf-8") == "half done\n"
+        comments = world.live.emulator.issue(OWNER, REPO, number).comments
+        assert any(str(tree) in c.body for c in comments if f"{first.lease_id}:expired" in c.body)
+        now_held = await store.live_for_issue(FULL_NAME, number)
+        assert now_held is not None and now_held.owner == "author-2", (now_held, world.labels(number))
+        assert world.labels(number) == ["status:in-progress"]
+        assert now_held.acquired_at < utcnow()
