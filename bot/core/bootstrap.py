@@ -29,6 +29,9 @@ Outcome = Literal["open", "completed", "compensated"]
 BlockKind = Literal["stale_pin", "invalid_state", "conflict"]
 
 BRANCHES_DIR: Final = "branches"
+#: Where a stranded worktree is kept for its earlier owner when another author takes the issue over, below
+#: ``branches/``: no branch name can start with ``.``, so no issue's canonical path is ever there.
+KEPT_DIR: Final = ".kept"
 DEFAULT_SLUG_LENGTH: Final = 40
 #: Caller-supplied idempotency keys: safe in an outbox marker (with a suffix) and in a git lock reason.
 _KEY_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,99}")
@@ -202,6 +205,19 @@ def worktree_path_for(checkout: PurePosixPath, branch: str) -> PurePosixPath:
     if problems:
         raise PathRejected(f"branch {branch!r} {'; '.join(problems)}")
     return check_canonical(checkout, checkout / BRANCHES_DIR / branch)
+
+
+def kept_path_for(checkout: PurePosixPath, branch: str, owner: str, journal_id: int) -> PurePosixPath:
+    """``<checkout>/branches/.kept/<branch>--<owner>--journal-<id>``: where the worktree of ``owner``'s transition
+    ``journal_id`` is kept when another author takes the issue over (one name per transition, stable across
+    replays; one path component: a ``/`` of the branch, and a login's characters outside ``[A-Za-z0-9._-]``,
+    become ``-``)."""
+    problems = ref_name_problems(branch)
+    if problems:
+        raise PathRejected(f"branch {branch!r} {'; '.join(problems)}")
+    who = re.sub(r"[^A-Za-z0-9._-]", "-", owner).strip(".") or "owner"
+    name = f"{branch.replace('/', '-')}--{who}--journal-{int(journal_id)}"
+    return check_canonical(checkout, checkout / BRANCHES_DIR / KEPT_DIR / name)
 
 
 def resolve_requested(checkout: PurePosixPath, requested: str) -> PurePosixPath:

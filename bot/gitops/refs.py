@@ -108,6 +108,17 @@ class RefStore(GitRepository):
             return False
         raise GitFailure(("update-ref", f"refs/heads/{branch}"), status, err)
 
+    def move_branch(self, branch: str, sha: str, expected_sha: str, message: str) -> bool:
+        """Point ``refs/heads/<branch>`` at ``sha`` only if it still points at ``expected_sha``, with a reflog entry
+        carrying ``message`` (``expected_sha`` empty: only if it does not exist). False when it points elsewhere
+        (nothing changed); GitFailure for anything else."""
+        status, _, err = self.git.attempt("update-ref", "-m", message, f"refs/heads/{branch}", sha, expected_sha)
+        if status == 0:
+            return True
+        if any(word in err for word in ("but expected", "unable to resolve reference", "already exists")):
+            return False
+        raise GitFailure(("update-ref", f"refs/heads/{branch}"), status, err)
+
     def read_ref(self, ref: str) -> str | None:
         """A ref's object id as git stored it: the loose ref file, else ``packed-refs``, else ``git rev-parse``
         (another ref backend). Reading the files git wrote is the read-after-write without a process."""

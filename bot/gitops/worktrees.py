@@ -52,6 +52,25 @@ class WorktreeOperations(WorktreeRegistrations):
         outside the registry: bootstraps of one repository check out side by side."""
         self.worktree_git(path, registry=False).run("reset", "--hard", "--no-recurse-submodules", "--quiet")
 
+    def detach_head(self, path: Path, message: str) -> str:
+        """Detach a worktree's HEAD where it is (``update-ref --no-deref HEAD <its commit>``, only if HEAD still
+        resolves there), so it holds no branch; its index and files are not touched. Returns the commit. Run on the
+        worktree's own registration, verified first (``worktree_git``: ``WorktreeRefused`` if it is not foreman's)."""
+        runner = self.worktree_git(path)
+        head = runner.run("rev-parse", "--verify", "-q", "HEAD^{commit}").strip()
+        runner.run("update-ref", "--no-deref", "-m", message, "HEAD", head, head)
+        return head
+
+    def move_worktree(self, path: Path, destination: Path) -> None:
+        """``git worktree move --force --force <path> <destination>`` (the registration held alone): the worktree's
+        files, index and registration move as they are, its lock with them (twice ``--force``: a locked worktree
+        moves only so). Verified first (``WorktreeRefused``); git refuses a destination that exists (the caller
+        checks that too: git would move the worktree into an existing directory)."""
+        self.check_worktree(path)
+        if os.path.lexists(destination):
+            raise GitFailure(("worktree", "move", str(path), str(destination)), None, f"{destination} exists")
+        self.git.run("worktree", "move", "--force", "--force", str(path), str(destination))
+
     def unlock_worktree(self, path: Path) -> None:
         self.git.attempt("worktree", "unlock", str(path))
 
