@@ -86,6 +86,10 @@ class PhaseRecord:
         return {"phase": self.phase, "recorded_at": self.recorded_at, "runner": self.runner, "proof": self.proof}
 
 
+#: The ``end_reason`` of a kept worktree's registration, until the issue's teardown removes it (``clear_kept``).
+KEPT_PREFIX = "kept: "
+
+
 @dataclass(frozen=True, slots=True)
 class Registration:
     id: int
@@ -101,6 +105,12 @@ class Registration:
     registered_at: str
     ended_at: str | None
     end_reason: str | None
+
+    @property
+    def kept(self) -> bool:
+        """A worktree kept aside for its earlier owner when another author took the issue over, not yet removed by
+        the issue's teardown (a row recorded ended, its ``end_reason`` starting with ``KEPT_PREFIX``)."""
+        return self.ended_at is not None and (self.end_reason or "").startswith(KEPT_PREFIX)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -181,6 +191,12 @@ _ADVANCE = _returning(
 _INSERT_REGISTRATION = _returning(
     "INSERT INTO worktree_registrations (journal_id, repo, issue_number, lease_id, owner, branch, worktree_path,"
     " created_branch, created_worktree, registered_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+    _R_COLUMNS,
+)
+_INSERT_KEPT = _returning(
+    "INSERT INTO worktree_registrations (journal_id, repo, issue_number, lease_id, owner, branch, worktree_path,"
+    " created_branch, created_worktree, registered_at, ended_at, end_reason)"
+    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
     _R_COLUMNS,
 )
 _INSERT_LOCK = _returning(
@@ -491,6 +507,45 @@ class JournalStore:
         cursor = await conn.execute(
             "UPDATE worktree_registrations SET ended_at = ?, end_reason = ? WHERE id = ? AND ended_at IS NULL",
             (to_db_time(now), reason, registration_id),
+        )
+        return bool(cursor.rowcount == 1)
+
+    async def keep_registration(
+        self, conn: Connection, registration: Registration, *, kept_path: str, journal_id: int,
+        created_worktree: bool, reason: str, now: datetime,
+    ) -> Registration:
+        """Record ``registration``'s worktree as kept at ``kept_path`` for its owner (taken over by another author):
+        a row of the same owner, lease and branch, ended from the start (never the issue's live registration), with
+        ``end_reason`` ``KEPT_PREFIX + reason`` until the issue's teardown removes the worktree. ``journal_id`` and
+        ``created_worktree`` are those of the transition that created the worktree (the teardown's proof)."""
+        moment = to_db_time(now)
+        async with conn.execute(
+            _INSERT_KEPT,
+            (
+                journal_id, registration.repo, registration.issue_number, registration.lease_id, registration.owner,
+                registration.branch, kept_path, 0, int(created_worktree), moment, moment, f"{KEPT_PREFIX}{reason}",
+            ),
+        ) as cur:
+            row = await cur.fetchone()
+        assert row is not None
+        return _registration(row)
+
+    async def kept_registrations(self, repo: str, issue_number: int,
+                                 conn: Connection | None = None) -> list[Registration]:
+        """The issue's kept worktrees not yet removed by its teardown, oldest first."""
+        async with self._source(conn).execute(
+            f"SELECT {_R_COLUMNS} FROM worktree_registrations WHERE repo = ? AND issue_number = ?"  # noqa: S608
+            " AND ended_at IS NOT NULL AND end_reason LIKE ? ORDER BY id",
+            (repo, issue_number, f"{KEPT_PREFIX}%"),
+        ) as cur:
+            return [_registration(row) for row in await cur.fetchall()]
+
+    async def clear_kept(self, conn: Connection, registration_id: int, *, reason: str) -> bool:
+        """The kept worktree is gone (removed by the teardown): its row no longer says ``kept`` (its ``ended_at``
+        stays when it was kept)."""
+        cursor = await conn.execute(
+            "UPDATE worktree_registrations SET end_reason = ? WHERE id = ? AND end_reason LIKE ?",
+            (reason, registration_id, f"{KEPT_PREFIX}%"),
         )
         return bool(cursor.rowcount == 1)
 
