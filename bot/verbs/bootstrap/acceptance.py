@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import Literal
+from typing import Any, Literal
 
 from bot import gitops, worktree_files
 from bot.core.bootstrap import Blocked, PathRejected, branch_for, issue_branch_prefix, worktree_path_for
@@ -26,6 +26,7 @@ from bot.verbs.bootstrap.refusals import (
     unavailable,
 )
 from bot.verbs.bootstrap.run import Run
+from bot.verbs.bootstrap.takeover import find_stranded, plan_takeover
 from state.journal import JournalConflict, NewTransition, Transition
 from state.leases import Lease
 
@@ -60,6 +61,7 @@ class LocalChecks:
     escapes: bool  # the canonical path is or goes through a symbolic link out of branches/
     others: list[str]  # the issue's other branches
     have_base: bool  # the base commit is in the checkout
+    have_remote: bool = True  # the branch's commit on Gitea is in the checkout (asked only for a takeover)
 
 
 async def accept(run: Run, request: Request) -> Transition | BootstrapResult:
@@ -67,20 +69,30 @@ async def accept(run: Run, request: Request) -> Transition | BootstrapResult:
     n, key = run.issue_number, request.key
     prior = await run.journal.latest_completed(run.ctx.repo, n)
     same_owner = prior is not None and prior.owner == run.caller
-    read = await _read(run, prior.branch if prior is not None and same_owner else None, key)
+    # Another owner's earlier work that no live lease holds is taken over (takeover.py), on its own branch.
+    stranded = await find_stranded(run, prior, now=run.ctx.clock())
+    read = await _read(run, prior.branch if prior is not None and (same_owner or stranded) else None, key)
     if isinstance(read, Envelope):
         return refused_result(n, read, key)
     path = _checked(run, read, request.expected_base)
     if isinstance(path, Envelope):
         return refused_result(n, path, key)
     try:
-        local = await asyncio.to_thread(_local_checks, run, read, path)
+        local = await asyncio.to_thread(_local_checks, run, read, path, stranded is not None)
     except gitops.GitFailure as exc:
         return refused_result(n, unavailable(n, f"git failed: {exc}", key), key)
-    refusal = _local_refusal(n, read, path, local, prior, same_owner=same_owner, key=key)
+    refusal = _local_refusal(n, read, path, local, prior, same_owner=same_owner, taking_over=stranded is not None,
+                             key=key)
     if refusal is not None:
         return refused_result(n, refusal, key)
-    return await _record(run, request, read, path, prior.key if prior is not None and same_owner else None)
+    takeover: dict[str, Any] | None = None
+    if stranded is not None:
+        planned = await plan_takeover(run, stranded, branch=read.branch, path=path, base=read.base,
+                                      remote_sha=read.remote_sha)
+        if isinstance(planned, Blocked):
+            return refused_result(n, blocked_envelope(n, planned, False, None), key)
+        takeover = planned
+    return await _record(run, request, read, path, prior.key if prior is not None and same_owner else None, takeover)
 
 
 async def _read(run: Run, prior_branch: str | None, key: str) -> Inputs | Envelope:
@@ -175,9 +187,10 @@ def _checked(run: Run, inputs: Inputs, expected_base: str | None) -> Path | Enve
             "foreman never creates a worktree outside branches/.", "call gitea_get_runtime_context")
 
 
-def _local_checks(run: Run, inputs: Inputs, path: Path) -> LocalChecks:
+def _local_checks(run: Run, inputs: Inputs, path: Path, taking_over: bool = False) -> LocalChecks:
     """Run in a thread: the base is in the checkout (fetched once more if it moved between the fetch and the API
-    read), the issue's other branches (found by name: the other branches are not read), the path's symlinks."""
+    read), the issue's other branches (found by name: the other branches are not read), the path's symlinks; for a
+    takeover, the branch's commit on Gitea (fetched when the checkout does not have it)."""
     default, base = inputs.repo.default_branch, inputs.base
     tracking = f"refs/remotes/origin/{default}"
     refs = run.seen.refs or run.checkout.exact_refs(tracking)
@@ -189,35 +202,42 @@ def _local_checks(run: Run, inputs: Inputs, path: Path) -> LocalChecks:
     run.seen.issue_refs = issue_refs
     others = [name.removeprefix("refs/heads/") for name in issue_refs]
     others = [b for b in others if b != inputs.branch]
-    return LocalChecks(worktree_files.escapes_root(run.checkout.branches_root, path), others, have_base)
+    have_remote = True
+    if taking_over and inputs.remote_sha is not None and run.checkout.rev(inputs.remote_sha) is None:
+        run.checkout.fetch(inputs.branch, auth=run.auth(run.clone_url))
+        have_remote = run.checkout.rev(inputs.remote_sha) is not None
+    return LocalChecks(worktree_files.escapes_root(run.checkout.branches_root, path), others, have_base, have_remote)
 
 
 def _local_refusal(n: int, inputs: Inputs, path: Path, local: LocalChecks, prior: Transition | None, *,
-                   same_owner: bool, key: str) -> Envelope | None:
+                   same_owner: bool, taking_over: bool, key: str) -> Envelope | None:
     """Work that is not provably this owner's (another branch, an earlier owner, the branch on Gitea elsewhere)
-    is never taken over; a base that could not be fetched is an outage."""
+    is never taken over, but an earlier owner's whose lease no longer holds it (``taking_over``); a base that could
+    not be fetched is an outage."""
     blocked: Blocked | None = None
     if not local.have_base:
         return unavailable(n, f"the base commit {inputs.base} could not be fetched", key)
+    if not local.have_remote:
+        return unavailable(n, f"{inputs.branch} at {inputs.remote_sha} could not be fetched from Gitea", key)
     if local.escapes:
         blocked = Blocked("invalid_state", "path_escapes_root", f"{path} is or goes through a symbolic link out of"
                           " branches/")
     elif local.others and not same_owner:
         blocked = Blocked("invalid_state", "ambiguous_branches", f"other branches of #{n} exist:"
                           f" {', '.join(local.others)}")
-    elif prior is not None and not same_owner:
-        blocked = Blocked("invalid_state", "foreign_work", f"#{n} was bootstrapped for {prior.owner} before; that"
-                          " work is not reclaimed")
-    elif inputs.remote_sha is not None and inputs.remote_sha != inputs.base and not same_owner:
+    elif prior is not None and not same_owner and not taking_over:
+        blocked = Blocked("invalid_state", "foreign_work", f"#{n} was bootstrapped for {prior.owner} before, and"
+                          " that work is not provably stranded (a live lease holds it); it is not taken over")
+    elif inputs.remote_sha is not None and inputs.remote_sha != inputs.base and not same_owner and not taking_over:
         blocked = Blocked("invalid_state", "remote_branch_exists", f"{inputs.branch} exists on Gitea at"
                           f" {inputs.remote_sha}, not at the base")
     return blocked_envelope(n, blocked, False, None) if blocked is not None else None
 
 
-async def _record(run: Run, request: Request, found: Inputs, path: Path, prior_key: str | None) -> (
-    Transition | BootstrapResult
-):
-    """Record the transition (``accepted``) with its inputs, while the lease is still live."""
+async def _record(run: Run, request: Request, found: Inputs, path: Path, prior_key: str | None,
+                  takeover: dict[str, Any] | None) -> Transition | BootstrapResult:
+    """Record the transition (``accepted``) with its inputs (a takeover's plan among them), while the lease is still
+    live."""
     n, key, lease, repo = run.issue_number, request.key, request.lease, found.repo
     inputs = {
         "repo": run.ctx.repo,
@@ -233,6 +253,7 @@ async def _record(run: Run, request: Request, found: Inputs, path: Path, prior_k
         "worktree_path": str(path),
         "remote_branch_sha": found.remote_sha,
         "prior_key": prior_key,
+        "takeover": takeover,
         "control_checkout": {"path": str(run.checkout.path), "head_ref": found.checkout.head_ref,
                              "head_sha": found.checkout.head_sha},
     }

@@ -156,6 +156,8 @@ async def complete(run: Run, t: Transition) -> Transition:
                              "unchanged": seen["checkout"] == {"head_ref": before.get("head_ref"),
                                                               "head_sha": before.get("head_sha")}},
     }
+    if (taken := proofs.get("branch_confirmed", {}).get("takeover")) is not None:
+        result["takeover"] = taken  # whose stranded work this continues, and where theirs is kept
     now = run.ctx.clock()
     async with run.ctx.db.transaction() as conn:
         t = await run.journal.advance(conn, t, "completed", proof=result, runner=run.runner, now=now,
@@ -188,10 +190,17 @@ def evidence(run: Run, t: Transition, result: dict[str, Any]) -> OutboxIntent:
         ),
         last_updated_by=run.ctx.bot_login,
     )
+    summary = (f"Bootstrapped #{t.issue_number} for {t.owner}: branch {t.branch} at {result['head_sha']},"
+               f" worktree branches/{t.branch} registered and bound to lease {t.lease_id}.")
+    taken = result.get("takeover")
+    if taken is not None:
+        start = "the branch as pushed to Gitea" if taken["start_from"] == "gitea" else "the base"
+        kept = f"; their worktree is kept at {taken['kept_path']}" if taken.get("kept_path") else ""
+        summary += (f" It takes over {taken['from_owner']}'s stranded work (lease {taken['from_lease']},"
+                    f" {taken['from_lease_status']}) from {start}{kept}.")
     body = render_evidence(
         key=key,
-        summary=(f"Bootstrapped #{t.issue_number} for {t.owner}: branch {t.branch} at {result['head_sha']},"
-                 f" worktree branches/{t.branch} registered and bound to lease {t.lease_id}."),
+        summary=summary,
         state=state,
         evidence={"action": "bootstrap_issue_worktree", **result},
     )

@@ -10,9 +10,10 @@ log = logging.getLogger("foreman.bootstrap")
 FAULT_PHASE_ENV = "FOREMAN_FAULT_AFTER_PHASE"
 FAULT_STEP_ENV = "FOREMAN_FAULT_AFTER_STEP"
 FAULT_EXIT_CODE = 86
-#: The git steps of the bootstrap, and ``pull_created`` (Gitea created the PR, foreman has not recorded it).
+#: The git steps of the bootstrap (``worktree_kept``: a takeover moved the earlier owner's worktree aside), and
+#: ``pull_created`` (Gitea created the PR, foreman has not recorded it).
 FAULT_STEPS = ("ref_created", "worktree_registered", "worktree_added", "worktree_removed", "branch_deleted",
-               "pull_created")
+               "worktree_kept", "pull_created")
 
 
 def crash_seam(env: str, value: str) -> None:

@@ -62,8 +62,12 @@ def branch_facts(run: Run, t: Transition, *, just_created: bool = False, known_a
     if sha is not None and not (just_created and ours):
         elsewhere = next((e.path for e in run.checkout.worktrees()
                           if e.branch == t.branch and e.path != t.worktree_path), None)
+    # A takeover (takeover.py) pointed the branch at its start commit itself: there it is the work taken over.
+    takeover = t.inputs.get("takeover")
+    taken_over = takeover is not None and sha is not None and sha == takeover.get("start_sha")
     return BranchFacts(sha=sha, created_by_this=ours, created_sha=creation[0] if ours and creation else None,
-                       prior_same_owner=t.inputs.get("prior_key") is not None, checked_out_elsewhere=elsewhere)
+                       prior_same_owner=t.inputs.get("prior_key") is not None or taken_over,
+                       checked_out_elsewhere=elsewhere)
 
 
 def confirm_branch(run: Run, t: Transition) -> dict[str, Any]:

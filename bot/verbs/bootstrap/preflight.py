@@ -16,6 +16,7 @@ from bot.gitea import GiteaError, Issue, Repository
 from bot.verbs.bootstrap.checkout import effective_clone_url
 from bot.verbs.bootstrap.context import BootstrapContext
 from bot.verbs.bootstrap.refusals import api_refusal, git_envelope, origin_envelope
+from bot.verbs.bootstrap.takeover import registration_stranded, stranded
 from state.db import utcnow
 from state.journal import JournalStore, Registration, Transition
 from state.leases import LeaseStore
@@ -108,7 +109,7 @@ async def bootstrap_preflight(
     reading = asyncio.ensure_future(repository())
     try:
         base, issue = await asyncio.gather(base_of(reading), gitea.get_issue(issue_number))
-        await _proved(ctx, proof, await reading, issue, base, probes)
+        await _proved(ctx, proof, await reading, issue, base, probes, now=now or utcnow())
     except GiteaError as exc:
         refusal = api_refusal(exc, "allocate again")
         proof.check("repo_reachable", False, detail=str(exc), **(_check_refusal(refusal) if refusal else {}))
@@ -121,17 +122,22 @@ async def bootstrap_preflight(
 
 
 async def _proved(ctx: BootstrapContext, proof: PreflightProof, repo: Repository, issue: Issue, base: str,
-                  probes: list[asyncio.Task[dict[str, Any]]]) -> None:
-    """The checks after the API reads: the local git probes beside the remote one already running."""
+                  probes: list[asyncio.Task[dict[str, Any]]], *, now: datetime) -> None:
+    """The checks after the API reads: the local git probes beside the remote one already running. Another owner's
+    earlier work that no live lease holds is what the bootstrap takes over (takeover.py): its branch is the one
+    proved, and its registered worktree at the canonical path does not make the path taken (it is kept aside)."""
     n, owner = proof.issue_number, proof.owner
     clone_url = effective_clone_url(ctx, repo.clone_url)
     url_problem = gitops.clone_url_problem(clone_url)
     if url_problem is not None:
         proof.check("repo_reachable", False, detail=url_problem)
         return
-    journal = JournalStore(ctx.db)
+    journal, leases = JournalStore(ctx.db), LeaseStore(ctx.db)
+    grace = timedelta(seconds=ctx.settings.allocator.lease_grace_s)
     prior = await journal.latest_completed(ctx.repo, n)
-    branch = prior.branch if prior is not None and prior.owner == owner else branch_for(
+    prior_lease = await leases.get(prior.lease_id) if prior is not None and prior.owner != owner else None
+    taking_over = prior_lease is not None and stranded(prior_lease, now=now, grace=grace)
+    branch = prior.branch if prior is not None and (prior.owner == owner or taking_over) else branch_for(
         n, issue.title, slug_length=ctx.settings.bootstrap.slug_length)
     proof.branch = branch
     path: Path | None = None
@@ -142,6 +148,8 @@ async def _proved(ctx: BootstrapContext, proof: PreflightProof, repo: Repository
         rejected = str(exc)
     open_other = await journal.open_for_issue(ctx.repo, n)
     registration = await journal.live_registration(ctx.repo, n)
+    kept_aside = (taking_over and registration is not None and registration.owner != owner
+                  and await registration_stranded(leases, registration, now=now, grace=grace))
     # The git probes are read-only and independent: run side by side (the proof runs before every lease).
     local_probes = [asyncio.to_thread(_local, ctx)]
     if path is not None:
@@ -153,7 +161,7 @@ async def _proved(ctx: BootstrapContext, proof: PreflightProof, repo: Repository
         proof.check("path_free", False, detail=rejected)
         return
     proof.worktree_path = str(path)
-    _check_path(proof, path, rest[0], open_other, registration)
+    _check_path(proof, path, rest[0], open_other, registration, kept_aside=kept_aside)
 
 
 def _remote(ctx: BootstrapContext, clone_url: str, default_branch: str) -> dict[str, Any]:
@@ -223,19 +231,23 @@ def _check_checkout(ctx: BootstrapContext, proof: PreflightProof, repo: Reposito
 
 
 def _check_path(proof: PreflightProof, path: Path, state: dict[str, Any], open_other: Transition | None,
-                registration: Registration | None) -> None:
-    """``path_free``: nothing at the canonical path but the owner's own registered worktree, no other owner's
-    open transition or registration for the issue."""
+                registration: Registration | None, *, kept_aside: bool = False) -> None:
+    """``path_free``: nothing at the canonical path but the owner's own registered worktree, or another owner's
+    stranded one the bootstrap keeps aside (``kept_aside``: registered there, no live lease holding it); no other
+    owner's open transition or live registration for the issue."""
     owner = proof.owner
-    own = registration is not None and registration.owner == owner and registration.worktree_path == str(path)
+    here = registration is not None and registration.worktree_path == str(path)
+    own = here and registration is not None and registration.owner == owner
+    aside = kept_aside and here and (not state["exists"] or state["registered"] is not None)
     proof.check(
         "path_free",
-        not state["escapes_root"] and (not state["exists"] or own)
+        not state["escapes_root"] and (not state["exists"] or own or aside)
         and (open_other is None or open_other.owner == owner)
-        and (registration is None or registration.owner == owner),
+        and (registration is None or registration.owner == owner or aside),
         **state,
         open_transition=open_other.key if open_other is not None else None,
         registered_to=registration.owner if registration is not None else None,
+        taken_over_from=registration.owner if aside and registration is not None else None,
     )
 
 

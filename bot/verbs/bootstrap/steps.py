@@ -40,6 +40,7 @@ from bot.verbs.bootstrap.refusals import (
     unavailable,
 )
 from bot.verbs.bootstrap.run import Run
+from bot.verbs.bootstrap.takeover import record_takeover, take_over
 from state.journal import JournalRaced, Transition
 
 #: A step's work: do it and record its phase (with its proof), returning the transition as recorded.
@@ -68,8 +69,21 @@ def git_step(phase: Phase, work: Callable[[Run, Transition], dict[str, Any]], *,
     return Step(phase, run, compensate)
 
 
+async def branch_step(r: Run, t: Transition) -> Transition:
+    """``branch_confirmed``; for a takeover (takeover.py), the earlier owner's worktree kept aside and the branch
+    pointed at the start commit first, recorded in the same phase with the earlier registration's end."""
+    if t.inputs.get("takeover") is None:
+        return await r.commit(t, "branch_confirmed", await r.in_thread(confirm_branch, t))
+
+    def taken_over(run: Run, tr: Transition) -> dict[str, Any]:
+        done = take_over(run, tr)
+        return {**confirm_branch(run, tr), "takeover": done}
+
+    return await record_takeover(r, t, await r.in_thread(taken_over, t))
+
+
 STEPS: tuple[Step, ...] = (
-    git_step("branch_confirmed", confirm_branch, compensate=undo_branch),
+    Step("branch_confirmed", branch_step, compensate=undo_branch),
     git_step("path_reserved", reserve_path),
     # whether the path was free when reserved decides what a repair may remove
     git_step("worktree_confirmed", confirm_worktree, compensate=undo_worktree, reads_proofs=True),
