@@ -217,6 +217,8 @@ def _worktrees(facts: Facts) -> list[Violation]:
     regs_by_path: dict[str, list[RegistrationFact]] = {}
     for r in live_regs:
         regs_by_path.setdefault(r.worktree_path, []).append(r)
+    # Worktrees kept aside for an earlier owner (another author took the issue over) until the teardown's judgement.
+    kept = {r.worktree_path for r in db.registrations if r.kept}
     if checkout is not None:
         root = checkout.branches_root + os.sep
         for directory in sorted(directories):
@@ -227,6 +229,11 @@ def _worktrees(facts: Facts) -> list[Violation]:
                 out.append(Violation("worktrees.inside_branches", path, "a git worktree outside branches/"))
                 continue
             regs = regs_by_path.get(path, [])
+            if not regs and path in kept:
+                if w.branch is not None:
+                    out.append(Violation("worktrees.journaled", path, f"a kept worktree holds {w.branch}: it must"
+                                         " be detached"))
+                continue
             if not regs:
                 out.append(Violation("worktrees.journaled", path, "registered in git, no live registration row"))
             for r in regs:

@@ -129,6 +129,8 @@ class RegistrationFact:
     branch: str
     worktree_path: str
     live: bool
+    #: a worktree kept aside for its earlier owner (another author took the issue over), not yet torn down
+    kept: bool = False
 
 
 @dataclass(frozen=True, slots=True)

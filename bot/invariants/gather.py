@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -9,6 +10,7 @@ from typing import Any, Protocol
 
 # The facts' classes by their module (facts.LeaseFact): the package's __init__ lists the API for its callers.
 import bot.invariants.facts as facts
+from bot.core.bootstrap import KEPT_DIR
 from bot.core.evidence import find_marker, parse_evidence
 from bot.core.teardown import closing_issue
 from bot.gitea import Comment, Issue, IssueState, IssueType, PullRequest
@@ -105,7 +107,7 @@ async def gather_db(path: Path | str, *, repo: str | None = None) -> facts.DbFac
     )
     registrations = tuple(
         facts.RegistrationFact(key, r.issue_number, r.lease_id, r.branch, real_path(r.worktree_path),
-                               r.ended_at is None)
+                               r.ended_at is None, r.kept)
         for key, r in registration_rows
     )
     teardowns = tuple(
@@ -167,13 +169,26 @@ def _git(checkout: Path, *args: str) -> str:
     return done.stdout
 
 
+def _directories(branches: Path) -> tuple[str, ...]:
+    """The directories under ``branches/``: its children, the kept worktrees' folder (``KEPT_DIR``) looked into."""
+    if not branches.is_dir():
+        return ()
+    found = [child for child in branches.iterdir() if child.name != KEPT_DIR]
+    kept = branches / KEPT_DIR
+    if kept.is_dir() and not kept.is_symlink():
+        found.extend(kept.iterdir())
+    elif os.path.lexists(kept):
+        found.append(kept)
+    return tuple(sorted(str(child) for child in found))
+
+
 def gather_checkout(path: Path | str) -> facts.CheckoutFacts | None:
     """Git's view of the control checkout at ``path``; None when there is none (nothing was bootstrapped)."""
     checkout = Path(real_path(str(path)))
     if not (checkout / ".git" / "HEAD").is_file():
         return None
     branches = checkout / "branches"
-    directories = tuple(sorted(str(child) for child in branches.iterdir())) if branches.is_dir() else ()
+    directories = _directories(branches)
     entries = parse_worktree_porcelain(_git(checkout, "worktree", "list", "--porcelain", "-z"))
     worktrees = tuple(
         facts.WorktreeFact(real_path(e.path), e.branch, e.prunable is not None)

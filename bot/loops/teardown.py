@@ -158,8 +158,11 @@ async def teardown_issue(
         checkout = context.checkout()
         auth = gitops.auth_env(settings.repository.effective_clone_url(repository.clone_url), settings.gitea_token())
         pull = call.pull
+        # A worktree kept aside for an earlier owner when another author took the issue over is judged like the
+        # live one (first: the live one stays the summary's ``worktree``).
+        kept_regs = [r for r in registrations if r.kept]
         worktrees, commits, merged_head = await asyncio.to_thread(
-            _judge, checkout, live_regs, transitions, repository.default_branch, pull, auth,
+            _judge, checkout, [*kept_regs, *live_regs], transitions, repository.default_branch, pull, auth,
             settings.lifecycle.remove_worktree, True, registrations,
         )
         worktrees = await asyncio.to_thread(_remove, checkout, worktrees)
@@ -341,6 +344,10 @@ async def _commit(
             if item.decision.action in ("remove", "absent"):
                 where = f" (pr #{pr})" if pr else ""
                 what = "removed" if item.decision.action == "remove" else "gone"
+                if item.registration.kept:
+                    await journal.clear_kept(conn, item.registration.id,
+                                             reason=f"teardown {call.reason}: kept worktree {what}{where}")
+                    continue
                 await journal.end_registration(
                     conn, item.registration.id, reason=f"teardown {call.reason}: {what}{where}", now=now
                 )
