@@ -331,8 +331,9 @@ async def test_an_expired_lease_is_refused_to_its_owner_held_through_the_grace_a
 ) -> None:
     """Past expiry the owner's heartbeat is refused (the issue is no longer leased to it); inside
     `lease_grace_s` nobody else gets the issue; after it the allocator reclaims it for another author (the old
-    lease `expired` + `reclaimed`, never deleted). The first author's worktree is kept as it is, so the apply's
-    bootstrap preflight fails (`path_free`: registered to author-1) and nothing is leased."""
+    lease `expired` + `reclaimed`, never deleted). The first author's work is then stranded (issue 31, item 3): the
+    apply's proof passes and author-2's bootstrap takes it over, the first author's worktree kept aside as it was
+    (before: the proof failed on `path_free`, registered to author-1, and nothing was leased)."""
     roster = {**ROSTER, "author-2": ["author"]}
     sections: Sections = {**LOOP, **database}
     async with open_world(tmp_path, start, roster=roster, **sections) as world:
@@ -341,6 +342,8 @@ async def test_an_expired_lease_is_refused_to_its_owner_held_through_the_grace_a
         await label_ready(world, number)
         first = (await assert_looped(world, number))["lease"]
         grace = timedelta(seconds=service.settings.allocator.lease_grace_s)
+        [path] = worktrees(world, number)
+        (path / "notes.txt").write_text("author-1's, never committed\n", encoding="utf-8")
 
         expired = open_door(db=service.db, settings=service.settings, bot_login="foreman-bot",
                               clock=lambda: first.expires_at + timedelta(seconds=1))
@@ -359,20 +362,19 @@ async def test_an_expired_lease_is_refused_to_its_owner_held_through_the_grace_a
         assert [(s.issue_number, s.reason) for s in held.decision.skipped] == [(number, "lease_grace")]
 
         taken = await allocator.run(call, now=first.expires_at + grace + timedelta(seconds=1))
-        # author-1's worktree is still registered (kept byte for byte): author-2 cannot work here, and the proof
-        # that runs before every apply says so; nothing is leased, nothing reclaimed.
-        assert not taken.applied and taken.lease is None
-        assert taken.refusal is not None and taken.refusal.error == "invalid_state"
-        assert taken.refusal.reason == "bootstrap_preflight_failed"
-        assert taken.refusal.details["failed_checks"] == ["path_free"]
-        assert taken.bootstrap is not None and taken.bootstrap["checks"]["path_free"]["registered_to"] == "author-1"
+        assert taken.applied and taken.lease is not None and taken.lease.owner == "author-2", taken
+        assert taken.bootstrap is not None and taken.bootstrap["status"] == "completed", taken.bootstrap
+        assert taken.bootstrap["proof"]["takeover"]["from_owner"] == "author-1", taken.bootstrap
         service.outbox_wakeup()
         await world.settle()
         leases = LeaseStore(service.db)
         history = await leases.history(FULL_NAME, number)
-        assert [(lease.owner, lease.status) for lease in history] == [("author-1", "live")]
-        assert [e["kind"] for e in await leases.events(first.lease_id)] == ["acquired"]
-        assert len(worktrees(world, number)) == 1  # author-1's worktree, kept byte for byte
+        assert [(lease.owner, lease.status) for lease in history] == [("author-1", "expired"), ("author-2", "live")]
+        assert [e["kind"] for e in await leases.events(first.lease_id)] == ["acquired", "expired", "reclaimed"]
+        assert worktrees(world, number) == [path] and not (path / "notes.txt").exists()  # author-2's, fresh
+        [kept] = [r for r in await JournalStore(service.db).registrations(FULL_NAME.lower(), number) if r.kept]
+        assert kept.owner == "author-1" and kept.lease_id == first.lease_id
+        assert (Path(kept.worktree_path) / "notes.txt").read_text(encoding="utf-8") == "author-1's, never committed\n"
 
 
 # --- Gitea answering 5xx ----------------------------------------------------------------------------------------------
