@@ -27,10 +27,13 @@ NOTES = "half a thought, never committed\n"
 
 
 async def expire(w: BootstrapWorld, lease: Lease) -> None:
-    """The lease runs out and foreman's sweep ends it (``expired``), past its grace."""
+    """The lease runs out and foreman's stranded-work sweep ends it (``expired``), past its grace."""
+    from bot.verbs.stranded import expire_stranded
+
     later = lease.expires_at + timedelta(seconds=w.settings.allocator.lease_grace_s + 1)
-    assert await LeaseStore(w.db).sweep_expired(w.ctx.repo, grace=timedelta(
-        seconds=w.settings.allocator.lease_grace_s), now=later) == 1
+    ended = await expire_stranded(w.db, w.ctx.repo, grace=timedelta(seconds=w.settings.allocator.lease_grace_s),
+                                  now=later, bot_login="foreman-bot", delivery_id=None)
+    assert [e.lease_id for e in ended] == [lease.lease_id]
 
 
 async def publish(w: BootstrapWorld, number: int, caller: str, message: str) -> dict[str, Any]:

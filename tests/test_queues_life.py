@@ -14,6 +14,7 @@ from typing import Any
 from bot.emulator.webhooks import expand_hook_events
 from bot.loops.auto_allocate import auto_allocate
 from state.db import utcnow
+from state.journal import JournalStore
 from state.leases import LeaseStore
 from tests.gitea_fixtures import OWNER, REPO
 from tests.review_support import ok, runtime, tool
@@ -130,10 +131,37 @@ async def test_an_expired_lease_returns_the_issue_to_the_other_author(tmp_path: 
         refused, doc = await tool(world, AUTHOR, "gitea_heartbeat_lease", issue_number=number)
         assert refused and doc["details"]["reason"] == "lease_expired", doc
         assert doc["details"]["expires_at"] == first.expires_at.isoformat()
-        assert (tree / "draft.txt").read_text(encoding="utf-8") == "half done\n"
         comments = world.live.emulator.issue(OWNER, REPO, number).comments
         assert any(str(tree) in c.body for c in comments if f"{first.lease_id}:expired" in c.body)
         now_held = await store.live_for_issue(FULL_NAME, number)
         assert now_held is not None and now_held.owner == "author-2", (now_held, world.labels(number))
         assert world.labels(number) == ["status:in-progress"]
         assert now_held.acquired_at < utcnow()
+        # author-2 took it over: author-1's worktree was moved aside and kept, its uncommitted file in it.
+        [kept] = await JournalStore(world.service.db).kept_registrations(FULL_NAME.lower(), number)
+        assert kept.owner == AUTHOR and Path(kept.worktree_path) != tree
+        assert (Path(kept.worktree_path) / "draft.txt").read_text(encoding="utf-8") == "half done\n"
+        context = await ok(world, "author-2", "gitea_get_runtime_context")
+        assert Path(context["leases"][0]["worktree_path"]) == tree, context
+
+
+async def test_a_released_lease_returns_the_issue_to_the_other_author(tmp_path: Path, start: Started) -> None:
+    """author-1 gives its issue up (a release without a hand-over): `status:ready` again, and to author-2, never
+    straight back to author-1; author-1's next call says `lease_released`. Before, the issue stayed in-progress with
+    the old assignee and nothing re-offered it."""
+    roster = {AUTHOR: ["author"], "author-2": ["author"]}
+    async with team(tmp_path, start, roster) as world:
+        number = await world.open_issue("alice", "Make the widget blue")
+        await world.call("alice", "POST", f"/issues/{number}/labels", {"labels": ["status:ready"]})
+        store = LeaseStore(world.service.db)
+        [first] = await store.history(FULL_NAME, number)
+        assert first.owner == AUTHOR
+        await ok(world, AUTHOR, "gitea_release_lease", issue_number=number, reason="stuck")
+        await world.settle()
+        now_held = await store.live_for_issue(FULL_NAME, number)
+        assert now_held is not None and now_held.owner == "author-2", (now_held, world.labels(number))
+        assert world.labels(number) == ["status:in-progress"]
+        assert [u.login for u in world.live.emulator.issue(OWNER, REPO, number).assignees] == ["author-2"]
+        refused, doc = await tool(world, AUTHOR, "gitea_heartbeat_lease", issue_number=number)
+        assert refused and doc["details"]["reason"] == "lease_released", doc
+        assert doc["details"]["current_lease"]["owner"] == "author-2", doc
