@@ -35,7 +35,7 @@ def test_every_list_valued_key_is_known_to_this_audit() -> None:
             found.add(section)
     assert found == {
         "webhook.secrets", "allocator.priority_labels", "allocator.protected_issues", "allocator.protected_labels",
-        "roster", "repositories", "mcp.token_digests", "mcp.allowed_origins",
+        "roster", "repositories", "mcp.token_digests", "mcp.allowed_origins", "allocator.queues",
     }
 
 

@@ -19,7 +19,7 @@ from tests.world import FULL_NAME, World, open_world
 
 @pytest.fixture
 async def world(tmp_path: Path, start: Started) -> AsyncIterator[World]:
-    async with open_world(tmp_path, start, roster=ROSTER) as opened:
+    async with open_world(tmp_path, start, roster=ROSTER, allocator={"queues": []}) as opened:  # the PR verb alone
         yield opened
 
 
@@ -224,7 +224,7 @@ async def test_release_after_the_hand_over_never_answers_for_a_live_review_lease
     live review lease: the author's release is no replay of the hand-over: the door decides as always (a controller
     may end another's lease), and the answer never says already_ended while a lease is live."""
     roster = {**ROSTER, "author-1": ["author", "controller"]}
-    async with open_world(tmp_path, start, roster=roster) as world:
+    async with open_world(tmp_path, start, roster=roster, allocator={"queues": []}) as world:
         number, _, _ = await published(world)
         refused, opened = await call_tool(world, "author-1", "gitea_open_pull_request", issue_number=number)
         assert not refused, opened
