@@ -256,6 +256,7 @@ async def test_the_issues_teardown_removes_a_kept_worktree_like_any_other() -> N
         assert actions == {str(kept): "removed", str(w.path(number)): "removed"}, report.outcome
         assert report.outcome["worktree"]["path"] == str(w.path(number))  # the summary's is the live one
         assert not kept.exists() and not w.path(number).exists()
+        assert not kept.parent.exists()  # branches/.kept/ goes with its last kept worktree
         assert [e for e in worktree_entries(w.checkout) if "/branches/" in e["worktree"]] == []
         rows = await registrations(w, number)
         assert [r for r in rows if r.kept] == [] and all(r.ended_at is not None for r in rows)

@@ -370,7 +370,8 @@ async def test_an_expired_lease_is_refused_to_its_owner_held_through_the_grace_a
         leases = LeaseStore(service.db)
         history = await leases.history(FULL_NAME, number)
         assert [(lease.owner, lease.status) for lease in history] == [("author-1", "expired"), ("author-2", "live")]
-        assert [e["kind"] for e in await leases.events(first.lease_id)] == ["acquired", "expired", "reclaimed"]
+        # (the controller's ready state may resume author-1's lease first: its events end with the reclaim)
+        assert [e["kind"] for e in await leases.events(first.lease_id)][-2:] == ["expired", "reclaimed"]
         assert worktrees(world, number) == [path] and not (path / "notes.txt").exists()  # author-2's, fresh
         [kept] = [r for r in await JournalStore(service.db).registrations(FULL_NAME.lower(), number) if r.kept]
         assert kept.owner == "author-1" and kept.lease_id == first.lease_id

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import weakref
@@ -14,7 +15,7 @@ from typing import Any, Literal, Protocol
 
 from bot import gitops
 from bot.config import Settings
-from bot.core.bootstrap import worktree_lock_reason
+from bot.core.bootstrap import KEPT_DIR, worktree_lock_reason
 from bot.core.evidence import render_evidence
 from bot.core.teardown import (
     BranchFacts,
@@ -241,6 +242,11 @@ def _remove(checkout: gitops.ControlCheckout, worktrees: list[_Worktree]) -> lis
             except gitops.GitFailure as exc:
                 item = _Worktree(item.registration, item.facts, Decision("keep", f"git refused to remove it: {exc}"),
                                  item.lock_reason)
+            else:
+                kept_dir = Path(item.facts.path).parent
+                if item.registration.kept and kept_dir.name == KEPT_DIR:
+                    with contextlib.suppress(OSError):  # the folder of kept worktrees goes with its last one
+                        os.rmdir(kept_dir)
         done.append(item)
     return done
 
