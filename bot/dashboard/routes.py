@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import hmac
 import json
 import logging
 import re
 import urllib.parse
-from collections.abc import Awaitable, Callable
-from typing import Any
+from collections.abc import Awaitable, Callable, Mapping
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
@@ -18,6 +19,10 @@ from bot.core.errors import Envelope
 from bot.core.vocabulary import MAX_ISSUE_NUMBER
 from bot.dashboard import model, render
 from state.db import Database
+
+if TYPE_CHECKING:
+    from bot.verbs.allocate import AllocatorGitea
+    from bot.verbs.runtime import VerbRuntime
 
 log = logging.getLogger("foreman.dashboard")
 
@@ -33,6 +38,8 @@ _HEADERS = {
     "frame-ancestors 'none'; base-uri 'none'; form-action 'none'",
 }
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+#: Every served repository's door (key -> door, its Gitea client included), as the service holds them now.
+Doors = Callable[[], Mapping[str, "VerbRuntime[AllocatorGitea]"]]
 
 
 def session_value(token: str) -> str:
@@ -67,11 +74,13 @@ def _same(given: str, expected: bytes) -> bool:
 class Dashboard:
     """The routes over one database and configuration (the running service's)."""
 
-    def __init__(self, db: Database, settings: Settings, token: str) -> None:
+    def __init__(self, db: Database, settings: Settings, token: str, *, doors: Doors | None = None) -> None:
         self.db = db
         self.settings = settings
         self._token = token.encode()
         self._session = session_value(token)
+        #: The served repositories' doors, for what only Gitea holds (the review and merge queues); none: not shown.
+        self._doors: Doors = doors if doors is not None else dict
 
     # --- access -------------------------------------------------------------------------------------------------------
     def _token_ok(self, given: str) -> bool:
@@ -163,7 +172,35 @@ class Dashboard:
         view = self._view(request)
         if isinstance(view, web.Response):
             return view
-        return {**await model.overview(self.db, view), "repositories": self._served(view)}
+        return {**await model.overview(self.db, view), "repositories": self._served(view),
+                "queues": await self._queues_of(view.repo_key)}
+
+    async def _queues_of(self, key: str) -> dict[str, Any]:
+        """One repository's review and merge queues (``model.queues``), or why they cannot be read now: no Gitea
+        client (no token), Gitea failing or slower than ``gitea.timeout_s`` for the whole read."""
+        from bot.gitea import GiteaError
+
+        door = self._doors().get(key)
+        bound = self.settings.gitea.timeout_s
+        unavailable = {"repository": key, "error": "unavailable"}
+        if door is None or door.gitea is None:
+            return {**unavailable, "message": "the queues are read from Gitea: configure gitea.token"}
+        try:
+            return await asyncio.wait_for(model.queues(door), timeout=bound)
+        except TimeoutError:
+            return {**unavailable, "message": f"Gitea did not answer the queues' reads within {bound:g} s"}
+        except GiteaError as exc:
+            return {**unavailable, "message": f"Gitea could not be read: {exc}"}
+
+    async def api_queue(self, request: web.Request) -> web.Response:
+        """Every served repository's queues (``?repository=owner/name``: that one's)."""
+        keys = list(self._doors()) or self.settings.repository_keys()
+        if request.query.get("repository") is not None:
+            view = self._view(request)
+            if isinstance(view, web.Response):
+                return view
+            keys = [view.repo_key]
+        return self._json({"repositories": [await self._queues_of(key) for key in keys]})
 
     async def _issue_doc(self, request: web.Request) -> dict[str, Any] | web.Response:
         number = self._issue_number(request)
@@ -207,7 +244,7 @@ class Dashboard:
         if reader is None:
             return _refusal(404, Envelope(
                 error="not_found", message=f"no dashboard section {name[:40]!r}",
-                remediate=f"Sections: overview, issues/<n>, {', '.join(sorted(readers))}.",
+                remediate=f"Sections: overview, issues/<n>, queue, {', '.join(sorted(readers))}.",
                 exact_next_action="open /dashboard/api/overview",
             ))
         return self._json(await reader())
@@ -224,6 +261,7 @@ class Dashboard:
         app.router.add_get(PREFIX + "/issues/{number}", g(self.issue))
         app.router.add_get(PREFIX + "/api/overview", g(self.api_overview))
         app.router.add_get(PREFIX + "/api/issues/{number}", g(self.api_issue))
+        app.router.add_get(PREFIX + "/api/queue", g(self.api_queue))
         app.router.add_get(PREFIX + "/api/{section}", g(self.api_section))
 
 
@@ -231,11 +269,27 @@ def _dumps(doc: Any) -> str:
     return json.dumps(doc, sort_keys=True, default=str, ensure_ascii=False)
 
 
-def add_dashboard(app: web.Application, db: Database, settings: Settings) -> Dashboard | None:
-    """Add the dashboard's routes when ``[dashboard] token`` is set; without one it stays off (None)."""
+def service_doors(app: web.Application) -> Doors:
+    """The doors of the service the app runs (``bot.app``'s, under its app key), read at each request: an
+    organization's discovery serves repositories and lets them go while it runs."""
+
+    def doors() -> Mapping[str, VerbRuntime[AllocatorGitea]]:
+        from bot.app import SERVICE_KEY
+
+        service = app.get(SERVICE_KEY)
+        return {} if service is None else {key: bundle.door for key, bundle in service.repositories.items()}
+
+    return doors
+
+
+def add_dashboard(app: web.Application, db: Database, settings: Settings, *, doors: Doors | None = None
+                  ) -> Dashboard | None:
+    """Add the dashboard's routes when ``[dashboard] token`` is set; without one it stays off (None). ``doors``:
+    the served repositories' doors (default: the service's the app runs)."""
     token = settings.dashboard.token
     if token is None:
         return None
-    dashboard = Dashboard(db, settings, token.get_secret_value().strip())
+    dashboard = Dashboard(db, settings, token.get_secret_value().strip(),
+                          doors=doors if doors is not None else service_doors(app))
     dashboard.add_routes(app)
     return dashboard
