@@ -196,3 +196,23 @@ def test_foreman_queue_without_a_gitea_token_refuses_naming_the_key(
     assert doc["error"] == "invalid_input" and "--repository" in doc["remediate"], doc
     assert main(["queue", "--json", "--config", several, "--repository", "acme/gadgets"]) == 2
     assert json.loads(capsys.readouterr().out)["key"] == "gitea.token"
+
+
+@pytest.mark.parametrize("command", ["queue", "invariants"])
+def test_gitea_unreachable_is_a_typed_refusal_not_a_traceback(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], command: str
+) -> None:
+    """The queues (and so the invariants) are read from Gitea: a Gitea that does not answer is `unavailable`,
+    exit 1, with the next action."""
+    from bot.cli import main
+
+    for name in [n for n in os.environ if n.startswith("FOREMAN_")]:
+        monkeypatch.delenv(name)
+    config = _config(tmp_path)
+    config.write_text(config.read_text(encoding="utf-8") + '[gitea]\nurl = "http://127.0.0.1:1"\n'
+                      'token = "not-a-real-token"\ntimeout_s = 1.0\n', encoding="utf-8")
+    assert main([command, "--json", "--config", str(config)]) == 1
+    out, err = capsys.readouterr()
+    doc = json.loads(out)
+    assert doc["error"] == "unavailable" and "check-config" in doc["exact_next_action"], doc
+    assert "Traceback" not in err and "not-a-real-token" not in out + err

@@ -9,9 +9,10 @@ import json
 import logging
 import re
 import urllib.parse
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
+import aiohttp
 from aiohttp import web
 
 from bot.config import Settings
@@ -21,7 +22,7 @@ from bot.dashboard import model, render
 from state.db import Database
 
 if TYPE_CHECKING:
-    from bot.verbs.allocate import AllocatorGitea
+    from bot.gitea import GiteaClient
     from bot.verbs.runtime import VerbRuntime
 
 log = logging.getLogger("foreman.dashboard")
@@ -38,8 +39,6 @@ _HEADERS = {
     "frame-ancestors 'none'; base-uri 'none'; form-action 'none'",
 }
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-#: Every served repository's door (key -> door, its Gitea client included), as the service holds them now.
-Doors = Callable[[], Mapping[str, "VerbRuntime[AllocatorGitea]"]]
 
 
 def session_value(token: str) -> str:
@@ -74,13 +73,30 @@ def _same(given: str, expected: bytes) -> bool:
 class Dashboard:
     """The routes over one database and configuration (the running service's)."""
 
-    def __init__(self, db: Database, settings: Settings, token: str, *, doors: Doors | None = None) -> None:
+    def __init__(self, db: Database, settings: Settings, token: str) -> None:
         self.db = db
         self.settings = settings
         self._token = token.encode()
         self._session = session_value(token)
-        #: The served repositories' doors, for what only Gitea holds (the review and merge queues); none: not shown.
-        self._doors: Doors = doors if doors is not None else dict
+        #: The HTTP session of the dashboard's own Gitea reads (the review and merge queues), made at the first one.
+        self._http: aiohttp.ClientSession | None = None
+
+    async def close(self) -> None:
+        if self._http is not None:
+            await self._http.close()
+            self._http = None
+
+    def _door(self, view: Settings) -> VerbRuntime[GiteaClient] | None:
+        """A door of the repository ``view`` shows, with a Gitea client of the bot's token (None without one)."""
+        from bot.catalog import open_door
+        from bot.gitea import client_for
+
+        if view.gitea_token() is None:
+            return None
+        if self._http is None:
+            self._http = aiohttp.ClientSession()
+        gitea = client_for(self._http, view)
+        return None if gitea is None else open_door(self.db, view, gitea, bot_login=view.gitea.bot_login)
 
     # --- access -------------------------------------------------------------------------------------------------------
     def _token_ok(self, given: str) -> bool:
@@ -173,17 +189,17 @@ class Dashboard:
         if isinstance(view, web.Response):
             return view
         return {**await model.overview(self.db, view), "repositories": self._served(view),
-                "queues": await self._queues_of(view.repo_key)}
+                "queues": await self._queues_of(view)}
 
-    async def _queues_of(self, key: str) -> dict[str, Any]:
+    async def _queues_of(self, view: Settings) -> dict[str, Any]:
         """One repository's review and merge queues (``model.queues``), or why they cannot be read now: no Gitea
-        client (no token), Gitea failing or slower than ``gitea.timeout_s`` for the whole read."""
+        token, Gitea failing or slower than ``gitea.timeout_s`` for the whole read."""
         from bot.gitea import GiteaError
 
-        door = self._doors().get(key)
-        bound = self.settings.gitea.timeout_s
-        unavailable = {"repository": key, "error": "unavailable"}
-        if door is None or door.gitea is None:
+        door = self._door(view)
+        bound = view.gitea.timeout_s
+        unavailable = {"repository": view.repo_key, "error": "unavailable"}
+        if door is None:
             return {**unavailable, "message": "the queues are read from Gitea: configure gitea.token"}
         try:
             return await asyncio.wait_for(model.queues(door), timeout=bound)
@@ -194,13 +210,13 @@ class Dashboard:
 
     async def api_queue(self, request: web.Request) -> web.Response:
         """Every served repository's queues (``?repository=owner/name``: that one's)."""
-        keys = list(self._doors()) or self.settings.repository_keys()
+        views = [self.settings.for_repository(key) for key in self.settings.repository_keys()]
         if request.query.get("repository") is not None:
             view = self._view(request)
             if isinstance(view, web.Response):
                 return view
-            keys = [view.repo_key]
-        return self._json({"repositories": [await self._queues_of(key) for key in keys]})
+            views = [view]
+        return self._json({"repositories": [await self._queues_of(view) for view in views]})
 
     async def _issue_doc(self, request: web.Request) -> dict[str, Any] | web.Response:
         number = self._issue_number(request)
@@ -269,27 +285,16 @@ def _dumps(doc: Any) -> str:
     return json.dumps(doc, sort_keys=True, default=str, ensure_ascii=False)
 
 
-def service_doors(app: web.Application) -> Doors:
-    """The doors of the service the app runs (``bot.app``'s, under its app key), read at each request: an
-    organization's discovery serves repositories and lets them go while it runs."""
-
-    def doors() -> Mapping[str, VerbRuntime[AllocatorGitea]]:
-        from bot.app import SERVICE_KEY
-
-        service = app.get(SERVICE_KEY)
-        return {} if service is None else {key: bundle.door for key, bundle in service.repositories.items()}
-
-    return doors
-
-
-def add_dashboard(app: web.Application, db: Database, settings: Settings, *, doors: Doors | None = None
-                  ) -> Dashboard | None:
-    """Add the dashboard's routes when ``[dashboard] token`` is set; without one it stays off (None). ``doors``:
-    the served repositories' doors (default: the service's the app runs)."""
+def add_dashboard(app: web.Application, db: Database, settings: Settings) -> Dashboard | None:
+    """Add the dashboard's routes when ``[dashboard] token`` is set; without one it stays off (None)."""
     token = settings.dashboard.token
     if token is None:
         return None
-    dashboard = Dashboard(db, settings, token.get_secret_value().strip(),
-                          doors=doors if doors is not None else service_doors(app))
+    dashboard = Dashboard(db, settings, token.get_secret_value().strip())
     dashboard.add_routes(app)
+
+    async def close(_: web.Application) -> None:
+        await dashboard.close()
+
+    app.on_cleanup.append(close)
     return dashboard
