@@ -277,6 +277,9 @@ class AllocatorConfig(ConfigSection):
     queues: list[Literal["review", "merge"]] = Field(default_factory=lambda: _BOTH_QUEUES.copy())
     max_leases_per_reviewer: int = Field(default=1, ge=1, le=1000)
     max_leases_per_merger: int = Field(default=1, ge=1, le=1000)
+    #: How long a pull request may wait in the review or merge queue, with someone idle to take it, before `foreman
+    #: invariants` reports it (queues.review_waits, queues.merge_waits).
+    queue_wait_bound_s: float = Field(default=600.0, gt=0)
 
     @field_validator("auto", mode="before")
     @classmethod

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import subprocess
 from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -21,8 +22,10 @@ from bot.invariants.facts import (
     GiteaFacts,
     LeaseFact,
     OutboxFact,
+    QueueFacts,
     RegistrationFact,
     TransitionFact,
+    WaitingPullFact,
     WorktreeFact,
 )
 
@@ -32,6 +35,7 @@ BRANCH = "issue-1-fix-it"
 PATH = f"{CHECKOUT}/branches/{BRANCH}"
 KEY = "bootstrap-1-aaaa"
 OTHER = f"{CHECKOUT}/branches/issue-3-other"
+NOW = datetime(2030, 1, 1, 12, 0, tzinfo=UTC)
 
 
 def consistent() -> Facts:
@@ -217,6 +221,18 @@ CASES: dict[str, tuple[str, Mutation]] = {
     "a merged issue with a live lease": ("lifecycle.merged_no_live_lease", lambda f: _gitea(f, merged=frozenset({1}))),
     "a merged issue's worktree left on disk": ("lifecycle.merged_no_worktree", lambda f: _gitea(
         f, merged=frozenset({1}))),
+    "an in-progress issue whose last lease ended past the grace": ("leases.in_progress_without_lease", lambda f: _gitea(
+        _db(dataclasses.replace(f, now=NOW), leases=tuple(
+            dataclasses.replace(lease, ended_at=NOW - timedelta(hours=1)) if lease.lease_id == "lease-2" else lease
+            for lease in f.db.leases)), in_progress=frozenset({2}))),
+    "a pull request waiting for review with an idle reviewer": ("queues.review_waits", lambda f: dataclasses.replace(
+        f, now=NOW, queues=QueueFacts(reviews=(WaitingPullFact(2, 12, frozenset({"author-2"}),
+                                                               NOW - timedelta(hours=1)),),
+                                      idle_reviewers=("reviewer-1",), running=frozenset({"review", "merge"})))),
+    "an approved pull request waiting with an idle merger": ("queues.merge_waits", lambda f: dataclasses.replace(
+        f, now=NOW, queues=QueueFacts(merges=(WaitingPullFact(2, 12, frozenset({"author-2"}),
+                                                              NOW - timedelta(hours=1)),),
+                                      idle_mergers=("merger-1",), running=frozenset({"review", "merge"})))),
 }
 
 
@@ -352,7 +368,6 @@ def test_gather_checkout_reads_git_worktrees_directories_and_issue_branches(tmp_
 
 async def test_gather_db_and_gitea_read_a_real_database_and_the_emulator(tmp_path: Path) -> None:
     """The edges read what the stores hold: a lease with its outbox evidence entry, and the comment in Gitea."""
-    from datetime import timedelta
 
     from state.db import Database, utcnow
     from state.leases import LeaseStore
@@ -371,13 +386,16 @@ async def test_gather_db_and_gitea_read_a_real_database_and_the_emulator(tmp_pat
     assert entry is not None
     await db.close()
     facts = await invariants.gather_db(tmp_path / "foreman.db")
-    assert facts.leases == (LeaseFact(lease.lease_id, 1, "author-1", "live"),)
+    assert facts.leases == (LeaseFact(lease.lease_id, 1, "author-1", "live", expires_at=lease.expires_at),)
     assert facts.outbox == (OutboxFact(f"{lease.lease_id}:evidence", 1, "comment", "pending", None, "acme/widgets"),)
     async with live_emulator() as live:
         live.emulator.create_issue(OWNER, REPO, title="one", author="alice", assignees=["alice"])
         live.emulator.create_comment(OWNER, REPO, 1, author="foreman-bot", body=body)
+        live.emulator.create_label(OWNER, REPO, "status:in-progress")
+        live.emulator.create_issue(OWNER, REPO, title="two", author="alice", labels=["status:in-progress"])
         gitea = await invariants.gather_gitea(live.client())
-        assert gitea.assignees == {1: frozenset({"alice"})}
+        assert gitea.assignees == {1: frozenset({"alice"}), 2: frozenset()}
+        assert gitea.in_progress == frozenset({2})
         [comment] = gitea.comments
         assert (comment.issue_number, comment.author, comment.marker) == (1, "foreman-bot", entry.key)
         found = invariants.check(Facts(db=facts, gitea=gitea, bot_login="foreman-bot"))
@@ -414,7 +432,6 @@ async def test_gather_db_counts_a_pull_requests_evidence_as_an_end_record_only_f
 ) -> None:
     """A PR's evidence naming a lease is that lease's end record only when the lease ended pull_request_opened
     (one released `done` meanwhile needs its own release comment)."""
-    from datetime import timedelta
 
     from state.db import Database, utcnow
     from state.leases import LeaseStore

@@ -21,6 +21,7 @@ from bot.cli import (
     invariants,
     listings,
     mcp,
+    queue,
     runs,
     standalone,
     state,
@@ -35,6 +36,7 @@ from bot.cli.invariants import cmd_invariants
 from bot.cli.listings import cmd_issue, cmd_journal, cmd_leases
 from bot.cli.mcp import cmd_mcp
 from bot.cli.parsing import Commands, Parser, UsageError
+from bot.cli.queue import cmd_queue
 from bot.cli.runs import cmd_grants, cmd_run
 from bot.cli.serve import serve
 from bot.cli.standalone import cmd_token_digest
@@ -87,6 +89,7 @@ _REGISTERS: tuple[Callable[[Commands], None], ...] = (
     inbox.register,
     listings.register,
     invariants.register,
+    queue.register,
     allocate.register,
     bootstrap.register,
     mcp.register,
@@ -243,5 +246,6 @@ def _run_command(settings: Settings, args: argparse.Namespace) -> int:
         "leases": cmd_leases,
         "journal": cmd_journal,
         "issue": cmd_issue,
+        "queue": cmd_queue,
     }
     return commands[args.command](settings, args)

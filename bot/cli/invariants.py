@@ -1,4 +1,4 @@
-"""`foreman invariants`: leases, evidence, outbox, journal and worktrees checked against each other."""
+"""`foreman invariants`: leases, evidence, outbox, journal, worktrees and the queues checked against each other."""
 
 from __future__ import annotations
 
@@ -16,8 +16,9 @@ def cmd_invariants(settings: Settings, args: argparse.Namespace) -> int:
     import aiohttp
 
     from bot import invariants
-    from bot.gitea import client_for
+    from bot.gitea import GiteaError, client_for
     from bot.verbs.bootstrap import BootstrapContext
+    from state.db import utcnow
 
     async def work(db: Database) -> int:
         async with aiohttp.ClientSession() as session:
@@ -34,14 +35,32 @@ def cmd_invariants(settings: Settings, args: argparse.Namespace) -> int:
                 )
                 return EXIT_USAGE
             checkout = BootstrapContext(db=db, settings=settings, gitea=gitea, bot_login="").checkout_path
-            facts = await invariants.gather(
-                database=settings.database.postgres_url() or settings.database.path,
-                client=gitea,
-                bot_login=settings.gitea.bot_login,
-                checkout=checkout,
-                require_bootstrap=settings.bootstrap.on_allocate == "run",
-                repo=settings.repo_key,  # the repository of --repository (its client and checkout above)
-            )
+            database = settings.database.postgres_url() or settings.database.path
+            now = utcnow()
+            try:
+                queues = await invariants.gather_queues(gitea, database, settings, now=now)
+                facts = await invariants.gather(
+                    database=database,
+                    client=gitea,
+                    bot_login=settings.gitea.bot_login,
+                    checkout=checkout,
+                    require_bootstrap=settings.bootstrap.on_allocate == "run",
+                    repo=settings.repo_key,  # the repository of --repository (its client and checkout above)
+                    now=now,
+                    lease_grace_s=settings.allocator.lease_grace_s,
+                    queues=queues,
+                )
+            except GiteaError as exc:
+                emit(
+                    {
+                        "error": "unavailable",
+                        "message": f"Gitea could not be read: {exc}",
+                        "remediate": "Check that Gitea is reachable and accepts the token (foreman check-config).",
+                        "exact_next_action": "run foreman check-config, then foreman invariants again",
+                    },
+                    as_json=True,
+                )
+                return EXIT_REFUSED
         doc = invariants.report(invariants.check(facts))
         text = "every invariant holds" if doc["ok"] else "\n".join(
             f"{v['invariant']}: {v['subject']}: {v['detail']}" for v in doc["violations"]
@@ -54,5 +73,6 @@ def cmd_invariants(settings: Settings, args: argparse.Namespace) -> int:
 
 def register(commands: Commands) -> None:
     """``foreman invariants``."""
-    invariants = commands.add("invariants", "check leases, evidence, outbox, journal and worktrees are consistent")
+    invariants = commands.add("invariants", "check leases, evidence, outbox, journal, worktrees and the review and"
+                              " merge queues are consistent")
     add_json(invariants)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from bot.config import Settings
 from bot.core.evidence import parse_evidence, scrub
@@ -17,6 +17,10 @@ from state.issues import IssueStore
 from state.journal import JournalStore, Transition
 from state.leases import Lease, LeaseStore
 from state.outbox import OutboxEntry, OutboxStore
+
+if TYPE_CHECKING:
+    from bot.verbs.allocate import AllocatorGitea
+    from bot.verbs.runtime import VerbRuntime
 
 #: Outbox statuses an operator must look at (pending work, and what stopped).
 OUTBOX_OPEN = ("pending", "sending", "verification_failed", "parked")
@@ -186,6 +190,28 @@ async def recorded_decisions(db: Database, settings: Settings, *, limit: int = 2
 async def worktrees(db: Database, settings: Settings, issue: int) -> list[dict[str, Any]]:
     return [{**r.to_dict(), "id": r.id, "journal_id": r.journal_id, "repo": r.repo, "issue_number": r.issue_number}
             for r in await JournalStore(db).registrations(settings.repo_key, issue)]
+
+
+async def queues(door: VerbRuntime[AllocatorGitea], *, now: datetime | None = None) -> dict[str, Any]:
+    """The review and merge queues of the door's repository as ``work_queues`` reads them (``WorkQueues.to_dict``:
+    reviews waiting, merges waiting in approval order, the leases in hand, the idle reviewers and mergers, who
+    merges), each waiting pull request with when it entered its queue (``waiting_since``: its issue's last lease's
+    end, as ``foreman invariants`` reads it; None when foreman never leased the issue) and for how long, and which
+    queues run by themselves. Raises LookupError without a Gitea client, GiteaError when Gitea cannot answer."""
+    from bot.invariants.gather import entered_queue
+    from bot.verbs.queue_view import work_queues
+
+    moment = now or utcnow()
+    settings = door.settings
+    found = await work_queues(door, moment)
+    doc = found.to_dict()
+    for entry in (*doc["reviews_waiting"], *doc["merges_waiting"]):
+        since = entered_queue(await door.leases.history(door.repo, entry["issue_number"]))
+        entry["waiting_since"] = None if since is None else to_db_time(since)
+        entry["waiting_s"] = None if since is None else max(0, int((moment - since).total_seconds()))
+    running = sorted(settings.allocator.queues) if settings.auto_allocation() else []
+    return {"repository": door.repo, "generated_at": to_db_time(moment), **doc, "running": running,
+            "wait_bound_s": settings.allocator.queue_wait_bound_s}
 
 
 async def overview(db: Database, settings: Settings, *, now: datetime | None = None, limit: int = 50

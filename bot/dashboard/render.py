@@ -108,7 +108,7 @@ def page(title: str, body: str, *, nav: Sequence[tuple[str, str]] = ()) -> str:
 
 
 # --- the front page ---------------------------------------------------------------------------------------------------
-_NAV = (("#repositories", "Repositories"), ("#allocator", "Allocator"), ("#leases", "Leases"),
+_NAV = (("#repositories", "Repositories"), ("#allocator", "Allocator"), ("#queues", "Queues"), ("#leases", "Leases"),
         ("#bootstrap", "Bootstrap"), ("#outbox", "Outbox"), ("#deliveries", "Deliveries"), ("#grants", "Grants"))
 
 
@@ -207,6 +207,46 @@ def _grant_rows(runs: Sequence[Row]) -> str:
     return "".join(out)
 
 
+def _waiting_for(seconds: object) -> str:
+    if not isinstance(seconds, int) or isinstance(seconds, bool):
+        return '<span class="muted">-</span>'
+    hours, rest = divmod(seconds, 3600)
+    return e(f"{hours} h {rest // 60} min" if hours else f"{rest // 60} min {rest % 60} s")
+
+
+def _queues(doc: Row | None) -> str:
+    """The review and merge queues of the repository shown (``model.queues``), or why they cannot be read."""
+    if not doc:
+        return '<p class="empty">not read</p>'
+    if doc.get("error"):
+        return f'<p class="warn">{e(doc.get("message") or doc.get("error"))}</p>'
+    running = ", ".join(str(q) for q in doc.get("running") or []) or "none (a controller hands them out)"
+    waiting: list[tuple[str, Callable[[Row], str]]] = [
+        ("issue", lambda r: issue_link(r.get("issue_number"))), ("PR", lambda r: e(f"#{r.get('pull_number')}")),
+        ("title", field("title")), ("waiting", lambda r: _waiting_for(r.get("waiting_s"))),
+        ("not for", lambda r: tags(r.get("barred_owners") or [])),
+    ]
+    approved: list[tuple[str, Callable[[Row], str]]] = [
+        *waiting[:3], ("approved", lambda r: f"{e(r.get('approved_by'))} at {e(r.get('approved_at'))}"),
+        *waiting[3:],
+    ]
+    in_hand = table(doc.get("in_hand", []), [("issue", lambda r: issue_link(r.get("issue_number"))),
+                                             ("owner", field("owner")), ("action", field("action")),
+                                             ("expires", field("expires_at"))],
+                    empty="no review or merge lease in hand", test_id="queue-in-hand")
+    return (
+        f"<p>Running by themselves: {e(running)}; merges by {e(doc.get('merge_by'))}. Idle reviewers: "
+        f"{tags(doc.get('idle_reviewers') or [])} Idle mergers: {tags(doc.get('idle_mergers') or [])}</p>"
+        "<h3>Reviews waiting</h3>"
+        + table(doc.get("reviews_waiting", []), waiting, empty="no pull request waits for review",
+                test_id="reviews-waiting")
+        + "<h3>Merges waiting (approval order)</h3>"
+        + table(doc.get("merges_waiting", []), approved, empty="no approved pull request waits to merge",
+                test_id="merges-waiting")
+        + f"<h3>In hand</h3>{in_hand}"
+    )
+
+
 def counts(doc: Mapping[str, int]) -> str:
     return tags(f"{k}: {v}" for k, v in sorted(doc.items())) if doc else '<span class="muted">none</span>'
 
@@ -244,6 +284,7 @@ def _overview_page(doc: Row) -> str:
         f'<p class="muted">as of {e(doc.get("generated_at"))}</p></section>'
         f'<section id="allocator"><h2>Allocator</h2><h3>Ready candidates</h3>{ready}'
         f"<h3>Decision now (dry run over the stored state)</h3>{now}<h3>Last decisions</h3>{recorded}</section>"
+        f'<section id="queues"><h2>Queues</h2>{_queues(doc.get("queues"))}</section>'
         '<section id="leases"><h2>Leases</h2><h3>Live</h3>'
         + _lease_rows(lease.get("live", []), "no live lease", "live-leases")
         + (f"<h3>Marked live but expired</h3>{_lease_rows(lease['stale_live'], '', 'stale-leases')}"

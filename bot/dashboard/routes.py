@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import hmac
 import json
@@ -9,8 +10,9 @@ import logging
 import re
 import urllib.parse
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+import aiohttp
 from aiohttp import web
 
 from bot.config import Settings
@@ -18,6 +20,10 @@ from bot.core.errors import Envelope
 from bot.core.vocabulary import MAX_ISSUE_NUMBER
 from bot.dashboard import model, render
 from state.db import Database
+
+if TYPE_CHECKING:
+    from bot.gitea import GiteaClient
+    from bot.verbs.runtime import VerbRuntime
 
 log = logging.getLogger("foreman.dashboard")
 
@@ -72,6 +78,25 @@ class Dashboard:
         self.settings = settings
         self._token = token.encode()
         self._session = session_value(token)
+        #: The HTTP session of the dashboard's own Gitea reads (the review and merge queues), made at the first one.
+        self._http: aiohttp.ClientSession | None = None
+
+    async def close(self) -> None:
+        if self._http is not None:
+            await self._http.close()
+            self._http = None
+
+    def _door(self, view: Settings) -> VerbRuntime[GiteaClient] | None:
+        """A door of the repository ``view`` shows, with a Gitea client of the bot's token (None without one)."""
+        from bot.catalog import open_door
+        from bot.gitea import client_for
+
+        if view.gitea_token() is None:
+            return None
+        if self._http is None:
+            self._http = aiohttp.ClientSession()
+        gitea = client_for(self._http, view)
+        return None if gitea is None else open_door(self.db, view, gitea, bot_login=view.gitea.bot_login)
 
     # --- access -------------------------------------------------------------------------------------------------------
     def _token_ok(self, given: str) -> bool:
@@ -163,7 +188,35 @@ class Dashboard:
         view = self._view(request)
         if isinstance(view, web.Response):
             return view
-        return {**await model.overview(self.db, view), "repositories": self._served(view)}
+        return {**await model.overview(self.db, view), "repositories": self._served(view),
+                "queues": await self._queues_of(view)}
+
+    async def _queues_of(self, view: Settings) -> dict[str, Any]:
+        """One repository's review and merge queues (``model.queues``), or why they cannot be read now: no Gitea
+        token, Gitea failing or slower than ``gitea.timeout_s`` for the whole read."""
+        from bot.gitea import GiteaError
+
+        door = self._door(view)
+        bound = view.gitea.timeout_s
+        unavailable = {"repository": view.repo_key, "error": "unavailable"}
+        if door is None:
+            return {**unavailable, "message": "the queues are read from Gitea: configure gitea.token"}
+        try:
+            return await asyncio.wait_for(model.queues(door), timeout=bound)
+        except TimeoutError:
+            return {**unavailable, "message": f"Gitea did not answer the queues' reads within {bound:g} s"}
+        except GiteaError as exc:
+            return {**unavailable, "message": f"Gitea could not be read: {exc}"}
+
+    async def api_queue(self, request: web.Request) -> web.Response:
+        """Every served repository's queues (``?repository=owner/name``: that one's)."""
+        views = [self.settings.for_repository(key) for key in self.settings.repository_keys()]
+        if request.query.get("repository") is not None:
+            view = self._view(request)
+            if isinstance(view, web.Response):
+                return view
+            views = [view]
+        return self._json({"repositories": [await self._queues_of(view) for view in views]})
 
     async def _issue_doc(self, request: web.Request) -> dict[str, Any] | web.Response:
         number = self._issue_number(request)
@@ -207,7 +260,7 @@ class Dashboard:
         if reader is None:
             return _refusal(404, Envelope(
                 error="not_found", message=f"no dashboard section {name[:40]!r}",
-                remediate=f"Sections: overview, issues/<n>, {', '.join(sorted(readers))}.",
+                remediate=f"Sections: overview, issues/<n>, queue, {', '.join(sorted(readers))}.",
                 exact_next_action="open /dashboard/api/overview",
             ))
         return self._json(await reader())
@@ -224,6 +277,7 @@ class Dashboard:
         app.router.add_get(PREFIX + "/issues/{number}", g(self.issue))
         app.router.add_get(PREFIX + "/api/overview", g(self.api_overview))
         app.router.add_get(PREFIX + "/api/issues/{number}", g(self.api_issue))
+        app.router.add_get(PREFIX + "/api/queue", g(self.api_queue))
         app.router.add_get(PREFIX + "/api/{section}", g(self.api_section))
 
 
@@ -238,4 +292,9 @@ def add_dashboard(app: web.Application, db: Database, settings: Settings) -> Das
         return None
     dashboard = Dashboard(db, settings, token.get_secret_value().strip())
     dashboard.add_routes(app)
+
+    async def close(_: web.Application) -> None:
+        await dashboard.close()
+
+    app.on_cleanup.append(close)
     return dashboard

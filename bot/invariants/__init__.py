@@ -7,8 +7,9 @@ from __future__ import annotations
 
 from bot.invariants.checks import check, report
 from bot.invariants.facts import INVARIANTS, Facts, Violation
-from bot.invariants.gather import gather, gather_checkout, gather_db, gather_gitea
+from bot.invariants.gather import entered_queue, gather, gather_checkout, gather_db, gather_gitea, gather_queues
 
 __all__ = [
-    "INVARIANTS", "Facts", "Violation", "check", "gather", "gather_checkout", "gather_db", "gather_gitea", "report",
+    "INVARIANTS", "Facts", "Violation", "check", "entered_queue", "gather", "gather_checkout", "gather_db",
+    "gather_gitea", "gather_queues", "report",
 ]

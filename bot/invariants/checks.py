@@ -5,9 +5,10 @@ from __future__ import annotations
 import os
 from collections import Counter
 from collections.abc import Sequence
+from datetime import datetime, timedelta
 from typing import Any
 
-from bot.invariants.facts import INVARIANTS, Facts, RegistrationFact, Violation
+from bot.invariants.facts import INVARIANTS, Facts, LeaseFact, RegistrationFact, Violation, WaitingPullFact
 
 # --- check ------------------------------------------------------------------------------------------------------------
 
@@ -15,7 +16,7 @@ from bot.invariants.facts import INVARIANTS, Facts, RegistrationFact, Violation
 def check(facts: Facts) -> list[Violation]:
     """Every violation of every invariant in ``INVARIANTS``, in a stable order."""
     found: list[Violation] = []
-    for part in (_deliveries, _outbox, _leases, _journal, _worktrees, _lifecycle):
+    for part in (_deliveries, _outbox, _leases, _in_progress, _journal, _worktrees, _lifecycle, _queues):
         found.extend(part(facts))
     return found
 
@@ -282,6 +283,83 @@ def _lifecycle(facts: Facts) -> list[Violation]:
             out.append(Violation("lifecycle.merged_no_worktree", f"{r.worktree_path} (#{r.issue_number})",
                                  "the bootstrap's worktree is still on disk and no teardown reported it kept"))
     return out
+
+
+def _in_progress(facts: Facts) -> list[Violation]:
+    """An issue in `status:in-progress` is someone's work: a live lease holds it, or its last one ended within the
+    grace period (stranded work goes back to `status:ready`: bot/verbs/stranded.py)."""
+    now = facts.now
+    if now is None:
+        return []
+    grace = timedelta(seconds=facts.lease_grace_s)
+    by_issue: dict[int, list[LeaseFact]] = {}
+    for lease in facts.db.leases:
+        by_issue.setdefault(lease.issue_number, []).append(lease)
+    out: list[Violation] = []
+    for number in sorted(facts.gitea.in_progress):
+        leases = by_issue.get(number, [])
+        if any(lease.live_at(now) for lease in leases):
+            continue
+        if not leases:
+            out.append(Violation("leases.in_progress_without_lease", f"#{number}",
+                                 "status:in-progress, and foreman never leased it"))
+            continue
+        ended = [(end, lease) for lease in leases if (end := lease.end()) is not None]
+        if not ended:
+            continue  # no time recorded (hand-built facts): not judged
+        end, last = max(ended, key=lambda pair: pair[0])
+        if now - end > grace:
+            how = f"{last.status} ({last.end_reason})" if last.end_reason else last.status
+            out.append(Violation("leases.in_progress_without_lease", f"#{number}",
+                                 f"status:in-progress with no live lease: its last lease {last.lease_id} of "
+                                 f"{last.owner} is {how} since {end.isoformat()}, {_seconds(now - end)} ago (grace "
+                                 f"{facts.lease_grace_s:g} s)"))
+    return out
+
+
+def _queues(facts: Facts) -> list[Violation]:
+    """A queue that runs by itself hands out what waits while someone may take it: a pull request left waiting
+    beyond the bound with an idle reviewer (merger) who may take it means the queue stalled."""
+    queues, now = facts.queues, facts.now
+    if queues is None or now is None:
+        return []
+    out: list[Violation] = []
+    if "review" in queues.running:
+        for pull in queues.reviews:
+            out.extend(_waiting(pull, now, queues.wait_bound_s, "queues.review_waits", "review", "reviewer",
+                                queues.idle_reviewers))
+    if "merge" in queues.running:
+        for pull in queues.merges:
+            if not pull.mergeable:
+                continue  # Gitea cannot merge it (a conflict): its author's turn, not the queue's
+            if queues.merge_by == "foreman":
+                out.extend(_waiting(pull, now, queues.wait_bound_s, "queues.merge_waits", "merge", "merger",
+                                    None))
+            else:
+                out.extend(_waiting(pull, now, queues.wait_bound_s, "queues.merge_waits", "merge", "merger",
+                                    queues.idle_mergers))
+    return out
+
+
+def _waiting(pull: WaitingPullFact, now: datetime, bound_s: float, invariant: str, what: str, role: str,
+             idle: Sequence[str] | None) -> list[Violation]:
+    """``idle``: the roster's idle reviewers (mergers); None: foreman takes it itself (``[merge] by = "foreman"``)."""
+    if pull.since is None or now - pull.since <= timedelta(seconds=bound_s):
+        return []
+    if idle is None:
+        who = "foreman merges it itself ([merge] by = \"foreman\")"
+    else:
+        free = [login for login in idle if login.lower() not in pull.barred]
+        if not free:
+            return []
+        who = f"idle {role}(s) who may take it: {', '.join(free)}"
+    return [Violation(invariant, f"#{pull.issue_number} (PR #{pull.pull_number})",
+                      f"waiting for {what} since {pull.since.isoformat()}, {_seconds(now - pull.since)} ago (bound "
+                      f"{bound_s:g} s); {who}")]
+
+
+def _seconds(delta: timedelta) -> str:
+    return f"{int(delta.total_seconds())} s"
 
 
 def real_path(path: str) -> str:

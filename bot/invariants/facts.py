@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
+from datetime import datetime
 
 #: Every invariant ``check`` knows, with what it means.
 INVARIANTS: dict[str, str] = {
@@ -55,6 +56,14 @@ INVARIANTS: dict[str, str] = {
     "lifecycle.merged_no_live_lease": "no merged issue (closed by a merged pull request) has a live lease",
     "lifecycle.merged_no_worktree": "no worktree the bootstrap journal created is left on disk for a merged issue,"
     " unless its teardown reported it kept (uncommitted or unmerged work)",
+    "leases.in_progress_without_lease": "no open `status:in-progress` issue is without a live lease past the grace"
+    " period: its last lease ended (or expired) more than `[allocator] lease_grace_s` ago, or it never had one",
+    "queues.review_waits": "while the review queue runs by itself, no pull request waits for review (stage review,"
+    " no live lease) longer than `[allocator] queue_wait_bound_s` since its issue's last lease ended while a roster"
+    " reviewer who may review it is idle",
+    "queues.merge_waits": "while the merge queue runs by itself, no approved, mergeable pull request (stage merge,"
+    " no live lease) waits longer than `[allocator] queue_wait_bound_s` since its issue's last lease ended while a"
+    " roster merger who may merge it is idle (or foreman merges itself: `[merge] by = \"foreman\"`)",
 }
 
 
@@ -87,6 +96,18 @@ class LeaseFact:
     decided_exclude: tuple[int, ...] | None = None
     #: implement (bootstrapped and assigned), or review / merge (neither: only the evidence comment)
     action: str = "implement"
+    #: when it expires (a live one) or expired; None: not gathered (hand-built facts), a live one counts as live
+    expires_at: datetime | None = None
+    #: when it ended (released or expired); None: still marked live, or not gathered
+    ended_at: datetime | None = None
+
+    def live_at(self, now: datetime) -> bool:
+        """Marked live and not past its expiry at ``now``."""
+        return self.status == "live" and (self.expires_at is None or self.expires_at > now)
+
+    def end(self) -> datetime | None:
+        """When it stopped holding its issue: its end, else (marked live) its expiry."""
+        return self.ended_at if self.ended_at is not None else self.expires_at
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,6 +193,37 @@ class GiteaFacts:
     assignees: dict[int, frozenset[str]] = field(default_factory=dict)
     #: the issues a merged pull request closes (by its closing keyword or its issue branch)
     merged: frozenset[int] = frozenset()
+    #: the open issues (not pull requests) labelled `status:in-progress`
+    in_progress: frozenset[int] = frozenset()
+
+
+@dataclass(frozen=True, slots=True)
+class WaitingPullFact:
+    """A pull request waiting in the review or merge queue (no live lease holds its issue)."""
+
+    issue_number: int
+    pull_number: int
+    #: the roster logins (lower case) who may not take it: its poster and its issue's implementer
+    barred: frozenset[str] = frozenset()
+    #: when it entered the queue: the end of its issue's last lease (the hand-over, a verdict, a stranded lease);
+    #: None: foreman never leased the issue, so it cannot tell (not judged)
+    since: datetime | None = None
+    #: Gitea can merge it (no conflict); a merge waits only while it can
+    mergeable: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class QueueFacts:
+    """The review and merge queues as ``work_queues`` reads them (bot/verbs/queue_view.py), and their settings."""
+
+    reviews: tuple[WaitingPullFact, ...] = ()
+    merges: tuple[WaitingPullFact, ...] = ()  # in approval order
+    idle_reviewers: tuple[str, ...] = ()
+    idle_mergers: tuple[str, ...] = ()
+    #: the queues that run by themselves: auto-allocation on and the queue listed in `[allocator] queues`
+    running: frozenset[str] = frozenset()
+    merge_by: str = "merger"
+    wait_bound_s: float = 600.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -207,3 +259,10 @@ class Facts:
     acknowledged: tuple[tuple[str, str], ...] | None = None
     #: ``[bootstrap] on_allocate = "run"``: every live lease must have been bootstrapped.
     require_bootstrap: bool = False
+    #: When the facts were read. None: the invariants that need the time (leases.in_progress_without_lease,
+    #: queues.*) are not checked.
+    now: datetime | None = None
+    #: ``[allocator] lease_grace_s``: how long an issue may stay `status:in-progress` after its last lease ended.
+    lease_grace_s: float = 120.0
+    #: The review and merge queues. None: not read (queues.* are not checked).
+    queues: QueueFacts | None = None

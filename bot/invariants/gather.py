@@ -5,14 +5,16 @@ from __future__ import annotations
 import os
 import subprocess
 from collections.abc import Iterable, Sequence
+from datetime import datetime
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 # The facts' classes by their module (facts.LeaseFact): the package's __init__ lists the API for its callers.
 import bot.invariants.facts as facts
 from bot.core.bootstrap import KEPT_DIR
 from bot.core.evidence import find_marker, parse_evidence
 from bot.core.teardown import closing_issue
+from bot.core.vocabulary import label_for_state
 from bot.gitea import Comment, Issue, IssueState, IssueType, PullRequest
 from bot.gitops.records import parse_worktree_porcelain
 from bot.invariants.checks import HANDOVER_REASON, real_path
@@ -20,9 +22,15 @@ from state.db import read_only
 from state.deliveries import DeliveryStore
 from state.grants import GrantStore
 from state.journal import JournalStore
-from state.leases import LeaseStore
+from state.leases import Lease, LeaseStore
 from state.outbox import OutboxStore
 from state.teardowns import TeardownStore
+
+if TYPE_CHECKING:
+    from bot.config import Settings
+    from bot.verbs.allocate import AllocatorGitea
+    from bot.verbs.queue_facts import QueuedPull
+    from bot.verbs.queue_view import WorkQueues
 
 # --- edges ------------------------------------------------------------------------------------------------------------
 
@@ -95,7 +103,8 @@ async def gather_db(path: Path | str, *, repo: str | None = None) -> facts.DbFac
                if e.kind == "comment" and e.key.startswith("lease-") and e.key.endswith(":evidence")}
     leases = tuple(
         facts.LeaseFact(lease.lease_id, lease.issue_number, lease.owner, lease.status, lease.end_reason,
-                  _recorded_exclusions(lease.request), decided.get(lease.lease_id), lease.action)
+                  _recorded_exclusions(lease.request), decided.get(lease.lease_id), lease.action, lease.expires_at,
+                  lease.ended_at)
         for lease in lease_rows
     )
     deliveries = tuple(facts.DeliveryFact(*digest) for digest in digests)
@@ -142,16 +151,16 @@ class GiteaReads(Protocol):
 
 
 async def gather_gitea(client: GiteaReads, *, numbers: Iterable[int] | None = None) -> facts.GiteaFacts:
-    """Every comment (with its foreman marker) and the assignees of every issue and pull request, or of
-    ``numbers``."""
+    """Every comment (with its foreman marker), the assignees of every issue and pull request (or of ``numbers``),
+    and which of those are open issues in `status:in-progress`."""
     if numbers is None:
         issues = await client.list_issues(state="all", type_=None)
-        assignees = {i.number: frozenset(u.login.lower() for u in i.assignees) for i in issues}
     else:
-        assignees = {}
-        for number in numbers:
-            issue = await client.get_issue(number)
-            assignees[number] = frozenset(u.login.lower() for u in issue.assignees)
+        issues = [await client.get_issue(number) for number in numbers]
+    assignees = {i.number: frozenset(u.login.lower() for u in i.assignees) for i in issues}
+    working = label_for_state("in-progress")
+    in_progress = frozenset(i.number for i in issues
+                            if i.state == "open" and not i.is_pull and working in i.label_names)
     comments: list[facts.CommentFact] = []
     for number in sorted(assignees):
         for c in await client.list_issue_comments(number):
@@ -161,7 +170,44 @@ async def gather_gitea(client: GiteaReads, *, numbers: Iterable[int] | None = No
         closes = closing_issue(body=pull.body, title=pull.title, head_ref=pull.head_ref) if pull.merged else None
         if closes is not None and closes != pull.number:
             merged.add(closes)
-    return facts.GiteaFacts(tuple(comments), assignees, frozenset(merged))
+    return facts.GiteaFacts(tuple(comments), assignees, frozenset(merged), in_progress)
+
+
+def entered_queue(history: Sequence[Lease]) -> datetime | None:
+    """When an issue's pull request entered the review or merge queue: the end of its issue's last lease (the
+    author's hand-over, a reviewer's verdict, a lease that expired or was released), else, for one still marked live,
+    its expiry; None when foreman never leased the issue. ``foreman queue`` and the dashboard show the same."""
+    ends = [lease.ended_at if lease.ended_at is not None else lease.expires_at for lease in history]
+    return max(ends) if ends else None
+
+
+def queue_facts(queues: WorkQueues, settings: Settings, since: dict[int, datetime | None]) -> facts.QueueFacts:
+    """The facts of the queues ``work_queues`` read, with when each waiting pull request entered its queue."""
+
+    def waiting(q: QueuedPull) -> facts.WaitingPullFact:
+        return facts.WaitingPullFact(q.issue.number, q.pull.number, frozenset(login.lower() for login in q.barred),
+                                     since.get(q.issue.number), bool(q.pull.mergeable))
+
+    running = frozenset(settings.allocator.queues) if settings.auto_allocation() else frozenset()
+    return facts.QueueFacts(tuple(waiting(q) for q in queues.reviews), tuple(waiting(q) for q in queues.merges),
+                            queues.idle_reviewers, queues.idle_mergers, running, queues.merge_by,
+                            settings.allocator.queue_wait_bound_s)
+
+
+async def gather_queues(client: AllocatorGitea, database: Path | str, settings: Settings, *,
+                        now: datetime) -> facts.QueueFacts:
+    """The review and merge queues of ``settings``' repository (``client`` must be its own), as
+    ``work_queues`` reads them, from a database read read-only. Raises GiteaError when Gitea cannot answer."""
+    from bot.catalog import open_door
+    from bot.verbs.queue_view import work_queues
+
+    async with read_only(database) as db:
+        door = open_door(db, settings, client, bot_login=settings.gitea.bot_login)
+        queues = await work_queues(door, now)
+        store = LeaseStore(db)
+        since = {q.issue.number: entered_queue(await store.history(settings.repo_key, q.issue.number))
+                 for q in (*queues.reviews, *queues.merges)}
+    return queue_facts(queues, settings, since)
 
 
 def _git(checkout: Path, *args: str) -> str:
@@ -208,9 +254,13 @@ async def gather(
     acknowledged: Sequence[tuple[str, str]] | None = None,
     require_bootstrap: bool = False,
     repo: str | None = None,
+    now: datetime | None = None,
+    lease_grace_s: float = 120.0,
+    queues: facts.QueueFacts | None = None,
 ) -> facts.Facts:
     """All facts, from a quiet service's database, Gitea and control checkout; with ``repo``, of that one
-    repository (``client`` and ``checkout`` must be its own)."""
+    repository (``client`` and ``checkout`` must be its own). ``now`` (and the queues, ``gather_queues``) for the
+    invariants that need the time."""
     db = await gather_db(database, repo=repo)
     gitea = await gather_gitea(client)
     return facts.Facts(
@@ -220,4 +270,7 @@ async def gather(
         checkout=gather_checkout(checkout) if checkout is not None else None,
         acknowledged=tuple(acknowledged) if acknowledged is not None else None,
         require_bootstrap=require_bootstrap,
+        now=now,
+        lease_grace_s=lease_grace_s,
+        queues=queues,
     )
