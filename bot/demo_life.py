@@ -10,7 +10,6 @@ from bot.core.canonical import parse_comment
 from bot.core.teardown import pull_key
 from bot.demo_harness import (
     AUTHOR,
-    CONTROLLER,
     FULL_NAME,
     MAINTAINER,
     MERGER,
@@ -116,8 +115,9 @@ async def publish_and_open(h: LoopHarness, p: Printer, author: Any, n: int, work
 
 async def review_merge_teardown(h: LoopHarness, p: Printer, n: int, pr: int, worktree: Path, branch: str,
                                 timeout_s: float, errlog: TextIO) -> dict[str, Any]:
-    """The controller allocates the review, the reviewer approves, the merger merges, and the pull request's closed
-    webhook tears the issue down; returns the teardown's final evidence comment."""
+    """The review queue hands the review to the reviewer, who approves; the merge queue hands the approved PR to the
+    merger, who merges; the pull request's closed webhook tears the issue down. Returns the teardown's final
+    evidence comment. Nobody allocates: each agent asks its runtime context."""
     async def in_review() -> bool | None:
         # foreman writes labels through its outbox, and the review allocation reads its candidates from Gitea.
         if await _busy(h.db_path, n):
@@ -126,14 +126,9 @@ async def review_merge_teardown(h: LoopHarness, p: Printer, n: int, pr: int, wor
         return True if [label["name"] for label in seen["labels"]] == ["status:review"] else None
 
     await until("claim", in_review, timeout_s, f"#{n} never settled in status:review")
-    async with mcp_session(h, errlog, CONTROLLER) as controller:
-        allocated = await call_tool(controller, "claim", "gitea_allocate_next_work", action="review", owner=REVIEWER,
-                                    dry_run=False)
-    lease = allocated.get("lease") or {}
-    if (lease.get("issue_number"), lease.get("owner"), lease.get("action")) != (n, REVIEWER, "review"):
-        raise StepFailed("claim", f"the review allocation answered {allocated.get('decision')}: {lease}")
-    p.step("claim", f"{CONTROLLER} through /mcp: gitea_allocate_next_work action=review: lease "
-                    f"{lease['lease_id']} for {REVIEWER} (neither the PR's author nor its implementer)")
+    lease = await _handed(h, errlog, REVIEWER, "review", n, timeout_s)
+    p.step("claim", f"the review queue leased the review of #{n} to {REVIEWER} by itself (lease {lease['lease_id']}; "
+                    "never the PR's author nor its implementer); the reviewer's runtime context names it")
     async with mcp_session(h, errlog, REVIEWER) as reviewer:
         verdict = await call_tool(reviewer, "review", "gitea_submit_review", issue_number=n, verdict="approve")
     reviews = await h.api(MAINTAINER, "GET", f"/pulls/{pr}/reviews")
@@ -143,13 +138,15 @@ async def review_merge_teardown(h: LoopHarness, p: Printer, n: int, pr: int, wor
         raise StepFailed("review", f"PR #{pr}'s reviews on Gitea: {found}")
     p.step("review", f"{REVIEWER} through /mcp: gitea_submit_review approve: review #{last['id']} APPROVED "
                      f"as {REVIEWER} on {str(verdict['review']['commit_id'])[:12]}")
+    handed = await _handed(h, errlog, MERGER, "merge", n, timeout_s)
     async with mcp_session(h, errlog, MERGER) as merger:
         merged = await call_tool(merger, "merge", "gitea_merge_pull_request", issue_number=n)
     seen = await h.api(MAINTAINER, "GET", f"/pulls/{pr}")
     if not seen["merged"] or seen["merge_commit_sha"] != merged["merge_commit_sha"] or (
             seen["merged_by"] or {}).get("login") != MERGER or seen["head"]["sha"] != verdict["review"]["commit_id"]:
         raise StepFailed("merge", f"PR #{pr} on Gitea: merged {seen['merged']} by {seen.get('merged_by')}")
-    p.step("merge", f"{MERGER} through /mcp: gitea_merge_pull_request: PR #{pr} merged by {MERGER} as "
+    p.step("merge", f"the merge queue leased the approved PR #{pr} to {MERGER} by itself (lease "
+                    f"{handed['lease_id']}); {MERGER} through /mcp: gitea_merge_pull_request: PR #{pr} merged by {MERGER} as "
                     f"{seen['merge_commit_sha'][:12]} (exactly the approved commit)")
     final = await verified_comment(h, "teardown", n, f"{pull_key(FULL_NAME.lower(), n, pr)}:evidence", timeout_s)
     issue = await h.api(MAINTAINER, "GET", f"/issues/{n}")
@@ -163,6 +160,25 @@ async def review_merge_teardown(h: LoopHarness, p: Printer, n: int, pr: int, wor
     p.step("teardown", f"the pull_request closed webhook ended #{n}'s life: every lease ended, worktree removed, "
                        f"{branch} deleted, status:done, issue closed; final evidence comment #{final['id']} read back")
     return final
+
+
+async def _handed(h: LoopHarness, errlog: TextIO, login: str, action: str, n: int, timeout_s: float) -> (
+    dict[str, Any]
+):
+    """``login``'s lease on #``n`` for ``action``, once its runtime context shows the queue handed it one."""
+    async def leased() -> dict[str, Any] | None:
+        async with mcp_session(h, errlog, login) as session:
+            context = await call_tool(session, "claim", "gitea_get_runtime_context")
+        found = next((lease for lease in context.get("leases") or ()
+                      if (lease.get("issue_number"), lease.get("action")) == (n, action)), None)
+        if found is None:
+            await asyncio.sleep(0.2)  # the queue runs off the caller's path: ask again shortly
+        return found
+
+    found = await until("claim" if action == "review" else "merge", leased, timeout_s,
+                        f"the {action} queue never leased #{n} to {login}")
+    assert isinstance(found, dict)
+    return found
 
 
 async def _busy(db_path: Path, n: int) -> bool:

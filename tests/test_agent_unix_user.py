@@ -32,7 +32,7 @@ from bot.config_writer import write_config
 from tests.conftest import REPO_ROOT
 from tests.gitea_fixtures import OWNER, REPO, LiveEmulator, live_emulator, seed_foreman
 from tests.serve_support import serve_process
-from tests.support import HANG_S, SECRET, free_port, serve_config
+from tests.support import HANG_S, SECRET, eventually, free_port, serve_config
 
 SYSTEM_PYTHON = "/usr/bin/python3"
 ROSTER = {"author-1": ["author"], "rev-1": ["reviewer"], "merge-1": ["merger"]}
@@ -150,6 +150,9 @@ async def _agent_life(scratch: Path, user: str) -> None:
                 "control_git": str(scratch / "checkouts" / OWNER / REPO / ".git"),
                 "reviewer_login": "rev-1",
             }
+            # The review queue hands the PR's review to rev-1 by itself (off the agent's path): settled first.
+            await eventually(lambda: any(row[1:] == ("rev-1", "live") for row in _leases(database)),
+                             "the review queue leased the review to rev-1", detail=lambda: _leases(database))
             leases_before = _leases(database)
             attacked = await asyncio.to_thread(as_agent, user, "attack", url, json.dumps(paths))
         outcomes = steps(attacked)

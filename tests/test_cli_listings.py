@@ -99,11 +99,13 @@ def test_leases_journal_and_issue_over_the_demo_state(demo_config: Path) -> None
     leases = foreman("--config", str(demo_config), "leases", "--json")
     assert leases.returncode == 0, leases.stderr
     doc = json.loads(leases.stdout)
-    review, lease = doc["recent"]  # newest first: the demo's whole life ends with the reviewer's lease
+    merge, review, lease = doc["recent"]  # newest first: the queues leased the review, then the merge
     assert (lease["issue_number"], lease["owner"], lease["role"], lease["action"], lease["status"]) == (
         1, "author-1", "author", "implement", "released")
     assert (review["issue_number"], review["owner"], review["action"], review["status"]) == (
         1, "reviewer-1", "review", "released")
+    assert (merge["issue_number"], merge["owner"], merge["action"], merge["status"], merge["end_reason"]) == (
+        1, "merger-1", "merge", "released", "merged")
     assert doc["live"] == [] and lease["end_reason"] == "pull_request_opened"  # the hand-over to review
     text = foreman("--config", str(demo_config), "leases")
     assert text.returncode == 0 and lease["lease_id"] in text.stdout and "author-1" in text.stdout

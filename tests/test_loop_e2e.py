@@ -148,9 +148,13 @@ async def test_the_loop_from_a_ready_label_to_the_authors_release(world: World) 
     await world.settle()
     [state_key] = posted["outbox"]
     assert markers(world, number)[-2:] == [state_key, f"{lease.lease_id}:release"]
+    # The author's state was recorded; its release (the issue still in progress, no hand-over) sends the issue back
+    # to status:ready, and the author who gave it up is not handed it again.
+    records = await world.store.comment_records(FULL_NAME, number)
+    assert any(r.state is not None and r.state.last_updated_by == "author-1" for r in records), records
     snapshot = await world.snapshot(number)
-    assert snapshot.state is not None and snapshot.state.who_is_next == "controller"
-    assert snapshot.state.last_updated_by == "author-1"
+    assert snapshot.state is not None and (snapshot.state.state, snapshot.state.who_is_next) == ("ready", "controller")
+    assert world.labels(number) == ["status:ready"]
     assert await LeaseStore(service.db).open_leases(FULL_NAME) == []
     kinds = [e["kind"] for e in await LeaseStore(service.db).events(lease.lease_id)]
     assert kinds == ["acquired", "heartbeat", "released"], kinds
