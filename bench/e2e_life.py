@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import os
 import resource
 import statistics
@@ -23,7 +22,6 @@ from bot.demo import open_harness
 from bot.demo_harness import (
     AUTHOR,
     BOT,
-    CONTROLLER,
     FULL_NAME,
     LIFE_ROSTER,
     MAINTAINER,
@@ -102,12 +100,12 @@ async def _one_life(h: LoopHarness, sessions: dict[str, Any], n: int, timeout_s:
         return True if [label["name"] for label in seen["labels"]] == ["status:review"] else None
 
     await until("review", in_review, timeout_s, f"#{n} never showed status:review")
-    allocated = await call_tool(sessions[CONTROLLER], "review", "gitea_allocate_next_work", action="review",
-                                owner=REVIEWER, dry_run=False)
-    if allocated.get("lease", {}).get("issue_number") != n:
-        raise StepFailed("review", f"#{n}: the review went elsewhere: {json.dumps(allocated, sort_keys=True)}")
+    # Nobody allocates: the review queue hands the review to the reviewer, the merge queue the approved PR to the
+    # merger; each agent learns it from its runtime context.
+    await _handed(sessions[REVIEWER], "review", n, timeout_s)
     await call_tool(sessions[REVIEWER], "review", "gitea_submit_review", issue_number=n, verdict="approve")
     approved_ms = since()
+    await _handed(sessions[MERGER], "merge", n, timeout_s)
     await call_tool(sessions[MERGER], "merge", "gitea_merge_pull_request", issue_number=n)
     merged_ms = since()
     pr = int(opened["pull_request"])
@@ -172,13 +170,28 @@ async def _life_baselines(h: LoopHarness, run: LifeRun, k: int) -> None:
     await h.api(MAINTAINER, "DELETE", f"/branches/{branch}")
 
 
+async def _handed(session: Any, action: str, n: int, timeout_s: float) -> dict[str, Any]:
+    """The agent's lease on #``n`` for ``action`` once its runtime context shows the queue handed it one."""
+    async def leased() -> dict[str, Any] | None:
+        context = await call_tool(session, action, "gitea_get_runtime_context")
+        found = next((lease for lease in context.get("leases") or ()
+                      if (lease.get("issue_number"), lease.get("action")) == (n, action)), None)
+        if found is None:
+            await asyncio.sleep(0.05)  # the queue runs off the caller's path
+        return found
+
+    found = await until(action, leased, timeout_s, f"the {action} queue never leased #{n}")
+    assert isinstance(found, dict)
+    return found
+
+
 async def _check_life(h: LoopHarness, run: LifeRun) -> None:
     emu = h.emulator
     for s in run.samples:
         leases = _query(h, "SELECT owner, action, status FROM leases WHERE issue_number = ? ORDER BY acquired_at",
                         (s.issue,))
         if [(r["owner"], r["action"], r["status"] != "live") for r in leases] != [
-                (AUTHOR, "implement", True), (REVIEWER, "review", True)]:
+                (AUTHOR, "implement", True), (REVIEWER, "review", True), (MERGER, "merge", True)]:
             run.errors.append(f"#{s.issue}: leases {[tuple(r) for r in leases]}")
         journal = _query(h, "SELECT worktree_path, branch FROM bootstrap_journal WHERE issue_number = ?", (s.issue,))
         if len(journal) != 1 or Path(journal[0]["worktree_path"]).exists():

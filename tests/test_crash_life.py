@@ -1,13 +1,14 @@
 """A real `foreman serve` SIGKILLed at seeded points during whole lives, restarted, the agents' calls re-driven.
 
 Four issues live concurrently for three authors: a maintainer labels each `status:ready` (auto-allocation and the
-bootstrap run in the service), its author locks, writes, publishes and opens the pull request, the reviewer claims
-and approves, the merger merges, and the `pull_request` closed webhook tears the issue down in the service. The
+bootstrap run in the service), its author locks, writes, publishes and opens the pull request, the review queue
+hands the review to the reviewer, who approves, the merge queue hands the PR to the merger, who merges, and the
+`pull_request` closed webhook tears the issue down in the service. The
 fourth issue waits until a pull request's opening frees its author (the hand-over's queued auto-allocation, or a
 later trigger, gives that author the next issue). The agents' calls go
 through the one door from this process over the service's database, as `foreman mcp` does beside `foreman serve`.
-The service is SIGKILLed at seeded points (after a publish, a PR's opening, a verdict, a merge, and inside a
-teardown), left down for a moment (the webhooks Gitea sends meanwhile are lost, then replayed as the operator guide
+The service is SIGKILLed at seeded points (after a publish, a PR's opening, the review queue's lease, a verdict, a
+merge, and inside a teardown; a second test kills it inside the queue's own merge, ``[merge] by = "foreman"``), left down for a moment (the webhooks Gitea sends meanwhile are lost, then replayed as the operator guide
 says), started again, and the agent re-drives its last call with the same idempotency key. Then every invariant of
 ``bot.invariants`` holds, and: one PR per issue, one merge each, one teardown record per issue, no worktree left,
 each issue's status label matching its final Canonical Issue State (`status:done`).
@@ -64,7 +65,7 @@ ISSUES = 4
 KILLED_LIVES = 3
 #: The points a kill may follow: the agent's call of that step answered (the service is sending its effects),
 #: or, for the teardown, the service seen handling the PR's closed webhook after the merge.
-POINTS = ("publish", "open_pr", "review", "merge", "teardown")
+POINTS = ("publish", "open_pr", "review_lease", "review", "merge", "teardown")
 FULL_NAME = f"{OWNER}/{REPO}"
 #: The seed of a plain run (it spreads the five kills over all three lives); any other through FOREMAN_CRASH_SEED.
 DEFAULT_SEED = 9
@@ -181,6 +182,11 @@ class Lives:
             require_bootstrap=True,
         )
 
+    async def leased(self, number: int, owner: str, action: str) -> bool:
+        """``owner`` holds the issue's live lease for ``action``: a queue handed it out."""
+        lease = await LeaseStore(self.runtime.db).live_for_issue(FULL_NAME.lower(), number)
+        return lease is not None and (lease.owner, lease.action) == (owner, action)
+
     async def torn_down(self, number: int) -> bool:
         return bool(await TeardownStore(self.runtime.db).for_issue(FULL_NAME.lower(), number))
 
@@ -231,9 +237,12 @@ class Lives:
         if await self.point(index, number, "open_pr"):
             await self.redrive("open_pr", opened, author, "open_pull_request", **opening)
         verdict: dict[str, Any] = {"issue_number": number, "verdict": "approve"}
+        # Nobody claims: the review queue hands the review to the reviewer (killed right after, at review_lease).
+        await self.until(f"#{number}'s review leased by the queue", lambda: self.leased(number, REVIEWER, "review"))
+        await self.point(index, number, "review_lease")
         deadline = time.monotonic() + STEP_S
-        while True:  # a review lease ended under the reviewer (e.g. unworkable after a restart) is claimed again
-            await self.until_ok(REVIEWER, "claim_review", f"claiming #{number}'s review", issue_number=number)
+        while True:  # the queue hands the review again if its lease ended under the reviewer (after a restart)
+            await self.until(f"#{number}'s review leased", lambda: self.leased(number, REVIEWER, "review"))
             review = await self.call(REVIEWER, "submit_review", **verdict)
             if review.ok:
                 approved = review.doc
@@ -242,6 +251,7 @@ class Lives:
             await asyncio.sleep(0.1)
         if await self.point(index, number, "review"):
             await self.redrive("review", approved, REVIEWER, "submit_review", **verdict)
+        await self.until(f"#{number}'s merge leased by the queue", lambda: self.leased(number, MERGER, "merge"))
         merged = await self.until_ok(MERGER, "merge_pull_request", f"merging #{number}", issue_number=number)
         if await self.point(index, number, "merge"):
             await self.redrive("merge", merged, MERGER, "merge_pull_request", issue_number=number)
@@ -301,7 +311,8 @@ async def test_sigkill_during_whole_lives_ends_every_issue_once_and_consistent(s
         assert {n: [t.reason for t in found] for n, found in teardowns.items()} == {n: ["merged"] for n in numbers}
         branches = scratch / "checkouts" / OWNER / REPO / "branches"
         assert not branches.exists() or list(branches.iterdir()) == [], (seed, list(branches.iterdir()))
-        assert len(lives.done) == len(kills) and set(lives.redriven) == set(POINTS[:-1]), summary
+        assert len(lives.done) == len(kills), summary
+        assert set(lives.redriven) == set(POINTS[:-1]) - {"review_lease"}, summary  # (no call to re-drive there)
         assert len(lives.teardown_kills) == 1, summary
         # The held label syncs hold across kills: each issue's status label is its final state's (done).
         for n in numbers:
@@ -321,7 +332,10 @@ async def test_sigkill_during_whole_lives_ends_every_issue_once_and_consistent(s
         # No lease ended for any other reason: the start-up recovery once bootstrapped a live review lease (no
         # worktree), ended it `unworkable: invalid_state` and added `status:blocked` beside `status:review`.
         assert not [end for found in ends.values() for end in found
-                    if end[2] not in ("pull_request_opened", "reviewed") and not _stale_pin(end[2])], (seed, ends)
+                    if end[2] not in ("pull_request_opened", "reviewed", "merged") and not _stale_pin(end[2])], (
+            seed, ends)
+        assert all([x for x in found if x[0] == "merge"] == [("merge", MERGER, "merged")] for found in ends.values()), (
+            seed, ends)
 
 
 def _stale_pin(reason: str | None) -> bool:
@@ -331,3 +345,68 @@ def _stale_pin(reason: str | None) -> bool:
 
 def _freeing(reason: str | None) -> bool:
     return reason == "pull_request_opened" or _stale_pin(reason)
+
+
+async def test_sigkill_inside_a_queue_merge_merges_once_and_tears_down(scratch: Path) -> None:  # noqa: F811
+    """``[merge] by = "foreman"``: the service itself merges the approved PR. Gitea performs the merge but holds its
+    answer (an after-store delay), and the service is SIGKILLed while it waits: inside the queue's merge. Started
+    again (the lost webhooks replayed), the issue is merged once, torn down once (`merged`), and the invariants
+    hold; no merger and no controller on the roster."""
+    roster = {"author-1": ["author"], REVIEWER: ["reviewer"]}
+    tokens = {login: f"tok-{login}-life" for login in roster}
+    async with live_emulator() as live:
+        emu = live.emulator
+        seed_foreman(emu, tokens, writers=roster)
+        number = emu.create_issue(OWNER, REPO, title="Merged by the queue", author="alice").number
+        proc = ServeProcess(scratch)
+        config = _config(proc, live.base_url, scratch)
+        config.update(roster=roster, gitea={**config["gitea"], "identity_tokens": tokens}, merge={"by": "foreman"})
+        write_config(proc.config, config)
+        hook_url = f"{proc.url}/webhook"
+        emu.add_hook(OWNER, REPO, url=hook_url, secret=SECRET, events=["issues", "issue_comment", "pull_request"])
+        merge_route = "/repos/{owner}/{repo}/pulls/{index}/merge"
+        try:
+            await proc.serve()
+            async with agents(proc.config) as runtime:
+                burst = Burst(0, live, proc, hook_url)
+                lives = Lives(0, live, proc, burst, runtime, [])
+                await burst.api("alice", "POST", f"/issues/{number}/labels", {"labels": ["status:ready"]})
+                db = runtime.db
+                await lives.until("bootstrapped", lambda: lives.leased(number, "author-1", "implement"))
+                await lives.until_ok("author-1", "lock_issue", "locking", issue_number=number)
+                registration = await JournalStore(db).live_registration(FULL_NAME.lower(), number)
+                assert registration is not None
+                Path(registration.worktree_path, "queued.txt").write_text("merged by the queue\n", encoding="utf-8")
+                await lives.until_ok("author-1", "publish_worktree", "publishing", issue_number=number,
+                                     message="Merged by the queue")
+                await lives.until_ok("author-1", "open_pull_request", "opening", issue_number=number)
+                await lives.until("review leased", lambda: lives.leased(number, REVIEWER, "review"))
+                emu.faults.delay("POST", merge_route, 5.0, times=1, after_store=True)
+                await lives.until_ok(REVIEWER, "submit_review", "approving", issue_number=number, verdict="approve")
+
+                async def merging() -> bool:
+                    return any(r.method == "POST" and (r.route or "").endswith("/merge") for r in emu.requests)
+
+                await lives.until("the queue's merge reached Gitea", merging)
+                await proc.kill()  # Gitea merged; its answer is held: the service dies inside the merge
+                with sqlite3.connect(f"file:{proc.db}?mode=ro", uri=True) as conn:
+                    recorded = conn.execute("SELECT idempotency_key FROM outbox WHERE idempotency_key LIKE 'merge:%'").fetchall()
+                assert recorded == [], recorded  # the kill landed before the merge's evidence was recorded
+                await proc.serve()
+                await burst.replay_lost()
+                await lives.until("torn down", lambda: lives.torn_down(number))
+                await burst.settle()
+                violations = invariants.check(await lives.facts(scratch))
+                teardowns = await TeardownStore(db).for_issue(FULL_NAME.lower(), number)
+                history = await LeaseStore(db).history(FULL_NAME.lower(), number)
+            assert await proc.terminate() == 0
+        finally:
+            await proc.stop()
+        assert not violations, "\n".join(map(str, violations[:40]))
+        merges = [r for r in emu.requests if r.method == "POST" and (r.route or "").endswith("/merge")]
+        assert len(merges) == 1 and merges[0].login == BOT, [(r.route, r.login) for r in merges]
+        [pull] = await live.client().list_pulls(state="all")
+        assert pull.merged
+        assert [t.reason for t in teardowns] == ["merged"]
+        assert [(x.action, x.owner, x.status) for x in history] == [
+            ("implement", "author-1", "released"), ("review", REVIEWER, "released")], history
