@@ -276,7 +276,8 @@ class Service:
         app.router.add_get("/metrics", self.handle_metrics)
         from bot.dashboard.routes import add_dashboard
 
-        add_dashboard(app, self.db, self.settings)  # only with [dashboard] token (off without one)
+        # Only with [dashboard] token (off without one); the queues are read through the served repositories' doors.
+        add_dashboard(app, self.db, self.settings, self.served.door_of)
         from bot.mcp_http import McpHttp
 
         # MCP over Streamable HTTP (docs/mcp.md): agents hold only this URL and their own token.

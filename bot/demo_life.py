@@ -146,8 +146,8 @@ async def review_merge_teardown(h: LoopHarness, p: Printer, n: int, pr: int, wor
             seen["merged_by"] or {}).get("login") != MERGER or seen["head"]["sha"] != verdict["review"]["commit_id"]:
         raise StepFailed("merge", f"PR #{pr} on Gitea: merged {seen['merged']} by {seen.get('merged_by')}")
     p.step("merge", f"the merge queue leased the approved PR #{pr} to {MERGER} by itself (lease "
-                    f"{handed['lease_id']}); {MERGER} through /mcp: gitea_merge_pull_request: PR #{pr} merged by {MERGER} as "
-                    f"{seen['merge_commit_sha'][:12]} (exactly the approved commit)")
+                    f"{handed['lease_id']}); {MERGER} through /mcp: gitea_merge_pull_request: PR #{pr} merged by "
+                    f"{MERGER} as {seen['merge_commit_sha'][:12]} (exactly the approved commit)")
     final = await verified_comment(h, "teardown", n, f"{pull_key(FULL_NAME.lower(), n, pr)}:evidence", timeout_s)
     issue = await h.api(MAINTAINER, "GET", f"/issues/{n}")
     labels = [label["name"] for label in issue["labels"]]

@@ -227,6 +227,11 @@ class ServedRepositories:
                 log.exception("recovering open worktree bootstraps of %s failed (the next bootstrap of each issue "
                               "recovers it)", bundle.key)
 
+    def door_of(self, key: str) -> VerbRuntime[GiteaClient] | None:
+        """The served repository ``key``'s one door (None when it is not served)."""
+        bundle = self.bundles.get(key)
+        return bundle.door if bundle is not None else None
+
     # The outbox's entries, each sent with its repository's client and reported to its repository's hooks.
 
     def outbox_client(self, repo: str) -> OutboxGitea | None:

@@ -8,8 +8,9 @@ fourth issue waits until a pull request's opening frees its author (the hand-ove
 later trigger, gives that author the next issue). The agents' calls go
 through the one door from this process over the service's database, as `foreman mcp` does beside `foreman serve`.
 The service is SIGKILLed at seeded points (after a publish, a PR's opening, the review queue's lease, a verdict, a
-merge, and inside a teardown; a second test kills it inside the queue's own merge, ``[merge] by = "foreman"``), left down for a moment (the webhooks Gitea sends meanwhile are lost, then replayed as the operator guide
-says), started again, and the agent re-drives its last call with the same idempotency key. Then every invariant of
+merge, and inside a teardown; a second test kills it inside the queue's own merge, ``[merge] by = "foreman"``),
+left down for a moment (the webhooks Gitea sends meanwhile are lost, then replayed as the operator guide says),
+started again, and the agent re-drives its last call with the same idempotency key. Then every invariant of
 ``bot.invariants`` holds, and: one PR per issue, one merge each, one teardown record per issue, no worktree left,
 each issue's status label matching its final Canonical Issue State (`status:done`).
 
@@ -390,7 +391,8 @@ async def test_sigkill_inside_a_queue_merge_merges_once_and_tears_down(scratch: 
                 await lives.until("the queue's merge reached Gitea", merging)
                 await proc.kill()  # Gitea merged; its answer is held: the service dies inside the merge
                 with sqlite3.connect(f"file:{proc.db}?mode=ro", uri=True) as conn:
-                    recorded = conn.execute("SELECT idempotency_key FROM outbox WHERE idempotency_key LIKE 'merge:%'").fetchall()
+                    recorded = conn.execute("SELECT idempotency_key FROM outbox"
+                                            " WHERE idempotency_key LIKE 'merge:%'").fetchall()
                 assert recorded == [], recorded  # the kill landed before the merge's evidence was recorded
                 await proc.serve()
                 await burst.replay_lost()

@@ -12,7 +12,6 @@ import urllib.parse
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
-import aiohttp
 from aiohttp import web
 
 from bot.config import Settings
@@ -22,8 +21,10 @@ from bot.dashboard import model, render
 from state.db import Database
 
 if TYPE_CHECKING:
-    from bot.gitea import GiteaClient
     from bot.verbs.runtime import VerbRuntime
+
+#: The door of a served repository by its key, or None (the service's ``ServedRepositories.door_of``).
+DoorOf = Callable[[str], "VerbRuntime[Any] | None"]
 
 log = logging.getLogger("foreman.dashboard")
 
@@ -73,30 +74,19 @@ def _same(given: str, expected: bytes) -> bool:
 class Dashboard:
     """The routes over one database and configuration (the running service's)."""
 
-    def __init__(self, db: Database, settings: Settings, token: str) -> None:
+    def __init__(self, db: Database, settings: Settings, token: str, doors: DoorOf | None = None) -> None:
         self.db = db
         self.settings = settings
         self._token = token.encode()
         self._session = session_value(token)
-        #: The HTTP session of the dashboard's own Gitea reads (the review and merge queues), made at the first one.
-        self._http: aiohttp.ClientSession | None = None
+        #: The served repositories' doors by repository key (the service's own: the queues are read through them,
+        #: with their Gitea clients); None for a repository without a Gitea client.
+        self._doors: DoorOf = doors or (lambda key: None)
 
-    async def close(self) -> None:
-        if self._http is not None:
-            await self._http.close()
-            self._http = None
-
-    def _door(self, view: Settings) -> VerbRuntime[GiteaClient] | None:
-        """A door of the repository ``view`` shows, with a Gitea client of the bot's token (None without one)."""
-        from bot.catalog import open_door
-        from bot.gitea import client_for
-
-        if view.gitea_token() is None:
-            return None
-        if self._http is None:
-            self._http = aiohttp.ClientSession()
-        gitea = client_for(self._http, view)
-        return None if gitea is None else open_door(self.db, view, gitea, bot_login=view.gitea.bot_login)
+    def _door(self, view: Settings) -> VerbRuntime[Any] | None:
+        """The door of the repository ``view`` shows, when it has a Gitea client (None without one)."""
+        door = self._doors(view.repo_key)
+        return door if door is not None and door.gitea is not None else None
 
     # --- access -------------------------------------------------------------------------------------------------------
     def _token_ok(self, given: str) -> bool:
@@ -285,16 +275,14 @@ def _dumps(doc: Any) -> str:
     return json.dumps(doc, sort_keys=True, default=str, ensure_ascii=False)
 
 
-def add_dashboard(app: web.Application, db: Database, settings: Settings) -> Dashboard | None:
-    """Add the dashboard's routes when ``[dashboard] token`` is set; without one it stays off (None)."""
+def add_dashboard(app: web.Application, db: Database, settings: Settings, doors: DoorOf | None = None) -> (
+    Dashboard | None
+):
+    """Add the dashboard's routes when ``[dashboard] token`` is set; without one it stays off (None). ``doors``: the
+    served repositories' doors (the queues are read through them)."""
     token = settings.dashboard.token
     if token is None:
         return None
-    dashboard = Dashboard(db, settings, token.get_secret_value().strip())
+    dashboard = Dashboard(db, settings, token.get_secret_value().strip(), doors)
     dashboard.add_routes(app)
-
-    async def close(_: web.Application) -> None:
-        await dashboard.close()
-
-    app.on_cleanup.append(close)
     return dashboard
