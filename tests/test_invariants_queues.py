@@ -10,6 +10,7 @@ from typing import Any
 
 from bot import invariants
 from bot.invariants.facts import Facts, LeaseFact, QueueFacts, WaitingPullFact
+from bot.verbs.queue_view import entered_queue
 from tests.test_invariants import NOW, _db, _gitea, consistent
 
 GRACE = timedelta(seconds=120)
@@ -147,8 +148,8 @@ def test_entered_queue_is_the_end_of_the_issues_last_lease() -> None:
                      "released" if ended is not None else "live", NOW + ended if ended is not None else None, None,
                      None)
 
-    assert invariants.entered_queue([]) is None
-    assert invariants.entered_queue([lease(timedelta(hours=4), timedelta(minutes=5)),
-                                     lease(timedelta(hours=4), timedelta(minutes=50))]) == NOW + timedelta(minutes=50)
+    assert entered_queue([]) is None
+    assert entered_queue([lease(timedelta(hours=4), timedelta(minutes=5)),
+                          lease(timedelta(hours=4), timedelta(minutes=50))]) == NOW + timedelta(minutes=50)
     # One still marked live (expired, not swept yet): its expiry.
-    assert invariants.entered_queue([lease(timedelta(minutes=1), None)]) == NOW + timedelta(minutes=1)
+    assert entered_queue([lease(timedelta(minutes=1), None)]) == NOW + timedelta(minutes=1)

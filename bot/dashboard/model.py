@@ -198,7 +198,6 @@ async def queues(door: VerbRuntime[AllocatorGitea], *, now: datetime | None = No
     merges), each waiting pull request with when it entered its queue (``waiting_since``: its issue's last lease's
     end, as ``foreman invariants`` reads it; None when foreman never leased the issue) and for how long, and which
     queues run by themselves. Raises LookupError without a Gitea client, GiteaError when Gitea cannot answer."""
-    from bot.invariants.gather import entered_queue
     from bot.verbs.queue_view import work_queues
 
     moment = now or utcnow()
@@ -206,7 +205,7 @@ async def queues(door: VerbRuntime[AllocatorGitea], *, now: datetime | None = No
     found = await work_queues(door, moment)
     doc = found.to_dict()
     for entry in (*doc["reviews_waiting"], *doc["merges_waiting"]):
-        since = entered_queue(await door.leases.history(door.repo, entry["issue_number"]))
+        since = found.since.get(entry["issue_number"])
         entry["waiting_since"] = None if since is None else to_db_time(since)
         entry["waiting_s"] = None if since is None else max(0, int((moment - since).total_seconds()))
     running = sorted(settings.allocator.queues) if settings.auto_allocation() else []

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from bot.invariants.checks import check, report
 from bot.invariants.facts import INVARIANTS, Facts, Violation
-from bot.invariants.gather import entered_queue, gather, gather_checkout, gather_db, gather_gitea, gather_queues
+from bot.invariants.gather import gather, gather_checkout, gather_db, gather_gitea, gather_queues
 
 __all__ = [
-    "INVARIANTS", "Facts", "Violation", "check", "entered_queue", "gather", "gather_checkout", "gather_db",
+    "INVARIANTS", "Facts", "Violation", "check", "gather", "gather_checkout", "gather_db",
     "gather_gitea", "gather_queues", "report",
 ]

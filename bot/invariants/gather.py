@@ -22,7 +22,7 @@ from state.db import read_only
 from state.deliveries import DeliveryStore
 from state.grants import GrantStore
 from state.journal import JournalStore
-from state.leases import Lease, LeaseStore
+from state.leases import LeaseStore
 from state.outbox import OutboxStore
 from state.teardowns import TeardownStore
 
@@ -173,20 +173,12 @@ async def gather_gitea(client: GiteaReads, *, numbers: Iterable[int] | None = No
     return facts.GiteaFacts(tuple(comments), assignees, frozenset(merged), in_progress)
 
 
-def entered_queue(history: Sequence[Lease]) -> datetime | None:
-    """When an issue's pull request entered the review or merge queue: the end of its issue's last lease (the
-    author's hand-over, a reviewer's verdict, a lease that expired or was released), else, for one still marked live,
-    its expiry; None when foreman never leased the issue. ``foreman queue`` and the dashboard show the same."""
-    ends = [lease.ended_at if lease.ended_at is not None else lease.expires_at for lease in history]
-    return max(ends) if ends else None
-
-
-def queue_facts(queues: WorkQueues, settings: Settings, since: dict[int, datetime | None]) -> facts.QueueFacts:
+def queue_facts(queues: WorkQueues, settings: Settings) -> facts.QueueFacts:
     """The facts of the queues ``work_queues`` read, with when each waiting pull request entered its queue."""
 
     def waiting(q: QueuedPull) -> facts.WaitingPullFact:
         return facts.WaitingPullFact(q.issue.number, q.pull.number, frozenset(login.lower() for login in q.barred),
-                                     since.get(q.issue.number), bool(q.pull.mergeable))
+                                     queues.since.get(q.issue.number), bool(q.pull.mergeable))
 
     running = frozenset(settings.allocator.queues) if settings.auto_allocation() else frozenset()
     return facts.QueueFacts(tuple(waiting(q) for q in queues.reviews), tuple(waiting(q) for q in queues.merges),
@@ -204,10 +196,7 @@ async def gather_queues(client: AllocatorGitea, database: Path | str, settings: 
     async with read_only(database) as db:
         door = open_door(db, settings, client, bot_login=settings.gitea.bot_login)
         queues = await work_queues(door, now)
-        store = LeaseStore(db)
-        since = {q.issue.number: entered_queue(await store.history(settings.repo_key, q.issue.number))
-                 for q in (*queues.reviews, *queues.merges)}
-    return queue_facts(queues, settings, since)
+    return queue_facts(queues, settings)
 
 
 def _git(checkout: Path, *args: str) -> str:

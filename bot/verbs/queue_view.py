@@ -3,6 +3,7 @@ reviewers and mergers, the dashboard and ``foreman invariants`` (the queues' run
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -24,11 +25,17 @@ class WorkQueues:
     idle_reviewers: tuple[str, ...]
     idle_mergers: tuple[str, ...]
     merge_by: str
+    #: When each waiting pull request entered its queue (``entered_queue``), by issue.
+    since: dict[int, datetime | None]
 
     def to_dict(self) -> dict[str, Any]:
+        def waiting(q: QueuedPull) -> dict[str, Any]:
+            since = self.since.get(q.issue.number)
+            return {**q.to_dict(), "waiting_since": since.isoformat() if since is not None else None}
+
         return {
-            "reviews_waiting": [q.to_dict() for q in self.reviews],
-            "merges_waiting": [q.to_dict() for q in self.merges],
+            "reviews_waiting": [waiting(q) for q in self.reviews],
+            "merges_waiting": [waiting(q) for q in self.merges],
             "in_hand": [{"issue_number": n, "owner": lease.owner, "action": lease.action,
                          "expires_at": lease.expires_at.isoformat()} for n, lease in sorted(self.leased.items())],
             "idle_reviewers": list(self.idle_reviewers), "idle_mergers": list(self.idle_mergers),
@@ -47,9 +54,20 @@ async def work_queues(door: VerbRuntime[ReviewGitea], now: datetime) -> WorkQueu
     reviewers = await role_pick(door.db, door.settings, "reviewer", now)
     mergers = await role_pick(door.db, door.settings, "merger", now)
     merges = sorted((q for q in free if q.stage == "merge"), key=_approval_order)
-    return WorkQueues(tuple(q for q in free if q.stage == "review"), tuple(merges),
+    reviews = [q for q in free if q.stage == "review"]
+    since = {q.issue.number: entered_queue(await door.leases.history(door.repo, q.issue.number))
+             for q in (*reviews, *merges)}
+    return WorkQueues(tuple(reviews), tuple(merges),
                       {q.issue.number: live[q.issue.number] for q in pulls if q.issue.number in live},
-                      tuple(reviewers.order), tuple(mergers.order), door.settings.merge.by)
+                      tuple(reviewers.order), tuple(mergers.order), door.settings.merge.by, since)
+
+
+def entered_queue(history: Sequence[Lease]) -> datetime | None:
+    """When an issue's pull request entered the review or merge queue: the end of its issue's last lease (the
+    author's hand-over, a reviewer's verdict, a lease that expired or was released), else, for one still marked live,
+    its expiry; None when foreman never leased the issue."""
+    ends = [lease.ended_at if lease.ended_at is not None else lease.expires_at for lease in history]
+    return max(ends) if ends else None
 
 
 def _approval_order(q: QueuedPull) -> tuple[str, int]:
