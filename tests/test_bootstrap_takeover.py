@@ -290,3 +290,38 @@ async def test_a_takeover_killed_after_the_worktree_was_kept_is_finished_by_the_
         assert kept_row.worktree_path == str(moved) and detached_head(moved) == w.main_sha()
         assert (moved / "notes.txt").read_text(encoding="utf-8") == NOTES
         assert await worktree_violations(w) == []
+
+
+async def test_a_stranded_worktree_whose_git_file_was_rewritten_is_never_taken_over_by_git_it_points_at(
+    tmp_path: Path,
+) -> None:
+    """The earlier owner is an adversary with a shell: before its lease expires it points its worktree's `.git` file
+    at a repository of its own (whose config would run a program through core.fsmonitor if git read it). The
+    takeover must not run git with that file as its repository: bob's bootstrap is refused, nothing is moved, the
+    program never runs, and alice's worktree is left exactly as she left it."""
+    async with open_bootstrap_world() as w:
+        number = w.issue()
+        alice = await w.lease(number)
+        assert (await w.bootstrap(number)).status == "completed"
+        path = w.path(number)
+        evil = tmp_path / "evil"
+        git(tmp_path, "init", "-q", str(evil))
+        ran = tmp_path / "ran"
+        (evil / ".git" / "config").write_text(
+            (evil / ".git" / "config").read_text(encoding="utf-8")
+            + f"[core]\n\tfsmonitor = touch {ran}\n", encoding="utf-8")
+        (path / ".git").write_text(f"gitdir: {evil / '.git'}\n", encoding="utf-8")
+        before = tree_snapshot(path)
+        await expire(w, alice)
+        await w.lease(number, owner="bob")
+
+        result = await w.bootstrap(number, caller="bob")
+
+        refusal = result.to_dict()
+        assert result.status != "completed", refusal
+        # Typed and final (a retry would meet the same file): never "unavailable ... resume".
+        assert (refusal["error"], refusal["details"]["reason"]) == ("invalid_state", "worktree_refused"), refusal
+        assert not ran.exists(), "git ran the earlier owner's core.fsmonitor"
+        assert tree_snapshot(path) == before
+        assert not (w.checkout / "branches" / KEPT_DIR).exists() or list((w.checkout / "branches" / KEPT_DIR)
+                                                                          .iterdir()) == []

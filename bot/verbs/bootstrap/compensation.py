@@ -53,6 +53,13 @@ async def compensate(run: Run, t: Transition, undoers: Sequence[GitUndo]) -> Boo
         plan, observed, done = await asyncio.to_thread(
             undo_git, run, t, undoers, release=run.cfg.release_lease_on_failure,
             registration_live=registration_live, lease_ours=lease_ours)
+    except gitops.WorktreeRefused as exc:
+        # A worktree whose .git file or registration is not what foreman wrote (an earlier owner's, rewritten): no
+        # git runs in it, and nothing here is undone; no retry changes that, an operator must look (never
+        # ``unavailable``, which says a retry resumes).
+        restore = f"; an operator restores it with: {exc.restore}" if exc.restore else ""
+        blocked = Blocked("invalid_state", "worktree_refused", f"compensation left everything in place: {exc}{restore}")
+        return refused_result(n, blocked_envelope(n, blocked, False, t.key), t.key)
     except gitops.GitFailure as exc:
         return refused_result(n, unavailable(n, f"git failed during compensation: {exc}", t.key), t.key)
     releasing = "lease" in plan.undo
