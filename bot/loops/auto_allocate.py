@@ -9,7 +9,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from bot.config import Settings
-from bot.core.allocator import AllocationRequest, SelectDecision, decide
+from bot.core.allocator import AllocationRequest, Candidate, SelectDecision, decide
 from bot.core.canonical import CanonicalState
 from bot.core.evidence import render_evidence
 from bot.core.intents import StateChange
@@ -137,15 +137,16 @@ async def _run(door: VerbRuntime[AllocatorGitea], gitea: AllocatorGitea, report:
         queue_excluded[action] = {n for numbers in stated.values() for n in numbers}
     done: set[str] = set()
 
-    async def apply(owner: str, *, resume: bool, action: str = "implement") -> AllocationOutcome:
+    async def apply(owner: str, *, resume: bool, action: str = "implement",
+                    candidates: tuple[Candidate, ...] | None = None) -> AllocationOutcome:
         # The exclusions in-process: their union is not bounded by what one call's exclude_issue_numbers may state.
         if action == "implement":
             options = CallOptions(resume_own=resume, max_live=None if resume else cfg.max_leases_per_author,
                                   now=now, exclusions=frozenset(excluded))
-        else:
+        else:  # a queue's: its candidates as the queues' run read them once
             cap = cfg.max_leases_per_reviewer if action == "review" else cfg.max_leases_per_merger
             options = CallOptions(resume_own=False, max_live=cap, now=now,
-                                  exclusions=frozenset(queue_excluded[action]))
+                                  exclusions=frozenset(queue_excluded[action]), candidates=candidates)
         result = await door.call("allocate_next_work", CALLER, {"owner": owner, "dry_run": False, "action": action},
                                  delivery_id=delivery_id, options=options)
         outcome = result.outcome
@@ -237,7 +238,8 @@ async def _run(door: VerbRuntime[AllocatorGitea], gitea: AllocatorGitea, report:
     await _waiting(db, settings, allocator, report, excluded, now)
     # 3. The review and merge queues: reviews to idle reviewers, approved pull requests to idle mergers (or merged).
     try:
-        queues = await run_queues(door, lambda owner, action: apply(owner, resume=False, action=action),
+        queues = await run_queues(door, lambda owner, action, found: apply(owner, resume=False, action=action,
+                                                                          candidates=found),
                                   now=moment, delivery_id=delivery_id)
     except GiteaError as exc:
         raise AutoUnavailable(f"the review and merge queues could not be read: {exc}") from exc

@@ -9,15 +9,16 @@ shows (bot/verbs/queue_view.py)."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
 
+from bot.core.allocator import Candidate, normalize_candidates
 from bot.core.canonical import CanonicalState
 from bot.core.evidence import render_evidence
 from bot.verbs.allocate import AllocationOutcome, AllocatorGitea, role_pick
-from bot.verbs.queue_facts import QueuedPull
+from bot.verbs.queue_facts import QueuedPull, candidates_of, queued_pulls
 from bot.verbs.queue_view import work_queues
 from bot.verbs.runtime import Caller, VerbRuntime
 from state.leases import LeaseStore
@@ -30,8 +31,9 @@ Role = Literal["reviewer", "merger"]
 #: the bot's token (it has no identity token of its own).
 MERGE_QUEUE = "foreman:merge-queue"
 QUEUE_MERGER = Caller(login=MERGE_QUEUE, roles=frozenset({"merger"}), channel="auto", operator=True)
-#: One apply of the allocator for an owner and an action (auto-allocation's, with its exclusions and report).
-Apply = Callable[[str, Literal["review", "merge"]], Awaitable[AllocationOutcome]]
+#: One apply of the allocator for an owner, an action and the queue's candidates as read once for the whole run
+#: (auto-allocation's, with its exclusions and report).
+Apply = Callable[[str, Literal["review", "merge"], tuple[Candidate, ...]], Awaitable[AllocationOutcome]]
 
 
 @dataclass
@@ -56,17 +58,22 @@ async def run_queues(door: VerbRuntime[AllocatorGitea], apply: Apply, *, now: da
     it, ``[merge] by = "foreman"``); what still waits with nobody idle says so once, with evidence."""
     report = QueueReport([], [], [], [], [], [])
     running = door.settings.allocator.queues
+    assert door.gitea is not None
+    # Gitea's pull requests and reviews, read once: every apply of this run decides on them (the leases it makes are
+    # read fresh inside each apply's transaction).
+    pulls = await queued_pulls(door.gitea, door.db, door.settings)
     if "review" in running:
-        report.reviews = await _hand_out(door, apply, "reviewer", now)
+        report.reviews = await _hand_out(door, apply, "reviewer", now, pulls)
     else:
         report.notes.append("the review queue is off ([allocator] queues)")
     if "merge" not in running:
         report.notes.append("the merge queue is off ([allocator] queues)")
     elif door.settings.merge.by == "foreman":
-        report.merged = await _merge_by_foreman(door, report, now, delivery_id)
+        report.merged = await _merge_by_foreman(door, report, now, delivery_id, pulls)
     else:
-        report.merges = await _hand_out(door, apply, "merger", now)
-    queues = await work_queues(door, now)
+        report.merges = await _hand_out(door, apply, "merger", now, pulls)
+    # What still waits (a merge foreman made changed Gitea: read again then).
+    queues = await work_queues(door, now, pulls=None if report.merged else pulls)
     report.waiting_review = [q.issue.number for q in queues.reviews]
     report.waiting_merge = [q.issue.number for q in queues.merges]
     if "review" in running and queues.reviews and not queues.idle_reviewers:
@@ -76,10 +83,15 @@ async def run_queues(door: VerbRuntime[AllocatorGitea], apply: Apply, *, now: da
     return report
 
 
-async def _hand_out(door: VerbRuntime[AllocatorGitea], apply: Apply, role: Role, now: datetime) -> list[int]:
+async def _hand_out(door: VerbRuntime[AllocatorGitea], apply: Apply, role: Role, now: datetime,
+                    pulls: Sequence[QueuedPull]) -> list[int]:
     """One apply at a time for the next idle reviewer (merger): the allocator picks the first candidate that owner
     may take (never one it wrote or implemented); an owner with nothing it may take is passed over."""
     action: Literal["review", "merge"] = "review" if role == "reviewer" else "merge"
+    records, _ = candidates_of(pulls, action)
+    if not records:
+        return []
+    candidates = tuple(normalize_candidates(records))
     leased: list[int] = []
     passed: set[str] = set()
     logins = [login for login, roles in door.settings.roster.items() if role in roles]
@@ -88,7 +100,7 @@ async def _hand_out(door: VerbRuntime[AllocatorGitea], apply: Apply, role: Role,
         order = [login for login in pick.order if login not in passed]
         if not order:
             break
-        outcome = await apply(order[0], action)
+        outcome = await apply(order[0], action, candidates)
         if outcome.applied and outcome.lease is not None:
             leased.append(outcome.lease.issue_number)
             continue
@@ -100,10 +112,10 @@ async def _hand_out(door: VerbRuntime[AllocatorGitea], apply: Apply, role: Role,
 
 
 async def _merge_by_foreman(door: VerbRuntime[AllocatorGitea], report: QueueReport, now: datetime,
-                            delivery_id: str | None) -> list[int]:
+                            delivery_id: str | None, pulls: Sequence[QueuedPull]) -> list[int]:
     """The first approved pull request of each base branch, merged by foreman through the merge verb (its gate, its
     pin to the approved commit, its evidence); the next one waits for this merge's teardown to run the queue."""
-    queues = await work_queues(door, now)
+    queues = await work_queues(door, now, pulls=pulls)
     busy: set[str] = set()
     merged: list[int] = []
     for queued in queues.merges:

@@ -43,12 +43,15 @@ class WorkQueues:
         }
 
 
-async def work_queues(door: VerbRuntime[ReviewGitea], now: datetime) -> WorkQueues:
-    """The queues as they stand now (Gitea's pull requests and reviews, the lease store's leases). Raises GiteaError
-    when Gitea cannot answer; needs the door's Gitea client."""
+async def work_queues(door: VerbRuntime[ReviewGitea], now: datetime, *,
+                      pulls: Sequence[QueuedPull] | None = None) -> WorkQueues:
+    """The queues as they stand now (Gitea's pull requests and reviews, the lease store's leases); ``pulls``: Gitea's
+    side as the caller already read it (``queued_pulls``). Raises GiteaError when Gitea cannot answer; needs the
+    door's Gitea client."""
     if door.gitea is None:
         raise LookupError("the queues are read from Gitea: configure gitea.token")
-    pulls = await queued_pulls(door.gitea, door.db, door.settings)
+    if pulls is None:
+        pulls = await queued_pulls(door.gitea, door.db, door.settings)
     live = {lease.issue_number: lease for lease in await door.leases.open_leases(door.repo) if lease.is_live(now)}
     free = [q for q in pulls if q.issue.number not in live]
     reviewers = await role_pick(door.db, door.settings, "reviewer", now)

@@ -357,8 +357,10 @@ class VerbRuntime(Generic[G]):
         return refused(verb.name, envelope(
             "not_authorized",
             f"your {last.action} lease on #{issue} {what}; {now_held} (labels: {', '.join(labels) or 'none'})",
-            "Your work is kept: your worktree stays until the issue's teardown, and if the issue comes back to you "
-            "its bootstrap resumes it (docs/operating.md, \"Stranded work\").",
+            ("Your work is kept: your worktree stays until the issue's teardown, and if the issue comes back to you "
+             "its bootstrap resumes it" if last.action == "implement" else
+             f"The {last.action} went back to its queue for the next idle {last.role}")
+            + " (docs/operating.md, \"Stranded work and the queues\").",
             "call gitea_get_runtime_context to find the work leased to you now",
             reason="lease_expired" if expired else "lease_released",
             lease_id=last.lease_id, expires_at=last.expires_at.isoformat(), ended_at=ended_at.isoformat(),
