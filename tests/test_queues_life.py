@@ -15,7 +15,7 @@ from bot.emulator.webhooks import expand_hook_events
 from bot.loops.auto_allocate import auto_allocate
 from state.db import utcnow
 from state.journal import JournalStore
-from state.leases import LeaseStore
+from state.leases import Lease, LeaseStore
 from tests.gitea_fixtures import OWNER, REPO
 from tests.review_support import ok, runtime, tool
 from tests.support import Started
@@ -61,6 +61,18 @@ async def act(world: World, login: str) -> str | None:
     await ok(world, login, "gitea_publish_worktree", issue_number=n, message=f"Implement #{n}")
     await ok(world, login, "gitea_open_pull_request", issue_number=n)
     return f"{login} opened the PR of #{n}"
+
+
+TWO_AUTHORS = {AUTHOR: ["author"], "author-2": ["author"]}
+
+
+async def leased_to_author_1(world: World) -> tuple[int, Lease]:
+    """One issue labelled `status:ready`: auto-allocation leases it to author-1 (the first of the idle authors)."""
+    number = await world.open_issue("alice", "Make the widget blue")
+    await world.call("alice", "POST", f"/issues/{number}/labels", {"labels": ["status:ready"]})
+    [first] = await LeaseStore(world.service.db).history(FULL_NAME, number)
+    assert first.owner == AUTHOR
+    return number, first
 
 
 async def live_three(world: World, agents: list[str]) -> list[str]:
@@ -111,13 +123,9 @@ async def test_an_expired_lease_returns_the_issue_to_the_other_author(tmp_path: 
     """author-1's lease expires mid-work (past its grace): the issue goes back to `status:ready`, unassigned, with
     evidence naming the kept worktree, and to author-2; author-1's next call is refused `lease_expired`; its
     worktree and its uncommitted file are still there."""
-    roster = {AUTHOR: ["author"], "author-2": ["author"]}
-    async with team(tmp_path, start, roster) as world:
-        number = await world.open_issue("alice", "Make the widget blue")
-        await world.call("alice", "POST", f"/issues/{number}/labels", {"labels": ["status:ready"]})
+    async with team(tmp_path, start, TWO_AUTHORS) as world:
+        number, first = await leased_to_author_1(world)
         store = LeaseStore(world.service.db)
-        [first] = await store.history(FULL_NAME, number)
-        assert first.owner == AUTHOR
         context = await ok(world, AUTHOR, "gitea_get_runtime_context")
         tree = Path(context["leases"][0]["worktree_path"])
         (tree / "draft.txt").write_text("half done\n", encoding="utf-8")
@@ -149,15 +157,13 @@ async def test_a_released_lease_returns_the_issue_to_the_other_author(tmp_path: 
     """author-1 gives its issue up (a release without a hand-over): `status:ready` again, and to author-2, never
     straight back to author-1; author-1's next call says `lease_released`. Before, the issue stayed in-progress with
     the old assignee and nothing re-offered it."""
-    roster = {AUTHOR: ["author"], "author-2": ["author"]}
-    async with team(tmp_path, start, roster) as world:
-        number = await world.open_issue("alice", "Make the widget blue")
-        await world.call("alice", "POST", f"/issues/{number}/labels", {"labels": ["status:ready"]})
+    async with team(tmp_path, start, TWO_AUTHORS) as world:
+        number, first = await leased_to_author_1(world)
         store = LeaseStore(world.service.db)
-        [first] = await store.history(FULL_NAME, number)
-        assert first.owner == AUTHOR
         await ok(world, AUTHOR, "gitea_release_lease", issue_number=number, reason="stuck")
         await world.settle()
+        released = await store.get(first.lease_id)
+        assert released is not None and (released.status, released.end_reason) == ("released", "stuck")
         now_held = await store.live_for_issue(FULL_NAME, number)
         assert now_held is not None and now_held.owner == "author-2", (now_held, world.labels(number))
         assert world.labels(number) == ["status:in-progress"]
