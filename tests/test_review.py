@@ -252,3 +252,25 @@ async def test_requested_changes_preempt_the_implementers_newer_unstarted_issue(
     refused, doc = await tool(world, "author-1", "gitea_heartbeat_lease", issue_number=other)
     assert refused and doc["details"]["reason"] == "lease_released", doc
     assert doc["details"]["end_reason"] == "preempted_by_hand_back", doc
+
+
+async def test_the_runtime_context_of_an_idle_reviewer_and_merger_lists_the_work_waiting_for_their_role(
+    world: World,
+) -> None:
+    """Issue 31: a reviewer or merger holding nothing is shown what waits for its role (before: only "nothing is
+    leased to you ... wait for a controller"). Here the queues do not run by themselves ([allocator] queues = []):
+    the reviewer is told to claim what is listed."""
+    pr = await put_in_review(world)
+    idle = await ok(world, "author-2", "gitea_get_runtime_context")
+    assert [w["issue_number"] for w in idle["work_waiting"]["reviews"]] == [pr.number], idle
+    assert idle["work_waiting"]["queues_running"] == [] and "gitea_claim_review" in idle["exact_next_action"], idle
+    merger = await ok(world, "author-3", "gitea_get_runtime_context")
+    assert merger["work_waiting"]["merges"] == [], merger
+    await ok(world, "author-2", "gitea_claim_review", issue_number=pr.number)
+    await ok(world, "author-2", "gitea_submit_review", issue_number=pr.number, verdict="approve")
+    merger = await ok(world, "author-3", "gitea_get_runtime_context")
+    [waiting] = merger["work_waiting"]["merges"]
+    assert (waiting["issue_number"], waiting["stage"], waiting["approved_by"]) == (pr.number, "merge", "author-2")
+    reviewer = await ok(world, "author-2", "gitea_get_runtime_context")
+    assert reviewer["work_waiting"]["reviews"] == [], reviewer
+

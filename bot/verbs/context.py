@@ -11,7 +11,7 @@ from typing import Any, Protocol
 from bot import gitops
 from bot.core.gateway import GatewayContext
 from bot.core.verbs import PRECONDITION_WORKTREE, VERBS, Verb, evaluate
-from bot.gitea import Branch, Repository
+from bot.gitea import Branch, GiteaError, Repository
 from bot.verbs.queue_view import work_queues
 from bot.verbs.review import ReviewGitea
 from bot.verbs.runtime import Caller, CallOptions, VerbResult, VerbRuntime, executes
@@ -84,7 +84,7 @@ async def _waiting_for_role(rt: VerbRuntime[ContextGitea], caller: Caller, now: 
         return None
     try:
         queues = await work_queues(rt, now)
-    except Exception as exc:  # the context still answers; it says the queues could not be read
+    except GiteaError as exc:  # the context still answers; it says the queues could not be read
         return {"error": f"the queues could not be read: {type(exc).__name__}"}
     out: dict[str, Any] = {"merge_by": queues.merge_by, "queues_running": list(rt.settings.allocator.queues)}
     if "reviewer" in caller.roles:
@@ -157,9 +157,13 @@ async def _next_action(rt: VerbRuntime[ContextGitea], caller: Caller, mine: list
             "call gitea_allocate_next_work with dry_run=true, then with dry_run=false and "
             "expected_fingerprint set to the dry run's fingerprint"
         )
-    if caller.roles & {"reviewer", "merger"} and rt.settings.auto_allocation():
+    running = set(rt.settings.allocator.queues) if rt.settings.auto_allocation() else set()
+    if ("reviewer" in caller.roles and "review" in running) or ("merger" in caller.roles and "merge" in running):
         return ("nothing is leased to you now: foreman hands you the next review or merge that waits for your role "
                 "by itself (see work_waiting); call gitea_get_runtime_context again in a minute")
+    if "reviewer" in caller.roles and "controller" not in caller.roles:
+        return ("nothing is leased to you: the review queue does not run by itself here; claim a review listed in "
+                "work_waiting with gitea_claim_review, or call gitea_get_runtime_context again later")
     if "author" in caller.roles and rt.settings.auto_allocation():
         return ("nothing is leased to you now: foreman leases you the next status:ready issue by itself; call "
                 "gitea_get_runtime_context again in a minute")
