@@ -112,3 +112,28 @@ async def test_an_outsiders_request_changes_on_the_head_before_the_approval_stil
     world.live.emulator.dismiss_review(OWNER, REPO, pr.pull, block)
     await ok(world, "author-3", "gitea_merge_pull_request", issue_number=pr.number)
     assert pull_state(world, pr.pull)[0] is True
+
+
+async def test_an_approval_posted_on_gitea_never_puts_the_pull_request_in_the_merge_queue(world: World) -> None:
+    """Issue 31: the merge queue hands out only what the gate lets through. A roster reviewer approving on Gitea with
+    its own token (not through gitea_submit_review) leaves the PR waiting for review, and an allocation of the
+    merge leases nothing; a merger who posted the PR is never handed its merge."""
+    from bot.verbs.queue_view import work_queues
+    from state.db import utcnow
+    from tests.review_support import runtime
+
+    pr = await put_in_review(world, poster="author-3")  # the merger posted the PR
+    await post_review(world, "author-2", pr, "APPROVED")
+    queues = await work_queues(runtime(world), utcnow())
+    assert [q.issue.number for q in queues.reviews] == [pr.number] and queues.merges == ()
+    doc = await ok(world, "controller-bot", "gitea_allocate_next_work", action="merge", owner="author-3",
+                   dry_run=False)
+    assert doc["decision"] == "wait" and doc["applied"] is False, doc
+    await foreman_approval(world, pr)
+    queues = await work_queues(runtime(world), utcnow())
+    assert [q.issue.number for q in queues.merges] == [pr.number] and queues.merges[0].barred == ["author-1",
+                                                                                                    "author-3"]
+    doc = await ok(world, "controller-bot", "gitea_allocate_next_work", action="merge", owner="author-3",
+                   dry_run=False)
+    assert doc["applied"] is False and [(s["issue_number"], s["reason"]) for s in doc["skipped"]] == [
+        (pr.number, "self_review")], doc
