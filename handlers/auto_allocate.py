@@ -1,4 +1,5 @@
-"""Auto-allocation: when an issue gains `status:ready`, the ready issues go to the next idle authors."""
+"""Auto-allocation: when an issue gains `status:ready` (or a verb queued a run), stranded work comes back, the ready
+issues go to the next idle authors and the review and merge queues hand out what waits."""
 
 from __future__ import annotations
 
@@ -32,8 +33,7 @@ async def on_ready_label(event: sansio.Event, ctx: HandlerContext) -> None:
     if label_for_state("ready") not in names:
         return
     report = await auto_allocate(deps.door, trigger="ready_label", delivery_id=event.delivery_id)
-    ctx.log.info("auto-allocation: leased %s, resumed %s, blocked %s, waiting %s",
-                 report.leased, report.resumed, report.blocked, report.waiting)
+    ctx.log.info("auto-allocation: %s", report.summary())
 
 
 @router.register(TRIGGER_EVENT, action=TRIGGER_ACTION)
@@ -46,5 +46,4 @@ async def on_queued_trigger(event: sansio.Event, ctx: HandlerContext) -> None:
         return
     trigger = str(data.get("trigger") or "queued")[:40]
     report = await auto_allocate(deps.door, trigger=trigger, delivery_id=event.delivery_id)
-    ctx.log.info("auto-allocation (%s): leased %s, resumed %s, blocked %s, waiting %s", trigger,
-                 report.leased, report.resumed, report.blocked, report.waiting)
+    ctx.log.info("auto-allocation (%s): %s", trigger, report.summary())

@@ -171,3 +171,44 @@ async def test_a_released_lease_returns_the_issue_to_the_other_author(tmp_path: 
         refused, doc = await tool(world, AUTHOR, "gitea_heartbeat_lease", issue_number=number)
         assert refused and doc["details"]["reason"] == "lease_released", doc
         assert doc["details"]["current_lease"]["owner"] == "author-2", doc
+
+
+async def test_an_expired_review_lease_goes_to_the_other_reviewer(tmp_path: Path, start: Started) -> None:
+    """A review lease past its grace: the issue stays in `status:review` with evidence, and the review goes to the
+    other idle reviewer; the first reviewer's verdict is refused `lease_expired`."""
+    roster = {AUTHOR: ["author"], REVIEWERS[0]: ["reviewer"], REVIEWERS[1]: ["reviewer"]}
+    async with team(tmp_path, start, roster, allocator={"queues": ["review"]}) as world:
+        number, _ = await leased_to_author_1(world)
+        assert await act(world, AUTHOR) == f"{AUTHOR} opened the PR of #{number}"
+        await world.settle()
+        store = LeaseStore(world.service.db)
+        first = await store.live_for_issue(FULL_NAME, number)
+        assert first is not None and first.action == "review" and first.owner in REVIEWERS, first
+        later = first.expires_at + timedelta(seconds=world.service.settings.allocator.lease_grace_s + 1)
+        report = await auto_allocate(runtime(world), trigger="catch_up", now=later)
+        assert report.expired == [number], report.to_dict()
+        other = next(login for login in REVIEWERS if login != first.owner)
+        again = await store.live_for_issue(FULL_NAME, number)
+        assert again is not None and (again.owner, again.action) == (other, "review"), again
+        assert world.labels(number) == ["status:review"]
+        comments = world.live.emulator.issue(OWNER, REPO, number).comments
+        assert any(f"{first.lease_id}:expired" in c.body and "waits again" in c.body for c in comments)
+        refused, doc = await tool(world, first.owner, "gitea_submit_review", issue_number=number, verdict="approve")
+        assert refused and doc["details"]["reason"] == "lease_expired", doc
+
+
+async def test_a_run_that_leases_nothing_says_why_for_each_queue(tmp_path: Path, start: Started) -> None:
+    """Issue 31 item 5: an automatic run that leases nothing records why, per phase (before: only "leased [],
+    resumed [], blocked [], waiting []")."""
+    roster = {AUTHOR: ["author"], REVIEWERS[0]: ["reviewer"], MERGER: ["merger"]}
+    async with team(tmp_path, start, roster) as world:
+        quiet = await auto_allocate(runtime(world), trigger="catch_up")
+        assert quiet.silence == {"implement": "no issue is status:ready",
+                                 "review": "no pull request waits for review",
+                                 "merge": "no approved pull request waits to merge"}, quiet.to_dict()
+        await leased_to_author_1(world)
+        second = await world.open_issue("alice", "Make the widget round")
+        await world.call("alice", "POST", f"/issues/{second}/labels", {"labels": ["status:ready"]})
+        busy = await auto_allocate(runtime(world), trigger="catch_up")
+        assert busy.waiting == [second] and "every author is busy" in busy.silence["implement"], busy.to_dict()
+        assert "every author is busy" in busy.summary()

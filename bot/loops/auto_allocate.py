@@ -118,45 +118,53 @@ async def auto_allocate(
     return report
 
 
-async def _run(door: VerbRuntime[AllocatorGitea], gitea: AllocatorGitea, report: AutoReport,
-               delivery_id: str | None, now: datetime | None) -> None:
-    # Over 80 lines: one run's steps in order (hand-backs, a named owner, unstarted leases, idle authors) share state.
-    db, settings, bot_login = door.db, door.settings, door.bot_login
-    allocator = Allocator(db, settings, gitea, bot_login=bot_login)  # its candidates and policy, for what waits
-    repo = settings.repo_key
-    cfg = settings.allocator
-    named = cfg.auto_allocate_owner or None
-    # The controllers' standing exclusions, before ranking, as in their own calls; then issues whose proof failed.
-    report.standing_exclusions = await ExclusionStore(db).standing(repo, action="implement")
-    standing = {n for numbers in report.standing_exclusions.values() for n in numbers}
-    excluded: set[int] = set(standing)
-    # The review and merge queues' own standing exclusions (a controller's, per action: docs/allocator.md).
-    queue_excluded: dict[str, set[int]] = {}
-    for action in ("review", "merge"):
-        stated = await ExclusionStore(db).standing(repo, action=action)
-        queue_excluded[action] = {n for numbers in stated.values() for n in numbers}
-    done: set[str] = set()
+@dataclass
+class _Apply:
+    """One apply of the allocator through the door for an owner, as auto-allocation makes it: its exclusions (the
+    controllers' standing ones per action, and the issues whose proof failed in this run), its report entry, and
+    ``AutoUnavailable`` when Gitea could not answer."""
 
-    async def apply(owner: str, *, resume: bool, action: str = "implement",
-                    candidates: tuple[Candidate, ...] | None = None) -> AllocationOutcome:
+    door: VerbRuntime[AllocatorGitea]
+    report: AutoReport
+    delivery_id: str | None
+    now: datetime | None
+    #: implement: the standing exclusions, then the issues whose proof failed in this run; review, merge: standing.
+    excluded: dict[str, set[int]]
+
+    @classmethod
+    async def open(cls, door: VerbRuntime[AllocatorGitea], report: AutoReport, delivery_id: str | None,
+                   now: datetime | None) -> _Apply:
+        """The controllers' standing exclusions, per action, as in their own calls (docs/allocator.md)."""
+        store, repo = ExclusionStore(door.db), door.repo
+        report.standing_exclusions = await store.standing(repo, action="implement")
+        excluded = {"implement": {n for numbers in report.standing_exclusions.values() for n in numbers}}
+        for action in ("review", "merge"):
+            stated = await store.standing(repo, action=action)
+            excluded[action] = {n for numbers in stated.values() for n in numbers}
+        return cls(door, report, delivery_id, now, excluded)
+
+    async def __call__(self, owner: str, *, resume: bool, action: str = "implement",
+                       candidates: tuple[Candidate, ...] | None = None) -> AllocationOutcome:
         # The exclusions in-process: their union is not bounded by what one call's exclude_issue_numbers may state.
+        cfg, now, report = self.door.settings.allocator, self.now, self.report
         if action == "implement":
             options = CallOptions(resume_own=resume, max_live=None if resume else cfg.max_leases_per_author,
-                                  now=now, exclusions=frozenset(excluded))
+                                  now=now, exclusions=frozenset(self.excluded[action]))
         else:  # a queue's: its candidates as the queues' run read them once
             cap = cfg.max_leases_per_reviewer if action == "review" else cfg.max_leases_per_merger
             options = CallOptions(resume_own=False, max_live=cap, now=now,
-                                  exclusions=frozenset(queue_excluded[action]), candidates=candidates)
-        result = await door.call("allocate_next_work", CALLER, {"owner": owner, "dry_run": False, "action": action},
-                                 delivery_id=delivery_id, options=options)
+                                  exclusions=frozenset(self.excluded[action]), candidates=candidates)
+        result = await self.door.call("allocate_next_work", CALLER,
+                                      {"owner": owner, "dry_run": False, "action": action},
+                                      delivery_id=self.delivery_id, options=options)
         outcome = result.outcome
         if not isinstance(outcome, AllocationOutcome):  # the door refused before the allocator ran
             outcome = AllocationOutcome(decision=None, refusal=result.refusal, dry_run=False)
         doc = outcome.to_dict()
         report.applies.append({
-            "owner": owner, "decision": doc.get("decision"), "issue_number": doc.get("issue_number"),
-            "applied": outcome.applied, "error": doc.get("error"), "skipped": doc.get("skipped", []),
-            "bootstrap": (outcome.bootstrap or {}).get("status"),
+            "owner": owner, "action": action, "decision": doc.get("decision"),
+            "issue_number": doc.get("issue_number"), "applied": outcome.applied, "error": doc.get("error"),
+            "skipped": doc.get("skipped", []), "bootstrap": (outcome.bootstrap or {}).get("status"),
             **({"refusal": outcome.refusal.to_dict()} if outcome.refusal is not None else {}),
         })
         if outcome.applied or outcome.outbox_keys or outcome.bootstrap is not None:
@@ -165,22 +173,52 @@ async def _run(door: VerbRuntime[AllocatorGitea], gitea: AllocatorGitea, report:
             raise AutoUnavailable(outcome.refusal.message)
         return outcome
 
-    def bootstrap_unavailable(outcome: AllocationOutcome) -> None:
-        bootstrap = outcome.bootstrap or {}
-        if bootstrap.get("error") == "unavailable":
-            # The lease stands; the retry resumes it and its bootstrap (step 1 below).
-            raise AutoUnavailable(f"#{bootstrap.get('issue_number')}: {bootstrap.get('message')}")
 
-    # -1. Stranded work comes back: leases past their expiry and grace end, their issues go back to their queues.
+def _bootstrap_unavailable(outcome: AllocationOutcome) -> None:
+    bootstrap = outcome.bootstrap or {}
+    if bootstrap.get("error") == "unavailable":
+        # The lease stands; the retry resumes it and its bootstrap (the implement phase's step 1).
+        raise AutoUnavailable(f"#{bootstrap.get('issue_number')}: {bootstrap.get('message')}")
+
+
+async def _run(door: VerbRuntime[AllocatorGitea], gitea: AllocatorGitea, report: AutoReport,
+               delivery_id: str | None, now: datetime | None) -> None:
+    """One run's phases in order: stranded work back to its queue, then ready issues to authors, then the review
+    and merge queues; and why each phase that leased nothing leased nothing."""
     moment = now or utcnow()
-    expired = await expire_stranded(db, repo, grace=timedelta(seconds=cfg.lease_grace_s), now=moment,
-                                    bot_login=bot_login, delivery_id=delivery_id)
+    apply = await _Apply.open(door, report, delivery_id, now)
+    expired = await expire_stranded(door.db, door.repo, grace=timedelta(seconds=door.settings.allocator.lease_grace_s),
+                                    now=moment, bot_login=door.bot_login, delivery_id=delivery_id)
     if expired:
         report.expired = [lease.issue_number for lease in expired]
         report.outbox = True
+    await _implement(door, gitea, apply, report, delivery_id, now)
+    try:
+        queues = await run_queues(door, lambda owner, action, found: apply(owner, resume=False, action=action,
+                                                                          candidates=found),
+                                  now=moment, delivery_id=delivery_id)
+    except GiteaError as exc:
+        raise AutoUnavailable(f"the review and merge queues could not be read: {exc}") from exc
+    report.queues = queues.to_dict()
+    if queues.reviews or queues.merges or queues.merged:
+        report.outbox = True
+    _explain_silence(door.settings, report)
+
+
+async def _implement(door: VerbRuntime[AllocatorGitea], gitea: AllocatorGitea, apply: _Apply, report: AutoReport,
+                     delivery_id: str | None, now: datetime | None) -> None:
+    # Over 60 lines: the implement phase's steps in order (hand-backs, a named owner, unstarted leases, idle authors)
+    # share the run's state.
+    db, settings, bot_login = door.db, door.settings, door.bot_login
+    allocator = Allocator(db, settings, gitea, bot_login=bot_login)  # its candidates and policy, for what waits
+    repo = settings.repo_key
+    named = settings.allocator.auto_allocate_owner or None
+    excluded = apply.excluded["implement"]  # the standing exclusions, then issues whose proof failed in this run
+    done: set[str] = set()
+    moment = now or utcnow()
     # 0. Issues whose requested changes wait for their implementer (max_leases_per_author was reached): leased back
     # to the implementer with room now, before any new work (step 1 then finishes their bootstrap).
-    back = await resume_hand_backs(db, settings, actor=ACTOR, now=now or utcnow(), bot_login=bot_login,
+    back = await resume_hand_backs(db, settings, actor=ACTOR, now=moment, bot_login=bot_login,
                                    delivery_id=delivery_id)
     if back:
         report.resumed.extend(back)
@@ -195,12 +233,11 @@ async def _run(door: VerbRuntime[AllocatorGitea], gitea: AllocatorGitea, report:
             report.resumed.append(outcome.lease.issue_number)
         else:
             await _maybe_block(db, allocator, outcome, report, excluded, delivery_id)
-        bootstrap_unavailable(outcome)
+        _bootstrap_unavailable(outcome)
     else:
         # 1. Live leases of roster authors without a completed bootstrap: resumed for their owners.
         if settings.bootstrap.on_allocate == "run":
             journal = JournalStore(db)
-            moment = now or utcnow()
             for lease in await LeaseStore(db).open_leases(repo):
                 if lease.owner in done or not lease.is_live(moment) or lease.owner not in settings.authors():
                     continue
@@ -211,10 +248,10 @@ async def _run(door: VerbRuntime[AllocatorGitea], gitea: AllocatorGitea, report:
                 outcome = await apply(lease.owner, resume=True)
                 if outcome.lease is not None and outcome.decision is not None and outcome.decision.kind == "resume":
                     report.resumed.append(outcome.lease.issue_number)
-                bootstrap_unavailable(outcome)
+                _bootstrap_unavailable(outcome)
         # 2. The next idle author, one apply at a time (the loads change with every lease).
         for _ in range(4 * len(settings.authors()) + 20):
-            pick = await author_pick(db, settings, now or utcnow())
+            pick = await author_pick(db, settings, moment)
             order = [login for login in pick.order if login not in done]
             if not order:
                 break
@@ -222,7 +259,7 @@ async def _run(door: VerbRuntime[AllocatorGitea], gitea: AllocatorGitea, report:
             outcome = await apply(owner, resume=False)
             if outcome.applied and outcome.lease is not None:
                 report.leased.append(outcome.lease.issue_number)
-                bootstrap_unavailable(outcome)
+                _bootstrap_unavailable(outcome)
                 if outcome.lease.status != "live":
                     excluded.add(outcome.lease.issue_number)  # its bootstrap failed and released it
                 continue
@@ -236,17 +273,6 @@ async def _run(door: VerbRuntime[AllocatorGitea], gitea: AllocatorGitea, report:
                 break  # no eligible ready issue for anyone
             done.add(owner)  # refused for this owner (e.g. not_authorized, blocked): the next author
     await _waiting(db, settings, allocator, report, excluded, now)
-    # 3. The review and merge queues: reviews to idle reviewers, approved pull requests to idle mergers (or merged).
-    try:
-        queues = await run_queues(door, lambda owner, action, found: apply(owner, resume=False, action=action,
-                                                                          candidates=found),
-                                  now=moment, delivery_id=delivery_id)
-    except GiteaError as exc:
-        raise AutoUnavailable(f"the review and merge queues could not be read: {exc}") from exc
-    report.queues = queues.to_dict()
-    if queues.reviews or queues.merges or queues.merged:
-        report.outbox = True
-    _explain_silence(settings, report)
 
 
 async def _maybe_block(db: Database, allocator: Allocator, outcome: AllocationOutcome, report: AutoReport,

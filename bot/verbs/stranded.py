@@ -27,6 +27,7 @@ from state.publications import PublicationStore
 from state.sql import Connection
 
 How = Literal["expired", "released"]
+_WHY = "stranded work returns to its queue (docs/operating.md, \"Stranded work and the queues\")"
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,7 +50,10 @@ class WorkPlace:
 
 
 async def work_place(db: Database, lease: Lease) -> WorkPlace:
-    """The stranded lease's worktree (the issue's registration of its owner) and the last verified push."""
+    """The stranded lease's worktree (the issue's registration of its owner) and the last verified push; nothing for
+    a review or merge lease (it has no worktree)."""
+    if lease.action != "implement":
+        return WorkPlace(None, None, None)
     registration = await JournalStore(db).live_registration(lease.repo, lease.issue_number)
     mine = registration if registration is not None and registration.owner == lease.owner else None
     pushed = [p for p in await PublicationStore(db).for_issue(lease.repo, lease.issue_number)
@@ -86,7 +90,7 @@ def stranded_effects(
                          "The same author re-allocated resumes its worktree; another author starts from the pushed "
                          "branch, or from the base if nothing was pushed."),
             what_happened=happened,
-            why="stranded work returns to the queue (docs/operating.md, \"Stranded work\")",
+            why=_WHY,
             related_prs=(),
             blockers="none",
             validation="lease ended in the same transaction as this comment; read back by foreman",
@@ -104,7 +108,7 @@ def stranded_effects(
         next_action=f"foreman hands the {lease.action} of #{n} to the next idle {'merger' if merge else 'reviewer'}",
         next_prompt=f"The {lease.action} of #{n} waits again: {happened}.",
         what_happened=happened,
-        why="stranded work returns to the queue (docs/operating.md, \"Stranded work\")",
+        why=_WHY,
         related_prs=(),
         blockers="none",
         validation="lease ended in the same transaction as this comment; read back by foreman",
@@ -138,7 +142,7 @@ async def expire_stranded(
     for lease in await store.open_leases(repo):
         if lease.status != "live" or lease.expires_at > now - grace:
             continue
-        place = await work_place(db, lease) if lease.action == "implement" else WorkPlace(None, None, None)
+        place = await work_place(db, lease)
         requeue = await still_in_progress(db, lease)
         async with db.transaction() as conn:
             if not await store.expire(conn, lease.lease_id, now=now, grace=grace):
@@ -157,7 +161,7 @@ async def release_stranded(
 ) -> tuple[OutboxIntent, ...]:
     """Inside the caller's transaction: end ``lease`` as released (``reason``) and queue its stranded effects (where
     its work is read beside, from committed state). Raises LeaseRefused when it is no longer live."""
-    place = await work_place(db, lease) if lease.action == "implement" else WorkPlace(None, None, None)
+    place = await work_place(db, lease)
     await LeaseStore(db).release(conn, lease.lease_id, actor=by, reason=reason, now=now, **detail)
     intents = stranded_effects(lease, how="released", by=by, reason=reason, at=now, place=place, key=key,
                                bot_login=bot_login, cause=delivery_id, requeue=requeue)
