@@ -124,6 +124,19 @@ _LAST_ENDED = ("SELECT CAST(? AS TEXT) AS owner, (SELECT MAX(ended_at) FROM leas
 _OWNERS_PER_QUERY = 200
 
 
+def _mark(lease_id: str, status: str, end_reason: str | None) -> str:
+    return f"{lease_id}:{status}:{end_reason or ''}"
+
+
+def history_mark(history: Sequence[Lease]) -> str | None:
+    """Where an issue's lease history stands: its latest lease, with its status and end (a lease granted, ended or
+    expired since moves it). None: the issue has had no lease."""
+    if not history:
+        return None
+    last = history[-1]
+    return _mark(last.lease_id, last.status, last.end_reason)
+
+
 class LeaseStore:
     """Lease rows and events. Writes that must be atomic with other effects take the caller's connection."""
 
@@ -211,6 +224,16 @@ class LeaseStore:
         async with self._db.reader.execute(_RELEASED_NAMING, (repo, f'%"{key}"%')) as cur:
             return [(row["lease_id"], row["issue_number"], json.loads(row["detail_json"] or "{}"))
                     for row in await cur.fetchall()]
+
+    async def latest_mark(self, conn: Connection, repo: str, issue_number: int) -> str | None:
+        """Inside the caller's transaction: the issue's latest lease as ``history_mark`` writes it (None: none)."""
+        async with conn.execute(
+            "SELECT lease_id, status, end_reason FROM leases WHERE repo = ? AND issue_number = ?"
+            " ORDER BY id DESC LIMIT 1",
+            (repo, issue_number),
+        ) as cur:
+            row = await cur.fetchone()
+        return None if row is None else _mark(row["lease_id"], row["status"], row["end_reason"])
 
     async def self_released(self, repo: str) -> dict[int, str]:
         """Issue -> owner, for each issue whose latest lease is an implement lease its own owner released (not a

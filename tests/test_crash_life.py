@@ -133,11 +133,26 @@ class Lives:
             assert time.monotonic() < deadline, f"seed {self.seed}: {what}: {verb} kept refusing: {result.doc}"
             await asyncio.sleep(0.1)
 
-    async def until(self, what: str, check: Callable[[], Awaitable[bool]], timeout: float = STEP_S) -> None:
+    async def until(self, what: str, check: Callable[[], Awaitable[bool]], timeout: float = STEP_S,
+                    number: int | None = None) -> None:
         deadline = time.monotonic() + timeout
         while not await check():
-            assert time.monotonic() < deadline, f"seed {self.seed}: never {what}"
+            if time.monotonic() >= deadline:
+                raise AssertionError(f"seed {self.seed}: never {what}{await self._seen(number)}")
             await asyncio.sleep(0.1)
+
+    async def _seen(self, number: int | None) -> str:
+        """What a hang's message shows: the issue's leases and labels, and the service's last log lines."""
+        if number is None:
+            return ""
+        history = await LeaseStore(self.runtime.db).history(FULL_NAME.lower(), number)
+        labels = self.live.emulator.label_names(OWNER, REPO, number)
+        tail = self.proc.stderr.read_text(errors="replace")[-4000:] if self.proc.stderr.exists() else ""
+        live = [(x.issue_number, x.action, x.owner, x.status) for x in await LeaseStore(self.runtime.db).open_leases(
+            FULL_NAME.lower())]
+        return (f"\nleases: {[(x.action, x.owner, x.status, x.end_reason) for x in history]}\nlabels: {labels}"
+                f"\nopen leases: {live}"
+                f"\nservice stderr:\n{tail}")
 
     async def point(self, index: int, number: int, point: str) -> bool:
         """Kill the service if the plan says so at this point of this life; True when it did."""
@@ -239,11 +254,13 @@ class Lives:
             await self.redrive("open_pr", opened, author, "open_pull_request", **opening)
         verdict: dict[str, Any] = {"issue_number": number, "verdict": "approve"}
         # Nobody claims: the review queue hands the review to the reviewer (killed right after, at review_lease).
-        await self.until(f"#{number}'s review leased by the queue", lambda: self.leased(number, REVIEWER, "review"))
+        await self.until(f"#{number}'s review leased by the queue", lambda: self.leased(number, REVIEWER, "review"),
+                         number=number)
         await self.point(index, number, "review_lease")
         deadline = time.monotonic() + STEP_S
         while True:  # the queue hands the review again if its lease ended under the reviewer (after a restart)
-            await self.until(f"#{number}'s review leased", lambda: self.leased(number, REVIEWER, "review"))
+            await self.until(f"#{number}'s review leased", lambda: self.leased(number, REVIEWER, "review"),
+                             number=number)
             review = await self.call(REVIEWER, "submit_review", **verdict)
             if review.ok:
                 approved = review.doc
@@ -252,7 +269,8 @@ class Lives:
             await asyncio.sleep(0.1)
         if await self.point(index, number, "review"):
             await self.redrive("review", approved, REVIEWER, "submit_review", **verdict)
-        await self.until(f"#{number}'s merge leased by the queue", lambda: self.leased(number, MERGER, "merge"))
+        await self.until(f"#{number}'s merge leased by the queue", lambda: self.leased(number, MERGER, "merge"),
+                         number=number)
         merged = await self.until_ok(MERGER, "merge_pull_request", f"merging #{number}", issue_number=number)
         if await self.point(index, number, "merge"):
             await self.redrive("merge", merged, MERGER, "merge_pull_request", issue_number=number)

@@ -274,3 +274,32 @@ async def test_the_runtime_context_of_an_idle_reviewer_and_merger_lists_the_work
     reviewer = await ok(world, "author-2", "gitea_get_runtime_context")
     assert reviewer["work_waiting"]["reviews"] == [], reviewer
 
+
+
+async def test_a_review_decided_on_a_read_taken_before_the_verdict_leases_nothing(world: World) -> None:
+    """The queues read Gitea once per run and decide on that read. A verdict recorded after the read made the PR
+    approved: the apply on the stale read is refused `conflict` and no second review lease is granted (found by the
+    crash test: the reviewer then held a review lease on an approved PR, which nobody would ever end, and every later
+    review waited behind it)."""
+    from bot.core.allocator import normalize_candidates
+    from bot.verbs.queue_facts import candidates_of, latest_leases, queued_pulls
+    from bot.verbs.runtime import CallOptions, operator_caller
+    from tests.review_support import runtime
+
+    pr = await put_in_review(world)
+    service = world.service
+    await ok(world, "author-2", "gitea_claim_review", issue_number=pr.number)
+    # The run's read while the review lease is live: #N waits for review (its verdict is not recorded yet). The
+    # verdict then ends that same lease: the issue's latest lease is still the one read, only its end is new.
+    pulls = await queued_pulls(service.gitea, service.db, service.settings)
+    records, _ = candidates_of(pulls, "review")
+    assert [r["issue_number"] for r in records] == [pr.number]
+    await ok(world, "author-2", "gitea_submit_review", issue_number=pr.number, verdict="approve")
+    options = CallOptions(resume_own=False, max_live=1, candidates=tuple(normalize_candidates(records)),
+                          lease_history=latest_leases(pulls))
+    result = await runtime(world).call("allocate_next_work", operator_caller("foreman:auto-allocate", "auto"),
+                                       {"owner": "author-2", "action": "review", "dry_run": False}, options=options)
+    assert result.refusal is not None and result.refusal.error == "conflict", result.doc
+    assert "changed since its candidate was read" in result.refusal.message
+    leases = await LeaseStore(service.db).history(FULL_NAME, pr.number)
+    assert [(x.action, x.status) for x in leases] == [("implement", "released"), ("review", "released")], leases

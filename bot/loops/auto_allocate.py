@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -144,7 +145,8 @@ class _Apply:
         return cls(door, report, delivery_id, now, excluded)
 
     async def __call__(self, owner: str, *, resume: bool, action: str = "implement",
-                       candidates: tuple[Candidate, ...] | None = None) -> AllocationOutcome:
+                       candidates: tuple[Candidate, ...] | None = None,
+                       history: Mapping[int, str | None] | None = None) -> AllocationOutcome:
         # The exclusions in-process: their union is not bounded by what one call's exclude_issue_numbers may state.
         cfg, now, report = self.door.settings.allocator, self.now, self.report
         if action == "implement":
@@ -153,7 +155,8 @@ class _Apply:
         else:  # a queue's: its candidates as the queues' run read them once
             cap = cfg.max_leases_per_reviewer if action == "review" else cfg.max_leases_per_merger
             options = CallOptions(resume_own=False, max_live=cap, now=now,
-                                  exclusions=frozenset(self.excluded[action]), candidates=candidates)
+                                  exclusions=frozenset(self.excluded[action]), candidates=candidates,
+                                  lease_history=history)
         result = await self.door.call("allocate_next_work", CALLER,
                                       {"owner": owner, "dry_run": False, "action": action},
                                       delivery_id=self.delivery_id, options=options)
@@ -194,8 +197,8 @@ async def _run(door: VerbRuntime[AllocatorGitea], gitea: AllocatorGitea, report:
         report.outbox = True
     await _implement(door, gitea, apply, report, delivery_id, now)
     try:
-        queues = await run_queues(door, lambda owner, action, found: apply(owner, resume=False, action=action,
-                                                                          candidates=found),
+        queues = await run_queues(door, lambda owner, action, found, seen: apply(
+                                      owner, resume=False, action=action, candidates=found, history=seen),
                                   now=moment, delivery_id=delivery_id)
     except GiteaError as exc:
         raise AutoUnavailable(f"the review and merge queues could not be read: {exc}") from exc

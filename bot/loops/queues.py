@@ -9,7 +9,7 @@ shows (bot/verbs/queue_view.py)."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
@@ -18,7 +18,7 @@ from bot.core.allocator import Candidate, normalize_candidates
 from bot.core.canonical import CanonicalState
 from bot.core.evidence import render_evidence
 from bot.verbs.allocate import AllocationOutcome, AllocatorGitea, role_pick
-from bot.verbs.queue_facts import QueuedPull, candidates_of, queued_pulls
+from bot.verbs.queue_facts import QueuedPull, candidates_of, latest_leases, queued_pulls
 from bot.verbs.queue_view import work_queues
 from bot.verbs.runtime import Caller, VerbRuntime
 from state.leases import LeaseStore
@@ -33,7 +33,8 @@ MERGE_QUEUE = "foreman:merge-queue"
 QUEUE_MERGER = Caller(login=MERGE_QUEUE, roles=frozenset({"merger"}), channel="auto", operator=True)
 #: One apply of the allocator for an owner, an action and the queue's candidates as read once for the whole run
 #: (auto-allocation's, with its exclusions and report).
-Apply = Callable[[str, Literal["review", "merge"], tuple[Candidate, ...]], Awaitable[AllocationOutcome]]
+Apply = Callable[[str, Literal["review", "merge"], tuple[Candidate, ...], Mapping[int, str | None]],
+                 Awaitable[AllocationOutcome]]
 
 
 @dataclass
@@ -88,25 +89,27 @@ async def _hand_out(door: VerbRuntime[AllocatorGitea], apply: Apply, role: Role,
     """One apply at a time for the next idle reviewer (merger): the allocator picks the first candidate that owner
     may take (never one it wrote or implemented); an owner with nothing it may take is passed over."""
     action: Literal["review", "merge"] = "review" if role == "reviewer" else "merge"
-    records, _ = candidates_of(pulls, action)
-    if not records:
-        return []
-    candidates = tuple(normalize_candidates(records))
     leased: list[int] = []
     passed: set[str] = set()
     logins = [login for login, roles in door.settings.roster.items() if role in roles]
     for _ in range(4 * len(logins) + 4):
+        records, _ = candidates_of(pulls, action)
+        if not records:
+            break
         pick = await role_pick(door.db, door.settings, role, now)
         order = [login for login in pick.order if login not in passed]
         if not order:
             break
-        outcome = await apply(order[0], action, candidates)
+        outcome = await apply(order[0], action, tuple(normalize_candidates(records)), latest_leases(pulls))
         if outcome.applied and outcome.lease is not None:
             leased.append(outcome.lease.issue_number)
             continue
         refusal = outcome.refusal
         if refusal is not None and refusal.error == "conflict":
-            continue  # another allocation won a race: decide again on the fresh leases
+            # Another allocation won a race, or the read went stale (a verdict recorded since): read Gitea again.
+            assert door.gitea is not None
+            pulls = await queued_pulls(door.gitea, door.db, door.settings)
+            continue
         passed.add(order[0])  # nothing it may take now (or refused for it): the next one
     return leased
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any, Literal, Protocol
 
@@ -35,7 +35,7 @@ from bot.verbs.candidates import CandidatesGitea, ready_candidates
 from bot.verbs.duplicates import DuplicatesGitea, mark_duplicates
 from bot.verbs.leasing import ACTION_ROLES, Action, LeaseGrant, grant_lease
 from bot.verbs.merge import MergeGitea
-from bot.verbs.queue_facts import candidates_of, queued_pulls
+from bot.verbs.queue_facts import candidates_of, latest_leases, queued_pulls
 from bot.verbs.review import ReviewGitea, review_lease_effects
 from bot.verbs.runtime import (
     Caller,
@@ -87,6 +87,8 @@ class AllocationCall:
     # lease transaction, so two concurrent runs cannot exceed it).
     resume_own: bool = True
     max_live: int | None = None
+    #: By issue, its latest lease when its candidate was read (``CallOptions.lease_history``): checked at the grant.
+    lease_history: Mapping[int, str | None] | None = None
     channel: Channel = "cli"  # the door the allocation came through; its own bootstrap goes through it too
 
 
@@ -207,12 +209,16 @@ class Allocator:
     async def run(self, call: AllocationCall, *, now: datetime | None = None) -> AllocationOutcome:
         return await self._run(call, now=now)
 
-    async def _candidates(self, call: AllocationCall) -> tuple[str, Any, frozenset[int]] | AllocationOutcome:
-        """Where the candidates come from (the call's own, Gitea's, or the stored state without Gitea), and what
-        they are; a refusal when they cannot be had."""
+    async def _candidates(self, call: AllocationCall) -> (
+        tuple[str, Any, frozenset[int], AllocationCall] | AllocationOutcome
+    ):
+        """Where the candidates come from (the call's own, Gitea's, or the stored state without Gitea), what they
+        are, and the call to apply them with; a refusal when they cannot be had. A review or merge read from Gitea
+        carries its issues' latest leases as read (``lease_history``): a verdict recorded before the grant makes
+        the read stale, and nothing is leased."""
         candidates = call.candidates_json
         if candidates is not None:
-            return "candidates_json", candidates, frozenset()
+            return "candidates_json", candidates, frozenset(), call
         if self.gitea is None and call.action in ("review", "merge"):
             # Not a failure of the service: without Gitea this request needs its candidates given (as any other
             # allocation without Gitea reads the stored state, which has no pull requests).
@@ -222,14 +228,20 @@ class Allocator:
         if self.gitea is None:
             # No API to reconcile with: the stored issue state that the webhooks keep fresh.
             stored, open_numbers = await self.stored_candidates()
-            return "stored_state", stored, open_numbers
+            return "stored_state", stored, open_numbers, call
         try:
-            gathered, open_numbers = await self.gather_candidates(call.action)
+            if call.action in ("review", "merge"):
+                assert self.gitea is not None
+                pulls = await queued_pulls(self.gitea, self.db, self.settings)
+                gathered, open_numbers = candidates_of(pulls, "review" if call.action == "review" else "merge")
+                call = replace(call, lease_history=latest_leases(pulls))
+            else:
+                gathered, open_numbers = await self.gather_candidates(call.action)
         except GiteaError as exc:
             return _refuse("unavailable", f"Gitea could not list the candidates: {exc}",
                            "Nothing was leased; Gitea must answer to reconcile the candidates.",
                            "call again later, or with candidates_json")
-        return "gitea", gathered, open_numbers
+        return "gitea", gathered, open_numbers, call
 
     async def _run(self, call: AllocationCall, *, now: datetime | None = None) -> AllocationOutcome:
         refused = self._check_owner(call)
@@ -238,7 +250,7 @@ class Allocator:
         found = await self._candidates(call)
         if isinstance(found, AllocationOutcome):
             return found
-        source, candidates, open_numbers = found
+        source, candidates, open_numbers, call = found
         request = AllocationRequest(
             owner=call.owner,
             candidates=candidates,
@@ -382,6 +394,8 @@ class Allocator:
                     request={"exclude": sorted(decision.exclusions.get("exclude_issue_numbers", [])),
                              "source": source},
                     reclaim=stale[0] if stale else None,
+                    check_history=call.lease_history is not None and decision.issue_number in call.lease_history,
+                    seen_latest=(call.lease_history or {}).get(decision.issue_number),
                 )
                 lease = await grant_lease(conn, self.leases, self.settings, grant, now)
             except LeaseTaken as exc:
@@ -586,6 +600,7 @@ async def allocate(
         channel=caller.channel,
         resume_own=options.resume_own,
         max_live=options.max_live,
+        lease_history=options.lease_history,
     )
     outcome = await Allocator(rt.db, rt.settings, rt.gitea, bot_login=rt.bot_login).run(
         call, now=options.now)

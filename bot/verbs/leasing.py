@@ -9,7 +9,7 @@ from datetime import datetime, timedelta
 from typing import Any, Literal
 
 from bot.config import Settings
-from state.leases import Lease, LeaseStore
+from state.leases import Lease, LeaseStore, LeaseTaken
 from state.sql import Connection
 
 #: What a lease can be for, and the roster role its owner needs (the lease records it). A merge lease is the merge
@@ -34,6 +34,11 @@ class LeaseGrant:
     request: dict[str, Any] = field(default_factory=dict)
     fingerprint: str | None = None
     reclaim: Lease | None = None
+    #: With ``check_history``, ``seen_latest`` is where the issue's lease history stood when the caller read it
+    #: (``history_mark``): the grant is refused (``LeaseTaken``) if it moved since (a lease granted, ended or expired),
+    #: so a decision taken on a stale read (a verdict recorded meanwhile) leases nothing.
+    check_history: bool = False
+    seen_latest: str | None = None
 
 
 async def grant_lease(conn: Connection, store: LeaseStore, settings: Settings, grant: LeaseGrant, now: datetime) -> (
@@ -42,6 +47,11 @@ async def grant_lease(conn: Connection, store: LeaseStore, settings: Settings, g
     """Create ``grant``'s live lease inside the caller's transaction (its effects go in the same one). Raises
     ``LeaseTaken`` when the issue was leased meanwhile (or the reclaimed lease is no longer reclaimable)."""
     allocator = settings.allocator
+    if grant.check_history:
+        latest = await store.latest_mark(conn, settings.repo_key, grant.issue_number)
+        if latest != grant.seen_latest:
+            raise LeaseTaken(f"#{grant.issue_number}'s leases changed since its candidate was read ({grant.seen_latest}"
+                             f" then, {latest} now)")
     return await store.acquire(
         conn, repo=settings.repo_key, issue_number=grant.issue_number, owner=grant.owner,
         role=ACTION_ROLES[grant.action], action=grant.action, ttl=timedelta(seconds=allocator.lease_ttl_s), now=now,

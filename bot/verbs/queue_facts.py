@@ -18,7 +18,7 @@ from bot.gitea.values import PullRequest
 from bot.verbs.merge import MergeGate, merge_gate
 from bot.verbs.review import ReviewGitea, implementer_of, pull_for_issue, recorded_verdicts
 from state.db import Database
-from state.leases import LeaseStore
+from state.leases import LeaseStore, history_mark
 
 #: Where a pull request in review stands: it waits for a (further) review; its approval counts on exactly its head,
 #: so it waits to be merged; or a request-changes verdict stands on its head (its author's turn, or a maintainer's).
@@ -35,6 +35,10 @@ class QueuedPull:
     gate: MergeGate
     #: When the counted approval was recorded (its review lease ended): the merge queue's order.
     approved_at: datetime | None
+    #: Where the issue's lease history stood when this was read (``history_mark``): a lease is granted on this read
+    #: only while it still does (``LeaseGrant.check_history``), so a verdict recorded meanwhile makes the read stale,
+    #: never a second review.
+    latest_lease: str | None = None
 
     @property
     def stage(self) -> Stage:
@@ -90,6 +94,7 @@ async def queued_pulls(gitea: ReviewGitea, db: Database, settings: Settings) -> 
         pull = await pull_for_issue(gitea, db, repo, issue, slug_length=settings.bootstrap.slug_length)
         if pull is None:
             continue  # nothing to review yet
+        history = await leases.history(repo, issue.number)  # read before the verdicts: a later one makes it stale
         implementer = await implementer_of(leases, repo, issue.number)
         owner = implementer.owner if implementer is not None else None
         verdicts = await recorded_verdicts(leases, repo, issue.number)
@@ -97,12 +102,16 @@ async def queued_pulls(gitea: ReviewGitea, db: Database, settings: Settings) -> 
                           reviewers=reviewers_of(settings))
         approved_at = None
         if gate.counted is not None:
-            ended = {lease.lease_id: lease.ended_at for lease in await leases.history(repo, issue.number)}
-            approved_at = ended.get(gate.counted.lease_id)
-        out.append(QueuedPull(issue, pull, owner, gate, approved_at))
+            approved_at = {lease.lease_id: lease.ended_at for lease in history}.get(gate.counted.lease_id)
+        out.append(QueuedPull(issue, pull, owner, gate, approved_at, history_mark(history)))
     return sorted(out, key=lambda q: q.issue.number)
 
 
 def candidates_of(pulls: Sequence[QueuedPull], stage: Stage) -> tuple[list[dict[str, Any]], frozenset[int]]:
     """The allocator's candidates of one queue, and the open issues they came from (every queued one)."""
     return [q.candidate() for q in pulls if q.stage == stage], frozenset(q.issue.number for q in pulls)
+
+
+def latest_leases(pulls: Sequence[QueuedPull]) -> dict[int, str | None]:
+    """By issue, its latest lease when it was read: what a grant on this read checks (``CallOptions.lease_history``)."""
+    return {q.issue.number: q.latest_lease for q in pulls}

@@ -78,6 +78,9 @@ class CallOptions:
     now: datetime | None = None
     exclusions: frozenset[int] = frozenset()
     candidates: tuple[Candidate, ...] | None = None
+    #: By issue, the issue's latest lease (its id, None for none) when its candidate was read: an apply whose issue's
+    #: lease history moved since (a verdict recorded, a lease granted or ended) is refused ``conflict``.
+    lease_history: Mapping[int, str | None] | None = None
 
 
 @dataclass(frozen=True, slots=True)
