@@ -291,6 +291,7 @@ async def test_a_review_decided_on_a_read_taken_before_the_verdict_leases_nothin
     await ok(world, "author-2", "gitea_claim_review", issue_number=pr.number)
     # The run's read while the review lease is live: #N waits for review (its verdict is not recorded yet). The
     # verdict then ends that same lease: the issue's latest lease is still the one read, only its end is new.
+    assert service.gitea is not None
     pulls = await queued_pulls(service.gitea, service.db, service.settings)
     records, _ = candidates_of(pulls, "review")
     assert [r["issue_number"] for r in records] == [pr.number]
