@@ -137,3 +137,19 @@ async def test_an_approval_posted_on_gitea_never_puts_the_pull_request_in_the_me
                    dry_run=False)
     assert doc["applied"] is False and [(s["issue_number"], s["reason"]) for s in doc["skipped"]] == [
         (pr.number, "self_review")], doc
+
+
+async def test_the_approval_recorded_after_thirty_other_reviews_still_counts(world: World) -> None:
+    """Issue 32 item 6: Gitea lists a PR's reviews 30 a page by default, with X-Total-Count and no Link
+    (pull_review.go ``ListPullReviews``). After 31 comment reviews, foreman's recorded approval is on the second page:
+    before, only the first page was read, so the approval looked withdrawn and the merge was refused."""
+    pr = await put_in_review(world)
+    for i in range(31):
+        await world.call("alice", "POST", f"/pulls/{pr.pull}/reviews",
+                         {"event": "COMMENT", "body": f"note {i}", "commit_id": pr.head})
+    approval = await foreman_approval(world, pr)
+    merged = await ok(world, "author-3", "gitea_merge_pull_request", issue_number=pr.number)
+    assert merged["merged"] is True and pull_state(world, pr.pull)[0] is True
+    assert world.service.gitea is not None
+    reviews = await world.service.gitea.list_reviews(pr.pull)
+    assert len(reviews) == 32 and reviews[-1].id == approval

@@ -8,6 +8,7 @@ from typing import Any, Literal
 
 from bot.gitea.endpoint import MAX_PAGE_SIZE, IssueState, RepositoryEndpoint
 from bot.gitea.errors import GiteaError, GiteaInvalid, GiteaNotFound
+from bot.gitea.transport import LAST_HEADERS
 from bot.gitea.values import PullRequest, Review
 
 
@@ -46,9 +47,27 @@ class PullRequestCalls(RepositoryEndpoint):
         return [PullRequest.from_json(item) async for item in self._pages(f"{self._repo_path}/pulls", query)]
 
     async def list_reviews(self, number: int) -> list[Review]:
-        """The reviews of PR ``number``, oldest first."""
-        data = await self._call("GET", f"{self._repo_path}/pulls/{int(number)}/reviews")
-        return [Review.from_json(item) for item in data or ()]
+        """Every review of PR ``number``, oldest first, page by page. Gitea answers this listing with
+        ``X-Total-Count`` but no ``Link`` (routers/api/v1/repo/pull_review.go ``ListPullReviews``, 1.22 to 1.26) and
+        30 a page by default: pages of ``MAX_PAGE_SIZE`` are read until one comes back short or the count is
+        reached (the latest verdicts are on the last page). A server that ignored ``page`` (the same page again)
+        ends the listing rather than looping."""
+        path = f"{self._repo_path}/pulls/{int(number)}/reviews"
+        out: list[Review] = []
+        seen: set[int] = set()
+        page = 1
+        while True:
+            LAST_HEADERS.set(None)
+            data = list(await self._call("GET", path, query={"page": str(page), "limit": str(MAX_PAGE_SIZE)}) or ())
+            fresh = [Review.from_json(item) for item in data]
+            fresh = [review for review in fresh if review.id not in seen]
+            out.extend(fresh)
+            seen.update(review.id for review in fresh)
+            headers = LAST_HEADERS.get()
+            total = _count(headers.get("X-Total-Count") if headers is not None else None)
+            if len(data) < MAX_PAGE_SIZE or not fresh or (total is not None and len(out) >= total):
+                return out
+            page += 1
 
     async def submit_review(
         self,
@@ -103,3 +122,9 @@ class PullRequestCalls(RepositoryEndpoint):
         """Delete a branch (write on code); the default or a protected branch is GiteaForbidden, a missing one
         GiteaNotFound. Gitea closes the open PRs whose head or base it was."""
         await self._call("DELETE", f"{self._repo_path}/branches/{urllib.parse.quote(name, safe='/')}")
+
+
+def _count(value: str | None) -> int | None:
+    """``X-Total-Count`` as a number (None: absent or not a count)."""
+    return int(value) if value is not None and value.isdigit() else None
+
