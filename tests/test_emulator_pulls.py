@@ -282,3 +282,30 @@ async def test_deleting_a_branch_sends_delete_then_closes_its_pr() -> None:
         assert _kinds(deliveries) == [("delete", "delete", None), ("pull_request", "pull_request", "closed")]
         assert deliveries[0].payload["ref"] == "feat" and deliveries[0].payload["pusher_type"] == "user"
         assert deliveries[1].payload["pull_request"]["merged"] is False and pr.closed is not None
+
+
+@pytest.mark.parametrize("version", ["1.22.3", "1.26.3"])
+async def test_a_work_in_progress_title_is_a_draft_gitea_refuses_to_merge(version: str) -> None:
+    """models/issues/pull.go ``HasWorkInProgressPrefix`` (default prefixes ``WIP:``, ``[WIP]``, any case):
+    ``draft`` true in the PR's JSON and the issue's ``pull_request``; services/pull/check.go ``CheckPullMergeable``
+    answers 405 "Work in progress PRs cannot be merged" (after the permission check); retitled, it merges."""
+    async with live_emulator(version=version) as live:
+        emu = live.emulator
+        head = emu.create_branch(OWNER, REPO, "feat", files={"f.txt": "f\n"})
+        pr = emu.create_pull(OWNER, REPO, head="feat", title="[wip] Feat", author="alice")
+        client = live.client()
+        pulled = await (await live.session.get(live.api(f"/repos/{OWNER}/{REPO}/pulls/{pr.number}"),
+                                               headers=live.auth())).json()
+        as_issue = await (await live.session.get(live.api(f"/repos/{OWNER}/{REPO}/issues/{pr.number}"),
+                                                 headers=live.auth())).json()
+        assert pulled["draft"] is True and as_issue["pull_request"]["draft"] is True
+        response = await live.session.post(live.api(f"/repos/{OWNER}/{REPO}/pulls/{pr.number}/merge"),
+                                           json={"Do": "merge", "head_commit_id": head}, headers=live.auth())
+        assert response.status == 405
+        assert (await response.json())["message"] == "Work in progress PRs cannot be merged"
+        assert emu.pull_of(pr).merged is None
+        await live.session.patch(live.api(f"/repos/{OWNER}/{REPO}/issues/{pr.number}"), json={"title": "Feat"},
+                                 headers=live.auth())
+        assert (await client.get_pull(pr.number)).title == "Feat"
+        await client.merge_pull(pr.number, head_commit_id=head)
+        assert emu.pull_of(pr).merged is not None

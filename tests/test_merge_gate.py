@@ -153,3 +153,18 @@ async def test_the_approval_recorded_after_thirty_other_reviews_still_counts(wor
     assert world.service.gitea is not None
     reviews = await world.service.gitea.list_reviews(pr.pull)
     assert len(reviews) == 32 and reviews[-1].id == approval
+
+
+async def test_a_pull_request_retitled_as_a_draft_is_refused_before_gitea_is_asked(world: World) -> None:
+    """Issue 32 item 5: someone retitles the approved PR `WIP: ...` on Gitea. The merge verb says it is a draft
+    (reason pull_request_draft, what to do) and sends nothing; before, Gitea's 405 came back as a generic refusal."""
+    pr = await put_in_review(world)
+    await foreman_approval(world, pr)
+    await world.call("alice", "PATCH", f"/issues/{pr.pull}", {"title": "WIP: not yet"})
+    refused, doc = await tool(world, "author-3", "gitea_merge_pull_request", issue_number=pr.number)
+    assert refused and (doc["error"], doc["details"]["reason"]) == ("invalid_state", "pull_request_draft"), doc
+    assert "retitle" in doc["exact_next_action"], doc
+    emu = world.live.emulator
+    assert not [r for r in emu.requests if r.method == "POST" and (r.route or "").endswith("/merge")]
+    assert pull_state(world, pr.pull)[0] is False
+

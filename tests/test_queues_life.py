@@ -75,10 +75,12 @@ async def leased_to_author_1(world: World) -> tuple[int, Lease]:
     return number, first
 
 
-async def live_three(world: World, agents: list[str]) -> list[str]:
-    """Three ready issues, then the agents' turns until every issue is done; the steps taken."""
+async def live_three(world: World, agents: list[str],
+                     titles: tuple[str, ...] = ("Make the widget blue", "Make the widget round",
+                                                "Make the widget shiny")) -> list[str]:
+    """Ready issues (three by default), then the agents' turns until every issue is done; the steps taken."""
     numbers = []
-    for title in ("Make the widget blue", "Make the widget round", "Make the widget shiny"):
+    for title in titles:
         number = await world.open_issue("alice", title)
         await world.call("alice", "POST", f"/issues/{number}/labels", {"labels": ["status:ready"]})
         numbers.append(number)
@@ -212,3 +214,16 @@ async def test_a_run_that_leases_nothing_says_why_for_each_queue(tmp_path: Path,
         busy = await auto_allocate(runtime(world), trigger="catch_up")
         assert busy.waiting == [second] and "every author is busy" in busy.silence["implement"], busy.to_dict()
         assert "every author is busy" in busy.summary()
+
+
+async def test_an_issue_titled_work_in_progress_gets_a_pull_request_gitea_will_merge(tmp_path: Path,
+                                                                                    start: Started) -> None:
+    """Issue 32 item 5: Gitea reads a PR titled `WIP:` or `[WIP]` (any case) as a draft and refuses to merge it.
+    The PR verb never copies the prefix from the issue's title, so the queue's merge goes through; before, the PR
+    was titled as the issue and every merge was refused 405."""
+    roster = {AUTHOR: ["author"], REVIEWERS[0]: ["reviewer"]}
+    async with team(tmp_path, start, roster, merge={"by": "foreman"}) as world:
+        await live_three(world, [AUTHOR, REVIEWERS[0]], titles=("[WIP] wip: Make the widget blue",))
+        [pull] = await world.gitea.list_pulls(state="all")
+        assert pull.merged and pull.title == "Make the widget blue", pull
+

@@ -37,7 +37,7 @@ VerbReason = Literal[
     "authors_busy", "owner_busy", "bootstrap_preflight_failed", "selection_changed", "fingerprint_mismatch",
     "excluded_owned_lease", "lease_ended", "no_worktree_for_action", "leased", "review_by_pr_poster", "head_moved",
     "nested_repository", "checkout_origin", "origin_not_same_repository", "gitea_token_refused", "clone_auth_failed",
-    "clone_repository_not_found", "lease_expired", "lease_released",
+    "clone_repository_not_found", "lease_expired", "lease_released", "pull_request_draft",
 ]
 
 RefusalReason = Literal[VerbReason, MergeBlock, BlockReason]

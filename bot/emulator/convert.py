@@ -145,7 +145,8 @@ def issue_json(emu: EmulatorState, issue: EmuIssue, viewer: EmuUser | None) -> J
         "due_date": None,
         "time_estimate": 0,
         "pull_request": (
-            {"merged": False, "merged_at": None, "draft": False, "html_url": html_url} if issue.is_pull else None
+            {"merged": False, "merged_at": None, "draft": work_in_progress(issue.title), "html_url": html_url}
+            if issue.is_pull else None
         ),
         "repository": {
             "id": issue.repo.id,
@@ -314,7 +315,7 @@ def pull_json(emu: EmulatorState, issue: EmuIssue, viewer: EmuUser | None) -> JS
         "requested_reviewers": [] if modern else None,
         "requested_reviewers_teams": [],
         "state": issue.state,
-        "draft": False,
+        "draft": work_in_progress(issue.title),
         "is_locked": issue.is_locked,
         "comments": len(issue.comments),
         "review_comments": 0,
@@ -453,3 +454,14 @@ def hook_json(emu: EmulatorState, hook: EmuHook) -> JSON:
         "updated_at": unix_time(hook.updated, emu.tz),
         "created_at": unix_time(hook.created, emu.tz),
     }
+
+
+#: Gitea's default ``WORK_IN_PROGRESS_PREFIXES`` (modules/setting/repository.go).
+WORK_IN_PROGRESS_PREFIXES = ("WIP:", "[WIP]")
+
+
+def work_in_progress(title: str) -> bool:
+    """A draft's title (models/issues/pull.go ``HasWorkInProgressPrefix``: an ASCII case-insensitive prefix match;
+    the JSON's ``draft`` (PR) and ``pull_request.draft`` (issue) are ``IsWorkInProgress``, services/convert)."""
+    return any(title[:len(prefix)].upper() == prefix.upper() for prefix in WORK_IN_PROGRESS_PREFIXES)
+

@@ -197,6 +197,9 @@ async def merge_pull(emu: Emulator, request: web.Request) -> web.StreamResponse:
         raise ApiError(404, NOT_FOUND_MESSAGE)
     if PERM_LEVEL[emu.unit_perm(repo, doer, "repo.code")] < PERM_LEVEL["write"]:
         raise ApiError(405, "User not allowed to merge PR")
+    if style != "manually-merged" and convert.work_in_progress(issue.title):
+        # CheckPullMergeable: ErrIsWorkInProgress after the permission, before mergeability (1.22 and 1.26 alike)
+        raise ApiError(405, "Work in progress PRs cannot be merged")
     emu._refresh_pull(pull)
     if not pull.mergeable:
         raise ApiError(405, "Please try again later")

@@ -11,6 +11,7 @@ from bot.core.errors import Envelope
 from bot.core.evidence import render_evidence
 from bot.core.reasons import MergeBlock
 from bot.core.verbs import Verb
+from bot.core.work_in_progress import is_work_in_progress
 from bot.gitea import GiteaError, client_as
 from bot.gitea.errors import GiteaConflict, GiteaInvalid
 from bot.gitea.values import PullRequest, Review
@@ -249,6 +250,14 @@ async def merge_pull_request(
     approved = gate.counted.commit_id
     if pull.head_sha != approved:  # never hand Gitea a merge of unreviewed code
         return refused(verb.name, _stale(number, pull, approved, "checked before merging"))
+    if is_work_in_progress(pull.title):  # Gitea's 405 "Work in progress PRs cannot be merged", said first
+        return refused(verb.name, envelope(
+            "invalid_state", f"PR #{pull.number} is a draft: its title {pull.title[:80]!r} starts with a "
+            "work-in-progress prefix (WIP: or [WIP]), and Gitea refuses to merge a draft; nothing was sent",
+            "A person with write access removes the prefix from the pull request's title on Gitea (foreman never "
+            "titles a PR so); the approval stands, the head is unchanged.",
+            f"ask a maintainer to retitle PR #{pull.number} without the WIP prefix, then call {verb.tool} again "
+            f"with issue_number={number}", reason="pull_request_draft", pull_number=pull.number))
     merger = client_as(gitea, rt.settings, caller.login, bot_login=rt.bot_login).client
     try:
         await merger.merge_pull(pull.number, style=rt.settings.merge.style, head_commit_id=approved)

@@ -12,6 +12,7 @@ from bot.core.evidence import render_evidence
 from bot.core.gateway import GatewayContext
 from bot.core.verbs import PRECONDITION_COMMITS, Verb
 from bot.core.vocabulary import label_for_state
+from bot.core.work_in_progress import without_work_in_progress
 from bot.gitea import Branch, GiteaConflict, GiteaError, GiteaNotFound, Issue, PullRequest, Repository, client_as
 from bot.gitea.endpoint import IssueState
 from bot.verbs.bootstrap.context import BootstrapContext, BootstrapGitea
@@ -110,7 +111,8 @@ async def open_pull_request(
         repo = await gitea.get_repo()
         pr, adopted = await _adopt(gitea, store, rt.repo, issue, branch)
         if pr is None:
-            title = (await gitea.get_issue(issue)).title
+            # Never a draft: Gitea refuses to merge a PR whose title starts with WIP: or [WIP] (the issue's may).
+            title = without_work_in_progress((await gitea.get_issue(issue)).title, fallback=f"Resolve #{issue}")
             poster = client_as(gitea, rt.settings, caller.login, bot_login=rt.bot_login).client
             try:
                 pr = await poster.create_pull(branch, title=title, base=repo.default_branch,
