@@ -111,17 +111,17 @@ def required_contexts_state(emu: EmulatorState, statuses: list[EmuCommitStatus],
         if target:
             matched_count += 1
         else:
-            if _no_better_than("pending", returned):
+            if no_better_than("pending", returned):
                 returned = "pending"
             break
-        if _no_better_than(target, returned):
+        if no_better_than(target, returned):
             returned = target
     if matched_count == 0 and returned == "success":
         return combine(emu, [s.state for s in statuses])
     return returned
 
 
-def _no_better_than(a: str, b: str) -> bool:
+def no_better_than(a: str, b: str) -> bool:
     """1.22 ``CommitStatusState.NoBetterThan``: false when either state is unknown."""
     if a not in _PRIORITY_1_22 or b not in _PRIORITY_1_22:
         return False
