@@ -71,6 +71,16 @@ async def approve(world: World, number: int) -> str:
     return lease.owner
 
 
+async def status_news(world: World, version: str) -> None:
+    """What a new commit status brings: on 1.23+ its ``status`` webhook runs the queues; Gitea 1.22 sends none
+    (services/webhook/notifier.go has no ``CreateCommitStatus`` before 1.23), so catch-up's run after its pass
+    does."""
+    await world.settle()
+    if version.startswith("1.22"):
+        await auto_allocate(runtime(world), trigger="catch_up", delivery_id=None)
+        await world.settle()
+
+
 def pull_of(world: World, number: int) -> Any:
     emu = world.live.emulator
     return next(emu.pull_of(i) for i in emu.repo(OWNER, REPO).issues.values()
@@ -146,13 +156,18 @@ async def test_a_push_dismisses_the_approval_and_the_pull_request_is_reviewed_ag
         await world.settle()
         assert [r.dismissed for r in pull.reviews if r.state == "APPROVED"] == [True]
         refused, doc = await tool(world, MERGER, "gitea_merge_pull_request", issue_number=number)
-        assert refused and doc["details"]["reason"] == "approval_withdrawn", doc
+        assert refused and (doc["error"], doc["missing"]) == ("tracing_gap", ["approval"]), doc  # none stands
         assert pull.merged is None
-        # The next run of the queues (a status, a label, catch-up) hands the new head to a reviewer.
-        await auto_allocate(runtime(world), trigger="test", delivery_id=None)
+        # The next run of the queues (a status, a label, catch-up) ends the merger's lease the approval no longer
+        # holds up, and hands the new head to a reviewer.
+        merging = await live_lease(world, number)
+        assert merging is not None and merging.owner == MERGER
+        await auto_allocate(runtime(world), trigger="catch_up", delivery_id=None)
         await world.settle()
+        ended = await LeaseStore(world.service.db).get(merging.lease_id)
+        assert ended is not None and (ended.status, ended.end_reason) == ("released", "gate_withdrawn"), ended
         lease = await live_lease(world, number)
-        assert lease is not None and lease.action == "review", lease
+        assert lease is not None and lease.action == "review" and lease.owner in REVIEWERS, lease
 
 
 @VERSIONS
@@ -170,14 +185,14 @@ async def test_a_required_status_waits_pending_goes_back_failing_and_merges_pass
         assert refused and doc["details"]["reason"] == "status_pending", doc
         assert "status check ci/* pending" in doc["message"], doc
         emu.set_commit_status(OWNER, REPO, pull.head_sha(), context="ci/build", state="pending", notify=True)
-        await world.settle()
+        await status_news(world, version)
         assert await live_lease(world, number) is None
         refused, doc = await tool(world, MERGER, "gitea_merge_pull_request", issue_number=number)
         assert refused and "status check ci/build pending" in doc["message"], doc
         # Failing: back to the author, with the context and where to read it.
         emu.set_commit_status(OWNER, REPO, pull.head_sha(), context="ci/build", state="failure",
                               target_url="https://ci.example/build/7", description="2 tests failed", notify=True)
-        await world.settle()
+        await status_news(world, version)
         lease = await live_lease(world, number)
         assert lease is not None and (lease.owner, lease.action) == (AUTHOR, "implement"), lease
         assert lease.request.get("source") == "status_failed", lease.request
@@ -198,7 +213,7 @@ async def test_a_required_status_waits_pending_goes_back_failing_and_merges_pass
         await world.settle()
         await approve(world, number)
         emu.set_commit_status(OWNER, REPO, pull.head_sha(), context="ci/build", state="success", notify=True)
-        await world.settle()
+        await status_news(world, version)
         lease = await live_lease(world, number)
         assert lease is not None and (lease.owner, lease.action) == (MERGER, "merge"), lease
         await ok(world, MERGER, "gitea_merge_pull_request", issue_number=number)

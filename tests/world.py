@@ -226,7 +226,7 @@ async def open_world(
     ``version`` is the emulated Gitea's (its default without)."""
     clock = Clock()
     roster = {ROSTER_AUTHOR: ["author"]} if roster is None else roster
-    options = {"version": version} if version is not None else {}
+    options: dict[str, Any] = {"version": version} if version is not None else {}
     async with live_emulator(clock=clock, clone_protocol=clone_protocol, **options) as live:
         emu = live.emulator
         seed_foreman(emu, {login: EXTRA_TOKENS[login] for login in roster if emu.find_user(login) is None})

@@ -290,6 +290,12 @@ class EmulatorPulls(EmulatorPullWebhooks):
                 issue, "pull_request", "closed", doer, viewer=self._viewer(doer), perm=self.perm_of(repo, doer)
             )
         self._close_references(issue, doer, new, notify=notify)
+        # The merge's push to the base is a push like any (services/repository/push.go pushUpdates →
+        # AddTestPullRequestTask): every other open PR on that base is checked again.
+        for other in list(repo.issues.values()):
+            if other is not issue and other.is_pull and other.closed is None and other.base_branch == issue.base_branch:
+                if self.pull_of(other).merged is None:
+                    self._start_check(self.pull_of(other))
         return new
 
     def default_merge_message(self, issue: EmuIssue, style: str) -> str:

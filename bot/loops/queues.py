@@ -69,6 +69,7 @@ async def run_queues(door: VerbRuntime[AllocatorGitea], apply: Apply, *, now: da
     # Gitea's pull requests and reviews, read once: every apply of this run decides on them (the leases it makes are
     # read fresh inside each apply's transaction).
     pulls = await queued_pulls(door.gitea, door.db, door.settings)
+    report.notes.extend(await end_merges_the_gate_withdrew(door, now, pulls))
     report.handed_back = await hand_back_to_authors(door, now, delivery_id, pulls)
     report.waiting_checks = [q.issue.number for q in pulls if q.stage == "checks"]
     if report.handed_back:
@@ -92,6 +93,28 @@ async def run_queues(door: VerbRuntime[AllocatorGitea], apply: Apply, *, now: da
     if "merge" in running and queues.merges and door.settings.merge.by != "foreman" and not queues.idle_mergers:
         await _say_waiting(door, queues.merges, "merger", delivery_id)
     return report
+
+
+async def end_merges_the_gate_withdrew(door: VerbRuntime[AllocatorGitea], now: datetime,
+                                      pulls: Sequence[QueuedPull]) -> list[str]:
+    """A merge lease whose pull request no longer passes the gate (a push dismissed or outdated its approvals, a
+    rejection or a failing status arrived) ends (``gate_withdrawn``, with what is missing), so the pull request goes
+    back to the queue it now waits in, never to a merger who can only be refused. Checked against the read's lease
+    history: a lease granted after the read stays."""
+    store = LeaseStore(door.db)
+    notes: list[str] = []
+    for queued in pulls:
+        if queued.stage == "merge":
+            continue
+        async with door.db.transaction() as conn:
+            if await store.latest_mark(conn, door.repo, queued.issue.number) != queued.latest_lease:
+                continue
+            for held in await store.open_leases(door.repo, conn):
+                if held.issue_number == queued.issue.number and held.status == "live" and held.action == "merge":
+                    await store.release(conn, held.lease_id, actor="foreman", reason="gate_withdrawn", now=now,
+                                        missing=queued.gate.missing(), stage=queued.stage)
+                    notes.append(f"#{queued.issue.number}: {held.owner}'s merge lease ended ({queued.gate.missing()})")
+    return notes
 
 
 async def hand_back_to_authors(door: VerbRuntime[AllocatorGitea], now: datetime, delivery_id: str | None,

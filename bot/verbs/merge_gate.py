@@ -167,7 +167,8 @@ def merge_gate(
         block, counted = "status_failed", None
     elif outdated:
         block, counted = "branch_outdated", None
-    elif block is None and checks is not None and checks.state == "pending":
+    elif block is None and checks is not None and checks.state == "pending" and \
+            len(approvals) >= rules.required_approvals:
         block, counted = "status_pending", None
     counted_ids = {v.review_id for v in valid}
     not_counted: list[NotCounted] = []
