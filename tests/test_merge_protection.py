@@ -259,3 +259,18 @@ async def test_a_conflict_is_handed_back_to_the_author_with_the_conflicting_file
         assert world.labels(second) == ["status:in-progress"]
         state = parse_comment(evidence(world, second, "goes back to")).current
         assert state is not None and "widget.txt" in state.next_prompt, state
+
+
+@VERSIONS
+async def test_a_merge_whose_push_another_merge_beat_is_retried(tmp_path: Path, start: Started,
+                                                                 version: str) -> None:
+    """Gitea's 409 "merge push out of date" (the base moved between its check and its push) is not a stale pin:
+    the merge is tried again and goes through; a moved head ("head out of date") never is."""
+    async with protected(tmp_path, start, version) as world:
+        number = await in_review(world)
+        await approve(world, number)
+        await world.settle()
+        world.live.emulator.race_next_merge_push(OWNER, REPO, files={"other.txt": "other\n"}, pusher="alice")
+        doc = await ok(world, MERGER, "gitea_merge_pull_request", issue_number=number)
+        assert pull_of(world, number).merged is not None
+        assert doc["attempts"] == 2 and doc["waited"] == ["merge push out of date"], doc
