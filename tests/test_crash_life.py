@@ -58,8 +58,12 @@ pytestmark = [pytest.mark.process, pytest.mark.slow]
 
 AUTHORS = ("author-1", "author-2", "author-3")
 CONTROLLER, REVIEWER, MERGER = "controller-bot", "reviewer-1", "merger-1"
+REVIEWER_2 = "reviewer-2"
 ROSTER = {CONTROLLER: ["controller"], **{a: ["author"] for a in AUTHORS}, REVIEWER: ["reviewer"],
-          MERGER: ["merger"]}
+          REVIEWER_2: ["reviewer"], MERGER: ["merger"]}
+#: `main` is protected as a real team's would be: two approvals, and the CI's status must pass (issue 32).
+PROTECTION: dict[str, Any] = {"required_approvals": 2, "enable_status_check": True,
+                              "status_check_contexts": ["ci/build"]}
 TOKENS = {login: f"tok-{login}-life" for login in ROSTER}
 ISSUES = 4
 #: The lives the kills are spread over (the first three; the fourth is the one that waits for a freed author).
@@ -203,6 +207,15 @@ class Lives:
         lease = await LeaseStore(self.runtime.db).live_for_issue(FULL_NAME.lower(), number)
         return lease is not None and (lease.owner, lease.action) == (owner, action)
 
+    async def reviewing(self, number: int, approvers: list[str]) -> bool:
+        """A reviewer who has not approved the issue yet holds its review lease."""
+        lease = await LeaseStore(self.runtime.db).live_for_issue(FULL_NAME.lower(), number)
+        return lease is not None and lease.action == "review" and lease.owner not in approvers
+
+    async def reviewer_of(self, number: int) -> str:
+        lease = await LeaseStore(self.runtime.db).live_for_issue(FULL_NAME.lower(), number)
+        return lease.owner if lease is not None else REVIEWER
+
     async def torn_down(self, number: int) -> bool:
         return bool(await TeardownStore(self.runtime.db).for_issue(FULL_NAME.lower(), number))
 
@@ -252,23 +265,34 @@ class Lives:
         self.pulls[number] = int(opened["pull_request"])
         if await self.point(index, number, "open_pr"):
             await self.redrive("open_pr", opened, author, "open_pull_request", **opening)
+        # The CI reports on the PR's head (its status webhook, or catch-up, runs the queues).
+        emu = self.live.emulator
+        head = emu.pull_of(emu.issue(OWNER, REPO, self.pulls[number])).head_sha()
+        emu.set_commit_status(OWNER, REPO, head, context="ci/build", state="success", notify=True)
         verdict: dict[str, Any] = {"issue_number": number, "verdict": "approve"}
-        # Nobody claims: the review queue hands the review to the reviewer (killed right after, at review_lease).
-        await self.until(f"#{number}'s review leased by the queue", lambda: self.leased(number, REVIEWER, "review"),
-                         number=number)
-        await self.point(index, number, "review_lease")
-        deadline = time.monotonic() + STEP_S
-        while True:  # the queue hands the review again if its lease ended under the reviewer (after a restart)
-            await self.until(f"#{number}'s review leased", lambda: self.leased(number, REVIEWER, "review"),
-                             number=number)
-            review = await self.call(REVIEWER, "submit_review", **verdict)
-            if review.ok:
-                approved = review.doc
-                break
-            assert time.monotonic() < deadline, f"seed {self.seed}: approving #{number} kept refusing: {review.doc}"
-            await asyncio.sleep(0.1)
-        if await self.point(index, number, "review"):
-            await self.redrive("review", approved, REVIEWER, "submit_review", **verdict)
+        # Nobody claims: the review queue hands the review to a reviewer (killed right after, at review_lease), then
+        # the second approval the protection requires to the other one.
+        approvers: list[str] = []
+        for round_ in range(2):
+            await self.until(f"#{number}'s review {round_ + 1} leased by the queue",
+                             lambda: self.reviewing(number, approvers), number=number)
+            if round_ == 0:
+                await self.point(index, number, "review_lease")
+            deadline = time.monotonic() + STEP_S
+            while True:  # the queue hands the review again if its lease ended under the reviewer (after a restart)
+                await self.until(f"#{number}'s review leased", lambda: self.reviewing(number, approvers),
+                                 number=number)
+                reviewer = await self.reviewer_of(number)
+                review = await self.call(reviewer, "submit_review", **verdict)
+                if review.ok:
+                    approved = review.doc
+                    break
+                assert time.monotonic() < deadline, f"seed {self.seed}: approving #{number} kept refusing: {review.doc}"
+                await asyncio.sleep(0.1)
+            approvers.append(reviewer)
+            if round_ == 0 and await self.point(index, number, "review"):
+                await self.redrive("review", approved, reviewer, "submit_review", **verdict)
+        assert sorted(approvers) == sorted((REVIEWER, REVIEWER_2)), (self.seed, number, approvers)
         await self.until(f"#{number}'s merge leased by the queue", lambda: self.leased(number, MERGER, "merge"),
                          number=number)
         merged = await self.until_ok(MERGER, "merge_pull_request", f"merging #{number}", issue_number=number)
@@ -292,12 +316,14 @@ async def test_sigkill_during_whole_lives_ends_every_issue_once_and_consistent(s
     async with live_emulator() as live:
         emu = live.emulator
         seed_foreman(emu, TOKENS, writers=ROSTER)
+        emu.protect_branch(OWNER, REPO, "main", **PROTECTION)
         numbers = [emu.create_issue(OWNER, REPO, title=f"Whole life {i + 1}", author="alice").number
                    for i in range(ISSUES)]
         proc = ServeProcess(scratch)
         write_config(proc.config, _config(proc, live.base_url, scratch))
         hook_url = f"{proc.url}/webhook"
-        emu.add_hook(OWNER, REPO, url=hook_url, secret=SECRET, events=["issues", "issue_comment", "pull_request"])
+        emu.add_hook(OWNER, REPO, url=hook_url, secret=SECRET,
+                     events=["issues", "issue_comment", "pull_request", "status"])
         kills = plan_kills(random.Random(seed))
         try:
             await proc.serve()
