@@ -95,7 +95,8 @@ async def test_a_commit_without_statuses_and_an_unknown_ref_differ_by_version(ve
         status, combined = await _call(live, "GET", "/commits/main/status")
         unknown, data = await _call(live, "GET", "/commits/no-such-ref/status")
         if version.startswith("1.26"):
-            assert (status, combined["state"], combined["statuses"], combined["total_count"]) == (200, "pending", None, 0)
+            assert (status, combined["state"], combined["statuses"]) == (200, "pending", None)
+            assert combined["total_count"] == 0
             assert combined["repository"]["full_name"] == f"{OWNER}/{REPO}"
             assert unknown == 404 and data["errors"] == ["object does not exist [id: no-such-ref, rel_path: ]"]
         else:
