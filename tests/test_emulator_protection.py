@@ -224,3 +224,14 @@ async def test_pushes_stale_reviews_only_when_the_content_changes_and_may_dismis
         assert reviews[rejection["id"]].stale and not reviews[rejection["id"]].dismissed
         assert [d for d in emu.deliveries if "review" in d.event_type] == []
         assert [c.kind for c in pr.timeline].count("dismiss_review") == 1
+
+
+@pytest.mark.needs_shared
+def test_the_emulator_only_routes_are_gitea_api_operations() -> None:
+    """Every route the emulator serves beyond the client's contract is an operation of Gitea's swagger."""
+    from bot.emulator import EMULATOR_ONLY_ROUTES
+    from tests.conftest import SHARED
+
+    paths = json.loads((SHARED / "gitea" / "swagger.v1.json").read_text())["paths"]
+    missing = [(r.method, r.path) for r in EMULATOR_ONLY_ROUTES if r.method.lower() not in paths.get(r.path, {})]
+    assert missing == []
