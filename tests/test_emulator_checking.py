@@ -158,13 +158,17 @@ def _parents(emu: Emulator, sha: str) -> list[str]:
 
 @pytest.mark.parametrize("version", VERSIONS)
 async def test_update_refusals_follow_update_pull_request(version: str) -> None:
-    """A reader 403 with an empty body (``IsUserAllowedToUpdate``); a head that is not behind 500 (empty message
+    """A reader 403 with an empty body (``IsUserAllowedToUpdate``; 1.22 lets a reader's rebase through to a
+    refused push, a 500); a head that is not behind 500 (empty message
     for non-admins); a conflict 409 "merge failed because of conflict"; a merged PR 422 with Gitea's nil error."""
     async with live_emulator(version=version) as live:
         emu = live.emulator
         pr = _pull(emu, {"README.md": "theirs\n"})
         path = f"/pulls/{pr.number}/update"
         assert await _call(live, "POST", path, login="bob") == (403, None)
+        # 1.22's IsUserAllowedToUpdate lets a reader rebase; the push is then refused: an uncaught 500.
+        status, _ = await _call(live, "POST", f"{path}?style=rebase", login="bob")
+        assert status == (403 if version.startswith("1.26") else 500)
         status, data = await _call(live, "POST", path, login="alice")
         assert (status, data["message"]) == (500, "")
         emu.push_commit(OWNER, REPO, "main", {"README.md": "ours\n"}, pusher=OWNER)
