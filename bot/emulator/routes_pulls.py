@@ -22,7 +22,7 @@ from bot.emulator.http_helpers import (
     total_count_headers,
 )
 from bot.emulator.model import PERM_LEVEL, EmuIssue, EmuRepo, EmuUser
-from bot.emulator.protection import is_user_allowed_to_merge
+from bot.emulator.protection import can_write_code, is_user_allowed_to_merge
 from bot.emulator.pulls import MERGE_STYLES
 from bot.emulator.pullstate import EmuReview, ReviewState
 from bot.emulator.state import ApiError
@@ -369,6 +369,10 @@ async def update_pull(emu: Emulator, request: web.Request) -> web.StreamResponse
     by_merge, by_rebase = emu.update_allowed(issue, doer)
     if (not by_merge and not rebase) or (rebase and not by_rebase):
         raise ApiError(403, "", bare=True)
+    if rebase and not can_write_code(emu, repo, doer):
+        # 1.22 lets a reader through (rebase is allowed by the unit setting alone); the push to the head branch is
+        # then refused by the pre-receive hook (``AssertCanWriteCode``) and ``Update`` fails: an uncaught 500.
+        raise ApiError(500, "git push rejected: User permission denied for writing." if doer.admin else "")
     try:
         emu._op_update_pull(issue, doer, rebase=rebase)
     except pullgit.MergeConflict:
