@@ -38,6 +38,7 @@ VerbReason = Literal[
     "excluded_owned_lease", "lease_ended", "no_worktree_for_action", "leased", "review_by_pr_poster", "head_moved",
     "nested_repository", "checkout_origin", "origin_not_same_repository", "gitea_token_refused", "clone_auth_failed",
     "clone_repository_not_found", "lease_expired", "lease_released", "pull_request_draft",
+    "update_conflict", "pull_not_behind", "branch_behind_remote",
 ]
 
 RefusalReason = Literal[VerbReason, MergeBlock, BlockReason]
