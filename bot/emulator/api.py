@@ -41,15 +41,26 @@ from bot.emulator.routes_labels import (
     remove_issue_label,
     replace_issue_labels,
 )
+from bot.emulator.routes_protection import (
+    create_protection,
+    delete_protection,
+    edit_protection,
+    get_protection,
+    list_protections,
+)
 from bot.emulator.routes_pulls import (
     create_pull,
     create_review,
     delete_branch,
+    dismiss_review,
     get_pull,
     is_merged,
     list_pulls,
     list_reviews,
     merge_pull,
+    submit_review,
+    undismiss_review,
+    update_pull,
 )
 from bot.emulator.routes_repo import (
     create_hook,
@@ -63,10 +74,11 @@ from bot.emulator.routes_repo import (
     list_org_repos,
     list_repo_teams,
 )
+from bot.emulator.routes_statuses import combined_status, create_status, list_statuses, list_statuses_by_ref
 from bot.emulator.state import ApiError
 
 EMULATOR_KEY: Final = web.AppKey("emulator", Emulator)
-_PARAM_PATTERNS: Final = {"index": "[0-9]+", "id": "[0-9]+", "branch": ".+"}
+_PARAM_PATTERNS: Final = {"index": "[0-9]+", "id": "[0-9]+", "branch": ".+", "name": ".+", "ref": ".+"}
 
 Handler = Callable[[Emulator, web.Request], Awaitable[web.StreamResponse]]
 
@@ -147,6 +159,19 @@ ROUTES: Final[tuple[Route, ...]] = (
     Route("POST", f"{_REPO}/pulls/{{index}}/merge", merge_pull),
     Route("GET", f"{_REPO}/pulls/{{index}}/reviews", list_reviews),
     Route("POST", f"{_REPO}/pulls/{{index}}/reviews", create_review),
+    Route("POST", f"{_REPO}/pulls/{{index}}/reviews/{{id}}", submit_review),
+    Route("POST", f"{_REPO}/pulls/{{index}}/reviews/{{id}}/dismissals", dismiss_review),
+    Route("POST", f"{_REPO}/pulls/{{index}}/reviews/{{id}}/undismissals", undismiss_review),
+    Route("POST", f"{_REPO}/pulls/{{index}}/update", update_pull),
+    Route("GET", f"{_REPO}/branch_protections", list_protections),
+    Route("POST", f"{_REPO}/branch_protections", create_protection),
+    Route("GET", f"{_REPO}/branch_protections/{{name}}", get_protection),
+    Route("PATCH", f"{_REPO}/branch_protections/{{name}}", edit_protection),
+    Route("DELETE", f"{_REPO}/branch_protections/{{name}}", delete_protection),
+    Route("POST", f"{_REPO}/statuses/{{sha}}", create_status),
+    Route("GET", f"{_REPO}/statuses/{{sha}}", list_statuses),
+    Route("GET", f"{_REPO}/commits/{{ref}}/statuses", list_statuses_by_ref),
+    Route("GET", f"{_REPO}/commits/{{ref}}/status", combined_status),
 )
 
 

@@ -5,14 +5,14 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from bot.emulator.payloads import hook_target, org_hook_target, system_hook_target
-from bot.emulator.pulls import EmulatorPulls
+from bot.emulator.pullchecks import EmulatorPullChecks
 from bot.emulator.webhooks import SentWebhook
 
 if TYPE_CHECKING:
     from aiohttp import web
 
 
-class Emulator(EmulatorPulls):
+class Emulator(EmulatorPullChecks):
     """An in-memory Gitea v1.26.3 for the API subset the bot uses, with repositories on disk.
 
     Setup helpers (``add_user``, ``create_repo``, ``create_issue``, ...) change state directly and send

@@ -9,7 +9,7 @@ from typing import Final, Literal
 Perm = Literal["none", "read", "write", "admin", "owner"]
 PERM_LEVEL: Final[dict[str, int]] = {"none": 0, "read": 1, "write": 2, "admin": 3, "owner": 4}
 #: Timeline item kinds that are not plain comments (they take comment ids, but the comment API skips them).
-TimelineKind = Literal["comment", "label", "close", "reopen", "assignees", "change_title"]
+TimelineKind = Literal["comment", "label", "close", "reopen", "assignees", "change_title", "dismiss_review"]
 
 
 @dataclass(eq=False)

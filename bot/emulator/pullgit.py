@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
@@ -14,6 +15,22 @@ ZERO_SHA: Final = "0" * 40
 
 class MergeConflict(Exception):
     """The merge (or one rebased commit) does not apply cleanly."""
+
+
+class RebaseConflict(MergeConflict):
+    """One commit of a rebase does not apply (services/pull ``ErrRebaseConflicts``); ``commit`` is its sha."""
+
+    def __init__(self, commit: str) -> None:
+        super().__init__(f"commit {commit} does not apply")
+        self.commit = commit
+
+
+class DivergingFastForward(MergeConflict):
+    """``fast-forward-only`` on a base that is not an ancestor of the head (``ErrMergeDivergingFastForwardOnly``)."""
+
+
+class PushOutOfDate(Exception):
+    """The branch moved between reading it and the compare-and-swap push (``git.ErrPushOutOfDate``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,7 +134,7 @@ def _pick_tree(path: Path, parent: str, onto: str, sha: str) -> str:
         _git(path, "read-tree", "-i", "-m", "--aggressive", parent, onto, sha, env=env)
         done = _git(path, "write-tree", env=env, check=False)
         if done.returncode != 0:
-            raise MergeConflict(f"commit {sha} does not apply")
+            raise RebaseConflict(sha)
         return done.stdout.strip()
 
 
@@ -133,14 +150,25 @@ def rebase_onto(path: Path, onto: str, base: str, head: str, committer: Identity
     return tip
 
 
-def merge(path: Path, style: str, base_branch: str, head: str, message: str, doer: Identity, poster: Identity) -> str:
+def merge(
+    path: Path,
+    style: str,
+    base_branch: str,
+    head: str,
+    message: str,
+    doer: Identity,
+    poster: Identity,
+    *,
+    before_push: Callable[[], None] | None = None,
+) -> str:
     """Merge ``head`` into ``base_branch`` in ``style`` and move the branch; returns the new base tip.
 
     services/pull/merge.go ``doMergeAndPush`` and merge_{merge,rebase,squash,ff_only}.go: ``merge`` makes a merge
     commit (``--no-ff``), ``rebase`` replays the commits (fast-forward when already on top), ``rebase-merge``
     replays then makes a merge commit, ``squash`` one commit authored by the PR's poster, ``fast-forward-only``
     moves the branch only when it is an ancestor of the head. The push to the base branch is a compare-and-swap
-    on the old tip (Gitea pushes without force; a moved base is "merge push out of date").
+    on the old tip (Gitea pushes without force; a moved base is PushOutOfDate). ``before_push`` runs right before
+    that push (a test's concurrent push to the base).
     """
     base = branch_sha(path, base_branch)
     if base is None:
@@ -164,12 +192,35 @@ def merge(path: Path, style: str, base_branch: str, head: str, message: str, doe
             new = commit_tree(path, merged_tree(path, base, tip), [base, tip], message, env)
     elif style == "fast-forward-only":
         if not is_ancestor(path, base, head):
-            raise MergeConflict("the base branch is not an ancestor of the head")
+            raise DivergingFastForward("fatal: Not possible to fast-forward, aborting.")
         new = head
     else:
         raise ValueError(f"unknown merge style {style!r}")
-    _git(path, "update-ref", f"refs/heads/{base_branch}", new, base)
+    if before_push is not None:
+        before_push()
+    move_branch(path, base_branch, new, base)
     return new
+
+
+def move_branch(path: Path, branch: str, new: str, old: str) -> None:
+    """Compare-and-swap ``refs/heads/<branch>`` from ``old`` to ``new``; PushOutOfDate when it moved meanwhile."""
+    if _git(path, "update-ref", f"refs/heads/{branch}", new, old, check=False).returncode != 0:
+        raise PushOutOfDate(branch)
+
+
+def content_changed(path: Path, old: str, new: str, base: str) -> bool:
+    """services/pull/pull.go ``checkIfPRContentChanged``: ``git diff --name-only -z new old merge-base`` (a
+    combined diff: a file counts only when ``new`` differs from both ``old`` and the merge base) is not empty."""
+    done = _git(path, "diff", "--name-only", "-z", new, old, base, check=False)
+    if done.returncode != 0:
+        return False
+    return bool(done.stdout.strip("\0"))
+
+
+def commits_behind(path: Path, base: str, head: str) -> int:
+    """``GetDivergingCommits(...).Behind``: commits on ``base`` that ``head`` lacks."""
+    out = _git(path, "rev-list", "--count", f"{head}..{base}", check=False).stdout.strip()
+    return int(out) if out.isdigit() else 0
 
 
 def set_ref(path: Path, ref: str, sha: str) -> None:

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Final, Literal
 
 from bot.emulator import pullgit
-from bot.emulator.model import EmuIssue, EmuRepo, EmuUser
+from bot.emulator.model import EmuIssue, EmuUser
 
 ReviewState = Literal["APPROVED", "REQUEST_CHANGES", "COMMENT", "PENDING"]
 #: ``ReviewStateType`` → the fine webhook type (services/webhook/notifier.go ``PullRequestReview``).
@@ -46,6 +46,11 @@ class EmuPull:
     merge_base: str = ""
     #: ``Status == Mergeable`` after the conflict check (services/pull/check.go); recomputed on pushes.
     mergeable: bool = True
+    #: ``Status == PullRequestStatusChecking``: a push queued a conflict check that has not finished
+    #: (services/pull/check.go); the API's ``mergeable`` is false meanwhile and merging is "try again later".
+    checking: bool = False
+    #: Bumped by every queued check, so a delayed check that was overtaken does nothing.
+    check_token: int = 0
     merged: int | None = None
     merged_by: EmuUser | None = None
     merge_commit_sha: str | None = None
@@ -65,7 +70,6 @@ class EmuPull:
 # Beside the emulator's tables, weakly keyed: the PR side needs no new field on EmuIssue or EmulatorState, and
 # goes away with the issue, repository or emulator it belongs to.
 _RECORDS: weakref.WeakKeyDictionary[EmuIssue, EmuPull] = weakref.WeakKeyDictionary()
-_PROTECTED: weakref.WeakKeyDictionary[EmuRepo, set[str]] = weakref.WeakKeyDictionary()
 _IDS: weakref.WeakKeyDictionary[object, dict[str, Iterator[int]]] = weakref.WeakKeyDictionary()
 
 
@@ -81,8 +85,3 @@ def pull_record(owner: object, issue: EmuIssue) -> EmuPull:
     if record is None:
         record = _RECORDS[issue] = EmuPull(id=next_id(owner, "pull_request"), issue=issue)
     return record
-
-
-def protected_branches(repo: EmuRepo) -> set[str]:
-    """The branch names of ``repo`` with a protection rule (exact names; ``git_model.IsBranchProtected``)."""
-    return _PROTECTED.setdefault(repo, set())

@@ -22,8 +22,9 @@ from bot.emulator.http_helpers import (
     total_count_headers,
 )
 from bot.emulator.model import PERM_LEVEL, EmuIssue, EmuRepo, EmuUser
+from bot.emulator.protection import is_user_allowed_to_merge
 from bot.emulator.pulls import MERGE_STYLES
-from bot.emulator.pullstate import ReviewState
+from bot.emulator.pullstate import EmuReview, ReviewState
 from bot.emulator.state import ApiError
 
 _REVIEW_EVENTS: Final[dict[str, ReviewState]] = {
@@ -178,9 +179,18 @@ async def is_merged(emu: Emulator, request: web.Request) -> web.StreamResponse:
 
 
 async def merge_pull(emu: Emulator, request: web.Request) -> web.StreamResponse:
-    """POST /repos/{owner}/{repo}/pulls/{index}/merge (pull.go ``MergePullRequest``, services/pull/check.go
-    ``CheckPullMergeable``): merged 405, closed 404, no write on code 405, conflicting 405, a disallowed style
-    405, a stale ``head_commit_id`` 409 "head out of date"; 200 with an empty body."""
+    """POST /repos/{owner}/{repo}/pulls/{index}/merge (routers/api/v1/repo/pull.go ``MergePullRequest``).
+
+    services/pull/check.go ``CheckPullMergeable`` in order: merged 405 ("The PR is already merged"; 1.22 an empty
+    message), closed 404, not ``IsUserAllowedToMerge`` (write on code; with a rule, its merge whitelist) 405 "User
+    not allowed to merge PR"; then (not for ``manually-merged``) work in progress 405, conflicting or still
+    checking (``!CanAutoMerge()``) 405 "Please try again later", ``CheckPullBranchProtections`` 405 with the reason
+    (1.22: ``not allowed to merge [reason: ...]``) unless a repo admin's ``force_merge`` may skip it. Then
+    services/pull/merge.go ``Merge``: a stale ``head_commit_id`` 409 "head out of date"; a conflict while merging
+    409 with the Go error struct as JSON (``ctx.JSON(http.StatusConflict, conflictError)``); a base that moved
+    before the push 409 "merge push out of date"; ``fast-forward-only`` on a diverged base is
+    ``ErrMergeDivergingFastForwardOnly``, which the route does not catch: 500, with an empty message except for
+    site admins (``APIErrorInternal`` in prod). 200 with an empty body."""
     repo = _pull_repo(emu, request)
     doer = request_doer(request)
     form = await read_json_body(request)
@@ -195,14 +205,20 @@ async def merge_pull(emu: Emulator, request: web.Request) -> web.StreamResponse:
         raise ApiError(405, "The PR is already merged" if emu.at_least("1.23") else "")
     if issue.closed is not None:
         raise ApiError(404, NOT_FOUND_MESSAGE)
-    if PERM_LEVEL[emu.unit_perm(repo, doer, "repo.code")] < PERM_LEVEL["write"]:
+    if not is_user_allowed_to_merge(emu, repo, issue.base_branch, doer):
         raise ApiError(405, "User not allowed to merge PR")
-    if style != "manually-merged" and convert.work_in_progress(issue.title):
-        # CheckPullMergeable: ErrIsWorkInProgress after the permission, before mergeability (1.22 and 1.26 alike)
-        raise ApiError(405, "Work in progress PRs cannot be merged")
-    emu._refresh_pull(pull)
-    if not pull.mergeable:
-        raise ApiError(405, "Please try again later")
+    if style != "manually-merged":
+        if convert.work_in_progress(issue.title):
+            raise ApiError(405, "Work in progress PRs cannot be merged")
+        if not pull.checking:
+            # The emulator's state may have moved without a push (seeding); a finished check is re-done here.
+            emu._test_patch(pull)
+        if pull.checking or not pull.mergeable:
+            raise ApiError(405, "Please try again later")
+        reason = emu.protection_refusal(issue)
+        forced = form.get("force_merge") is True and emu.admin_may_force(repo, doer, issue.base_branch)
+        if reason is not None and not forced:
+            raise ApiError(405, emu.protection_message(reason))
     if style == "manually-merged":
         # The repository's pull-request unit leaves AllowManualMerge off (repo_json: allow_manual_merge false).
         raise ApiError(405, "manually-merged is not allowed an allowed merge style for this repository")
@@ -212,14 +228,27 @@ async def merge_pull(emu: Emulator, request: web.Request) -> web.StreamResponse:
         message = emu.default_merge_message(issue, style)
     if extra:
         message += "\n\n" + extra
-    emu._op_merge_pull(
-        issue,
-        doer,
-        style=style,
-        head_commit_id=str(form.get("head_commit_id") or ""),
-        message=message,
-        notify=True,
-    )
+    try:
+        emu._op_merge_pull(
+            issue,
+            doer,
+            style=style,
+            head_commit_id=str(form.get("head_commit_id") or ""),
+            message=message,
+            notify=True,
+        )
+    except pullgit.DivergingFastForward as exc:
+        text = f"Merge DivergingFastForwardOnly Error: exit status 128 - {exc}\n: {exc}\n\n"
+        raise ApiError(500, text if doer.admin else "") from None
+    except pullgit.RebaseConflict as exc:
+        return json_response(
+            {"Style": style, "CommitSHA": exc.commit, "StdOut": "", "StdErr": f"CONFLICT: {exc}\n", "Err": {}},
+            status=409,
+        )
+    except pullgit.MergeConflict as exc:
+        return json_response({"Style": style, "StdOut": "", "StdErr": f"CONFLICT: {exc}\n", "Err": {}}, status=409)
+    except pullgit.PushOutOfDate:
+        raise ApiError(409, "merge push out of date") from None
     if form.get("delete_branch_after_merge") is True and issue.head_branch != repo.default_branch:
         # repo_service.DeleteBranchAfterMerge: errors are only logged.
         try:
@@ -230,17 +259,125 @@ async def merge_pull(emu: Emulator, request: web.Request) -> web.StreamResponse:
 
 
 async def list_reviews(emu: Emulator, request: web.Request) -> web.StreamResponse:
-    """GET /repos/{owner}/{repo}/pulls/{index}/reviews (pull_review.go ``ListPullReviews``): by id, page/limit,
-    ``X-Total-Count``."""
+    """GET /repos/{owner}/{repo}/pulls/{index}/reviews (pull_review.go ``ListPullReviews``): by id (a pending
+    review submitted later keeps its lower id), page/limit, ``X-Total-Count`` of every review; a pending review only
+    for its author or a site admin (services/convert/pull_review.go ``ToPullReviewList``)."""
     repo = _pull_repo(emu, request)
     issue = _pull(repo, request)
     pull = emu.pull_of(issue)
     page, limit = list_options(request)
     chosen = pull.reviews[(page - 1) * limit : page * limit]
     doer = request.get(DOER_KEY)
+    visible = [r for r in chosen if r.state != "PENDING" or (doer is not None and (doer.admin or doer is r.reviewer))]
     return json_response(
-        [convert.review_json(emu, pull, r, doer) for r in chosen], headers=total_count_headers(len(pull.reviews))
+        [convert.review_json(emu, pull, r, doer) for r in visible], headers=total_count_headers(len(pull.reviews))
     )
+
+
+def _review(emu: Emulator, issue: EmuIssue, request: web.Request, doer: EmuUser) -> EmuReview:
+    """pull_review.go ``prepareSingleReview``: 404 for an unknown id, a review of another PR, or someone else's
+    pending review (site admins see it)."""
+    review_id = int(request.match_info["id"])
+    review = next((r for r in emu.pull_of(issue).reviews if r.id == review_id), None)
+    if review is None or (review.state == "PENDING" and review.reviewer is not doer and not doer.admin):
+        raise ApiError(404, NOT_FOUND_MESSAGE)
+    return review
+
+
+async def submit_review(emu: Emulator, request: web.Request) -> web.StreamResponse:
+    """POST /repos/{owner}/{repo}/pulls/{index}/reviews/{id} (pull_review.go ``SubmitPullReview``): only a pending
+    review (422 "only a pending review can be submitted"); the event checked as on create
+    (``preparePullReviewType``); a still-pending event 422 "review stay pending"; then ``SubmitReview`` on the head
+    commit, which updates that pending review (``GetCurrentReview``): it keeps its id. 200 with the review."""
+    repo = _pull_repo(emu, request)
+    doer = request_doer(request)
+    form = await read_json_body(request)
+    issue = _pull(repo, request)
+    review = _review(emu, issue, request, doer)
+    if review.state != "PENDING":
+        raise ApiError(422, "only a pending review can be submitted")
+    event = str(form.get("event") or "")
+    body = str(form.get("body") or "")
+    state = _review_state(issue, doer, event, body, has_comments=False)
+    if state == "PENDING":
+        raise ApiError(422, "review stay pending")
+    done = emu._op_submit_review(issue, doer, state=state, body=body, commit_id="", notify=True)
+    return json_response(convert.review_json(emu, emu.pull_of(issue), done, doer))
+
+
+async def _dismissal(emu: Emulator, request: web.Request, *, dismiss: bool) -> web.StreamResponse:
+    """pull_review.go ``dismissReview``: 403 "Must be repo admin" unless repo admin (``ctx.Repo.IsAdmin()``);
+    the review as ``prepareSingleReview`` finds it; 403 for a comment or pending review ("not need to dismiss this
+    review because it's type is not Approve or change request") and on a closed or merged PR; 200 with the review."""
+    repo = _pull_repo(emu, request)
+    doer = request_doer(request)
+    form = await read_json_body(request) if dismiss else {}
+    if PERM_LEVEL[emu.perm_of(repo, doer)] < PERM_LEVEL["admin"]:
+        raise ApiError(403, "Must be repo admin")
+    issue = _pull(repo, request)
+    review = _review(emu, issue, request, doer)
+    if review.state not in ("APPROVED", "REQUEST_CHANGES"):
+        raise ApiError(403, "not need to dismiss this review because it's type is not Approve or change request")
+    emu._op_dismiss_review(
+        issue,
+        review,
+        doer,
+        message=str(form.get("message") or ""),
+        dismiss=dismiss,
+        priors=form.get("priors") is True,
+    )
+    return json_response(convert.review_json(emu, emu.pull_of(issue), review, doer))
+
+
+async def dismiss_review(emu: Emulator, request: web.Request) -> web.StreamResponse:
+    """POST /repos/{owner}/{repo}/pulls/{index}/reviews/{id}/dismissals (``DismissPullReview``)."""
+    return await _dismissal(emu, request, dismiss=True)
+
+
+async def undismiss_review(emu: Emulator, request: web.Request) -> web.StreamResponse:
+    """POST /repos/{owner}/{repo}/pulls/{index}/reviews/{id}/undismissals (``UnDismissPullReview``)."""
+    return await _dismissal(emu, request, dismiss=False)
+
+
+def _review_state(issue: EmuIssue, doer: EmuUser, event: str, body: str, *, has_comments: bool) -> ReviewState:
+    """pull_review.go ``preparePullReviewType``."""
+    has_body = bool(body.strip())
+    state: ReviewState = _REVIEW_EVENTS.get(event, "PENDING")
+    if state == "APPROVED" and issue.poster is doer:
+        raise ApiError(422, "approve your own pull is not allowed")
+    if state == "REQUEST_CHANGES" and issue.poster is doer:
+        raise ApiError(422, "reject your own pull is not allowed")
+    if state == "COMMENT" and not has_body and not has_comments:
+        raise ApiError(422, f"review event {event} requires a body or a comment")
+    if state in ("REQUEST_CHANGES", "PENDING") and not has_body:
+        raise ApiError(422, f"review event {event} requires a body")
+    return state
+
+
+async def update_pull(emu: Emulator, request: web.Request) -> web.StreamResponse:
+    """POST /repos/{owner}/{repo}/pulls/{index}/update (pull.go ``UpdatePullRequest``): merged or closed 422 with
+    Gitea's nil error (message ``%!s(<nil>)``); ``IsUserAllowedToUpdate`` refused 403 with an empty body;
+    services/pull/update.go ``Update``: a head not behind its base 500 (empty message but for site admins), a
+    conflict 409 "merge failed because of conflict" / "rebase failed because of conflict"; 200 empty."""
+    repo = _pull_repo(emu, request)
+    doer = request_doer(request)
+    issue = _pull(repo, request)
+    pull = emu.pull_of(issue)
+    if pull.merged is not None or issue.closed is not None:
+        raise ApiError(422, "%!s(<nil>)")
+    rebase = request.query.get("style", "") == "rebase"
+    by_merge, by_rebase = emu.update_allowed(issue, doer)
+    if (not by_merge and not rebase) or (rebase and not by_rebase):
+        raise ApiError(403, "", bare=True)
+    try:
+        emu._op_update_pull(issue, doer, rebase=rebase)
+    except pullgit.MergeConflict:
+        raise ApiError(409, f"{'rebase' if rebase else 'merge'} failed because of conflict") from None
+    except ApiError as exc:
+        if exc.status == 500 and not doer.admin:
+            raise ApiError(500, "") from None
+        raise
+    return web.Response(status=200)
 
 
 async def create_review(emu: Emulator, request: web.Request) -> web.StreamResponse:
@@ -253,16 +390,7 @@ async def create_review(emu: Emulator, request: web.Request) -> web.StreamRespon
     issue = _pull(repo, request)
     event = str(form.get("event") or "")
     body = str(form.get("body") or "")
-    has_body = bool(body.strip())
-    state: ReviewState = _REVIEW_EVENTS.get(event, "PENDING")
-    if state == "APPROVED" and issue.poster is doer:
-        raise ApiError(422, "approve your own pull is not allowed")
-    if state == "REQUEST_CHANGES" and issue.poster is doer:
-        raise ApiError(422, "reject your own pull is not allowed")
-    if state == "COMMENT" and not has_body and not form.get("comments"):
-        raise ApiError(422, f"review event {event} requires a body or a comment")
-    if state in ("REQUEST_CHANGES", "PENDING") and not has_body:
-        raise ApiError(422, f"review event {event} requires a body")
+    state = _review_state(issue, doer, event, body, has_comments=bool(form.get("comments")))
     review = emu._op_submit_review(
         issue,
         doer,
