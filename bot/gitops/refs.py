@@ -203,8 +203,8 @@ class RefStore(GitRepository):
         parents = out.split()[1:] if status == 0 else []
         if len(parents) == 2 and parents[0] == local and self.is_ancestor(parents[1], base):
             status, merged, _ = self.git.attempt("merge-tree", "--write-tree", "--no-messages", local, parents[1])
-            tree = self.rev(f"{remote}^{{tree}}")
-            return "merge" if status == 0 and tree is not None and merged.split()[:1] == [tree] else None
+            found, tree, _ = self.git.attempt("rev-parse", "--verify", "-q", f"{remote}^{{tree}}")
+            return "merge" if status == found == 0 and merged.split()[:1] == [tree.strip()] else None
         if self.is_ancestor(local, remote) or not self.is_ancestor(base, remote):
             return None
         ours = self.git.attempt("cherry", remote, local)

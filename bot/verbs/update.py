@@ -73,9 +73,11 @@ def _conflict(number: int, pull: PullRequest, base_sha: str, style: str, exc: Gi
         f"Gitea could not update PR #{pull.number} from {base} at {base_sha[:12]} by {style}: {exc.message}; nothing "
         f"changed (the branch {pull.head_ref} is still at {pull.head_sha[:12]} and your lease is kept)",
         f"The changes on {base} conflict with the branch's: merge {base} in your worktree and resolve the conflicts "
-        "there (leave the merge uncommitted: gitea_publish_worktree commits it, with both parents).",
-        f"in your worktree run `git fetch origin {base} && git merge origin/{base}`, resolve the conflicts and `git "
-        f"add` the files, then call gitea_publish_worktree and gitea_open_pull_request with issue_number={number}",
+        f"there. foreman fetched {base} at {base_sha[:12]} into the repository your worktree shares, so no fetch (and "
+        "no credential) is needed; leave the merge uncommitted: gitea_publish_worktree commits it, with both parents.",
+        f"in your worktree run `git merge --no-ff --no-commit {base_sha}` ({base} as foreman fetched it), resolve the "
+        f"conflicts and `git add` the files, then call gitea_publish_worktree and gitea_open_pull_request with "
+        f"issue_number={number}",
         reason="update_conflict", pull_number=pull.number, base=base, base_sha=base_sha, head=pull.head_ref,
         head_sha=pull.head_sha, style=style, gitea_status=exc.status)
 
