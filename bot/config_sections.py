@@ -442,6 +442,15 @@ class MergeConfig(ConfigSection):
     #: Who merges what passes the gate: ``merger``, a roster merger the merge queue leases it to; ``foreman``, the
     #: service itself as the merger of record, one pull request at a time per base branch (docs/allocator.md).
     by: Literal["merger", "foreman"] = "merger"
+    #: The commit status contexts (globs) a head needs to pass before it merges when no branch protection rule
+    #: requires its own (``enable_status_check``); absent: the contexts seen on the base branch's last commit
+    #: (none seen: none required); ``[]``: none.
+    require_status: list[str] | None = None
+    #: How long one merge call waits, retrying with backoff, while Gitea still checks the PR's mergeability (its
+    #: 405 "Please try again later" after a push or another merge) before it answers ``mergeability_checking``.
+    checking_wait_s: float = Field(default=20.0, ge=0, le=300)
+    #: How many times one merge call retries Gitea's 409 "merge push out of date" (another merge moved the base).
+    push_retries: int = Field(default=3, ge=0, le=10)
 
 
 class PublishConfig(ConfigSection):

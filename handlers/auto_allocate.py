@@ -47,3 +47,16 @@ async def on_queued_trigger(event: sansio.Event, ctx: HandlerContext) -> None:
     trigger = str(data.get("trigger") or "queued")[:40]
     report = await auto_allocate(deps.door, trigger=trigger, delivery_id=event.delivery_id)
     ctx.log.info("auto-allocation (%s): %s", trigger, report.summary())
+
+
+@router.register("status")
+async def on_commit_status(event: sansio.Event, ctx: HandlerContext) -> None:
+    """A commit status changed (CI reported on a head): the merge queue waits for the required statuses and a
+    failing one sends the issue back to its author, so the queues run on the news (catch-up runs them too, for a
+    status whose webhook was lost). Gitea's ``status`` event has no action; which head it names is read again from
+    Gitea by the run, never taken from the payload."""
+    deps = ctx.deps
+    if not deps.settings.auto_allocation() or deps.gitea is None:
+        return
+    report = await auto_allocate(deps.door, trigger="status", delivery_id=event.delivery_id)
+    ctx.log.info("auto-allocation (status): %s", report.summary())

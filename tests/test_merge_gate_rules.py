@@ -6,7 +6,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 from bot.gitea.values import PullRequest, Review, User
-from bot.verbs.merge import merge_gate
+from bot.verbs.merge_gate import merge_gate
 from bot.verbs.review import RecordedVerdict
 from tests.gitea_fixtures import BOT
 
@@ -25,7 +25,7 @@ def _review(review_id: int, login: str, state: str = "APPROVED", *, commit: str 
 
 def _pull(poster: str = "author-1") -> PullRequest:
     return PullRequest(id=1, number=7, title="t", body="", state="open", user=_user(poster), labels=(), head_ref="b",
-                       head_sha=HEAD, base_ref="main", base_sha="b" * 40, mergeable=True, merged=False,
+                       head_sha=HEAD, base_ref="main", base_sha="b" * 40, merge_base="b" * 40, mergeable=True, merged=False,
                        merged_at=datetime(2026, 1, 1, tzinfo=UTC), merge_commit_sha=None, merged_by=None,
                        html_url="", raw={})
 

@@ -216,15 +216,18 @@ async def open_world(
     *,
     roster: Mapping[str, Sequence[str]] | None = None,
     clone_protocol: str = "http",
+    version: str | None = None,
     **sections: Unpack[Sections],
 ) -> AsyncIterator[World]:
     """The emulator with every roster user and the status labels, and a service receiving its webhooks.
 
     The bootstrap clones and fetches over git smart HTTP with the bot's token (the emulator's ``git
-    http-backend``, as from a real Gitea); ``clone_protocol="file"`` keeps the bare repositories' ``file://``."""
+    http-backend``, as from a real Gitea); ``clone_protocol="file"`` keeps the bare repositories' ``file://``;
+    ``version`` is the emulated Gitea's (its default without)."""
     clock = Clock()
     roster = {ROSTER_AUTHOR: ["author"]} if roster is None else roster
-    async with live_emulator(clock=clock, clone_protocol=clone_protocol) as live:
+    options = {"version": version} if version is not None else {}
+    async with live_emulator(clock=clock, clone_protocol=clone_protocol, **options) as live:
         emu = live.emulator
         seed_foreman(emu, {login: EXTRA_TOKENS[login] for login in roster if emu.find_user(login) is None})
         own = {key: value for key, value in sections.items() if key != "gitea"}

@@ -27,7 +27,10 @@ BlockReason = Literal[
 #: one it recorded is no longer on Gitea as recorded (dismissed, gone, changed); its reviewer may not approve this
 #: PR now (off the roster's reviewers, the implementer, the PR's poster); a request-changes verdict stands on the
 #: head.
-MergeBlock = Literal["approval_not_recorded", "approval_withdrawn", "reviewer_not_allowed", "changes_requested"]
+#: Under branch protection and required statuses: fewer counted approvals on the head than the rule requires, a
+#: required status not yet reported or pending, one failing, the head behind its base (``block_on_outdated_branch``).
+MergeBlock = Literal["approval_not_recorded", "approval_withdrawn", "reviewer_not_allowed", "changes_requested",
+                     "approvals_missing", "status_pending", "status_failed", "branch_outdated"]
 
 #: The verbs' own: the allocation (a busy author or owner, a proof that failed, a selection or fingerprint that
 #: changed, an issue excluded while its controller holds it), the leases and the worktree bootstrap's door checks,
@@ -38,6 +41,11 @@ VerbReason = Literal[
     "excluded_owned_lease", "lease_ended", "no_worktree_for_action", "leased", "review_by_pr_poster", "head_moved",
     "nested_repository", "checkout_origin", "origin_not_same_repository", "gitea_token_refused", "clone_auth_failed",
     "clone_repository_not_found", "lease_expired", "lease_released", "pull_request_draft",
+    # the merge as Gitea decides it: still checking mergeability, a conflict (handed back), the merge whitelist,
+    # a push Gitea rejected, a fast-forward-only merge on a diverged base, Gitea's own protection refusal
+    "mergeability_checking", "merge_conflict", "merger_not_allowed", "merge_push_rejected", "base_diverged",
+    "protection_refused",
+    # the update of a PR from its base (a conflict, a PR not behind), and the publish after one (bot/verbs/update.py)
     "update_conflict", "pull_not_behind", "branch_behind_remote",
 ]
 

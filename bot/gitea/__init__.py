@@ -15,13 +15,30 @@ from bot.gitea.errors import (
 )
 from bot.gitea.issues import IssueType
 from bot.gitea.transport import next_page
-from bot.gitea.values import Branch, Comment, Hook, Issue, Label, PullRequest, Repository, Review, Team, User
+from bot.gitea.values import (
+    Branch,
+    BranchProtection,
+    CombinedStatus,
+    Comment,
+    CommitStatus,
+    Hook,
+    Issue,
+    Label,
+    PullRequest,
+    Repository,
+    Review,
+    Team,
+    User,
+)
 
 __all__ = [
     "MAX_PAGE_SIZE",
     "Acting",
     "Branch",
+    "BranchProtection",
+    "CombinedStatus",
     "Comment",
+    "CommitStatus",
     "GiteaClient",
     "GiteaConflict",
     "GiteaError",

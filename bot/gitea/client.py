@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import aiohttp
 
+from bot.gitea.checks import CheckCalls
 from bot.gitea.comments import CommentCalls
 from bot.gitea.issues import IssueCalls
 from bot.gitea.labels import LabelCalls
@@ -17,10 +18,10 @@ if TYPE_CHECKING:
     from bot.config import Settings
 
 
-class GiteaClient(CommentCalls, IssueCalls, LabelCalls, PullRequestCalls, RepositoryCalls):
+class GiteaClient(CheckCalls, CommentCalls, IssueCalls, LabelCalls, PullRequestCalls, RepositoryCalls):
     """The Gitea API calls of one repository, typed, with retries (the aiohttp session is injected): its concerns
-    (comments, issues, labels, pull requests, the server and the repository) over one ``RepositoryEndpoint``,
-    which says how every call is bounded and retried."""
+    (merge checks, comments, issues, labels, pull requests, the server and the repository) over one
+    ``RepositoryEndpoint``, which says how every call is bounded and retried."""
 
     def __repr__(self) -> str:
         return f"GiteaClient({self.base_url!r}, {self.owner}/{self.repo})"

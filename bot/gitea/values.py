@@ -268,6 +268,9 @@ class PullRequest(Posted):
     head_sha: Annotated[str, inner("head", "sha")]
     base_ref: Annotated[str, inner("base", "ref")]
     base_sha: Annotated[str, inner("base", "sha")]
+    #: Where head and base last met (Gitea recomputes it when it re-checks the PR): behind its base when it is not
+    #: ``base_sha``.
+    merge_base: Text
     mergeable: Flag
     merged: Flag
     merged_at: When
@@ -290,3 +293,64 @@ class Review(GiteaValue):
     official: Flag
     dismissed: Flag
     submitted_at: When
+
+
+def _names(data: Json, name: str) -> tuple[str, ...]:
+    return tuple(str(item) for item in data.get(name) or () if isinstance(item, str))
+
+
+def _rule_name(data: Json, name: str) -> str:
+    # ``rule_name`` since 1.19; ``branch_name`` (deprecated) carries the same text.
+    return str(data.get("rule_name") or data.get("branch_name") or "")
+
+
+@dataclass(frozen=True, slots=True)
+class BranchProtection(GiteaValue):
+    """A branch protection rule (``BranchProtection`` JSON, routers/api/v1/repo/branch.go): what Gitea asks of a
+    merge into the branches its ``rule_name`` matches (a plain name or a glob)."""
+
+    rule_name: Annotated[str, _rule_name]
+    priority: Count
+    required_approvals: Count
+    enable_approvals_whitelist: Flag
+    approvals_whitelist_username: Annotated[tuple[str, ...], _names]
+    approvals_whitelist_teams: Annotated[tuple[str, ...], _names]
+    block_on_rejected_reviews: Flag
+    block_on_official_review_requests: Flag
+    block_on_outdated_branch: Flag
+    dismiss_stale_approvals: Flag
+    ignore_stale_approvals: Flag
+    enable_merge_whitelist: Flag
+    merge_whitelist_usernames: Annotated[tuple[str, ...], _names]
+    merge_whitelist_teams: Annotated[tuple[str, ...], _names]
+    enable_status_check: Flag
+    status_check_contexts: Annotated[tuple[str, ...], _names]
+    created_at: When
+
+
+def _state(data: Json, name: str) -> str:
+    # ``CommitStatus.status`` (the state); a combined status names it ``state``.
+    return str(data.get("status") or data.get("state") or "")
+
+
+@dataclass(frozen=True, slots=True)
+class CommitStatus(GiteaValue):
+    """One commit status (``CommitStatus`` JSON): a CI context's state on a commit, with where to read more."""
+
+    id: Count
+    context: Text
+    state: Annotated[str, _state]
+    target_url: Text
+    description: Text
+    created_at: When
+
+
+@dataclass(frozen=True, slots=True)
+class CombinedStatus(GiteaValue):
+    """A commit's combined status (``CombinedStatus`` JSON): the latest status of each context and their
+    combination (``state``: pending, success, failure, ...; empty when the commit has none)."""
+
+    sha: Text
+    state: Text
+    statuses: Annotated[tuple[CommitStatus, ...], each(CommitStatus)]
+    total_count: Count

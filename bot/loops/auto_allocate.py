@@ -80,7 +80,8 @@ class AutoReport:
         queues = self.queues or {}
         text = (f"leased {self.leased}, resumed {self.resumed}, blocked {self.blocked}, waiting {self.waiting}, "
                 f"expired {self.expired}, reviews {queues.get('reviews', [])}, merges {queues.get('merges', [])}, "
-                f"merged {queues.get('merged', [])}")
+                f"merged {queues.get('merged', [])}"
+                + (f", handed back {queues['handed_back']}" if queues.get("handed_back") else ""))
         if self.silence:
             text += "; " + "; ".join(f"{phase}: {why}" for phase, why in sorted(self.silence.items()))
         return text
@@ -399,8 +400,10 @@ def _explain_silence(settings: Settings, report: AutoReport) -> None:
             f"every reviewer is busy or barred (max_leases_per_reviewer = {settings.allocator.max_leases_per_reviewer})"
             f"; waiting: {queues.get('waiting_review')}")
     if not (queues.get("merges") or queues.get("merged")):
+        checks = queues.get("waiting_checks") or []
         report.silence["merge"] = (
-            "no approved pull request waits to merge" if not queues.get("waiting_merge") else
+            (f"approved pull requests wait for required status checks: {checks}" if checks else
+             "no approved pull request waits to merge") if not queues.get("waiting_merge") else
             f"waiting: {queues.get('waiting_merge')}; " + ("; ".join(queues.get("notes") or []) or
                                                          "every merger is busy or barred"))
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal
 
@@ -18,6 +18,7 @@ from bot.core.allocator import Candidate, normalize_candidates
 from bot.core.canonical import CanonicalState
 from bot.core.evidence import render_evidence
 from bot.verbs.allocate import AllocationOutcome, AllocatorGitea, role_pick
+from bot.verbs.handback import HandBackSource, hand_back
 from bot.verbs.queue_facts import QueuedPull, candidates_of, latest_leases, queued_pulls
 from bot.verbs.queue_view import work_queues
 from bot.verbs.runtime import Caller, VerbRuntime
@@ -47,10 +48,15 @@ class QueueReport:
     waiting_review: list[int]
     waiting_merge: list[int]
     notes: list[str]
+    #: Pull requests handed back to their authors (a required status failing, a head behind its base).
+    handed_back: list[int] = field(default_factory=list)
+    #: Approved pull requests waiting for a required status (nobody's turn: CI's).
+    waiting_checks: list[int] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return {"reviews": self.reviews, "merges": self.merges, "merged": self.merged,
-                "waiting_review": self.waiting_review, "waiting_merge": self.waiting_merge, "notes": self.notes}
+                "waiting_review": self.waiting_review, "waiting_merge": self.waiting_merge, "notes": self.notes,
+                "handed_back": self.handed_back, "waiting_checks": self.waiting_checks}
 
 
 async def run_queues(door: VerbRuntime[AllocatorGitea], apply: Apply, *, now: datetime,
@@ -63,6 +69,10 @@ async def run_queues(door: VerbRuntime[AllocatorGitea], apply: Apply, *, now: da
     # Gitea's pull requests and reviews, read once: every apply of this run decides on them (the leases it makes are
     # read fresh inside each apply's transaction).
     pulls = await queued_pulls(door.gitea, door.db, door.settings)
+    report.handed_back = await hand_back_to_authors(door, now, delivery_id, pulls)
+    report.waiting_checks = [q.issue.number for q in pulls if q.stage == "checks"]
+    if report.handed_back:
+        pulls = [q for q in pulls if q.issue.number not in report.handed_back]
     if "review" in running:
         report.reviews = await _hand_out(door, apply, "reviewer", now, pulls)
     else:
@@ -82,6 +92,58 @@ async def run_queues(door: VerbRuntime[AllocatorGitea], apply: Apply, *, now: da
     if "merge" in running and queues.merges and door.settings.merge.by != "foreman" and not queues.idle_mergers:
         await _say_waiting(door, queues.merges, "merger", delivery_id)
     return report
+
+
+async def hand_back_to_authors(door: VerbRuntime[AllocatorGitea], now: datetime, delivery_id: str | None,
+                               pulls: Sequence[QueuedPull]) -> list[int]:
+    """Each pull request whose required status fails, or whose head is behind its base under the branch protection's
+    ``block_on_outdated_branch``, goes back to its implementer (``hand_back``: an implement lease, the labels back to
+    `status:in-progress`, the failing context and its target URL, or the update verb, in the state's prompt). One
+    whose implementer is at ``max_leases_per_author`` waits for the next run."""
+    handed: list[int] = []
+    for queued in pulls:
+        if queued.stage != "author" or queued.implementer is None:
+            continue
+        state, source, detail = _author_turn(door, queued)
+        back = await hand_back(door.db, door.settings, issue=queued.issue.number, implementer=queued.implementer,
+                               source=source, state=state, actor="foreman", now=now, delivery_id=delivery_id,
+                               key=f"hand-back:{queued.issue.number}:{queued.pull.head_sha[:12]}:{source}",
+                               detail=detail, expect_history=queued.latest_lease)
+        if back is not None:
+            handed.append(queued.issue.number)
+    return handed
+
+
+def _author_turn(door: VerbRuntime[AllocatorGitea], queued: QueuedPull) -> tuple[CanonicalState, HandBackSource,
+                                                                                  dict[str, Any]]:
+    """Why a pull request goes back to its author, as its Canonical Issue State says it."""
+    gate, pull, number, who = queued.gate, queued.pull, queued.issue.number, queued.implementer
+    if gate.block == "status_failed" and gate.checks is not None:
+        failing = gate.checks.failing
+        lines = [f"- {c}: {s}" + (f" ({d})" if d else "") + (f" {u}" if u else "") for c, s, u, d in failing]
+        state = CanonicalState(
+            state="in-progress", who_is_next="author",
+            next_action=f"{who}: call gitea_bootstrap_issue_worktree for #{number}, fix what the failing check "
+            "reports, publish, then gitea_open_pull_request (it is reviewed again)",
+            next_prompt=f"A required status check failed on PR #{pull.number} at {pull.head_sha}:\n"
+            + "\n".join(lines),
+            what_happened=f"{gate.missing()} on PR #{pull.number}",
+            why=f"required statuses from {gate.rules.contexts_from}: {', '.join(gate.rules.required_contexts)}",
+            related_prs=(pull.number,), blockers=gate.missing()[:200],
+            validation=f"Gitea's combined status of {pull.head_sha}", last_updated_by=door.bot_login or "foreman")
+        return state, "status_failed", {"pull_request": pull.number, "head": pull.head_sha,
+                                        "failing": gate.checks.to_dict()["failing"]}
+    state = CanonicalState(
+        state="in-progress", who_is_next="author",
+        next_action=f"{who}: call gitea_update_pull_request with issue_number={number} (Gitea merges "
+        f"{pull.base_ref} into the branch; it is reviewed again)",
+        next_prompt=f"PR #{pull.number} is behind {pull.base_ref}, and branch protection {gate.rules.rule!r} blocks "
+        "an outdated branch: update it from the base.",
+        what_happened=f"PR #{pull.number}'s base {pull.base_ref} moved to {pull.base_sha}",
+        why="block_on_outdated_branch", related_prs=(pull.number,), blockers="the branch is behind its base",
+        validation=f"merge base {pull.merge_base} is not the base's head {pull.base_sha}",
+        last_updated_by=door.bot_login or "foreman")
+    return state, "branch_outdated", {"pull_request": pull.number, "head": pull.head_sha, "base": pull.base_sha}
 
 
 async def _hand_out(door: VerbRuntime[AllocatorGitea], apply: Apply, role: Role, now: datetime,

@@ -2,21 +2,21 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping
 from typing import Any, Literal, Protocol
 
 from bot.core.canonical import CanonicalState
 from bot.core.errors import Envelope
 from bot.core.evidence import render_evidence
-from bot.core.reasons import MergeBlock
 from bot.core.verbs import Verb
 from bot.core.work_in_progress import is_work_in_progress
-from bot.gitea import GiteaError, client_as
-from bot.gitea.errors import GiteaConflict, GiteaInvalid
-from bot.gitea.values import PullRequest, Review
+from bot.gitea import client_as
+from bot.gitea.values import PullRequest
 from bot.verbs.gitea_refusals import GiteaAsk, gitea_refusal
-from bot.verbs.review import PullsGitea, RecordedVerdict, implementer_of, pull_for_issue, recorded_verdicts
+from bot.verbs.handback import HandBackSource, hand_back
+from bot.verbs.merge_attempts import MergeOutcome, merge_with_retries
+from bot.verbs.merge_gate import MergeChecks, MergeGate, merge_gate, reviewer_login, reviewers_of
+from bot.verbs.review import PullsGitea, implementer_of, pull_for_issue, recorded_verdicts
 from bot.verbs.runtime import (
     Caller,
     CallOptions,
@@ -32,9 +32,6 @@ from state.leases import Lease
 from state.outbox import OutboxIntent, enqueue
 
 MergeStyle = Literal["merge", "rebase", "rebase-merge", "squash", "fast-forward-only"]
-#: Why a review on Gitea does not count.
-NotCountedWhy = Literal["not_recorded", "dismissed", "superseded", "changed_on_gitea", "not_official",
-                        "by_implementer", "by_pr_poster", "reviewer_not_allowed"]
 
 
 class MergeGitea(PullsGitea, Protocol):
@@ -48,122 +45,49 @@ class MergeGitea(PullsGitea, Protocol):
     ) -> None: ...
 
 
-@dataclass(frozen=True, slots=True)
-class NotCounted:
-    """A review on Gitea the merge gate does not count, and why (shown in the refusal and the merge's evidence)."""
-
-    review_id: int
-    user: str
-    state: str
-    commit_id: str
-    why: NotCountedWhy
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"review_id": self.review_id, "user": self.user, "state": self.state, "commit_id": self.commit_id,
-                "why": self.why}
-
-
-@dataclass(frozen=True, slots=True)
-class MergeGate:
-    """The merge gate's decision: the approval that counts (None when ``block`` says why none does or why it is
-    blocked), the request-changes verdicts standing on the head, and every other verdict on Gitea, not counted."""
-
-    counted: RecordedVerdict | None
-    block: MergeBlock | None
-    blocking: tuple[Review, ...]
-    not_counted: tuple[NotCounted, ...]
-
-    def not_counted_docs(self) -> list[dict[str, Any]]:
-        return [n.to_dict() for n in self.not_counted]
-
-
-def _login(review: Review) -> str:
-    return review.user.login if review.user is not None else ""
-
-
-def _changed(recorded: RecordedVerdict, review: Review | None) -> NotCountedWhy | None:
-    """Why Gitea's review no longer is the verdict foreman recorded (None when it still is)."""
-    if review is None:
-        return "changed_on_gitea"
-    if review.dismissed:
-        return "dismissed"
-    state = "APPROVED" if recorded.verdict == "approve" else "REQUEST_CHANGES"
-    if (review.state, review.commit_id) != (state, recorded.commit_id) or (
-            recorded.posted_as and _login(review).lower() != recorded.posted_as.lower()):
-        return "changed_on_gitea"
-    if not review.official:
-        return "not_official"
-    return None
-
-
-def merge_gate(
-    recorded: Sequence[RecordedVerdict], reviews: Sequence[Review], pull: PullRequest, *, implementer: str | None,
-    reviewers: frozenset[str],
-) -> MergeGate:
-    """Which approval lets ``pull`` merge. Only the latest verdict foreman's review verb recorded on this PR counts,
-    and only while Gitea still shows that review as recorded (same id, verdict, commit and account, official, not
-    dismissed) and its reviewer may approve the PR now (a roster reviewer (``reviewers``, lower case), neither the
-    implementer nor the PR's poster). Any request-changes verdict Gitea counts (official, not dismissed) on exactly
-    the head blocks, whoever posted it: a block only withholds a merge, and Gitea's own protection reads it so. Every
-    other approval or request-changes on Gitea is listed as not counted."""
-    mine = [v for v in recorded if v.pull_number == pull.number]
-    latest = mine[-1] if mine else None
-    by_id = {r.id: r for r in reviews}
-    poster = pull.user.login.lower()
-    barred = {poster} | ({implementer.lower()} if implementer else set())
-    counted: RecordedVerdict | None = None
-    block: MergeBlock | None = None
-    why_latest: NotCountedWhy | None = None
-    if latest is None:
-        block = "approval_not_recorded"
-    elif (why_latest := _changed(latest, by_id.get(latest.review_id))) is not None:
-        block = "approval_withdrawn"
-    elif latest.reviewer.lower() not in reviewers or latest.reviewer.lower() in barred:
-        block, why_latest = "reviewer_not_allowed", "reviewer_not_allowed"
-    elif latest.verdict != "approve":
-        block = "approval_not_recorded"
-    else:
-        counted = latest
-    blocking = tuple(r for r in reviews if r.state == "REQUEST_CHANGES" and r.official and not r.dismissed
-                     and r.commit_id == pull.head_sha)
-    if blocking:
-        block, counted = "changes_requested", None
-    earlier = {v.review_id for v in mine[:-1]}
-    not_counted: list[NotCounted] = []
-    for review in reviews:
-        if review.state not in ("APPROVED", "REQUEST_CHANGES") or (counted and review.id == counted.review_id):
-            continue
-        user = _login(review)
-        why: NotCountedWhy
-        if latest is not None and review.id == latest.review_id and why_latest is not None:
-            why = why_latest
-        elif review.dismissed:
-            why = "dismissed"
-        elif review.id in earlier or (latest is not None and review.id == latest.review_id):
-            why = "superseded"
-        elif user.lower() == poster:
-            why = "by_pr_poster"
-        elif implementer and user.lower() == implementer.lower():
-            why = "by_implementer"
-        else:
-            why = "not_recorded"
-        not_counted.append(NotCounted(review.id, user, review.state, review.commit_id, why))
-    return MergeGate(counted, block, blocking, tuple(not_counted))
-
-
 def _blocked(number: int, pull: PullRequest, gate: MergeGate) -> Envelope:
-    """The refusal of a merge the gate does not let through: what counts, and every verdict it did not count."""
+    """The refusal of a merge the gate does not let through: what is missing, what counts, and every verdict it did
+    not count."""
     details: dict[str, Any] = {"pull_number": pull.number, "head": pull.head_sha,
-                               "not_counted": gate.not_counted_docs()}
+                               "not_counted": gate.not_counted_docs(), "gate": gate.to_dict()}
+    state = f"call gitea_get_issue_state with issue_number={number} and follow it"
     if gate.block == "changes_requested":
-        details["blocking"] = [{"review_id": r.id, "user": _login(r), "commit_id": r.commit_id} for r in gate.blocking]
-        who = ", ".join(f"review {r.id} by {_login(r)}" for r in gate.blocking)
+        details["blocking"] = [{"review_id": r.id, "user": reviewer_login(r), "commit_id": r.commit_id}
+                               for r in gate.blocking]
+        who = ", ".join(f"review {r.id} by {reviewer_login(r)}" for r in gate.blocking)
+        where = "on the pull request (block_on_rejected_reviews)" if gate.rules.block_on_rejected_reviews else \
+            f"on its head {pull.head_sha}"
         return envelope(
-            "invalid_state", f"PR #{pull.number} has changes requested on its head {pull.head_sha} ({who}); nothing "
-            "was merged", "A request-changes verdict standing on the head blocks the merge until the author pushes "
-            "a change and a reviewer approves it, or a maintainer dismisses it on Gitea.",
-            f"call gitea_get_issue_state with issue_number={number} and follow the review", reason=gate.block,
+            "invalid_state", f"PR #{pull.number}: {gate.missing()} ({who}) {where}; nothing was merged",
+            "A request-changes verdict Gitea counts blocks the merge until the author pushes a change and a reviewer "
+            "approves it, or a maintainer dismisses it on Gitea.",
+            f"call gitea_get_issue_state with issue_number={number} and follow the review", reason="changes_requested",
             **details)
+    if gate.block == "status_pending":
+        return envelope(
+            "invalid_state", f"PR #{pull.number}: {gate.missing()} on its head {pull.head_sha}; nothing was merged",
+            f"The required statuses ({', '.join(gate.rules.required_contexts) or 'any'}, from "
+            f"{gate.rules.contexts_from}) must pass first; the merge queue retries when a status changes.",
+            f"wait for the status checks, then call gitea_merge_pull_request with issue_number={number} again",
+            reason="status_pending", **details)
+    if gate.block == "status_failed":
+        return envelope(
+            "invalid_state", f"PR #{pull.number}: {gate.missing()} on its head {pull.head_sha}; nothing was merged",
+            "A failing required status sends the issue back to its author, who fixes it and pushes again.",
+            state, reason="status_failed", **details)
+    if gate.block == "branch_outdated":
+        return envelope(
+            "invalid_state", f"PR #{pull.number}: {gate.missing()}; nothing was merged",
+            "The branch protection blocks a head that is behind its base: the author updates it "
+            "(gitea_update_pull_request), then it is reviewed again.", state, reason="branch_outdated", **details)
+    if gate.block == "approvals_missing":
+        return envelope(
+            "invalid_state", f"PR #{pull.number}: {gate.missing()} on its head {pull.head_sha} (branch protection "
+            f"{gate.rules.rule!r} requires {gate.required}); nothing was merged",
+            "Each approval must be recorded by a different roster reviewer through gitea_submit_review on exactly "
+            "the head; the review queue hands the next review to another reviewer.",
+            f"a reviewer who has not approved #{number} calls gitea_claim_review, then gitea_submit_review",
+            reason="approvals_missing", **details)
     others = "; ".join(f"review {n.review_id} by {n.user} ({n.why})" for n in gate.not_counted if n.state ==
                        "APPROVED")
     return Envelope(
@@ -244,7 +168,7 @@ async def merge_pull_request(
         return refused(verb.name, envelope(
             "invalid_state", f"#{number} has no open pull request now", "Read the issue's state.",
             f"call gitea_get_issue_state with issue_number={number}"))
-    gate = await _gate(rt, gitea, number, pull)
+    gate = await _gate(rt, gitea, number, pull, MergeChecks(gitea, rt.settings))
     if gate.counted is None:
         return refused(verb.name, _blocked(number, pull, gate))
     approved = gate.counted.commit_id
@@ -258,28 +182,23 @@ async def merge_pull_request(
             "titles a PR so); the approval stands, the head is unchanged.",
             f"ask a maintainer to retitle PR #{pull.number} without the WIP prefix, then call {verb.tool} again "
             f"with issue_number={number}", reason="pull_request_draft", pull_number=pull.number))
+    if gate.rules.may_merge(caller.login) is False:
+        return refused(verb.name, _not_whitelisted(number, pull, caller.login, gate))
     merger = client_as(gitea, rt.settings, caller.login, bot_login=rt.bot_login).client
-    try:
-        await merger.merge_pull(pull.number, style=rt.settings.merge.style, head_commit_id=approved)
-    except GiteaConflict as exc:
-        return refused(verb.name, _stale(number, await gitea.get_pull(pull.number), approved, exc.message))
-    except GiteaError as exc:
-        # Refused (a conflicting PR, a disallowed merge style, no write access) or no answer: a merge Gitea did make
-        # meanwhile is adopted below, as a retry would.
-        if not isinstance(exc, GiteaInvalid) or not (await gitea.get_pull(pull.number)).merged:
-            return refused(verb.name, gitea_refusal(exc, GiteaAsk(
-                what=f"merge PR #{pull.number}",
-                refused_because="Gitea answers so for a conflicting PR, a disallowed merge style or missing write "
-                "access.",
-                after_failure="A retry adopts a merge Gitea did make.", retry=f"call {verb.tool} again",
-                read_state=f"call gitea_get_issue_state with issue_number={number}")))
+    outcome = await merge_with_retries(rt, merger, gitea, pull, approved)
+    if outcome.refusal is not None:
+        return await _refused_merge(rt, verb, caller, number, pull, gate, outcome, delivery_id)
     merged = await gitea.get_pull(pull.number)
     if not merged.merged or not merged.merge_commit_sha:
         return refused(verb.name, envelope(
             "unavailable", f"Gitea accepted the merge of PR #{pull.number} but does not show it merged",
             "Read it again shortly.", f"call {verb.tool} again"))
     key = await _evidence(rt, caller, number, merged, gate, delivery_id)
-    return rt.done(verb, caller, {**_merged_doc(number, merged, approved), "outbox": [key]})
+    doc = {**_merged_doc(number, merged, approved), "outbox": [key], "gate": gate.to_dict()}
+    if outcome.attempts > 1:
+        doc["attempts"] = outcome.attempts
+        doc["waited"] = list(outcome.waited)
+    return rt.done(verb, caller, doc)
 
 
 @replays("merge_pull_request")
@@ -301,9 +220,121 @@ async def merge_replay(
     return rt.done(verb, caller, {**_merged_doc(number, pull, approved), "adopted": True, "outbox": [key]})
 
 
-async def _gate(rt: VerbRuntime[MergeGitea], gitea: PullsGitea, number: int, pull: PullRequest) -> MergeGate:
-    """The merge gate on ``pull`` now: foreman's recorded verdicts cross-checked against Gitea's reviews."""
+async def _gate(rt: VerbRuntime[MergeGitea], gitea: PullsGitea, number: int, pull: PullRequest,
+                checks: MergeChecks | None = None) -> MergeGate:
+    """The merge gate on ``pull`` now: foreman's recorded verdicts cross-checked against Gitea's reviews, under the
+    base branch's protection and the head's required statuses (``checks``; None: one approval, no status)."""
     implementer = await implementer_of(rt.leases, rt.repo, number)
-    reviewers = frozenset(login.lower() for login, roles in rt.settings.roster.items() if "reviewer" in roles)
+    rules = await checks.rules_for(pull.base_ref) if checks is not None else None
+    status = await checks.checks_for(pull, rules) if checks is not None and rules is not None else None
     return merge_gate(await recorded_verdicts(rt.leases, rt.repo, number), await gitea.list_reviews(pull.number),
-                      pull, implementer=implementer.owner if implementer is not None else None, reviewers=reviewers)
+                      pull, implementer=implementer.owner if implementer is not None else None,
+                      reviewers=reviewers_of(rt.settings), rules=rules, checks=status)
+
+
+def _not_whitelisted(number: int, pull: PullRequest, login: str, gate: MergeGate) -> Envelope:
+    allowed = ", ".join(sorted(gate.rules.merge_whitelist or ())) or "nobody"
+    return envelope(
+        "not_authorized", f"{login} is not on the merge whitelist of branch protection {gate.rules.rule!r} for "
+        f"{pull.base_ref} (allowed: {allowed}); nothing was sent to Gitea",
+        "Gitea refuses a merge by anyone off the whitelist; a whitelisted merger merges it.",
+        f"leave #{number} to a merger on the whitelist ({allowed}), or ask an operator to add {login} to it",
+        reason="merger_not_allowed", pull_number=pull.number, rule=gate.rules.rule)
+
+
+async def _refused_merge(
+    rt: VerbRuntime[MergeGitea], verb: Verb, caller: Caller, number: int, pull: PullRequest, gate: MergeGate,
+    outcome: MergeOutcome, delivery_id: str | None,
+) -> VerbResult:
+    """The answer to a merge Gitea did not make, by what its refusal means: a moved head is a stale pin; a conflict
+    or a diverged base hands the issue back to its author; still checking says when to call again; the whitelist,
+    Gitea's own protection and a pre-receive hook are reported in Gitea's words."""
+    exc = outcome.error
+    said = (exc.message if exc is not None else "")[:300]
+    tried = {"attempts": outcome.attempts, "waited": list(outcome.waited), "gitea_said": said}
+    approved = gate.counted.commit_id if gate.counted is not None else pull.head_sha
+    if outcome.refusal == "head_moved":
+        now = await rt.gitea.get_pull(pull.number) if rt.gitea is not None else pull
+        return refused(verb.name, _stale(number, now, approved, said or "head out of date"))
+    if outcome.refusal in ("conflict", "diverged"):
+        source: HandBackSource = "merge_conflict" if outcome.refusal == "conflict" else "base_diverged"
+        back = await _hand_back_unmergeable(rt, caller, number, pull, source, outcome, delivery_id)
+        files = ", ".join(outcome.conflicts) or "(git could not name them)"
+        what = (f"PR #{pull.number} conflicts with {pull.base_ref} in {files}" if source == "merge_conflict" else
+                f"PR #{pull.number}'s head does not contain {pull.base_ref} and [merge] style is fast-forward-only")
+        holder = back.owner if back is not None else None
+        return refused(verb.name, envelope(
+            "invalid_state", f"{what}; nothing was merged" + (f"; #{number} is handed back to {holder}" if holder
+                                                              else ""),
+            "The author brings the branch up to date from its base (gitea_update_pull_request, or a merge in its "
+            "worktree for a conflict Gitea cannot resolve), then the pull request is reviewed again.",
+            f"{holder or 'the author'}: call gitea_bootstrap_issue_worktree for #{number}, resolve, publish and "
+            "call gitea_open_pull_request" if source == "merge_conflict" else
+            f"{holder or 'the author'}: call gitea_update_pull_request with issue_number={number}",
+            reason="merge_conflict" if source == "merge_conflict" else "base_diverged", pull_number=pull.number,
+            conflicting_files=list(outcome.conflicts), author_lease=back.lease_id if back is not None else None,
+            **tried))
+    if outcome.refusal == "checking":
+        wait = rt.settings.merge.checking_wait_s
+        return refused(verb.name, envelope(
+            "unavailable", f"Gitea is still checking whether PR #{pull.number} can merge (405 \"Please try again "
+            f"later\" for {wait:g} s, {outcome.attempts} attempts); nothing was merged",
+            "Gitea re-tests every open pull request after a push or a merge into its base; the approval stands.",
+            f"call {verb.tool} again with issue_number={number} in a minute", reason="mergeability_checking",
+            pull_number=pull.number, **tried))
+    if outcome.refusal == "not_allowed":
+        return refused(verb.name, envelope(
+            "not_authorized", f"Gitea refused {caller.login}'s merge of PR #{pull.number}: {said}",
+            "Gitea lets only writers on the base branch's merge whitelist merge.",
+            f"leave #{number} to another merger, or ask an operator for {caller.login}'s merge access",
+            reason="merger_not_allowed", pull_number=pull.number, **tried))
+    if outcome.refusal in ("protection", "push_rejected"):
+        protection = outcome.refusal == "protection"
+        return refused(verb.name, envelope(
+            "invalid_state", f"Gitea refused the merge of PR #{pull.number}: {said}; nothing was merged",
+            "Gitea's branch protection asks more than foreman read (a team whitelist, protected files, official "
+            "review requests)." if protection else "A pre-receive hook on Gitea rejected the merge's push.",
+            f"call gitea_get_issue_state with issue_number={number}; an operator checks the branch protection of "
+            f"{pull.base_ref} on Gitea" if protection else
+            f"ask an operator about the hook's message, then call {verb.tool} again with issue_number={number}",
+            reason="protection_refused" if protection else "merge_push_rejected", pull_number=pull.number, **tried))
+    assert exc is not None
+    return refused(verb.name, gitea_refusal(exc, GiteaAsk(
+        what=f"merge PR #{pull.number}",
+        refused_because="Gitea answers so for a disallowed merge style or missing write access.",
+        after_failure="A retry adopts a merge Gitea did make.", retry=f"call {verb.tool} again",
+        read_state=f"call gitea_get_issue_state with issue_number={number}")))
+
+
+async def _hand_back_unmergeable(
+    rt: VerbRuntime[MergeGitea], caller: Caller, number: int, pull: PullRequest, source: HandBackSource,
+    outcome: MergeOutcome, delivery_id: str | None,
+) -> Lease | None:
+    """A conflicting PR (or one a fast-forward-only merge cannot take) goes back to its implementer with the
+    conflicting files and the verb that updates its branch (None: no implementer, or at max_leases_per_author)."""
+    implementer = await implementer_of(rt.leases, rt.repo, number)
+    if implementer is None:
+        return None
+    files = list(outcome.conflicts)
+    update = f"call gitea_update_pull_request with issue_number={number}"
+    state = CanonicalState(
+        state="in-progress", who_is_next="author",
+        next_action=(f"{implementer.owner}: call gitea_bootstrap_issue_worktree for #{number}, merge "
+                     f"origin/{pull.base_ref} into the branch, resolve {', '.join(files) or 'the conflicts'}, "
+                     "publish, then gitea_open_pull_request" if source == "merge_conflict" else
+                     f"{implementer.owner}: {update} (Gitea updates the branch from {pull.base_ref})"),
+        next_prompt=(f"PR #{pull.number} conflicts with {pull.base_ref}" +
+                     (f" in: {', '.join(files)}" if files else "") + ". Merge the base into your branch, resolve, "
+                     "publish and open the pull request again (it is reviewed again)." if source == "merge_conflict"
+                     else f"PR #{pull.number} must contain {pull.base_ref} to merge fast-forward only: {update}."),
+        what_happened=f"{caller.login}'s merge of PR #{pull.number} was refused by Gitea: "
+        f"{(outcome.error.message if outcome.error else '')[:120] or source}",
+        why="a merge conflict" if source == "merge_conflict" else "the base moved past the head",
+        related_prs=(pull.number,), blockers=", ".join(files) or "none",
+        validation=f"git merge-tree of {pull.base_ref} and the PR's head in foreman's control checkout",
+        last_updated_by=rt.bot_login or "foreman",
+    )
+    return await hand_back(rt.db, rt.settings, issue=number, implementer=implementer.owner, source=source,
+                           state=state, actor=caller.login, now=rt.clock(), delivery_id=delivery_id,
+                           key=f"merge:{number}:{pull.number}:{pull.head_sha[:12]}:{source}",
+                           detail={"pull_request": pull.number, "conflicting_files": files})

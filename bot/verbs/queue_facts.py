@@ -15,14 +15,17 @@ from bot.config import Settings
 from bot.core.vocabulary import label_for_state
 from bot.gitea import Issue
 from bot.gitea.values import PullRequest
-from bot.verbs.merge import MergeGate, merge_gate
+from bot.verbs.merge_gate import MergeChecks, MergeGate, merge_gate, reviewers_of
 from bot.verbs.review import ReviewGitea, implementer_of, pull_for_issue, recorded_verdicts
 from state.db import Database
 from state.leases import LeaseStore, history_mark
 
-#: Where a pull request in review stands: it waits for a (further) review; its approval counts on exactly its head,
-#: so it waits to be merged; or a request-changes verdict stands on its head (its author's turn, or a maintainer's).
-Stage = Literal["review", "merge", "blocked"]
+#: Where a pull request in review stands: it waits for a (further) review; its approvals count on exactly its head,
+#: so it waits to be merged; a request-changes verdict stands on it (its author's turn, or a maintainer's); its
+#: approvals are there but a required status is still pending (``checks``: it waits for CI, nobody's turn); or it
+#: goes back to its author (``author``: a required status fails, or the head is behind its base under
+#: ``block_on_outdated_branch``).
+Stage = Literal["review", "merge", "blocked", "checks", "author"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,17 +45,26 @@ class QueuedPull:
 
     @property
     def stage(self) -> Stage:
-        counted = self.gate.counted
-        if counted is not None and counted.commit_id == self.pull.head_sha:
-            return "merge"
-        if self.gate.block == "changes_requested":
+        gate = self.gate
+        if gate.block == "changes_requested":
             return "blocked"
+        if gate.block in ("status_failed", "branch_outdated"):
+            return "author"
+        if gate.block == "status_pending":
+            return "checks"
+        counted = gate.counted
+        if counted is not None and counted.commit_id == self.pull.head_sha and gate.approved:
+            return "merge"
         return "review"
 
     @property
     def barred(self) -> list[str]:
-        """Who may neither review nor merge it: the PR's poster and the issue's implementer."""
-        return sorted({self.pull.user.login} | ({self.implementer} if self.implementer else set()))
+        """Who may neither review nor merge it: the PR's poster and the issue's implementer; for a further review,
+        also who already approved its head (each approval a branch protection requires is another reviewer's)."""
+        barred = {self.pull.user.login} | ({self.implementer} if self.implementer else set())
+        if self.stage == "review":
+            barred |= {v.reviewer for v in self.gate.approvals}
+        return sorted(barred)
 
     def candidate(self) -> dict[str, Any]:
         """The allocator's candidate record: a review in the issue's own order (its priority, then its age); a
@@ -73,20 +85,18 @@ class QueuedPull:
         counted = self.gate.counted
         return {"issue_number": self.issue.number, "title": self.issue.title, "pull_number": self.pull.number,
                 "head": self.pull.head_sha, "base": self.pull.base_ref, "stage": self.stage,
-                "block": self.gate.block, "implementer": self.implementer, "barred_owners": self.barred,
+                "block": self.gate.block, "missing": self.gate.missing(),
+                "approvals": f"{len(self.gate.approvals)} of {self.gate.required}",
+                "implementer": self.implementer, "barred_owners": self.barred,
                 "approved_by": counted.reviewer if counted is not None else None,
                 "approved_at": self.approved_at.isoformat() if self.approved_at is not None else None}
-
-
-def reviewers_of(settings: Settings) -> frozenset[str]:
-    """The roster's reviewers, in lower case (the merge gate compares so)."""
-    return frozenset(login.lower() for login, roles in settings.roster.items() if "reviewer" in roles)
 
 
 async def queued_pulls(gitea: ReviewGitea, db: Database, settings: Settings) -> list[QueuedPull]:
     """Every open `status:review` issue (not a PR) that has an open pull request, oldest issue first."""
     review = label_for_state("review")
     repo, leases = settings.repo_key, LeaseStore(db)
+    checks = MergeChecks(gitea, settings)
     out: list[QueuedPull] = []
     for issue in await gitea.list_issues(state="open", labels=[review], type_="issues"):
         if issue.is_pull or review not in issue.label_names:
@@ -98,8 +108,10 @@ async def queued_pulls(gitea: ReviewGitea, db: Database, settings: Settings) -> 
         implementer = await implementer_of(leases, repo, issue.number)
         owner = implementer.owner if implementer is not None else None
         verdicts = await recorded_verdicts(leases, repo, issue.number)
+        rules = await checks.rules_for(pull.base_ref)
         gate = merge_gate(verdicts, await gitea.list_reviews(pull.number), pull, implementer=owner,
-                          reviewers=reviewers_of(settings))
+                          reviewers=reviewers_of(settings), rules=rules,
+                          checks=await checks.checks_for(pull, rules))
         approved_at = None
         if gate.counted is not None:
             approved_at = {lease.lease_id: lease.ended_at for lease in history}.get(gate.counted.lease_id)

@@ -18,7 +18,7 @@ from bot.core.vocabulary import label_for_state, state_for_label
 from bot.gitea import GiteaError, GiteaNotFound, Issue, IssueState, IssueType, client_as
 from bot.gitea.values import PullRequest, Review
 from bot.verbs.gitea_refusals import GiteaAsk, gitea_refusal
-from bot.verbs.handback import AWAITING, busy_leases, lease_back
+from bot.verbs.handback import AWAITING, HAND_BACK_SOURCES, busy_leases, lease_back
 from bot.verbs.leases import lease_changed
 from bot.verbs.leasing import LeaseGrant, grant_lease
 from bot.verbs.runtime import (
@@ -432,7 +432,7 @@ async def _preemptible(rt: VerbRuntime[ReviewGitea], busy: Sequence[Lease]) -> L
     """The implementer's newest implement lease that is not itself a hand-back and from which nothing was
     published (unstarted: its worktree, if any, stays for its owner), or None."""
     for held in sorted(busy, key=lambda lease: lease.acquired_at, reverse=True):
-        if held.action != "implement" or held.request.get("source") == "request_changes":
+        if held.action != "implement" or held.request.get("source") in HAND_BACK_SOURCES:
             continue
         published = [p for p in await PublicationStore(rt.db).for_issue(rt.repo, held.issue_number)
                      if p.lease_id == held.lease_id]

@@ -1,0 +1,246 @@
+"""The merge as Gitea decides it (issue 32): branch protection's required approvals, rejections and stale
+approvals, required commit statuses, asynchronous mergeability and conflicts, each through the queues and the verbs
+against the emulator on Gitea 1.22 and 1.26."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bot.core.canonical import parse_comment
+from bot.emulator.webhooks import expand_hook_events
+from bot.loops.auto_allocate import auto_allocate
+from state.leases import Lease, LeaseStore
+from tests.gitea_fixtures import OWNER, REPO
+from tests.review_support import ok, runtime, tool
+from tests.support import Started
+from tests.test_queues_life import AUTHOR, MERGER, REVIEWERS, act, team
+from tests.world import FULL_NAME, World
+
+VERSIONS = pytest.mark.parametrize("version", ["1.22.3", "1.26.3"])
+ROSTER = {AUTHOR: ["author"], REVIEWERS[0]: ["reviewer"], REVIEWERS[1]: ["reviewer"], MERGER: ["merger"]}
+
+
+@asynccontextmanager
+async def protected(tmp_path: Path, start: Started, version: str, **rule: Any) -> AsyncIterator[World]:
+    """A team (author, two reviewers, a merger; the queues on) whose `main` has the protection ``rule``, its hook
+    also sending commit statuses."""
+    async with team(tmp_path, start, ROSTER, version=version, merge={"checking_wait_s": 10.0}) as world:
+        world.live.emulator.protect_branch(OWNER, REPO, "main", **rule)
+        world.hook.events = expand_hook_events(["issues", "pull_request", "status"])
+        yield world
+
+
+async def in_review(world: World, title: str = "Make the widget blue", *, files: dict[str, str] | None = None) -> int:
+    """A ready issue, implemented by the author up to its pull request (the author's own turns)."""
+    number = await world.open_issue("alice", title)
+    await world.call("alice", "POST", f"/issues/{number}/labels", {"labels": ["status:ready"]})
+    for _ in range(4):
+        context = await ok(world, AUTHOR, "gitea_get_runtime_context")
+        lease = next((le for le in context["leases"] if le["issue_number"] == number), None)
+        assert lease is not None, context
+        if "gitea_bootstrap_issue_worktree" in context["exact_next_action"] and not lease["worktree_path"]:
+            await ok(world, AUTHOR, "gitea_bootstrap_issue_worktree", issue_number=number)
+            continue
+        path = Path(lease["worktree_path"])
+        await ok(world, AUTHOR, "gitea_lock_issue", issue_number=number)
+        for name, text in (files or {f"issue-{number}.txt": f"done #{number}\n"}).items():
+            (path / name).write_text(text, encoding="utf-8")
+        await ok(world, AUTHOR, "gitea_publish_worktree", issue_number=number, message=f"Implement #{number}")
+        await ok(world, AUTHOR, "gitea_open_pull_request", issue_number=number)
+        await world.settle()
+        assert world.labels(number) == ["status:review"]
+        return number
+    raise AssertionError(f"#{number} never reached review")
+
+
+async def live_lease(world: World, number: int) -> Lease | None:
+    found = await LeaseStore(world.service.db).live_for_issue(FULL_NAME, number)
+    return found
+
+
+async def approve(world: World, number: int) -> str:
+    """The reviewer the queue handed #number's review to approves it; who that was."""
+    lease = await live_lease(world, number)
+    assert lease is not None and lease.action == "review", lease
+    await ok(world, lease.owner, "gitea_submit_review", issue_number=number, verdict="approve")
+    return lease.owner
+
+
+def pull_of(world: World, number: int) -> Any:
+    emu = world.live.emulator
+    return next(emu.pull_of(i) for i in emu.repo(OWNER, REPO).issues.values()
+                if i.is_pull and f"#{number}" in i.body)
+
+
+def evidence(world: World, number: int, key_part: str) -> str:
+    issue = world.live.emulator.issue(OWNER, REPO, number)
+    found = [c.body for c in issue.comments if key_part in c.body]
+    assert found, [c.body[:80] for c in issue.comments]
+    return found[-1]
+
+
+@VERSIONS
+async def test_two_required_approvals_take_two_reviewers_and_the_merge_waits_for_both(
+        tmp_path: Path, start: Started, version: str) -> None:
+    async with protected(tmp_path, start, version, required_approvals=2) as world:
+        number = await in_review(world)
+        first = await approve(world, number)
+        await world.settle()
+        refused, doc = await tool(world, MERGER, "gitea_merge_pull_request", issue_number=number)
+        assert refused and doc["details"]["reason"] == "approvals_missing", doc
+        assert "approvals 1 of 2" in doc["message"], doc
+        assert pull_of(world, number).merged is None
+        second = await approve(world, number)  # the queue handed the second review to the other reviewer
+        assert {first, second} == set(REVIEWERS), (first, second)
+        await world.settle()
+        lease = await live_lease(world, number)
+        assert lease is not None and (lease.owner, lease.action) == (MERGER, "merge"), lease
+        assert await act(world, MERGER) == f"{MERGER} merged #{number}"
+        await world.settle()
+        assert pull_of(world, number).merged is not None
+        assert world.labels(number) == ["status:done"]
+
+
+@VERSIONS
+async def test_a_rejection_blocks_the_merge_despite_a_later_approval(tmp_path: Path, start: Started,
+                                                                     version: str) -> None:
+    """block_on_rejected_reviews: alice's official request-changes on an earlier commit still blocks after the
+    author's new commit is approved; dismissed by a maintainer, the merge goes."""
+    async with protected(tmp_path, start, version, block_on_rejected_reviews=True) as world:
+        emu = world.live.emulator
+        emu.set_permission(OWNER, REPO, "alice", "write")
+        number = await in_review(world)
+        pull = pull_of(world, number)
+        rejected = await world.call("alice", "POST", f"/pulls/{pull.issue.number}/reviews",
+                                    {"event": "REQUEST_CHANGES", "body": "no", "commit_id": pull.head_sha()})
+        emu.push_commit(OWNER, REPO, pull.issue.head_branch, {"more.txt": "more\n"}, pusher=AUTHOR)
+        await world.settle()
+        lease = await live_lease(world, number)
+        assert lease is not None and lease.action == "review", lease
+        await ok(world, lease.owner, "gitea_submit_review", issue_number=number, verdict="approve")
+        await world.settle()
+        refused, doc = await tool(world, MERGER, "gitea_merge_pull_request", issue_number=number)
+        assert refused and doc["details"]["reason"] == "changes_requested", doc
+        assert "blocked by request_changes from alice" in doc["message"], doc
+        assert pull.merged is None
+        emu.dismiss_review(OWNER, REPO, pull.issue.number, int(rejected["id"]))
+        await ok(world, MERGER, "gitea_merge_pull_request", issue_number=number)
+        assert pull.merged is not None
+
+
+@VERSIONS
+async def test_a_push_dismisses_the_approval_and_the_pull_request_is_reviewed_again(
+        tmp_path: Path, start: Started, version: str) -> None:
+    async with protected(tmp_path, start, version, dismiss_stale_approvals=True) as world:
+        emu = world.live.emulator
+        number = await in_review(world)
+        pull = pull_of(world, number)
+        await approve(world, number)
+        await world.settle()
+        emu.push_commit(OWNER, REPO, pull.issue.head_branch, {"late.txt": "late\n"}, pusher=AUTHOR)
+        await world.settle()
+        assert [r.dismissed for r in pull.reviews if r.state == "APPROVED"] == [True]
+        refused, doc = await tool(world, MERGER, "gitea_merge_pull_request", issue_number=number)
+        assert refused and doc["details"]["reason"] == "approval_withdrawn", doc
+        assert pull.merged is None
+        # The next run of the queues (a status, a label, catch-up) hands the new head to a reviewer.
+        await auto_allocate(runtime(world), trigger="test", delivery_id=None)
+        await world.settle()
+        lease = await live_lease(world, number)
+        assert lease is not None and lease.action == "review", lease
+
+
+@VERSIONS
+async def test_a_required_status_waits_pending_goes_back_failing_and_merges_passing(
+        tmp_path: Path, start: Started, version: str) -> None:
+    async with protected(tmp_path, start, version, enable_status_check=True,
+                         status_check_contexts=["ci/*"]) as world:
+        emu = world.live.emulator
+        number = await in_review(world)
+        pull = pull_of(world, number)
+        await approve(world, number)
+        await world.settle()
+        # No status yet, then pending: the merge waits, and no merger is handed it.
+        refused, doc = await tool(world, MERGER, "gitea_merge_pull_request", issue_number=number)
+        assert refused and doc["details"]["reason"] == "status_pending", doc
+        assert "status check ci/* pending" in doc["message"], doc
+        emu.set_commit_status(OWNER, REPO, pull.head_sha(), context="ci/build", state="pending", notify=True)
+        await world.settle()
+        assert await live_lease(world, number) is None
+        refused, doc = await tool(world, MERGER, "gitea_merge_pull_request", issue_number=number)
+        assert refused and "status check ci/build pending" in doc["message"], doc
+        # Failing: back to the author, with the context and where to read it.
+        emu.set_commit_status(OWNER, REPO, pull.head_sha(), context="ci/build", state="failure",
+                              target_url="https://ci.example/build/7", description="2 tests failed", notify=True)
+        await world.settle()
+        lease = await live_lease(world, number)
+        assert lease is not None and (lease.owner, lease.action) == (AUTHOR, "implement"), lease
+        assert lease.request.get("source") == "status_failed", lease.request
+        assert world.labels(number) == ["status:in-progress"]
+        state = parse_comment(evidence(world, number, "goes back to")).current
+        assert state is not None and "ci/build" in state.next_prompt, state
+        assert "https://ci.example/build/7" in state.next_prompt, state
+        # The author fixes it; the new head is reviewed, its status passes, and it merges.
+        context = await ok(world, AUTHOR, "gitea_get_runtime_context")
+        if "gitea_bootstrap_issue_worktree" in context["exact_next_action"]:
+            await ok(world, AUTHOR, "gitea_bootstrap_issue_worktree", issue_number=number)
+            context = await ok(world, AUTHOR, "gitea_get_runtime_context")
+        path = Path(context["leases"][0]["worktree_path"])
+        await ok(world, AUTHOR, "gitea_lock_issue", issue_number=number)
+        (path / "fix.txt").write_text("fixed\n", encoding="utf-8")
+        await ok(world, AUTHOR, "gitea_publish_worktree", issue_number=number, message="Fix the build")
+        await ok(world, AUTHOR, "gitea_open_pull_request", issue_number=number)
+        await world.settle()
+        await approve(world, number)
+        emu.set_commit_status(OWNER, REPO, pull.head_sha(), context="ci/build", state="success", notify=True)
+        await world.settle()
+        lease = await live_lease(world, number)
+        assert lease is not None and (lease.owner, lease.action) == (MERGER, "merge"), lease
+        await ok(world, MERGER, "gitea_merge_pull_request", issue_number=number)
+        assert pull.merged is not None
+
+
+@VERSIONS
+async def test_two_approved_pull_requests_merge_back_to_back_through_the_checking_state(
+        tmp_path: Path, start: Started, version: str) -> None:
+    async with protected(tmp_path, start, version) as world:
+        emu = world.live.emulator
+        first = await in_review(world, "Make the widget blue")
+        await approve(world, first)
+        second = await in_review(world, "Make the widget round")
+        await approve(world, second)
+        await world.settle()
+        emu.mergeability_delay_s = 1.0  # Gitea re-tests the other PR after the first merge moves the base
+        await ok(world, MERGER, "gitea_merge_pull_request", issue_number=first)
+        assert pull_of(world, second).mergeable is False or pull_of(world, second).merged is None
+        doc = await ok(world, MERGER, "gitea_merge_pull_request", issue_number=second)
+        assert pull_of(world, second).merged is not None
+        assert doc.get("attempts", 1) > 1 and any("checking" in w for w in doc["waited"]), doc
+
+
+@VERSIONS
+async def test_a_conflict_is_handed_back_to_the_author_with_the_conflicting_files(
+        tmp_path: Path, start: Started, version: str) -> None:
+    async with protected(tmp_path, start, version) as world:
+        first = await in_review(world, "Make the widget blue", files={"widget.txt": "blue\n"})
+        await approve(world, first)
+        second = await in_review(world, "Make the widget round", files={"widget.txt": "round\n"})
+        await approve(world, second)
+        await world.settle()
+        await ok(world, MERGER, "gitea_merge_pull_request", issue_number=first)
+        await world.settle()
+        refused, doc = await tool(world, MERGER, "gitea_merge_pull_request", issue_number=second)
+        assert refused and doc["details"]["reason"] == "merge_conflict", doc
+        assert doc["details"]["conflicting_files"] == ["widget.txt"], doc
+        assert pull_of(world, second).merged is None
+        lease = await live_lease(world, second)
+        assert lease is not None and (lease.owner, lease.action) == (AUTHOR, "implement"), lease
+        assert lease.request.get("source") == "merge_conflict"
+        assert world.labels(second) == ["status:in-progress"]
+        state = parse_comment(evidence(world, second, "goes back to")).current
+        assert state is not None and "widget.txt" in state.next_prompt, state
