@@ -13,8 +13,10 @@ from typing import Any
 
 import pytest
 
+from bot.core.canonical import CanonicalState
 from bot.core.evidence import find_marker, parse_evidence
-from bot.verbs.leasing import LeaseGrant, grant_lease
+from bot.emulator.webhooks import expand_hook_events
+from bot.verbs.handback import HandBackSource, hand_back
 from state.leases import LeaseStore
 from tests.gitea_fixtures import OWNER, REPO
 from tests.review_support import LOOP, ROSTER, ok, pull_state, tool
@@ -68,13 +70,21 @@ async def approve(world: World, number: int) -> dict[str, Any]:
     return await ok(world, "author-2", "gitea_submit_review", issue_number=number, verdict="approve")
 
 
-async def hand_back(world: World, number: int) -> None:
-    """The merge-blocked hand-back (built beside this verb): author-1 holds the issue's implement lease again."""
+async def back_to_author(world: World, number: int, source: HandBackSource = "branch_outdated") -> None:
+    """The merge's hand-back (bot/verbs/handback.py, as the merge queue runs it on a refused merge): author-1 holds
+    the issue's implement lease again, the issue is in status:in-progress."""
     service = world.service
-    async with service.db.transaction() as conn:
-        await grant_lease(conn, LeaseStore(service.db), service.settings, LeaseGrant(
-            issue_number=number, owner="author-1", action="implement", actor="foreman",
-            request={"source": "merge_blocked"}), datetime.now(UTC))
+    next_action = (f"author-1: call gitea_update_pull_request with issue_number={number}" if source != "merge_conflict"
+                   else f"author-1: merge the base into the branch of #{number}")
+    state = CanonicalState(state="in-progress", who_is_next="author", next_action=next_action, next_prompt="",
+                           what_happened="the merge was refused", why="the base moved past the head",
+                           related_prs=(), blockers="none", validation="test", last_updated_by="foreman-bot")
+    back = await hand_back(service.db, service.settings, issue=number, implementer="author-1", source=source,
+                           state=state, actor="author-3", now=datetime.now(UTC), delivery_id=None,
+                           key=f"test:{number}:{source}", detail={})
+    assert back is not None
+    await world.settle()
+    assert world.labels(number) == ["status:in-progress"]
 
 
 def move_base(world: World, files: dict[str, str]) -> str:
@@ -98,7 +108,7 @@ async def test_an_outdated_pull_request_is_updated_by_its_author_and_merges_afte
     number, pull, _ = await in_review(world, {"widget.txt": "blue\n"})
     await approve(world, number)
     base = move_base(world, {"other.txt": "unrelated\n"})
-    await hand_back(world, number)
+    await back_to_author(world, number)
     before = pull_state(world, pull)[2]
     doc = await ok(world, "author-1", "gitea_update_pull_request", issue_number=number)
     head = pull_state(world, pull)[2]
@@ -131,7 +141,7 @@ async def test_an_outdated_pull_request_is_updated_by_its_author_and_merges_afte
 async def test_a_replay_answers_the_recorded_update_and_never_updates_twice(world: World) -> None:
     number, pull, _ = await in_review(world, {"widget.txt": "blue\n"})
     move_base(world, {"other.txt": "unrelated\n"})
-    await hand_back(world, number)
+    await back_to_author(world, number)
     first = await ok(world, "author-1", "gitea_update_pull_request", issue_number=number)
     move_base(world, {"more.txt": "the base moves again\n"})  # behind again: a second update would merge it
     again = await ok(world, "author-1", "gitea_update_pull_request", issue_number=number)
@@ -152,7 +162,7 @@ async def test_a_conflicting_update_is_refused_and_loses_nothing_and_its_next_ac
     exact next action (merge the base in the worktree, resolve, publish, open the PR) brings the PR up to date."""
     number, pull, worktree = await in_review(world, {"widget.txt": "blue\n"})
     base = move_base(world, {"widget.txt": "red\n"})
-    await hand_back(world, number)
+    await back_to_author(world, number, "merge_conflict")
     await ok(world, "author-1", "gitea_bootstrap_issue_worktree", issue_number=number)  # the same worktree back
     await ok(world, "author-1", "gitea_lock_issue", issue_number=number)
     before, labels = pull_state(world, pull)[2], world.labels(number)
@@ -178,7 +188,7 @@ async def test_a_conflicting_update_is_refused_and_loses_nothing_and_its_next_ac
 
 async def test_a_pull_request_not_behind_its_base_is_refused_before_gitea_is_asked(world: World) -> None:
     number, _, _ = await in_review(world, {"widget.txt": "blue\n"})
-    await hand_back(world, number)
+    await back_to_author(world, number)
     refused, doc = await tool(world, "author-1", "gitea_update_pull_request", issue_number=number)
     assert refused and doc["error"] == "invalid_state" and doc["details"]["reason"] == "pull_not_behind", doc
     assert "gitea_open_pull_request" in doc["exact_next_action"]
@@ -206,7 +216,7 @@ async def test_gitea_refusing_the_authors_account_is_not_authorized(world: World
     """Gitea's 403 (IsUserAllowedToUpdate: author-1 may no longer write): gitea_refusal's not_authorized."""
     number, pull, _ = await in_review(world, {"widget.txt": "blue\n"})
     move_base(world, {"other.txt": "unrelated\n"})
-    await hand_back(world, number)
+    await back_to_author(world, number)
     world.live.emulator.set_permission(OWNER, REPO, "author-1", "read")
     before = pull_state(world, pull)[2]
     refused, doc = await tool(world, "author-1", "gitea_update_pull_request", issue_number=number)
@@ -220,7 +230,7 @@ async def test_after_an_update_the_next_publish_builds_on_the_branch_as_gitea_ha
     forced)."""
     number, pull, worktree = await in_review(world, {"widget.txt": "blue\n"})
     base = move_base(world, {"other.txt": "unrelated\n"})
-    await hand_back(world, number)
+    await back_to_author(world, number)
     updated = await ok(world, "author-1", "gitea_update_pull_request", issue_number=number)
     await ok(world, "author-2", "gitea_claim_review", issue_number=number)
     await ok(world, "author-2", "gitea_submit_review", issue_number=number, verdict="request_changes",
@@ -238,7 +248,7 @@ async def test_after_an_update_the_next_publish_builds_on_the_branch_as_gitea_ha
 async def test_after_a_rebase_update_the_next_publish_is_refused_with_the_git_command(world: World) -> None:
     number, pull, worktree = await in_review(world, {"widget.txt": "blue\n"})
     move_base(world, {"other.txt": "unrelated\n"})
-    await hand_back(world, number)
+    await back_to_author(world, number)
     updated = await ok(world, "author-1", "gitea_update_pull_request", issue_number=number, style="rebase")
     assert updated["style"] == "rebase" and not contains(world, updated["head_before"], updated["head_sha"])
     await ok(world, "author-2", "gitea_claim_review", issue_number=number)
@@ -257,3 +267,70 @@ async def test_after_a_rebase_update_the_next_publish_is_refused_with_the_git_co
     published = await ok(world, "author-1", "gitea_publish_worktree", issue_number=number, message="Bigger")
     assert git(world, "rev-parse", f"{published['commit']}^") == updated["head_sha"]
     assert (worktree / "size.txt").read_text() == "big\n"
+
+
+LIFE_ROSTER = {"author-1": ["author"], "reviewer-1": ["reviewer"], "reviewer-2": ["reviewer"], "merger-1": ["merger"]}
+
+
+async def agent_turn(world: World, login: str) -> str | None:
+    """One agent's turn, as tests/test_queues_life.py's agents take it, with the update a hand-back names."""
+    context = await ok(world, login, "gitea_get_runtime_context")
+    if not context["leases"]:
+        return None
+    lease = context["leases"][0]
+    n, action, next_action = lease["issue_number"], lease["action"], context["exact_next_action"]
+    if action == "review":
+        await ok(world, login, "gitea_submit_review", issue_number=n, verdict="approve")
+        return f"{login} approved #{n}"
+    if action == "merge":
+        await ok(world, login, "gitea_merge_pull_request", issue_number=n)
+        return f"{login} merged #{n}"
+    if "gitea_update_pull_request" in next_action:
+        await ok(world, login, "gitea_update_pull_request", issue_number=n)
+        return f"{login} updated #{n}"
+    if "gitea_bootstrap_issue_worktree" in next_action:
+        await ok(world, login, "gitea_bootstrap_issue_worktree", issue_number=n)
+        return f"{login} bootstrapped #{n}"
+    await ok(world, login, "gitea_lock_issue", issue_number=n)
+    (Path(lease["worktree_path"]) / f"issue-{n}.txt").write_text(f"done #{n}\n", encoding="utf-8")
+    await ok(world, login, "gitea_publish_worktree", issue_number=n, message=f"Implement #{n}")
+    await ok(world, login, "gitea_open_pull_request", issue_number=n)
+    return f"{login} opened the PR of #{n}"
+
+
+@pytest.mark.parametrize("version", ["1.22.3", "1.26.3"])
+async def test_an_outdated_branch_goes_through_its_life_with_the_queues(
+    tmp_path: Path, start: Started, version: str
+) -> None:
+    """Branch protection blocks an outdated branch: the base moves after the PR opened, the approved PR is handed
+    back by the merge queue, the author's runtime context names gitea_update_pull_request, and after the update a
+    re-review and the merge end the issue's life, with nobody but the agents acting."""
+    tokens = {login: EXTRA_TOKENS[login] for login in LIFE_ROSTER}
+    async with open_world(tmp_path, start, roster=LIFE_ROSTER, gitea={"identity_tokens": tokens},
+                          bootstrap={"on_allocate": "run"}, reconcile={"interval_s": 0}) as world:
+        emu = world.live.emulator
+        emu.version = version
+        for login in LIFE_ROSTER:
+            emu.set_permission(OWNER, REPO, login, "write")
+        world.hook.events = expand_hook_events(["issues", "pull_request"])
+        emu.protect_branch(OWNER, REPO, "main", block_on_outdated_branch=True)
+        number = await world.open_issue("alice", TITLE)
+        await world.call("alice", "POST", f"/issues/{number}/labels", {"labels": ["status:ready"]})
+        steps: list[str] = []
+        for _ in range(30):
+            if world.labels(number) == ["status:done"]:
+                break
+            for login in LIFE_ROSTER:
+                did = await agent_turn(world, login)
+                if did is not None:
+                    steps.append(did)
+                    if did.endswith(f"opened the PR of #{number}") and not any("updated" in s for s in steps):
+                        move_base(world, {"other.txt": "the base moves on\n"})
+            await world.settle()
+        else:
+            raise AssertionError(f"the life never ended: {steps}; labels {world.labels(number)}")
+        assert [s for s in steps if "updated" in s] == [f"author-1 updated #{number}"], steps
+        assert sum(" approved " in s for s in steps) == 2 and steps[-1] == f"merger-1 merged #{number}", steps
+        ends = [(lease.action, lease.end_reason) for lease in await LeaseStore(world.service.db).history(FULL_NAME,
+                                                                                                       number)]
+        assert ("implement", "pull_request_updated") in ends, ends
