@@ -23,6 +23,7 @@ import bot.verbs.merge
 import bot.verbs.publish
 import bot.verbs.pulls
 import bot.verbs.review
+import bot.verbs.update
 import bot.verbs.worktree  # noqa: F401  (the worktree bootstrap and its verbs)
 from bot.config import Settings
 from bot.verbs.runtime import BootstrapFactory, G, VerbRuntime, registered_bootstrap, registry

@@ -31,6 +31,7 @@ USAGE: dict[str, str] = {
     "/merge": "/merge",
     "/publish": "/publish MESSAGE ...",
     "/open-pr": "/open-pr",
+    "/update-pr": "/update-pr [--style merge|rebase]",
 }
 
 
@@ -115,6 +116,8 @@ def _arguments(word: str, words: list[str]) -> dict[str, Any]:
         return found
     if word == "/bootstrap":
         return _options(word, words, {}, {"--expected-base": "expected_base", "--key": "idempotency_key"})
+    if word == "/update-pr":
+        return _options(word, words, {}, {"--style": "style"})
     if word == "/release":
         if any(w.startswith("--") for w in words):
             raise CommandError(word, "the reason is plain words; /release takes no options")

@@ -324,6 +324,9 @@ async def _drive_every_route(live: LiveEmulator, sink: WebhookSink, used: set[st
     with pytest.raises(GiteaConflict):
         await guild.create_pull("feat", title="again", base="main")
     assert (await guild.get_pull(pr.number)).head_sha == pr.head_sha
+    emu.create_branch("guild", "tools", "main", files={"g.txt": "g\n"})  # the base moves on: the PR is behind
+    await guild.update_pull(pr.number, style="merge")
+    pr = await guild.get_pull(pr.number)
     assert [p.number for p in await guild.list_pulls(limit=1)] == [pr.number]
     reviewer = CallLog(
         GiteaClient(

@@ -163,7 +163,7 @@ EVERY_ROLE = [
     [
         ("tok-controller", ["gitea_allocate_next_work", *EVERY_ROLE, "gitea_assess_work_issue_duplicate"]),
         ("tok-author-1", [*EVERY_ROLE, "gitea_publish_worktree", "gitea_open_pull_request",
-                          "gitea_assess_work_issue_duplicate"]),
+                          "gitea_update_pull_request", "gitea_assess_work_issue_duplicate"]),
         ("tok-rev-1", [*EVERY_ROLE, "gitea_assess_work_issue_duplicate", "gitea_claim_review",
                        "gitea_submit_review"]),
         ("tok-merge-1", [*EVERY_ROLE, "gitea_assess_work_issue_duplicate", "gitea_merge_pull_request"]),

@@ -104,6 +104,8 @@ def test_malformed_or_repeated_scalar_comment_arguments_refuse(body: str) -> Non
          {"expected_base": "abc", "idempotency_key": "k1"}),
         ("/publish Add the parser", "publish_worktree", {"message": "Add the parser"}),
         ("/open-pr", "open_pull_request", {}),
+        ("/update-pr", "update_pull_request", {}),
+        ("/update-pr --style rebase", "update_pull_request", {"style": "rebase"}),
     ],
 )
 def test_every_command_names_its_verb(body: str, verb: str, arguments: dict[str, Any]) -> None:
@@ -112,7 +114,8 @@ def test_every_command_names_its_verb(body: str, verb: str, arguments: dict[str,
 
 
 @pytest.mark.parametrize("body", ["/heartbeat now", "/lock 5", "/release --force", "/bootstrap --base x", "/publish",
-                                  "/publish --force now", "/open-pr 5"])
+                                  "/publish --force now", "/open-pr 5", "/update-pr rebase",
+                                  "/update-pr --style"])
 def test_malformed_commands_are_errors(body: str) -> None:
     with pytest.raises(CommandError):
         parse_command(body)
@@ -121,7 +124,7 @@ def test_malformed_commands_are_errors(body: str) -> None:
 def test_commands_come_from_the_verb_table() -> None:
     """One table: every offered command is a verb's `command`, and each has its usage line."""
     assert set(COMMANDS) == set(USAGE) == {"/allocate", "/bootstrap", "/lock", "/heartbeat", "/release",
-                                           "/claim-review", "/merge", "/publish", "/open-pr"}
+                                           "/claim-review", "/merge", "/publish", "/open-pr", "/update-pr"}
     assert all(COMMANDS[word].command == word and COMMANDS[word].executable for word in COMMANDS)
 
 

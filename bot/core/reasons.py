@@ -45,6 +45,8 @@ VerbReason = Literal[
     # a push Gitea rejected, a fast-forward-only merge on a diverged base, Gitea's own protection refusal
     "mergeability_checking", "merge_conflict", "merger_not_allowed", "merge_push_rejected", "base_diverged",
     "protection_refused",
+    # the update of a PR from its base (a conflict, a PR not behind), and the publish after one (bot/verbs/update.py)
+    "update_conflict", "pull_not_behind", "branch_behind_remote",
 ]
 
 RefusalReason = Literal[VerbReason, MergeBlock, BlockReason]

@@ -410,6 +410,22 @@ _VERBS: tuple[Verb, ...] = (
         command="/open-pr",
     ),
     _verb(
+        "update_pull_request",
+        "bring the issue's pull request up to date with its base on Gitea (merge the base in, or rebase onto it) as"
+        " you, and hand the issue back to review: your implement lease ends (pull_request_updated)",
+        roles=frozenset({"author"}),
+        gates=(PRECONDITION_OWNERSHIP,),
+        effect="mutate",
+        next_verbs=("get_issue_state", "get_runtime_context"),
+        params=(
+            _issue(),
+            Param("style", "choice", "how Gitea updates the branch: merge (a merge commit of the base, the default) or"
+                  " rebase (the branch rebased onto the base and force-pushed)", default="merge",
+                  choices=("merge", "rebase")),
+        ),
+        command="/update-pr",
+    ),
+    _verb(
         "assess_work_issue_duplicate",
         "find duplicate work on an issue: a linked open pull request, a conflicting branch, an active claim",
         roles=ALL_ROLES,

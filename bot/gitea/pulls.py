@@ -1,4 +1,4 @@
-"""The pull-request calls of the Gitea client: open, read, review, merge and delete a branch."""
+"""The pull-request calls of the Gitea client: open, read, review, update from the base, merge and delete a branch."""
 
 from __future__ import annotations
 
@@ -109,6 +109,18 @@ class PullRequestCalls(RepositoryEndpoint):
             if exc.status == 405:
                 raise GiteaInvalid(exc.message, status=405, method="POST", path=path) from exc
             raise
+
+    async def update_pull(self, number: int, *, style: Literal["merge", "rebase"] = "merge") -> None:
+        """Bring PR ``number``'s head branch up to date with its base (``POST /pulls/{index}/update?style=``, Gitea's
+        ``UpdatePullRequest``): ``merge`` commits the base into the head ("Merge branch '<base>' into <head>", as the
+        calling account), ``rebase`` rebases the head onto the base and force-pushes it.
+
+        A conflict is GiteaConflict (409 "merge failed because of conflict" / "rebase failed because of conflict",
+        1.22 to 1.26); a merged or closed PR GiteaInvalid (422); an account that may not push to the head branch
+        (or rebase-update it) GiteaForbidden (403, empty body); no such PR GiteaNotFound. A head already up to date
+        is Gitea's **500** (services/pull/update.go: "HeadBranch of PR N is up to date" goes to APIErrorInternal),
+        indistinguishable from an outage: ask only about a PR that is behind. Never retried (a POST)."""
+        await self._call("POST", f"{self._repo_path}/pulls/{int(number)}/update", data=b"", query={"style": style})
 
     async def is_merged(self, number: int) -> bool:
         """Whether PR ``number`` was merged (Gitea: 204 merged, 404 not merged or no such PR)."""

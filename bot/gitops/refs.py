@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from typing import Literal
 
 from bot.gitops.errors import GitFailure
 from bot.gitops.gitfiles import GIT_SPACE, OID_RE, read_small, refname_problem, symbolic_head
@@ -189,6 +190,29 @@ class RefStore(GitRepository):
         """``older`` is ``newer`` or one of its ancestors (False when either is unknown here)."""
         status, _, _ = self.git.attempt("merge-base", "--is-ancestor", older, newer)
         return status == 0
+
+    def update_from_base(self, local: str, remote: str, base: str) -> Literal["merge", "rebase"] | None:
+        """How ``remote`` is exactly ``local`` brought up to date with ``base`` (Gitea's "update branch",
+        services/pull/update.go), or None when it is anything else (a foreign push, another rewrite).
+
+        ``merge``: ``remote`` is a merge commit whose first parent is ``local`` and second an ancestor of ``base``,
+        with exactly the tree git's own merge of the two gives (``merge-tree --write-tree``: no change of its own).
+        ``rebase``: every commit ``local`` has beyond ``remote`` has its patch in ``remote``, and every commit
+        ``remote`` has beyond ``base`` and ``local`` has its patch in ``local`` (``git cherry``, by patch id)."""
+        status, out, _ = self.git.attempt("rev-list", "--parents", "-n", "1", remote)
+        parents = out.split()[1:] if status == 0 else []
+        if len(parents) == 2 and parents[0] == local and self.is_ancestor(parents[1], base):
+            status, merged, _ = self.git.attempt("merge-tree", "--write-tree", "--no-messages", local, parents[1])
+            found, tree, _ = self.git.attempt("rev-parse", "--verify", "-q", f"{remote}^{{tree}}")
+            return "merge" if status == found == 0 and merged.split()[:1] == [tree.strip()] else None
+        if self.is_ancestor(local, remote) or not self.is_ancestor(base, remote):
+            return None
+        ours = self.git.attempt("cherry", remote, local)
+        theirs = self.git.attempt("cherry", local, remote, base)
+        if ours[0] != 0 or theirs[0] != 0:
+            return None
+        lines = ours[1].splitlines() + theirs[1].splitlines()
+        return "rebase" if lines and all(line.startswith("- ") for line in lines) else None
 
     def commits_between(self, base: str, head: str) -> int | None:
         """How many commits ``head`` has that ``base`` has not (None when either is unknown here)."""

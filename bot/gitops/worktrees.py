@@ -52,6 +52,14 @@ class WorktreeOperations(WorktreeRegistrations):
         outside the registry: bootstraps of one repository check out side by side."""
         self.worktree_git(path, registry=False).run("reset", "--hard", "--no-recurse-submodules", "--quiet")
 
+    def fast_forward_worktree(self, path: Path, sha: str) -> str | None:
+        """Move a worktree's branch and files forward to ``sha``, a descendant of its HEAD (``git merge --ff-only
+        --no-stat <sha>`` run there: a two-way checkout that carries uncommitted changes along and refuses, changing
+        nothing, when one would be overwritten). No hook, filter or merge driver runs (the neutral configuration).
+        None when done, else git's refusal (its last lines)."""
+        status, _, err = self.worktree_git(path).attempt("merge", "--ff-only", "--no-stat", "--quiet", sha)
+        return None if status == 0 else (err.strip() or f"git merge --ff-only exited {status}")[-400:]
+
     def detach_head(self, path: Path, message: str) -> str:
         """Detach a worktree's HEAD where it is (``update-ref --no-deref HEAD <its commit>``, only if HEAD still
         resolves there), so it holds no branch; its index and files are not touched. Returns the commit. Run on the

@@ -99,8 +99,9 @@ def _once(markers: Counter[str], key: str) -> str | None:
 #: How the end reason of a lease foreman released for a failed or impossible bootstrap begins (bot.verbs.bootstrap,
 #: bot.verbs.allocate): such a release also takes the owner off the issue's assignees.
 _FAILED_ENDS = ("bootstrap failed", "unworkable")
-#: The end reason of an authoring lease the opening of its issue's pull request ended (bot/verbs/pulls.py).
-HANDOVER_REASON = "pull_request_opened"
+#: The end reasons of an authoring lease the opening of its issue's pull request, or the PR's update from its base,
+#: ended (bot/verbs/pulls.py, bot/verbs/update.py): either hands the issue to review with a ``pr:...:evidence``.
+HANDOVER_REASONS = ("pull_request_opened", "pull_request_updated")
 
 
 def _leases(facts: Facts) -> list[Violation]:

@@ -27,7 +27,8 @@ INVARIANTS: dict[str, str] = {
     "leases.end_evidence": "every released lease has evidence of its end: its release comment, the failure"
     " comment of the compensated bootstrap that released it, or the comment of an allocation that released it"
     " because its worktree could not be bootstrapped (<lease>:unworkable), the verdict comment of a review lease"
-    " (<lease>:review), the evidence of the pull request whose opening ended it (pull_request_opened), or the"
+    " (<lease>:review), the evidence of the pull request whose opening or update ended it (pull_request_opened,"
+    " pull_request_updated), or the"
     " teardown that ended it",
     "leases.assigned": "every live implement lease's owner is an assignee of its issue in Gitea (a review lease"
     " assigns nobody)",

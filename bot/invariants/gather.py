@@ -17,7 +17,7 @@ from bot.core.teardown import closing_issue
 from bot.core.vocabulary import label_for_state
 from bot.gitea import Comment, Issue, IssueState, IssueType, PullRequest
 from bot.gitops.records import parse_worktree_porcelain
-from bot.invariants.checks import HANDOVER_REASON, real_path
+from bot.invariants.checks import HANDOVER_REASONS, real_path
 from state.db import read_only
 from state.deliveries import DeliveryStore
 from state.grants import GrantStore
@@ -129,7 +129,7 @@ async def gather_db(path: Path | str, *, repo: str | None = None) -> facts.DbFac
     )
     # A PR's evidence is a lease's end record only when the PR's opening really ended it (a lease released or
     # expired meanwhile has its own end record to show).
-    handed_over = {lease.lease_id for lease in lease_rows if lease.end_reason == HANDOVER_REASON}
+    handed_over = {lease.lease_id for lease in lease_rows if lease.end_reason in HANDOVER_REASONS}
     handovers = tuple(
         (lease_id, e.key) for e in entries if e.kind == "comment" and e.key.startswith("pr:")
         and e.key.endswith(":evidence") and (lease_id := _handed_over(e.payload)) in handed_over

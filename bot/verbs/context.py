@@ -12,6 +12,7 @@ from bot import gitops
 from bot.core.gateway import GatewayContext
 from bot.core.verbs import PRECONDITION_WORKTREE, VERBS, Verb, evaluate
 from bot.gitea import Branch, GiteaError, Repository
+from bot.verbs.handback import HAND_BACK_SOURCES
 from bot.verbs.queue_view import work_queues
 from bot.verbs.review import ReviewGitea
 from bot.verbs.runtime import Caller, CallOptions, VerbResult, VerbRuntime, executes
@@ -62,7 +63,11 @@ async def runtime_context(
 
 
 def _handed_back(lease: Lease) -> bool:
-    return lease.request.get("source") == "request_changes"
+    return lease.request.get("source") in HAND_BACK_SOURCES
+
+
+#: Hand-backs of a pull request behind its base (bot/verbs/handback.py): the author's next call updates it.
+_OUTDATED = frozenset({"branch_outdated", "base_diverged"})
 
 
 async def _lease_doc(rt: VerbRuntime[ContextGitea], lease: Lease, now: datetime) -> dict[str, Any]:
@@ -138,6 +143,10 @@ async def _next_action(rt: VerbRuntime[ContextGitea], caller: Caller, mine: list
         if lease.action == "merge":
             return (f"call gitea_merge_pull_request with issue_number={n} (it merges exactly the approved commit); "
                     f"call gitea_heartbeat_lease with issue_number={n} before {until}")
+        if lease.request.get("source") in _OUTDATED:  # handed back behind its base: Gitea updates it, no worktree
+            return (f"call gitea_update_pull_request with issue_number={n} (Gitea brings its pull request up to date "
+                    f"with the base; it then goes back to review); call gitea_heartbeat_lease with issue_number={n} "
+                    f"before {until}")
         bootstrap = await rt.worktree_bootstrap()
         if bootstrap is not None and not await bootstrap.worktree_registered(issue_number=n, owner=caller.login):
             return f"call gitea_bootstrap_issue_worktree with issue_number={n}"

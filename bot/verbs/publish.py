@@ -96,13 +96,12 @@ async def _run(
         await asyncio.to_thread(checkout.check_worktree, worktree)
     except gitops.WorktreeRefused as exc:
         raise _Refused(worktree_refused(exc, issue)) from exc
-    parent = await asyncio.to_thread(checkout.branch_sha, branch)
-    key = _key(values, lease, message, parent)
-    pub = await store.get(rt.repo, key)
-    if pub is None and not isinstance(values.get("idempotency_key"), str):
-        # Without a key, the same message again resumes this lease's publish that a crash or a refusal left
-        # unfinished (its commit may already be the branch head, which changed the derived key).
-        pub = await store.unfinished(rt.repo, issue, lease.lease_id, _digest(message))
+    pub, parent, key = await _find(rt, store, checkout, values, lease, branch, message)
+    caught_up: dict[str, str] | None = None
+    if pub is None or pub.phase == "started":  # nothing committed yet: build on the branch as Gitea has it
+        caught_up = await asyncio.to_thread(_catch_up, checkout, ctx, branch, worktree, issue)
+        if caught_up is not None and pub is None:
+            pub, parent, key = await _find(rt, store, checkout, values, lease, branch, message)
     if pub is not None and pub.message_digest != _digest(message):
         raise _Refused(envelope(
             "conflict", f"idempotency key {values.get('idempotency_key')!r} was used with another message",
@@ -126,7 +125,74 @@ async def _run(
         remote = await asyncio.to_thread(_push, checkout, ctx, pub)
         async with rt.db.transaction() as conn:
             pub = await store.advance(conn, pub, "pushed", remote_before=remote or "", now=rt.clock())
-    return await _verify(rt, verb, caller, pub, delivery_id)
+    return await _verify(rt, verb, caller, pub, delivery_id, caught_up)
+
+
+async def _find(
+    rt: VerbRuntime[PublishGitea], store: PublicationStore, checkout: gitops.ControlCheckout,
+    values: Mapping[str, object], lease: Lease, branch: str, message: str,
+) -> tuple[Publication | None, str | None, str]:
+    """The publish this call names, the branch head and the call's key (derived from the head without one)."""
+    parent = await asyncio.to_thread(checkout.branch_sha, branch)
+    key = _key(values, lease, message, parent)
+    pub = await store.get(rt.repo, key)
+    if pub is None and not isinstance(values.get("idempotency_key"), str):
+        # Without a key, the same message again resumes this lease's publish that a crash or a refusal left
+        # unfinished (its commit may already be the branch head, which changed the derived key).
+        pub = await store.unfinished(rt.repo, lease.issue_number, lease.lease_id, _digest(message))
+    return pub, parent, key
+
+
+def _catch_up(checkout: gitops.ControlCheckout, ctx: BootstrapContext, branch: str, worktree: Path, issue: int) -> (
+    dict[str, str] | None
+):
+    """The issue branch on Gitea moved past the worktree's by exactly an update of its pull request from its base
+    (gitea_update_pull_request, or Gitea's "Update branch"; ``update_from_base``). By a merge: the worktree is
+    fast-forwarded to it before anything is committed (``fast_forward_worktree``: uncommitted changes are carried
+    along, never overwritten), so the publish builds on it and its push is a fast-forward; returns where it moved. By
+    a rebase (the branch rewritten on Gitea), or a fast-forward git refuses (it would overwrite an uncommitted
+    change): refused before anything is committed, with the git command that brings the worktree there. None for
+    anything else, left to the push as before (a branch behind the worktree's is pushed; one moved otherwise, by a
+    foreign push, is a ``stale_pin`` for the controller)."""
+    local = checkout.branch_sha(branch)
+    auth = gitops.auth_env(checkout.origin_url() or "", ctx.settings.gitea_token())
+    remote = checkout.remote_branch(branch, auth=auth)
+    head = gitops.symbolic_head(checkout.git_dir / "HEAD")
+    if local is None or remote is None or remote == local or head is None:
+        return None
+    default = head.removeprefix("refs/heads/")
+    for name in (branch, default):  # the branch as Gitea has it, and the base it was updated from
+        checkout.fetch(name, auth=auth)
+    base = checkout.rev(f"refs/remotes/origin/{default}")
+    style = checkout.update_from_base(local, remote, base) if base and checkout.rev(remote) else None
+    if style is None:
+        return None
+    if style == "rebase":
+        raise _Refused(envelope(
+            "conflict",
+            f"branch {branch} on Gitea is at {remote[:12]}: its pull request was rebased onto {default} there, so it "
+            f"no longer builds on your worktree's {local[:12]}; nothing was committed or pushed",
+            "Your changes stay in the worktree. Bring it onto the rebased branch (foreman fetched it: your commits "
+            "are in it already), then publish again; foreman never force-pushes.",
+            f"in your worktree run `git rebase --autostash {remote}` (resolve any conflict, then `git rebase "
+            f"--continue`), then call gitea_publish_worktree again with issue_number={issue}",
+            reason="branch_behind_remote", branch=branch, remote_sha=remote, local_sha=local, update=style))
+    refusal = checkout.fast_forward_worktree(worktree, remote)
+    if refusal is not None:
+        raise _Refused(envelope(
+            "conflict",
+            f"branch {branch} on Gitea is at {remote[:12]}: its pull request was updated from {default} there, ahead "
+            f"of your worktree's {local[:12]}, and moving the worktree there would overwrite uncommitted changes; "
+            "nothing was committed or pushed",
+            "Your changes stay in the worktree: set them aside, move the worktree to the branch as Gitea has it "
+            "(foreman fetched it), bring them back and resolve what conflicts.",
+            f"in your worktree run `git stash && git merge --ff-only {remote} && git stash pop`, resolve any "
+            f"conflict, then call gitea_publish_worktree again with issue_number={issue}",
+            reason="branch_behind_remote", branch=branch, remote_sha=remote, local_sha=local, update=style,
+            git=refusal))
+    log.info("publish of #%s: worktree fast-forwarded from %s to %s (updated from %s on Gitea)", issue, local, remote,
+             default)
+    return {"from": local, "to": remote, "update": style}
 
 
 def _commit(checkout: gitops.ControlCheckout, worktree: Path, branch: str, pub: Publication, message: str,
@@ -225,7 +291,7 @@ def stale_branch(pub: Publication, remote: str | None, detail: str) -> Envelope:
 
 
 async def _verify(rt: VerbRuntime[PublishGitea], verb: Verb, caller: Caller, pub: Publication,
-                  delivery_id: str | None) -> VerbResult:
+                  delivery_id: str | None, caught_up: dict[str, str] | None = None) -> VerbResult:
     """Read the branch back from Gitea; when it is the commit, record ``verified`` and queue the evidence in one
     transaction."""
     gitea: PublishGitea | None = rt.gitea
@@ -250,6 +316,7 @@ async def _verify(rt: VerbRuntime[PublishGitea], verb: Verb, caller: Caller, pub
         "issue_number": pub.issue_number, "branch": pub.branch, "commit": pub.commit_sha,
         "parent": pub.parent_sha, "remote_before": pub.remote_before or None, "publication": pub.key,
         "read_back": {"branch": pub.branch, "commit_id": seen}, "outbox": [key], "replayed": False,
+        **({"caught_up": caught_up} if caught_up is not None else {}),
     }
     state = CanonicalState(
         state="in-progress",

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
-from dataclasses import replace
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, replace
 from typing import Any, Protocol, runtime_checkable
 
 from bot.core.canonical import CanonicalState
@@ -35,9 +35,14 @@ from state.journal import JournalStore
 from state.leases import Lease, LeaseRefused
 from state.outbox import OutboxIntent, enqueue
 from state.publications import PublicationStore
+from state.sql import Connection
 
 #: The end reason of the authoring lease the PR's opening ends (the issue is handed to review).
 HANDOVER_REASON = "pull_request_opened"
+#: The end reason of the authoring lease the PR's update from its base ends (bot/verbs/update.py).
+UPDATE_REASON = "pull_request_updated"
+#: Every end of an authoring lease that hands its issue to review.
+HANDOVER_REASONS = (HANDOVER_REASON, UPDATE_REASON)
 
 
 @runtime_checkable
@@ -138,15 +143,19 @@ async def open_pull_request(
     key = values.get("idempotency_key")
     doc = await _record(rt, caller, issue, pr, branch, repo.default_branch, adopted, delivery_id, lease,
                         key if isinstance(key, str) else None)
-    # The author is free now: the next ready issue goes to the next idle author, as after a release, run by the
-    # service from the inbox (never inside this call: the caller does not wait for another bootstrap).
-    ended = doc["handed_over"]["lease_id"]
-    if ended is not None:
-        queue = registry().queue_allocation  # the queued triggers' (bot/loops/triggers.py)
-        queued = await queue(rt, HANDOVER_REASON, ended) if queue is not None else None
-        if queued is not None:
-            doc = {**doc, "auto_allocation": {"trigger": HANDOVER_REASON, "queued": queued}}
-    return rt.done(verb, caller, doc)
+    return rt.done(verb, caller, await queue_after_hand_over(rt, doc))
+
+
+async def queue_after_hand_over(rt: VerbRuntime[Any], doc: dict[str, Any]) -> dict[str, Any]:
+    """The author is free after a hand-over to review (``doc["handed_over"]``): the next ready issue goes to the next
+    idle author, as after a release, run by the service from the inbox (never inside this call: the caller does not
+    wait for another bootstrap). ``doc`` with ``auto_allocation`` when a trigger was queued."""
+    ended, reason = doc["handed_over"]["lease_id"], doc["handed_over"]["reason"]
+    if ended is None:
+        return doc
+    queue = registry().queue_allocation  # the queued triggers' (bot/loops/triggers.py)
+    queued = await queue(rt, reason, ended) if queue is not None else None
+    return {**doc, "auto_allocation": {"trigger": reason, "queued": queued}} if queued is not None else doc
 
 
 @reads_facts(PRECONDITION_COMMITS)
@@ -165,40 +174,50 @@ async def open_pull_request_replay(
     lease they check): the caller's latest lease on the issue ended ``pull_request_opened`` by a call with the same
     idempotency key (none matches none), and the caller holds no live lease on it (then it is a new round)."""
     issue = issue_of(values)
-    ended = await _handed_over(rt, issue, caller.login)
+    detail = await handed_over_detail(rt, issue, caller.login, HANDOVER_REASON)
+    key = values.get("idempotency_key")
+    if detail is None or detail.get("idempotency_key") != (key if isinstance(key, str) else None):
+        return None
+    return rt.done(verb, caller, {**detail["result"], "replayed": True})
+
+
+async def handed_over_detail(
+    rt: VerbRuntime[Any], issue: int, login: str, reason: str
+) -> dict[str, Any] | None:
+    """The ``released`` event's detail of ``login``'s latest lease on the issue when a hand-over to review with
+    ``reason`` ended it and kept its answer (``result``); None otherwise (live, none, ended otherwise)."""
+    ended = await _handed_over(rt, issue, login, (reason,))
     if ended is None:
         return None
     released = [e for e in await rt.leases.events(ended.lease_id) if e["kind"] == "released"]
     detail = released[-1]["detail"] if released else {}
-    key = values.get("idempotency_key")
-    if not isinstance(detail.get("result"), dict) or detail.get("idempotency_key") != (
-            key if isinstance(key, str) else None):
-        return None
-    return rt.done(verb, caller, {**detail["result"], "replayed": True})
+    return detail if isinstance(detail.get("result"), dict) else None
 
 
 @replays("release_lease")
 async def release_after_handover_replay(
     rt: VerbRuntime[BootstrapGitea], verb: Verb, caller: Caller, values: Mapping[str, object]
 ) -> VerbResult | None:
-    """``gitea_release_lease`` by an author whose lease the PR's opening already ended (a run's reserved teardown
-    after ``gitea_open_pull_request``, an agent releasing out of habit): answered with that ended lease, changing
-    nothing. None (the door decides as always: the ownership gate refuses another identity's live lease) when the
-    issue has a live lease, whoever holds it, or the caller's latest lease on it did not end so."""
+    """``gitea_release_lease`` by an author whose lease a hand-over to review already ended (the PR's opening or its
+    update: a run's reserved teardown after ``gitea_open_pull_request`` or ``gitea_update_pull_request``, an agent
+    releasing out of habit): answered with that ended lease, changing nothing. None (the door decides as always: the
+    ownership gate refuses another identity's live lease) when the issue has a live lease, whoever holds it, or the
+    caller's latest lease on it did not end so."""
     issue = issue_of(values)
     if await rt.leases.live_for_issue(rt.repo, issue) is not None:
         return None
-    ended = await _handed_over(rt, issue, caller.login)
+    ended = await _handed_over(rt, issue, caller.login, HANDOVER_REASONS)
     if ended is None:
         return None
-    return rt.done(verb, caller, {"issue_number": issue, "lease": ended.to_dict(), "already_ended": HANDOVER_REASON,
+    return rt.done(verb, caller, {"issue_number": issue, "lease": ended.to_dict(), "already_ended": ended.end_reason,
                                   "outbox": []})
 
 
-async def _handed_over(rt: VerbRuntime[BootstrapGitea], issue: int, login: str) -> Lease | None:
-    """``login``'s latest lease on the issue, when the PR's opening ended it (None: live, none, or ended so)."""
+async def _handed_over(rt: VerbRuntime[Any], issue: int, login: str, reasons: tuple[str, ...]) -> Lease | None:
+    """``login``'s latest lease on the issue, when a hand-over with one of ``reasons`` ended it (None: live, none, or
+    ended otherwise)."""
     mine = [lease for lease in await rt.leases.history(rt.repo, issue) if lease.owner == login]
-    if not mine or mine[-1].status == "live" or mine[-1].end_reason != HANDOVER_REASON:
+    if not mine or mine[-1].status == "live" or mine[-1].end_reason not in reasons:
         return None
     return mine[-1]
 
@@ -223,18 +242,15 @@ async def _record(
     rt: VerbRuntime[BootstrapGitea], caller: Caller, issue: int, pr: PullRequest, branch: str, base: str, adopted: bool,
     delivery_id: str | None, lease: Lease | None, key: str | None,
 ) -> dict[str, Any]:
-    """Record the PR on the issue, end the authoring lease (``pull_request_opened``, the answer kept on its
-    release for a replay) and queue ``status:pr-open``, ``status:review`` and the evidence, in one transaction
-    (keys per PR and head: a replay queues nothing new, a round after requested changes moves the labels
-    again). A lease that ended meanwhile (expired) is reported, never an error: the PR is open either way."""
+    """Record the PR on the issue and hand the issue to review (``hand_to_review``: the authoring lease ends
+    ``pull_request_opened``), queueing ``status:pr-open``, ``status:review`` and the evidence (keys per PR and head:
+    a replay queues nothing new, a round after requested changes moves the labels again)."""
     prefix = f"pr:{issue}:{pr.number}:{pr.head_sha[:12]}"
     in_progress, pr_open, review = (label_for_state(s) for s in ("in-progress", "pr-open", "review"))
     doc: dict[str, Any] = {
         "issue_number": issue, "pull_request": pr.number, "head": pr.head_ref, "head_sha": pr.head_sha,
         "base": pr.base_ref, "url": pr.html_url, "adopted": adopted,
         "outbox": [f"{prefix}:pr-open", f"{prefix}:review", f"{prefix}:evidence"],
-        "handed_over": {"lease_id": lease.lease_id if lease is not None else None, "reason": HANDOVER_REASON,
-                        "who_is_next": "reviewer"},
     }
     state = CanonicalState(
         state="review",
@@ -249,26 +265,68 @@ async def _record(
         validation=f"pull request #{pr.number} read back from Gitea with head {pr.head_ref} at {pr.head_sha[:12]}",
         last_updated_by=rt.bot_login or rt.settings.gitea.bot_login or "foreman",
     )
-    store = PublicationStore(rt.db)
+
+    async def record(conn: Connection) -> None:
+        await PublicationStore(rt.db).record_pull(conn, repo=rt.repo, issue_number=issue, pr_number=pr.number,
+                                                  head=branch, base=base, opened_by=caller.login, adopted=adopted,
+                                                  now=rt.clock())
+
+    return await hand_to_review(rt, caller, lease, HandOver(
+        issue=issue, pull=pr, reason=HANDOVER_REASON, action="open_pull_request", prefix=prefix, state=state,
+        summary=f"Pull request #{pr.number} is open for #{issue}.",
+        labels=({"add": [pr_open], "remove": [in_progress]}, {"add": [review], "remove": [pr_open]}),
+        label_keys=(f"{prefix}:pr-open", f"{prefix}:review"), idempotency_key=key, also=record,
+    ), doc, delivery_id)
+
+
+@dataclass(frozen=True, slots=True)
+class HandOver:
+    """How a verb hands its issue to review: the authoring lease's end ``reason``, the evidence (``action``,
+    ``summary``, the Canonical Issue State; key ``<prefix>:evidence``), the label changes in order (each under its
+    key), the call's idempotency key kept on the release, and ``also``: the verb's own record in the same
+    transaction."""
+
+    issue: int
+    pull: PullRequest
+    reason: str
+    action: str
+    prefix: str
+    state: CanonicalState
+    summary: str
+    labels: tuple[dict[str, list[str]], ...]
+    label_keys: tuple[str, ...]
+    idempotency_key: str | None = None
+    also: Callable[[Connection], Awaitable[None]] | None = None
+
+
+async def hand_to_review(
+    rt: VerbRuntime[Any], caller: Caller, lease: Lease | None, hand: HandOver, doc: dict[str, Any],
+    delivery_id: str | None,
+) -> dict[str, Any]:
+    """In one transaction: end the authoring lease (``hand.reason``, with the PR, its head, the idempotency key and
+    the answer ``doc`` kept on its release for a replay), the verb's own record, the label changes and the evidence.
+    The lease ends first and the evidence is rendered after it, so it says what really happened: a lease that ended
+    meanwhile (expired, released) is no hand-over, named by neither the answer nor the evidence
+    (``handed_over.lease_id: null``), never an error (the PR is what it is on Gitea either way). ``doc`` gains
+    ``handed_over``."""
+    pr = hand.pull
+    doc["handed_over"] = {"lease_id": lease.lease_id if lease is not None else None, "reason": hand.reason,
+                          "who_is_next": "reviewer"}
     async with rt.db.transaction() as conn:
-        # The lease ends first: the evidence then says what really happened (a lease that ended meanwhile,
-        # expired or released, is no hand-over, and its evidence must not name it).
         if lease is not None:
             try:
-                await rt.leases.release(conn, lease.lease_id, actor=caller.login, reason=HANDOVER_REASON,
+                await rt.leases.release(conn, lease.lease_id, actor=caller.login, reason=hand.reason,
                                         now=rt.clock(), pull_request=pr.number, head_sha=pr.head_sha,
-                                        idempotency_key=key, result=doc)
+                                        idempotency_key=hand.idempotency_key, result=doc)
             except LeaseRefused:
                 doc["handed_over"]["lease_id"] = None  # it ended meanwhile (expired, swept): nothing to end
-        body = render_evidence(key=f"{prefix}:evidence", summary=f"Pull request #{pr.number} is open for #{issue}.",
-                               state=state, evidence={"action": "open_pull_request", "channel": caller.channel,
-                                                      "delivery": delivery_id, **doc})
-        await store.record_pull(conn, repo=rt.repo, issue_number=issue, pr_number=pr.number, head=branch, base=base,
-                                opened_by=caller.login, adopted=adopted, now=rt.clock())
-        await enqueue(conn, OutboxIntent(f"{prefix}:pr-open", issue, "labels",
-                                         {"add": [pr_open], "remove": [in_progress]}, delivery_id, repo=rt.repo))
-        await enqueue(conn, OutboxIntent(f"{prefix}:review", issue, "labels",
-                                         {"add": [review], "remove": [pr_open]}, delivery_id, repo=rt.repo))
-        await enqueue(conn, OutboxIntent(f"{prefix}:evidence", issue, "comment", {"body": body}, delivery_id,
-                                         repo=rt.repo))
+        body = render_evidence(key=f"{hand.prefix}:evidence", summary=hand.summary, state=hand.state,
+                               evidence={"action": hand.action, "channel": caller.channel, "delivery": delivery_id,
+                                         **doc})
+        if hand.also is not None:
+            await hand.also(conn)
+        for key, labels in zip(hand.label_keys, hand.labels, strict=True):
+            await enqueue(conn, OutboxIntent(key, hand.issue, "labels", labels, delivery_id, repo=rt.repo))
+        await enqueue(conn, OutboxIntent(f"{hand.prefix}:evidence", hand.issue, "comment", {"body": body},
+                                         delivery_id, repo=rt.repo))
     return doc

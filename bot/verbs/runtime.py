@@ -415,7 +415,8 @@ _E = TypeVar("_E", bound=Callable[..., Awaitable[object]])
 _LEASE_GATES = frozenset({"owns_lease", "owns_lease_or_controller", "live_lease"})
 #: Lease ends that hand the issue on by the life's own steps (the PR's opening, a verdict, the teardown): a later
 #: call of the old owner is refused as before, with no stranded-work explanation.
-_HANDED_ON = frozenset({"pull_request_opened", "reviewed", "merged", "pr_closed", "issue_closed"})
+_HANDED_ON = frozenset({"pull_request_opened", "pull_request_updated", "reviewed", "merged", "pr_closed",
+                        "issue_closed"})
 
 
 @dataclass

@@ -37,6 +37,7 @@ _GRANT_USES: Final[Mapping[str, tuple[frozenset[GrantEffect], Mapping[str, Any]]
         "merge_pull_request": (frozenset({"mutate"}), MappingProxyType({})),
         "publish_worktree": (frozenset({"mutate"}), MappingProxyType({})),
         "open_pull_request": (frozenset({"mutate"}), MappingProxyType({})),
+        "update_pull_request": (frozenset({"mutate"}), MappingProxyType({})),
         "assess_work_issue_duplicate": (frozenset({"read", "plan_only"}), MappingProxyType({})),
     }
 )
