@@ -445,7 +445,8 @@ class MergeConfig(ConfigSection):
     #: The commit status contexts (globs) a head needs to pass before it merges when no branch protection rule
     #: requires its own (``enable_status_check``); absent: the contexts seen on the base branch's last commit
     #: (none seen: none required); ``[]``: none.
-    require_status: list[str] | None = None
+    require_status: list[Annotated[str, Field(min_length=1, max_length=255)]] | None = Field(default=None,
+                                                                                       max_length=50)
     #: How long one merge call waits, retrying with backoff, while Gitea still checks the PR's mergeability (its
     #: 405 "Please try again later" after a push or another merge) before it answers ``mergeability_checking``.
     checking_wait_s: float = Field(default=20.0, ge=0, le=300)

@@ -36,6 +36,7 @@ def test_every_list_valued_key_is_known_to_this_audit() -> None:
     assert found == {
         "webhook.secrets", "allocator.priority_labels", "allocator.protected_issues", "allocator.protected_labels",
         "roster", "repositories", "mcp.token_digests", "mcp.allowed_origins", "allocator.queues",
+        "merge.require_status",
     }
 
 
@@ -50,6 +51,7 @@ def test_every_list_valued_key_is_known_to_this_audit() -> None:
         ({"FOREMAN_ALLOCATOR__PRIORITY_LABELS": '"priority:p0"'}, "allocator.priority_labels"),
         ({"FOREMAN_ALLOCATOR__PROTECTED_LABELS": "{}"}, "allocator.protected_labels"),
         ({"FOREMAN_ROSTER__ALICE": "author"}, "roster.alice"),
+        ({"FOREMAN_MERGE__REQUIRE_STATUS": "ci/build"}, "merge.require_status"),
         # a list with a bad element
         ({"FOREMAN_ALLOCATOR__PROTECTED_ISSUES": '[617, "x"]'}, "allocator.protected_issues.1"),
         ({"FOREMAN_ALLOCATOR__PROTECTED_ISSUES": '[617, "618"]'}, "allocator.protected_issues.1"),
@@ -84,6 +86,8 @@ def test_a_list_from_the_environment_takes_every_element_or_refuses_naming_the_k
         ("[allocator]\npriority_labels = 'priority:p0'\n", "allocator.priority_labels"),
         ("[allocator]\nprotected_labels = ['', 'keep']\n", "allocator.protected_labels.0"),
         ("[roster]\nalice = 'author'\n", "roster.alice"),
+        ("[merge]\nrequire_status = 'ci/build'\n", "merge.require_status"),
+        ("[merge]\nrequire_status = ['ci/build', '']\n", "merge.require_status.1"),
         ("[webhook]\nsecrets = 'a-secret-of-sufficient-length'\n", "webhook.secrets"),
         ("repositories = 'acme/widgets'\n", "repositories"),
         ("[mcp]\nallowed_origins = 'https://agents.example'\n", "mcp.allowed_origins"),
