@@ -327,6 +327,16 @@ async def _drive_every_route(live: LiveEmulator, sink: WebhookSink, used: set[st
     emu.create_branch("guild", "tools", "main", files={"g.txt": "g\n"})  # the base moves on: the PR is behind
     await guild.update_pull(pr.number, style="merge")
     pr = await guild.get_pull(pr.number)
+    # The merge's checks: the base branch's protection rule and the head's combined status.
+    emu.protect_branch("guild", "tools", "release/*", required_approvals=2, enable_status_check=True,
+                       status_check_contexts=["ci/*"])  # not the PR's base: its merge below is not held
+    [rule] = await guild.list_branch_protections()
+    assert (rule.rule_name, rule.required_approvals, rule.status_check_contexts) == ("release/*", 2, ("ci/*",))
+    emu.set_commit_status("guild", "tools", pr.head_sha, context="ci/build", state="success",
+                          target_url="https://ci.example/1")
+    combined = await guild.combined_status(pr.head_sha)
+    assert (combined.state, [(s.context, s.state, s.target_url) for s in combined.statuses]) == (
+        "success", [("ci/build", "success", "https://ci.example/1")])
     assert [p.number for p in await guild.list_pulls(limit=1)] == [pr.number]
     reviewer = CallLog(
         GiteaClient(

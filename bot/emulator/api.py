@@ -159,6 +159,10 @@ ROUTES: Final[tuple[Route, ...]] = (
     Route("POST", f"{_REPO}/pulls/{{index}}/merge", merge_pull),
     Route("GET", f"{_REPO}/pulls/{{index}}/reviews", list_reviews),
     Route("POST", f"{_REPO}/pulls/{{index}}/reviews", create_review),
+    # the merge's checks (issue 32): the protection rules, a head's combined status, the author's update
+    Route("GET", f"{_REPO}/branch_protections", list_protections),
+    Route("GET", f"{_REPO}/commits/{{ref}}/status", combined_status),
+    Route("POST", f"{_REPO}/pulls/{{index}}/update", update_pull),
 )
 
 
@@ -169,8 +173,6 @@ EMULATOR_ONLY_ROUTES: Final[tuple[Route, ...]] = (
     Route("POST", f"{_REPO}/pulls/{{index}}/reviews/{{id}}", submit_review),
     Route("POST", f"{_REPO}/pulls/{{index}}/reviews/{{id}}/dismissals", dismiss_review),
     Route("POST", f"{_REPO}/pulls/{{index}}/reviews/{{id}}/undismissals", undismiss_review),
-    Route("POST", f"{_REPO}/pulls/{{index}}/update", update_pull),
-    Route("GET", f"{_REPO}/branch_protections", list_protections),
     Route("POST", f"{_REPO}/branch_protections", create_protection),
     Route("GET", f"{_REPO}/branch_protections/{{name}}", get_protection),
     Route("PATCH", f"{_REPO}/branch_protections/{{name}}", edit_protection),
@@ -178,7 +180,6 @@ EMULATOR_ONLY_ROUTES: Final[tuple[Route, ...]] = (
     Route("POST", f"{_REPO}/statuses/{{sha}}", create_status),
     Route("GET", f"{_REPO}/statuses/{{sha}}", list_statuses),
     Route("GET", f"{_REPO}/commits/{{ref}}/statuses", list_statuses_by_ref),
-    Route("GET", f"{_REPO}/commits/{{ref}}/status", combined_status),
 )
 
 
