@@ -83,6 +83,18 @@ async def test_a_conflicting_pr_is_not_mergeable_and_merging_says_try_again_late
 
 
 @pytest.mark.parametrize("version", VERSIONS)
+async def test_a_work_in_progress_pr_is_not_mergeable(version: str) -> None:
+    """services/convert/pull.go ``Mergeable: pr.Mergeable(ctx)``, which is false for a work-in-progress title."""
+    async with live_emulator(version=version) as live:
+        emu = live.emulator
+        emu.create_branch(OWNER, REPO, "feat", files={"f.txt": "f\n"})
+        pr = emu.create_pull(OWNER, REPO, head="feat", title="WIP: Feat", author="alice")
+        assert not await _mergeable(live, pr.number)
+        emu.edit_issue(OWNER, REPO, pr.number, actor="alice", title="Feat")
+        assert await _mergeable(live, pr.number)
+
+
+@pytest.mark.parametrize("version", VERSIONS)
 async def test_a_base_moved_before_the_merge_push_is_merge_push_out_of_date(version: str) -> None:
     """``git.ErrPushOutOfDate`` → 409 "merge push out of date"; the PR stays open, the base keeps the other push."""
     async with live_emulator(version=version) as live:

@@ -325,7 +325,8 @@ def pull_json(emu: EmulatorState, issue: EmuIssue, viewer: EmuUser | None) -> JS
         "html_url": html_url,
         "diff_url": f"{html_url}.diff",
         "patch_url": f"{html_url}.patch",
-        "mergeable": pull.mergeable and not pull.checking and pull.merged is None,
+        # models/issues/pull.go ``Mergeable``: not while checking, not conflicting, not a work in progress.
+        "mergeable": pull.mergeable and not pull.checking and not work_in_progress(issue.title) and pull.merged is None,
         "merged": pull.merged is not None,
         "merged_at": _opt_time(pull.merged, tz),
         "merge_commit_sha": pull.merge_commit_sha if pull.merged is not None else None,
