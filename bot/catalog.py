@@ -22,6 +22,7 @@ import bot.verbs.leases
 import bot.verbs.merge
 import bot.verbs.publish
 import bot.verbs.pulls
+import bot.verbs.reads
 import bot.verbs.review
 import bot.verbs.update
 import bot.verbs.worktree  # noqa: F401  (the worktree bootstrap and its verbs)

@@ -341,6 +341,9 @@ class McpConfig(ConfigSection):
     max_requests_in_flight: int = Field(default=16, ge=1, le=10_000)
     # A session with no request for this long is closed; its client opens a new one.
     session_idle_s: float = Field(default=1800.0, gt=0, le=7 * 86400)
+    # Characters of one body, comment or diff gitea_read_issue / gitea_read_pull_request answer in one call; the
+    # rest is cut, with the argument (offset, comment_id + offset, file + page) that reads on.
+    read_max_chars: int = Field(default=8000, ge=200, le=1_000_000)
 
     @field_validator("token_digests", mode="before")
     @classmethod

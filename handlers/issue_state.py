@@ -5,10 +5,11 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from gidgethub import sansio
 
+from bot.author_trust import TrustGitea, trust_of
 from bot.config import Settings
 from bot.core.canonical import ParseResult, parse_comment
 from bot.core.dispatch import OrderedRouter
@@ -21,15 +22,7 @@ from bot.core.issue_state import (
     Trust,
     gitea_time,
 )
-from bot.core.trust import (
-    TeamGrant,
-    issue_writing_teams,
-    permission_trusts,
-    team_reason,
-    unseen_membership_reason,
-)
 from bot.core.vocabulary import label_for_state
-from bot.handler_deps import PermissionCache
 from bot.loops.triggers import queue_auto_allocation
 from bot.outbox import OutboxHooks
 from bot.worker import HandlerContext
@@ -38,7 +31,7 @@ from state.issues import IssueStore
 from state.outbox import OutboxEntry
 
 if TYPE_CHECKING:
-    from bot.gitea import Team
+    pass
 
 log = logging.getLogger("foreman.issue_state")
 
@@ -50,15 +43,7 @@ Read = TypeVar("Read")
 _COMMENT_ACTIONS: tuple[CommentAction, ...] = ("created", "edited", "deleted")
 
 
-class IssueStateGitea(Protocol):
-    """The Gitea reads this feature makes itself (bot.gitea.GiteaClient provides them); every write (label sync)
-    goes through the outbox. The team reads trust team writers on org repositories."""
-
-    async def get_user_permission(self, login: str) -> str: ...
-
-    async def list_repo_teams(self) -> list[Team]: ...
-
-    async def is_team_member(self, team_id: int, login: str) -> bool: ...
+IssueStateGitea = TrustGitea
 
 
 def _is_not_found(exc: Exception) -> bool:
@@ -71,57 +56,7 @@ async def author_trust(author: str, ctx: HandlerContext) -> Trust:
     Payload fields such as ``sender.is_admin`` are never consulted. When Gitea cannot answer, the error
     propagates so the worker retries (fail closed: nothing is recorded as trusted meanwhile).
     """
-    return await _author_trust(author, ctx.deps.settings, ctx.deps.gitea, ctx.deps.bot_login(), ctx.deps.permissions)
-
-
-async def _author_trust(
-    author: str, settings: Settings, gitea: IssueStateGitea | None, bot_login: str, cache: PermissionCache
-) -> Trust:
-    login = author.lower()
-    if bot_login and login == bot_login.lower():
-        return Trust(True, "bot")
-    if login in {name.lower() for name in settings.roster}:
-        return Trust(True, "roster")
-    if gitea is None:
-        return Trust(False, "no_gitea_client: write permission cannot be checked without gitea.token")
-    try:
-        permission = await cache.permission(gitea, author)
-    except Exception as exc:
-        if _is_not_found(exc):
-            return Trust(False, f"unknown_user: {exc}"[:300])
-        raise
-    if permission_trusts(permission) or permission == "none":
-        return Trust(permission_trusts(permission), f"permission:{permission}")
-    return await cache.team_trust(author, lambda: _team_trust(gitea, author, permission, bot_login, cache))
-
-
-async def _team_trust(
-    gitea: IssueStateGitea, author: str, permission: str, bot_login: str, cache: PermissionCache
-) -> Trust:
-    """A ``read`` on an org repository may hide a team's Write on Issues (bot.core.trust): ask the teams.
-
-    ``GET /teams/{id}/members/{login}`` answers 404 both for "not a member" and for a caller who may not
-    read the team (1.26 reqTeamReadAccess), so a 404 is definitive only when the bot itself is ``owner``
-    (site admin or org owner); otherwise the reason says what the bot cannot see. Fail closed either way."""
-    teams = issue_writing_teams(
-        TeamGrant(t.id, t.name, t.permission, t.units_map) for t in await gitea.list_repo_teams()
-    )
-    if not teams:
-        return Trust(False, f"permission:{permission}")
-    unreadable = False
-    for team in teams:
-        try:
-            if await gitea.is_team_member(team.id, author):
-                return Trust(True, team_reason(team))
-        except Exception as exc:
-            if getattr(exc, "status", None) != 403:
-                raise
-            unreadable = True
-    if not unreadable and bot_login:
-        unreadable = await cache.permission(gitea, bot_login) != "owner"
-    if unreadable:
-        return Trust(False, unseen_membership_reason(permission, teams)[:300])
-    return Trust(False, f"permission:{permission}")
+    return await trust_of(author, ctx.deps.settings, ctx.deps.gitea, ctx.deps.bot_login(), ctx.deps.permissions)
 
 
 # --- payload reading --------------------------------------------------------------------------------------------------

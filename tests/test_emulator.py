@@ -435,5 +435,5 @@ async def test_status_fault_answers_without_storing(live: LiveEmulator) -> None:
 def test_route_table_is_unique_and_under_api_v1() -> None:
     """One table drives the app: (method, swagger path) pairs are unique."""
     pairs = [(r.method, r.path) for r in ROUTES]
-    assert len(pairs) == len(set(pairs)) == 39
+    assert len(pairs) == len(set(pairs)) == 42
     assert all(r.aiohttp_path.startswith("/api/v1/") for r in ROUTES)

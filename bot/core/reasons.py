@@ -47,6 +47,9 @@ VerbReason = Literal[
     "protection_refused",
     # the update of a PR from its base (a conflict, a PR not behind), and the publish after one (bot/verbs/update.py)
     "update_conflict", "pull_not_behind", "branch_behind_remote",
+    # the reads (bot/verbs/reads.py): an issue of a repository the door does not serve, a number that is a pull
+    # request (or a plain issue with none), a number Gitea does not know, a diff file the pull request does not change
+    "other_repository", "not_an_issue", "no_pull_request", "issue_not_found", "file_not_in_diff",
 ]
 
 RefusalReason = Literal[VerbReason, MergeBlock, BlockReason]

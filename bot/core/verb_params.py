@@ -30,6 +30,7 @@ ParamKind = Literal[
     "choice",
     "state",
     "repository",
+    "count",
 ]
 
 # One definition is the truth: each argument's JSON Schema (Draft 2020-12) is what the MCP tool publishes and
@@ -213,6 +214,7 @@ _KIND_PROBLEMS: dict[str, str] = {
     "key": "expected 1-100 of [A-Za-z0-9._:-], alphanumeric first",
     "state": "expected a Canonical Issue State object",
     "repository": "expected a repository as owner/name",
+    "count": "expected a whole number within the bounds the schema states",
 }
 
 
@@ -247,6 +249,9 @@ class Param:
     default: object = None
     choices: tuple[str, ...] = ()
     max_length: int = 200
+    #: A ``count``'s bounds (an offset, a page, a page size, an id).
+    minimum: int = 0
+    maximum: int = 2**31 - 1
 
     def __post_init__(self) -> None:
         if self.kind == "choice" and not self.choices:
@@ -291,6 +296,8 @@ class Param:
             out = {"type": "string", "enum": list(self.choices)}
         elif kind == "repository":
             out = _string(_REPOSITORY_NAME, 141)
+        elif kind == "count":
+            out = {"type": "integer", "minimum": self.minimum, "maximum": self.maximum}
         else:
             out = dict(_STATE_SCHEMA)
         inner = out.get("description")
@@ -349,4 +356,6 @@ class Param:
                     "characters (tab, ESC, NUL, ...) or bidirectional overrides")
         if self.kind == "choice":
             return f"expected one of {', '.join(self.choices)}"
+        if self.kind == "count":
+            return f"expected a whole number from {self.minimum} to {self.maximum}"
         return _KIND_PROBLEMS[self.kind]

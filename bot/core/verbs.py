@@ -473,6 +473,45 @@ _VERBS: tuple[Verb, ...] = (
         params=(_issue(),),
         command="/merge",
     ),
+    _verb(
+        "read_issue",
+        "read an issue of your repository: title, body, labels, assignees, milestone, its comments (paged; each with"
+        " whether its author is trusted and whether it is foreman's evidence), its Canonical Issue State, linked pull"
+        " requests and dependencies; a long body or comment is cut, with the argument that reads on",
+        roles=ALL_ROLES,
+        effect="read",
+        next_verbs=("get_issue_state", "read_pull_request"),
+        params=(
+            _issue(),
+            Param("page", "count", "the page of comments (1 = the first page in the chosen order)", default=1,
+                  minimum=1, maximum=100_000),
+            Param("per_page", "count", "comments a page (at most 50)", default=10, minimum=1, maximum=50),
+            Param("newest_first", "boolean", "order the comments newest first (page 1: the latest)", default=False),
+            Param("comment_id", "count", "read only this comment (its body from offset)", minimum=1),
+            Param("offset", "count", "the character the body (or, with comment_id, that comment's body) starts at",
+                  default=0),
+            Param("repository", "repository", "the repository the issue is in, as owner/name (default: yours; an issue"
+                  " of a repository foreman does not serve you is refused)"),
+        ),
+    ),
+    _verb(
+        "read_pull_request",
+        "read an issue's pull request: title, body, head and base with their SHAs, mergeable, changed files, the"
+        " unified diff (paged by file, bounded per call), reviews and whether foreman counts each, review comments"
+        " and the head's combined commit status",
+        roles=ALL_ROLES,
+        effect="read",
+        next_verbs=("read_issue", "get_issue_state"),
+        params=(
+            _issue("the issue whose pull request to read (or the pull request's own number)"),
+            Param("file", "text", "only this file's diff (a filename from files[])", max_length=1000),
+            Param("page", "count", "the page of the diff (with file: of that file's diff)", default=1, minimum=1,
+                  maximum=100_000),
+            Param("offset", "count", "the character the pull request's body starts at", default=0),
+            Param("repository", "repository", "the repository the pull request is in, as owner/name (default: yours;"
+                  " one of a repository foreman does not serve you is refused)"),
+        ),
+    ),
 )
 
 VERBS: Mapping[str, Verb] = MappingProxyType({v.name: v for v in _VERBS})

@@ -53,9 +53,12 @@ from bot.emulator.routes_pulls import (
     create_review,
     delete_branch,
     dismiss_review,
+    download_pull_diff,
     get_pull,
     is_merged,
+    list_pull_files,
     list_pulls,
+    list_review_comments,
     list_reviews,
     merge_pull,
     submit_review,
@@ -78,7 +81,8 @@ from bot.emulator.routes_statuses import combined_status, create_status, list_st
 from bot.emulator.state import ApiError
 
 EMULATOR_KEY: Final = web.AppKey("emulator", Emulator)
-_PARAM_PATTERNS: Final = {"index": "[0-9]+", "id": "[0-9]+", "branch": ".+", "name": ".+", "ref": ".+"}
+_PARAM_PATTERNS: Final = {"diffType": "diff|patch", "index": "[0-9]+", "id": "[0-9]+", "branch": ".+", "name": ".+",
+                           "ref": ".+"}
 
 Handler = Callable[[Emulator, web.Request], Awaitable[web.StreamResponse]]
 
@@ -163,6 +167,9 @@ ROUTES: Final[tuple[Route, ...]] = (
     Route("GET", f"{_REPO}/branch_protections", list_protections),
     Route("GET", f"{_REPO}/commits/{{ref}}/status", combined_status),
     Route("POST", f"{_REPO}/pulls/{{index}}/update", update_pull),
+    Route("GET", f"{_REPO}/pulls/{{index}}/files", list_pull_files),
+    Route("GET", f"{_REPO}/pulls/{{index}}.{{diffType}}", download_pull_diff),
+    Route("GET", f"{_REPO}/pulls/{{index}}/reviews/{{id}}/comments", list_review_comments),
 )
 
 
@@ -236,10 +243,14 @@ def _template_of(request: web.Request) -> str | None:
 
 
 def _response_json(response: web.StreamResponse) -> Any:
-    if isinstance(response, web.Response) and response.body and response.content_type == "application/json":
+    """The answer's JSON, or the text of a ``text/plain`` answer (a diff: swagger's ``string`` response)."""
+    if isinstance(response, web.Response) and response.body:
         body = response.body
         if isinstance(body, bytes | bytearray):
-            return json.loads(body)
+            if response.content_type == "application/json":
+                return json.loads(body)
+            if response.content_type == "text/plain":
+                return body.decode("utf-8", "replace")
     return None
 
 

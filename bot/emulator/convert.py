@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, Final
 from bot.emulator import pullgit
 from bot.emulator.gitrepo import CommitInfo
 from bot.emulator.model import PERM_LEVEL, EmuComment, EmuHook, EmuIssue, EmuLabel, EmuRepo, EmuUser
-from bot.emulator.pullstate import EmuPull, EmuReview, pull_record
+from bot.emulator.pullstate import EmuPull, EmuReview, EmuReviewComment, pull_record
 
 if TYPE_CHECKING:
     from bot.emulator.state import EmulatorState
@@ -374,12 +374,64 @@ def review_json(emu: EmulatorState, pull: EmuPull, review: EmuReview, viewer: Em
         "stale": review.stale,
         "official": review.official,
         "dismissed": review.dismissed,
-        "comments_count": 0,
+        "comments_count": len(review.comments),
         "submitted_at": unix_time(review.submitted, emu.tz),
         "updated_at": unix_time(review.updated, emu.tz),
         "html_url": f"{html_url}#issuecomment-{review.comment_id}",
         "pull_request_url": html_url,
     }
+
+
+def review_comment_json(
+    emu: EmulatorState, pull: EmuPull, review: EmuReview, comment: EmuReviewComment, viewer: EmuUser | None
+) -> JSON:
+    """``convert.ToPullReviewComment`` (services/convert/pull_review.go): ``position`` is the new side's line,
+    ``original_position`` the old side's (``comment.Line < 0``), the other 0. ``diff_hunk`` is Gitea's stored patch
+    around the line (``CutDiffAroundLine``), which the emulator does not keep: empty, as ``patch2diff`` answers
+    for a patch it cannot split."""
+    html_url = issue_html_url(emu, pull.issue)
+    return {
+        "id": comment.id,
+        "body": comment.body,
+        "user": user_json(emu, comment.poster, viewer),
+        "resolver": None,
+        "pull_request_review_id": review.id,
+        "created_at": unix_time(comment.created, emu.tz),
+        "updated_at": unix_time(comment.created, emu.tz),
+        "path": comment.path,
+        "commit_id": comment.commit_id,
+        "original_commit_id": "",
+        "diff_hunk": "",
+        "position": comment.line if comment.line > 0 else 0,
+        "original_position": -comment.line if comment.line < 0 else 0,
+        "html_url": f"{html_url}/files#issuecomment-{comment.id}",
+        "pull_request_url": html_url,
+    }
+
+
+def changed_files(emu: EmulatorState, repo: EmuRepo, start: str, end: str) -> list[JSON]:
+    """The files ``git diff`` from ``start`` to ``end`` changes, as services/gitdiff ``GetDiffForAPI`` reads them
+    (renames found), each as ``ToChangedFile`` (services/convert/convert.go) renders it: status added, deleted,
+    renamed (with previous_filename), copied, changed or unchanged; additions, deletions, changes; the URLs at the
+    head commit ``end``."""
+    if not start or not end:
+        return []
+    base = f"{emu.app_url}{repo.full_name}"
+    out: list[JSON] = []
+    for name, status, added, deleted, previous in pullgit.changed_files(repo.path, start, end):
+        escaped = urllib.parse.quote(name)
+        out.append({
+            "filename": name,
+            "status": status,
+            "additions": added,
+            "deletions": deleted,
+            "changes": added + deleted,
+            "html_url": f"{base}/src/commit/{end}/{escaped}",
+            "contents_url": f"{emu.app_url}api/v1/repos/{repo.full_name}/contents/{escaped}?ref={end}",
+            "raw_url": f"{base}/raw/commit/{end}/{escaped}",
+            **({"previous_filename": previous} if previous else {}),
+        })
+    return out
 
 
 def payload_commit(emu: EmulatorState, repo: EmuRepo, fact: Mapping[str, Any]) -> JSON:

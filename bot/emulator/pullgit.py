@@ -276,3 +276,37 @@ def shortstat(path: Path, start: str, end: str) -> tuple[int, int, int]:
             slot = 0 if words[1].startswith("file") else 1 if words[1].startswith("insertion") else 2
             numbers[slot] = int(words[0])
     return numbers[0], numbers[1], numbers[2]
+
+
+def changed_files(path: Path, start: str, end: str) -> list[tuple[str, str, int, int, str]]:
+    """``git diff -M start end`` file by file, as services/gitdiff reads it: (name, status, additions, deletions,
+    previous name of a rename). Status as ``ToChangedFile``: added, deleted, renamed, copied, else changed
+    (unchanged: no line added or removed, a mode change). A binary file counts no lines."""
+    names = _git(path, "diff", "-M", "--name-status", "-z", start, end, check=False).stdout.split("\0")
+    counts = _git(path, "diff", "-M", "--numstat", "-z", start, end, check=False).stdout.split("\0")
+    lines: list[tuple[int, int]] = []
+    i = 0
+    while i < len(counts) and counts[i]:
+        added, deleted, rest = counts[i].split("\t", 2)
+        lines.append((int(added) if added.isdigit() else 0, int(deleted) if deleted.isdigit() else 0))
+        i += 1 if rest else 3  # a rename's numstat is "a\td\t" then the old and new names
+    out: list[tuple[str, str, int, int, str]] = []
+    i = 0
+    while i < len(names) and names[i]:
+        code = names[i][:1]
+        if code in "RC":
+            previous, name, i = names[i + 1], names[i + 2], i + 3
+        else:
+            previous, name, i = "", names[i + 1], i + 2
+        plus, minus = lines[len(out)] if len(out) < len(lines) else (0, 0)
+        status = {"A": "added", "D": "deleted", "R": "renamed", "C": "copied"}.get(code, "changed")
+        if status == "changed" and plus == 0 and minus == 0:
+            status = "unchanged"
+        out.append((name, status, plus, minus, previous if code == "R" else ""))
+    return out
+
+
+def diff(path: Path, start: str, end: str) -> bytes:
+    """``git diff -p start end`` (modules/git ``GetDiff``), as bytes."""
+    done = subprocess.run(["git", "-C", str(path), "diff", "-p", start, end], capture_output=True, check=False)
+    return done.stdout

@@ -21,6 +21,20 @@ REVIEW_HOOK_TYPE: Final[dict[str, str]] = {
 
 
 @dataclass(eq=False)
+class EmuReviewComment:
+    """A code comment of a review (models/issues/comment.go, ``CommentTypeCode``): on ``path`` at ``line`` (new side;
+    negative: the old side's line, as ``CreateCodeComment`` stores it), on the head ``commit_id`` it was made on."""
+
+    id: int
+    poster: EmuUser
+    path: str
+    line: int
+    body: str
+    commit_id: str
+    created: int
+
+
+@dataclass(eq=False)
 class EmuReview:
     """A submitted review (models/issues/review.go ``Review``); ``comment_id`` is its timeline comment."""
 
@@ -35,6 +49,8 @@ class EmuReview:
     comment_id: int
     stale: bool = False
     dismissed: bool = False
+    #: Its code comments (``Review.CodeComments``), in the order they were made.
+    comments: list[EmuReviewComment] = field(default_factory=list)
 
 
 @dataclass(eq=False)

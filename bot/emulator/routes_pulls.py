@@ -24,7 +24,7 @@ from bot.emulator.http_helpers import (
 from bot.emulator.model import PERM_LEVEL, EmuIssue, EmuRepo, EmuUser
 from bot.emulator.protection import can_write_code, is_user_allowed_to_merge
 from bot.emulator.pulls import MERGE_STYLES
-from bot.emulator.pullstate import EmuReview, ReviewState
+from bot.emulator.pullstate import EmuReview, EmuReviewComment, ReviewState
 from bot.emulator.state import ApiError
 
 _REVIEW_EVENTS: Final[dict[str, ReviewState]] = {
@@ -395,6 +395,16 @@ async def create_review(emu: Emulator, request: web.Request) -> web.StreamRespon
     event = str(form.get("event") or "")
     body = str(form.get("body") or "")
     state = _review_state(issue, doer, event, body, has_comments=bool(form.get("comments")))
+    # The code comments first (``CreateCodeComment`` into the pending review; a line is NewLineNum, or -OldLineNum
+    # when old_position is given), then the review is submitted with them.
+    head = emu.pull_of(issue).head_sha()
+    comments = [
+        EmuReviewComment(id=next(emu._ids.comment), poster=doer, path=str(c.get("path") or ""),
+                         line=-int(c["old_position"]) if int(c.get("old_position") or 0) > 0
+                         else int(c.get("new_position") or 0),
+                         body=str(c.get("body") or ""), commit_id=head, created=emu.now())
+        for c in form.get("comments") or () if isinstance(c, dict)
+    ]
     review = emu._op_submit_review(
         issue,
         doer,
@@ -403,6 +413,7 @@ async def create_review(emu: Emulator, request: web.Request) -> web.StreamRespon
         commit_id=str(form.get("commit_id") or ""),
         notify=True,
     )
+    review.comments.extend(comments)
     return json_response(convert.review_json(emu, emu.pull_of(issue), review, doer))
 
 
@@ -417,3 +428,63 @@ async def delete_branch(emu: Emulator, request: web.Request) -> web.StreamRespon
         raise ApiError(403, "user should have a permission to write to a repo")
     emu._op_delete_branch(repo, doer, request.match_info["branch"])
     return no_content()
+
+
+def _merge_base_and_head(emu: Emulator, repo: EmuRepo, issue: EmuIssue) -> tuple[str, str]:
+    """``GetPullRequestFiles``'s range: a merged PR from its recorded merge base, an open one from the merge base
+    of its base branch and head (``GetCompareInfo``), to the head (``refs/pull/N/head``)."""
+    pull = emu.pull_of(issue)
+    head = pull.head_sha()
+    if pull.merged is not None:
+        return pull.merge_base, head
+    base = pullgit.branch_sha(repo.path, issue.base_branch) or ""
+    return (pullgit.merge_base(repo.path, base, head) if base and head else ""), head
+
+
+async def list_pull_files(emu: Emulator, request: web.Request) -> web.StreamResponse:
+    """GET /repos/{owner}/{repo}/pulls/{index}/files (pull.go ``GetPullRequestFiles``, 1.22 to 1.26): the files of
+    the diff from the merge base to the head, ``ToChangedFile`` each; page/limit (``GetListOptions``) over them,
+    with ``Link``, ``X-Total-Count`` and ``X-Page``, ``X-PerPage``, ``X-PageCount``, ``X-HasMore``."""
+    repo = _pull_repo(emu, request)
+    issue = _pull(repo, request)
+    start, end = _merge_base_and_head(emu, repo, issue)
+    files = await asyncio.to_thread(convert.changed_files, emu, repo, start, end)
+    page, limit = list_options(request)
+    total = len(files)
+    pages = (total + limit - 1) // limit
+    headers = total_count_headers(total, link_header(emu, request, total, limit))
+    headers.update({"X-Page": str(page), "X-PerPage": str(limit), "X-PageCount": str(pages),
+                    "X-HasMore": "true" if page < pages else "false"})
+    return json_response(files[(page - 1) * limit : page * limit], headers=headers)
+
+
+async def download_pull_diff(emu: Emulator, request: web.Request) -> web.StreamResponse:
+    """GET /repos/{owner}/{repo}/pulls/{index}.{diffType} (pull.go ``DownloadPullDiffOrPatch`` → services/pull
+    ``DownloadDiffOrPatch``): ``diff`` is ``git diff -p`` from the PR's merge base to its head (1.22
+    ``GetDiffOrPatch(pr.MergeBase, head)``, 1.26 ``GetDiff(MergeBase...head)``: the same range), written as it
+    comes: ``text/plain``. ``patch`` (``git format-patch``) is not emulated: 404 here."""
+    repo = _pull_repo(emu, request)
+    issue = _pull(repo, request)
+    if request.match_info["diffType"] != "diff":
+        raise ApiError(404, NOT_FOUND_MESSAGE)
+    pull = emu.pull_of(issue)
+    head = pull.head_sha()
+    start = pull.merge_base or _merge_base_and_head(emu, repo, issue)[0]
+    body = await asyncio.to_thread(pullgit.diff, repo.path, start, head) if start and head else b""
+    return web.Response(body=body, content_type="text/plain", charset="utf-8")
+
+
+async def list_review_comments(emu: Emulator, request: web.Request) -> web.StreamResponse:
+    """GET /repos/{owner}/{repo}/pulls/{index}/reviews/{id}/comments (pull_review.go ``GetPullReviewComments``): the
+    review as ``prepareSingleReview`` finds it (404 for an unknown id, another PR's, or someone else's pending one),
+    its code comments as ``ToPullReviewCommentList``, unpaged."""
+    repo = _pull_repo(emu, request)
+    issue = _pull(repo, request)
+    doer: EmuUser | None = request.get(DOER_KEY)
+    review_id = int(request.match_info["id"])
+    review = next((r for r in emu.pull_of(issue).reviews if r.id == review_id), None)
+    if review is None or (review.state == "PENDING" and (doer is None or (review.reviewer is not doer
+                                                                          and not doer.admin))):
+        raise ApiError(404, NOT_FOUND_MESSAGE)
+    pull = emu.pull_of(issue)
+    return json_response([convert.review_comment_json(emu, pull, review, c, doer) for c in review.comments])

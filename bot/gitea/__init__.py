@@ -18,6 +18,7 @@ from bot.gitea.transport import next_page
 from bot.gitea.values import (
     Branch,
     BranchProtection,
+    ChangedFile,
     CombinedStatus,
     Comment,
     CommitStatus,
@@ -27,6 +28,7 @@ from bot.gitea.values import (
     PullRequest,
     Repository,
     Review,
+    ReviewComment,
     Team,
     User,
 )
@@ -36,6 +38,7 @@ __all__ = [
     "Acting",
     "Branch",
     "BranchProtection",
+    "ChangedFile",
     "CombinedStatus",
     "Comment",
     "CommitStatus",
@@ -56,6 +59,7 @@ __all__ = [
     "PullRequest",
     "Repository",
     "Review",
+    "ReviewComment",
     "Team",
     "User",
     "client_as",

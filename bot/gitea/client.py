@@ -11,6 +11,7 @@ from bot.gitea.checks import CheckCalls
 from bot.gitea.comments import CommentCalls
 from bot.gitea.issues import IssueCalls
 from bot.gitea.labels import LabelCalls
+from bot.gitea.pull_reads import PullReadCalls
 from bot.gitea.pulls import PullRequestCalls
 from bot.gitea.repository import RepositoryCalls
 
@@ -18,7 +19,7 @@ if TYPE_CHECKING:
     from bot.config import Settings
 
 
-class GiteaClient(CheckCalls, CommentCalls, IssueCalls, LabelCalls, PullRequestCalls, RepositoryCalls):
+class GiteaClient(CheckCalls, CommentCalls, IssueCalls, LabelCalls, PullRequestCalls, PullReadCalls, RepositoryCalls):
     """The Gitea API calls of one repository, typed, with retries (the aiohttp session is injected): its concerns
     (merge checks, comments, issues, labels, pull requests, the server and the repository) over one
     ``RepositoryEndpoint``, which says how every call is bounded and retried."""

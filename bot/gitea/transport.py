@@ -26,6 +26,9 @@ LAST_HEADERS: contextvars.ContextVar[Mapping[str, str] | None] = contextvars.Con
 #: Set for one call that must not be retried by the transport (its 500 is read, not waited out).
 SINGLE_ATTEMPT: contextvars.ContextVar[bool] = contextvars.ContextVar("gitea_single_attempt", default=False)
 
+#: Set for one call whose body is read only up to this many bytes (a diff): the rest is never read.
+BODY_LIMIT: contextvars.ContextVar[int | None] = contextvars.ContextVar("gitea_body_limit", default=None)
+
 
 class RetryingAPI(gidgethub.aiohttp.GitHubAPI):
     """gidgethub's aiohttp transport with a per-attempt timeout and retries on 5xx and lost connections."""
@@ -62,7 +65,7 @@ class RetryingAPI(gidgethub.aiohttp.GitHubAPI):
                 async with asyncio.timeout(self._timeout_s):
                     async with self._session.request(method, url, headers=headers, data=body) as response:
                         status, response_headers = response.status, response.headers
-                        payload = await response.read()
+                        payload = await _bounded_read(response, BODY_LIMIT.get())
             except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, TimeoutError) as exc:
                 problem = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
                 if attempt == attempts:
@@ -77,6 +80,21 @@ class RetryingAPI(gidgethub.aiohttp.GitHubAPI):
                 log.warning("gitea %s %s attempt %d/%d answered %d", method, path, attempt, attempts, status)
             await self.sleep(self.backoff(attempt))
         raise AssertionError("unreachable")  # pragma: no cover
+
+
+async def _bounded_read(response: aiohttp.ClientResponse, limit: int | None) -> bytes:
+    """The whole body, or (with ``limit``) at most ``limit + 1`` bytes of it: one more than asked tells the caller
+    that the body went on."""
+    if limit is None:
+        return await response.read()
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in response.content.iter_chunked(1 << 16):
+        chunks.append(chunk)
+        size += len(chunk)
+        if size > limit:
+            break
+    return b"".join(chunks)[: limit + 1]
 
 
 _LINK_RE: Final = re.compile(r'<([^>]*)>\s*;\s*rel="?next"?')

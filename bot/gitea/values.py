@@ -354,3 +354,37 @@ class CombinedStatus(GiteaValue):
     state: Text
     statuses: Annotated[tuple[CommitStatus, ...], each(CommitStatus)]
     total_count: Count
+
+
+@dataclass(frozen=True, slots=True)
+class ChangedFile(GiteaValue):
+    """One file a pull request changes (``ChangedFile`` JSON; services/convert/convert.go ``ToChangedFile``):
+    ``status`` is added, deleted, renamed (with ``previous_filename``), copied, changed or unchanged."""
+
+    filename: Text
+    status: Text
+    additions: Count
+    deletions: Count
+    changes: Count
+    previous_filename: Text
+    html_url: Text
+
+
+@dataclass(frozen=True, slots=True)
+class ReviewComment(GiteaValue):
+    """A code comment of a review (``PullReviewComment`` JSON; services/convert/pull_review.go
+    ``ToPullReviewComment``): on ``path``, at new-side line ``position`` or old-side ``original_position`` (the
+    other is 0)."""
+
+    id: Int
+    body: Text
+    user: Annotated[User | None, maybe(User)]
+    path: Text
+    position: Count
+    original_position: Count
+    commit_id: Text
+    diff_hunk: Text
+    pull_request_review_id: Count
+    created_at: When
+    updated_at: When
+    html_url: Text

@@ -20,7 +20,12 @@ async def get_state(
     rt: VerbRuntime[Any], verb: Verb, caller: Caller, values: Mapping[str, object], lease: Lease | None,
     delivery_id: str | None, options: CallOptions,
 ) -> VerbResult:
-    issue = issue_of(values)
+    return rt.done(verb, caller, await state_document(rt, issue_of(values), lease))
+
+
+async def state_document(rt: VerbRuntime[Any], issue: int, lease: Lease | None) -> dict[str, Any]:
+    """What foreman holds for the issue: its Canonical Issue State, its lease, labels and blockers (the answer of
+    ``gitea_get_issue_state``, and the ``canonical_state`` of ``gitea_read_issue``)."""
     snapshot = await rt.issues.snapshot(rt.repo, issue)
     doc: dict[str, Any] = {
         "issue_number": issue,
@@ -38,7 +43,7 @@ async def get_state(
             open_blockers=list(snapshot.open_blockers),
             state_comment_id=snapshot.state_comment_id,
         )
-    return rt.done(verb, caller, doc)
+    return doc
 
 
 @executes("post_issue_state")

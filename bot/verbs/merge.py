@@ -168,7 +168,7 @@ async def merge_pull_request(
         return refused(verb.name, envelope(
             "invalid_state", f"#{number} has no open pull request now", "Read the issue's state.",
             f"call gitea_get_issue_state with issue_number={number}"))
-    gate = await _gate(rt, gitea, number, pull, MergeChecks(gitea, rt.settings))
+    gate = await merge_gate_now(rt, gitea, number, pull, MergeChecks(gitea, rt.settings))
     if gate.counted is None:
         return refused(verb.name, _blocked(number, pull, gate))
     approved = gate.counted.commit_id
@@ -214,13 +214,13 @@ async def merge_replay(
                                 include_merged=True)
     if pull is None or not pull.merged:
         return None
-    gate = await _gate(rt, rt.gitea, number, pull)
+    gate = await merge_gate_now(rt, rt.gitea, number, pull)
     key = await _evidence(rt, caller, number, pull, gate, None)
     approved = gate.counted.commit_id if gate.counted is not None else None
     return rt.done(verb, caller, {**_merged_doc(number, pull, approved), "adopted": True, "outbox": [key]})
 
 
-async def _gate(rt: VerbRuntime[MergeGitea], gitea: PullsGitea, number: int, pull: PullRequest,
+async def merge_gate_now(rt: VerbRuntime[MergeGitea], gitea: PullsGitea, number: int, pull: PullRequest,
                 checks: MergeChecks | None = None) -> MergeGate:
     """The merge gate on ``pull`` now: foreman's recorded verdicts cross-checked against Gitea's reviews, under the
     base branch's protection and the head's required statuses (``checks``; None: one approval, no status)."""

@@ -39,6 +39,8 @@ _GRANT_USES: Final[Mapping[str, tuple[frozenset[GrantEffect], Mapping[str, Any]]
         "open_pull_request": (frozenset({"mutate"}), MappingProxyType({})),
         "update_pull_request": (frozenset({"mutate"}), MappingProxyType({})),
         "assess_work_issue_duplicate": (frozenset({"read", "plan_only"}), MappingProxyType({})),
+        "read_issue": (frozenset({"read", "plan_only"}), MappingProxyType({})),
+        "read_pull_request": (frozenset({"read", "plan_only"}), MappingProxyType({})),
     }
 )
 
