@@ -64,6 +64,7 @@ EXTRA_STATUSES: dict[tuple[str, str], frozenset[str]] = {
 #: Definitions the emulator renders; each is checked strictly (all properties present, no unknown keys).
 STRICT = (
     "Branch",
+    "ChangedFile",
     "Comment",
     "Hook",
     "InternalTracker",
@@ -77,6 +78,7 @@ STRICT = (
     "PullRequest",
     "PullRequestMeta",
     "PullReview",
+    "PullReviewComment",
     "RepoCollaboratorPermission",
     "Repository",
     "RepositoryMeta",
@@ -88,6 +90,7 @@ NULLABLE: dict[str, frozenset[str]] = {
     "Issue": frozenset({"milestone", "assignee", "assignees", "closed_at", "due_date", "pull_request"}),
     "PullRequestMeta": frozenset({"merged_at"}),
     "PullReview": frozenset({"team"}),  # ReviewerTeam *Team: null for a user's review
+    "PullReviewComment": frozenset({"resolver"}),  # Resolver *User: null until someone resolves it
     "PayloadCommit": frozenset({"added", "removed", "modified"}),
     "PayloadCommitVerification": frozenset({"signer"}),
     "PullRequest": frozenset(
@@ -108,6 +111,8 @@ NULLABLE: dict[str, frozenset[str]] = {
 #: ``omitempty`` pointer fields of ``structs.Repository`` that are absent when nil.
 OMITEMPTY: dict[str, frozenset[str]] = {
     "Repository": frozenset({"parent", "repo_transfer", "external_tracker", "external_wiki"}),
+    # modules/structs/pull.go ``ChangedFile`` (1.22 to 1.26): ``previous_filename,omitempty`` and the URLs.
+    "ChangedFile": frozenset({"previous_filename", "html_url", "contents_url", "raw_url"}),
     # modules/structs/pull.go (1.23+): ``review_comments,omitempty`` and the diff-stat pointers.
     "PullRequest": frozenset({"review_comments", "additions", "deletions", "changed_files"}),
 }
@@ -353,6 +358,29 @@ async def _drive_every_route(live: LiveEmulator, sink: WebhookSink, used: set[st
         await reviewer.submit_review(pr.number, "REQUEST_CHANGES")
     await reviewer.submit_review(pr.number, "APPROVED", commit_id=pr.head_sha)
     assert [r.state for r in await guild.list_reviews(pr.number)] == ["APPROVED"]
+    # What a reader of the PR reads: its changed files (paged), its diff (text, read only as far as asked) and the
+    # code comments of a review (posted as Gitea's API lets a reviewer: a COMMENT review with a line comment).
+    files = await guild.list_pull_files(pr.number, page=1, limit=1)
+    assert (files.total, [(f.filename, f.status, f.additions) for f in files.files]) == (1, [("f.txt", "added", 1)])
+    diff = await guild.pull_diff(pr.number, max_bytes=1 << 20)
+    assert diff.complete and diff.text.startswith("diff --git a/f.txt b/f.txt") and "+f" in diff.text
+    short = await guild.pull_diff(pr.number, max_bytes=10)
+    assert (short.complete, short.text) == (False, diff.text[:10])
+    with pytest.raises(GiteaNotFound):
+        await guild.pull_diff(999, max_bytes=10)
+    async with live.session.post(
+        f"{live.base_url}/api/v1/repos/guild/tools/pulls/{pr.number}/reviews",
+        json={"event": "COMMENT", "body": "one note", "commit_id": pr.head_sha,
+              "comments": [{"path": "f.txt", "body": "why f?", "new_position": 1}]},
+        headers={"Authorization": f"token {TOKENS['alice']}"},
+    ) as answer:
+        assert answer.status == 200, await answer.text()
+        noted = await answer.json()
+    [note] = await guild.list_review_comments(pr.number, noted["id"])
+    assert (note.path, note.position, note.original_position, note.body, note.pull_request_review_id) == (
+        "f.txt", 1, 0, "why f?", noted["id"])
+    with pytest.raises(GiteaNotFound):
+        await guild.list_review_comments(pr.number, 99999)
     assert await guild.is_merged(pr.number) is False
     with pytest.raises(GiteaConflict):
         await guild.merge_pull(pr.number, head_commit_id="0" * 40)

@@ -42,6 +42,8 @@ def _valid(param: Param) -> object:
         "issue_numbers": [617],
         "boolean": True,
         "choice": param.choices[0] if param.choices else "",
+        "count": param.minimum,
+        "repository": "org/repo",
     }
     return samples[param.kind]
 

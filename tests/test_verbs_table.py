@@ -164,6 +164,8 @@ EXPECTED: dict[str, dict[str, str]] = {
         "their PR I implemented": "NA NA NA NA NA",
     },
     "assess_work_issue_duplicate": {s: "ok ok ok ok NA" for s in STATES},
+    "read_issue": {s: "ok ok ok ok NA" for s in STATES},
+    "read_pull_request": {s: "ok ok ok ok NA" for s in STATES},
     "claim_review": {
         "no lease": "NA NA gap:pull_request+status_review NA NA",
         "my lease": "NA NA gap:pull_request+status_review NA NA",
@@ -414,6 +416,14 @@ KIND_PROBES: dict[str, tuple[tuple[str, object], ...]] = {
         ("trailing-newline", "0" * 64 + "\n"), ("number", 5),
     ),
     "choice": (("implement", "implement"), ("unknown", "go"), ("capitalised", "Implement"), ("number", 5)),
+    "count": (
+        ("0", 0), ("1", 1), ("50", 50), ("51", 51), ("float-integer", 2.0), ("1.5", 1.5), ("-1", -1),
+        ("2^31", 2**31), ("true", True), ("text", "1"),
+    ),
+    "repository": (
+        ("plain", "org/repo"), ("no-slash", "repo"), ("two-slashes", "a/b/c"), ("empty", ""),
+        ("trailing-newline", "org/repo\n"), ("number", 5),
+    ),
     "state": (
         ("valid", VALID_STATE), ("empty-object", {}), ("text", "STATE: ready"),
         ("missing-field", {k: v for k, v in VALID_STATE.items() if k != "why"}),
