@@ -4,8 +4,10 @@ emulator: what they answer, how long text is cut and read on, and what they refu
 from __future__ import annotations
 
 from tests.gitea_fixtures import OWNER, REPO
-from tests.review_support import ROSTER, LOOP, ok, put_in_review, tool, world  # noqa: F401 (the fixture)
+from tests.review_support import ok, put_in_review, tool, world
 from tests.world import World
+
+__all__ = ["world"]  # the fixture
 
 
 async def test_the_author_reads_its_issue_body_and_a_maintainers_comment(world: World) -> None:
