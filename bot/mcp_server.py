@@ -25,6 +25,7 @@ from bot.core.gateway import GatewayContext, evaluate_preconditions
 from bot.core.grants import Grant, broker_refusal
 from bot.core.json_depth import MAX_NESTING, collapsed
 from bot.core.verbs import TOOLS, VERBS, Verb
+from bot.mcp_resources import ResourceDoor, resource_handlers
 from bot.verbs.runs.broker import Broker
 from bot.verbs.runs.start import is_run_token
 from bot.verbs.runtime import BootstrapFactory, Caller, VerbResult, VerbRuntime, caller_for, refused
@@ -257,6 +258,11 @@ def build_server(
         return result_of(doc, is_error=is_error)
 
     roles = ", ".join(sorted(caller.roles)) or "no roster role"
+    # The issue and pull request as resources (bot.mcp_resources), read through the same doors; a run-bound session
+    # makes only its grant's calls, so it offers none.
+    resources = {} if around is not None else resource_handlers(
+        {key: ResourceDoor(door.runtime, door.caller) for key, door in doors.items()} if doors
+        else {runtime.settings.repo_key: ResourceDoor(runtime, caller)})
     return Server(
         "foreman",
         version=_version(),
@@ -267,6 +273,7 @@ def build_server(
         ),
         on_list_tools=list_tools,
         on_call_tool=call_tool,
+        **resources,
     )
 
 
