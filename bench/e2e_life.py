@@ -85,6 +85,10 @@ async def _one_life(h: LoopHarness, sessions: dict[str, Any], n: int, timeout_s:
     await h.api(MAINTAINER, "POST", f"/issues/{n}/labels", {"labels": ["status:ready"]})
     boot = await _bootstrapped(h, n, timeout_s)
     author = sessions[AUTHOR]
+    # The author reads what it is to do (the issue's title and body, through the door) before it starts.
+    issue = await call_tool(author, "read issue", "gitea_read_issue", issue_number=n)
+    if not issue.get("title") or issue.get("state") != "open":
+        raise StepFailed("read issue", f"#{n} read as {issue.get('title')!r}, {issue.get('state')!r}")
     await call_tool(author, "lock", "gitea_lock_issue", issue_number=n)
     Path(boot["worktree_path"], "life", f"issue-{n}.txt").parent.mkdir(exist_ok=True)
     Path(boot["worktree_path"], "life", f"issue-{n}.txt").write_text(f"issue {n}\n", encoding="utf-8")
@@ -103,6 +107,10 @@ async def _one_life(h: LoopHarness, sessions: dict[str, Any], n: int, timeout_s:
     # Nobody allocates: the review queue hands the review to the reviewer, the merge queue the approved PR to the
     # merger; each agent learns it from its runtime context.
     await _handed(sessions[REVIEWER], "review", n, timeout_s)
+    # The reviewer reads the diff and the files it approves.
+    pull = await call_tool(sessions[REVIEWER], "read pull", "gitea_read_pull_request", issue_number=n)
+    if f"life/issue-{n}.txt" not in pull["diff"]["files"] or f"+issue {n}" not in pull["diff"]["text"]:
+        raise StepFailed("read pull", f"the diff of #{n} does not show life/issue-{n}.txt: {pull['diff']['files']}")
     await call_tool(sessions[REVIEWER], "review", "gitea_submit_review", issue_number=n, verdict="approve")
     approved_ms = since()
     await _handed(sessions[MERGER], "merge", n, timeout_s)

@@ -156,17 +156,19 @@ EVERY_ROLE = [
     "gitea_post_issue_state",
     "gitea_get_runtime_context",
 ]
+#: The read tools every roster identity has, last in the table.
+READS = ["gitea_read_issue", "gitea_read_pull_request"]
 
 
 @pytest.mark.parametrize(
     ("token", "expected"),
     [
-        ("tok-controller", ["gitea_allocate_next_work", *EVERY_ROLE, "gitea_assess_work_issue_duplicate"]),
+        ("tok-controller", ["gitea_allocate_next_work", *EVERY_ROLE, "gitea_assess_work_issue_duplicate", *READS]),
         ("tok-author-1", [*EVERY_ROLE, "gitea_publish_worktree", "gitea_open_pull_request",
-                          "gitea_update_pull_request", "gitea_assess_work_issue_duplicate"]),
+                          "gitea_update_pull_request", "gitea_assess_work_issue_duplicate", *READS]),
         ("tok-rev-1", [*EVERY_ROLE, "gitea_assess_work_issue_duplicate", "gitea_claim_review",
-                       "gitea_submit_review"]),
-        ("tok-merge-1", [*EVERY_ROLE, "gitea_assess_work_issue_duplicate", "gitea_merge_pull_request"]),
+                       "gitea_submit_review", *READS]),
+        ("tok-merge-1", [*EVERY_ROLE, "gitea_assess_work_issue_duplicate", "gitea_merge_pull_request", *READS]),
         ("tok-stranger", []),
     ],
 )

@@ -22,7 +22,7 @@ from tests.mcp_http_support import mcp_over_http
 from tests.review_support import LOOP, ROSTER, InReview, ok, put_in_review
 from tests.support import Started, emulator_sections, offline_config
 from tests.test_mcp_stdio import TRANSPORTS, foreman_mcp
-from tests.world import World, open_world
+from tests.world import Sections, World, open_world
 
 TOKENS = {"tok-read-author": "author-1", "tok-read-reviewer": "author-2", "tok-read-merger": "author-3"}
 #: A small bound, so that a body, a comment and a diff are cut.
@@ -32,8 +32,8 @@ Open = Callable[[str], AbstractAsyncContextManager[ClientSession]]
 
 @pytest.fixture
 async def world(tmp_path: Path, start: Started) -> AsyncIterator[World]:
-    async with open_world(tmp_path, start, roster=ROSTER, mcp={"tokens": TOKENS, "read_max_chars": MAX_CHARS},
-                          **LOOP) as opened:
+    sections: Sections = {**LOOP, "mcp": {"tokens": TOKENS, "read_max_chars": MAX_CHARS}}
+    async with open_world(tmp_path, start, roster=ROSTER, **sections) as opened:
         yield opened
 
 

@@ -82,11 +82,17 @@ def _limit(rt: VerbRuntime[Any]) -> int:
     return rt.settings.mcp.read_max_chars
 
 
-def _gitea(rt: VerbRuntime[Any], verb: Verb) -> ReadGitea | VerbResult:
+async def _gitea(rt: VerbRuntime[Any], verb: Verb, caller: Caller, number: int, lease: Lease | None) -> (
+    ReadGitea | VerbResult
+):
+    """The bot's Gitea client; without one (no gitea.token) the answer is what foreman holds itself, saying what was
+    not read (as the duplicate assessment does)."""
     if rt.gitea is None:
-        return refused(verb.name, envelope(
-            "unavailable", f"{verb.tool} reads Gitea, and this foreman has no Gitea client (no gitea.token)",
-            "An operator configures [gitea] token.", "call gitea_get_issue_state for what foreman holds"))
+        held = await state_document(rt, number, lease) if verb.name == "read_issue" else None
+        return rt.done(verb, caller, {
+            "issue_number": number, "repository": rt.repo, "canonical_state": held,
+            "unread": ["gitea"], "note": "foreman has no Gitea connection (no gitea.token): only what foreman holds "
+            "itself is shown"})
     gitea: ReadGitea = rt.gitea
     return gitea
 
@@ -148,7 +154,7 @@ async def read_issue(
     other = _other_repository(rt, verb, values)
     if other is not None:
         return other
-    gitea = _gitea(rt, verb)
+    gitea = await _gitea(rt, verb, caller, number, lease)
     if isinstance(gitea, VerbResult):
         return gitea
     try:
@@ -305,7 +311,7 @@ async def read_pull_request(
     other = _other_repository(rt, verb, values)
     if other is not None:
         return other
-    gitea = _gitea(rt, verb)
+    gitea = await _gitea(rt, verb, caller, number, lease)
     if isinstance(gitea, VerbResult):
         return gitea
     try:
