@@ -341,6 +341,18 @@ class McpConfig(ConfigSection):
     max_requests_in_flight: int = Field(default=16, ge=1, le=10_000)
     # A session with no request for this long is closed; its client opens a new one.
     session_idle_s: float = Field(default=1800.0, gt=0, le=7 * 86400)
+    # login = the absolute path at which that agent sees the checkout root (its worktrees bind-mounted into a
+    # sandbox or another host); "*" for every agent without its own. The runtime context answers worktree paths so.
+    worktree_roots: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("worktree_roots")
+    @classmethod
+    def _roots_are_absolute(cls, value: dict[str, str]) -> dict[str, str]:
+        for login, root in value.items():
+            parts = root.split("/")
+            if not root.startswith("/") or ".." in parts or "\0" in root or len(root) > 1024:
+                raise ValueError(f"{login}: {root[:80]!r} is not an absolute path without '..'")
+        return value
 
     @field_validator("token_digests", mode="before")
     @classmethod
