@@ -203,6 +203,10 @@ def _idle_next(rt: VerbRuntime[ContextGitea], caller: Caller) -> str:
     if "reviewer" in caller.roles and "controller" not in caller.roles:
         return ("nothing is leased to you: the review queue does not run by itself here; claim a review listed in "
                 "work_waiting with gitea_claim_review, or call gitea_get_runtime_context again later")
+    if "merger" in caller.roles and "controller" not in caller.roles:
+        return ("nothing is leased to you: the merge queue does not run by itself here; merge an approved pull "
+                "request listed in work_waiting with gitea_merge_pull_request, or call gitea_get_runtime_context "
+                "again later")
     if "author" in caller.roles and rt.settings.auto_allocation():
         return ("nothing is leased to you now: foreman leases you the next status:ready issue by itself; call "
                 "gitea_get_runtime_context again in a minute")
