@@ -107,6 +107,7 @@ def test_two_required_approvals_count_one_per_reviewer_on_the_head() -> None:
                      [_review(1, "foreman-bot", commit="c" * 40), _review(2, "foreman-bot")], _pull(),
                      implementer="author-1", reviewers=reviewers, rules=rules)
     assert old.block == "approvals_missing" and len(old.approvals) == 1
+    assert [(n.review_id, n.why) for n in old.not_counted] == [(1, "stale")]
     assert HEAD == _pull().head_sha
 
 
