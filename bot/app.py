@@ -243,7 +243,8 @@ class Service:
             **await self.outbox.counts(),
         }
         status = self.gitea_status
-        checks["gitea"] = {"ok": bool(status.reachable), "detail": status.detail, "login": status.login}
+        checks["gitea"] = {"ok": bool(status.reachable), "reachable": status.reachable, "detail": status.detail,
+                           "login": status.login}
         # Informative, never failing readiness: the webhook door works while Gitea cannot be read, and what a
         # failed pass missed is read again by the next one (docs/operating.md "Catch-up").
         per_repository = {key: _reconcile_check(bundle) for key, bundle in self.repositories.items()}

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -13,7 +14,7 @@ import pytest
 from aiohttp.test_utils import TestClient
 
 from bot.app import Service
-from bot.dashboard.render import _LINK_QUERY, issue_link
+from bot.dashboard.render import _LINK_QUERY, _REFRESH, issue_link
 from bot.dashboard.routes import COOKIE, session_value
 from state.db import utcnow
 from state.leases import LeaseStore
@@ -158,7 +159,10 @@ async def test_pages_escape_gitea_text_and_show_what_the_stores_hold(tmp_path: P
     assert resp.headers["Cache-Control"] == "no-store" and "default-src 'none'" in resp.headers[
         "Content-Security-Policy"]
     html = await resp.text()
-    assert "<script" not in html and "<img" not in html  # no script, and Gitea's text never becomes markup
+    # One script, the page's own refresh, allowed by this response's nonce alone; Gitea's text never becomes markup.
+    nonce = re.search(r"script-src 'nonce-([A-Za-z0-9_-]+)'", resp.headers["Content-Security-Policy"])
+    assert nonce is not None and html.count("<script") == 1 and "<img" not in html
+    assert f'<script nonce="{nonce.group(1)}">{_REFRESH}</script>' in html
     assert "&lt;script&gt;" in html and "&lt;img src=x onerror=alert(1)&gt;" in html
     for secret in (TOKEN, SECRET, "mcp-secret-token-value"):
         assert secret not in html
@@ -172,7 +176,10 @@ async def test_pages_escape_gitea_text_and_show_what_the_stores_hold(tmp_path: P
     (live,) = api["leases"]["live"]
     assert (live["issue_number"], live["owner"], live["role"], live["action"]) == (9, "author-2", "author",
                                                                                    "implement")
-    assert live["expires_at"] in html and live["lease_id"] in html
+    # Times to the second, relative, the absolute time on hover: never the stored microseconds.
+    expires = live["expires_at"][:19]
+    assert f'<time datetime="{expires}Z" title="{expires.replace("T", " ")} UTC">in 59 min</time>' in html
+    assert live["expires_at"] not in html and live["lease_id"] in html
     # The failed verification with both versions.
     (failed,) = [e for e in api["outbox"]["open"] if e["key"] == "t:labels"]
     assert failed["status"] == "verification_failed"
@@ -204,7 +211,7 @@ async def test_the_issue_page_has_the_whole_timeline(tmp_path: Path, start: Star
     assert "delivery" in kinds and "outbox" in kinds, kinds
     assert [item["at"] for item in doc["timeline"]] == sorted(item["at"] for item in doc["timeline"])
     html = await (await client.get("/dashboard/issues/7", headers=AUTH)).text()
-    assert seeded["opened"] in html and "<script" not in html and "t:labels" in html
+    assert seeded["opened"] in html and html.count("<script") == 1 and "<img" not in html and "t:labels" in html
     nine = await (await client.get("/dashboard/api/issues/9", headers=AUTH)).json()
     assert [lease["owner"] for lease in nine["leases"]] == ["author-2"]
     assert [e["kind"] for e in nine["lease_events"]] == ["acquired"]

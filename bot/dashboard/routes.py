@@ -203,7 +203,7 @@ class Dashboard:
         readiness = await self._health() if self._health is not None else None
         refused = self._refused() if self._refused is not None else None
         gitea = ((readiness or {}).get("checks") or {}).get("gitea") or {}
-        if readiness is not None and not gitea.get("ok"):  # not read again: the page answers at once
+        if gitea.get("reachable") is False:  # the probe failed: not read again, so the page answers at once
             queues = {"repository": view.repo_key, "error": "unavailable",
                       "message": f"not read: Gitea is unreachable ({gitea.get('detail')})"}
         else:
