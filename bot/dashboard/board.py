@@ -56,7 +56,7 @@ def health(readiness: Mapping[str, Any] | None, repo: str, now: datetime) -> dic
 
     gitea = checks.get("gitea") or {}
     add("Gitea", bool(gitea.get("ok")),
-        f"reachable as {gitea.get('login')}" if gitea.get("ok") else f"unreachable: {gitea.get('detail')}")
+        f"reachable as {gitea.get('login')}" if gitea.get("ok") else _unreachable(str(gitea.get("detail"))))
     database = checks.get("database") or {}
     add("database", bool(database.get("ok")), "writable" if database.get("ok") else
         f"not writable: {database.get('reason')} ({database.get('detail')})")
@@ -77,6 +77,10 @@ def health(readiness: Mapping[str, Any] | None, repo: str, now: datetime) -> dic
         "unknown" if lag is None else f"the event loop was held at most {lag:.2f} s since start")
     reasons = [f"{c['name']}: {c['detail']}" for c in out if c["ok"] is False and c["name"] != "lag"]
     return {"ok": bool(readiness.get("ready")) and not reasons, "reasons": reasons, "checks": out}
+
+
+def _unreachable(detail: str) -> str:
+    return detail if detail.startswith(("unreachable", "no gitea.token", "not probed")) else f"unreachable: {detail}"
 
 
 def _catch_up(check: Mapping[str, Any], now: datetime) -> tuple[bool | None, str]:
@@ -131,7 +135,7 @@ def _card(number: int, title: str | None, labels: Sequence[str], snapshot_state:
     elif column == "blocked":
         waits = f"{who or 'someone'}: {snapshot_state.blockers if snapshot_state is not None else '?'}"
     elif lease is not None:
-        waits = f"{lease.owner} ({lease.action})" + (f": {action}" if action and who != "human" else "")
+        waits = action if action and who != "human" else f"{lease.owner} ({lease.action})"
     elif column == "ready":
         waits = skipped or "an idle author"
     else:

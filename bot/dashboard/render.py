@@ -192,7 +192,7 @@ def page(title: str, body: str, *, nav: Sequence[tuple[str, str]] = (), nonce: s
 
 
 # --- the front page ---------------------------------------------------------------------------------------------------
-_NAV = (("#health", "Health"), ("#needs", "Needs a person"), ("#board", "Board"),
+_NAV = (("#health", "Health"), ("#needs", "Needs a person"), ("#board", "Board"), ("#refused", "Refused"),
         ("#repositories", "Repositories"), ("#allocator", "Allocator"), ("#queues", "Queues"), ("#leases", "Leases"),
         ("#bootstrap", "Bootstrap"), ("#outbox", "Outbox"), ("#deliveries", "Deliveries"), ("#grants", "Grants"))
 
@@ -404,9 +404,10 @@ def _flow(doc: Row | None) -> str:
     return f'<div class="board">{"".join(columns)}</div>'
 
 
-def _needs(doc: Row | None) -> str:
+def _needs(doc: Row | None) -> tuple[str, str]:
+    """What needs a person (first screen), and the refused commands, webhook requests and ignored deliveries."""
     if not doc:
-        return '<p class="empty">not read</p>'
+        return '<p class="empty">not read</p>', ""
     items: list[str] = []
     for card in doc.get("blocked") or []:
         items.append(f"{issue_link(card.get('issue_number'))} {e(card.get('title'))} is <b>blocked</b>: "
@@ -441,10 +442,10 @@ def _needs(doc: Row | None) -> str:
         ("why", field("ignored_reason")), ("delivery", lambda r: f"<code>{e(r.get('delivery'))}</code>"),
     ], empty="no delivery ignored recently", test_id="ignored-deliveries")
     since = f" since {when(refused.get('since'))}" if refused.get("since") else ""
-    return (needs + f"<h3>Refused commands</h3>{commands}"
-            f"<h3>Refused webhook requests{since}</h3>"
-            + (f"<p>{counts_line}</p>" if counts_line else "") + door
-            + f"<h3>Ignored deliveries</h3>{ignored}")
+    return needs, (f"<h3>Refused commands</h3>{commands}"
+                   f"<h3>Refused webhook requests{since}</h3>"
+                   + (f"<p>{counts_line}</p>" if counts_line else "") + door
+                   + f"<h3>Ignored deliveries</h3>{ignored}")
 
 
 def _repository_cell(row: Row) -> str:
@@ -467,13 +468,15 @@ def _overview_page(doc: Row) -> str:
     lease = doc.get("leases", {})
     out = doc.get("outbox", {})
     dl = doc.get("deliveries", {})
-    needs = doc.get("attention") or {}
-    count = needs.get("count") or 0
+    attention = doc.get("attention") or {}
+    count = attention.get("count") or 0
+    needs, refused = _needs(attention)
     body = (
         f'<section id="health"><h2>Health</h2>{_health(doc.get("health"))}</section>'
         f'<section id="needs"><h2>Needs a person now'
-        + (f' <span class="tag bad">{e(count)}</span>' if count else "") + f"</h2>{_needs(needs)}</section>"
+        + (f' <span class="tag bad">{e(count)}</span>' if count else "") + f"</h2>{needs}</section>"
         f'<section id="board"><h2>Board</h2>{_flow(doc.get("flow"))}</section>'
+        f'<section id="refused"><h2>Refused and ignored</h2>{refused}</section>'
         f'<section id="repositories"><h2>Repositories</h2>{repos}'
         f'<p class="muted">as of {when(doc.get("generated_at"))}</p></section>'
         f'<section id="allocator"><h2>Allocator</h2><h3>Ready candidates</h3>{ready}'
