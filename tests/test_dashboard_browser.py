@@ -286,7 +286,9 @@ async def test_the_board_answers_the_operator_through_the_demo(browser: Any) -> 
                     assert time.monotonic() < deadline, "the page never reloaded itself"
                     time.sleep(0.2)
                 time.sleep(0.3)
-                assert abs(int(browser.execute_script("return Math.round(window.scrollY)")) - 700) <= 2
+                # Where the reader was (the page may have grown or shrunk a little between the two loads), not the top.
+                scrolled = int(browser.execute_script("return Math.round(window.scrollY)"))
+                assert 600 <= scrolled <= 800, scrolled
 
             await in_browser(refreshes)
 
