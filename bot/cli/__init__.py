@@ -29,7 +29,6 @@ from bot.cli import (
 from bot.cli import serve as serve_commands
 from bot.cli.allocate import cmd_allocate
 from bot.cli.bootstrap import cmd_bootstrap, cmd_checkout
-from bot.cli.check_config import cmd_check_config
 from bot.cli.common import EXIT_REFUSED, EXIT_USAGE, repository_view
 from bot.cli.inbox import cmd_deliveries, cmd_outbox, cmd_replay
 from bot.cli.invariants import cmd_invariants
@@ -162,6 +161,8 @@ def _main(argv: Sequence[str] | None) -> int:
                              as_json=args.json)
     if args.command == "token-digest":  # reads no configuration: the operator runs it where the token is
         return cmd_token_digest(args.login)
+    if args.command == "check-config":  # loads the config itself: it says where it looked, and why it refuses
+        return check_config.main(args)
     try:
         settings = load_settings(args.config)
     except ConfigError as exc:
@@ -232,7 +233,6 @@ def _run_command(settings: Settings, args: argparse.Namespace) -> int:
         return EXIT_USAGE
     settings = view
     commands: dict[str, Callable[[Settings, argparse.Namespace], int]] = {
-        "check-config": cmd_check_config,
         "deliveries": cmd_deliveries,
         "replay": cmd_replay,
         "outbox": cmd_outbox,
