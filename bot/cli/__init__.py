@@ -149,7 +149,7 @@ def _main(argv: Sequence[str] | None) -> int:
     if args.command == "demo":  # self-contained: writes its own config in a temporary directory
         from bot.demo import main as demo_main
 
-        return demo_main(keep=args.keep, timeout_s=args.timeout)
+        return demo_main(keep=args.keep, timeout_s=args.timeout, verbose=args.verbose)
     if args.command == "mcp" and (args.url or os.environ.get(URL_ENV)):  # the bridge: no config, no database
         from bot.mcp_bridge import serve as serve_bridge
 

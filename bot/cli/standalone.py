@@ -17,6 +17,8 @@ def register(commands: Commands) -> None:
     demo = commands.add("demo", "run the whole loop against the bundled Gitea emulator in a temporary directory")
     demo.add_argument("--keep", action="store_true", help="keep the temporary directory (config, database, logs)")
     demo.add_argument("--timeout", type=seconds, default=30.0, metavar="S", help="seconds each step may take")
+    demo.add_argument("--verbose", action="store_true",
+                      help="each step in full, and the evidence comments with their JSON (default: a short timeline)")
     emulator = commands.add(
         "emulator", "serve the bundled Gitea emulator with a demo repository; prints URL, users, tokens"
     )
