@@ -26,8 +26,8 @@ def test_foreman_demo_runs_the_loop_and_exits_0() -> None:
     """`python -m bot demo --verbose` from a directory without any config: every step is printed in full and
     verified, with the evidence comments."""
     done = subprocess.run(
-        [sys.executable, "-m", "bot", "demo", "--verbose", "--timeout", str(HANG_S)], cwd=REPO_ROOT / "tests", capture_output=True,
-        text=True, timeout=SLOW_HANG_S, check=False,
+        [sys.executable, "-m", "bot", "demo", "--verbose", "--timeout", str(HANG_S)], cwd=REPO_ROOT / "tests",
+        capture_output=True, text=True, timeout=SLOW_HANG_S, check=False,
     )
     out = done.stdout
     assert done.returncode == 0, f"{out}\n{done.stderr}"

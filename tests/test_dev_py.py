@@ -49,7 +49,7 @@ def test_sigterm_to_dev_py_run_stops_the_service_it_started(tmp_path: Path) -> N
         while True:
             assert proc.poll() is None, proc.stderr.read().decode() if proc.stderr else ""
             try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5) as resp:  # noqa: S310
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5) as resp:
                     if resp.status == 200:
                         break
             except OSError:

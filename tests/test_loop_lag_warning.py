@@ -29,7 +29,8 @@ def test_a_burst_of_holds_logs_one_line_then_one_line_with_the_count(caplog: pyt
     warnings.held(0.3, now=1062.0)
     warnings.flush(now=1070.0)
     warnings.flush(now=1080.0)  # nothing left to say
-    assert _lines(caplog)[2:] == ["the event loop was held 1 more time(s) over 50 ms in the last 9 s, the longest 300 ms"]
+    assert _lines(caplog)[2:] == [
+        "the event loop was held 1 more time(s) over 50 ms in the last 9 s, the longest 300 ms"]
 
 
 def test_holds_further_apart_than_the_window_each_log_alone(caplog: pytest.LogCaptureFixture) -> None:
