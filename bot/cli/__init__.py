@@ -1,4 +1,4 @@
-"""The `foreman` command line (DESIGN.md section 3): its parser and entry point; each command group is a module here."""
+"""The `foreman` command line (README.md, "Command line"): its parser and entry point; a module per command group."""
 
 from __future__ import annotations
 
@@ -59,6 +59,15 @@ def config_error_envelope(exc: ConfigError) -> dict[str, Any]:
     }
 
 
+def docs_dir() -> Path:
+    """Where the documents ship: ``<prefix>/share/gitea-foreman/docs`` of an installed wheel, else the source tree's
+    ``docs/`` (an editable install, or ``python -m bot`` in a checkout)."""
+    source = Path(__file__).resolve().parents[2] / "docs"
+    if source.is_dir():
+        return source
+    return Path(sys.prefix) / "share" / "gitea-foreman" / "docs"
+
+
 def build_parser() -> argparse.ArgumentParser:
     from bot.metrics import version
 
@@ -66,7 +75,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="foreman",
         description="Runs AI coding agents and people on a Gitea repository under auditable rules.",
         epilog="Exit codes: 0 done; 1 refused or blocked (the structured result is still printed), or standard "
-        "output closed; 2 usage or configuration error (a taken port too). `foreman COMMAND --help` for each.",
+        "output closed; 2 usage or configuration error (a taken port too). `foreman COMMAND --help` for each. "
+        f"The docs/... this help names (operating.md, mcp.md, grants.md, bootstrap.md, ...) are in {docs_dir()}.",
     )
     parser.add_argument("--version", action="version", version=f"foreman {version()}",
                         help="print the version and exit")
