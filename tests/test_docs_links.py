@@ -1,5 +1,6 @@
 """No file of the repository points at a document that is not in it (issue 34 item 3: the design document,
-../shared/DESIGN.md, was named by files of the repository as if it were in it; `--help` pointed at docs/ the wheel did not carry)."""
+../shared/DESIGN.md, was named by files of the repository as if it were in it; `--help` pointed at docs/ the wheel
+did not carry)."""
 
 from __future__ import annotations
 
