@@ -5,7 +5,9 @@ in-process part only, without real processes, PostgreSQL, the browser or the slo
 pyproject.toml lists: bot, handlers and state strictly, tests and bench with their bodies checked).
 
 Both create ./.venv and install the project with its dev dependencies on first use (and again whenever
-pyproject.toml changes), so a fresh machine needs nothing but Python 3.11+ and git.
+pyproject.toml changes), so a fresh machine needs nothing but Python 3.11+ and git; the install prints a line per
+package as it goes. A signal to dev.py (SIGTERM, SIGINT, SIGHUP) is passed on to the process it runs, so stopping
+dev.py stops the service too.
 """
 
 from __future__ import annotations
