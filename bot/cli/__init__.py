@@ -29,7 +29,7 @@ from bot.cli import (
 from bot.cli import serve as serve_commands
 from bot.cli.allocate import cmd_allocate
 from bot.cli.bootstrap import cmd_bootstrap, cmd_checkout
-from bot.cli.common import EXIT_REFUSED, EXIT_USAGE, repository_view
+from bot.cli.common import EXIT_REFUSED, EXIT_USAGE, config_error_envelope, repository_view
 from bot.cli.inbox import cmd_deliveries, cmd_outbox, cmd_replay
 from bot.cli.invariants import cmd_invariants
 from bot.cli.listings import cmd_issue, cmd_journal, cmd_leases
@@ -43,20 +43,6 @@ from bot.cli.state import cmd_state_parse
 from bot.config import ConfigError, Settings, load_settings
 from bot.mcp_bridge import URL_ENV
 from state.db import DatabaseFileUnusable, DatabaseNotWritable, SchemaTooNew
-
-
-def config_error_envelope(exc: ConfigError) -> dict[str, Any]:
-    """Every configuration problem at once; ``key`` and ``message`` stay the first one's (compatibility)."""
-    more = f" (and {len(exc.errors) - 1} more: see errors)" if len(exc.errors) > 1 else ""
-    return {
-        "error": "invalid_config",
-        "key": exc.key,
-        "message": f"{exc.key}: {exc.message}{more}",
-        "errors": [{"key": key, "message": message} for key, message in exc.errors],
-        "remediate": "Fix each key listed in errors (config/foreman.example.toml documents every key), or the "
-        "FOREMAN_<SECTION>__<KEY> variable that sets it.",
-        "exact_next_action": "edit the config, then run foreman check-config --config PATH",
-    }
 
 
 def docs_dir() -> Path:

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from bot.cli.common import EXIT_OK, EXIT_REFUSED, EXIT_USAGE, emit, repository_view
+from bot.cli.common import EXIT_OK, EXIT_REFUSED, EXIT_USAGE, config_error_envelope, emit, repository_view
 from bot.cli.parsing import Commands, add_json
 from bot.config import DEFAULT_CONFIG_PATH, ENV_PREFIX, ConfigError, Settings, load_settings
 
@@ -199,8 +199,6 @@ def main(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> 
     try:
         settings = load_settings(args.config, environ=env)
     except ConfigError as exc:
-        from bot.cli import config_error_envelope
-
         if args.json:
             print(json.dumps(config_error_envelope(exc), sort_keys=True), file=sys.stderr)
         else:
