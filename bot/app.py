@@ -262,11 +262,13 @@ class Service:
 
     async def handle_metrics(self, request: web.Request) -> web.Response:
         self.metrics.worker_loops_alive.set(self.worker.loops_alive())
+        self.metrics.worker_loops_configured.set(self.settings.worker.concurrency)
         for name, count in (await self.store.counts()).items():
             self.metrics.inbox_depth.labels(name).set(count)
         for name, count in (await self.outbox.counts()).items():
             self.metrics.outbox_depth.labels(name).set(count)
-        await self.metrics.refresh_state(self.db)
+        await self.metrics.refresh_state(self.db, lease_grace_s=self.settings.allocator.lease_grace_s,
+                                         repositories=list(self.repositories))
         from bot.metrics import CONTENT_TYPE
 
         return web.Response(body=self.metrics.render(), headers={"Content-Type": CONTENT_TYPE})

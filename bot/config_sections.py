@@ -404,7 +404,7 @@ class DashboardConfig(ConfigSection):
 
 
 class GrantCallConfig(ConfigSection):
-    """One call of a run-grant policy template (DESIGN.md section 3, "Run grants")."""
+    """One call of a run-grant policy template (docs/grants.md, "Policy templates")."""
 
     tool: str
     effect: GrantEffect
