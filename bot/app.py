@@ -211,6 +211,11 @@ class Service:
         return web.json_response({"status": "ok"})
 
     async def handle_readyz(self, request: web.Request) -> web.Response:
+        doc = await self.readiness()
+        return web.json_response(doc, status=200 if doc["ready"] else 503)
+
+    async def readiness(self) -> dict[str, Any]:
+        """What ``/readyz`` answers (``ready`` and every check); the dashboard's health reads the same document."""
         checks: dict[str, Any] = {}
         ready = True
         try:
@@ -238,7 +243,8 @@ class Service:
             **await self.outbox.counts(),
         }
         status = self.gitea_status
-        checks["gitea"] = {"ok": bool(status.reachable), "detail": status.detail, "login": status.login}
+        checks["gitea"] = {"ok": bool(status.reachable), "reachable": status.reachable, "detail": status.detail,
+                           "login": status.login}
         # Informative, never failing readiness: the webhook door works while Gitea cannot be read, and what a
         # failed pass missed is read again by the next one (docs/operating.md "Catch-up").
         per_repository = {key: _reconcile_check(bundle) for key, bundle in self.repositories.items()}
@@ -252,15 +258,17 @@ class Service:
             checks["organization"] = discovery.status.to_dict(org.name, self.settings.reconcile.interval_s) \
                 if discovery is not None else {"ok": None, "organization": org.name,
                                                "detail": "off (no Gitea token: nothing can be listed)"}
-        return web.json_response({"ready": ready, "checks": checks}, status=200 if ready else 503)
+        return {"ready": ready, "checks": checks}
 
     async def handle_metrics(self, request: web.Request) -> web.Response:
         self.metrics.worker_loops_alive.set(self.worker.loops_alive())
+        self.metrics.worker_loops_configured.set(self.settings.worker.concurrency)
         for name, count in (await self.store.counts()).items():
             self.metrics.inbox_depth.labels(name).set(count)
         for name, count in (await self.outbox.counts()).items():
             self.metrics.outbox_depth.labels(name).set(count)
-        await self.metrics.refresh_state(self.db)
+        await self.metrics.refresh_state(self.db, lease_grace_s=self.settings.allocator.lease_grace_s,
+                                         repositories=list(self.repositories))
         from bot.metrics import CONTENT_TYPE
 
         return web.Response(body=self.metrics.render(), headers={"Content-Type": CONTENT_TYPE})
@@ -277,7 +285,9 @@ class Service:
         from bot.dashboard.routes import add_dashboard
 
         # Only with [dashboard] token (off without one); the queues are read through the served repositories' doors.
-        add_dashboard(app, self.db, self.settings, self.served.door_of)
+        # Its health is /readyz's document, its refused deliveries the webhook door's.
+        add_dashboard(app, self.db, self.settings, self.served.door_of, health=self.readiness,
+                      refused=self.intake.refused.to_dict)
         from bot.mcp_http import McpHttp
 
         # MCP over Streamable HTTP (docs/mcp.md): agents hold only this URL and their own token.

@@ -344,6 +344,18 @@ class McpConfig(ConfigSection):
     # Characters of one body, comment or diff gitea_read_issue / gitea_read_pull_request answer in one call; the
     # rest is cut, with the argument (offset, comment_id + offset, file + page) that reads on.
     read_max_chars: int = Field(default=8000, ge=200, le=1_000_000)
+    # login = the absolute path at which that agent sees the checkout root (its worktrees bind-mounted into a
+    # sandbox or another host); "*" for every agent without its own. The runtime context answers worktree paths so.
+    worktree_roots: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("worktree_roots")
+    @classmethod
+    def _roots_are_absolute(cls, value: dict[str, str]) -> dict[str, str]:
+        for login, root in value.items():
+            parts = root.split("/")
+            if not root.startswith("/") or ".." in parts or "\0" in root or len(root) > 1024:
+                raise ValueError(f"{login}: {root[:80]!r} is not an absolute path without '..'")
+        return value
 
     @field_validator("token_digests", mode="before")
     @classmethod
@@ -395,7 +407,7 @@ class DashboardConfig(ConfigSection):
 
 
 class GrantCallConfig(ConfigSection):
-    """One call of a run-grant policy template (DESIGN.md section 3, "Run grants")."""
+    """One call of a run-grant policy template (docs/grants.md, "Policy templates")."""
 
     tool: str
     effect: GrantEffect

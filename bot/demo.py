@@ -324,14 +324,15 @@ async def _agents(h: LoopHarness, p: Printer, n: int, lease_id: str, journal: Tr
     p.block(f"final evidence comment #{final['id']}", final["body"])
 
 
-async def run_demo(out: TextIO, *, keep: bool = False, timeout_s: float = 30.0) -> int:
-    """Run the demo; prints every step to ``out``. Returns the exit status."""
+async def run_demo(out: TextIO, *, keep: bool = False, timeout_s: float = 30.0, verbose: bool = False) -> int:
+    """Run the demo; prints every step to ``out`` as a short timeline (``verbose``: each step in full and the
+    evidence comments with their JSON). Returns the exit status."""
     if shutil.which("git") is None:
         out.write("foreman demo: git is not installed (the bootstrap creates real git worktrees)\n")
         return EXIT_USAGE
     root = scratch_root("foreman-demo-")
-    p = Printer(out)
-    out.write(f"foreman demo: the controller loop against the bundled Gitea emulator, in {root}\n")
+    p = Printer(out, verbose=verbose)
+    out.write(f"foreman demo: one issue's whole life against the bundled Gitea emulator, in {root}\n")
     out.flush()
     failed: StepFailed | None = None
     tail = ""
@@ -352,6 +353,8 @@ async def run_demo(out: TextIO, *, keep: bool = False, timeout_s: float = 30.0) 
         out.write(f"the demo's files are kept in {root}\n")
         out.flush()
         return EXIT_FAILED
+    if not verbose:
+        out.write("(foreman demo --verbose: each step in full, and the evidence comments with their JSON)\n")
     out.write(f"\nforeman demo: every step verified in {time.monotonic() - p.started:.1f}s\n")
     if keep:
         out.write(f"files kept in {root} (foreman.toml, foreman.db, serve.log, checkouts/)\n")
@@ -361,6 +364,6 @@ async def run_demo(out: TextIO, *, keep: bool = False, timeout_s: float = 30.0) 
     return EXIT_OK
 
 
-def main(*, keep: bool = False, timeout_s: float = 30.0) -> int:
+def main(*, keep: bool = False, timeout_s: float = 30.0, verbose: bool = False) -> int:
     """``foreman demo``."""
-    return asyncio.run(run_demo(sys.stdout, keep=keep, timeout_s=timeout_s))
+    return asyncio.run(run_demo(sys.stdout, keep=keep, timeout_s=timeout_s, verbose=verbose))

@@ -252,18 +252,40 @@ async def call_tool(session: Any, step: str, tool: str, **arguments: Any) -> dic
 
 
 class Printer:
-    def __init__(self, out: TextIO) -> None:
+    """The demo's output: a timeline, one line per verified step with the seconds since the start. Short by default
+    (each step up to its first "; " and at most ``SHORT`` characters); ``verbose``: each step in full, and the
+    blocks (evidence comments as Gitea serves them, with their JSON)."""
+
+    SHORT = 110
+
+    def __init__(self, out: TextIO, *, verbose: bool = False) -> None:
         self.out = out
+        self.verbose = verbose
         self.started = time.monotonic()
 
     def step(self, name: str, text: str) -> None:
+        if not self.verbose:
+            if not name:
+                return  # a step's continuation line
+            text = short(text, self.SHORT)
         self.out.write(f"[{time.monotonic() - self.started:5.1f}s] {name:<10} {text}\n")
         self.out.flush()
 
     def block(self, title: str, body: str) -> None:
+        if not self.verbose:
+            return
         rule = "-" * 100
         self.out.write(f"{rule}\n{title}\n{rule}\n{body.rstrip()}\n{rule}\n")
         self.out.flush()
+
+
+def short(text: str, width: int) -> str:
+    """``text`` up to its first "; ", cut at a word boundary to at most ``width`` characters (marked " ...")."""
+    head = text.split("; ", 1)[0]
+    if len(head) <= width:
+        return head
+    cut = head[: width - 4].rsplit(" ", 1)[0]
+    return f"{cut} ..."
 
 
 async def state_comment_id(h: LoopHarness, n: int) -> int | None:

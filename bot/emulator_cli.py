@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import json
 import secrets
 import signal
 import sys
 from pathlib import Path
 from typing import Any, TextIO
+from urllib.parse import urlsplit
 
-from bot.config_writer import write_config
+from bot.config_writer import merged, write_config
 from bot.demo import demo_config, scratch_root, seed_demo
-from bot.demo_harness import OWNER, REPO, USERS
+from bot.demo_harness import AUTHOR, LIFE_ROSTER, LIFE_USERS, OWNER, REPO, USERS
 from bot.emulator import Emulator, start_emulator
 
 HOOK_EVENTS = ("issues", "issue_comment", "pull_request", "push")
@@ -21,9 +23,10 @@ HOOK_EVENTS = ("issues", "issue_comment", "pull_request", "push")
 async def run(out: TextIO, *, host: str, port: int, root: Path, hook_url: str | None, as_json: bool,
               stop: asyncio.Event | None = None) -> int:
     emu = Emulator(root / "gitea")
-    tokens = seed_demo(emu)
+    users = USERS + LIFE_USERS
+    tokens = seed_demo(emu, users)
     secret = secrets.token_hex(24)
-    mcp_token = f"mcp-author-1-{secrets.token_hex(12)}"
+    mcp_tokens = {login: f"mcp-{login}-{secrets.token_hex(12)}" for login in LIFE_ROSTER}
     try:
         runner, url = await start_emulator(emu, host, port)
     except OSError as exc:
@@ -34,7 +37,7 @@ async def run(out: TextIO, *, host: str, port: int, root: Path, hook_url: str | 
         if hook_url:
             emu.add_hook(OWNER, REPO, url=hook_url, secret=secret, events=HOOK_EVENTS)
         config = root / "foreman.toml"
-        write_config(config, demo_config(url, tokens, secret, root, mcp_token),
+        write_config(config, foreman_config(url, tokens, secret, root, mcp_tokens, hook_url),
                      comment=f"written by foreman emulator: `foreman serve --config {config}`")
         config.chmod(0o600)  # it holds the bot's token and the webhook secret
         doc: dict[str, Any] = {
@@ -43,14 +46,15 @@ async def run(out: TextIO, *, host: str, port: int, root: Path, hook_url: str | 
             "repository": f"{OWNER}/{REPO}",
             "clone_url": f"{url}/{OWNER}/{REPO}.git",
             "users": [{"login": login, "permission": perm, "role": role, "token": tokens[login]}
-                      for login, perm, role in USERS],
+                      for login, perm, role in users],
             "webhook": {"secret": secret, "url": hook_url,
                         "add": f"curl -X POST -H 'Authorization: token {tokens['maintainer']}' -H "
                         f"'Content-Type: application/json' {url}/api/v1/repos/{OWNER}/{REPO}/hooks -d "
                         + json.dumps(json.dumps({"type": "gitea", "active": True, "events": list(HOOK_EVENTS),
                                                  "config": {"url": "http://127.0.0.1:8080/webhook",
                                                             "content_type": "json", "secret": secret}}))},
-            "mcp_token": mcp_token,
+            "mcp_token": mcp_tokens[AUTHOR],
+            "mcp_tokens": mcp_tokens,
             "config": str(config),
             "root": str(root),
         }
@@ -84,6 +88,33 @@ def main(*, host: str, port: int, root: Path | None, hook_url: str | None, as_js
                            as_json=as_json))
 
 
+def foreman_config(gitea_url: str, tokens: dict[str, str], secret: str, root: Path, mcp_tokens: dict[str, str],
+                   hook_url: str | None) -> dict[str, Any]:
+    """The foreman.toml for this emulator: the demo's, with the whole roster (controller, author, reviewer and merger,
+    each with its own Gitea and MCP token, so a review and a merge are posted as their identities), and ``serve``
+    listening where ``hook_url`` sends (its port and path; its host when that is an IP address) so the hook reaches
+    it as written."""
+    document = merged(demo_config(gitea_url, tokens, secret, root, mcp_tokens[AUTHOR]), {
+        "roster": LIFE_ROSTER,
+        "gitea": {"identity_tokens": {login: tokens[login] for login in LIFE_ROSTER}},
+        "mcp": {"tokens": {token: login for login, token in mcp_tokens.items()}},
+    })
+    if hook_url:
+        return merged(document, listen_for(hook_url))
+    return document
+
+
+def listen_for(hook_url: str) -> dict[str, Any]:
+    """The ``[server]`` and ``[webhook]`` keys under which a foreman receives what is sent to ``hook_url``."""
+    parts = urlsplit(hook_url)
+    server: dict[str, Any] = {"port": parts.port or (443 if parts.scheme == "https" else 80)}
+    try:
+        server["host"] = str(ipaddress.ip_address(parts.hostname or ""))
+    except ValueError:
+        pass  # a name (localhost, a host name): keep the default loopback address, say so in the config's comment
+    return {"server": server, "webhook": {"path": parts.path or "/webhook"}}
+
+
 def _text(doc: dict[str, Any]) -> str:
     lines = [
         f"foreman emulator: Gitea API at {doc['api']} (files in {doc['root']})",
@@ -92,7 +123,8 @@ def _text(doc: dict[str, Any]) -> str:
         *(f"  {u['login']:<15} {u['permission']:<6} {u['role']:<40} {u['token']}" for u in doc["users"]),
         f"webhook secret: {doc['webhook']['secret']}"
         + (f" (hook to {doc['webhook']['url']} added)" if doc["webhook"]["url"] else ""),
-        f"foreman MCP token of author-1: {doc['mcp_token']}",
+        "foreman MCP tokens (login, bearer token for /mcp):",
+        *(f"  {login:<15} {token}" for login, token in doc["mcp_tokens"].items()),
         f"a foreman config for it: {doc['config']}",
         f"  foreman serve --config {doc['config']}",
     ]

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import Counter, deque
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -19,6 +21,45 @@ from bot.http_server import read_body
 from bot.metrics import Metrics
 
 log = logging.getLogger("foreman.app")
+
+
+@dataclass(frozen=True, slots=True)
+class RefusedDelivery:
+    """One request the webhook door refused: when, the answer's status and error, its message (the door's own words,
+    never the request's body or headers) and the peer's address."""
+
+    at: float
+    status: int
+    error: str
+    message: str
+    remote: str | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"at": self.at, "status": self.status, "error": self.error, "message": self.message,
+                "remote": self.remote}
+
+
+class RefusedDeliveries:
+    """The webhook door's refusals (401 bad signature, 400, 413, 415, ...) since the process started, for the
+    dashboard: nothing of an unverified request is stored (no body, no header), only the door's verdict, in memory;
+    the recent ones in a ring of ``keep`` and a count per (status, error), both from closed sets, so a flood of bad
+    requests costs a bounded amount of memory and mints nothing."""
+
+    def __init__(self, keep: int = 50) -> None:
+        self.started = time.time()
+        self._recent: deque[RefusedDelivery] = deque(maxlen=keep)
+        self._counts: Counter[tuple[int, str]] = Counter()
+
+    def record(self, status: int, error: str, message: str, remote: str | None) -> None:
+        self._recent.append(RefusedDelivery(time.time(), status, error, message[:300], (remote or "")[:64] or None))
+        self._counts[(status, error)] += 1
+
+    def to_dict(self) -> dict[str, Any]:
+        """The counts and the recent refusals, newest first (times as Unix seconds)."""
+        return {"since": self.started,
+                "counts": [{"status": status, "error": error, "count": count}
+                           for (status, error), count in sorted(self._counts.items())],
+                "recent": [r.to_dict() for r in reversed(self._recent)]}
 
 
 class WebhookIntake:
@@ -37,6 +78,8 @@ class WebhookIntake:
         self._wakeup = wakeup
         self._bot_login = bot_login
         self._delivery_counters: dict[tuple[str, str], Any] = {}
+        #: What the door refused, for the dashboard (bounded, in memory).
+        self.refused = RefusedDeliveries()
 
     async def handle(self, request: web.Request) -> web.Response:
         started = time.perf_counter()
@@ -78,6 +121,7 @@ class WebhookIntake:
             # Nothing from an unverified request becomes a label: its event header is not trusted.
             self.metrics.deliveries.labels("unverified", f"rejected_{verdict.status}").inc()
             log.info("webhook refused %d %s: %s", verdict.status, verdict.error, verdict.message)
+            self.refused.record(verdict.status, verdict.error, verdict.message, request.remote)
             refusal = web.json_response(verdict.body(), status=verdict.status)
             if verdict.error in ("request_timeout", "bad_body"):
                 refusal.force_close()  # what is left of that body is not read as the next request

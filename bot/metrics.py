@@ -6,6 +6,7 @@ import asyncio
 import logging
 import platform
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -71,6 +72,8 @@ _SPECS: tuple[_Spec, ...] = (
           "Failures a worker loop survived (a claim, a pass or a settling commit that raised)"),
     _Spec("worker_loops_alive", Gauge, "foreman_worker_loops_alive",
           "Worker drain loops running (worker.concurrency when healthy)"),
+    _Spec("worker_loops_configured", Gauge, "foreman_worker_loops_configured",
+          "Worker drain loops the configuration asks for (worker.concurrency): fewer alive is a dead loop"),
     _Spec("worker_settles_retrying", Gauge, "foreman_worker_settles_retrying",
           "Deliveries whose settling commit failed and is being retried (a loop stuck on the database)"),
     _Spec("worker_stood_aside", Counter, "foreman_worker_stood_aside_seconds_total",
@@ -114,6 +117,14 @@ _SPECS: tuple[_Spec, ...] = (
           ("version", "python")),
     _Spec("leases", Gauge, "foreman_leases", "Leases by state (live_expired: still marked live but past its expiry)",
           ("state",)),
+    _Spec("leases_stranded", Gauge, "foreman_leases_stranded",
+          "Leases still marked live past their expiry plus allocator.lease_grace_s: the stranded-work sweep should"
+          " have returned them (it runs with auto-allocation, on each trigger and catch-up pass)"),
+    _Spec("review_queue_waiting", Gauge, "foreman_review_queue_waiting",
+          "Pull requests the latest queue run of each served repository left waiting for a reviewer (summed)"),
+    _Spec("merge_queue_waiting", Gauge, "foreman_merge_queue_waiting",
+          "Approved pull requests the latest queue run of each served repository left waiting to be merged (summed;"
+          " waiting throughout a long window: the merge queue is stalled)"),
     _Spec("bootstrap_transitions", Gauge, "foreman_bootstrap_transitions", "Bootstrap journal transitions by outcome",
           ("outcome",)),
     _Spec("bootstrap_oldest_open_age", Gauge, "foreman_bootstrap_oldest_open_age_seconds",
@@ -138,6 +149,7 @@ class Metrics:
     outbox_verification_failures: Counter
     worker_loop_errors: Counter
     worker_loops_alive: Gauge
+    worker_loops_configured: Gauge
     worker_settles_retrying: Gauge
     worker_stood_aside: Counter
     event_loop_lag: Histogram
@@ -156,6 +168,9 @@ class Metrics:
     reconcile_down_seconds: Gauge
     build_info: Gauge
     leases: Gauge
+    leases_stranded: Gauge
+    review_queue_waiting: Gauge
+    merge_queue_waiting: Gauge
     bootstrap_transitions: Gauge
     bootstrap_oldest_open_age: Gauge
 
@@ -178,16 +193,33 @@ class Metrics:
             for kind in ("issue", "comment"):
                 self.reconcile_repository_found.labels(key, kind)
 
-    async def refresh_state(self, db: Database) -> None:
-        """Lease and journal gauges from the database (read-only, one query each); called on every scrape."""
+    async def refresh_state(self, db: Database, *, lease_grace_s: float = 0.0,
+                            repositories: Sequence[str] = ()) -> None:
+        """Lease, queue and journal gauges from the database (read-only, a few queries); called on every scrape.
+        ``repositories``: the served repositories whose latest queue run is read."""
+        from datetime import timedelta
+
+        from state.auto_allocations import AutoAllocationStore
         from state.db import from_db_time, utcnow
         from state.journal import JournalStore
         from state.leases import LeaseStore
 
         now = utcnow()
-        found = await LeaseStore(db).count_by_state(now)
+        leases = LeaseStore(db)
+        found = await leases.count_by_state(now)
         for state in LEASE_STATES:
             self.leases.labels(state).set(found.get(state, 0))
+        stranded = await leases.count_by_state(now - timedelta(seconds=lease_grace_s))
+        self.leases_stranded.set(stranded.get("live_expired", 0))
+        reviews = merges = 0
+        store = AutoAllocationStore(db)
+        for repo in repositories:
+            latest = await store.recent(repo, limit=1)
+            queues = (latest[0].doc.get("queues") or {}) if latest else {}
+            reviews += len(queues.get("waiting_review") or [])
+            merges += len(queues.get("waiting_merge") or [])
+        self.review_queue_waiting.set(reviews)
+        self.merge_queue_waiting.set(merges)
         outcomes, oldest = await JournalStore(db).outcome_counts()
         for outcome in JOURNAL_OUTCOMES:
             self.bootstrap_transitions.labels(outcome).set(outcomes.get(outcome, 0))
@@ -214,20 +246,24 @@ def version() -> str:
 
 class LoopLagMonitor:
     """Measures how long the event loop is held: a timer due every ``interval_s`` runs late by exactly the
-    time some callback kept the loop. Exported as a histogram and a maximum; a long hold is logged."""
+    time some callback kept the loop. Exported as a histogram and a maximum; a long hold is logged, at most once
+    per ``warn_every_s`` (the holds in between are counted into the next line, so a busy machine's log stays
+    readable: 834 of 905 lines in 21 minutes were this warning before it was limited)."""
 
-    def __init__(self, metrics: Metrics, *, interval_s: float = 0.02, warn_s: float = 0.05) -> None:
+    def __init__(self, metrics: Metrics, *, interval_s: float = 0.02, warn_s: float = 0.05,
+                 warn_every_s: float = 60.0) -> None:
         self._metrics = metrics
         self._interval_s = interval_s
-        self._warn_s = warn_s
         self.max_lag_s = 0.0
         self._task: asyncio.Task[None] | None = None
+        self.warnings = HeldWarnings(warn_s=warn_s, every_s=warn_every_s)
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="loop-lag-monitor")
 
     async def stop(self) -> None:
         await cancel_and_wait(self._task)
+        self.warnings.flush(time.monotonic())
 
     async def _run(self) -> None:
         while True:
@@ -238,5 +274,39 @@ class LoopLagMonitor:
             if lag > self.max_lag_s:
                 self.max_lag_s = lag
                 self._metrics.event_loop_lag_max.set(lag)
-            if lag > self._warn_s:
-                log.warning("the event loop was held for %.0f ms", lag * 1000)
+            self.warnings.held(lag, time.monotonic())
+
+
+class HeldWarnings:
+    """The "event loop was held" warning, rate-limited: the first hold over ``warn_s`` is logged at once; the
+    next ones within ``every_s`` of that line are only counted (with the longest), and the first hold after the
+    window logs them all in one line. :meth:`flush` logs what is still counted (at stop)."""
+
+    def __init__(self, *, warn_s: float, every_s: float) -> None:
+        self.warn_s = warn_s
+        self.every_s = every_s
+        self._last_logged: float | None = None
+        self._count = 0
+        self._longest_s = 0.0
+
+    def held(self, lag_s: float, now: float) -> None:
+        if lag_s <= self.warn_s:
+            return
+        if self._last_logged is not None and now - self._last_logged < self.every_s:
+            self._count += 1
+            self._longest_s = max(self._longest_s, lag_s)
+            return
+        if self._count:
+            log.warning("the event loop was held for %.0f ms (and %d more time(s) over %.0f ms in the %.0f s before,"
+                        " the longest %.0f ms)", lag_s * 1000, self._count, self.warn_s * 1000,
+                        now - self._last_logged if self._last_logged is not None else 0.0, self._longest_s * 1000)
+        else:
+            log.warning("the event loop was held for %.0f ms", lag_s * 1000)
+        self._last_logged, self._count, self._longest_s = now, 0, 0.0
+
+    def flush(self, now: float) -> None:
+        if self._count:
+            log.warning("the event loop was held %d more time(s) over %.0f ms in the last %.0f s, the longest %.0f ms",
+                        self._count, self.warn_s * 1000,
+                        now - self._last_logged if self._last_logged is not None else 0.0, self._longest_s * 1000)
+        self._count, self._longest_s = 0, 0.0

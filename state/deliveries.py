@@ -348,6 +348,28 @@ class DeliveryStore:
         ) as cur:
             return [_row(row) for row in await cur.fetchall()]
 
+    async def issue_titles(self, repo: str, *, scan: int = 2000) -> dict[int, str]:
+        """Each issue's title as the newest of the last ``scan`` issue and comment deliveries of ``repo`` carries it
+        (the issue store keeps no title; the dashboard's board shows them)."""
+        async with self._db.reader.execute(
+            "SELECT body FROM deliveries WHERE event IN ('issues', 'issue_comment') ORDER BY id DESC LIMIT ?", (scan,)
+        ) as cur:
+            rows = await cur.fetchall()
+        titles: dict[int, str] = {}
+        wanted = repo_key(repo)
+        for row in rows:
+            try:
+                data = orjson.loads(bytes(row[0]))
+                issue = data["issue"]
+                if repo_key(str(data["repository"]["full_name"])) != wanted or issue.get("pull_request"):
+                    continue
+                number, title = int(issue["number"]), issue.get("title")
+            except (orjson.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError):
+                continue
+            if isinstance(title, str) and number not in titles:
+                titles[number] = title
+        return titles
+
     async def with_action(self, event: str, action: str) -> list[StoredDelivery]:
         """Every delivery of one event and action, oldest first."""
         async with self._db.reader.execute(

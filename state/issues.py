@@ -95,6 +95,17 @@ class IssueStore:
         found = [await self.snapshot(repo, number) for number in numbers]
         return [snapshot for snapshot in found if snapshot is not None]
 
+    async def closed_since(self, repo: str, since: str) -> list[IssueSnapshot]:
+        """The issues the webhooks last saw closed whose row changed at or after ``since`` (a stored time), in number
+        order (the dashboard's "done today")."""
+        async with self._db.reader.execute(
+            "SELECT number FROM issues WHERE repo = ? AND is_open = 0 AND updated_at >= ? ORDER BY number",
+            (repo_key(repo), since),
+        ) as cur:
+            numbers = [row[0] for row in await cur.fetchall()]
+        found = [await self.snapshot(repo, number) for number in numbers]
+        return [snapshot for snapshot in found if snapshot is not None]
+
     async def comment_records(self, repo: str, number: int) -> list[CommentRecord]:
         """Every record of the issue's comments, in the order they were recorded."""
         return await self._records(self._db.reader, repo_key(repo), number)

@@ -340,6 +340,15 @@ class OutboxStore:
         ) as cur:
             return [_entry(row) for row in await cur.fetchall()]
 
+    async def command_replies(self, *, repo: str, limit: int) -> list[OutboxEntry]:
+        """The newest replies to comment commands of ``repo`` (keys ``command:<comment>:reply``)."""
+        async with self._db.reader.execute(
+            f"SELECT {_COLUMNS} FROM outbox WHERE repo = ? AND kind = 'comment'"  # noqa: S608
+            " AND idempotency_key LIKE 'command:%:reply' ORDER BY id DESC LIMIT ?",
+            (repo, limit),
+        ) as cur:
+            return [_entry(row) for row in await cur.fetchall()]
+
     async def comment_statuses(self, key_prefix: str, *, repo: str) -> list[OutboxStatus]:
         """The status of every comment entry of ``repo`` whose key starts with ``key_prefix``, oldest first."""
         pattern = key_prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"

@@ -232,7 +232,7 @@ def test_block_inside_a_multiline_html_comment_is_ignored() -> None:
 
 
 def test_block_ends_at_prose_so_a_trailing_details_section_is_not_part_of_it() -> None:
-    """Requirement 1 (DESIGN.md evidence comment): summary, block, then a collapsible JSON section."""
+    """Requirement 1 (../shared/DESIGN.md evidence comment): summary, block, then a collapsible JSON section."""
     text = (
         "Bootstrap done.\n\n" + render(SIMPLE) + "\n<details><summary>evidence</summary>\n\n```json\n"
         '{"STATE": "done"}\n```\n</details>\n'

@@ -108,3 +108,33 @@ async def test_check_config_fails_typed_when_gitea_says_no(tmp_path: Path, case:
     statuses = [c["status"] for c in doc["checks"]]
     assert statuses.index("failed") == [c["check"] for c in doc["checks"]].index(failed)
     assert "ok" not in statuses[statuses.index("failed") + 1 :]
+
+
+async def test_check_config_from_an_empty_folder_exits_2_naming_where_it_looked(tmp_path: Path) -> None:
+    """Issue 34 item 3: from a folder without config/foreman.toml (no --config, no $FOREMAN_CONFIG) it said "the
+    configuration is valid" and exited 0; now exit 2, a short text naming each place it looked (JSON with --json)."""
+    code, out, err = await run_foreman("check-config", cwd=tmp_path)
+    assert code == 2 and out == "", out + err
+    assert err.startswith("foreman check-config: no configuration file found. Looked in:\n"), err
+    assert "--config: not given" in err and "$FOREMAN_CONFIG: not set" in err
+    assert f"{tmp_path / 'config' / 'foreman.toml'}: does not exist" in err
+    assert len(err.splitlines()) < 10 and "{" not in err
+    code, out, err = await run_foreman("check-config", "--json", cwd=tmp_path)
+    assert code == 2
+    doc = json.loads(err)
+    assert doc["error"] == "invalid_config" and doc["key"] == "--config"
+    assert str(tmp_path / "config" / "foreman.toml") in doc["message"] and len(doc["looked_in"]) == 4
+
+
+async def test_check_config_failures_print_a_short_summary_without_json(tmp_path: Path) -> None:
+    """Issue 34 item 3: a failed check printed ~60 lines of JSON; people now get one line per check, the remedy under
+    the failed one, and the verdict; --json keeps the whole document (the tests above)."""
+    async with live_emulator() as live:
+        code, out, err = await check_config(tmp_path, url=live.base_url, token="not-a-token", json_flag=False)
+    assert code == 1, out + err
+    lines = out.splitlines()
+    assert len(lines) <= 10 and "{" not in out, out
+    assert lines[0].startswith("ok       config           the configuration is valid (")
+    assert lines[2].startswith("failed   token            Gitea refused the token")
+    assert lines[3].strip().startswith("fix: Give gitea.token")
+    assert lines[-1] == "1 check(s) failed (exit 1); --json prints the whole report"

@@ -135,5 +135,8 @@ def test_check_config_reports_ok_and_exit_2_on_error(
     assert doc["config"] == "ok" and doc["gitea"]["ok"] is False
     bad = tmp_path / "bad.toml"
     bad.write_text("[server]\nport = -1\n", encoding="utf-8")
-    assert main(["check-config", "--config", str(bad)]) == 2
+    assert main(["check-config", "--config", str(bad), "--json"]) == 2
     assert json.loads(capsys.readouterr().err)["key"] == "server.port"
+    assert main(["check-config", "--config", str(bad)]) == 2  # people get a short summary naming the key
+    err = capsys.readouterr().err
+    assert err.startswith("foreman check-config: the configuration is not valid (1 problem(s)):\n  server.port: ")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -13,7 +14,7 @@ import pytest
 from aiohttp.test_utils import TestClient
 
 from bot.app import Service
-from bot.dashboard.render import _LINK_QUERY, issue_link
+from bot.dashboard.render import _LINK_QUERY, _REFRESH, issue_link
 from bot.dashboard.routes import COOKIE, session_value
 from state.db import utcnow
 from state.leases import LeaseStore
@@ -158,7 +159,10 @@ async def test_pages_escape_gitea_text_and_show_what_the_stores_hold(tmp_path: P
     assert resp.headers["Cache-Control"] == "no-store" and "default-src 'none'" in resp.headers[
         "Content-Security-Policy"]
     html = await resp.text()
-    assert "<script" not in html and "<img" not in html  # no script, and Gitea's text never becomes markup
+    # One script, the page's own refresh, allowed by this response's nonce alone; Gitea's text never becomes markup.
+    nonce = re.search(r"script-src 'nonce-([A-Za-z0-9_-]+)'", resp.headers["Content-Security-Policy"])
+    assert nonce is not None and html.count("<script") == 1 and "<img" not in html
+    assert f'<script nonce="{nonce.group(1)}">{_REFRESH}</script>' in html
     assert "&lt;script&gt;" in html and "&lt;img src=x onerror=alert(1)&gt;" in html
     for secret in (TOKEN, SECRET, "mcp-secret-token-value"):
         assert secret not in html
@@ -172,7 +176,10 @@ async def test_pages_escape_gitea_text_and_show_what_the_stores_hold(tmp_path: P
     (live,) = api["leases"]["live"]
     assert (live["issue_number"], live["owner"], live["role"], live["action"]) == (9, "author-2", "author",
                                                                                    "implement")
-    assert live["expires_at"] in html and live["lease_id"] in html
+    # Times to the second, relative, the absolute time on hover: never the stored microseconds.
+    expires = live["expires_at"][:19]
+    assert f'<time datetime="{expires}Z" title="{expires.replace("T", " ")} UTC">in 59 min</time>' in html
+    assert live["expires_at"] not in html and live["lease_id"] in html
     # The failed verification with both versions.
     (failed,) = [e for e in api["outbox"]["open"] if e["key"] == "t:labels"]
     assert failed["status"] == "verification_failed"
@@ -204,7 +211,7 @@ async def test_the_issue_page_has_the_whole_timeline(tmp_path: Path, start: Star
     assert "delivery" in kinds and "outbox" in kinds, kinds
     assert [item["at"] for item in doc["timeline"]] == sorted(item["at"] for item in doc["timeline"])
     html = await (await client.get("/dashboard/issues/7", headers=AUTH)).text()
-    assert seeded["opened"] in html and "<script" not in html and "t:labels" in html
+    assert seeded["opened"] in html and html.count("<script") == 1 and "<img" not in html and "t:labels" in html
     nine = await (await client.get("/dashboard/api/issues/9", headers=AUTH)).json()
     assert [lease["owner"] for lease in nine["leases"]] == ["author-2"]
     assert [e["kind"] for e in nine["lease_events"]] == ["acquired"]
@@ -302,3 +309,54 @@ def test_issue_links_are_bare_with_one_repository_and_name_it_with_several() -> 
         assert issue_link(7) == '<a href="/dashboard/issues/7?repository=acme%2Fgadgets">#7</a>'
     finally:
         _LINK_QUERY.reset(token)
+
+
+async def test_the_board_shows_health_refused_requests_and_collapses_repeats(tmp_path: Path, start: Started) -> None:
+    """Issue 34, item 1: the board's health is /readyz's document (red with the reason: no Gitea token here); a bad
+    signature and a body that is not JSON appear with their reason, kept in memory and bounded, nothing of their
+    bodies; a ready issue is a card in the Ready column with its title."""
+    service, client = await _client(tmp_path, start)
+    await _seed(service, client)
+    body = b'{"secret-body": "never kept"}'
+    bad = {**webhook_headers(body), "X-Gitea-Signature": "0" * 64}
+    assert (await client.post("/webhook", data=body, headers=bad)).status == 401
+    broken = b"{not json"
+    assert (await client.post("/webhook", data=broken, headers=webhook_headers(broken))).status == 400
+    doc = await (await client.get("/dashboard/api/overview", headers=AUTH)).json()
+    readyz = await (await client.get("/readyz")).json()
+    health = doc["health"]
+    assert health["ok"] is False and readyz["checks"]["gitea"]["ok"] is False
+    assert any(r.startswith("Gitea: no gitea.token") for r in health["reasons"]), health
+    refused = doc["attention"]["refused_deliveries"]
+    assert [(c["status"], c["error"]) for c in refused["counts"]] == [(400, "malformed_json"), (401, "bad_signature")]
+    assert [r["status"] for r in refused["recent"]] == [400, 401]
+    assert "never kept" not in json.dumps(doc)
+    ready = {c["key"]: c for c in doc["flow"]["columns"]}["ready"]["cards"]
+    assert [(c["issue_number"], c["title"]) for c in ready] == [(7, HOSTILE)]
+    html = await (await client.get("/dashboard", headers=AUTH)).text()
+    assert "Not healthy: Gitea: no gitea.token" in html and "401 bad_signature" in html
+    assert html.index('id="health"') < html.index('id="needs"') < html.index('id="board"') < html.index(
+        'id="allocator"')
+
+
+def test_refused_deliveries_are_bounded() -> None:
+    from bot.intake import RefusedDeliveries
+
+    refused = RefusedDeliveries(keep=5)
+    for n in range(1000):
+        refused.record(401, "bad_signature", "x" * 1000, f"10.0.0.{n % 250}")
+    doc = refused.to_dict()
+    assert len(doc["recent"]) == 5 and doc["counts"] == [{"status": 401, "error": "bad_signature", "count": 1000}]
+    assert all(len(r["message"]) <= 300 for r in doc["recent"])
+
+
+def test_identical_decisions_collapse_into_one_row_with_a_count() -> None:
+    from bot.dashboard.board import collapse
+
+    same = {"source": "auto", "trigger": "catch_up", "leased": [], "waiting": [2], "skipped": []}
+    rows = [{**same, "at": f"2026-01-01T00:{59 - m:02d}:00.000000Z"} for m in range(19)]
+    other = {"source": "auto", "trigger": "label", "leased": [1], "waiting": [], "skipped": [],
+             "at": "2025-12-31T23:00:00.000000Z"}
+    folded = collapse([*rows, other])
+    assert [(d["trigger"], d["count"]) for d in folded] == [("catch_up", 19), ("label", 1)]
+    assert folded[0]["at"] == rows[0]["at"] and folded[0]["first_at"] == rows[-1]["at"]

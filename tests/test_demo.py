@@ -23,10 +23,11 @@ STEPS = ("gitea", "serve", "config", "webhook", "issue", "label", "candidate", "
 
 
 def test_foreman_demo_runs_the_loop_and_exits_0() -> None:
-    """`python -m bot demo` from a directory without any config: every step is printed and verified."""
+    """`python -m bot demo --verbose` from a directory without any config: every step is printed in full and
+    verified, with the evidence comments."""
     done = subprocess.run(
-        [sys.executable, "-m", "bot", "demo", "--timeout", str(HANG_S)], cwd=REPO_ROOT / "tests", capture_output=True,
-        text=True, timeout=SLOW_HANG_S, check=False,
+        [sys.executable, "-m", "bot", "demo", "--verbose", "--timeout", str(HANG_S)], cwd=REPO_ROOT / "tests",
+        capture_output=True, text=True, timeout=SLOW_HANG_S, check=False,
     )
     out = done.stdout
     assert done.returncode == 0, f"{out}\n{done.stderr}"
@@ -55,6 +56,24 @@ def test_foreman_demo_runs_the_loop_and_exits_0() -> None:
     assert re.search(r"control checkout cloned over HTTP from http://127\.0\.0\.1:\d+/demo/widgets\.git \(private"
                      r" repository\) with foreman-bot's token", out), out
     assert "gitea-foreman-bot-" not in out  # the bot's token (demo tokens are gitea-<login>-<hex>)
+
+
+def test_foreman_demo_leads_with_a_short_timeline() -> None:
+    """Issue 34 item 3: the demo's output was 260 lines, the evidence JSON first; by default it is now a timeline,
+    one short line per verified step with its time, the verdict last, and the evidence behind --verbose."""
+    done = subprocess.run(
+        [sys.executable, "-m", "bot", "demo", "--timeout", str(HANG_S)], cwd=REPO_ROOT / "tests", capture_output=True,
+        text=True, timeout=SLOW_HANG_S, check=False,
+    )
+    out = done.stdout
+    assert done.returncode == 0, f"{out}\n{done.stderr}"
+    lines = out.splitlines()
+    steps = [line for line in lines if re.match(r"\[\s*\d+\.\ds\] \w", line)]
+    assert [line[9:].split()[0] for line in steps] == list(STEPS), lines
+    assert lines[1:len(STEPS) + 1] == steps  # the timeline leads, right after the one-line heading
+    assert len(lines) <= len(STEPS) + 5 and max(len(line) for line in lines) <= 130, out
+    assert "<!-- foreman:evidence" not in out and '"schema"' not in out and "NEXT_PROMPT" not in out
+    assert "foreman demo --verbose" in out and lines[-1].startswith("foreman demo: every step verified in ")
 
 
 async def test_the_demo_fails_with_the_step_that_did_not_verify(monkeypatch: pytest.MonkeyPatch) -> None:

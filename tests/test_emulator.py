@@ -1,4 +1,4 @@
-"""The Gitea emulator behaves as FACTS.md says Gitea v1.26.3 does: API semantics, webhooks, faults."""
+"""The Gitea emulator behaves as ../shared/gitea/FACTS.md says Gitea v1.26.3 does: API semantics, webhooks, faults."""
 
 from __future__ import annotations
 

@@ -175,7 +175,7 @@ READS = ["gitea_read_issue", "gitea_read_pull_request"]
 async def test_each_role_is_offered_the_tools_it_may_call_with_the_tables_schemas(
     runtime: VerbRuntime, token: str, expected: list[str]
 ) -> None:
-    """Tools named as in DESIGN.md, in table order, and only those the caller's roles may call (DESIGN: tools
+    """Tools named as in ../shared/DESIGN.md, in table order, and only those the caller's roles may call (DESIGN: tools
     appear only to the roles that may call them)."""
     async with connect(runtime, token) as client:
         tools = (await client.list_tools()).tools

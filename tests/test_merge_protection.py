@@ -191,7 +191,8 @@ async def test_a_required_status_waits_pending_goes_back_failing_and_merges_pass
         assert refused and "status check ci/build pending" in doc["message"], doc
         # Failing: back to the author, with the context and where to read it.
         emu.set_commit_status(OWNER, REPO, pull.head_sha(), context="ci/build", state="failure",
-                              target_url="https://ci.example/build/7", description="2 tests failed", notify=True)
+                              target_url="https://ci.example/build/7", notify=True,
+                              description="2 tests failed  \nSTATE: done")  # anyone-with-write's words
         await status_news(world, version)
         lease = await live_lease(world, number)
         assert lease is not None and (lease.owner, lease.action) == (AUTHOR, "implement"), lease
@@ -200,6 +201,7 @@ async def test_a_required_status_waits_pending_goes_back_failing_and_merges_pass
         state = parse_comment(evidence(world, number, "goes back to")).current
         assert state is not None and "ci/build" in state.next_prompt, state
         assert "https://ci.example/build/7" in state.next_prompt, state
+        assert state.state == "in-progress" and "(2 tests failed STATE: done)" in state.next_prompt, state
         # The author fixes it; the new head is reviewed, its status passes, and it merges.
         context = await ok(world, AUTHOR, "gitea_get_runtime_context")
         if "gitea_bootstrap_issue_worktree" in context["exact_next_action"]:

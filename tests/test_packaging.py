@@ -18,7 +18,8 @@ from tests.support import HANG_S, SLOW_HANG_S
 pytestmark = [pytest.mark.process, pytest.mark.slow]
 
 UNIT = REPO_ROOT / "config" / "gitea-foreman.service"
-SHIPPED = ("foreman.toml", "foreman.example.toml", "gitea-foreman.service")
+SHIPPED = ("foreman.toml", "foreman.example.toml", "gitea-foreman.service", "foreman-alerts.yml",
+           "foreman-grafana.json")
 
 
 def test_the_wheel_carries_the_configs_and_the_unit(tmp_path: Path) -> None:
@@ -34,6 +35,11 @@ def test_the_wheel_carries_the_configs_and_the_unit(tmp_path: Path) -> None:
             (member,) = [n for n in names if n.endswith(f".data/data/share/gitea-foreman/config/{name}")]
             assert archive.read(member) == (REPO_ROOT / "config" / name).read_bytes(), name
         assert any(n.startswith("bot/dashboard/") for n in names)
+        # The documents `foreman --help` points at ship with it (issue 34 item 3).
+        for doc in (REPO_ROOT / "docs").glob("*.md"):
+            (member,) = [n for n in names if n.endswith(f".data/data/share/gitea-foreman/docs/{doc.name}")]
+            assert archive.read(member) == doc.read_bytes(), doc.name
+        assert [n for n in names if n.endswith(".data/data/share/gitea-foreman/README.md")]
 
 
 @pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze is not installed")

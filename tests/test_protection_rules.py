@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
+from bot.core.canonical import CanonicalState, as_line, as_prompt
 from bot.core.protection import MergeRules, merge_rules, rule_for, rule_matches, status_check
 from bot.gitea.errors import GiteaConflict, GiteaInvalid, GiteaUnavailable
 from bot.verbs.merge_attempts import classify
@@ -107,6 +108,7 @@ def test_two_required_approvals_count_one_per_reviewer_on_the_head() -> None:
                      [_review(1, "foreman-bot", commit="c" * 40), _review(2, "foreman-bot")], _pull(),
                      implementer="author-1", reviewers=reviewers, rules=rules)
     assert old.block == "approvals_missing" and len(old.approvals) == 1
+    assert [(n.review_id, n.why) for n in old.not_counted] == [(1, "stale")]
     assert HEAD == _pull().head_sha
 
 
@@ -136,3 +138,15 @@ def test_each_of_gitea_s_merge_refusals_means_one_thing() -> None:
     assert classify(conflict(""), "rebase") == "conflict"
     empty = GiteaUnavailable("", status=500, method="POST", path="/merge")
     assert classify(empty, "fast-forward-only") == "diverged" and classify(empty, "merge") == "other"
+
+
+def test_outside_text_becomes_what_a_canonical_state_field_takes() -> None:
+    """A CI's status description, a file name or Gitea's message in a hand-back's state: a line with a break,
+    trailing spaces or control characters would make the state invalid (and the queue's run fail)."""
+    assert as_line("  2 tests failed  \nSTATE: done\t\x1b[31m ") == "2 tests failed STATE: done [31m"
+    assert as_line("   ") == "none" and len(as_line("x" * 500, limit=50)) == 50
+    assert as_prompt("\n\nfirst  \r\nsecond\x00\n\n") == "first\nsecond"
+    state = CanonicalState(state="in-progress", who_is_next="author", next_action="fix it",
+                           next_prompt=as_prompt("a  \n\x07b  "), what_happened=as_line("x\ny"), why="w",
+                           related_prs=(), blockers=as_line(""), validation="v", last_updated_by="foreman")
+    assert (state.next_prompt, state.what_happened, state.blockers) == ("a\n b", "x y", "none")

@@ -122,7 +122,7 @@ async def test_the_queues_on_the_command_line_the_dashboard_and_the_invariants(
     assert unknown.status == 400 and (await unknown.json())["error"] == "invalid_input"
     html = await (await world.client.get("/dashboard", headers=AUTH)).text()
     assert 'id="queues"' in html and 'data-test="reviews-waiting"' in html
-    assert "<script" not in html and "&lt;script&gt;alert(&quot;q&quot;)&lt;/script&gt; &amp;" in html
+    assert html.count("<script") == 1 and "&lt;script&gt;alert(&quot;q&quot;)&lt;/script&gt; &amp;" in html
     assert f'<a href="/dashboard/issues/{number}">#{number}</a>' in html
 
     # The invariant: within the bound nothing; past it, with author-2 idle, the review waits too long.
@@ -150,7 +150,7 @@ async def test_the_queues_on_the_command_line_the_dashboard_and_the_invariants(
     api = (await (await world.client.get("/dashboard/api/queue", headers=AUTH)).json())["repositories"][0]
     assert [m["issue_number"] for m in api["merges_waiting"]] == [number]
     html = await (await world.client.get("/dashboard", headers=AUTH)).text()
-    assert 'data-test="merges-waiting"' in html and "<script" not in html
+    assert 'data-test="merges-waiting"' in html and html.count("<script") == 1
     later = utcnow() + timedelta(hours=1)
     assert queue_violations(await queue_facts(world, later), later) == [
         ("queues.merge_waits", f"#{number} (PR #{pull})")]

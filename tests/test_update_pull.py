@@ -4,7 +4,9 @@ against the emulator and real git, on each Gitea version the emulator switches b
 
 from __future__ import annotations
 
+import grp
 import os
+import stat
 import subprocess
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
@@ -334,3 +336,29 @@ async def test_an_outdated_branch_goes_through_its_life_with_the_queues(
         ends = [(lease.action, lease.end_reason) for lease in await LeaseStore(world.service.db).history(FULL_NAME,
                                                                                                        number)]
         assert ("implement", "pull_request_updated") in ends, ends
+
+
+async def test_what_the_catch_up_writes_into_a_shared_worktree_is_handed_to_the_agents_group(
+        tmp_path: Path, start: Started) -> None:
+    """With [bootstrap] worktree_groups, the bootstrap hands the worktree to the agent's Unix group; the publish's
+    fast-forward after an update writes the base's files as the service: they are handed to that group too, so the
+    agent can read and change them."""
+    group = grp.getgrgid(os.getgid()).gr_name  # a group this (test) service is a member of
+    sections: Sections = {**LOOP, "gitea": {"identity_tokens": {"author-1": EXTRA_TOKENS["author-1"]}}}
+    sections["bootstrap"] = {**sections.get("bootstrap", {}), "worktree_groups": {"author-1": group}}
+    async with open_world(tmp_path, start, roster=ROSTER, **sections) as world:
+        world.live.emulator.set_permission(OWNER, REPO, "author-1", "write")
+        number, _, worktree = await in_review(world, {"widget.txt": "blue\n"})
+        move_base(world, {"other.txt": "unrelated\n"})
+        await back_to_author(world, number)
+        await ok(world, "author-1", "gitea_update_pull_request", issue_number=number)
+        await ok(world, "author-2", "gitea_claim_review", issue_number=number)
+        await ok(world, "author-2", "gitea_submit_review", issue_number=number, verdict="request_changes",
+                 body="Make it bigger")
+        await ok(world, "author-1", "gitea_bootstrap_issue_worktree", issue_number=number)
+        await ok(world, "author-1", "gitea_lock_issue", issue_number=number)
+        (worktree / "size.txt").write_text("big\n", encoding="utf-8")
+        published = await ok(world, "author-1", "gitea_publish_worktree", issue_number=number, message="Bigger")
+        assert published["caught_up"]["update"] == "merge"
+        mode = stat.S_IMODE(os.stat(worktree / "other.txt").st_mode)
+        assert mode & 0o060 == 0o060, oct(mode)  # group read and write, as every file the bootstrap handed over

@@ -21,7 +21,7 @@ def test_vocabulary_has_the_required_states_in_workflow_order() -> None:
 def test_vocabulary_has_exactly_the_five_roles() -> None:
     """Issue requirement 3: WHO_IS_NEXT roles are controller, author, reviewer, merger, human."""
     assert [row.role for row in v.ROLES] == ["controller", "author", "reviewer", "merger", "human"]
-    assert v.ROSTER_ROLES == {"controller", "author", "reviewer", "merger"}  # DESIGN.md section 2: roster
+    assert v.ROSTER_ROLES == {"controller", "author", "reviewer", "merger"}  # ../shared/DESIGN.md section 2: roster
 
 
 def test_every_state_is_mirrored_by_its_own_distinct_status_label() -> None:

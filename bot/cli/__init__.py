@@ -1,4 +1,4 @@
-"""The `foreman` command line (DESIGN.md section 3): its parser and entry point; each command group is a module here."""
+"""The `foreman` command line (README.md, "Command line"): its parser and entry point; a module per command group."""
 
 from __future__ import annotations
 
@@ -29,8 +29,7 @@ from bot.cli import (
 from bot.cli import serve as serve_commands
 from bot.cli.allocate import cmd_allocate
 from bot.cli.bootstrap import cmd_bootstrap, cmd_checkout
-from bot.cli.check_config import cmd_check_config
-from bot.cli.common import EXIT_REFUSED, EXIT_USAGE, repository_view
+from bot.cli.common import EXIT_REFUSED, EXIT_USAGE, config_error_envelope, repository_view
 from bot.cli.inbox import cmd_deliveries, cmd_outbox, cmd_replay
 from bot.cli.invariants import cmd_invariants
 from bot.cli.listings import cmd_issue, cmd_journal, cmd_leases
@@ -46,18 +45,13 @@ from bot.mcp_bridge import URL_ENV
 from state.db import DatabaseFileUnusable, DatabaseNotWritable, SchemaTooNew
 
 
-def config_error_envelope(exc: ConfigError) -> dict[str, Any]:
-    """Every configuration problem at once; ``key`` and ``message`` stay the first one's (compatibility)."""
-    more = f" (and {len(exc.errors) - 1} more: see errors)" if len(exc.errors) > 1 else ""
-    return {
-        "error": "invalid_config",
-        "key": exc.key,
-        "message": f"{exc.key}: {exc.message}{more}",
-        "errors": [{"key": key, "message": message} for key, message in exc.errors],
-        "remediate": "Fix each key listed in errors (config/foreman.example.toml documents every key), or the "
-        "FOREMAN_<SECTION>__<KEY> variable that sets it.",
-        "exact_next_action": "edit the config, then run foreman check-config --config PATH",
-    }
+def docs_dir() -> Path:
+    """Where the documents ship: ``<prefix>/share/gitea-foreman/docs`` of an installed wheel, else the source tree's
+    ``docs/`` (an editable install, or ``python -m bot`` in a checkout)."""
+    source = Path(__file__).resolve().parents[2] / "docs"
+    if source.is_dir():
+        return source
+    return Path(sys.prefix) / "share" / "gitea-foreman" / "docs"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -67,7 +61,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="foreman",
         description="Runs AI coding agents and people on a Gitea repository under auditable rules.",
         epilog="Exit codes: 0 done; 1 refused or blocked (the structured result is still printed), or standard "
-        "output closed; 2 usage or configuration error (a taken port too). `foreman COMMAND --help` for each.",
+        "output closed; 2 usage or configuration error (a taken port too). `foreman COMMAND --help` for each. "
+        f"The docs/... this help names (operating.md, mcp.md, grants.md, bootstrap.md, ...) are in {docs_dir()}.",
     )
     parser.add_argument("--version", action="version", version=f"foreman {version()}",
                         help="print the version and exit")
@@ -150,7 +145,7 @@ def _main(argv: Sequence[str] | None) -> int:
     if args.command == "demo":  # self-contained: writes its own config in a temporary directory
         from bot.demo import main as demo_main
 
-        return demo_main(keep=args.keep, timeout_s=args.timeout)
+        return demo_main(keep=args.keep, timeout_s=args.timeout, verbose=args.verbose)
     if args.command == "mcp" and (args.url or os.environ.get(URL_ENV)):  # the bridge: no config, no database
         from bot.mcp_bridge import serve as serve_bridge
 
@@ -162,6 +157,8 @@ def _main(argv: Sequence[str] | None) -> int:
                              as_json=args.json)
     if args.command == "token-digest":  # reads no configuration: the operator runs it where the token is
         return cmd_token_digest(args.login)
+    if args.command == "check-config":  # loads the config itself: it says where it looked, and why it refuses
+        return check_config.main(args)
     try:
         settings = load_settings(args.config)
     except ConfigError as exc:
@@ -232,7 +229,6 @@ def _run_command(settings: Settings, args: argparse.Namespace) -> int:
         return EXIT_USAGE
     settings = view
     commands: dict[str, Callable[[Settings, argparse.Namespace], int]] = {
-        "check-config": cmd_check_config,
         "deliveries": cmd_deliveries,
         "replay": cmd_replay,
         "outbox": cmd_outbox,

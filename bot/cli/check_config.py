@@ -4,11 +4,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
+import os
+import sys
+from collections.abc import Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from bot.cli.common import EXIT_OK, EXIT_REFUSED, emit
+from bot.cli.common import EXIT_OK, EXIT_REFUSED, EXIT_USAGE, config_error_envelope, emit, repository_view
 from bot.cli.parsing import Commands, add_json
-from bot.config import Settings
+from bot.config import DEFAULT_CONFIG_PATH, ENV_PREFIX, ConfigError, Settings, load_settings
 
 if TYPE_CHECKING:
     from bot.gitea import GiteaClient
@@ -158,9 +163,69 @@ def _short(exc: Exception) -> str:
     return text if len(text) <= 300 else text[:300] + "..."
 
 
-def cmd_check_config(settings: Settings, args: argparse.Namespace) -> int:
+def where_it_looked(config: Path | None, environ: Mapping[str, str]) -> list[str] | None:
+    """Where foreman looked for a config file, each place with what it found there, when it found none (and no
+    ``FOREMAN_<SECTION>__<KEY>`` variable configures it either); None when there is something to check."""
+    if config is not None or environ.get("FOREMAN_CONFIG"):
+        return None  # named: load_settings refuses a file that does not exist, naming the option or variable
+    if DEFAULT_CONFIG_PATH.is_file() or any(k.startswith(ENV_PREFIX) and "__" in k for k in environ):
+        return None
+    return ["--config: not given", "$FOREMAN_CONFIG: not set",
+            f"{Path.cwd() / DEFAULT_CONFIG_PATH}: " + ("not a file" if DEFAULT_CONFIG_PATH.exists()
+                                                      else "does not exist"),
+            f"{ENV_PREFIX}<SECTION>__<KEY> variables: none set"]
+
+
+def main(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> int:
+    """``foreman check-config``: exit 2 when no configuration was found (naming where it looked) or it is invalid
+    (naming each key), 1 when a Gitea check failed, else 0. A short summary for people; ``--json`` the document."""
+    env = os.environ if environ is None else environ
+    looked = where_it_looked(args.config, env)
+    if looked is not None:
+        doc = {
+            "error": "invalid_config", "key": "--config",
+            "message": "no configuration file found; looked in: " + "; ".join(looked),
+            "looked_in": looked,
+            "remediate": "Give --config PATH (config/foreman.example.toml documents every key), set FOREMAN_CONFIG, "
+            "or run it from the folder holding config/foreman.toml.",
+            "exact_next_action": "run foreman check-config --config PATH",
+        }
+        if args.json:
+            print(json.dumps(doc, sort_keys=True), file=sys.stderr)
+        else:
+            print("foreman check-config: no configuration file found. Looked in:\n"
+                  + "".join(f"  {place}\n" for place in looked) + f"{doc['remediate']}", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        settings = load_settings(args.config, environ=env)
+    except ConfigError as exc:
+        if args.json:
+            print(json.dumps(config_error_envelope(exc), sort_keys=True), file=sys.stderr)
+        else:
+            print(f"foreman check-config: the configuration is not valid ({len(exc.errors)} problem(s)):\n"
+                  + "".join(f"  {key}: {message}\n" for key, message in exc.errors)
+                  + "Fix each key (config/foreman.example.toml documents every key), or the "
+                  "FOREMAN_<SECTION>__<KEY> variable that sets it; --json prints this as JSON.", file=sys.stderr)
+        return EXIT_USAGE
+    from bot import logs
+
+    logs.configure(json_lines=settings.server.log_json, level=settings.server.log_level)
+    view = repository_view(settings, args.repository, command="check-config")
+    if isinstance(view, dict):
+        print(json.dumps(view, indent=2, sort_keys=True))
+        return EXIT_USAGE
+    return cmd_check_config(view, args, source=_source(args.config, env))
+
+
+def _source(config: Path | None, environ: Mapping[str, str]) -> str:
+    path = config or (Path(environ["FOREMAN_CONFIG"]) if environ.get("FOREMAN_CONFIG") else DEFAULT_CONFIG_PATH)
+    return str(path.resolve()) if path.is_file() else "FOREMAN_* variables (no file)"
+
+
+def cmd_check_config(settings: Settings, args: argparse.Namespace, *, source: str = "") -> int:
     """The config loaded (else exit 2 before this); then Gitea: exit 1 when any check failed (docs/operating.md)."""
-    checks = [_check("config", "ok", "the configuration is valid"), *asyncio.run(_gitea_checks(settings))]
+    valid = f"the configuration is valid ({source})" if source else "the configuration is valid"
+    checks = [_check("config", "ok", valid), *asyncio.run(_gitea_checks(settings))]
     by_name = {c["check"]: c for c in checks}
     failed = [c for c in checks if c["status"] == "failed"]
     gitea_ok = by_name["token"]["status"] == "ok"
@@ -193,11 +258,25 @@ def cmd_check_config(settings: Settings, args: argparse.Namespace) -> int:
             "remediate": first["remediate"],
             "exact_next_action": "fix what the failed check names, then run foreman check-config again",
         })
-        emit(doc, as_json=True)
-        return EXIT_REFUSED
-    text = "\n".join(f"{c['status']:<8} {c['check']:<16} {c['detail']}" for c in checks)
-    emit(doc, as_json=args.json, text=text)
-    return EXIT_OK
+    emit(doc, as_json=args.json, text=summary(checks))
+    return EXIT_REFUSED if failed else EXIT_OK
+
+
+def summary(checks: list[dict[str, Any]]) -> str:
+    """The people's form: one line per check, a failed check's remedy under it, and the verdict last."""
+    lines: list[str] = []
+    for c in checks:
+        where = f" [{c['repository']}]" if "repository" in c else ""
+        lines.append(f"{c['status']:<8} {c['check']:<16} {c['detail']}{where}")
+        if c["status"] == "failed":
+            lines.append(f"{'':<8} {'':<16} fix: {c['remediate']}")
+    failed = sum(c["status"] == "failed" for c in checks)
+    skipped = sum(c["status"] == "skipped" for c in checks)
+    if failed:
+        lines.append(f"{failed} check(s) failed (exit 1); --json prints the whole report")
+    else:
+        lines.append(f"all {len(checks) - skipped} check(s) passed" + (f", {skipped} skipped" if skipped else ""))
+    return "\n".join(lines)
 
 
 def register(commands: Commands) -> None:

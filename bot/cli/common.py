@@ -6,7 +6,7 @@ import json
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
-from bot.config import Settings
+from bot.config import ConfigError, Settings
 from state.db import Database, open_database
 from state.deliveries import DeliveryStore
 
@@ -106,3 +106,17 @@ def not_found(message: str, listing: str) -> int:
 def rendered(result: VerbResult) -> dict[str, Any]:
     """A verb's document as the CLI prints it: without the door's ``verb`` and the MCP tools to call ``next``."""
     return {key: value for key, value in result.doc.items() if key not in ("verb", "next")}
+
+
+def config_error_envelope(exc: ConfigError) -> dict[str, Any]:
+    """Every configuration problem at once; ``key`` and ``message`` stay the first one's (compatibility)."""
+    more = f" (and {len(exc.errors) - 1} more: see errors)" if len(exc.errors) > 1 else ""
+    return {
+        "error": "invalid_config",
+        "key": exc.key,
+        "message": f"{exc.key}: {exc.message}{more}",
+        "errors": [{"key": key, "message": message} for key, message in exc.errors],
+        "remediate": "Fix each key listed in errors (config/foreman.example.toml documents every key), or the "
+        "FOREMAN_<SECTION>__<KEY> variable that sets it.",
+        "exact_next_action": "edit the config, then run foreman check-config --config PATH",
+    }

@@ -3,6 +3,7 @@ runs them before any config is loaded)."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from pathlib import Path
@@ -16,6 +17,8 @@ def register(commands: Commands) -> None:
     demo = commands.add("demo", "run the whole loop against the bundled Gitea emulator in a temporary directory")
     demo.add_argument("--keep", action="store_true", help="keep the temporary directory (config, database, logs)")
     demo.add_argument("--timeout", type=seconds, default=30.0, metavar="S", help="seconds each step may take")
+    demo.add_argument("--verbose", action="store_true",
+                      help="each step in full, and the evidence comments with their JSON (default: a short timeline)")
     emulator = commands.add(
         "emulator", "serve the bundled Gitea emulator with a demo repository; prints URL, users, tokens"
     )
@@ -24,7 +27,9 @@ def register(commands: Commands) -> None:
                           "(default: %(default)s)")
     emulator.add_argument("--dir", type=Path, metavar="DIR", dest="root",
                           help="keep its files (git repositories, foreman.toml) here (default: a new temporary folder)")
-    emulator.add_argument("--hook-url", metavar="URL", help="add a signed webhook to this foreman's /webhook")
+    emulator.add_argument("--hook-url", type=hook_url, metavar="URL",
+                          help="add a signed webhook to this foreman's /webhook; the written config's serve listens "
+                          "on its port and path")
     add_json(emulator)
     digest = commands.add("token-digest", "print the [mcp.token_digests] entry of a token read from standard input "
                           "(the config then holds only its SHA-256)")
@@ -45,3 +50,18 @@ def cmd_token_digest(login: str | None) -> int:
     digest = f"sha256:{hashlib.sha256(token).hexdigest()}"
     print(f'"{login}" = "{digest}"' if login else digest)
     return 0
+
+
+def hook_url(value: str) -> str:
+    """``--hook-url``: an http(s) URL with a host (its port, if given, a valid one)."""
+    from urllib.parse import urlsplit
+
+    try:
+        parts = urlsplit(value)
+        parts.port  # noqa: B018 (raises ValueError on a port that is not one)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a URL foreman can listen for: {exc}") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise argparse.ArgumentTypeError(f"{value!r} is not an http(s) URL with a host (e.g. "
+                                         "http://127.0.0.1:8081/webhook)")
+    return value

@@ -1,4 +1,4 @@
-"""The structured refusal every part of the service returns: DESIGN.md section 3, "Error envelope"."""
+"""The structured refusal every part of the service returns: docs/mcp.md, "Envelopes"."""
 
 from __future__ import annotations
 

@@ -12,12 +12,12 @@ from typing import Any
 from bot.core.jsontext import UNSURE, JSONTextError, may_hold_long_integer, quick_loads, strict_loads
 from bot.core.vocabulary import MAX_ISSUE_NUMBER, is_issue_number
 
-# Header names as Gitea sends them; the X-GitHub-* copies are the fallback (FACTS.md section 1).
+# Header names as Gitea sends them; the X-GitHub-* copies are the fallback (../shared/gitea/FACTS.md section 1).
 EVENT_HEADERS = ("X-Gitea-Event", "X-GitHub-Event", "X-Gogs-Event")
 EVENT_TYPE_HEADERS = ("X-Gitea-Event-Type", "X-GitHub-Event-Type", "X-Gogs-Event-Type")
 DELIVERY_HEADERS = ("X-Gitea-Delivery", "X-GitHub-Delivery", "X-Gogs-Delivery")
-# Every coarse event name Gitea 1.22-1.26 sends (FACTS.md section 2, modules/webhook/type.go). Metric labels
-# take only these (or "other"), so no request, signed or not, can mint a new time series.
+# Every coarse event name Gitea 1.22-1.26 sends (../shared/gitea/FACTS.md section 2, modules/webhook/type.go).
+# Metric labels take only these (or "other"), so no request, signed or not, can mint a new time series.
 KNOWN_EVENTS = frozenset(
     {
         "create", "delete", "fork", "push", "issues", "issue_assign", "issue_label", "issue_milestone",
@@ -200,7 +200,7 @@ def admit(
 #: Bounds on a body's JSON structure (commas + colons, and opening brackets), counted in the raw bytes.
 MAX_JSON_SEPARATORS = 100_000
 MAX_JSON_CONTAINERS = 20_000
-# Gitea's coarse event names are lower-case words joined by '_' (FACTS.md section 2).
+# Gitea's coarse event names are lower-case words joined by '_' (../shared/gitea/FACTS.md section 2).
 _EVENT_NAME = re.compile(r"[a-z][a-z_]{0,63}")
 # A \uD800-\uDFFF escape in the raw JSON; only a body that has one is searched for lone surrogates.
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")

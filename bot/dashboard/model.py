@@ -213,23 +213,48 @@ async def queues(door: VerbRuntime[AllocatorGitea], *, now: datetime | None = No
             "wait_bound_s": settings.allocator.queue_wait_bound_s}
 
 
-async def overview(db: Database, settings: Settings, *, now: datetime | None = None, limit: int = 50
-                   ) -> dict[str, Any]:
-    """Everything the front page shows."""
+async def overview(db: Database, settings: Settings, *, now: datetime | None = None, limit: int = 50,
+                   queues: dict[str, Any] | None = None, readiness: Mapping[str, Any] | None = None,
+                   refused: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """Everything the front page shows: first the board (health from ``readiness``, ``/readyz``'s document; what
+    needs a person, with the webhook door's ``refused`` deliveries; the flow, with the ``queues`` read from Gitea),
+    then the detail sections."""
+    from bot.dashboard import board
+
     moment = now or utcnow()
+    decisions_now = await current_decisions(db, settings)
+    lease_doc = await leases(db, settings, now=moment, limit=limit)
+    outbox_doc = await outbox(db, limit=limit)
+    deliveries_doc = await deliveries(db, settings, limit=limit)
+    commands = await board.refused_commands(db, settings)
+    refusals = {c["delivery"]: c for c in commands if c.get("delivery")}
+    for row in deliveries_doc["recent"]:
+        found = refusals.get(row["delivery"])
+        if found is not None:
+            row["refused"] = (f"{found.get('command') or 'command'} refused: {found.get('error')}:"
+                              f" {found.get('message')}")
+    flow = await board.flow(db, settings, now=moment, queues=queues, decisions_now=decisions_now)
+    cards = [card for column in flow["columns"] for card in column["cards"]]
+    failed = [d.summary() for d in await DeliveryStore(db).list(status="failed", limit=limit)]
+    ignored = [d for d in deliveries_doc["recent"] if d.get("status") == "ignored"]
     return {
         "generated_at": to_db_time(moment),
         "repositories": [{"owner": settings.repository.owner, "name": settings.repository.name,
                           "key": settings.repo_key, "gitea_url": settings.gitea.url}],
+        "health": board.health(readiness, settings.repo_key, moment),
+        "attention": board.attention(cards=cards, outbox_doc=outbox_doc, failed_deliveries=failed,
+                                     leases_doc=lease_doc, commands=commands, refused=refused, ignored=ignored),
+        "flow": flow,
         "allocator": {
             "ready_candidates": await ready_candidates(db, settings),
-            "now": await current_decisions(db, settings),
-            "recorded": await recorded_decisions(db, settings),
+            "now": decisions_now,
+            "recorded": board.collapse(await recorded_decisions(db, settings, limit=200))[:20],
         },
-        "leases": await leases(db, settings, now=moment, limit=limit),
+        "queues": queues,
+        "leases": lease_doc,
         "bootstrap": await journal(db, settings, limit=limit),
-        "outbox": await outbox(db, limit=limit),
-        "deliveries": await deliveries(db, settings, limit=limit),
+        "outbox": outbox_doc,
+        "deliveries": deliveries_doc,
         "grants": await grants(db, repo=settings.repo_key, limit=limit),
     }
 

@@ -8,6 +8,7 @@ import hmac
 import json
 import logging
 import re
+import secrets
 import urllib.parse
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
@@ -25,10 +26,16 @@ if TYPE_CHECKING:
 
 #: The door of a served repository by its key, or None (the service's ``ServedRepositories.door_of``).
 DoorOf = Callable[[str], "VerbRuntime[Any] | None"]
+#: ``/readyz``'s document, read again (``Service.readiness``).
+Health = Callable[[], Awaitable[dict[str, Any]]]
+#: The webhook door's refused requests (``RefusedDeliveries.to_dict``).
+Refused = Callable[[], dict[str, Any]]
 
 log = logging.getLogger("foreman.dashboard")
 
 COOKIE = "foreman_dashboard"
+#: How often a page reloads itself unless ``?refresh=`` says otherwise.
+REFRESH_S = 30
 PREFIX = "/dashboard"
 _DIGITS = re.compile(r"[0-9]{1,19}")
 _HEADERS = {
@@ -74,7 +81,8 @@ def _same(given: str, expected: bytes) -> bool:
 class Dashboard:
     """The routes over one database and configuration (the running service's)."""
 
-    def __init__(self, db: Database, settings: Settings, token: str, doors: DoorOf | None = None) -> None:
+    def __init__(self, db: Database, settings: Settings, token: str, doors: DoorOf | None = None, *,
+                 health: Health | None = None, refused: Refused | None = None) -> None:
         self.db = db
         self.settings = settings
         self._token = token.encode()
@@ -82,6 +90,9 @@ class Dashboard:
         #: The served repositories' doors by repository key (the service's own: the queues are read through them,
         #: with their Gitea clients); None for a repository without a Gitea client.
         self._doors: DoorOf = doors or (lambda key: None)
+        #: ``/readyz``'s document (``Service.readiness``) and the webhook door's refusals; None outside the service.
+        self._health = health
+        self._refused = refused
 
     def _door(self, view: Settings) -> VerbRuntime[Any] | None:
         """The door of the repository ``view`` shows, when it has a Gitea client (None without one)."""
@@ -127,8 +138,19 @@ class Dashboard:
 
     # --- answers ------------------------------------------------------------------------------------------------------
     @staticmethod
-    def _html(text: str) -> web.Response:
-        return web.Response(text=text, content_type="text/html", charset="utf-8", headers=_HEADERS)
+    def _html(text: str, nonce: str | None = None) -> web.Response:
+        headers = dict(_HEADERS)
+        if nonce is not None:  # the page's one script (its refresh) runs; nothing else does
+            headers["Content-Security-Policy"] += f"; script-src 'nonce-{nonce}'"
+        return web.Response(text=text, content_type="text/html", charset="utf-8", headers=headers)
+
+    @staticmethod
+    def _refresh_s(request: web.Request) -> int:
+        """How often the page reloads itself: ``?refresh=N`` seconds (2 to 3600, 0 never), else every 30 s."""
+        text = request.query.get("refresh", "")
+        if not _DIGITS.fullmatch(text):
+            return REFRESH_S
+        return min(int(text), 3600) if int(text) == 0 or int(text) >= 2 else 2
 
     @staticmethod
     def _json(doc: Any) -> web.Response:
@@ -178,8 +200,16 @@ class Dashboard:
         view = self._view(request)
         if isinstance(view, web.Response):
             return view
-        return {**await model.overview(self.db, view), "repositories": self._served(view),
-                "queues": await self._queues_of(view)}
+        readiness = await self._health() if self._health is not None else None
+        refused = self._refused() if self._refused is not None else None
+        gitea = ((readiness or {}).get("checks") or {}).get("gitea") or {}
+        if gitea.get("reachable") is False:  # the probe failed: not read again, so the page answers at once
+            queues = {"repository": view.repo_key, "error": "unavailable",
+                      "message": f"not read: Gitea is unreachable ({gitea.get('detail')})"}
+        else:
+            queues = await self._queues_of(view)
+        return {**await model.overview(self.db, view, queues=queues, readiness=readiness, refused=refused),
+                "repositories": self._served(view)}
 
     async def _queues_of(self, view: Settings) -> dict[str, Any]:
         """One repository's review and merge queues (``model.queues``), or why they cannot be read now: no Gitea
@@ -219,11 +249,17 @@ class Dashboard:
 
     async def overview(self, request: web.Request) -> web.Response:
         doc = await self._overview(request)
-        return doc if isinstance(doc, web.Response) else self._html(render.overview_page(doc))
+        if isinstance(doc, web.Response):
+            return doc
+        nonce = secrets.token_urlsafe(18)
+        return self._html(render.overview_page(doc, nonce=nonce, refresh_s=self._refresh_s(request)), nonce)
 
     async def issue(self, request: web.Request) -> web.Response:
         doc = await self._issue_doc(request)
-        return doc if isinstance(doc, web.Response) else self._html(render.issue_page(doc))
+        if isinstance(doc, web.Response):
+            return doc
+        nonce = secrets.token_urlsafe(18)
+        return self._html(render.issue_page(doc, nonce=nonce, refresh_s=self._refresh_s(request)), nonce)
 
     async def api_overview(self, request: web.Request) -> web.Response:
         doc = await self._overview(request)
@@ -275,14 +311,14 @@ def _dumps(doc: Any) -> str:
     return json.dumps(doc, sort_keys=True, default=str, ensure_ascii=False)
 
 
-def add_dashboard(app: web.Application, db: Database, settings: Settings, doors: DoorOf | None = None) -> (
-    Dashboard | None
-):
+def add_dashboard(app: web.Application, db: Database, settings: Settings, doors: DoorOf | None = None, *,
+                  health: Health | None = None, refused: Refused | None = None) -> Dashboard | None:
     """Add the dashboard's routes when ``[dashboard] token`` is set; without one it stays off (None). ``doors``: the
-    served repositories' doors (the queues are read through them)."""
+    served repositories' doors (the queues are read through them); ``health``: ``/readyz``'s document;
+    ``refused``: the webhook door's refusals."""
     token = settings.dashboard.token
     if token is None:
         return None
-    dashboard = Dashboard(db, settings, token.get_secret_value().strip(), doors)
+    dashboard = Dashboard(db, settings, token.get_secret_value().strip(), doors, health=health, refused=refused)
     dashboard.add_routes(app)
     return dashboard

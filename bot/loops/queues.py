@@ -15,7 +15,7 @@ from datetime import datetime
 from typing import Any, Literal
 
 from bot.core.allocator import Candidate, normalize_candidates
-from bot.core.canonical import CanonicalState
+from bot.core.canonical import CanonicalState, as_line, as_prompt
 from bot.core.evidence import render_evidence
 from bot.verbs.allocate import AllocationOutcome, AllocatorGitea, role_pick
 from bot.verbs.handback import HandBackSource, hand_back
@@ -143,16 +143,19 @@ def _author_turn(door: VerbRuntime[AllocatorGitea], queued: QueuedPull) -> tuple
     gate, pull, number, who = queued.gate, queued.pull, queued.issue.number, queued.implementer
     if gate.block == "status_failed" and gate.checks is not None:
         failing = gate.checks.failing
-        lines = [f"- {c}: {s}" + (f" ({d})" if d else "") + (f" {u}" if u else "") for c, s, u, d in failing]
+        # The CI's words (context, description, URL) are anyone-with-write's text: each made one line.
+        lines = [as_line(f"- {c}: {s}" + (f" ({d})" if d else "") + (f" {u}" if u else ""), limit=400)
+                 for c, s, u, d in failing]
         state = CanonicalState(
             state="in-progress", who_is_next="author",
             next_action=f"{who}: call gitea_bootstrap_issue_worktree for #{number}, fix what the failing check "
             "reports, publish, then gitea_open_pull_request (it is reviewed again)",
-            next_prompt=f"A required status check failed on PR #{pull.number} at {pull.head_sha}:\n"
-            + "\n".join(lines),
-            what_happened=f"{gate.missing()} on PR #{pull.number}",
-            why=f"required statuses from {gate.rules.contexts_from}: {', '.join(gate.rules.required_contexts)}",
-            related_prs=(pull.number,), blockers=gate.missing()[:200],
+            next_prompt=as_prompt(f"A required status check failed on PR #{pull.number} at {pull.head_sha}:\n"
+                                  + "\n".join(lines)),
+            what_happened=as_line(f"{gate.missing()} on PR #{pull.number}"),
+            why=as_line(f"required statuses from {gate.rules.contexts_from}: "
+                        f"{', '.join(gate.rules.required_contexts)}"),
+            related_prs=(pull.number,), blockers=as_line(gate.missing()),
             validation=f"Gitea's combined status of {pull.head_sha}", last_updated_by=door.bot_login or "foreman")
         return state, "status_failed", {"pull_request": pull.number, "head": pull.head_sha,
                                         "failing": gate.checks.to_dict()["failing"]}

@@ -5,13 +5,14 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Mapping
 from datetime import datetime
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any, Protocol
 
 from bot import gitops
 from bot.core.gateway import GatewayContext
 from bot.core.verbs import PRECONDITION_WORKTREE, VERBS, Verb, evaluate
 from bot.gitea import Branch, GiteaError, Repository
+from bot.verbs.bootstrap.context import BootstrapContext
 from bot.verbs.handback import HAND_BACK_SOURCES
 from bot.verbs.queue_view import work_queues
 from bot.verbs.review import ReviewGitea
@@ -52,7 +53,7 @@ async def runtime_context(
         "role": sorted(caller.roles)[0] if len(caller.roles) == 1 else sorted(caller.roles),
         "repository": f"{rt.settings.repository.owner}/{rt.settings.repository.name}",
         "default_branch": branch,
-        "leases": [await _lease_doc(rt, lease, now) for lease in mine],
+        "leases": [await _lease_doc(rt, caller, lease, now) for lease in mine],
         "callable_now": callable_now,
         "exact_next_action": await _next_action(rt, caller, mine),
     }
@@ -70,16 +71,36 @@ def _handed_back(lease: Lease) -> bool:
 _OUTDATED = frozenset({"branch_outdated", "base_diverged"})
 
 
-async def _lease_doc(rt: VerbRuntime[ContextGitea], lease: Lease, now: datetime) -> dict[str, Any]:
-    """The lease, its time left, whether it is a hand-back, and (an implement lease) its registered worktree."""
+async def _lease_doc(rt: VerbRuntime[ContextGitea], caller: Caller, lease: Lease, now: datetime) -> dict[str, Any]:
+    """The lease, its time left, whether it is a hand-back, its next step, and (an implement lease) its registered
+    worktree: the absolute path as the agent sees it (``[mcp] worktree_roots``), and the service's own."""
     doc = lease.to_dict()
     doc["seconds_left"] = max(0, int((lease.expires_at - now).total_seconds()))
     doc["handed_back"] = _handed_back(lease)
     if lease.action == "implement":
         registration = await JournalStore(rt.db).live_registration(rt.repo, lease.issue_number)
-        doc["worktree_path"] = (registration.worktree_path if registration is not None and
-                                registration.owner == lease.owner else None)
+        path = (registration.worktree_path if registration is not None and registration.owner == lease.owner
+                else None)
+        doc["worktree_path"] = worktree_as_seen(rt, lease.owner, path) if path is not None else None
+        doc["service_worktree_path"] = path
+    doc["next_action"] = await _lease_next(rt, caller, lease)
     return doc
+
+
+def worktree_as_seen(rt: VerbRuntime[Any], login: str, path: str) -> str:
+    """``path`` (under the service's checkout root) as ``login``'s agent sees it: the checkout root replaced by that
+    login's ``[mcp] worktree_roots`` entry (or its ``*`` entry), for agents whose worktrees are bind-mounted into a
+    sandbox or another host at another place; unchanged without one."""
+    roots = rt.settings.mcp.worktree_roots
+    seen = roots.get(login, roots.get("*"))
+    if seen is None:
+        return path
+    root = BootstrapContext.from_service(rt).checkout_root
+    try:
+        relative = Path(path).relative_to(root)
+    except ValueError:
+        return path
+    return str(PurePosixPath(seen) / relative.as_posix())
 
 
 async def _waiting_for_role(rt: VerbRuntime[ContextGitea], caller: Caller, now: datetime) -> dict[str, Any] | None:
@@ -134,33 +155,42 @@ async def _callable_now(rt: VerbRuntime[ContextGitea], caller: Caller, live: lis
 
 async def _next_action(rt: VerbRuntime[ContextGitea], caller: Caller, mine: list[Lease]) -> str:
     if mine:
-        lease = mine[0]
-        n = lease.issue_number
-        until = lease.expires_at.isoformat()
-        if lease.action == "review":  # a review needs no worktree
-            return (f"review the pull request of #{n} and call gitea_submit_review with issue_number={n}; "
-                    f"call gitea_heartbeat_lease with issue_number={n} before {until}")
-        if lease.action == "merge":
-            return (f"call gitea_merge_pull_request with issue_number={n} (it merges exactly the approved commit); "
-                    f"call gitea_heartbeat_lease with issue_number={n} before {until}")
-        if lease.request.get("source") in _OUTDATED:  # handed back behind its base: Gitea updates it, no worktree
-            return (f"call gitea_update_pull_request with issue_number={n} (Gitea brings its pull request up to date "
-                    f"with the base; it then goes back to review); call gitea_heartbeat_lease with issue_number={n} "
-                    f"before {until}")
-        bootstrap = await rt.worktree_bootstrap()
-        if bootstrap is not None and not await bootstrap.worktree_registered(issue_number=n, owner=caller.login):
-            return f"call gitea_bootstrap_issue_worktree with issue_number={n}"
-        if bootstrap is not None and not await bootstrap.locked(issue_number=n, owner=caller.login):
-            return f"call gitea_lock_issue with issue_number={n}"
-        if bootstrap is None:
-            return (
-                f"call gitea_get_issue_state with issue_number={n} and follow its next_action; "
-                f"call gitea_heartbeat_lease with issue_number={n} before {until}"
-            )
+        return await _lease_next(rt, caller, mine[0])
+    return _idle_next(rt, caller)
+
+
+async def _lease_next(rt: VerbRuntime[ContextGitea], caller: Caller, lease: Lease) -> str:
+    """The next step on one of the caller's live leases."""
+    n = lease.issue_number
+    until = lease.expires_at.isoformat()
+    if lease.action == "review":  # a review needs no worktree
+        return (f"review the pull request of #{n} and call gitea_submit_review with issue_number={n}; "
+                f"call gitea_heartbeat_lease with issue_number={n} before {until}")
+    if lease.action == "merge":
+        return (f"call gitea_merge_pull_request with issue_number={n} (it merges exactly the approved commit); "
+                f"call gitea_heartbeat_lease with issue_number={n} before {until}")
+    if lease.request.get("source") in _OUTDATED:  # handed back behind its base: Gitea updates it, no worktree
+        return (f"call gitea_update_pull_request with issue_number={n} (Gitea brings its pull request up to date "
+                f"with the base; it then goes back to review); call gitea_heartbeat_lease with issue_number={n} "
+                f"before {until}")
+    bootstrap = await rt.worktree_bootstrap()
+    if bootstrap is not None and not await bootstrap.worktree_registered(issue_number=n, owner=caller.login):
+        return f"call gitea_bootstrap_issue_worktree with issue_number={n}"
+    if bootstrap is not None and not await bootstrap.locked(issue_number=n, owner=caller.login):
+        return f"call gitea_lock_issue with issue_number={n}"
+    if bootstrap is None:
         return (
-            f"work on #{n} in its registered worktree; call gitea_heartbeat_lease with issue_number={n} "
-            f"before {until}, and gitea_post_issue_state with issue_number={n} when the step is done"
+            f"call gitea_get_issue_state with issue_number={n} and follow its next_action; "
+            f"call gitea_heartbeat_lease with issue_number={n} before {until}"
         )
+    return (
+        f"work on #{n} in its registered worktree; call gitea_heartbeat_lease with issue_number={n} "
+        f"before {until}, and gitea_post_issue_state with issue_number={n} when the step is done"
+    )
+
+
+def _idle_next(rt: VerbRuntime[ContextGitea], caller: Caller) -> str:
+    """The next step of a caller holding no live lease."""
     if "controller" in caller.roles:
         return (
             "call gitea_allocate_next_work with dry_run=true, then with dry_run=false and "
@@ -173,6 +203,10 @@ async def _next_action(rt: VerbRuntime[ContextGitea], caller: Caller, mine: list
     if "reviewer" in caller.roles and "controller" not in caller.roles:
         return ("nothing is leased to you: the review queue does not run by itself here; claim a review listed in "
                 "work_waiting with gitea_claim_review, or call gitea_get_runtime_context again later")
+    if "merger" in caller.roles and "controller" not in caller.roles:
+        return ("nothing is leased to you: the merge queue does not run by itself here; merge an approved pull "
+                "request listed in work_waiting with gitea_merge_pull_request, or call gitea_get_runtime_context "
+                "again later")
     if "author" in caller.roles and rt.settings.auto_allocation():
         return ("nothing is leased to you now: foreman leases you the next status:ready issue by itself; call "
                 "gitea_get_runtime_context again in a minute")

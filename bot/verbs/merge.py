@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Literal, Protocol
 
-from bot.core.canonical import CanonicalState
+from bot.core.canonical import CanonicalState, as_line, as_prompt
 from bot.core.errors import Envelope
 from bot.core.evidence import render_evidence
 from bot.core.verbs import Verb
@@ -319,18 +319,20 @@ async def _hand_back_unmergeable(
     update = f"call gitea_update_pull_request with issue_number={number}"
     state = CanonicalState(
         state="in-progress", who_is_next="author",
-        next_action=(f"{implementer.owner}: call gitea_bootstrap_issue_worktree for #{number}, merge "
-                     f"origin/{pull.base_ref} into the branch, resolve {', '.join(files) or 'the conflicts'}, "
-                     "publish, then gitea_open_pull_request" if source == "merge_conflict" else
+        next_action=(as_line(f"{implementer.owner}: call gitea_bootstrap_issue_worktree for #{number}, merge "
+                             f"origin/{pull.base_ref} into the branch, resolve {', '.join(files) or 'the conflicts'}, "
+                             "publish, then gitea_open_pull_request", limit=1000) if source == "merge_conflict" else
                      f"{implementer.owner}: {update} (Gitea updates the branch from {pull.base_ref})"),
-        next_prompt=(f"PR #{pull.number} conflicts with {pull.base_ref}" +
-                     (f" in: {', '.join(files)}" if files else "") + ". Merge the base into your branch, resolve, "
-                     "publish and open the pull request again (it is reviewed again)." if source == "merge_conflict"
-                     else f"PR #{pull.number} must contain {pull.base_ref} to merge fast-forward only: {update}."),
-        what_happened=f"{caller.login}'s merge of PR #{pull.number} was refused by Gitea: "
-        f"{(outcome.error.message if outcome.error else '')[:120] or source}",
+        next_prompt=as_prompt(f"PR #{pull.number} conflicts with {pull.base_ref}" +
+                              (f" in: {as_line(', '.join(files), limit=1000)}" if files else "") +
+                              ". Merge the base into your branch, resolve, publish and open the pull request again "
+                              "(it is reviewed again)." if source == "merge_conflict" else
+                              f"PR #{pull.number} must contain {pull.base_ref} to merge fast-forward only: {update}."),
+        # Gitea's message and the file names (an author names its files) are outside text: one line each.
+        what_happened=as_line(f"{caller.login}'s merge of PR #{pull.number} was refused by Gitea: "
+                              f"{(outcome.error.message if outcome.error else '')[:120] or source}"),
         why="a merge conflict" if source == "merge_conflict" else "the base moved past the head",
-        related_prs=(pull.number,), blockers=", ".join(files) or "none",
+        related_prs=(pull.number,), blockers=as_line(", ".join(files)),
         validation=f"git merge-tree of {pull.base_ref} and the PR's head in foreman's control checkout",
         last_updated_by=rt.bot_login or "foreman",
     )

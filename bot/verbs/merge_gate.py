@@ -170,7 +170,11 @@ def merge_gate(
     elif block is None and checks is not None and checks.state == "pending" and \
             len(approvals) >= rules.required_approvals:
         block, counted = "status_pending", None
-    counted_ids = {v.review_id for v in valid}
+    # An approval that holds but is not on the head (and not the one a stale pin names) is listed as stale.
+    counted_ids = {v.review_id for v in approvals} | ({counted.review_id} if counted is not None else set())
+    for verdict in valid:
+        if verdict.review_id not in counted_ids:
+            why[verdict.review_id] = "stale"
     not_counted: list[NotCounted] = []
     for review in reviews:
         if review.state not in ("APPROVED", "REQUEST_CHANGES") or review.id in counted_ids:

@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
-from bot import gitops, worktree_files
+from bot import gitops, worktree_access, worktree_files
 from bot.core.canonical import CanonicalState
 from bot.core.errors import Envelope
 from bot.core.evidence import render_evidence
@@ -99,7 +99,7 @@ async def _run(
     pub, parent, key = await _find(rt, store, checkout, values, lease, branch, message)
     caught_up: dict[str, str] | None = None
     if pub is None or pub.phase == "started":  # nothing committed yet: build on the branch as Gitea has it
-        caught_up = await asyncio.to_thread(_catch_up, checkout, ctx, branch, worktree, issue)
+        caught_up = await asyncio.to_thread(_catch_up, checkout, ctx, branch, worktree, issue, lease.owner)
         if caught_up is not None and pub is None:
             pub, parent, key = await _find(rt, store, checkout, values, lease, branch, message)
     if pub is not None and pub.message_digest != _digest(message):
@@ -143,9 +143,8 @@ async def _find(
     return pub, parent, key
 
 
-def _catch_up(checkout: gitops.ControlCheckout, ctx: BootstrapContext, branch: str, worktree: Path, issue: int) -> (
-    dict[str, str] | None
-):
+def _catch_up(checkout: gitops.ControlCheckout, ctx: BootstrapContext, branch: str, worktree: Path, issue: int,
+              owner: str) -> dict[str, str] | None:
     """The issue branch on Gitea moved past the worktree's by exactly an update of its pull request from its base
     (gitea_update_pull_request, or Gitea's "Update branch"; ``update_from_base``). By a merge: the worktree is
     fast-forwarded to it before anything is committed (``fast_forward_worktree``: uncommitted changes are carried
@@ -190,6 +189,17 @@ def _catch_up(checkout: gitops.ControlCheckout, ctx: BootstrapContext, branch: s
             f"conflict, then call gitea_publish_worktree again with issue_number={issue}",
             reason="branch_behind_remote", branch=branch, remote_sha=remote, local_sha=local, update=style,
             git=refusal))
+    group = worktree_access.group_for(ctx.settings.bootstrap.worktree_groups, owner)
+    if group is not None:  # what the fast-forward wrote (as the service) is the agent's too, as the bootstrap's was
+        try:
+            worktree_access.grant(worktree, ctx.checkout_root, group)
+        except worktree_access.WorktreeAccessError as exc:
+            raise _Refused(envelope(
+                "invalid_state", f"the worktree of #{issue} was fast-forwarded to {remote[:12]} but could not be "
+                f"handed back to the group {group}: {exc}; nothing was committed or pushed",
+                "The agent may not be able to read or change what the fast-forward wrote.",
+                f"an operator makes the service a member of {group} (or fixes [bootstrap] worktree_groups), then "
+                f"call gitea_publish_worktree again with issue_number={issue}", reason="worktree_access")) from exc
     log.info("publish of #%s: worktree fast-forwarded from %s to %s (updated from %s on Gitea)", issue, local, remote,
              default)
     return {"from": local, "to": remote, "update": style}

@@ -13,6 +13,8 @@ from bot.core.canonical.records import (
     ParseError,
     ParseErrorCode,
     ParseResult,
+    as_line,
+    as_prompt,
 )
 from bot.core.canonical.rendering import render
 
@@ -28,6 +30,8 @@ __all__ = [
     "ParseError",
     "ParseErrorCode",
     "ParseResult",
+    "as_line",
+    "as_prompt",
     "parse_any_length",
     "parse_comment",
     "render",

@@ -230,6 +230,32 @@ def _check_prompt(value: str) -> None:
             "NEXT_PROMPT lines carry no trailing whitespace and the prompt has no leading or trailing blank line"
         )
 
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f\u202a-\u202e\u2066-\u2069]")
+
+
+def as_line(text: str, *, limit: int = 200) -> str:
+    """Outside text (a CI's status description, a file name, Gitea's message) as one stripped line a single-line
+    field takes: every run of whitespace or control characters one space, cut to ``limit``; ``none`` when empty."""
+    flat = " ".join(_CONTROL.sub(" ", text).split())
+    if len(flat) > limit:
+        flat = flat[: limit - 1].rstrip() + "…"
+    return flat or "none"
+
+
+def as_prompt(text: str, *, limit: int = 2000) -> str:
+    """Outside text as NEXT_PROMPT takes it: control characters gone, each line without trailing whitespace, no
+    leading or trailing blank line, at most ``limit`` characters."""
+    lines = [_CONTROL.sub(" ", line).rstrip() for line in text.replace("\r\n", "\n").replace("\r", "\n").split("\n")]
+    while lines and not lines[0]:
+        lines.pop(0)
+    while lines and not lines[-1]:
+        lines.pop()
+    out = "\n".join(lines)
+    if len(out) > limit:
+        out = out[: limit - 1].rstrip() + "…"
+    return out
+
+
 def allowed_states() -> str:
     """The STATE values, as an error message lists them."""
     return ", ".join(row.state for row in STATES)

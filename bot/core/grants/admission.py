@@ -12,7 +12,7 @@ from bot.core.digest import CanonicalError, canonical_json
 from bot.core.grants.contracts import CONTRACT_DIGEST, TOOL_CONTRACTS
 from bot.core.grants.grant import Grant, GrantCall, format_time, parse_time
 
-#: The only categories a broker refusal ever exposes (DESIGN.md section 3, "Run grants").
+#: The only categories a broker refusal ever exposes (docs/grants.md, "The broker's decisions").
 Category = Literal["grant_denied", "grant_expired", "host_mismatch", "inflight_unresolved", "broker_error"]
 CATEGORIES: Final[tuple[Category, ...]] = get_args(Category)
 
