@@ -24,7 +24,7 @@ from bot.core.errors import Envelope, EnvelopeError
 from bot.core.gateway import GatewayContext, evaluate_preconditions
 from bot.core.grants import Grant, broker_refusal
 from bot.core.json_depth import MAX_NESTING, collapsed
-from bot.core.verbs import TOOLS, VERBS, Verb
+from bot.core.verbs import TOOLS, VERBS, Verb, identity_gate
 from bot.verbs.runs.broker import Broker
 from bot.verbs.runs.start import is_run_token
 from bot.verbs.runtime import BootstrapFactory, Caller, VerbResult, VerbRuntime, caller_for, refused
@@ -75,23 +75,35 @@ def resolve_identity(settings: Settings, token: str | None) -> Caller:
     return caller_for(settings, login, "mcp")
 
 
+def tool_description(verb: Verb) -> str:
+    """What an agent reads about a tool: what it does, who may call it and when (in words: a gate's internal name
+    is only in a refusal's details), what a replay does, and what it answers."""
+    who, when = verb.who_and_when()
+    lines = [f"{verb.summary[0].upper()}{verb.summary[1:]}.", f"Who may call it: {who}."]
+    if when:
+        lines.append(f"When: {'; '.join(when)}.")
+    lines.append(f"Replay: {verb.replay}." if verb.replay else "Read-only: calling it again changes nothing.")
+    lines.append("Answers its result in structuredContent (see the outputSchema), or a refusal (isError): {error, "
+                 "message, remediate, exact_next_action}, missing[] for a tracing_gap, details when there are more; "
+                 "exact_next_action is a step you can take with your own tools.")
+    return "\n".join(lines)
+
+
 def tool_for(verb: Verb, *, repository: bool = False) -> types.Tool:
-    """The MCP tool of a verb: its name, summary, gates and input schema from the verb table."""
-    gates = "; ".join(
-        f"{p.key} ({p.rejection_kind})" for p in verb.preconditions
-    )
-    description = (
-        f"{verb.summary[0].upper()}{verb.summary[1:]}. Checked first, in order: {gates}. "
-        "A refusal is structured: {error, message, remediate, exact_next_action} plus missing[] for a tracing_gap."
-    )
+    """The MCP tool of a verb, all from the verb table: name, title, description, input and output schemas, and
+    annotations (the MCP specification's hints: read-only, destructive, idempotent, closed world)."""
+    read = verb.effect == "read"
     return types.Tool(
         name=verb.tool,
-        description=description,
+        title=verb.title,
+        description=tool_description(verb),
         input_schema=verb.input_schema(repository=repository),
+        output_schema=verb.output_schema(),
         annotations=types.ToolAnnotations(
-            read_only_hint=verb.effect == "read",
-            destructive_hint=False,
-            idempotent_hint=verb.effect == "read",
+            title=verb.title,
+            read_only_hint=read,
+            destructive_hint=False if read else verb.destructive,
+            idempotent_hint=verb.idempotent,
             open_world_hint=False,
         ),
     )
@@ -169,7 +181,7 @@ def choose_repository(tool: str, arguments: dict[str, Any], doors: Mapping[str, 
 
 def _may_call(verb: Verb, caller: Caller) -> bool:
     identity = GatewayContext(caller=caller.login, caller_roles=caller.roles)
-    return evaluate_preconditions(verb.preconditions[:1], identity).allowed
+    return evaluate_preconditions(identity_gate(verb), identity).allowed
 
 
 def result_of(doc: dict[str, Any], *, is_error: bool) -> types.CallToolResult:
