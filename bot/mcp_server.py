@@ -24,7 +24,7 @@ from bot.core.errors import Envelope, EnvelopeError
 from bot.core.gateway import GatewayContext, evaluate_preconditions
 from bot.core.grants import Grant, broker_refusal
 from bot.core.json_depth import MAX_NESTING, collapsed
-from bot.core.verbs import TOOLS, VERBS, Verb, identity_gate
+from bot.core.verbs import NOT_ON_ROSTER, ON_ROSTER, TOOLS, VERBS, Verb, identity_gate
 from bot.verbs.runs.broker import Broker
 from bot.verbs.runs.start import is_run_token
 from bot.verbs.runtime import BootstrapFactory, Caller, VerbResult, VerbRuntime, caller_for, refused
@@ -112,6 +112,13 @@ def tool_for(verb: Verb, *, repository: bool = False) -> types.Tool:
 def unknown_tool(name: str, offered: Sequence[types.Tool]) -> Envelope:
     """The refusal of a tool name the server does not list (nothing runs). The name is quoted short and ASCII."""
     shown = ascii(name[:80]) + ("..." if len(name) > 80 else "")
+    if not offered:  # a login with no roster role: no tool to name, only an operator can help
+        return Envelope(
+            error="invalid_input",
+            message=f"unknown tool {shown}: this server lists no tool for you",
+            remediate=NOT_ON_ROSTER,
+            exact_next_action=ON_ROSTER.exact_next_action,
+        )
     return Envelope(
         error="invalid_input",
         message=f"unknown tool {shown}: this server does not list it, and runs only the tools it lists",
@@ -269,6 +276,11 @@ def build_server(
         return result_of(doc, is_error=is_error)
 
     roles = ", ".join(sorted(caller.roles)) or "no roster role"
+    if not caller.roles and not many and tools is None:
+        ask = ON_ROSTER.exact_next_action
+        instructions = instructions or (
+            f"You act as {caller.login}, who has no role on the foreman roster of {repository}: no tool is offered to "
+            f"you and every call is refused. {ask[0].upper()}{ask[1:]}.")
     return Server(
         "foreman",
         version=_version(),

@@ -236,8 +236,9 @@ _KIND_PROBLEMS: dict[str, str] = {
     "key": "expected 1-100 of [A-Za-z0-9._:-], alphanumeric first",
     "state": "expected a Canonical Issue State object",
     "repository": "expected a repository as owner/name",
-    "commit_message": (f"expected a commit message: a subject line of 1 to {MAX_SUBJECT} characters, then optionally a "
-                       "blank line and a body (LF line breaks, no trailing whitespace, no control characters)"),
+    "commit_message": (f"expected a commit message: a subject line of 1 to {MAX_SUBJECT} characters without control "
+                       "characters (tab, ESC, NUL, ...) or bidirectional overrides, then optionally a blank line and a "
+                       "body (LF line breaks, no trailing whitespace)"),
 }
 
 

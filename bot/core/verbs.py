@@ -457,10 +457,11 @@ _VERBS: tuple[Verb, ...] = (
         effect="read",
         title="Read the issue's state",
         output=result({"issue_number": out.ISSUE, "state": out.nullable(out.CANONICAL_STATE),
-                       "lease": out.nullable(out.LEASE), "lease_live": out.BOOLEAN, "labels": out.STRINGS,
-                       "is_open": out.nullable(out.BOOLEAN)},
-                      {"label_sync": out.nullable(out.STRING), "open_blockers": out.ISSUES,
-                       "state_comment_id": out.nullable(out.INTEGER)}),
+                       "lease": out.nullable(out.LEASE), "lease_live": out.BOOLEAN},
+                      {"labels": out.STRINGS, "is_open": out.nullable(out.BOOLEAN),
+                       "label_sync": out.nullable(out.STRING), "open_blockers": out.ISSUES,
+                       "state_comment_id": out.nullable(out.INTEGER),
+                       "note": {**out.STRING, "description": "instead of the labels: foreman has not seen the issue"}}),
         next_verbs=("post_issue_state",),
         params=(_issue(),),
     ),
@@ -758,3 +759,80 @@ def _json_value(value: object) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     return str(value)
+
+
+#: The values the tools table's example calls use, by argument kind (bot/core/verb_params.py).
+_EXAMPLE_VALUES: dict[str, object] = {
+    "issue_number": 42, "login": "author-1", "text": "done", "key": "k-1", "sha": "0" * 40, "fingerprint": "0" * 64,
+    "boolean": True, "issue_numbers": [41], "repository": "org/repo",
+    "commit_message": "Paint the widget blue\n\nThe issue asks for blue; widget.txt holds the colour.",
+    "state": {"state": "in-progress", "who_is_next": "author", "next_action": "publish with gitea_publish_worktree",
+              "next_prompt": "", "what_happened": "widget painted", "why": "the issue asks for it",
+              "related_prs": [], "blockers": "none", "validation": "tests pass"},
+}
+
+
+def example_arguments(verb: Verb) -> dict[str, object]:
+    """A valid call of ``verb``: its required arguments with example values (checked by ``check_arguments``)."""
+    out: dict[str, object] = {}
+    for param in verb.params:
+        if param.required:
+            out[param.name] = param.choices[0] if param.choices else _EXAMPLE_VALUES[param.kind]
+    return out
+
+
+def _example_value(name: str, schema: Mapping[str, Any]) -> str:
+    if "const" in schema:
+        return _json(schema["const"])
+    if "enum" in schema:
+        return _json(schema["enum"][0])
+    if "anyOf" in schema:
+        return _example_value(name, schema["anyOf"][0])
+    kind = schema.get("type")
+    if kind == "integer":
+        return {"issue_number": "42", "pull_request": "7", "pull_number": "7"}.get(name, "1")
+    if kind == "boolean":
+        return "true"
+    if kind == "object":
+        return "{…}"
+    if kind == "array":
+        return "[…]"
+    return '"…"'
+
+
+def _json(value: object) -> str:
+    import json
+
+    return json.dumps(value, ensure_ascii=False)
+
+
+def example_answer(verb: Verb) -> str:
+    """The keys every success of ``verb`` answers, with example values (from its declared result)."""
+    schema = verb.output_schema()["anyOf"][0]
+    parts = [f'"{key}": {_example_value(key, schema["properties"][key])}' for key in schema["required"]]
+    return "{" + ", ".join(parts) + "}"
+
+
+def render_tools_markdown() -> str:
+    """Every offered tool in one table for docs: title, who may call it, effect (with its MCP hints), what a replay
+    does, and an example call with the keys of its answer."""
+    lines = [
+        "| tool | title | who may call it | effect | replay | example call → answer |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    for v in _VERBS:
+        if not v.executable:
+            continue
+        who, when = v.who_and_when()
+        if when:
+            who = f"{who}; when {'; '.join(when)}"
+        hints = ["read-only"] if v.effect == "read" else ["writes"]
+        if v.effect != "read" and v.idempotent:
+            hints.append("idempotent")
+        if v.effect != "read" and v.destructive:
+            hints.append("destructive")
+        replay = v.replay or "changes nothing"
+        call = _json(example_arguments(v))
+        cell = f"`{v.tool}` `{call}` → `{example_answer(v)}`".replace("|", "\\|")
+        lines.append(f"| `{v.tool}` | {v.title} | {who} | {', '.join(hints)} | {replay} | {cell} |")
+    return "\n".join(lines) + "\n"
