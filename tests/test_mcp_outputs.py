@@ -51,11 +51,14 @@ class Answers:
         self.world = world
         self.seen: dict[str, list[tuple[bool, dict[str, Any]]]] = {}
         self.listed: dict[str, dict[str, Any]] = {}
+        self.offered: dict[str, set[str]] = {}
 
     async def call(self, login: str, name: str, **arguments: Any) -> tuple[bool, dict[str, Any]]:
         caller = caller_for(self.world.service.settings, login, "mcp")
         async with Client(build_server(runtime(self.world), caller)) as client:
-            for tool in (await client.list_tools()).tools:
+            tools = (await client.list_tools()).tools
+            self.offered[login] = {tool.name for tool in tools}
+            for tool in tools:
                 if tool.output_schema is not None:
                     self.listed[tool.name] = tool.output_schema
             result = await client.call_tool(name, arguments)
@@ -86,7 +89,12 @@ async def live(answers: Answers) -> None:
     world = answers.world
     a = answers
     # Refusals before anything exists: a login off the roster, a wrong role, a missing artifact, bad arguments.
-    await a.refused(STRANGER, "gitea_get_runtime_context")
+    stranger = await a.refused(STRANGER, "gitea_get_runtime_context")
+    # A login with no role is offered nothing and told to ask an operator, never to call a tool it does not have.
+    assert a.offered[STRANGER] == set() and "operator" in stranger["exact_next_action"], stranger
+    assert "gitea_" not in stranger["exact_next_action"], stranger
+    stranger = await a.refused(STRANGER, "gitea_publish_worktree", issue_number=1, message="x")
+    assert "gitea_" not in stranger["exact_next_action"] and "operator" in stranger["exact_next_action"], stranger
     await a.refused(AUTHOR, "gitea_allocate_next_work", dry_run=True)
     await a.refused(AUTHOR, "gitea_get_issue_state", issue_number=0)
     await a.refused(AUTHOR, "gitea_assess_work_issue_duplicate", issue_number=1, phase="later")
@@ -98,7 +106,9 @@ async def live(answers: Answers) -> None:
     other = await world.open_issue("alice", "Another one")
     await a.ok(CONTROLLER, "gitea_allocate_next_work", dry_run=True,
                candidates_json=[{"issue_number": other, "title": "Another one"}])
-    await a.ok(AUTHOR, "gitea_get_runtime_context")
+    context = await a.ok(AUTHOR, "gitea_get_runtime_context")
+    assert {"gitea_bootstrap_issue_worktree", "gitea_lock_issue"} <= a.offered[AUTHOR]
+    assert {entry["tool"] for entry in context["callable_now"]} <= a.offered[AUTHOR], context["callable_now"]
     await a.ok(CONTROLLER, "gitea_get_runtime_context")
     await a.ok(AUTHOR, "gitea_assess_work_issue_duplicate", issue_number=number, phase="pre_pr")
     await a.refused(REVIEWER, "gitea_lock_issue", issue_number=number)
@@ -136,7 +146,10 @@ async def live(answers: Answers) -> None:
     await a.ok(REVIEWER, "gitea_release_lease", issue_number=number, reason="back to the queue")
     await a.ok(REVIEWER, "gitea_claim_review", issue_number=number)
     await a.ok(REVIEWER, "gitea_submit_review", issue_number=number, verdict="approve")
-    await a.ok(REVIEWER, "gitea_get_runtime_context")
+    context = await a.ok(REVIEWER, "gitea_get_runtime_context")
+    # Reviewers and mergers are offered neither the bootstrap nor the lock; callable_now lists only offered tools.
+    assert not a.offered[REVIEWER] & {"gitea_bootstrap_issue_worktree", "gitea_lock_issue"}, a.offered[REVIEWER]
+    assert {entry["tool"] for entry in context["callable_now"]} <= a.offered[REVIEWER], context["callable_now"]
 
     # The base moves on: the merge hands the issue back, the author updates the PR, a second review, the merge.
     world.live.emulator.push_commit(OWNER, REPO, "main", {"other.txt": "unrelated\n"}, pusher="alice",
@@ -152,7 +165,9 @@ async def live(answers: Answers) -> None:
     await a.ok(AUTHOR, "gitea_update_pull_request", issue_number=number)
     await a.ok(REVIEWER, "gitea_claim_review", issue_number=number)
     await a.ok(REVIEWER, "gitea_submit_review", issue_number=number, verdict="approve")
-    await a.ok(MERGER, "gitea_get_runtime_context")
+    context = await a.ok(MERGER, "gitea_get_runtime_context")
+    assert not a.offered[MERGER] & {"gitea_bootstrap_issue_worktree", "gitea_lock_issue"}, a.offered[MERGER]
+    assert {entry["tool"] for entry in context["callable_now"]} <= a.offered[MERGER], context["callable_now"]
     merged = await a.ok(MERGER, "gitea_merge_pull_request", issue_number=number)
     if os.environ.get("FOREMAN_DUMP_OUTPUTS"):
         Path(os.environ["FOREMAN_DUMP_OUTPUTS"]).write_text(json.dumps(a.seen, indent=1, default=str))
@@ -192,3 +207,35 @@ async def test_every_tool_answers_what_its_output_schema_says_on_success_and_on_
 def _wrong(value: object) -> object:
     """A value of another JSON type than ``value``."""
     return 1.5 if isinstance(value, str | bool | list | dict) or value is None else "wrong"
+
+
+def _described(schema: dict[str, Any], where: str) -> list[str]:
+    """Every property of ``schema`` (and of the objects inside it) without a description."""
+    missing = [f"{where}.{name}" for name, sub in schema.get("properties", {}).items() if not sub.get("description")]
+    for name, sub in schema.get("properties", {}).items():
+        missing += _described(sub, f"{where}.{name}")
+    return missing
+
+
+def test_every_tool_has_a_title_honest_hints_and_every_argument_a_description() -> None:
+    """Issue 33 item 4: a title, annotations from the verb table (reads read-only; the replay-safe writes idempotent),
+    every argument described, the nine fields of ``state`` included, and no gate's internal name in a description."""
+    gates = {p.key for verb in VERBS.values() for p in verb.preconditions if "_" in p.key or ":" in p.key}
+    for tool in offered_tools():
+        verb = TOOLS[tool.name]
+        assert tool.title and tool.annotations is not None and tool.annotations.title == tool.title, tool.name
+        hints = tool.annotations
+        assert hints.read_only_hint is (verb.effect == "read"), tool.name
+        assert hints.idempotent_hint is verb.idempotent and hints.open_world_hint is False, tool.name
+        assert tool.description is not None
+        assert not [key for key in gates if key in tool.description], (tool.name, tool.description)
+        if verb.effect == "mutate":
+            assert "Replay: " in tool.description, tool.name
+        assert _described(tool.input_schema, tool.name) == [], tool.name
+    state = TOOLS["gitea_post_issue_state"].input_schema()["properties"]["state"]["properties"]
+    nine = ["state", "who_is_next", "next_action", "next_prompt", "what_happened", "why", "related_prs", "blockers",
+            "validation"]
+    assert all(state[name]["description"] for name in nine)
+    replay_safe = {"bootstrap_issue_worktree", "open_pull_request", "merge_pull_request", "publish_worktree",
+                   "update_pull_request", "submit_review"}
+    assert all(VERBS[name].idempotent for name in replay_safe)

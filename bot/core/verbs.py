@@ -384,7 +384,7 @@ _VERBS: tuple[Verb, ...] = (
     _verb(
         "bootstrap_issue_worktree",
         "create or recover the issue's branch and worktree under branches/",
-        roles=frozenset({"author"}),
+        roles=frozenset({"author", "controller"}),  # a review or a merge needs no worktree
         gates=(PRECONDITION_OWNERSHIP,),
         effect="mutate",
         title="Bootstrap the issue's worktree",
@@ -405,7 +405,7 @@ _VERBS: tuple[Verb, ...] = (
     _verb(
         "lock_issue",
         "lock the issue to the owner's registered worktree",
-        roles=frozenset({"author"}),
+        roles=frozenset({"author", "controller"}),
         gates=(PRECONDITION_OWNERSHIP,),
         artifacts=(PRECONDITION_WORKTREE,),
         effect="mutate",
