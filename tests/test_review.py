@@ -175,7 +175,7 @@ async def test_a_review_lease_gets_no_worktree(world: World) -> None:
         offered = {t.name for t in (await client.list_tools()).tools}
     assert not offered & {"gitea_bootstrap_issue_worktree", "gitea_lock_issue"}, offered
     refused, doc = await tool(world, "author-2", "gitea_bootstrap_issue_worktree", issue_number=pr.number)
-    assert refused and doc["error"] == "not_authorized" and "author role" in doc["message"], doc
+    assert refused and doc["error"] == "not_authorized" and "author or controller role" in doc["message"], doc
     assert "gitea_get_runtime_context" in doc["exact_next_action"], doc
     leases = await LeaseStore(world.service.db).history(FULL_NAME, pr.number)
     assert [(lease.owner, lease.action, lease.status) for lease in leases][-1] == ("author-2", "review", "live")

@@ -648,7 +648,7 @@ _VERBS: tuple[Verb, ...] = (
                        "merge_commit_sha": out.nullable(out.SHA), "approved_commit": out.nullable(out.SHA),
                        "outbox": out.OUTBOX},
                       {"gate": out.OBJECT, "adopted": out.BOOLEAN, "attempts": out.INTEGER,
-                       "waited": out.array(out.NUMBER)}),
+                       "waited": out.array({**out.STRING, "description": "what a retry waited for"})}),
         replay="a merged pull request is adopted (adopted: true, one evidence comment); nothing is merged twice",
         idempotent=True,
         destructive=True,
