@@ -24,7 +24,7 @@ from bot.core.errors import Envelope, EnvelopeError
 from bot.core.gateway import GatewayContext, evaluate_preconditions
 from bot.core.grants import Grant, broker_refusal
 from bot.core.json_depth import MAX_NESTING, collapsed
-from bot.core.verbs import TOOLS, VERBS, Verb
+from bot.core.verbs import NOT_ON_ROSTER, ON_ROSTER, TOOLS, VERBS, Verb, identity_gate
 from bot.mcp_resources import ResourceDoor, resource_handlers
 from bot.verbs.runs.broker import Broker
 from bot.verbs.runs.start import is_run_token
@@ -76,23 +76,35 @@ def resolve_identity(settings: Settings, token: str | None) -> Caller:
     return caller_for(settings, login, "mcp")
 
 
+def tool_description(verb: Verb) -> str:
+    """What an agent reads about a tool: what it does, who may call it and when (in words: a gate's internal name
+    is only in a refusal's details), what a replay does, and what it answers."""
+    who, when = verb.who_and_when()
+    lines = [f"{verb.summary[0].upper()}{verb.summary[1:]}.", f"Who may call it: {who}."]
+    if when:
+        lines.append(f"When: {'; '.join(when)}.")
+    lines.append(f"Replay: {verb.replay}." if verb.replay else "Read-only: calling it again changes nothing.")
+    lines.append("Answers its result in structuredContent (see the outputSchema), or a refusal (isError): {error, "
+                 "message, remediate, exact_next_action}, missing[] for a tracing_gap, details when there are more; "
+                 "exact_next_action is a step you can take with your own tools.")
+    return "\n".join(lines)
+
+
 def tool_for(verb: Verb, *, repository: bool = False) -> types.Tool:
-    """The MCP tool of a verb: its name, summary, gates and input schema from the verb table."""
-    gates = "; ".join(
-        f"{p.key} ({p.rejection_kind})" for p in verb.preconditions
-    )
-    description = (
-        f"{verb.summary[0].upper()}{verb.summary[1:]}. Checked first, in order: {gates}. "
-        "A refusal is structured: {error, message, remediate, exact_next_action} plus missing[] for a tracing_gap."
-    )
+    """The MCP tool of a verb, all from the verb table: name, title, description, input and output schemas, and
+    annotations (the MCP specification's hints: read-only, destructive, idempotent, closed world)."""
+    read = verb.effect == "read"
     return types.Tool(
         name=verb.tool,
-        description=description,
+        title=verb.title,
+        description=tool_description(verb),
         input_schema=verb.input_schema(repository=repository),
+        output_schema=verb.output_schema(),
         annotations=types.ToolAnnotations(
-            read_only_hint=verb.effect == "read",
-            destructive_hint=False,
-            idempotent_hint=verb.effect == "read",
+            title=verb.title,
+            read_only_hint=read,
+            destructive_hint=False if read else verb.destructive,
+            idempotent_hint=verb.idempotent,
             open_world_hint=False,
         ),
     )
@@ -101,6 +113,13 @@ def tool_for(verb: Verb, *, repository: bool = False) -> types.Tool:
 def unknown_tool(name: str, offered: Sequence[types.Tool]) -> Envelope:
     """The refusal of a tool name the server does not list (nothing runs). The name is quoted short and ASCII."""
     shown = ascii(name[:80]) + ("..." if len(name) > 80 else "")
+    if not offered:  # a login with no roster role: no tool to name, only an operator can help
+        return Envelope(
+            error="invalid_input",
+            message=f"unknown tool {shown}: this server lists no tool for you",
+            remediate=NOT_ON_ROSTER,
+            exact_next_action=ON_ROSTER.exact_next_action,
+        )
     return Envelope(
         error="invalid_input",
         message=f"unknown tool {shown}: this server does not list it, and runs only the tools it lists",
@@ -170,7 +189,7 @@ def choose_repository(tool: str, arguments: dict[str, Any], doors: Mapping[str, 
 
 def _may_call(verb: Verb, caller: Caller) -> bool:
     identity = GatewayContext(caller=caller.login, caller_roles=caller.roles)
-    return evaluate_preconditions(verb.preconditions[:1], identity).allowed
+    return evaluate_preconditions(identity_gate(verb), identity).allowed
 
 
 def result_of(doc: dict[str, Any], *, is_error: bool) -> types.CallToolResult:
@@ -263,6 +282,11 @@ def build_server(
     resources = {} if around is not None else resource_handlers(
         {key: ResourceDoor(door.runtime, door.caller) for key, door in doors.items()} if doors
         else {runtime.settings.repo_key: ResourceDoor(runtime, caller)})
+    if not caller.roles and not many and tools is None:
+        ask = ON_ROSTER.exact_next_action
+        instructions = instructions or (
+            f"You act as {caller.login}, who has no role on the foreman roster of {repository}: no tool is offered to "
+            f"you and every call is refused. {ask[0].upper()}{ask[1:]}.")
     return Server(
         "foreman",
         version=_version(),

@@ -36,6 +36,7 @@ def _valid(param: Param) -> object:
         "candidates": CANARY,
         "login": "{owner}",
         "text": "done by {owner}",
+        "commit_message": "Done by {owner}\n\nFor #{issue}.",
         "sha": "a" * 40,
         "fingerprint": "0" * 64,
         "key": "run-7",

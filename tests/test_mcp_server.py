@@ -115,7 +115,8 @@ class FakeBootstrap:
             env = Envelope(error="stale_pin", message="base moved", remediate="dry-run again", exact_next_action="x")
             return BootstrapAnswer(doc=env.to_dict(), refusal=env)
         self.registered.add(issue_number)
-        return BootstrapAnswer(doc={"issue_number": issue_number, "branch": f"issue-{issue_number}-x"})
+        return BootstrapAnswer(doc={"status": "created", "issue_number": issue_number, "proof": {},
+                                    "branch": f"issue-{issue_number}-x"})
 
     async def replay(
         self, *, issue_number: int, caller: str, idempotency_key: str, expected_base: str | None
@@ -125,7 +126,8 @@ class FakeBootstrap:
     async def lock(self, *, issue_number: int, caller: str) -> BootstrapAnswer:
         self.calls.append(("lock", issue_number, caller))
         self.locks.add(issue_number)
-        return BootstrapAnswer(doc={"issue_number": issue_number, "locked": True})
+        return BootstrapAnswer(doc={"status": "locked", "issue_number": issue_number, "lock": {},
+                                    "already_locked": False, "locked": True})
 
     async def worktree_registered(self, *, issue_number: int, owner: str) -> bool:
         return issue_number in self.registered
@@ -147,9 +149,9 @@ def with_bootstrap(runtime: VerbRuntime, fake: WorktreeBootstrap) -> VerbRuntime
 # --- tools, schemas and identity --------------------------------------------------------------------------------------
 
 
+#: The author's and the controller's (issue 33: reviewers and mergers need no worktree, and are not offered them).
+WORKTREE = ["gitea_bootstrap_issue_worktree", "gitea_lock_issue"]
 EVERY_ROLE = [
-    "gitea_bootstrap_issue_worktree",
-    "gitea_lock_issue",
     "gitea_heartbeat_lease",
     "gitea_release_lease",
     "gitea_get_issue_state",
@@ -163,8 +165,9 @@ READS = ["gitea_read_issue", "gitea_read_pull_request"]
 @pytest.mark.parametrize(
     ("token", "expected"),
     [
-        ("tok-controller", ["gitea_allocate_next_work", *EVERY_ROLE, "gitea_assess_work_issue_duplicate", *READS]),
-        ("tok-author-1", [*EVERY_ROLE, "gitea_publish_worktree", "gitea_open_pull_request",
+        ("tok-controller", ["gitea_allocate_next_work", *WORKTREE, *EVERY_ROLE, "gitea_assess_work_issue_duplicate",
+                            *READS]),
+        ("tok-author-1", [*WORKTREE, *EVERY_ROLE, "gitea_publish_worktree", "gitea_open_pull_request",
                           "gitea_update_pull_request", "gitea_assess_work_issue_duplicate", *READS]),
         ("tok-rev-1", [*EVERY_ROLE, "gitea_assess_work_issue_duplicate", "gitea_claim_review",
                        "gitea_submit_review", *READS]),

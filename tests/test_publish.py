@@ -211,12 +211,14 @@ async def test_a_crash_between_commit_and_push_resumes_with_the_same_commit(
 
 
 @pytest.mark.parametrize(("login", "why"), [("author-2", "not leased to you"), ("author-3", "author role"),
-                                             ("controller-bot", "author role"), ("alice", "author role")])
+                                             ("controller-bot", "author role"), ("alice", "not on the foreman roster")])
 async def test_a_non_owner_or_non_author_is_refused_by_the_door(world: World, login: str, why: str) -> None:
     number, _, branch = await leased_with_file(world, "e.txt", "e\n")
     for tool, arguments in (("gitea_publish_worktree", {"message": "E"}), ("gitea_open_pull_request", {})):
         refused, doc = await call_tool(world, login, tool, issue_number=number, **arguments)
         assert refused and doc["error"] == "not_authorized" and why in doc["message"], doc
+        if login == "alice":  # no role at all: told to ask an operator, never to call a tool it does not have
+            assert "gitea_" not in doc["exact_next_action"] and "operator" in doc["exact_next_action"], doc
     assert remote_sha(world, branch) is None
 
 

@@ -4,12 +4,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from mcp import Client
+
 from bot.core.canonical import parse_comment
 from bot.core.evidence import find_marker
+from bot.mcp_server import build_server
+from bot.verbs.runtime import caller_for
 from state.journal import JournalStore
 from state.leases import LeaseStore
 from tests.gitea_fixtures import BOT, OWNER, REPO
-from tests.review_support import LOOP, ROSTER, ok, put_in_review, reviews, start_work, tool, world
+from tests.review_support import LOOP, ROSTER, ok, put_in_review, reviews, runtime, start_work, tool, world
 from tests.support import Started
 from tests.world import EXTRA_TOKENS, FULL_NAME, Sections, World, open_world
 
@@ -163,13 +167,16 @@ async def test_a_merge_lease_goes_only_to_an_approved_pull_request(world: World)
 
 
 async def test_a_review_lease_gets_no_worktree(world: World) -> None:
-    """A reviewer who calls the bootstrap on its review lease is told a review needs none, and how to go on
-    (before: refused as `foreign_work` with "post BLOCKERS naming foreign_work" as the next action)."""
+    """A reviewer is not offered the bootstrap (issue 33 item 4: an author's tool); called anyway on its review lease,
+    it is refused by the role gate, and nothing changes (before: `invalid_state` `no_worktree_for_action`)."""
     pr = await put_in_review(world)
     await ok(world, "author-2", "gitea_claim_review", issue_number=pr.number)
+    async with Client(build_server(runtime(world), caller_for(world.service.settings, "author-2", "mcp"))) as client:
+        offered = {t.name for t in (await client.list_tools()).tools}
+    assert not offered & {"gitea_bootstrap_issue_worktree", "gitea_lock_issue"}, offered
     refused, doc = await tool(world, "author-2", "gitea_bootstrap_issue_worktree", issue_number=pr.number)
-    assert refused and doc["error"] == "invalid_state" and doc["details"]["reason"] == "no_worktree_for_action", doc
-    assert "gitea_submit_review" in doc["exact_next_action"], doc
+    assert refused and doc["error"] == "not_authorized" and "author or controller role" in doc["message"], doc
+    assert "gitea_get_runtime_context" in doc["exact_next_action"], doc
     leases = await LeaseStore(world.service.db).history(FULL_NAME, pr.number)
     assert [(lease.owner, lease.action, lease.status) for lease in leases][-1] == ("author-2", "review", "live")
     assert await JournalStore(world.service.db).open_for_issue(FULL_NAME, pr.number) is None

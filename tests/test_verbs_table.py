@@ -72,28 +72,28 @@ EXPECTED: dict[str, dict[str, str]] = {
     "allocate_next_work": {s: "ok NA NA NA NA" for s in STATES},
     "bootstrap_issue_worktree": {
         "no lease": "NA NA NA NA NA",
-        "my lease": "ok ok ok ok NA",
-        "my lease, worktree": "ok ok ok ok NA",
-        "my lease, worktree, commits": "ok ok ok ok NA",
+        "my lease": "ok ok NA NA NA",
+        "my lease, worktree": "ok ok NA NA NA",
+        "my lease, worktree, commits": "ok ok NA NA NA",
         "my expired lease": "NA NA NA NA NA",
         "their lease": "NA NA NA NA NA",
         "their PR": "NA NA NA NA NA",
         "their approved PR": "NA NA NA NA NA",
-        "my approved PR": "ok ok ok ok NA",
-        "my lease on their PR": "ok ok ok ok NA",
+        "my approved PR": "ok ok NA NA NA",
+        "my lease on their PR": "ok ok NA NA NA",
         "their PR I implemented": "NA NA NA NA NA",
     },
     "lock_issue": {
         "no lease": "NA NA NA NA NA",
-        "my lease": "gap:worktree gap:worktree gap:worktree gap:worktree NA",
-        "my lease, worktree": "ok ok ok ok NA",
-        "my lease, worktree, commits": "ok ok ok ok NA",
+        "my lease": "gap:worktree gap:worktree NA NA NA",
+        "my lease, worktree": "ok ok NA NA NA",
+        "my lease, worktree, commits": "ok ok NA NA NA",
         "my expired lease": "NA NA NA NA NA",
         "their lease": "NA NA NA NA NA",
         "their PR": "NA NA NA NA NA",
         "their approved PR": "NA NA NA NA NA",
-        "my approved PR": "ok ok ok ok NA",
-        "my lease on their PR": "gap:worktree gap:worktree gap:worktree gap:worktree NA",
+        "my approved PR": "ok ok NA NA NA",
+        "my lease on their PR": "gap:worktree gap:worktree NA NA NA",
         "their PR I implemented": "NA NA NA NA NA",
     },
     "heartbeat_lease": {
@@ -251,12 +251,25 @@ def _generated(doc: str, name: str) -> str:
 
 def test_the_mcp_doc_shows_the_verb_table_and_the_tool_arguments_as_the_code_has_them() -> None:
     """One table: docs/mcp.md's generated sections are exactly what the verb table renders."""
-    from bot.core.verbs import render_params_markdown, render_verb_table_markdown
+    from bot.core.verbs import render_params_markdown, render_tools_markdown, render_verb_table_markdown
     from tests.conftest import REPO_ROOT
 
     doc = (REPO_ROOT / "docs" / "mcp.md").read_text(encoding="utf-8")
     assert _generated(doc, "verb-table") == render_verb_table_markdown()
     assert _generated(doc, "params") == render_params_markdown()
+    assert _generated(doc, "tools") == render_tools_markdown()
+
+
+def test_the_tools_table_has_one_row_per_offered_tool_with_a_valid_example_call() -> None:
+    """Issue 33 item 6: docs/mcp.md's table of every tool (role, effect, replay, an example call and answer) has a
+    row for each offered verb, in table order, and each example call passes the tool's own argument check."""
+    from bot.core.verbs import example_arguments, render_tools_markdown
+
+    rows = render_tools_markdown().splitlines()[2:]
+    offered = [v for v in VERBS.values() if v.executable]
+    assert [row.split(" | ")[0].removeprefix("| ") for row in rows] == [f"`{v.tool}`" for v in offered]
+    for verb in offered:
+        assert verb.check_arguments(example_arguments(verb))[1] == [], verb.name
 
 
 @pytest.mark.parametrize(
@@ -402,6 +415,13 @@ KIND_PROBES: dict[str, tuple[tuple[str, object], ...]] = {
         ("word", "done"), ("padded", " done "), ("empty", ""), ("blank", "   "), ("newline", "a\nb"),
         ("trailing-newline", "ab\n"), ("carriage-return", "a\rb"), ("200-chars", "x" * 200), ("201-chars", "x" * 201),
         ("601-chars", "x" * 601), ("number", 5),
+    ),
+    "commit_message": (
+        ("subject", "Fix it"), ("body", "Fix it\n\nWhy it was broken.\n\n- a\n- b"), ("100-chars", "x" * 100),
+        ("101-chars-subject", "x" * 101 + "\n\nbody"), ("long-body", "Fix\n\n" + "y" * 5000), ("no-blank-line", "a\nb"),
+        ("trailing-newline", "ab\n"), ("crlf", "a\r\n\r\nb"), ("tab-in-subject", "a\tb"), ("tab-in-body", "a\n\n\tb"),
+        ("trailing-space-in-body", "a\n\nb "), ("three-newlines", "a\n\n\nb"), ("blank", "   "), ("empty", ""),
+        ("too-long", "a\n\n" + "z" * 10_000), ("escape", "a\x1b[31m"), ("number", 5),
     ),
     "sha": (
         ("sha1", "a" * 40), ("sha256", "0" * 64), ("upper", "A" * 40), ("short", "a" * 39),

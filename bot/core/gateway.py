@@ -77,6 +77,9 @@ class Precondition(Generic[Ctx]):
     rejection_kind: RejectionKind = "tracing_gap"
     message: str = ""
     next_action: str = ""
+    #: What the gate asks, in words an agent reads in a tool's description ("who holds the issue's live lease");
+    #: its ``key`` is an internal name, kept for logs and audit.
+    words: str = ""
 
     def __post_init__(self) -> None:
         if self.rejection_kind not in _REJECTION_KINDS:

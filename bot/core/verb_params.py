@@ -31,6 +31,7 @@ ParamKind = Literal[
     "state",
     "repository",
     "count",
+    "commit_message",
 ]
 
 # One definition is the truth: each argument's JSON Schema (Draft 2020-12) is what the MCP tool publishes and
@@ -39,6 +40,9 @@ ParamKind = Literal[
 # ``$`` also matches before a final newline), and no string accepts a lone surrogate (``\uD800-\uDFFF``).
 
 _NO_SURROGATE = r"\uD800-\uDFFF"
+#: A commit message: its subject line (git's first line, what ``git log --oneline`` and Gitea show) and the whole.
+MAX_SUBJECT = 100
+MAX_COMMIT_MESSAGE = 10_000
 #: What a line of text may not hold (a line break aside): C0 controls and DEL (ESC starts an ANSI sequence), C1
 #: controls (NEL breaks a line), the line and paragraph separators, and the bidirectional marks, embeddings,
 #: overrides and isolates (they reorder what a reader sees). A NEXT_PROMPT line may hold a tab (code); others not.
@@ -58,6 +62,10 @@ _LINE = rf"[^\s{_NO_SURROGATE}{_UNSEEN}](?:[^\r\n{_NO_SURROGATE}{_UNSEEN}]*[^\s{
 _PROMPT_LINE = rf"[^\r\n{_NO_SURROGATE}{_UNSEEN_IN_PROMPT}]*[^\s{_NO_SURROGATE}{_UNSEEN_IN_PROMPT}]"
 _PROMPT = rf"(?:{_PROMPT_LINE}(?:\n+{_PROMPT_LINE})*)?"
 _ANY_TEXT = rf"[^{_NO_SURROGATE}]*"
+#: A commit message: a subject line of 1 to MAX_SUBJECT characters (one line, not all spaces), optionally a blank
+#: line and a body of lines (LF breaks, a tab allowed, no trailing whitespace, paragraphs one blank line apart).
+_COMMIT_MESSAGE = (rf"(?![^\n]{{{MAX_SUBJECT + 1}}}){_TEXT}"
+                   rf"(?:\n\n{_PROMPT_LINE}(?:\n\n?{_PROMPT_LINE})*)?")
 _RFC3339 = r"[0-9]{4}-[0-9]{2}-[0-9]{2}[Tt][0-9]{2}:[0-9]{2}:[0-9]{2}(?:\.[0-9]+)?(?:[Zz]|[+-][0-9]{2}:[0-9]{2})"
 _STATE_KEY = r"[A-Z][A-Z0-9_]*"
 
@@ -116,7 +124,20 @@ _FIELD_SCHEMAS: dict[str, dict[str, Any]] = {
     "who_is_next": {"type": "string", "enum": [row.role for row in VOCABULARY_ROLES]},
     "next_prompt": _string(_PROMPT, MAX_PROMPT),
     "related_prs": _array(_ISSUE_SCHEMA, MAX_LIST, uniqueItems=True),
-    "last_updated_by": {**_string(_ANY_TEXT, MAX_LINE), "description": "ignored: always the calling identity"},
+    "last_updated_by": _string(_ANY_TEXT, MAX_LINE),
+}
+#: What each Canonical Issue State field says (the snake_case keys of ``state``), as the tool schema describes them.
+STATE_FIELD_DESCRIPTIONS: dict[str, str] = {
+    "state": "where the issue stands now (one of the vocabulary's states)",
+    "who_is_next": "the role that acts next (one of the vocabulary's roles)",
+    "next_action": "one line: the next concrete step, naming the tool to call",
+    "next_prompt": "what the next actor should be told, several lines allowed (empty string: nothing)",
+    "what_happened": "one line: what was just done",
+    "why": "one line: why it was done, or why the issue stands where it does",
+    "related_prs": "the pull request numbers this issue relates to (empty array: none)",
+    "blockers": "one line: what blocks the issue (write none when nothing does)",
+    "validation": "one line: how the work was checked (tests run, a read-back), or none yet",
+    "last_updated_by": "ignored: always the calling identity",
 }
 _STATE_SCHEMA: dict[str, Any] = {
     "type": "object",
@@ -125,9 +146,11 @@ _STATE_SCHEMA: dict[str, Any] = {
         "last_updated_by is always set to the calling identity"
     ),
     "properties": {
-        **{key.lower(): _FIELD_SCHEMAS.get(key.lower(), _string(_LINE, MAX_LINE)) for key in FIELD_KEYS},
+        **{key.lower(): {**_FIELD_SCHEMAS.get(key.lower(), _string(_LINE, MAX_LINE)),
+                         "description": STATE_FIELD_DESCRIPTIONS[key.lower()]} for key in FIELD_KEYS},
         "extra": {
             "type": "object",
+            "description": "more KEY: value lines kept in the block (KEY in upper case, not a field's name)",
             "maxProperties": MAX_LIST,
             "propertyNames": {**_string(_STATE_KEY, 100), "not": {"enum": list(FIELD_KEYS)}},
             "additionalProperties": _string(f"(?:{_LINE})?", MAX_LINE),
@@ -215,6 +238,9 @@ _KIND_PROBLEMS: dict[str, str] = {
     "state": "expected a Canonical Issue State object",
     "repository": "expected a repository as owner/name",
     "count": "expected a whole number within the bounds the schema states",
+    "commit_message": (f"expected a commit message: a subject line of 1 to {MAX_SUBJECT} characters without control "
+                       "characters (tab, ESC, NUL, ...) or bidirectional overrides, then optionally a blank line and a "
+                       "body (LF line breaks, no trailing whitespace)"),
 }
 
 
@@ -298,6 +324,8 @@ class Param:
             out = _string(_REPOSITORY_NAME, 141)
         elif kind == "count":
             out = {"type": "integer", "minimum": self.minimum, "maximum": self.maximum}
+        elif kind == "commit_message":
+            out = _string(_COMMIT_MESSAGE, self.max_length, min_length=1)
         else:
             out = dict(_STATE_SCHEMA)
         inner = out.get("description")
@@ -331,6 +359,10 @@ class Param:
         if why is not None:
             return value, f"{self._expected()}: {why}"
         validator, content = validators(self)
+        if self.kind == "state" and isinstance(value, dict):  # a partial state: name every field it lacks
+            absent = [key for key in _STATE_SCHEMA["required"] if key not in value]
+            if absent:
+                return value, f"{self._expected()}: missing {', '.join(absent)}"
         error = _first_error(validator, value)
         if error is None and content is not None and isinstance(value, str):
             decoded, why = decode_json_text(value)
@@ -343,6 +375,10 @@ class Param:
             value = decoded
         if error is not None:
             where = _where(error.absolute_path)
+            if error.validator == "required" and isinstance(error.instance, dict):
+                absent = [key for key in error.validator_value if key not in error.instance]
+                return value, f"{self._expected()}" + (f" ({where})" if where else "") + (
+                    f": missing {', '.join(absent)}")
             return value, f"{self._expected()}" + (f" ({where}: fails {error.validator})" if where else "")
         return _integers(value), None
 

@@ -16,7 +16,7 @@ from bot.core.allocator import Candidate
 from bot.core.errors import Envelope, ErrorKind
 from bot.core.gateway import Decision, GatewayContext, Precondition, Role, evaluate_preconditions
 from bot.core.reasons import RefusalReason
-from bot.core.verbs import PRECONDITION_LOCK, PRECONDITION_WORKTREE, VERBS, Verb, evaluate
+from bot.core.verbs import PRECONDITION_LOCK, PRECONDITION_WORKTREE, VERBS, Verb, evaluate, identity_gate
 from state.db import Database, utcnow
 from state.issues import IssueStore
 from state.leases import Lease, LeaseStore
@@ -270,7 +270,7 @@ class VerbRuntime(Generic[G]):
                 ),
             )
         identity = GatewayContext(caller=caller.login, caller_roles=caller.roles)
-        gate = evaluate_preconditions(verb.preconditions[:1], identity)
+        gate = evaluate_preconditions(identity_gate(verb), identity)
         if not gate.allowed:
             return _decision_result(verb.name, gate)
         values, problems = verb.check_arguments(arguments)

@@ -18,7 +18,7 @@ async def bootstrap_for_owner(
     admits only the live lease's owner."""
     roles = frozenset(ctx.settings.roster.get(owner, []))
     verb = verb_table.VERBS["bootstrap_issue_worktree"]  # read at the call: the table as it stands now
-    gate = evaluate_preconditions(verb.preconditions[:1],
+    gate = evaluate_preconditions(verb_table.identity_gate(verb),
                                   GatewayContext(caller=owner, caller_roles=roles))
     if not gate.allowed:
         return refused_result(issue_number, gate.to_error(), idempotency_key)
