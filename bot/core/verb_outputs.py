@@ -85,8 +85,9 @@ def result(required: Mapping[str, Schema], optional: Mapping[str, Schema] | None
 
 ERROR_KINDS: tuple[str, ...] = get_args(ErrorKind)
 
-#: Every refusal, everywhere (DESIGN.md, "Error envelope"; ``Envelope.to_dict``): ``missing`` exactly for a
-#: ``tracing_gap``; ``details`` (its ``reason`` first when there is one) for the rest of what the refusal knows,
+#: Every refusal, everywhere (the design's "Error envelope": ../shared/DESIGN.md, beside the repository;
+#: ``Envelope.to_dict``): ``missing`` exactly for a ``tracing_gap``; ``details`` (its ``reason`` first when there is
+#: one) for the rest of what the refusal knows,
 #: the failed gate's name included. Some refusals add their own keys (an allocation's decision fields).
 ENVELOPE: Schema = {
     "title": "refusal",
