@@ -26,6 +26,18 @@ async def test_the_author_reads_its_issue_body_and_a_maintainers_comment(world: 
     assert [p["number"] for p in doc["pull_requests"]] == [review.pull]
 
 
+async def test_reading_an_issue_with_no_recorded_pull_request_never_lists_every_pull_request(world: World) -> None:
+    """The author reads its issue before any PR exists: only open pull requests are searched for its branch (a
+    search of merged ones too lists all the repository ever had, and grew each life's read with the lives before)."""
+    number = await world.open_issue("alice", "Make the widget green")
+    emu = world.live.emulator
+    before = len(emu.requests)
+    doc = await ok(world, "author-1", "gitea_read_issue", issue_number=number)
+    assert doc["pull_requests"] == []
+    listings = [r.query for r in emu.requests[before:] if r.method == "GET" and (r.route or "").endswith("/pulls")]
+    assert listings and all(("state", "open") in query for query in listings), listings
+
+
 async def test_the_reviewer_reads_the_diff_files_and_a_failing_status(world: World) -> None:
     """Item 2: the diff, the changed files, the reviews, the combined status of the head."""
     review = await put_in_review(world)

@@ -274,8 +274,10 @@ async def _linked_pulls(rt: VerbRuntime[Any], gitea: ReadGitea, issue: Issue) ->
             found[recorded.pr_number] = await gitea.get_pull(recorded.pr_number)
         except GiteaNotFound:
             pass
+    # With no PR recorded, only the open ones are searched: a search of merged ones too lists every pull request
+    # the repository ever had (Gitea has no head filter), which grew each read with the issues already lived.
     current = await pull_for_issue(gitea, rt.db, rt.repo, issue, slug_length=rt.settings.bootstrap.slug_length,
-                                   include_merged=True)
+                                   include_merged=recorded is not None)
     if current is not None:
         found[current.number] = current
     recorded_number = recorded.pr_number if recorded is not None else None
