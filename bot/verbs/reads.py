@@ -142,15 +142,10 @@ def _time(value: object) -> str | None:
     return value.isoformat() if hasattr(value, "isoformat") else None
 
 
-# --- gitea_read_issue -------------------------------------------------------------------------------------------------
-
-
-@executes("read_issue")
-async def read_issue(
-    rt: VerbRuntime[Any], verb: Verb, caller: Caller, values: Mapping[str, object], lease: Lease | None,
-    delivery_id: str | None, options: CallOptions,
-) -> VerbResult:
-    number = issue_of(values)
+async def _issue_read(rt: VerbRuntime[Any], verb: Verb, caller: Caller, number: int, values: Mapping[str, object],
+                      lease: Lease | None) -> tuple[ReadGitea, Issue] | VerbResult:
+    """What both reads start with: the repository asked for is the caller's, Gitea is there, and the issue (or PR)
+    is this repository's; else the answer (a refusal, or what foreman holds without Gitea)."""
     other = _other_repository(rt, verb, values)
     if other is not None:
         return other
@@ -164,8 +159,22 @@ async def read_issue(
     except GiteaError as exc:
         return _read_refusal(verb, exc, number)
     foreign = _foreign(rt, verb, issue)
-    if foreign is not None:
-        return foreign
+    return foreign if foreign is not None else (gitea, issue)
+
+
+# --- gitea_read_issue -------------------------------------------------------------------------------------------------
+
+
+@executes("read_issue")
+async def read_issue(
+    rt: VerbRuntime[Any], verb: Verb, caller: Caller, values: Mapping[str, object], lease: Lease | None,
+    delivery_id: str | None, options: CallOptions,
+) -> VerbResult:
+    number = issue_of(values)
+    first = await _issue_read(rt, verb, caller, number, values, lease)
+    if isinstance(first, VerbResult):
+        return first
+    gitea, issue = first
     if issue.is_pull:
         return refused(verb.name, envelope(
             "invalid_input", f"#{number} is a pull request, not an issue", "Read it as a pull request.",
@@ -310,21 +319,10 @@ async def read_pull_request(
     delivery_id: str | None, options: CallOptions,
 ) -> VerbResult:
     number = issue_of(values)
-    other = _other_repository(rt, verb, values)
-    if other is not None:
-        return other
-    gitea = await _gitea(rt, verb, caller, number, lease)
-    if isinstance(gitea, VerbResult):
-        return gitea
-    try:
-        issue = await gitea.get_issue(number)
-    except GiteaNotFound:
-        return _not_found(verb, number, rt.repo)
-    except GiteaError as exc:
-        return _read_refusal(verb, exc, number)
-    foreign = _foreign(rt, verb, issue)
-    if foreign is not None:
-        return foreign
+    first = await _issue_read(rt, verb, caller, number, values, lease)
+    if isinstance(first, VerbResult):
+        return first
+    gitea, issue = first
     try:
         if issue.is_pull:
             pull: PullRequest | None = await gitea.get_pull(number)
