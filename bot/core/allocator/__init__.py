@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
-from bot.core.allocator.candidates import MAX_INPUT_CHARS, forget_instants, normalize_candidates, normalize_exclusions
+from bot.core.allocator.candidates import (
+    MAX_INPUT_CHARS,
+    NormalizedCandidates,
+    forget_instants,
+    normalize_candidates,
+    normalize_exclusions,
+    normalized_candidates,
+)
 from bot.core.allocator.decide import check_apply, decide
 from bot.core.allocator.decisions import (
     AllocationDecision,
@@ -53,6 +60,7 @@ __all__ = [
     "InputProblem",
     "InvalidDecision",
     "LiveLease",
+    "NormalizedCandidates",
     "RankedCandidate",
     "RankingPolicy",
     "ResumeDecision",
@@ -66,4 +74,5 @@ __all__ = [
     "forget_instants",
     "normalize_candidates",
     "normalize_exclusions",
+    "normalized_candidates",
 ]

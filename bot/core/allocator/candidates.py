@@ -136,6 +136,14 @@ class LabelSets:
         #: ``k`` of a label tuple seen before (validated then), else None; raises TypeError when unhashable.
         self.known = self._index.get
 
+    @classmethod
+    def of(cls, sets: Sequence[tuple[str, ...]]) -> LabelSets:
+        """The label sets ``sets`` (validated, sorted and distinct, ``sets[0]`` the empty one) as one call's."""
+        label_sets = cls()
+        for labels in sets[1:]:
+            label_sets.canonical(labels)
+        return label_sets
+
     def index(self, received: tuple[object, ...]) -> int | None:
         """``k`` of a label tuple as received, or None when it holds anything but non-empty label names.
 
@@ -266,6 +274,31 @@ def normalize_candidates(raw: object) -> list[Candidate]:
     return [row_candidate(row, label_sets.sets) for row in rows]
 
 
+class NormalizedCandidates(tuple[Candidate, ...]):
+    """The candidates of one input as :func:`normalized_candidates` made them (sorted by issue number), with the
+    rows and label sets it made them from.
+
+    Deciding on them reads those rows back instead of validating every candidate a second time: ``foreman
+    allocate --candidates-json`` normalizes its file before the door (to refuse a bad one with its own exit code)
+    and the decision normalizes its request again, which took about as long as everything else the command adds
+    over 10k candidates (bench/allocate_cli.py). Only :func:`normalized_candidates` builds one; the tuple and its
+    candidates are immutable, so the rows stay the ones normalizing it again would make."""
+
+    # A tuple subclass cannot have slots of its own: the two are set once, by normalized_candidates, in __dict__.
+    rows: tuple[Row, ...]
+    sets: tuple[tuple[str, ...], ...]
+
+
+def normalized_candidates(raw: object) -> NormalizedCandidates:
+    """:func:`normalize_candidates` as a :class:`NormalizedCandidates` (a tuple): the same checks and refusals."""
+    rows, label_sets = normalize_rows(raw)
+    sets = label_sets.sets
+    candidates = NormalizedCandidates(row_candidate(row, sets) for row in rows)
+    candidates.rows = tuple(rows)
+    candidates.sets = tuple(sets)
+    return candidates
+
+
 def row_candidate(row: Row, sets: Sequence[tuple[str, ...]]) -> Candidate:
     """The :class:`Candidate` of a row (``sets``: the label sets its ``LABEL_SET`` indexes)."""
     return new_candidate(row[NUMBER], row[TITLE], sets[row[LABEL_SET]], row[CREATED_AT], row[DEPENDS_ON], row[READY],
@@ -276,6 +309,8 @@ def normalize_rows(raw: object) -> tuple[list[Row], LabelSets]:
     """:func:`normalize_candidates` as the decision reads it: the same checks, the same refusals, rows instead of
     :class:`Candidate` objects (sorted by issue number) and the label sets their rows index."""
     name = "candidates_json"
+    if type(raw) is NormalizedCandidates:  # normalized already, by these rules: its rows, not a second validation
+        return list(raw.rows), LabelSets.of(raw.sets)
     value: object = raw
     if isinstance(raw, str):
         value = _decode_json(raw, name)
