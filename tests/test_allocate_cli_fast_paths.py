@@ -30,9 +30,12 @@ from bot.core.allocator import (
     normalize_candidates,
     normalized_candidates,
 )
+from bot.core.allocator import candidates as candidates_module
 from bot.core.allocator import validate as validate_module
 from bot.core.allocator.candidates import LabelSets, normalize_rows
+from bot.core.allocator.records import RankedCandidate, ranked_dicts
 from tests.test_cli_lists import _config
+from tests.test_fuzz_candidates import Gen
 
 NOW = datetime(2026, 7, 21, 12, 0, tzinfo=UTC)
 
@@ -102,6 +105,53 @@ def test_label_sets_of_indexes_each_set_where_it_was() -> None:
     rebuilt = LabelSets.of(made.sets)
     assert rebuilt.sets == made.sets
     assert all(rebuilt.canonical(labels) == k for k, labels in enumerate(made.sets))
+
+
+def _outcome(raw: object) -> object:
+    """What normalizing ``raw`` ends in: the candidates, or every problem of the refusal."""
+    try:
+        return normalize_candidates(raw)
+    except InputError as exc:
+        return exc.envelope.to_dict()
+
+
+def test_a_text_decoded_by_orjson_normalizes_exactly_as_by_the_strict_decoder(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The quick decoding takes only texts whose every record takes the fast path; whatever it takes or leaves, the
+    candidates and the refusals (their words included) are the strict path's, over the fuzz campaign's texts."""
+    gen = Gen(3535)
+    texts = [gen.text() for _ in range(1500)] + [json.dumps(_records(40, seed)) for seed in range(30)] + [
+        '[{"issue_number": 1}, {"issue_number": 1}]', '[{"issue_number": 9223372036854775808}]',
+        '[{"issue_number": 1, "title": "\\ud800"}]', '{"issue_number": 1, "labels": [["x"]]}', '"[]"', "[1]",
+        '[{"issue_number": 2, "number": 2}]', '[{"issue_number": 1, "created_at": "2026-01-02T03:04:05z"}]',
+    ]
+    quick = [_outcome(text) for text in texts]
+    taken = sum(candidates_module._quick_rows(text) is not None for text in texts)
+    monkeypatch.setattr(candidates_module, "_quick_rows", lambda text: None)
+    assert [_outcome(text) for text in texts] == quick
+    assert taken >= 30  # the quick path did take the valid ones
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        '[{"issue_number": 1, "issue_number": 2}]',
+        '[{"issue_number": 1, "title": "a", "title": "a"}]',
+        '{"issue_number": 1, "labels": ["x"], "labels": ["x"]}',
+        '[{"issue_number": 1, "title": "x", "title": "\\u003a"}]',  # the dropped colon made up by an escaped one
+        '[{"issue_number": 1, "title": "x", "title": "\\u003A"}]',
+    ],
+)
+def test_a_repeated_key_is_refused_whichever_decoder_reads_it(text: str) -> None:
+    """orjson keeps one of a repeated key's values silently: the text must go to the decoder that reports it."""
+    with pytest.raises(InputError, match="more than once"):
+        normalize_candidates(text)
+
+
+def test_ranked_dicts_are_each_ranked_candidates_to_dict() -> None:
+    when = datetime(2026, 1, 2, 3, 4, 5, 6, tzinfo=UTC)
+    ranked = [RankedCandidate(1, 617, "priority:p0", when), RankedCandidate(2, 5, None, None, "lease-1")]
+    assert ranked_dicts(ranked) == [r.to_dict() for r in ranked]
+    assert list(ranked_dicts(ranked)[0]) == list(ranked[0].to_dict())  # the keys in the same order
 
 
 class Colour(enum.Enum):

@@ -28,6 +28,7 @@ def test_benchmark_runs_the_command_checks_its_decisions_and_reports_the_ratio()
     for clock in ("wall", "cpu"):
         figures = doc[clock]
         assert set(figures["medians_ms"]) == {"command_1", "command_300", "baseline_1", "baseline_300"}
+        assert set(figures["fastest_ms"]) == set(figures["medians_ms"])
         assert all(len(samples) == 1 for samples in figures["samples_ms"].values())
         assert isinstance(figures["command_marginal_ms"], float) and isinstance(figures["baseline_marginal_ms"], float)
         # a ratio is reported whenever both marginal costs are positive; the verdict goes with it

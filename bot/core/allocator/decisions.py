@@ -6,7 +6,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from bot.core.allocator.records import Blocker, Candidate, LiveLease, RankedCandidate, Skipped, WaitReason
+from bot.core.allocator.records import (
+    Blocker,
+    Candidate,
+    LiveLease,
+    RankedCandidate,
+    Skipped,
+    WaitReason,
+    ranked_dicts,
+)
 from bot.core.errors import Envelope
 
 
@@ -35,7 +43,7 @@ class _DecisionBase:
             "fingerprint": self.fingerprint,
             "fingerprint_parts": dict(self.fingerprint_parts),
             "considered": self.considered,
-            "ranked": [r.to_dict() for r in self.ranked],
+            "ranked": ranked_dicts(self.ranked),
             "skipped": [s.to_dict() for s in self.skipped],
             "exclusions": {k: list(v) for k, v in self.exclusions.items()},
             "issue_number": self.issue_number,

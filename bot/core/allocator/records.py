@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Final, Literal, NamedTuple, get_args
@@ -189,6 +189,16 @@ class RankedCandidate(NamedTuple):
             "created_at": self.created_at.isoformat() if self.created_at else None,
             "owned_lease_id": self.owned_lease_id,
         }
+
+
+def ranked_dicts(ranked: Iterable[RankedCandidate]) -> list[dict[str, Any]]:
+    """``[r.to_dict() for r in ranked]``, each tuple unpacked once instead of read field by field (a decision's
+    JSON lists every eligible candidate: 9.6k of the 10k in bench/allocate_cli.py)."""
+    return [
+        {"rank": rank, "issue_number": number, "priority_label": label,
+         "created_at": when.isoformat() if when else None, "owned_lease_id": lease}
+        for rank, number, label, when, lease in ranked
+    ]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
