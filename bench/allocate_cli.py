@@ -259,14 +259,14 @@ def render_text(doc: dict[str, Any]) -> str:
         lines.append(
             f"{clock:>6} {m['command_1']:>10.1f} {m[f'command_{n}']:>10.1f} {f['command_marginal_ms']:>9.1f}"
             f" {m['baseline_1']:>11.1f} {m[f'baseline_{n}']:>11.1f} {f['baseline_marginal_ms']:>9.1f}"
-            f" {str(f['ratio']) + 'x':>7}  {f['result'] or 'n/a'}  (fastest runs: {f['fastest_ratio']}x)"
+            f" {_times(f['ratio']):>7}  {f['result'] or 'n/a'}  (fastest runs: {_times(f['fastest_ratio'])})"
         )
     t = doc["target"]
     lines += [
         "",
         f"baseline measured in-process (load and type-check {n}): {doc['baseline_in_process_ms']} ms",
-        f"target {t['name']} {t['target']}: {t['result'] or 'n/a'} ({t['ratio']}x, wall-clock; cpu"
-        f" {doc['cpu']['ratio']}x)",
+        f"target {t['name']} {t['target']}: {t['result'] or 'n/a'} ({_times(t['ratio'])}, wall-clock; cpu"
+        f" {_times(doc['cpu']['ratio'])})",
         f"correctness (exit 0, select over every candidate as the reference chooses, output as json prints it, the"
         f" baseline checked every record): {'PASS' if doc['ok'] else 'FAIL'}",
         f"wall time {doc['wall_s']} s",
@@ -274,6 +274,10 @@ def render_text(doc: dict[str, Any]) -> str:
     if doc["errors"]:
         lines += ["", "ERRORS:"] + [f"  {e}" for e in doc["errors"]]
     return "\n".join(lines)
+
+
+def _times(ratio: float | None) -> str:
+    return "n/a" if ratio is None else f"{ratio}x"
 
 
 def _size(text: str) -> int:
