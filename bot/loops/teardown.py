@@ -185,13 +185,16 @@ def _judge(
     if not checkout.exists():
         return [], [], pull.head_sha if pull is not None and pull.merged else None
     tracking = f"refs/remotes/origin/{default_branch}"
-    try:
-        if fetch:
+    # Both refs in one fetch; when it fails, each on its own (one may fail without the other).
+    closed_head = (gitops.fetch_base_and_pull_head(checkout, default_branch, pull.number, auth=auth)
+                   if pull is not None and fetch else None)
+    if closed_head is None and fetch:
+        try:
             checkout.fetch(default_branch, auth=auth)
-    except gitops.GitFailure as exc:
-        log.warning("teardown: could not fetch %s (%s); only a worktree at the merged head is removed",
-                    default_branch, exc)
-    closed_head = gitops.fetch_pull_head(checkout, pull.number, auth=auth) if pull is not None and fetch else None
+        except gitops.GitFailure as exc:
+            log.warning("teardown: could not fetch %s (%s); only a worktree at the merged head is removed",
+                        default_branch, exc)
+        closed_head = gitops.fetch_pull_head(checkout, pull.number, auth=auth) if pull is not None else None
     merged_head = (closed_head or pull.head_sha) if pull is not None and pull.merged else None
     judged: list[_Worktree] = []
     for registration in registrations:
