@@ -20,8 +20,10 @@ from bot.emulator import pullgit
 from bot.emulator.webhooks import expand_hook_events
 from bot.gitea import PullRequest
 from bot.loops.teardown import _judge
+from state.db import utcnow
 from state.journal import JournalStore, Transition
 from state.leases import LeaseStore
+from state.publications import PublicationStore
 from state.teardowns import TeardownStore
 from tests.gitea_fixtures import OWNER, REPO
 from tests.support import HANG_S, SECRET, Started, wait_status
@@ -478,3 +480,21 @@ def test_when_the_one_fetch_fails_the_base_is_still_fetched_on_its_own(tmp_path:
     pull = cast(PullRequest, SimpleNamespace(number=9, merged=True, head_sha=head, base_sha=head))
     _, _, merged_head = _judge(checkout, [], {}, "main", pull, {}, True)
     assert checkout.read_ref("refs/remotes/origin/main") == head and merged_head == head
+
+
+async def test_the_issue_closed_by_a_merge_finds_its_pull_request_by_number_not_in_a_listing(world: World) -> None:
+    """The merge's ``issues`` closed webhook reads the PR foreman recorded for the issue: no listing of every closed
+    pull request the repository ever had (it grows with every life)."""
+    number, transition = await bootstrapped(world)
+    pr = await open_pull(world, number, transition)
+    db = world.service.db
+    async with db.transaction() as conn:  # as gitea_open_pull_request records the PR it opened
+        await PublicationStore(db).record_pull(conn, repo=FULL_NAME.lower(), issue_number=number, pr_number=pr,
+                                               head=transition.branch, base="main", opened_by="author-1",
+                                               adopted=False, now=utcnow())
+    emu = world.live.emulator
+    before = len(emu.requests)
+    await merge(world, pr)
+    listings = [r for r in emu.requests[before:] if r.method == "GET" and r.route is not None
+                and r.route.removeprefix("/api/v1") == "/repos/{owner}/{repo}/pulls"]
+    assert listings == [] and len(teardown_comments(world, number)) == 1
