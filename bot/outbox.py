@@ -148,6 +148,8 @@ class OutboxSender:
         self._task: asyncio.Task[None] | None = None
         self._stopping = False
         self._depth_at = -1.0e9
+        #: Label ids by name, per repository key, as the last listing found them (``_label_ids``).
+        self._label_id_cache: dict[str, dict[str, int]] = {}
 
     def start(self) -> None:
         self._stopping = False  # a stopped sender may be started again
@@ -346,13 +348,20 @@ class OutboxSender:
             await gitea.edit_comment(comment_id, entry.payload["body"])
             return await self._verify_comment(gitea, entry, comment_id, {"comment_id": comment_id, "adopted": False})
         if entry.kind == "labels":
-            return await self._labels(gitea, entry)
+            try:
+                return await self._labels(gitea, entry)
+            except BaseException:
+                self._label_id_cache.pop(entry.repo, None)  # the next entry reads the ids again
+                raise
         return await self._assignees(gitea, entry)
 
     async def _comment(self, gitea: OutboxGitea, entry: OutboxEntry) -> _Sent:
         """Adopt a comment that already carries this key's marker (an earlier attempt whose answer was lost,
         or a crash before the commit); otherwise post it. Either way, verify it by reading it back."""
-        comments = await gitea.list_issue_comments(entry.issue_number)
+        # Only an earlier attempt can have posted this key's comment: the first send of an entry (its first claim,
+        # nothing recorded against it) posts without listing the issue's comments.
+        first_send = entry.attempts == 1 and entry.last_error is None and entry.result is None
+        comments = [] if first_send else await gitea.list_issue_comments(entry.issue_number)
         mine = [c for c in comments if find_marker(c.body) == entry.key]
         if mine:
             comment_id, adopted = mine[0].id, True
@@ -391,11 +400,12 @@ class OutboxSender:
         add = set(entry.payload.get("add", []))
         remove = set(entry.payload.get("remove", []))
         result: dict[str, Any] = {"labels": []}
-        for _ in range(self.config.verify_attempts):
+        for attempt in range(self.config.verify_attempts):
             current = {label.name: label.id for label in await gitea.list_issue_labels(number)}
             missing = sorted(add - set(current))
             if missing:
-                ids = await self._label_ids(gitea, missing)
+                # Ids known from an earlier entry serve the first try; a try that does not verify reads them again.
+                ids = await self._label_ids(gitea, entry.repo, missing, fresh=attempt > 0)
                 refs: list[int] | list[str] = [ids[name] for name in missing if name in ids]
                 # Unresolvable names are sent as names (Gitea ignores them; verification names the gap).
                 if len(refs) < len(missing):
@@ -414,12 +424,25 @@ class OutboxSender:
             result=result,
         )
 
-    async def _label_ids(self, gitea: OutboxGitea, names: list[str]) -> dict[str, int]:
+    async def _label_ids(self, gitea: OutboxGitea, repo: str, names: list[str], *, fresh: bool) -> dict[str, int]:
         """Label ids by name: the repository's labels, then (for names still missing) the owner org's.
 
         Adding by id works for org labels in every version; by name, Gitea 1.22 resolves repository labels
         only (routers/api/v1/repo/issue_label.go prepareForReplaceOrAdd), so a sync by name would never
-        verify where the ``status:*`` labels are org labels."""
+        verify where the ``status:*`` labels are org labels.
+
+        The ids found are kept per repository (a label's id does not change while it exists) and serve the next
+        entries without a listing, unless ``fresh``: the caller's change did not verify (a label deleted and
+        made again has a new id) or the send failed (``_labels`` forgets the repository's ids then)."""
+        known = self._label_id_cache.setdefault(repo, {})
+        if not fresh and all(name in known for name in names):
+            return {name: known[name] for name in names}
+        found = await self._read_label_ids(gitea, names)
+        known.clear()
+        known.update(found)
+        return found
+
+    async def _read_label_ids(self, gitea: OutboxGitea, names: list[str]) -> dict[str, int]:
         found = {label.name: label.id for label in await gitea.list_repo_labels() if label.name in names}
         if set(names) - set(found):
             try:

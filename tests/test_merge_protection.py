@@ -4,6 +4,7 @@ against the emulator on Gitea 1.22 and 1.26."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -17,7 +18,7 @@ from bot.loops.auto_allocate import auto_allocate
 from state.leases import Lease, LeaseStore
 from tests.gitea_fixtures import OWNER, REPO
 from tests.review_support import ok, runtime, tool
-from tests.support import Started
+from tests.support import Started, eventually
 from tests.test_queues_life import AUTHOR, MERGER, REVIEWERS, act, team
 from tests.world import FULL_NAME, World
 
@@ -232,10 +233,26 @@ async def test_two_approved_pull_requests_merge_back_to_back_through_the_checkin
         second = await in_review(world, "Make the widget round")
         await approve(world, second)
         await world.settle()
-        emu.mergeability_delay_s = 1.0  # Gitea re-tests the other PR after the first merge moves the base
+        # Gitea re-tests the other PR after the first merge moves the base; the test holds that check until the
+        # second merge has been answered "try again later" once (not a timing: a held check, then its release).
+        emu.hold_mergeability_checks()
         await ok(world, MERGER, "gitea_merge_pull_request", issue_number=first)
-        assert pull_of(world, second).mergeable is False or pull_of(world, second).merged is None
-        doc = await ok(world, MERGER, "gitea_merge_pull_request", issue_number=second)
+        assert pull_of(world, second).checking and pull_of(world, second).merged is None
+        number = pull_of(world, second).issue.number
+
+        def answered_try_later() -> bool:
+            return any(r.method == "POST" and r.path.endswith(f"/pulls/{number}/merge") and r.status == 405
+                       for r in emu.requests)
+
+        async def release_after_the_first_refusal() -> None:
+            await eventually(answered_try_later, "the second merge answered 405 while checking")
+            emu.release_mergeability_checks()
+
+        releaser = asyncio.create_task(release_after_the_first_refusal())
+        try:
+            doc = await ok(world, MERGER, "gitea_merge_pull_request", issue_number=second)
+        finally:
+            await releaser
         assert pull_of(world, second).merged is not None
         assert doc.get("attempts", 1) > 1 and any("checking" in w for w in doc["waited"]), doc
 

@@ -494,3 +494,53 @@ async def test_store_counts_an_issues_entries_until_sent_and_hooked(open_db: DbO
         assert (await store.unsettled_for_issue(1), await store.unsettled_for_issue(2)) == (0, 1)
     finally:
         await db.close()
+
+
+def _requests(rig: Rig, method: str, route: str) -> int:
+    return sum(1 for r in rig.live.emulator.requests
+               if r.method == method and r.route is not None and r.route.removeprefix("/api/v1") == route)
+
+
+async def test_a_first_send_posts_without_listing_the_issues_comments(rig: Rig) -> None:
+    """Nothing can carry the marker of an entry never sent before: its first send posts at once (no listing of
+    every comment of the issue), and still reads the comment back."""
+    await rig.store.add(comment_intent("first-1"))
+    await rig.drain()
+    entry = await rig.entry("first-1")
+    assert entry.status == "done" and entry.attempts == 1 and entry.result is not None
+    assert (_requests(rig, "GET", COMMENTS), _requests(rig, "POST", COMMENTS), _requests(rig, "GET", COMMENT)) == (
+        0, 1, 1)
+
+
+async def test_an_operator_retry_adopts_the_comment_an_earlier_attempt_posted(rig: Rig) -> None:
+    """An operator's retry starts the attempts again from 0, but the entry was sent before: the retry lists the
+    issue's comments and adopts the one posted, instead of posting a second."""
+    rig.live.emulator.faults.alter_stored("POST", COMMENTS, times=1)
+    rig.live.emulator.faults.alter_stored("PATCH", COMMENT, times=5)
+    await rig.store.add(comment_intent("retried-1"))
+    await rig.drain()
+    failed = await rig.entry("retried-1")
+    assert failed.status == "verification_failed"
+    rig.live.emulator.faults.clear()
+    await rig.store.retry(failed.id)
+    await rig.drain()
+    entry = await rig.entry("retried-1")
+    assert entry.status == "done" and entry.result is not None and entry.result["adopted"] is True
+    assert len(rig.bodies()) == 1 and _requests(rig, "POST", COMMENTS) == 1
+
+
+async def test_label_ids_are_listed_once_for_many_entries_and_again_when_a_label_was_made_anew(rig: Rig) -> None:
+    """The repository's label ids serve the next entries without a listing; a label deleted and made again
+    (a new id, which Gitea ignores when it is added by the old one) is read again and the change verifies."""
+    for n, key in ((1, "ids-1"), (2, "ids-2")):
+        await rig.store.add(of_repo(key, n, "labels", {"add": ["bug"], "remove": []}))
+        await rig.drain()
+        assert (await rig.entry(key)).status == "done"
+    assert _requests(rig, "GET", "/repos/{owner}/{repo}/labels") == 1
+    rig.live.emulator.delete_label(OWNER, REPO, "bug")
+    rig.live.emulator.create_label(OWNER, REPO, "bug", color="#00aa00")
+    await rig.store.add(of_repo("ids-3", 1, "labels", {"add": ["bug"], "remove": []}))
+    await rig.drain()
+    entry = await rig.entry("ids-3")
+    assert entry.status == "done" and rig.live.emulator.label_names(OWNER, REPO, 1) == ["bug"]
+    assert _requests(rig, "GET", "/repos/{owner}/{repo}/labels") == 2

@@ -16,6 +16,7 @@ from bot.catalog import open_door
 from bot.core.canonical import parse_comment
 from bot.core.evidence import find_marker, parse_evidence
 from bot.mcp_server import build_server
+from bot.verbs import publish
 from bot.verbs.runtime import caller_for
 from state.journal import JournalStore
 from state.publications import Publication, PublicationStore
@@ -397,3 +398,38 @@ async def test_a_branch_read_back_at_another_head_is_never_verified(world: World
     assert result.refusal.details["seen"] == racing.pushed and result.refusal.details["commit"] == pub.commit_sha
     assert pub.phase == "pushed"
     assert [e.key for e in await service.outbox.list(limit=1000) if e.key.startswith("publish:")] == []
+
+
+async def test_a_branch_moved_between_the_read_and_the_push_is_a_stale_pin_and_nothing_is_forced(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The push builds on where this call read the branch before committing; a foreign push in between (here, while
+    the commit is made) is refused by the push itself, never forced: the same stale_pin."""
+    number, worktree, branch = await leased_with_file(world, "a.txt", "one\n")
+    refused, doc = await call_tool(world, "author-1", "gitea_publish_worktree", issue_number=number, message="First")
+    assert not refused, doc
+    (worktree / "b.txt").write_text("two\n", encoding="utf-8")
+    moved: list[str] = []
+    real_commit = publish._commit
+
+    def commit_while_someone_pushes(*args: Any) -> str:
+        sha = real_commit(*args)
+        moved.append(world.live.emulator.push_commit(OWNER, REPO, branch, {"theirs.txt": "theirs\n"}, pusher="alice"))
+        return sha
+
+    monkeypatch.setattr(publish, "_commit", commit_while_someone_pushes)
+    refused, doc = await call_tool(world, "author-1", "gitea_publish_worktree", issue_number=number,
+                                   message="Second", idempotency_key="second")
+    assert refused and doc["error"] == "stale_pin", doc
+    assert moved and remote_sha(world, branch) == moved[0]  # never forced
+
+
+async def test_a_publish_reads_the_branch_on_gitea_once_before_it_pushes(world: World) -> None:
+    """One ``ls-remote`` (the catch-up's, before the commit) serves the push too: one upload-pack advertisement."""
+    number, _, _ = await leased_with_file(world, "a.txt", "one\n")
+    requests = world.live.emulator.requests
+    before = len(requests)
+    refused, doc = await call_tool(world, "author-1", "gitea_publish_worktree", issue_number=number, message="First")
+    assert not refused, doc
+    adverts = [r for r in requests[before:] if r.path.endswith("/info/refs")]
+    assert sorted(dict(r.query).get("service", "") for r in adverts) == ["git-receive-pack", "git-upload-pack"]

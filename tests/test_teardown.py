@@ -4,19 +4,26 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
+from types import SimpleNamespace
+from typing import Any, cast
 
 import pytest
 
-from bot import invariants
+from bot import gitops, invariants
 from bot.core.canonical import parse_comment
 from bot.core.evidence import find_marker
 from bot.core.teardown import BranchFacts, WorktreeFacts, closing_issue, decide_branch, decide_worktree
+from bot.emulator import pullgit
 from bot.emulator.webhooks import expand_hook_events
+from bot.gitea import PullRequest
+from bot.loops.teardown import _judge
+from state.db import utcnow
 from state.journal import JournalStore, Transition
 from state.leases import LeaseStore
+from state.publications import PublicationStore
 from state.teardowns import TeardownStore
 from tests.gitea_fixtures import OWNER, REPO
 from tests.support import HANG_S, SECRET, Started, wait_status
@@ -433,3 +440,61 @@ async def test_a_teardown_ends_only_its_own_issues_leases(tmp_path: Path, start:
         [final] = teardown_comments(world, number)
         assert [lease["lease_id"] for lease in evidence_of(final)["leases"]] == [
             lease.lease_id for lease in await leases.history(FULL_NAME, number)]
+
+
+async def test_a_merged_pull_requests_teardown_fetches_the_base_and_its_head_in_one_exchange(world: World) -> None:
+    """The default branch and the PR's closed head come in one fetch (one ref advertisement read), not two."""
+    number, transition = await bootstrapped(world)
+    pr = await open_pull(world, number, transition)
+    emu = world.live.emulator
+    before = len(emu.requests)
+    await merge(world, pr)
+    adverts = [r for r in emu.requests[before:] if r.method == "GET" and r.path.endswith("/info/refs")]
+    assert len(adverts) == 1, [r.path for r in emu.requests[before:]]
+    checkout = gitops.ControlCheckout(Path(transition.worktree_path).parents[1], env={}, timeout_s=30)
+    origin = emu.repo(OWNER, REPO).path
+    assert checkout.read_ref(f"refs/foreman/pull/{pr}") == pullgit.rev(origin, f"refs/pull/{pr}/head")
+    assert checkout.read_ref("refs/remotes/origin/main") == pullgit.branch_sha(origin, "main")
+
+
+def test_when_the_one_fetch_fails_the_base_is_still_fetched_on_its_own(tmp_path: Path) -> None:
+    """A PR head Gitea does not advertise fails the one fetch, which moves nothing; the teardown then fetches the
+    default branch by itself, as before the two were one."""
+    remote, clone = tmp_path / "remote.git", tmp_path / "clone"
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], check=True,
+                              capture_output=True, text=True).stdout.strip()
+
+    git("init", "-q", "--bare", "-b", "main", str(remote))
+    git("clone", "-q", str(remote), str(clone))
+    git("-C", str(clone), "commit", "-q", "--allow-empty", "-m", "one")
+    git("-C", str(clone), "push", "-q", "origin", "main")
+    git("-C", str(clone), "commit", "-q", "--allow-empty", "-m", "two")
+    git("-C", str(clone), "push", "-q", str(remote), "HEAD:refs/heads/main")  # origin/main not updated
+    head = git("-C", str(remote), "rev-parse", "main")
+    checkout = gitops.ControlCheckout(clone, env={}, timeout_s=30)
+    assert checkout.read_ref("refs/remotes/origin/main") != head
+    assert gitops.fetch_base_and_pull_head(checkout, "main", 9, auth={}) is None
+    assert checkout.read_ref("refs/remotes/origin/main") != head  # the failed fetch moved nothing
+    pull = cast(PullRequest, SimpleNamespace(number=9, merged=True, head_sha=head, base_sha=head))
+    _, _, merged_head = _judge(checkout, [], {}, "main", pull, {}, True)
+    assert checkout.read_ref("refs/remotes/origin/main") == head and merged_head == head
+
+
+async def test_the_issue_closed_by_a_merge_finds_its_pull_request_by_number_not_in_a_listing(world: World) -> None:
+    """The merge's ``issues`` closed webhook reads the PR foreman recorded for the issue: no listing of every closed
+    pull request the repository ever had (it grows with every life)."""
+    number, transition = await bootstrapped(world)
+    pr = await open_pull(world, number, transition)
+    db = world.service.db
+    async with db.transaction() as conn:  # as gitea_open_pull_request records the PR it opened
+        await PublicationStore(db).record_pull(conn, repo=FULL_NAME.lower(), issue_number=number, pr_number=pr,
+                                               head=transition.branch, base="main", opened_by="author-1",
+                                               adopted=False, now=utcnow())
+    emu = world.live.emulator
+    before = len(emu.requests)
+    await merge(world, pr)
+    listings = [r for r in emu.requests[before:] if r.method == "GET" and r.route is not None
+                and r.route.removeprefix("/api/v1") == "/repos/{owner}/{repo}/pulls"]
+    assert listings == [] and len(teardown_comments(world, number)) == 1

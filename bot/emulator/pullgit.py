@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 import os
+import re
 import subprocess
 import tempfile
 from collections.abc import Callable
@@ -53,10 +55,51 @@ def _git(
     )
 
 
+#: The refs read from the repository's files (a branch and a pull request's head always name a commit here).
+_FILE_REFS: Final = ("refs/heads/", "refs/pull/")
+_OID: Final = re.compile(r"[0-9a-f]{40}")
+
+
 def rev(path: Path, ref: str) -> str | None:
-    """The commit sha ``ref`` names, or None."""
+    """The commit sha ``ref`` names, or None. A branch or a pull request's head is read from the files git stored
+    (the loose ref, else ``packed-refs``), with no process per read: Gitea resolves them in its long-running
+    ``git cat-file --batch`` (modules/git ``GetRefCommitID``), not a ``git rev-parse`` each. Anything else (a sha,
+    ``X^``, a symbolic or malformed ref file) is resolved by git."""
+    if ref.startswith(_FILE_REFS) and ".." not in ref and "//" not in ref:
+        found = _ref_file(path, ref)
+        if not isinstance(found, _Unsure):
+            return found
     done = _git(path, "rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}", check=False)
     return done.stdout.strip() or None
+
+
+class _Unsure:
+    """The ref files cannot tell (a symbolic ref, an unexpected file): git resolves it."""
+
+
+_UNSURE: Final = _Unsure()
+
+
+def _ref_file(path: Path, ref: str) -> str | _Unsure | None:
+    try:
+        text = (path / ref).read_text(encoding="ascii").strip()
+    except FileNotFoundError:
+        text = None
+    except (OSError, UnicodeDecodeError):
+        return _UNSURE
+    if text is not None:
+        return text if _OID.fullmatch(text) else _UNSURE
+    try:
+        packed = (path / "packed-refs").read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return None
+    except (OSError, UnicodeDecodeError):
+        return _UNSURE
+    for line in packed.splitlines():
+        sha, _, name = line.partition(" ")
+        if name == ref and _OID.fullmatch(sha):
+            return sha
+    return None
 
 
 def branch_sha(path: Path, branch: str) -> str | None:
@@ -267,7 +310,19 @@ def commit_facts(path: Path, shas: list[str]) -> list[dict[str, str | list[str]]
 
 
 def shortstat(path: Path, start: str, end: str) -> tuple[int, int, int]:
-    """``git diff --shortstat start end``: files changed, insertions, deletions."""
+    """``git diff --shortstat start end``: files changed, insertions, deletions. Between two commit ids the answer
+    never changes: it is kept (a pull request's JSON reads it on every GET)."""
+    if _OID.fullmatch(start) and _OID.fullmatch(end):
+        return _shortstat_of_commits(path, start, end)
+    return _shortstat(path, start, end)
+
+
+@functools.lru_cache(maxsize=4096)
+def _shortstat_of_commits(path: Path, start: str, end: str) -> tuple[int, int, int]:
+    return _shortstat(path, start, end)
+
+
+def _shortstat(path: Path, start: str, end: str) -> tuple[int, int, int]:
     out = _git(path, "diff", "--shortstat", start, end, check=False).stdout
     numbers = [0, 0, 0]
     for part in out.split(","):

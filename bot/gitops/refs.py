@@ -35,7 +35,8 @@ class RefStore(GitRepository):
         return out.strip() if status == 0 else None
 
     def branch_sha(self, branch: str) -> str | None:
-        return self.rev(f"refs/heads/{branch}")
+        """The branch's commit, read as git stored it (``read_ref``: no process for a loose or packed ref)."""
+        return self.read_ref(f"refs/heads/{branch}")
 
     def local_branches(self) -> list[str]:
         out = self.git.run("for-each-ref", "--format=%(refname:strip=2)", "refs/heads/")

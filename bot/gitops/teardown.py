@@ -48,3 +48,17 @@ def fetch_pull_head(checkout: ControlCheckout, number: int, *, auth: Mapping[str
         "fetch", "--quiet", "--no-tags", "origin", f"+refs/pull/{int(number)}/head:{local}", extra_env=auth
     )
     return checkout.rev(local) if status == 0 else None
+
+
+def fetch_base_and_pull_head(
+    checkout: ControlCheckout, default_branch: str, number: int, *, auth: Mapping[str, str]
+) -> str | None:
+    """``ControlCheckout.fetch`` of the default branch and ``fetch_pull_head`` of PR ``number`` in one exchange
+    with Gitea (one git process, one pack): the closed head, or None when the one fetch failed (then neither ref
+    may have moved; the caller fetches them one by one, as each may fail on its own)."""
+    local = f"refs/foreman/pull/{int(number)}"
+    status, _, _ = checkout.git.attempt(
+        "fetch", "--quiet", "--no-tags", "origin", f"+refs/heads/{default_branch}:refs/remotes/origin/{default_branch}",
+        f"+refs/pull/{int(number)}/head:{local}", extra_env=auth,
+    )
+    return checkout.read_ref(local) if status == 0 else None

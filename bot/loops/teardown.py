@@ -38,6 +38,7 @@ from state.db import Database, utcnow
 from state.journal import JournalStore, Registration, Transition
 from state.leases import Lease, LeaseStore
 from state.outbox import OutboxIntent, enqueue
+from state.publications import PublicationStore
 from state.teardowns import TeardownStore
 
 log = logging.getLogger("foreman.teardown")
@@ -121,13 +122,33 @@ async def teardown_for_closed_issue(
     under the pull request's key; closed by a person, its own (``issue_closed``)."""
     if not await governed(db, settings.repo_key, issue_number):
         return None
-    for pull in await gitea.list_pulls(state="closed"):
-        if pull.merged and closing_issue(body=pull.body, title=pull.title, head_ref=pull.head_ref) == issue_number:
-            return await teardown_for_pull(db, settings, gitea, pull, bot_login=bot_login, trigger=trigger,
-                                           delivery_id=delivery_id)
+    merged = await _merged_pull_closing(db, settings, gitea, issue_number)
+    if merged is not None:
+        return await teardown_for_pull(db, settings, gitea, merged, bot_login=bot_login, trigger=trigger,
+                                       delivery_id=delivery_id)
     key = closed_key(settings.repo_key, issue_number, closed_at)
     call = TeardownCall(issue_number, "issue_closed", key, None, trigger, delivery_id)
     return await teardown_issue(db, settings, gitea, call, bot_login=bot_login)
+
+
+async def _merged_pull_closing(db: Database, settings: Settings, gitea: TeardownGitea, issue_number: int
+                               ) -> PullRequest | None:
+    """The merged pull request that closed the issue: the one foreman recorded opening for it, read by number, when
+    it is that; else the first of every closed PR (one opened outside foreman) whose closing keyword names it."""
+    recorded = await PublicationStore(db).pull_for_issue(settings.repo_key, issue_number)
+    if recorded is not None:
+        try:
+            pull: PullRequest | None = await gitea.get_pull(recorded.pr_number)
+        except GiteaNotFound:
+            pull = None
+        if pull is not None and pull.merged and _closes(pull) == issue_number:
+            return pull
+    return next((pull for pull in await gitea.list_pulls(state="closed")
+                 if pull.merged and _closes(pull) == issue_number), None)
+
+
+def _closes(pull: PullRequest) -> int | None:
+    return closing_issue(body=pull.body, title=pull.title, head_ref=pull.head_ref)
 
 
 async def teardown_issue(
@@ -185,13 +206,16 @@ def _judge(
     if not checkout.exists():
         return [], [], pull.head_sha if pull is not None and pull.merged else None
     tracking = f"refs/remotes/origin/{default_branch}"
-    try:
-        if fetch:
+    # Both refs in one fetch; when it fails, each on its own (one may fail without the other).
+    closed_head = (gitops.fetch_base_and_pull_head(checkout, default_branch, pull.number, auth=auth)
+                   if pull is not None and fetch else None)
+    if closed_head is None and fetch:
+        try:
             checkout.fetch(default_branch, auth=auth)
-    except gitops.GitFailure as exc:
-        log.warning("teardown: could not fetch %s (%s); only a worktree at the merged head is removed",
-                    default_branch, exc)
-    closed_head = gitops.fetch_pull_head(checkout, pull.number, auth=auth) if pull is not None and fetch else None
+        except gitops.GitFailure as exc:
+            log.warning("teardown: could not fetch %s (%s); only a worktree at the merged head is removed",
+                        default_branch, exc)
+        closed_head = gitops.fetch_pull_head(checkout, pull.number, auth=auth) if pull is not None else None
     merged_head = (closed_head or pull.head_sha) if pull is not None and pull.merged else None
     judged: list[_Worktree] = []
     for registration in registrations:

@@ -46,8 +46,17 @@ async def runtime_context(
     # A hand-back (changes requested on the caller's PR) first: work already under review before new work.
     mine = sorted((lease for lease in open_leases if lease.owner == caller.login),
                   key=lambda lease: (not _handed_back(lease), lease.acquired_at))
-    callable_now = await _callable_now(rt, caller, open_leases)
-    branch = await _default_branch(rt)
+    # The reads of Gitea (the default branch; for a reviewer or merger holding nothing, the queues) go out together.
+    branch_read = asyncio.ensure_future(_default_branch(rt))
+    waiting_read = asyncio.ensure_future(_waiting_for_role(rt, caller, now)) if not mine else None
+    try:
+        callable_now = await _callable_now(rt, caller, open_leases)
+        branch = await branch_read
+        waiting = await waiting_read if waiting_read is not None else None
+    finally:
+        for read in (branch_read, waiting_read):
+            if read is not None and not read.done():
+                read.cancel()
     doc: dict[str, Any] = {
         "identity": {"login": caller.login, "roles": sorted(caller.roles), "channel": caller.channel},
         "role": sorted(caller.roles)[0] if len(caller.roles) == 1 else sorted(caller.roles),
@@ -57,7 +66,6 @@ async def runtime_context(
         "callable_now": callable_now,
         "exact_next_action": await _next_action(rt, caller, mine),
     }
-    waiting = await _waiting_for_role(rt, caller, now) if not mine else None
     if waiting is not None:
         doc["work_waiting"] = waiting
     return rt.done(verb, caller, doc)
@@ -237,7 +245,7 @@ async def _default_branch(rt: VerbRuntime[ContextGitea]) -> dict[str, Any]:
     else:
         out["checkout"] = str(checkout)
         ref = f"refs/heads/{out['name']}" if out["name"] else "HEAD"
-        out["checkout_sha"] = await _git_rev(checkout, ref)
+        out["checkout_sha"] = await asyncio.to_thread(_checkout_rev, checkout, ref)
     live, held = out["live_sha"], out["checkout_sha"]
     out["in_sync"] = (live == held) if live and held else None
     if live and held and live != held:
@@ -246,19 +254,11 @@ async def _default_branch(rt: VerbRuntime[ContextGitea]) -> dict[str, Any]:
     return out
 
 
-async def _git_rev(checkout: Path, ref: str) -> str | None:
-    """``ref`` resolved in ``checkout`` (argument list, never a shell), or None. Run as the git edge runs every
-    command (``gitops.hardened_env``, ``gitops.config_args``): the repository named, no configuration but its own."""
+def _checkout_rev(checkout: Path, ref: str) -> str | None:
+    """``ref`` in the control checkout, read as git stored it (the loose ref file, else ``packed-refs``; no process
+    for a branch), else resolved by git (argument list, never a shell; ``gitops.hardened_env``), or None."""
+    repository = gitops.ControlCheckout(checkout, env={}, timeout_s=10)
     try:
-        proc = await asyncio.create_subprocess_exec(
-            "git", *gitops.config_args(), "rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}",
-            cwd=checkout, env=gitops.hardened_env({}, git_dir=checkout / ".git"),
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.DEVNULL,
-        )
-        out, _ = await asyncio.wait_for(proc.communicate(), timeout=10)
-    except (OSError, TimeoutError):
+        return repository.read_ref(ref) if ref.startswith("refs/") else repository.rev(ref)
+    except gitops.GitFailure:
         return None
-    text = out.decode().strip()
-    return text if proc.returncode == 0 and text else None

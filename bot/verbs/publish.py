@@ -98,8 +98,11 @@ async def _run(
         raise _Refused(worktree_refused(exc, issue)) from exc
     pub, parent, key = await _find(rt, store, checkout, values, lease, branch, message)
     caught_up: dict[str, str] | None = None
+    seen: dict[str, str | None] = {}  # the branch on Gitea as this call read it (``_catch_up``), for the push
     if pub is None or pub.phase == "started":  # nothing committed yet: build on the branch as Gitea has it
-        caught_up = await asyncio.to_thread(_catch_up, checkout, ctx, branch, worktree, issue, lease.owner)
+        caught_up = await asyncio.to_thread(_catch_up, checkout, ctx, branch, worktree, issue, lease.owner, seen)
+        if caught_up is not None:
+            seen.clear()
         if caught_up is not None and pub is None:
             pub, parent, key = await _find(rt, store, checkout, values, lease, branch, message)
     if pub is not None and pub.message_digest != _digest(message):
@@ -122,7 +125,7 @@ async def _run(
         async with rt.db.transaction() as conn:
             pub = await store.advance(conn, pub, "committed", commit_sha=sha, now=rt.clock())
     if pub.phase == "committed":
-        remote = await asyncio.to_thread(_push, checkout, ctx, pub)
+        remote = await asyncio.to_thread(_push, checkout, ctx, pub, seen)
         async with rt.db.transaction() as conn:
             pub = await store.advance(conn, pub, "pushed", remote_before=remote or "", now=rt.clock())
     return await _verify(rt, verb, caller, pub, delivery_id, caught_up)
@@ -144,7 +147,7 @@ async def _find(
 
 
 def _catch_up(checkout: gitops.ControlCheckout, ctx: BootstrapContext, branch: str, worktree: Path, issue: int,
-              owner: str) -> dict[str, str] | None:
+              owner: str, seen: dict[str, str | None]) -> dict[str, str] | None:
     """The issue branch on Gitea moved past the worktree's by exactly an update of its pull request from its base
     (gitea_update_pull_request, or Gitea's "Update branch"; ``update_from_base``). By a merge: the worktree is
     fast-forwarded to it before anything is committed (``fast_forward_worktree``: uncommitted changes are carried
@@ -155,7 +158,7 @@ def _catch_up(checkout: gitops.ControlCheckout, ctx: BootstrapContext, branch: s
     foreign push, is a ``stale_pin`` for the controller)."""
     local = checkout.branch_sha(branch)
     auth = gitops.auth_env(checkout.origin_url() or "", ctx.settings.gitea_token())
-    remote = checkout.remote_branch(branch, auth=auth)
+    remote = seen["remote"] = checkout.remote_branch(branch, auth=auth)
     head = gitops.symbolic_head(checkout.git_dir / "HEAD")
     if local is None or remote is None or remote == local or head is None:
         return None
@@ -255,13 +258,18 @@ def nested_refused(paths: list[str], issue: int) -> Envelope:
         paths=paths[:50], reason="nested_repository")
 
 
-def _push(checkout: gitops.ControlCheckout, ctx: BootstrapContext, pub: Publication) -> str | None:
+def _push(checkout: gitops.ControlCheckout, ctx: BootstrapContext, pub: Publication,
+          seen: Mapping[str, str | None]) -> str | None:
     """Push the publish's commit; a remote branch that is not an ancestor of it is a ``stale_pin`` (never forced).
-    Returns where the remote branch was before (None: it did not exist)."""
+    Returns where the remote branch was before (None: it did not exist).
+
+    Where the remote branch is comes from ``seen`` when this call read it before committing (``_catch_up``,
+    moments earlier), else from Gitea now: a branch moved in between is refused by the push itself (never
+    forced), the same ``stale_pin``."""
     assert pub.commit_sha is not None
     url = checkout.origin_url() or ""
     auth = gitops.auth_env(url, ctx.settings.gitea_token())
-    remote = checkout.remote_branch(pub.branch, auth=auth)
+    remote = seen["remote"] if "remote" in seen else checkout.remote_branch(pub.branch, auth=auth)
     if remote == pub.commit_sha:
         return remote
     refusal = None
