@@ -415,6 +415,8 @@ class Options:
     client: str = "wrk"
     mcp: int = 0
     issues: int = 50
+    py_spy: str | None = None
+    service_config: str | None = None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -434,6 +436,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--tmpdir", help="where the temp database goes (default: the system temp dir)")
     parser.add_argument("--database-url", metavar="URL",
                         help="also run on PostgreSQL at URL (a schema of its own there), after the SQLite run")
+    parser.add_argument("--py-spy", metavar="DIR", help="sample the service with py-spy --nonblocking during each"
+                        " foreman round and each drain, raw folded stacks into DIR (round-N.txt, drain-N.txt)")
+    parser.add_argument("--service-config", metavar="JSON", help="laid over the service's config, e.g."
+                        ' \'{"worker": {"max_stand_aside_s": 5}}\' (experiments)')
     parser.add_argument("--keep", action="store_true", help="keep the temp dir (database, logs, config)")
     parser.add_argument("--json", action="store_true", help="print one JSON document instead of a table")
     parser.add_argument("--serve-bare", action="store_true", help=argparse.SUPPRESS)
@@ -454,7 +460,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     options = Options(
         requests=args.requests, concurrency=args.concurrency, rounds=args.rounds, warmup=max(0, args.warmup),
         payload=args.payload, synchronous=args.synchronous, tmpdir=args.tmpdir, keep=args.keep, client=args.client,
-        mcp=max(0, args.mcp), issues=args.issues,
+        mcp=max(0, args.mcp), issues=args.issues, py_spy=str(Path(args.py_spy).resolve()) if args.py_spy else None,
+        service_config=args.service_config,
     )
     doc = asyncio.run(run_deployed(options))
     if args.database_url is None:

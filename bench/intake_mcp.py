@@ -2,7 +2,8 @@
 ``foreman serve`` while the webhook rounds run; a process of its own (``python -m bench.intake_mcp SPEC``).
 
 Each session is bench/agents.py's ``LeanSession`` (raw JSON-RPC over one shared ``aiohttp.ClientSession``): opened
-``STARTING_AT_ONCE`` at a time (``initialize``, ``notifications/initialized``, one ``tools/list``), then, at its own
+``STARTING_AT_ONCE`` at a time (``initialize``, ``notifications/initialized``, one ``tools/list`` and one read verb,
+untimed: a principal's first calls build its server), then, at its own
 phase of ``period`` (session i at i/N of it), every period one ``tools/list`` and one ``gitea_get_runtime_context``
 (a read verb: the principal, its roster roles, the served repository). The process prints ``ready <seconds>`` once
 every session is open, keeps them active until a line arrives on stdin, ends them (DELETE) and prints one JSON line:
@@ -55,9 +56,12 @@ async def drive(spec: dict[str, Any]) -> dict[str, Any]:
         sessions = [LeanSession(http, spec["url"], token) for token in tokens]
 
         async def open_one(session: LeanSession) -> None:
-            async with gate:
+            async with gate:  # opened and warmed: a principal's first calls build its server (not the window's cost)
                 await session.open()
                 await session.list_tools()
+                ok, doc = await session.call(READ_VERB, {})
+                if not ok:
+                    raise RuntimeError(f"{READ_VERB} answered {json.dumps(doc)[:300]}")
 
         began = time.perf_counter()
         await asyncio.gather(*(open_one(s) for s in sessions))

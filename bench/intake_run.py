@@ -28,6 +28,7 @@ import json
 import os
 import secrets
 import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -56,7 +57,7 @@ from bench.intake import (
 )
 from bench.intake_gitea import issue_body, load_issue_templates, served_template
 from bench.intake_wrk import MARGIN, run_wrk, write_requests
-from bot.config_writer import write_config
+from bot.config_writer import merged, write_config
 from bot.demo_harness import AUTHOR, CONTROLLER, OWNER, REPO
 
 TARGET_RATIO = 0.4  # intake throughput at least 0.4x the bare endpoint's, while its worker processes ...
@@ -150,6 +151,8 @@ def write_config_for(workdir: Path, port: int, options: Options, gitea: dict[str
     if mcp_tokens:
         document["mcp"] = {"token_digests": {login: f"sha256:{hashlib.sha256(token.encode()).hexdigest()}"
                                              for login, token in mcp_tokens.items()}}
+    if options.service_config:
+        document = merged(document, json.loads(options.service_config))
     config = workdir / "foreman.toml"
     write_config(config, document)
     return config, db_path if database_url is None else database_url
@@ -164,6 +167,31 @@ async def gitea_requests(gitea_url: str) -> dict[str, int]:
     async with aiohttp.ClientSession() as http, http.get(f"{gitea_url}/_bench/requests") as resp:
         doc: dict[str, int] = await resp.json()
         return doc
+
+
+@contextlib.asynccontextmanager
+async def sampled(pid: int | None, out: Path | None) -> Any:
+    """py-spy (``--nonblocking``: the service is never paused) sampling ``pid`` into ``out`` (raw folded stacks,
+    every thread) while the block runs; nothing without ``out``."""
+    if out is None or pid is None or (shutil.which("py-spy") is None and not Path(sys.executable).with_name(
+            "py-spy").exists()):
+        yield
+        return
+    spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+    proc = await asyncio.create_subprocess_exec(spy, "record", "--nonblocking", "--threads", "-r", "250", "-f", "raw",
+                                                "-p", str(pid), "-o", str(out), stdout=asyncio.subprocess.DEVNULL,
+                                                stderr=asyncio.subprocess.DEVNULL)
+    try:
+        await asyncio.sleep(0.5)  # py-spy attached
+        yield
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            proc.send_signal(signal.SIGINT)
+        try:
+            await asyncio.wait_for(proc.wait(), 30)
+        except TimeoutError:
+            proc.kill()
+            await proc.wait()
 
 
 def _delta(after: dict[str, int], before: dict[str, int]) -> dict[str, int]:
@@ -280,7 +308,7 @@ async def run_deployed(options: Options, database_url: str | None = None) -> dic
             sessions = await Line.start("mcp sessions", [sys.executable, "-m", "bench.intake_mcp", str(spec)],
                                         workdir / "mcp.log")
             processes.append(sessions)
-            ready = await sessions.line(120 + options.mcp * 0.5)
+            ready = await sessions.line(300 + options.mcp * 3.0)
             settings["mcp_sessions_open_s"] = float(ready.split()[1])
         seq = 0
         numbers: list[int] = gitea_doc["issues"]
@@ -301,7 +329,10 @@ async def run_deployed(options: Options, database_url: str | None = None) -> dic
             made = batch(count)
             for target in targets:
                 before = await gitea_requests(gitea_doc["url"]) if target is foreman else {}
-                result = await one_round(target, options.client, made, count, options.concurrency, requests_file)
+                spied = Path(options.py_spy) / f"round-{label}.txt" if options.py_spy and target is foreman else None
+                async with sampled(settings["foreman_pid"], spied):
+                    result = await one_round(target, options.client, made, count, options.concurrency,
+                                             requests_file)
                 if set(result.statuses) != {202}:
                     errors.append(f"{target.name} round {label}: answers {result.statuses}")
                 if target is foreman:
@@ -310,7 +341,9 @@ async def run_deployed(options: Options, database_url: str | None = None) -> dic
                     at_end = inbox(db_path)
                     finished = sum(n for s, n in at_end.items() if s not in ("queued", "processing"))
                     result.extra.update(stored_at_end=sum(at_end.values()), finished_at_end=finished)
-                    result.extra["drain_s"] = round(await drain(db_path, 300), 3)
+                    spied = Path(options.py_spy) / f"drain-{label}.txt" if options.py_spy else None
+                    async with sampled(settings["foreman_pid"], spied):
+                        result.extra["drain_s"] = round(await drain(db_path, 300), 3)
                     result.extra["gitea_requests"] = _delta(await gitea_requests(gitea_doc["url"]), before)
                 if label != "warm-up":
                     results[target.name].append(result)
@@ -333,16 +366,18 @@ async def run_deployed(options: Options, database_url: str | None = None) -> dic
         for child in reversed(processes):
             await child.stop()
     by_status: dict[str, int] = {}
+    own: dict[str, int] = {}
     if exists(db_path):
-        by_status = inbox(db_path)
-        stored_ids = {r["delivery_id"] for r in rows(db_path, "SELECT delivery_id FROM deliveries")}
-        if not stored_ids <= built:
-            errors.append(f"{len(stored_ids - built)} stored deliveries were never sent")
-        stored = sum(by_status.values())
-        if not accepted <= stored <= sent_to_foreman:
-            errors.append(f"{stored} rows stored for {accepted} accepted of {sent_to_foreman} sent")
-        if set(by_status) - {"done"}:
-            errors.append(f"stored rows not done: {by_status}")
+        # The run's deliveries, and foreman's own besides them (a verb's auto-allocation trigger; catch-up's
+        # deliveries for what it read back from Gitea after foreman's own label writes): every one must finish.
+        for r in rows(db_path, "SELECT delivery_id, status FROM deliveries"):
+            tally = by_status if r["delivery_id"] in built else own
+            tally[str(r["status"])] = tally.get(str(r["status"]), 0) + 1
+        ours = sum(by_status.values())
+        if not accepted <= ours <= sent_to_foreman:
+            errors.append(f"{ours} rows stored for {accepted} accepted of {sent_to_foreman} sent")
+        if set(by_status) - {"done"} or set(own) - {"done"}:
+            errors.append(f"stored rows not done: the run's {by_status}, foreman's own {own}")
     bare_doc = aggregate(results["bare"]) if results["bare"] else None
     foreman_doc = aggregate(results["foreman"]) if results["foreman"] else None
     ratio = None
@@ -360,7 +395,7 @@ async def run_deployed(options: Options, database_url: str | None = None) -> dic
 
     doc: dict[str, Any] = {
         "settings": settings, "bare": bare_doc, "foreman": foreman_doc, "ratio": ratio, "mcp": sessions_doc,
-        "rows": {"sent": sent_to_foreman, "accepted": accepted, "by_status": by_status},
+        "rows": {"sent": sent_to_foreman, "accepted": accepted, "by_status": by_status, "foreman_own": own},
         "targets": {
             "throughput_ratio": {"target": f">= {TARGET_RATIO}", "value": ratio,
                                  "result": verdict(None if ratio is None else ratio >= TARGET_RATIO)},
@@ -405,7 +440,7 @@ def render(doc: dict[str, Any]) -> str:
                      f" {'-' if cpu is None else f'{cpu:.3f}':>14}")
     rows_doc = doc["rows"]
     lines += ["", f"foreman: {rows_doc['accepted']} accepted of {rows_doc['sent']} sent; stored rows by status"
-                  f" {rows_doc['by_status']}"]
+                  f" {rows_doc['by_status']}; foreman's own deliveries {rows_doc['foreman_own']}"]
     if doc["mcp"]:
         m = doc["mcp"]
         lines.append(f"MCP sessions: {m['sessions']} open (in {s.get('mcp_sessions_open_s')} s), {m['calls']} calls"
