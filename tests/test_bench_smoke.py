@@ -54,7 +54,8 @@ def test_issue_deliveries_are_unique_signed_6_4_kb_and_for_the_served_repository
     templates, _ = issue_templates("http://127.0.0.1:3000", payload)
     requests = make_issue_requests(templates, [1, 2, 3], "tag", 0, 64)
     assert len({body for body, _ in requests}) == len({h["X-Gitea-Delivery"] for _, h in requests}) == 64
-    actions, labels = set(), set()
+    actions: set[str] = set()
+    labels: set[str] = set()
     for body, headers in requests:
         assert len(body) == BODY_BYTES and not body.endswith(b"\n")
         assert headers["X-Gitea-Signature"] == sign(body, SECRET)
