@@ -129,7 +129,6 @@ class WebhookIntake:
         self.window.arrived(time.monotonic())
         is_self = is_self_event(verdict, self._bot_login())
         event_label = metric_event(verdict.event)
-        self.window.storing_began()
         try:
             result = await self.writer.submit(verdict, is_self)
         except Exception:
@@ -143,8 +142,6 @@ class WebhookIntake:
                 },
                 status=503,
             )
-        finally:
-            self.window.storing_ended()
         self._delivery_counter(event_label, result.outcome).inc()
         if result.outcome == "queued":
             self._wakeup()

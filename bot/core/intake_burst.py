@@ -11,11 +11,6 @@ ends. Two bounds keep this from ever starving the worker:
 - a loop never waits more than ``max_stand_aside_s`` before a claim, however long the burst lasts, so each loop
   still claims at least one delivery per ``max_stand_aside_s`` even under a flood.
 
-A burst is also ``storing_burst`` or more admitted deliveries waiting for their commit at once (the door holding
-several senders' requests): under a flood the arrival rate itself dips whenever the door stalls (its commit waits,
-the machine is busy), and a rate alone then let the loops claim in those dips, taking the CPU and the database from
-the door exactly when it was behind (bench/intake.py measured it). Gitea's steady traffic is one delivery at a time.
-
 Only admitted (signature-verified) deliveries count: nobody without the webhook secret can make the worker wait.
 """
 
@@ -32,7 +27,6 @@ class BurstPolicy:
     burst_per_s: float = 200.0
     window_s: float = 0.1
     max_stand_aside_s: float = 0.2
-    storing_burst: int = 4
 
     @property
     def enabled(self) -> bool:
@@ -50,19 +44,9 @@ class ArrivalWindow:
     def __init__(self, policy: BurstPolicy) -> None:
         self.policy = policy
         self._times: deque[float] = deque(maxlen=policy.burst_count)
-        #: Admitted deliveries whose commit has not answered yet.
-        self.storing = 0
 
     def arrived(self, now: float) -> None:
         self._times.append(now)
-
-    def storing_began(self) -> None:
-        """An admitted delivery was handed to the commit."""
-        self.storing += 1
-
-    def storing_ended(self) -> None:
-        """Its commit answered (stored, a duplicate, or an error): pairs with ``storing_began``."""
-        self.storing = max(0, self.storing - 1)
 
     @property
     def recent(self) -> tuple[float, ...]:
@@ -70,12 +54,12 @@ class ArrivalWindow:
         return tuple(self._times)
 
     def in_burst(self, now: float) -> bool:
-        """True while the last ``burst_count`` arrivals all fall within the window ending ``now``, or while at least
-        ``storing_burst`` admitted deliveries wait for their commit."""
+        """True while the last ``burst_count`` arrivals all fall within the window ending ``now``."""
         times = self._times
-        return self.policy.enabled and (
-            (len(times) == times.maxlen and now - times[0] <= self.policy.window_s)
-            or self.storing >= self.policy.storing_burst
+        return (
+            self.policy.enabled
+            and len(times) == times.maxlen
+            and now - times[0] <= self.policy.window_s
         )
 
 
