@@ -108,13 +108,14 @@ def _run(tmp_path: Path, *extra: str) -> dict[str, Any]:
     assert doc["ok"] is True and doc["errors"] == []
     for name in ("bare", "foreman"):
         target = doc[name]
-        assert target["requests"] == 300
-        assert target["statuses"] == {"202": 300}
+        # wrk stops once 300 are answered; answers already read on its other connections by then count too
+        assert 300 <= target["requests"] <= 300 + 8
+        assert target["statuses"] == {"202": target["requests"]}
         assert target["accepted_per_s"] > 0
     rows = doc["rows"]
     # Every 202 is a stored row, every stored row of the run (and foreman's own) finished done.
     assert set(rows["by_status"]) == {"done"} and set(rows["foreman_own"]) <= {"done"}
-    assert rows["accepted"] == 320 <= rows["by_status"]["done"] <= rows["sent"]
+    assert 320 <= rows["accepted"] <= rows["by_status"]["done"] <= rows["sent"]
     round_doc = doc["foreman"]["rounds"][0]
     assert round_doc["stored_at_end"] >= round_doc["finished_at_end"] >= 0 and round_doc["drain_s"] >= 0
     assert doc["settings"]["payload_bytes"] > 6000
@@ -135,7 +136,8 @@ def test_benchmark_with_wrk_beside_mcp_sessions_stores_and_processes_every_deliv
 def test_benchmark_with_the_aiohttp_client_stores_exactly_what_it_sent(tmp_path: Path) -> None:
     doc = _run(tmp_path, "--client", "aiohttp")
     assert doc["settings"]["client"] == "aiohttp" and doc["mcp"] is None
-    assert doc["rows"]["sent"] == doc["rows"]["by_status"]["done"] == 320  # no in-flight margin: each one answered
+    rows = doc["rows"]  # no in-flight margin: each request sent once and answered
+    assert rows["sent"] == rows["accepted"] == rows["by_status"]["done"] == 320
 
 
 def test_a_missing_wrk_is_one_line_and_a_usage_exit(tmp_path: Path) -> None:
