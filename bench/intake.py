@@ -32,7 +32,7 @@ import socket
 import sys
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -447,6 +447,19 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+async def _stoppable(run: Coroutine[Any, Any, dict[str, Any]]) -> dict[str, Any]:
+    """The run, cancelled by SIGTERM or SIGINT: its cleanup stops every process it started before the exit."""
+    task = asyncio.ensure_future(run)
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, task.cancel)
+    try:
+        return await task
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.serve_bare:
@@ -463,12 +476,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         mcp=max(0, args.mcp), issues=args.issues, py_spy=str(Path(args.py_spy).resolve()) if args.py_spy else None,
         service_config=args.service_config,
     )
-    doc = asyncio.run(run_deployed(options))
+    try:
+        doc = asyncio.run(_stoppable(run_deployed(options)))
+    except asyncio.CancelledError:
+        print("interrupted (SIGTERM or SIGINT): every process the run started was stopped", file=sys.stderr)
+        return EXIT_ERROR
     if args.database_url is None:
         print(json.dumps(doc, indent=2) if args.json else render(doc))
         return EXIT_OK if doc["ok"] else EXIT_ERROR
     with scratch_schema(args.database_url, keep=args.keep) as url:
-        on_postgres = asyncio.run(run_deployed(options, url))
+        on_postgres = asyncio.run(_stoppable(run_deployed(options, url)))
     both = {"sqlite": doc, "postgresql": on_postgres, "ok": doc["ok"] and on_postgres["ok"]}
     if args.json:
         print(json.dumps(both, indent=2))
