@@ -1,16 +1,19 @@
-"""Webhook intake benchmark: `foreman serve` versus a bare aiohttp endpoint, same load, same run.
+"""Webhook intake benchmark: `foreman serve` as deployed (its worker processing what the door stores, a Gitea
+answering it) versus a bare aiohttp endpoint, same load, same run.
 
-    .venv/bin/python -m bench.intake [--requests N] [--concurrency 32] [--rounds 2] [--database-url URL] [--json]
+    .venv/bin/python -m bench.intake [--requests N] [--concurrency 32] [--rounds 2] [--mcp [N]] [--client wrk|aiohttp]
+                                     [--synchronous FULL|NORMAL] [--database-url URL] [--json] [--keep]
 
-Both targets run as subprocesses on loopback; one aiohttp client (this process) sends signed, unique ~6 KB
-Gitea ``issue_comment`` deliveries to them in alternation (warm-up, then bare, foreman, bare, foreman ...).
-Every round sends the very same requests to both targets. After a foreman round (but the last) the benchmark
-waits until the service's worker has drained what it stored, so that backlog never runs during a bare round.
-After the service is stopped, its database is opened read-only and the stored rows counted. ``--database-url``
-runs the same benchmark once more with the service on PostgreSQL (a schema of its own there), after the SQLite run.
+The load is ``wrk`` (one thread, ``--concurrency`` connections; bench/intake_wrk.py, its Lua script walks requests
+built and signed beforehand), or with ``--client aiohttp`` one aiohttp client in this process. Each request is a
+unique ~6.4 KB Gitea ``issues`` delivery about the repository the service serves; the service is configured with the
+Gitea emulator in a process of its own (bench/intake_gitea.py), so its handlers run and its outbox calls Gitea.
+``--mcp N`` (N = 1,000 when given alone) keeps N MCP sessions over ``/mcp`` open and active on the same service
+throughout (bench/intake_mcp.py). The run itself, its rounds and checks: bench/intake_run.py.
 
 Exit status: 0 when the run was valid (a missed performance target is reported, not fatal); 1 on an
-error (a non-202 answer, a missing row, a target that would not start or stop); 2 on bad usage.
+error (a non-202 answer, a lost or unfinished row, a failed session call, a process that would not start or stop);
+2 on bad usage (a bad ``--payload``, or ``wrk`` missing without ``--client aiohttp``).
 See docs/benchmarks.md for what the figures mean and the numbers measured on the team machine.
 """
 
@@ -24,14 +27,12 @@ import hashlib
 import hmac
 import json
 import os
-import shutil
 import signal
 import socket
 import sys
-import tempfile
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,9 +41,7 @@ import aiohttp
 from aiohttp import web
 
 from bench import positive_int
-from bench.database import Target as DatabaseTarget
-from bench.database import exists, rows, scratch_schema
-from bot.config_writer import write_config
+from bench.database import scratch_schema
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SHARED = Path(os.environ.get("FOREMAN_SHARED", str(REPO_ROOT.parent / "shared")))
@@ -317,45 +316,6 @@ class Target:
         return process_memory_kb(self.proc.pid) if self.proc is not None else None
 
 
-def write_foreman_config(
-    workdir: Path, port: int, synchronous: str, database_url: str | None
-) -> tuple[Path, DatabaseTarget]:
-    """The service's config: SQLite in ``workdir``, or PostgreSQL at ``database_url``; returns where it stores."""
-    db_path = workdir / "foreman.db"
-    config = workdir / "foreman.toml"
-    database: dict[str, Any] = {"synchronous": synchronous}
-    database.update({"path": db_path} if database_url is None else {"url": database_url})
-    write_config(config, {
-        "server": {"host": "127.0.0.1", "port": port},
-        "webhook": {"secrets": [SECRET]},
-        "database": database,
-        "repository": {"checkout_root": workdir / "checkouts"},
-    })
-    return config, db_path if database_url is None else database_url
-
-
-def count_rows(target: DatabaseTarget) -> tuple[int, dict[str, int]]:
-    total = rows(target, "SELECT COUNT(*) AS n FROM deliveries")[0]["n"]
-    grouped = rows(target, "SELECT status, COUNT(*) AS n FROM deliveries GROUP BY status")
-    by_status = {r["status"]: r["n"] for r in grouped}
-    return int(total), {str(k): int(v) for k, v in by_status.items()}
-
-
-def pending_rows(target: DatabaseTarget) -> int:
-    found = rows(target, "SELECT COUNT(*) AS n FROM deliveries WHERE status IN ('queued', 'processing')")
-    return int(found[0]["n"])
-
-
-async def wait_drained(target: DatabaseTarget, timeout_s: float) -> float:
-    """Wait until the service's worker has settled everything stored so far; returns the seconds waited."""
-    started = time.perf_counter()
-    while pending_rows(target) > 0:
-        if time.perf_counter() - started > timeout_s:
-            raise BenchError(f"the worker did not drain the inbox within {timeout_s:.0f}s")
-        await asyncio.sleep(0.05)
-    return time.perf_counter() - started
-
-
 @dataclass
 class RoundResult:
     target: str
@@ -441,40 +401,7 @@ async def send_round(target: Target, requests: Sequence[tuple[bytes, dict[str, s
     )
 
 
-def aggregate(rounds: Sequence[RoundResult]) -> dict[str, Any]:
-    requests = sum(r.requests for r in rounds)
-    seconds = sum(r.seconds for r in rounds)
-    latencies = [x for r in rounds for x in r.latencies_ms]
-    statuses: dict[int, int] = {}
-    for r in rounds:
-        for code, n in r.statuses.items():
-            statuses[code] = statuses.get(code, 0) + n
-    server_cpu = [r.server_cpu_s for r in rounds]
-    first, last = rounds[0].memory_kb, rounds[-1].memory_kb
-    return {
-        "requests": requests,
-        "seconds": round(seconds, 4),
-        "deliveries_per_s": round(statuses.get(202, 0) / seconds, 1) if seconds else None,
-        "p50_ms": round(percentile(latencies, 50), 3),
-        "p99_ms": round(percentile(latencies, 99), 3),
-        "max_ms": round(max(latencies), 3) if latencies else None,
-        "statuses": {str(k): v for k, v in sorted(statuses.items())},
-        "all_202": set(statuses) == {202},
-        "server_cpu_ms_per_request": (
-            None if None in server_cpu else _per_request_ms(sum(c or 0.0 for c in server_cpu), requests)
-        ),
-        "client_cpu_ms_per_request": _per_request_ms(sum(r.client_cpu_s for r in rounds), requests),
-        # Peak resident memory over the whole run so far (the kernel's high-water mark), and how the resident
-        # memory after round 1 compares with the resident memory after the last round.
-        "peak_rss_mib": _mib(last, "VmHWM"),
-        "rss_first_round_mib": _mib(first, "VmRSS"),
-        "rss_last_round_mib": _mib(last, "VmRSS"),
-        "rss_growth_mib": None if first is None or last is None else round((last["VmRSS"] - first["VmRSS"]) / 1024, 1),
-        "rounds": [r.summary() for r in rounds],
-    }
-
-
-# --- the run ----------------------------------------------------------------------------------------------------------
+# --- the run (bench/intake_run.py) -----------------------------------------------------------------------------------
 @dataclass
 class Options:
     requests: int
@@ -484,199 +411,35 @@ class Options:
     payload: str | None
     synchronous: str
     tmpdir: str | None
-    profile: str | None
     keep: bool
-
-
-async def run(
-    options: Options, template: dict[str, Any], payload_source: str, database_url: str | None = None
-) -> dict[str, Any]:
-    """One benchmark run: on SQLite, or on PostgreSQL at ``database_url`` (a schema of its own there)."""
-    run_tag = uuid.uuid4().hex[:12]
-    sample = make_body(template, run_tag, 0)
-    workdir = Path(tempfile.mkdtemp(prefix="foreman-bench-", dir=options.tmpdir))
-    foreman_port = free_port()
-    config_path, db_path = write_foreman_config(workdir, foreman_port, options.synchronous, database_url)
-    foreman_argv = [sys.executable]
-    if options.profile:
-        foreman_argv += ["-m", "cProfile", "-o", options.profile]
-    foreman_argv += ["-m", "bot", "--config", str(config_path), "serve"]
-    bare_port = free_port()
-    bare = Target(
-        "bare",
-        [sys.executable, "-m", "bench.intake", "--serve-bare", "--port", str(bare_port)],
-        bare_port,
-        workdir / "bare.log",
-    )
-    foreman = Target("foreman", foreman_argv, foreman_port, workdir / "foreman.log")
-    results: dict[str, list[RoundResult]] = {"bare": [], "foreman": []}
-    errors: list[str] = []
-    sent_to_foreman = 0
-    seq = 0
-    wall_started = time.perf_counter()
-    try:
-        await asyncio.gather(bare.start(), foreman.start())
-        # Warm-up: not measured, but the foreman's warm-up rows are stored and counted like the others.
-        if options.warmup:
-            warm = make_requests(template, run_tag, seq, options.warmup)
-            seq += options.warmup
-            for target in (bare, foreman):
-                warmed = await send_round(target, warm, options.concurrency)
-                if set(warmed.statuses) != {202}:
-                    errors.append(f"{target.name} warm-up answers {warmed.statuses}: {warmed.bad_answers}")
-            sent_to_foreman += options.warmup
-            await wait_drained(db_path, 60)
-        for round_no in range(1, options.rounds + 1):
-            batch = make_requests(template, run_tag, seq, options.requests)
-            seq += options.requests
-            for target in (bare, foreman):  # bare, foreman, bare, foreman ...: the same requests to both
-                result = await send_round(target, batch, options.concurrency)
-                if target is foreman:
-                    sent_to_foreman += len(batch)
-                    if round_no < options.rounds:  # the worker's backlog must not run during the next bare round
-                        result.drain_s = await wait_drained(db_path, 120)
-                if set(result.statuses) != {202}:
-                    errors.append(f"{target.name}: non-202 answers {result.statuses}: {result.bad_answers}")
-                results[target.name].append(result)
-            del batch
-    except (BenchError, aiohttp.ClientError, TimeoutError) as exc:
-        errors.append(f"{type(exc).__name__}: {exc}")
-    finally:
-        for target in (bare, foreman):
-            try:
-                code = await target.stop()
-            except BenchError as exc:
-                errors.append(str(exc))
-            else:
-                if code not in (0, None):
-                    errors.append(f"{target.name} exited with {code} after SIGTERM:\n{target.log_tail()}")
-    stored, rows_by_status = 0, dict[str, int]()
-    if exists(db_path):
-        stored, rows_by_status = count_rows(db_path)
-    if stored != sent_to_foreman:
-        errors.append(f"foreman stored {stored} rows for {sent_to_foreman} requests sent")
-    bare_doc = aggregate(results["bare"]) if results["bare"] else None
-    foreman_doc = aggregate(results["foreman"]) if results["foreman"] else None
-    ratio = None
-    if bare_doc and foreman_doc and bare_doc["deliveries_per_s"]:
-        ratio = round(foreman_doc["deliveries_per_s"] / bare_doc["deliveries_per_s"], 3)
-    if foreman_doc is not None:
-        foreman_doc.update(rows_expected=sent_to_foreman, rows_stored=stored, rows_by_status=rows_by_status)
-    p99 = foreman_doc["p99_ms"] if foreman_doc else None
-    settings: dict[str, Any] = {
-        "requests_per_round": options.requests,
-        "rounds": options.rounds,
-        "warmup": options.warmup,
-        "concurrency": options.concurrency,
-        "payload": payload_source,
-        "payload_bytes": len(sample),
-        "synchronous": options.synchronous,
-        "database": "sqlite" if database_url is None else "postgresql",
-        "workdir": str(workdir),
-        "cpus": os.cpu_count(),
-        "python": sys.version.split()[0],
-        "aiohttp": aiohttp.__version__,
-    }
-    doc: dict[str, Any] = {
-        "settings": settings,
-        "bare": bare_doc,
-        "foreman": foreman_doc,
-        "ratio": ratio,
-        "targets": {
-            "throughput_ratio": {
-                "target": f">= {TARGET_RATIO}",
-                "value": ratio,
-                "result": None if ratio is None or errors else ("PASS" if ratio >= TARGET_RATIO else "MISS"),
-            },
-            "p99_ms": {
-                "target": f"< {TARGET_P99_MS}",
-                "value": p99,
-                "result": None if p99 is None or errors else ("PASS" if p99 < TARGET_P99_MS else "MISS"),
-            },
-        },
-        "wall_s": round(time.perf_counter() - wall_started, 2),
-        "errors": errors,
-        "ok": not errors and bare_doc is not None and foreman_doc is not None,
-    }
-    if not options.keep and doc["ok"]:
-        shutil.rmtree(workdir, ignore_errors=True)
-        settings["workdir"] = None
-    return doc
-
-
-def render_text(doc: dict[str, Any]) -> str:
-    s = doc["settings"]
-    lines = [
-        f"intake benchmark: {s['rounds']} round(s) x {s['requests_per_round']} requests per target"
-        f" (+{s['warmup']} warm-up), concurrency {s['concurrency']}, {s['payload_bytes']} B bodies"
-        f" from {s['payload']}, {s['database']}, synchronous={s['synchronous']}, {s['cpus']} CPUs",
-        "",
-        f"{'target':<8} {'round':>5} {'deliveries/s':>12} {'p50 ms':>8} {'p99 ms':>8}"
-        f" {'srv cpu ms/req':>14} {'cli cpu ms/req':>14} {'drain s':>8} {'rss MiB':>8} {'peak MiB':>8}",
-    ]
-
-    def row(name: str, label: str, d: dict[str, Any]) -> str:
-        cpu = d.get("server_cpu_ms_per_request")
-        client = d["client_cpu_ms_per_request"]
-        drain = d.get("worker_drain_s")
-        rss, peak = d.get("rss_mib", d.get("rss_last_round_mib")), d.get("peak_rss_mib")
-        return (
-            f"{name:<8} {label:>5} {d['deliveries_per_s']:>12.1f} {d['p50_ms']:>8.2f} {d['p99_ms']:>8.2f}"
-            f" {'-' if cpu is None else f'{cpu:.3f}':>14} {client:>14.3f}"
-            f" {'-' if drain is None else f'{drain:.2f}':>8}"
-            f" {'-' if rss is None else f'{rss:.1f}':>8} {'-' if peak is None else f'{peak:.1f}':>8}"
-        )
-
-    for name in ("bare", "foreman"):
-        d = doc[name]
-        if d is None:
-            continue
-        for i, r in enumerate(d["rounds"], 1):
-            lines.append(row(name, str(i), r))
-        lines.append(row(name, "all", d))
-    if doc["foreman"] is not None:
-        f = doc["foreman"]
-        lines += [
-            "",
-            f"foreman answers: {f['statuses']}; rows stored {f['rows_stored']} of {f['rows_expected']}"
-            f" ({f['rows_by_status']})",
-        ]
-    for name in ("bare", "foreman"):
-        d = doc[name]
-        if d is not None and d["rss_growth_mib"] is not None:
-            lines.append(
-                f"{name} memory: peak RSS {d['peak_rss_mib']} MiB; RSS after round 1 {d['rss_first_round_mib']} MiB,"
-                f" after the last {d['rss_last_round_mib']} MiB (growth {d['rss_growth_mib']:+.1f} MiB)"
-            )
-    t = doc["targets"]
-    lines += [
-        f"ratio foreman/bare (throughput): {doc['ratio']}",
-        f"target throughput ratio {t['throughput_ratio']['target']}: {t['throughput_ratio']['result'] or 'n/a'}",
-        f"target p99 {t['p99_ms']['target']} ms: {t['p99_ms']['result'] or 'n/a'} ({t['p99_ms']['value']} ms)",
-        f"wall time {doc['wall_s']} s",
-    ]
-    if doc["errors"]:
-        lines += ["", "ERRORS:"] + [f"  {e}" for e in doc["errors"]]
-    if doc["settings"]["workdir"]:
-        lines.append(f"kept: {doc['settings']['workdir']}")
-    return "\n".join(lines)
+    client: str = "wrk"
+    mcp: int = 0
+    issues: int = 50
+    py_spy: str | None = None
+    service_config: str | None = None
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m bench.intake", description=__doc__.split("\n\n")[0])
     parser.add_argument("--requests", type=positive_int, default=5000, help="requests per round per target")
-    parser.add_argument("--concurrency", type=positive_int, default=32, help="client workers = connections")
+    parser.add_argument("--concurrency", type=positive_int, default=32, help="connections (wrk -c, client workers)")
     parser.add_argument("--rounds", type=positive_int, default=2, help="measured rounds per target (alternated)")
     parser.add_argument("--warmup", type=int, default=500, help="unmeasured requests per target first")
-    parser.add_argument(
-        "--payload",
-        help=f"issue_comment JSON to vary (default {DEFAULT_PAYLOAD} if present, else 'builtin')",
-    )
+    parser.add_argument("--client", choices=("wrk", "aiohttp"), default="wrk",
+                        help="the load generator: wrk (one thread; the default) or an aiohttp client in this process")
+    parser.add_argument("--mcp", type=int, nargs="?", const=1000, default=0, metavar="N",
+                        help="keep N MCP sessions over /mcp open and active on the service (N = 1000 when omitted)")
+    parser.add_argument("--issues", type=positive_int, default=50, help="open issues in the served repository")
+    parser.add_argument("--payload", choices=("builtin",),
+                        help="'builtin': the built-in issues body instead of $FOREMAN_SHARED/gitea/payloads' ones")
     parser.add_argument("--synchronous", choices=("FULL", "NORMAL"), default="FULL", help="service's SQLite mode")
     parser.add_argument("--tmpdir", help="where the temp database goes (default: the system temp dir)")
     parser.add_argument("--database-url", metavar="URL",
                         help="also run on PostgreSQL at URL (a schema of its own there), after the SQLite run")
-    parser.add_argument("--profile", metavar="PATH", help="run the service under cProfile, stats to PATH")
+    parser.add_argument("--py-spy", metavar="DIR", help="sample the service with py-spy --nonblocking during each"
+                        " foreman round and each drain, raw folded stacks into DIR (round-N.txt, drain-N.txt)")
+    parser.add_argument("--service-config", metavar="JSON", help="laid over the service's config, e.g."
+                        ' \'{"worker": {"max_stand_aside_s": 5}}\' (experiments)')
     parser.add_argument("--keep", action="store_true", help="keep the temp dir (database, logs, config)")
     parser.add_argument("--json", action="store_true", help="print one JSON document instead of a table")
     parser.add_argument("--serve-bare", action="store_true", help=argparse.SUPPRESS)
@@ -684,37 +447,50 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+async def _stoppable(run: Coroutine[Any, Any, dict[str, Any]]) -> dict[str, Any]:
+    """The run, cancelled by SIGTERM or SIGINT: its cleanup stops every process it started before the exit."""
+    task = asyncio.ensure_future(run)
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, task.cancel)
+    try:
+        return await task
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.serve_bare:
         return serve_bare("127.0.0.1", args.port)
+    from bench.intake_run import render, run_deployed  # it imports this module
+    from bench.intake_wrk import wrk_path
+
+    if args.client == "wrk" and wrk_path() is None:
+        print("wrk is not installed: apt-get install -y wrk, or run with --client aiohttp", file=sys.stderr)
+        return EXIT_USAGE
     options = Options(
-        requests=args.requests,
-        concurrency=args.concurrency,
-        rounds=args.rounds,
-        warmup=max(0, args.warmup),
-        payload=args.payload,
-        synchronous=args.synchronous,
-        tmpdir=args.tmpdir,
-        profile=str(Path(args.profile).resolve()) if args.profile else None,
-        keep=args.keep,
+        requests=args.requests, concurrency=args.concurrency, rounds=args.rounds, warmup=max(0, args.warmup),
+        payload=args.payload, synchronous=args.synchronous, tmpdir=args.tmpdir, keep=args.keep, client=args.client,
+        mcp=max(0, args.mcp), issues=args.issues, py_spy=str(Path(args.py_spy).resolve()) if args.py_spy else None,
+        service_config=args.service_config,
     )
     try:
-        template, payload_source = load_template(options.payload)
-    except (OSError, ValueError) as exc:
-        print(json.dumps({"error": "bad_payload", "message": str(exc)}), file=sys.stderr)
-        return EXIT_USAGE
-    doc = asyncio.run(run(options, template, payload_source))
+        doc = asyncio.run(_stoppable(run_deployed(options)))
+    except asyncio.CancelledError:
+        print("interrupted (SIGTERM or SIGINT): every process the run started was stopped", file=sys.stderr)
+        return EXIT_ERROR
     if args.database_url is None:
-        print(json.dumps(doc, indent=2) if args.json else render_text(doc))
+        print(json.dumps(doc, indent=2) if args.json else render(doc))
         return EXIT_OK if doc["ok"] else EXIT_ERROR
     with scratch_schema(args.database_url, keep=args.keep) as url:
-        on_postgres = asyncio.run(run(options, template, payload_source, url))
+        on_postgres = asyncio.run(_stoppable(run_deployed(options, url)))
     both = {"sqlite": doc, "postgresql": on_postgres, "ok": doc["ok"] and on_postgres["ok"]}
     if args.json:
         print(json.dumps(both, indent=2))
     else:
-        print("SQLite\n" + render_text(doc) + "\n\nPostgreSQL\n" + render_text(on_postgres))
+        print("SQLite\n" + render(doc) + "\n\nPostgreSQL\n" + render(on_postgres))
     return EXIT_OK if both["ok"] else EXIT_ERROR
 
 
