@@ -440,10 +440,11 @@ class OutboxSender:
         found = await self._read_label_ids(gitea, names)
         known.clear()
         known.update(found)
-        return found
+        return {name: found[name] for name in names if name in found}
 
     async def _read_label_ids(self, gitea: OutboxGitea, names: list[str]) -> dict[str, int]:
-        found = {label.name: label.id for label in await gitea.list_repo_labels() if label.name in names}
+        """Every label of the repository (kept for the next entries), and those of ``names`` only the owner org has."""
+        found = {label.name: label.id for label in await gitea.list_repo_labels()}
         if set(names) - set(found):
             try:
                 org_labels = await gitea.list_org_labels(gitea.owner)

@@ -5,8 +5,10 @@ against the emulator on Gitea 1.22 and 1.26."""
 from __future__ import annotations
 
 import asyncio
+from collections import Counter
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +17,7 @@ import pytest
 from bot.core.canonical import parse_comment
 from bot.emulator.webhooks import expand_hook_events
 from bot.loops.auto_allocate import auto_allocate
+from bot.verbs.runtime import caller_for
 from state.leases import Lease, LeaseStore
 from tests.gitea_fixtures import OWNER, REPO
 from tests.review_support import ok, runtime, tool
@@ -293,3 +296,46 @@ async def test_a_merge_whose_push_another_merge_beat_is_retried(tmp_path: Path, 
         doc = await ok(world, MERGER, "gitea_merge_pull_request", issue_number=number)
         assert pull_of(world, number).merged is not None
         assert doc["attempts"] == 2 and doc["waited"] == ["merge push out of date"], doc
+
+
+class CountingReads:
+    """A Gitea client that counts its reads (``get_*``/``list_*``) and hands every call to the real one."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner, self.reads = inner, Counter[str]()
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self.inner, name)
+        if not (callable(attr) and name.startswith(("get_", "list_"))):
+            return attr
+
+        async def counted(*args: Any, **kwargs: Any) -> Any:
+            self.reads[name] += 1
+            return await attr(*args, **kwargs)
+
+        return counted
+
+
+async def test_a_verdict_and_a_merge_read_the_issue_its_pull_request_and_reviews_once_per_call(
+        tmp_path: Path, start: Started) -> None:
+    """The door's precondition and the verb decide on one read of the issue, its PR and the PR's reviews
+    (``call_scoped``): not one read for the gate and another moments later for the verb."""
+    async with protected(tmp_path, start, "1.26.3") as world:
+        number = await in_review(world)
+        lease = await live_lease(world, number)
+        assert lease is not None and lease.action == "review"
+        gitea = CountingReads(world.service.gitea)
+        door = replace(runtime(world), gitea=gitea)
+        settings = world.service.settings
+        result = await door.call("submit_review", caller_for(settings, lease.owner, "mcp"),
+                                 {"issue_number": number, "verdict": "approve"})
+        assert result.ok, result
+        assert (gitea.reads["get_issue"], gitea.reads["get_pull"], gitea.reads["list_reviews"]) == (1, 1, 1)
+        await world.settle()
+        merge = await live_lease(world, number)
+        assert merge is not None and merge.action == "merge"
+        gitea.reads.clear()
+        result = await door.call("merge_pull_request", caller_for(settings, MERGER, "mcp"), {"issue_number": number})
+        assert result.ok, result
+        # The replay's look for a merge made already reads the issue and its PR first; the PR is read back after.
+        assert (gitea.reads["get_issue"], gitea.reads["get_pull"], gitea.reads["list_reviews"]) == (2, 3, 1)

@@ -532,8 +532,8 @@ async def test_an_operator_retry_adopts_the_comment_an_earlier_attempt_posted(ri
 async def test_label_ids_are_listed_once_for_many_entries_and_again_when_a_label_was_made_anew(rig: Rig) -> None:
     """The repository's label ids serve the next entries without a listing; a label deleted and made again
     (a new id, which Gitea ignores when it is added by the old one) is read again and the change verifies."""
-    for n, key in ((1, "ids-1"), (2, "ids-2")):
-        await rig.store.add(of_repo(key, n, "labels", {"add": ["bug"], "remove": []}))
+    for n, key, name in ((1, "ids-1", "bug"), (2, "ids-2", "status/ready")):
+        await rig.store.add(of_repo(key, n, "labels", {"add": [name], "remove": []}))
         await rig.drain()
         assert (await rig.entry(key)).status == "done"
     assert _requests(rig, "GET", "/repos/{owner}/{repo}/labels") == 1

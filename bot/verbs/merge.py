@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, Literal, Protocol
 
 from bot.core.canonical import CanonicalState, as_line, as_prompt
@@ -11,12 +11,12 @@ from bot.core.evidence import render_evidence
 from bot.core.verbs import Verb
 from bot.core.work_in_progress import is_work_in_progress
 from bot.gitea import client_as
-from bot.gitea.values import PullRequest
+from bot.gitea.values import PullRequest, Review
 from bot.verbs.gitea_refusals import GiteaAsk, gitea_refusal
 from bot.verbs.handback import HandBackSource, hand_back
 from bot.verbs.merge_attempts import MergeOutcome, merge_with_retries
 from bot.verbs.merge_gate import MergeChecks, MergeGate, merge_gate, reviewer_login, reviewers_of
-from bot.verbs.review import PullsGitea, implementer_of, pull_for_issue, recorded_verdicts
+from bot.verbs.review import PullsGitea, implementer_of, pull_facts, pull_for_issue, recorded_verdicts
 from bot.verbs.runtime import (
     Caller,
     CallOptions,
@@ -162,13 +162,13 @@ async def merge_pull_request(
     if gitea is None:
         return refused(verb.name, envelope("unavailable", "foreman runs without a Gitea client",
                                            "An operator must configure gitea.token.", "call gitea_get_runtime_context"))
-    issue = await gitea.get_issue(number)
-    pull = await pull_for_issue(gitea, rt.db, rt.repo, issue, slug_length=rt.settings.bootstrap.slug_length)
+    facts = await pull_facts(rt, number)  # the issue, its open PR and its reviews, as the door's gate read them
+    pull = facts.pull
     if pull is None:
         return refused(verb.name, envelope(
             "invalid_state", f"#{number} has no open pull request now", "Read the issue's state.",
             f"call gitea_get_issue_state with issue_number={number}"))
-    gate = await merge_gate_now(rt, gitea, number, pull, MergeChecks(gitea, rt.settings))
+    gate = await merge_gate_now(rt, gitea, number, pull, MergeChecks(gitea, rt.settings), reviews=facts.reviews)
     if gate.counted is None:
         return refused(verb.name, _blocked(number, pull, gate))
     approved = gate.counted.commit_id
@@ -221,13 +221,15 @@ async def merge_replay(
 
 
 async def merge_gate_now(rt: VerbRuntime[MergeGitea], gitea: PullsGitea, number: int, pull: PullRequest,
-                checks: MergeChecks | None = None) -> MergeGate:
-    """The merge gate on ``pull`` now: foreman's recorded verdicts cross-checked against Gitea's reviews, under the
-    base branch's protection and the head's required statuses (``checks``; None: one approval, no status)."""
+                checks: MergeChecks | None = None, *, reviews: Sequence[Review] | None = None) -> MergeGate:
+    """The merge gate on ``pull`` now: foreman's recorded verdicts cross-checked against Gitea's reviews (``reviews``
+    when the call read them with the PR already, else read now), under the base branch's protection and the head's
+    required statuses (``checks``; None: one approval, no status)."""
     implementer = await implementer_of(rt.leases, rt.repo, number)
     rules = await checks.rules_for(pull.base_ref) if checks is not None else None
     status = await checks.checks_for(pull, rules) if checks is not None and rules is not None else None
-    return merge_gate(await recorded_verdicts(rt.leases, rt.repo, number), await gitea.list_reviews(pull.number),
+    read = list(reviews) if reviews is not None else await gitea.list_reviews(pull.number)
+    return merge_gate(await recorded_verdicts(rt.leases, rt.repo, number), read,
                       pull, implementer=implementer.owner if implementer is not None else None,
                       reviewers=reviewers_of(rt.settings), rules=rules, checks=status)
 

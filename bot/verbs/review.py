@@ -26,6 +26,7 @@ from bot.verbs.runtime import (
     CallOptions,
     VerbResult,
     VerbRuntime,
+    call_scoped,
     envelope,
     executes,
     issue_of,
@@ -175,8 +176,13 @@ def issue_state_of(issue: Issue) -> str | None:
     return states[0] if len(states) == 1 else None
 
 
-async def pull_facts(rt: VerbRuntime[ReviewGitea], number: int) -> PullFacts:
-    """The PR facts of issue ``number`` (no Gitea, or Gitea cannot answer: no PR, which the gates refuse)."""
+async def pull_facts(rt: VerbRuntime[PullsGitea], number: int) -> PullFacts:
+    """The PR facts of issue ``number`` (no Gitea, or Gitea cannot answer: no PR, which the gates refuse), read once
+    per verb call: the door's precondition (``pull_fact``) and the verb decide on the same read."""
+    return await call_scoped(("pull_facts", rt.repo, number), lambda: _read_pull_facts(rt, number))
+
+
+async def _read_pull_facts(rt: VerbRuntime[PullsGitea], number: int) -> PullFacts:
     implementer = await implementer_of(rt.leases, rt.repo, number)
     owner = implementer.owner if implementer is not None else None
     if rt.gitea is None:
@@ -326,7 +332,7 @@ async def submit_review(
             f"call gitea_get_issue_state with issue_number={number}"))
     acting = client_as(rt.gitea, rt.settings, caller.login, bot_login=rt.bot_login)
     try:
-        review = _found(await rt.gitea.list_reviews(pull.number), lease.lease_id)
+        review = _found(facts.reviews, lease.lease_id)  # the PR's reviews as this call read them
         if review is None:
             if acting.login.lower() == pull.user.login.lower():
                 return refused(verb.name, _own_pull(number, pull, caller.login, acting.own_token))

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Hashable, Mapping
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -238,6 +239,7 @@ class VerbRuntime(Generic[G]):
         pin, a lost race) are envelopes too. An unexpected failure is logged with its traceback and answered with
         an ``unavailable`` envelope that carries no internals. The caller's identity is never an argument.
         """
+        scope = _CALL_FACTS.set({})
         try:
             return await self._call(verb_name, caller, arguments, delivery_id, options or CallOptions())
         except Exception:
@@ -252,6 +254,8 @@ class VerbRuntime(Generic[G]):
                     "call gitea_get_runtime_context, then retry the call if it is still needed",
                 ),
             )
+        finally:
+            _CALL_FACTS.reset(scope)
 
     async def _call(
         self, verb_name: str, caller: Caller, arguments: Mapping[str, object], delivery_id: str | None,
@@ -455,6 +459,24 @@ def _register(table: dict[Any, Any], kind: str, names: tuple[object, ...]) -> Ca
         return function
 
     return register
+
+
+#: What one verb call read once (``call_scoped``), for the length of the call (``VerbRuntime.call``).
+_CALL_FACTS: ContextVar[dict[Hashable, Any] | None] = ContextVar("foreman_call_facts", default=None)
+_T = TypeVar("_T")
+
+
+async def call_scoped(key: Hashable, read: Callable[[], Awaitable[_T]]) -> _T:
+    """``read()`` once per verb call: the precondition that checked a fact and the verb that acts on it see the same
+    observation, taken once (a read of Gitea moments apart twice otherwise). Outside a call (a loop, the CLI's own
+    reads), every call reads. Only for facts read before the call writes anything: a value is never read again."""
+    scope = _CALL_FACTS.get()
+    if scope is None:
+        return await read()
+    if key not in scope:
+        scope[key] = await read()
+    value: _T = scope[key]
+    return value
 
 
 def executes(*verb_names: str) -> Callable[[_E], _E]:
