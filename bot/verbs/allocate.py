@@ -28,7 +28,7 @@ from bot.core.verbs import Verb
 from bot.core.vocabulary import label_for_state
 from bot.gitea import GiteaError
 from bot.verbs.bootstrap import BootstrapContext, bootstrap_preflight
-from bot.verbs.bootstrap.context import BootstrapGitea
+from bot.verbs.bootstrap.context import BootstrapGitea, ProofReads
 from bot.verbs.bootstrap.preflight import PREFLIGHT_FAILED, Check, PreflightProof
 from bot.verbs.bootstrap.service import bootstrap_for_owner
 from bot.verbs.candidates import CandidatesGitea, ready_candidates
@@ -281,6 +281,7 @@ class Allocator:
                 )).to_dict()
             return outcome
         proven: int | None = None
+        proof_reads: ProofReads | None = None  # the proof's Gitea reads, for the bootstrap right after the lease
         if mode != "off" and self.gitea is not None:
             # Every apply proves first (seed 004 AC10): the same preflight the dry-run reports, on the
             # decision as it stands now; a failed proof leases nothing.
@@ -292,7 +293,7 @@ class Allocator:
                 if not proof.ok:
                     return AllocationOutcome(decision=planned, refusal=_proof_refusal(proof, planned, call),
                                              source=source, dry_run=False, bootstrap=proof.to_dict())
-                proven = planned.issue_number
+                proven, proof_reads = planned.issue_number, proof.reads
         # The lease is acquired now, after the proof (unless the caller pins the time).
         outcome = await self._apply(call, request, now or utcnow(), source, proven=proven)
         # The lease's label, assignee and evidence went out with its commit (the sender is woken by it) while its
@@ -302,8 +303,10 @@ class Allocator:
             # compensates and releases the lease itself. A resumed lease runs it too (idempotent: a completed
             # transition is replayed, an unfinished one resumed), so a delivery retried after the process died
             # between the lease commit and the end of its bootstrap finishes that bootstrap.
+            # It uses the proof's reads of the repository, its base and the issue while they are at most
+            # PROOF_READS_FRESH_S old (bootstrap/context.py), and reads everything else itself.
             result = await bootstrap_for_owner(self._bootstrap_context(), issue_number=outcome.lease.issue_number,
-                                               owner=outcome.lease.owner)
+                                               owner=outcome.lease.owner, proof_reads=proof_reads)
             outcome.bootstrap = result.to_dict()
             if result.status == "refused" and result.refusal is not None and result.refusal.error != "unavailable":
                 # The owner cannot work on this issue (e.g. a worktree is still registered for an earlier owner):
