@@ -66,6 +66,7 @@ from typing import Any
 import aiohttp
 
 from bench.database import rows, scratch_schema
+from bench.harness import GITEA_REQUEST_LOG_ENV
 from bot import gitops
 from bot.config_writer import merged, write_config
 from bot.core.evidence import find_marker
@@ -313,14 +314,16 @@ async def _check(h: LoopHarness, issues: Sequence[int], run: Run) -> None:
 
 
 @asynccontextmanager
-async def open_process_harness(root: Path, *, config: dict[str, Any] | None = None, timeout_s: float = 60.0
-                               ) -> AsyncIterator[tuple[LoopHarness, BareComment]]:
+async def open_process_harness(root: Path, *, config: dict[str, Any] | None = None, timeout_s: float = 60.0,
+                               request_log: bool = False) -> AsyncIterator[tuple[LoopHarness, BareComment]]:
     """The demo's harness with the emulator in a process of its own (``python -m bench.harness gitea``), stopped
-    (stdin closed, then terminated, then killed) whatever happens."""
+    (stdin closed, then terminated, then killed) whatever happens. ``request_log``: it logs every request to
+    ``gitea-requests.log`` (keep the files with ``--keep``)."""
     root.mkdir(parents=True, exist_ok=True)
     with (root / "gitea.log").open("w", encoding="utf-8") as log:
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "bench.harness", "gitea", "--root", str(root), cwd=root, env=_subprocess_env(),
+            sys.executable, "-m", "bench.harness", "gitea", "--root", str(root), cwd=root,
+            env=_subprocess_env({GITEA_REQUEST_LOG_ENV: str(root / "gitea-requests.log")} if request_log else None),
             stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=log)
     http: aiohttp.ClientSession | None = None
     h: LoopHarness | None = None
@@ -366,12 +369,13 @@ async def _stop_process(proc: asyncio.subprocess.Process) -> None:
 
 
 @asynccontextmanager
-async def _harness(root: Path, database_url: str | None, gitea_process: bool, timeout_s: float
-                   ) -> AsyncIterator[tuple[LoopHarness, BareComment | None]]:
+async def _harness(root: Path, database_url: str | None, gitea_process: bool, timeout_s: float,
+                   request_log: bool = False) -> AsyncIterator[tuple[LoopHarness, BareComment | None]]:
     """The loop's harness: the emulator in this process (the demo's), or in its own."""
     database = None if database_url is None else {"database": {"url": database_url}}
     if gitea_process:
-        async with open_process_harness(root, config=database, timeout_s=timeout_s) as (h, bare):
+        async with open_process_harness(root, config=database, timeout_s=timeout_s, request_log=request_log) as (
+                h, bare):
             yield h, bare
     else:
         async with open_harness(root, config=database) as h:
@@ -380,10 +384,10 @@ async def _harness(root: Path, database_url: str | None, gitea_process: bool, ti
 
 async def bench(
     issues: int, baseline_samples: int, timeout_s: float, root: Path, database_url: str | None = None, *,
-    gitea_process: bool = False,
+    gitea_process: bool = False, request_log: bool = False,
 ) -> Run:
     run = Run(gitea_process=gitea_process)
-    async with _harness(root, database_url, gitea_process, timeout_s) as (h, own_bare):
+    async with _harness(root, database_url, gitea_process, timeout_s, request_log) as (h, own_bare):
         await h.start_serve(timeout_s)
         await h.register_hook()
         numbers = []
@@ -530,6 +534,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="also run on PostgreSQL at URL (a schema of its own there), after the SQLite run")
     parser.add_argument("--gitea-process", action="store_true",
                         help="the Gitea emulator in a process of its own (this one only drives)")
+    parser.add_argument("--request-log", action="store_true",
+                        help="with --gitea-process: log every Gitea request to gitea-requests.log (use --keep)")
     parser.add_argument("--first-comment", action="store_true",
                         help="the latency ends at the first verified bot comment (the allocation's evidence)")
     return parser
@@ -551,7 +557,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             doc, errors, shown = life_report(life, args.issues), life.errors, life_text
         else:
             run = asyncio.run(bench(args.issues, args.baseline_samples, args.timeout, root,
-                                    gitea_process=args.gitea_process))
+                                    gitea_process=args.gitea_process, request_log=args.request_log))
             doc, errors, shown = report(run, args.issues, first_comment=args.first_comment), run.errors, text
             if args.database_url is not None:
                 with scratch_schema(args.database_url, keep=args.keep) as url:

@@ -160,6 +160,35 @@ def _load_main(args: argparse.Namespace) -> int:
     return 0
 
 
+#: When set, the ``gitea`` process appends one line per request to this file: the wall-clock start, the method,
+#: the path, the status, the milliseconds it took and the client (a profile's Gitea calls per issue).
+GITEA_REQUEST_LOG_ENV = "BENCH_GITEA_REQUEST_LOG"
+
+
+def _request_logger(path: Path) -> Any:
+    from aiohttp import web
+
+    handle = path.open("a", encoding="utf-8", buffering=1)
+
+    @web.middleware
+    async def logged(request: web.Request, handler: Any) -> Any:
+        started, began = time.time(), time.perf_counter()
+        status = 500
+        try:
+            response = await handler(request)
+            status = response.status
+            return response
+        except web.HTTPException as exc:
+            status = exc.status
+            raise
+        finally:
+            agent = request.headers.get("User-Agent", "")[:20].replace(" ", "_")
+            handle.write(f"{started:.6f} {request.method} {request.path_qs} {status}"
+                         f" {(time.perf_counter() - began) * 1000.0:.2f} {agent}\n")
+
+    return logged
+
+
 #: The repository of the bare comment POST + GET beside demo/widgets (no hook: foreman never hears of it).
 BASELINE_REPO = "baseline"
 
@@ -178,6 +207,9 @@ async def serve_gitea(root: Path) -> int:
     emu.create_repo(OWNER, BASELINE_REPO, files={"README.md": "baseline\n"})
     emu.set_permission(OWNER, BASELINE_REPO, MAINTAINER, "admin")
     scratch = emu.create_issue(OWNER, BASELINE_REPO, title="The bare comment POST + GET", author=MAINTAINER).number
+    request_log = os.environ.get(GITEA_REQUEST_LOG_ENV)
+    if request_log:
+        emu.app.middlewares.append(_request_logger(Path(request_log)))
     runner, url = await start_emulator(emu)
     stopped = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -21,10 +21,13 @@ import pytest
 from bot import gitops
 from bot.dashboard.board import health
 from bot.gitea import Branch, GiteaClient, Issue, Repository
+from bot.verbs.allocate import Allocator
 from bot.verbs.bootstrap import BootstrapContext, bootstrap_preflight
 from bot.verbs.bootstrap.checkout import check_transport
 from bot.verbs.bootstrap.context import PROOF_READS_FRESH_S
 from bot.verbs.bootstrap.service import bootstrap_for_owner
+from state.db import utcnow
+from state.leases import LeaseStore
 from tests.gitea_fixtures import OWNER, REPO
 from tests.support import Started, eventually
 from tests.test_bootstrap_support import BootstrapWorld, open_bootstrap_world
@@ -260,3 +263,40 @@ async def test_one_transport_check_at_a_time() -> None:
         with check._running:  # a check in progress
             assert await check_transport(w.ctx) is None
         assert (await check_transport(w.ctx)) is not None
+
+
+# --- the apply's candidates: no duplicate read for what the owner may not take ---------------------------------------
+
+
+class CandidateGitea(CountingGitea):
+    """The counting client with the candidate reads the allocator makes."""
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+async def test_an_owners_own_released_issues_are_not_read_for_duplicates() -> None:
+    """An issue its owner released is barred for that owner (``self_review``, decided before a duplicate finding):
+    its branch is not read for that owner's candidates, but it is for anyone else's, and another candidate's
+    duplicate finding is still made."""
+    async with open_bootstrap_world() as w:
+        w.live.emulator.create_label(OWNER, REPO, "status:ready", color="#00aa00")
+        given_up, other, duplicate = (w.issue(title) for title in ("Given up", "Other", "Duplicate"))
+        for number in (given_up, other, duplicate):
+            w.live.emulator.add_labels(OWNER, REPO, number, ["status:ready"], actor="alice")
+        w.live.emulator.create_branch(OWNER, REPO, w.branch(duplicate, "Duplicate"), files={"x.txt": "x"})
+        lease = await w.lease(given_up)
+        async with w.db.transaction() as conn:
+            await LeaseStore(w.db).release(conn, lease.lease_id, actor="alice", reason="gave up", now=utcnow())
+        counting = CandidateGitea(w.gitea)
+        allocator = Allocator(w.db, w.settings, counting, bot_login=w.ctx.bot_login)
+        records, _ = await allocator.gather_candidates(owner="alice")
+        by_number = {r["issue_number"]: r for r in records}
+        assert f"get_branch:{w.branch(given_up, 'Given up')}" not in counting.calls, counting.calls
+        assert f"get_branch:{w.branch(other, 'Other')}" in counting.calls, counting.calls
+        assert by_number[given_up]["barred_owners"] == ["alice"] and "duplicate" not in by_number[given_up]
+        assert "duplicate" in by_number[duplicate] and "duplicate" not in by_number[other]
+        counting.calls.clear()
+        for_bob, _ = await allocator.gather_candidates(owner="bob")
+        assert f"get_branch:{w.branch(given_up, 'Given up')}" in counting.calls, counting.calls
+        assert [r["issue_number"] for r in records] == [r["issue_number"] for r in for_bob]  # Gitea's order

@@ -189,22 +189,30 @@ class Allocator:
         ]
         return records, frozenset(issue.number for issue in open_issues)
 
-    async def gather_candidates(self, action: str = "implement") -> tuple[list[dict[str, Any]], frozenset[int]]:
+    async def gather_candidates(self, action: str = "implement", *, owner: str | None = None) -> (
+        tuple[list[dict[str, Any]], frozenset[int]]
+    ):
         """Open `status:ready` issues (not PRs) from Gitea, with their dependencies' open state (for a review or a
-        merge: the `status:review` issues whose pull request waits for one, bot/verbs/queue_facts.py)."""
+        merge: the `status:review` issues whose pull request waits for one, bot/verbs/queue_facts.py). ``owner``: the
+        candidates barred for that owner (released by them) are not assessed for duplicate work (their branch is not
+        read): the decision skips them for that owner before it reads a duplicate finding (``self_review``)."""
         if self.gitea is None:
             raise LookupError("no Gitea client: give candidates_json, or configure gitea.token")
         if action in ("review", "merge"):
             return candidates_of(await queued_pulls(self.gitea, self.db, self.settings),
                                  "review" if action == "review" else "merge")
-        records, open_numbers = await mark_duplicates(self.db, self.repo, self.gitea,
-                                                      await ready_candidates(self.gitea))
+        records, open_numbers = await ready_candidates(self.gitea)
         gave_up = await self.leases.self_released(self.repo)
         for record in records:
-            owner = gave_up.get(record["issue_number"])
-            if owner is not None:  # released by its own author: never handed straight back to them
-                record["barred_owners"] = sorted({*record.get("barred_owners", ()), owner})
-        return records, open_numbers
+            gave = gave_up.get(record["issue_number"])
+            if gave is not None:  # released by its own author: never handed straight back to them
+                record["barred_owners"] = sorted({*record.get("barred_owners", ()), gave})
+        barred = {record["issue_number"] for record in records
+                  if owner is not None and owner in record.get("barred_owners", ())}
+        assessed, _ = await mark_duplicates(self.db, self.repo, self.gitea,
+                                            ([r for r in records if r["issue_number"] not in barred], open_numbers))
+        found = {record["issue_number"]: record for record in assessed}
+        return [found.get(record["issue_number"], record) for record in records], open_numbers
 
     async def run(self, call: AllocationCall, *, now: datetime | None = None) -> AllocationOutcome:
         return await self._run(call, now=now)
@@ -236,7 +244,7 @@ class Allocator:
                 gathered, open_numbers = candidates_of(pulls, "review" if call.action == "review" else "merge")
                 call = replace(call, lease_history=latest_leases(pulls))
             else:
-                gathered, open_numbers = await self.gather_candidates(call.action)
+                gathered, open_numbers = await self.gather_candidates(call.action, owner=call.owner)
         except GiteaError as exc:
             return _refuse("unavailable", f"Gitea could not list the candidates: {exc}",
                            "Nothing was leased; Gitea must answer to reconcile the candidates.",

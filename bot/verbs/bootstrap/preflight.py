@@ -216,10 +216,14 @@ def _local(ctx: BootstrapContext) -> dict[str, Any]:
     found["checkout_path_used"] = not found["checkout_exists"] and ctx.checkout_path.exists() and any(
         ctx.checkout_path.iterdir())
     if checkout.exists():
-        head_ref, head_sha = checkout.head()
+        # HEAD's branch and commit read from git's files (no process; detached: asked of git), and whether its tree
+        # tracks branches/ once per commit: the one git process of every proof is the status (clean or not).
+        head_ref = gitops.symbolic_head(checkout.git_dir / "HEAD")
+        head_sha = checkout.read_ref(head_ref) if head_ref else checkout.rev("HEAD")
         found["head_ref"], found["head_sha"] = head_ref, head_sha
         found["checkout_status"] = checkout.status()
-        found["tracks_branches"] = checkout.tracks("branches")
+        found["tracks_branches"] = checkout.tracks_at(head_sha, "branches") if head_sha else checkout.tracks(
+            "branches")
         found["origin"] = checkout.origin_url()
     return found
 
