@@ -36,7 +36,8 @@ own without a hook (``demo/baseline``). ``--first-comment``: the latency ends at
 the allocation's evidence comment (its outbox entry ``<lease>:evidence`` read back and verified: ``sent_at``),
 instead of the bootstrap's; each issue still goes through its bootstrap and its release before the next label. The
 bare operations are the same (``git worktree add`` + a comment POST + GET). The issue-35 target uses both:
-``--gitea-process --first-comment --issues 30``.
+``--gitea-process --first-comment --issues 30``. ``--request-log`` (with ``--gitea-process`` and ``--keep``): the
+emulator process logs every request it answers to ``gitea-requests.log`` (a profile's Gitea calls per issue).
 
 Checks (exit 1 if any fails): every issue has exactly one lease (released by the author), one completed bootstrap,
 one worktree, and exactly one comment per evidence marker; every outbox entry is done; no delivery failed.
