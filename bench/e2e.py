@@ -1,6 +1,7 @@
 """End-to-end loop benchmark: a `status:ready` label event to the verified evidence comment, issue after issue.
 
     .venv/bin/python -m bench.e2e [--life] [--issues 200] [--baseline-samples 10] [--timeout 60] [--json] [--keep]
+    .venv/bin/python -m bench.e2e --gitea-process --first-comment --issues 30
 
 ``--life`` times each issue's whole life instead (bench/e2e_life.py; docs/benchmarks.md says what it measures).
 ``--database-url URL`` runs the loop once more with foreman on PostgreSQL (a schema of its own at URL), after the
@@ -28,6 +29,16 @@ bootstrap completed). Beside the figures, measured in the same run and interleav
 worktree add -b`` in the same control checkout, and one comment POST + GET to the emulator (with the hook off, so
 foreman does no work for it); the ratio is the loop's p50 over the sum of the two medians.
 
+``--gitea-process``: the Gitea emulator runs in a process of its own (``python -m bench.harness gitea``) instead of
+this one, so that this process only drives (labels, polls foreman's database, MCP) and what is measured is foreman
+and its Gitea "from outside". Its bare comment POST + GET goes to the same emulator process, on a repository of its
+own without a hook (``demo/baseline``). ``--first-comment``: the latency ends at the **first verified bot comment**,
+the allocation's evidence comment (its outbox entry ``<lease>:evidence`` read back and verified: ``sent_at``),
+instead of the bootstrap's; each issue still goes through its bootstrap and its release before the next label. The
+bare operations are the same (``git worktree add`` + a comment POST + GET). The issue-35 target uses both:
+``--gitea-process --first-comment --issues 30``. ``--request-log`` (with ``--gitea-process`` and ``--keep``): the
+emulator process logs every request it answers to ``gitea-requests.log`` (a profile's Gitea calls per issue).
+
 Checks (exit 1 if any fails): every issue has exactly one lease (released by the author), one completed bootstrap,
 one worktree, and exactly one comment per evidence marker; every outbox entry is done; no delivery failed.
 Exit status 2 for bad usage.
@@ -38,6 +49,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import secrets
 import shutil
 import statistics
 import subprocess
@@ -45,17 +57,35 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import aiohttp
+
 from bench.database import rows, scratch_schema
+from bench.harness import GITEA_REQUEST_LOG_ENV
 from bot import gitops
+from bot.config_writer import merged, write_config
 from bot.core.evidence import find_marker
+from bot.demo import _config as demo_serve_config
 from bot.demo import open_harness, scratch_root
-from bot.demo_harness import AUTHOR, MAINTAINER, OWNER, REPO, LoopHarness, StepFailed, call_tool, mcp_session, until
+from bot.demo_harness import (
+    AUTHOR,
+    LIFE_ROSTER,
+    MAINTAINER,
+    OWNER,
+    REPO,
+    LoopHarness,
+    StepFailed,
+    _subprocess_env,
+    call_tool,
+    mcp_session,
+    until,
+)
 from state.db import from_db_time
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
@@ -142,6 +172,16 @@ class Run:
     comment_post_get_ms: list[float] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     wall_s: float = 0.0
+    gitea_process: bool = False  # the emulator ran in its own process
+
+
+@dataclass(frozen=True, slots=True)
+class BareComment:
+    """Where the bare comment POST + GET goes: an issue nobody hooks (``repo``), or the loop's scratch issue with
+    the hook switched off (the emulator in this process)."""
+
+    repo: str
+    issue: int
 
 
 def memory_kib(pid: int | None) -> tuple[int, int]:
@@ -204,8 +244,9 @@ async def _one_issue(h: LoopHarness, session: Any, n: int, timeout_s: float) -> 
     )
 
 
-async def _baselines(h: LoopHarness, run: Run, scratch_issue: int, k: int) -> None:
-    """One plain ``git worktree add -b`` in the control checkout, and one comment POST + GET with the hook off."""
+async def _baselines(h: LoopHarness, run: Run, bare: BareComment, k: int) -> None:
+    """One plain ``git worktree add -b`` in the control checkout, and one comment POST + GET that foreman does no
+    work for (the hook off, or a repository without one)."""
     path = h.root / "baseline" / f"wt-{k}"
     # Under the control checkout's worktree registry, as foreman's own git commands there (bot/gitops.py): a plain
     # add beside one of foreman's can kill both (git's unlocked registrations).
@@ -222,20 +263,36 @@ async def _baselines(h: LoopHarness, run: Run, scratch_issue: int, k: int) -> No
     # update-ref, not `branch -D`: that rewrites .git/config (to drop the branch's section), which would make
     # foreman read the control checkout's origin from git again (ControlCheckout.origin_url).
     git("update-ref", "-d", f"refs/heads/bench-baseline-{k}")
+    if h.in_process is None:  # a repository with no hook: nothing to switch off
+        run.comment_post_get_ms.append(await _comment_post_get(h, bare, k))
+        return
     hook = next(hook for hook in h.emulator.repo(OWNER, REPO).hooks if hook.id == h.hook_id)
     hook.active = False
     try:
-        started = time.perf_counter()
-        posted = await h.api(MAINTAINER, "POST", f"/issues/{scratch_issue}/comments", {"body": f"baseline {k}"})
-        read = await h.api(MAINTAINER, "GET", f"/issues/comments/{posted['id']}")
-        run.comment_post_get_ms.append((time.perf_counter() - started) * 1000.0)
-        assert read["body"] == f"baseline {k}"
+        run.comment_post_get_ms.append(await _comment_post_get(h, bare, k))
     finally:
         hook.active = True
 
 
-def _check(h: LoopHarness, issues: Sequence[int], run: Run) -> None:
-    emu = h.emulator
+async def _comment_post_get(h: LoopHarness, bare: BareComment, k: int) -> float:
+    """One comment POST and its GET as the maintainer, in ms."""
+    base = f"{h.gitea_url}/api/v1/repos/{OWNER}/{bare.repo}"
+    headers = {"Authorization": f"token {h.tokens[MAINTAINER]}"}
+    started = time.perf_counter()
+    async with h.http.post(f"{base}/issues/{bare.issue}/comments", json={"body": f"baseline {k}"},
+                           headers=headers) as resp:
+        posted = await resp.json()
+        if resp.status >= 300:
+            raise StepFailed("baseline", f"the bare comment POST answered {resp.status}: {posted}")
+    async with h.http.get(f"{base}/issues/comments/{posted['id']}", headers=headers) as resp:
+        read = await resp.json()
+    took = (time.perf_counter() - started) * 1000.0
+    if read.get("body") != f"baseline {k}":
+        raise StepFailed("baseline", f"the bare comment read back as {read}")
+    return took
+
+
+async def _check(h: LoopHarness, issues: Sequence[int], run: Run) -> None:
     for n in issues:
         leases = _query(h, "SELECT owner, status FROM leases WHERE repo = ? AND issue_number = ?", (REPO_KEY, n))
         if [(r["owner"], r["status"]) for r in leases] != [(AUTHOR, "released")]:
@@ -245,7 +302,9 @@ def _check(h: LoopHarness, issues: Sequence[int], run: Run) -> None:
         if [r["phase"] for r in journal] != ["completed"] or not Path(journal[0]["worktree_path"], ".git").is_file():
             run.errors.append(f"#{n}: bootstrap {[tuple(r) for r in journal]}")
             continue
-        markers = Counter(find_marker(c.body) for c in emu.issue(OWNER, REPO, n).comments)
+        bodies = ([c.body for c in h.emulator.issue(OWNER, REPO, n).comments] if h.in_process is not None else
+                  [str(c.get("body") or "") for c in await h.comments(n)])
+        markers = Counter(find_marker(body) for body in bodies)
         evidence = [m for m in markers if m and m.endswith((":evidence", ":release"))]
         if len(evidence) != 3 or any(markers[m] != 1 for m in markers):
             run.errors.append(f"#{n}: comments {dict(markers)}")
@@ -255,12 +314,81 @@ def _check(h: LoopHarness, issues: Sequence[int], run: Run) -> None:
     run.errors.extend(f"delivery {r['delivery_id']} failed" for r in failed)
 
 
-async def bench(
-    issues: int, baseline_samples: int, timeout_s: float, root: Path, database_url: str | None = None
-) -> Run:
-    run = Run()
+@asynccontextmanager
+async def open_process_harness(root: Path, *, config: dict[str, Any] | None = None, timeout_s: float = 60.0,
+                               request_log: bool = False) -> AsyncIterator[tuple[LoopHarness, BareComment]]:
+    """The demo's harness with the emulator in a process of its own (``python -m bench.harness gitea``), stopped
+    (stdin closed, then terminated, then killed) whatever happens. ``request_log``: it logs every request to
+    ``gitea-requests.log`` (keep the files with ``--keep``)."""
+    root.mkdir(parents=True, exist_ok=True)
+    with (root / "gitea.log").open("w", encoding="utf-8") as log:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "bench.harness", "gitea", "--root", str(root), cwd=root,
+            env=_subprocess_env({GITEA_REQUEST_LOG_ENV: str(root / "gitea-requests.log")} if request_log else None),
+            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=log)
+    http: aiohttp.ClientSession | None = None
+    h: LoopHarness | None = None
+    try:
+        assert proc.stdout is not None
+        try:
+            line = await asyncio.wait_for(proc.stdout.readline(), timeout_s)
+        except TimeoutError:
+            raise StepFailed("gitea", f"the emulator process did not start within {timeout_s:.0f}s") from None
+        if not line:
+            raise StepFailed("gitea", f"the emulator process exited: {(root / 'gitea.log').read_text()[-800:]}")
+        info = json.loads(line)
+        http = aiohttp.ClientSession()
+        h = LoopHarness(
+            root=root, in_process=None, runner=None, gitea_url=info["url"], http=http, tokens=info["tokens"],
+            mcp_tokens={login: f"mcp-{login}-{secrets.token_hex(12)}" for login in LIFE_ROSTER},
+            webhook_secret=secrets.token_hex(24), config_path=root / "foreman.toml", db_path=root / "foreman.db",
+            checkout=root / "checkouts" / OWNER / REPO, serve_log=root / "serve.log", gitea_process=proc)
+        write_config(h.config_path, merged(demo_serve_config(h), config or {}),
+                     comment="written by bench.e2e --gitea-process")
+        yield h, BareComment(info["baseline_repo"], int(info["baseline_issue"]))
+    finally:
+        if h is not None:
+            await h.stop()
+        if http is not None:
+            await http.close()
+        await _stop_process(proc)
+
+
+async def _stop_process(proc: asyncio.subprocess.Process) -> None:
+    """Close its stdin (it stops), else terminate it, else kill it; wait for it in every case."""
+    if proc.stdin is not None:
+        proc.stdin.close()
+    for stop in (None, proc.terminate, proc.kill):
+        if proc.returncode is not None:
+            return
+        if stop is not None:
+            stop()
+        try:
+            await asyncio.wait_for(proc.wait(), 10)
+        except TimeoutError:
+            continue
+
+
+@asynccontextmanager
+async def _harness(root: Path, database_url: str | None, gitea_process: bool, timeout_s: float,
+                   request_log: bool = False) -> AsyncIterator[tuple[LoopHarness, BareComment | None]]:
+    """The loop's harness: the emulator in this process (the demo's), or in its own."""
     database = None if database_url is None else {"database": {"url": database_url}}
-    async with open_harness(root, config=database) as h:
+    if gitea_process:
+        async with open_process_harness(root, config=database, timeout_s=timeout_s, request_log=request_log) as (
+                h, bare):
+            yield h, bare
+    else:
+        async with open_harness(root, config=database) as h:
+            yield h, None
+
+
+async def bench(
+    issues: int, baseline_samples: int, timeout_s: float, root: Path, database_url: str | None = None, *,
+    gitea_process: bool = False, request_log: bool = False,
+) -> Run:
+    run = Run(gitea_process=gitea_process)
+    async with _harness(root, database_url, gitea_process, timeout_s, request_log) as (h, own_bare):
         await h.start_serve(timeout_s)
         await h.register_hook()
         numbers = []
@@ -268,6 +396,7 @@ async def bench(
             created = await h.api(MAINTAINER, "POST", "/issues", {"title": f"Loop issue {i + 1}", "body": "bench"})
             numbers.append(int(created["number"]))
         scratch, numbers = numbers[-1], numbers[:-1]
+        bare = own_bare or BareComment(REPO, scratch)
 
         async def opened() -> bool | None:
             rows = _query(h, "SELECT COUNT(*) AS c FROM deliveries WHERE action = 'opened' AND status = 'done'")
@@ -285,33 +414,41 @@ async def bench(
                     run.samples.append(sample)
                     if i == 0 or (i % every == 0 and len(run.worktree_add_ms) < baseline_samples):
                         pause = time.monotonic()
-                        await _baselines(h, run, scratch, len(run.worktree_add_ms))
+                        await _baselines(h, run, bare, len(run.worktree_add_ms))
                         started += time.monotonic() - pause  # the baselines are not part of the loop's wall time
                 run.wall_s = time.monotonic() - started
         while len(run.worktree_add_ms) < baseline_samples:
-            await _baselines(h, run, scratch, len(run.worktree_add_ms))
-        _check(h, numbers, run)
+            await _baselines(h, run, bare, len(run.worktree_add_ms))
+        await _check(h, numbers, run)
     return run
 
 
-def report(run: Run, issues: int) -> dict[str, Any]:
-    latency = summary([s.evidence_ms for s in run.samples])
+def report(run: Run, issues: int, *, first_comment: bool = False) -> dict[str, Any]:
+    """The figures; ``first_comment``: the latency ends at the allocation's evidence comment verified (the first
+    verified bot comment) instead of the bootstrap's."""
+
+    def ends(sample: Sample) -> float:
+        return sample.allocation_evidence_ms if first_comment else sample.evidence_ms
+
+    latency = summary([ends(s) for s in run.samples])
     bare_wt = statistics.median(run.worktree_add_ms)
     bare_comment = statistics.median(run.comment_post_get_ms)
     size = len(run.samples)
     fifths = [part for k in range(5) if (part := run.samples[k * size // 5 : (k + 1) * size // 5])]
-    by_fifth = [percentile([s.evidence_ms for s in part], 50) for part in fifths]
+    by_fifth = [percentile([ends(s) for s in part], 50) for part in fifths]
     flat = by_fifth[-1] / by_fifth[0]
     ratio = latency["p50"] / (bare_wt + bare_comment)
     return {
         "issues": issues,
+        "latency_ends_at": "allocation_evidence_verified" if first_comment else "bootstrap_evidence_verified",
+        "gitea_process": run.gitea_process,
         "ok": not run.errors,
         "errors": run.errors[:20],
         "latency_ms": latency,
         "breakdown_p50_ms": {
             **p50_of(run.samples, label_post_answered="label_ms", lease_committed="lease_ms",
                      allocation_evidence_verified="allocation_evidence_ms", bootstrap_completed="bootstrap_ms"),
-            "bootstrap_evidence_verified": latency["p50"],
+            "bootstrap_evidence_verified": percentile([s.evidence_ms for s in run.samples], 50),
         },
         "release_ms": summary([s.release_ms for s in run.samples]),
         # p50 of each fifth of the run, in order: does the loop slow down as issues (and worktrees) accumulate?
@@ -340,10 +477,14 @@ def report(run: Run, issues: int) -> dict[str, Any]:
 
 def text(doc: dict[str, Any]) -> str:
     lat, brk, bare = doc["latency_ms"], doc["breakdown_p50_ms"], doc["bare_ms"]
+    first = doc["latency_ends_at"] == "allocation_evidence_verified"
+    where = "Gitea emulator in its own process" if doc["gitea_process"] else "Gitea emulator in this process"
     return "\n".join([
         f"e2e loop: {doc['issues']} issues, one at a time (auto-allocation for one author; the author releases each"
-        " lease through MCP before the next label)",
-        f"label event -> verified evidence comment: p50 {lat['p50']:.0f} ms, p99 {lat['p99']:.0f} ms"
+        f" lease through MCP before the next label); {where}",
+        "label event -> " + ("first verified bot comment (the allocation's evidence)" if first else
+                             "verified evidence comment")
+        + f": p50 {lat['p50']:.0f} ms, p99 {lat['p99']:.0f} ms"
         f" (mean {lat['mean']:.0f}, min {lat['min']:.0f}, max {lat['max']:.0f})",
         f"  p50 milestones: label POST answered {brk['label_post_answered']:.0f} ms, lease committed"
         f" {brk['lease_committed']:.0f} ms, allocation evidence verified {brk['allocation_evidence_verified']:.0f}"
@@ -392,6 +533,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--keep", action="store_true", help="keep the directory (config, database, logs)")
     parser.add_argument("--database-url", metavar="URL",
                         help="also run on PostgreSQL at URL (a schema of its own there), after the SQLite run")
+    parser.add_argument("--gitea-process", action="store_true",
+                        help="the Gitea emulator in a process of its own (this one only drives)")
+    parser.add_argument("--request-log", action="store_true",
+                        help="with --gitea-process: log every Gitea request to gitea-requests.log (use --keep)")
+    parser.add_argument("--first-comment", action="store_true",
+                        help="the latency ends at the first verified bot comment (the allocation's evidence)")
     return parser
 
 
@@ -410,12 +557,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             life = asyncio.run(bench_life(args.issues, args.baseline_samples, args.timeout, root))
             doc, errors, shown = life_report(life, args.issues), life.errors, life_text
         else:
-            run = asyncio.run(bench(args.issues, args.baseline_samples, args.timeout, root))
-            doc, errors, shown = report(run, args.issues), run.errors, text
+            run = asyncio.run(bench(args.issues, args.baseline_samples, args.timeout, root,
+                                    gitea_process=args.gitea_process, request_log=args.request_log))
+            doc, errors, shown = report(run, args.issues, first_comment=args.first_comment), run.errors, text
             if args.database_url is not None:
                 with scratch_schema(args.database_url, keep=args.keep) as url:
-                    on_pg = asyncio.run(bench(args.issues, args.baseline_samples, args.timeout, root / "pg", url))
-                pg_doc = report(on_pg, args.issues)
+                    on_pg = asyncio.run(bench(args.issues, args.baseline_samples, args.timeout, root / "pg", url,
+                                              gitea_process=args.gitea_process))
+                pg_doc = report(on_pg, args.issues, first_comment=args.first_comment)
                 doc, errors = {"sqlite": doc, "postgresql": pg_doc, "ok": doc["ok"] and pg_doc["ok"]}, [
                     *errors, *on_pg.errors]
                 shown = _both

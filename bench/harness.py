@@ -1,7 +1,8 @@
-"""Helpers the benchmarks share: peak memory of a process, and signed webhooks sent at a fixed rate from a process
-of their own.
+"""Helpers the benchmarks share: peak memory of a process, signed webhooks sent at a fixed rate from a process
+of their own, and the demo's Gitea emulator in a process of its own.
 
     BENCH_LOAD_SECRET=S .venv/bin/python -m bench.harness load --url URL [--bare-url URL] --rate 50 --seconds 60
+    .venv/bin/python -m bench.harness gitea --root DIR
 
 ``load`` (a child of bench/agents.py) prints ``ready`` once its bodies are built and signed, waits for one line on
 stdin (``go EPOCH``: the wall-clock second to start at), then sends ``--rate`` deliveries per second for
@@ -9,6 +10,12 @@ stdin (``go EPOCH``: the wall-clock second to start at), then sends ``--rate`` d
 so a slow answer cannot slow the load down), the same delivery to ``--bare-url`` at the same tick when given, and
 prints one JSON document: every answer's status and latency per target, how late the schedule ran (this process's
 own loop), its peak RSS.
+
+``gitea`` (a child of bench/e2e.py --gitea-process) serves what ``foreman demo`` seeds (``demo/widgets``, private,
+cloned over git smart HTTP with the bot's token; the users and the status labels) plus ``demo/baseline`` with one
+issue and no hook (where the bare comment POST + GET goes, so that foreman does no work for it), under ``--root``;
+prints one JSON line (``url``, ``tokens``, ``baseline_repo``, ``baseline_issue``) and serves until its stdin closes
+or it is terminated.
 """
 
 from __future__ import annotations
@@ -153,6 +160,73 @@ def _load_main(args: argparse.Namespace) -> int:
     return 0
 
 
+#: When set, the ``gitea`` process appends one line per request to this file: the wall-clock start, the method,
+#: the path, the status, the milliseconds it took and the client (a profile's Gitea calls per issue).
+GITEA_REQUEST_LOG_ENV = "BENCH_GITEA_REQUEST_LOG"
+
+
+def _request_logger(path: Path) -> Any:
+    from aiohttp import web
+
+    handle = path.open("a", encoding="utf-8", buffering=1)
+
+    @web.middleware
+    async def logged(request: web.Request, handler: Any) -> Any:
+        started, began = time.time(), time.perf_counter()
+        status = 500
+        try:
+            response = await handler(request)
+            status = response.status
+            return response
+        except web.HTTPException as exc:
+            status = exc.status
+            raise
+        finally:
+            agent = request.headers.get("User-Agent", "")[:20].replace(" ", "_")
+            handle.write(f"{started:.6f} {request.method} {request.path_qs} {status}"
+                         f" {(time.perf_counter() - began) * 1000.0:.2f} {agent}\n")
+
+    return logged
+
+
+#: The repository of the bare comment POST + GET beside demo/widgets (no hook: foreman never hears of it).
+BASELINE_REPO = "baseline"
+
+
+async def serve_gitea(root: Path) -> int:
+    """``gitea``: the demo's emulator on loopback until stdin closes (or SIGTERM/SIGINT)."""
+    import signal
+
+    from bot.demo import seed_demo
+    from bot.demo_harness import LIFE_USERS, MAINTAINER, OWNER, REPO, USERS
+    from bot.emulator import Emulator, start_emulator
+
+    emu = Emulator(root / "gitea", clone_protocol="http")
+    tokens = seed_demo(emu, USERS + LIFE_USERS)
+    emu.repo(OWNER, REPO).private = True
+    emu.create_repo(OWNER, BASELINE_REPO, files={"README.md": "baseline\n"})
+    emu.set_permission(OWNER, BASELINE_REPO, MAINTAINER, "admin")
+    scratch = emu.create_issue(OWNER, BASELINE_REPO, title="The bare comment POST + GET", author=MAINTAINER).number
+    request_log = os.environ.get(GITEA_REQUEST_LOG_ENV)
+    if request_log:
+        emu.app.middlewares.append(_request_logger(Path(request_log)))
+    runner, url = await start_emulator(emu)
+    stopped = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stopped.set)
+    loop.add_reader(sys.stdin.fileno(), lambda: stopped.set() if not os.read(sys.stdin.fileno(), 4096) else None)
+    try:
+        print(json.dumps({"url": url, "tokens": tokens, "baseline_repo": BASELINE_REPO,
+                          "baseline_issue": scratch}), flush=True)
+        await stopped.wait()
+    finally:
+        loop.remove_reader(sys.stdin.fileno())
+        await runner.cleanup()
+        await emu.aclose()
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.harness", description=(__doc__ or "").split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -161,7 +235,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     load.add_argument("--bare-url", default=None)
     load.add_argument("--rate", type=float, required=True)
     load.add_argument("--seconds", type=float, required=True)
+    gitea = sub.add_parser("gitea", help="the demo's Gitea emulator in this process (a child of bench/e2e.py)")
+    gitea.add_argument("--root", type=Path, required=True)
     args = parser.parse_args(argv)
+    if args.command == "gitea":
+        return asyncio.run(serve_gitea(args.root))
     if args.rate <= 0 or args.seconds <= 0:
         parser.error("--rate and --seconds must be positive")
     return _load_main(args)

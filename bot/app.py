@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from bot.mcp_http import McpHttp
     from bot.outbox import OutboxHooks, OutboxSender
     from bot.reconcile import Reconciler
+    from bot.verbs.bootstrap import BootstrapContext
 
 log = logging.getLogger("foreman.app")
 
@@ -87,6 +88,7 @@ class Service:
         #: ``/mcp`` (bot/mcp_http.py), made with the app.
         self.mcp: McpHttp | None = None
         self._recovery_task: asyncio.Task[None] | None = None
+        self._transport_task: asyncio.Task[None] | None = None
 
     @property
     def settings(self) -> Settings:
@@ -142,6 +144,7 @@ class Service:
             self.outbox_sender = self._make_outbox_sender(OutboxSender)
             self.outbox_sender.start()
             self._probe_task = asyncio.create_task(self._probe_loop(), name="gitea-probe")
+            self._transport_task = asyncio.create_task(self._transport_loop(), name="git-transport-check")
             self._recovery_task = asyncio.create_task(self.served.recover_bootstraps(), name="bootstrap-recovery")
         else:
             self.gitea_status = GiteaStatus(False, "no gitea.token configured: Gitea API calls are off")
@@ -174,7 +177,7 @@ class Service:
         await self.writer.stop()
         if self.outbox_sender is not None:
             await self.outbox_sender.stop()
-        await cancel_and_wait(self._probe_task, self._recovery_task)
+        await cancel_and_wait(self._probe_task, self._recovery_task, self._transport_task)
         if self.http is not None:
             await self.http.close()
         await self.db.close()
@@ -205,6 +208,30 @@ class Service:
         while True:
             await self.probe_gitea()
             await asyncio.sleep(self.settings.gitea.probe_interval_s)
+
+    def _bootstrap_context(self, bundle: RepositoryBundle) -> BootstrapContext:
+        from bot.verbs.bootstrap import BootstrapContext
+
+        return BootstrapContext(db=self.db, settings=bundle.settings, gitea=bundle.gitea,
+                                bot_login=self.bot_login or bundle.settings.gitea.bot_login)
+
+    async def check_transports(self) -> None:
+        """Each served repository's git transport checked once, one repository after the other (each check bounded
+        by its timeout; a check still running is not started twice): ``/readyz``'s ``git_transport``."""
+        from bot.verbs.bootstrap.checkout import check_transport
+
+        for bundle in list(self.repositories.values()):
+            try:
+                await check_transport(self._bootstrap_context(bundle))
+            except Exception:  # a check that cannot run is shown by its age; the schedule goes on
+                log.exception("git transport check of %s failed to run", bundle.key)
+
+    async def _transport_loop(self) -> None:
+        from bot.gitops.transport import TRANSPORT_CHECK_INTERVAL_S
+
+        while True:
+            await self.check_transports()
+            await asyncio.sleep(TRANSPORT_CHECK_INTERVAL_S)
 
     # --- HTTP: the webhook door is bot/intake.py; the probes are here -------------------------------------------
     async def handle_healthz(self, request: web.Request) -> web.Response:
@@ -248,10 +275,16 @@ class Service:
         # Informative, never failing readiness: the webhook door works while Gitea cannot be read, and what a
         # failed pass missed is read again by the next one (docs/operating.md "Catch-up").
         per_repository = {key: _reconcile_check(bundle) for key, bundle in self.repositories.items()}
+        # Informative too: git over HTTP with the bot's credentials, as the last scheduled check found it (its age
+        # says how old); the allocation's proof asks git itself while it is not a recent success.
+        transports = {key: self._transport_check(bundle) for key, bundle in self.repositories.items()}
         first = self.served.first_key  # the first repository's (as with one repository)
         checks["reconcile"] = per_repository[first] if first is not None else {
             "ok": None, "detail": "no repository served yet (the organization's repositories are not listed yet)"}
-        checks["repositories"] = {key: {"reconcile": check} for key, check in per_repository.items()}
+        if first is not None:
+            checks["git_transport"] = transports[first]
+        checks["repositories"] = {key: {"reconcile": check, "git_transport": transports[key]}
+                                  for key, check in per_repository.items()}
         org = self.settings.organization
         if org is not None:  # informative, like catch-up: the explicit entries are served meanwhile
             discovery = self.served.discovery
@@ -259,6 +292,14 @@ class Service:
                 if discovery is not None else {"ok": None, "organization": org.name,
                                                "detail": "off (no Gitea token: nothing can be listed)"}
         return {"ready": ready, "checks": checks}
+
+    def _transport_check(self, bundle: RepositoryBundle) -> dict[str, Any]:
+        from bot.gitops.transport import TRANSPORT_CHECK_INTERVAL_S, transport_check
+
+        if bundle.gitea is None:
+            return {"ok": None, "detail": "off (no Gitea token: nothing is checked)"}
+        found = transport_check(self._bootstrap_context(bundle).checkout_path).to_dict()
+        return {**found, "interval_s": TRANSPORT_CHECK_INTERVAL_S}
 
     async def handle_metrics(self, request: web.Request) -> web.Response:
         self.metrics.worker_loops_alive.set(self.worker.loops_alive())

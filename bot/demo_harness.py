@@ -71,12 +71,12 @@ def _subprocess_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
 
 @dataclass
 class LoopHarness:
-    """The emulator (in this process), a ``foreman serve`` subprocess and the hook between them (reused by
-    bench/e2e.py)."""
+    """The emulator (in this process, or in its own: ``gitea_process``), a ``foreman serve`` subprocess and the hook
+    between them (reused by bench/e2e.py)."""
 
     root: Path
-    emulator: Emulator
-    runner: web.AppRunner
+    in_process: Emulator | None  # the emulator when it runs in this process (None: ``gitea_process`` runs it)
+    runner: web.AppRunner | None  # its server here (None with ``gitea_process``)
     gitea_url: str
     http: aiohttp.ClientSession
     tokens: dict[str, str]  # Gitea access tokens by login
@@ -92,7 +92,16 @@ class LoopHarness:
     webhook_url: str = ""
     mcp_url: str = ""  # foreman serve's /mcp, where the agents connect
     hook_id: int | None = None
+    #: The emulator's own process (bench/e2e.py --gitea-process): this process only drives it through its API.
+    gitea_process: asyncio.subprocess.Process | None = None
     _log_task: asyncio.Task[None] | None = field(default=None, repr=False)
+
+    @property
+    def emulator(self) -> Emulator:
+        """The emulator's objects, when it runs in this process."""
+        if self.in_process is None:
+            raise StepFailed("gitea", "the emulator runs in its own process: read it through its API")
+        return self.in_process
 
     # --- Gitea as a user sees it, and foreman's database read-only ----------------------------------------------------
     async def api(self, login: str, method: str, path: str, body: Any = None) -> Any:

@@ -6,13 +6,16 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from bench.e2e import memory_kib, percentile, summary
 from tests.conftest import REPO_ROOT
+from tests.gitea_fixtures import scratch_dir
 from tests.support import HANG_S, SLOW_HANG_S
 
 pytestmark = [pytest.mark.slow]
@@ -80,3 +83,37 @@ def test_the_whole_life_mode_runs_every_life_and_reports_every_figure() -> None:
     assert bare["sum_of_medians"] > 0 and doc["ratio_merged_p50_to_bare"] > 0
     assert doc["deliveries"] > 0 and 0 <= doc["deliveries_refused"] <= doc["deliveries"]
     assert doc["peak_rss_mib"]["foreman_serve"] > 0 and doc["peak_rss_mib"]["bench_process_with_emulator"] > 0
+
+
+def test_the_gitea_process_mode_times_the_first_verified_bot_comment() -> None:
+    """`--gitea-process --first-comment` (issue 35): the emulator in its own process, the latency ending at the
+    allocation's evidence comment verified; the loop's checks pass and the emulator process is gone after."""
+    tmpdir = scratch_dir("bench-e2e-process-")
+    try:
+        argv = [sys.executable, "-m", "bench.e2e", "--gitea-process", "--first-comment", "--issues", "3",
+                "--baseline-samples", "2", "--timeout", str(HANG_S), "--tmpdir", str(tmpdir), "--json"]
+        done = subprocess.run(argv, cwd=REPO_ROOT, capture_output=True, text=True, timeout=SLOW_HANG_S, check=False)
+        assert done.returncode == 0, done.stdout + done.stderr
+        doc = json.loads(done.stdout)
+        assert (doc["ok"], doc["errors"], doc["issues"], doc["gitea_process"]) == (True, [], 3, True)
+        assert doc["latency_ends_at"] == "allocation_evidence_verified"
+        steps = doc["breakdown_p50_ms"]
+        assert doc["latency_ms"]["p50"] == steps["allocation_evidence_verified"] > steps["lease_committed"]
+        assert steps["bootstrap_evidence_verified"] >= steps["bootstrap_completed"]
+        bare = doc["bare_ms"]
+        assert bare["git_worktree_add"]["n"] == bare["comment_post_get"]["n"] == 2 and bare["sum_of_medians"] > 0
+        assert doc["ratio_pass"] == (doc["ratio_p50_to_bare"] <= doc["ratio_target"] == 3.0)
+        left = [pid for pid, cmdline in _cmdlines().items() if str(tmpdir) in cmdline]
+        assert left == [], left  # the emulator's process and foreman serve were stopped
+    finally:
+        shutil.rmtree(tmpdir, ignore_errors=True)
+
+
+def _cmdlines() -> dict[int, str]:
+    found: dict[int, str] = {}
+    for entry in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            found[int(entry.parent.name)] = entry.read_bytes().replace(b"\0", b" ").decode("utf-8", "replace")
+        except OSError:
+            continue
+    return found

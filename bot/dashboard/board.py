@@ -68,6 +68,10 @@ def health(readiness: Mapping[str, Any] | None, repo: str, now: datetime) -> dic
         + (f", {retrying} settles retrying (oldest {worker.get('oldest_settle_retry_s')} s)" if retrying else ""))
     reconcile = ((checks.get("repositories") or {}).get(repo) or {}).get("reconcile") or checks.get("reconcile") or {}
     add("catch-up", *_catch_up(reconcile, now))
+    transport = ((checks.get("repositories") or {}).get(repo) or {}).get("git_transport") or checks.get(
+        "git_transport")
+    if transport:
+        add("git", transport.get("ok"), _transport(transport))
     outbox = checks.get("outbox") or {}
     stuck = {k: outbox.get(k, 0) for k in ("parked", "verification_failed", "failed") if outbox.get(k)}
     add("outbox", not stuck, f"sender {outbox.get('sender')}, {outbox.get('pending', 0)} pending"
@@ -81,6 +85,16 @@ def health(readiness: Mapping[str, Any] | None, repo: str, now: datetime) -> dic
 
 def _unreachable(detail: str) -> str:
     return detail if detail.startswith(("unreachable", "no gitea.token", "not probed")) else f"unreachable: {detail}"
+
+
+def _transport(check: Mapping[str, Any]) -> str:
+    """The git transport check's line: git over HTTP with the bot's credentials, as last checked."""
+    if check.get("ok") is None:
+        return str(check.get("detail") or "not checked yet")
+    age = f" {check.get('age_s')} s ago (every {check.get('interval_s')} s)"
+    if check.get("ok"):
+        return f"ls-remote answered{age}"
+    return f"ls-remote failed{age}: {check.get('reason') or check.get('detail')}"
 
 
 def _catch_up(check: Mapping[str, Any], now: datetime) -> tuple[bool | None, str]:

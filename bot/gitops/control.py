@@ -24,6 +24,8 @@ _ORIGINS_KEPT = 256
 _UNREAD = "\0unread"  # not a URL git can hold (a NUL byte)
 #: A config file changed less than this long ago is read from git every time.
 _RACY_S = 2.0
+#: Whether a commit's tree has something at a path, by (checkout, commit, path): a commit never changes.
+_TRACKED: dict[tuple[str, str, str], bool] = {}
 
 
 class ControlCheckout(WorktreeOperations):
@@ -108,6 +110,18 @@ class ControlCheckout(WorktreeOperations):
     def tracks(self, path: str) -> bool:
         """True when HEAD's tree has anything at ``path`` (a tracked ``branches/`` would collide with worktrees)."""
         return bool(self.git.run("ls-tree", "--name-only", "HEAD", "--", path).strip())
+
+    def tracks_at(self, sha: str, path: str) -> bool:
+        """True when commit ``sha``'s tree has anything at ``path``; asked of git once per commit and path in a
+        process (a commit's tree never changes)."""
+        key = (str(self.path), sha, path)
+        known = _TRACKED.get(key)
+        if known is None:
+            known = bool(self.git.run("ls-tree", "--name-only", sha, "--", path).strip())
+            if len(_TRACKED) >= _ORIGINS_KEPT:
+                _TRACKED.clear()
+            _TRACKED[key] = known
+        return known
 
     def remote_branch(self, branch: str, *, auth: Mapping[str, str]) -> str | None:
         """The sha ``refs/heads/<branch>`` has on origin now (None: no such branch there)."""

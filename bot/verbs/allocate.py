@@ -28,7 +28,7 @@ from bot.core.verbs import Verb
 from bot.core.vocabulary import label_for_state
 from bot.gitea import GiteaError
 from bot.verbs.bootstrap import BootstrapContext, bootstrap_preflight
-from bot.verbs.bootstrap.context import BootstrapGitea
+from bot.verbs.bootstrap.context import BootstrapGitea, ProofReads
 from bot.verbs.bootstrap.preflight import PREFLIGHT_FAILED, Check, PreflightProof
 from bot.verbs.bootstrap.service import bootstrap_for_owner
 from bot.verbs.candidates import CandidatesGitea, ready_candidates
@@ -189,22 +189,30 @@ class Allocator:
         ]
         return records, frozenset(issue.number for issue in open_issues)
 
-    async def gather_candidates(self, action: str = "implement") -> tuple[list[dict[str, Any]], frozenset[int]]:
+    async def gather_candidates(self, action: str = "implement", *, owner: str | None = None) -> (
+        tuple[list[dict[str, Any]], frozenset[int]]
+    ):
         """Open `status:ready` issues (not PRs) from Gitea, with their dependencies' open state (for a review or a
-        merge: the `status:review` issues whose pull request waits for one, bot/verbs/queue_facts.py)."""
+        merge: the `status:review` issues whose pull request waits for one, bot/verbs/queue_facts.py). ``owner``: the
+        candidates barred for that owner (released by them) are not assessed for duplicate work (their branch is not
+        read): the decision skips them for that owner before it reads a duplicate finding (``self_review``)."""
         if self.gitea is None:
             raise LookupError("no Gitea client: give candidates_json, or configure gitea.token")
         if action in ("review", "merge"):
             return candidates_of(await queued_pulls(self.gitea, self.db, self.settings),
                                  "review" if action == "review" else "merge")
-        records, open_numbers = await mark_duplicates(self.db, self.repo, self.gitea,
-                                                      await ready_candidates(self.gitea))
+        records, open_numbers = await ready_candidates(self.gitea)
         gave_up = await self.leases.self_released(self.repo)
         for record in records:
-            owner = gave_up.get(record["issue_number"])
-            if owner is not None:  # released by its own author: never handed straight back to them
-                record["barred_owners"] = sorted({*record.get("barred_owners", ()), owner})
-        return records, open_numbers
+            gave = gave_up.get(record["issue_number"])
+            if gave is not None:  # released by its own author: never handed straight back to them
+                record["barred_owners"] = sorted({*record.get("barred_owners", ()), gave})
+        barred = {record["issue_number"] for record in records
+                  if owner is not None and owner in record.get("barred_owners", ())}
+        assessed, _ = await mark_duplicates(self.db, self.repo, self.gitea,
+                                            ([r for r in records if r["issue_number"] not in barred], open_numbers))
+        found = {record["issue_number"]: record for record in assessed}
+        return [found.get(record["issue_number"], record) for record in records], open_numbers
 
     async def run(self, call: AllocationCall, *, now: datetime | None = None) -> AllocationOutcome:
         return await self._run(call, now=now)
@@ -236,7 +244,7 @@ class Allocator:
                 gathered, open_numbers = candidates_of(pulls, "review" if call.action == "review" else "merge")
                 call = replace(call, lease_history=latest_leases(pulls))
             else:
-                gathered, open_numbers = await self.gather_candidates(call.action)
+                gathered, open_numbers = await self.gather_candidates(call.action, owner=call.owner)
         except GiteaError as exc:
             return _refuse("unavailable", f"Gitea could not list the candidates: {exc}",
                            "Nothing was leased; Gitea must answer to reconcile the candidates.",
@@ -281,6 +289,7 @@ class Allocator:
                 )).to_dict()
             return outcome
         proven: int | None = None
+        proof_reads: ProofReads | None = None  # the proof's Gitea reads, for the bootstrap right after the lease
         if mode != "off" and self.gitea is not None:
             # Every apply proves first (seed 004 AC10): the same preflight the dry-run reports, on the
             # decision as it stands now; a failed proof leases nothing.
@@ -292,7 +301,7 @@ class Allocator:
                 if not proof.ok:
                     return AllocationOutcome(decision=planned, refusal=_proof_refusal(proof, planned, call),
                                              source=source, dry_run=False, bootstrap=proof.to_dict())
-                proven = planned.issue_number
+                proven, proof_reads = planned.issue_number, proof.reads
         # The lease is acquired now, after the proof (unless the caller pins the time).
         outcome = await self._apply(call, request, now or utcnow(), source, proven=proven)
         # The lease's label, assignee and evidence went out with its commit (the sender is woken by it) while its
@@ -302,8 +311,10 @@ class Allocator:
             # compensates and releases the lease itself. A resumed lease runs it too (idempotent: a completed
             # transition is replayed, an unfinished one resumed), so a delivery retried after the process died
             # between the lease commit and the end of its bootstrap finishes that bootstrap.
+            # It uses the proof's reads of the repository, its base and the issue while they are at most
+            # PROOF_READS_FRESH_S old (bootstrap/context.py), and reads everything else itself.
             result = await bootstrap_for_owner(self._bootstrap_context(), issue_number=outcome.lease.issue_number,
-                                               owner=outcome.lease.owner)
+                                               owner=outcome.lease.owner, proof_reads=proof_reads)
             outcome.bootstrap = result.to_dict()
             if result.status == "refused" and result.refusal is not None and result.refusal.error != "unavailable":
                 # The owner cannot work on this issue (e.g. a worktree is still registered for an earlier owner):

@@ -109,7 +109,8 @@ async def _read(run: Run, prior_branch: str | None, key: str) -> Inputs | Envelo
 
 
 async def _issue_and_branch(run: Run, prior_branch: str | None) -> tuple[Issue, str, str | None]:
-    issue = await run.gitea.get_issue(run.issue_number)
+    reused = run.reused_reads()  # the allocation's proof read the issue moments ago
+    issue = reused.issue if reused is not None else await run.gitea.get_issue(run.issue_number)
     name = prior_branch if prior_branch is not None else branch_for(
         run.issue_number, issue.title, slug_length=run.cfg.slug_length)
     try:
@@ -123,6 +124,9 @@ async def _base_and_checkout(run: Run) -> tuple[Repository, str, PreparedCheckou
     # The checkout's own branch is the default branch as last seen: read it alongside the repository,
     # and read again only if Gitea's default branch turns out to be another one.
     gitea = run.gitea
+    reused = run.reused_reads()  # the allocation's proof read the repository and its base moments ago
+    if reused is not None:
+        return await _checked_out(run, reused.repo, reused.base)
     head = gitops.symbolic_head(run.checkout.git_dir / "HEAD") if run.checkout.exists() else None
     guess = head.removeprefix("refs/heads/") if head else None
     early = gitea.get_branch(guess) if guess else None
@@ -130,16 +134,27 @@ async def _base_and_checkout(run: Run) -> tuple[Repository, str, PreparedCheckou
     if not isinstance(found[0], Repository):
         raise found[0] if isinstance(found[0], BaseException) else TypeError("no repository")
     repo = found[0]
-    run.clone_url = effective_clone_url(run.ctx, repo.clone_url)
-    url_problem = gitops.clone_url_problem(run.clone_url)
-    if url_problem is not None or not repo.default_branch:
-        raise StepFailed(Blocked("invalid_state", "clone_url_unusable", "the repository's clone_url cannot be"
-                                 f" used: {url_problem or 'no default branch'}"))
+    _use_clone_url(run, repo)
     guessed = found[1] if len(found) > 1 else None
     if guess == repo.default_branch and isinstance(guessed, Branch):
         live = guessed.commit_id
     else:
         live = (await gitea.get_branch(repo.default_branch)).commit_id
+    return repo, live, await run.prepare(run.clone_url, repo.default_branch, live_base=live)
+
+
+def _use_clone_url(run: Run, repo: Repository) -> None:
+    """The URL the checkout is cloned and fetched from, refused when it cannot be used."""
+    run.clone_url = effective_clone_url(run.ctx, repo.clone_url)
+    url_problem = gitops.clone_url_problem(run.clone_url)
+    if url_problem is not None or not repo.default_branch:
+        raise StepFailed(Blocked("invalid_state", "clone_url_unusable", "the repository's clone_url cannot be"
+                                 f" used: {url_problem or 'no default branch'}"))
+
+
+async def _checked_out(run: Run, repo: Repository, live: str) -> tuple[Repository, str, PreparedCheckout]:
+    """The repository and its base as the proof read them: the checkout prepared against them."""
+    _use_clone_url(run, repo)
     return repo, live, await run.prepare(run.clone_url, repo.default_branch, live_base=live)
 
 

@@ -6,12 +6,14 @@ import asyncio
 import json
 import logging
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from bot import gitops, worktree_files
 from bot.core.bootstrap import Blocked
 from bot.core.errors import Envelope
 from bot.gitea import GiteaError
+from bot.gitops.transport import TRANSPORT_CHECK_TIMEOUT_S
 from bot.verbs.bootstrap.context import BootstrapContext
 from bot.verbs.bootstrap.refusals import (
     REPOINT,
@@ -201,3 +203,24 @@ async def repoint_control_checkout(ctx: BootstrapContext) -> dict[str, Any]:
             return refused(make_envelope("unavailable", f"git failed: {exc}", "origin may point at the new URL; a"
                                          " repeat checks and fetches again.", again))
     return {**doc, **found}
+
+
+async def check_transport(ctx: BootstrapContext) -> gitops.TransportResult | None:
+    """One scheduled check of the repository's git transport (``gitops.transport_check``): ``git ls-remote`` of its
+    default branch at the clone URL foreman uses, with the bot's credentials, killed after
+    ``TRANSPORT_CHECK_TIMEOUT_S``. None when nothing was checked: no Gitea, its API did not answer (``/readyz``'s
+    Gitea check says so), an unusable clone URL, or a check of this checkout still running."""
+    if ctx.gitea is None:
+        return None
+    try:
+        repo = await ctx.gitea.get_repo()
+    except GiteaError:
+        return None
+    url = effective_clone_url(ctx, repo.clone_url)
+    if gitops.clone_url_problem(url) is not None or not repo.default_branch:
+        return None
+    cwd = ctx.checkout_root if ctx.checkout_root.is_dir() else Path("/")
+    return await asyncio.to_thread(
+        gitops.transport_check(ctx.checkout_path).run, url, repo.default_branch, cwd=cwd,
+        env=gitops.git_env(ctx.bot_login), auth=gitops.auth_env(url, ctx.settings.gitea_token()),
+        timeout_s=min(TRANSPORT_CHECK_TIMEOUT_S, ctx.settings.bootstrap.git_timeout_s))

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Any, Final, Literal, Protocol
 
 from bot import gitops
 from bot.config import Settings
@@ -22,6 +23,28 @@ from state.sql import Connection
 TOOL = "gitea_bootstrap_issue_worktree"
 
 ResultStatus = Literal["completed", "compensated", "refused", "blocked"]
+
+#: How old (seconds) the allocation's proof's Gitea reads (the repository, its base, the issue) may be for the
+#: bootstrap the allocation runs right after it to use them instead of reading them again. Older: read again.
+PROOF_READS_FRESH_S: Final = 5.0
+
+
+@dataclass(frozen=True, slots=True)
+class ProofReads:
+    """The Gitea reads a proof took (``bootstrap_preflight``), for the bootstrap that follows it in the same
+    allocation: the repository, its default branch's commit and the issue, and when they were asked for."""
+
+    repo: Repository
+    base: str
+    issue: Issue
+    asked_at: float  # time.monotonic() before the first of them was sent
+
+    def age_s(self, now: float | None = None) -> float:
+        return (time.monotonic() if now is None else now) - self.asked_at
+
+    def fresh_for(self, issue_number: int, now: float | None = None) -> bool:
+        """These are ``issue_number``'s reads and at most ``PROOF_READS_FRESH_S`` old."""
+        return self.issue.number == issue_number and 0.0 <= self.age_s(now) <= PROOF_READS_FRESH_S
 
 
 class BootstrapGitea(Protocol):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from pathlib import Path, PurePosixPath
@@ -14,7 +15,7 @@ from bot.core.bootstrap import PathRejected, branch_for, worktree_path_for
 from bot.core.errors import Envelope
 from bot.gitea import GiteaError, Issue, Repository
 from bot.verbs.bootstrap.checkout import effective_clone_url
-from bot.verbs.bootstrap.context import BootstrapContext
+from bot.verbs.bootstrap.context import BootstrapContext, ProofReads
 from bot.verbs.bootstrap.refusals import api_refusal, git_envelope, origin_envelope
 from bot.verbs.bootstrap.takeover import registration_stranded, stranded
 from state.db import utcnow
@@ -49,6 +50,8 @@ class PreflightProof:
     base_sha: str | None = None  # the default branch's commit, as Gitea's API reports it
     worktree_path: str | None = None  # the canonical worktree path
     checks: dict[Check, CheckResult] = field(default_factory=dict)  # in the order made
+    #: The Gitea reads the proof stood on, for the allocation's own bootstrap right after it (not shown).
+    reads: ProofReads | None = None
 
     def check(self, name: Check, ok: bool, **facts: Any) -> None:
         self.checks[name] = CheckResult(ok, facts)
@@ -93,23 +96,35 @@ async def bootstrap_preflight(
         return proof
     gitea = ctx.gitea
     probes: list[asyncio.Task[dict[str, Any]]] = []
+    tracked: dict[str, str | None] = {}
 
     async def repository() -> Repository:
         # git's own view of the remote (the slowest probe) starts as soon as the repository is known, beside the
-        # API's read of the base.
+        # API's read of the base, unless the control checkout may already hold the live base (decided with it).
         found = await gitea.get_repo()
         url = effective_clone_url(ctx, found.clone_url)
         if gitops.clone_url_problem(url) is None:
-            probes.append(asyncio.create_task(asyncio.to_thread(_remote, ctx, url, found.default_branch)))
+            tracked["sha"] = await asyncio.to_thread(_tracking_sha, ctx, url, found.default_branch)
+            if tracked["sha"] is None:
+                probes.append(asyncio.create_task(asyncio.to_thread(_remote, ctx, url, found.default_branch)))
         return found
 
     async def base_of(found: asyncio.Future[Repository]) -> str:
         return (await gitea.get_branch((await found).default_branch)).commit_id
 
+    asked_at = time.monotonic()
     reading = asyncio.ensure_future(repository())
     try:
         base, issue = await asyncio.gather(base_of(reading), gitea.get_issue(issue_number))
-        await _proved(ctx, proof, await reading, issue, base, probes, now=now or utcnow())
+        repo = await reading
+        proof.reads = ProofReads(repo, base, issue, asked_at)
+        if not probes and "sha" in tracked:
+            # The live base is already the control checkout's (and git answered there lately: /readyz's transport
+            # check): no ls-remote. A moved base asks git, as the bootstrap's fetch will.
+            url = effective_clone_url(ctx, repo.clone_url)
+            probes.append(asyncio.create_task(_known(ctx, url, base) if tracked["sha"] == base else
+                                                asyncio.to_thread(_remote, ctx, url, repo.default_branch)))
+        await _proved(ctx, proof, repo, issue, base, probes, now=now or utcnow())
     except GiteaError as exc:
         refusal = api_refusal(exc, "allocate again")
         proof.check("repo_reachable", False, detail=str(exc), **(_check_refusal(refusal) if refusal else {}))
@@ -164,14 +179,34 @@ async def _proved(ctx: BootstrapContext, proof: PreflightProof, repo: Repository
     _check_path(proof, path, rest[0], open_other, registration, kept_aside=kept_aside)
 
 
+def _tracking_sha(ctx: BootstrapContext, clone_url: str, default_branch: str) -> str | None:
+    """The control checkout's ``refs/remotes/origin/<default>``, read by name (no process), when the proof may stand
+    on it: the checkout exists with ``clone_url`` as its origin and git answered at that URL with the bot's credentials
+    lately (``gitops.transport_check``: /readyz's, or this process's last ``ls-remote``). None: ask git (ls-remote)."""
+    checkout = ctx.checkout()
+    if not gitops.transport_check(ctx.checkout_path).trusted(clone_url) or not checkout.exists():
+        return None
+    if checkout.origin_url() != clone_url:
+        return None
+    return checkout.exact_refs(f"refs/remotes/origin/{default_branch}").get(f"refs/remotes/origin/{default_branch}")
+
+
+async def _known(ctx: BootstrapContext, clone_url: str, base: str) -> dict[str, Any]:
+    """The remote as the control checkout and the transport check know it (the live base is already fetched)."""
+    latest = gitops.transport_check(ctx.checkout_path).latest
+    return {"git_reachable": True, "git_base": base, "git_error": None, "git_source": "control_checkout",
+            "transport_age_s": round(latest.age_s(), 1) if latest is not None else None}
+
+
 def _remote(ctx: BootstrapContext, clone_url: str, default_branch: str) -> dict[str, Any]:
-    """git's own view of the remote's default branch (``ls-remote``)."""
-    runner = gitops.GitRunner(ctx.checkout_root if ctx.checkout_root.is_dir() else Path("/"),
-                              env=gitops.git_env(ctx.bot_login), timeout_s=ctx.settings.bootstrap.git_timeout_s)
-    status, out, err = runner.attempt("ls-remote", "--", clone_url, f"refs/heads/{default_branch}",
-                                      extra_env=gitops.auth_env(clone_url, ctx.settings.gitea_token()))
-    remote_sha = out.split("\t", 1)[0].strip() if status == 0 and out.strip() else None
-    return {"git_reachable": status == 0, "git_base": remote_sha, "git_error": err.strip()[-300:] if status else None}
+    """git's own view of the remote's default branch (``ls-remote``); its result is the transport check's latest."""
+    result = gitops.ls_remote(clone_url, default_branch, cwd=ctx.checkout_root if ctx.checkout_root.is_dir() else
+                              Path("/"), env=gitops.git_env(ctx.bot_login),
+                              auth=gitops.auth_env(clone_url, ctx.settings.gitea_token()),
+                              timeout_s=ctx.settings.bootstrap.git_timeout_s)
+    gitops.transport_check(ctx.checkout_path).record(result)
+    return {"git_reachable": result.ok, "git_base": result.remote_sha, "git_error": result.detail,
+            "git_source": "ls-remote"}
 
 
 def _local(ctx: BootstrapContext) -> dict[str, Any]:
@@ -181,10 +216,14 @@ def _local(ctx: BootstrapContext) -> dict[str, Any]:
     found["checkout_path_used"] = not found["checkout_exists"] and ctx.checkout_path.exists() and any(
         ctx.checkout_path.iterdir())
     if checkout.exists():
-        head_ref, head_sha = checkout.head()
+        # HEAD's branch and commit read from git's files (no process; detached: asked of git), and whether its tree
+        # tracks branches/ once per commit: the one git process of every proof is the status (clean or not).
+        head_ref = gitops.symbolic_head(checkout.git_dir / "HEAD")
+        head_sha = checkout.read_ref(head_ref) if head_ref else checkout.rev("HEAD")
         found["head_ref"], found["head_sha"] = head_ref, head_sha
         found["checkout_status"] = checkout.status()
-        found["tracks_branches"] = checkout.tracks("branches")
+        found["tracks_branches"] = checkout.tracks_at(head_sha, "branches") if head_sha else checkout.tracks(
+            "branches")
         found["origin"] = checkout.origin_url()
     return found
 
@@ -205,8 +244,10 @@ def _check_remote(proof: PreflightProof, repo: Repository, clone_url: str, base:
         git_reason is not None) else {}
     proof.check("repo_reachable", bool(remote["git_reachable"]), clone_url=clone_url,
                 reported_clone_url=repo.clone_url, default_branch=repo.default_branch, detail=remote["git_error"],
-                **refusal)
-    proof.check("base_known", bool(base) and remote["git_base"] == base, api_sha=base, git_sha=remote["git_base"])
+                checked_by=remote["git_source"], **({"transport_age_s": remote["transport_age_s"]} if (
+                    "transport_age_s" in remote) else {}), **refusal)
+    proof.check("base_known", bool(base) and remote["git_base"] == base, api_sha=base, git_sha=remote["git_base"],
+                git_source=remote["git_source"])
     proof.base_sha = base
 
 

@@ -15,7 +15,7 @@ from bot.config_sections import BootstrapConfig
 from bot.core.bootstrap import Blocked, Phase
 from bot.core.errors import Envelope
 from bot.verbs.bootstrap.checkout import PreparedCheckout, prepare_control_checkout
-from bot.verbs.bootstrap.context import BootstrapContext, BootstrapGitea, BootstrapResult
+from bot.verbs.bootstrap.context import BootstrapContext, BootstrapGitea, BootstrapResult, ProofReads
 from bot.verbs.bootstrap.faults import FAULT_PHASE_ENV, crash_seam
 from bot.verbs.bootstrap.refusals import StepFailed, call_again
 from state.journal import JournalStore, Transition
@@ -61,11 +61,21 @@ class Run:
     proofs: dict[str, dict[str, Any]] = field(default_factory=dict)
     proofs_of: int | None = None  # the transition whose journal records ``proofs`` holds
     clone_url: str = ""  # the URL the control checkout is cloned and fetched from (set by the acceptance)
+    #: The allocation's proof's Gitea reads, used by the acceptance while ``fresh_for`` this issue (else read again).
+    proof_reads: ProofReads | None = None
 
     @classmethod
-    def start(cls, ctx: BootstrapContext, issue_number: int, caller: str) -> Run:
+    def start(cls, ctx: BootstrapContext, issue_number: int, caller: str, *,
+              proof_reads: ProofReads | None = None) -> Run:
         gitea = cast("BootstrapGitea", ctx.gitea)  # checked by the caller (a replay needs none)
-        return cls(ctx, issue_number, caller, JournalStore(ctx.db), LeaseStore(ctx.db), gitea, ctx.checkout())
+        return cls(ctx, issue_number, caller, JournalStore(ctx.db), LeaseStore(ctx.db), gitea, ctx.checkout(),
+                   proof_reads=proof_reads)
+
+    def reused_reads(self) -> ProofReads | None:
+        """The proof's reads when this call may still use them (this issue's, at most ``PROOF_READS_FRESH_S``
+        old), else None: read again."""
+        reads = self.proof_reads
+        return reads if reads is not None and reads.fresh_for(self.issue_number) else None
 
     @property
     def cfg(self) -> BootstrapConfig:

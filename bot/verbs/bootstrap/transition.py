@@ -8,7 +8,7 @@ from typing import Literal
 from bot import worktree_files
 from bot.core.bootstrap import Blocked, derive_key
 from bot.verbs.bootstrap.acceptance import Request, accept
-from bot.verbs.bootstrap.context import TOOL, BootstrapContext, BootstrapResult
+from bot.verbs.bootstrap.context import TOOL, BootstrapContext, BootstrapResult, ProofReads
 from bot.verbs.bootstrap.refusals import (
     call_again,
     input_problem,
@@ -30,6 +30,7 @@ async def bootstrap_issue_worktree(
     caller: str,
     idempotency_key: str | None = None,
     expected_base: str | None = None,
+    proof_reads: ProofReads | None = None,
 ) -> BootstrapResult:
     """Create or recover the issue's branch and registered worktree under ``branches/`` for the caller's live
     lease, journaled phase by phase; refuse (typed envelope) or compensate on failure. See docs/bootstrap.md.
@@ -38,6 +39,8 @@ async def bootstrap_issue_worktree(
     since is refused ``stale_pin`` (``lease_ended``) here and at the claim. ``idempotency_key``: replaying the
     same key returns or resumes the same transition (derived from the lease when omitted). ``expected_base``:
     the default branch's commit the caller expects; a different live base is a ``stale_pin`` refusal.
+    ``proof_reads``: the allocation's proof's Gitea reads, used instead of reading again while at most
+    ``PROOF_READS_FRESH_S`` old (the allocation's own bootstrap only).
     """
     problem = input_problem(issue_number, caller, idempotency_key, expected_base)
     if problem is not None:
@@ -57,7 +60,8 @@ async def bootstrap_issue_worktree(
                 "Wait for it to finish; a repeat of the same request then returns its result.",
                 call_again(issue_number, idempotency_key),
             ), idempotency_key)
-        return await execute(Run.start(ctx, issue_number, caller), idempotency_key, expected_base)
+        return await execute(Run.start(ctx, issue_number, caller, proof_reads=proof_reads), idempotency_key,
+                             expected_base)
 
 
 async def replay_finished(
