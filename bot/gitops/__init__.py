@@ -23,6 +23,6 @@ from bot.gitops.worktrees import losses, worktree_head
 __all__ = [
     "ControlCheckout", "GitFailure", "GitRunner", "GitlinksStaged", "TransportResult", "WorktreeEntry", "WorktreeKept",
     "WorktreeRefused", "WorktreeRegistry", "WorktreeView", "auth_env", "clone_url_problem", "commit_subjects",
-    "config_args", "fetch_base_and_pull_head", "fetch_pull_head", "git_env", "git_refusal", "hardened_env", "is_ancestor", "losses", "ls_remote",
-    "remove_clean_worktree", "symbolic_head", "transport_check", "worktree_head",
+    "config_args", "fetch_base_and_pull_head", "fetch_pull_head", "git_env", "git_refusal", "hardened_env",
+    "is_ancestor", "losses", "ls_remote", "remove_clean_worktree", "symbolic_head", "transport_check", "worktree_head",
 ]
