@@ -652,3 +652,29 @@ def test_a_line_too_deep_for_the_sdk_is_collapsed_below_the_bound(text: str, exp
     from bot.core.json_depth import collapsed
 
     assert collapsed(text, depth=2) == expected
+
+
+async def test_runtime_contexts_polled_together_read_the_live_default_branch_once(tmp_path: Path) -> None:
+    """Every agent of a repository asks the same live default branch: one read of Gitea answers them all for
+    ``LIVE_BRANCH_SHARED_S`` (bot/verbs/shared_reads.py), the control checkout's side is read each time."""
+    async with live_emulator() as live:
+        settings = mcp_settings(tmp_path)
+        db = await Database.open(settings.database.path, synchronous="NORMAL")
+        gitea = live.client()
+        repo = await gitea.get_repo()
+        checkout = tmp_path / "checkouts" / "widgets"
+        subprocess.run(["git", "clone", "-q", repo.clone_url, str(checkout)], check=True, timeout=HANG_S)
+
+        async def factory(_: VerbRuntime) -> WorktreeBootstrap:
+            return FakeBootstrap(checkout=checkout)
+
+        wired = open_door(db=db, settings=settings, gitea=gitea, bootstrap_factory=factory)
+        try:
+            before = len(live.emulator.requests)
+            async with connect(wired, "tok-controller") as client:
+                docs = [(await call(client, "gitea_get_runtime_context"))[1] for _ in range(5)]
+            reads = [r.route for r in live.emulator.requests[before:] if r.method == "GET" and r.route is not None]
+            assert reads.count("/api/v1/repos/{owner}/{repo}") + reads.count("/repos/{owner}/{repo}") == 1, reads
+            assert all(doc["default_branch"]["in_sync"] is True for doc in docs)
+        finally:
+            await db.close()

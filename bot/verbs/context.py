@@ -230,9 +230,8 @@ async def _default_branch(rt: VerbRuntime[ContextGitea]) -> dict[str, Any]:
         notes.append("no gitea.token configured: the live SHA cannot be read")
     else:
         try:
-            repo = await gitea.get_repo()
-            out["name"] = repo.default_branch
-            out["live_sha"] = (await gitea.get_branch(repo.default_branch)).commit_id
+            out["name"], out["live_sha"] = await rt.shared_reads.get(
+                ("default_branch", rt.repo), LIVE_BRANCH_SHARED_S, lambda: _live_default_branch(gitea))
         except Exception as exc:
             notes.append(f"Gitea did not answer: {type(exc).__name__}")
     bootstrap = await rt.worktree_bootstrap()
@@ -252,6 +251,17 @@ async def _default_branch(rt: VerbRuntime[ContextGitea]) -> dict[str, Any]:
         notes.append("the control checkout is behind or ahead of Gitea; the next bootstrap fetches first")
     out["detail"] = "; ".join(notes) or "live and checkout agree"
     return out
+
+
+#: How long one read of the default branch on Gitea answers every runtime context of the repository (seconds): at
+#: most this old when shown, one read of Gitea per bound however many agents poll their context.
+LIVE_BRANCH_SHARED_S = 2.0
+
+
+async def _live_default_branch(gitea: BranchGitea) -> tuple[str, str]:
+    """The repository's default branch and its commit on Gitea now."""
+    default = (await gitea.get_repo()).default_branch
+    return default, (await gitea.get_branch(default)).commit_id
 
 
 def _checkout_rev(checkout: Path, ref: str) -> str | None:
