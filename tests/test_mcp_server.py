@@ -656,7 +656,7 @@ def test_a_line_too_deep_for_the_sdk_is_collapsed_below_the_bound(text: str, exp
 
 async def test_runtime_contexts_polled_together_read_the_live_default_branch_once(tmp_path: Path) -> None:
     """Every agent of a repository asks the same live default branch: one read of Gitea answers them all for
-    ``LIVE_BRANCH_SHARED_S`` (bot/verbs/shared_reads.py), the control checkout's side is read each time."""
+    ``LIVE_BRANCH_SHARED_S`` (bot/shared_reads.py), the control checkout's side is read each time."""
     async with live_emulator() as live:
         settings = mcp_settings(tmp_path)
         db = await Database.open(settings.database.path, synchronous="NORMAL")

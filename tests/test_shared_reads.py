@@ -1,4 +1,4 @@
-"""A read shared by every caller for a stated bound (bot/verbs/shared_reads.py), and the runtime context's use of it:
+"""A read shared by every caller for a stated bound (bot/shared_reads.py), and the runtime context's use of it:
 one read of the default branch on Gitea per bound, however many agents poll."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from bot.verbs.shared_reads import SharedReads
+from bot.shared_reads import SharedReads
 
 
 class Clock:

@@ -18,7 +18,7 @@ from bot.core.errors import Envelope, ErrorKind
 from bot.core.gateway import Decision, GatewayContext, Precondition, Role, evaluate_preconditions
 from bot.core.reasons import RefusalReason
 from bot.core.verbs import PRECONDITION_LOCK, PRECONDITION_WORKTREE, VERBS, Verb, evaluate, identity_gate
-from bot.verbs.shared_reads import SharedReads
+from bot.shared_reads import SharedReads
 from state.db import Database, utcnow
 from state.issues import IssueStore
 from state.leases import Lease, LeaseStore
@@ -203,7 +203,7 @@ class VerbRuntime(Generic[G]):
     def __post_init__(self) -> None:
         self.leases = LeaseStore(self.db)
         self.issues = IssueStore(self.db)
-        #: Reads every caller of this repository shares for a stated bound (``bot.verbs.shared_reads``).
+        #: Reads every caller of this repository shares for a stated bound (``bot.shared_reads``).
         self.shared_reads = SharedReads()
 
     @property
