@@ -349,6 +349,9 @@ class PostgresDatabase(Database):
         self.committed(noted)
 
     async def write_one(self, sql: str, parameters: Sequence[Any], *, durable: bool = True) -> Written:
+        return await self._one_trip(sql, parameters, opening_statements(durable))
+
+    async def _one_trip(self, sql: str, parameters: Sequence[Any], opening: Sequence[str]) -> Written:
         """One write statement as a transaction of its own, in ONE round trip: BEGIN, the lock, the statement and
         COMMIT pipelined (no savepoint: the statement is the whole transaction, a refusal rolls all of it back).
         Never sent twice: a failure may follow a COMMIT the server made (a session the server ended while idle is
@@ -361,7 +364,7 @@ class PostgresDatabase(Database):
                 try:
                     cursor = psycopg.AsyncRawCursor(conn.raw, row_factory=_row_factory)
                     async with conn.raw.pipeline():
-                        for statement in opening_statements(durable):
+                        for statement in opening:
                             await conn.raw.execute(statement)
                         await cursor.execute(_translate(sql), _arguments(parameters))
                         await conn.raw.execute("COMMIT")
@@ -377,8 +380,14 @@ class PostgresDatabase(Database):
         return written
 
     async def write_rows(self, sql: str, parameters: Sequence[Any]) -> list[Row]:
-        """The group commit's statement: one round trip (``write_one``), durable."""
-        return (await self.write_one(sql, parameters)).rows
+        """The inbox's group commit (``DeliveryStore.insert_batch``, every delivery's one way in): one round trip,
+        durable, and WITHOUT the schema's lock. The statement reads nothing it then writes: one INSERT ... ON
+        CONFLICT DO NOTHING, atomic on its own (as SQLite's autocommit statement is), its duplicates decided by the
+        unique indexes, which PostgreSQL enforces across concurrent transactions (the second waits for the first's
+        commit, then skips). Taken under the lock, two replicas' batches committed one after the other, each
+        waiting for the other's WAL flush; without it their commits share flushes, and no locked transaction
+        sees less: a batch becomes visible all at once, at its commit, whichever replica stored it."""
+        return (await self._one_trip(sql, parameters, UNLOCKED_OPENING)).rows
 
     async def _rollback(self) -> None:
         """ROLLBACK if a transaction is open. A session the server ended has none left (and the error that ended
@@ -415,6 +424,10 @@ def opening_statements(durable: bool) -> tuple[str, str]:
         "BEGIN ISOLATION LEVEL READ COMMITTED",
         f"SELECT set_config('synchronous_commit', '{mode}', true), pg_advisory_xact_lock(hashtext(current_schema()))",
     )
+
+
+#: ``write_rows``' opening: READ COMMITTED and a durable commit, pinned as every transaction's, but no lock.
+UNLOCKED_OPENING = ("BEGIN ISOLATION LEVEL READ COMMITTED", "SELECT set_config('synchronous_commit', 'on', true)")
 
 
 class _ProbeDone(Exception):
