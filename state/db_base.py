@@ -11,6 +11,7 @@ import logging
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractAsyncContextManager, contextmanager
 from contextvars import ContextVar
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Protocol, TypeVar
 
@@ -83,6 +84,14 @@ def note_commit(topic: str) -> None:
     noted = _NOTED.get()
     if noted is not None:
         noted.add(topic)
+
+
+@dataclass(frozen=True, slots=True)
+class Written:
+    """What ``write_one`` did: the rows the statement changed (``rowcount``), and those it returned."""
+
+    rowcount: int
+    rows: list[Row]
 
 
 class EmbeddedBackend(Protocol):
@@ -161,6 +170,14 @@ class Database:
         committed durably.
         """
         raise NotImplementedError
+
+    async def write_one(self, sql: str, parameters: Sequence[Any], *, durable: bool = True) -> Written:
+        """One write statement as a transaction of its own (``durable`` as for ``transaction()``): how many rows it
+        changed, and the rows it returns (``RETURNING``). Here (SQLite) exactly ``transaction()`` around the
+        statement; PostgreSQL sends it in one round trip, so that its lock is never held while this process waits."""
+        async with self.transaction(durable=durable) as conn, conn.execute(sql, parameters) as cursor:
+            rows = list(await cursor.fetchall())
+            return Written(cursor.rowcount, rows)
 
     async def write_rows(self, sql: str, parameters: Sequence[Any]) -> list[Row]:
         """One write statement as a durable transaction of its own, and the rows it returns (``RETURNING``).

@@ -11,12 +11,23 @@ sees the latest commit). Each transaction pins what the server's defaults would 
 Inside a transaction every INSERT/UPDATE/DELETE runs under a savepoint, so a statement refused by a constraint
 leaves the transaction usable, as SQLite does (PostgreSQL would otherwise abort the whole transaction): a store
 that catches the integrity error and goes on behaves the same on both.
+
+Round trips (each one a wait for the server, and on a loaded host for this process to be scheduled again): BEGIN
+and the lock are not sent on their own but pipelined in front of the transaction's first statement (the lock is
+still taken before that statement runs: the server runs a pipeline in order), so a transaction of n statements
+costs n + 1 round trips (its COMMIT) where it cost n + 2, and one that ran no statement costs none. A write of one
+statement as a transaction of its own (``write_one``, ``write_rows``: the webhook door's group commit, the
+inbox's and outbox's claims and settlements) is ONE round trip, BEGIN, lock, statement and COMMIT pipelined: the
+schema's lock is then never held while this process waits to be scheduled, which is what made replicas queue
+behind one another ("idle in transaction" holding the lock).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
+import select
 from collections.abc import AsyncIterator, Generator, Iterable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
@@ -24,9 +35,9 @@ from typing import Any
 import psycopg
 from psycopg import errors as pg_errors
 
-from state.db_base import MIN_FREE_BYTES, Database, DatabaseNotWritable
+from state.db_base import MIN_FREE_BYTES, Database, DatabaseNotWritable, Written
 from state.migrations_pg import PRELUDE
-from state.sql import Connection, Dialect, placeholders_to_dollar, redact_url, scrub
+from state.sql import Connection, Dialect, Row, placeholders_to_dollar, redact_url, scrub
 
 _WRITES = ("INSERT", "UPDATE", "DELETE")
 
@@ -135,6 +146,9 @@ class PgConnection:
     def __init__(self, conn: psycopg.AsyncConnection[Any], conninfo: str, setup: Sequence[str] = ()) -> None:
         self.raw = conn
         self.in_transaction = False
+        #: A transaction's opening statements (BEGIN, its commit mode and the lock) not sent yet: they go with its
+        #: first statement, in one pipeline (``_begin_with``).
+        self.pending_begin: tuple[str, ...] = ()
         self._conninfo = conninfo
         self._setup = tuple(setup)
 
@@ -147,11 +161,29 @@ class PgConnection:
 
     async def reconnect_if_lost(self) -> None:
         """A new session when the server ended this one (a restart, a failover, an administrator): the work that
-        was in flight on it failed; what comes next works again. Never inside a transaction."""
-        if not self.lost or self.in_transaction:
+        was in flight on it failed; what comes next works again. Never inside a transaction.
+
+        An idle session the server ended has its farewell (the server's error, the end of the stream) waiting in
+        the socket: readable while idle (no LISTEN here, no statement in flight) is taken as ended, so that a
+        one-trip write (``write_one``) starts on a live session rather than fail and need sending again (a write
+        sent twice could have committed once already)."""
+        if self.in_transaction:
             return
+        if not self.lost and not self._spoke_while_idle():
+            return
+        with contextlib.suppress(psycopg.Error, OSError):
+            await self.raw.close()
         fresh = await PgConnection.open(self._conninfo, self._setup)
         self.raw = fresh.raw
+
+    def _spoke_while_idle(self) -> bool:
+        if self.raw.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+            return False  # a statement's answer may be on its way: not idle
+        try:
+            readable, _, _ = select.select([self.raw.fileno()], [], [], 0)
+        except (OSError, ValueError, psycopg.Error):
+            return True
+        return bool(readable)
 
     def execute(self, sql: str, parameters: Iterable[Any] | None = None) -> _Pending:
         return _Pending(self._execute(sql, parameters))
@@ -173,21 +205,57 @@ class PgConnection:
                     raise
                 await self.reconnect_if_lost()
                 return await self._run(query, parameters)
+        if self.pending_begin:
+            return await self._begin_with(query, parameters, is_write)
         if not is_write:
             return await self._run(query, parameters)
+        return await self._guarded(query, parameters, ())
+
+    async def _guarded(self, query: str, parameters: Iterable[Any] | None, before: Sequence[str]) -> PgCursor:
+        """A write under its savepoint: ``before`` (the transaction's opening statements, when this is its first),
+        the savepoint, the statement, its release, in one round trip (pipeline mode). A refused statement goes back
+        to the savepoint (the transaction stays usable) and raises; when it is the opening statements that failed
+        (the lock's timeout), no savepoint was made, and their error is raised."""
         cursor = psycopg.AsyncRawCursor(self.raw, row_factory=_row_factory)
         try:
-            # One round trip for the three (pipeline mode): the savepoint, the statement, its release.
             async with self.raw.pipeline():
+                for statement in before:
+                    await self.raw.execute(statement)
                 await self.raw.execute("SAVEPOINT foreman_statement")
                 await cursor.execute(query, _arguments(parameters))
                 await self.raw.execute("RELEASE SAVEPOINT foreman_statement")
-        except psycopg.Error:
+        except psycopg.Error as exc:
             if self.lost:
                 raise  # the session died: its error is the one to tell, there is no savepoint to go back to
-            await self.raw.execute("ROLLBACK TO SAVEPOINT foreman_statement")
+            try:
+                await self.raw.execute("ROLLBACK TO SAVEPOINT foreman_statement")
+            except pg_errors.InvalidSavepointSpecification:
+                raise exc from None  # the opening statements failed: no savepoint was made
             raise
         return PgCursor(cursor)
+
+    async def _begin_with(self, query: str, parameters: Iterable[Any] | None, is_write: bool) -> PgCursor:
+        """The transaction's first statement, behind its opening statements in the same round trip. A session the
+        server ended while idle fails here with nothing applied (nothing commits before COMMIT): one new session,
+        and the same once more."""
+        opening, self.pending_begin = self.pending_begin, ()
+        for attempt in (1, 2):
+            try:
+                if is_write:
+                    return await self._guarded(query, parameters, opening)
+                cursor = psycopg.AsyncRawCursor(self.raw, row_factory=_row_factory)
+                async with self.raw.pipeline():
+                    for statement in opening:
+                        await self.raw.execute(statement)
+                    await cursor.execute(query, _arguments(parameters))
+                return PgCursor(cursor)
+            except psycopg.OperationalError:
+                if attempt == 2 or not self.lost:
+                    raise
+                self.in_transaction = False
+                await self.reconnect_if_lost()
+                self.in_transaction = True
+        raise AssertionError("unreachable")
 
     async def _run(self, query: str, parameters: Iterable[Any] | None) -> PgCursor:
         cursor = psycopg.AsyncRawCursor(self.raw, row_factory=_row_factory)
@@ -256,41 +324,70 @@ class PostgresDatabase(Database):
 
     @asynccontextmanager
     async def transaction(self, *, durable: bool = True) -> AsyncIterator[Connection]:
-        """BEGIN, the schema's advisory lock (every replica's writes one at a time), ... COMMIT; or ROLLBACK."""
+        """BEGIN, the schema's advisory lock (every replica's writes one at a time), ... COMMIT; or ROLLBACK. BEGIN
+        and the lock go with the block's first statement (``PgConnection._begin_with``); a block that ran none sent
+        nothing, and has nothing to commit."""
+        async with self._write_lock:
+            conn = self._writer
+            await conn.reconnect_if_lost()
+            conn.in_transaction = True
+            conn.pending_begin = opening_statements(durable)
+            with self.noting_commits() as noted:
+                try:
+                    yield conn
+                    if conn.raw.info.transaction_status == psycopg.pq.TransactionStatus.INERROR:
+                        # A statement failed and the block went on: COMMIT would answer ROLLBACK, no error. Told.
+                        raise pg_errors.InFailedSqlTransaction("the transaction failed; nothing of it was committed")
+                    if not conn.pending_begin:
+                        await conn.raw.execute("COMMIT")
+                except BaseException:
+                    await asyncio.shield(self._rollback())
+                    raise
+                finally:
+                    conn.in_transaction = False
+                    conn.pending_begin = ()
+        self.committed(noted)
+
+    async def write_one(self, sql: str, parameters: Sequence[Any], *, durable: bool = True) -> Written:
+        return await self._one_trip(sql, parameters, opening_statements(durable))
+
+    async def _one_trip(self, sql: str, parameters: Sequence[Any], opening: Sequence[str]) -> Written:
+        """One write statement as a transaction of its own, in ONE round trip: BEGIN, the lock, the statement and
+        COMMIT pipelined (no savepoint: the statement is the whole transaction, a refusal rolls all of it back).
+        Never sent twice: a failure may follow a COMMIT the server made (a session the server ended while idle is
+        replaced before, ``reconnect_if_lost``)."""
         async with self._write_lock:
             conn = self._writer
             await conn.reconnect_if_lost()
             conn.in_transaction = True
             with self.noting_commits() as noted:
                 try:
-                    await self._begin(conn, durable)
-                    yield conn
-                    await conn.raw.execute("COMMIT")
+                    cursor = psycopg.AsyncRawCursor(conn.raw, row_factory=_row_factory)
+                    async with conn.raw.pipeline():
+                        for statement in opening:
+                            await conn.raw.execute(statement)
+                        await cursor.execute(_translate(sql), _arguments(parameters))
+                        await conn.raw.execute("COMMIT")
+                    result = PgCursor(cursor)
+                    written = Written(result.rowcount, list(await result.fetchall()))
+                    await result.close()
                 except BaseException:
                     await asyncio.shield(self._rollback())
                     raise
                 finally:
                     conn.in_transaction = False
         self.committed(noted)
+        return written
 
-    async def _begin(self, conn: PgConnection, durable: bool) -> None:
-        """One round trip (the simple query protocol takes several statements): BEGIN at READ COMMITTED whatever
-        the server's default (a write waiting for the lock must then see the other replica's commit), the commit
-        mode (durable: on, whatever the server's default), the schema's lock. A session the server ended while
-        idle fails here with nothing applied: one new session, and BEGIN once more."""
-        statement = (
-            f"BEGIN ISOLATION LEVEL READ COMMITTED; SET LOCAL synchronous_commit = {'on' if durable else 'off'};"
-            " SELECT pg_advisory_xact_lock(hashtext(current_schema()))"
-        )
-        try:
-            await conn.raw.execute(statement)
-        except psycopg.OperationalError:
-            if not conn.lost:
-                raise
-            conn.in_transaction = False
-            await conn.reconnect_if_lost()
-            conn.in_transaction = True
-            await conn.raw.execute(statement)
+    async def write_rows(self, sql: str, parameters: Sequence[Any]) -> list[Row]:
+        """The inbox's group commit (``DeliveryStore.insert_batch``, every delivery's one way in): one round trip,
+        durable, and WITHOUT the schema's lock. The statement reads nothing it then writes: one INSERT ... ON
+        CONFLICT DO NOTHING, atomic on its own (as SQLite's autocommit statement is), its duplicates decided by the
+        unique indexes, which PostgreSQL enforces across concurrent transactions (the second waits for the first's
+        commit, then skips). Taken under the lock, two replicas' batches committed one after the other, each
+        waiting for the other's WAL flush; without it their commits share flushes, and no locked transaction
+        sees less: a batch becomes visible all at once, at its commit, whichever replica stored it."""
+        return (await self._one_trip(sql, parameters, UNLOCKED_OPENING)).rows
 
     async def _rollback(self) -> None:
         """ROLLBACK if a transaction is open. A session the server ended has none left (and the error that ended
@@ -316,6 +413,21 @@ class PostgresDatabase(Database):
             return
         except psycopg.Error as exc:
             raise _not_writable(exc, self.where) from None
+
+
+def opening_statements(durable: bool) -> tuple[str, str]:
+    """What opens every write transaction: BEGIN at READ COMMITTED whatever the server's default (a write waiting
+    for the lock must then see the other replica's commit), then in one statement the commit mode (durable: on,
+    whatever the server's default; ``set_config(..., true)`` is SET LOCAL) and the schema's advisory lock."""
+    mode = "on" if durable else "off"
+    return (
+        "BEGIN ISOLATION LEVEL READ COMMITTED",
+        f"SELECT set_config('synchronous_commit', '{mode}', true), pg_advisory_xact_lock(hashtext(current_schema()))",
+    )
+
+
+#: ``write_rows``' opening: READ COMMITTED and a durable commit, pinned as every transaction's, but no lock.
+UNLOCKED_OPENING = ("BEGIN ISOLATION LEVEL READ COMMITTED", "SELECT set_config('synchronous_commit', 'on', true)")
 
 
 class _ProbeDone(Exception):

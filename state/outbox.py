@@ -202,25 +202,23 @@ class OutboxStore:
         moment = to_db_time(utcnow())
         # PostgreSQL: the entry's row is locked, and one another sender holds is passed over, not waited for.
         skip_locked = " FOR UPDATE SKIP LOCKED" if self._db.dialect == "postgresql" else ""
-        async with self._db.transaction() as conn:
-            async with conn.execute(
-                "UPDATE outbox SET status = 'sending', attempts = attempts + 1, claimed_by = ?, claimed_at = ?,"  # noqa: S608
-                " updated_at = ?, version = version + 1"
-                f" WHERE id = (SELECT id FROM outbox WHERE id = ? AND version = ?{skip_locked}) RETURNING {_COLUMNS}",
-                (sender_id, moment, moment, entry.id, entry.version),
-            ) as cur:
-                row = await cur.fetchone()
-        return _entry(row) if row is not None else None
+        # One statement, its own transaction (on PostgreSQL one round trip: the lock never waits on this process).
+        claimed = await self._db.write_one(
+            "UPDATE outbox SET status = 'sending', attempts = attempts + 1, claimed_by = ?, claimed_at = ?,"  # noqa: S608
+            " updated_at = ?, version = version + 1"
+            f" WHERE id = (SELECT id FROM outbox WHERE id = ? AND version = ?{skip_locked}) RETURNING {_COLUMNS}",
+            (sender_id, moment, moment, entry.id, entry.version),
+        )
+        return _entry(claimed.rows[0]) if claimed.rows else None
 
     async def _settle(self, entry: OutboxEntry, assignments: str, params: tuple[Any, ...]) -> bool:
         moment = to_db_time(utcnow())
-        async with self._db.transaction() as conn:
-            cursor = await conn.execute(
-                f"UPDATE outbox SET {assignments}, claimed_by = NULL, claimed_at = NULL, updated_at = ?,"  # noqa: S608
-                " version = version + 1 WHERE id = ? AND version = ? AND status = 'sending'",
-                (*params, moment, entry.id, entry.version),
-            )
-            return cursor.rowcount == 1
+        settled = await self._db.write_one(
+            f"UPDATE outbox SET {assignments}, claimed_by = NULL, claimed_at = NULL, updated_at = ?,"  # noqa: S608
+            " version = version + 1 WHERE id = ? AND version = ? AND status = 'sending'",
+            (*params, moment, entry.id, entry.version),
+        )
+        return settled.rowcount == 1
 
     async def complete(self, entry: OutboxEntry, result: dict[str, Any]) -> bool:
         moment = to_db_time(utcnow())
@@ -251,11 +249,11 @@ class OutboxStore:
 
     async def mark_hooked(self, entry_id: int, *, error: str | None = None) -> None:
         """The settled entry's hook ran (or failed, recorded, and is not run again)."""
-        async with self._db.transaction(durable=False) as conn:
-            await conn.execute(
-                "UPDATE outbox SET hooked_at = ?, hook_error = ? WHERE id = ? AND hooked_at IS NULL",
-                (to_db_time(utcnow()), error, entry_id),
-            )
+        await self._db.write_one(
+            "UPDATE outbox SET hooked_at = ?, hook_error = ? WHERE id = ? AND hooked_at IS NULL",
+            (to_db_time(utcnow()), error, entry_id),
+            durable=False,
+        )
 
     async def adopt_unscoped(self, repo: str) -> int:
         """File every entry stored before entries were filed by repository (``repo = ''``) under ``repo``, the

@@ -427,7 +427,8 @@ async def test_a_zero_busy_timeout_refuses_at_once_instead_of_waiting_forever(po
     holder = await PostgresDatabase.connect(postgres_url)
     waiter = await PostgresDatabase.connect(postgres_url, busy_timeout_ms=0)
     try:
-        async with holder.transaction():
+        async with holder.transaction() as held:
+            await held.execute("SELECT 1")  # the lock is taken with a transaction's first statement
             with pytest.raises(psycopg.errors.LockNotAvailable):
                 # The hang guard only: without the fix this waits until the holder commits, i.e. forever here.
                 await asyncio.wait_for(_one_write(waiter), timeout=HANG_S)
