@@ -15,8 +15,10 @@ from bot.core.canonical import parse_comment
 from bot.core.evidence import find_marker
 from bot.core.teardown import BranchFacts, WorktreeFacts, closing_issue, decide_branch, decide_worktree
 from bot.emulator.webhooks import expand_hook_events
+from state.db import utcnow
 from state.journal import JournalStore, Transition
 from state.leases import LeaseStore
+from state.publications import PublicationStore
 from state.teardowns import TeardownStore
 from tests.gitea_fixtures import OWNER, REPO
 from tests.support import HANG_S, SECRET, Started, wait_status
@@ -229,6 +231,26 @@ async def test_an_issue_closed_by_a_person_ends_with_its_own_reason(world: World
     assert evidence["reason"] == "issue_closed" and evidence["branch"]["action"] == "absent"
     assert world.labels(number) == ["status:done"]
     assert evidence["pull_request"] is None
+
+
+async def test_an_issue_closed_by_its_recorded_merged_pull_request_reads_that_one_not_every_closed_one(
+        world: World) -> None:
+    """Issue 35: the issue's `closed` webhook of a merge finds the merging PR by foreman's record of it (one read),
+    not by listing every closed pull request the repository ever had (a read that grew with every life)."""
+    world.hook.events = expand_hook_events(["issues"])  # only the issue's close reaches foreman: its own path
+    number, transition = await bootstrapped(world)
+    pr = await open_pull(world, number, transition)
+    db, emu = world.service.db, world.live.emulator
+    async with db.transaction() as conn:  # as gitea_open_pull_request records the PR it opened
+        await PublicationStore(db).record_pull(conn, repo=FULL_NAME.lower(), issue_number=number, pr_number=pr,
+                                               head=transition.branch, base="main", opened_by="author-1",
+                                               adopted=False, now=utcnow())
+    seen = len(emu.requests)
+    await merge(world, pr)
+    [record] = await TeardownStore(db).for_issue(FULL_NAME.lower(), number)
+    assert record.reason == "merged" and record.pr_number == pr
+    listings = [r.path for r in emu.requests[seen:] if r.login == "foreman-bot" and r.path.endswith("/pulls")]
+    assert listings == []
 
 
 async def test_an_issue_the_bot_never_governed_is_left_alone(world: World) -> None:

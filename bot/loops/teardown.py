@@ -38,6 +38,7 @@ from state.db import Database, utcnow
 from state.journal import JournalStore, Registration, Transition
 from state.leases import Lease, LeaseStore
 from state.outbox import OutboxIntent, enqueue
+from state.publications import PublicationStore
 from state.teardowns import TeardownStore
 
 log = logging.getLogger("foreman.teardown")
@@ -121,13 +122,30 @@ async def teardown_for_closed_issue(
     under the pull request's key; closed by a person, its own (``issue_closed``)."""
     if not await governed(db, settings.repo_key, issue_number):
         return None
-    for pull in await gitea.list_pulls(state="closed"):
-        if pull.merged and closing_issue(body=pull.body, title=pull.title, head_ref=pull.head_ref) == issue_number:
-            return await teardown_for_pull(db, settings, gitea, pull, bot_login=bot_login, trigger=trigger,
-                                           delivery_id=delivery_id)
+    merging = await _merged_pull_closing(db, settings, gitea, issue_number)
+    if merging is not None:
+        return await teardown_for_pull(db, settings, gitea, merging, bot_login=bot_login, trigger=trigger,
+                                       delivery_id=delivery_id)
     key = closed_key(settings.repo_key, issue_number, closed_at)
     call = TeardownCall(issue_number, "issue_closed", key, None, trigger, delivery_id)
     return await teardown_issue(db, settings, gitea, call, bot_login=bot_login)
+
+
+async def _merged_pull_closing(
+    db: Database, settings: Settings, gitea: TeardownGitea, issue_number: int
+) -> PullRequest | None:
+    """The merged pull request that closes the issue: the one foreman recorded opening for it, read alone (listing
+    every closed pull request the repository ever had grew with every life: issue 35), else the newest merged one
+    that names it among all closed ones (a pull request opened outside foreman)."""
+    def closes(pull: PullRequest) -> bool:
+        return pull.merged and closing_issue(body=pull.body, title=pull.title, head_ref=pull.head_ref) == issue_number
+
+    recorded = await PublicationStore(db).pull_for_issue(settings.repo_key, issue_number)
+    if recorded is not None:
+        with contextlib.suppress(GiteaNotFound):
+            if closes(pull := await gitea.get_pull(recorded.pr_number)):
+                return pull
+    return next((pull for pull in await gitea.list_pulls(state="closed") if closes(pull)), None)
 
 
 async def teardown_issue(
