@@ -7,6 +7,7 @@ import contextlib
 import os
 import resource
 import statistics
+import sys
 import time
 from collections import Counter
 from collections.abc import Awaitable
@@ -253,6 +254,7 @@ async def bench_life(issues: int, baseline_samples: int, timeout_s: float, root:
                 sample = await _one_life(h, sessions, n, timeout_s)
                 sample.serve_hwm_kib, sample.serve_rss_kib = memory_kib(h.serve.pid if h.serve else None)
                 run.samples.append(sample)
+                _progress(run.samples, issues)
                 if i == 0 or (i % every == 0 and len(run.bare_ms["merge"]) < baseline_samples):
                     pause = time.monotonic()
                     await _life_baselines(h, run, len(run.bare_ms["merge"]))
@@ -303,6 +305,21 @@ def life_report(run: LifeRun, issues: int) -> dict[str, Any]:
         **by_fifth(run.samples),
         "measured_at": datetime.now().astimezone().isoformat(timespec="seconds"),
     }
+
+
+def _progress(samples: list[LifeSample], issues: int) -> None:
+    """At the end of each fifth of a run, one line on stderr with that fifth's figures (a long run that does not
+    finish still says how far it got and how it was going)."""
+    done = len(samples)
+    k = next((k for k in range(1, 6) if k * issues // 5 == done), None)
+    if k is None:
+        return
+    part = samples[(k - 1) * issues // 5: done]
+    print(f"fifth {k} (lives {(k - 1) * issues // 5 + 1}-{done}): p50 label -> merged"
+          f" {percentile([s.merged_ms for s in part], 50):.0f} ms, -> torn down"
+          f" {percentile([s.torn_down_ms for s in part], 50):.0f} ms; serve RSS {part[-1].serve_rss_kib / 1024:.1f}"
+          f" MiB, peak {part[-1].serve_hwm_kib / 1024:.1f} MiB ({datetime.now():%H:%M:%S})",
+          file=sys.stderr, flush=True)
 
 
 def by_fifth(samples: list[LifeSample]) -> dict[str, Any]:
