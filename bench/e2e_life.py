@@ -16,7 +16,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from bench.e2e import _ms, _outbox_done, _query, memory_kib, p50_of, percentile, summary
+from bench.e2e import REPO_KEY, _ms, _outbox_done, _query, memory_kib, p50_of, percentile, summary
 from bot.core.evidence import find_marker
 from bot.core.teardown import pull_key
 from bot.demo import open_harness
@@ -76,9 +76,12 @@ class LifeRun:
 
 async def _bootstrapped(h: LoopHarness, n: int, timeout_s: float) -> dict[str, Any]:
     async def probe() -> dict[str, Any] | None:
+        # Named by repository, each table a seek (bootstrap_journal_issue, outbox_idempotency_key): without it the
+        # probe, polled every 20 ms, read every 'done' outbox entry, a scan that grew with the lives (issue 35).
         rows = _query(h, "SELECT j.worktree_path, o.sent_at FROM bootstrap_journal j JOIN outbox o"
-                         " ON o.idempotency_key = j.idempotency_key || ':evidence'"
-                         " WHERE j.issue_number = ? AND j.phase = 'completed' AND o.status = 'done'", (n,))
+                         " ON o.repo = j.repo AND o.idempotency_key = j.idempotency_key || ':evidence'"
+                         " WHERE j.repo = ? AND j.issue_number = ? AND j.phase = 'completed' AND o.status = 'done'",
+                      (REPO_KEY, n))
         return rows[0] if rows else None
 
     return await until("bootstrap", probe, timeout_s, f"#{n}: no verified bootstrap evidence comment")
