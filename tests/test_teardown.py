@@ -455,3 +455,28 @@ async def test_a_teardown_ends_only_its_own_issues_leases(tmp_path: Path, start:
         [final] = teardown_comments(world, number)
         assert [lease["lease_id"] for lease in evidence_of(final)["leases"]] == [
             lease.lease_id for lease in await leases.history(FULL_NAME, number)]
+
+
+async def test_an_issues_teardown_lock_is_dropped_once_no_teardown_holds_or_waits_for_it() -> None:
+    """Issue 35: one lock per issue while a teardown holds or waits for it, then none (one more entry per life in
+    foreman serve's memory, before); two teardowns of one issue still run one after the other."""
+    from typing import cast
+
+    from bot.loops.teardown import _LOCKS, _lock
+    from state.db import Database
+
+    class Key:  # any object a weak reference can name stands for the database
+        pass
+
+    db, inside, order = cast(Database, Key()), [0], []
+
+    async def teardown(name: str) -> None:
+        async with _lock(db, "o/r", 7):
+            inside[0] += 1
+            order.append((name, inside[0]))
+            await asyncio.sleep(0.01)
+            inside[0] -= 1
+
+    await asyncio.gather(teardown("first"), teardown("second"))
+    assert order == [("first", 1), ("second", 1)]
+    assert _LOCKS[db] == {}

@@ -7,7 +7,7 @@ import contextlib
 import logging
 import os
 import weakref
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -44,12 +44,23 @@ from state.teardowns import TeardownStore
 log = logging.getLogger("foreman.teardown")
 
 #: One teardown at a time per issue of a database (a duplicated webhook runs on another worker at once); per
-#: database, because a lock belongs to the event loop that first waits on it and each service runs its own.
-_LOCKS: weakref.WeakKeyDictionary[Database, dict[str, asyncio.Lock]] = weakref.WeakKeyDictionary()
+#: database, because a lock belongs to the event loop that first waits on it and each service runs its own. An
+#: issue's entry lives while a teardown holds or waits for it: kept, it was one more entry per life (issue 35).
+_LOCKS: weakref.WeakKeyDictionary[Database, dict[str, tuple[asyncio.Lock, list[int]]]] = weakref.WeakKeyDictionary()
 
 
-def _lock(db: Database, repo: str, issue_number: int) -> asyncio.Lock:
-    return _LOCKS.setdefault(db, {}).setdefault(f"{repo}#{issue_number}", asyncio.Lock())
+@contextlib.asynccontextmanager
+async def _lock(db: Database, repo: str, issue_number: int) -> AsyncIterator[None]:
+    locks, key = _LOCKS.setdefault(db, {}), f"{repo}#{issue_number}"
+    lock, users = locks.setdefault(key, (asyncio.Lock(), [0]))
+    users[0] += 1
+    try:
+        async with lock:
+            yield
+    finally:
+        users[0] -= 1
+        if not users[0]:
+            del locks[key]
 
 
 class TeardownGitea(Protocol):
@@ -156,8 +167,7 @@ async def teardown_issue(
     end, ``status:done`` and the final evidence comment. Every effect before the transaction is idempotent, so a
     crash before it is repaired by the next delivery or catch-up."""
     repo, number = settings.repo_key, call.issue_number
-    lock = _lock(db, repo, number)
-    async with lock:
+    async with _lock(db, repo, number):
         store = TeardownStore(db)
         recorded = await store.get(call.key)
         if recorded is not None:
@@ -403,8 +413,7 @@ async def remove_run_worktree(
     transitions = {t.id: t for t in await journal.history(repo, issue_number)}
     checkout = BootstrapContext(db=db, settings=settings, gitea=None, bot_login=bot_login).checkout()
     default = next((t.base_branch for t in transitions.values()), "")
-    lock = _lock(db, repo, issue_number)
-    async with lock:
+    async with _lock(db, repo, issue_number):
         judged, _, _ = await asyncio.to_thread(_judge, checkout, live, transitions, default, None, {},
                                                settings.lifecycle.remove_worktree, False, registrations)
         judged = await asyncio.to_thread(_remove, checkout, judged)
