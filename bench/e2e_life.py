@@ -7,6 +7,7 @@ import contextlib
 import os
 import resource
 import statistics
+import sys
 import time
 from collections import Counter
 from collections.abc import Awaitable
@@ -15,7 +16,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from bench.e2e import _ms, _outbox_done, _query, p50_of, summary
+from bench.e2e import REPO_KEY, _ms, _outbox_done, _query, memory_kib, p50_of, percentile, summary
 from bot.core.evidence import find_marker
 from bot.core.teardown import pull_key
 from bot.demo import open_harness
@@ -39,6 +40,12 @@ from bot.emulator import pullgit
 from bot.gitops.remote import auth_env
 
 MILESTONES = ("bootstrap_evidence_verified", "published", "pull_request_opened", "approved", "merged", "torn_down")
+#: Issue 35: each life's latency flat over the run (the last fifth's p50 at most 1.2x the first fifth's, teardown in
+#: the loop), and foreman serve's RSS flat within 10 MiB after warm-up (from the end of the first fifth to the end).
+LIFE_FLAT_TARGET, RSS_GROWTH_TARGET_MIB = 1.2, 10.0
+#: Each milestone's field on LifeSample, by the name the report gives it.
+MILESTONE_FIELDS = dict(zip(MILESTONES, ("evidence_ms", "published_ms", "pr_ms", "approved_ms", "merged_ms",
+                                         "torn_down_ms"), strict=True))
 LIFE_STEPS = ("worktree_add", "commit", "push", "pr_create", "review", "merge")
 
 
@@ -52,6 +59,8 @@ class LifeSample:
     approved_ms: float  # the controller allocated the review and gitea_submit_review (approve) answered
     merged_ms: float  # gitea_merge_pull_request answered: label -> merged
     torn_down_ms: float  # the teardown's final evidence comment verified: label -> torn down
+    serve_hwm_kib: int = 0  # foreman serve's peak RSS so far (VmHWM), read after the life
+    serve_rss_kib: int = 0  # foreman serve's RSS then (VmRSS)
 
 
 @dataclass
@@ -67,9 +76,12 @@ class LifeRun:
 
 async def _bootstrapped(h: LoopHarness, n: int, timeout_s: float) -> dict[str, Any]:
     async def probe() -> dict[str, Any] | None:
+        # Named by repository, each table a seek (bootstrap_journal_issue, outbox_idempotency_key): without it the
+        # probe, polled every 20 ms, read every 'done' outbox entry, a scan that grew with the lives (issue 35).
         rows = _query(h, "SELECT j.worktree_path, o.sent_at FROM bootstrap_journal j JOIN outbox o"
-                         " ON o.idempotency_key = j.idempotency_key || ':evidence'"
-                         " WHERE j.issue_number = ? AND j.phase = 'completed' AND o.status = 'done'", (n,))
+                         " ON o.repo = j.repo AND o.idempotency_key = j.idempotency_key || ':evidence'"
+                         " WHERE j.repo = ? AND j.issue_number = ? AND j.phase = 'completed' AND o.status = 'done'",
+                      (REPO_KEY, n))
         return rows[0] if rows else None
 
     return await until("bootstrap", probe, timeout_s, f"#{n}: no verified bootstrap evidence comment")
@@ -221,14 +233,6 @@ async def _check_life(h: LoopHarness, run: LifeRun) -> None:
     run.errors.extend(f"delivery {r['delivery_id']} failed" for r in failed)
 
 
-def _peak_rss_kib(pid: int) -> int:
-    try:
-        status = Path(f"/proc/{pid}/status").read_text(encoding="utf-8")
-    except OSError:
-        return 0
-    return next((int(line.split()[1]) for line in status.splitlines() if line.startswith("VmHWM:")), 0)
-
-
 async def bench_life(issues: int, baseline_samples: int, timeout_s: float, root: Path) -> LifeRun:
     run = LifeRun()
     async with open_harness(root, life=True) as h:
@@ -250,7 +254,10 @@ async def bench_life(issues: int, baseline_samples: int, timeout_s: float, root:
                         for login in LIFE_ROSTER}
             started = time.monotonic()
             for i, n in enumerate(numbers):
-                run.samples.append(await _one_life(h, sessions, n, timeout_s))
+                sample = await _one_life(h, sessions, n, timeout_s)
+                sample.serve_hwm_kib, sample.serve_rss_kib = memory_kib(h.serve.pid if h.serve else None)
+                run.samples.append(sample)
+                _progress(run.samples, issues)
                 if i == 0 or (i % every == 0 and len(run.bare_ms["merge"]) < baseline_samples):
                     pause = time.monotonic()
                     await _life_baselines(h, run, len(run.bare_ms["merge"]))
@@ -263,7 +270,7 @@ async def bench_life(issues: int, baseline_samples: int, timeout_s: float, root:
         run.deliveries = len(h.emulator.deliveries)
         run.deliveries_refused = [f"{d.event_type} {d.status}" for d in h.emulator.deliveries if not d.ok]
         assert h.serve is not None
-        run.serve_peak_rss_kib = _peak_rss_kib(h.serve.pid)
+        run.serve_peak_rss_kib = memory_kib(h.serve.pid)[0]
     return run
 
 
@@ -298,8 +305,65 @@ def life_report(run: LifeRun, issues: int) -> dict[str, Any]:
             "bench_process_with_emulator": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0,
             "foreman_serve": run.serve_peak_rss_kib / 1024.0,
         },
+        **by_fifth(run.samples),
         "measured_at": datetime.now().astimezone().isoformat(timespec="seconds"),
     }
+
+
+def _progress(samples: list[LifeSample], issues: int) -> None:
+    """At the end of each fifth of a run, one line on stderr with that fifth's figures (a long run that does not
+    finish still says how far it got and how it was going)."""
+    done = len(samples)
+    k = next((k for k in range(1, 6) if k * issues // 5 == done), None)
+    if k is None:
+        return
+    part = samples[(k - 1) * issues // 5: done]
+    print(f"fifth {k} (lives {(k - 1) * issues // 5 + 1}-{done}): p50 label -> merged"
+          f" {percentile([s.merged_ms for s in part], 50):.0f} ms, -> torn down"
+          f" {percentile([s.torn_down_ms for s in part], 50):.0f} ms; serve RSS {part[-1].serve_rss_kib / 1024:.1f}"
+          f" MiB, peak {part[-1].serve_hwm_kib / 1024:.1f} MiB ({datetime.now():%H:%M:%S})",
+          file=sys.stderr, flush=True)
+
+
+def by_fifth(samples: list[LifeSample]) -> dict[str, Any]:
+    """Does a life slow down, or foreman serve's memory grow, as lives accumulate? Each fifth of the run (in order):
+    the p50 of every milestone, and serve's RSS and peak RSS after the fifth's last life."""
+    size = len(samples)
+    fifths = [part for k in range(5) if (part := samples[k * size // 5: (k + 1) * size // 5])]
+    milestones = {name: [percentile([getattr(s, field) for s in part], 50) for part in fifths]
+                  for name, field in MILESTONE_FIELDS.items()}
+    rss = [part[-1].serve_rss_kib / 1024.0 for part in fifths]
+    growth = rss[-1] - rss[0]
+    flat = {name: milestones[name][-1] / milestones[name][0] for name in ("merged", "torn_down")}
+    return {
+        "fifths": [len(part) for part in fifths],
+        "milestones_p50_by_fifth_ms": milestones,
+        "serve_rss_by_fifth_mib": rss,
+        "serve_hwm_by_fifth_mib": [part[-1].serve_hwm_kib / 1024.0 for part in fifths],
+        "flat_ratio": flat,
+        "flat_target": LIFE_FLAT_TARGET,
+        "flat_pass": {name: ratio <= LIFE_FLAT_TARGET for name, ratio in flat.items()},
+        "serve_rss_growth_mib": growth,
+        "serve_rss_growth_target_mib": RSS_GROWTH_TARGET_MIB,
+        "serve_rss_growth_pass": growth <= RSS_GROWTH_TARGET_MIB,
+    }
+
+
+def by_fifth_text(doc: dict[str, Any]) -> list[str]:
+    """The per-fifth lines of the report, with the issue-35 targets."""
+    ms, flat, target = doc["milestones_p50_by_fifth_ms"], doc["flat_ratio"], doc["flat_target"]
+    verdict = {True: "PASS", False: "MISS"}
+    return [
+        "p50 by fifth of the run (" + "/".join(str(n) for n in doc["fifths"]) + " lives):",
+        *(f"  {name.replace('_', ' ')}: " + ", ".join(f"{v:.0f}" for v in ms[name]) + " ms" for name in MILESTONES),
+        *(f"flat: last fifth / first fifth p50 label -> {name.replace('_', ' ')} {flat[name]:.2f}x"
+          f" (target <= {target:.1f}x): {verdict[doc['flat_pass'][name]]}" for name in ("merged", "torn_down")),
+        "foreman serve at the end of each fifth: RSS (VmRSS) "
+        + ", ".join(f"{v:.1f}" for v in doc["serve_rss_by_fifth_mib"]) + " MiB; peak (VmHWM) "
+        + ", ".join(f"{v:.1f}" for v in doc["serve_hwm_by_fifth_mib"]) + " MiB",
+        f"serve RSS after warm-up (end of fifth 1 → end): {doc['serve_rss_growth_mib']:+.1f} MiB"
+        f" (target <= {doc['serve_rss_growth_target_mib']:.0f} MiB): {verdict[doc['serve_rss_growth_pass']]}",
+    ]
 
 
 def life_text(doc: dict[str, Any]) -> str:
@@ -322,6 +386,7 @@ def life_text(doc: dict[str, Any]) -> str:
         f" {doc['ratio_torn_down_p50_to_bare']:.1f}x",
         f"peak RSS: foreman serve {rss['foreman_serve']:.0f} MiB, this process (with the emulator)"
         f" {rss['bench_process_with_emulator']:.0f} MiB",
+        *by_fifth_text(doc),
         f"webhook deliveries foreman did not accept (2xx): {doc['deliveries_refused']} of {doc['deliveries']}",
         "checks: two ended leases (author, reviewer), worktree removed, branch deleted, status:done, issue closed,"
         " PR merged, one teardown comment and one comment per marker; outbox all done; no failed delivery: "

@@ -624,4 +624,18 @@ MIGRATIONS: tuple[tuple[int, str, str], ...] = (
         CREATE INDEX controller_exclusions_latest ON controller_exclusions (repo, action, controller, id);
         """,
     ),
+    (
+        17,
+        "what each life reads of the journal and the publications, each a seek (issue 35: these read every row ever"
+        " written, a scan that grew with every life)",
+        """
+        -- An issue's registrations (the teardown, the publish); a bootstrap's latest registration (its proof).
+        CREATE INDEX worktree_registrations_issue ON worktree_registrations (repo, issue_number, id);
+        CREATE INDEX worktree_registrations_journal ON worktree_registrations (journal_id, id);
+        -- A lease's compensated bootstraps (the allocation's retry budget).
+        CREATE INDEX bootstrap_journal_lease ON bootstrap_journal (lease_id, outcome);
+        -- A publish's unfinished attempt and an issue's publications.
+        CREATE INDEX publications_issue ON publications (repo, issue_number, id);
+        """,
+    ),
 )

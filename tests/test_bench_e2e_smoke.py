@@ -10,6 +10,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -83,6 +84,7 @@ def test_the_whole_life_mode_runs_every_life_and_reports_every_figure() -> None:
     assert bare["sum_of_medians"] > 0 and doc["ratio_merged_p50_to_bare"] > 0
     assert doc["deliveries"] > 0 and 0 <= doc["deliveries_refused"] <= doc["deliveries"]
     assert doc["peak_rss_mib"]["foreman_serve"] > 0 and doc["peak_rss_mib"]["bench_process_with_emulator"] > 0
+    _assert_reported_by_fifth(doc)
 
 
 def test_the_gitea_process_mode_times_the_first_verified_bot_comment() -> None:
@@ -117,3 +119,15 @@ def _cmdlines() -> dict[int, str]:
         except OSError:
             continue
     return found
+
+
+def _assert_reported_by_fifth(doc: dict[str, Any]) -> None:
+    """Issue 35: the whole life reports each fifth's milestones and serve's memory, and both flatness verdicts."""
+    fifths = doc["fifths"]
+    assert sum(fifths) == doc["issues"] and all(n > 0 for n in fifths)
+    for name, by_fifth in doc["milestones_p50_by_fifth_ms"].items():
+        assert len(by_fifth) == len(fifths) and all(v > 0 for v in by_fifth), name
+    assert set(doc["flat_ratio"]) == set(doc["flat_pass"]) == {"merged", "torn_down"}
+    rss, hwm = doc["serve_rss_by_fifth_mib"], doc["serve_hwm_by_fifth_mib"]
+    assert len(rss) == len(hwm) == len(fifths) and all(0 < r <= h for r, h in zip(rss, hwm, strict=True))
+    assert doc["serve_rss_growth_mib"] == rss[-1] - rss[0] and isinstance(doc["serve_rss_growth_pass"], bool)

@@ -238,6 +238,26 @@ async def test_an_issue_closed_by_a_person_ends_with_its_own_reason(world: World
     assert evidence["pull_request"] is None
 
 
+async def test_an_issue_closed_by_its_recorded_merged_pull_request_reads_that_one_not_every_closed_one(
+        world: World) -> None:
+    """Issue 35: the issue's `closed` webhook of a merge finds the merging PR by foreman's record of it (one read),
+    not by listing every closed pull request the repository ever had (a read that grew with every life)."""
+    world.hook.events = expand_hook_events(["issues"])  # only the issue's close reaches foreman: its own path
+    number, transition = await bootstrapped(world)
+    pr = await open_pull(world, number, transition)
+    db, emu = world.service.db, world.live.emulator
+    async with db.transaction() as conn:  # as gitea_open_pull_request records the PR it opened
+        await PublicationStore(db).record_pull(conn, repo=FULL_NAME.lower(), issue_number=number, pr_number=pr,
+                                               head=transition.branch, base="main", opened_by="author-1",
+                                               adopted=False, now=utcnow())
+    seen = len(emu.requests)
+    await merge(world, pr)
+    [record] = await TeardownStore(db).for_issue(FULL_NAME.lower(), number)
+    assert record.reason == "merged" and record.pr_number == pr
+    listings = [r.path for r in emu.requests[seen:] if r.login == "foreman-bot" and r.path.endswith("/pulls")]
+    assert listings == []
+
+
 async def test_an_issue_the_bot_never_governed_is_left_alone(world: World) -> None:
     number = await world.open_issue("alice", "Nothing to do with us")
     await world.call("alice", "PATCH", f"/issues/{number}", {"state": "closed"})
@@ -498,3 +518,26 @@ async def test_the_issue_closed_by_a_merge_finds_its_pull_request_by_number_not_
     listings = [r for r in emu.requests[before:] if r.method == "GET" and r.route is not None
                 and r.route.removeprefix("/api/v1") == "/repos/{owner}/{repo}/pulls"]
     assert listings == [] and len(teardown_comments(world, number)) == 1
+async def test_an_issues_teardown_lock_is_dropped_once_no_teardown_holds_or_waits_for_it() -> None:
+    """Issue 35: one lock per issue while a teardown holds or waits for it, then none (one more entry per life in
+    foreman serve's memory, before); two teardowns of one issue still run one after the other."""
+    from typing import cast
+
+    from bot.loops.teardown import _LOCKS, _lock
+    from state.db import Database
+
+    class Key:  # any object a weak reference can name stands for the database
+        pass
+
+    db, inside, order = cast(Database, Key()), [0], []
+
+    async def teardown(name: str) -> None:
+        async with _lock(db, "o/r", 7):
+            inside[0] += 1
+            order.append((name, inside[0]))
+            await asyncio.sleep(0.01)
+            inside[0] -= 1
+
+    await asyncio.gather(teardown("first"), teardown("second"))
+    assert order == [("first", 1), ("second", 1)]
+    assert _LOCKS[db] == {}

@@ -7,7 +7,7 @@ import contextlib
 import logging
 import os
 import weakref
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -44,12 +44,23 @@ from state.teardowns import TeardownStore
 log = logging.getLogger("foreman.teardown")
 
 #: One teardown at a time per issue of a database (a duplicated webhook runs on another worker at once); per
-#: database, because a lock belongs to the event loop that first waits on it and each service runs its own.
-_LOCKS: weakref.WeakKeyDictionary[Database, dict[str, asyncio.Lock]] = weakref.WeakKeyDictionary()
+#: database, because a lock belongs to the event loop that first waits on it and each service runs its own. An
+#: issue's entry lives while a teardown holds or waits for it: kept, it was one more entry per life (issue 35).
+_LOCKS: weakref.WeakKeyDictionary[Database, dict[str, tuple[asyncio.Lock, list[int]]]] = weakref.WeakKeyDictionary()
 
 
-def _lock(db: Database, repo: str, issue_number: int) -> asyncio.Lock:
-    return _LOCKS.setdefault(db, {}).setdefault(f"{repo}#{issue_number}", asyncio.Lock())
+@contextlib.asynccontextmanager
+async def _lock(db: Database, repo: str, issue_number: int) -> AsyncIterator[None]:
+    locks, key = _LOCKS.setdefault(db, {}), f"{repo}#{issue_number}"
+    lock, users = locks.setdefault(key, (asyncio.Lock(), [0]))
+    users[0] += 1
+    try:
+        async with lock:
+            yield
+    finally:
+        users[0] -= 1
+        if not users[0]:
+            del locks[key]
 
 
 class TeardownGitea(Protocol):
@@ -122,33 +133,30 @@ async def teardown_for_closed_issue(
     under the pull request's key; closed by a person, its own (``issue_closed``)."""
     if not await governed(db, settings.repo_key, issue_number):
         return None
-    merged = await _merged_pull_closing(db, settings, gitea, issue_number)
-    if merged is not None:
-        return await teardown_for_pull(db, settings, gitea, merged, bot_login=bot_login, trigger=trigger,
+    merging = await _merged_pull_closing(db, settings, gitea, issue_number)
+    if merging is not None:
+        return await teardown_for_pull(db, settings, gitea, merging, bot_login=bot_login, trigger=trigger,
                                        delivery_id=delivery_id)
     key = closed_key(settings.repo_key, issue_number, closed_at)
     call = TeardownCall(issue_number, "issue_closed", key, None, trigger, delivery_id)
     return await teardown_issue(db, settings, gitea, call, bot_login=bot_login)
 
 
-async def _merged_pull_closing(db: Database, settings: Settings, gitea: TeardownGitea, issue_number: int
-                               ) -> PullRequest | None:
-    """The merged pull request that closed the issue: the one foreman recorded opening for it, read by number, when
-    it is that; else the first of every closed PR (one opened outside foreman) whose closing keyword names it."""
+async def _merged_pull_closing(
+    db: Database, settings: Settings, gitea: TeardownGitea, issue_number: int
+) -> PullRequest | None:
+    """The merged pull request that closes the issue: the one foreman recorded opening for it, read alone (listing
+    every closed pull request the repository ever had grew with every life: issue 35), else the newest merged one
+    that names it among all closed ones (a pull request opened outside foreman)."""
+    def closes(pull: PullRequest) -> bool:
+        return pull.merged and closing_issue(body=pull.body, title=pull.title, head_ref=pull.head_ref) == issue_number
+
     recorded = await PublicationStore(db).pull_for_issue(settings.repo_key, issue_number)
     if recorded is not None:
-        try:
-            pull: PullRequest | None = await gitea.get_pull(recorded.pr_number)
-        except GiteaNotFound:
-            pull = None
-        if pull is not None and pull.merged and _closes(pull) == issue_number:
-            return pull
-    return next((pull for pull in await gitea.list_pulls(state="closed")
-                 if pull.merged and _closes(pull) == issue_number), None)
-
-
-def _closes(pull: PullRequest) -> int | None:
-    return closing_issue(body=pull.body, title=pull.title, head_ref=pull.head_ref)
+        with contextlib.suppress(GiteaNotFound):
+            if closes(pull := await gitea.get_pull(recorded.pr_number)):
+                return pull
+    return next((pull for pull in await gitea.list_pulls(state="closed") if closes(pull)), None)
 
 
 async def teardown_issue(
@@ -159,8 +167,7 @@ async def teardown_issue(
     end, ``status:done`` and the final evidence comment. Every effect before the transaction is idempotent, so a
     crash before it is repaired by the next delivery or catch-up."""
     repo, number = settings.repo_key, call.issue_number
-    lock = _lock(db, repo, number)
-    async with lock:
+    async with _lock(db, repo, number):
         store = TeardownStore(db)
         recorded = await store.get(call.key)
         if recorded is not None:
@@ -409,8 +416,7 @@ async def remove_run_worktree(
     transitions = {t.id: t for t in await journal.history(repo, issue_number)}
     checkout = BootstrapContext(db=db, settings=settings, gitea=None, bot_login=bot_login).checkout()
     default = next((t.base_branch for t in transitions.values()), "")
-    lock = _lock(db, repo, issue_number)
-    async with lock:
+    async with _lock(db, repo, issue_number):
         judged, _, _ = await asyncio.to_thread(_judge, checkout, live, transitions, default, None, {},
                                                settings.lifecycle.remove_worktree, False, registrations)
         judged = await asyncio.to_thread(_remove, checkout, judged)
